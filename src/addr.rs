@@ -1,0 +1,293 @@
+//! Endpoint addresses: `tcp://host:port`, `softib://host:port`, `ib://host:port`.
+//!
+//! The host may be an IPv4 literal, a bracketed IPv6 literal (`tcp://[::1]:7000`) or a host
+//! name, resolved when the address is used. Port 0 means "any free port" when binding.
+//! For the InfiniBand schemes the host:port is the TCP side channel used to exchange queue-pair
+//! information, exactly as BMI-IB does.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::str::FromStr;
+
+/// Which transport an address selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scheme {
+    /// Kernel TCP sockets (`tcp://`).
+    Tcp,
+    /// The InfiniBand engine over the software verbs provider (`softib://`); runs anywhere.
+    SoftIb,
+    /// The InfiniBand engine over a hardware HCA (`ib://`, cargo feature `verbs`).
+    Ib,
+}
+
+impl Scheme {
+    /// The URL prefix, without `://`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Tcp => "tcp",
+            Scheme::SoftIb => "softib",
+            Scheme::Ib => "ib",
+        }
+    }
+}
+
+impl fmt::Display for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The host part of an address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Host {
+    /// A literal IPv4 or IPv6 address.
+    Ip(IpAddr),
+    /// A name, resolved with the system resolver when used.
+    Name(String),
+}
+
+/// A parsed endpoint address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Address {
+    scheme: Scheme,
+    host: Host,
+    port: u16,
+}
+
+/// Why an address string was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AddrError {
+    /// No `scheme://` prefix.
+    #[error("address {0:?} has no scheme; expected tcp://, softib:// or ib://")]
+    MissingScheme(String),
+    /// A scheme other than the three supported ones.
+    #[error("unknown scheme {0:?}; expected tcp, softib or ib")]
+    UnknownScheme(String),
+    /// Nothing between `://` and `:port`.
+    #[error("address {0:?} has an empty host")]
+    EmptyHost(String),
+    /// No `:port` suffix.
+    #[error("address {0:?} has no port")]
+    MissingPort(String),
+    /// The port is not a number in 0..=65535.
+    #[error("address {addr:?} has an invalid port {port:?}")]
+    BadPort {
+        /// The whole address.
+        addr: String,
+        /// The offending port text.
+        port: String,
+    },
+    /// A `[` without a matching `]`, or a bracketed host that is not IPv6.
+    #[error("address {0:?} has a malformed bracketed IPv6 host")]
+    BadIpv6(String),
+    /// Characters that cannot appear in a host name (paths, user info, spaces, ...).
+    #[error("address {addr:?} has an invalid host {host:?}")]
+    BadHost {
+        /// The whole address.
+        addr: String,
+        /// The offending host text.
+        host: String,
+    },
+    /// Name resolution failed or gave no address.
+    #[error("cannot resolve {host:?}: {reason}")]
+    Resolve {
+        /// The host that failed.
+        host: String,
+        /// The resolver's message.
+        reason: String,
+    },
+}
+
+impl Address {
+    /// Builds an address from its parts.
+    pub fn new(scheme: Scheme, host: Host, port: u16) -> Self {
+        Address { scheme, host, port }
+    }
+
+    /// Builds an address from a socket address.
+    pub fn from_socket(scheme: Scheme, sa: SocketAddr) -> Self {
+        Address { scheme, host: Host::Ip(sa.ip()), port: sa.port() }
+    }
+
+    /// The transport this address selects.
+    pub fn scheme(&self) -> Scheme {
+        self.scheme
+    }
+
+    /// The host part.
+    pub fn host(&self) -> &Host {
+        &self.host
+    }
+
+    /// The port (0 = any, when binding).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The same host and port under another scheme.
+    pub fn with_scheme(&self, scheme: Scheme) -> Self {
+        Address { scheme, ..self.clone() }
+    }
+
+    /// The same scheme and host with another port.
+    pub fn with_port(&self, port: u16) -> Self {
+        Address { port, ..self.clone() }
+    }
+
+    /// Resolves the host to socket addresses (literal IPs need no resolver).
+    pub fn resolve(&self) -> Result<Vec<SocketAddr>, AddrError> {
+        match &self.host {
+            Host::Ip(ip) => Ok(vec![SocketAddr::new(*ip, self.port)]),
+            Host::Name(name) => {
+                let addrs: Vec<SocketAddr> = (name.as_str(), self.port)
+                    .to_socket_addrs()
+                    .map_err(|e| AddrError::Resolve { host: name.clone(), reason: e.to_string() })?
+                    .collect();
+                if addrs.is_empty() {
+                    return Err(AddrError::Resolve { host: name.clone(), reason: "no addresses".into() });
+                }
+                Ok(addrs)
+            }
+        }
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.host {
+            Host::Ip(IpAddr::V6(ip)) => write!(f, "{}://[{}]:{}", self.scheme, ip, self.port),
+            Host::Ip(IpAddr::V4(ip)) => write!(f, "{}://{}:{}", self.scheme, ip, self.port),
+            Host::Name(n) => write!(f, "{}://{}:{}", self.scheme, n, self.port),
+        }
+    }
+}
+
+fn valid_host_name(h: &str) -> bool {
+    // RFC 1123 labels: letters, digits, '-', separated by '.'; no empty label, at most 253 bytes.
+    h.len() <= 253
+        && h.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && !label.starts_with('-')
+        })
+}
+
+impl FromStr for Address {
+    type Err = AddrError;
+
+    fn from_str(s: &str) -> Result<Self, AddrError> {
+        let (scheme, rest) = s.split_once("://").ok_or_else(|| AddrError::MissingScheme(s.to_string()))?;
+        let scheme = match scheme.to_ascii_lowercase().as_str() {
+            "tcp" => Scheme::Tcp,
+            "softib" => Scheme::SoftIb,
+            "ib" => Scheme::Ib,
+            other => return Err(AddrError::UnknownScheme(other.to_string())),
+        };
+        let (host, port) = if let Some(after) = rest.strip_prefix('[') {
+            let (inside, tail) = after.split_once(']').ok_or_else(|| AddrError::BadIpv6(s.to_string()))?;
+            let ip: std::net::Ipv6Addr = inside.parse().map_err(|_| AddrError::BadIpv6(s.to_string()))?;
+            let port = tail.strip_prefix(':').ok_or_else(|| AddrError::MissingPort(s.to_string()))?;
+            (Host::Ip(IpAddr::V6(ip)), port)
+        } else {
+            let (host, port) = rest.rsplit_once(':').ok_or_else(|| AddrError::MissingPort(s.to_string()))?;
+            if host.is_empty() {
+                return Err(AddrError::EmptyHost(s.to_string()));
+            }
+            if host.contains(':') {
+                // An unbracketed IPv6 literal is ambiguous with the port separator.
+                return Err(AddrError::BadIpv6(s.to_string()));
+            }
+            let host = match host.parse::<std::net::Ipv4Addr>() {
+                Ok(ip) => Host::Ip(IpAddr::V4(ip)),
+                Err(_) if valid_host_name(host) => Host::Name(host.to_ascii_lowercase()),
+                Err(_) => {
+                    return Err(AddrError::BadHost { addr: s.to_string(), host: host.to_string() });
+                }
+            };
+            (host, port)
+        };
+        if port.is_empty() {
+            return Err(AddrError::MissingPort(s.to_string()));
+        }
+        let port: u16 = if port.bytes().all(|b| b.is_ascii_digit()) {
+            port.parse().map_err(|_| AddrError::BadPort { addr: s.to_string(), port: port.to_string() })?
+        } else {
+            return Err(AddrError::BadPort { addr: s.to_string(), port: port.to_string() });
+        };
+        Ok(Address { scheme, host, port })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_scheme_and_host_form() {
+        let a: Address = "tcp://127.0.0.1:7000".parse().unwrap();
+        assert_eq!(a.scheme(), Scheme::Tcp);
+        assert_eq!(a.host(), &Host::Ip("127.0.0.1".parse().unwrap()));
+        assert_eq!(a.port(), 7000);
+
+        let a: Address = "softib://[::1]:0".parse().unwrap();
+        assert_eq!(a.scheme(), Scheme::SoftIb);
+        assert_eq!(a.host(), &Host::Ip("::1".parse().unwrap()));
+        assert_eq!(a.port(), 0);
+
+        let a: Address = "IB://Node-7.cluster.local:3335".parse().unwrap();
+        assert_eq!(a.scheme(), Scheme::Ib);
+        assert_eq!(a.host(), &Host::Name("node-7.cluster.local".into()));
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for s in ["tcp://10.0.0.1:1", "softib://[fe80::1]:65535", "ib://localhost:0"] {
+            let a: Address = s.parse().unwrap();
+            assert_eq!(a.to_string(), s);
+            assert_eq!(a.to_string().parse::<Address>().unwrap(), a);
+        }
+    }
+
+    #[test]
+    fn malformed_addresses_name_the_problem() {
+        use AddrError::*;
+        let cases: &[(&str, fn(&AddrError) -> bool)] = &[
+            ("127.0.0.1:80", |e| matches!(e, MissingScheme(_))),
+            ("udp://127.0.0.1:80", |e| matches!(e, UnknownScheme(s) if s == "udp")),
+            ("tcp://:80", |e| matches!(e, EmptyHost(_))),
+            ("tcp://host", |e| matches!(e, MissingPort(_))),
+            ("tcp://host:", |e| matches!(e, MissingPort(_))),
+            ("tcp://host:65536", |e| matches!(e, BadPort { .. })),
+            ("tcp://host:-1", |e| matches!(e, BadPort { .. })),
+            ("tcp://host:8x", |e| matches!(e, BadPort { .. })),
+            ("tcp://[::1:80", |e| matches!(e, BadIpv6(_))),
+            ("tcp://[zz]:80", |e| matches!(e, BadIpv6(_))),
+            ("tcp://::1:80", |e| matches!(e, BadIpv6(_))),
+            ("tcp://a/b:80", |e| matches!(e, BadHost { .. })),
+            ("tcp://user@h:80", |e| matches!(e, BadHost { .. })),
+            ("tcp://a..b:80", |e| matches!(e, BadHost { .. })),
+        ];
+        for (s, ok) in cases {
+            let e = s.parse::<Address>().unwrap_err();
+            assert!(ok(&e), "{s}: unexpected error {e:?}");
+            assert!(!e.to_string().is_empty());
+        }
+    }
+
+    #[test]
+    fn resolves_literals_and_localhost() {
+        let a: Address = "tcp://127.0.0.1:9".parse().unwrap();
+        assert_eq!(a.resolve().unwrap(), vec!["127.0.0.1:9".parse().unwrap()]);
+        let a: Address = "tcp://localhost:9".parse().unwrap();
+        assert!(a.resolve().unwrap().iter().all(|sa| sa.ip().is_loopback()));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parse_never_panics(s in ".{0,64}") {
+            let _ = s.parse::<Address>();
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! The communication manager: which mechanism moves a transfer.
+//!
+//! Three mechanisms, after "PVFS over InfiniBand" (Wu, Wyckoff, Panda):
+//!
+//! | mechanism | InfiniBand | TCP |
+//! |---|---|---|
+//! | [`Mechanism::Inline`] | copy into a pre-registered buffer, SEND (device inline when tiny) | eager: header and data in one `writev` |
+//! | [`Mechanism::FastRdma`] | RDMA_WRITE_WITH_IMM into the peer's per-connection ring | (not available; treated as inline) |
+//! | [`Mechanism::ServerRdma`] | the server moves data with RDMA_READ / RDMA_WRITE through zone buffers | rendezvous: the body flows only when the receiver asks, straight into its buffer |
+//!
+//! The choice depends on the size, the service level (each has its own thresholds), and on
+//! InfiniBand also on free credits / ring slots and whether the buffer is already registered.
+//! This module is sans-IO: [`Policy::choose`] is a pure function of its inputs.
+
+use std::fmt;
+
+use crate::addr::Scheme;
+use crate::types::ServiceLevel;
+
+/// How a transfer's bytes move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mechanism {
+    /// Data travels with the message header (IB: SEND from a bounce buffer; TCP: eager).
+    Inline,
+    /// IB only: RDMA_WRITE_WITH_IMM into the peer's fast-RDMA ring.
+    FastRdma,
+    /// The receiver (the server, for request payloads) pulls or pushes the data when it is
+    /// ready: RDMA_READ / RDMA_WRITE on IB, rendezvous on TCP.
+    ServerRdma,
+}
+
+impl Mechanism {
+    /// All mechanisms, cheapest first.
+    pub const ALL: [Mechanism; 3] = [Mechanism::Inline, Mechanism::FastRdma, Mechanism::ServerRdma];
+
+    /// Dense index for counters.
+    pub fn index(self) -> usize {
+        match self {
+            Mechanism::Inline => 0,
+            Mechanism::FastRdma => 1,
+            Mechanism::ServerRdma => 2,
+        }
+    }
+
+    /// Name, as the paper uses it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Inline => "inline",
+            Mechanism::FastRdma => "fast-rdma",
+            Mechanism::ServerRdma => "server-rdma",
+        }
+    }
+
+    /// Name on a given transport (TCP calls them eager and rendezvous).
+    pub fn name_on(self, scheme: Scheme) -> &'static str {
+        match (scheme, self) {
+            (Scheme::Tcp, Mechanism::Inline | Mechanism::FastRdma) => "eager",
+            (Scheme::Tcp, Mechanism::ServerRdma) => "rendezvous",
+            _ => self.name(),
+        }
+    }
+}
+
+impl fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Mechanism {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "inline" | "eager" => Ok(Mechanism::Inline),
+            "fast" | "fast-rdma" => Ok(Mechanism::FastRdma),
+            "server" | "server-rdma" | "rendezvous" => Ok(Mechanism::ServerRdma),
+            _ => Err(format!("unknown mechanism {s:?} (inline, fast-rdma, server-rdma)")),
+        }
+    }
+}
+
+/// Size thresholds for one service level: `len <= inline_max` → inline,
+/// `len <= fast_max` → fast RDMA, above → server-based RDMA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    /// Largest transfer sent inline.
+    pub inline_max: usize,
+    /// Largest transfer sent by fast RDMA (ignored where fast RDMA does not exist).
+    pub fast_max: usize,
+}
+
+/// What the engine knows about the transfer besides its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Conditions {
+    /// A send credit (pre-posted receive buffer at the peer) is available.
+    pub credit_available: bool,
+    /// A fast-RDMA ring slot at the peer is free.
+    pub fast_slot_available: bool,
+    /// The fast-RDMA path exists on this connection (IB only).
+    pub fast_path: bool,
+}
+
+impl Conditions {
+    /// Everything available (TCP, or an idle IB connection).
+    pub fn idle(fast_path: bool) -> Self {
+        Conditions { credit_available: true, fast_slot_available: true, fast_path }
+    }
+}
+
+/// The decision table: thresholds per service level, and an optional forced mechanism for
+/// experiments (`ionet-perf --mechanism`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    per_sl: [Thresholds; ServiceLevel::COUNT],
+    forced: Option<Mechanism>,
+}
+
+/// Default inline limit on InfiniBand (paper 000: 4 KiB).
+pub const IB_INLINE_MAX: usize = 4 * 1024;
+/// Default fast-RDMA limit on InfiniBand (paper 000: 64 KiB).
+pub const IB_FAST_MAX: usize = 64 * 1024;
+/// Default eager limit on TCP (BMI-TCP: 16 KiB).
+pub const TCP_EAGER_MAX: usize = 16 * 1024;
+
+impl Policy {
+    /// The defaults for a transport, then `IONET_INLINE_MAX` / `IONET_FAST_MAX` from the
+    /// environment when set (applied to every service level).
+    pub fn for_scheme(scheme: Scheme) -> Self {
+        let t = match scheme {
+            Scheme::Tcp => Thresholds { inline_max: TCP_EAGER_MAX, fast_max: TCP_EAGER_MAX },
+            Scheme::SoftIb | Scheme::Ib => Thresholds { inline_max: IB_INLINE_MAX, fast_max: IB_FAST_MAX },
+        };
+        let mut p = Policy { per_sl: [t; ServiceLevel::COUNT], forced: None };
+        p.apply_env(|k| std::env::var(k).ok());
+        p
+    }
+
+    /// Applies `IONET_INLINE_MAX` / `IONET_FAST_MAX` read through `get` (sizes accept `k`/`m`
+    /// suffixes: `8k`, `1m`). Malformed values are ignored with a warning.
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) {
+        for (var, is_inline) in [("IONET_INLINE_MAX", true), ("IONET_FAST_MAX", false)] {
+            let Some(v) = get(var) else { continue };
+            match parse_size(&v) {
+                Some(n) => {
+                    for t in &mut self.per_sl {
+                        if is_inline {
+                            t.inline_max = n;
+                            t.fast_max = t.fast_max.max(n);
+                        } else {
+                            t.fast_max = n.max(t.inline_max);
+                        }
+                    }
+                }
+                None => tracing::warn!(var, value = %v, "ignoring malformed size"),
+            }
+        }
+    }
+
+    /// Overrides the thresholds of one service level.
+    pub fn set(&mut self, sl: ServiceLevel, t: Thresholds) -> &mut Self {
+        self.per_sl[sl.index()] =
+            Thresholds { inline_max: t.inline_max, fast_max: t.fast_max.max(t.inline_max) };
+        self
+    }
+
+    /// Thresholds of one service level.
+    pub fn thresholds(&self, sl: ServiceLevel) -> Thresholds {
+        self.per_sl[sl.index()]
+    }
+
+    /// Forces one mechanism for every transfer (experiments); `None` restores the table.
+    pub fn force(&mut self, m: Option<Mechanism>) -> &mut Self {
+        self.forced = m;
+        self
+    }
+
+    /// The forced mechanism, if any.
+    pub fn forced(&self) -> Option<Mechanism> {
+        self.forced
+    }
+
+    /// Chooses the mechanism for a transfer of `len` bytes.
+    ///
+    /// Fast RDMA needs a free ring slot; when none is free a transfer that would have used it
+    /// goes by server-based RDMA instead of waiting (it is large enough for the extra round
+    /// trip not to dominate). Inline waits for a credit instead: it is the only mechanism
+    /// small messages can use cheaply.
+    pub fn choose(&self, len: usize, sl: ServiceLevel, c: Conditions) -> Mechanism {
+        if let Some(m) = self.forced {
+            return if m == Mechanism::FastRdma && !c.fast_path { Mechanism::Inline } else { m };
+        }
+        let t = self.per_sl[sl.index()];
+        if len <= t.inline_max {
+            Mechanism::Inline
+        } else if c.fast_path && len <= t.fast_max && c.fast_slot_available {
+            Mechanism::FastRdma
+        } else {
+            Mechanism::ServerRdma
+        }
+    }
+
+    /// The table as text (`ionet-perf --show-policy`).
+    pub fn table(&self, scheme: Scheme) -> String {
+        let mut s =
+            format!("{:<8} {:>12} {:>12}  mechanisms ({scheme})\n", "class", "inline_max", "fast_max");
+        for sl in ServiceLevel::ALL {
+            let t = self.thresholds(sl);
+            let fast = if scheme == Scheme::Tcp { "-".to_string() } else { t.fast_max.to_string() };
+            s.push_str(&format!(
+                "{:<8} {:>12} {:>12}  {} / {} / {}\n",
+                sl.name(),
+                t.inline_max,
+                fast,
+                Mechanism::Inline.name_on(scheme),
+                if scheme == Scheme::Tcp { "-" } else { Mechanism::FastRdma.name() },
+                Mechanism::ServerRdma.name_on(scheme)
+            ));
+        }
+        if let Some(m) = self.forced {
+            s.push_str(&format!("forced: {}\n", m.name_on(scheme)));
+        }
+        s
+    }
+}
+
+/// Parses `4096`, `4k`, `64K`, `1m`, `2MiB`.
+pub fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim().to_ascii_lowercase();
+    let s = s.strip_suffix("ib").or_else(|| s.strip_suffix('b')).unwrap_or(&s);
+    let (num, mult) = match s.chars().last()? {
+        'k' => (&s[..s.len() - 1], 1usize << 10),
+        'm' => (&s[..s.len() - 1], 1 << 20),
+        'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.trim().parse::<usize>().ok()?.checked_mul(mult)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ib() -> Policy {
+        let mut p = Policy::for_scheme(Scheme::SoftIb);
+        p.apply_env(|_| None);
+        for sl in ServiceLevel::ALL {
+            p.set(sl, Thresholds { inline_max: IB_INLINE_MAX, fast_max: IB_FAST_MAX });
+        }
+        p
+    }
+
+    #[test]
+    fn thresholds_pick_each_mechanism_at_the_boundaries() {
+        let p = ib();
+        let c = Conditions::idle(true);
+        let sl = ServiceLevel::Normal;
+        assert_eq!(p.choose(0, sl, c), Mechanism::Inline);
+        assert_eq!(p.choose(IB_INLINE_MAX, sl, c), Mechanism::Inline);
+        assert_eq!(p.choose(IB_INLINE_MAX + 1, sl, c), Mechanism::FastRdma);
+        assert_eq!(p.choose(IB_FAST_MAX, sl, c), Mechanism::FastRdma);
+        assert_eq!(p.choose(IB_FAST_MAX + 1, sl, c), Mechanism::ServerRdma);
+    }
+
+    #[test]
+    fn no_fast_slot_or_no_fast_path_falls_back_to_server_rdma() {
+        let p = ib();
+        let busy = Conditions { credit_available: true, fast_slot_available: false, fast_path: true };
+        assert_eq!(p.choose(8192, ServiceLevel::Normal, busy), Mechanism::ServerRdma);
+        assert_eq!(p.choose(8192, ServiceLevel::Normal, Conditions::idle(false)), Mechanism::ServerRdma);
+    }
+
+    #[test]
+    fn per_service_level_overrides_apply_only_to_their_level() {
+        let mut p = ib();
+        p.set(ServiceLevel::Control, Thresholds { inline_max: 16 * 1024, fast_max: 0 });
+        let c = Conditions::idle(true);
+        assert_eq!(p.choose(10_000, ServiceLevel::Control, c), Mechanism::Inline);
+        assert_eq!(p.choose(10_000, ServiceLevel::Bulk, c), Mechanism::FastRdma);
+    }
+
+    #[test]
+    fn env_overrides_and_forcing() {
+        let mut p = ib();
+        p.apply_env(|k| match k {
+            "IONET_INLINE_MAX" => Some("8k".into()),
+            "IONET_FAST_MAX" => Some("1m".into()),
+            _ => None,
+        });
+        assert_eq!(p.thresholds(ServiceLevel::Bulk), Thresholds { inline_max: 8192, fast_max: 1 << 20 });
+        p.apply_env(|k| (k == "IONET_FAST_MAX").then(|| "garbage".into()));
+        assert_eq!(p.thresholds(ServiceLevel::Bulk).fast_max, 1 << 20);
+        p.force(Some(Mechanism::ServerRdma));
+        assert_eq!(p.choose(1, ServiceLevel::Normal, Conditions::idle(true)), Mechanism::ServerRdma);
+        p.force(Some(Mechanism::FastRdma));
+        assert_eq!(p.choose(1, ServiceLevel::Normal, Conditions::idle(false)), Mechanism::Inline);
+    }
+
+    #[test]
+    fn tcp_has_no_fast_path() {
+        let mut p = Policy::for_scheme(Scheme::Tcp);
+        p.apply_env(|_| None);
+        let c = Conditions::idle(false);
+        assert_eq!(p.choose(TCP_EAGER_MAX, ServiceLevel::Normal, c), Mechanism::Inline);
+        assert_eq!(p.choose(TCP_EAGER_MAX + 1, ServiceLevel::Normal, c), Mechanism::ServerRdma);
+        assert!(p.table(Scheme::Tcp).contains("rendezvous"));
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("64K"), Some(65536));
+        assert_eq!(parse_size("2MiB"), Some(2 << 20));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size(""), None);
+    }
+}

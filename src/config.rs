@@ -1,0 +1,280 @@
+//! Endpoint configuration: a builder with documented defaults and a `validate` step.
+//!
+//! Every limit here bounds memory a peer can make us use; the defaults and what they imply are
+//! stated on each setter.
+
+use std::time::Duration;
+
+use crate::comm::Policy;
+use crate::error::{Error, Result};
+use crate::types::{ServiceLevel, WaitMode};
+
+/// Largest eager limit accepted: one eager message is buffered whole when it arrives early.
+pub const MAX_EAGER_LIMIT: usize = 1 << 20;
+/// Smallest cluster key accepted (bytes): shorter keys are guessable.
+pub const MIN_CLUSTER_KEY_LEN: usize = 16;
+
+/// Endpoint configuration. Build with chained setters:
+///
+/// ```
+/// use ionet::{Config, WaitMode};
+/// let cfg = Config::default().wait_mode(WaitMode::Spin).eager_limit(32 * 1024);
+/// assert!(cfg.validate().is_ok());
+/// ```
+#[derive(Clone)]
+pub struct Config {
+    pub(crate) wait_mode: WaitMode,
+    pub(crate) spin_budget: Duration,
+    pub(crate) progress_thread: bool,
+    pub(crate) eager_limit: Option<usize>,
+    pub(crate) max_message: usize,
+    pub(crate) max_header: usize,
+    pub(crate) early_bytes_per_peer: usize,
+    pub(crate) unexpected_per_peer: usize,
+    pub(crate) requests_per_peer: usize,
+    pub(crate) max_peers: usize,
+    pub(crate) cluster_key: Option<Vec<u8>>,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) socket_buffer: usize,
+    pub(crate) dscp: [u8; ServiceLevel::COUNT],
+    pub(crate) so_priority: [u8; ServiceLevel::COUNT],
+    pub(crate) sched_weights: [u32; ServiceLevel::COUNT],
+    pub(crate) pool_max_bytes: u64,
+    pub(crate) pool_cached_bytes: u64,
+    pub(crate) policy: Option<Policy>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the key.
+        f.debug_struct("Config")
+            .field("wait_mode", &self.wait_mode)
+            .field("spin_budget", &self.spin_budget)
+            .field("progress_thread", &self.progress_thread)
+            .field("eager_limit", &self.eager_limit)
+            .field("max_message", &self.max_message)
+            .field("early_bytes_per_peer", &self.early_bytes_per_peer)
+            .field("unexpected_per_peer", &self.unexpected_per_peer)
+            .field("requests_per_peer", &self.requests_per_peer)
+            .field("max_peers", &self.max_peers)
+            .field("cluster_key", &self.cluster_key.as_ref().map(|_| "<set>"))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            wait_mode: WaitMode::Adaptive,
+            spin_budget: Duration::from_micros(100),
+            progress_thread: false,
+            eager_limit: None,
+            max_message: 64 << 20,
+            max_header: 64 * 1024,
+            early_bytes_per_peer: 4 << 20,
+            unexpected_per_peer: 64,
+            requests_per_peer: 256,
+            max_peers: 1024,
+            cluster_key: None,
+            connect_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            socket_buffer: 4 << 20,
+            // AF41 for control, best effort for normal, CS1 ("lower effort") for bulk.
+            dscp: [34, 0, 8],
+            so_priority: [6, 0, 1],
+            sched_weights: [8, 4, 1],
+            pool_max_bytes: 1 << 30,
+            pool_cached_bytes: 256 << 20,
+            policy: None,
+        }
+    }
+}
+
+impl Config {
+    /// How `wait` waits (default [`WaitMode::Adaptive`]).
+    pub fn wait_mode(mut self, m: WaitMode) -> Self {
+        self.wait_mode = m;
+        self
+    }
+
+    /// How long `Adaptive` spins before blocking (default 100 µs: twice the cost of a
+    /// cross-CPU wake-up on the reference machine).
+    pub fn spin_budget(mut self, d: Duration) -> Self {
+        self.spin_budget = d;
+        self
+    }
+
+    /// Run a background progress thread (default off: progress happens inside
+    /// `test`/`wait`, BMI style). With it, posted operations advance even when no thread
+    /// waits.
+    pub fn progress_thread(mut self, on: bool) -> Self {
+        self.progress_thread = on;
+        self
+    }
+
+    /// Largest message sent eagerly (default: the transport's, 16 KiB on TCP). Also the
+    /// largest unexpected message.
+    pub fn eager_limit(mut self, n: usize) -> Self {
+        self.eager_limit = Some(n);
+        self
+    }
+
+    /// Largest message or request payload (default 64 MiB). Larger posts fail with
+    /// [`Error::TooLarge`]; a peer announcing more is a protocol violation.
+    pub fn max_message(mut self, n: usize) -> Self {
+        self.max_message = n;
+        self
+    }
+
+    /// Largest request or reply header (default 64 KiB).
+    pub fn max_header(mut self, n: usize) -> Self {
+        self.max_header = n;
+        self
+    }
+
+    /// Bytes of early eager and unexpected data buffered per peer before we stop reading its
+    /// connections (default 4 MiB; worst-case memory is this times `max_peers`).
+    pub fn early_bytes_per_peer(mut self, n: usize) -> Self {
+        self.early_bytes_per_peer = n;
+        self
+    }
+
+    /// Unexpected messages queued per peer before back-pressure (default 64).
+    pub fn unexpected_per_peer(mut self, n: usize) -> Self {
+        self.unexpected_per_peer = n;
+        self
+    }
+
+    /// Incoming requests queued per peer before back-pressure (default 256).
+    pub fn requests_per_peer(mut self, n: usize) -> Self {
+        self.requests_per_peer = n;
+        self
+    }
+
+    /// Most peers an endpoint keeps at once (default 1024); further connections are refused.
+    pub fn max_peers(mut self, n: usize) -> Self {
+        self.max_peers = n;
+        self
+    }
+
+    /// A pre-shared cluster key (≥ 16 bytes). When set, every connection must prove it holds
+    /// the same key (HMAC-SHA256 challenge-response, both directions) before any message is
+    /// delivered. Default: none (no authentication).
+    pub fn cluster_key(mut self, key: impl Into<Vec<u8>>) -> Self {
+        self.cluster_key = Some(key.into());
+        self
+    }
+
+    /// Time allowed to establish a connection (default 10 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// Time a new connection may take to complete its handshake (default 10 s).
+    pub fn handshake_timeout(mut self, d: Duration) -> Self {
+        self.handshake_timeout = d;
+        self
+    }
+
+    /// Kernel socket send and receive buffer size (default 4 MiB, the usual `rmem_max`).
+    pub fn socket_buffer(mut self, n: usize) -> Self {
+        self.socket_buffer = n;
+        self
+    }
+
+    /// DSCP code point for a class (default control = AF41 (34), normal = 0, bulk = CS1 (8)).
+    pub fn dscp(mut self, sl: ServiceLevel, dscp: u8) -> Self {
+        self.dscp[sl.index()] = dscp;
+        self
+    }
+
+    /// `SO_PRIORITY` for a class (default control 6, normal 0, bulk 1).
+    pub fn so_priority(mut self, sl: ServiceLevel, prio: u8) -> Self {
+        self.so_priority[sl.index()] = prio;
+        self
+    }
+
+    /// Send-scheduler weights (default 8 : 4 : 1). Every class with a non-zero weight is served
+    /// in every round, so none starves.
+    pub fn scheduler_weights(mut self, w: [u32; ServiceLevel::COUNT]) -> Self {
+        self.sched_weights = w;
+        self
+    }
+
+    /// Limit on registered pool memory handed out at once (default 1 GiB) and on memory kept
+    /// cached for reuse (default 256 MiB).
+    pub fn pool_limits(mut self, max_bytes: u64, cached_bytes: u64) -> Self {
+        self.pool_max_bytes = max_bytes;
+        self.pool_cached_bytes = cached_bytes;
+        self
+    }
+
+    /// The mechanism table (default: the transport's, with `IONET_INLINE_MAX` /
+    /// `IONET_FAST_MAX` applied).
+    pub fn policy(mut self, p: Policy) -> Self {
+        self.policy = Some(p);
+        self
+    }
+
+    /// The wait mode in force.
+    pub fn get_wait_mode(&self) -> WaitMode {
+        self.wait_mode
+    }
+
+    /// Checks cross-field rules; each failure names the rule.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(e) = self.eager_limit {
+            if e > MAX_EAGER_LIMIT {
+                return Err(Error::misuse(format!("eager_limit {e} exceeds {MAX_EAGER_LIMIT}")));
+            }
+            if e > self.early_bytes_per_peer {
+                return Err(Error::misuse("eager_limit must not exceed early_bytes_per_peer"));
+            }
+        }
+        if self.max_message == 0 || self.max_message > (1 << 40) {
+            return Err(Error::misuse("max_message must be in 1..=2^40"));
+        }
+        if self.max_header == 0 || self.max_header > (16 << 20) {
+            return Err(Error::misuse("max_header must be in 1..=16 MiB"));
+        }
+        if self.unexpected_per_peer == 0 || self.requests_per_peer == 0 || self.max_peers == 0 {
+            return Err(Error::misuse("per-peer queue limits and max_peers must be at least 1"));
+        }
+        if let Some(k) = &self.cluster_key
+            && k.len() < MIN_CLUSTER_KEY_LEN
+        {
+            return Err(Error::misuse(format!("cluster key must be at least {MIN_CLUSTER_KEY_LEN} bytes")));
+        }
+        if self.dscp.iter().any(|&d| d > 63) {
+            return Err(Error::misuse("DSCP values are 6 bits (0..=63)"));
+        }
+        if self.sched_weights.contains(&0) {
+            return Err(Error::misuse("scheduler weights must be at least 1 so no class starves"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_validates_and_rules_reject() {
+        assert!(Config::default().validate().is_ok());
+        assert!(Config::default().eager_limit(MAX_EAGER_LIMIT + 1).validate().is_err());
+        assert!(Config::default().cluster_key(b"short".to_vec()).validate().is_err());
+        assert!(Config::default().cluster_key(vec![7u8; 32]).validate().is_ok());
+        assert!(Config::default().dscp(ServiceLevel::Bulk, 64).validate().is_err());
+        assert!(Config::default().scheduler_weights([1, 0, 1]).validate().is_err());
+        assert!(Config::default().max_message(0).validate().is_err());
+    }
+
+    #[test]
+    fn debug_never_prints_the_key() {
+        let s = format!("{:?}", Config::default().cluster_key(b"supersecretclusterkey".to_vec()));
+        assert!(!s.contains("supersecret"));
+    }
+}

@@ -1,0 +1,1 @@
+//! Credit-based flow control and server buffer zones (sans-IO). See DESIGN §6.

@@ -1,0 +1,28 @@
+//! # ionet
+//!
+//! A transport abstraction for storage protocols in the spirit of PVFS2's BMI: a protocol
+//! written once against [`Endpoint`] runs over TCP (`tcp://`) or InfiniBand verbs (`ib://`, or
+//! `softib://` through the software verbs provider), and the transport does the hard parts —
+//! credit-based flow control over pre-posted buffers, a pin-down (registration) cache, and a
+//! communication manager that picks **inline**, **fast RDMA** or **server-based RDMA** for each
+//! transfer.
+#![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
+
+pub mod addr;
+pub mod buf;
+pub mod comm;
+pub mod config;
+pub mod error;
+pub mod flowctl;
+pub mod ib;
+pub mod regcache;
+pub mod types;
+pub mod wire;
+
+pub use addr::{Address, Scheme};
+pub use buf::{BufPool, MemKeys, OpBuf, RecvBuf, RegisteredBuf, SendBuf};
+pub use comm::{Mechanism, Policy, Thresholds};
+pub use config::Config;
+pub use error::{AccessError, Error, ProtocolError, Result};
+pub use types::{Access, OpId, PeerId, ServiceLevel, Tag, WaitMode};

@@ -1,0 +1,1 @@
+//! Pin-down (memory registration) cache over a `Registrar` trait. See DESIGN §5.
