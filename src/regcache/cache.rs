@@ -339,11 +339,15 @@ impl<R: Registrar> RegCache<R> {
         if e - s > max {
             return Err(RegCacheError::TooLarge { len: e - s, max });
         }
-        let (ms, me) = if self.cfg.merge { self.merged_range(s, e) } else { (s, e) };
+        let retain = origin == Origin::Owned || self.cfg.cache_foreign;
+        // An entry that will not be kept does not merge: it would take its cached neighbours
+        // down with it at its last release.
+        let merge = self.cfg.merge && retain;
+        let (ms, me) = if merge { self.merged_range(s, e) } else { (s, e) };
         let (s, e) = if me - ms <= max { (ms, me) } else { (s, e) };
         // Absorb the unused entries inside the new range: merged ones, and ones the new range
         // contains (which would break the no-containment invariant if kept).
-        for slot in self.overlapping(s, e, self.cfg.merge) {
+        for slot in self.overlapping(s, e, merge) {
             let en = self.entry(slot);
             if en.refs == 0 && en.start >= s && en.end <= e {
                 self.stats.merges += 1;
@@ -385,7 +389,6 @@ impl<R: Registrar> RegCache<R> {
                 self.entry_mut(slot).state = State::Retired;
             }
         }
-        let retain = origin == Origin::Owned || self.cfg.cache_foreign;
         let entry = Entry {
             start: s,
             end: e,

@@ -385,6 +385,16 @@ fn foreign_memory_is_shared_in_use_but_not_cached_by_default() {
     assert!(c.check_if_registered(0x1000, 100).is_none());
     c.check_invariants();
 
+    // An uncached foreign registration does not absorb a cached neighbour (it would drop it).
+    let (mut c, _fake) = cache(RegCacheConfig::default());
+    let owned = c.acquire(0x1000, 100, RW, OWN).unwrap();
+    c.release(owned).unwrap();
+    let f = c.acquire(0x1064, 100, RW, Origin::Foreign).unwrap();
+    assert_eq!(f.region(), Span::new(0x1064, 100));
+    c.release(f).unwrap();
+    assert!(c.check_if_registered(0x1000, 100).is_some(), "owned neighbour still cached");
+    c.check_invariants();
+
     let (mut c, fake) = cache(RegCacheConfig::default().cache_foreign(true));
     let a = c.acquire(0x1000, 100, RW, Origin::Foreign).unwrap();
     c.release(a).unwrap();
