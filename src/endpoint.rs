@@ -227,6 +227,9 @@ struct CoreState {
     unexpected: VecDeque<Unexpected>,
     requests: VecDeque<RequestMeta>,
     driving: bool,
+    /// Threads asleep on the condition variable: notifying costs a futex syscall, so it is
+    /// skipped when nobody sleeps.
+    sleepers: usize,
 }
 
 /// Completion table shared between the endpoint and its backend.
@@ -267,20 +270,22 @@ impl Core {
     pub(crate) fn complete(&self, c: Completion) {
         let mut st = self.lock();
         self.complete_locked(&mut st, c);
-        self.cv.notify_all();
+        self.wake_sleepers(&st);
+    }
+
+    fn wake_sleepers(&self, st: &CoreState) {
+        if st.sleepers > 0 {
+            self.cv.notify_all();
+        }
     }
 
     /// Records several completions under one lock.
     pub(crate) fn complete_all(&self, cs: impl IntoIterator<Item = Completion>) {
         let mut st = self.lock();
-        let mut any = false;
         for c in cs {
             self.complete_locked(&mut st, c);
-            any = true;
         }
-        if any {
-            self.cv.notify_all();
-        }
+        self.wake_sleepers(&st);
     }
 
     fn complete_locked(&self, st: &mut CoreState, c: Completion) {
@@ -308,14 +313,16 @@ impl Core {
 
     /// Queues an unexpected message for [`Endpoint::recv_unexpected`].
     pub(crate) fn push_unexpected(&self, u: Unexpected) {
-        self.lock().unexpected.push_back(u);
-        self.cv.notify_all();
+        let mut st = self.lock();
+        st.unexpected.push_back(u);
+        self.wake_sleepers(&st);
     }
 
     /// Queues an incoming request for [`Endpoint::next_request`].
     pub(crate) fn push_request(&self, r: RequestMeta) {
-        self.lock().requests.push_back(r);
-        self.cv.notify_all();
+        let mut st = self.lock();
+        st.requests.push_back(r);
+        self.wake_sleepers(&st);
     }
 
     /// Drops queued requests of a lost peer: they can no longer be answered. Unexpected
@@ -682,6 +689,9 @@ impl Endpoint {
 
     /// The waiting loop shared by every blocking call: check, else drive progress (if nobody
     /// else is), else wait for whoever drives.
+    ///
+    /// The clock is read only when a bound needs it (a deadline, an adaptive spin budget): on
+    /// the reference VM a clock read costs as much as a spin round's work.
     fn wait_until<T>(
         &self,
         until: Until,
@@ -693,24 +703,25 @@ impl Endpoint {
             return Err(Error::misuse("client endpoint has no peer yet: call connect first"));
         };
         let mode = self.inner.cfg.wait_mode;
-        let spin_until = Instant::now() + self.inner.cfg.spin_budget;
+        let needs_clock = matches!(until, Until::At(_)) || mode == WaitMode::Adaptive;
+        let spin_until = needs_clock.then(|| Instant::now() + self.inner.cfg.spin_budget);
         let has_thread = self.inner.cfg.progress_thread && !is_progress_thread;
         let mut polled = false;
+        let mut st = core.lock();
         loop {
-            let mut st = core.lock();
             if let Some(x) = check(&mut st) {
                 return Ok(Some(x));
             }
-            let now = Instant::now();
-            match until {
-                Until::Poll if polled => return Ok(None),
-                Until::At(u) if now >= u => return Ok(None),
+            let now = needs_clock.then(Instant::now);
+            match (until, now) {
+                (Until::Poll, _) if polled => return Ok(None),
+                (Until::At(u), Some(now)) if now >= u => return Ok(None),
                 _ => {}
             }
             let spinning = match mode {
                 WaitMode::Spin => true,
                 WaitMode::Block => false,
-                WaitMode::Adaptive => now < spin_until,
+                WaitMode::Adaptive => now.zip(spin_until).is_some_and(|(n, s)| n < s),
             };
             if st.driving || has_thread {
                 if until == Until::Poll {
@@ -719,29 +730,37 @@ impl Endpoint {
                 if spinning {
                     drop(st);
                     std::hint::spin_loop();
+                    st = core.lock();
                     continue;
                 }
-                let limit = until.remaining(now).min(MAX_BLOCK);
-                drop(core.cv.wait_timeout(st, limit).unwrap_or_else(|p| p.into_inner()));
+                let limit = now.map_or(MAX_BLOCK, |n| until.remaining(n)).min(MAX_BLOCK);
+                st.sleepers += 1;
+                let (g, _) = core.cv.wait_timeout(st, limit).unwrap_or_else(|p| p.into_inner());
+                st = g;
+                st.sleepers -= 1;
                 continue;
             }
             // Nobody drives: become the driver for one round.
             let block = if spinning || until == Until::Poll {
                 Duration::ZERO
             } else {
+                let now = now.unwrap_or_else(Instant::now);
                 let mut t = until.remaining(now).min(MAX_BLOCK);
                 if let Some(d) = Core::next_deadline(&st) {
                     t = t.min(d.saturating_duration_since(now));
                 }
                 t
             };
+            let deadlines = !st.deadlines.is_empty();
             st.driving = true;
             drop(st);
             let guard = DriveGuard(core);
             let r = backend.progress(block);
-            self.expire(&**backend);
-            drop(guard);
+            if deadlines {
+                self.expire(&**backend);
+            }
             polled = true;
+            st = guard.finish();
             r?;
         }
     }
@@ -855,13 +874,26 @@ impl Until {
     }
 }
 
+/// Clears the driving flag even if progress panics.
 struct DriveGuard<'a>(&'a Core);
+
+impl<'a> DriveGuard<'a> {
+    /// Ends the round and returns the core lock, already held, to the caller.
+    fn finish(self) -> MutexGuard<'a, CoreState> {
+        let core = self.0;
+        std::mem::forget(self);
+        let mut st = core.lock();
+        st.driving = false;
+        core.wake_sleepers(&st);
+        st
+    }
+}
+
 impl Drop for DriveGuard<'_> {
     fn drop(&mut self) {
         let mut st = self.0.lock();
         st.driving = false;
-        drop(st);
-        self.0.cv.notify_all();
+        self.0.wake_sleepers(&st);
     }
 }
 

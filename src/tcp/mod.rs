@@ -26,6 +26,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+// Keys we generate ourselves (tokens, op and message ids) hash with Fx; maps keyed by values a
+// peer chooses (tags, request ids) keep the DoS-resistant default hasher.
+use rustc_hash::{FxHashMap, FxHashSet};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
@@ -64,6 +67,12 @@ const MAX_IOV: usize = 64;
 const RTS_COST: usize = 64;
 /// Connections still in their handshake, at most.
 const MAX_HANDSHAKING: usize = 128;
+/// Busy-poll rounds between epoll checks when reading sockets directly.
+const SPIN_EPOLL_EVERY: u32 = 16;
+/// Busy-poll rounds per `progress` call when nothing happens.
+const SPIN_ROUNDS_PER_CALL: u32 = 8;
+/// Direct socket polling only pays with few connections.
+const SPIN_DIRECT_MAX_CONNS: usize = 4;
 /// How often handshake timeouts are checked.
 const TIMER_PERIOD: Duration = Duration::from_millis(50);
 
@@ -251,6 +260,8 @@ struct Conn {
     tx: VecDeque<Frame>,
     readable: bool,
     writable: bool,
+    /// The last read was short: the socket had nothing more at that moment.
+    drained: bool,
 }
 
 impl Conn {
@@ -270,6 +281,7 @@ impl Conn {
             tx: VecDeque::new(),
             readable: true,
             writable: false,
+            drained: false,
         }
     }
 
@@ -290,22 +302,26 @@ impl Conn {
 struct State {
     s: Settings,
     listener: Option<TcpListener>,
-    conns: HashMap<Token, Conn>,
+    conns: FxHashMap<Token, Conn>,
     next_token: usize,
     peers: Vec<Peer>,
     by_eid: HashMap<u64, PeerId>,
     matcher: Matcher<(), Early>,
-    ops: HashMap<OpId, Op>,
+    ops: FxHashMap<OpId, Op>,
     exposures: ExposureTable,
     sreqs: HashMap<(PeerId, u64), ServerReq>,
     rndv_in: HashMap<(PeerId, u64), RndvIn>,
-    rndv_out: HashMap<u64, OpId>,
+    rndv_out: FxHashMap<u64, OpId>,
     read_ready: VecDeque<Token>,
-    write_ready: HashSet<Token>,
+    write_ready: FxHashSet<Token>,
     sched: SendScheduler,
     done: Vec<Completion>,
     next_msg: u64,
     last_timers: Instant,
+    spin_rounds: u32,
+    timer_rounds: u32,
+    /// Unexpected messages and requests handed to the core (progress made).
+    events: u64,
     closed: bool,
     core: Arc<Core>,
 }
@@ -367,21 +383,24 @@ impl TcpBackend {
             sched: SendScheduler::new(cfg.sched_weights),
             s: settings,
             listener,
-            conns: HashMap::new(),
+            conns: FxHashMap::default(),
             next_token: FIRST_CONN,
             peers: Vec::new(),
             by_eid: HashMap::new(),
             matcher: Matcher::new(),
-            ops: HashMap::new(),
+            ops: FxHashMap::default(),
             exposures: ExposureTable::default(),
             sreqs: HashMap::new(),
             rndv_in: HashMap::new(),
-            rndv_out: HashMap::new(),
+            rndv_out: FxHashMap::default(),
             read_ready: VecDeque::new(),
-            write_ready: HashSet::new(),
+            write_ready: FxHashSet::default(),
             done: Vec::new(),
             next_msg: 1,
             last_timers: Instant::now(),
+            spin_rounds: 0,
+            timer_rounds: 0,
+            events: 0,
             closed: false,
             core: core.clone(),
         };
@@ -458,6 +477,9 @@ impl Backend for TcpBackend {
     }
 
     fn progress(&self, timeout: Duration) -> Result<()> {
+        if timeout.is_zero() && self.spin_without_epoll() {
+            return Ok(());
+        }
         let mut guard = self.poller.lock().unwrap_or_else(|p| p.into_inner());
         let poller = &mut *guard;
         match poller.poll.poll(&mut poller.events, Some(timeout)) {
@@ -490,7 +512,7 @@ impl Backend for TcpBackend {
         let mut st = guard_st;
         st.run_reads();
         st.flush_ready();
-        st.timers();
+        st.timers(timeout.is_zero());
         self.deliver(st);
         Ok(())
     }
@@ -554,6 +576,39 @@ impl Backend for TcpBackend {
         if let Some(mut l) = st.listener.take() {
             let _ = self.registry.deregister(&mut l);
         }
+    }
+}
+
+impl TcpBackend {
+    /// Busy-polling with few connections: try their sockets directly instead of asking epoll,
+    /// which saves a syscall per arrival. Every `SPIN_EPOLL_EVERY`-th round still polls epoll
+    /// for accepts, connects and writability. Returns false when epoll should be used.
+    fn spin_without_epoll(&self) -> bool {
+        // Several rounds per call, so the endpoint's per-round bookkeeping is amortised; the
+        // lock is released between rounds so other threads can post.
+        for _ in 0..SPIN_ROUNDS_PER_CALL {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            st.spin_rounds = st.spin_rounds.wrapping_add(1);
+            if st.spin_rounds % SPIN_EPOLL_EVERY == 0 || st.conns.len() > SPIN_DIRECT_MAX_CONNS {
+                return false;
+            }
+            let before = st.events;
+            for (t, c) in st.conns.iter_mut() {
+                if c.is_ready() && !matches!(c.rx, Rx::Stalled(_)) {
+                    c.readable = true;
+                    st.read_ready.push_back(*t);
+                }
+            }
+            st.run_reads();
+            st.flush_ready();
+            let progressed = !st.done.is_empty() || st.events != before;
+            self.deliver(guard);
+            if progressed {
+                break;
+            }
+        }
+        true
     }
 }
 
@@ -1391,7 +1446,13 @@ impl State {
         }
     }
 
-    fn timers(&mut self) {
+    fn timers(&mut self, polling: bool) {
+        // While busy-polling, checked every few rounds only: reading the clock each round
+        // costs as much as the round itself.
+        self.timer_rounds = self.timer_rounds.wrapping_add(1);
+        if polling && self.timer_rounds % 64 != 0 {
+            return;
+        }
         let now = Instant::now();
         if now.duration_since(self.last_timers) < TIMER_PERIOD {
             return;
@@ -1586,6 +1647,11 @@ impl State {
             match &mut c.rx {
                 Rx::Stalled(_) => return false,
                 Rx::Header => {
+                    if c.rx_end - c.rx_start < HEADER_LEN && c.drained {
+                        c.drained = false;
+                        c.readable = false;
+                        return false;
+                    }
                     if c.rx_end - c.rx_start >= HEADER_LEN {
                         let raw = &c.rxbuf[c.rx_start..c.rx_start + HEADER_LEN];
                         let hdr = Header::decode(raw).and_then(|h| {
@@ -1606,12 +1672,20 @@ impl State {
                         }
                         continue;
                     }
+                    let room = c.rxbuf.len() - if c.rx_start == c.rx_end { 0 } else { c.rx_end };
                     match c.fill() {
                         Ok(0) => {
                             self.conn_failed(t, Loss::Lost("connection closed by peer".into()));
                             return false;
                         }
-                        Ok(n) => budget = budget.saturating_sub(n),
+                        Ok(n) => {
+                            budget = budget.saturating_sub(n);
+                            // A short read drained the socket: anything arriving later raises a
+                            // new edge, so skip the read that would only say EAGAIN.
+                            if n < room {
+                                c.drained = true;
+                            }
+                        }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                             c.readable = false;
                             return false;
@@ -2114,6 +2188,7 @@ impl State {
             }
             (Kind::Unexpected, Sink::Vec(v)) => {
                 Counters::add(&self.core.counters.msgs_received, 1);
+                self.events += 1;
                 self.core.push_unexpected(Unexpected { peer, tag: h.a, sl: h.sl, data: Bytes::from(v) });
             }
             (Kind::Request, Sink::Vec(v)) => {
@@ -2137,6 +2212,7 @@ impl State {
                     (peer, h.b),
                     ServerReq { sl: h.sl, dir, len: h.c, inline, cost, cancelled: false },
                 );
+                self.events += 1;
                 self.core.push_request(RequestMeta {
                     peer,
                     tag: h.a,
@@ -2341,7 +2417,7 @@ fn sink_write(
     sink: &mut Sink,
     at: usize,
     data: &[u8],
-    ops: &mut HashMap<OpId, Op>,
+    ops: &mut FxHashMap<OpId, Op>,
     exposures: &mut ExposureTable,
 ) {
     match sink {
@@ -2370,7 +2446,7 @@ fn sink_slice<'a>(
     sink: &'a mut Sink,
     at: usize,
     max: usize,
-    ops: &'a mut HashMap<OpId, Op>,
+    ops: &'a mut FxHashMap<OpId, Op>,
 ) -> Option<&'a mut [u8]> {
     match sink {
         Sink::Vec(v) => Some(&mut v[at..at + max]),
