@@ -17,13 +17,13 @@
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 
-// pub mod capability;
-// pub mod config;
+pub mod capability;
+pub mod config;
 pub mod errno;
 pub mod layout;
 // pub mod meta;
-// pub mod proto;
+pub mod proto;
 // pub mod store;
 
 pub use errno::Errno;
-// pub use proto::Handle;
+pub use proto::Handle;
