@@ -21,7 +21,7 @@ pub mod capability;
 pub mod config;
 pub mod errno;
 pub mod layout;
-// pub mod meta;
+pub mod meta;
 pub mod proto;
 // pub mod store;
 
