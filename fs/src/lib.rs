@@ -23,7 +23,7 @@ pub mod errno;
 pub mod layout;
 pub mod meta;
 pub mod proto;
-// pub mod store;
+pub mod store;
 
 pub use errno::Errno;
 pub use proto::Handle;
