@@ -430,6 +430,46 @@ impl ServerPieces {
         push_coalesced(&mut self.segments, seg);
         self.bytes += piece.len;
     }
+
+    /// Splits into consecutive requests of at most `max_pieces` pieces and `max_bytes` bytes
+    /// each (the wire limits `proto::MAX_PIECES` and `proto::MAX_IO_BYTES`, or a smaller
+    /// per-request size the client chooses). The batches' streams, concatenated, are this
+    /// stream; a piece is cut only where `max_bytes` falls inside it.
+    pub fn split(&self, max_pieces: usize, max_bytes: u64) -> Vec<ServerPieces> {
+        let (max_pieces, max_bytes) = (max_pieces.max(1), max_bytes.max(1));
+        let mut out = Vec::new();
+        let mut cur = ServerPieces::empty(self.pnum);
+        let mut segs = self.segments.iter().copied();
+        let mut seg: Option<Segment> = None;
+        let mut pieces = self.pieces.iter().copied();
+        let mut piece: Option<Piece> = None;
+        while let Some(p) = piece.take().or_else(|| pieces.next()) {
+            if cur.pieces.len() == max_pieces || cur.bytes == max_bytes {
+                out.push(std::mem::replace(&mut cur, ServerPieces::empty(self.pnum)));
+            }
+            let n = p.len.min(max_bytes - cur.bytes);
+            if n < p.len {
+                piece = Some(Extent::new(p.off + n, p.len - n));
+            }
+            // Take the matching n bytes of segments.
+            cur.pieces.push(Extent::new(p.off, n));
+            cur.bytes += n;
+            let mut need = n;
+            while need > 0 {
+                let Some(s) = seg.take().or_else(|| segs.next()) else { break };
+                let k = s.len.min(need);
+                push_coalesced(&mut cur.segments, Extent::new(s.off, k));
+                if k < s.len {
+                    seg = Some(Extent::new(s.off + k, s.len - k));
+                }
+                need -= k;
+            }
+        }
+        if cur.bytes > 0 {
+            out.push(cur);
+        }
+        out
+    }
 }
 
 /// A partitioned file view (PVFS1 `SETPART`): the client sees the concatenation of `gsize`-byte
@@ -785,6 +825,28 @@ mod tests {
                 prop_assert_eq!(&server, &sp.pieces);
             }
             prop_assert!(seen.iter().all(|&s| s));
+        }
+
+        #[test]
+        fn split_batches_respect_limits_and_concatenate_back(
+            (l, _n) in arb_layout(), off in 0u64..500, len in 0u64..3000, mp in 1usize..5, mb in 1u64..200,
+        ) {
+            let view = View::new(off, 3, 5).unwrap();
+            for sp in l.plan(view.extents(0, len).unwrap()) {
+                let parts = sp.split(mp, mb);
+                let expand = |v: &[Extent]| -> Vec<u64> { v.iter().flat_map(|e| e.off..e.off + e.len).collect() };
+                let mut pieces = Vec::new();
+                let mut segs = Vec::new();
+                for b in &parts {
+                    prop_assert!(b.pieces.len() <= mp && b.bytes <= mb && b.bytes > 0);
+                    prop_assert_eq!(b.pieces.iter().map(|p| p.len).sum::<u64>(), b.bytes);
+                    prop_assert_eq!(b.segments.iter().map(|p| p.len).sum::<u64>(), b.bytes);
+                    pieces.extend(expand(&b.pieces));
+                    segs.extend(expand(&b.segments));
+                }
+                prop_assert_eq!(pieces, expand(&sp.pieces));
+                prop_assert_eq!(segs, expand(&sp.segments));
+            }
         }
 
         #[test]

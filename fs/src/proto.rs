@@ -1372,6 +1372,19 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Random bodies behind a valid header reach the body decoder of every kind.
+        #[test]
+        fn random_bodies_never_panic(kind in 1u8..=4, body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
+            let mut b = MAGIC.to_vec();
+            b.extend_from_slice(&PROTO_VERSION.to_le_bytes());
+            b.push(kind);
+            b.extend_from_slice(&9u64.to_le_bytes());
+            b.extend_from_slice(&body);
+            fuzz_one(&b);
+        }
+    }
+
     #[test]
     fn truncated_prefixes_never_panic() {
         for (_, bytes) in sample_messages() {
