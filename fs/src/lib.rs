@@ -13,6 +13,30 @@
 //! * [`store`]: an io server's objects, one local file per handle in hashed subdirectories.
 //! * [`config`]: the TOML cluster file.
 //! * [`errno`]: the errno-like codes carried in error replies.
+//!
+//! # How the network layer uses them
+//!
+//! * **Meta server**: decode each message with [`proto::decode::<MetaRequest>`](proto::decode)
+//!   (on failure send [`proto::error_reply`]), call the matching [`meta::MetaStore`] method, map
+//!   its error with [`meta::MetaError::errno`]. `Create`: [`meta::MetaStore::create`] → mint an
+//!   `ADMIN` capability → `IoRequest::CreateObject` to each server of the layout → on success
+//!   `commit_create` and reply `Opened` with a capability from
+//!   [`capability::CapabilityKey::mint`]; on failure `RemoveObject` on the servers that
+//!   succeeded, then `abort_create`. `Unlink`/`Rename` over a file: `RemoveObject` on the
+//!   returned [`meta::Objects`], then `forget_orphan`. `Setattr` with a size:
+//!   `TruncateObject` to [`layout::Layout::local_size`] per server. At start-up, finish what
+//!   [`meta::MetaStore::pending_creates`] and [`meta::MetaStore::orphans`] list.
+//! * **io server**: decode an [`proto::IoRequest`], verify its capability with
+//!   [`capability::CapabilityKey::verify`] against [`proto::IoRequest::needed_rights`], then
+//!   drive [`store::ObjectStore`]: a read or write builds a [`store::PieceCursor`] over
+//!   [`proto::Descriptor::pieces`] and moves one transfer unit at a time. On a write error keep
+//!   receiving (and discarding) the rest of the stream, then reply with the error code.
+//! * **client**: [`layout::Layout::plan`] (or [`layout::ListIo::plan`], or a
+//!   [`layout::View`]'s extents) gives one [`layout::ServerPieces`] per server; cut it with
+//!   [`layout::ServerPieces::split`] to the wire limits, send `pieces` as a
+//!   [`proto::Descriptor::List`] (or the O(1) [`proto::Descriptor::Strided`] for a view) and
+//!   move the data from/to `segments` of the user buffer, in order, with no per-piece headers.
+//!   Logical size = [`layout::Layout::logical_size`] over every server's `GetSize`.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
