@@ -51,3 +51,15 @@ pub mod store;
 
 pub use errno::Errno;
 pub use proto::Handle;
+
+#[cfg(test)]
+mod tests {
+    /// The servers share these across threads.
+    #[test]
+    fn stores_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<crate::meta::MetaStore>();
+        check::<crate::store::ObjectStore>();
+        check::<crate::capability::CapabilityKey>();
+    }
+}

@@ -28,7 +28,9 @@
 
 use crate::errno::Errno;
 use crate::layout::{Layout, LayoutError};
-use crate::proto::{Attr, DirEntry, FileKind, FsStats, Handle, LayoutSpec, Name, SetAttr, Timestamp};
+use crate::proto::{
+    Attr, DirEntry, FileKind, FsStats, Handle, LayoutSpec, MAX_READDIR, Name, SetAttr, Timestamp,
+};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::ops::Bound;
@@ -735,14 +737,17 @@ impl MetaStore {
         })
     }
 
-    /// Up to `max` entries of `dir` in name order, starting after `after`, and whether more
-    /// follow. Resuming after a name is stable under concurrent inserts and removals.
+    /// Up to `max` (at most [`MAX_READDIR`]) entries of `dir` in name order, starting after
+    /// `after`, and whether more follow. Resuming after a name is stable under concurrent
+    /// inserts and removals.
     pub fn readdir(
         &self,
         dir: Handle,
         after: Option<&str>,
         max: usize,
     ) -> Result<(Vec<DirEntry>, bool), MetaError> {
+        // A peer's page size never sizes an allocation beyond one wire page.
+        let max = max.min(MAX_READDIR);
         let r = self.db.begin_read()?;
         let inodes = r.open_table(INODES)?;
         let dirents = r.open_table(DIRENTS)?;
@@ -1152,6 +1157,17 @@ mod tests {
         // Exactly a full page at the end says no more.
         assert!(!m.readdir(R, Some("e"), 2).unwrap().1);
         assert!(matches!(m.readdir(p1[0].handle, None, 3), Err(MetaError::NotDir)));
+    }
+
+    #[test]
+    fn readdir_pages_are_capped_at_the_wire_limit() {
+        let d = tempfile::tempdir().unwrap();
+        let m = store(&d);
+        for i in 0..MAX_READDIR + 1 {
+            m.mkdir(R, &format!("{i:04}"), P).unwrap();
+        }
+        let (page, more) = m.readdir(R, None, usize::MAX).unwrap();
+        assert_eq!((page.len(), more), (MAX_READDIR, true));
     }
 
     #[test]

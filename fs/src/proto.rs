@@ -1334,6 +1334,22 @@ mod tests {
     }
 
     #[test]
+    fn largest_replies_fit_in_a_message() {
+        let name = Name::new("n".repeat(crate::meta::NAME_MAX)).unwrap();
+        let entry = DirEntry { name, handle: Handle(u64::MAX), kind: FileKind::File };
+        let entries = BoundedVec::new(vec![entry; MAX_READDIR]).unwrap();
+        let b = encode(&Envelope::new(u64::MAX, MetaReply::Dir { entries, more: true })).unwrap();
+        assert!(b.len() <= MAX_MESSAGE, "{}", b.len());
+        let pieces = vec![Extent::new(u64::MAX / 2, 1); MAX_PIECES];
+        let b = encode(&Envelope::new(
+            1,
+            IoRequest::Write { cap: cap(), desc: Descriptor::list(pieces).unwrap() },
+        ))
+        .unwrap();
+        assert!(b.len() <= MAX_MESSAGE, "{}", b.len());
+    }
+
+    #[test]
     fn semantic_validation() {
         let bad_layout = Layout { base: 0, pcount: 0, ssize: 1 };
         let d = Descriptor::Strided { layout: bad_layout, pnum: 0, view: View::contiguous(), pos: 0, len: 1 };
