@@ -20,4 +20,5 @@ suite!("tcp";
     peer_loss_fails_ops_once_and_reconnects,
     soak_32_clients_checksummed,
     info_reports_limits_and_counters,
+    batched_sends_keep_order_and_complete,
 );

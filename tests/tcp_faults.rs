@@ -21,9 +21,10 @@ fn child_rendezvous_sender() {
     let p = cli.connect(addr.as_str()).unwrap();
     let op = cli.send_unexpected(p, 1, Bytes::from_static(b"ready"), ServiceLevel::Normal).unwrap();
     cli.wait(op).unwrap().ok().unwrap();
-    // Posting writes the announcement (RTS) at once; without further progress the body never
-    // follows the receiver's CTS.
-    let _big = cli.send(p, 2, Bytes::from(vec![5u8; 8 << 20]), ServiceLevel::Normal).unwrap();
+    // One round of progress writes the announcement (RTS); the receiver has not posted yet, so
+    // no CTS can be back. Without further progress the body never follows.
+    let big = cli.send(p, 2, Bytes::from(vec![5u8; 8 << 20]), ServiceLevel::Normal).unwrap();
+    assert!(cli.test(big).unwrap().is_none());
     println!("announced");
     std::io::stdout().flush().unwrap();
     std::thread::sleep(Duration::from_secs(600));
@@ -43,7 +44,6 @@ fn peer_killed_mid_rendezvous_fails_once_and_others_are_served() {
     let u = srv.recv_unexpected(Some(T)).unwrap().expect("child said ready");
     assert_eq!(&u.data[..], b"ready");
     let victim = u.peer;
-    let r = srv.recv(victim, 2, BytesMut::zeroed(8 << 20)).unwrap();
     // Wait until the child reports it announced the transfer (then it stops progressing).
     let mut out = child.stdout.take().unwrap();
     let mut seen = Vec::new();
@@ -53,6 +53,7 @@ fn peer_killed_mid_rendezvous_fails_once_and_others_are_served() {
         assert!(n > 0, "child exited early");
         seen.extend_from_slice(&buf[..n]);
     }
+    let r = srv.recv(victim, 2, BytesMut::zeroed(8 << 20)).unwrap();
     // The receive is matched to the announcement, its body will never finish.
     assert!(srv.wait_timeout(r, Duration::from_millis(200)).unwrap().is_none());
     child.kill().unwrap();

@@ -22,7 +22,11 @@ use run::RunResult;
 use stats::Summary;
 
 #[derive(Parser, Debug)]
-#[command(name = "ionet-perf", version, about = "ionet latency / bandwidth / message-rate tool with same-run baselines")]
+#[command(
+    name = "ionet-perf",
+    version,
+    about = "ionet latency / bandwidth / message-rate tool with same-run baselines"
+)]
 struct Cli {
     /// Print the mechanism table (thresholds per service level) for --transport and exit.
     #[arg(long)]
@@ -30,8 +34,21 @@ struct Cli {
     /// Transport for --show-policy: tcp, softib or ib.
     #[arg(long, default_value = "tcp")]
     transport: String,
+    /// Pin this process to one CPU (the comparison pins client and server to different CPUs
+    /// so blocking wake-ups always cross CPUs, as between two hosts).
+    #[arg(long, global = true)]
+    cpu: Option<usize>,
     #[command(subcommand)]
     cmd: Option<Cmd>,
+}
+
+fn pin(cpu: Option<usize>) -> Result<(), BoxErr> {
+    if let Some(c) = cpu {
+        let mut set = nix::sched::CpuSet::new();
+        set.set(c)?;
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
+    }
+    Ok(())
 }
 
 #[derive(Subcommand, Debug)]
@@ -108,7 +125,10 @@ fn parse_wait(s: &str) -> Result<WaitMode, String> {
 }
 
 fn parse_sl(s: &str) -> Result<ServiceLevel, String> {
-    ServiceLevel::ALL.into_iter().find(|sl| sl.name() == s).ok_or_else(|| format!("unknown service level {s}"))
+    ServiceLevel::ALL
+        .into_iter()
+        .find(|sl| sl.name() == s)
+        .ok_or_else(|| format!("unknown service level {s}"))
 }
 
 fn parse_scheme(s: &str) -> Result<Scheme, String> {
@@ -147,6 +167,7 @@ fn main() {
 type BoxErr = Box<dyn std::error::Error>;
 
 fn run_cli(cli: Cli) -> Result<(), BoxErr> {
+    pin(cli.cpu)?;
     if cli.show_policy {
         let scheme = parse_scheme(&cli.transport)?;
         print!("{}", Policy::for_scheme(scheme).table(scheme));
@@ -187,7 +208,8 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
                 let p = Params {
                     test,
                     size,
-                    iters: iters.unwrap_or_else(|| over_ionet::iters_for(test, size, Duration::from_millis(500))),
+                    iters: iters
+                        .unwrap_or_else(|| over_ionet::iters_for(test, size, Duration::from_millis(500))),
                     window: if test == Test::Lat { 1 } else { window },
                     sl,
                     verify,
@@ -217,8 +239,19 @@ fn csv_writer(path: Option<&PathBuf>) -> Result<Option<csv::Writer<std::fs::File
     let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(f);
     if fresh {
         w.write_record([
-            "experiment", "impl", "wait", "test", "size", "run", "secs", "gbytes_per_s", "msgs_per_s", "rtt_p50_us",
-            "rtt_p99_us", "client_cpu_s_per_gb", "server_cpu_s_per_gb",
+            "experiment",
+            "impl",
+            "wait",
+            "test",
+            "size",
+            "run",
+            "secs",
+            "gbytes_per_s",
+            "msgs_per_s",
+            "rtt_p50_us",
+            "rtt_p99_us",
+            "client_cpu_s_per_gb",
+            "server_cpu_s_per_gb",
         ])?;
     }
     Ok(Some(w))
@@ -272,9 +305,13 @@ fn describe(test: Test, size: usize, rs: &[RunResult]) -> String {
     }
 }
 
+/// CPUs for the comparison: client and server apart, as on two hosts.
+const CLIENT_CPU: usize = 0;
+const SERVER_CPU: &str = "1";
+
 fn ionet_server(scheme: Scheme, wait: WaitMode) -> Result<ServerProc, BoxErr> {
     let listen = format!("{scheme}://127.0.0.1:0");
-    Ok(ServerProc::spawn(&["server", "--listen", &listen, "--wait", wait.name()])?)
+    Ok(ServerProc::spawn(&["server", "--listen", &listen, "--wait", wait.name(), "--cpu", SERVER_CPU])?)
 }
 
 fn selftest(scheme: Scheme) -> Result<(), BoxErr> {
@@ -287,10 +324,26 @@ fn selftest(scheme: Scheme) -> Result<(), BoxErr> {
     print!("{}", info.policy.table(scheme));
     println!("{:>10}  {:>22}  {:>22}", "size", "RTT p50 (wait=block)", "bandwidth (window 16)");
     for size in [8usize, 4096, 65536, 1 << 20, 4 << 20] {
-        let lat = Params { test: Test::Lat, size, iters: 200, window: 1, sl: ServiceLevel::Normal, verify: true, spin: false };
+        let lat = Params {
+            test: Test::Lat,
+            size,
+            iters: 200,
+            window: 1,
+            sl: ServiceLevel::Normal,
+            verify: true,
+            spin: false,
+        };
         let l = over_ionet::run(&ep, peer, &lat, Some(srv.pid()))?;
         let iters = ((256 << 20) / size).clamp(32, 20_000) / 16 * 16;
-        let bw = Params { test: Test::Bw, size, iters, window: 16, sl: ServiceLevel::Bulk, verify: true, spin: false };
+        let bw = Params {
+            test: Test::Bw,
+            size,
+            iters,
+            window: 16,
+            sl: ServiceLevel::Bulk,
+            verify: true,
+            spin: false,
+        };
         let b = over_ionet::run(&ep, peer, &bw, Some(srv.pid()))?;
         println!("{:>10}  {:>19.1} µs  {:>17.3} GB/s", size, l.rtt_p50.unwrap_or(0.0), b.gbps());
     }
@@ -311,12 +364,19 @@ struct Row {
     lower_is_better: bool,
 }
 
-fn compare(scheme: Scheme, runs: usize, quick: bool, csv: Option<PathBuf>, markdown: Option<PathBuf>) -> Result<(), BoxErr> {
+fn compare(
+    scheme: Scheme,
+    runs: usize,
+    quick: bool,
+    csv: Option<PathBuf>,
+    markdown: Option<PathBuf>,
+) -> Result<(), BoxErr> {
     let mut w = csv_writer(csv.as_ref())?;
     let scale = if quick { 0.1 } else { 1.0 };
     let n = |x: f64| ((x * scale) as usize).max(64);
     let mut rows: Vec<Row> = Vec::new();
-    let raw_srv = ServerProc::spawn(&["raw-server"])?;
+    pin(Some(CLIENT_CPU))?;
+    let raw_srv = ServerProc::spawn(&["raw-server", "--cpu", SERVER_CPU])?;
     let mut raw_cli = raw::RawClient::connect(&raw_srv.addr)?;
 
     // Latency, spin and block: raw and ionet interleaved run by run.
@@ -324,7 +384,15 @@ fn compare(scheme: Scheme, runs: usize, quick: bool, csv: Option<PathBuf>, markd
         let srv = ionet_server(scheme, wait)?;
         let ep = Endpoint::client(Config::default().wait_mode(wait))?;
         let peer = ep.connect(srv.addr.as_str())?;
-        let p = Params { test: Test::Lat, size: 8, iters, window: 1, sl: ServiceLevel::Normal, verify: false, spin: wait == WaitMode::Spin };
+        let p = Params {
+            test: Test::Lat,
+            size: 8,
+            iters,
+            window: 1,
+            sl: ServiceLevel::Normal,
+            verify: false,
+            spin: wait == WaitMode::Spin,
+        };
         // Warm up both paths.
         raw_cli.run(&Params { iters: 1000, ..p }, None)?;
         over_ionet::run(&ep, peer, &Params { iters: 1000, ..p }, None)?;
@@ -339,7 +407,10 @@ fn compare(scheme: Scheme, runs: usize, quick: bool, csv: Option<PathBuf>, markd
         }
         rows.push(Row {
             what: format!("8 B ping-pong RTT p50, {} mode", wait.name()),
-            baseline: format!("raw {} TCP ping-pong", if wait == WaitMode::Spin { "busy-poll" } else { "blocking" }),
+            baseline: format!(
+                "raw {} TCP ping-pong",
+                if wait == WaitMode::Spin { "busy-poll" } else { "blocking" }
+            ),
             base: Summary::of(&a),
             ours: Summary::of(&b),
             unit: "µs",
@@ -353,7 +424,15 @@ fn compare(scheme: Scheme, runs: usize, quick: bool, csv: Option<PathBuf>, markd
     let peer = ep.connect(srv.addr.as_str())?;
     for size in [1usize << 20, 4 << 20] {
         let iters = n((2048usize << 20) as f64 / size as f64) / 64 * 64;
-        let p = Params { test: Test::Bw, size, iters: iters.max(64), window: 64, sl: ServiceLevel::Bulk, verify: false, spin: false };
+        let p = Params {
+            test: Test::Bw,
+            size,
+            iters: iters.max(64),
+            window: 64,
+            sl: ServiceLevel::Bulk,
+            verify: false,
+            spin: false,
+        };
         raw_cli.run(&Params { iters: 64, ..p }, None)?;
         over_ionet::run(&ep, peer, &Params { iters: 64, ..p }, None)?;
         let (mut a, mut b, mut ca, mut cb, mut sa, mut sb) = (vec![], vec![], vec![], vec![], vec![], vec![]);
@@ -418,7 +497,15 @@ fn compare(scheme: Scheme, runs: usize, quick: bool, csv: Option<PathBuf>, markd
     }
     // Message rate: 64 B, window 64, against raw 64 B writes.
     let iters = n(400_000.0) / 64 * 64;
-    let p = Params { test: Test::Msgrate, size: 64, iters, window: 64, sl: ServiceLevel::Normal, verify: false, spin: false };
+    let p = Params {
+        test: Test::Msgrate,
+        size: 64,
+        iters,
+        window: 64,
+        sl: ServiceLevel::Normal,
+        verify: false,
+        spin: false,
+    };
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for r in 0..runs {
         let x = raw_cli.run(&Params { test: Test::Bw, ..p }, Some(raw_srv.pid()))?;
@@ -429,7 +516,27 @@ fn compare(scheme: Scheme, runs: usize, quick: bool, csv: Option<PathBuf>, markd
         b.push(y.msg_rate() / 1e6);
     }
     rows.push(Row {
-        what: "64 B message rate, window 64".into(),
+        what: "64 B message rate, window 64, immediate sends".into(),
+        baseline: "raw 64 B writes (no framing, no matching)".into(),
+        base: Summary::of(&a),
+        ours: Summary::of(&b),
+        unit: "Mmsg/s",
+        lower_is_better: false,
+    });
+
+    // The same with batched sends: a window's posts leave in one writev.
+    let bep = Endpoint::client(Config::default().wait_mode(WaitMode::Block).batch_sends(true))?;
+    let bpeer = bep.connect(srv.addr.as_str())?;
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for r in 0..runs {
+        let x = raw_cli.run(&Params { test: Test::Bw, ..p }, Some(raw_srv.pid()))?;
+        a.push(x.msg_rate() / 1e6);
+        let y = over_ionet::run(&bep, bpeer, &p, Some(srv.pid()))?;
+        write_row(&mut w, "msgrate-batched", "ionet", "block", &y, r)?;
+        b.push(y.msg_rate() / 1e6);
+    }
+    rows.push(Row {
+        what: "64 B message rate, window 64, `batch_sends(true)`".into(),
         baseline: "raw 64 B writes (no framing, no matching)".into(),
         base: Summary::of(&a),
         ours: Summary::of(&b),
@@ -461,7 +568,10 @@ fn render(scheme: Scheme, runs: usize, rows: &[Row]) -> String {
             ratio
         ));
     }
-    s.push_str(&format!("\nMedians of {runs} runs, raw and ionet interleaved run by run; servers in child processes.\n"));
+    s.push_str(&format!(
+        "\nMedians of {runs} runs (min–max in brackets), raw and ionet interleaved run by run; servers in child \
+         processes pinned to CPU {SERVER_CPU}, clients on CPU {CLIENT_CPU}.\n"
+    ));
     s
 }
 

@@ -117,7 +117,9 @@ fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> R
             let windows = p.iters / p.window;
             for w in 0..windows {
                 let sends: Vec<OpId> = if p.test == Test::Bibw {
-                    (0..p.window).map(|_| ep.send(peer, TAG_BACK, sbuf.clone(), p.sl)).collect::<Result<_>>()?
+                    (0..p.window)
+                        .map(|_| ep.send(peer, TAG_BACK, sbuf.clone(), p.sl))
+                        .collect::<Result<_>>()?
                 } else {
                     Vec::new()
                 };
@@ -189,8 +191,9 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
                 let ack = ep.recv(peer, TAG_ACK, ack_buf)?;
                 let recvs: Vec<OpId> =
                     rbufs.drain(..).map(|b| ep.recv(peer, TAG_BACK, b)).collect::<Result<_>>()?;
-                let sends: Vec<OpId> =
-                    (0..p.window).map(|_| ep.send(peer, TAG_DATA, sbuf.clone(), p.sl)).collect::<Result<_>>()?;
+                let sends: Vec<OpId> = (0..p.window)
+                    .map(|_| ep.send(peer, TAG_DATA, sbuf.clone(), p.sl))
+                    .collect::<Result<_>>()?;
                 for op in sends {
                     wait_ok(ep, op)?;
                 }

@@ -90,7 +90,15 @@ mod tests {
 
     #[test]
     fn params_round_trip_and_reject_nonsense() {
-        let p = Params { test: Test::Bibw, size: 4096, iters: 10, window: 64, sl: ServiceLevel::Bulk, verify: true, spin: false };
+        let p = Params {
+            test: Test::Bibw,
+            size: 4096,
+            iters: 10,
+            window: 64,
+            sl: ServiceLevel::Bulk,
+            verify: true,
+            spin: false,
+        };
         assert_eq!(Params::decode(&p.encode()), Ok(p));
         let mut b = p.encode();
         b[0] = 9;

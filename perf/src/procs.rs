@@ -14,7 +14,8 @@ impl ServerProc {
     /// Re-executes this binary with `args` and reads the `LISTEN <addr>` line it prints.
     pub fn spawn(args: &[&str]) -> std::io::Result<ServerProc> {
         let exe = std::env::current_exe()?;
-        let mut child = Command::new(exe).args(args).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
+        let mut child =
+            Command::new(exe).args(args).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
         let out = child.stdout.take().ok_or_else(|| std::io::Error::other("no stdout"))?;
         let mut line = String::new();
         BufReader::new(out).read_line(&mut line)?;

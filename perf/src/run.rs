@@ -19,7 +19,13 @@ pub struct RunResult {
 }
 
 impl RunResult {
-    pub fn new(p: &Params, secs: f64, mut rtts: Vec<f64>, client_cpu: f64, server_cpu: Option<f64>) -> RunResult {
+    pub fn new(
+        p: &Params,
+        secs: f64,
+        mut rtts: Vec<f64>,
+        client_cpu: f64,
+        server_cpu: Option<f64>,
+    ) -> RunResult {
         let msgs = match p.test {
             Test::Bibw => 2 * p.iters as u64,
             _ => p.iters as u64,

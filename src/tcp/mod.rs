@@ -22,15 +22,16 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::mem;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 // Keys we generate ourselves (tokens, op and message ids) hash with Fx; maps keyed by values a
 // peer chooses (tags, request ids) keep the DoS-resistant default hasher.
-use rustc_hash::{FxHashMap, FxHashSet};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use rustc_hash::{FxHashMap, FxHashSet};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 
 use crate::addr::{Address, Scheme};
@@ -62,7 +63,7 @@ const DIRECT_READ_MIN: usize = 16 * 1024;
 /// Bytes read from one connection per round before others get a turn.
 const READ_QUANTUM: usize = 4 << 20;
 /// iovecs per `writev`.
-const MAX_IOV: usize = 64;
+const MAX_IOV: usize = 128;
 /// What an unmatched rendezvous announcement costs against the peer's early-data budget.
 const RTS_COST: usize = 64;
 /// Connections still in their handshake, at most.
@@ -86,6 +87,8 @@ pub(crate) struct TcpBackend {
     pool: BufPool,
     endpoint_id: u64,
     local: Option<Address>,
+    /// A driver is asleep in epoll: posts must write themselves.
+    blocked: AtomicBool,
 }
 
 struct Poller {
@@ -414,6 +417,7 @@ impl TcpBackend {
             pool: BufPool::new(cfg.pool_max_bytes, cfg.pool_cached_bytes),
             endpoint_id,
             local,
+            blocked: AtomicBool::new(false),
         })
     }
 
@@ -464,7 +468,13 @@ impl Backend for TcpBackend {
             return Err(Error::Closed);
         }
         let r = st.post(&self.registry, op, cmd);
-        st.flush_ready();
+        // Write at once (BMI's "completed immediately" path) unless batching: then frames go
+        // out at the next progress round, so back-to-back posts share one writev and one
+        // wake-up of the receiver — except when a driver sleeps in epoll and would not run that
+        // round soon.
+        if !st.s.cfg.batch_sends || self.blocked.load(Ordering::Acquire) {
+            st.flush_ready();
+        }
         self.deliver(st);
         r
     }
@@ -481,8 +491,30 @@ impl Backend for TcpBackend {
             return Ok(());
         }
         let mut guard = self.poller.lock().unwrap_or_else(|p| p.into_inner());
+        let mut timeout = timeout;
+        {
+            // Write what posts queued; if that completed something, do not sleep.
+            let mut st = self.lock();
+            st.flush_ready();
+            if !st.done.is_empty() {
+                timeout = Duration::ZERO;
+            }
+            self.deliver(st);
+        }
         let poller = &mut *guard;
-        match poller.poll.poll(&mut poller.events, Some(timeout)) {
+        let blocking = !timeout.is_zero();
+        if blocking {
+            self.blocked.store(true, Ordering::Release);
+            // A post may have queued frames between our flush and the flag: look once more.
+            if !self.lock().write_ready.is_empty() {
+                timeout = Duration::ZERO;
+            }
+        }
+        let r = poller.poll.poll(&mut poller.events, Some(timeout));
+        if blocking {
+            self.blocked.store(false, Ordering::Release);
+        }
+        match r {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),

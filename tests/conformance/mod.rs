@@ -381,11 +381,11 @@ pub fn dropped_request_fails_the_client_not_hangs(scheme: &str) {
     let c = wait(&cli, op);
     assert!(matches!(c.result, Err(Error::Remote(_))), "{:?}", c.result);
     let op = cli.request(p, 1, Bytes::from_static(b"x"), Payload::None, ServiceLevel::Normal).unwrap();
-    server.join().unwrap();
     match wait(&cli, op).result {
         Err(Error::Remote(m)) => assert_eq!(m, "no such file"),
         other => panic!("{other:?}"),
     }
+    server.join().unwrap();
 }
 
 pub fn put_get_validated_by_target(scheme: &str) {
@@ -684,4 +684,28 @@ pub fn info_reports_limits_and_counters(scheme: &str) {
     assert_eq!(i.peers_connected, 1);
     assert!(srv.info().local_addr.is_some());
     assert!(!i.policy.table(i.scheme).is_empty());
+}
+
+pub fn batched_sends_keep_order_and_complete(scheme: &str) {
+    let (srv, cli, p) = pair(scheme, Config::default(), Config::default().batch_sends(true));
+    let sp = introduce(&srv, &cli, p);
+    let eager = cli.info().eager_limit;
+    let n = 200u32;
+    let recvs: Vec<_> = (0..n).map(|_| srv.recv(sp, 6, BytesMut::zeroed(eager * 2)).unwrap()).collect();
+    let sends: Vec<_> = (0..n)
+        .map(|i| {
+            // Mix eager and rendezvous sizes in one burst.
+            let len = if i % 10 == 0 { eager + 100 } else { 64 };
+            let mut v = vec![0u8; len];
+            v[..4].copy_from_slice(&i.to_le_bytes());
+            cli.send(p, 6, Bytes::from(v), ServiceLevel::Normal).unwrap()
+        })
+        .collect();
+    for op in sends {
+        wait_ok(&cli, op);
+    }
+    for (i, op) in recvs.into_iter().enumerate() {
+        let c = wait_ok(&srv, op);
+        assert_eq!(recv_bytes(&c)[..4], (i as u32).to_le_bytes());
+    }
 }
