@@ -13,7 +13,7 @@
 //! (or spin, in [`WaitMode::Spin`]) and are woken whenever a round of progress completes
 //! anything. With [`Config::progress_thread`] a background thread drives instead.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
@@ -21,6 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::addr::{Address, Scheme};
 use crate::buf::{OpBuf, RecvBuf, RegisteredBuf, SendBuf};
@@ -301,7 +302,7 @@ impl Core {
         if matches!(c.result, Err(Error::Cancelled | Error::Timeout)) {
             Counters::add(&self.counters.ops_cancelled, 1);
         }
-        if st.detached.remove(&c.op) {
+        if !st.detached.is_empty() && st.detached.remove(&c.op) {
             if let Err(e) = &c.result {
                 tracing::debug!(op = %c.op, error = %e, "detached operation failed");
             }

@@ -9,7 +9,11 @@
 //! The matcher owns no I/O and no buffers' bytes: `R` is whatever the backend keeps for a
 //! posted receive, `M` whatever it keeps for an early arrival.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+// Tags are chosen by peers: a per-process random seed keeps colliding keys from being
+// forced, at a fraction of SipHash's cost.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 use crate::types::{OpId, PeerId, Tag};
 
@@ -25,7 +29,7 @@ pub struct Matcher<R, M> {
 
 impl<R, M> Default for Matcher<R, M> {
     fn default() -> Self {
-        Matcher { posted: HashMap::new(), early: HashMap::new(), op_key: HashMap::new() }
+        Matcher { posted: HashMap::default(), early: HashMap::default(), op_key: HashMap::default() }
     }
 }
 
