@@ -5,7 +5,65 @@
 //! `softib://` through the software verbs provider), and the transport does the hard parts —
 //! credit-based flow control over pre-posted buffers, a pin-down (registration) cache, and a
 //! communication manager that picks **inline**, **fast RDMA** or **server-based RDMA** for each
-//! transfer.
+//! transfer ([`comm`]).
+//!
+//! # Model
+//!
+//! * **Endpoints and peers.** [`Endpoint::bind`] listens; [`Endpoint::client`] does not.
+//!   [`Endpoint::connect`] names a peer; connections open lazily, one per [`ServiceLevel`].
+//! * **Operations.** Every call that moves data posts an operation and returns an [`OpId`]. The
+//!   buffer is *owned* by the operation and comes back in its [`Completion`], so no transfer can
+//!   outlive its memory. Every operation completes **exactly once**: success, a typed
+//!   [`Error`], or cancelled — also when its peer dies ([`Error::PeerLost`]).
+//! * **Messaging (BMI level).** Tag-matched [`Endpoint::send`] / [`Endpoint::recv`], FIFO per
+//!   (peer, service level), gather and scatter lists; [`Endpoint::send_unexpected`] /
+//!   [`Endpoint::recv_unexpected`] for the first message of a conversation.
+//! * **Request + payload.** What storage protocols use: [`Endpoint::request`] carries a header
+//!   and an OUT payload (a write) or an IN buffer (a read); the server's [`Request`] moves the
+//!   payload with [`Request::pull_into`] / [`Request::push_from`] — pipelined, into its own
+//!   buffers — and ends it with [`Request::reply`]. The communication manager picks the
+//!   mechanism.
+//! * **One-sided.** [`Endpoint::expose`] gives a [`MemHandle`] peers use with
+//!   [`Endpoint::put`] / [`Endpoint::get`]; the target validates key, bounds and access.
+//! * **Progress** is explicit, as in BMI: it happens inside `wait`/`test`/`next_request`/…,
+//!   or in a background thread ([`Config::progress_thread`]). Waiting spins, blocks or adapts
+//!   ([`WaitMode`]); on the reference machine a blocking cross-CPU wake-up costs ~50 µs.
+//! * **Limits** a peer could abuse are bounded by [`Config`]; [`Endpoint::info`] reports the
+//!   negotiated ones and counters.
+//!
+//! # Example
+//!
+//! A request carrying a 1 MiB payload that the server pulls:
+//!
+//! ```
+//! use bytes::{Bytes, BytesMut};
+//! use ionet::{Config, Endpoint, Payload, ServiceLevel};
+//!
+//! # fn main() -> ionet::Result<()> {
+//! let server = Endpoint::bind("tcp://127.0.0.1:0", Config::default())?;
+//! let addr = server.local_addr().unwrap();
+//! let t = std::thread::spawn(move || -> ionet::Result<()> {
+//!     let req = server.next_request(None)?.unwrap();
+//!     let len = req.payload_len() as usize;
+//!     let c = server.wait(req.pull_into(BytesMut::zeroed(len), 0)?)?.ok()?;
+//!     let sum: u64 = c.data().unwrap().iter().map(|&b| b as u64).sum();
+//!     server.wait(req.reply(sum.to_string())?)?.ok()?;
+//!     Ok(())
+//! });
+//!
+//! let client = Endpoint::client(Config::default())?;
+//! let peer = client.connect(&addr)?;
+//! let data = Bytes::from(vec![1u8; 1 << 20]);
+//! let op = client.request(peer, 7, "write", Payload::Out(data.into()), ServiceLevel::Bulk)?;
+//! let done = client.wait(op)?.ok()?;
+//! assert_eq!(done.reply.as_deref(), Some(&b"1048576"[..]));
+//! t.join().unwrap()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! See `examples/pingpong.rs` and `examples/kv.rs` for complete programs, and the
+//! `ionet-perf` tool for measurements.
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 
@@ -17,6 +75,8 @@ mod endpoint;
 pub mod error;
 pub mod expose;
 pub mod flowctl;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ib;
 pub mod info;
 pub mod matching;

@@ -2320,6 +2320,12 @@ impl State {
                     Some(o) if o.peer == peer && o.kind == OpKind::Request && o.st == OpSt::WaitReply => {
                         Counters::add(&self.core.counters.msgs_received, 1);
                         let moved = o.moved;
+                        if matches!(o.buf, OpBuf::Recv(_)) {
+                            // A read: the server's pushes were eager or rendezvous by size.
+                            let eager = self.s.eager_limit;
+                            o.mech =
+                                Some(if moved <= eager { Mechanism::Inline } else { Mechanism::ServerRdma });
+                        }
                         let hdr = Bytes::from(v);
                         let r = match h.aux {
                             status::OK => {
