@@ -1727,6 +1727,11 @@ impl State {
     /// true when it should get another turn.
     fn read_conn(&mut self, t: Token) -> bool {
         let mut budget = READ_QUANTUM;
+        // `drained` describes the last read of this turn only: whatever raised this turn may
+        // have brought new bytes.
+        if let Some(c) = self.conns.get_mut(&t) {
+            c.drained = false;
+        }
         loop {
             let Some(c) = self.conns.get_mut(&t) else { return false };
             if !c.readable {
@@ -1773,9 +1778,7 @@ impl State {
                             budget = budget.saturating_sub(n);
                             // A short read drained the socket: anything arriving later raises a
                             // new edge, so skip the read that would only say EAGAIN.
-                            if n < room {
-                                c.drained = true;
-                            }
+                            c.drained = n < room;
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                             c.readable = false;
@@ -1810,7 +1813,7 @@ impl State {
         let (moved, complete) = {
             let State { conns, ops, exposures, .. } = self;
             let Some(c) = conns.get_mut(&t) else { return Ok(Some(0)) };
-            let Conn { sock, rx, rxbuf, rx_start, rx_end, .. } = c;
+            let Conn { sock, rx, rxbuf, rx_start, rx_end, drained, .. } = c;
             let Rx::Payload { hdr, sink, got } = rx else { return Ok(Some(0)) };
             let total = hdr.len as usize;
             let mut moved = 0;
@@ -1828,9 +1831,23 @@ impl State {
                 let remaining = total - *got;
                 let dst =
                     if remaining >= DIRECT_READ_MIN { sink_slice(sink, *got, remaining, ops) } else { None };
+                // Record whether the socket was drained: a short read means nothing more was
+                // there; a full one means there may be more.
                 let r = match dst {
-                    Some(dst) => (&*sock).read(dst).map(|n| (n, true)),
-                    None => fill(sock, rxbuf, rx_start, rx_end).map(|n| (n, false)),
+                    Some(dst) => {
+                        let want = dst.len();
+                        (&*sock).read(dst).map(|n| {
+                            *drained = n < want;
+                            (n, true)
+                        })
+                    }
+                    None => {
+                        let room = rxbuf.len() - if *rx_start == *rx_end { 0 } else { *rx_end };
+                        fill(sock, rxbuf, rx_start, rx_end).map(|n| {
+                            *drained = n < room;
+                            (n, false)
+                        })
+                    }
                 };
                 match r {
                     Ok((0, _)) => return Err(Loss::Lost("connection closed by peer".into())),
