@@ -528,7 +528,9 @@ impl Mtu {
 
     /// From an `enum ibv_mtu` value.
     pub fn from_raw(v: u32) -> Option<Mtu> {
-        [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096].get((v as usize).checked_sub(1)?).copied()
+        [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096]
+            .get((v as usize).checked_sub(1)?)
+            .copied()
     }
 }
 
@@ -843,7 +845,8 @@ impl QpEndpointInfo {
 
     /// Decodes the wire form. Total: any input gives a value or an error, never a panic.
     pub fn decode(bytes: &[u8]) -> Result<Self, EndpointDecodeError> {
-        let b: &[u8; Self::WIRE_LEN] = bytes.try_into().map_err(|_| EndpointDecodeError::Length(bytes.len()))?;
+        let b: &[u8; Self::WIRE_LEN] =
+            bytes.try_into().map_err(|_| EndpointDecodeError::Length(bytes.len()))?;
         let be16 = |i: usize| u16::from_be_bytes([b[i], b[i + 1]]);
         let be32 = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         if be16(0) != Self::MAGIC || b[2] != Self::VERSION {
@@ -1260,7 +1263,13 @@ mod tests {
     #[test]
     fn transitions_follow_the_rc_state_machine() {
         let init = QpTransition::Init(InitAttr { port_num: 1, pkey_index: 0, access: AccessFlags::NONE });
-        let rts = QpTransition::Rts(RtsAttr { sq_psn: 0, timeout: 1, retry_cnt: 1, rnr_retry: 1, max_rd_atomic: 1 });
+        let rts = QpTransition::Rts(RtsAttr {
+            sq_psn: 0,
+            timeout: 1,
+            retry_cnt: 1,
+            rnr_retry: 1,
+            max_rd_atomic: 1,
+        });
         assert!(init.allowed_from(QpState::Reset));
         assert!(!rts.allowed_from(QpState::Reset));
         assert!(!rts.allowed_from(QpState::Init));

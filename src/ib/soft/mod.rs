@@ -67,8 +67,8 @@ use std::time::Instant;
 
 pub use fault::FaultPlan;
 use peer::{Peer, SoftGid, lid_for};
-pub use qp::SoftQp;
 use qp::QpInner;
+pub use qp::SoftQp;
 use ring::{CqRing, RecvRing, recv_ring_bytes};
 use shm::{CQE_WORDS, Caps, Shm};
 
@@ -495,7 +495,10 @@ pub struct SoftMr {
 
 /// `state` word of an MR entry.
 fn mr_state(generation: u32, alive: bool, access: AccessFlags, pd: u32) -> u64 {
-    u64::from(generation) << 32 | u64::from(alive) << 31 | u64::from(access.bits()) << 24 | u64::from(pd & 0xff_ffff)
+    u64::from(generation) << 32
+        | u64::from(alive) << 31
+        | u64::from(access.bits()) << 24
+        | u64::from(pd & 0xff_ffff)
 }
 
 /// Checks `[addr, addr + len)` against the MR that `key` names in `shm`: alive, same
@@ -797,7 +800,13 @@ impl Verbs for SoftContext {
         Ok(SoftPd { ctx: Arc::clone(&self.inner), id })
     }
 
-    unsafe fn reg_mr(&self, pd: &SoftPd, addr: *mut u8, len: usize, access: AccessFlags) -> VerbsResult<SoftMr> {
+    unsafe fn reg_mr(
+        &self,
+        pd: &SoftPd,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> VerbsResult<SoftMr> {
         let t0 = Instant::now();
         let ctx = &self.inner;
         if !Arc::ptr_eq(&pd.ctx, ctx) {

@@ -136,10 +136,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-pub(crate) fn create(ctx: &Arc<CtxInner>, pd: &SoftPd, init: &QpInit<'_, super::SoftContext>) -> VerbsResult<SoftQp> {
+pub(crate) fn create(
+    ctx: &Arc<CtxInner>,
+    pd: &SoftPd,
+    init: &QpInit<'_, super::SoftContext>,
+) -> VerbsResult<SoftQp> {
     let a = &ctx.attr;
     let c = init.cap;
-    let bad = |what: &str| Err(VerbsError::InvalidArgument(format!("QP {what} exceeds the device limit ({c:?})")));
+    let bad =
+        |what: &str| Err(VerbsError::InvalidArgument(format!("QP {what} exceeds the device limit ({c:?})")));
     if c.max_send_wr == 0 || c.max_send_wr > a.max_qp_wr {
         return bad("max_send_wr");
     }
@@ -346,7 +351,12 @@ impl QpInner {
                     ss.processed += 1;
                     self.complete(ss, &wr, st, n);
                     if !st.is_success() {
-                        tracing::debug!(qpn = self.qpn, wr_id = wr.wr_id, ?st, "work request failed; QP -> ERR");
+                        tracing::debug!(
+                            qpn = self.qpn,
+                            wr_id = wr.wr_id,
+                            ?st,
+                            "work request failed; QP -> ERR"
+                        );
                         self.enter_err();
                     }
                 }
@@ -505,7 +515,11 @@ impl QpInner {
         }
         let Some(conn) = ss.conn.clone() else { return Done(WcStatus::RetryExcErr, 0) };
         let Some((peer, pslot)) = conn.peer else {
-            return if completing_read { Done(WcStatus::RetryExcErr, 0) } else { self.transport_retry(ss, now) };
+            return if completing_read {
+                Done(WcStatus::RetryExcErr, 0)
+            } else {
+                self.transport_retry(ss, now)
+            };
         };
         // Retries ask the kernel every time; the fast path reuses a recent answer.
         let retrying = ss.head_rnr > 0 || ss.head_retry > 0 || completing_read;
@@ -520,7 +534,11 @@ impl QpInner {
         let len: u64 = local.iter().map(|s| s.len).sum();
         let Ok(len32) = u32::try_from(len) else { return Done(WcStatus::LocLenErr, 0) };
         let Some(t) = self.target(&peer, conn.remote.qpn) else {
-            return if completing_read { Done(WcStatus::RetryExcErr, 0) } else { self.transport_retry(ss, now) };
+            return if completing_read {
+                Done(WcStatus::RetryExcErr, 0)
+            } else {
+                self.transport_retry(ss, now)
+            };
         };
         let psn = ss.next_psn;
         if !completing_read && t.expected_psn.load(Acquire) != u64::from(psn) {
@@ -534,7 +552,8 @@ impl QpInner {
         };
         let tpd = t.pd.load(Acquire);
         let tqpn = conn.remote.qpn;
-        let qp_rights = AccessFlags::from_bits((t.access.load(Acquire) & 7) as u32).unwrap_or(AccessFlags::NONE);
+        let qp_rights =
+            AccessFlags::from_bits((t.access.load(Acquire) & 7) as u32).unwrap_or(AccessFlags::NONE);
         let one_sided = |remote_addr: u64, rkey: u32, need: AccessFlags| -> bool {
             len == 0 || (qp_rights.contains(need) && check_mr(&peer.shm, rkey, remote_addr, len, need, tpd))
         };
@@ -622,7 +641,13 @@ impl QpInner {
                 };
                 let room: u64 = w.sges.iter().map(|s| u64::from(s.len)).sum();
                 let fail_target = |status: WcStatus| {
-                    let wc = WorkCompletion { wr_id: w.wr_id, status, opcode: WcOpcode::Recv, qp_num: tqpn, ..Default::default() };
+                    let wc = WorkCompletion {
+                        wr_id: w.wr_id,
+                        status,
+                        opcode: WcOpcode::Recv,
+                        qp_num: tqpn,
+                        ..Default::default()
+                    };
                     push_remote(&peer, t, &wc, false);
                     fail_remote_qp(&peer, t, tqpn);
                 };
@@ -678,7 +703,12 @@ impl QpInner {
 
     /// Takes a receive from the target's queue (its own or its SRQ). `Ok(None)`: none posted
     /// (or an injected RNR).
-    fn take_recv(&self, ss: &mut SendSide, peer: &Peer, t: &QpEntry) -> Result<Option<super::ring::Wqe>, WcStatus> {
+    fn take_recv(
+        &self,
+        ss: &mut SendSide,
+        peer: &Peer,
+        t: &QpEntry,
+    ) -> Result<Option<super::ring::Wqe>, WcStatus> {
         if ss.faults.rnr_attempts > 0 {
             ss.faults.rnr_attempts -= 1;
             return Ok(None);
@@ -770,15 +800,13 @@ impl QueuePair for SoftQp {
                     p.shm.release_slot(slot);
                 }
                 let peer = match q.ctx.peer(&a.remote.gid) {
-                    Ok(p) if p.lid == a.remote.lid => {
-                        match p.shm.claim_slot(q.ctx.pid, q.ctx.start_time) {
-                            Some(slot) => Some((p, slot)),
-                            None => {
-                                tracing::warn!("peer has no free attach slot; sends will fail");
-                                None
-                            }
+                    Ok(p) if p.lid == a.remote.lid => match p.shm.claim_slot(q.ctx.pid, q.ctx.start_time) {
+                        Some(slot) => Some((p, slot)),
+                        None => {
+                            tracing::warn!("peer has no free attach slot; sends will fail");
+                            None
                         }
-                    }
+                    },
                     Ok(p) => {
                         tracing::debug!(lid = a.remote.lid, actual = p.lid, "LID does not match the GID");
                         None
@@ -854,8 +882,10 @@ impl QueuePair for SoftQp {
         };
         let _g = lock(&q.rq_lock);
         let state = q.state_raw();
-        let ring = RecvRing::open(&q.ctx.shm, off)
-            .ok_or(PostError { index: 0, error: VerbsError::InvalidArgument("receive ring is gone".into()) })?;
+        let ring = RecvRing::open(&q.ctx.shm, off).ok_or(PostError {
+            index: 0,
+            error: VerbsError::InvalidArgument("receive ring is gone".into()),
+        })?;
         for (index, wr) in wrs.iter().enumerate() {
             if state == qps::RESET {
                 return Err(PostError { index, error: VerbsError::InvalidState(QpState::Reset) });
@@ -894,19 +924,34 @@ impl SoftQp {
             };
             let mut data = Vec::new();
             for s in wr.sges {
-                if !check_mr(&q.ctx.shm, s.lkey, s.addr, u64::from(s.len), AccessFlags::NONE, u64::from(q.pd)) {
-                    return Err(VerbsError::InvalidArgument(format!("inline SGE {s:?} is not covered by its lkey")));
+                if !check_mr(&q.ctx.shm, s.lkey, s.addr, u64::from(s.len), AccessFlags::NONE, u64::from(q.pd))
+                {
+                    return Err(VerbsError::InvalidArgument(format!(
+                        "inline SGE {s:?} is not covered by its lkey"
+                    )));
                 }
                 let start = data.len();
                 data.resize(start + s.len as usize, 0);
                 let dst = [Span { addr: data[start..].as_mut_ptr() as u64, len: u64::from(s.len) }];
-                let _ = sys::copy_spans(Dir::Read, q.ctx.pid, true, &dst, &[Span { addr: s.addr, len: u64::from(s.len) }]);
+                let _ = sys::copy_spans(
+                    Dir::Read,
+                    q.ctx.pid,
+                    true,
+                    &dst,
+                    &[Span { addr: s.addr, len: u64::from(s.len) }],
+                );
             }
             Some(data)
         } else {
             None
         };
-        ss.pending.push_back(PendingWr { wr_id: wr.wr_id, op: wr.op, flags: wr.flags, sges: wr.sges.to_vec(), inline });
+        ss.pending.push_back(PendingWr {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            flags: wr.flags,
+            sges: wr.sges.to_vec(),
+            inline,
+        });
         q.ctx.bump(&q.ctx.counters.send_wrs_posted, 1);
         Ok(())
     }

@@ -207,7 +207,10 @@ impl<'a> CqRing<'a> {
             w[0].store(wc.wr_id, Relaxed);
             let imm = wc.imm_data.is_some() as u64;
             w[1].store(
-                u64::from(wc.status.as_raw()) | opcode_code(wc.opcode) << 8 | imm << 20 | u64::from(wc.vendor_err) << 32,
+                u64::from(wc.status.as_raw())
+                    | opcode_code(wc.opcode) << 8
+                    | imm << 20
+                    | u64::from(wc.vendor_err) << 32,
                 Relaxed,
             );
             w[2].store(u64::from(wc.byte_len) | u64::from(wc.imm_data.unwrap_or(0)) << 32, Relaxed);
@@ -268,7 +271,9 @@ mod tests {
     use crate::ib::soft::shm::Caps;
 
     fn shm() -> Shm {
-        Shm::create(Caps { mr: 4, attach: 4, qp: 4, cq: 4, srq: 1, arena: 1 << 16 }, "ionet-ring-test").unwrap().0
+        Shm::create(Caps { mr: 4, attach: 4, qp: 4, cq: 4, srq: 1, arena: 1 << 16 }, "ionet-ring-test")
+            .unwrap()
+            .0
     }
 
     #[test]

@@ -242,7 +242,9 @@ impl Shm {
             return None;
         }
         // SAFETY: as in `at`: in bounds, aligned, atomics only, mapping outlives the borrow.
-        Some(unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(off as usize).cast::<AtomicU64>(), n as usize) })
+        Some(unsafe {
+            std::slice::from_raw_parts(self.map.as_ptr().add(off as usize).cast::<AtomicU64>(), n as usize)
+        })
     }
 
     pub(crate) fn header(&self) -> &Header {
@@ -361,7 +363,11 @@ impl Shm {
                         break;
                     }
                     if start.elapsed() > Duration::from_secs(5) {
-                        tracing::warn!(slot = i, pid = p, "waiting long for a peer to leave a critical section");
+                        tracing::warn!(
+                            slot = i,
+                            pid = p,
+                            "waiting long for a peer to leave a critical section"
+                        );
                     }
                 }
             }
@@ -398,10 +404,7 @@ pub(crate) fn lock_word(word: &AtomicU64) -> LockGuard<'_> {
                 } else {
                     std::thread::yield_now();
                 }
-                if holder != 0
-                    && holder != me
-                    && since.elapsed() > Duration::from_millis(5)
-                {
+                if holder != 0 && holder != me && since.elapsed() > Duration::from_millis(5) {
                     since = Instant::now();
                     if !pid_exists(holder as u32)
                         && word.compare_exchange(holder, me, Acquire, Relaxed).is_ok()

@@ -268,7 +268,10 @@ fn iovecs_from(spans: &[Span], mut skip: u64, mut len: u64) -> Vec<libc::iovec> 
             continue;
         }
         let take = (s.len - skip).min(len);
-        v.push(libc::iovec { iov_base: (s.addr + skip) as usize as *mut libc::c_void, iov_len: take as usize });
+        v.push(libc::iovec {
+            iov_base: (s.addr + skip) as usize as *mut libc::c_void,
+            iov_len: take as usize,
+        });
         len -= take;
         skip = 0;
     }
@@ -290,7 +293,11 @@ fn copy_in_process(dir: Dir, local: &[Span], remote: &[Span]) -> u64 {
             // epoch of, so they are mapped for the duration of the copy (`reg_mr`'s contract).
             // `ptr::copy` is memmove: overlapping ranges (loopback to the same buffer) are fine.
             unsafe {
-                std::ptr::copy((s.addr + so) as usize as *const u8, (d.addr + doff) as usize as *mut u8, n as usize)
+                std::ptr::copy(
+                    (s.addr + so) as usize as *const u8,
+                    (d.addr + doff) as usize as *mut u8,
+                    n as usize,
+                )
             };
         }
         done += n;
@@ -331,7 +338,8 @@ mod tests {
         let src = [9u8; 100];
         let mut dst = [0u8; 100];
         let local = [Span { addr: dst.as_mut_ptr() as u64, len: 100 }];
-        let remote = [Span { addr: src.as_ptr() as u64, len: 60 }, Span { addr: src.as_ptr() as u64, len: 40 }];
+        let remote =
+            [Span { addr: src.as_ptr() as u64, len: 60 }, Span { addr: src.as_ptr() as u64, len: 40 }];
         let n = copy_spans(Dir::Read, getpid(), false, &local, &remote).map_err(|_| ()).unwrap();
         assert_eq!(n, 100);
         assert_eq!(dst, [9u8; 100]);
