@@ -78,6 +78,9 @@ impl Side {
                 }
                 return Ok(wc[0]);
             }
+            if !block && SPIN_YIELD.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::yield_now();
+            }
             if block {
                 self.cq.req_notify(false)?;
                 if self.cq.poll(&mut wc)? == 1 {
@@ -96,14 +99,22 @@ impl Side {
     }
 }
 
+/// Spin mode calls `sched_yield` after an empty poll (`--spin-yield`): still never sleeps, but
+/// lets the peer run when the CPUs are oversubscribed.
+static SPIN_YIELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Whether buffers ask for transparent huge pages (`--no-thp` turns it off).
 static THP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// Anonymous memory with every page written (pre-faulted), on transparent huge pages unless
 /// `--no-thp`: fewer pages for the kernel to pin per `process_vm_*` call, and for `mlock`.
 fn prefaulted(len: usize) -> memmap2::MmapMut {
+    prefaulted_pages(len, THP.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+fn prefaulted_pages(len: usize, thp: bool) -> memmap2::MmapMut {
     let mut m = memmap2::MmapMut::map_anon(len).expect("mmap");
-    if THP.load(std::sync::atomic::Ordering::Relaxed) {
+    if thp {
         let _ = m.advise(memmap2::Advice::HugePage);
     }
     for i in (0..len).step_by(4096) {
@@ -172,6 +183,23 @@ fn peer_main() -> Res<()> {
                     side.cq.poll(&mut wcs)?;
                 }
                 writeln!(out, "done")?;
+                out.flush()?;
+            }
+            ["recvs", n] => {
+                for i in 0..n.parse::<u64>()? {
+                    side.post_recv(1000 + i)?;
+                }
+                writeln!(out, "ok")?;
+                out.flush()?;
+            }
+            ["drain", n] => {
+                let n: u64 = n.parse()?;
+                let mut got = 0;
+                let mut wcs = [WorkCompletion::default(); 64];
+                while got < n {
+                    got += side.cq.poll(&mut wcs)? as u64;
+                }
+                writeln!(out, "ok")?;
                 out.flush()?;
             }
             ["exit"] => break,
@@ -291,6 +319,35 @@ fn pingpong(side: &Side, peer: &mut Peer, block: bool, n: u64) -> Res<f64> {
     Ok(rtt_us)
 }
 
+/// Initiator CPU time per 64 B inline SEND, the peer idle (its receives pre-posted).
+fn send_cost(side: &Side, peer: &mut Peer, n: u64) -> Res<f64> {
+    peer.cmd(&format!("recvs {n}"))?;
+    if peer.line()? != "ok" {
+        return Err("peer recvs".into());
+    }
+    let mut wcs = [WorkCompletion::default(); 64];
+    let t0 = Instant::now();
+    for i in 0..n {
+        let signaled = (i + 1) % 16 == 0;
+        let flags = if signaled { SendFlags::SIGNALED | SendFlags::INLINE } else { SendFlags::INLINE };
+        side.qp.post_send(&[SendWr {
+            wr_id: i,
+            op: SendOp::Send,
+            sges: &[side.sge(4096, PP_LEN)],
+            flags,
+        }])?;
+        if signaled {
+            while side.cq.poll(&mut wcs)? == 0 {}
+        }
+    }
+    let us = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
+    peer.cmd(&format!("drain {n}"))?;
+    if peer.line()? != "ok" {
+        return Err("peer drain".into());
+    }
+    Ok(us)
+}
+
 fn reg_cost(ctx: &SoftContext, buf: &mut [u8], size: usize, reps: usize) -> Res<(f64, f64)> {
     let pd = ctx.alloc_pd()?;
     let (mut reg, mut dereg) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
@@ -314,10 +371,12 @@ fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--peer") {
         THP.store(!args.iter().any(|a| a == "--no-thp"), std::sync::atomic::Ordering::Relaxed);
+        SPIN_YIELD.store(args.iter().any(|a| a == "--spin-yield"), std::sync::atomic::Ordering::Relaxed);
         return peer_main();
     }
     let quick = args.iter().any(|a| a == "--quick");
     let thp = !args.iter().any(|a| a == "--no-thp");
+    SPIN_YIELD.store(args.iter().any(|a| a == "--spin-yield"), std::sync::atomic::Ordering::Relaxed);
     THP.store(thp, std::sync::atomic::Ordering::Relaxed);
     let runs: usize = args
         .iter()
@@ -331,6 +390,7 @@ fn main() -> Res<()> {
     let mut child = Command::new(std::env::current_exe()?)
         .arg("--peer")
         .args(if thp { None } else { Some("--no-thp") })
+        .args(if SPIN_YIELD.load(std::sync::atomic::Ordering::Relaxed) { Some("--spin-yield") } else { None })
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
@@ -352,6 +412,21 @@ fn main() -> Res<()> {
         return Err("peer not ready".into());
     }
 
+    if args.iter().any(|a| a == "--only-send") {
+        // Profiling aid: only one-way SENDs.
+        let mut v = Vec::new();
+        for _ in 0..2000 {
+            v.push(send_cost(&side, &mut peer, 512)?);
+        }
+        println!("one-way SEND {:.2} µs", stats(&v).0);
+        return Ok(());
+    }
+    if args.iter().any(|a| a == "--only-pp") {
+        // Profiling aid: only the spin ping-pong.
+        let rtt = pingpong(&side, &mut peer, false, 50_000)?;
+        println!("spin RTT {rtt:.2} µs");
+        return Ok(());
+    }
     if let Some(i) = args.iter().position(|a| a == "--only-write") {
         // Profiling aid: only the RDMA_WRITE loop at one size.
         let size: usize = args.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or(65536);
@@ -359,6 +434,7 @@ fn main() -> Res<()> {
         println!("RDMA_WRITE {size} B: {bw:.2} GiB/s");
         return Ok(());
     }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "## verbs-perf (software provider, `softib`), {runs} runs per figure, THP {}",
         if thp { "on" } else { "off" }
@@ -394,6 +470,15 @@ fn main() -> Res<()> {
     }
 
     println!();
+    let mut v = Vec::new();
+    for _ in 0..runs {
+        v.push(send_cost(&side, &mut peer, 512)?);
+    }
+    let (m, lo, hi) = stats(&v);
+    println!(
+        "One-way 64 B inline SEND, initiator CPU per SEND (peer idle, receives pre-posted): {m:.2} µs ({lo:.2}–{hi:.2})."
+    );
+    println!();
     println!("64 B SEND/RECV round trip (inline sends), cross-process; mean RTT per run.");
     println!();
     println!("| wait mode | iterations/run | RTT µs median (min–max) |");
@@ -405,35 +490,49 @@ fn main() -> Res<()> {
             v.push(pingpong(&side, &mut peer, block, n)?);
         }
         let (m, lo, hi) = stats(&v);
-        let mode = if block { "block (completion channel)" } else { "spin (busy poll)" };
+        let mode = match (block, SPIN_YIELD.load(std::sync::atomic::Ordering::Relaxed)) {
+            (true, _) => "block (completion channel)",
+            (false, false) => "spin (busy poll)",
+            (false, true) => "spin (busy poll, sched_yield after an empty poll)",
+        };
         println!("| {mode} | {n} | {m:.2} ({lo:.2}–{hi:.2}) |");
     }
 
     println!();
-    println!("Registration (mlock) + deregistration (munlock) of pre-faulted memory, per operation.");
+    println!("Registration (mlock) + deregistration (munlock) of pre-faulted memory, per operation, µs.");
     println!();
-    println!(
-        "| size | register µs median (min–max) | deregister µs median (min–max) | register+deregister GiB/s |"
-    );
-    println!("|---|---|---|---|");
-    let mut big = prefaulted(64 << 20);
+    println!("| size | 4 KiB pages: register | deregister | THP: register | deregister |");
+    println!("|---|---|---|---|---|");
+    let mut small_pages = prefaulted_pages(64 << 20, false);
+    let mut huge_pages = prefaulted_pages(64 << 20, true);
     let mut size = 4 << 10;
     while size <= 64 << 20 {
         let reps = ((256usize << 20) / size).clamp(5, 200) / scale.min(4);
-        let (mut r, mut d) = (Vec::new(), Vec::new());
-        for _ in 0..runs {
-            let (a, b) = reg_cost(&side.ctx, &mut big, size, reps.max(3))?;
-            r.push(a);
-            d.push(b);
+        let mut cells = Vec::new();
+        for buf in [&mut small_pages, &mut huge_pages] {
+            let (mut r, mut d) = (Vec::new(), Vec::new());
+            for _ in 0..runs {
+                let (a, b) = reg_cost(&side.ctx, buf, size, reps.max(3))?;
+                r.push(a);
+                d.push(b);
+            }
+            let ((rm, rlo, rhi), (dm, dlo, dhi)) = (stats(&r), stats(&d));
+            cells.push(format!("{rm:.1} ({rlo:.1}–{rhi:.1}) | {dm:.1} ({dlo:.1}–{dhi:.1})"));
         }
-        let ((rm, rlo, rhi), (dm, dlo, dhi)) = (stats(&r), stats(&d));
-        let gibs = size as f64 / ((rm + dm) * 1e-6) / (1u64 << 30) as f64;
-        println!(
-            "| {} | {rm:.1} ({rlo:.1}–{rhi:.1}) | {dm:.1} ({dlo:.1}–{dhi:.1}) | {gibs:.1} |",
-            fmt_size(size)
-        );
+        println!("| {} | {} | {} |", fmt_size(size), cells[0], cells[1]);
         size *= 4;
     }
+    println!();
+    println!(
+        "Load average at start: {}; at end: {}",
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     let c = side.ctx.counters();
     println!();
     println!(

@@ -693,8 +693,10 @@ impl CompletionQueue for SoftCq {
 
     fn poll(&self, out: &mut [WorkCompletion]) -> VerbsResult<usize> {
         let _g = self.inner.poll_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let ring = self.inner.ring().ok_or(VerbsError::CqOverrun)?;
-        let n = ring.poll(out).ok_or(VerbsError::CqOverrun)?;
+        // Explicit branches: an eagerly built error would be constructed and dropped on every
+        // (hot, spin-polled) call.
+        let Some(ring) = self.inner.ring() else { return Err(VerbsError::CqOverrun) };
+        let Some(n) = ring.poll(out) else { return Err(VerbsError::CqOverrun) };
         if n > 0 {
             self.inner.ctx.bump(&self.inner.ctx.counters.completions, n as u64);
         }

@@ -122,6 +122,23 @@ enum Outcome {
 
 use Outcome::*;
 
+/// `Instant::now()`, read at most once and only when asked for.
+#[derive(Default)]
+struct Clock(std::cell::Cell<Option<Instant>>);
+
+impl Clock {
+    fn get(&self) -> Instant {
+        match self.0.get() {
+            Some(t) => t,
+            None => {
+                let t = Instant::now();
+                self.0.set(Some(t));
+                t
+            }
+        }
+    }
+}
+
 fn state_from_raw(v: u64) -> QpState {
     match v {
         qps::RESET => QpState::Reset,
@@ -311,8 +328,9 @@ impl QpInner {
 
     /// Processes the send queue as far as it can go; returns when to look again.
     fn run(&self, ss: &mut SendSide) -> Option<Instant> {
-        let now = Instant::now();
-        while ss.reads.front().is_some_and(|r| r.due <= now) {
+        // Reading the clock costs a vDSO call per work request; only do it when needed.
+        let now = &Clock::default();
+        while ss.reads.front().is_some_and(|r| r.due <= now.get()) {
             let Some(r) = ss.reads.pop_front() else { break };
             let (st, n) = if self.state_raw() == qps::ERR {
                 (WcStatus::WrFlushErr, 0)
@@ -338,7 +356,7 @@ impl QpInner {
                 return ss.reads.front().map(|r| r.due);
             }
             if let Some(t) = ss.blocked_until {
-                if t > now {
+                if t > now.get() {
                     ss.pending.push_front(wr);
                     return Some(t);
                 }
@@ -442,17 +460,17 @@ impl QpInner {
         }
     }
 
-    fn transport_retry(&self, ss: &mut SendSide, now: Instant) -> Outcome {
+    fn transport_retry(&self, ss: &mut SendSide, now: &Clock) -> Outcome {
         let Some(rts) = ss.rts else { return Done(WcStatus::RetryExcErr, 0) };
         if ss.head_retry < u32::from(rts.retry_cnt) {
             ss.head_retry += 1;
-            Retry(now + ack_timeout(rts.timeout).max(Duration::from_micros(100)))
+            Retry(now.get() + ack_timeout(rts.timeout).max(Duration::from_micros(100)))
         } else {
             Done(WcStatus::RetryExcErr, 0)
         }
     }
 
-    fn rnr(&self, ss: &mut SendSide, e: &QpEntry, now: Instant) -> Outcome {
+    fn rnr(&self, ss: &mut SendSide, e: &QpEntry, now: &Clock) -> Outcome {
         let Some(rts) = ss.rts else { return Done(WcStatus::RnrRetryExcErr, 0) };
         // rnr_retry = 7 means "retry forever" in verbs.
         if rts.rnr_retry >= 7 || ss.head_rnr < u32::from(rts.rnr_retry) {
@@ -460,7 +478,7 @@ impl QpInner {
             self.ctx.bump(&self.ctx.counters.rnr_retries, 1);
             // The responder's RNR NAK carries its own min_rnr_timer.
             let code = (e.min_rnr_timer.load(Relaxed) & 31) as u8;
-            Retry(now + rnr_timer_delay(code))
+            Retry(now.get() + rnr_timer_delay(code))
         } else {
             Done(WcStatus::RnrRetryExcErr, 0)
         }
@@ -501,7 +519,7 @@ impl QpInner {
 
     /// Executes one work request. `completing_read`: finish a delayed RDMA_READ (no faults,
     /// no PSN, no retries).
-    fn exec(&self, ss: &mut SendSide, wr: &PendingWr, now: Instant, completing_read: bool) -> Outcome {
+    fn exec(&self, ss: &mut SendSide, wr: &PendingWr, now: &Clock, completing_read: bool) -> Outcome {
         if !completing_read {
             if ss.faults.qp_error_after.is_some_and(|n| ss.processed >= n) {
                 tracing::debug!(qpn = self.qpn, "fault: QP error");
@@ -578,7 +596,7 @@ impl QpInner {
                     }
                     if let Some(d) = ss.faults.read_delay {
                         advance_psn(ss);
-                        return Deferred(now + d);
+                        return Deferred(now.get() + d);
                     }
                 }
                 if !one_sided(remote_addr, rkey, AccessFlags::REMOTE_READ) {

@@ -104,9 +104,20 @@ pub(crate) fn process_start_time(pid: u32) -> io::Result<u64> {
         .ok_or_else(|| io::Error::other("bad /proc/pid/stat"))
 }
 
-/// Our pid.
+/// Our pid (cached: `getpid` is a real system call and lock words ask for it on every take).
+/// A process that forks keeps using the parent's contexts at its own risk; the provider does not
+/// support use across `fork`.
 pub(crate) fn getpid() -> u32 {
-    std::process::id()
+    use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+    static PID: AtomicU32 = AtomicU32::new(0);
+    match PID.load(Relaxed) {
+        0 => {
+            let p = std::process::id();
+            PID.store(p, Relaxed);
+            p
+        }
+        p => p,
+    }
 }
 
 /// Lets processes of the same user that are not our ancestors use `process_vm_*` and
@@ -224,12 +235,14 @@ pub(crate) fn copy_spans(
     }
     let total = local.iter().map(|s| s.len).sum::<u64>().min(remote.iter().map(|s| s.len).sum());
     let mut done = 0u64;
+    let p = libc::pid_t::try_from(pid).map_err(|_| CopyError::PeerGone)?;
+    // Scatter/gather lists are short (≤ 64 entries): build the iovecs on the stack.
+    const N: usize = 64;
+    let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+    let (mut liov, mut riov) = ([empty; N], [empty; N]);
     while done < total {
-        let liov = iovecs_from(local, done, total - done);
-        let riov = iovecs_from(remote, done, total - done);
-        let p = libc::pid_t::try_from(pid).map_err(|_| CopyError::PeerGone)?;
-        let lim = liov.len().min(1024) as libc::c_ulong;
-        let rim = riov.len().min(1024) as libc::c_ulong;
+        let lim = iovecs_from(local, done, total - done, &mut liov) as libc::c_ulong;
+        let rim = iovecs_from(remote, done, total - done, &mut riov) as libc::c_ulong;
         // SAFETY: the iovec arrays are live for the call. The local iovecs describe memory of
         // this process that the caller validated against live registrations (the contract of
         // `reg_mr` keeps it mapped); the kernel checks the remote ones against the target's
@@ -256,11 +269,12 @@ pub(crate) fn copy_spans(
     Ok(done)
 }
 
-/// iovecs for the byte range `[skip, skip + len)` of the concatenated spans.
-fn iovecs_from(spans: &[Span], mut skip: u64, mut len: u64) -> Vec<libc::iovec> {
-    let mut v = Vec::with_capacity(spans.len());
+/// Fills `out` with iovecs for the byte range `[skip, skip + len)` of the concatenated spans;
+/// returns how many (at most `out.len()`; the caller loops for the rest).
+fn iovecs_from(spans: &[Span], mut skip: u64, mut len: u64, out: &mut [libc::iovec]) -> usize {
+    let mut n = 0;
     for s in spans {
-        if len == 0 {
+        if len == 0 || n == out.len() {
             break;
         }
         if skip >= s.len {
@@ -268,14 +282,13 @@ fn iovecs_from(spans: &[Span], mut skip: u64, mut len: u64) -> Vec<libc::iovec> 
             continue;
         }
         let take = (s.len - skip).min(len);
-        v.push(libc::iovec {
-            iov_base: (s.addr + skip) as usize as *mut libc::c_void,
-            iov_len: take as usize,
-        });
+        out[n] =
+            libc::iovec { iov_base: (s.addr + skip) as usize as *mut libc::c_void, iov_len: take as usize };
+        n += 1;
         len -= take;
         skip = 0;
     }
-    v
+    n
 }
 
 /// The same-process copy: `memmove` piecewise, overlap-safe.
