@@ -1,14 +1,20 @@
 //! `verbs-perf`: micro-benchmarks of the software verbs provider, in one run.
 //!
 //! ```text
-//! verbs-perf [--runs N] [--quick]
+//! verbs-perf [--runs N] [--quick] [--no-thp]
 //! ```
 //!
 //! Measures, with a peer in a second process (this binary re-executed with `--peer`):
 //! - RDMA_WRITE and RDMA_READ bandwidth at 64 KiB, 1 MiB and 16 MiB against a single-thread
 //!   `memcpy` of the same sizes measured in the same run (ratio = RDMA / memcpy);
-//! - the 64 B SEND/RECV round trip with spin polling and with the completion channel (block);
-//! - the cost of registering + deregistering 4 KiB … 64 MiB (`mlock`/`munlock`).
+//! - the initiator's CPU cost of one 64 B SEND;
+//! - the 64 B SEND/RECV round trip with spin polling (pure, and yielding after an empty poll)
+//!   and with the completion channel (block);
+//! - the cost of registering + deregistering 4 KiB … 64 MiB (`mlock`/`munlock`), on 4 KiB
+//!   pages and on transparent huge pages.
+//!
+//! `--quick` divides the work by 8 (smoke test); `--no-thp` keeps the bandwidth buffers on
+//! 4 KiB pages. `--only-write SIZE`, `--only-send` and `--only-pp` run one loop (profiling).
 //!
 //! Every figure is the median of `--runs` (default 5) repetitions with the min–max spread.
 //! Buffers are pre-faulted and reused (first touch costs ~2.5 s/GiB on the reference VM).
@@ -69,7 +75,8 @@ impl Side {
     }
 
     /// Waits for one completion, spinning or blocking on the channel.
-    fn wait_one(&self, block: bool) -> Res<WorkCompletion> {
+    fn wait_one(&self, wait: Wait) -> Res<WorkCompletion> {
+        let block = wait == Wait::Block;
         let mut wc = [WorkCompletion::default(); 1];
         loop {
             if self.cq.poll(&mut wc)? == 1 {
@@ -78,7 +85,7 @@ impl Side {
                 }
                 return Ok(wc[0]);
             }
-            if !block && SPIN_YIELD.load(std::sync::atomic::Ordering::Relaxed) {
+            if wait == Wait::SpinYield {
                 std::thread::yield_now();
             }
             if block {
@@ -99,9 +106,35 @@ impl Side {
     }
 }
 
-/// Spin mode calls `sched_yield` after an empty poll (`--spin-yield`): still never sleeps, but
-/// lets the peer run when the CPUs are oversubscribed.
-static SPIN_YIELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// How a side waits for a completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Busy-poll the CQ.
+    Spin,
+    /// Busy-poll, calling `sched_yield` after an empty poll: never sleeps, but lets the peer
+    /// run when the CPUs are oversubscribed.
+    SpinYield,
+    /// Arm the CQ and sleep in `poll(2)` on the completion channel.
+    Block,
+}
+
+impl Wait {
+    fn name(self) -> &'static str {
+        match self {
+            Wait::Spin => "spin",
+            Wait::SpinYield => "yield",
+            Wait::Block => "block",
+        }
+    }
+
+    fn parse(s: &str) -> Wait {
+        match s {
+            "block" => Wait::Block,
+            "yield" => Wait::SpinYield,
+            _ => Wait::Spin,
+        }
+    }
+}
 
 /// Whether buffers ask for transparent huge pages (`--no-thp` turns it off).
 static THP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
@@ -160,10 +193,10 @@ fn peer_main() -> Res<()> {
         match f.as_slice() {
             ["pp", mode, n] => {
                 let n: u64 = n.parse()?;
-                let block = *mode == "block";
+                let wait = Wait::parse(mode);
                 let mut sent = 0;
                 while sent < n {
-                    let wc = side.wait_one(block)?;
+                    let wc = side.wait_one(wait)?;
                     if wc.opcode.is_recv() {
                         side.post_recv(wc.wr_id)?;
                         let flags = SendFlags::SIGNALED | SendFlags::INLINE;
@@ -286,8 +319,8 @@ fn rdma_bw(side: &Side, op: SendOp, size: usize, iters: usize) -> Res<f64> {
     Ok(gib_s((size * iters) as u64, t0.elapsed()))
 }
 
-fn pingpong(side: &Side, peer: &mut Peer, block: bool, n: u64) -> Res<f64> {
-    peer.cmd(&format!("pp {} {n}", if block { "block" } else { "spin" }))?;
+fn pingpong(side: &Side, peer: &mut Peer, wait: Wait, n: u64) -> Res<f64> {
+    peer.cmd(&format!("pp {} {n}", wait.name()))?;
     let t0 = Instant::now();
     let mut got = 0;
     let mut sent = 0u64;
@@ -295,7 +328,7 @@ fn pingpong(side: &Side, peer: &mut Peer, block: bool, n: u64) -> Res<f64> {
     side.qp.post_send(&[SendWr { wr_id: sent, op: SendOp::Send, sges: &[side.sge(4096, PP_LEN)], flags }])?;
     sent += 1;
     while got < n {
-        let wc = side.wait_one(block)?;
+        let wc = side.wait_one(wait)?;
         if wc.opcode.is_recv() {
             got += 1;
             side.post_recv(wc.wr_id)?;
@@ -371,12 +404,10 @@ fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--peer") {
         THP.store(!args.iter().any(|a| a == "--no-thp"), std::sync::atomic::Ordering::Relaxed);
-        SPIN_YIELD.store(args.iter().any(|a| a == "--spin-yield"), std::sync::atomic::Ordering::Relaxed);
         return peer_main();
     }
     let quick = args.iter().any(|a| a == "--quick");
     let thp = !args.iter().any(|a| a == "--no-thp");
-    SPIN_YIELD.store(args.iter().any(|a| a == "--spin-yield"), std::sync::atomic::Ordering::Relaxed);
     THP.store(thp, std::sync::atomic::Ordering::Relaxed);
     let runs: usize = args
         .iter()
@@ -390,7 +421,6 @@ fn main() -> Res<()> {
     let mut child = Command::new(std::env::current_exe()?)
         .arg("--peer")
         .args(if thp { None } else { Some("--no-thp") })
-        .args(if SPIN_YIELD.load(std::sync::atomic::Ordering::Relaxed) { Some("--spin-yield") } else { None })
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
@@ -423,7 +453,7 @@ fn main() -> Res<()> {
     }
     if args.iter().any(|a| a == "--only-pp") {
         // Profiling aid: only the spin ping-pong.
-        let rtt = pingpong(&side, &mut peer, false, 50_000)?;
+        let rtt = pingpong(&side, &mut peer, Wait::Spin, 50_000)?;
         println!("spin RTT {rtt:.2} µs");
         return Ok(());
     }
@@ -483,17 +513,19 @@ fn main() -> Res<()> {
     println!();
     println!("| wait mode | iterations/run | RTT µs median (min–max) |");
     println!("|---|---|---|");
-    for (block, n) in [(false, 20_000u64 / scale as u64), (true, 2_000u64 / scale as u64)] {
-        pingpong(&side, &mut peer, block, n / 10)?; // warm-up
+    let modes = [(Wait::Spin, 20_000u64), (Wait::SpinYield, 20_000), (Wait::Block, 2_000)];
+    for (wait, n) in modes {
+        let n = n / scale as u64;
+        pingpong(&side, &mut peer, wait, n / 10)?; // warm-up
         let mut v = Vec::new();
         for _ in 0..runs {
-            v.push(pingpong(&side, &mut peer, block, n)?);
+            v.push(pingpong(&side, &mut peer, wait, n)?);
         }
         let (m, lo, hi) = stats(&v);
-        let mode = match (block, SPIN_YIELD.load(std::sync::atomic::Ordering::Relaxed)) {
-            (true, _) => "block (completion channel)",
-            (false, false) => "spin (busy poll)",
-            (false, true) => "spin (busy poll, sched_yield after an empty poll)",
+        let mode = match wait {
+            Wait::Block => "block (completion channel, poll(2))",
+            Wait::Spin => "spin (busy poll)",
+            Wait::SpinYield => "spin (busy poll, sched_yield after an empty poll)",
         };
         println!("| {mode} | {n} | {m:.2} ({lo:.2}–{hi:.2}) |");
     }

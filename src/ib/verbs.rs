@@ -957,7 +957,7 @@ pub struct VerbsCounters {
     pub send_wrs_posted: u64,
     /// Receive work requests posted.
     pub recv_wrs_posted: u64,
-    /// Work completions produced for this context's queues.
+    /// Work completions polled from this context's CQs.
     pub completions: u64,
     /// Bytes moved by RDMA_WRITE(_WITH_IMM) this context initiated.
     pub rdma_write_bytes: u64,
@@ -1136,7 +1136,8 @@ pub trait CompletionQueue: Send + Sync + fmt::Debug {
 ///
 /// Register `as_raw_fd()` with mio (`SourceFd`) or `poll(2)` for readability. After it fires,
 /// call [`get_event`](Self::get_event) until `None` (this also acknowledges the events), then
-/// re-arm and poll the CQs it named.
+/// re-arm and poll the CQs it named. Draining until `None` matters with edge-triggered
+/// readiness (mio): the descriptor stays readable until every pending event is taken.
 pub trait CompletionChannel: Send + Sync + fmt::Debug + AsRawFd + AsFd {
     /// Takes one pending event without blocking: the cookie of the CQ that fired, or `None`.
     ///
