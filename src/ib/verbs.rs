@@ -29,6 +29,8 @@
 //! QP number, starting PSN, LID and GID), so an engine cannot tell the software provider from
 //! hardware. Post receives *before* telling the peer the QP is ready: a SEND that finds no
 //! receive posted is an RNR (receiver-not-ready) condition, retried `rnr_retry` times.
+//! Receives can be posted from INIT on; to have them in place before RTR, move the QP to INIT
+//! yourself, post, then call [`bring_up`] (which re-applies INIT, an allowed INIT → INIT).
 //!
 //! # Completions and blocking
 //!

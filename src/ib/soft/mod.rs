@@ -372,7 +372,9 @@ impl SoftContext {
         let token = random_token();
         let caps = Caps {
             mr: u64::from(cfg.max_mr),
-            attach: 1024,
+            // Each QP takes one slot here and one in its peer's image: room for every local QP
+            // and as many remote ones.
+            attach: u64::from(cfg.max_qp).max(256) * 4,
             qp: u64::from(cfg.max_qp),
             cq: u64::from(cfg.max_cq),
             srq: u64::from(cfg.max_srq),
