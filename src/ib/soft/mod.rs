@@ -646,7 +646,7 @@ impl fmt::Debug for SoftCq {
 
 impl CqInner {
     fn ring(&self) -> Option<CqRing<'_>> {
-        CqRing::open(&self.ctx.shm, self.idx)
+        CqRing::owned(&self.ctx.shm, self.idx, self.ring_off, u64::from(self.cap))
     }
 
     /// Adds a completion produced locally (our own send queue or flushes).

@@ -193,6 +193,14 @@ impl<'a> CqRing<'a> {
         Some(CqRing { e, words: shm.words(off, cap * CQE_WORDS)?, cap })
     }
 
+    /// The owner's view of its own CQ, from the parameters it created it with: no loads of
+    /// shared header fields on the (spin-)polling path.
+    pub(crate) fn owned(shm: &'a Shm, idx: u64, ring_off: u64, cap: u64) -> Option<CqRing<'a>> {
+        let e = shm.cq(idx)?;
+        let off = shm.arena(ring_off, cap * CQE_WORDS * 8)?;
+        Some(CqRing { e, words: shm.words(off, cap * CQE_WORDS)?, cap })
+    }
+
     /// Adds a completion. `notify` says whether it satisfies a solicited-only arm.
     pub(crate) fn push(&self, wc: &WorkCompletion, notify_solicited: bool) -> Pushed {
         {

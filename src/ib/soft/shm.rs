@@ -78,8 +78,9 @@ shm_struct!(
 
 shm_struct!(
     /// A QP or thread of work that accesses this context's memory. `state`: 0 free, 1 claimed.
-    /// `epoch` is odd while inside a critical section.
-    AttachSlot { state, pid, start_time, epoch }
+    /// `epoch` is odd while inside a critical section. One cache line: slots of different
+    /// processes must not share one.
+    AttachSlot { state, pid, start_time, epoch, _p0, _p1, _p2, _p3 }
 );
 
 shm_struct!(
@@ -94,10 +95,13 @@ shm_struct!(
 shm_struct!(
     /// A completion queue. `lock` holds the pid of the producer inside (0: free).
     /// `armed`: 0 no, 1 any completion, 2 solicited or error only. `channel_fd`: the owner's
-    /// eventfd number, `u64::MAX` without a channel.
+    /// eventfd number, `u64::MAX` without a channel. One cache line per writer group (read-
+    /// mostly, producers, consumer, notification) so they do not bounce one another's lines.
     CqEntry {
-        life, ring_off, cap, lock, head, tail, armed, channel_fd, fired, overrun,
-        _p0, _p1, _p2, _p3, _p4, _p5,
+        life, ring_off, cap, channel_fd, overrun, _a0, _a1, _a2,
+        lock, tail, _b0, _b1, _b2, _b3, _b4, _b5,
+        head, _c0, _c1, _c2, _c3, _c4, _c5, _c6,
+        armed, fired, _d0, _d1, _d2, _d3, _d4, _d5,
     }
 );
 
@@ -108,8 +112,13 @@ shm_struct!(
 
 shm_struct!(
     /// Header of a receive ring; followed by `cap` entries of `2 + 2·max_sge` words:
-    /// wr_id, num_sge, then (addr, len | lkey << 32) per SGE.
-    RingHeader { lock, head, tail, cap, max_sge, _p0, _p1, _p2 }
+    /// wr_id, num_sge, then (addr, len | lkey << 32) per SGE. Read-only sizes, the producer's
+    /// `tail` and the consumers' `lock`/`head` each have a cache line.
+    RingHeader {
+        cap, max_sge, _a0, _a1, _a2, _a3, _a4, _a5,
+        tail, _b0, _b1, _b2, _b3, _b4, _b5, _b6,
+        lock, head, _c0, _c1, _c2, _c3, _c4, _c5,
+    }
 );
 
 /// QP states as stored in [`QpEntry::qp_state`].
