@@ -14,8 +14,9 @@
 //!   pages and on transparent huge pages.
 //!
 //! `--quick` divides the work by 8 (smoke test); `--no-thp` keeps the bandwidth buffers on
-//! 4 KiB pages; `--nice N` runs the round trips (only) at nice N in both processes, for machines
-//! whose CPUs are shared with other busy processes. `--only-write SIZE`, `--only-send` and `--only-pp` run one loop (profiling).
+//! 4 KiB pages; `--rt` (needs root) adds round-trip rows measured with the two processes pinned
+//! to CPUs 0 and 1 under SCHED_FIFO, for machines whose CPUs are shared with other busy
+//! processes (only those rows run real-time, about 2 s). `--only-write SIZE`, `--only-send` and `--only-pp` run one loop (profiling).
 //!
 //! Every figure is the median of `--runs` (default 5) repetitions with the min–max spread.
 //! Buffers are pre-faulted and reused (first touch costs ~2.5 s/GiB on the reference VM).
@@ -236,8 +237,9 @@ fn peer_main() -> Res<()> {
                 writeln!(out, "ok")?;
                 out.flush()?;
             }
-            ["nice", v] => {
-                set_nice(v.parse()?);
+            ["rt", v] => {
+                pin_cpu((*v == "1").then_some(1));
+                set_fifo(*v == "1");
                 writeln!(out, "ok")?;
                 out.flush()?;
             }
@@ -427,25 +429,32 @@ fn pingpong(side: &Side, peer: &mut Peer, wait: Wait, n: u64) -> Res<f64> {
     Ok(rtt_us)
 }
 
-/// Pins this process to one CPU (best effort).
-fn pin_cpu(cpu: usize) {
+/// Pins this process to one CPU, or (`None`) lets it run on all (best effort).
+fn pin_cpu(cpu: Option<usize>) {
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
     // SAFETY: `set` is a plain bitmask we initialise before passing its address and size.
     let rc = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
+        match cpu {
+            Some(c) => libc::CPU_SET(c, &mut set),
+            None => (0..all.min(libc::CPU_SETSIZE as usize)).for_each(|c| libc::CPU_SET(c, &mut set)),
+        }
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
     };
     if rc != 0 {
-        eprintln!("sched_setaffinity({cpu}): {}", std::io::Error::last_os_error());
+        eprintln!("sched_setaffinity({cpu:?}): {}", std::io::Error::last_os_error());
     }
 }
 
-/// Sets this process's nice value (best effort; lowering it needs root).
-fn set_nice(v: i32) {
-    // SAFETY: setpriority on our own process with plain integer arguments.
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, v) };
+/// Switches this process between SCHED_FIFO priority 1 and SCHED_OTHER (needs root or
+/// CAP_SYS_NICE; best effort). The kernel's RT throttling still leaves other tasks 5 %.
+fn set_fifo(on: bool) {
+    let param = libc::sched_param { sched_priority: i32::from(on) };
+    let policy = if on { libc::SCHED_FIFO } else { libc::SCHED_OTHER };
+    // SAFETY: sched_setscheduler on our own process with a valid, initialised parameter.
+    let rc = unsafe { libc::sched_setscheduler(0, policy, &param) };
     if rc != 0 {
-        eprintln!("setpriority({v}): {}", std::io::Error::last_os_error());
+        eprintln!("sched_setscheduler(FIFO={on}): {}", std::io::Error::last_os_error());
     }
 }
 
@@ -507,20 +516,12 @@ fn fmt_size(s: usize) -> String {
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--peer") {
-        if args.iter().any(|a| a == "--pin") {
-            pin_cpu(1);
-        }
         THP.store(!args.iter().any(|a| a == "--no-thp"), std::sync::atomic::Ordering::Relaxed);
         return peer_main();
     }
     let quick = args.iter().any(|a| a == "--quick");
     let thp = !args.iter().any(|a| a == "--no-thp");
-    // One process per CPU: otherwise the scheduler may stack both on one CPU, and a round trip
-    // then measures context switches.
-    let pin = args.iter().any(|a| a == "--pin");
-    if pin {
-        pin_cpu(0);
-    }
+    let rt = args.iter().any(|a| a == "--rt");
     THP.store(thp, std::sync::atomic::Ordering::Relaxed);
     let runs: usize = args
         .iter()
@@ -534,7 +535,6 @@ fn main() -> Res<()> {
     let mut child = Command::new(std::env::current_exe()?)
         .arg("--peer")
         .args(if thp { None } else { Some("--no-thp") })
-        .args(if pin { Some("--pin") } else { None })
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
@@ -633,44 +633,42 @@ fn main() -> Res<()> {
     println!();
     println!("| wait mode | iterations/run | RTT µs median (min–max) |");
     println!("|---|---|---|");
-    let nice = args
-        .iter()
-        .position(|a| a == "--nice")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse::<i32>().ok());
-    if let Some(v) = nice {
-        // Both processes, for the round trips only: CPUs shared with other busy processes
-        // otherwise measure the scheduler, not the provider.
-        set_nice(v);
-        peer.cmd(&format!("nice {v}"))?;
-        if peer.line()? != "ok" {
-            return Err("peer nice".into());
-        }
+    let mut modes = vec![
+        ("spin (busy poll)", Wait::Spin, false, 20_000u64),
+        ("spin (busy poll, sched_yield after an empty poll)", Wait::SpinYield, false, 20_000),
+        ("block (completion channel, poll(2))", Wait::Block, false, 2_000),
+    ];
+    if rt {
+        modes.push(("spin, SCHED_FIFO, one CPU per process", Wait::Spin, true, 20_000));
+        modes.push(("block, SCHED_FIFO, one CPU per process", Wait::Block, true, 2_000));
     }
-    let modes = [(Wait::Spin, 20_000u64), (Wait::SpinYield, 20_000), (Wait::Block, 2_000)];
-    for (wait, n) in modes {
+    for (label, wait, fifo, n) in modes {
+        if fifo {
+            // Both processes, for these rows only: the CPUs are shared with other busy
+            // processes, which otherwise make a round trip measure the scheduler.
+            pin_cpu(Some(0));
+            set_fifo(true);
+            peer.cmd("rt 1")?;
+            if peer.line()? != "ok" {
+                return Err("peer rt".into());
+            }
+        }
         let n = n / scale as u64;
         pingpong(&side, &mut peer, wait, n / 10)?; // warm-up
         let mut v = Vec::new();
         for _ in 0..runs {
             v.push(pingpong(&side, &mut peer, wait, n)?);
         }
-        let (m, lo, hi) = stats(&v);
-        let mode = match wait {
-            Wait::Block => "block (completion channel, poll(2))",
-            Wait::Spin => "spin (busy poll)",
-            Wait::SpinYield => "spin (busy poll, sched_yield after an empty poll)",
-        };
-        println!("| {mode} | {n} | {m:.2} ({lo:.2}–{hi:.2}) |");
-    }
-    if nice.is_some() {
-        set_nice(0);
-        peer.cmd("nice 0")?;
-        if peer.line()? != "ok" {
-            return Err("peer nice".into());
+        if fifo {
+            set_fifo(false);
+            pin_cpu(None);
+            peer.cmd("rt 0")?;
+            if peer.line()? != "ok" {
+                return Err("peer rt".into());
+            }
         }
-        println!();
-        println!("(Round trips measured with both processes at nice {}.)", nice.unwrap_or(0));
+        let (m, lo, hi) = stats(&v);
+        println!("| {label} | {n} | {m:.2} ({lo:.2}–{hi:.2}) |");
     }
 
     println!();

@@ -131,7 +131,7 @@ pub(crate) mod qps {
 }
 
 /// Words per CQ entry.
-pub(crate) const CQE_WORDS: u64 = 4;
+pub(crate) const CQE_WORDS: u64 = 8;
 
 /// Table sizes of a context image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
