@@ -691,11 +691,12 @@ impl QpInner {
                     left -= take;
                 }
                 if let Err(st) = copy(Dir::Write, &remote) {
-                    if st == WcStatus::RemAccessErr {
+                    // The receive was taken: complete it with an error too (unless the target
+                    // process is gone and nobody will poll it).
+                    if st != WcStatus::RetryExcErr {
                         fail_target(WcStatus::LocProtErr);
-                        return Done(WcStatus::RemOpErr, 0);
                     }
-                    return Done(st, 0);
+                    return Done(if st == WcStatus::RemAccessErr { WcStatus::RemOpErr } else { st }, 0);
                 }
                 let imm = match wr.op {
                     SendOp::SendWithImm { imm } => Some(imm),
