@@ -253,7 +253,8 @@ mod tests {
     #[test]
     fn malformed_addresses_name_the_problem() {
         use AddrError::*;
-        let cases: &[(&str, fn(&AddrError) -> bool)] = &[
+        type Check = fn(&AddrError) -> bool;
+        let cases: &[(&str, Check)] = &[
             ("127.0.0.1:80", |e| matches!(e, MissingScheme(_))),
             ("udp://127.0.0.1:80", |e| matches!(e, UnknownScheme(s) if s == "udp")),
             ("tcp://:80", |e| matches!(e, EmptyHost(_))),

@@ -350,6 +350,23 @@ impl SendBuf {
         copy_out_segments(self.segments(), offset, dst)
     }
 
+    /// Calls `f` on each contiguous piece of `[offset, offset + len)`, in order.
+    pub fn for_each_slice<'a>(&'a self, mut offset: usize, mut len: usize, mut f: impl FnMut(&'a [u8])) {
+        for seg in self.segments() {
+            if len == 0 {
+                break;
+            }
+            if offset >= seg.len() {
+                offset -= seg.len();
+                continue;
+            }
+            let n = (seg.len() - offset).min(len);
+            f(&seg[offset..offset + n]);
+            len -= n;
+            offset = 0;
+        }
+    }
+
     /// A cheap view of `[offset, offset+len)` as `Bytes` when this buffer is a single `Bytes`
     /// (no copy); `None` otherwise.
     pub fn slice_bytes(&self, offset: usize, len: usize) -> Option<Bytes> {
@@ -452,6 +469,24 @@ impl RecvBuf {
             RecvBuf::Mut(b) => vec![&mut b[..]],
             RecvBuf::List(l) => l.iter_mut().map(|b| &mut b[..]).collect(),
             RecvBuf::Registered(r) => vec![&mut r[..]],
+        }
+    }
+
+    /// The contiguous writable rest of the segment holding logical `offset`, or `None` past
+    /// the end.
+    pub fn slice_at_mut(&mut self, mut offset: usize) -> Option<&mut [u8]> {
+        match self {
+            RecvBuf::Mut(b) => b.get_mut(offset..).filter(|s| !s.is_empty()),
+            RecvBuf::Registered(r) => r.get_mut(offset..).filter(|s| !s.is_empty()),
+            RecvBuf::List(l) => {
+                for seg in l.iter_mut() {
+                    if offset < seg.len() {
+                        return Some(&mut seg[offset..]);
+                    }
+                    offset -= seg.len();
+                }
+                None
+            }
         }
     }
 

@@ -26,6 +26,7 @@ pub struct Config {
     pub(crate) wait_mode: WaitMode,
     pub(crate) spin_budget: Duration,
     pub(crate) progress_thread: bool,
+    pub(crate) batch_sends: bool,
     pub(crate) eager_limit: Option<usize>,
     pub(crate) max_message: usize,
     pub(crate) max_header: usize,
@@ -69,6 +70,7 @@ impl Default for Config {
             wait_mode: WaitMode::Adaptive,
             spin_budget: Duration::from_micros(100),
             progress_thread: false,
+            batch_sends: false,
             eager_limit: None,
             max_message: 64 << 20,
             max_header: 64 * 1024,
@@ -110,6 +112,16 @@ impl Config {
     /// waits.
     pub fn progress_thread(mut self, on: bool) -> Self {
         self.progress_thread = on;
+        self
+    }
+
+    /// Batch sends (default off). Off, a post writes to the socket at once, as BMI does. On,
+    /// frames are written at the next progress round, so a burst of posts followed by a wait
+    /// leaves in one `writev` and wakes the receiver once — several times the small-message
+    /// rate, at the price that nothing moves until some thread waits, tests or runs a progress
+    /// thread.
+    pub fn batch_sends(mut self, on: bool) -> Self {
+        self.batch_sends = on;
         self
     }
 

@@ -1,1 +1,65 @@
-//! stripefs: a compact PVFS-style striped file system built only on ionet's public API.
+//! # stripefs
+//!
+//! A compact PVFS-style striped file system built only on ionet's public API.
+//!
+//! The pieces that need no network live here as plain modules, so the servers and the client
+//! (written on ionet's `Endpoint`) are thin loops around them:
+//!
+//! * [`layout`]: the striping math — offset → server and local offset, per-server pieces of a
+//!   request, views, list I/O, per-server truncate sizes, logical size.
+//! * [`proto`]: the versioned, bounded wire messages between client, meta server and io servers.
+//! * [`capability`]: per-open HMAC capability tokens the io servers check on every request.
+//! * [`meta`]: the meta server's namespace, attributes and layouts in a `redb` database.
+//! * [`store`]: an io server's objects, one local file per handle in hashed subdirectories.
+//! * [`config`]: the TOML cluster file.
+//! * [`errno`]: the errno-like codes carried in error replies.
+//!
+//! # How the network layer uses them
+//!
+//! * **Meta server**: decode each message with [`proto::decode::<MetaRequest>`](proto::decode)
+//!   (on failure send [`proto::error_reply`]), call the matching [`meta::MetaStore`] method, map
+//!   its error with [`meta::MetaError::errno`]. `Create`: [`meta::MetaStore::create`] → mint an
+//!   `ADMIN` capability → `IoRequest::CreateObject` to each server of the layout → on success
+//!   `commit_create` and reply `Opened` with a capability from
+//!   [`capability::CapabilityKey::mint`]; on failure `RemoveObject` on the servers that
+//!   succeeded, then `abort_create`. `Unlink`/`Rename` over a file: `RemoveObject` on the
+//!   returned [`meta::Objects`], then `forget_orphan`. `Setattr` with a size:
+//!   `TruncateObject` to [`layout::Layout::local_size`] per server. At start-up, finish what
+//!   [`meta::MetaStore::pending_creates`] and [`meta::MetaStore::orphans`] list.
+//! * **io server**: decode an [`proto::IoRequest`], verify its capability with
+//!   [`capability::CapabilityKey::verify`] against [`proto::IoRequest::needed_rights`], then
+//!   drive [`store::ObjectStore`]: a read or write builds a [`store::PieceCursor`] over
+//!   [`proto::Descriptor::pieces`] and moves one transfer unit at a time. On a write error keep
+//!   receiving (and discarding) the rest of the stream, then reply with the error code.
+//! * **client**: [`layout::Layout::plan`] (or [`layout::ListIo::plan`], or a
+//!   [`layout::View`]'s extents) gives one [`layout::ServerPieces`] per server; cut it with
+//!   [`layout::ServerPieces::split`] to the wire limits, send `pieces` as a
+//!   [`proto::Descriptor::List`] (or the O(1) [`proto::Descriptor::Strided`] for a view) and
+//!   move the data from/to `segments` of the user buffer, in order, with no per-piece headers.
+//!   Logical size = [`layout::Layout::logical_size`] over every server's `GetSize`.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
+
+pub mod capability;
+pub mod config;
+pub mod errno;
+pub mod layout;
+pub mod meta;
+pub mod proto;
+pub mod store;
+
+pub use errno::Errno;
+pub use proto::Handle;
+
+#[cfg(test)]
+mod tests {
+    /// The servers share these across threads.
+    #[test]
+    fn stores_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<crate::meta::MetaStore>();
+        check::<crate::store::ObjectStore>();
+        check::<crate::capability::CapabilityKey>();
+    }
+}

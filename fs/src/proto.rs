@@ -1,0 +1,1417 @@
+//! Wire messages between clients, the meta server and the io servers.
+//!
+//! Every message travels in an [`Envelope`]: a fixed 15-byte header — magic `"STFS"`, protocol
+//! version (`u16` LE), message kind (`u8`), request id (`u64` LE) — followed by the body encoded
+//! with [postcard](https://docs.rs/postcard) (serde; a documented, stable, compact varint format).
+//! The header is fixed-size and independent of postcard so a peer can always read the version and
+//! the request id, and answer a message it cannot decode with a typed error reply.
+//!
+//! Decoding is bounded before anything is allocated: the input must be at most [`MAX_MESSAGE`]
+//! bytes, every list is a [`BoundedVec`] and every string a [`BoundedString`] whose deserializer
+//! refuses an over-long length prefix before reserving memory, trailing bytes are refused, and
+//! [`Message::validate`] then checks the semantic limits (I/O sizes, stripe parameters, …).
+//! Nothing a peer sends can make [`decode`] panic; every failure is a [`ProtoError`] that maps to
+//! an errno-like code via [`ProtoError::errno`] and an error reply via [`Reply::from_error`].
+//!
+//! Bulk data is never inside these messages: a read reply or a write request is followed by its
+//! data stream (the server's pieces concatenated, in logical order, no per-piece headers), moved
+//! by the transport as a separate payload.
+
+use crate::capability::{Capability, Rights};
+use crate::errno::Errno;
+use crate::layout::{Extent, Layout, LayoutError, MAX_PCOUNT, MAX_SSIZE, Piece, View};
+use serde::de::{self, DeserializeOwned, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Deref;
+
+/// Protocol version this build speaks.
+pub const PROTO_VERSION: u16 = 1;
+
+/// First four bytes of every message.
+pub const MAGIC: [u8; 4] = *b"STFS";
+
+/// Size of the fixed header: magic, version, kind, request id.
+pub const HEADER_LEN: usize = 4 + 2 + 1 + 8;
+
+/// Largest encoded message, header included: 128 KiB. Sized for the largest reply, a readdir
+/// page of [`MAX_READDIR`] entries with 255-byte names (≈ 80 KiB), and small enough that a server
+/// can hold one per connection without a memory budget of its own.
+pub const MAX_MESSAGE: usize = 128 * 1024;
+
+/// Most pieces in one list descriptor. A client with more splits the request.
+pub const MAX_PIECES: usize = 2048;
+
+/// Most entries in one readdir page.
+pub const MAX_READDIR: usize = 256;
+
+/// Longest name on the wire. Longer than `NAME_MAX` (255) on purpose: a 300-byte name still
+/// decodes, so the meta server can answer `ENAMETOOLONG` instead of a protocol error.
+pub const MAX_NAME_WIRE: usize = 1024;
+
+/// Longest error text in an error reply.
+pub const MAX_ERROR_TEXT: usize = 256;
+
+/// Most data bytes one read or write request may move. The server streams it in transfer units,
+/// so this bounds work per request, not memory.
+pub const MAX_IO_BYTES: u64 = 1 << 30;
+
+/// Most view blocks a strided descriptor may span: bounds the server's work expanding it.
+pub const MAX_VIEW_BLOCKS: u64 = 1 << 20;
+
+/// A file or directory handle: allocated by the meta server, never reused.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Handle(pub u64);
+
+impl Handle {
+    /// The root directory.
+    pub const ROOT: Handle = Handle(1);
+}
+
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Handle({:#x})", self.0)
+    }
+}
+
+impl fmt::Display for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// Why a message was refused. Every variant is caused by the peer's bytes (or, for
+/// [`ProtoError::Encode`], by a message we refuse to send).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtoError {
+    /// Over [`MAX_MESSAGE`].
+    #[error("message of {len} bytes exceeds the {max}-byte limit")]
+    TooLarge {
+        /// Its size.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Shorter than the fixed header.
+    #[error("message of {0} bytes is shorter than the header")]
+    Truncated(usize),
+    /// Not a stripefs message.
+    #[error("bad magic {0:02x?}")]
+    BadMagic([u8; 4]),
+    /// A protocol version this build does not speak.
+    #[error("unsupported protocol version {got} (this build speaks {PROTO_VERSION})")]
+    UnknownVersion {
+        /// The peer's version.
+        got: u16,
+    },
+    /// A message of another kind (e.g. a reply sent to a server).
+    #[error("message kind {got} where kind {want} was expected")]
+    WrongKind {
+        /// The kind in the header.
+        got: u8,
+        /// The kind expected.
+        want: u8,
+    },
+    /// The body does not decode.
+    #[error("malformed body: {0}")]
+    Malformed(String),
+    /// Bytes left after the body.
+    #[error("{0} trailing bytes after the body")]
+    TrailingBytes(usize),
+    /// A list, string or size over its limit.
+    #[error("{what}: {got} exceeds the limit of {max}")]
+    Limit {
+        /// What was over.
+        what: &'static str,
+        /// Its value.
+        got: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A field with an impossible value.
+    #[error("invalid {0}")]
+    Invalid(&'static str),
+    /// A layout or view that does not make sense.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// Our own message could not be encoded (never caused by peer data).
+    #[error("encode failed: {0}")]
+    Encode(String),
+}
+
+impl ProtoError {
+    /// The code sent back to the peer.
+    pub fn errno(&self) -> Errno {
+        match self {
+            ProtoError::TooLarge { .. } => Errno::EMSGSIZE,
+            ProtoError::UnknownVersion { .. } => Errno::EPROTONOSUPPORT,
+            ProtoError::Limit { .. } | ProtoError::Invalid(_) | ProtoError::Layout(_) => Errno::EINVAL,
+            _ => Errno::EPROTO,
+        }
+    }
+}
+
+/// A decode failure, with the request id when the header was readable, so the error reply can
+/// be matched to the request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{error}")]
+pub struct DecodeError {
+    /// The request id from the header, if it could be read.
+    pub id: Option<u64>,
+    /// What went wrong.
+    #[source]
+    pub error: ProtoError,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bounded containers
+// ---------------------------------------------------------------------------------------------
+
+/// A `Vec` of at most `N` elements, whose deserializer refuses a longer length prefix before
+/// allocating and stops at `N` elements even without one.
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub struct BoundedVec<T, const N: usize>(Vec<T>);
+
+impl<T, const N: usize> BoundedVec<T, N> {
+    /// Wraps `v`, refusing more than `N` elements.
+    pub fn new(v: Vec<T>) -> Result<Self, ProtoError> {
+        if v.len() > N {
+            return Err(ProtoError::Limit { what: "list length", got: v.len() as u64, max: N as u64 });
+        }
+        Ok(BoundedVec(v))
+    }
+
+    /// The elements.
+    pub fn into_inner(self) -> Vec<T> {
+        self.0
+    }
+}
+
+impl<T, const N: usize> Deref for BoundedVec<T, N> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.0
+    }
+}
+
+impl<T: fmt::Debug, const N: usize> fmt::Debug for BoundedVec<T, N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<T: Serialize, const N: usize> Serialize for BoundedVec<T, N> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de, T: Deserialize<'de>, const N: usize> Deserialize<'de> for BoundedVec<T, N> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T, const N: usize>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>, const N: usize> Visitor<'de> for V<T, N> {
+            type Value = BoundedVec<T, N>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "a list of at most {N} elements")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let hint = seq.size_hint().unwrap_or(0);
+                if hint > N {
+                    return Err(de::Error::invalid_length(hint, &self));
+                }
+                let mut v = Vec::with_capacity(hint);
+                while let Some(x) = seq.next_element()? {
+                    if v.len() == N {
+                        return Err(de::Error::invalid_length(N + 1, &self));
+                    }
+                    v.push(x);
+                }
+                Ok(BoundedVec(v))
+            }
+        }
+        d.deserialize_seq(V::<T, N>(PhantomData))
+    }
+}
+
+/// A UTF-8 string of at most `N` bytes, whose deserializer checks the length before copying.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct BoundedString<const N: usize>(String);
+
+impl<const N: usize> BoundedString<N> {
+    /// Wraps `s`, refusing more than `N` bytes.
+    pub fn new(s: impl Into<String>) -> Result<Self, ProtoError> {
+        let s = s.into();
+        if s.len() > N {
+            return Err(ProtoError::Limit { what: "string length", got: s.len() as u64, max: N as u64 });
+        }
+        Ok(BoundedString(s))
+    }
+
+    /// Wraps `s`, cutting it to at most `N` bytes at a character boundary (for error texts).
+    pub fn truncating(s: &str) -> Self {
+        let mut end = s.len().min(N);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        BoundedString(s[..end].to_owned())
+    }
+
+    /// The string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The owned string.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl<const N: usize> Deref for BoundedString<N> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<const N: usize> fmt::Debug for BoundedString<N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<const N: usize> fmt::Display for BoundedString<N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<const N: usize> TryFrom<&str> for BoundedString<N> {
+    type Error = ProtoError;
+    fn try_from(s: &str) -> Result<Self, ProtoError> {
+        Self::new(s)
+    }
+}
+
+impl<const N: usize> TryFrom<String> for BoundedString<N> {
+    type Error = ProtoError;
+    fn try_from(s: String) -> Result<Self, ProtoError> {
+        Self::new(s)
+    }
+}
+
+impl<const N: usize> Serialize for BoundedString<N> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de, const N: usize> Deserialize<'de> for BoundedString<N> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<const N: usize>;
+        impl<const N: usize> Visitor<'_> for V<N> {
+            type Value = BoundedString<N>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "a string of at most {N} bytes")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                if s.len() > N {
+                    return Err(E::invalid_length(s.len(), &self));
+                }
+                Ok(BoundedString(s.to_owned()))
+            }
+        }
+        d.deserialize_str(V::<N>)
+    }
+}
+
+/// A name as carried on the wire (bounded at [`MAX_NAME_WIRE`]; the meta server applies the
+/// file-name rules).
+pub type Name = BoundedString<MAX_NAME_WIRE>;
+
+// ---------------------------------------------------------------------------------------------
+// Shared types
+// ---------------------------------------------------------------------------------------------
+
+/// File or directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FileKind {
+    /// A regular, striped file.
+    File,
+    /// A directory.
+    Dir,
+}
+
+/// A point in time: seconds and nanoseconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize)]
+pub struct Timestamp {
+    /// Whole seconds (negative before 1970).
+    pub secs: i64,
+    /// Nanoseconds, `< 1_000_000_000`.
+    pub nsecs: u32,
+}
+
+impl Timestamp {
+    /// The current time.
+    pub fn now() -> Self {
+        let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        Timestamp { secs: d.as_secs() as i64, nsecs: d.subsec_nanos() }
+    }
+
+    fn validate(&self) -> Result<(), ProtoError> {
+        if self.nsecs >= 1_000_000_000 {
+            return Err(ProtoError::Invalid("timestamp nanoseconds"));
+        }
+        Ok(())
+    }
+}
+
+/// Attributes of a file or directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    /// File or directory.
+    pub kind: FileKind,
+    /// Permission bits (`0o7777` at most; the type bits come from `kind`).
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// For files: the size the meta server last recorded (set on truncate). The authoritative
+    /// logical size is the max over io servers ([`Layout::logical_size`]).
+    pub size: u64,
+    /// Link count (files 1; directories 2, as no hard links exist).
+    pub nlink: u32,
+    /// Last access.
+    pub atime: Timestamp,
+    /// Last data modification.
+    pub mtime: Timestamp,
+    /// Last status change.
+    pub ctime: Timestamp,
+}
+
+/// Attribute changes; `None` leaves a field alone.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SetAttr {
+    /// New permission bits.
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New access time.
+    pub atime: Option<Timestamp>,
+    /// New modification time.
+    pub mtime: Option<Timestamp>,
+    /// New logical size (truncate): the meta server records it and fans out per-server
+    /// truncates ([`Layout::local_sizes`]).
+    pub size: Option<u64>,
+}
+
+impl SetAttr {
+    fn validate(&self) -> Result<(), ProtoError> {
+        if self.mode.is_some_and(|m| m > 0o7777) {
+            return Err(ProtoError::Invalid("mode"));
+        }
+        self.atime.iter().chain(self.mtime.iter()).try_for_each(Timestamp::validate)
+    }
+}
+
+/// A partially specified layout: what `setstripe` stores on a directory and what `create` may
+/// request. Unset fields come from the parent directory's default, then the filesystem's
+/// defaults (pcount = all servers, ssize = 64 KiB, base round-robin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct LayoutSpec {
+    /// First server; `None` = round-robin.
+    pub base: Option<u32>,
+    /// Server count; `None` = all.
+    pub pcount: Option<u32>,
+    /// Stripe size; `None` = default.
+    pub ssize: Option<u64>,
+}
+
+impl LayoutSpec {
+    /// Every field set from `l`.
+    pub fn from_layout(l: Layout) -> Self {
+        LayoutSpec { base: Some(l.base), pcount: Some(l.pcount), ssize: Some(l.ssize) }
+    }
+
+    /// Fields set here win; the rest come from `fallback`.
+    pub fn or(self, fallback: LayoutSpec) -> LayoutSpec {
+        LayoutSpec {
+            base: self.base.or(fallback.base),
+            pcount: self.pcount.or(fallback.pcount),
+            ssize: self.ssize.or(fallback.ssize),
+        }
+    }
+
+    /// Checks the fields that are set (the cluster size is checked by the meta server).
+    pub fn validate(&self) -> Result<(), ProtoError> {
+        if self.ssize.is_some_and(|s| s == 0 || s > MAX_SSIZE) {
+            return Err(LayoutError::BadStripeSize(self.ssize.unwrap_or(0)).into());
+        }
+        match self.pcount {
+            Some(p) if p == 0 || p > MAX_PCOUNT => {
+                Err(LayoutError::BadStripeCount { pcount: p, max: MAX_PCOUNT }.into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One directory entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    /// Its name.
+    pub name: Name,
+    /// Its handle.
+    pub handle: Handle,
+    /// File or directory.
+    pub kind: FileKind,
+}
+
+/// Namespace-wide counters from the meta server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FsStats {
+    /// Regular files.
+    pub files: u64,
+    /// Directories (the root included).
+    pub dirs: u64,
+    /// io servers in the cluster.
+    pub io_servers: u32,
+    /// Longest name accepted.
+    pub name_max: u32,
+}
+
+/// Counters from one io server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ServerStats {
+    /// Read requests served.
+    pub reads: u64,
+    /// Write requests served.
+    pub writes: u64,
+    /// Data bytes read.
+    pub bytes_read: u64,
+    /// Data bytes written.
+    pub bytes_written: u64,
+    /// Syncs served.
+    pub syncs: u64,
+    /// Requests answered with an error.
+    pub errors: u64,
+    /// Files open in the descriptor cache.
+    pub open_files: u64,
+}
+
+/// An error reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    /// What kind of failure.
+    pub code: Errno,
+    /// Human-readable detail (for logs, not for matching).
+    pub message: BoundedString<MAX_ERROR_TEXT>,
+}
+
+impl ErrorReply {
+    /// An error reply, its text cut to [`MAX_ERROR_TEXT`] bytes.
+    pub fn new(code: Errno, message: impl fmt::Display) -> Self {
+        ErrorReply { code, message: BoundedString::truncating(&message.to_string()) }
+    }
+}
+
+impl From<&ProtoError> for ErrorReply {
+    fn from(e: &ProtoError) -> Self {
+        ErrorReply::new(e.errno(), e)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Meta server messages
+// ---------------------------------------------------------------------------------------------
+
+/// Client → meta server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaRequest {
+    /// Namespace counters → [`MetaReply::Statfs`].
+    Statfs,
+    /// `name` in directory `parent` → [`MetaReply::Entry`].
+    Lookup {
+        /// Directory.
+        parent: Handle,
+        /// Entry name.
+        name: Name,
+    },
+    /// Attributes → [`MetaReply::Attr`].
+    Getattr {
+        /// The object.
+        handle: Handle,
+    },
+    /// Change attributes, truncate when `set.size` is set → [`MetaReply::Attr`].
+    Setattr {
+        /// The object.
+        handle: Handle,
+        /// What to change.
+        set: SetAttr,
+    },
+    /// Create and open a regular file → [`MetaReply::Opened`]. The meta server allocates the
+    /// handle, creates the objects on the io servers, and cleans up if any of them fails.
+    Create {
+        /// Directory.
+        parent: Handle,
+        /// New name.
+        name: Name,
+        /// Permission bits.
+        mode: u32,
+        /// Owner.
+        uid: u32,
+        /// Group.
+        gid: u32,
+        /// Requested layout; unset fields are inherited.
+        layout: Option<LayoutSpec>,
+        /// Rights for the returned capability.
+        rights: Rights,
+    },
+    /// Open an existing file → [`MetaReply::Opened`] with layout and capability.
+    Open {
+        /// The file.
+        handle: Handle,
+        /// Rights wanted.
+        rights: Rights,
+    },
+    /// Create a directory → [`MetaReply::Entry`].
+    Mkdir {
+        /// Parent directory.
+        parent: Handle,
+        /// New name.
+        name: Name,
+        /// Permission bits.
+        mode: u32,
+        /// Owner.
+        uid: u32,
+        /// Group.
+        gid: u32,
+    },
+    /// Remove an empty directory → [`MetaReply::Done`].
+    Rmdir {
+        /// Parent directory.
+        parent: Handle,
+        /// Name.
+        name: Name,
+    },
+    /// Remove a file (and its objects) → [`MetaReply::Done`].
+    Unlink {
+        /// Parent directory.
+        parent: Handle,
+        /// Name.
+        name: Name,
+    },
+    /// POSIX rename, replacing a file or empty directory target → [`MetaReply::Done`].
+    Rename {
+        /// Source directory.
+        src_parent: Handle,
+        /// Source name.
+        src_name: Name,
+        /// Destination directory.
+        dst_parent: Handle,
+        /// Destination name.
+        dst_name: Name,
+    },
+    /// One page of a directory, in name order, starting after `after` → [`MetaReply::Dir`].
+    Readdir {
+        /// Directory.
+        dir: Handle,
+        /// Resume after this name (`None`: from the start).
+        after: Option<Name>,
+        /// Most entries wanted (the server caps it at [`MAX_READDIR`]).
+        max: u32,
+    },
+    /// A file's layout or a directory's default layout → [`MetaReply::Stripe`].
+    GetStripe {
+        /// File or directory.
+        handle: Handle,
+    },
+    /// Set (or with `None`, clear) a directory's default layout → [`MetaReply::Done`].
+    SetStripe {
+        /// Directory.
+        dir: Handle,
+        /// The default new files and subdirectories inherit.
+        spec: Option<LayoutSpec>,
+    },
+}
+
+/// Meta server → client.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaReply {
+    /// Namespace counters.
+    Statfs(FsStats),
+    /// A found or created entry.
+    Entry {
+        /// Its handle.
+        handle: Handle,
+        /// Its attributes.
+        attr: Attr,
+    },
+    /// Attributes.
+    Attr(Attr),
+    /// An open file.
+    Opened {
+        /// The file.
+        handle: Handle,
+        /// Its attributes.
+        attr: Attr,
+        /// Its layout over the cluster's io servers (in the cluster file's order).
+        layout: Layout,
+        /// The capability to present to the io servers.
+        cap: Capability,
+    },
+    /// Success with nothing to return.
+    Done,
+    /// A readdir page.
+    Dir {
+        /// Entries in name order.
+        entries: BoundedVec<DirEntry, MAX_READDIR>,
+        /// More entries follow the last one.
+        more: bool,
+    },
+    /// Striping information.
+    Stripe {
+        /// A file's layout.
+        layout: Option<Layout>,
+        /// A directory's default layout.
+        default: Option<LayoutSpec>,
+    },
+    /// Failure.
+    Error(ErrorReply),
+}
+
+// ---------------------------------------------------------------------------------------------
+// I/O server messages
+// ---------------------------------------------------------------------------------------------
+
+/// Which local bytes a read or write touches, in stream order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Descriptor {
+    /// Local pieces, as computed by the client ([`crate::layout::ServerPieces::pieces`]).
+    List(BoundedVec<Piece, MAX_PIECES>),
+    /// View range `[pos, pos + len)` of a strided view over the file; the server intersects it
+    /// with its own stripe units ([`Layout::server_pieces`]), so the descriptor stays O(1) for
+    /// any number of blocks (PVFS1's strided `RW` request).
+    Strided {
+        /// The file's layout.
+        layout: Layout,
+        /// This server's relative index.
+        pnum: u32,
+        /// The view.
+        view: View,
+        /// First view byte.
+        pos: u64,
+        /// View bytes (all servers together).
+        len: u64,
+    },
+}
+
+impl Descriptor {
+    /// A list descriptor, refusing more than [`MAX_PIECES`] pieces.
+    pub fn list(pieces: Vec<Piece>) -> Result<Self, ProtoError> {
+        Ok(Descriptor::List(BoundedVec::new(pieces)?))
+    }
+
+    /// The local pieces in stream order (coalesced for the strided form).
+    pub fn pieces(&self) -> Box<dyn Iterator<Item = Piece> + '_> {
+        match self {
+            Descriptor::List(v) => Box::new(v.iter().copied()),
+            Descriptor::Strided { layout, pnum, view, pos, len } => {
+                // Validated views never fail here; an invalid one yields nothing.
+                let ex = view.extents(*pos, *len).into_iter().flatten();
+                Box::new(layout.server_pieces(*pnum, ex))
+            }
+        }
+    }
+
+    /// Total bytes in this server's stream (saturating; validated descriptors never saturate).
+    pub fn total(&self) -> u64 {
+        self.pieces().fold(0u64, |a, p| a.saturating_add(p.len))
+    }
+
+    fn validate(&self) -> Result<(), ProtoError> {
+        match self {
+            Descriptor::List(v) => {
+                let mut total = 0u64;
+                for p in v.iter() {
+                    p.end().ok_or(LayoutError::Overflow)?;
+                    total = total.checked_add(p.len).ok_or(LayoutError::Overflow)?;
+                }
+                if total > MAX_IO_BYTES {
+                    return Err(ProtoError::Limit { what: "I/O bytes", got: total, max: MAX_IO_BYTES });
+                }
+            }
+            Descriptor::Strided { layout, pnum, view, pos, len } => {
+                Layout::new(layout.base, layout.pcount, layout.ssize)?;
+                if *pnum >= layout.pcount {
+                    return Err(ProtoError::Invalid("pnum"));
+                }
+                if *len > MAX_IO_BYTES {
+                    return Err(ProtoError::Limit { what: "I/O bytes", got: *len, max: MAX_IO_BYTES });
+                }
+                view.extents(*pos, *len)?;
+                let blocks = view.blocks_spanned(*pos, *len);
+                if !view.is_contiguous() && blocks > MAX_VIEW_BLOCKS {
+                    return Err(ProtoError::Limit { what: "view blocks", got: blocks, max: MAX_VIEW_BLOCKS });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Client or meta server → io server. Every request carries a capability for its handle; the
+/// server checks it (signature, handle, rights, expiry) before touching anything.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IoRequest {
+    /// Liveness → [`IoReply::Pong`].
+    Ping,
+    /// Create the local object (meta server, `ADMIN`) → [`IoReply::Done`].
+    CreateObject {
+        /// Capability for the handle.
+        cap: Capability,
+    },
+    /// Remove the local object (meta server, `ADMIN`) → [`IoReply::Done`].
+    RemoveObject {
+        /// Capability for the handle.
+        cap: Capability,
+    },
+    /// Set the local size (meta server, `ADMIN`) → [`IoReply::Done`].
+    TruncateObject {
+        /// Capability for the handle.
+        cap: Capability,
+        /// New local size ([`Layout::local_size`]).
+        size: u64,
+    },
+    /// Local size (`READ`) → [`IoReply::Size`].
+    GetSize {
+        /// Capability for the handle.
+        cap: Capability,
+    },
+    /// Read (`READ`) → [`IoReply::Read`], then the data stream.
+    Read {
+        /// Capability for the handle.
+        cap: Capability,
+        /// What to read.
+        desc: Descriptor,
+    },
+    /// Write (`WRITE`); the data stream follows → [`IoReply::Written`]. On a disk error the
+    /// server still consumes the whole stream, then replies with the error, so the connection
+    /// stays in sync (PVFS1's ENOSPC drain).
+    Write {
+        /// Capability for the handle.
+        cap: Capability,
+        /// Where the data goes.
+        desc: Descriptor,
+    },
+    /// fsync the local object (`WRITE`) → [`IoReply::Done`].
+    Sync {
+        /// Capability for the handle.
+        cap: Capability,
+    },
+    /// Server counters → [`IoReply::Stats`].
+    Stats,
+}
+
+impl IoRequest {
+    /// The capability, for requests on an object.
+    pub fn cap(&self) -> Option<&Capability> {
+        match self {
+            IoRequest::CreateObject { cap }
+            | IoRequest::RemoveObject { cap }
+            | IoRequest::TruncateObject { cap, .. }
+            | IoRequest::GetSize { cap }
+            | IoRequest::Read { cap, .. }
+            | IoRequest::Write { cap, .. }
+            | IoRequest::Sync { cap } => Some(cap),
+            IoRequest::Ping | IoRequest::Stats => None,
+        }
+    }
+
+    /// The rights the request needs from its capability.
+    pub fn needed_rights(&self) -> Rights {
+        match self {
+            IoRequest::CreateObject { .. }
+            | IoRequest::RemoveObject { .. }
+            | IoRequest::TruncateObject { .. } => Rights::ADMIN,
+            IoRequest::GetSize { .. } | IoRequest::Read { .. } => Rights::READ,
+            IoRequest::Write { .. } | IoRequest::Sync { .. } => Rights::WRITE,
+            IoRequest::Ping | IoRequest::Stats => Rights::NONE,
+        }
+    }
+}
+
+/// io server → client or meta server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IoReply {
+    /// Answer to [`IoRequest::Ping`].
+    Pong,
+    /// Success with nothing to return.
+    Done,
+    /// Local size of the object.
+    Size(u64),
+    /// A read: `bytes` of data follow (holes and bytes past the local end read as zeros).
+    Read {
+        /// Stream bytes that follow.
+        bytes: u64,
+        /// The object's local size when read, so the client can tell a hole from EOF.
+        local_size: u64,
+    },
+    /// A write finished.
+    Written {
+        /// Bytes written.
+        bytes: u64,
+    },
+    /// Server counters.
+    Stats(ServerStats),
+    /// Failure.
+    Error(ErrorReply),
+}
+
+// ---------------------------------------------------------------------------------------------
+// Envelope, encode, decode
+// ---------------------------------------------------------------------------------------------
+
+/// A message body type: its kind byte and its semantic checks.
+pub trait Message: Serialize + DeserializeOwned + fmt::Debug {
+    /// The kind byte in the header.
+    const KIND: u8;
+    /// Checks limits and values beyond what the bounded types enforce.
+    fn validate(&self) -> Result<(), ProtoError>;
+}
+
+/// A reply type, which can carry an error.
+pub trait Reply: Message {
+    /// The error variant.
+    fn from_error(e: ErrorReply) -> Self;
+}
+
+fn name_ok(n: &Name) -> Result<(), ProtoError> {
+    // Bounded by the type; an empty name is caught by the meta server's name rules.
+    let _ = n;
+    Ok(())
+}
+
+impl Message for MetaRequest {
+    const KIND: u8 = 1;
+    fn validate(&self) -> Result<(), ProtoError> {
+        match self {
+            MetaRequest::Lookup { name, .. }
+            | MetaRequest::Rmdir { name, .. }
+            | MetaRequest::Unlink { name, .. }
+            | MetaRequest::Mkdir { name, .. } => name_ok(name)?,
+            MetaRequest::Create { name, layout, .. } => {
+                name_ok(name)?;
+                layout.iter().try_for_each(LayoutSpec::validate)?;
+            }
+            MetaRequest::Rename { src_name, dst_name, .. } => {
+                name_ok(src_name)?;
+                name_ok(dst_name)?;
+            }
+            MetaRequest::Setattr { set, .. } => set.validate()?,
+            MetaRequest::Readdir { max, .. } if *max == 0 => return Err(ProtoError::Invalid("readdir max")),
+            MetaRequest::SetStripe { spec, .. } => spec.iter().try_for_each(LayoutSpec::validate)?,
+            _ => {}
+        }
+        match self {
+            MetaRequest::Create { mode, .. } | MetaRequest::Mkdir { mode, .. } if *mode > 0o7777 => {
+                Err(ProtoError::Invalid("mode"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Message for MetaReply {
+    const KIND: u8 = 2;
+    fn validate(&self) -> Result<(), ProtoError> {
+        match self {
+            MetaReply::Opened { layout, .. } => {
+                Layout::new(layout.base, layout.pcount, layout.ssize)?;
+            }
+            MetaReply::Stripe { layout, default } => {
+                if let Some(l) = layout {
+                    Layout::new(l.base, l.pcount, l.ssize)?;
+                }
+                default.iter().try_for_each(LayoutSpec::validate)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+impl Reply for MetaReply {
+    fn from_error(e: ErrorReply) -> Self {
+        MetaReply::Error(e)
+    }
+}
+
+impl Message for IoRequest {
+    const KIND: u8 = 3;
+    fn validate(&self) -> Result<(), ProtoError> {
+        match self {
+            IoRequest::Read { desc, .. } | IoRequest::Write { desc, .. } => desc.validate(),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Message for IoReply {
+    const KIND: u8 = 4;
+    fn validate(&self) -> Result<(), ProtoError> {
+        match self {
+            IoReply::Read { bytes, .. } | IoReply::Written { bytes } if *bytes > MAX_IO_BYTES => {
+                Err(ProtoError::Limit { what: "I/O bytes", got: *bytes, max: MAX_IO_BYTES })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Reply for IoReply {
+    fn from_error(e: ErrorReply) -> Self {
+        IoReply::Error(e)
+    }
+}
+
+/// A message with its protocol version and request id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope<T> {
+    /// Protocol version ([`PROTO_VERSION`] for everything this build sends).
+    pub version: u16,
+    /// Request id: a reply carries its request's id.
+    pub id: u64,
+    /// The message.
+    pub body: T,
+}
+
+impl<T> Envelope<T> {
+    /// A message of the current protocol version.
+    pub fn new(id: u64, body: T) -> Self {
+        Envelope { version: PROTO_VERSION, id, body }
+    }
+}
+
+/// Encodes a message: header then postcard body. Refuses bodies that would not pass the peer's
+/// [`Message::validate`] and messages over [`MAX_MESSAGE`].
+pub fn encode<T: Message>(env: &Envelope<T>) -> Result<Vec<u8>, ProtoError> {
+    env.body.validate()?;
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&env.version.to_le_bytes());
+    out.push(T::KIND);
+    out.extend_from_slice(&env.id.to_le_bytes());
+    let out = postcard::to_extend(&env.body, out).map_err(|e| ProtoError::Encode(e.to_string()))?;
+    if out.len() > MAX_MESSAGE {
+        return Err(ProtoError::TooLarge { len: out.len(), max: MAX_MESSAGE });
+    }
+    Ok(out)
+}
+
+/// Decodes and validates a message of type `T`.
+pub fn decode<T: Message>(bytes: &[u8]) -> Result<Envelope<T>, DecodeError> {
+    let fail = |id, error| DecodeError { id, error };
+    if bytes.len() > MAX_MESSAGE {
+        // Read the id anyway, so the error reply can name the request.
+        let id = bytes.get(7..HEADER_LEN).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+        return Err(fail(id, ProtoError::TooLarge { len: bytes.len(), max: MAX_MESSAGE }));
+    }
+    let (header, body) =
+        bytes.split_at_checked(HEADER_LEN).ok_or(fail(None, ProtoError::Truncated(bytes.len())))?;
+    let mut magic = [0u8; 4];
+    magic.copy_from_slice(&header[0..4]);
+    let version = u16::from_le_bytes([header[4], header[5]]);
+    let kind = header[6];
+    let mut idb = [0u8; 8];
+    idb.copy_from_slice(&header[7..15]);
+    let id = u64::from_le_bytes(idb);
+    if magic != MAGIC {
+        return Err(fail(None, ProtoError::BadMagic(magic)));
+    }
+    if version != PROTO_VERSION {
+        return Err(fail(Some(id), ProtoError::UnknownVersion { got: version }));
+    }
+    if kind != T::KIND {
+        return Err(fail(Some(id), ProtoError::WrongKind { got: kind, want: T::KIND }));
+    }
+    let (msg, rest) = postcard::take_from_bytes::<T>(body)
+        .map_err(|e| fail(Some(id), ProtoError::Malformed(e.to_string())))?;
+    if !rest.is_empty() {
+        return Err(fail(Some(id), ProtoError::TrailingBytes(rest.len())));
+    }
+    msg.validate().map_err(|e| fail(Some(id), e))?;
+    Ok(Envelope { version, id, body: msg })
+}
+
+/// The reply a server sends for a message it could not decode.
+pub fn error_reply<R: Reply>(err: &DecodeError) -> Envelope<R> {
+    Envelope::new(err.id.unwrap_or(0), R::from_error(ErrorReply::from(&err.error)))
+}
+
+/// Entry point of the `fs_proto` fuzz target and the corpus replay test: decodes `data` as every
+/// message kind; whatever decodes must re-encode and decode to the same message, and whatever
+/// does not must yield an encodable error reply. Panics only if one of those invariants breaks.
+pub fn fuzz_one(data: &[u8]) {
+    fn check<T: Message + PartialEq + 'static, R: Reply>(data: &[u8]) {
+        match decode::<T>(data) {
+            Ok(env) => {
+                let bytes = encode(&env).expect("a decoded message re-encodes");
+                assert!(bytes.len() <= data.len(), "re-encoding grew the message");
+                let again = decode::<T>(&bytes).expect("a re-encoded message decodes");
+                assert_eq!(env, again);
+                if let Some(IoRequest::Read { desc, .. } | IoRequest::Write { desc, .. }) =
+                    (&env.body as &dyn std::any::Any).downcast_ref::<IoRequest>()
+                {
+                    // Expanding a validated descriptor is bounded and does not panic.
+                    assert!(desc.total() <= MAX_IO_BYTES);
+                }
+            }
+            Err(e) => {
+                let reply = error_reply::<R>(&e);
+                encode(&reply).expect("an error reply encodes");
+            }
+        }
+    }
+    check::<MetaRequest, MetaReply>(data);
+    check::<MetaReply, MetaReply>(data);
+    check::<IoRequest, IoReply>(data);
+    check::<IoReply, IoReply>(data);
+}
+
+/// Seed messages: one of every request and reply shape (the committed fuzz corpus is made from
+/// these; see `fs/tests/fuzz_corpus.rs`).
+pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
+    let key = crate::capability::CapabilityKey::new(b"sample-cluster-key-0123").expect("valid key");
+    let cap = key.mint(Handle(0x1234), Rights::READ_WRITE, 2_000_000_000, 9);
+    let name = |s: &str| Name::new(s).expect("short name");
+    let t = Timestamp { secs: 1_700_000_000, nsecs: 5 };
+    let attr = Attr {
+        kind: FileKind::File,
+        mode: 0o644,
+        uid: 1,
+        gid: 2,
+        size: 3,
+        nlink: 1,
+        atime: t,
+        mtime: t,
+        ctime: t,
+    };
+    let layout = Layout { base: 1, pcount: 4, ssize: 65536 };
+    let spec = LayoutSpec { base: None, pcount: Some(2), ssize: Some(1 << 20) };
+    let meta_req = vec![
+        ("meta_statfs", MetaRequest::Statfs),
+        ("meta_lookup", MetaRequest::Lookup { parent: Handle::ROOT, name: name("a.txt") }),
+        ("meta_getattr", MetaRequest::Getattr { handle: Handle(7) }),
+        (
+            "meta_setattr",
+            MetaRequest::Setattr {
+                handle: Handle(7),
+                set: SetAttr { mode: Some(0o600), size: Some(10), ..Default::default() },
+            },
+        ),
+        (
+            "meta_create",
+            MetaRequest::Create {
+                parent: Handle::ROOT,
+                name: name("f"),
+                mode: 0o644,
+                uid: 0,
+                gid: 0,
+                layout: Some(spec),
+                rights: Rights::READ_WRITE,
+            },
+        ),
+        ("meta_open", MetaRequest::Open { handle: Handle(7), rights: Rights::READ }),
+        (
+            "meta_mkdir",
+            MetaRequest::Mkdir { parent: Handle::ROOT, name: name("d"), mode: 0o755, uid: 0, gid: 0 },
+        ),
+        ("meta_rmdir", MetaRequest::Rmdir { parent: Handle::ROOT, name: name("d") }),
+        ("meta_unlink", MetaRequest::Unlink { parent: Handle::ROOT, name: name("f") }),
+        (
+            "meta_rename",
+            MetaRequest::Rename {
+                src_parent: Handle::ROOT,
+                src_name: name("a"),
+                dst_parent: Handle(9),
+                dst_name: name("b"),
+            },
+        ),
+        ("meta_readdir", MetaRequest::Readdir { dir: Handle::ROOT, after: Some(name("m")), max: 100 }),
+        ("meta_getstripe", MetaRequest::GetStripe { handle: Handle(7) }),
+        ("meta_setstripe", MetaRequest::SetStripe { dir: Handle::ROOT, spec: Some(spec) }),
+    ];
+    let entries = BoundedVec::new(vec![DirEntry { name: name("x"), handle: Handle(3), kind: FileKind::Dir }])
+        .expect("one entry");
+    let meta_rep = vec![
+        ("metarep_statfs", MetaReply::Statfs(FsStats { files: 1, dirs: 2, io_servers: 4, name_max: 255 })),
+        ("metarep_entry", MetaReply::Entry { handle: Handle(7), attr: attr.clone() }),
+        ("metarep_attr", MetaReply::Attr(attr.clone())),
+        ("metarep_opened", MetaReply::Opened { handle: Handle(0x1234), attr, layout, cap: cap.clone() }),
+        ("metarep_done", MetaReply::Done),
+        ("metarep_dir", MetaReply::Dir { entries, more: true }),
+        ("metarep_stripe", MetaReply::Stripe { layout: Some(layout), default: Some(spec) }),
+        ("metarep_error", MetaReply::Error(ErrorReply::new(Errno::ENOENT, "no such entry"))),
+    ];
+    let list = Descriptor::list(vec![Extent::new(0, 4096), Extent::new(65536, 100)]).expect("two pieces");
+    let strided = Descriptor::Strided {
+        layout,
+        pnum: 2,
+        view: View { offset: 10, gsize: 100, stride: 1000 },
+        pos: 5,
+        len: 5000,
+    };
+    let io_req = vec![
+        ("io_ping", IoRequest::Ping),
+        ("io_create", IoRequest::CreateObject { cap: cap.clone() }),
+        ("io_remove", IoRequest::RemoveObject { cap: cap.clone() }),
+        ("io_truncate", IoRequest::TruncateObject { cap: cap.clone(), size: 12345 }),
+        ("io_getsize", IoRequest::GetSize { cap: cap.clone() }),
+        ("io_read_list", IoRequest::Read { cap: cap.clone(), desc: list.clone() }),
+        ("io_write_list", IoRequest::Write { cap: cap.clone(), desc: list }),
+        ("io_read_strided", IoRequest::Read { cap: cap.clone(), desc: strided.clone() }),
+        ("io_write_strided", IoRequest::Write { cap: cap.clone(), desc: strided }),
+        ("io_sync", IoRequest::Sync { cap }),
+        ("io_stats", IoRequest::Stats),
+    ];
+    let io_rep = vec![
+        ("iorep_pong", IoReply::Pong),
+        ("iorep_done", IoReply::Done),
+        ("iorep_size", IoReply::Size(99)),
+        ("iorep_read", IoReply::Read { bytes: 4196, local_size: 70000 }),
+        ("iorep_written", IoReply::Written { bytes: 4196 }),
+        ("iorep_stats", IoReply::Stats(ServerStats { reads: 1, writes: 2, ..Default::default() })),
+        ("iorep_error", IoReply::Error(ErrorReply::new(Errno::ENOSPC, "disk full"))),
+    ];
+    let mut out = Vec::new();
+    let mut id = 0u64;
+    let mut push = |name, bytes: Result<Vec<u8>, ProtoError>| {
+        out.push((name, bytes.expect("samples encode")));
+    };
+    for (n, m) in meta_req {
+        id += 1;
+        push(n, encode(&Envelope::new(id, m)));
+    }
+    for (n, m) in meta_rep {
+        id += 1;
+        push(n, encode(&Envelope::new(id, m)));
+    }
+    for (n, m) in io_req {
+        id += 1;
+        push(n, encode(&Envelope::new(id, m)));
+    }
+    for (n, m) in io_rep {
+        id += 1;
+        push(n, encode(&Envelope::new(id, m)));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cap() -> Capability {
+        crate::capability::CapabilityKey::new(b"test-cluster-key-0123").unwrap().mint(
+            Handle(5),
+            Rights::ALL,
+            10,
+            1,
+        )
+    }
+
+    #[test]
+    fn every_sample_round_trips() {
+        let samples = sample_messages();
+        assert!(samples.len() >= 39);
+        for (name, bytes) in &samples {
+            assert_eq!(&bytes[0..4], &MAGIC, "{name}");
+            let ok = decode::<MetaRequest>(bytes).is_ok() as u8
+                + decode::<MetaReply>(bytes).is_ok() as u8
+                + decode::<IoRequest>(bytes).is_ok() as u8
+                + decode::<IoReply>(bytes).is_ok() as u8;
+            assert_eq!(ok, 1, "{name} decodes as exactly one kind");
+            fuzz_one(bytes);
+        }
+    }
+
+    #[test]
+    fn unknown_version_is_a_typed_error_with_the_id() {
+        let mut b = encode(&Envelope::new(77, MetaRequest::Statfs)).unwrap();
+        b[4] = 9;
+        let e = decode::<MetaRequest>(&b).unwrap_err();
+        assert_eq!(e, DecodeError { id: Some(77), error: ProtoError::UnknownVersion { got: 9 } });
+        assert_eq!(e.error.errno(), Errno::EPROTONOSUPPORT);
+        let reply: Envelope<MetaReply> = error_reply(&e);
+        assert_eq!(reply.id, 77);
+        assert!(matches!(reply.body, MetaReply::Error(ErrorReply { code: Errno::EPROTONOSUPPORT, .. })));
+        encode(&reply).unwrap();
+    }
+
+    #[test]
+    fn wrong_magic_kind_truncation_and_trailing_bytes_are_refused() {
+        let b = encode(&Envelope::new(1, IoRequest::Ping)).unwrap();
+        assert_eq!(decode::<IoRequest>(&b[..3]).unwrap_err().error, ProtoError::Truncated(3));
+        let mut bad = b.clone();
+        bad[0] = b'X';
+        assert!(matches!(decode::<IoRequest>(&bad).unwrap_err().error, ProtoError::BadMagic(_)));
+        assert_eq!(decode::<IoReply>(&b).unwrap_err().error, ProtoError::WrongKind { got: 3, want: 4 });
+        let mut long = b.clone();
+        long.push(0);
+        assert_eq!(decode::<IoRequest>(&long).unwrap_err().error, ProtoError::TrailingBytes(1));
+        // A header with no body at all.
+        assert!(matches!(decode::<IoRequest>(&b[..HEADER_LEN]).unwrap_err().error, ProtoError::Malformed(_)));
+    }
+
+    #[test]
+    fn oversize_input_is_refused_before_decoding() {
+        let mut b = encode(&Envelope::new(5, IoRequest::Ping)).unwrap();
+        b.resize(MAX_MESSAGE + 1, 0);
+        let e = decode::<IoRequest>(&b).unwrap_err();
+        assert_eq!(e.id, Some(5));
+        assert_eq!(e.error.errno(), Errno::EMSGSIZE);
+    }
+
+    /// A hand-built body whose piece-list length prefix claims 2^32 entries: refused without
+    /// reserving room for them (postcard withholds a size hint larger than the input, and
+    /// `BoundedVec` reserves at most the hint).
+    #[test]
+    fn huge_list_prefix_is_refused_before_allocating() {
+        let mut b = encode(&Envelope::new(
+            1,
+            IoRequest::Read { cap: cap(), desc: Descriptor::list(vec![]).unwrap() },
+        ))
+        .unwrap();
+        // The body ends with: variant(Read)… cap… variant(List)=0, len=0. Replace len with a huge varint.
+        assert_eq!(b.pop(), Some(0));
+        b.extend_from_slice(&[0x80, 0x80, 0x80, 0x80, 0x10]);
+        let e = decode::<IoRequest>(&b).unwrap_err();
+        assert_eq!(e.id, Some(1));
+        assert!(matches!(e.error, ProtoError::Malformed(_)), "{e:?}");
+    }
+
+    #[test]
+    fn list_limits_are_enforced_both_ways() {
+        assert!(Descriptor::list(vec![Extent::new(0, 1); MAX_PIECES + 1]).is_err());
+        // A peer that encodes more than MAX_PIECES pieces anyway (bypassing BoundedVec::new).
+        let over = Descriptor::List(BoundedVec(vec![Extent::new(0, 1); MAX_PIECES + 1]));
+        let body = IoRequest::Write { cap: cap(), desc: over };
+        let mut b = MAGIC.to_vec();
+        b.extend_from_slice(&PROTO_VERSION.to_le_bytes());
+        b.push(IoRequest::KIND);
+        b.extend_from_slice(&3u64.to_le_bytes());
+        let b = postcard::to_extend(&body, b).unwrap();
+        assert!(b.len() < MAX_MESSAGE);
+        // postcard keeps no text for serde's custom errors, so this is a plain Malformed.
+        assert!(matches!(decode::<IoRequest>(&b).unwrap_err().error, ProtoError::Malformed(_)));
+        let exact = Descriptor::list(vec![Extent::new(0, 1); MAX_PIECES]).unwrap();
+        let b = encode(&Envelope::new(4, IoRequest::Write { cap: cap(), desc: exact })).unwrap();
+        assert!(decode::<IoRequest>(&b).is_ok());
+    }
+
+    #[test]
+    fn long_strings_are_refused() {
+        let ok = Name::new("n".repeat(MAX_NAME_WIRE)).unwrap();
+        assert!(encode(&Envelope::new(1, MetaRequest::Lookup { parent: Handle::ROOT, name: ok })).is_ok());
+        assert!(Name::new("n".repeat(MAX_NAME_WIRE + 1)).is_err());
+        let over =
+            MetaRequest::Lookup { parent: Handle::ROOT, name: BoundedString("n".repeat(MAX_NAME_WIRE + 1)) };
+        let mut b = MAGIC.to_vec();
+        b.extend_from_slice(&PROTO_VERSION.to_le_bytes());
+        b.push(MetaRequest::KIND);
+        b.extend_from_slice(&3u64.to_le_bytes());
+        let b = postcard::to_extend(&over, b).unwrap();
+        assert!(matches!(decode::<MetaRequest>(&b).unwrap_err().error, ProtoError::Malformed(_)));
+        let e = ErrorReply::new(Errno::EIO, "é".repeat(MAX_ERROR_TEXT));
+        assert!(e.message.len() <= MAX_ERROR_TEXT);
+    }
+
+    #[test]
+    fn largest_replies_fit_in_a_message() {
+        let name = Name::new("n".repeat(crate::meta::NAME_MAX)).unwrap();
+        let entry = DirEntry { name, handle: Handle(u64::MAX), kind: FileKind::File };
+        let entries = BoundedVec::new(vec![entry; MAX_READDIR]).unwrap();
+        let b = encode(&Envelope::new(u64::MAX, MetaReply::Dir { entries, more: true })).unwrap();
+        assert!(b.len() <= MAX_MESSAGE, "{}", b.len());
+        let pieces = vec![Extent::new(u64::MAX / 2, 1); MAX_PIECES];
+        let b = encode(&Envelope::new(
+            1,
+            IoRequest::Write { cap: cap(), desc: Descriptor::list(pieces).unwrap() },
+        ))
+        .unwrap();
+        assert!(b.len() <= MAX_MESSAGE, "{}", b.len());
+    }
+
+    #[test]
+    fn semantic_validation() {
+        let bad_layout = Layout { base: 0, pcount: 0, ssize: 1 };
+        let d = Descriptor::Strided { layout: bad_layout, pnum: 0, view: View::contiguous(), pos: 0, len: 1 };
+        assert!(encode(&Envelope::new(1, IoRequest::Read { cap: cap(), desc: d })).is_err());
+        let l = Layout { base: 0, pcount: 2, ssize: 1 };
+        let d = Descriptor::Strided { layout: l, pnum: 2, view: View::contiguous(), pos: 0, len: 1 };
+        assert_eq!(
+            encode(&Envelope::new(1, IoRequest::Read { cap: cap(), desc: d })).unwrap_err(),
+            ProtoError::Invalid("pnum")
+        );
+        let tiny = View { offset: 0, gsize: 1, stride: 2 };
+        let d = Descriptor::Strided { layout: l, pnum: 0, view: tiny, pos: 0, len: MAX_VIEW_BLOCKS + 1 };
+        assert!(matches!(
+            encode(&Envelope::new(1, IoRequest::Read { cap: cap(), desc: d })).unwrap_err(),
+            ProtoError::Limit { what: "view blocks", .. }
+        ));
+        let d = Descriptor::list(vec![Extent::new(u64::MAX, 1)]).unwrap();
+        assert!(encode(&Envelope::new(1, IoRequest::Write { cap: cap(), desc: d })).is_err());
+        let d = Descriptor::list(vec![Extent::new(0, MAX_IO_BYTES), Extent::new(0, 1)]).unwrap();
+        assert!(encode(&Envelope::new(1, IoRequest::Write { cap: cap(), desc: d })).is_err());
+        let set = SetAttr { atime: Some(Timestamp { secs: 0, nsecs: 1_000_000_000 }), ..Default::default() };
+        assert!(encode(&Envelope::new(1, MetaRequest::Setattr { handle: Handle(2), set })).is_err());
+        let r = MetaRequest::Readdir { dir: Handle::ROOT, after: None, max: 0 };
+        assert_eq!(encode(&Envelope::new(1, r)).unwrap_err().errno(), Errno::EINVAL);
+    }
+
+    #[test]
+    fn strided_descriptor_matches_the_client_plan() {
+        let layout = Layout { base: 1, pcount: 3, ssize: 64 };
+        let view = View { offset: 7, gsize: 50, stride: 130 };
+        let plan = layout.plan(view.extents(3, 2000).unwrap());
+        for sp in plan {
+            let d = Descriptor::Strided { layout, pnum: sp.pnum, view, pos: 3, len: 2000 };
+            assert_eq!(d.pieces().collect::<Vec<_>>(), sp.pieces);
+            assert_eq!(d.total(), sp.bytes);
+        }
+    }
+
+    proptest::proptest! {
+        /// Random bodies behind a valid header reach the body decoder of every kind.
+        #[test]
+        fn random_bodies_never_panic(kind in 1u8..=4, body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
+            let mut b = MAGIC.to_vec();
+            b.extend_from_slice(&PROTO_VERSION.to_le_bytes());
+            b.push(kind);
+            b.extend_from_slice(&9u64.to_le_bytes());
+            b.extend_from_slice(&body);
+            fuzz_one(&b);
+        }
+    }
+
+    #[test]
+    fn truncated_prefixes_never_panic() {
+        for (_, bytes) in sample_messages() {
+            for n in 0..bytes.len() {
+                fuzz_one(&bytes[..n]);
+            }
+            for i in HEADER_LEN..bytes.len() {
+                let mut b = bytes.clone();
+                b[i] ^= 0xff;
+                fuzz_one(&b);
+            }
+        }
+    }
+}

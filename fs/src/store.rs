@@ -1,0 +1,550 @@
+//! An io server's object storage: one local file per handle, in hashed subdirectories of a data
+//! directory (`<dir>/ab/cd/<handle as 16 hex digits>`), like PVFS1's `ino mod 101` directories
+//! but spread by a hash so sequential handles do not pile into one directory.
+//!
+//! Data moves as *streams*: a descriptor's local pieces, in order, are read into or written from
+//! consecutive bytes of a buffer. A [`PieceCursor`] walks the pieces so a request can be served
+//! one transfer unit at a time (pipelined with the network) without expanding the descriptor.
+//! Reads of holes and of bytes past the local end return zeros: the local file of one server may
+//! be shorter than the logical file when the file is sparse; the reply's local size lets the
+//! client tell a hole from the end of file.
+//!
+//! Open files are kept in a bounded LRU cache ([`StoreConfig::max_open`]); OS errors are mapped
+//! to protocol codes ([`StoreError::errno`]: `ENOSPC`, `EIO`, …), never panics.
+
+use crate::errno::Errno;
+use crate::layout::Piece;
+use crate::proto::Handle;
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tracing::{debug, warn};
+
+/// Largest local file offset: `off_t` is signed.
+pub const MAX_OBJECT_SIZE: u64 = i64::MAX as u64;
+
+/// Store settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// Most files held open at once (default 256). Each costs one file descriptor; the least
+    /// recently used is closed to make room.
+    pub max_open: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig { max_open: 256 }
+    }
+}
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// No object for this handle.
+    #[error("no object for handle {0}")]
+    NotFound(Handle),
+    /// A piece ends past [`MAX_OBJECT_SIZE`].
+    #[error("offset beyond the largest object size")]
+    TooLarge,
+    /// The OS refused.
+    #[error("{op} {handle}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which object.
+        handle: Handle,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl StoreError {
+    /// The code sent to the peer.
+    pub fn errno(&self) -> Errno {
+        match self {
+            StoreError::NotFound(_) => Errno::ENOENT,
+            StoreError::TooLarge => Errno::EFBIG,
+            StoreError::Io { source, .. } => Errno::from_io(source),
+        }
+    }
+}
+
+/// Walks a descriptor's pieces a few bytes at a time.
+#[derive(Debug)]
+pub struct PieceCursor<I> {
+    pieces: I,
+    cur: Option<Piece>,
+}
+
+impl<I: Iterator<Item = Piece>> PieceCursor<I> {
+    /// A cursor at the start of `pieces`.
+    pub fn new(pieces: impl IntoIterator<Item = Piece, IntoIter = I>) -> Self {
+        PieceCursor { pieces: pieces.into_iter(), cur: None }
+    }
+
+    /// The next piece of at most `max` bytes (`None` when the stream is done).
+    pub fn next_piece(&mut self, max: u64) -> Option<Piece> {
+        if max == 0 {
+            return None;
+        }
+        let p = loop {
+            match self.cur.take() {
+                Some(p) if p.len > 0 => break p,
+                Some(_) => {}
+                None => self.cur = Some(self.pieces.next()?),
+            }
+        };
+        let n = p.len.min(max);
+        if n < p.len {
+            self.cur = Some(Piece::new(p.off.saturating_add(n), p.len - n));
+        }
+        Some(Piece::new(p.off, n))
+    }
+}
+
+struct FdCache {
+    files: HashMap<Handle, (Arc<File>, u64)>,
+    tick: u64,
+    cap: usize,
+}
+
+impl FdCache {
+    fn get(&mut self, h: Handle) -> Option<Arc<File>> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.files.get_mut(&h).map(|(f, t)| {
+            *t = tick;
+            f.clone()
+        })
+    }
+
+    fn insert(&mut self, h: Handle, f: Arc<File>) {
+        if self.cap == 0 {
+            return;
+        }
+        if !self.files.contains_key(&h) && self.files.len() >= self.cap {
+            // O(cap) scan; cap is a few hundred and misses already cost an open(2).
+            if let Some(old) = self.files.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k) {
+                self.files.remove(&old);
+            }
+        }
+        self.tick += 1;
+        self.files.insert(h, (f, self.tick));
+    }
+}
+
+/// Where an object's bytes are: one file per handle under a data directory.
+pub struct ObjectStore {
+    root: PathBuf,
+    cache: Mutex<FdCache>,
+}
+
+impl std::fmt::Debug for ObjectStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectStore")
+            .field("root", &self.root)
+            .field("open_files", &self.open_files())
+            .finish()
+    }
+}
+
+/// splitmix64's finalizer: spreads sequential handles over the 65536 subdirectories.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn fsync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+impl ObjectStore {
+    /// Opens (creating) the data directory `root`.
+    pub fn open(root: impl Into<PathBuf>, cfg: StoreConfig) -> io::Result<Self> {
+        let root = root.into();
+        std::fs::create_dir_all(&root)?;
+        Ok(ObjectStore {
+            root,
+            cache: Mutex::new(FdCache { files: HashMap::new(), tick: 0, cap: cfg.max_open }),
+        })
+    }
+
+    /// The data directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Local path of `h`'s object.
+    pub fn path_of(&self, h: Handle) -> PathBuf {
+        let m = mix(h.0);
+        self.root
+            .join(format!("{:02x}", m >> 56))
+            .join(format!("{:02x}", (m >> 48) & 0xff))
+            .join(format!("{:016x}", h.0))
+    }
+
+    fn cache(&self) -> MutexGuard<'_, FdCache> {
+        // A panic while holding the lock cannot leave the map inconsistent (single inserts and
+        // removes), so a poisoned lock is still usable.
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Files currently held open.
+    pub fn open_files(&self) -> usize {
+        self.cache().files.len()
+    }
+
+    fn file(&self, h: Handle) -> Result<Arc<File>, StoreError> {
+        if let Some(f) = self.cache().get(h) {
+            return Ok(f);
+        }
+        let f = match OpenOptions::new().read(true).write(true).open(self.path_of(h)) {
+            Ok(f) => Arc::new(f),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::NotFound(h)),
+            Err(source) => return Err(StoreError::Io { op: "open", handle: h, source }),
+        };
+        self.cache().insert(h, f.clone());
+        Ok(f)
+    }
+
+    /// Creates `h`'s object (empty) and makes it durable: the file, its directory entry and any
+    /// new subdirectories are fsynced. Idempotent, so the meta server can retry; returns whether
+    /// the object is new.
+    pub fn create(&self, h: Handle) -> Result<bool, StoreError> {
+        let io = |op| move |source| StoreError::Io { op, handle: h, source };
+        let path = self.path_of(h);
+        let leaf = path.parent().unwrap_or(&self.root);
+        let mid = leaf.parent().unwrap_or(&self.root);
+        let new_mid = !mid.exists();
+        let new_leaf = !leaf.exists();
+        std::fs::create_dir_all(leaf).map_err(io("mkdir"))?;
+        let (f, created) = match OpenOptions::new().read(true).write(true).create_new(true).open(&path) {
+            Ok(f) => (f, true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                (OpenOptions::new().read(true).write(true).open(&path).map_err(io("open"))?, false)
+            }
+            Err(e) => return Err(io("create")(e)),
+        };
+        if created {
+            f.sync_all().map_err(io("fsync"))?;
+            fsync_dir(leaf).map_err(io("fsync dir"))?;
+            if new_leaf {
+                fsync_dir(mid).map_err(io("fsync dir"))?;
+            }
+            if new_mid {
+                fsync_dir(&self.root).map_err(io("fsync dir"))?;
+            }
+            debug!(handle = %h, "object created");
+        }
+        self.cache().insert(h, Arc::new(f));
+        Ok(created)
+    }
+
+    /// True if `h` has an object.
+    pub fn exists(&self, h: Handle) -> bool {
+        self.path_of(h).exists()
+    }
+
+    /// Removes `h`'s object (durably). `NotFound` if there is none, which a retrying meta
+    /// server treats as done.
+    pub fn remove(&self, h: Handle) -> Result<(), StoreError> {
+        self.cache().files.remove(&h);
+        let path = self.path_of(h);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::NotFound(h)),
+            Err(source) => return Err(StoreError::Io { op: "remove", handle: h, source }),
+        }
+        if let Some(dir) = path.parent() {
+            fsync_dir(dir).map_err(|source| StoreError::Io { op: "fsync dir", handle: h, source })?;
+        }
+        debug!(handle = %h, "object removed");
+        Ok(())
+    }
+
+    /// Sets the local size (down drops data, up adds a hole).
+    pub fn truncate(&self, h: Handle, size: u64) -> Result<(), StoreError> {
+        if size > MAX_OBJECT_SIZE {
+            return Err(StoreError::TooLarge);
+        }
+        self.file(h)?.set_len(size).map_err(|source| StoreError::Io { op: "truncate", handle: h, source })
+    }
+
+    /// The local size.
+    pub fn size(&self, h: Handle) -> Result<u64, StoreError> {
+        Ok(self.file(h)?.metadata().map_err(|source| StoreError::Io { op: "stat", handle: h, source })?.len())
+    }
+
+    /// fsync: data and metadata of `h` reach the disk.
+    pub fn sync(&self, h: Handle) -> Result<(), StoreError> {
+        self.file(h)?.sync_all().map_err(|source| StoreError::Io { op: "fsync", handle: h, source })
+    }
+
+    /// Fills `buf` with the next `buf.len()` bytes of the stream (fewer only if the cursor runs
+    /// out). Holes and bytes past the local end read as zeros. Returns the bytes filled.
+    pub fn read_stream<I: Iterator<Item = Piece>>(
+        &self,
+        h: Handle,
+        cursor: &mut PieceCursor<I>,
+        buf: &mut [u8],
+    ) -> Result<usize, StoreError> {
+        let f = self.file(h)?;
+        let mut at = 0usize;
+        while let Some(p) = cursor.next_piece((buf.len() - at) as u64) {
+            // p.len <= buf.len() - at, so it fits in usize.
+            let dst = &mut buf[at..at + p.len as usize];
+            read_full_at(&f, dst, p.off).map_err(|source| StoreError::Io {
+                op: "read",
+                handle: h,
+                source,
+            })?;
+            at += dst.len();
+        }
+        Ok(at)
+    }
+
+    /// Writes `data` to the next `data.len()` bytes of the stream (fewer only if the cursor runs
+    /// out). Returns the bytes written. On a disk error (e.g. `ENOSPC`) the caller must still
+    /// consume the rest of the client's stream before replying, to stay in sync.
+    pub fn write_stream<I: Iterator<Item = Piece>>(
+        &self,
+        h: Handle,
+        cursor: &mut PieceCursor<I>,
+        data: &[u8],
+    ) -> Result<usize, StoreError> {
+        let f = self.file(h)?;
+        let mut at = 0usize;
+        while let Some(p) = cursor.next_piece((data.len() - at) as u64) {
+            if p.end().is_none_or(|e| e > MAX_OBJECT_SIZE) {
+                return Err(StoreError::TooLarge);
+            }
+            let src = &data[at..at + p.len as usize];
+            f.write_all_at(src, p.off).map_err(|source| {
+                warn!(handle = %h, off = p.off, len = p.len, error = %source, "write failed");
+                StoreError::Io { op: "write", handle: h, source }
+            })?;
+            at += src.len();
+        }
+        Ok(at)
+    }
+
+    /// Reads all of `pieces` into `buf` (which must be exactly their total size).
+    pub fn read(&self, h: Handle, pieces: &[Piece], buf: &mut [u8]) -> Result<usize, StoreError> {
+        self.read_stream(h, &mut PieceCursor::new(pieces.iter().copied()), buf)
+    }
+
+    /// Writes `data` to `pieces` (whose total must be `data.len()`).
+    pub fn write(&self, h: Handle, pieces: &[Piece], data: &[u8]) -> Result<usize, StoreError> {
+        self.write_stream(h, &mut PieceCursor::new(pieces.iter().copied()), data)
+    }
+}
+
+/// `pread` until `dst` is full; past EOF the rest is zeros.
+fn read_full_at(f: &File, dst: &mut [u8], off: u64) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < dst.len() {
+        let Some(pos) = off.checked_add(done as u64).filter(|&p| p <= MAX_OBJECT_SIZE) else { break };
+        match f.read_at(&mut dst[done..], pos) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    dst[done..].fill(0);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{Extent, Layout, View};
+    use std::process::Command;
+
+    fn store() -> (tempfile::TempDir, ObjectStore) {
+        let d = tempfile::tempdir().unwrap();
+        let s = ObjectStore::open(d.path().join("data"), StoreConfig::default()).unwrap();
+        (d, s)
+    }
+
+    const H: Handle = Handle(0x1234);
+
+    #[test]
+    fn hashed_layout() {
+        let (_d, s) = store();
+        let p = s.path_of(H);
+        let rel = p.strip_prefix(s.root()).unwrap();
+        let parts: Vec<_> = rel.iter().map(|c| c.to_str().unwrap().to_owned()).collect();
+        assert_eq!(parts.len(), 3);
+        assert!(parts[..2].iter().all(|c| c.len() == 2 && c.chars().all(|ch| ch.is_ascii_hexdigit())));
+        assert_eq!(parts[2], "0000000000001234");
+        let top: std::collections::HashSet<_> =
+            (1..1001).map(|h| s.path_of(Handle(h)).parent().unwrap().to_owned()).collect();
+        assert!(top.len() > 900, "sequential handles spread out: {} directories", top.len());
+        assert!(s.create(H).unwrap());
+        assert!(p.is_file());
+    }
+
+    #[test]
+    fn create_is_idempotent_and_remove_reports_missing() {
+        let (_d, s) = store();
+        assert!(!s.exists(H));
+        assert!(s.create(H).unwrap());
+        s.write(H, &[Extent::new(0, 3)], b"abc").unwrap();
+        assert!(!s.create(H).unwrap(), "second create keeps the data");
+        assert_eq!(s.size(H).unwrap(), 3);
+        s.remove(H).unwrap();
+        assert!(!s.exists(H));
+        let e = s.remove(H).unwrap_err();
+        assert!(matches!(e, StoreError::NotFound(H)));
+        assert_eq!(e.errno(), Errno::ENOENT);
+        assert!(matches!(s.size(H), Err(StoreError::NotFound(H))), "removal evicts the cached fd");
+        let mut b = [0u8; 1];
+        assert!(matches!(s.read(H, &[Extent::new(0, 1)], &mut b), Err(StoreError::NotFound(H))));
+    }
+
+    #[test]
+    fn holes_and_past_eof_read_as_zeros() {
+        let (_d, s) = store();
+        s.create(H).unwrap();
+        s.write(H, &[Extent::new(100, 4)], b"data").unwrap();
+        assert_eq!(s.size(H).unwrap(), 104);
+        let mut buf = vec![0xffu8; 20];
+        // A hole, the data, then past the local end.
+        let n =
+            s.read(H, &[Extent::new(90, 10), Extent::new(100, 4), Extent::new(200, 6)], &mut buf).unwrap();
+        assert_eq!(n, 20);
+        assert_eq!(&buf[..10], &[0; 10]);
+        assert_eq!(&buf[10..14], b"data");
+        assert_eq!(&buf[14..], &[0; 6]);
+    }
+
+    #[test]
+    fn truncate_down_and_up() {
+        let (_d, s) = store();
+        s.create(H).unwrap();
+        s.write(H, &[Extent::new(0, 10)], b"0123456789").unwrap();
+        s.truncate(H, 4).unwrap();
+        assert_eq!(s.size(H).unwrap(), 4);
+        s.truncate(H, 8).unwrap();
+        let mut buf = [0xffu8; 8];
+        s.read(H, &[Extent::new(0, 8)], &mut buf).unwrap();
+        assert_eq!(&buf, b"0123\0\0\0\0");
+        assert!(matches!(s.truncate(H, u64::MAX), Err(StoreError::TooLarge)));
+        s.sync(H).unwrap();
+    }
+
+    #[test]
+    fn streams_in_transfer_units_match_one_shot() {
+        let (_d, s) = store();
+        s.create(H).unwrap();
+        let layout = Layout { base: 0, pcount: 3, ssize: 7 };
+        let view = View::new(5, 11, 29).unwrap();
+        let pieces: Vec<_> = layout.server_pieces(1, view.extents(0, 500).unwrap()).collect();
+        let total: u64 = pieces.iter().map(|p| p.len).sum();
+        let data: Vec<u8> = (0..total).map(|i| (i * 7 % 251) as u8).collect();
+        // Write in 13-byte transfer units through one cursor.
+        let mut cur = PieceCursor::new(pieces.iter().copied());
+        for chunk in data.chunks(13) {
+            assert_eq!(s.write_stream(H, &mut cur, chunk).unwrap(), chunk.len());
+        }
+        assert_eq!(s.write_stream(H, &mut cur, b"extra").unwrap(), 0, "cursor exhausted");
+        let mut back = vec![0u8; data.len()];
+        assert_eq!(s.read(H, &pieces, &mut back).unwrap(), data.len());
+        assert_eq!(back, data);
+        // And read back in 5-byte units.
+        let mut cur = PieceCursor::new(pieces.iter().copied());
+        let mut again = Vec::new();
+        let mut unit = [0u8; 5];
+        loop {
+            let n = s.read_stream(H, &mut cur, &mut unit).unwrap();
+            if n == 0 {
+                break;
+            }
+            again.extend_from_slice(&unit[..n]);
+        }
+        assert_eq!(again, data);
+    }
+
+    #[test]
+    fn write_past_max_size_is_efbig() {
+        let (_d, s) = store();
+        s.create(H).unwrap();
+        let e = s.write(H, &[Extent::new(MAX_OBJECT_SIZE, 1)], b"x").unwrap_err();
+        assert_eq!(e.errno(), Errno::EFBIG);
+    }
+
+    #[test]
+    fn open_file_cache_is_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let s = ObjectStore::open(d.path(), StoreConfig { max_open: 4 }).unwrap();
+        for h in 1..=10 {
+            s.create(Handle(h)).unwrap();
+            s.write(Handle(h), &[Extent::new(0, 1)], &[h as u8]).unwrap();
+            assert!(s.open_files() <= 4);
+        }
+        assert_eq!(s.open_files(), 4);
+        // Evicted objects reopen transparently.
+        for h in 1..=10 {
+            let mut b = [0u8];
+            s.read(Handle(h), &[Extent::new(0, 1)], &mut b).unwrap();
+            assert_eq!(b[0], h as u8);
+        }
+        let s0 = ObjectStore::open(d.path(), StoreConfig { max_open: 0 }).unwrap();
+        assert_eq!(s0.size(Handle(3)).unwrap(), 1);
+        assert_eq!(s0.open_files(), 0);
+    }
+
+    #[test]
+    fn enospc_maps_to_its_code() {
+        let e = StoreError::Io { op: "write", handle: H, source: io::Error::from_raw_os_error(libc::ENOSPC) };
+        assert_eq!(e.errno(), Errno::ENOSPC);
+        let e = StoreError::Io { op: "write", handle: H, source: io::Error::from_raw_os_error(libc::EIO) };
+        assert_eq!(e.errno(), Errno::EIO);
+    }
+
+    /// A real full disk: a 64 KiB tmpfs. Needs mount privileges; skipped (with the reason
+    /// printed) without them.
+    #[test]
+    fn full_disk_returns_enospc_and_store_stays_usable() {
+        struct Mount(tempfile::TempDir);
+        impl Drop for Mount {
+            fn drop(&mut self) {
+                let _ = Command::new("umount").arg(self.0.path()).status();
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let out =
+            Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"]).arg(dir.path()).output();
+        match out {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => {
+                eprintln!("skipping: cannot mount tmpfs: {}", String::from_utf8_lossy(&o.stderr).trim());
+                return;
+            }
+            Err(e) => {
+                eprintln!("skipping: cannot run mount: {e}");
+                return;
+            }
+        }
+        let m = Mount(dir);
+        let s = ObjectStore::open(m.0.path().join("data"), StoreConfig::default()).unwrap();
+        s.create(H).unwrap();
+        let big = vec![7u8; 1 << 20];
+        let e = s.write(H, &[Extent::new(0, big.len() as u64)], &big).unwrap_err();
+        assert_eq!(e.errno(), Errno::ENOSPC, "{e}");
+        // Freeing space makes the object writable again.
+        s.truncate(H, 0).unwrap();
+        s.write(H, &[Extent::new(0, 4)], b"ok!!").unwrap();
+        let mut b = [0u8; 4];
+        s.read(H, &[Extent::new(0, 4)], &mut b).unwrap();
+        assert_eq!(&b, b"ok!!");
+        drop(s);
+    }
+}

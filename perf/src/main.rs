@@ -1,0 +1,589 @@
+//! `ionet-perf`: latency, bandwidth and message rate over ionet, like `ucx_perftest`, with the
+//! raw-socket baselines (busy-poll and blocking ping-pong, a streamer, and iperf3 when
+//! installed) measured in the same run so every figure is a ratio.
+
+mod over_ionet;
+mod params;
+mod procs;
+mod raw;
+mod run;
+mod stats;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use ionet::{Config, Endpoint, Mechanism, Policy, Scheme, ServiceLevel, WaitMode};
+
+use params::{Params, Test};
+use procs::ServerProc;
+use run::RunResult;
+use stats::Summary;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ionet-perf",
+    version,
+    about = "ionet latency / bandwidth / message-rate tool with same-run baselines"
+)]
+struct Cli {
+    /// Print the mechanism table (thresholds per service level) for --transport and exit.
+    #[arg(long)]
+    show_policy: bool,
+    /// Transport for --show-policy: tcp, softib or ib.
+    #[arg(long, default_value = "tcp")]
+    transport: String,
+    /// Pin this process to one CPU (the comparison pins client and server to different CPUs
+    /// so blocking wake-ups always cross CPUs, as between two hosts).
+    #[arg(long, global = true)]
+    cpu: Option<usize>,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+fn pin(cpu: Option<usize>) -> Result<(), BoxErr> {
+    if let Some(c) = cpu {
+        let mut set = nix::sched::CpuSet::new();
+        set.set(c)?;
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
+    }
+    Ok(())
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Serve perf tests on an ionet address (prints `LISTEN <addr>`).
+    Server {
+        #[arg(long, default_value = "tcp://127.0.0.1:0")]
+        listen: String,
+        #[arg(long, default_value = "block", value_parser = parse_wait)]
+        wait: WaitMode,
+    },
+    /// Serve the raw-socket baselines on host:port (prints `LISTEN <addr>`).
+    RawServer {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+    },
+    /// Run tests against a server.
+    Client {
+        #[arg(long)]
+        connect: String,
+        #[arg(long, value_enum, default_value = "lat")]
+        test: Test,
+        /// Sizes: a list (`8,4k,1m`) or a power-of-two sweep (`1:16m`).
+        #[arg(long, default_value = "8")]
+        sizes: String,
+        /// Iterations per run (default: about half a second's worth).
+        #[arg(long)]
+        iters: Option<usize>,
+        /// Messages in flight for bw / bibw / msgrate.
+        #[arg(long, default_value_t = 64)]
+        window: usize,
+        #[arg(long, default_value = "block", value_parser = parse_wait)]
+        wait: WaitMode,
+        /// Repeated runs per size (the median and spread are reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Check every payload byte.
+        #[arg(long)]
+        verify: bool,
+        #[arg(long, default_value = "normal", value_parser = parse_sl)]
+        sl: ServiceLevel,
+        /// Force one mechanism instead of the communication manager's choice.
+        #[arg(long)]
+        mechanism: Option<Mechanism>,
+        /// Append per-run rows to this CSV file.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+    /// Loopback self-test: starts its own server, checks data integrity, prints a table.
+    Selftest {
+        #[arg(long, default_value = "tcp")]
+        transport: String,
+    },
+    /// Side-by-side comparison against raw-socket baselines (and iperf3 when installed).
+    Compare {
+        #[arg(long, default_value = "tcp")]
+        transport: String,
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Shorter runs (a smoke check, not for BENCHMARKS.md).
+        #[arg(long)]
+        quick: bool,
+        /// Per-run rows.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// Markdown summary.
+        #[arg(long)]
+        markdown: Option<PathBuf>,
+    },
+}
+
+fn parse_wait(s: &str) -> Result<WaitMode, String> {
+    s.parse()
+}
+
+fn parse_sl(s: &str) -> Result<ServiceLevel, String> {
+    ServiceLevel::ALL
+        .into_iter()
+        .find(|sl| sl.name() == s)
+        .ok_or_else(|| format!("unknown service level {s}"))
+}
+
+fn parse_scheme(s: &str) -> Result<Scheme, String> {
+    match s {
+        "tcp" => Ok(Scheme::Tcp),
+        "softib" => Ok(Scheme::SoftIb),
+        "ib" => Ok(Scheme::Ib),
+        _ => Err(format!("unknown transport {s} (tcp, softib, ib)")),
+    }
+}
+
+/// `8,4k,1m` or `1:16m` (powers of two).
+fn parse_sizes(s: &str) -> Result<Vec<usize>, String> {
+    let size = |t: &str| ionet::comm::parse_size(t).ok_or_else(|| format!("bad size {t:?}"));
+    if let Some((a, b)) = s.split_once(':') {
+        let (mut x, hi) = (size(a)?.max(1), size(b)?);
+        let mut v = Vec::new();
+        while x <= hi {
+            v.push(x);
+            x *= 2;
+        }
+        Ok(v)
+    } else {
+        s.split(',').map(size).collect()
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run_cli(cli) {
+        eprintln!("ionet-perf: {e}");
+        std::process::exit(1);
+    }
+}
+
+type BoxErr = Box<dyn std::error::Error>;
+
+fn run_cli(cli: Cli) -> Result<(), BoxErr> {
+    pin(cli.cpu)?;
+    if cli.show_policy {
+        let scheme = parse_scheme(&cli.transport)?;
+        print!("{}", Policy::for_scheme(scheme).table(scheme));
+        return Ok(());
+    }
+    match cli.cmd {
+        None => {
+            eprintln!("nothing to do: try `ionet-perf selftest` or `ionet-perf --help`");
+            Ok(())
+        }
+        Some(Cmd::Server { listen, wait }) => {
+            let ep = Endpoint::bind(listen.as_str(), Config::default().wait_mode(wait))?;
+            println!("LISTEN {}", ep.local_addr().ok_or("no local address")?);
+            std::io::stdout().flush()?;
+            over_ionet::serve(&ep)?;
+            Ok(())
+        }
+        Some(Cmd::RawServer { listen }) => {
+            let l = std::net::TcpListener::bind(&listen)?;
+            println!("LISTEN {}", l.local_addr()?);
+            std::io::stdout().flush()?;
+            raw::serve(l)?;
+            Ok(())
+        }
+        Some(Cmd::Client { connect, test, sizes, iters, window, wait, runs, verify, sl, mechanism, csv }) => {
+            let mut cfg = Config::default().wait_mode(wait);
+            if let Some(m) = mechanism {
+                let scheme = connect.parse::<ionet::Address>()?.scheme();
+                let mut p = Policy::for_scheme(scheme);
+                p.force(Some(m));
+                cfg = cfg.policy(p);
+            }
+            let ep = Endpoint::client(cfg)?;
+            let peer = ep.connect(connect.as_str())?;
+            let mut w = csv_writer(csv.as_ref())?;
+            println!("# {} {:?} wait={} sl={} runs={runs}", connect, test, wait.name(), sl);
+            for size in parse_sizes(&sizes)? {
+                let p = Params {
+                    test,
+                    size,
+                    iters: iters
+                        .unwrap_or_else(|| over_ionet::iters_for(test, size, Duration::from_millis(500))),
+                    window: if test == Test::Lat { 1 } else { window },
+                    sl,
+                    verify,
+                    spin: false,
+                };
+                let mut rs = Vec::new();
+                for r in 0..runs {
+                    let res = over_ionet::run(&ep, peer, &p, None)?;
+                    write_row(&mut w, "client", "ionet", wait.name(), &res, r)?;
+                    rs.push(res);
+                }
+                println!("{}", describe(test, size, &rs));
+            }
+            Ok(())
+        }
+        Some(Cmd::Selftest { transport }) => selftest(parse_scheme(&transport)?),
+        Some(Cmd::Compare { transport, runs, quick, csv, markdown }) => {
+            compare(parse_scheme(&transport)?, runs.max(1), quick, csv, markdown)
+        }
+    }
+}
+
+fn csv_writer(path: Option<&PathBuf>) -> Result<Option<csv::Writer<std::fs::File>>, BoxErr> {
+    let Some(path) = path else { return Ok(None) };
+    let fresh = !path.exists();
+    let f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(f);
+    if fresh {
+        w.write_record([
+            "experiment",
+            "impl",
+            "wait",
+            "test",
+            "size",
+            "run",
+            "secs",
+            "gbytes_per_s",
+            "msgs_per_s",
+            "rtt_p50_us",
+            "rtt_p99_us",
+            "client_cpu_s_per_gb",
+            "server_cpu_s_per_gb",
+        ])?;
+    }
+    Ok(Some(w))
+}
+
+fn write_row(
+    w: &mut Option<csv::Writer<std::fs::File>>,
+    experiment: &str,
+    imp: &str,
+    wait: &str,
+    r: &RunResult,
+    run: usize,
+) -> Result<(), BoxErr> {
+    if let Some(w) = w {
+        let opt = |x: Option<f64>| x.map(|v| format!("{v:.3}")).unwrap_or_default();
+        w.write_record([
+            experiment.to_string(),
+            imp.to_string(),
+            wait.to_string(),
+            format!("{:?}", r.test).to_lowercase(),
+            r.size.to_string(),
+            run.to_string(),
+            format!("{:.6}", r.secs),
+            format!("{:.4}", r.gbps()),
+            format!("{:.0}", r.msg_rate()),
+            opt(r.rtt_p50),
+            opt(r.rtt_p99),
+            format!("{:.4}", r.client_cpu_per_gb()),
+            opt(r.server_cpu_per_gb()),
+        ])?;
+        w.flush()?;
+    }
+    Ok(())
+}
+
+fn describe(test: Test, size: usize, rs: &[RunResult]) -> String {
+    match test {
+        Test::Lat => {
+            let s = Summary::of(&rs.iter().filter_map(|r| r.rtt_p50).collect::<Vec<_>>());
+            format!("{size:>10} B  RTT p50 {}", s.show("µs", 2))
+        }
+        Test::Msgrate => {
+            let s = Summary::of(&rs.iter().map(|r| r.msg_rate() / 1e6).collect::<Vec<_>>());
+            format!("{size:>10} B  {}", s.show("Mmsg/s", 3))
+        }
+        _ => {
+            let s = Summary::of(&rs.iter().map(|r| r.gbps()).collect::<Vec<_>>());
+            let c = Summary::of(&rs.iter().map(|r| r.client_cpu_per_gb()).collect::<Vec<_>>());
+            format!("{size:>10} B  {}  client CPU {}", s.show("GB/s", 3), c.show("s/GB", 3))
+        }
+    }
+}
+
+/// CPUs for the comparison: client and server apart, as on two hosts.
+const CLIENT_CPU: usize = 0;
+const SERVER_CPU: &str = "1";
+
+fn ionet_server(scheme: Scheme, wait: WaitMode) -> Result<ServerProc, BoxErr> {
+    let listen = format!("{scheme}://127.0.0.1:0");
+    Ok(ServerProc::spawn(&["server", "--listen", &listen, "--wait", wait.name(), "--cpu", SERVER_CPU])?)
+}
+
+fn selftest(scheme: Scheme) -> Result<(), BoxErr> {
+    println!("ionet-perf self-test over {scheme}:// (server in a child process, every byte verified)");
+    let srv = ionet_server(scheme, WaitMode::Block)?;
+    let ep = Endpoint::client(Config::default().wait_mode(WaitMode::Block))?;
+    let peer = ep.connect(srv.addr.as_str())?;
+    let info = ep.info();
+    println!("policy (eager/inline limit {} B, max message {} B):", info.eager_limit, info.max_message);
+    print!("{}", info.policy.table(scheme));
+    println!("{:>10}  {:>22}  {:>22}", "size", "RTT p50 (wait=block)", "bandwidth (window 16)");
+    for size in [8usize, 4096, 65536, 1 << 20, 4 << 20] {
+        let lat = Params {
+            test: Test::Lat,
+            size,
+            iters: 200,
+            window: 1,
+            sl: ServiceLevel::Normal,
+            verify: true,
+            spin: false,
+        };
+        let l = over_ionet::run(&ep, peer, &lat, Some(srv.pid()))?;
+        let iters = ((256 << 20) / size).clamp(32, 20_000) / 16 * 16;
+        let bw = Params {
+            test: Test::Bw,
+            size,
+            iters,
+            window: 16,
+            sl: ServiceLevel::Bulk,
+            verify: true,
+            spin: false,
+        };
+        let b = over_ionet::run(&ep, peer, &bw, Some(srv.pid()))?;
+        println!("{:>10}  {:>19.1} µs  {:>17.3} GB/s", size, l.rtt_p50.unwrap_or(0.0), b.gbps());
+    }
+    let c = ep.info().counters;
+    println!(
+        "ok: {} messages sent, {} received; mechanisms: {} inline, {} rendezvous; no errors",
+        c.msgs_sent, c.msgs_received, c.mech_inline, c.mech_server_rdma
+    );
+    Ok(())
+}
+
+struct Row {
+    what: String,
+    baseline: String,
+    base: Summary,
+    ours: Summary,
+    unit: &'static str,
+    lower_is_better: bool,
+}
+
+fn compare(
+    scheme: Scheme,
+    runs: usize,
+    quick: bool,
+    csv: Option<PathBuf>,
+    markdown: Option<PathBuf>,
+) -> Result<(), BoxErr> {
+    let mut w = csv_writer(csv.as_ref())?;
+    let scale = if quick { 0.1 } else { 1.0 };
+    let n = |x: f64| ((x * scale) as usize).max(64);
+    let mut rows: Vec<Row> = Vec::new();
+    pin(Some(CLIENT_CPU))?;
+    let raw_srv = ServerProc::spawn(&["raw-server", "--cpu", SERVER_CPU])?;
+    let mut raw_cli = raw::RawClient::connect(&raw_srv.addr)?;
+
+    // Latency, spin and block: raw and ionet interleaved run by run.
+    for (wait, iters) in [(WaitMode::Spin, n(20_000.0)), (WaitMode::Block, n(5_000.0))] {
+        let srv = ionet_server(scheme, wait)?;
+        let ep = Endpoint::client(Config::default().wait_mode(wait))?;
+        let peer = ep.connect(srv.addr.as_str())?;
+        let p = Params {
+            test: Test::Lat,
+            size: 8,
+            iters,
+            window: 1,
+            sl: ServiceLevel::Normal,
+            verify: false,
+            spin: wait == WaitMode::Spin,
+        };
+        // Warm up both paths.
+        raw_cli.run(&Params { iters: 1000, ..p }, None)?;
+        over_ionet::run(&ep, peer, &Params { iters: 1000, ..p }, None)?;
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for r in 0..runs {
+            let x = raw_cli.run(&p, Some(raw_srv.pid()))?;
+            write_row(&mut w, "lat8", "raw", wait.name(), &x, r)?;
+            a.push(x.rtt_p50.unwrap_or(f64::NAN));
+            let y = over_ionet::run(&ep, peer, &p, Some(srv.pid()))?;
+            write_row(&mut w, "lat8", "ionet", wait.name(), &y, r)?;
+            b.push(y.rtt_p50.unwrap_or(f64::NAN));
+        }
+        rows.push(Row {
+            what: format!("8 B ping-pong RTT p50, {} mode", wait.name()),
+            baseline: format!(
+                "raw {} TCP ping-pong",
+                if wait == WaitMode::Spin { "busy-poll" } else { "blocking" }
+            ),
+            base: Summary::of(&a),
+            ours: Summary::of(&b),
+            unit: "µs",
+            lower_is_better: true,
+        });
+    }
+
+    // Streaming bandwidth and CPU per GB, blocking waits on both sides.
+    let srv = ionet_server(scheme, WaitMode::Block)?;
+    let ep = Endpoint::client(Config::default().wait_mode(WaitMode::Block))?;
+    let peer = ep.connect(srv.addr.as_str())?;
+    for size in [1usize << 20, 4 << 20] {
+        let iters = n((2048usize << 20) as f64 / size as f64) / 64 * 64;
+        let p = Params {
+            test: Test::Bw,
+            size,
+            iters: iters.max(64),
+            window: 64,
+            sl: ServiceLevel::Bulk,
+            verify: false,
+            spin: false,
+        };
+        raw_cli.run(&Params { iters: 64, ..p }, None)?;
+        over_ionet::run(&ep, peer, &Params { iters: 64, ..p }, None)?;
+        let (mut a, mut b, mut ca, mut cb, mut sa, mut sb) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+        for r in 0..runs {
+            let x = raw_cli.run(&p, Some(raw_srv.pid()))?;
+            write_row(&mut w, "bw", "raw", "block", &x, r)?;
+            a.push(x.gbps());
+            ca.push(x.client_cpu_per_gb());
+            sa.push(x.server_cpu_per_gb().unwrap_or(f64::NAN));
+            let y = over_ionet::run(&ep, peer, &p, Some(srv.pid()))?;
+            write_row(&mut w, "bw", "ionet", "block", &y, r)?;
+            b.push(y.gbps());
+            cb.push(y.client_cpu_per_gb());
+            sb.push(y.server_cpu_per_gb().unwrap_or(f64::NAN));
+        }
+        let mib = size >> 20;
+        rows.push(Row {
+            what: format!("streaming bandwidth, {mib} MiB messages, window 64"),
+            baseline: format!("raw TCP streamer, {mib} MiB writes"),
+            base: Summary::of(&a),
+            ours: Summary::of(&b),
+            unit: "GB/s",
+            lower_is_better: false,
+        });
+        rows.push(Row {
+            what: format!("sender CPU per GB, {mib} MiB"),
+            baseline: "raw streamer sender".into(),
+            base: Summary::of(&ca),
+            ours: Summary::of(&cb),
+            unit: "s/GB",
+            lower_is_better: true,
+        });
+        rows.push(Row {
+            what: format!("receiver CPU per GB, {mib} MiB"),
+            baseline: "raw streamer receiver".into(),
+            base: Summary::of(&sa),
+            ours: Summary::of(&sb),
+            unit: "s/GB",
+            lower_is_better: true,
+        });
+    }
+    // iperf3, when installed, as the reference for single-stream loopback TCP.
+    if procs::have("iperf3") && scheme == Scheme::Tcp {
+        let mut v = Vec::new();
+        for _ in 0..runs.min(5) {
+            if let Some(gbit) = procs::iperf3("1M", if quick { 1 } else { 3 }) {
+                v.push(gbit / 8.0);
+            }
+        }
+        if !v.is_empty() {
+            let s = Summary::of(&v);
+            println!("iperf3 -l 1M (single stream): {}", s.show("GB/s", 3));
+            rows.push(Row {
+                what: "iperf3 -l 1M single stream (reference)".into(),
+                baseline: "iperf3 itself".into(),
+                base: s,
+                ours: s,
+                unit: "GB/s",
+                lower_is_better: false,
+            });
+        }
+    }
+    // Message rate: 64 B, window 64, against raw 64 B writes.
+    let iters = n(400_000.0) / 64 * 64;
+    let p = Params {
+        test: Test::Msgrate,
+        size: 64,
+        iters,
+        window: 64,
+        sl: ServiceLevel::Normal,
+        verify: false,
+        spin: false,
+    };
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for r in 0..runs {
+        let x = raw_cli.run(&Params { test: Test::Bw, ..p }, Some(raw_srv.pid()))?;
+        write_row(&mut w, "msgrate", "raw", "block", &x, r)?;
+        a.push(x.msg_rate() / 1e6);
+        let y = over_ionet::run(&ep, peer, &p, Some(srv.pid()))?;
+        write_row(&mut w, "msgrate", "ionet", "block", &y, r)?;
+        b.push(y.msg_rate() / 1e6);
+    }
+    rows.push(Row {
+        what: "64 B message rate, window 64, immediate sends".into(),
+        baseline: "raw 64 B writes (no framing, no matching)".into(),
+        base: Summary::of(&a),
+        ours: Summary::of(&b),
+        unit: "Mmsg/s",
+        lower_is_better: false,
+    });
+
+    // The same with batched sends: a window's posts leave in one writev.
+    let bep = Endpoint::client(Config::default().wait_mode(WaitMode::Block).batch_sends(true))?;
+    let bpeer = bep.connect(srv.addr.as_str())?;
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for r in 0..runs {
+        let x = raw_cli.run(&Params { test: Test::Bw, ..p }, Some(raw_srv.pid()))?;
+        a.push(x.msg_rate() / 1e6);
+        let y = over_ionet::run(&bep, bpeer, &p, Some(srv.pid()))?;
+        write_row(&mut w, "msgrate-batched", "ionet", "block", &y, r)?;
+        b.push(y.msg_rate() / 1e6);
+    }
+    rows.push(Row {
+        what: "64 B message rate, window 64, `batch_sends(true)`".into(),
+        baseline: "raw 64 B writes (no framing, no matching)".into(),
+        base: Summary::of(&a),
+        ours: Summary::of(&b),
+        unit: "Mmsg/s",
+        lower_is_better: false,
+    });
+
+    let md = render(scheme, runs, &rows);
+    println!("{md}");
+    if let Some(path) = markdown {
+        std::fs::write(path, md)?;
+    }
+    Ok(())
+}
+
+fn render(scheme: Scheme, runs: usize, rows: &[Row]) -> String {
+    let mut s = format!(
+        "| measurement ({scheme}) | baseline | baseline median (min–max) | ionet median (min–max) | ionet / baseline |\n|---|---|---|---|---|\n"
+    );
+    for r in rows {
+        let ratio = r.ours.median / r.base.median;
+        let better = if r.lower_is_better { "lower is better" } else { "higher is better" };
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {:.2}× ({better}) |\n",
+            r.what,
+            r.baseline,
+            r.base.show(r.unit, 3),
+            r.ours.show(r.unit, 3),
+            ratio
+        ));
+    }
+    s.push_str(&format!(
+        "\nMedians of {runs} runs (min–max in brackets), raw and ionet interleaved run by run; servers in child \
+         processes pinned to CPU {SERVER_CPU}, clients on CPU {CLIENT_CPU}.\n"
+    ));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_lists_and_sweeps_parse() {
+        assert_eq!(parse_sizes("8,4k,1m").unwrap(), vec![8, 4096, 1 << 20]);
+        assert_eq!(parse_sizes("1:8").unwrap(), vec![1, 2, 4, 8]);
+        assert_eq!(parse_sizes("16:64").unwrap(), vec![16, 32, 64]);
+        assert!(parse_sizes("x").is_err());
+    }
+}

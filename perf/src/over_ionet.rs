@@ -1,0 +1,223 @@
+//! The perf server and client over ionet's Endpoint API.
+
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use ionet::{Endpoint, Error, OpId, PeerId, RecvBuf, Result};
+
+use crate::params::{Params, Test, pattern};
+use crate::run::RunResult;
+use crate::stats;
+
+const TAG_PARAMS: u64 = 1;
+const TAG_READY: u64 = 2;
+const TAG_DATA: u64 = 3;
+const TAG_BACK: u64 = 4;
+const TAG_ACK: u64 = 5;
+
+fn wait_ok(ep: &Endpoint, op: OpId) -> Result<ionet::Completion> {
+    ep.wait(op)?.ok()
+}
+
+fn take_mut(c: ionet::Completion) -> BytesMut {
+    match c.buf.into_recv() {
+        Some(RecvBuf::Mut(b)) => b,
+        _ => BytesMut::new(),
+    }
+}
+
+/// A pre-faulted buffer: first touch of fresh memory costs ~2.5 s/GiB on the reference VM, so
+/// measurements must never pay it.
+fn prefaulted(len: usize) -> BytesMut {
+    let mut b = BytesMut::zeroed(len);
+    for i in (0..len).step_by(4096) {
+        b[i] = 1;
+    }
+    b
+}
+
+/// Receive buffers kept across runs, by size.
+#[derive(Default)]
+struct BufCache(Vec<BytesMut>);
+
+impl BufCache {
+    fn take(&mut self, len: usize) -> BytesMut {
+        match self.0.iter().position(|b| b.len() == len) {
+            Some(i) => self.0.swap_remove(i),
+            None => prefaulted(len),
+        }
+    }
+    fn give(&mut self, b: BytesMut) {
+        // Bound what is kept: the largest window of the largest size is enough.
+        if self.0.len() < 256 {
+            self.0.push(b);
+        }
+    }
+}
+
+/// Serves perf tests until the process is killed.
+pub fn serve(ep: &Endpoint) -> Result<()> {
+    let mut cache = BufCache::default();
+    loop {
+        let Some(u) = ep.recv_unexpected(None)? else { continue };
+        if u.tag != TAG_PARAMS {
+            continue;
+        }
+        let p = match Params::decode(&u.data) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("ionet-perf server: bad parameters from {}: {e}", u.peer);
+                continue;
+            }
+        };
+        if let Err(e) = serve_one(ep, u.peer, &p, &mut cache) {
+            eprintln!("ionet-perf server: run failed: {e}");
+        }
+    }
+}
+
+fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> Result<()> {
+    let sbuf = Bytes::from(if p.verify { pattern(p.size, 2) } else { prefaulted(p.size).to_vec() });
+    let mut rbufs: Vec<BytesMut> = (0..p.window).map(|_| cache.take(p.size)).collect();
+    let expect = p.verify.then(|| pattern(p.size, 1));
+    // Post the first receives before saying ready, so nothing arrives early.
+    let mut pending: Vec<OpId> = Vec::new();
+    match p.test {
+        Test::Lat => pending.push(ep.recv(peer, TAG_DATA, rbufs.pop().unwrap_or_default())?),
+        _ => {
+            for b in rbufs.drain(..) {
+                pending.push(ep.recv(peer, TAG_DATA, b)?);
+            }
+        }
+    }
+    wait_ok(ep, ep.send(peer, TAG_READY, Bytes::new(), p.sl)?)?;
+    let check = |c: &ionet::Completion| -> Result<()> {
+        if let Some(want) = &expect {
+            let got = c.data().unwrap_or_default();
+            if got[..] != want[..] {
+                return Err(Error::misuse("payload verification failed"));
+            }
+        }
+        Ok(())
+    };
+    match p.test {
+        Test::Lat => {
+            for i in 0..p.iters {
+                let c = wait_ok(ep, pending.pop().expect("posted"))?;
+                check(&c)?;
+                if i + 1 < p.iters {
+                    pending.push(ep.recv(peer, TAG_DATA, take_mut(c))?);
+                } else {
+                    cache.give(take_mut(c));
+                }
+                wait_ok(ep, ep.send(peer, TAG_BACK, sbuf.clone(), p.sl)?)?;
+            }
+        }
+        Test::Bw | Test::Msgrate | Test::Bibw => {
+            let windows = p.iters / p.window;
+            for w in 0..windows {
+                let sends: Vec<OpId> = if p.test == Test::Bibw {
+                    (0..p.window)
+                        .map(|_| ep.send(peer, TAG_BACK, sbuf.clone(), p.sl))
+                        .collect::<Result<_>>()?
+                } else {
+                    Vec::new()
+                };
+                let mut next = Vec::with_capacity(p.window);
+                for op in pending.drain(..) {
+                    let c = wait_ok(ep, op)?;
+                    check(&c)?;
+                    next.push(take_mut(c));
+                }
+                for op in sends {
+                    wait_ok(ep, op)?;
+                }
+                if w + 1 < windows {
+                    for b in next {
+                        pending.push(ep.recv(peer, TAG_DATA, b)?);
+                    }
+                } else {
+                    next.into_iter().for_each(|b| cache.give(b));
+                }
+                wait_ok(ep, ep.send(peer, TAG_ACK, Bytes::from_static(b"a"), p.sl)?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs one test against a perf server.
+pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> Result<RunResult> {
+    let p = if matches!(p.test, Test::Bw | Test::Msgrate | Test::Bibw) {
+        Params { iters: (p.iters / p.window).max(1) * p.window, ..*p }
+    } else {
+        *p
+    };
+    let sbuf = Bytes::from(if p.verify { pattern(p.size, 1) } else { prefaulted(p.size).to_vec() });
+    let expect = p.verify.then(|| pattern(p.size, 2));
+    let ready = ep.recv(peer, TAG_READY, BytesMut::zeroed(0))?;
+    wait_ok(ep, ep.send_unexpected(peer, TAG_PARAMS, Bytes::copy_from_slice(&p.encode()), p.sl)?)?;
+    wait_ok(ep, ready)?;
+    let cpu0 = stats::self_cpu();
+    let scpu0 = server_pid.and_then(stats::proc_cpu);
+    let t0 = Instant::now();
+    let mut rtts = Vec::new();
+    match p.test {
+        Test::Lat => {
+            rtts.reserve(p.iters);
+            let mut rbuf = prefaulted(p.size);
+            for _ in 0..p.iters {
+                let t = Instant::now();
+                let r = ep.recv(peer, TAG_BACK, rbuf)?;
+                wait_ok(ep, ep.send(peer, TAG_DATA, sbuf.clone(), p.sl)?)?;
+                let c = wait_ok(ep, r)?;
+                rtts.push(t.elapsed().as_secs_f64() * 1e6);
+                if let Some(want) = &expect
+                    && c.data().unwrap_or_default()[..] != want[..]
+                {
+                    return Err(Error::misuse("echo verification failed"));
+                }
+                rbuf = take_mut(c);
+            }
+        }
+        Test::Bw | Test::Msgrate | Test::Bibw => {
+            let mut rbufs: Vec<BytesMut> = if p.test == Test::Bibw {
+                (0..p.window).map(|_| prefaulted(p.size)).collect()
+            } else {
+                Vec::new()
+            };
+            let mut ack_buf = BytesMut::zeroed(1);
+            for _ in 0..p.iters / p.window {
+                let ack = ep.recv(peer, TAG_ACK, ack_buf)?;
+                let recvs: Vec<OpId> =
+                    rbufs.drain(..).map(|b| ep.recv(peer, TAG_BACK, b)).collect::<Result<_>>()?;
+                let sends: Vec<OpId> = (0..p.window)
+                    .map(|_| ep.send(peer, TAG_DATA, sbuf.clone(), p.sl))
+                    .collect::<Result<_>>()?;
+                for op in sends {
+                    wait_ok(ep, op)?;
+                }
+                for op in recvs {
+                    rbufs.push(take_mut(wait_ok(ep, op)?));
+                }
+                ack_buf = take_mut(wait_ok(ep, ack)?);
+            }
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let client_cpu = (stats::self_cpu() - cpu0).as_secs_f64();
+    let server_cpu = match (scpu0, server_pid.and_then(stats::proc_cpu)) {
+        (Some(a), Some(b)) => Some((b - a).as_secs_f64()),
+        _ => None,
+    };
+    Ok(RunResult::new(&p, secs, rtts, client_cpu, server_cpu))
+}
+
+/// Time budget helper: iterations so a run of `size` lasts roughly `target`.
+pub fn iters_for(test: Test, size: usize, target: Duration) -> usize {
+    let per = match test {
+        Test::Lat => 25e-6 + size as f64 / 2e9,
+        _ => 2e-6 + size as f64 / 3e9,
+    };
+    ((target.as_secs_f64() / per) as usize).clamp(64, 2_000_000)
+}

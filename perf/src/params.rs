@@ -1,0 +1,110 @@
+//! The test descriptor a client sends to a server before each run.
+
+use ionet::ServiceLevel;
+
+/// Which measurement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Test {
+    /// Ping-pong round trips.
+    Lat,
+    /// One-way streaming with a window of outstanding messages.
+    Bw,
+    /// Streaming in both directions at once.
+    Bibw,
+    /// Small-message rate (a `bw` with small messages).
+    Msgrate,
+}
+
+/// Parameters of one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    pub test: Test,
+    pub size: usize,
+    pub iters: usize,
+    pub window: usize,
+    pub sl: ServiceLevel,
+    pub verify: bool,
+    /// Raw baselines: busy-poll instead of blocking reads.
+    pub spin: bool,
+}
+
+pub const PARAMS_LEN: usize = 32;
+
+impl Params {
+    pub fn encode(&self) -> [u8; PARAMS_LEN] {
+        let mut b = [0u8; PARAMS_LEN];
+        b[0] = match self.test {
+            Test::Lat => 1,
+            Test::Bw => 2,
+            Test::Bibw => 3,
+            Test::Msgrate => 4,
+        };
+        b[1] = self.sl as u8;
+        b[2] = u8::from(self.verify) | (u8::from(self.spin) << 1);
+        b[8..16].copy_from_slice(&(self.size as u64).to_le_bytes());
+        b[16..24].copy_from_slice(&(self.iters as u64).to_le_bytes());
+        b[24..28].copy_from_slice(&(self.window as u32).to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Params, String> {
+        if b.len() != PARAMS_LEN {
+            return Err(format!("params of {} bytes", b.len()));
+        }
+        let test = match b[0] {
+            1 => Test::Lat,
+            2 => Test::Bw,
+            3 => Test::Bibw,
+            4 => Test::Msgrate,
+            x => return Err(format!("unknown test {x}")),
+        };
+        let sl = ServiceLevel::from_u8(b[1]).ok_or("bad service level")?;
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let size = u64_at(8) as usize;
+        let iters = u64_at(16) as usize;
+        let window = u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")) as usize;
+        // A server takes these from the network: keep them sane.
+        if size > (256 << 20) || iters == 0 || iters > 100_000_000 || window == 0 || window > 4096 {
+            return Err("parameters out of range".into());
+        }
+        Ok(Params { test, size, iters, window, sl, verify: b[2] & 1 != 0, spin: b[2] & 2 != 0 })
+    }
+}
+
+/// Deterministic bytes for verification.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_round_trip_and_reject_nonsense() {
+        let p = Params {
+            test: Test::Bibw,
+            size: 4096,
+            iters: 10,
+            window: 64,
+            sl: ServiceLevel::Bulk,
+            verify: true,
+            spin: false,
+        };
+        assert_eq!(Params::decode(&p.encode()), Ok(p));
+        let mut b = p.encode();
+        b[0] = 9;
+        assert!(Params::decode(&b).is_err());
+        let huge = Params { size: 1 << 40, ..p };
+        assert!(Params::decode(&huge.encode()).is_err());
+        assert!(Params::decode(&[0u8; 3]).is_err());
+    }
+}

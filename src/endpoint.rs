@@ -1,0 +1,1050 @@
+//! The [`Endpoint`]: operation table, completion queue, deadlines, cancellation, progress and
+//! wait modes — everything that is the same whatever the transport.
+//!
+//! A backend (`tcp`, `ib`) implements the crate-private [`Backend`] contract: it accepts
+//! commands, moves bytes, and reports every operation's completion exactly once to the shared
+//! [`Core`]. The endpoint layer owns op ids, deadlines and waiting.
+//!
+//! # Progress
+//!
+//! Progress is explicit (BMI style): threads inside [`Endpoint::wait`], [`Endpoint::test`],
+//! [`Endpoint::wait_any`], [`Endpoint::recv_unexpected`] and [`Endpoint::next_request`] drive
+//! the transport. At most one thread drives at a time; the others wait on a condition variable
+//! (or spin, in [`WaitMode::Spin`]) and are woken whenever a round of progress completes
+//! anything. With [`Config::progress_thread`] a background thread drives instead.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+
+use crate::addr::{Address, Scheme};
+use crate::buf::{OpBuf, RecvBuf, RegisteredBuf, SendBuf};
+use crate::comm::Mechanism;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::expose::MemHandle;
+use crate::info::{Counters, Info};
+use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag, WaitMode};
+
+/// Longest a driver blocks in one round, so deadlines and shutdown are noticed.
+const MAX_BLOCK: Duration = Duration::from_millis(200);
+
+/// What kind of operation completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// [`Endpoint::send`].
+    Send,
+    /// [`Endpoint::send_unexpected`].
+    SendUnexpected,
+    /// [`Endpoint::recv`].
+    Recv,
+    /// [`Endpoint::put`].
+    Put,
+    /// [`Endpoint::get`].
+    Get,
+    /// [`Endpoint::request`] (client side).
+    Request,
+    /// [`Request::pull_into`] (server side).
+    Pull,
+    /// [`Request::push_from`] (server side).
+    Push,
+    /// [`Request::reply`] (server side).
+    Reply,
+}
+
+/// The outcome of an operation, with its buffer handed back.
+#[derive(Debug)]
+pub struct Completion {
+    /// The operation.
+    pub op: OpId,
+    /// What it was.
+    pub kind: OpKind,
+    /// The peer it addressed.
+    pub peer: PeerId,
+    /// Its tag (0 for one-sided operations).
+    pub tag: Tag,
+    /// Bytes moved (received, sent, pulled or pushed), or why it failed.
+    pub result: Result<usize>,
+    /// The buffer the operation carried (always returned, also on error).
+    pub buf: OpBuf,
+    /// For requests: the reply header sent by the server.
+    pub reply: Option<Bytes>,
+    /// The mechanism that moved the data, when there was data.
+    pub mechanism: Option<Mechanism>,
+}
+
+impl Completion {
+    pub(crate) fn new(op: OpId, kind: OpKind, peer: PeerId, tag: Tag) -> Self {
+        Completion { op, kind, peer, tag, result: Ok(0), buf: OpBuf::None, reply: None, mechanism: None }
+    }
+
+    /// True when the operation succeeded.
+    pub fn is_ok(&self) -> bool {
+        self.result.is_ok()
+    }
+
+    /// The byte count, or the error (the buffer is dropped on error; match on `result` to
+    /// keep it).
+    pub fn ok(self) -> Result<Completion> {
+        match self.result {
+            Ok(_) => Ok(self),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Bytes moved (0 on error).
+    pub fn len(&self) -> usize {
+        *self.result.as_ref().unwrap_or(&0)
+    }
+
+    /// True when no bytes moved.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The received bytes of a single-buffer receive, as `Bytes` (copies for lists).
+    pub fn data(&self) -> Option<Bytes> {
+        match &self.buf {
+            OpBuf::Recv(RecvBuf::Mut(b)) => Some(Bytes::copy_from_slice(&b[..self.len().min(b.len())])),
+            OpBuf::Recv(r) => Some(r.to_bytes(self.len())),
+            _ => None,
+        }
+    }
+}
+
+/// An unexpected message (sent with [`Endpoint::send_unexpected`]).
+#[derive(Debug, Clone)]
+pub struct Unexpected {
+    /// Sender.
+    pub peer: PeerId,
+    /// Tag.
+    pub tag: Tag,
+    /// Service level it travelled on.
+    pub sl: ServiceLevel,
+    /// Contents.
+    pub data: Bytes,
+}
+
+/// A request's payload, chosen by the client.
+#[derive(Debug)]
+pub enum Payload {
+    /// Header only.
+    None,
+    /// Data the server will pull (a write).
+    Out(SendBuf),
+    /// A buffer the server will push into (a read).
+    In(RecvBuf),
+}
+
+/// Direction of a request's payload as seen by the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// No payload.
+    None,
+    /// The client offers `len` bytes to pull.
+    Out,
+    /// The client has a `len`-byte buffer to push into.
+    In,
+}
+
+/// Reply status codes on the wire.
+pub(crate) mod status {
+    pub const OK: u32 = 0;
+    /// The server dropped the request without replying.
+    pub const DROPPED: u32 = 1;
+    /// The server replied with an error message as the header.
+    pub const ERROR: u32 = 2;
+}
+
+/// What a backend knows about an incoming request.
+#[derive(Debug)]
+pub(crate) struct RequestMeta {
+    pub peer: PeerId,
+    pub tag: Tag,
+    pub sl: ServiceLevel,
+    pub id: u64,
+    pub header: Bytes,
+    pub dir: Direction,
+    pub len: u64,
+}
+
+/// A command handed to a backend, carrying its buffers.
+#[derive(Debug)]
+pub(crate) enum Cmd {
+    Send { peer: PeerId, tag: Tag, sl: ServiceLevel, buf: SendBuf, unexpected: bool },
+    Recv { peer: PeerId, tag: Tag, buf: RecvBuf },
+    Put { peer: PeerId, sl: ServiceLevel, local: SendBuf, remote: MemHandle },
+    Get { peer: PeerId, sl: ServiceLevel, local: RecvBuf, remote: MemHandle },
+    Request { peer: PeerId, tag: Tag, sl: ServiceLevel, header: Bytes, payload: Payload },
+    Pull { peer: PeerId, req: u64, sl: ServiceLevel, offset: u64, buf: RecvBuf },
+    Push { peer: PeerId, req: u64, sl: ServiceLevel, offset: u64, buf: SendBuf },
+    Reply { peer: PeerId, req: u64, sl: ServiceLevel, header: Bytes, status: u32 },
+}
+
+/// The contract every transport implements.
+///
+/// * `post` either returns `Err` (the op never existed; its buffers are dropped) or takes the
+///   op and later calls [`Core::complete`] for it exactly once — possibly before `post`
+///   returns.
+/// * `cancel` asks for an op to end with the given error; if it already completed, nothing
+///   happens. An unmatched receive ends at once; an in-flight transfer is aborted cleanly or its
+///   connection is failed.
+/// * `progress` moves bytes, waiting at most `timeout` (zero = poll) for something to happen.
+///   Only one thread calls it at a time. `wake` makes a blocked `progress` return early.
+/// * A lost peer fails every op addressed to it once with [`Error::PeerLost`] and frees its
+///   buffers, credits, exposures' in-flight accesses and registrations.
+pub(crate) trait Backend: Send + Sync {
+    fn scheme(&self) -> Scheme;
+    fn local_addr(&self) -> Option<Address>;
+    fn connect(&self, addr: &Address) -> Result<PeerId>;
+    fn peer_addr(&self, peer: PeerId) -> Option<Address>;
+    fn post(&self, op: OpId, cmd: Cmd) -> Result<()>;
+    fn cancel(&self, op: OpId, why: Error);
+    fn progress(&self, timeout: Duration) -> Result<()>;
+    fn wake(&self);
+    /// The application took an unexpected message of `bytes` from `peer` off the queue.
+    fn unexpected_taken(&self, peer: PeerId, bytes: usize);
+    fn alloc(&self, len: usize) -> Result<RegisteredBuf>;
+    fn expose(&self, buf: RegisteredBuf, access: Access) -> Result<MemHandle>;
+    fn revoke(&self, key: u64) -> Result<RegisteredBuf>;
+    fn with_exposed(&self, key: u64, f: &mut dyn FnMut(&mut [u8])) -> Result<()>;
+    fn info(&self, info: &mut Info);
+    fn shutdown(&self);
+}
+
+#[derive(Debug, Default)]
+struct CoreState {
+    pending: HashMap<OpId, Option<Instant>>,
+    deadlines: BTreeSet<(Instant, OpId)>,
+    done: HashMap<OpId, Completion>,
+    done_order: VecDeque<OpId>,
+    detached: HashSet<OpId>,
+    unexpected: VecDeque<Unexpected>,
+    requests: VecDeque<RequestMeta>,
+    driving: bool,
+    /// Threads asleep on the condition variable: notifying costs a futex syscall, so it is
+    /// skipped when nobody sleeps.
+    sleepers: usize,
+}
+
+/// Completion table shared between the endpoint and its backend.
+#[derive(Debug, Default)]
+pub(crate) struct Core {
+    st: Mutex<CoreState>,
+    cv: Condvar,
+    next_op: AtomicU64,
+    pub(crate) counters: Counters,
+}
+
+impl Core {
+    fn lock(&self) -> MutexGuard<'_, CoreState> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn register(&self, detached: bool) -> OpId {
+        let op = OpId(self.next_op.fetch_add(1, Ordering::Relaxed) + 1);
+        let mut st = self.lock();
+        st.pending.insert(op, None);
+        if detached {
+            st.detached.insert(op);
+        }
+        op
+    }
+
+    fn unregister(&self, op: OpId) {
+        let mut st = self.lock();
+        if let Some(Some(d)) = st.pending.remove(&op) {
+            st.deadlines.remove(&(d, op));
+        }
+        st.detached.remove(&op);
+    }
+
+    /// Records a completion. A second completion for the same op is a backend bug: it is
+    /// logged and dropped, so callers still see exactly one.
+    #[allow(dead_code)] // used by the InfiniBand engine
+    pub(crate) fn complete(&self, c: Completion) {
+        let mut st = self.lock();
+        self.complete_locked(&mut st, c);
+        self.wake_sleepers(&st);
+    }
+
+    fn wake_sleepers(&self, st: &CoreState) {
+        if st.sleepers > 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    /// Records several completions under one lock.
+    pub(crate) fn complete_all(&self, cs: impl IntoIterator<Item = Completion>) {
+        let mut st = self.lock();
+        for c in cs {
+            self.complete_locked(&mut st, c);
+        }
+        self.wake_sleepers(&st);
+    }
+
+    fn complete_locked(&self, st: &mut CoreState, c: Completion) {
+        let Some(deadline) = st.pending.remove(&c.op) else {
+            tracing::error!(op = %c.op, kind = ?c.kind, "second completion for an operation dropped");
+            debug_assert!(false, "operation {} completed twice", c.op);
+            return;
+        };
+        if let Some(d) = deadline {
+            st.deadlines.remove(&(d, c.op));
+        }
+        Counters::add(&self.counters.ops_completed, 1);
+        if matches!(c.result, Err(Error::Cancelled | Error::Timeout)) {
+            Counters::add(&self.counters.ops_cancelled, 1);
+        }
+        if !st.detached.is_empty() && st.detached.remove(&c.op) {
+            if let Err(e) = &c.result {
+                tracing::debug!(op = %c.op, error = %e, "detached operation failed");
+            }
+            return;
+        }
+        st.done_order.push_back(c.op);
+        st.done.insert(c.op, c);
+    }
+
+    /// Queues an unexpected message for [`Endpoint::recv_unexpected`].
+    pub(crate) fn push_unexpected(&self, u: Unexpected) {
+        let mut st = self.lock();
+        st.unexpected.push_back(u);
+        self.wake_sleepers(&st);
+    }
+
+    /// Queues an incoming request for [`Endpoint::next_request`].
+    pub(crate) fn push_request(&self, r: RequestMeta) {
+        let mut st = self.lock();
+        st.requests.push_back(r);
+        self.wake_sleepers(&st);
+    }
+
+    /// Drops queued requests of a lost peer: they can no longer be answered. Unexpected
+    /// messages arrived whole and stay deliverable.
+    pub(crate) fn forget_peer(&self, peer: PeerId) {
+        self.lock().requests.retain(|r| r.peer != peer);
+    }
+
+    fn take(st: &mut CoreState, op: OpId) -> Option<Completion> {
+        st.done.remove(&op)
+    }
+
+    fn take_any(st: &mut CoreState) -> Option<Completion> {
+        while let Some(op) = st.done_order.pop_front() {
+            if let Some(c) = st.done.remove(&op) {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    fn next_deadline(st: &CoreState) -> Option<Instant> {
+        st.deadlines.first().map(|(d, _)| *d)
+    }
+
+    fn expired(&self, now: Instant) -> Vec<OpId> {
+        let st = self.lock();
+        st.deadlines.iter().take_while(|(d, _)| *d <= now).map(|(_, op)| *op).collect()
+    }
+}
+
+/// Anything that names an address: `&str`, `String`, `Address`.
+pub trait ToAddress {
+    /// Parses or clones into an [`Address`].
+    fn to_address(&self) -> Result<Address>;
+}
+impl ToAddress for str {
+    fn to_address(&self) -> Result<Address> {
+        Ok(self.parse()?)
+    }
+}
+impl ToAddress for String {
+    fn to_address(&self) -> Result<Address> {
+        Ok(self.parse()?)
+    }
+}
+impl ToAddress for Address {
+    fn to_address(&self) -> Result<Address> {
+        Ok(self.clone())
+    }
+}
+impl<T: ToAddress + ?Sized> ToAddress for &T {
+    fn to_address(&self) -> Result<Address> {
+        (**self).to_address()
+    }
+}
+
+struct Inner {
+    cfg: Config,
+    core: Arc<Core>,
+    backend: OnceLock<Box<dyn Backend>>,
+    init: Mutex<()>,
+    stop: Arc<AtomicBool>,
+    progress: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(b) = self.backend.get() {
+            b.shutdown();
+        }
+    }
+}
+
+/// A communication endpoint. Cheap to clone (shared); `Send + Sync`.
+#[derive(Clone)]
+pub struct Endpoint {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.inner.backend.get();
+        f.debug_struct("Endpoint")
+            .field("scheme", &b.map(|b| b.scheme()))
+            .field("local_addr", &b.and_then(|b| b.local_addr()))
+            .finish()
+    }
+}
+
+impl Endpoint {
+    /// A server endpoint listening on `addr` (port 0 picks a free port; see
+    /// [`Endpoint::local_addr`]).
+    ///
+    /// # Errors
+    /// Address errors, an invalid [`Config`], or the OS refusing the listening socket.
+    pub fn bind(addr: impl ToAddress, cfg: Config) -> Result<Endpoint> {
+        let addr = addr.to_address()?;
+        cfg.validate()?;
+        let ep = Endpoint::new(cfg);
+        let backend = make_backend(&addr, Some(&addr), &ep.inner.cfg, ep.inner.core.clone())?;
+        let _ = ep.inner.backend.set(backend);
+        ep.start_progress_thread();
+        Ok(ep)
+    }
+
+    /// A client-only endpoint: it does not listen; its transport is chosen by the first
+    /// [`Endpoint::connect`].
+    pub fn client(cfg: Config) -> Result<Endpoint> {
+        cfg.validate()?;
+        Ok(Endpoint::new(cfg))
+    }
+
+    fn new(cfg: Config) -> Endpoint {
+        Endpoint {
+            inner: Arc::new(Inner {
+                cfg,
+                core: Arc::new(Core::default()),
+                backend: OnceLock::new(),
+                init: Mutex::new(()),
+                stop: Arc::new(AtomicBool::new(false)),
+                progress: Mutex::new(None),
+            }),
+        }
+    }
+
+    fn start_progress_thread(&self) {
+        if !self.inner.cfg.progress_thread {
+            return;
+        }
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        let stop = self.inner.stop.clone();
+        let h = std::thread::Builder::new()
+            .name("ionet-progress".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Some(inner) = weak.upgrade() else { break };
+                    let ep = Endpoint { inner };
+                    // Wait for nothing in particular: drive until the round ends.
+                    let _ = ep.wait_until(Until::At(Instant::now() + MAX_BLOCK), |_| None::<()>, true);
+                }
+            })
+            .ok();
+        *self.inner.progress.lock().unwrap_or_else(|p| p.into_inner()) = h;
+    }
+
+    fn backend(&self) -> Result<&dyn Backend> {
+        self.inner
+            .backend
+            .get()
+            .map(|b| &**b)
+            .ok_or_else(|| Error::misuse("client endpoint has no peer yet: call connect first"))
+    }
+
+    /// Looks up a peer and returns its id. Connections are opened lazily, one per service
+    /// level, on first use; the address is resolved now.
+    ///
+    /// # Errors
+    /// Address errors; [`Error::Unsupported`] for a transport other than this endpoint's.
+    pub fn connect(&self, addr: impl ToAddress) -> Result<PeerId> {
+        let addr = addr.to_address()?;
+        if self.inner.backend.get().is_none() {
+            let _g = self.inner.init.lock().unwrap_or_else(|p| p.into_inner());
+            if self.inner.backend.get().is_none() {
+                let b = make_backend(&addr, None, &self.inner.cfg, self.inner.core.clone())?;
+                let _ = self.inner.backend.set(b);
+                self.start_progress_thread();
+            }
+        }
+        let b = self.backend()?;
+        if b.scheme() != addr.scheme() {
+            return Err(Error::Unsupported(format!(
+                "this endpoint speaks {}; use another endpoint for {}",
+                b.scheme(),
+                addr.scheme()
+            )));
+        }
+        b.connect(&addr)
+    }
+
+    /// The listening address (with the real port when bound to port 0).
+    pub fn local_addr(&self) -> Option<Address> {
+        self.inner.backend.get().and_then(|b| b.local_addr())
+    }
+
+    /// The address a peer was connected to, when known.
+    pub fn peer_addr(&self, peer: PeerId) -> Option<Address> {
+        self.inner.backend.get().and_then(|b| b.peer_addr(peer))
+    }
+
+    fn post(&self, cmd: Cmd) -> Result<OpId> {
+        self.post_detached(cmd, false)
+    }
+
+    fn post_detached(&self, cmd: Cmd, detached: bool) -> Result<OpId> {
+        let b = self.backend()?;
+        let op = self.inner.core.register(detached);
+        match b.post(op, cmd) {
+            Ok(()) => Ok(op),
+            Err(e) => {
+                self.inner.core.unregister(op);
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends a tagged message, matched by the peer's [`Endpoint::recv`] on (this endpoint,
+    /// tag). `buf` is a `Bytes`, a `Vec<Bytes>` gather list, or a [`RegisteredBuf`].
+    ///
+    /// # Errors
+    /// [`Error::TooLarge`] above `max_message`; unknown peer. On error the buffer is dropped.
+    pub fn send(&self, peer: PeerId, tag: Tag, buf: impl Into<SendBuf>, sl: ServiceLevel) -> Result<OpId> {
+        self.post(Cmd::Send { peer, tag, sl, buf: buf.into(), unexpected: false })
+    }
+
+    /// Sends a message no receive will be posted for; the peer gets it from
+    /// [`Endpoint::recv_unexpected`]. At most the eager limit.
+    pub fn send_unexpected(
+        &self,
+        peer: PeerId,
+        tag: Tag,
+        buf: impl Into<SendBuf>,
+        sl: ServiceLevel,
+    ) -> Result<OpId> {
+        self.post(Cmd::Send { peer, tag, sl, buf: buf.into(), unexpected: true })
+    }
+
+    /// Posts a receive for the next message from `peer` with `tag`. `buf` is a `BytesMut`
+    /// (its current length is the capacity), a `Vec<BytesMut>` scatter list, or a
+    /// [`RegisteredBuf`]. A larger message fails the receive with [`Error::Truncated`].
+    pub fn recv(&self, peer: PeerId, tag: Tag, buf: impl Into<RecvBuf>) -> Result<OpId> {
+        self.post(Cmd::Recv { peer, tag, buf: buf.into() })
+    }
+
+    /// Writes `local` into the peer's exposed memory `remote` (RDMA write; emulated and
+    /// validated by the target on TCP). Completes when the target has the data.
+    pub fn put(
+        &self,
+        peer: PeerId,
+        local: impl Into<SendBuf>,
+        remote: MemHandle,
+        sl: ServiceLevel,
+    ) -> Result<OpId> {
+        self.post(Cmd::Put { peer, sl, local: local.into(), remote })
+    }
+
+    /// Reads the peer's exposed memory `remote` into `local` (RDMA read).
+    pub fn get(
+        &self,
+        peer: PeerId,
+        local: impl Into<RecvBuf>,
+        remote: MemHandle,
+        sl: ServiceLevel,
+    ) -> Result<OpId> {
+        self.post(Cmd::Get { peer, sl, local: local.into(), remote })
+    }
+
+    /// Sends a request with a header and an optional payload. The server sees it through
+    /// [`Endpoint::next_request`] and moves the payload with [`Request::pull_into`] /
+    /// [`Request::push_from`]; the communication manager picks the mechanism. Completes when the
+    /// server replies, with the reply header in [`Completion::reply`].
+    pub fn request(
+        &self,
+        peer: PeerId,
+        tag: Tag,
+        header: impl Into<Bytes>,
+        payload: Payload,
+        sl: ServiceLevel,
+    ) -> Result<OpId> {
+        self.post(Cmd::Request { peer, tag, sl, header: header.into(), payload })
+    }
+
+    /// Sets or moves an operation's deadline: if it has not completed by `at`, it is cancelled
+    /// with [`Error::Timeout`]. No effect on completed operations.
+    pub fn set_deadline(&self, op: OpId, at: Instant) -> Result<()> {
+        let mut guard = self.inner.core.lock();
+        let st = &mut *guard;
+        match st.pending.get_mut(&op) {
+            Some(slot) => {
+                let old = slot.replace(at);
+                if let Some(old) = old {
+                    st.deadlines.remove(&(old, op));
+                }
+                st.deadlines.insert((at, op));
+                let driving = st.driving;
+                drop(guard);
+                if driving && let Some(b) = self.inner.backend.get() {
+                    b.wake();
+                }
+                Ok(())
+            }
+            None if st.done.contains_key(&op) => Ok(()),
+            None => Err(Error::misuse(format!("{op} is not a pending operation"))),
+        }
+    }
+
+    /// Asks for an operation to be cancelled. It then completes (once) with
+    /// [`Error::Cancelled`] — or normally, if it finished first.
+    pub fn cancel(&self, op: OpId) -> Result<()> {
+        {
+            let st = self.inner.core.lock();
+            if !st.pending.contains_key(&op) {
+                return if st.done.contains_key(&op) {
+                    Ok(())
+                } else {
+                    Err(Error::misuse(format!("{op} is not a pending operation")))
+                };
+            }
+        }
+        self.backend()?.cancel(op, Error::Cancelled);
+        Ok(())
+    }
+
+    /// Drives progress once without blocking and returns the completion if the operation is
+    /// done.
+    pub fn test(&self, op: OpId) -> Result<Option<Completion>> {
+        self.check_known(op)?;
+        self.wait_until(Until::Poll, |st| Core::take(st, op), false)
+    }
+
+    /// Waits until the operation completes.
+    pub fn wait(&self, op: OpId) -> Result<Completion> {
+        self.check_known(op)?;
+        self.wait_until(Until::Never, |st| Core::take(st, op), false)?.ok_or(Error::Closed)
+    }
+
+    /// Waits up to `timeout` for the operation; `None` if it is still pending (it is *not*
+    /// cancelled — use [`Endpoint::set_deadline`] for that).
+    pub fn wait_timeout(&self, op: OpId, timeout: Duration) -> Result<Option<Completion>> {
+        self.check_known(op)?;
+        self.wait_until(Until::At(Instant::now() + timeout), |st| Core::take(st, op), false)
+    }
+
+    /// Waits up to `timeout` (forever with `None`) for any operation to complete, oldest
+    /// completion first.
+    pub fn wait_any(&self, timeout: Option<Duration>) -> Result<Option<Completion>> {
+        self.wait_until(Until::after(timeout), Core::take_any, false)
+    }
+
+    /// Waits up to `timeout` (forever with `None`) for an unexpected message.
+    pub fn recv_unexpected(&self, timeout: Option<Duration>) -> Result<Option<Unexpected>> {
+        let u = self.wait_until(Until::after(timeout), |st| st.unexpected.pop_front(), false)?;
+        if let Some(u) = &u {
+            self.backend()?.unexpected_taken(u.peer, u.data.len());
+        }
+        Ok(u)
+    }
+
+    /// Waits up to `timeout` (forever with `None`) for the next incoming request.
+    pub fn next_request(&self, timeout: Option<Duration>) -> Result<Option<Request>> {
+        let meta = self.wait_until(Until::after(timeout), |st| st.requests.pop_front(), false)?;
+        Ok(meta.map(|meta| Request { ep: self.clone(), meta, answered: false }))
+    }
+
+    fn check_known(&self, op: OpId) -> Result<()> {
+        let st = self.inner.core.lock();
+        if st.pending.contains_key(&op) || st.done.contains_key(&op) {
+            Ok(())
+        } else {
+            Err(Error::misuse(format!("{op} is not a pending operation (already reaped?)")))
+        }
+    }
+
+    /// The waiting loop shared by every blocking call: check, else drive progress (if nobody
+    /// else is), else wait for whoever drives.
+    ///
+    /// The clock is read only when a bound needs it (a deadline, an adaptive spin budget): on
+    /// the reference VM a clock read costs as much as a spin round's work.
+    fn wait_until<T>(
+        &self,
+        until: Until,
+        mut check: impl FnMut(&mut CoreState) -> Option<T>,
+        is_progress_thread: bool,
+    ) -> Result<Option<T>> {
+        let core = &self.inner.core;
+        let Some(backend) = self.inner.backend.get() else {
+            return Err(Error::misuse("client endpoint has no peer yet: call connect first"));
+        };
+        let mode = self.inner.cfg.wait_mode;
+        let needs_clock = matches!(until, Until::At(_)) || mode == WaitMode::Adaptive;
+        let spin_until = needs_clock.then(|| Instant::now() + self.inner.cfg.spin_budget);
+        let has_thread = self.inner.cfg.progress_thread && !is_progress_thread;
+        let mut polled = false;
+        let mut st = core.lock();
+        loop {
+            if let Some(x) = check(&mut st) {
+                return Ok(Some(x));
+            }
+            let now = needs_clock.then(Instant::now);
+            match (until, now) {
+                (Until::Poll, _) if polled => return Ok(None),
+                (Until::At(u), Some(now)) if now >= u => return Ok(None),
+                _ => {}
+            }
+            let spinning = match mode {
+                WaitMode::Spin => true,
+                WaitMode::Block => false,
+                WaitMode::Adaptive => now.zip(spin_until).is_some_and(|(n, s)| n < s),
+            };
+            if st.driving || has_thread {
+                if until == Until::Poll {
+                    return Ok(None);
+                }
+                if spinning {
+                    drop(st);
+                    std::hint::spin_loop();
+                    st = core.lock();
+                    continue;
+                }
+                let limit = now.map_or(MAX_BLOCK, |n| until.remaining(n)).min(MAX_BLOCK);
+                st.sleepers += 1;
+                let (g, _) = core.cv.wait_timeout(st, limit).unwrap_or_else(|p| p.into_inner());
+                st = g;
+                st.sleepers -= 1;
+                continue;
+            }
+            // Nobody drives: become the driver for one round.
+            let block = if spinning || until == Until::Poll {
+                Duration::ZERO
+            } else {
+                let now = now.unwrap_or_else(Instant::now);
+                let mut t = until.remaining(now).min(MAX_BLOCK);
+                if let Some(d) = Core::next_deadline(&st) {
+                    t = t.min(d.saturating_duration_since(now));
+                }
+                t
+            };
+            let deadlines = !st.deadlines.is_empty();
+            st.driving = true;
+            drop(st);
+            let guard = DriveGuard(core);
+            let r = backend.progress(block);
+            if deadlines {
+                self.expire(&**backend);
+            }
+            polled = true;
+            st = guard.finish();
+            r?;
+        }
+    }
+
+    fn expire(&self, backend: &dyn Backend) {
+        let now = Instant::now();
+        for op in self.inner.core.expired(now) {
+            backend.cancel(op, Error::Timeout);
+        }
+    }
+
+    /// A buffer from the endpoint's registered pool (BMI_memalloc): pre-faulted, and
+    /// registered once on InfiniBand so transfers from it are zero-copy.
+    pub fn alloc(&self, len: usize) -> Result<RegisteredBuf> {
+        self.backend()?.alloc(len)
+    }
+
+    /// Exposes a buffer for one-sided access by peers. The exposure owns the buffer until
+    /// revoked (or dropped, which revokes).
+    pub fn expose(&self, buf: RegisteredBuf, access: Access) -> Result<Exposure> {
+        if buf.is_empty() {
+            return Err(Error::misuse("cannot expose an empty buffer"));
+        }
+        let handle = self.backend()?.expose(buf, access)?;
+        Ok(Exposure { ep: Arc::downgrade(&self.inner), handle, revoked: false })
+    }
+
+    /// Revokes an exposure and returns its buffer. Later accesses by peers fail with
+    /// [`crate::AccessError::BadKey`].
+    pub fn revoke(&self, mut x: Exposure) -> Result<RegisteredBuf> {
+        x.revoked = true;
+        self.backend()?.revoke(x.handle.key)
+    }
+
+    /// Runs `f` on the exposed bytes (local access by the owner, e.g. to read what peers put).
+    pub fn with_exposed<R>(&self, x: &Exposure, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {
+        let mut f = Some(f);
+        let mut out = None;
+        self.backend()?.with_exposed(x.handle.key, &mut |s| {
+            if let Some(f) = f.take() {
+                out = Some(f(s));
+            }
+        })?;
+        out.ok_or_else(|| Error::misuse("exposure not found"))
+    }
+
+    /// Negotiated limits, policy and counters.
+    pub fn info(&self) -> Info {
+        let core = &self.inner.core;
+        let pending = core.lock().pending.len();
+        let mut info = Info {
+            scheme: Scheme::Tcp,
+            local_addr: None,
+            endpoint_id: 0,
+            wait_mode: self.inner.cfg.wait_mode,
+            eager_limit: 0,
+            max_message: self.inner.cfg.max_message,
+            max_header: self.inner.cfg.max_header,
+            policy: self
+                .inner
+                .cfg
+                .policy
+                .clone()
+                .unwrap_or_else(|| crate::comm::Policy::for_scheme(Scheme::Tcp)),
+            credits: None,
+            fast_slots: None,
+            regcache: None,
+            pool: Default::default(),
+            peers_connected: 0,
+            exposures: 0,
+            pending_ops: pending,
+            counters: core.counters.snapshot(),
+        };
+        if let Some(b) = self.inner.backend.get() {
+            b.info(&mut info);
+        }
+        info
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+}
+
+/// How long a wait may last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// One non-blocking round.
+    Poll,
+    /// Until an instant.
+    At(Instant),
+    /// Until the condition holds.
+    Never,
+}
+
+impl Until {
+    fn after(timeout: Option<Duration>) -> Until {
+        match timeout {
+            Some(t) => Until::At(Instant::now() + t),
+            None => Until::Never,
+        }
+    }
+
+    fn remaining(self, now: Instant) -> Duration {
+        match self {
+            Until::Poll => Duration::ZERO,
+            Until::At(u) => u.saturating_duration_since(now),
+            Until::Never => MAX_BLOCK,
+        }
+    }
+}
+
+/// Clears the driving flag even if progress panics.
+struct DriveGuard<'a>(&'a Core);
+
+impl<'a> DriveGuard<'a> {
+    /// Ends the round and returns the core lock, already held, to the caller.
+    fn finish(self) -> MutexGuard<'a, CoreState> {
+        let core = self.0;
+        std::mem::forget(self);
+        let mut st = core.lock();
+        st.driving = false;
+        core.wake_sleepers(&st);
+        st
+    }
+}
+
+impl Drop for DriveGuard<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.driving = false;
+        self.0.wake_sleepers(&st);
+    }
+}
+
+fn make_backend(
+    addr: &Address,
+    bind: Option<&Address>,
+    cfg: &Config,
+    core: Arc<Core>,
+) -> Result<Box<dyn Backend>> {
+    match addr.scheme() {
+        Scheme::Tcp => Ok(Box::new(crate::tcp::TcpBackend::new(bind, cfg, core)?)),
+        Scheme::SoftIb | Scheme::Ib => crate::ib::make_backend(addr.scheme(), bind, cfg, core),
+    }
+}
+
+/// Exposed memory: give [`Exposure::handle`] to peers for [`Endpoint::put`] / [`Endpoint::get`].
+/// Dropping it revokes the exposure (and drops the buffer); [`Endpoint::revoke`] gives the
+/// buffer back.
+#[derive(Debug)]
+pub struct Exposure {
+    ep: Weak<Inner>,
+    handle: MemHandle,
+    revoked: bool,
+}
+
+impl Exposure {
+    /// The handle to send to peers.
+    pub fn handle(&self) -> MemHandle {
+        self.handle
+    }
+}
+
+impl Drop for Exposure {
+    fn drop(&mut self) {
+        if !self.revoked
+            && let Some(inner) = self.ep.upgrade()
+            && let Some(b) = inner.backend.get()
+        {
+            let _ = b.revoke(self.handle.key);
+        }
+    }
+}
+
+/// An incoming request, server side. Move its payload with [`Request::pull_into`] /
+/// [`Request::push_from`], then [`Request::reply`]. Dropping it unanswered sends an error reply
+/// so the client never hangs.
+#[derive(Debug)]
+pub struct Request {
+    ep: Endpoint,
+    meta: RequestMeta,
+    answered: bool,
+}
+
+impl Request {
+    /// The client.
+    pub fn peer(&self) -> PeerId {
+        self.meta.peer
+    }
+    /// The request's tag.
+    pub fn tag(&self) -> Tag {
+        self.meta.tag
+    }
+    /// Service level it arrived on (replies and payload use it too).
+    pub fn sl(&self) -> ServiceLevel {
+        self.meta.sl
+    }
+    /// The request header.
+    pub fn header(&self) -> &Bytes {
+        &self.meta.header
+    }
+    /// Payload direction.
+    pub fn direction(&self) -> Direction {
+        self.meta.dir
+    }
+    /// Payload length (bytes the client offers, or room it has).
+    pub fn payload_len(&self) -> u64 {
+        self.meta.len
+    }
+    /// The endpoint the request arrived on.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    /// Pulls `buf.capacity()` bytes of the client's OUT payload starting at `offset` into
+    /// `buf`. Several pulls may be outstanding (pipelining).
+    pub fn pull_into(&self, buf: impl Into<RecvBuf>, offset: u64) -> Result<OpId> {
+        let buf = buf.into();
+        if self.meta.dir != Direction::Out {
+            return Err(Error::misuse("pull_into on a request without an OUT payload"));
+        }
+        check_range(offset, buf.capacity() as u64, self.meta.len)?;
+        self.ep.post(Cmd::Pull { peer: self.meta.peer, req: self.meta.id, sl: self.meta.sl, offset, buf })
+    }
+
+    /// Pushes `buf` into the client's IN buffer at `offset`.
+    pub fn push_from(&self, buf: impl Into<SendBuf>, offset: u64) -> Result<OpId> {
+        let buf = buf.into();
+        if self.meta.dir != Direction::In {
+            return Err(Error::misuse("push_from on a request without an IN payload"));
+        }
+        check_range(offset, buf.len() as u64, self.meta.len)?;
+        self.ep.post(Cmd::Push { peer: self.meta.peer, req: self.meta.id, sl: self.meta.sl, offset, buf })
+    }
+
+    /// Ends the request with a reply header; the client's request op completes with it.
+    pub fn reply(mut self, header: impl Into<Bytes>) -> Result<OpId> {
+        self.answered = true;
+        self.ep.post(Cmd::Reply {
+            peer: self.meta.peer,
+            req: self.meta.id,
+            sl: self.meta.sl,
+            header: header.into(),
+            status: status::OK,
+        })
+    }
+
+    /// Ends the request with a transport-level failure; the client's op fails with
+    /// [`Error::Remote`] carrying `reason`.
+    pub fn reply_error(mut self, reason: &str) -> Result<OpId> {
+        self.answered = true;
+        self.ep.post(Cmd::Reply {
+            peer: self.meta.peer,
+            req: self.meta.id,
+            sl: self.meta.sl,
+            header: Bytes::copy_from_slice(reason.as_bytes()),
+            status: status::ERROR,
+        })
+    }
+}
+
+fn check_range(offset: u64, len: u64, total: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= total => Ok(()),
+        _ => Err(Error::misuse(format!("range {offset}+{len} outside the {total}-byte payload"))),
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        if !self.answered {
+            let _ = self.ep.post_detached(
+                Cmd::Reply {
+                    peer: self.meta.peer,
+                    req: self.meta.id,
+                    sl: self.meta.sl,
+                    header: Bytes::new(),
+                    status: status::DROPPED,
+                },
+                true,
+            );
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Expected-message matching (sans-IO).
+//!
+//! Receives are posted for a (peer, tag); messages arrive for a (peer, tag). Both sides queue
+//! in FIFO order, so on one (peer, service level) stream messages match receives in the order
+//! they were sent and posted. An arrival with no posted receive is kept as *early* (the
+//! backend decides what that costs: buffered eager bytes, or just a rendezvous announcement);
+//! a later post takes the oldest early arrival first.
+//!
+//! The matcher owns no I/O and no buffers' bytes: `R` is whatever the backend keeps for a
+//! posted receive, `M` whatever it keeps for an early arrival.
+
+use std::collections::VecDeque;
+
+// Tags are chosen by peers: a per-process random seed keeps colliding keys from being
+// forced, at a fraction of SipHash's cost.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+use crate::types::{OpId, PeerId, Tag};
+
+type Key = (PeerId, Tag);
+
+/// FIFO matching of posted receives against arrivals.
+#[derive(Debug)]
+pub struct Matcher<R, M> {
+    posted: HashMap<Key, VecDeque<(OpId, R)>>,
+    early: HashMap<Key, VecDeque<M>>,
+    op_key: HashMap<OpId, Key>,
+}
+
+impl<R, M> Default for Matcher<R, M> {
+    fn default() -> Self {
+        Matcher { posted: HashMap::default(), early: HashMap::default(), op_key: HashMap::default() }
+    }
+}
+
+/// Result of an arrival.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Arrival<R, M> {
+    /// A posted receive matched (the oldest for this key); it is no longer posted.
+    Matched(OpId, R),
+    /// Nothing was posted; the arrival was queued as early.
+    Queued,
+    /// Returned unchanged (see [`Matcher::arrive_or_return`]).
+    Unmatched(M),
+}
+
+impl<R, M> Matcher<R, M> {
+    /// An empty matcher.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Posts a receive. If an early arrival is waiting for this key, the oldest is returned and
+    /// the receive is *not* queued (the caller completes it from the arrival).
+    pub fn post(&mut self, peer: PeerId, tag: Tag, op: OpId, r: R) -> Result<(), (OpId, R, M)> {
+        let key = (peer, tag);
+        if let Some(q) = self.early.get_mut(&key)
+            && let Some(m) = q.pop_front()
+        {
+            if q.is_empty() {
+                self.early.remove(&key);
+            }
+            return Err((op, r, m));
+        }
+        self.posted.entry(key).or_default().push_back((op, r));
+        self.op_key.insert(op, key);
+        Ok(())
+    }
+
+    /// Records an arrival: matches the oldest posted receive, or queues the arrival as early.
+    pub fn arrive(&mut self, peer: PeerId, tag: Tag, m: M) -> Arrival<R, M> {
+        match self.arrive_or_return(peer, tag, m) {
+            Arrival::Unmatched(m) => {
+                self.early.entry((peer, tag)).or_default().push_back(m);
+                Arrival::Queued
+            }
+            other => other,
+        }
+    }
+
+    /// Like [`Matcher::arrive`] but hands the arrival back instead of queueing it, so the caller
+    /// can first check it has room to keep it.
+    pub fn arrive_or_return(&mut self, peer: PeerId, tag: Tag, m: M) -> Arrival<R, M> {
+        let key = (peer, tag);
+        if let Some(q) = self.posted.get_mut(&key)
+            && let Some((op, r)) = q.pop_front()
+        {
+            if q.is_empty() {
+                self.posted.remove(&key);
+            }
+            self.op_key.remove(&op);
+            return Arrival::Matched(op, r);
+        }
+        Arrival::Unmatched(m)
+    }
+
+    /// Takes the oldest receive posted for the key, if any (the caller handles the arrival).
+    pub fn take_posted(&mut self, peer: PeerId, tag: Tag) -> Option<(OpId, R)> {
+        let key = (peer, tag);
+        let q = self.posted.get_mut(&key)?;
+        let (op, r) = q.pop_front()?;
+        if q.is_empty() {
+            self.posted.remove(&key);
+        }
+        self.op_key.remove(&op);
+        Some((op, r))
+    }
+
+    /// Queues an early arrival without looking for a posted receive (after
+    /// [`Matcher::arrive_or_return`] said there was none).
+    pub fn queue_early(&mut self, peer: PeerId, tag: Tag, m: M) {
+        self.early.entry((peer, tag)).or_default().push_back(m);
+    }
+
+    /// True when a receive is posted for the key.
+    pub fn has_posted(&self, peer: PeerId, tag: Tag) -> bool {
+        self.posted.contains_key(&(peer, tag))
+    }
+
+    /// Removes a posted (unmatched) receive. `None` if it already matched or never existed.
+    pub fn cancel(&mut self, op: OpId) -> Option<R> {
+        let key = self.op_key.remove(&op)?;
+        let q = self.posted.get_mut(&key)?;
+        let pos = q.iter().position(|(o, _)| *o == op)?;
+        let (_, r) = q.remove(pos)?;
+        if q.is_empty() {
+            self.posted.remove(&key);
+        }
+        Some(r)
+    }
+
+    /// Removes everything belonging to a peer: its posted receives and its early arrivals.
+    pub fn drop_peer(&mut self, peer: PeerId) -> (Vec<(OpId, R)>, Vec<M>) {
+        let mut posted = Vec::new();
+        let keys: Vec<Key> = self.posted.keys().filter(|k| k.0 == peer).copied().collect();
+        for k in keys {
+            if let Some(q) = self.posted.remove(&k) {
+                for (op, r) in q {
+                    self.op_key.remove(&op);
+                    posted.push((op, r));
+                }
+            }
+        }
+        posted.sort_by_key(|(op, _)| *op);
+        let mut early = Vec::new();
+        let keys: Vec<Key> = self.early.keys().filter(|k| k.0 == peer).copied().collect();
+        for k in keys {
+            if let Some(q) = self.early.remove(&k) {
+                early.extend(q);
+            }
+        }
+        (posted, early)
+    }
+
+    /// Posted receives not yet matched.
+    pub fn posted_len(&self) -> usize {
+        self.op_key.len()
+    }
+
+    /// Early arrivals not yet matched.
+    pub fn early_len(&self) -> usize {
+        self.early.values().map(|q| q.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const P: PeerId = PeerId(1);
+    const Q: PeerId = PeerId(2);
+
+    #[test]
+    fn receives_match_in_post_order_and_tags_are_isolated() {
+        let mut m: Matcher<&str, &str> = Matcher::new();
+        m.post(P, 7, OpId(1), "r1").unwrap();
+        m.post(P, 7, OpId(2), "r2").unwrap();
+        m.post(P, 8, OpId(3), "r3").unwrap();
+        assert_eq!(m.arrive(P, 8, "m-tag8"), Arrival::Matched(OpId(3), "r3"));
+        assert_eq!(m.arrive(P, 7, "a"), Arrival::Matched(OpId(1), "r1"));
+        assert_eq!(m.arrive(P, 7, "b"), Arrival::Matched(OpId(2), "r2"));
+        // Same tag from another peer does not match P's receives.
+        m.post(P, 9, OpId(4), "r4").unwrap();
+        assert_eq!(m.arrive(Q, 9, "q"), Arrival::Queued);
+        assert_eq!(m.posted_len(), 1);
+        assert_eq!(m.early_len(), 1);
+    }
+
+    #[test]
+    fn early_arrivals_are_taken_oldest_first() {
+        let mut m: Matcher<u32, &str> = Matcher::new();
+        assert_eq!(m.arrive(P, 1, "first"), Arrival::Queued);
+        assert_eq!(m.arrive(P, 1, "second"), Arrival::Queued);
+        assert_eq!(m.post(P, 1, OpId(1), 0), Err((OpId(1), 0, "first")));
+        assert_eq!(m.post(P, 1, OpId(2), 0), Err((OpId(2), 0, "second")));
+        assert!(m.post(P, 1, OpId(3), 0).is_ok());
+    }
+
+    #[test]
+    fn cancel_before_match_removes_and_after_match_is_none() {
+        let mut m: Matcher<u32, u32> = Matcher::new();
+        m.post(P, 1, OpId(1), 10).unwrap();
+        m.post(P, 1, OpId(2), 20).unwrap();
+        assert_eq!(m.cancel(OpId(1)), Some(10));
+        assert_eq!(m.cancel(OpId(1)), None);
+        assert_eq!(m.arrive(P, 1, 99), Arrival::Matched(OpId(2), 20));
+        assert_eq!(m.cancel(OpId(2)), None, "matched receives cannot be cancelled here");
+    }
+
+    #[test]
+    fn drop_peer_returns_everything_of_that_peer_only() {
+        let mut m: Matcher<u32, u32> = Matcher::new();
+        m.post(P, 1, OpId(5), 1).unwrap();
+        m.post(P, 2, OpId(3), 2).unwrap();
+        m.post(Q, 1, OpId(4), 3).unwrap();
+        m.arrive(P, 9, 100);
+        let (posted, early) = m.drop_peer(P);
+        assert_eq!(posted, vec![(OpId(3), 2), (OpId(5), 1)]);
+        assert_eq!(early, vec![100]);
+        assert_eq!(m.posted_len(), 1);
+        assert_eq!(m.arrive(Q, 1, 0), Arrival::Matched(OpId(4), 3));
+    }
+
+    proptest! {
+        /// Against a model: for each key, the k-th arrival pairs with the k-th post.
+        #[test]
+        fn fifo_pairing_matches_model(events in proptest::collection::vec((any::<bool>(), 0u64..3), 0..200)) {
+            let mut m: Matcher<usize, usize> = Matcher::new();
+            let mut posts = [0usize; 3];
+            let mut arrivals = [0usize; 3];
+            let mut op = 0u64;
+            for (is_post, tag) in events {
+                let t = tag as usize;
+                if is_post {
+                    op += 1;
+                    let k = posts[t];
+                    posts[t] += 1;
+                    match m.post(P, tag, OpId(op), k) {
+                        Ok(()) => {}
+                        Err((_, r, a)) => prop_assert_eq!(r, a),
+                    }
+                } else {
+                    let k = arrivals[t];
+                    arrivals[t] += 1;
+                    match m.arrive(P, tag, k) {
+                        Arrival::Matched(_, r) => prop_assert_eq!(r, k),
+                        Arrival::Queued => {}
+                        Arrival::Unmatched(_) => prop_assert!(false),
+                    }
+                }
+            }
+        }
+    }
+}

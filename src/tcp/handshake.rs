@@ -1,0 +1,337 @@
+//! The connection handshake (sans-IO): `HELLO` → `HELLO_ACK` → `AUTH` → `READY`.
+//!
+//! Both sides exchange endpoint ids, fresh 32-byte nonces and their limits. With a cluster key,
+//! each side proves it holds the key with an HMAC-SHA256 over both nonces, both endpoint ids and
+//! the service level, under a side-specific label so a proof cannot be reflected back. A server
+//! with a key delivers nothing from a connection until the client's proof checks out; a client
+//! with a key refuses a server that cannot prove it has the same key.
+//!
+//! The same messages serve the InfiniBand side channel.
+
+use crate::types::ServiceLevel;
+use crate::util;
+use crate::wire::{Header, Kind};
+
+/// Length of a nonce and of a proof.
+pub const NONCE_LEN: usize = 32;
+const PROOF_LEN: usize = 32;
+/// HELLO flag: the sender has a cluster key.
+pub const HS_HAS_KEY: u32 = 1;
+/// READY status: accepted.
+pub const READY_OK: u32 = 0;
+/// READY status: authentication failed.
+pub const READY_AUTH_FAILED: u32 = 1;
+/// READY status: refused for limits (too many peers).
+pub const READY_REFUSED: u32 = 2;
+
+/// Limits a side announces in its hello.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelloInfo {
+    /// Sender's endpoint id.
+    pub endpoint_id: u64,
+    /// Sender's nonce.
+    pub nonce: [u8; NONCE_LEN],
+    /// Port the sender listens on (0 = client only).
+    pub listen_port: u16,
+    /// Largest eager message the sender accepts.
+    pub eager_limit: u32,
+    /// Largest message the sender accepts.
+    pub max_message: u64,
+    /// Sender has a cluster key.
+    pub has_key: bool,
+}
+
+const HELLO_BODY: usize = NONCE_LEN + 2 + 4 + 8;
+
+/// Why a handshake message was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandshakeError {
+    /// Wrong length or kind.
+    #[error("malformed {0}")]
+    Malformed(&'static str),
+    /// The peer's proof did not verify, or it has no key while we require one.
+    #[error("{0}")]
+    Auth(&'static str),
+}
+
+impl HelloInfo {
+    /// A fresh hello with a random nonce.
+    pub fn new(
+        endpoint_id: u64,
+        listen_port: u16,
+        eager_limit: u32,
+        max_message: u64,
+        has_key: bool,
+    ) -> Self {
+        let mut nonce = [0u8; NONCE_LEN];
+        util::fill_random(&mut nonce);
+        HelloInfo { endpoint_id, nonce, listen_port, eager_limit, max_message, has_key }
+    }
+
+    fn body(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(HELLO_BODY + PROOF_LEN);
+        b.extend_from_slice(&self.nonce);
+        b.extend_from_slice(&self.listen_port.to_le_bytes());
+        b.extend_from_slice(&self.eager_limit.to_le_bytes());
+        b.extend_from_slice(&self.max_message.to_le_bytes());
+        b
+    }
+
+    fn parse(h: &Header, payload: &[u8]) -> Result<(HelloInfo, Option<[u8; PROOF_LEN]>), HandshakeError> {
+        if payload.len() != HELLO_BODY && payload.len() != HELLO_BODY + PROOF_LEN {
+            return Err(HandshakeError::Malformed("hello body"));
+        }
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&payload[..NONCE_LEN]);
+        let p = &payload[NONCE_LEN..];
+        let info = HelloInfo {
+            endpoint_id: h.a,
+            nonce,
+            listen_port: u16::from_le_bytes([p[0], p[1]]),
+            eager_limit: u32::from_le_bytes([p[2], p[3], p[4], p[5]]),
+            max_message: u64::from_le_bytes([p[6], p[7], p[8], p[9], p[10], p[11], p[12], p[13]]),
+            has_key: h.aux & HS_HAS_KEY != 0,
+        };
+        let proof = (payload.len() == HELLO_BODY + PROOF_LEN).then(|| {
+            let mut pr = [0u8; PROOF_LEN];
+            pr.copy_from_slice(&payload[HELLO_BODY..]);
+            pr
+        });
+        Ok((info, proof))
+    }
+}
+
+fn frame(kind: Kind, sl: ServiceLevel, a: u64, aux: u32, body: Vec<u8>) -> (Header, Vec<u8>) {
+    let mut h = Header::new(kind, sl);
+    h.a = a;
+    h.aux = aux;
+    h.len = body.len() as u32;
+    (h, body)
+}
+
+/// The bytes a proof covers: a side label, both nonces (the verifier's first, so each side
+/// signs the other's fresh challenge), both endpoint ids and the service level.
+fn proof_input(
+    label: &[u8],
+    first: &HelloInfo,
+    second: &HelloInfo,
+    client_id: u64,
+    server_id: u64,
+    sl: ServiceLevel,
+) -> Vec<u8> {
+    let mut v = Vec::with_capacity(label.len() + 2 * NONCE_LEN + 17);
+    v.extend_from_slice(label);
+    v.extend_from_slice(&first.nonce);
+    v.extend_from_slice(&second.nonce);
+    v.extend_from_slice(&client_id.to_le_bytes());
+    v.extend_from_slice(&server_id.to_le_bytes());
+    v.push(sl as u8);
+    v
+}
+
+const SERVER_LABEL: &[u8] = b"ionet-v1 server proof";
+const CLIENT_LABEL: &[u8] = b"ionet-v1 client proof";
+
+/// Client side of one connection's handshake.
+#[derive(Debug)]
+pub struct ClientHandshake {
+    sl: ServiceLevel,
+    mine: HelloInfo,
+    key: Option<Vec<u8>>,
+    server: Option<HelloInfo>,
+}
+
+impl ClientHandshake {
+    /// Starts a handshake; returns it and the HELLO frame to send.
+    pub fn start(sl: ServiceLevel, mine: HelloInfo, key: Option<Vec<u8>>) -> (Self, (Header, Vec<u8>)) {
+        let aux = if key.is_some() { HS_HAS_KEY } else { 0 };
+        let hello = frame(Kind::Hello, sl, mine.endpoint_id, aux, mine.body());
+        (ClientHandshake { sl, mine, key, server: None }, hello)
+    }
+
+    /// Handles HELLO_ACK: verifies the server (when we have a key) and returns the AUTH frame.
+    pub fn on_hello_ack(&mut self, h: &Header, payload: &[u8]) -> Result<(Header, Vec<u8>), HandshakeError> {
+        if h.kind != Kind::HelloAck || self.server.is_some() {
+            return Err(HandshakeError::Malformed("hello-ack"));
+        }
+        let (server, server_proof) = HelloInfo::parse(h, payload)?;
+        let body = match &self.key {
+            Some(key) => {
+                let Some(sp) = server_proof else {
+                    return Err(HandshakeError::Auth("server did not prove the cluster key"));
+                };
+                let input = proof_input(
+                    SERVER_LABEL,
+                    &self.mine,
+                    &server,
+                    self.mine.endpoint_id,
+                    server.endpoint_id,
+                    self.sl,
+                );
+                if !util::verify_mac(key, &[&input], &sp) {
+                    return Err(HandshakeError::Auth("server proof does not match our cluster key"));
+                }
+                let input = proof_input(
+                    CLIENT_LABEL,
+                    &server,
+                    &self.mine,
+                    self.mine.endpoint_id,
+                    server.endpoint_id,
+                    self.sl,
+                );
+                util::mac(key, &[&input]).to_vec()
+            }
+            None => Vec::new(),
+        };
+        self.server = Some(server);
+        Ok(frame(Kind::Auth, self.sl, self.mine.endpoint_id, 0, body))
+    }
+
+    /// The server's hello, once received.
+    pub fn server(&self) -> Option<&HelloInfo> {
+        self.server.as_ref()
+    }
+}
+
+/// Server side of one connection's handshake.
+#[derive(Debug)]
+pub struct ServerHandshake {
+    mine_template: (u64, u16, u32, u64),
+    key: Option<Vec<u8>>,
+    state: Option<(ServiceLevel, HelloInfo, HelloInfo)>,
+}
+
+impl ServerHandshake {
+    /// Waits for a HELLO.
+    pub fn new(
+        endpoint_id: u64,
+        listen_port: u16,
+        eager_limit: u32,
+        max_message: u64,
+        key: Option<Vec<u8>>,
+    ) -> Self {
+        ServerHandshake {
+            mine_template: (endpoint_id, listen_port, eager_limit, max_message),
+            key,
+            state: None,
+        }
+    }
+
+    /// Handles HELLO: returns the client's hello and the HELLO_ACK to send.
+    pub fn on_hello(
+        &mut self,
+        h: &Header,
+        payload: &[u8],
+    ) -> Result<(HelloInfo, (Header, Vec<u8>)), HandshakeError> {
+        if h.kind != Kind::Hello || self.state.is_some() {
+            return Err(HandshakeError::Malformed("hello"));
+        }
+        let (client, p) = HelloInfo::parse(h, payload)?;
+        if p.is_some() {
+            return Err(HandshakeError::Malformed("hello carries a proof"));
+        }
+        let (eid, port, eager, maxm) = self.mine_template;
+        let mine = HelloInfo::new(eid, port, eager, maxm, self.key.is_some());
+        let mut body = mine.body();
+        let mut aux = 0;
+        if let Some(key) = &self.key {
+            aux |= HS_HAS_KEY;
+            let input = proof_input(SERVER_LABEL, &client, &mine, client.endpoint_id, eid, h.sl);
+            body.extend_from_slice(&util::mac(key, &[&input]));
+        }
+        self.state = Some((h.sl, client, mine));
+        Ok((client, frame(Kind::HelloAck, h.sl, eid, aux, body)))
+    }
+
+    /// Handles AUTH: returns the READY status to send (accept only with [`READY_OK`]).
+    pub fn on_auth(&mut self, h: &Header, payload: &[u8]) -> Result<(), HandshakeError> {
+        let Some((sl, client, mine)) = &self.state else {
+            return Err(HandshakeError::Malformed("auth before hello"));
+        };
+        if h.kind != Kind::Auth {
+            return Err(HandshakeError::Malformed("auth"));
+        }
+        match &self.key {
+            None => Ok(()),
+            Some(key) => {
+                if payload.len() != PROOF_LEN {
+                    return Err(HandshakeError::Auth("client did not prove the cluster key"));
+                }
+                let input =
+                    proof_input(CLIENT_LABEL, mine, client, client.endpoint_id, mine.endpoint_id, *sl);
+                if util::verify_mac(key, &[&input], payload) {
+                    Ok(())
+                } else {
+                    Err(HandshakeError::Auth("client proof does not match our cluster key"))
+                }
+            }
+        }
+    }
+
+    /// A READY frame with a status.
+    pub fn ready(&self, status: u32) -> (Header, Vec<u8>) {
+        let sl = self.state.as_ref().map_or(ServiceLevel::Control, |s| s.0);
+        frame(Kind::Ready, sl, self.mine_template.0, status, Vec::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+    fn run(client_key: Option<&[u8]>, server_key: Option<&[u8]>) -> Result<(), HandshakeError> {
+        let sl = ServiceLevel::Bulk;
+        let (mut c, (h1, b1)) = ClientHandshake::start(
+            sl,
+            HelloInfo::new(11, 0, 16384, 1 << 20, client_key.is_some()),
+            client_key.map(|k| k.to_vec()),
+        );
+        let mut s = ServerHandshake::new(22, 7000, 16384, 1 << 20, server_key.map(|k| k.to_vec()));
+        let h1 = Header::decode(&h1.encode()).unwrap();
+        let (client, (h2, b2)) = s.on_hello(&h1, &b1)?;
+        assert_eq!(client.endpoint_id, 11);
+        let (h3, b3) = c.on_hello_ack(&h2, &b2)?;
+        assert_eq!(c.server().unwrap().listen_port, 7000);
+        s.on_auth(&h3, &b3)
+    }
+
+    #[test]
+    fn no_keys_and_matching_keys_succeed() {
+        run(None, None).unwrap();
+        run(Some(KEY), Some(KEY)).unwrap();
+    }
+
+    #[test]
+    fn wrong_or_missing_keys_fail() {
+        assert!(matches!(run(None, Some(KEY)), Err(HandshakeError::Auth(_))));
+        assert!(matches!(run(Some(KEY), None), Err(HandshakeError::Auth(_))));
+        assert!(matches!(
+            run(Some(b"another-key-another-key-another!"), Some(KEY)),
+            Err(HandshakeError::Auth(_))
+        ));
+    }
+
+    #[test]
+    fn a_server_proof_cannot_be_reflected_as_a_client_proof() {
+        let sl = ServiceLevel::Normal;
+        let mut s = ServerHandshake::new(22, 0, 1, 1, Some(KEY.to_vec()));
+        let (_c, (h1, b1)) = ClientHandshake::start(sl, HelloInfo::new(11, 0, 1, 1, false), None);
+        let (_, (_h2, b2)) = s.on_hello(&h1, &b1).unwrap();
+        let reflected = b2[HELLO_BODY..].to_vec();
+        let mut auth = Header::new(Kind::Auth, sl);
+        auth.len = 32;
+        assert!(s.on_auth(&auth, &reflected).is_err());
+    }
+
+    #[test]
+    fn malformed_bodies_are_errors() {
+        let mut s = ServerHandshake::new(1, 0, 1, 1, None);
+        let mut h = Header::new(Kind::Hello, ServiceLevel::Normal);
+        h.len = 3;
+        assert!(s.on_hello(&h, &[1, 2, 3]).is_err());
+        let auth = Header::new(Kind::Auth, ServiceLevel::Normal);
+        assert!(s.on_auth(&auth, &[]).is_err(), "auth before hello");
+    }
+}

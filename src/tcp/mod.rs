@@ -1,0 +1,2585 @@
+//! The TCP backend (mio + socket2).
+//!
+//! * One connection per (peer, service level), opened lazily on first use, each marked with
+//!   its class's DSCP and `SO_PRIORITY`, `TCP_NODELAY` on.
+//! * A handshake ([`handshake`]) exchanges endpoint ids and limits and, with a cluster key,
+//!   authenticates both sides before any message is delivered.
+//! * Eager messages (≤ the eager limit) go whole in one `writev` of header + payload. Larger ones
+//!   use rendezvous: `RTS`, then the body flows only after the receiver posted a matching receive
+//!   and answered `CTS`, and it is read straight into the receiver's buffer.
+//! * Early eager data and unexpected messages are buffered per peer up to a byte budget; past
+//!   it we stop reading that peer's socket (back-pressure) instead of buffering more.
+//! * Request payloads: small OUT payloads travel inline with the request; larger ones are pulled
+//!   by the server (`PULL` / `PULL_DATA`) into its buffer; IN payloads are pushed (`PUSH`)
+//!   straight into the client's buffer.
+//! * `put`/`get` are emulated with frames the target validates against its exposure table.
+//! * On connection loss every operation on the peer fails once with `PeerLost`; the next use
+//!   reconnects.
+
+pub(crate) mod handshake;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{self, IoSlice, Read, Write};
+use std::mem;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+// Keys we generate ourselves (tokens, op and message ids) hash with Fx; maps keyed by values a
+// peer chooses (tags, request ids) keep the DoS-resistant default hasher.
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use rustc_hash::{FxHashMap, FxHashSet};
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+
+use crate::addr::{Address, Scheme};
+use crate::buf::{BufPool, OpBuf, RecvBuf, RegisteredBuf, SendBuf};
+use crate::comm::{Conditions, Mechanism, Policy};
+use crate::config::Config;
+use crate::endpoint::{
+    Backend, Cmd, Completion, Core, Direction, OpKind, Payload, RequestMeta, Unexpected, status,
+};
+use crate::error::{AccessError, Error, ProtocolError, Result};
+use crate::expose::{ExposureTable, MemHandle};
+use crate::info::{Counters, Info};
+use crate::matching::{Arrival, Matcher};
+use crate::sched::SendScheduler;
+use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
+use crate::wire::{
+    self, FLAG_ABORT, FLAG_INLINE_DATA, FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, HEADER_LEN, Header, Kind, Limits,
+};
+use handshake::{ClientHandshake, HelloInfo, ServerHandshake};
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const FIRST_CONN: usize = 2;
+
+/// Receive staging buffer per connection: small frames are parsed from it with one `read`.
+const RX_BUF: usize = 64 * 1024;
+/// Payload remainders at least this large are read straight into the destination buffer.
+const DIRECT_READ_MIN: usize = 16 * 1024;
+/// Bytes read from one connection per round before others get a turn.
+const READ_QUANTUM: usize = 4 << 20;
+/// iovecs per `writev`.
+const MAX_IOV: usize = 64;
+/// What an unmatched rendezvous announcement costs against the peer's early-data budget.
+const RTS_COST: usize = 64;
+/// Connections still in their handshake, at most.
+const MAX_HANDSHAKING: usize = 128;
+/// Busy-poll rounds between epoll checks when reading sockets directly.
+const SPIN_EPOLL_EVERY: u32 = 16;
+/// Busy-poll rounds per `progress` call when nothing happens.
+const SPIN_ROUNDS_PER_CALL: u32 = 8;
+/// Direct socket polling only pays with few connections.
+const SPIN_DIRECT_MAX_CONNS: usize = 4;
+/// How often handshake timeouts are checked.
+const TIMER_PERIOD: Duration = Duration::from_millis(50);
+
+/// The TCP backend.
+pub(crate) struct TcpBackend {
+    core: Arc<Core>,
+    poller: Mutex<Poller>,
+    registry: Registry,
+    waker: Waker,
+    st: Mutex<State>,
+    pool: BufPool,
+    endpoint_id: u64,
+    local: Option<Address>,
+    /// A driver is asleep in epoll: posts must write themselves.
+    blocked: AtomicBool,
+}
+
+struct Poller {
+    poll: Poll,
+    events: Events,
+}
+
+struct Settings {
+    cfg: Config,
+    policy: Policy,
+    limits: Limits,
+    eager_limit: usize,
+    endpoint_id: u64,
+    listen_port: u16,
+}
+
+#[derive(Debug)]
+enum Early {
+    Eager { data: Bytes, sl: ServiceLevel },
+    Rts { msg: u64, total: u64, token: Token },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpSt {
+    /// A receive waiting in the matcher.
+    Posted,
+    /// A matched receive whose payload is being read.
+    Receiving,
+    /// Frames being written; completes when written.
+    Writing,
+    /// Rendezvous sender waiting for CTS.
+    WaitCts { msg: u64 },
+    /// Rendezvous receiver waiting for DATA.
+    WaitData { msg: u64 },
+    /// Put waiting for its acknowledgement.
+    WaitAck,
+    /// Get waiting for its response.
+    WaitResp,
+    /// Client request waiting for its reply.
+    WaitReply,
+    /// Server pull waiting for PULL_DATA.
+    WaitPullData,
+    /// Outcome known; waiting for frames that still reference the buffer.
+    Finishing,
+}
+
+struct Op {
+    kind: OpKind,
+    peer: PeerId,
+    tag: Tag,
+    sl: ServiceLevel,
+    buf: OpBuf,
+    st: OpSt,
+    /// Queued frames whose bodies reference `buf`.
+    frames: u32,
+    outcome: Option<Result<usize>>,
+    mech: Option<Mechanism>,
+    reply: Option<Bytes>,
+    /// Bytes moved so far (pushes into a request's IN buffer, pulls from its OUT buffer).
+    moved: usize,
+    /// Length this op expects from the wire (rendezvous total, get / pull length).
+    expect: u64,
+}
+
+/// Server-side state of a request taken from a client.
+struct ServerReq {
+    sl: ServiceLevel,
+    dir: Direction,
+    len: u64,
+    inline: Option<Bytes>,
+    cost: usize,
+    cancelled: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RndvIn {
+    Op(OpId),
+    Discard,
+}
+
+struct Peer {
+    dial: Option<SocketAddr>,
+    remote: Option<SocketAddr>,
+    conns: [Option<Token>; ServiceLevel::COUNT],
+    /// Negotiated: the peer's eager limit and largest message.
+    eager_limit: usize,
+    max_message: u64,
+    /// Early eager bytes, unexpected bytes and request bytes held for this peer.
+    buffered: usize,
+    unexpected: usize,
+    requests: usize,
+    /// Lost and not dialable: ops fail at once until it reconnects.
+    lost: Option<String>,
+    /// Requests this side cancelled: late frames for them are discarded.
+    cancelled_reqs: HashSet<u64>,
+    /// Connections whose reader is stalled on this peer's budget.
+    stalled: Vec<Token>,
+}
+
+enum Sink {
+    Discard,
+    Vec(Vec<u8>),
+    /// Into an op's receive buffer at `base + got`.
+    Op {
+        op: OpId,
+        base: usize,
+    },
+    /// Into exposed memory (re-validated per chunk).
+    Exposure {
+        key: u64,
+        addr: u64,
+        denied: Option<AccessError>,
+    },
+}
+
+enum Rx {
+    Header,
+    Payload { hdr: Header, sink: Sink, got: usize },
+    Stalled(Header),
+}
+
+#[derive(Debug)]
+enum OnDone {
+    Nothing,
+    /// The op is done when this frame is written.
+    Complete(OpId),
+    /// The frame referenced the op's buffer; release that reference.
+    Release(OpId),
+    /// Close the connection once written (handshake refusals).
+    Close,
+}
+
+struct Frame {
+    hdr: [u8; HEADER_LEN],
+    sent: usize,
+    prefix: Bytes,
+    op_part: Option<(OpId, usize, usize)>,
+    done: OnDone,
+}
+
+impl Frame {
+    fn new(h: Header, prefix: Bytes, op_part: Option<(OpId, usize, usize)>, done: OnDone) -> Frame {
+        Frame { hdr: h.encode(), sent: 0, prefix, op_part, done }
+    }
+    fn total(&self) -> usize {
+        HEADER_LEN + self.prefix.len() + self.op_part.map_or(0, |p| p.2)
+    }
+}
+
+enum Phase {
+    Connecting,
+    ClientWaitAck(Box<ClientHandshake>),
+    ClientWaitReady(Box<ClientHandshake>),
+    ServerWaitHello(Box<ServerHandshake>),
+    ServerWaitAuth(Box<ServerHandshake>, HelloInfo),
+    Ready,
+    Closing,
+}
+
+struct Conn {
+    sock: TcpStream,
+    sl: ServiceLevel,
+    peer: Option<PeerId>,
+    remote: SocketAddr,
+    phase: Phase,
+    since: Instant,
+    rx: Rx,
+    rxbuf: Box<[u8]>,
+    rx_start: usize,
+    rx_end: usize,
+    hs_tx: VecDeque<Frame>,
+    tx: VecDeque<Frame>,
+    readable: bool,
+    writable: bool,
+    /// The last read was short: the socket had nothing more at that moment.
+    drained: bool,
+}
+
+impl Conn {
+    fn new(sock: TcpStream, remote: SocketAddr, sl: ServiceLevel, phase: Phase) -> Conn {
+        Conn {
+            sock,
+            sl,
+            peer: None,
+            remote,
+            phase,
+            since: Instant::now(),
+            rx: Rx::Header,
+            rxbuf: vec![0u8; RX_BUF].into_boxed_slice(),
+            rx_start: 0,
+            rx_end: 0,
+            hs_tx: VecDeque::new(),
+            tx: VecDeque::new(),
+            readable: true,
+            writable: false,
+            drained: false,
+        }
+    }
+
+    fn is_ready(&self) -> bool {
+        matches!(self.phase, Phase::Ready)
+    }
+
+    fn has_tx(&self) -> bool {
+        !self.hs_tx.is_empty() || (self.is_ready() && !self.tx.is_empty())
+    }
+
+    /// Reads more into the staging buffer.
+    fn fill(&mut self) -> io::Result<usize> {
+        fill(&self.sock, &mut self.rxbuf, &mut self.rx_start, &mut self.rx_end)
+    }
+}
+
+struct State {
+    s: Settings,
+    listener: Option<TcpListener>,
+    conns: FxHashMap<Token, Conn>,
+    next_token: usize,
+    peers: Vec<Peer>,
+    by_eid: HashMap<u64, PeerId>,
+    matcher: Matcher<(), Early>,
+    ops: FxHashMap<OpId, Op>,
+    exposures: ExposureTable,
+    sreqs: HashMap<(PeerId, u64), ServerReq>,
+    rndv_in: HashMap<(PeerId, u64), RndvIn>,
+    rndv_out: FxHashMap<u64, OpId>,
+    read_ready: VecDeque<Token>,
+    write_ready: FxHashSet<Token>,
+    sched: SendScheduler,
+    done: Vec<Completion>,
+    next_msg: u64,
+    last_timers: Instant,
+    spin_rounds: u32,
+    timer_rounds: u32,
+    /// Unexpected messages and requests handed to the core (progress made).
+    events: u64,
+    /// Reused to avoid an allocation per flush.
+    scratch_tokens: Vec<Token>,
+    closed: bool,
+    core: Arc<Core>,
+}
+
+/// Why a peer is being failed.
+enum Loss {
+    Lost(String),
+    Auth(String),
+    Protocol(ProtocolError),
+}
+
+impl TcpBackend {
+    pub(crate) fn new(bind: Option<&Address>, cfg: &Config, core: Arc<Core>) -> Result<TcpBackend> {
+        let poll = Poll::new()?;
+        let registry = poll.registry().try_clone()?;
+        let waker = Waker::new(&registry, WAKER)?;
+        let mut policy = cfg.policy.clone().unwrap_or_else(|| Policy::for_scheme(Scheme::Tcp));
+        let eager_limit = cfg.eager_limit.unwrap_or_else(|| {
+            ServiceLevel::ALL.iter().map(|&sl| policy.thresholds(sl).inline_max).max().unwrap_or(0)
+        });
+        // The table can never choose eager above what the receiver buffers.
+        for sl in ServiceLevel::ALL {
+            let mut t = policy.thresholds(sl);
+            t.inline_max = t.inline_max.min(eager_limit);
+            policy.set(sl, t);
+        }
+        let max_message = cfg.max_message.min(u32::MAX as usize);
+        let limits = Limits {
+            eager: eager_limit as u32,
+            chunk: max_message as u32,
+            header: cfg.max_header as u32,
+            message: max_message as u64,
+        };
+        let mut listener = None;
+        let mut local = None;
+        if let Some(addr) = bind {
+            let sa = *addr.resolve()?.first().ok_or_else(|| Error::misuse("no address to bind"))?;
+            let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
+            sock.set_reuse_address(true)?;
+            sock.set_nonblocking(true)?;
+            sock.bind(&sa.into())?;
+            sock.listen(1024)?;
+            let mut l = TcpListener::from_std(sock.into());
+            registry.register(&mut l, LISTENER, Interest::READABLE)?;
+            let real = l.local_addr()?;
+            local = Some(Address::new(Scheme::Tcp, addr.host().clone(), real.port()));
+            listener = Some(l);
+        }
+        let endpoint_id = crate::util::random_u64();
+        let settings = Settings {
+            cfg: cfg.clone(),
+            policy,
+            limits,
+            eager_limit,
+            endpoint_id,
+            listen_port: local.as_ref().map_or(0, |a| a.port()),
+        };
+        let st = State {
+            sched: SendScheduler::new(cfg.sched_weights),
+            s: settings,
+            listener,
+            conns: FxHashMap::default(),
+            next_token: FIRST_CONN,
+            peers: Vec::new(),
+            by_eid: HashMap::new(),
+            matcher: Matcher::new(),
+            ops: FxHashMap::default(),
+            exposures: ExposureTable::default(),
+            sreqs: HashMap::new(),
+            rndv_in: HashMap::new(),
+            rndv_out: FxHashMap::default(),
+            read_ready: VecDeque::new(),
+            write_ready: FxHashSet::default(),
+            done: Vec::new(),
+            next_msg: 1,
+            last_timers: Instant::now(),
+            spin_rounds: 0,
+            timer_rounds: 0,
+            events: 0,
+            scratch_tokens: Vec::new(),
+            closed: false,
+            core: core.clone(),
+        };
+        tracing::debug!(endpoint_id, local = ?local, "tcp endpoint up");
+        Ok(TcpBackend {
+            core,
+            poller: Mutex::new(Poller { poll, events: Events::with_capacity(256) }),
+            registry,
+            waker,
+            st: Mutex::new(st),
+            pool: BufPool::new(cfg.pool_max_bytes, cfg.pool_cached_bytes),
+            endpoint_id,
+            local,
+            blocked: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands completions gathered under the state lock to the core.
+    fn deliver(&self, mut st: MutexGuard<'_, State>) {
+        // Lock order is backend state, then core; the core never calls back into a backend.
+        if !st.done.is_empty() {
+            self.core.complete_all(st.done.drain(..));
+        }
+    }
+}
+
+impl Backend for TcpBackend {
+    fn scheme(&self) -> Scheme {
+        Scheme::Tcp
+    }
+
+    fn local_addr(&self) -> Option<Address> {
+        self.local.clone()
+    }
+
+    fn connect(&self, addr: &Address) -> Result<PeerId> {
+        let sa = *addr.resolve()?.first().ok_or_else(|| Error::misuse("address resolves to nothing"))?;
+        let mut st = self.lock();
+        if let Some(i) = st.peers.iter().position(|p| p.dial == Some(sa)) {
+            return Ok(PeerId(i as u32));
+        }
+        if st.peers.len() >= st.s.cfg.max_peers {
+            return Err(Error::Exhausted(format!("max_peers ({}) reached", st.s.cfg.max_peers)));
+        }
+        Ok(st.new_peer(Some(sa), Some(sa)))
+    }
+
+    fn peer_addr(&self, peer: PeerId) -> Option<Address> {
+        let st = self.lock();
+        let p = st.peers.get(peer.0 as usize)?;
+        p.dial.or(p.remote).map(|sa| Address::from_socket(Scheme::Tcp, sa))
+    }
+
+    fn post(&self, op: OpId, cmd: Cmd) -> Result<()> {
+        let mut st = self.lock();
+        if st.closed {
+            return Err(Error::Closed);
+        }
+        let r = st.post(&self.registry, op, cmd);
+        // Write at once (BMI's "completed immediately" path) unless batching: then frames go
+        // out at the next progress round, so back-to-back posts share one writev and one
+        // wake-up of the receiver — except when a driver sleeps in epoll and would not run that
+        // round soon.
+        if !st.s.cfg.batch_sends || self.blocked.load(Ordering::Acquire) {
+            if st.write_ready.len() == 1 {
+                // The common case, one connection with data: skip the scheduler.
+                let t = *st.write_ready.iter().next().expect("one entry");
+                st.write_conn(t, usize::MAX);
+            } else {
+                st.flush_ready();
+            }
+        }
+        self.deliver(st);
+        r
+    }
+
+    fn cancel(&self, op: OpId, why: Error) {
+        let mut st = self.lock();
+        st.cancel(op, why);
+        st.flush_ready();
+        self.deliver(st);
+    }
+
+    fn progress(&self, timeout: Duration) -> Result<()> {
+        if timeout.is_zero() && self.spin_without_epoll() {
+            return Ok(());
+        }
+        let mut guard = self.poller.lock().unwrap_or_else(|p| p.into_inner());
+        let mut timeout = timeout;
+        {
+            // Write what posts queued; if that completed something, do not sleep.
+            let mut st = self.lock();
+            st.flush_ready();
+            if !st.done.is_empty() {
+                timeout = Duration::ZERO;
+            }
+            self.deliver(st);
+        }
+        let poller = &mut *guard;
+        let blocking = !timeout.is_zero();
+        if blocking {
+            self.blocked.store(true, Ordering::Release);
+            // A post may have queued frames between our flush and the flag: look once more.
+            if !self.lock().write_ready.is_empty() {
+                timeout = Duration::ZERO;
+            }
+        }
+        let r = poller.poll.poll(&mut poller.events, Some(timeout));
+        if blocking {
+            self.blocked.store(false, Ordering::Release);
+        }
+        match r {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+        let mut guard_st = self.lock();
+        let st = &mut *guard_st;
+        for ev in poller.events.iter() {
+            match ev.token() {
+                LISTENER => st.accept(&self.registry),
+                WAKER => {}
+                t => {
+                    let Some(c) = st.conns.get_mut(&t) else { continue };
+                    if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                        c.readable = true;
+                        st.read_ready.push_back(t);
+                    }
+                    if ev.is_writable() || ev.is_error() {
+                        if let Some(c) = st.conns.get_mut(&t) {
+                            c.writable = true;
+                        }
+                        st.on_writable(t);
+                    }
+                }
+            }
+        }
+        drop(guard);
+        let mut st = guard_st;
+        st.run_reads();
+        st.flush_ready();
+        st.timers(timeout.is_zero());
+        self.deliver(st);
+        Ok(())
+    }
+
+    fn wake(&self) {
+        let _ = self.waker.wake();
+    }
+
+    fn unexpected_taken(&self, peer: PeerId, bytes: usize) {
+        let mut st = self.lock();
+        if let Some(p) = st.peers.get_mut(peer.0 as usize) {
+            p.buffered = p.buffered.saturating_sub(bytes);
+            p.unexpected = p.unexpected.saturating_sub(1);
+        }
+        st.unstall(peer);
+        st.flush_ready();
+        self.deliver(st);
+    }
+
+    fn alloc(&self, len: usize) -> Result<RegisteredBuf> {
+        self.pool.alloc(len)
+    }
+
+    fn expose(&self, buf: RegisteredBuf, access: Access) -> Result<MemHandle> {
+        Ok(self.lock().exposures.insert(buf, access, 0))
+    }
+
+    fn revoke(&self, key: u64) -> Result<RegisteredBuf> {
+        self.lock().exposures.remove(key).ok_or_else(|| Error::misuse("unknown or already revoked exposure"))
+    }
+
+    fn with_exposed(&self, key: u64, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        let mut st = self.lock();
+        let b = st.exposures.get_mut(key).ok_or_else(|| Error::misuse("unknown or revoked exposure"))?;
+        f(b);
+        Ok(())
+    }
+
+    fn info(&self, info: &mut Info) {
+        let st = self.lock();
+        info.scheme = Scheme::Tcp;
+        info.local_addr = self.local.clone();
+        info.endpoint_id = self.endpoint_id;
+        info.eager_limit = st.s.eager_limit;
+        info.max_message = st.s.limits.message as usize;
+        info.policy = st.s.policy.clone();
+        info.pool = self.pool.stats();
+        info.exposures = st.exposures.len();
+        info.peers_connected = st.peers.iter().filter(|p| p.conns.iter().any(Option::is_some)).count();
+    }
+
+    fn shutdown(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        let tokens: Vec<Token> = st.conns.keys().copied().collect();
+        for t in tokens {
+            if let Some(mut c) = st.conns.remove(&t) {
+                let _ = self.registry.deregister(&mut c.sock);
+            }
+        }
+        if let Some(mut l) = st.listener.take() {
+            let _ = self.registry.deregister(&mut l);
+        }
+    }
+}
+
+impl TcpBackend {
+    /// Busy-polling with few connections: try their sockets directly instead of asking epoll,
+    /// which saves a syscall per arrival. Every `SPIN_EPOLL_EVERY`-th round still polls epoll
+    /// for accepts, connects and writability. Returns false when epoll should be used.
+    fn spin_without_epoll(&self) -> bool {
+        // Several rounds per call, so the endpoint's per-round bookkeeping is amortised; the
+        // lock is released between rounds so other threads can post.
+        for _ in 0..SPIN_ROUNDS_PER_CALL {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            st.spin_rounds = st.spin_rounds.wrapping_add(1);
+            if st.spin_rounds % SPIN_EPOLL_EVERY == 0 || st.conns.len() > SPIN_DIRECT_MAX_CONNS {
+                return false;
+            }
+            let before = st.events;
+            for (t, c) in st.conns.iter_mut() {
+                if c.is_ready() && !matches!(c.rx, Rx::Stalled(_)) {
+                    c.readable = true;
+                    st.read_ready.push_back(*t);
+                }
+            }
+            st.run_reads();
+            st.flush_ready();
+            let progressed = !st.done.is_empty() || st.events != before;
+            self.deliver(guard);
+            if progressed {
+                break;
+            }
+        }
+        true
+    }
+}
+
+impl State {
+    fn new_peer(&mut self, dial: Option<SocketAddr>, remote: Option<SocketAddr>) -> PeerId {
+        let id = PeerId(self.peers.len() as u32);
+        self.peers.push(Peer {
+            dial,
+            remote,
+            conns: [None; ServiceLevel::COUNT],
+            eager_limit: self.s.eager_limit,
+            max_message: self.s.limits.message,
+            buffered: 0,
+            unexpected: 0,
+            requests: 0,
+            lost: None,
+            cancelled_reqs: HashSet::new(),
+            stalled: Vec::new(),
+        });
+        id
+    }
+
+    fn peer(&self, peer: PeerId) -> Result<&Peer> {
+        self.peers.get(peer.0 as usize).ok_or_else(|| Error::misuse(format!("unknown {peer}")))
+    }
+
+    fn complete(&mut self, op: OpId, result: Result<usize>) {
+        let Some(o) = self.ops.get_mut(&op) else { return };
+        if o.outcome.is_none() {
+            o.outcome = Some(result);
+        }
+        o.st = OpSt::Finishing;
+        if o.frames == 0 {
+            self.deliver_op(op);
+        }
+    }
+
+    fn deliver_op(&mut self, op: OpId) {
+        let Some(o) = self.ops.remove(&op) else { return };
+        let mut c = Completion::new(op, o.kind, o.peer, o.tag);
+        c.result = o.outcome.unwrap_or(Ok(0));
+        c.buf = o.buf;
+        c.reply = o.reply;
+        c.mechanism = o.mech;
+        if let (Ok(n), Some(m)) = (&c.result, c.mechanism) {
+            self.core.counters.mechanism(m);
+            match c.kind {
+                OpKind::Recv | OpKind::Get | OpKind::Pull => {
+                    Counters::add(&self.core.counters.bytes_received, *n as u64)
+                }
+                OpKind::Send | OpKind::SendUnexpected | OpKind::Put | OpKind::Push => {
+                    Counters::add(&self.core.counters.bytes_sent, *n as u64)
+                }
+                _ => {}
+            }
+        }
+        self.done.push(c);
+    }
+
+    fn release_frame(&mut self, op: OpId) {
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.frames = o.frames.saturating_sub(1);
+            if o.frames == 0 && o.outcome.is_some() {
+                self.deliver_op(op);
+            }
+        }
+    }
+
+    /// Completes a new op at once with an error (it was taken by `post`, so it must complete).
+    fn fail_new(&mut self, op: OpId, kind: OpKind, peer: PeerId, tag: Tag, buf: OpBuf, e: Error) {
+        let mut c = Completion::new(op, kind, peer, tag);
+        c.result = Err(e);
+        c.buf = buf;
+        self.done.push(c);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert_op(
+        &mut self,
+        op: OpId,
+        kind: OpKind,
+        peer: PeerId,
+        tag: Tag,
+        sl: ServiceLevel,
+        buf: OpBuf,
+        st: OpSt,
+    ) {
+        self.ops.insert(
+            op,
+            Op {
+                kind,
+                peer,
+                tag,
+                sl,
+                buf,
+                st,
+                frames: 0,
+                outcome: None,
+                mech: None,
+                reply: None,
+                moved: 0,
+                expect: 0,
+            },
+        );
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Posting
+    // ----------------------------------------------------------------------------------------
+
+    fn post(&mut self, registry: &Registry, op: OpId, cmd: Cmd) -> Result<()> {
+        match cmd {
+            Cmd::Send { peer, tag, sl, buf, unexpected } => {
+                self.post_send(registry, op, peer, tag, sl, buf, unexpected)
+            }
+            Cmd::Recv { peer, tag, buf } => self.post_recv(op, peer, tag, buf),
+            Cmd::Put { peer, sl, local, remote } => self.post_put(registry, op, peer, sl, local, remote),
+            Cmd::Get { peer, sl, local, remote } => self.post_get(registry, op, peer, sl, local, remote),
+            Cmd::Request { peer, tag, sl, header, payload } => {
+                self.post_request(registry, op, peer, tag, sl, header, payload)
+            }
+            Cmd::Pull { peer, req, sl, offset, buf } => {
+                self.post_pull(registry, op, peer, req, sl, offset, buf)
+            }
+            Cmd::Push { peer, req, sl, offset, buf } => {
+                self.post_push(registry, op, peer, req, sl, offset, buf)
+            }
+            Cmd::Reply { peer, req, sl, header, status } => {
+                self.post_reply(registry, op, peer, req, sl, header, status)
+            }
+        }
+    }
+
+    fn check_len(&self, peer: PeerId, len: usize) -> Result<()> {
+        let max = self.peer(peer)?.max_message.min(self.s.limits.message);
+        if len as u64 > max {
+            return Err(Error::TooLarge { len: len as u64, max });
+        }
+        Ok(())
+    }
+
+    /// The connection for (peer, sl): existing, newly dialled, or (for a peer we cannot dial)
+    /// any of its connections.
+    fn conn_for(&mut self, registry: &Registry, peer: PeerId, sl: ServiceLevel) -> Result<Token> {
+        let p = self.peer(peer)?;
+        if let Some(reason) = &p.lost {
+            return Err(Error::PeerLost { peer, reason: reason.clone() });
+        }
+        if let Some(t) = p.conns[sl.index()] {
+            return Ok(t);
+        }
+        match p.dial {
+            Some(sa) => self.dial(registry, peer, sa, sl),
+            None => p.conns.iter().flatten().next().copied().ok_or_else(|| Error::PeerLost {
+                peer,
+                reason: "no connection to this peer and it cannot be dialled".into(),
+            }),
+        }
+    }
+
+    fn dial(&mut self, registry: &Registry, peer: PeerId, sa: SocketAddr, sl: ServiceLevel) -> Result<Token> {
+        let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
+        tune(&SockRef::from(&sock), &self.s.cfg, sl, sa.is_ipv4());
+        sock.set_nonblocking(true)?;
+        match sock.connect(&sa.into()) {
+            Ok(()) => {}
+            Err(e)
+                if e.raw_os_error() == Some(libc::EINPROGRESS) || e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(Error::PeerLost { peer, reason: format!("connect to {sa}: {e}") }),
+        }
+        let mut stream = TcpStream::from_std(sock.into());
+        let t = Token(self.next_token);
+        self.next_token += 1;
+        registry.register(&mut stream, t, Interest::READABLE | Interest::WRITABLE)?;
+        let mut c = Conn::new(stream, sa, sl, Phase::Connecting);
+        c.peer = Some(peer);
+        c.readable = false;
+        self.conns.insert(t, c);
+        self.peers[peer.0 as usize].conns[sl.index()] = Some(t);
+        tracing::debug!(%peer, %sa, %sl, "dialling");
+        Ok(t)
+    }
+
+    fn queue(&mut self, t: Token, f: Frame) {
+        if let Some((op, _, _)) = f.op_part
+            && let Some(o) = self.ops.get_mut(&op)
+        {
+            o.frames += 1;
+        }
+        if let Some(c) = self.conns.get_mut(&t) {
+            c.tx.push_back(f);
+            if c.writable && c.is_ready() {
+                self.write_ready.insert(t);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_send(
+        &mut self,
+        registry: &Registry,
+        op: OpId,
+        peer: PeerId,
+        tag: Tag,
+        sl: ServiceLevel,
+        buf: SendBuf,
+        unexpected: bool,
+    ) -> Result<()> {
+        let len = buf.len();
+        self.check_len(peer, len)?;
+        let eager_max = self.peer(peer)?.eager_limit.min(self.s.eager_limit);
+        if unexpected && len > eager_max {
+            return Err(Error::TooLarge { len: len as u64, max: eager_max as u64 });
+        }
+        let kind = if unexpected { OpKind::SendUnexpected } else { OpKind::Send };
+        let t = match self.conn_for(registry, peer, sl) {
+            Ok(t) => t,
+            Err(e) => {
+                self.fail_new(op, kind, peer, tag, OpBuf::Send(buf), e);
+                return Ok(());
+            }
+        };
+        let mech = if unexpected {
+            Mechanism::Inline
+        } else {
+            match self.s.policy.choose(len, sl, Conditions::idle(false)) {
+                Mechanism::Inline | Mechanism::FastRdma if len <= eager_max => Mechanism::Inline,
+                _ => Mechanism::ServerRdma,
+            }
+        };
+        Counters::add(&self.core.counters.msgs_sent, 1);
+        if mech == Mechanism::Inline {
+            let mut h = Header::new(if unexpected { Kind::Unexpected } else { Kind::Eager }, sl);
+            h.a = tag;
+            h.len = len as u32;
+            let hdr = h.encode();
+            // Fast path: an idle connection takes the whole frame in one writev and the op
+            // completes here, without entering the op table or the send queue.
+            let sent = match self.write_now(t, &hdr, &buf) {
+                WriteNow::All => {
+                    let mut c = Completion::new(op, kind, peer, tag);
+                    c.result = Ok(len);
+                    c.buf = OpBuf::Send(buf);
+                    c.mechanism = Some(Mechanism::Inline);
+                    self.core.counters.mechanism(Mechanism::Inline);
+                    Counters::add(&self.core.counters.bytes_sent, len as u64);
+                    self.done.push(c);
+                    return Ok(());
+                }
+                WriteNow::Part(n) => n,
+                WriteNow::NotNow => 0,
+            };
+            self.insert_op(op, kind, peer, tag, sl, OpBuf::Send(buf), OpSt::Writing);
+            if let Some(o) = self.ops.get_mut(&op) {
+                o.mech = Some(mech);
+                o.expect = len as u64;
+            }
+            let mut f = Frame::new(h, Bytes::new(), Some((op, 0, len)), OnDone::Complete(op));
+            f.sent = sent;
+            self.queue(t, f);
+        } else {
+            self.insert_op(op, kind, peer, tag, sl, OpBuf::Send(buf), OpSt::Writing);
+            if let Some(o) = self.ops.get_mut(&op) {
+                o.mech = Some(mech);
+                o.expect = len as u64;
+            }
+            let msg = self.next_msg;
+            self.next_msg += 1;
+            let mut h = Header::new(Kind::Rts, sl);
+            h.a = tag;
+            h.b = msg;
+            h.c = len as u64;
+            if let Some(o) = self.ops.get_mut(&op) {
+                o.st = OpSt::WaitCts { msg };
+            }
+            self.rndv_out.insert(msg, op);
+            self.queue(t, Frame::new(h, Bytes::new(), None, OnDone::Nothing));
+        }
+        Ok(())
+    }
+
+    /// Writes header + payload straight to an idle, writable connection.
+    fn write_now(&mut self, t: Token, hdr: &[u8; HEADER_LEN], buf: &SendBuf) -> WriteNow {
+        if self.s.cfg.batch_sends {
+            return WriteNow::NotNow;
+        }
+        let Some(c) = self.conns.get_mut(&t) else { return WriteNow::NotNow };
+        if !(c.is_ready() && c.writable && c.tx.is_empty() && c.hs_tx.is_empty()) {
+            return WriteNow::NotNow;
+        }
+        let mut iov = IoVec::default();
+        iov.push(hdr);
+        let mut segs = 0;
+        buf.for_each_slice(0, buf.len(), |s| {
+            segs += 1;
+            iov.push(s)
+        });
+        if segs >= MAX_IOV {
+            return WriteNow::NotNow;
+        }
+        match (&c.sock).write_vectored(iov.slices()) {
+            Ok(n) if n == HEADER_LEN + buf.len() => WriteNow::All,
+            Ok(n) => WriteNow::Part(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                c.writable = false;
+                WriteNow::NotNow
+            }
+            // Errors surface through the normal path's write.
+            Err(_) => WriteNow::NotNow,
+        }
+    }
+
+    fn post_recv(&mut self, op: OpId, peer: PeerId, tag: Tag, buf: RecvBuf) -> Result<()> {
+        let p = self.peer(peer)?;
+        if let Some(reason) = p.lost.clone() {
+            self.fail_new(op, OpKind::Recv, peer, tag, OpBuf::Recv(buf), Error::PeerLost { peer, reason });
+            return Ok(());
+        }
+        let sl = ServiceLevel::Normal;
+        self.insert_op(op, OpKind::Recv, peer, tag, sl, OpBuf::Recv(buf), OpSt::Posted);
+        match self.matcher.post(peer, tag, op, ()) {
+            Ok(()) => {}
+            Err((op, (), early)) => self.match_early(op, peer, early),
+        }
+        self.unstall(peer);
+        Ok(())
+    }
+
+    /// A receive posted after its message (or announcement) arrived.
+    fn match_early(&mut self, op: OpId, peer: PeerId, early: Early) {
+        match early {
+            Early::Eager { data, sl } => {
+                let p = &mut self.peers[peer.0 as usize];
+                p.buffered = p.buffered.saturating_sub(data.len());
+                Counters::add(&self.core.counters.host_copies, 1);
+                Counters::add(&self.core.counters.host_copy_bytes, data.len() as u64);
+                let Some(o) = self.ops.get_mut(&op) else { return };
+                o.sl = sl;
+                o.mech = Some(Mechanism::Inline);
+                let r = match &mut o.buf {
+                    OpBuf::Recv(b) if b.capacity() >= data.len() => {
+                        b.copy_in(0, &data);
+                        Ok(data.len())
+                    }
+                    OpBuf::Recv(b) => {
+                        Err(Error::Truncated { len: data.len() as u64, capacity: b.capacity() as u64 })
+                    }
+                    _ => Ok(0),
+                };
+                Counters::add(&self.core.counters.msgs_received, 1);
+                self.complete(op, r);
+            }
+            Early::Rts { msg, total, token } => {
+                let p = &mut self.peers[peer.0 as usize];
+                p.buffered = p.buffered.saturating_sub(RTS_COST);
+                self.accept_rts(op, peer, msg, total, token);
+            }
+        }
+    }
+
+    /// Answers a rendezvous announcement matched to receive `op`.
+    fn accept_rts(&mut self, op: OpId, peer: PeerId, msg: u64, total: u64, token: Token) {
+        let Some(o) = self.ops.get_mut(&op) else { return };
+        let cap = match &o.buf {
+            OpBuf::Recv(b) => b.capacity() as u64,
+            _ => 0,
+        };
+        let sl = self.conns.get(&token).map_or(ServiceLevel::Normal, |c| c.sl);
+        o.sl = sl;
+        o.mech = Some(Mechanism::ServerRdma);
+        let mut h = Header::new(Kind::Cts, sl);
+        h.b = msg;
+        if total > cap {
+            h.aux = CTS_TRUNCATED;
+            h.c = cap;
+            self.queue(token, Frame::new(h, Bytes::new(), None, OnDone::Nothing));
+            self.complete(op, Err(Error::Truncated { len: total, capacity: cap }));
+            return;
+        }
+        o.st = OpSt::WaitData { msg };
+        o.expect = total;
+        self.rndv_in.insert((peer, msg), RndvIn::Op(op));
+        self.queue(token, Frame::new(h, Bytes::new(), None, OnDone::Nothing));
+    }
+
+    fn post_put(
+        &mut self,
+        registry: &Registry,
+        op: OpId,
+        peer: PeerId,
+        sl: ServiceLevel,
+        local: SendBuf,
+        remote: MemHandle,
+    ) -> Result<()> {
+        let len = local.len();
+        if len as u64 > remote.len {
+            return Err(Error::misuse(format!("put of {len} bytes into a {}-byte handle", remote.len)));
+        }
+        self.check_len(peer, len)?;
+        let t = match self.conn_for(registry, peer, sl) {
+            Ok(t) => t,
+            Err(e) => {
+                self.fail_new(op, OpKind::Put, peer, 0, OpBuf::Send(local), e);
+                return Ok(());
+            }
+        };
+        self.insert_op(op, OpKind::Put, peer, 0, sl, OpBuf::Send(local), OpSt::WaitAck);
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.mech = Some(Mechanism::ServerRdma);
+        }
+        let mut h = Header::new(Kind::Put, sl);
+        h.a = op.0;
+        h.b = remote.key;
+        h.c = remote.addr;
+        h.len = len as u32;
+        self.queue(t, Frame::new(h, Bytes::new(), Some((op, 0, len)), OnDone::Release(op)));
+        Ok(())
+    }
+
+    fn post_get(
+        &mut self,
+        registry: &Registry,
+        op: OpId,
+        peer: PeerId,
+        sl: ServiceLevel,
+        local: RecvBuf,
+        remote: MemHandle,
+    ) -> Result<()> {
+        let len = local.capacity();
+        if len as u64 > remote.len {
+            return Err(Error::misuse(format!("get of {len} bytes from a {}-byte handle", remote.len)));
+        }
+        self.check_len(peer, len)?;
+        let t = match self.conn_for(registry, peer, sl) {
+            Ok(t) => t,
+            Err(e) => {
+                self.fail_new(op, OpKind::Get, peer, 0, OpBuf::Recv(local), e);
+                return Ok(());
+            }
+        };
+        self.insert_op(op, OpKind::Get, peer, 0, sl, OpBuf::Recv(local), OpSt::WaitResp);
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.mech = Some(Mechanism::ServerRdma);
+            o.expect = len as u64;
+        }
+        let mut h = Header::new(Kind::Get, sl);
+        h.a = op.0;
+        h.b = remote.key;
+        h.c = remote.addr;
+        h.aux = len as u32;
+        self.queue(t, Frame::new(h, Bytes::new(), None, OnDone::Nothing));
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_request(
+        &mut self,
+        registry: &Registry,
+        op: OpId,
+        peer: PeerId,
+        tag: Tag,
+        sl: ServiceLevel,
+        header: Bytes,
+        payload: Payload,
+    ) -> Result<()> {
+        if header.len() > self.s.cfg.max_header {
+            return Err(Error::TooLarge { len: header.len() as u64, max: self.s.cfg.max_header as u64 });
+        }
+        let (buf, dir, len) = match payload {
+            Payload::None => (OpBuf::None, Direction::None, 0),
+            Payload::Out(b) => {
+                let n = b.len();
+                (OpBuf::Send(b), Direction::Out, n)
+            }
+            Payload::In(b) => {
+                let n = b.capacity();
+                (OpBuf::Recv(b), Direction::In, n)
+            }
+        };
+        self.check_len(peer, len)?;
+        let t = match self.conn_for(registry, peer, sl) {
+            Ok(t) => t,
+            Err(e) => {
+                self.fail_new(op, OpKind::Request, peer, tag, buf, e);
+                return Ok(());
+            }
+        };
+        let eager_max = self.peer(peer)?.eager_limit.min(self.s.eager_limit);
+        let inline = dir == Direction::Out
+            && len <= eager_max
+            && self.s.policy.choose(len, sl, Conditions::idle(false)) == Mechanism::Inline;
+        self.insert_op(op, OpKind::Request, peer, tag, sl, buf, OpSt::WaitReply);
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.mech = match dir {
+                Direction::None => None,
+                _ if inline => Some(Mechanism::Inline),
+                _ => Some(Mechanism::ServerRdma),
+            };
+            if inline {
+                o.moved = len;
+            }
+        }
+        Counters::add(&self.core.counters.msgs_sent, 1);
+        let mut h = Header::new(Kind::Request, sl);
+        h.a = tag;
+        h.b = op.0;
+        h.c = len as u64;
+        h.aux = header.len() as u32;
+        h.flags = match dir {
+            Direction::None => 0,
+            Direction::Out => FLAG_PAYLOAD_OUT,
+            Direction::In => FLAG_PAYLOAD_IN,
+        };
+        let op_part = if inline && len > 0 {
+            h.flags |= FLAG_INLINE_DATA;
+            Some((op, 0, len))
+        } else {
+            if inline {
+                h.flags |= FLAG_INLINE_DATA;
+            }
+            None
+        };
+        h.len = (header.len() + if inline { len } else { 0 }) as u32;
+        let done = if op_part.is_some() { OnDone::Release(op) } else { OnDone::Nothing };
+        self.queue(t, Frame::new(h, header, op_part, done));
+        Ok(())
+    }
+
+    fn server_req(&self, peer: PeerId, req: u64) -> std::result::Result<&ServerReq, Error> {
+        self.sreqs
+            .get(&(peer, req))
+            .ok_or_else(|| Error::misuse(format!("no open request {req} from {peer}")))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_pull(
+        &mut self,
+        registry: &Registry,
+        op: OpId,
+        peer: PeerId,
+        req: u64,
+        sl: ServiceLevel,
+        offset: u64,
+        mut buf: RecvBuf,
+    ) -> Result<()> {
+        let r = self.server_req(peer, req)?;
+        let len = buf.capacity();
+        if r.dir != Direction::Out || offset.checked_add(len as u64).is_none_or(|e| e > r.len) {
+            return Err(Error::misuse("pull outside the request's OUT payload"));
+        }
+        if r.cancelled {
+            self.fail_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Error::PeerCancelled);
+            return Ok(());
+        }
+        if let Some(inline) = &r.inline {
+            let start = offset as usize;
+            buf.copy_in(0, &inline[start..start + len]);
+            let mut c = Completion::new(op, OpKind::Pull, peer, 0);
+            c.result = Ok(len);
+            c.buf = OpBuf::Recv(buf);
+            c.mechanism = Some(Mechanism::Inline);
+            Counters::add(&self.core.counters.host_copies, 1);
+            Counters::add(&self.core.counters.host_copy_bytes, len as u64);
+            self.done.push(c);
+            return Ok(());
+        }
+        let t = match self.conn_for(registry, peer, sl) {
+            Ok(t) => t,
+            Err(e) => {
+                self.fail_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), e);
+                return Ok(());
+            }
+        };
+        self.insert_op(op, OpKind::Pull, peer, 0, sl, OpBuf::Recv(buf), OpSt::WaitPullData);
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.mech = Some(Mechanism::ServerRdma);
+            o.expect = len as u64;
+        }
+        let mut h = Header::new(Kind::Pull, sl);
+        h.a = op.0;
+        h.b = req;
+        h.c = offset;
+        h.aux = len as u32;
+        self.queue(t, Frame::new(h, Bytes::new(), None, OnDone::Nothing));
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_push(
+        &mut self,
+        registry: &Registry,
+        op: OpId,
+        peer: PeerId,
+        req: u64,
+        sl: ServiceLevel,
+        offset: u64,
+        buf: SendBuf,
+    ) -> Result<()> {
+        let r = self.server_req(peer, req)?;
+        let len = buf.len();
+        if r.dir != Direction::In || offset.checked_add(len as u64).is_none_or(|e| e > r.len) {
+            return Err(Error::misuse("push outside the request's IN payload"));
+        }
+        if r.cancelled {
+            self.fail_new(op, OpKind::Push, peer, 0, OpBuf::Send(buf), Error::PeerCancelled);
+            return Ok(());
+        }
+        let t = match self.conn_for(registry, peer, sl) {
+            Ok(t) => t,
+            Err(e) => {
+                self.fail_new(op, OpKind::Push, peer, 0, OpBuf::Send(buf), e);
+                return Ok(());
+            }
+        };
+        let mech = if len <= self.s.policy.thresholds(sl).inline_max {
+            Mechanism::Inline
+        } else {
+            Mechanism::ServerRdma
+        };
+        self.insert_op(op, OpKind::Push, peer, 0, sl, OpBuf::Send(buf), OpSt::Writing);
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.mech = Some(mech);
+        }
+        let mut h = Header::new(Kind::Push, sl);
+        h.b = req;
+        h.c = offset;
+        h.len = len as u32;
+        self.queue(t, Frame::new(h, Bytes::new(), Some((op, 0, len)), OnDone::Complete(op)));
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_reply(
+        &mut self,
+        registry: &Registry,
+        op: OpId,
+        peer: PeerId,
+        req: u64,
+        sl: ServiceLevel,
+        header: Bytes,
+        status: u32,
+    ) -> Result<()> {
+        if header.len() > self.s.cfg.max_header {
+            return Err(Error::TooLarge { len: header.len() as u64, max: self.s.cfg.max_header as u64 });
+        }
+        let Some(r) = self.sreqs.remove(&(peer, req)) else {
+            return Err(Error::misuse(format!("no open request {req} from {peer}")));
+        };
+        self.release_request_budget(peer, r.cost);
+        if r.cancelled {
+            self.fail_new(op, OpKind::Reply, peer, 0, OpBuf::None, Error::PeerCancelled);
+            return Ok(());
+        }
+        let t = match self.conn_for(registry, peer, sl) {
+            Ok(t) => t,
+            Err(e) => {
+                self.fail_new(op, OpKind::Reply, peer, 0, OpBuf::None, e);
+                return Ok(());
+            }
+        };
+        self.insert_op(op, OpKind::Reply, peer, 0, r.sl, OpBuf::None, OpSt::Writing);
+        Counters::add(&self.core.counters.msgs_sent, 1);
+        let mut h = Header::new(Kind::Reply, r.sl);
+        h.b = req;
+        h.aux = status;
+        h.len = header.len() as u32;
+        self.queue(t, Frame::new(h, header, None, OnDone::Complete(op)));
+        Ok(())
+    }
+
+    fn release_request_budget(&mut self, peer: PeerId, cost: usize) {
+        if let Some(p) = self.peers.get_mut(peer.0 as usize) {
+            p.buffered = p.buffered.saturating_sub(cost);
+            p.requests = p.requests.saturating_sub(1);
+        }
+        self.unstall(peer);
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Cancellation
+    // ----------------------------------------------------------------------------------------
+
+    fn cancel(&mut self, op: OpId, why: Error) {
+        let Some(o) = self.ops.get(&op) else { return };
+        let (peer, st, kind, sl) = (o.peer, o.st, o.kind, o.sl);
+        match st {
+            OpSt::Posted => {
+                self.matcher.cancel(op);
+                self.complete(op, Err(why));
+            }
+            OpSt::WaitData { msg } => {
+                // Matched: whatever of the body still comes is discarded.
+                self.rndv_in.insert((peer, msg), RndvIn::Discard);
+                self.redirect_sinks_to_discard(op);
+                self.complete(op, Err(why));
+            }
+            OpSt::WaitCts { msg } => {
+                // The receiver will ask for the body; it gets an abort instead.
+                self.rndv_out.insert(msg, OpId(0));
+                self.complete(op, Err(why));
+            }
+            OpSt::WaitReply => {
+                if kind == OpKind::Request {
+                    if let Some(p) = self.peers.get_mut(peer.0 as usize) {
+                        p.cancelled_reqs.insert(op.0);
+                    }
+                    self.redirect_sinks_to_discard(op);
+                    if let Some(t) = self.peers.get(peer.0 as usize).and_then(|p| p.conns[sl.index()]) {
+                        let mut h = Header::new(Kind::CancelRequest, sl);
+                        h.b = op.0;
+                        self.queue(t, Frame::new(h, Bytes::new(), None, OnDone::Nothing));
+                    }
+                }
+                self.complete(op, Err(why));
+            }
+            OpSt::Receiving | OpSt::WaitAck | OpSt::WaitResp | OpSt::WaitPullData => {
+                // Late answers find no op and are discarded.
+                self.redirect_sinks_to_discard(op);
+                self.complete(op, Err(why));
+            }
+            // Bytes already on the wire finish; the op completes when they are written.
+            OpSt::Writing | OpSt::Finishing => {}
+        }
+    }
+
+    /// A receive in progress into `op`'s buffer keeps reading, but into the void.
+    fn redirect_sinks_to_discard(&mut self, op: OpId) {
+        for c in self.conns.values_mut() {
+            if let Rx::Payload { sink, .. } = &mut c.rx
+                && matches!(sink, Sink::Op { op: o, .. } if *o == op)
+            {
+                *sink = Sink::Discard;
+            }
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Connections
+    // ----------------------------------------------------------------------------------------
+
+    fn accept(&mut self, registry: &Registry) {
+        loop {
+            let Some(l) = &self.listener else { return };
+            match l.accept() {
+                Ok((mut sock, remote)) => {
+                    let handshaking = self.conns.values().filter(|c| !c.is_ready()).count();
+                    if self.closed || handshaking >= MAX_HANDSHAKING {
+                        tracing::debug!(%remote, "refusing connection: too many handshakes in progress");
+                        continue;
+                    }
+                    let _ = sock.set_nodelay(true);
+                    let t = Token(self.next_token);
+                    self.next_token += 1;
+                    if registry.register(&mut sock, t, Interest::READABLE | Interest::WRITABLE).is_err() {
+                        continue;
+                    }
+                    let key = self.s.cfg.cluster_key.clone();
+                    let hs = ServerHandshake::new(
+                        self.s.endpoint_id,
+                        self.s.listen_port,
+                        self.s.eager_limit as u32,
+                        self.s.limits.message,
+                        key,
+                    );
+                    let mut c =
+                        Conn::new(sock, remote, ServiceLevel::Normal, Phase::ServerWaitHello(Box::new(hs)));
+                    c.writable = true;
+                    self.conns.insert(t, c);
+                    self.read_ready.push_back(t);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_writable(&mut self, t: Token) {
+        let Some(c) = self.conns.get_mut(&t) else { return };
+        if matches!(c.phase, Phase::Connecting) {
+            match c.sock.take_error() {
+                Ok(None) if c.sock.peer_addr().is_ok() => {}
+                Ok(None) => return, // spurious: not connected yet
+                Ok(Some(e)) | Err(e) => {
+                    let reason = format!("connect to {}: {e}", c.remote);
+                    self.conn_failed(t, Loss::Lost(reason));
+                    return;
+                }
+            }
+            let sock = SockRef::from(&c.sock);
+            let _ = sock.set_tcp_nodelay(true);
+            let key = self.s.cfg.cluster_key.clone();
+            let mine = HelloInfo::new(
+                self.s.endpoint_id,
+                self.s.listen_port,
+                self.s.eager_limit as u32,
+                self.s.limits.message,
+                key.is_some(),
+            );
+            let (hs, (h, body)) = ClientHandshake::start(c.sl, mine, key);
+            c.hs_tx.push_back(Frame::new(h, Bytes::from(body), None, OnDone::Nothing));
+            c.phase = Phase::ClientWaitAck(Box::new(hs));
+            c.readable = true;
+            self.read_ready.push_back(t);
+            Counters::add(&self.core.counters.connections, 1);
+        }
+        if self.conns.get(&t).is_some_and(|c| c.has_tx()) {
+            self.write_ready.insert(t);
+        }
+    }
+
+    /// A connection failed: for a ready or dialled connection the whole peer is lost.
+    fn conn_failed(&mut self, t: Token, why: Loss) {
+        let peer = self.conns.get(&t).and_then(|c| c.peer);
+        match peer {
+            Some(p) => self.fail_peer(p, why),
+            None => self.close_conn(t),
+        }
+    }
+
+    /// Closes a connection (its socket leaves epoll when closed) and releases the buffers
+    /// its queued frames referenced.
+    fn close_conn(&mut self, t: Token) {
+        self.write_ready.remove(&t);
+        let Some(c) = self.conns.remove(&t) else { return };
+        for f in c.hs_tx.into_iter().chain(c.tx) {
+            if let Some((op, _, _)) = f.op_part {
+                self.release_frame(op);
+            }
+        }
+    }
+
+    /// Fails every operation on a peer once, frees what it held, closes its connections.
+    fn fail_peer(&mut self, peer: PeerId, why: Loss) {
+        let (err, reason) = match why {
+            Loss::Lost(r) => (Error::PeerLost { peer, reason: r.clone() }, r),
+            Loss::Auth(r) => {
+                Counters::add(&self.core.counters.auth_failures, 1);
+                (Error::Auth(r.clone()), format!("authentication failed: {r}"))
+            }
+            Loss::Protocol(p) => {
+                Counters::add(&self.core.counters.protocol_errors, 1);
+                let r = p.to_string();
+                (Error::Protocol { peer: Some(peer), reason: p }, r)
+            }
+        };
+        tracing::debug!(%peer, %reason, "peer lost");
+        Counters::add(&self.core.counters.peers_lost, 1);
+        let Some(p) = self.peers.get_mut(peer.0 as usize) else { return };
+        let tokens: Vec<Token> = p.conns.iter_mut().filter_map(Option::take).collect();
+        let dialable = p.dial.is_some();
+        p.lost = (!dialable).then(|| reason.clone());
+        p.buffered = 0;
+        p.unexpected = 0;
+        p.requests = 0;
+        p.stalled.clear();
+        p.cancelled_reqs.clear();
+        // Connections of this peer that are not (yet) in its table: handshakes in progress.
+        let mut all: Vec<Token> =
+            self.conns.iter().filter(|(_, c)| c.peer == Some(peer)).map(|(t, _)| *t).collect();
+        all.extend(tokens);
+        all.sort();
+        all.dedup();
+        for t in all {
+            if let Some(c) = self.conns.remove(&t) {
+                drop(c);
+            }
+            self.write_ready.remove(&t);
+        }
+        let (posted, _early) = self.matcher.drop_peer(peer);
+        drop(posted);
+        self.rndv_in.retain(|(p, _), _| *p != peer);
+        let ops: Vec<OpId> = self.ops.iter().filter(|(_, o)| o.peer == peer).map(|(id, _)| *id).collect();
+        self.rndv_out.retain(|_, op| !ops.contains(op));
+        self.sreqs.retain(|(p, _), _| *p != peer);
+        self.core.forget_peer(peer);
+        let mut ops = ops;
+        ops.sort();
+        for op in ops {
+            if let Some(o) = self.ops.get_mut(&op) {
+                o.frames = 0;
+                if !matches!(o.outcome, Some(Err(_))) {
+                    o.outcome = Some(Err(err.duplicate()));
+                }
+                self.deliver_op(op);
+            }
+        }
+    }
+
+    fn timers(&mut self, polling: bool) {
+        // While busy-polling, checked every few rounds only: reading the clock each round
+        // costs as much as the round itself.
+        self.timer_rounds = self.timer_rounds.wrapping_add(1);
+        if polling && self.timer_rounds % 64 != 0 {
+            return;
+        }
+        let now = Instant::now();
+        if now.duration_since(self.last_timers) < TIMER_PERIOD {
+            return;
+        }
+        self.last_timers = now;
+        let limit = self.s.cfg.handshake_timeout.max(self.s.cfg.connect_timeout);
+        let expired: Vec<Token> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.is_ready() && now.duration_since(c.since) > limit)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in expired {
+            tracing::debug!(token = t.0, "handshake timed out");
+            self.conn_failed(t, Loss::Lost("connection handshake timed out".into()));
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Writing
+    // ----------------------------------------------------------------------------------------
+
+    /// Writes queued frames on writable connections, classes served by the weighted scheduler.
+    fn flush_ready(&mut self) {
+        while !self.write_ready.is_empty() {
+            // One pass: which classes have a writable connection with something to send.
+            let mut backlog = [false; ServiceLevel::COUNT];
+            let State { write_ready, conns, .. } = self;
+            write_ready.retain(|t| match conns.get(t) {
+                Some(c) if c.writable && c.has_tx() => {
+                    backlog[c.sl.index()] = true;
+                    true
+                }
+                _ => false,
+            });
+            let Some(sl) = self.sched.next(backlog) else { return };
+            // Several classes compete: each turn writes a quantum. Alone, a class may write all.
+            let quantum = if backlog.iter().filter(|b| **b).count() > 1 { 256 * 1024 } else { usize::MAX };
+            let mut turn = mem::take(&mut self.scratch_tokens);
+            turn.extend(self.write_ready.iter().filter(|t| self.conns.get(t).is_some_and(|c| c.sl == sl)));
+            for &t in &turn {
+                self.write_conn(t, quantum);
+            }
+            turn.clear();
+            self.scratch_tokens = turn;
+        }
+    }
+
+    /// Writes up to `quantum` bytes from one connection.
+    fn write_conn(&mut self, t: Token, quantum: usize) {
+        let mut written_total = 0;
+        loop {
+            let Some(c) = self.conns.get(&t) else { return };
+            if !c.writable || !c.has_tx() || written_total >= quantum {
+                if !c.has_tx() || !c.writable {
+                    self.write_ready.remove(&t);
+                }
+                return;
+            }
+            let use_hs = !c.hs_tx.is_empty();
+            let q = if use_hs { &c.hs_tx } else { &c.tx };
+            let mut iov = IoVec::default();
+            for f in q.iter() {
+                if iov.len() + 3 > MAX_IOV {
+                    break;
+                }
+                let mut skip = f.sent;
+                if skip < HEADER_LEN {
+                    iov.push(&f.hdr[skip..]);
+                    skip = 0;
+                } else {
+                    skip -= HEADER_LEN;
+                }
+                if skip < f.prefix.len() {
+                    iov.push(&f.prefix[skip..]);
+                    skip = 0;
+                } else {
+                    skip -= f.prefix.len();
+                }
+                if let Some((op, off, len)) = f.op_part
+                    && skip < len
+                    && let Some(o) = self.ops.get(&op)
+                {
+                    match &o.buf {
+                        OpBuf::Send(b) => b.for_each_slice(off + skip, len - skip, |s| iov.push(s)),
+                        OpBuf::Recv(_) | OpBuf::None => {}
+                    }
+                }
+            }
+            let r = (&c.sock).write_vectored(iov.slices());
+            drop(iov);
+            match r {
+                Ok(0) => {
+                    self.conn_failed(t, Loss::Lost("connection closed while writing".into()));
+                    return;
+                }
+                Ok(n) => {
+                    written_total += n;
+                    self.advance_tx(t, use_hs, n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if let Some(c) = self.conns.get_mut(&t) {
+                        c.writable = false;
+                    }
+                    self.write_ready.remove(&t);
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.conn_failed(t, Loss::Lost(format!("write: {e}")));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn advance_tx(&mut self, t: Token, hs: bool, mut n: usize) {
+        let mut finished = Vec::new();
+        {
+            let Some(c) = self.conns.get_mut(&t) else { return };
+            let q = if hs { &mut c.hs_tx } else { &mut c.tx };
+            while n > 0 {
+                let Some(f) = q.front_mut() else { break };
+                let left = f.total() - f.sent;
+                if n >= left {
+                    n -= left;
+                    if let Some(f) = q.pop_front() {
+                        finished.push(f.done);
+                    }
+                } else {
+                    f.sent += n;
+                    n = 0;
+                }
+            }
+        }
+        for d in finished {
+            match d {
+                OnDone::Nothing => {}
+                OnDone::Complete(op) => {
+                    if let Some(o) = self.ops.get_mut(&op) {
+                        o.frames = o.frames.saturating_sub(1);
+                        let len = o.buf.send_len();
+                        self.complete(op, Ok(len));
+                    }
+                }
+                OnDone::Release(op) => self.release_frame(op),
+                OnDone::Close => self.close_conn(t),
+            }
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Reading
+    // ----------------------------------------------------------------------------------------
+
+    fn run_reads(&mut self) {
+        let mut rounds = self.read_ready.len();
+        while let Some(t) = self.read_ready.pop_front() {
+            let again = self.read_conn(t);
+            if again {
+                self.read_ready.push_back(t);
+            }
+            rounds = rounds.saturating_sub(1);
+            if rounds == 0 && !self.read_ready.is_empty() {
+                // Fresh work queued by this round (unstalled peers) is served next round.
+                rounds = self.read_ready.len();
+            }
+            if self.read_ready.len() > 4 * self.conns.len() + 16 {
+                // Duplicates from repeated events: keep the queue bounded.
+                let mut seen = HashSet::new();
+                self.read_ready.retain(|t| seen.insert(*t));
+            }
+        }
+    }
+
+    /// Reads from one connection until it would block, stalls, or used its quantum. Returns
+    /// true when it should get another turn.
+    fn read_conn(&mut self, t: Token) -> bool {
+        let mut budget = READ_QUANTUM;
+        loop {
+            let Some(c) = self.conns.get_mut(&t) else { return false };
+            if !c.readable {
+                return false;
+            }
+            if budget == 0 {
+                return true;
+            }
+            match &mut c.rx {
+                Rx::Stalled(_) => return false,
+                Rx::Header => {
+                    if c.rx_end - c.rx_start < HEADER_LEN && c.drained {
+                        c.drained = false;
+                        c.readable = false;
+                        return false;
+                    }
+                    if c.rx_end - c.rx_start >= HEADER_LEN {
+                        let raw = &c.rxbuf[c.rx_start..c.rx_start + HEADER_LEN];
+                        let hdr = Header::decode(raw).and_then(|h| {
+                            let lim = if c.is_ready() {
+                                self.s.limits
+                            } else {
+                                Limits { eager: 0, chunk: 0, header: 0, message: 0 }
+                            };
+                            h.check_limits(&lim).map(|_| h)
+                        });
+                        c.rx_start += HEADER_LEN;
+                        match hdr {
+                            Ok(h) => self.on_header(t, h),
+                            Err(e) => {
+                                self.protocol_error(t, ProtocolError::Wire(e));
+                                return false;
+                            }
+                        }
+                        continue;
+                    }
+                    let room = c.rxbuf.len() - if c.rx_start == c.rx_end { 0 } else { c.rx_end };
+                    match c.fill() {
+                        Ok(0) => {
+                            self.conn_failed(t, Loss::Lost("connection closed by peer".into()));
+                            return false;
+                        }
+                        Ok(n) => {
+                            budget = budget.saturating_sub(n);
+                            // A short read drained the socket: anything arriving later raises a
+                            // new edge, so skip the read that would only say EAGAIN.
+                            if n < room {
+                                c.drained = true;
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            c.readable = false;
+                            return false;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            self.conn_failed(t, Loss::Lost(format!("read: {e}")));
+                            return false;
+                        }
+                    }
+                }
+                Rx::Payload { .. } => match self.feed_payload(t) {
+                    Ok(Some(n)) => budget = budget.saturating_sub(n),
+                    Ok(None) => {
+                        let Some(c) = self.conns.get_mut(&t) else { return false };
+                        c.readable = false;
+                        return false;
+                    }
+                    Err(loss) => {
+                        self.conn_failed(t, loss);
+                        return false;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Moves payload bytes from the staging buffer or the socket into the frame's sink and
+    /// finishes the frame when complete. `Ok(None)` = would block.
+    fn feed_payload(&mut self, t: Token) -> std::result::Result<Option<usize>, Loss> {
+        let (moved, complete) = {
+            let State { conns, ops, exposures, .. } = self;
+            let Some(c) = conns.get_mut(&t) else { return Ok(Some(0)) };
+            let Conn { sock, rx, rxbuf, rx_start, rx_end, .. } = c;
+            let Rx::Payload { hdr, sink, got } = rx else { return Ok(Some(0)) };
+            let total = hdr.len as usize;
+            let mut moved = 0;
+            // 1. What is already staged.
+            let avail = *rx_end - *rx_start;
+            if avail > 0 && *got < total {
+                let n = avail.min(total - *got);
+                sink_write(sink, *got, &rxbuf[*rx_start..*rx_start + n], ops, exposures);
+                *got += n;
+                *rx_start += n;
+                moved += n;
+            }
+            // 2. From the socket: straight into the destination when a lot remains, else staged.
+            if *got < total && *rx_start == *rx_end {
+                let remaining = total - *got;
+                let dst =
+                    if remaining >= DIRECT_READ_MIN { sink_slice(sink, *got, remaining, ops) } else { None };
+                let r = match dst {
+                    Some(dst) => (&*sock).read(dst).map(|n| (n, true)),
+                    None => fill(sock, rxbuf, rx_start, rx_end).map(|n| (n, false)),
+                };
+                match r {
+                    Ok((0, _)) => return Err(Loss::Lost("connection closed by peer".into())),
+                    Ok((n, true)) => {
+                        *got += n;
+                        moved += n;
+                    }
+                    Ok((_, false)) => {} // staged: copied on the next call
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        if moved == 0 {
+                            return Ok(None);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Loss::Lost(format!("read: {e}"))),
+                }
+            }
+            (moved, *got == total)
+        };
+        if complete
+            && let Some(c) = self.conns.get_mut(&t)
+            && let Rx::Payload { hdr, sink, .. } = mem::replace(&mut c.rx, Rx::Header)
+        {
+            self.on_payload(t, hdr, sink);
+        }
+        Ok(Some(moved))
+    }
+
+    fn protocol_error(&mut self, t: Token, e: ProtocolError) {
+        tracing::debug!(token = t.0, error = %e, "protocol violation; closing connection");
+        if self.conns.get(&t).and_then(|c| c.peer).is_some() {
+            self.conn_failed(t, Loss::Protocol(e));
+        } else {
+            Counters::add(&self.core.counters.protocol_errors, 1);
+            self.close_conn(t);
+        }
+    }
+
+    fn set_rx(&mut self, t: Token, rx: Rx) {
+        if let Some(c) = self.conns.get_mut(&t) {
+            c.rx = rx;
+        }
+    }
+
+    /// Decides where a frame's payload goes (or handles a payload-less frame).
+    fn on_header(&mut self, t: Token, h: Header) {
+        let Some(c) = self.conns.get(&t) else { return };
+        if !c.is_ready() {
+            if !h.kind.is_handshake() {
+                self.protocol_error(
+                    t,
+                    ProtocolError::Handshake(format!("{:?} frame before the handshake completed", h.kind)),
+                );
+                return;
+            }
+            self.set_rx(t, Rx::Payload { hdr: h, sink: Sink::Vec(vec![0; h.len as usize]), got: 0 });
+            if h.len == 0 {
+                self.finish_empty(t);
+            }
+            return;
+        }
+        if h.kind.is_handshake() {
+            self.protocol_error(
+                t,
+                ProtocolError::Handshake("handshake frame on an established connection".into()),
+            );
+            return;
+        }
+        let Some(peer) = c.peer else { return };
+        let len = h.len as usize;
+        let sink = match h.kind {
+            Kind::Eager => match self.matcher.take_posted(peer, h.a) {
+                Some((op, ())) => {
+                    let cap = self.recv_capacity(op);
+                    if len > cap {
+                        self.complete(op, Err(Error::Truncated { len: len as u64, capacity: cap as u64 }));
+                        Sink::Discard
+                    } else {
+                        if let Some(o) = self.ops.get_mut(&op) {
+                            o.st = OpSt::Receiving;
+                            o.sl = h.sl;
+                            o.mech = Some(Mechanism::Inline);
+                        }
+                        Sink::Op { op, base: 0 }
+                    }
+                }
+                None => {
+                    if !self.reserve(peer, t, h, len) {
+                        return;
+                    }
+                    Sink::Vec(vec![0; len])
+                }
+            },
+            Kind::Unexpected => {
+                if self.peers[peer.0 as usize].unexpected >= self.s.cfg.unexpected_per_peer {
+                    self.stall(peer, t, h);
+                    return;
+                }
+                if !self.reserve(peer, t, h, len) {
+                    return;
+                }
+                self.peers[peer.0 as usize].unexpected += 1;
+                Sink::Vec(vec![0; len])
+            }
+            Kind::Rts => {
+                match self.matcher.arrive_or_return(peer, h.a, Early::Rts { msg: h.b, total: h.c, token: t })
+                {
+                    Arrival::Matched(op, ()) => self.accept_rts(op, peer, h.b, h.c, t),
+                    Arrival::Unmatched(early) => {
+                        if !self.reserve(peer, t, h, RTS_COST) {
+                            return;
+                        }
+                        self.matcher.queue_early(peer, h.a, early);
+                    }
+                    Arrival::Queued => {}
+                }
+                return self.finish_header_only(t);
+            }
+            Kind::Cts => {
+                self.on_cts(t, peer, h);
+                return self.finish_header_only(t);
+            }
+            Kind::Data => match self.rndv_in.remove(&(peer, h.b)) {
+                Some(RndvIn::Op(op)) => {
+                    let expect = self.ops.get(&op).map_or(0, |o| o.expect);
+                    if h.flags & FLAG_ABORT != 0 {
+                        self.complete(op, Err(Error::PeerCancelled));
+                        Sink::Discard
+                    } else if h.len as u64 != expect {
+                        self.protocol_error(
+                            t,
+                            unexpected(format!("rendezvous body of {} bytes, announced {expect}", h.len)),
+                        );
+                        return;
+                    } else {
+                        Sink::Op { op, base: 0 }
+                    }
+                }
+                Some(RndvIn::Discard) => Sink::Discard,
+                None => {
+                    self.protocol_error(t, unexpected(format!("DATA for unknown transfer {}", h.b)));
+                    return;
+                }
+            },
+            Kind::Request => {
+                if self.peers[peer.0 as usize].requests >= self.s.cfg.requests_per_peer {
+                    self.stall(peer, t, h);
+                    return;
+                }
+                if !self.reserve(peer, t, h, len) {
+                    return;
+                }
+                self.peers[peer.0 as usize].requests += 1;
+                Sink::Vec(vec![0; len])
+            }
+            Kind::Pull => {
+                self.on_pull(t, peer, h);
+                return self.finish_header_only(t);
+            }
+            Kind::PullData => {
+                let op = OpId(h.a);
+                match self.ops.get(&op) {
+                    Some(o) if o.peer == peer && o.kind == OpKind::Pull && o.st == OpSt::WaitPullData => {
+                        if h.flags & FLAG_ABORT != 0 {
+                            self.complete(op, Err(Error::PeerCancelled));
+                            Sink::Discard
+                        } else if u64::from(h.len) != o.expect {
+                            self.protocol_error(
+                                t,
+                                unexpected("PULL_DATA length differs from the pull".into()),
+                            );
+                            return;
+                        } else {
+                            Sink::Op { op, base: 0 }
+                        }
+                    }
+                    // A pull we gave up (deadline, cancel): discard.
+                    _ => Sink::Discard,
+                }
+            }
+            Kind::Push => {
+                let op = OpId(h.b);
+                match self.ops.get(&op) {
+                    Some(o) if o.peer == peer && o.kind == OpKind::Request && o.st == OpSt::WaitReply => {
+                        let cap = match &o.buf {
+                            OpBuf::Recv(b) => b.capacity() as u64,
+                            _ => 0,
+                        };
+                        if h.c.checked_add(u64::from(h.len)).is_none_or(|e| e > cap) {
+                            self.protocol_error(t, unexpected("PUSH outside the request's buffer".into()));
+                            return;
+                        }
+                        if let Some(o) = self.ops.get_mut(&op) {
+                            o.moved += len;
+                        }
+                        Sink::Op { op, base: h.c as usize }
+                    }
+                    _ if self.peers[peer.0 as usize].cancelled_reqs.contains(&h.b) => Sink::Discard,
+                    _ => {
+                        self.protocol_error(t, unexpected(format!("PUSH for unknown request {}", h.b)));
+                        return;
+                    }
+                }
+            }
+            Kind::Reply => Sink::Vec(vec![0; len]),
+            Kind::Put => {
+                let denied = self.exposures.validate(h.b, h.c, u64::from(h.len), Access::WRITE).err();
+                if let Some(d) = denied {
+                    tracing::debug!(%peer, error = %d, "put refused");
+                    Counters::add(&self.core.counters.access_denied, 1);
+                }
+                Sink::Exposure { key: h.b, addr: h.c, denied }
+            }
+            Kind::PutAck => {
+                let op = OpId(h.a);
+                if let Some(o) = self.ops.get(&op)
+                    && o.peer == peer
+                    && o.kind == OpKind::Put
+                    && o.st == OpSt::WaitAck
+                {
+                    let r = match AccessError::from_code(h.aux as u8) {
+                        None if h.aux == 0 => Ok(o.buf.send_len()),
+                        Some(a) => Err(Error::RemoteAccess(a)),
+                        None => Err(Error::Remote(format!("put failed with status {}", h.aux))),
+                    };
+                    self.complete(op, r);
+                }
+                return self.finish_header_only(t);
+            }
+            Kind::Get => {
+                self.on_get(t, peer, h);
+                return self.finish_header_only(t);
+            }
+            Kind::GetResp => {
+                let op = OpId(h.a);
+                match self.ops.get(&op) {
+                    Some(o) if o.peer == peer && o.kind == OpKind::Get && o.st == OpSt::WaitResp => {
+                        if h.aux != 0 {
+                            let e = match AccessError::from_code(h.aux as u8) {
+                                Some(a) => Error::RemoteAccess(a),
+                                None => Error::Remote(format!("get failed with status {}", h.aux)),
+                            };
+                            self.complete(op, Err(e));
+                            Sink::Discard
+                        } else if u64::from(h.len) != o.expect {
+                            self.protocol_error(t, unexpected("GET_RESP length differs from the get".into()));
+                            return;
+                        } else {
+                            Sink::Op { op, base: 0 }
+                        }
+                    }
+                    _ => Sink::Discard,
+                }
+            }
+            Kind::CancelRequest => {
+                if let Some(r) = self.sreqs.get_mut(&(peer, h.b)) {
+                    r.cancelled = true;
+                }
+                return self.finish_header_only(t);
+            }
+            Kind::Bye => {
+                self.conn_failed(t, Loss::Lost("peer closed the connection".into()));
+                return;
+            }
+            Kind::Hello | Kind::HelloAck | Kind::Auth | Kind::Ready => unreachable!("handled above"),
+        };
+        self.set_rx(t, Rx::Payload { hdr: h, sink, got: 0 });
+        if len == 0 {
+            self.finish_empty(t);
+        }
+    }
+
+    fn finish_header_only(&mut self, t: Token) {
+        self.set_rx(t, Rx::Header);
+    }
+
+    fn finish_empty(&mut self, t: Token) {
+        if let Some(c) = self.conns.get_mut(&t)
+            && let Rx::Payload { hdr, sink, .. } = mem::replace(&mut c.rx, Rx::Header)
+        {
+            self.on_payload(t, hdr, sink);
+        }
+    }
+
+    fn recv_capacity(&self, op: OpId) -> usize {
+        match self.ops.get(&op).map(|o| &o.buf) {
+            Some(OpBuf::Recv(b)) => b.capacity(),
+            _ => 0,
+        }
+    }
+
+    /// Reserves `cost` bytes of the peer's budget for buffering, or stalls the connection.
+    fn reserve(&mut self, peer: PeerId, t: Token, h: Header, cost: usize) -> bool {
+        let budget = self.s.cfg.early_bytes_per_peer;
+        let p = &mut self.peers[peer.0 as usize];
+        if p.buffered + cost > budget && p.buffered > 0 {
+            self.stall(peer, t, h);
+            return false;
+        }
+        p.buffered += cost;
+        true
+    }
+
+    fn stall(&mut self, peer: PeerId, t: Token, h: Header) {
+        tracing::trace!(%peer, kind = ?h.kind, "back-pressure: pausing reads");
+        Counters::add(&self.core.counters.backpressure_pauses, 1);
+        self.set_rx(t, Rx::Stalled(h));
+        let p = &mut self.peers[peer.0 as usize];
+        if !p.stalled.contains(&t) {
+            p.stalled.push(t);
+        }
+    }
+
+    /// Re-evaluates stalled frames of a peer after it consumed something.
+    fn unstall(&mut self, peer: PeerId) {
+        let Some(p) = self.peers.get_mut(peer.0 as usize) else { return };
+        if p.stalled.is_empty() {
+            return;
+        }
+        for t in mem::take(&mut p.stalled) {
+            if let Some(c) = self.conns.get_mut(&t)
+                && let Rx::Stalled(h) = c.rx
+            {
+                c.rx = Rx::Header;
+                // Put the header back in front of the staged bytes and parse it again.
+                let enc = h.encode();
+                if c.rx_start >= HEADER_LEN {
+                    c.rx_start -= HEADER_LEN;
+                    c.rxbuf[c.rx_start..c.rx_start + HEADER_LEN].copy_from_slice(&enc);
+                } else {
+                    let staged = c.rx_end - c.rx_start;
+                    c.rxbuf.copy_within(c.rx_start..c.rx_end, HEADER_LEN);
+                    c.rxbuf[..HEADER_LEN].copy_from_slice(&enc);
+                    c.rx_start = 0;
+                    c.rx_end = HEADER_LEN + staged;
+                }
+                c.readable = true;
+                self.read_ready.push_back(t);
+            }
+        }
+    }
+
+    fn on_cts(&mut self, t: Token, peer: PeerId, h: Header) {
+        let Some(op) = self.rndv_out.remove(&h.b) else {
+            self.protocol_error(t, unexpected(format!("CTS for unknown transfer {}", h.b)));
+            return;
+        };
+        let mut data = Header::new(Kind::Data, h.sl);
+        data.b = h.b;
+        data.flags = wire::FLAG_LAST;
+        if op == OpId(0) {
+            // We cancelled this send: tell the receiver.
+            data.flags |= FLAG_ABORT;
+            self.queue(t, Frame::new(data, Bytes::new(), None, OnDone::Nothing));
+            return;
+        }
+        let Some(o) = self.ops.get_mut(&op) else { return };
+        if o.peer != peer {
+            self.protocol_error(t, unexpected("CTS from the wrong peer".into()));
+            return;
+        }
+        if h.aux == CTS_TRUNCATED {
+            let len = o.expect;
+            self.complete(op, Err(Error::Truncated { len, capacity: h.c }));
+            return;
+        }
+        let len = o.expect as usize;
+        o.st = OpSt::Writing;
+        data.len = len as u32;
+        self.queue(t, Frame::new(data, Bytes::new(), Some((op, 0, len)), OnDone::Complete(op)));
+    }
+
+    fn on_pull(&mut self, t: Token, peer: PeerId, h: Header) {
+        let op = OpId(h.b);
+        let mut resp = Header::new(Kind::PullData, h.sl);
+        resp.a = h.a;
+        resp.b = h.b;
+        let ok = match self.ops.get(&op) {
+            Some(o) if o.peer == peer && o.kind == OpKind::Request && o.st == OpSt::WaitReply => {
+                let total = o.buf.send_len() as u64;
+                matches!(o.buf, OpBuf::Send(_))
+                    && h.c.checked_add(u64::from(h.aux)).is_some_and(|e| e <= total)
+            }
+            _ if self.peers[peer.0 as usize].cancelled_reqs.contains(&h.b) => false,
+            _ => {
+                self.protocol_error(t, unexpected(format!("PULL for unknown request {}", h.b)));
+                return;
+            }
+        };
+        if !ok {
+            resp.flags = FLAG_ABORT;
+            resp.aux = 1;
+            self.queue(t, Frame::new(resp, Bytes::new(), None, OnDone::Nothing));
+            return;
+        }
+        resp.len = h.aux;
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.moved += h.aux as usize;
+        }
+        self.queue(
+            t,
+            Frame::new(resp, Bytes::new(), Some((op, h.c as usize, h.aux as usize)), OnDone::Release(op)),
+        );
+    }
+
+    fn on_get(&mut self, t: Token, peer: PeerId, h: Header) {
+        let mut resp = Header::new(Kind::GetResp, h.sl);
+        resp.a = h.a;
+        match self.exposures.validate(h.b, h.c, u64::from(h.aux), Access::READ) {
+            Ok(bytes) => {
+                // The exposure may be revoked before this is written: send a snapshot.
+                let data = Bytes::copy_from_slice(bytes);
+                resp.len = data.len() as u32;
+                self.queue(t, Frame::new(resp, data, None, OnDone::Nothing));
+            }
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "get refused");
+                Counters::add(&self.core.counters.access_denied, 1);
+                resp.aux = u32::from(e.code());
+                self.queue(t, Frame::new(resp, Bytes::new(), None, OnDone::Nothing));
+            }
+        }
+    }
+
+    /// A frame's payload is complete.
+    fn on_payload(&mut self, t: Token, h: Header, sink: Sink) {
+        let Some(c) = self.conns.get(&t) else { return };
+        if !c.is_ready() {
+            let Sink::Vec(body) = sink else { return };
+            self.on_handshake(t, h, body);
+            return;
+        }
+        let Some(peer) = c.peer else { return };
+        match (h.kind, sink) {
+            (Kind::Eager, Sink::Op { op, .. }) | (Kind::Data, Sink::Op { op, .. }) => {
+                Counters::add(&self.core.counters.msgs_received, 1);
+                self.complete(op, Ok(h.len as usize));
+            }
+            (Kind::Eager, Sink::Vec(v)) => {
+                // A receive may have been posted while the payload was arriving.
+                let early = Early::Eager { data: Bytes::from(v), sl: h.sl };
+                match self.matcher.take_posted(peer, h.a) {
+                    Some((op, ())) => self.match_early(op, peer, early),
+                    None => self.matcher.queue_early(peer, h.a, early),
+                }
+            }
+            (Kind::Unexpected, Sink::Vec(v)) => {
+                Counters::add(&self.core.counters.msgs_received, 1);
+                self.events += 1;
+                self.core.push_unexpected(Unexpected { peer, tag: h.a, sl: h.sl, data: Bytes::from(v) });
+            }
+            (Kind::Request, Sink::Vec(v)) => {
+                Counters::add(&self.core.counters.msgs_received, 1);
+                let cost = v.len();
+                let mut all = Bytes::from(v);
+                let header = all.split_to(h.aux as usize);
+                let dir = if h.flags & FLAG_PAYLOAD_OUT != 0 {
+                    Direction::Out
+                } else if h.flags & FLAG_PAYLOAD_IN != 0 {
+                    Direction::In
+                } else {
+                    Direction::None
+                };
+                let inline = (h.flags & FLAG_INLINE_DATA != 0).then_some(all);
+                if self.sreqs.contains_key(&(peer, h.b)) {
+                    self.protocol_error(t, unexpected(format!("request id {} reused while open", h.b)));
+                    return;
+                }
+                self.sreqs.insert(
+                    (peer, h.b),
+                    ServerReq { sl: h.sl, dir, len: h.c, inline, cost, cancelled: false },
+                );
+                self.events += 1;
+                self.core.push_request(RequestMeta {
+                    peer,
+                    tag: h.a,
+                    sl: h.sl,
+                    id: h.b,
+                    header,
+                    dir,
+                    len: h.c,
+                });
+            }
+            (Kind::Reply, Sink::Vec(v)) => {
+                let op = OpId(h.b);
+                match self.ops.get_mut(&op) {
+                    Some(o) if o.peer == peer && o.kind == OpKind::Request && o.st == OpSt::WaitReply => {
+                        Counters::add(&self.core.counters.msgs_received, 1);
+                        let moved = o.moved;
+                        let hdr = Bytes::from(v);
+                        let r = match h.aux {
+                            status::OK => {
+                                o.reply = Some(hdr);
+                                Ok(moved)
+                            }
+                            status::DROPPED => Err(Error::Remote("the server dropped the request".into())),
+                            _ => Err(Error::Remote(String::from_utf8_lossy(&hdr).into_owned())),
+                        };
+                        self.complete(op, r);
+                    }
+                    _ if self.peers[peer.0 as usize].cancelled_reqs.remove(&h.b) => {}
+                    _ => self.protocol_error(t, unexpected(format!("REPLY for unknown request {}", h.b))),
+                }
+            }
+            (Kind::PullData, Sink::Op { op, .. }) | (Kind::GetResp, Sink::Op { op, .. }) => {
+                self.complete(op, Ok(h.len as usize));
+            }
+            (Kind::Push, _) => {}
+            (Kind::Put, Sink::Exposure { denied, .. }) => {
+                let mut ack = Header::new(Kind::PutAck, h.sl);
+                ack.a = h.a;
+                ack.aux = denied.map_or(0, |d| u32::from(d.code()));
+                self.queue(t, Frame::new(ack, Bytes::new(), None, OnDone::Nothing));
+            }
+            _ => {}
+        }
+    }
+
+    fn on_handshake(&mut self, t: Token, h: Header, body: Vec<u8>) {
+        let Some(c) = self.conns.get_mut(&t) else { return };
+        let phase = mem::replace(&mut c.phase, Phase::Closing);
+        match phase {
+            Phase::ServerWaitHello(mut hs) => match hs.on_hello(&h, &body) {
+                Ok((client, (ack, ack_body))) => {
+                    c.sl = h.sl;
+                    tune(&SockRef::from(&c.sock), &self.s.cfg, h.sl, c.remote.is_ipv4());
+                    c.hs_tx.push_back(Frame::new(ack, Bytes::from(ack_body), None, OnDone::Nothing));
+                    c.phase = Phase::ServerWaitAuth(hs, client);
+                    self.write_ready.insert(t);
+                }
+                Err(e) => self.protocol_error(t, ProtocolError::Handshake(e.to_string())),
+            },
+            Phase::ServerWaitAuth(mut hs, client) => {
+                let verdict = hs.on_auth(&h, &body);
+                let status = match &verdict {
+                    Ok(()) => {
+                        let known = self.by_eid.get(&client.endpoint_id).copied();
+                        let live = self.peers.iter().filter(|p| p.conns.iter().any(Option::is_some)).count();
+                        if known.is_none()
+                            && (live >= self.s.cfg.max_peers || self.peers.len() >= u32::MAX as usize)
+                        {
+                            handshake::READY_REFUSED
+                        } else {
+                            handshake::READY_OK
+                        }
+                    }
+                    Err(_) => handshake::READY_AUTH_FAILED,
+                };
+                let (rh, rb) = hs.ready(status);
+                let Some(c) = self.conns.get_mut(&t) else { return };
+                if status != handshake::READY_OK {
+                    if let Err(e) = verdict {
+                        tracing::warn!(remote = %c.remote, error = %e, "refusing connection: authentication failed");
+                        Counters::add(&self.core.counters.auth_failures, 1);
+                    }
+                    c.hs_tx.push_back(Frame::new(rh, Bytes::from(rb), None, OnDone::Close));
+                    c.phase = Phase::Closing;
+                    c.readable = false;
+                    self.write_ready.insert(t);
+                    return;
+                }
+                let remote = c.remote;
+                let sl = c.sl;
+                c.hs_tx.push_back(Frame::new(rh, Bytes::from(rb), None, OnDone::Nothing));
+                let peer = match self.by_eid.get(&client.endpoint_id) {
+                    Some(&p) => p,
+                    None => {
+                        let dial = (client.listen_port != 0)
+                            .then(|| SocketAddr::new(remote.ip(), client.listen_port));
+                        let p = self.new_peer(dial, Some(remote));
+                        self.by_eid.insert(client.endpoint_id, p);
+                        p
+                    }
+                };
+                // A newer connection for the same class replaces a stale one.
+                if let Some(old) = self.peers[peer.0 as usize].conns[sl.index()]
+                    && old != t
+                {
+                    self.fail_peer(peer, Loss::Lost("superseded by a new connection".into()));
+                }
+                let p = &mut self.peers[peer.0 as usize];
+                p.lost = None;
+                p.remote = Some(remote);
+                p.eager_limit = (client.eager_limit as usize).min(self.s.eager_limit);
+                p.max_message = client.max_message;
+                p.conns[sl.index()] = Some(t);
+                let Some(c) = self.conns.get_mut(&t) else { return };
+                c.peer = Some(peer);
+                c.phase = Phase::Ready;
+                self.write_ready.insert(t);
+                Counters::add(&self.core.counters.connections, 1);
+                tracing::debug!(%peer, %remote, %sl, "connection accepted");
+            }
+            Phase::ClientWaitAck(mut hs) => match hs.on_hello_ack(&h, &body) {
+                Ok((auth, auth_body)) => {
+                    c.hs_tx.push_back(Frame::new(auth, Bytes::from(auth_body), None, OnDone::Nothing));
+                    c.phase = Phase::ClientWaitReady(hs);
+                    self.write_ready.insert(t);
+                }
+                Err(handshake::HandshakeError::Auth(e)) => self.conn_failed(t, Loss::Auth(e.into())),
+                Err(e) => self.protocol_error(t, ProtocolError::Handshake(e.to_string())),
+            },
+            Phase::ClientWaitReady(hs) => {
+                if h.kind != Kind::Ready {
+                    self.protocol_error(t, ProtocolError::Handshake("expected READY".into()));
+                    return;
+                }
+                match h.aux {
+                    handshake::READY_OK => {
+                        let server = *hs.server().expect("hello-ack seen before ready");
+                        let Some(peer) = c.peer else { return };
+                        c.phase = Phase::Ready;
+                        let p = &mut self.peers[peer.0 as usize];
+                        p.eager_limit = (server.eager_limit as usize).min(self.s.eager_limit);
+                        p.max_message = server.max_message;
+                        p.lost = None;
+                        self.write_ready.insert(t);
+                    }
+                    handshake::READY_AUTH_FAILED => {
+                        self.conn_failed(t, Loss::Auth("the server refused our cluster key".into()))
+                    }
+                    _ => self.conn_failed(t, Loss::Lost("the server refused the connection (limits)".into())),
+                }
+            }
+            Phase::Connecting | Phase::Ready | Phase::Closing => {
+                self.protocol_error(t, ProtocolError::Handshake("unexpected handshake frame".into()))
+            }
+        }
+    }
+}
+
+/// Socket options for a class: no Nagle delay, sized buffers, DSCP and `SO_PRIORITY`.
+fn tune(sock: &SockRef<'_>, cfg: &Config, sl: ServiceLevel, v4: bool) {
+    let _ = sock.set_tcp_nodelay(true);
+    let _ = sock.set_send_buffer_size(cfg.socket_buffer);
+    let _ = sock.set_recv_buffer_size(cfg.socket_buffer);
+    let tos = u32::from(cfg.dscp[sl.index()]) << 2;
+    let _ = if v4 { sock.set_tos_v4(tos) } else { sock.set_tclass_v6(tos) };
+    let _ = sock.set_priority(u32::from(cfg.so_priority[sl.index()]));
+}
+
+/// Reads more into a staging buffer, compacting it first when the tail is full.
+fn fill(sock: &TcpStream, rxbuf: &mut [u8], start: &mut usize, end: &mut usize) -> io::Result<usize> {
+    if *start == *end {
+        *start = 0;
+        *end = 0;
+    } else if *end == rxbuf.len() {
+        rxbuf.copy_within(*start..*end, 0);
+        *end -= *start;
+        *start = 0;
+    }
+    let n = (&*sock).read(&mut rxbuf[*end..])?;
+    *end += n;
+    Ok(n)
+}
+
+/// iovecs for one `writev`, inline on the stack up to 16 (no allocation, no initialisation of
+/// unused slots), at most `MAX_IOV`.
+#[derive(Default)]
+struct IoVec<'a> {
+    v: smallvec::SmallVec<[IoSlice<'a>; 16]>,
+}
+
+impl<'a> IoVec<'a> {
+    fn push(&mut self, s: &'a [u8]) {
+        if self.v.len() < MAX_IOV && !s.is_empty() {
+            self.v.push(IoSlice::new(s));
+        }
+    }
+    fn len(&self) -> usize {
+        self.v.len()
+    }
+    fn slices(&self) -> &[IoSlice<'a>] {
+        &self.v
+    }
+}
+
+/// Outcome of [`State::write_now`].
+enum WriteNow {
+    /// The whole frame was written.
+    All,
+    /// This many bytes were written; queue the rest.
+    Part(usize),
+    /// Nothing was written; queue the frame.
+    NotNow,
+}
+
+/// CTS status: the receive buffer is too small (`c` = its capacity).
+const CTS_TRUNCATED: u32 = 1;
+
+fn unexpected(what: String) -> ProtocolError {
+    ProtocolError::Unexpected { what }
+}
+
+impl OpBuf {
+    fn send_len(&self) -> usize {
+        match self {
+            OpBuf::Send(s) => s.len(),
+            _ => 0,
+        }
+    }
+}
+
+/// Copies staged bytes into a sink at payload offset `at`.
+fn sink_write(
+    sink: &mut Sink,
+    at: usize,
+    data: &[u8],
+    ops: &mut FxHashMap<OpId, Op>,
+    exposures: &mut ExposureTable,
+) {
+    match sink {
+        Sink::Discard => {}
+        Sink::Vec(v) => v[at..at + data.len()].copy_from_slice(data),
+        Sink::Op { op, base } => {
+            if let Some(Op { buf: OpBuf::Recv(b), .. }) = ops.get_mut(op) {
+                b.copy_in(*base + at, data);
+            }
+        }
+        Sink::Exposure { key, addr, denied } => {
+            if denied.is_some() {
+                return;
+            }
+            // Re-validated per chunk: the owner may have revoked it between reads.
+            match exposures.validate(*key, *addr + at as u64, data.len() as u64, Access::WRITE) {
+                Ok(dst) => dst.copy_from_slice(data),
+                Err(e) => *denied = Some(e),
+            }
+        }
+    }
+}
+
+/// The contiguous destination for the next bytes of a sink, for a direct socket read.
+fn sink_slice<'a>(
+    sink: &'a mut Sink,
+    at: usize,
+    max: usize,
+    ops: &'a mut FxHashMap<OpId, Op>,
+) -> Option<&'a mut [u8]> {
+    match sink {
+        Sink::Vec(v) => Some(&mut v[at..at + max]),
+        Sink::Op { op, base } => match ops.get_mut(op) {
+            Some(Op { buf: OpBuf::Recv(b), .. }) => {
+                let s = b.slice_at_mut(*base + at)?;
+                let n = s.len().min(max);
+                Some(&mut s[..n])
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}

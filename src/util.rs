@@ -1,0 +1,50 @@
+//! Small helpers: randomness and keyed MACs for handshakes.
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+
+/// A random 64-bit value from the OS generator (endpoint ids, exposure keys, nonces).
+pub(crate) fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    fill_random(&mut b);
+    u64::from_le_bytes(b)
+}
+
+/// Fills `buf` from the OS generator. The OS generator failing is unrecoverable for a
+/// security-relevant value, so this aborts loudly rather than continue with weak keys.
+pub(crate) fn fill_random(buf: &mut [u8]) {
+    getrandom::fill(buf).expect("OS random number generator unavailable");
+}
+
+/// HMAC-SHA256 over the concatenation of `parts`.
+pub(crate) fn mac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC accepts any key length");
+    for p in parts {
+        m.update(p);
+    }
+    m.finalize().into_bytes().into()
+}
+
+/// Constant-time check of a MAC over `parts`.
+pub(crate) fn verify_mac(key: &[u8], parts: &[&[u8]], tag: &[u8]) -> bool {
+    let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC accepts any key length");
+    for p in parts {
+        m.update(p);
+    }
+    m.verify_slice(tag).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mac_verifies_only_with_the_same_key_and_data() {
+        let t = mac(b"k1k1k1k1k1k1k1k1", &[b"a", b"b"]);
+        assert!(verify_mac(b"k1k1k1k1k1k1k1k1", &[b"ab"], &t));
+        assert!(!verify_mac(b"k2k2k2k2k2k2k2k2", &[b"ab"], &t));
+        assert!(!verify_mac(b"k1k1k1k1k1k1k1k1", &[b"ac"], &t));
+        assert!(!verify_mac(b"k1k1k1k1k1k1k1k1", &[b"ab"], &t[..31]));
+        assert_ne!(random_u64(), random_u64());
+    }
+}
