@@ -822,9 +822,15 @@ fn fence_orders_read<V: TestProvider>(p: &mut Pair<V>) {
         p.b.post_recv(1, &[(8192, 4096)]).unwrap();
         let a = &p.a;
         let l = [a.sge(0, 4096)];
-        a.post(1, SendOp::RdmaRead { remote_addr: baddr, rkey: brkey }, &l, SendFlags::SIGNALED).unwrap();
         let flags = if fence { SendFlags::SIGNALED | SendFlags::FENCE } else { SendFlags::SIGNALED };
-        a.post(2, SendOp::Send, &l, flags).unwrap();
+        // One post: the SEND is processed right behind the READ, however loaded the machine.
+        let read = SendWr {
+            wr_id: 1,
+            op: SendOp::RdmaRead { remote_addr: baddr, rkey: brkey },
+            sges: &l,
+            flags: SendFlags::SIGNALED,
+        };
+        a.qp.post_send(&[read, SendWr { wr_id: 2, op: SendOp::Send, sges: &l, flags }]).unwrap();
         assert_eq!(statuses(&p.b.poll(1, TIMEOUT)), [(1, WcStatus::Success)]);
         let got = p.b.read(8192, 4096);
         // Requester completions stay in posting order either way.

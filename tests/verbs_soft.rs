@@ -278,8 +278,23 @@ fn reordered_read_completions_come_after_later_work() {
     let (a, b) = pair();
     a.ctx.set_qp_faults(a.qp.qp_num(), FaultPlan::delayed_reads(Duration::from_millis(20), true)).unwrap();
     let (addr, rkey) = (b.buf.as_ptr() as u64, b.mr.rkey());
-    send(&a, 1, SendOp::RdmaRead { remote_addr: addr, rkey }, 64, SendFlags::SIGNALED);
-    send(&a, 2, SendOp::RdmaWrite { remote_addr: addr + 4096, rkey }, 64, SendFlags::SIGNALED);
+    let s = [a.sge(0, 64)];
+    // One post, so the WRITE is processed before the READ's delay can expire.
+    a.qp.post_send(&[
+        SendWr {
+            wr_id: 1,
+            op: SendOp::RdmaRead { remote_addr: addr, rkey },
+            sges: &s,
+            flags: SendFlags::SIGNALED,
+        },
+        SendWr {
+            wr_id: 2,
+            op: SendOp::RdmaWrite { remote_addr: addr + 4096, rkey },
+            sges: &s,
+            flags: SendFlags::SIGNALED,
+        },
+    ])
+    .unwrap();
     let ids: Vec<u64> = a.poll(2, TIMEOUT).iter().map(|w| w.wr_id).collect();
     assert_eq!(ids, [2, 1], "the delayed READ completes after the later WRITE");
 }
