@@ -9,7 +9,7 @@
 //!   the rkey, range, access rights, protection domain and liveness of the target's registration
 //!   in the target's MR table, which lives in shared memory. Keys carry a generation, so a
 //!   deregistered or re-registered MR is never used through a stale key, and deregistration
-//!   waits for in-flight accesses (see [`shm`]'s reclamation protocol).
+//!   waits for in-flight accesses (an epoch handshake per attached QP, in the private `shm` module).
 //! - **SEND** consumes a receive the target posted to a ring in its shared image; without one
 //!   the initiator retries per `rnr_retry` after the target's `min_rnr_timer`, then fails the
 //!   work request with `RnrRetryExcErr` and moves its QP to ERR (every outstanding work request
