@@ -16,7 +16,8 @@
 //! `--quick` divides the work by 8 (smoke test); `--no-thp` keeps the bandwidth buffers on
 //! 4 KiB pages; `--rt` (needs root) adds round-trip rows measured with the two processes pinned
 //! to CPUs 0 and 1 under SCHED_FIFO, for machines whose CPUs are shared with other busy
-//! processes (only those rows run real-time, about 2 s). `--only-write SIZE`, `--only-send` and `--only-pp` run one loop (profiling).
+//! processes (only those rows run real-time, about 2 s). `--only-write SIZE`, `--only-send`,
+//! `--only-pp` and `--only-pp-inproc` run one loop (profiling aids).
 //!
 //! Every figure is the median of `--runs` (default 5) repetitions with the min–max spread.
 //! Buffers are pre-faulted and reused (first touch costs ~2.5 s/GiB on the reference VM).

@@ -17,7 +17,7 @@
 //!  provider.open(dev) ─► ctx ─► ctx.alloc_pd()                     ─► pd
 //!                           ├─► ctx.create_comp_channel()          ─► ch   (ch.as_raw_fd() → mio)
 //!                           ├─► ctx.create_cq(n, Some(&ch), cookie) ─► cq
-//!                           ├─► unsafe ctx.reg_mr(&pd, addr, len, access) ─► mr (lkey, rkey)
+//!                           ├─► unsafe ctx.reg_mr(&pd, addr, len, access) ─► mr (lkey,rkey)
 //!                           └─► ctx.create_qp(&pd, &QpInit{..})     ─► qp   (state RESET)
 //!  local = QpEndpointInfo::local(&qp, &ctx.port_attr(1)?, psn)      // QPN, PSN, LID, GID
 //!  ── exchange local.encode() over the TCP side channel; QpEndpointInfo::decode(peer bytes) ──
