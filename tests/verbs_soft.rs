@@ -363,3 +363,56 @@ fn objects_may_be_dropped_in_any_order() {
     drop(mr);
     drop(buf);
 }
+
+#[test]
+fn bad_local_key_is_a_local_protection_error() {
+    let (a, b) = pair();
+    b.qp.post_recv(&[RecvWr { wr_id: 1, sges: &[b.sge(0, 64)] }]).unwrap();
+    let bad = Sge::new(a.buf.as_ptr() as u64, 8, a.mr.lkey() ^ 0x40);
+    a.qp.post_send(&[SendWr { wr_id: 1, op: SendOp::Send, sges: &[bad], flags: SendFlags::NONE }]).unwrap();
+    assert_eq!(st(&a.poll(1, TIMEOUT)), [(1, WcStatus::LocProtErr)]);
+    assert_eq!(a.qp.state(), QpState::Err);
+    assert!(b.poll(1, QUIET).is_empty(), "nothing was sent");
+}
+
+#[test]
+fn unregistered_receive_buffer_fails_both_sides() {
+    let (a, b) = pair();
+    let bad = Sge::new(b.buf.as_ptr() as u64, 64, b.mr.lkey() ^ 0x40);
+    b.qp.post_recv(&[RecvWr { wr_id: 1, sges: &[bad] }, RecvWr { wr_id: 2, sges: &[b.sge(0, 64)] }]).unwrap();
+    send(&a, 1, SendOp::Send, 8, SendFlags::SIGNALED);
+    assert_eq!(st(&a.poll(1, TIMEOUT)), [(1, WcStatus::RemOpErr)]);
+    assert_eq!(st(&b.poll(2, TIMEOUT)), [(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]);
+    assert_eq!(b.qp.state(), QpState::Err);
+    // A receive posted on a QP in ERR completes at once with a flush.
+    b.qp.post_recv(&[RecvWr { wr_id: 3, sges: &[b.sge(0, 64)] }]).unwrap();
+    assert_eq!(st(&b.poll(1, TIMEOUT)), [(3, WcStatus::WrFlushErr)]);
+}
+
+#[test]
+fn channel_events_name_the_cq_that_fired() {
+    let b = End::new(SoftConfig::default());
+    let ch = b.ctx.create_comp_channel().unwrap();
+    let (cq1, cq2) = (b.ctx.create_cq(16, Some(&ch), 1).unwrap(), b.ctx.create_cq(16, Some(&ch), 2).unwrap());
+    let bq = b
+        .ctx
+        .create_qp(
+            &b.pd,
+            &QpInit { send_cq: &cq1, recv_cq: &cq2, srq: None, cap: QpCap::default(), sq_sig_all: false },
+        )
+        .unwrap();
+    let a = End::new(SoftConfig::default());
+    let ib = QpEndpointInfo::local(&bq, &b.ctx.port_attr(1).unwrap(), 3);
+    bring_up(&bq, &ib, &a.info(4), &fast()).unwrap();
+    bring_up(&a.qp, &a.info(4), &ib, &fast()).unwrap();
+    bq.post_recv(&[RecvWr { wr_id: 9, sges: &[b.sge(0, 64)] }]).unwrap();
+    cq1.req_notify(false).unwrap();
+    cq2.req_notify(false).unwrap();
+    assert_eq!(ch.get_event().unwrap(), None);
+    send(&a, 1, SendOp::Send, 8, SendFlags::SIGNALED);
+    assert_eq!(st(&a.poll(1, TIMEOUT)), [(1, WcStatus::Success)]);
+    assert_eq!(ch.get_event().unwrap(), Some(2), "the receive CQ fired");
+    assert_eq!(ch.get_event().unwrap(), None, "one event per arm, none from the idle CQ");
+    assert_eq!(st(&poll_cq(&cq2, 1, TIMEOUT)), [(9, WcStatus::Success)]);
+    assert!(b.ctx.create_cq(16, None, 0).unwrap().req_notify(false).is_err(), "no channel to notify");
+}
