@@ -42,10 +42,24 @@
 //! a FENCE behind one) is finished by a per-context progress thread, like an HCA would, so
 //! completions arrive whether or not the application polls.
 //!
-//! # Limits
+//! # Notes for engines
 //!
-//! See [`SoftConfig`]; defaults: 16 SGEs, 256 B inline, 4096 work requests per queue, 65536
-//! CQ entries, 16384 MRs, 256 QPs.
+//! - Limits come from [`SoftConfig`]; defaults: 16 SGEs, 256 B inline, 4096 work requests per
+//!   queue, 65536 CQ entries, 16384 MRs, 256 QPs, 16 SRQs. A CQ that overflows is unusable
+//!   ([`VerbsError::CqOverrun`]): size CQs for every work request that can be outstanding.
+//! - Send-queue slots are freed when a work request completes (not when its completion is
+//!   polled, as on hardware); count-based reclaim on polled completions is correct for both.
+//! - One-sided cost is dominated by the kernel pinning target pages per call: registered pools
+//!   on transparent huge pages (2 MiB-aligned, `MADV_HUGEPAGE`) move data 3× faster.
+//! - The completion channel is an eventfd: readable while any event is pending; drain it with
+//!   `get_event` until `None` (mio is edge-triggered).
+//! - `mlock` refusals (`RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`) and the optional
+//!   [`SoftConfig::max_pinned_bytes`] budget are [`VerbsError::PinLimit`]; pages shared by
+//!   overlapping registrations are pinned once and stay pinned until the last one goes.
+//! - Faults for tests: [`SoftConfig::faults`] (every QP) or [`SoftContext::set_qp_faults`] by
+//!   QP number, so a test can break a QP the engine created.
+//! - A software GID names a process and context, not a host: peers must run on the same host
+//!   (same user, or root).
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod fault;
