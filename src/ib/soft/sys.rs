@@ -1,0 +1,374 @@
+//! Thin, checked wrappers over the Linux calls the software provider needs: memfd, pidfd,
+//! eventfd, `process_vm_readv`/`writev`, `mlock`. Every `unsafe` block of the provider that talks
+//! to the kernel lives here.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Returns `Err(last_os_error)` when a libc call returned -1.
+fn cvt(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret == -1 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+}
+
+/// Takes ownership of a file descriptor returned by a successful system call.
+fn owned(fd: libc::c_long) -> io::Result<OwnedFd> {
+    let fd = RawFd::try_from(fd).map_err(|_| io::Error::other("fd out of range"))?;
+    // SAFETY: `fd` was just returned by a successful system call that creates a new descriptor,
+    // and nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The page size.
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
+}
+
+/// A sealed anonymous shared-memory file of exactly `len` bytes: it can neither shrink nor grow,
+/// so a peer that maps it can never fault (SIGBUS) on a truncated page.
+pub(crate) fn sealed_memfd(name: &str, len: u64) -> io::Result<File> {
+    let cname = std::ffi::CString::new(name).map_err(|_| io::Error::other("memfd name contains NUL"))?;
+    // SAFETY: `cname` is a valid NUL-terminated string for the duration of the call.
+    let fd = cvt(unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) }
+        as libc::c_long)?;
+    let file = File::from(owned(fd)?);
+    file.set_len(len)?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl(F_ADD_SEALS) on a descriptor we own; no pointers involved.
+    cvt(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } as libc::c_long)?;
+    Ok(file)
+}
+
+/// True when `file` is sealed against shrinking (so mapping all of it is fault-free).
+pub(crate) fn is_shrink_sealed(file: &File) -> bool {
+    // SAFETY: fcntl(F_GET_SEALS) on a descriptor we own; no pointers involved.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    seals >= 0 && seals & libc::F_SEAL_SHRINK != 0
+}
+
+/// A process handle that cannot be confused with a later process reusing the pid.
+#[derive(Debug)]
+pub(crate) struct PidFd {
+    fd: OwnedFd,
+    pid: u32,
+}
+
+impl PidFd {
+    /// Opens a pidfd for `pid`.
+    pub(crate) fn open(pid: u32) -> io::Result<PidFd> {
+        let p = libc::pid_t::try_from(pid).map_err(|_| io::Error::other("pid out of range"))?;
+        // SAFETY: pidfd_open takes plain integers.
+        let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, p, 0) })?;
+        Ok(PidFd { fd: owned(fd)?, pid })
+    }
+
+    /// The pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// False once the process has exited (a pidfd becomes readable on exit).
+    pub(crate) fn is_alive(&self) -> bool {
+        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: `pfd` is a valid pollfd for the duration of the call; nfds is 1.
+        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+        n == 0
+    }
+
+    /// Duplicates descriptor `fd` of the process into ours (needs ptrace access, which
+    /// `process_vm_*` needs too).
+    pub(crate) fn get_fd(&self, fd: i32) -> io::Result<OwnedFd> {
+        // SAFETY: pidfd_getfd takes plain integers; it returns a new descriptor or -1.
+        let r = cvt(unsafe { libc::syscall(libc::SYS_pidfd_getfd, self.fd.as_raw_fd(), fd, 0) })?;
+        owned(r)
+    }
+}
+
+/// True when a process with this pid exists and started at `start_time` (clock ticks since
+/// boot, field 22 of `/proc/<pid>/stat`); guards against pid reuse.
+pub(crate) fn process_alive(pid: u32, start_time: u64) -> bool {
+    process_start_time(pid).is_ok_and(|t| t == start_time)
+}
+
+/// Start time of a process (field 22 of `/proc/<pid>/stat`).
+pub(crate) fn process_start_time(pid: u32) -> io::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) may contain spaces and parentheses: parse after the last ')'.
+    let rest = stat.rfind(')').map(|i| &stat[i + 1..]).ok_or_else(|| io::Error::other("bad stat"))?;
+    // After ')' come field 3 (state) onwards; start time is field 22 → index 19.
+    rest.split_whitespace()
+        .nth(19)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| io::Error::other("bad /proc/pid/stat"))
+}
+
+/// Our pid (cached: `getpid` is a real system call and lock words ask for it on every take).
+/// A process that forks keeps using the parent's contexts at its own risk; the provider does not
+/// support use across `fork`.
+pub(crate) fn getpid() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+    static PID: AtomicU32 = AtomicU32::new(0);
+    match PID.load(Relaxed) {
+        0 => {
+            let p = std::process::id();
+            PID.store(p, Relaxed);
+            p
+        }
+        p => p,
+    }
+}
+
+/// Lets processes of the same user that are not our ancestors use `process_vm_*` and
+/// `pidfd_getfd` on us when Yama's `ptrace_scope` is 1. Harmless where Yama is absent.
+pub(crate) fn allow_ptrace_by_any() {
+    // SAFETY: prctl(PR_SET_PTRACER) takes integers only.
+    let r = unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
+    if r != 0 {
+        // EINVAL means Yama is not built in: nothing to relax.
+        tracing::trace!(err = %io::Error::last_os_error(), "PR_SET_PTRACER not applied");
+    }
+}
+
+/// A non-blocking eventfd.
+pub(crate) fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd takes integers only.
+    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) } as libc::c_long)?;
+    owned(fd)
+}
+
+/// Adds 1 to an eventfd (a wake-up). A full counter (EAGAIN) means a wake-up is pending anyway.
+pub(crate) fn eventfd_signal(fd: RawFd) -> io::Result<()> {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64.
+    let r = unsafe { libc::write(fd, (&raw const one).cast(), 8) };
+    if r == 8 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.kind() == io::ErrorKind::WouldBlock { Ok(()) } else { Err(e) }
+}
+
+/// Resets an eventfd; returns false when it was not signalled.
+pub(crate) fn eventfd_drain(fd: RawFd) -> io::Result<bool> {
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a live u64.
+    let r = unsafe { libc::read(fd, (&raw mut v).cast(), 8) };
+    if r == 8 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.kind() == io::ErrorKind::WouldBlock { Ok(false) } else { Err(e) }
+}
+
+/// True when `fd` (ours) is an eventfd: a peer-supplied descriptor number must name one before
+/// we write wake-ups to it.
+pub(crate) fn is_eventfd(fd: RawFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok_and(|p| p.as_os_str() == "anon_inode:[eventfd]")
+}
+
+/// Locks `[addr, addr + len)` in RAM.
+pub(crate) fn mlock(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: mlock only changes page residency of our own mappings; it validates the range
+    // itself (ENOMEM for unmapped pages) and never dereferences it in user space.
+    cvt(unsafe { libc::mlock(addr as *const libc::c_void, len) } as libc::c_long).map(drop)
+}
+
+/// Undoes [`mlock`].
+pub(crate) fn munlock(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: as for `mlock`.
+    cvt(unsafe { libc::munlock(addr as *const libc::c_void, len) } as libc::c_long).map(drop)
+}
+
+/// `RLIMIT_MEMLOCK` soft limit in bytes (None: unlimited).
+pub(crate) fn memlock_limit() -> Option<u64> {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into a live rlimit.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } == 0;
+    (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
+}
+
+/// A contiguous byte range in some address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Span {
+    /// Start address.
+    pub(crate) addr: u64,
+    /// Length.
+    pub(crate) len: u64,
+}
+
+/// Direction of a copy between local and remote spans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dir {
+    /// Local → remote.
+    Write,
+    /// Remote → local.
+    Read,
+}
+
+/// Why a copy failed.
+#[derive(Debug)]
+pub(crate) enum CopyError {
+    /// The remote process is gone.
+    PeerGone,
+    /// A local or remote address is not mapped (a registration contract was broken).
+    Fault,
+    /// Anything else (permissions, ...).
+    Other(io::Error),
+}
+
+/// Copies between `local` spans (ours) and `remote` spans (in process `pid`; ours when
+/// `same_process`), in order, up to the shorter total. Returns bytes copied.
+///
+/// Callers have validated every span against a live registration and hold the registrations'
+/// epoch (see `shm::Critical`), so the memory stays mapped for the duration of the call.
+pub(crate) fn copy_spans(
+    dir: Dir,
+    pid: u32,
+    same_process: bool,
+    local: &[Span],
+    remote: &[Span],
+) -> Result<u64, CopyError> {
+    if same_process {
+        return Ok(copy_in_process(dir, local, remote));
+    }
+    let total = local.iter().map(|s| s.len).sum::<u64>().min(remote.iter().map(|s| s.len).sum());
+    let mut done = 0u64;
+    let p = libc::pid_t::try_from(pid).map_err(|_| CopyError::PeerGone)?;
+    // Scatter/gather lists are short (≤ 64 entries): build the iovecs on the stack.
+    const N: usize = 64;
+    let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+    let (mut liov, mut riov) = ([empty; N], [empty; N]);
+    while done < total {
+        let lim = iovecs_from(local, done, total - done, &mut liov) as libc::c_ulong;
+        let rim = iovecs_from(remote, done, total - done, &mut riov) as libc::c_ulong;
+        // SAFETY: the iovec arrays are live for the call. The local iovecs describe memory of
+        // this process that the caller validated against live registrations (the contract of
+        // `reg_mr` keeps it mapped); the kernel checks the remote ones against the target's
+        // address space and never touches ours outside the local iovecs.
+        let n = unsafe {
+            match dir {
+                Dir::Write => libc::process_vm_writev(p, liov.as_ptr(), lim, riov.as_ptr(), rim, 0),
+                Dir::Read => libc::process_vm_readv(p, liov.as_ptr(), lim, riov.as_ptr(), rim, 0),
+            }
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::ESRCH) => CopyError::PeerGone,
+                Some(libc::EFAULT) => CopyError::Fault,
+                _ => CopyError::Other(e),
+            });
+        }
+        if n == 0 {
+            return Err(CopyError::Fault);
+        }
+        done += n as u64;
+    }
+    Ok(done)
+}
+
+/// Fills `out` with iovecs for the byte range `[skip, skip + len)` of the concatenated spans;
+/// returns how many (at most `out.len()`; the caller loops for the rest).
+fn iovecs_from(spans: &[Span], mut skip: u64, mut len: u64, out: &mut [libc::iovec]) -> usize {
+    let mut n = 0;
+    for s in spans {
+        if len == 0 || n == out.len() {
+            break;
+        }
+        if skip >= s.len {
+            skip -= s.len;
+            continue;
+        }
+        let take = (s.len - skip).min(len);
+        out[n] =
+            libc::iovec { iov_base: (s.addr + skip) as usize as *mut libc::c_void, iov_len: take as usize };
+        n += 1;
+        len -= take;
+        skip = 0;
+    }
+    n
+}
+
+/// The same-process copy: `memmove` piecewise, overlap-safe.
+fn copy_in_process(dir: Dir, local: &[Span], remote: &[Span]) -> u64 {
+    let (src, dst) = match dir {
+        Dir::Write => (local, remote),
+        Dir::Read => (remote, local),
+    };
+    let (mut si, mut so, mut di, mut doff, mut done) = (0usize, 0u64, 0usize, 0u64, 0u64);
+    while si < src.len() && di < dst.len() {
+        let (s, d) = (src[si], dst[di]);
+        let n = (s.len - so).min(d.len - doff);
+        if n > 0 {
+            // SAFETY: both ranges lie inside registrations the caller validated and holds the
+            // epoch of, so they are mapped for the duration of the copy (`reg_mr`'s contract).
+            // `ptr::copy` is memmove: overlapping ranges (loopback to the same buffer) are fine.
+            unsafe {
+                std::ptr::copy(
+                    (s.addr + so) as usize as *const u8,
+                    (d.addr + doff) as usize as *mut u8,
+                    n as usize,
+                )
+            };
+        }
+        done += n;
+        so += n;
+        doff += n;
+        if so == s.len {
+            si += 1;
+            so = 0;
+        }
+        if doff == d.len {
+            di += 1;
+            doff = 0;
+        }
+    }
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_process_copy_scatters_and_gathers() {
+        let src = [1u8, 2, 3, 4, 5, 6, 7];
+        let mut a = [0u8; 3];
+        let mut b = [0u8; 5];
+        let local = [Span { addr: src.as_ptr() as u64, len: 7 }];
+        let remote =
+            [Span { addr: a.as_mut_ptr() as u64, len: 3 }, Span { addr: b.as_mut_ptr() as u64, len: 5 }];
+        let n = copy_spans(Dir::Write, getpid(), true, &local, &remote).map_err(|_| ()).unwrap();
+        assert_eq!(n, 7);
+        assert_eq!(a, [1, 2, 3]);
+        assert_eq!(b, [4, 5, 6, 7, 0]);
+    }
+
+    #[test]
+    fn cross_process_path_works_on_self() {
+        let src = [9u8; 100];
+        let mut dst = [0u8; 100];
+        let local = [Span { addr: dst.as_mut_ptr() as u64, len: 100 }];
+        let remote =
+            [Span { addr: src.as_ptr() as u64, len: 60 }, Span { addr: src.as_ptr() as u64, len: 40 }];
+        let n = copy_spans(Dir::Read, getpid(), false, &local, &remote).map_err(|_| ()).unwrap();
+        assert_eq!(n, 100);
+        assert_eq!(dst, [9u8; 100]);
+    }
+
+    #[test]
+    fn start_time_identifies_us() {
+        let t = process_start_time(getpid()).unwrap();
+        assert!(process_alive(getpid(), t));
+        assert!(!process_alive(getpid(), t + 1));
+    }
+
+    #[test]
+    fn memfd_is_sealed() {
+        let f = sealed_memfd("ionet-test", 8192).unwrap();
+        assert!(is_shrink_sealed(&f));
+        assert!(f.set_len(4096).is_err());
+    }
+}
