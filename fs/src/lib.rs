@@ -42,14 +42,20 @@
 #![warn(missing_debug_implementations)]
 
 pub mod capability;
+pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod errno;
 pub mod layout;
 pub mod meta;
+pub mod net;
 pub mod proto;
+pub mod server;
 pub mod store;
 
+pub use client::{Client, ClientOptions, CreateOptions, File, Stat};
 pub use errno::Errno;
+pub use net::{FsError, FsResult};
 pub use proto::Handle;
 
 #[cfg(test)]
