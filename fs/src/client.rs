@@ -128,7 +128,7 @@ impl Client {
         let meta = ep.connect(&cfg.meta)?;
         let io = cfg.io_servers.iter().map(|a| ep.connect(a)).collect::<Result<Vec<_>, _>>()?;
         let max_msg = ep.info().max_message as u64;
-        let max_req = opts.max_request_bytes.unwrap_or(max_msg).min(max_msg).min(proto::MAX_IO_BYTES).max(1);
+        let max_req = opts.max_request_bytes.unwrap_or(max_msg).min(max_msg).clamp(1, proto::MAX_IO_BYTES);
         Ok(Client { inner: Arc::new(Inner { ep, meta, io, next_id: AtomicU64::new(1), opts, max_req }) })
     }
 
