@@ -46,6 +46,8 @@ pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod errno;
+#[cfg(feature = "fuse")]
+pub mod fuse;
 pub mod layout;
 pub mod meta;
 pub mod net;
