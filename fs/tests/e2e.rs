@@ -402,6 +402,56 @@ pub fn disk_error_does_not_desynchronise_the_connection(scheme: &str) {
     assert_eq!(&read_all(&good, 7, 100).0, &data[..100]);
 }
 
+pub fn expired_capability_is_renewed(scheme: &str) {
+    let tc = TestCluster::start_with(scheme, 2, |o| o.meta_args = vec!["--cap-lifetime".into(), "1".into()]);
+    let c = tc.client();
+    let f = c.create("/short-lived", CreateOptions::default()).unwrap();
+    f.write_all_at(0, b"before").unwrap();
+    // Capabilities carry whole seconds: after 2 s this one has certainly expired.
+    std::thread::sleep(Duration::from_millis(2100));
+    f.write_all_at(6, b" and after").unwrap();
+    assert_eq!(&read_all(&f, 0, 16).0, b"before and after");
+}
+
+pub fn failed_fan_outs_are_cleaned_up(scheme: &str) {
+    let mut tc = TestCluster::start(scheme, 3);
+    let c = tc.client();
+    let cfg = tc.cluster.config().clone();
+    let store = |i: u32| stripefs::store::ObjectStore::open(cfg.io_data_dir(i), Default::default()).unwrap();
+    let f = c.create("/doomed", CreateOptions { mode: 0o644, layout: spec(3, 4096) }).unwrap();
+    f.write_at(0, &pattern(50_000, 7)).unwrap();
+    let h = f.handle();
+    assert!((0..3).all(|i| store(i).exists(h)));
+    tc.cluster.kill_io(1);
+    // Unlink succeeds in the namespace; the object on the dead server is left as an orphan…
+    c.unlink("/doomed").unwrap();
+    assert_eq!(code(c.stat("/doomed")), Errno::ENOENT);
+    assert!(!store(0).exists(h) && !store(2).exists(h));
+    assert!(store(1).exists(h), "the dead server's object is still there");
+    // …and a create that cannot reach every server fails and leaves nothing behind.
+    let e = c.create("/half", CreateOptions { mode: 0o644, layout: spec(3, 4096) }).unwrap_err();
+    assert!([Errno::ENOTCONN, Errno::EIO, Errno::ETIMEDOUT].contains(&e.errno()), "{e}");
+    assert_eq!(code(c.stat("/half")), Errno::ENOENT);
+    // Once the server is back, the meta server's janitor removes the orphan.
+    tc.cluster.restart_io(1).unwrap();
+    let t = std::time::Instant::now();
+    while store(1).exists(h) {
+        assert!(t.elapsed() < Duration::from_secs(30), "orphan never removed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let g = c.create("/half", CreateOptions { mode: 0o644, layout: spec(3, 4096) }).unwrap();
+    g.write_all_at(0, b"whole again").unwrap();
+    assert_eq!(&read_all(&g, 0, 11).0, b"whole again");
+    let objects = |i: u32| walk(&cfg.io_data_dir(i));
+    assert_eq!((0..3).map(objects).sum::<usize>(), 3, "exactly the new file's three objects remain");
+}
+
+fn walk(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| if e.path().is_dir() { walk(&e.path()) } else { 1 }).sum())
+        .unwrap_or(0)
+}
+
 macro_rules! transports {
     ($($scheme:ident),*) => {$(
         mod $scheme {
@@ -415,6 +465,8 @@ macro_rules! transports {
             #[test] fn forged_and_expired_capabilities_are_refused() { super::forged_and_expired_capabilities_are_refused(S) }
             #[test] fn bad_names_are_refused() { super::bad_names_are_refused(S) }
             #[test] fn disk_error_does_not_desynchronise_the_connection() { super::disk_error_does_not_desynchronise_the_connection(S) }
+            #[test] fn expired_capability_is_renewed() { super::expired_capability_is_renewed(S) }
+            #[test] fn failed_fan_outs_are_cleaned_up() { super::failed_fan_outs_are_cleaned_up(S) }
         }
     )*};
 }
