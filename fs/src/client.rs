@@ -66,6 +66,7 @@ impl Default for ClientOptions {
 #[derive(Debug)]
 struct Inner {
     ep: Endpoint,
+    waiter: crate::net::Waiter,
     meta: PeerId,
     io: Vec<PeerId>,
     next_id: AtomicU64,
@@ -129,7 +130,10 @@ impl Client {
         let io = cfg.io_servers.iter().map(|a| ep.connect(a)).collect::<Result<Vec<_>, _>>()?;
         let max_msg = ep.info().max_message as u64;
         let max_req = opts.max_request_bytes.unwrap_or(max_msg).min(max_msg).clamp(1, proto::MAX_IO_BYTES);
-        Ok(Client { inner: Arc::new(Inner { ep, meta, io, next_id: AtomicU64::new(1), opts, max_req }) })
+        let waiter = crate::net::Waiter::new(ep.clone());
+        Ok(Client {
+            inner: Arc::new(Inner { ep, waiter, meta, io, next_id: AtomicU64::new(1), opts, max_req }),
+        })
     }
 
     /// The client's endpoint (for its counters: mechanisms used, registration cache).
@@ -166,6 +170,12 @@ impl Client {
         Ok(op)
     }
 
+    /// Waits for a request to an io server, nudging its connection when it goes quiet.
+    fn wait_io(&self, op: OpId, peer: PeerId, sl: ServiceLevel) -> FsResult<Completion> {
+        let ping = || proto::encode(&Envelope::new(0, IoRequest::Ping)).ok();
+        Ok(self.inner.waiter.wait(op, peer, TAG_IO, sl, &ping)?)
+    }
+
     /// Decodes a completed request's reply; server error replies become [`FsError::Remote`].
     fn reply<R: proto::Reply + ErrorOf>(c: &Completion, id: u64) -> FsResult<R> {
         if let Err(e) = &c.result {
@@ -186,7 +196,8 @@ impl Client {
         let id = self.id();
         let bytes = proto::encode(&Envelope::new(id, req))?;
         let op = self.post(self.inner.meta, TAG_META, bytes, Payload::None, ServiceLevel::Control, 0)?;
-        let c = self.inner.ep.wait(op)?;
+        let ping = || proto::encode(&Envelope::new(0, MetaRequest::Statfs)).ok();
+        let c = self.inner.waiter.wait(op, self.inner.meta, TAG_META, ServiceLevel::Control, &ping)?;
         Self::reply::<MetaReply>(&c, id)
     }
 
@@ -684,7 +695,7 @@ impl File {
     fn write_batches(&self, batches: &[Batch], data: &Bytes) -> FsResult<u64> {
         self.with_cap(|cap| {
             let c = &self.client;
-            let posted: Vec<FsResult<(OpId, u64, u64)>> = batches
+            let posted: Vec<FsResult<(OpId, u64, u64, PeerId)>> = batches
                 .iter()
                 .map(|b| {
                     let peer = c.inner.io[b.server];
@@ -704,14 +715,14 @@ impl File {
                         ServiceLevel::Bulk,
                         b.bytes,
                     )?;
-                    Ok((op, id, b.bytes))
+                    Ok((op, id, b.bytes, peer))
                 })
                 .collect();
             let mut first_err = None;
             let mut total = 0u64;
             for p in posted {
-                let r = p.and_then(|(op, id, want)| {
-                    let comp = c.inner.ep.wait(op)?;
+                let r = p.and_then(|(op, id, want, peer)| {
+                    let comp = c.wait_io(op, peer, ServiceLevel::Bulk)?;
                     match Client::reply::<IoReply>(&comp, id)? {
                         IoReply::Written { bytes } if bytes == want => Ok(bytes),
                         r => Err(FsError::UnexpectedReply(format!("{r:?} for a {want}-byte write"))),
@@ -766,23 +777,24 @@ impl File {
                 let req = IoRequest::Read { cap: cap.clone(), desc: b.desc.clone() };
                 let header = proto::encode(&Envelope::new(id, req))?;
                 let list = split.take(i);
+                let peer = c.inner.io[b.server];
                 let op = c.post(
-                    c.inner.io[b.server],
+                    peer,
                     TAG_IO,
                     header,
                     Payload::In(RecvBuf::List(list)),
                     ServiceLevel::Bulk,
                     b.bytes,
                 )?;
-                Ok((op, id))
+                Ok((op, id, peer))
             })();
             posted.push(r);
         }
         let mut first_err = None;
         let mut sizes = Vec::with_capacity(batches.len());
         for (i, p) in posted.into_iter().enumerate() {
-            let r = p.and_then(|(op, id)| {
-                let mut comp = c.inner.ep.wait(op)?;
+            let r = p.and_then(|(op, id, peer)| {
+                let mut comp = c.wait_io(op, peer, ServiceLevel::Bulk)?;
                 if let OpBuf::Recv(RecvBuf::List(v)) = std::mem::take(&mut comp.buf) {
                     split.put_back(i, v);
                 }

@@ -140,6 +140,7 @@ impl Shared {
             }
         };
         let id = env.id;
+        debug!(id, peer = %req.peer(), len = req.payload_len(), "io request");
         let reply = match self.serve(&req, env.body) {
             Ok(r) => r,
             Err(Fail(code, msg)) => {
@@ -149,6 +150,7 @@ impl Shared {
             }
         };
         send_reply(&self.ep, req, id, reply);
+        debug!(id, "io reply sent");
     }
 
     fn serve(&self, req: &Request, body: IoRequest) -> Result<IoReply, Fail> {

@@ -84,6 +84,7 @@ struct Shared {
     store: MetaStore,
     key: CapabilityKey,
     io_ep: Endpoint,
+    io_waiter: crate::net::Waiter,
     io: Vec<PeerId>,
     cfg: MetaServerConfig,
     nonce: AtomicU64,
@@ -117,6 +118,7 @@ impl MetaServer {
             ep: ep.clone(),
             store,
             key,
+            io_waiter: crate::net::Waiter::new(io_ep.clone()),
             io_ep,
             io,
             cfg,
@@ -358,7 +360,7 @@ impl Shared {
     ) -> Vec<Result<IoReply, FsError>> {
         let n = self.io.len() as u32;
         let deadline = Instant::now() + self.cfg.io_timeout;
-        let posted: Vec<Result<ionet::OpId, FsError>> = pnums
+        let posted: Vec<Result<(ionet::OpId, PeerId), FsError>> = pnums
             .iter()
             .map(|&p| {
                 let server = layout.server(p, n) as usize;
@@ -373,13 +375,15 @@ impl Shared {
                     ServiceLevel::Control,
                 )?;
                 self.io_ep.set_deadline(op, deadline)?;
-                Ok(op)
+                Ok((op, peer))
             })
             .collect();
         posted
             .into_iter()
-            .map(|op| {
-                let c = self.io_ep.wait(op?)?;
+            .map(|posted| {
+                let (op, peer) = posted?;
+                let ping = || proto::encode(&Envelope::new(0, IoRequest::Ping)).ok();
+                let c = self.io_waiter.wait(op, peer, TAG_IO, ServiceLevel::Control, &ping)?;
                 c.result?;
                 let reply = c.reply.ok_or_else(|| FsError::UnexpectedReply("no reply header".into()))?;
                 match proto::decode::<IoReply>(&reply)?.body {
