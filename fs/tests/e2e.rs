@@ -347,6 +347,22 @@ pub fn forged_and_expired_capabilities_are_refused(scheme: &str) {
     drop(opened);
     let rw = ck.mint(h, Rights::READ_WRITE, now + 60, 2);
     assert_eq!(err_code(send(IoRequest::RemoveObject { cap: rw })), Errno::EACCES);
+    // A write whose payload does not match its descriptor is refused, not half-applied.
+    let desc = proto::Descriptor::list(vec![Extent::new(0, 100)]).unwrap();
+    let rw = ck.mint(h, Rights::READ_WRITE, now + 60, 3);
+    assert_eq!(err_code(send(IoRequest::Write { cap: rw.clone(), desc: desc.clone() })), Errno::EINVAL);
+    let short = proto::encode(&Envelope::new(8, IoRequest::Write { cap: rw, desc })).unwrap();
+    let op = ep
+        .request(
+            peer,
+            TAG_IO,
+            Bytes::from(short),
+            ionet::Payload::Out(vec![9u8; 50].into()),
+            ionet::ServiceLevel::Bulk,
+        )
+        .unwrap();
+    let comp = ep.wait(op).unwrap();
+    assert_eq!(err_code(proto::decode::<IoReply>(&comp.reply.unwrap()).unwrap().body), Errno::EINVAL);
     // Garbage instead of a message: a typed error, and the connection still works.
     assert_eq!(err_code(call(b"definitely not a stripefs message".to_vec())), Errno::EPROTO);
     assert!(matches!(send(IoRequest::Ping), IoReply::Pong));
