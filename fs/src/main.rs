@@ -16,7 +16,7 @@ use std::process::ExitCode;
 #[command(name = "stripefs", version, about = "A compact PVFS-style striped file system on ionet")]
 struct Cli {
     /// The cluster file (default: $STRIPEFS_CLUSTER, then ./stripefs-data/cluster.toml).
-    #[arg(short, long, global = true, env = "STRIPEFS_CLUSTER")]
+    #[arg(long, global = true, env = "STRIPEFS_CLUSTER")]
     cluster: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
@@ -90,5 +90,15 @@ fn main() -> ExitCode {
             eprintln!("stripefs: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap's own consistency checks (duplicate short flags, conflicting names, …).
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
     }
 }

@@ -392,6 +392,25 @@ pub fn bad_names_are_refused(scheme: &str) {
     assert_eq!(code(c.rename_in(root, "ok", root, "x/y")), Errno::EINVAL);
     assert_eq!(code(c.stat("/ok/../etc")), Errno::EINVAL);
     assert_eq!(code(c.create_in(root, &"n".repeat(2000), CreateOptions::default())), Errno::ENAMETOOLONG);
+    // The meta server answers garbage with a typed error and keeps serving the connection.
+    let key = tc.key();
+    let ep =
+        ionet::Endpoint::client(stripefs::net::endpoint_config(&key, ionet::WaitMode::Block, false)).unwrap();
+    let meta = ep.connect(&tc.cluster.config().meta).unwrap();
+    let op = ep
+        .request(
+            meta,
+            stripefs::net::TAG_META,
+            Bytes::from_static(b"\x00garbage"),
+            ionet::Payload::None,
+            ionet::ServiceLevel::Control,
+        )
+        .unwrap();
+    let reply = ep.wait(op).unwrap().reply.expect("a typed reply");
+    match stripefs::proto::decode::<stripefs::proto::MetaReply>(&reply).unwrap().body {
+        stripefs::proto::MetaReply::Error(e) => assert_eq!(e.code, Errno::EPROTO),
+        r => panic!("expected an error reply, got {r:?}"),
+    }
     let ok = "n".repeat(255);
     c.create_in(root, &ok, CreateOptions::default()).unwrap();
     assert_eq!(c.readdir("/").unwrap().len(), 2);
