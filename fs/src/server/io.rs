@@ -49,7 +49,7 @@ pub struct IoServerConfig {
 }
 
 /// Default transfer unit of the io servers: 1 MiB.
-pub const DEFAULT_TRANSFER_UNIT: usize = 1 << 20;
+pub const DEFAULT_TRANSFER_UNIT: usize = crate::config::DEFAULT_TRANSFER_UNIT as usize;
 
 /// Default pipeline depth.
 pub const DEFAULT_PIPELINE_DEPTH: usize = 4;
