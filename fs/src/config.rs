@@ -8,7 +8,7 @@
 //! data_dir = "/var/lib/stripefs"          # servers only; relative to the cluster file
 //! cluster_key = "00112233445566778899aabbccddeeff"          # hex, or:
 //! # cluster_key_file = "cluster.key"      # a file holding the hex key
-//! transfer_unit = 262144                  # bytes per pipelined transfer (default 256 KiB)
+//! transfer_unit = 1048576                 # bytes per pipelined transfer (default 1 MiB)
 //!
 //! [layout]
 //! stripe_size = 65536                     # default 64 KiB
@@ -36,8 +36,10 @@ pub const MAX_IO_SERVERS: usize = 4096;
 /// Default stripe size: 64 KiB (PVFS 1.5 and OrangeFS).
 pub const DEFAULT_SSIZE: u64 = 64 * 1024;
 
-/// Default transfer unit: 256 KiB (PVFS2's flow buffer size).
-pub const DEFAULT_TRANSFER_UNIT: u64 = 256 * 1024;
+/// Default transfer unit: 1 MiB. PVFS2's flow buffers are 256 KiB; on loopback TCP 1 MiB
+/// units move about twice the bytes per system call (`reference/machine.md` §6), and the io
+/// servers keep only `pipeline_depth` of them per request.
+pub const DEFAULT_TRANSFER_UNIT: u64 = 1 << 20;
 
 /// Smallest transfer unit accepted.
 pub const MIN_TRANSFER_UNIT: u64 = 4 * 1024;

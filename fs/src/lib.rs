@@ -14,6 +14,16 @@
 //! * [`config`]: the TOML cluster file.
 //! * [`errno`]: the errno-like codes carried in error replies.
 //!
+//! The network half sits on top of them, on ionet's public API only:
+//!
+//! * [`server::meta::MetaServer`] and [`server::io::IoServer`]: worker pools over a bound
+//!   endpoint (see [`server`]); [`net`] has the tags, endpoint configuration and [`FsError`].
+//! * [`client::Client`] / [`client::File`]: the client library — namespace calls to the meta
+//!   server, data straight to the io servers, one request per server per call.
+//! * [`cluster::LocalCluster`]: a whole cluster as child processes of the `stripefs` binary
+//!   (`stripefs serve`, `stripefs demo`, the integration tests).
+//! * `fuse` (feature `fuse`): the FUSE mount.
+//!
 //! # How the network layer uses them
 //!
 //! * **Meta server**: decode each message with [`proto::decode::<MetaRequest>`](proto::decode)
@@ -42,14 +52,22 @@
 #![warn(missing_debug_implementations)]
 
 pub mod capability;
+pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod errno;
+#[cfg(feature = "fuse")]
+pub mod fuse;
 pub mod layout;
 pub mod meta;
+pub mod net;
 pub mod proto;
+pub mod server;
 pub mod store;
 
+pub use client::{Client, ClientOptions, CreateOptions, File, Stat};
 pub use errno::Errno;
+pub use net::{FsError, FsResult};
 pub use proto::Handle;
 
 #[cfg(test)]

@@ -1,0 +1,329 @@
+//! Client commands: cp, ls, stat, rm, mkdir, getstripe, setstripe, mount.
+
+use super::{any_path, load_cluster, sfs_path};
+use anyhow::{Context, Result, bail};
+use bytes::BytesMut;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use stripefs::capability::Rights;
+use stripefs::proto::{FileKind, LayoutSpec, Timestamp};
+use stripefs::{Client, CreateOptions, Errno, FsError};
+
+/// Bytes moved per call by `cp`: 16 MiB, i.e. 4 MiB per server of a 4-server file.
+const CP_CHUNK: usize = 16 << 20;
+
+fn client(cluster: Option<PathBuf>) -> Result<Client> {
+    Ok(Client::connect(&load_cluster(cluster)?)?)
+}
+
+/// `cp` options.
+#[derive(Args, Debug)]
+pub struct CpArgs {
+    /// Source: a local path or sfs:/path.
+    src: String,
+    /// Destination: a local path or sfs:/path (a directory keeps the source's name).
+    dst: String,
+    /// Stripe size of a new stripefs file.
+    #[arg(long)]
+    stripe_size: Option<u64>,
+    /// Stripe count of a new stripefs file.
+    #[arg(long)]
+    stripe_count: Option<u32>,
+}
+
+fn bar(len: u64) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    if let Ok(style) =
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+    {
+        pb.set_style(style);
+    }
+    pb
+}
+
+fn base_name(p: &str) -> &str {
+    p.trim_end_matches('/').rsplit('/').next().unwrap_or(p)
+}
+
+/// `stripefs cp`.
+pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
+    match (sfs_path(&a.src), sfs_path(&a.dst)) {
+        (None, Some(dst)) => {
+            let c = client(cluster)?;
+            let mut dst = dst.to_string();
+            if let Ok(st) = c.stat(&dst)
+                && st.attr.kind == FileKind::Dir
+            {
+                dst = format!("{}/{}", dst.trim_end_matches('/'), base_name(&a.src));
+            }
+            let mut src = std::fs::File::open(&a.src).with_context(|| a.src.clone())?;
+            let len = src.metadata()?.len();
+            let spec = LayoutSpec { base: None, pcount: a.stripe_count, ssize: a.stripe_size };
+            let f = match c.create(&dst, CreateOptions { mode: 0o644, layout: Some(spec) }) {
+                Ok(f) => f,
+                Err(FsError::Remote { code: Errno::EEXIST, .. }) => {
+                    let f = c.open(&dst, Rights::READ_WRITE)?;
+                    f.truncate(0)?;
+                    f
+                }
+                Err(e) => return Err(e).context(dst),
+            };
+            let pb = bar(len);
+            let mut buf = BytesMut::zeroed(CP_CHUNK);
+            let mut off = 0u64;
+            loop {
+                let n = read_full(&mut src, &mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                let data = buf.split_to(n).freeze();
+                f.write_at(off, &data)?;
+                off += n as u64;
+                pb.set_position(off);
+                // The servers hold no reference once the write completed: reuse the memory.
+                let mut back = data.try_into_mut().unwrap_or_else(|_| BytesMut::zeroed(n));
+                back.unsplit(buf);
+                buf = back;
+                buf.resize(CP_CHUNK, 0);
+            }
+            f.sync()?;
+            pb.finish_and_clear();
+            Ok(())
+        }
+        (Some(src), None) => {
+            let c = client(cluster)?;
+            let f = c.open(src, Rights::READ)?;
+            let size = f.size()?;
+            let mut dst = PathBuf::from(&a.dst);
+            if dst.is_dir() {
+                dst = dst.join(base_name(src));
+            }
+            let mut out = std::fs::File::create(&dst).with_context(|| dst.display().to_string())?;
+            let pb = bar(size);
+            let mut buf = BytesMut::zeroed(CP_CHUNK);
+            let mut off = 0u64;
+            while off < size {
+                let want = (size - off).min(CP_CHUNK as u64) as usize;
+                buf.resize(want, 0);
+                let (b, n) = f.read_at(off, buf)?;
+                buf = b;
+                if n == 0 {
+                    break;
+                }
+                out.write_all(&buf[..n])?;
+                off += n as u64;
+                pb.set_position(off);
+            }
+            out.sync_all()?;
+            pb.finish_and_clear();
+            Ok(())
+        }
+        (Some(_), Some(_)) => bail!("copying within stripefs is not supported; copy through a local file"),
+        (None, None) => bail!("one side of cp must be a stripefs path (sfs:/…)"),
+    }
+}
+
+fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// `ls` options.
+#[derive(Args, Debug)]
+pub struct LsArgs {
+    /// The directory (default /).
+    #[arg(default_value = "/")]
+    path: String,
+    /// Long listing: kind, mode, size, layout.
+    #[arg(short, long)]
+    long: bool,
+}
+
+/// `stripefs ls`.
+pub fn ls(cluster: Option<PathBuf>, a: LsArgs) -> Result<()> {
+    let c = client(cluster)?;
+    let path = any_path(&a.path);
+    let st = c.stat(path)?;
+    let entries = if st.attr.kind == FileKind::Dir {
+        c.readdir_handle(st.handle)?.into_iter().map(|e| (e.name.to_string(), e.handle)).collect()
+    } else {
+        vec![(base_name(path).to_string(), st.handle)]
+    };
+    let mut out = std::io::stdout().lock();
+    for (name, h) in entries {
+        if a.long {
+            let s = c.stat_handle(h)?;
+            let kind = if s.attr.kind == FileKind::Dir { 'd' } else { '-' };
+            let layout =
+                s.layout.map(|l| format!("  [{}x{}@{}]", l.pcount, l.ssize, l.base)).unwrap_or_default();
+            writeln!(
+                out,
+                "{kind}{:04o} {:>5} {:>5} {:>14} {name}{layout}",
+                s.attr.mode, s.attr.uid, s.attr.gid, s.attr.size
+            )?;
+        } else {
+            writeln!(out, "{name}")?;
+        }
+    }
+    Ok(())
+}
+
+fn time(t: Timestamp) -> String {
+    format!("{}.{:09}", t.secs, t.nsecs)
+}
+
+/// `stripefs stat`.
+pub fn stat(cluster: Option<PathBuf>, path: &str) -> Result<()> {
+    let c = client(cluster)?;
+    let s = c.stat(any_path(path))?;
+    println!("  path: {path}");
+    println!("handle: {}", s.handle);
+    println!("  kind: {:?}", s.attr.kind);
+    println!("  mode: {:04o}  uid {}  gid {}  nlink {}", s.attr.mode, s.attr.uid, s.attr.gid, s.attr.nlink);
+    println!("  size: {}", s.attr.size);
+    println!(
+        " atime: {}\n mtime: {}\n ctime: {}",
+        time(s.attr.atime),
+        time(s.attr.mtime),
+        time(s.attr.ctime)
+    );
+    if let Some(l) = s.layout {
+        let servers: Vec<_> = l.servers(c.io_servers()).collect();
+        println!("layout: base {} pcount {} ssize {} servers {servers:?}", l.base, l.pcount, l.ssize);
+    }
+    Ok(())
+}
+
+/// `stripefs rm`.
+pub fn rm(cluster: Option<PathBuf>, paths: &[String]) -> Result<()> {
+    let c = client(cluster)?;
+    for p in paths {
+        let p = any_path(p);
+        match c.stat(p)?.attr.kind {
+            FileKind::Dir => c.rmdir(p),
+            FileKind::File => c.unlink(p),
+        }
+        .with_context(|| p.to_string())?;
+    }
+    Ok(())
+}
+
+/// `stripefs mkdir`.
+pub fn mkdir(cluster: Option<PathBuf>, parents: bool, paths: &[String]) -> Result<()> {
+    let c = client(cluster)?;
+    for p in paths {
+        let p = any_path(p);
+        if parents {
+            let mut cur = String::new();
+            for comp in p.split('/').filter(|s| !s.is_empty()) {
+                cur.push('/');
+                cur.push_str(comp);
+                match c.mkdir(&cur, 0o755) {
+                    Ok(_) | Err(FsError::Remote { code: Errno::EEXIST, .. }) => {}
+                    Err(e) => return Err(e).context(cur),
+                }
+            }
+        } else {
+            c.mkdir(p, 0o755).with_context(|| p.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+fn show_spec(s: &LayoutSpec) -> String {
+    let f = |v: Option<String>| v.unwrap_or_else(|| "default".into());
+    format!(
+        "base {} pcount {} ssize {}",
+        f(s.base.map(|b| b.to_string())),
+        f(s.pcount.map(|b| b.to_string())),
+        f(s.ssize.map(|b| b.to_string()))
+    )
+}
+
+/// `stripefs getstripe`.
+pub fn getstripe(cluster: Option<PathBuf>, path: &str) -> Result<()> {
+    let c = client(cluster)?;
+    let (layout, default) = c.getstripe(any_path(path))?;
+    if let Some(l) = layout {
+        let servers: Vec<_> = l.servers(c.io_servers()).collect();
+        println!("base {} pcount {} ssize {} servers {servers:?}", l.base, l.pcount, l.ssize);
+    } else {
+        match default {
+            Some(s) => println!("default: {}", show_spec(&s)),
+            None => println!("default: inherited (filesystem defaults)"),
+        }
+    }
+    Ok(())
+}
+
+/// `setstripe` options.
+#[derive(Args, Debug)]
+pub struct SetstripeArgs {
+    /// A directory, or a file to create.
+    path: String,
+    /// Stripe size in bytes.
+    #[arg(short = 'S', long)]
+    stripe_size: Option<u64>,
+    /// Number of io servers.
+    #[arg(short = 'c', long)]
+    stripe_count: Option<u32>,
+    /// First io server.
+    #[arg(short = 'i', long)]
+    base: Option<u32>,
+    /// Remove a directory's default.
+    #[arg(long)]
+    clear: bool,
+}
+
+/// `stripefs setstripe`.
+pub fn setstripe(cluster: Option<PathBuf>, a: SetstripeArgs) -> Result<()> {
+    let c = client(cluster)?;
+    let path = any_path(&a.path);
+    let spec = LayoutSpec { base: a.base, pcount: a.stripe_count, ssize: a.stripe_size };
+    match c.stat(path) {
+        Ok(st) if st.attr.kind == FileKind::Dir => {
+            c.setstripe_handle(st.handle, if a.clear { None } else { Some(spec) })?;
+        }
+        Ok(_) => bail!("{path} exists: a file's layout is fixed at creation"),
+        Err(FsError::Remote { code: Errno::ENOENT, .. }) => {
+            c.create(path, CreateOptions { mode: 0o644, layout: Some(spec) })?;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+/// `mount` options.
+#[derive(Args, Debug)]
+pub struct MountArgs {
+    /// Where to mount.
+    mountpoint: PathBuf,
+    /// FUSE worker threads.
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+}
+
+/// `stripefs mount`: serves the mount until it is unmounted (or Ctrl-C).
+#[cfg(feature = "fuse")]
+pub fn mount(cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
+    let c = client(cluster)?;
+    stripefs::fuse::mount(c, &a.mountpoint, a.threads)?;
+    Ok(())
+}
+
+/// `stripefs mount` without the `fuse` feature.
+#[cfg(not(feature = "fuse"))]
+pub fn mount(_cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
+    let _ = (a.mountpoint, a.threads);
+    bail!("this stripefs was built without FUSE support; rebuild with `--features fuse`")
+}

@@ -1,0 +1,1001 @@
+//! The client library.
+//!
+//! A [`Client`] talks to the meta server for names, attributes and layouts, and straight to the
+//! io servers for data. An open [`File`] holds its layout and a capability; its I/O calls never
+//! touch the meta server.
+//!
+//! # The I/O path
+//! A read or write is turned into logical extents (contiguous, a [`View`], or a [`ListIo`] file
+//! list), and [`Layout::plan`] gives one [`ServerPieces`] per involved server: the server-local
+//! pieces (sent as the request's [`Descriptor`]) and the matching segments of the caller's buffer,
+//! in stream order. Each server gets **one request** (split only where it would exceed the
+//! transport's `max_message`, [`proto::MAX_PIECES`] or [`proto::MAX_IO_BYTES`]) whose payload is
+//! those segments with no per-piece headers: for a write a gather list of zero-copy `Bytes`
+//! slices of the caller's buffer (`Payload::Out(SendBuf::List)`), for a read a scatter list of
+//! disjoint `BytesMut` views of the caller's buffer (`Payload::In(RecvBuf::List)`), rejoined
+//! afterwards without copying. Every server's request is posted before the client waits for
+//! any, each with a deadline, so a dead server yields an error, never a hang.
+//!
+//! There is no client data cache: every call goes to the io servers, and disjoint concurrent
+//! writes from any number of clients are always correct (PVFS semantics).
+
+use crate::capability::{Capability, Rights};
+use crate::config::ClusterConfig;
+use crate::errno::Errno;
+use crate::layout::{Extent, Layout, ListIo, ServerPieces, View};
+use crate::net::{FsError, FsResult, TAG_IO, TAG_META};
+use crate::proto::{
+    self, Attr, Descriptor, DirEntry, Envelope, FileKind, FsStats, Handle, IoReply, IoRequest, LayoutSpec,
+    MetaReply, MetaRequest, Name, SetAttr,
+};
+use bytes::{Bytes, BytesMut};
+use ionet::{Completion, Endpoint, OpBuf, OpId, Payload, PeerId, RecvBuf, SendBuf, ServiceLevel, WaitMode};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::debug;
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Base deadline of every request (plus time for its data at 10 MB/s).
+    pub timeout: Duration,
+    /// Largest data payload of one request to one server (default and cap: the transport's
+    /// `max_message`).
+    pub max_request_bytes: Option<u64>,
+    /// How the client waits for the transport.
+    pub wait_mode: WaitMode,
+    /// Owner of new files and directories.
+    pub uid: u32,
+    /// Group of new files and directories.
+    pub gid: u32,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            timeout: crate::net::DEFAULT_TIMEOUT,
+            max_request_bytes: None,
+            wait_mode: WaitMode::Adaptive,
+            uid: 0,
+            gid: 0,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    ep: Endpoint,
+    waiter: crate::net::Waiter,
+    meta: PeerId,
+    io: Vec<PeerId>,
+    next_id: AtomicU64,
+    opts: ClientOptions,
+    max_req: u64,
+}
+
+/// A connection to a stripefs cluster. Cheap to clone; usable from many threads.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+/// What `create` makes.
+#[derive(Debug, Clone, Copy)]
+pub struct CreateOptions {
+    /// Permission bits.
+    pub mode: u32,
+    /// Requested layout (unset fields inherited from the directory, then the defaults).
+    pub layout: Option<LayoutSpec>,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        CreateOptions { mode: 0o644, layout: None }
+    }
+}
+
+/// `stat` of a path: attributes with the real logical size, and the layout of a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    /// The handle.
+    pub handle: Handle,
+    /// Attributes; for files `size` is the logical size (max over io servers).
+    pub attr: Attr,
+    /// A file's layout.
+    pub layout: Option<Layout>,
+}
+
+/// One request to one io server, ready to post.
+#[derive(Debug)]
+struct Batch {
+    pnum: u32,
+    server: usize,
+    desc: Descriptor,
+    segments: Vec<Extent>,
+    bytes: u64,
+}
+
+impl Client {
+    /// Connects to the cluster in `cfg` (nothing is sent until the first call).
+    pub fn connect(cfg: &ClusterConfig) -> FsResult<Client> {
+        Self::connect_with(cfg, ClientOptions::default())
+    }
+
+    /// Connects with explicit options.
+    pub fn connect_with(cfg: &ClusterConfig, opts: ClientOptions) -> FsResult<Client> {
+        let key = cfg.cluster_key()?;
+        let ep = Endpoint::client(crate::net::endpoint_config(&key, opts.wait_mode, false))?;
+        let meta = ep.connect(&cfg.meta)?;
+        let io = cfg.io_servers.iter().map(|a| ep.connect(a)).collect::<Result<Vec<_>, _>>()?;
+        let max_msg = ep.info().max_message as u64;
+        let max_req = opts.max_request_bytes.unwrap_or(max_msg).min(max_msg).clamp(1, proto::MAX_IO_BYTES);
+        let waiter = crate::net::Waiter::new(ep.clone());
+        Ok(Client {
+            inner: Arc::new(Inner { ep, waiter, meta, io, next_id: AtomicU64::new(1), opts, max_req }),
+        })
+    }
+
+    /// The client's endpoint (for its counters: mechanisms used, registration cache).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.inner.ep
+    }
+
+    /// Number of io servers in the cluster.
+    pub fn io_servers(&self) -> u32 {
+        self.inner.io.len() as u32
+    }
+
+    fn id(&self) -> u64 {
+        self.inner.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn deadline(&self, bytes: u64) -> Instant {
+        Instant::now() + crate::net::io_timeout(self.inner.opts.timeout, bytes)
+    }
+
+    /// Posts one request; the deadline covers `bytes` of payload.
+    fn post(
+        &self,
+        peer: PeerId,
+        tag: u64,
+        header: Vec<u8>,
+        payload: Payload,
+        sl: ServiceLevel,
+        bytes: u64,
+    ) -> FsResult<OpId> {
+        let ep = &self.inner.ep;
+        let op = ep.request(peer, tag, Bytes::from(header), payload, sl)?;
+        ep.set_deadline(op, self.deadline(bytes))?;
+        Ok(op)
+    }
+
+    /// Waits for a request to an io server, nudging its connection when it goes quiet.
+    fn wait_io(&self, op: OpId, peer: PeerId, sl: ServiceLevel) -> FsResult<Completion> {
+        let ping = || proto::encode(&Envelope::new(0, IoRequest::Ping)).ok();
+        Ok(self.inner.waiter.wait(op, peer, TAG_IO, sl, &ping)?)
+    }
+
+    /// Decodes a completed request's reply; server error replies become [`FsError::Remote`].
+    fn reply<R: proto::Reply + ErrorOf>(c: &Completion, id: u64) -> FsResult<R> {
+        if let Err(e) = &c.result {
+            return Err(FsError::Net(e.duplicate()));
+        }
+        let bytes = c.reply.as_ref().ok_or_else(|| FsError::UnexpectedReply("no reply header".into()))?;
+        let env = proto::decode::<R>(bytes)?;
+        if env.id != id && env.id != 0 {
+            return Err(FsError::UnexpectedReply(format!("reply id {} for request {id}", env.id)));
+        }
+        match env.body.error() {
+            Some(e) => Err(FsError::Remote { code: e.code, message: e.message.to_string() }),
+            None => Ok(env.body),
+        }
+    }
+
+    fn meta_call(&self, req: MetaRequest) -> FsResult<MetaReply> {
+        let id = self.id();
+        let bytes = proto::encode(&Envelope::new(id, req))?;
+        let op = self.post(self.inner.meta, TAG_META, bytes, Payload::None, ServiceLevel::Control, 0)?;
+        let ping = || proto::encode(&Envelope::new(0, MetaRequest::Statfs)).ok();
+        let c = self.inner.waiter.wait(op, self.inner.meta, TAG_META, ServiceLevel::Control, &ping)?;
+        Self::reply::<MetaReply>(&c, id)
+    }
+
+    fn name(s: &str) -> FsResult<Name> {
+        Name::new(s).map_err(|_| FsError::code(Errno::ENAMETOOLONG, "name too long"))
+    }
+
+    fn unexpected<T>(r: MetaReply) -> FsResult<T> {
+        Err(FsError::UnexpectedReply(format!("{r:?}")))
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Handle-level namespace calls
+    // ---------------------------------------------------------------------------------------
+
+    /// Namespace counters.
+    pub fn statfs(&self) -> FsResult<FsStats> {
+        match self.meta_call(MetaRequest::Statfs)? {
+            MetaReply::Statfs(s) => Ok(s),
+            r => Self::unexpected(r),
+        }
+    }
+
+    /// `name` in directory `parent`.
+    pub fn lookup(&self, parent: Handle, name: &str) -> FsResult<(Handle, Attr)> {
+        match self.meta_call(MetaRequest::Lookup { parent, name: Self::name(name)? })? {
+            MetaReply::Entry { handle, attr } => Ok((handle, attr)),
+            r => Self::unexpected(r),
+        }
+    }
+
+    /// Attributes as the meta server records them (a file's `size` is the last truncate; use
+    /// [`Client::stat_handle`] or [`File::size`] for the logical size).
+    pub fn getattr(&self, h: Handle) -> FsResult<Attr> {
+        match self.meta_call(MetaRequest::Getattr { handle: h })? {
+            MetaReply::Attr(a) => Ok(a),
+            r => Self::unexpected(r),
+        }
+    }
+
+    /// Attributes with a file's logical size, and its layout.
+    pub fn stat_handle(&self, h: Handle) -> FsResult<Stat> {
+        let attr = self.getattr(h)?;
+        if attr.kind == FileKind::Dir {
+            return Ok(Stat { handle: h, attr, layout: None });
+        }
+        let f = self.open_handle(h, Rights::READ)?;
+        let size = f.size()?;
+        Ok(Stat { handle: h, attr: Attr { size, ..f.attr.clone() }, layout: Some(f.layout) })
+    }
+
+    /// Changes attributes; a size truncates (or extends with a hole).
+    pub fn setattr(&self, h: Handle, set: SetAttr) -> FsResult<Attr> {
+        match self.meta_call(MetaRequest::Setattr { handle: h, set })? {
+            MetaReply::Attr(a) => Ok(a),
+            r => Self::unexpected(r),
+        }
+    }
+
+    /// Creates and opens (read-write) a file in `parent`.
+    pub fn create_in(&self, parent: Handle, name: &str, opts: CreateOptions) -> FsResult<File> {
+        let req = MetaRequest::Create {
+            parent,
+            name: Self::name(name)?,
+            mode: opts.mode & 0o7777,
+            uid: self.inner.opts.uid,
+            gid: self.inner.opts.gid,
+            layout: opts.layout,
+            rights: Rights::READ_WRITE,
+        };
+        self.opened(self.meta_call(req)?, Rights::READ_WRITE)
+    }
+
+    /// Opens a file by handle.
+    pub fn open_handle(&self, h: Handle, rights: Rights) -> FsResult<File> {
+        self.opened(self.meta_call(MetaRequest::Open { handle: h, rights })?, rights)
+    }
+
+    fn opened(&self, r: MetaReply, rights: Rights) -> FsResult<File> {
+        match r {
+            MetaReply::Opened { handle, attr, layout, cap } => {
+                layout.validate(self.io_servers())?;
+                Ok(File {
+                    client: self.clone(),
+                    handle,
+                    attr,
+                    layout,
+                    rights,
+                    cap: Mutex::new(cap),
+                    view: Mutex::new(None),
+                })
+            }
+            r => Self::unexpected(r),
+        }
+    }
+
+    /// Creates a directory in `parent`.
+    pub fn mkdir_in(&self, parent: Handle, name: &str, mode: u32) -> FsResult<(Handle, Attr)> {
+        let req = MetaRequest::Mkdir {
+            parent,
+            name: Self::name(name)?,
+            mode: mode & 0o7777,
+            uid: self.inner.opts.uid,
+            gid: self.inner.opts.gid,
+        };
+        match self.meta_call(req)? {
+            MetaReply::Entry { handle, attr } => Ok((handle, attr)),
+            r => Self::unexpected(r),
+        }
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir_in(&self, parent: Handle, name: &str) -> FsResult<()> {
+        self.done(MetaRequest::Rmdir { parent, name: Self::name(name)? })
+    }
+
+    /// Removes a file (and its objects on the io servers).
+    pub fn unlink_in(&self, parent: Handle, name: &str) -> FsResult<()> {
+        self.done(MetaRequest::Unlink { parent, name: Self::name(name)? })
+    }
+
+    /// POSIX rename.
+    pub fn rename_in(&self, sp: Handle, sn: &str, dp: Handle, dn: &str) -> FsResult<()> {
+        self.done(MetaRequest::Rename {
+            src_parent: sp,
+            src_name: Self::name(sn)?,
+            dst_parent: dp,
+            dst_name: Self::name(dn)?,
+        })
+    }
+
+    fn done(&self, req: MetaRequest) -> FsResult<()> {
+        match self.meta_call(req)? {
+            MetaReply::Done => Ok(()),
+            r => Self::unexpected(r),
+        }
+    }
+
+    /// One page of a directory: up to `max` entries after `after`, and whether more follow.
+    pub fn readdir_page(
+        &self,
+        dir: Handle,
+        after: Option<&str>,
+        max: u32,
+    ) -> FsResult<(Vec<DirEntry>, bool)> {
+        let after = after.map(Self::name).transpose()?;
+        match self.meta_call(MetaRequest::Readdir { dir, after, max: max.max(1) })? {
+            MetaReply::Dir { entries, more } => Ok((entries.into_inner(), more)),
+            r => Self::unexpected(r),
+        }
+    }
+
+    /// Every entry of a directory, in name order.
+    pub fn readdir_handle(&self, dir: Handle) -> FsResult<Vec<DirEntry>> {
+        let mut out: Vec<DirEntry> = Vec::new();
+        loop {
+            let after = out.last().map(|e| e.name.to_string());
+            let (page, more) = self.readdir_page(dir, after.as_deref(), proto::MAX_READDIR as u32)?;
+            let empty = page.is_empty();
+            out.extend(page);
+            if !more || empty {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// A file's layout or a directory's default layout.
+    pub fn getstripe_handle(&self, h: Handle) -> FsResult<(Option<Layout>, Option<LayoutSpec>)> {
+        match self.meta_call(MetaRequest::GetStripe { handle: h })? {
+            MetaReply::Stripe { layout, default } => Ok((layout, default)),
+            r => Self::unexpected(r),
+        }
+    }
+
+    /// Sets (or clears) a directory's default layout.
+    pub fn setstripe_handle(&self, dir: Handle, spec: Option<LayoutSpec>) -> FsResult<()> {
+        self.done(MetaRequest::SetStripe { dir, spec })
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Path-level calls. Paths are absolute or root-relative; `.` is skipped, `..` is refused.
+    // ---------------------------------------------------------------------------------------
+
+    fn components(path: &str) -> FsResult<Vec<&str>> {
+        let mut out = Vec::new();
+        for c in path.split('/') {
+            match c {
+                "" | "." => {}
+                ".." => return Err(FsError::code(Errno::EINVAL, "'..' in a stripefs path")),
+                c => out.push(c),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The handle a path names.
+    pub fn resolve(&self, path: &str) -> FsResult<Handle> {
+        let mut h = Handle::ROOT;
+        for c in Self::components(path)? {
+            h = self.lookup(h, c)?.0;
+        }
+        Ok(h)
+    }
+
+    /// The parent directory of a path and the last component.
+    fn parent_of<'p>(&self, path: &'p str) -> FsResult<(Handle, &'p str)> {
+        let comps = Self::components(path)?;
+        let (last, dirs) =
+            comps.split_last().ok_or_else(|| FsError::code(Errno::EINVAL, "the root has no name"))?;
+        let mut h = Handle::ROOT;
+        for c in dirs {
+            h = self.lookup(h, c)?.0;
+        }
+        Ok((h, last))
+    }
+
+    /// `stat`: attributes, logical size, layout.
+    pub fn stat(&self, path: &str) -> FsResult<Stat> {
+        self.stat_handle(self.resolve(path)?)
+    }
+
+    /// Creates and opens a file.
+    pub fn create(&self, path: &str, opts: CreateOptions) -> FsResult<File> {
+        let (p, name) = self.parent_of(path)?;
+        self.create_in(p, name, opts)
+    }
+
+    /// Opens a file.
+    pub fn open(&self, path: &str, rights: Rights) -> FsResult<File> {
+        self.open_handle(self.resolve(path)?, rights)
+    }
+
+    /// Creates a directory.
+    pub fn mkdir(&self, path: &str, mode: u32) -> FsResult<Handle> {
+        let (p, name) = self.parent_of(path)?;
+        Ok(self.mkdir_in(p, name, mode)?.0)
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, path: &str) -> FsResult<()> {
+        let (p, name) = self.parent_of(path)?;
+        self.rmdir_in(p, name)
+    }
+
+    /// Removes a file.
+    pub fn unlink(&self, path: &str) -> FsResult<()> {
+        let (p, name) = self.parent_of(path)?;
+        self.unlink_in(p, name)
+    }
+
+    /// Renames `from` to `to`.
+    pub fn rename(&self, from: &str, to: &str) -> FsResult<()> {
+        let (sp, sn) = self.parent_of(from)?;
+        let (dp, dn) = self.parent_of(to)?;
+        self.rename_in(sp, sn, dp, dn)
+    }
+
+    /// The entries of a directory.
+    pub fn readdir(&self, path: &str) -> FsResult<Vec<DirEntry>> {
+        self.readdir_handle(self.resolve(path)?)
+    }
+
+    /// Truncates (or extends) a file to `size` bytes.
+    pub fn truncate(&self, path: &str, size: u64) -> FsResult<()> {
+        self.setattr(self.resolve(path)?, SetAttr { size: Some(size), ..Default::default() }).map(|_| ())
+    }
+
+    /// A file's layout or a directory's default layout.
+    pub fn getstripe(&self, path: &str) -> FsResult<(Option<Layout>, Option<LayoutSpec>)> {
+        self.getstripe_handle(self.resolve(path)?)
+    }
+
+    /// Sets a directory's default layout.
+    pub fn setstripe(&self, path: &str, spec: Option<LayoutSpec>) -> FsResult<()> {
+        self.setstripe_handle(self.resolve(path)?, spec)
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // io server calls
+    // ---------------------------------------------------------------------------------------
+
+    /// Sends a small request (no payload) to each listed absolute server at once.
+    fn io_small(&self, reqs: Vec<(usize, IoRequest)>) -> Vec<FsResult<IoReply>> {
+        let posted: Vec<FsResult<(OpId, u64)>> = reqs
+            .into_iter()
+            .map(|(server, req)| {
+                let peer =
+                    *self.inner.io.get(server).ok_or_else(|| FsError::Invalid("server index".into()))?;
+                let id = self.id();
+                let bytes = proto::encode(&Envelope::new(id, req))?;
+                Ok((self.post(peer, TAG_IO, bytes, Payload::None, ServiceLevel::Control, 0)?, id))
+            })
+            .collect();
+        posted
+            .into_iter()
+            .map(|p| {
+                let (op, id) = p?;
+                let c = self.inner.ep.wait(op)?;
+                Self::reply::<IoReply>(&c, id)
+            })
+            .collect()
+    }
+
+    /// Pings every io server; the round-trip time of each.
+    pub fn ping_all(&self) -> Vec<FsResult<Duration>> {
+        let t = Instant::now();
+        let reqs = (0..self.inner.io.len()).map(|s| (s, IoRequest::Ping)).collect();
+        self.io_small(reqs).into_iter().map(|r| r.map(|_| t.elapsed())).collect()
+    }
+
+    /// Counters of every io server.
+    pub fn server_stats(&self) -> Vec<FsResult<proto::ServerStats>> {
+        let reqs = (0..self.inner.io.len()).map(|s| (s, IoRequest::Stats)).collect();
+        self.io_small(reqs)
+            .into_iter()
+            .map(|r| match r? {
+                IoReply::Stats(s) => Ok(s),
+                r => Err(FsError::UnexpectedReply(format!("{r:?}"))),
+            })
+            .collect()
+    }
+}
+
+/// Reply types that carry an error variant.
+trait ErrorOf {
+    fn error(&self) -> Option<&proto::ErrorReply>;
+}
+
+impl ErrorOf for MetaReply {
+    fn error(&self) -> Option<&proto::ErrorReply> {
+        match self {
+            MetaReply::Error(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl ErrorOf for IoReply {
+    fn error(&self) -> Option<&proto::ErrorReply> {
+        match self {
+            IoReply::Error(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// An open file: handle, layout, capability, and an optional view.
+#[derive(Debug)]
+pub struct File {
+    client: Client,
+    handle: Handle,
+    attr: Attr,
+    layout: Layout,
+    rights: Rights,
+    cap: Mutex<Capability>,
+    view: Mutex<Option<View>>,
+}
+
+impl File {
+    /// The file's handle.
+    pub fn handle(&self) -> Handle {
+        self.handle
+    }
+
+    /// Its layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Attributes at open time.
+    pub fn attr(&self) -> &Attr {
+        &self.attr
+    }
+
+    /// The client this file belongs to.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn cap(&self) -> Capability {
+        self.cap.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Gets a fresh capability from the meta server (after one expired).
+    fn reopen(&self) -> FsResult<()> {
+        let f = self.client.open_handle(self.handle, self.rights)?;
+        *self.cap.lock().unwrap_or_else(|p| p.into_inner()) = f.cap();
+        Ok(())
+    }
+
+    /// Runs `f`, and once more with a fresh capability if the first failed on an expired one.
+    fn with_cap<T>(&self, mut f: impl FnMut(Capability) -> FsResult<T>) -> FsResult<T> {
+        match f(self.cap()) {
+            Err(FsError::Remote { code: Errno::EKEYEXPIRED, .. }) => {
+                debug!(handle = %self.handle, "capability expired; reopening");
+                self.reopen()?;
+                f(self.cap())
+            }
+            r => r,
+        }
+    }
+
+    fn server(&self, pnum: u32) -> usize {
+        self.layout.server(pnum, self.client.io_servers()) as usize
+    }
+
+    /// Local sizes of every server of the layout, by `pnum`.
+    fn local_sizes(&self) -> FsResult<Vec<u64>> {
+        self.with_cap(|cap| {
+            let reqs = (0..self.layout.pcount)
+                .map(|p| (self.server(p), IoRequest::GetSize { cap: cap.clone() }))
+                .collect();
+            self.client
+                .io_small(reqs)
+                .into_iter()
+                .map(|r| match r? {
+                    IoReply::Size(s) => Ok(s),
+                    r => Err(FsError::UnexpectedReply(format!("{r:?}"))),
+                })
+                .collect()
+        })
+    }
+
+    /// The logical size: the max over servers of the end implied by each local size.
+    pub fn size(&self) -> FsResult<u64> {
+        Ok(self.layout.logical_size(&self.local_sizes()?))
+    }
+
+    /// Makes everything written so far durable on every server (fsync).
+    pub fn sync(&self) -> FsResult<()> {
+        self.with_cap(|cap| {
+            let reqs = (0..self.layout.pcount)
+                .map(|p| (self.server(p), IoRequest::Sync { cap: cap.clone() }))
+                .collect();
+            self.client.io_small(reqs).into_iter().try_for_each(|r| r.map(|_| ()))
+        })
+    }
+
+    /// Truncates (or extends with a hole) to `size` bytes.
+    pub fn truncate(&self, size: u64) -> FsResult<()> {
+        self.client.setattr(self.handle, SetAttr { size: Some(size), ..Default::default() }).map(|_| ())
+    }
+
+    /// Sets a partitioned view (PVFS1 `SETPART`): the file appears as the concatenation of
+    /// `gsize`-byte blocks every `stride` bytes from `offset`; [`File::read_view`] and
+    /// [`File::write_view`] address that concatenation.
+    pub fn set_view(&self, offset: u64, gsize: u64, stride: u64) -> FsResult<()> {
+        let v = View::new(offset, gsize, stride)?;
+        *self.view.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+        Ok(())
+    }
+
+    /// Drops the view: view positions are file offsets again.
+    pub fn clear_view(&self) {
+        *self.view.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    fn current_view(&self) -> View {
+        self.view.lock().unwrap_or_else(|p| p.into_inner()).unwrap_or(View::contiguous())
+    }
+
+    fn batches(&self, plan: Vec<ServerPieces>, strided: Option<(View, u64, u64)>) -> FsResult<Vec<Batch>> {
+        let max_req = self.client.inner.max_req;
+        let mut out = Vec::new();
+        for sp in plan {
+            let server = self.server(sp.pnum);
+            // A view request that fits in one message goes as the O(1) strided descriptor.
+            if let Some((view, pos, len)) = strided
+                && sp.bytes <= max_req
+                && view.blocks_spanned(pos, len) <= proto::MAX_VIEW_BLOCKS
+            {
+                let desc = Descriptor::Strided { layout: self.layout, pnum: sp.pnum, view, pos, len };
+                out.push(Batch { pnum: sp.pnum, server, desc, segments: sp.segments, bytes: sp.bytes });
+                continue;
+            }
+            let parts = if sp.pieces.len() <= proto::MAX_PIECES && sp.bytes <= max_req {
+                vec![sp]
+            } else {
+                sp.split(proto::MAX_PIECES, max_req)
+            };
+            for b in parts {
+                out.push(Batch {
+                    pnum: b.pnum,
+                    server,
+                    desc: Descriptor::list(b.pieces)?,
+                    segments: b.segments,
+                    bytes: b.bytes,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes every batch's segments of `data`, all servers at once.
+    fn write_batches(&self, batches: &[Batch], data: &Bytes) -> FsResult<u64> {
+        self.with_cap(|cap| {
+            let c = &self.client;
+            let posted: Vec<FsResult<(OpId, u64, u64, PeerId)>> = batches
+                .iter()
+                .map(|b| {
+                    let peer = c.inner.io[b.server];
+                    let id = c.id();
+                    let req = IoRequest::Write { cap: cap.clone(), desc: b.desc.clone() };
+                    let header = proto::encode(&Envelope::new(id, req))?;
+                    let list: Vec<Bytes> = b
+                        .segments
+                        .iter()
+                        .map(|s| data.slice(s.off as usize..(s.off + s.len) as usize))
+                        .collect();
+                    let op = c.post(
+                        peer,
+                        TAG_IO,
+                        header,
+                        Payload::Out(SendBuf::List(list)),
+                        ServiceLevel::Bulk,
+                        b.bytes,
+                    )?;
+                    Ok((op, id, b.bytes, peer))
+                })
+                .collect();
+            let mut first_err = None;
+            let mut total = 0u64;
+            for p in posted {
+                let r = p.and_then(|(op, id, want, peer)| {
+                    let comp = c.wait_io(op, peer, ServiceLevel::Bulk)?;
+                    match Client::reply::<IoReply>(&comp, id)? {
+                        IoReply::Written { bytes } if bytes == want => Ok(bytes),
+                        r => Err(FsError::UnexpectedReply(format!("{r:?} for a {want}-byte write"))),
+                    }
+                });
+                match r {
+                    Ok(n) => total += n,
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            match first_err {
+                Some(e) => Err(e),
+                None => Ok(total),
+            }
+        })
+    }
+
+    /// Reads every batch's stream into its segments of `buf`, all servers at once. Returns the
+    /// buffer (rejoined) and each batch's server-local size.
+    fn read_batches(&self, batches: &[Batch], buf: BytesMut) -> FsResult<(BytesMut, Vec<(usize, u64)>)> {
+        let mut buf = Some(buf);
+        self.with_cap(|cap| {
+            let b = buf
+                .take()
+                .ok_or_else(|| FsError::Invalid("read buffer lost after a failed attempt".into()))?;
+            let (back, r) = self.read_once(batches, b, &cap);
+            buf = back;
+            r
+        })
+        .map(|sizes| (buf.take().unwrap_or_default(), sizes))
+    }
+
+    fn read_once(
+        &self,
+        batches: &[Batch],
+        buf: BytesMut,
+        cap: &Capability,
+    ) -> (Option<BytesMut>, FsResult<Vec<(usize, u64)>>) {
+        let c = &self.client;
+        // Cut the buffer into the segments every batch needs (plus the gaps between them) as
+        // disjoint views of the one allocation, to rejoin afterwards without copying.
+        let mut split = match Scatter::new(buf, batches) {
+            Ok(s) => s,
+            Err(e) => return (None, Err(e)),
+        };
+        let mut posted = Vec::with_capacity(batches.len());
+        for (i, b) in batches.iter().enumerate() {
+            let r = (|| {
+                let id = c.id();
+                let req = IoRequest::Read { cap: cap.clone(), desc: b.desc.clone() };
+                let header = proto::encode(&Envelope::new(id, req))?;
+                let list = split.take(i);
+                let peer = c.inner.io[b.server];
+                let op = c.post(
+                    peer,
+                    TAG_IO,
+                    header,
+                    Payload::In(RecvBuf::List(list)),
+                    ServiceLevel::Bulk,
+                    b.bytes,
+                )?;
+                Ok((op, id, peer))
+            })();
+            posted.push(r);
+        }
+        let mut first_err = None;
+        let mut sizes = Vec::with_capacity(batches.len());
+        for (i, p) in posted.into_iter().enumerate() {
+            let r = p.and_then(|(op, id, peer)| {
+                let mut comp = c.wait_io(op, peer, ServiceLevel::Bulk)?;
+                if let OpBuf::Recv(RecvBuf::List(v)) = std::mem::take(&mut comp.buf) {
+                    split.put_back(i, v);
+                }
+                match Client::reply::<IoReply>(&comp, id)? {
+                    IoReply::Read { bytes, local_size } if bytes == batches[i].bytes => Ok(local_size),
+                    r => Err(FsError::UnexpectedReply(format!("{r:?} for a {}-byte read", batches[i].bytes))),
+                }
+            });
+            match r {
+                Ok(ls) => sizes.push((i, ls)),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        let buf = split.join();
+        match first_err {
+            Some(e) => (buf, Err(e)),
+            None => (buf, Ok(sizes)),
+        }
+    }
+
+    /// Writes `data` at `off`. Zero-copy: the payload is slices of `data`.
+    pub fn write_at(&self, off: u64, data: &Bytes) -> FsResult<usize> {
+        self.check(Rights::WRITE)?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        off.checked_add(data.len() as u64).ok_or(crate::layout::LayoutError::Overflow)?;
+        let batches = self.batches(self.layout.plan([Extent::new(off, data.len() as u64)]), None)?;
+        self.write_batches(&batches, data).map(|n| n as usize)
+    }
+
+    /// Writes a borrowed slice at `off` (copies it once into a `Bytes`).
+    pub fn write_all_at(&self, off: u64, data: &[u8]) -> FsResult<usize> {
+        self.write_at(off, &Bytes::copy_from_slice(data))
+    }
+
+    /// Reads `buf.len()` bytes at `off` into `buf` (zero-copy scatter into its memory) and
+    /// returns it with the number of bytes before end of file. Holes read as zeros.
+    pub fn read_at(&self, off: u64, buf: BytesMut) -> FsResult<(BytesMut, usize)> {
+        self.check(Rights::READ)?;
+        let len = buf.len() as u64;
+        if len == 0 {
+            return Ok((buf, 0));
+        }
+        let end = off.checked_add(len).ok_or(crate::layout::LayoutError::Overflow)?;
+        let batches = self.batches(self.layout.plan([Extent::new(off, len)]), None)?;
+        let (buf, sizes) = self.read_batches(&batches, buf)?;
+        // The involved servers' local sizes show whether the range reaches end of file; only
+        // when it may not does the client ask every server.
+        let seen =
+            sizes.iter().map(|&(i, ls)| self.layout.logical_end(batches[i].pnum, ls)).max().unwrap_or(0);
+        let size = if seen >= end { seen } else { self.size()? };
+        Ok((buf, size.saturating_sub(off).min(len) as usize))
+    }
+
+    /// Reads into a borrowed slice (the data lands in a temporary buffer and is copied once).
+    pub fn read_into(&self, off: u64, dst: &mut [u8]) -> FsResult<usize> {
+        let (buf, n) = self.read_at(off, BytesMut::zeroed(dst.len()))?;
+        dst.copy_from_slice(&buf);
+        Ok(n)
+    }
+
+    /// Writes `data` through the view at view position `pos` (see [`File::set_view`]). Each
+    /// server gets one strided descriptor it expands itself.
+    pub fn write_view(&self, pos: u64, data: &Bytes) -> FsResult<usize> {
+        self.check(Rights::WRITE)?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let view = self.current_view();
+        let len = data.len() as u64;
+        let plan = self.layout.plan(view.extents(pos, len)?);
+        let batches = self.batches(plan, Some((view, pos, len)))?;
+        self.write_batches(&batches, data).map(|n| n as usize)
+    }
+
+    /// Reads `buf.len()` bytes through the view at view position `pos`. Holes and bytes past
+    /// the end read as zeros.
+    pub fn read_view(&self, pos: u64, buf: BytesMut) -> FsResult<BytesMut> {
+        self.check(Rights::READ)?;
+        if buf.is_empty() {
+            return Ok(buf);
+        }
+        let view = self.current_view();
+        let len = buf.len() as u64;
+        let plan = self.layout.plan(view.extents(pos, len)?);
+        let batches = self.batches(plan, Some((view, pos, len)))?;
+        Ok(self.read_batches(&batches, buf)?.0)
+    }
+
+    /// List I/O write: bytes are taken from `data` at the memory list's extents (in order) and
+    /// stored at the file list's extents (in order). Every segment is a slice of `data` — the
+    /// parent allocation — so one registration covers the whole list.
+    pub fn write_list(&self, mem: &[Extent], file: &[Extent], data: &Bytes) -> FsResult<u64> {
+        self.check(Rights::WRITE)?;
+        let list = ListIo::new(mem.to_vec(), file.to_vec())?;
+        if mem.iter().any(|e| e.end().is_none_or(|end| end > data.len() as u64)) {
+            return Err(FsError::Invalid("memory list outside the buffer".into()));
+        }
+        if list.total() == 0 {
+            return Ok(0);
+        }
+        let batches = self.batches(list.plan(&self.layout), None)?;
+        self.write_batches(&batches, data)
+    }
+
+    /// List I/O read into `buf` at the memory list's extents (which must not overlap).
+    pub fn read_list(&self, mem: &[Extent], file: &[Extent], buf: BytesMut) -> FsResult<BytesMut> {
+        self.check(Rights::READ)?;
+        let list = ListIo::new(mem.to_vec(), file.to_vec())?;
+        if mem.iter().any(|e| e.end().is_none_or(|end| end > buf.len() as u64)) {
+            return Err(FsError::Invalid("memory list outside the buffer".into()));
+        }
+        if list.total() == 0 {
+            return Ok(buf);
+        }
+        let batches = self.batches(list.plan(&self.layout), None)?;
+        Ok(self.read_batches(&batches, buf)?.0)
+    }
+
+    fn check(&self, need: Rights) -> FsResult<()> {
+        if self.rights.contains(need) {
+            Ok(())
+        } else {
+            Err(FsError::code(Errno::EBADF, "file not open for this access"))
+        }
+    }
+}
+
+/// A read buffer cut into disjoint views: every batch's segments (in its stream order) and the
+/// gaps between them, rejoined with `unsplit` (O(1) for adjacent views of one allocation).
+struct Scatter {
+    /// Pieces in buffer order: `Ok(view)` for gaps, `Err((batch, index))` for a segment.
+    order: Vec<Result<BytesMut, (usize, usize)>>,
+    /// Each batch's segment views, in stream order (taken while the request is in flight).
+    slots: Vec<Vec<Option<BytesMut>>>,
+    tail: BytesMut,
+}
+
+impl Scatter {
+    fn new(mut buf: BytesMut, batches: &[Batch]) -> FsResult<Scatter> {
+        let mut all: Vec<(u64, u64, usize, usize)> = Vec::new();
+        for (bi, b) in batches.iter().enumerate() {
+            for (si, s) in b.segments.iter().enumerate() {
+                all.push((s.off, s.len, bi, si));
+            }
+        }
+        all.sort_unstable();
+        let mut slots: Vec<Vec<Option<BytesMut>>> =
+            batches.iter().map(|b| (0..b.segments.len()).map(|_| None).collect()).collect();
+        let mut order = Vec::with_capacity(all.len() * 2);
+        let mut pos = 0u64;
+        for (off, len, bi, si) in all {
+            if off < pos {
+                return Err(FsError::Invalid("overlapping read segments".into()));
+            }
+            let end = off.checked_add(len).filter(|&e| e - pos <= buf.len() as u64);
+            if end.is_none() {
+                return Err(FsError::Invalid("read segment outside the buffer".into()));
+            }
+            if off > pos {
+                order.push(Ok(buf.split_to((off - pos) as usize)));
+            }
+            slots[bi][si] = Some(buf.split_to(len as usize));
+            order.push(Err((bi, si)));
+            pos = off + len;
+        }
+        Ok(Scatter { order, slots, tail: buf })
+    }
+
+    fn take(&mut self, batch: usize) -> Vec<BytesMut> {
+        self.slots[batch].iter_mut().map(|s| s.take().unwrap_or_default()).collect()
+    }
+
+    fn put_back(&mut self, batch: usize, v: Vec<BytesMut>) {
+        for (slot, b) in self.slots[batch].iter_mut().zip(v) {
+            *slot = Some(b);
+        }
+    }
+
+    /// Rejoins the views; `None` if a view never came back (its request failed to post).
+    fn join(mut self) -> Option<BytesMut> {
+        let mut out: Option<BytesMut> = None;
+        for part in self.order {
+            let piece = match part {
+                Ok(gap) => gap,
+                Err((bi, si)) => self.slots[bi][si].take()?,
+            };
+            match &mut out {
+                None => out = Some(piece),
+                Some(o) => o.unsplit(piece),
+            }
+        }
+        match &mut out {
+            None => Some(self.tail),
+            Some(o) => {
+                o.unsplit(self.tail);
+                out
+            }
+        }
+    }
+}

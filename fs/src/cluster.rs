@@ -1,0 +1,361 @@
+//! A whole cluster on one machine, as child processes of the `stripefs` binary: what
+//! `stripefs serve` (without a role), `stripefs demo`, `stripefs bench` and the integration
+//! tests start.
+//!
+//! Each server is `stripefs serve --io I …` or `stripefs serve --meta …` with
+//! `--exit-with-parent` (the child exits when its stdin — a pipe from the launcher — closes, so
+//! servers never outlive a launcher that died) and prints `LISTEN <address>` once it is bound.
+//! The io servers start first on their own ports (port 0 = any), then the meta server with a
+//! cluster file naming them; the launcher then writes `<data_dir>/cluster.toml` with every real
+//! address, which is what clients load. The cluster key is generated once and kept in
+//! `<data_dir>/cluster.key`, so a restart on the same directory is the same cluster.
+
+use crate::config::{ClusterConfig, ConfigError, KeySource, LayoutDefaults};
+use ionet::{Address, Scheme};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+/// How to start a local cluster.
+#[derive(Debug, Clone)]
+pub struct LocalClusterOptions {
+    /// The `stripefs` binary.
+    pub exe: PathBuf,
+    /// Transport.
+    pub scheme: Scheme,
+    /// Number of io servers.
+    pub io_servers: u32,
+    /// Where everything lives: `cluster.toml`, `cluster.key`, `meta/`, `io<i>/`.
+    pub data_dir: PathBuf,
+    /// Host the meta server listens on (and io servers, unless `io_listen` is given).
+    pub host: String,
+    /// Explicit io server addresses (e.g. one per network namespace).
+    pub io_listen: Option<Vec<Address>>,
+    /// A command prefix per io server (e.g. `ip netns exec ns0`).
+    pub io_prefix: Option<Vec<Vec<String>>>,
+    /// Transfer unit of the io servers.
+    pub transfer_unit: Option<u64>,
+    /// Default stripe size.
+    pub stripe_size: Option<u64>,
+    /// Extra arguments for every io server (e.g. `--max-open 0`).
+    pub io_args: Vec<String>,
+    /// Extra arguments for the meta server.
+    pub meta_args: Vec<String>,
+    /// Explicit meta server address (default: `host`, any port).
+    pub meta_listen: Option<Address>,
+}
+
+impl LocalClusterOptions {
+    /// `n` io servers on loopback over `scheme`, data in `data_dir`.
+    pub fn new(exe: impl Into<PathBuf>, scheme: Scheme, n: u32, data_dir: impl Into<PathBuf>) -> Self {
+        LocalClusterOptions {
+            exe: exe.into(),
+            scheme,
+            io_servers: n,
+            data_dir: data_dir.into(),
+            host: "127.0.0.1".into(),
+            io_listen: None,
+            io_prefix: None,
+            transfer_unit: None,
+            stripe_size: None,
+            io_args: Vec::new(),
+            meta_args: Vec::new(),
+            meta_listen: None,
+        }
+    }
+}
+
+/// Why a local cluster did not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// Spawning or talking to a child failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A server exited or printed something else instead of its address.
+    #[error("{what} did not start: {detail}")]
+    Start {
+        /// Which server.
+        what: String,
+        /// What it printed.
+        detail: String,
+    },
+    /// The cluster file.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClusterError {
+    let what = what.into();
+    move |source| ClusterError::Io { what, source }
+}
+
+/// One running server process.
+#[derive(Debug)]
+struct Proc {
+    child: Child,
+    // Kept open: closing it tells the child to exit.
+    _stdin: Option<ChildStdin>,
+    _stdout: BufReader<ChildStdout>,
+}
+
+impl Proc {
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running local cluster. Dropping it kills every server.
+#[derive(Debug)]
+pub struct LocalCluster {
+    opts: LocalClusterOptions,
+    cfg: ClusterConfig,
+    config_path: PathBuf,
+    meta: Option<Proc>,
+    io: Vec<Option<Proc>>,
+}
+
+/// Reads (or creates) the cluster key in `dir/cluster.key`.
+pub fn ensure_key(dir: &Path) -> Result<PathBuf, ClusterError> {
+    let path = dir.join("cluster.key");
+    if !path.exists() {
+        let key = crate::net::random_bytes(32).map_err(io_err("generating a key"))?;
+        std::fs::write(&path, crate::config::encode_key_hex(&key) + "\n")
+            .map_err(io_err(format!("writing {}", path.display())))?;
+    }
+    Ok(path)
+}
+
+impl LocalCluster {
+    /// Starts the io servers, then the meta server, and writes the cluster file.
+    pub fn start(opts: LocalClusterOptions) -> Result<LocalCluster, ClusterError> {
+        let dir = &opts.data_dir;
+        std::fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let key_path = ensure_key(dir)?;
+        let any = |host: &str| -> Result<Address, ClusterError> {
+            let s = format!("{}://{}:0", opts.scheme, host);
+            s.parse().map_err(|e| ClusterError::Start { what: "address".into(), detail: format!("{s}: {e}") })
+        };
+        let mut cfg = ClusterConfig {
+            transport: opts.scheme,
+            meta: match &opts.meta_listen {
+                Some(a) => a.clone(),
+                None => any(&opts.host)?,
+            },
+            io_servers: Vec::new(),
+            data_dir: Some(dir.clone()),
+            key: KeySource::File(key_path),
+            transfer_unit: opts.transfer_unit.unwrap_or(crate::server::io::DEFAULT_TRANSFER_UNIT as u64),
+            layout: LayoutDefaults {
+                ssize: opts.stripe_size.unwrap_or(crate::config::DEFAULT_SSIZE),
+                pcount: None,
+            },
+        };
+        let mut cluster = LocalCluster {
+            config_path: dir.join("cluster.toml"),
+            opts: opts.clone(),
+            cfg: cfg.clone(),
+            meta: None,
+            io: Vec::new(),
+        };
+        for i in 0..opts.io_servers {
+            let listen = match &opts.io_listen {
+                Some(v) => v.get(i as usize).cloned().ok_or_else(|| ClusterError::Start {
+                    what: format!("io server {i}"),
+                    detail: "no listen address given".into(),
+                })?,
+                None => any(&opts.host)?,
+            };
+            let (p, addr) = cluster.spawn_io(i, &listen)?;
+            cluster.io.push(Some(p));
+            cfg.io_servers.push(addr);
+        }
+        cluster.cfg = cfg;
+        cluster.write_config()?;
+        let meta_listen = cluster.cfg.meta.clone();
+        let (p, addr) = cluster.spawn_meta(&meta_listen)?;
+        cluster.meta = Some(p);
+        cluster.cfg.meta = addr;
+        cluster.write_config()?;
+        Ok(cluster)
+    }
+
+    fn write_config(&self) -> Result<(), ClusterError> {
+        let text = self.cfg.to_toml();
+        let tmp = self.config_path.with_extension("toml.tmp");
+        std::fs::write(&tmp, text).map_err(io_err("writing the cluster file"))?;
+        std::fs::rename(&tmp, &self.config_path).map_err(io_err("writing the cluster file"))
+    }
+
+    fn spawn(
+        &self,
+        what: String,
+        prefix: Option<&Vec<String>>,
+        args: Vec<String>,
+    ) -> Result<(Proc, Address), ClusterError> {
+        let mut cmd = match prefix {
+            Some(p) if !p.is_empty() => {
+                let mut c = Command::new(&p[0]);
+                c.args(&p[1..]).arg(&self.opts.exe);
+                c
+            }
+            _ => Command::new(&self.opts.exe),
+        };
+        cmd.arg("serve").args(&args).arg("--exit-with-parent");
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let mut child = cmd.spawn().map_err(io_err(format!("spawning {what}")))?;
+        let stdin = child.stdin.take();
+        let Some(out) = child.stdout.take() else {
+            let _ = child.kill();
+            return Err(ClusterError::Start { what, detail: "no stdout".into() });
+        };
+        let mut out = BufReader::new(out);
+        let mut line = String::new();
+        let read = out.read_line(&mut line);
+        let addr = match read {
+            Ok(_) => line.trim().strip_prefix("LISTEN ").and_then(|a| a.parse::<Address>().ok()),
+            Err(_) => None,
+        };
+        match addr {
+            Some(addr) => Ok((Proc { child, _stdin: stdin, _stdout: out }, addr)),
+            None => {
+                let _ = child.kill();
+                let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+                Err(ClusterError::Start { what, detail: format!("printed {line:?}, {status}") })
+            }
+        }
+    }
+
+    fn spawn_io(&self, i: u32, listen: &Address) -> Result<(Proc, Address), ClusterError> {
+        let mut args = vec![
+            "--io".to_string(),
+            i.to_string(),
+            "--listen".into(),
+            listen.to_string(),
+            "--data-dir".into(),
+            self.cfg.io_data_dir(i).display().to_string(),
+            "--key-file".into(),
+            self.opts.data_dir.join("cluster.key").display().to_string(),
+            "--transfer-unit".into(),
+            self.cfg.transfer_unit.to_string(),
+        ];
+        args.extend(self.opts.io_args.iter().cloned());
+        let prefix = self.opts.io_prefix.as_ref().and_then(|v| v.get(i as usize));
+        self.spawn(format!("io server {i}"), prefix, args)
+    }
+
+    fn spawn_meta(&self, listen: &Address) -> Result<(Proc, Address), ClusterError> {
+        let mut args = vec![
+            "--meta".to_string(),
+            "--cluster".into(),
+            self.config_path.display().to_string(),
+            "--listen".into(),
+            listen.to_string(),
+        ];
+        args.extend(self.opts.meta_args.iter().cloned());
+        self.spawn("meta server".into(), None, args)
+    }
+
+    /// The cluster as clients see it.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.cfg
+    }
+
+    /// `<data_dir>/cluster.toml`.
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// Process ids of the running servers (meta first).
+    pub fn pids(&self) -> Vec<u32> {
+        self.meta.iter().chain(self.io.iter().flatten()).map(|p| p.child.id()).collect()
+    }
+
+    /// Kills io server `i` (SIGKILL: no chance to clean up, like a crash).
+    pub fn kill_io(&mut self, i: usize) {
+        if let Some(p) = self.io.get_mut(i).and_then(Option::take) {
+            p.kill();
+        }
+    }
+
+    /// Kills the meta server (SIGKILL).
+    pub fn kill_meta(&mut self) {
+        if let Some(p) = self.meta.take() {
+            p.kill();
+        }
+    }
+
+    /// Starts io server `i` again on its address and data directory.
+    pub fn restart_io(&mut self, i: usize) -> Result<(), ClusterError> {
+        self.kill_io(i);
+        let listen = self.cfg.io_servers[i].clone();
+        let (p, _) = retry_bind(|| self.spawn_io(i as u32, &listen))?;
+        self.io[i] = Some(p);
+        Ok(())
+    }
+
+    /// Starts the meta server again on its address and database.
+    pub fn restart_meta(&mut self) -> Result<(), ClusterError> {
+        self.kill_meta();
+        let listen = self.cfg.meta.clone();
+        let (p, _) = retry_bind(|| self.spawn_meta(&listen))?;
+        self.meta = Some(p);
+        Ok(())
+    }
+
+    /// A server that has exited, if any (without waiting).
+    pub fn exited(&mut self) -> Option<String> {
+        if let Some(p) = &mut self.meta
+            && let Ok(Some(s)) = p.child.try_wait()
+        {
+            return Some(format!("meta server exited: {s}"));
+        }
+        for (i, p) in self.io.iter_mut().enumerate() {
+            if let Some(p) = p
+                && let Ok(Some(s)) = p.child.try_wait()
+            {
+                return Some(format!("io server {i} exited: {s}"));
+            }
+        }
+        None
+    }
+
+    /// Kills every server.
+    pub fn stop(mut self) {
+        self.stop_all();
+    }
+
+    fn stop_all(&mut self) {
+        self.kill_meta();
+        for i in 0..self.io.len() {
+            self.kill_io(i);
+        }
+    }
+}
+
+/// A port just released by a killed server can take a moment to be bindable again.
+fn retry_bind<T>(mut f: impl FnMut() -> Result<T, ClusterError>) -> Result<T, ClusterError> {
+    let mut last = None;
+    for _ in 0..20 {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(last.unwrap_or(ClusterError::Start { what: "server".into(), detail: "no attempt".into() }))
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}

@@ -1,0 +1,345 @@
+//! The FUSE mount (cargo feature `fuse`, through `fuser` 0.18).
+//!
+//! Inode numbers are stripefs handles (the root is handle 1 = `FUSE_ROOT_ID`). Files are opened
+//! with `FOPEN_DIRECT_IO`, so the kernel keeps no page cache of their data and every read and
+//! write goes to the io servers — the PVFS semantics of the library, unchanged. Attributes and
+//! entries are cached by the kernel for one second.
+
+use crate::capability::Rights;
+use crate::client::{Client, CreateOptions, File};
+use crate::proto::{Attr, FileKind, Handle, SetAttr, Timestamp};
+use crate::{FsError, FsResult};
+use bytes::BytesMut;
+use fuser::{
+    FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, MountOption, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tracing::debug;
+
+const TTL: Duration = Duration::from_secs(1);
+
+/// stripefs as a FUSE file system.
+#[derive(Debug)]
+pub struct StripeFuse {
+    client: Client,
+    files: Mutex<HashMap<u64, Arc<File>>>,
+    next_fh: AtomicU64,
+}
+
+fn errno(e: &FsError) -> fuser::Errno {
+    debug!(error = %e, "fuse operation failed");
+    fuser::Errno::from_i32(e.errno().0)
+}
+
+fn time(t: Timestamp) -> SystemTime {
+    if t.secs >= 0 { UNIX_EPOCH + Duration::new(t.secs as u64, t.nsecs) } else { UNIX_EPOCH }
+}
+
+fn stamp(t: TimeOrNow) -> Timestamp {
+    match t {
+        TimeOrNow::Now => Timestamp::now(),
+        TimeOrNow::SpecificTime(st) => match st.duration_since(UNIX_EPOCH) {
+            Ok(d) => Timestamp { secs: d.as_secs() as i64, nsecs: d.subsec_nanos() },
+            Err(_) => Timestamp::default(),
+        },
+    }
+}
+
+fn file_attr(h: Handle, a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(h.0),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: time(a.atime),
+        mtime: time(a.mtime),
+        ctime: time(a.ctime),
+        crtime: time(a.ctime),
+        kind: if a.kind == FileKind::Dir { FileType::Directory } else { FileType::RegularFile },
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: 65536,
+        flags: 0,
+    }
+}
+
+fn name(n: &OsStr) -> FsResult<&str> {
+    n.to_str().ok_or_else(|| FsError::code(crate::Errno::EINVAL, "names are UTF-8"))
+}
+
+impl StripeFuse {
+    /// A file system serving `client`'s cluster.
+    pub fn new(client: Client) -> Self {
+        StripeFuse { client, files: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1) }
+    }
+
+    fn attr(&self, h: Handle) -> FsResult<FileAttr> {
+        let st = self.client.stat_handle(h)?;
+        Ok(file_attr(h, &st.attr))
+    }
+
+    fn remember(&self, f: File) -> FileHandle {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, Arc::new(f));
+        FileHandle(fh)
+    }
+
+    fn file(&self, fh: FileHandle) -> Option<Arc<File>> {
+        self.files.lock().unwrap_or_else(|p| p.into_inner()).get(&fh.0).cloned()
+    }
+
+    fn entry(&self, r: FsResult<(Handle, Attr)>, reply: ReplyEntry) {
+        match r.and_then(|(h, a)| if a.kind == FileKind::Dir { Ok(file_attr(h, &a)) } else { self.attr(h) }) {
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
+impl Filesystem for StripeFuse {
+    fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        self.entry(name(n).and_then(|n| self.client.lookup(Handle(parent.0), n)), reply);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.attr(Handle(ino.0)) {
+            Ok(a) => reply.attr(&TTL, &a),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            atime: atime.map(stamp),
+            mtime: mtime.map(stamp),
+            size,
+        };
+        let h = Handle(ino.0);
+        match self.client.setattr(h, set).and_then(|_| self.attr(h)) {
+            Ok(a) => reply.attr(&TTL, &a),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let _ = req;
+        self.entry(name(n).and_then(|n| self.client.mkdir_in(Handle(parent.0), n, mode & !umask)), reply);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        match name(n).and_then(|n| self.client.unlink_in(Handle(parent.0), n)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        match name(n).and_then(|n| self.client.rmdir_in(Handle(parent.0), n)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if !flags.is_empty() {
+            // RENAME_NOREPLACE / EXCHANGE are not supported; callers fall back to plain rename.
+            reply.error(fuser::Errno::EINVAL);
+            return;
+        }
+        let r = name(n).and_then(|a| {
+            name(newname).and_then(|b| self.client.rename_in(Handle(parent.0), a, Handle(newparent.0), b))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.client.open_handle(Handle(ino.0), Rights::READ_WRITE) {
+            Ok(f) => reply.opened(self.remember(f), FopenFlags::FOPEN_DIRECT_IO),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
+        match f.read_at(offset, BytesMut::zeroed(size as usize)) {
+            Ok((buf, n)) => reply.data(&buf[..n]),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
+        match f.write_all_at(offset, data) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lo: fuser::LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // No client-side data to flush: every write already reached the io servers.
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.files.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
+        match f.sync() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let h = Handle(ino.0);
+        let entries = match self.client.readdir_handle(h) {
+            Ok(e) => e,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let dots =
+            [(ino.0, FileType::Directory, ".".to_string()), (ino.0, FileType::Directory, "..".to_string())];
+        let all = dots.into_iter().chain(entries.into_iter().map(|e| {
+            let kind = if e.kind == FileKind::Dir { FileType::Directory } else { FileType::RegularFile };
+            (e.handle.0, kind, e.name.to_string())
+        }));
+        for (i, (ino, kind, n)) in all.enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(ino), i as u64 + 1, kind, n) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.client.statfs() {
+            Ok(s) => reply.statfs(0, 0, 0, s.files + s.dirs, u64::MAX / 2, 65536, s.name_max, 65536),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: fuser::ReplyXattr) {
+        // No extended attributes.
+        reply.error(fuser::Errno::from_i32(libc::ENODATA));
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        if size == 0 { reply.size(0) } else { reply.data(&[]) }
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let opts = CreateOptions { mode: mode & !umask & 0o7777, layout: None };
+        match name(n).and_then(|n| self.client.create_in(Handle(parent.0), n, opts)) {
+            Ok(f) => {
+                let a = file_attr(f.handle(), f.attr());
+                reply.created(&TTL, &a, Generation(0), self.remember(f), FopenFlags::FOPEN_DIRECT_IO);
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
+/// Mounts `client`'s cluster at `mountpoint` and serves it until it is unmounted (or the
+/// process gets Ctrl-C / SIGTERM, which unmounts it).
+pub fn mount(client: Client, mountpoint: &Path, threads: usize) -> std::io::Result<()> {
+    let mut cfg = fuser::Config::default();
+    cfg.mount_options = vec![MountOption::FSName("stripefs".into()), MountOption::Subtype("stripefs".into())];
+    cfg.n_threads = Some(threads.max(1));
+    let mut session = fuser::Session::new(StripeFuse::new(client), mountpoint, &cfg)?;
+    let mut unmounter = session.unmount_callable();
+    let _ = ctrlc::set_handler(move || {
+        if let Err(e) = unmounter.unmount() {
+            tracing::warn!(error = %e, "unmount failed");
+        }
+    });
+    session.run()
+}

@@ -1,0 +1,104 @@
+//! `stripefs`: run a stripefs cluster and use it.
+//!
+//! Paths inside stripefs are written `sfs:/dir/file` (plain `/dir/file` is accepted where no
+//! local path can be meant); `cp` uses the prefix to tell a stripefs path from a local one.
+//! Client commands find the cluster file in `--cluster`, `$STRIPEFS_CLUSTER`, or
+//! `./stripefs-data/cluster.toml` (what `stripefs serve --io-servers N` writes).
+#![forbid(unsafe_code)]
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "stripefs", version, about = "A compact PVFS-style striped file system on ionet")]
+struct Cli {
+    /// The cluster file (default: $STRIPEFS_CLUSTER, then ./stripefs-data/cluster.toml).
+    #[arg(long, global = true, env = "STRIPEFS_CLUSTER")]
+    cluster: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Start 1 meta + 4 io servers locally, write and read back a file over each transport,
+    /// print a side-by-side table, clean up.
+    Demo(cli::demo::DemoArgs),
+    /// Run servers: one io server (--io I), the meta server (--meta), or a whole local cluster.
+    Serve(cli::serve::ServeArgs),
+    /// Copy a file between the local file system and stripefs (sfs:/path), either way.
+    Cp(cli::cmds::CpArgs),
+    /// List a directory.
+    Ls(cli::cmds::LsArgs),
+    /// Attributes, logical size and layout of a path.
+    Stat {
+        /// The path.
+        path: String,
+    },
+    /// Remove a file or an empty directory.
+    Rm {
+        /// The paths.
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Create a directory.
+    Mkdir {
+        /// Create missing parents too.
+        #[arg(short, long)]
+        parents: bool,
+        /// The paths.
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Show a file's layout or a directory's default layout.
+    Getstripe {
+        /// The path.
+        path: String,
+    },
+    /// Set a directory's default layout, or create an empty file with a layout.
+    Setstripe(cli::cmds::SetstripeArgs),
+    /// Concurrent read/write bandwidth: 1–4 io servers × 1–4 clients, each client a 2N MiB
+    /// region of one shared file (PVFS paper's method).
+    Bench(cli::bench::BenchArgs),
+    /// Mount stripefs with FUSE (feature `fuse`).
+    Mount(cli::cmds::MountArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    cli::init_tracing();
+    let cluster = cli.cluster;
+    let r = match cli.cmd {
+        Cmd::Demo(a) => cli::demo::run(a),
+        Cmd::Serve(a) => cli::serve::run(a, cluster),
+        Cmd::Cp(a) => cli::cmds::cp(cluster, a),
+        Cmd::Ls(a) => cli::cmds::ls(cluster, a),
+        Cmd::Stat { path } => cli::cmds::stat(cluster, &path),
+        Cmd::Rm { paths } => cli::cmds::rm(cluster, &paths),
+        Cmd::Mkdir { parents, paths } => cli::cmds::mkdir(cluster, parents, &paths),
+        Cmd::Getstripe { path } => cli::cmds::getstripe(cluster, &path),
+        Cmd::Setstripe(a) => cli::cmds::setstripe(cluster, a),
+        Cmd::Bench(a) => cli::bench::run(a),
+        Cmd::Mount(a) => cli::cmds::mount(cluster, a),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("stripefs: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap's own consistency checks (duplicate short flags, conflicting names, …).
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

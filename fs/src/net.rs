@@ -1,0 +1,225 @@
+//! What the meta server, the io servers and the client share on the network: message tags,
+//! endpoint configuration, and the typed error every network operation returns.
+//!
+//! Every stripefs exchange is one ionet *request*: the header is an encoded [`proto`] message
+//! (an [`Envelope`](crate::proto::Envelope)), the reply header is the encoded reply, and bulk
+//! data travels as the request's payload (`Payload::Out` for writes, `Payload::In` for reads),
+//! so ionet's communication manager picks the mechanism (inline, fast RDMA, server RDMA).
+//! Errors a server detects are sent as typed [`ErrorReply`](crate::proto::ErrorReply)s in the
+//! reply header; ionet's own `reply_error` is never used, so a client always gets an errno.
+
+use crate::errno::Errno;
+use crate::proto::{self, DecodeError, ProtoError};
+use bytes::Bytes;
+use ionet::{Completion, Config, Endpoint, OpId, Payload, PeerId, ServiceLevel, Tag, WaitMode};
+use std::io;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Tag of requests to the meta server.
+pub const TAG_META: Tag = 0x5346_4d45; // "SFME"
+
+/// Tag of requests to an io server.
+pub const TAG_IO: Tag = 0x5346_494f; // "SFIO"
+
+/// Default time an operation may take before the client gives up on it (per request, plus
+/// [`SLOW_RATE`] for its data).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Slowest data rate, in bytes per second, allowed before a request's deadline passes: a
+/// request moving `n` bytes gets `timeout + n / SLOW_RATE` (10 MB/s).
+pub const SLOW_RATE: u64 = 10_000_000;
+
+/// The ionet configuration every stripefs endpoint uses: the cluster key authenticates every
+/// connection, headers may be as large as the largest protocol message.
+pub fn endpoint_config(key: &[u8], wait_mode: WaitMode, progress_thread: bool) -> Config {
+    Config::default()
+        .cluster_key(key.to_vec())
+        .max_header(proto::MAX_MESSAGE)
+        .wait_mode(wait_mode)
+        .progress_thread(progress_thread)
+}
+
+/// Deadline slack for a request moving `bytes` bytes.
+pub fn io_timeout(base: Duration, bytes: u64) -> Duration {
+    base + Duration::from_millis(bytes.saturating_mul(1000) / SLOW_RATE)
+}
+
+/// Why a stripefs operation failed. [`FsError::errno`] gives the POSIX code; `From<FsError> for
+/// io::Error` makes it usable wherever `std::io` errors are.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FsError {
+    /// A server processed the request and refused it.
+    #[error("{code}: {message}")]
+    Remote {
+        /// The code the server sent.
+        code: Errno,
+        /// Its explanation (for humans).
+        message: String,
+    },
+    /// The transport failed: peer lost, timeout, authentication, ….
+    #[error("transport: {0}")]
+    Net(#[from] ionet::Error),
+    /// A peer sent a message that does not decode, or we could not encode ours.
+    #[error("protocol: {0}")]
+    Proto(#[from] ProtoError),
+    /// A reply that does not answer the request (wrong kind or id).
+    #[error("unexpected reply: {0}")]
+    UnexpectedReply(String),
+    /// A bad argument from the caller.
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    /// A layout, view or list that does not make sense.
+    #[error(transparent)]
+    Layout(#[from] crate::layout::LayoutError),
+    /// The cluster file.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// A local OS error.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+impl From<DecodeError> for FsError {
+    fn from(e: DecodeError) -> Self {
+        FsError::Proto(e.error)
+    }
+}
+
+impl FsError {
+    /// A remote-style error with a code (used for checks the client makes itself).
+    pub fn code(code: Errno, message: impl Into<String>) -> Self {
+        FsError::Remote { code, message: message.into() }
+    }
+
+    /// The POSIX code for this error. A lost or unreachable server is `ENOTCONN`, a deadline
+    /// `ETIMEDOUT`, anything else the transport reports `EIO`.
+    pub fn errno(&self) -> Errno {
+        match self {
+            FsError::Remote { code, .. } => *code,
+            FsError::Net(e) => net_errno(e),
+            FsError::Proto(e) => e.errno(),
+            FsError::UnexpectedReply(_) => Errno::EPROTO,
+            FsError::Invalid(_) | FsError::Layout(_) | FsError::Config(_) => Errno::EINVAL,
+            FsError::Io(e) => Errno::from_io(e),
+        }
+    }
+}
+
+/// The code for a transport error.
+pub fn net_errno(e: &ionet::Error) -> Errno {
+    use ionet::Error as E;
+    match e {
+        E::PeerLost { .. } | E::Closed => Errno::ENOTCONN,
+        E::Timeout => Errno::ETIMEDOUT,
+        E::Auth(_) => Errno::EACCES,
+        E::TooLarge { .. } => Errno::EMSGSIZE,
+        E::Unsupported(_) => Errno::EOPNOTSUPP,
+        E::Exhausted(_) => Errno::EAGAIN,
+        E::Protocol { .. } => Errno::EPROTO,
+        E::Io(io) => Errno::from_io(io),
+        _ => Errno::EIO,
+    }
+}
+
+impl From<FsError> for io::Error {
+    fn from(e: FsError) -> io::Error {
+        match e {
+            FsError::Io(e) => e,
+            e => io::Error::new(io::Error::from(e.errno()).kind(), e),
+        }
+    }
+}
+
+/// Result of stripefs operations.
+pub type FsResult<T> = Result<T, FsError>;
+
+/// How long a request may wait with nothing happening before [`Waiter`] nudges its connection.
+pub const NUDGE_AFTER: Duration = Duration::from_millis(250);
+
+/// Waits for requests, *nudging* a connection that has been silent for [`NUDGE_AFTER`]: a
+/// small request (a ping) is sent to the same peer on the same service level, so new bytes
+/// arrive on both ends of that connection.
+///
+/// # Why
+/// Works around an ionet TCP bug (reported upstream, see `fs/README.md`): after a frame with a
+/// body is read, the backend can keep a stale "socket drained" flag, and the next readiness edge
+/// on that connection is then consumed without reading, leaving a complete frame (a reply, a
+/// request header, pulled data) unread in the socket until more bytes arrive on the same
+/// connection. Fresh bytes raise a new edge and everything is read. The nudge costs nothing
+/// while transfers make progress; the request's own deadline still bounds the wait.
+#[derive(Debug)]
+pub struct Waiter {
+    ep: Endpoint,
+    /// Nudges not yet reaped (each has a deadline, so each completes).
+    nudges: Mutex<Vec<OpId>>,
+}
+
+impl Waiter {
+    /// A waiter for operations on `ep`.
+    pub fn new(ep: Endpoint) -> Self {
+        Waiter { ep, nudges: Mutex::new(Vec::new()) }
+    }
+
+    /// Waits for `op` (a request to `peer` on `sl`); `ping` is the header of a harmless
+    /// request to send as a nudge.
+    pub fn wait(
+        &self,
+        op: OpId,
+        peer: PeerId,
+        tag: Tag,
+        sl: ServiceLevel,
+        ping: &dyn Fn() -> Option<Vec<u8>>,
+    ) -> ionet::Result<Completion> {
+        loop {
+            if let Some(c) = self.ep.wait_timeout(op, NUDGE_AFTER)? {
+                self.reap();
+                return Ok(c);
+            }
+            if let Some(h) = ping()
+                && let Ok(n) = self.ep.request(peer, tag, Bytes::from(h), Payload::None, sl)
+            {
+                tracing::debug!(%peer, %sl, "request silent; nudging its connection");
+                let _ = self.ep.set_deadline(n, Instant::now() + DEFAULT_TIMEOUT);
+                self.nudges.lock().unwrap_or_else(|p| p.into_inner()).push(n);
+            }
+            self.reap();
+        }
+    }
+
+    /// Collects finished nudges.
+    fn reap(&self) {
+        let mut v = self.nudges.lock().unwrap_or_else(|p| p.into_inner());
+        v.retain(|&n| matches!(self.ep.test(n), Ok(None)));
+    }
+}
+
+/// Bytes of random data from the kernel (keys, nonces).
+pub fn random_bytes(n: usize) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut v = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut v)?;
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_map_to_posix_codes() {
+        let lost = FsError::Net(ionet::Error::PeerLost { peer: dummy_peer(), reason: "x".into() });
+        assert_eq!(lost.errno(), Errno::ENOTCONN);
+        assert_eq!(FsError::Net(ionet::Error::Timeout).errno(), Errno::ETIMEDOUT);
+        let e: io::Error = FsError::code(Errno::ENOENT, "gone").into();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert_eq!(io_timeout(Duration::from_secs(1), 20_000_000), Duration::from_secs(3));
+    }
+
+    fn dummy_peer() -> ionet::PeerId {
+        // PeerIds are only made by endpoints; connect a client endpoint to get one.
+        let ep = ionet::Endpoint::client(Config::default()).unwrap();
+        ep.connect("tcp://127.0.0.1:9").unwrap()
+    }
+}

@@ -1,0 +1,349 @@
+//! An io server: object data on local disk, moved in pipelined transfer units.
+//!
+//! # Data path
+//! * **Write**: the client's request carries a descriptor (this server's local pieces, in
+//!   stream order) and offers the data as an OUT payload of exactly the stream's length. The
+//!   server pulls it in transfer units into buffers from `Endpoint::alloc` (pre-faulted; the
+//!   registered zone buffers on InfiniBand) with up to [`IoServerConfig::pipeline_depth`] pulls
+//!   outstanding, and `pwrite`s each unit as it lands while the next ones are on the wire.
+//! * **Read**: the server `pread`s a unit and pushes it into the client's IN buffer, keeping up
+//!   to `pipeline_depth` pushes in flight, so disk reads overlap the network.
+//! * On a disk error (`ENOSPC`, `EIO`, …) the server stops pulling, lets the outstanding pulls
+//!   finish and replies with the error: ionet discards what was never pulled, so the
+//!   connection stays in step (the equivalent of PVFS1's drain-and-discard).
+
+use super::{ServerError, ServerHandle, send_reply, spawn_workers};
+use crate::capability::{CapabilityKey, unix_now};
+use crate::errno::Errno;
+use crate::proto::{self, Descriptor, ErrorReply, IoReply, IoRequest, ServerStats};
+use crate::store::{ObjectStore, PieceCursor, StoreConfig, StoreError};
+use ionet::{Address, Direction, Endpoint, OpBuf, OpId, RecvBuf, RegisteredBuf, Request, SendBuf, WaitMode};
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
+
+/// io server settings.
+#[derive(Debug, Clone)]
+pub struct IoServerConfig {
+    /// Where to listen (`tcp://host:port`, port 0 = any).
+    pub listen: Address,
+    /// The object directory.
+    pub data_dir: PathBuf,
+    /// The cluster key (authenticates connections and verifies capabilities).
+    pub key: Vec<u8>,
+    /// Bytes per pipelined transfer (default 1 MiB).
+    pub transfer_unit: usize,
+    /// Transfers in flight per request (default 4; at least 2).
+    pub pipeline_depth: usize,
+    /// Requests served at once (default 4).
+    pub workers: usize,
+    /// How threads wait for the transport.
+    pub wait_mode: WaitMode,
+    /// Open files kept in the descriptor cache (0 = reopen for every request).
+    pub max_open: usize,
+    /// Longest a single pull or push may take before the request is abandoned.
+    pub transfer_timeout: Duration,
+}
+
+/// Default transfer unit of the io servers: 1 MiB.
+pub const DEFAULT_TRANSFER_UNIT: usize = crate::config::DEFAULT_TRANSFER_UNIT as usize;
+
+/// Default pipeline depth.
+pub const DEFAULT_PIPELINE_DEPTH: usize = 4;
+
+impl IoServerConfig {
+    /// Defaults for a server on `listen` storing in `data_dir`.
+    pub fn new(listen: Address, data_dir: impl Into<PathBuf>, key: &[u8]) -> Self {
+        IoServerConfig {
+            listen,
+            data_dir: data_dir.into(),
+            key: key.to_vec(),
+            transfer_unit: DEFAULT_TRANSFER_UNIT,
+            pipeline_depth: DEFAULT_PIPELINE_DEPTH,
+            workers: 4,
+            wait_mode: WaitMode::Adaptive,
+            max_open: StoreConfig::default().max_open,
+            transfer_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Stats {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    syncs: AtomicU64,
+    errors: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Shared {
+    ep: Endpoint,
+    store: ObjectStore,
+    key: CapabilityKey,
+    cfg: IoServerConfig,
+    stats: Stats,
+}
+
+/// An io server.
+#[derive(Debug)]
+pub struct IoServer;
+
+impl IoServer {
+    /// Binds, opens the object store and starts the workers.
+    pub fn start(cfg: IoServerConfig) -> Result<ServerHandle, ServerError> {
+        if cfg.transfer_unit < 4096 || cfg.transfer_unit > crate::config::MAX_TRANSFER_UNIT as usize {
+            return Err(ServerError::Invalid(format!("transfer unit {} bytes", cfg.transfer_unit)));
+        }
+        let key = CapabilityKey::new(&cfg.key)?;
+        let store = ObjectStore::open(&cfg.data_dir, StoreConfig { max_open: cfg.max_open })?;
+        let ep = Endpoint::bind(&cfg.listen, crate::net::endpoint_config(&cfg.key, cfg.wait_mode, true))?;
+        info!(addr = ?ep.local_addr(), dir = %cfg.data_dir.display(), tu = cfg.transfer_unit, "io server listening");
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers = cfg.workers;
+        let shared = Arc::new(Shared { ep: ep.clone(), store, key, cfg, stats: Stats::default() });
+        let threads = spawn_workers("io", &ep, workers, &stop, move |req| shared.handle(req))?;
+        Ok(ServerHandle::new(ep, stop, threads))
+    }
+}
+
+/// A request failure: the code and text for the error reply.
+struct Fail(Errno, String);
+
+impl From<StoreError> for Fail {
+    fn from(e: StoreError) -> Self {
+        Fail(e.errno(), e.to_string())
+    }
+}
+
+impl From<ionet::Error> for Fail {
+    fn from(e: ionet::Error) -> Self {
+        Fail(crate::net::net_errno(&e), e.to_string())
+    }
+}
+
+impl Shared {
+    fn handle(&self, req: Request) {
+        let env = match proto::decode::<IoRequest>(req.header()) {
+            Ok(env) => env,
+            Err(e) => {
+                debug!(error = %e, peer = %req.peer(), "undecodable io request");
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                let reply: proto::Envelope<IoReply> = proto::error_reply(&e);
+                send_reply(&self.ep, req, reply.id, reply.body);
+                return;
+            }
+        };
+        let id = env.id;
+        debug!(id, peer = %req.peer(), len = req.payload_len(), "io request");
+        let reply = match self.serve(&req, env.body) {
+            Ok(r) => r,
+            Err(Fail(code, msg)) => {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                debug!(%code, %msg, "io request failed");
+                IoReply::Error(ErrorReply::new(code, msg))
+            }
+        };
+        send_reply(&self.ep, req, id, reply);
+        debug!(id, "io reply sent");
+    }
+
+    fn serve(&self, req: &Request, body: IoRequest) -> Result<IoReply, Fail> {
+        if let Some(cap) = body.cap() {
+            self.key
+                .verify(cap, cap.handle, body.needed_rights(), unix_now())
+                .map_err(|e| Fail(e.errno(), e.to_string()))?;
+        }
+        if !matches!(body, IoRequest::Read { .. } | IoRequest::Write { .. }) && req.payload_len() > 0 {
+            return Err(Fail(Errno::EINVAL, "unexpected payload".into()));
+        }
+        let s = &self.store;
+        Ok(match body {
+            IoRequest::Ping => IoReply::Pong,
+            IoRequest::Stats => IoReply::Stats(self.snapshot()),
+            IoRequest::CreateObject { cap } => {
+                s.create(cap.handle)?;
+                IoReply::Done
+            }
+            IoRequest::RemoveObject { cap } => {
+                s.remove(cap.handle)?;
+                IoReply::Done
+            }
+            IoRequest::TruncateObject { cap, size } => {
+                s.truncate(cap.handle, size)?;
+                IoReply::Done
+            }
+            IoRequest::GetSize { cap } => IoReply::Size(s.size(cap.handle)?),
+            IoRequest::Sync { cap } => {
+                s.sync(cap.handle)?;
+                self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+                IoReply::Done
+            }
+            IoRequest::Read { cap, desc } => {
+                let total = stream_len(req, &desc, Direction::In)?;
+                let local_size = s.size(cap.handle)?;
+                self.read(req, cap.handle, &desc, total)?;
+                self.stats.reads.fetch_add(1, Ordering::Relaxed);
+                self.stats.bytes_read.fetch_add(total, Ordering::Relaxed);
+                IoReply::Read { bytes: total, local_size }
+            }
+            IoRequest::Write { cap, desc } => {
+                let total = stream_len(req, &desc, Direction::Out)?;
+                self.write(req, cap.handle, &desc, total)?;
+                self.stats.writes.fetch_add(1, Ordering::Relaxed);
+                self.stats.bytes_written.fetch_add(total, Ordering::Relaxed);
+                IoReply::Written { bytes: total }
+            }
+        })
+    }
+
+    fn snapshot(&self) -> ServerStats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ServerStats {
+            reads: g(&self.stats.reads),
+            writes: g(&self.stats.writes),
+            bytes_read: g(&self.stats.bytes_read),
+            bytes_written: g(&self.stats.bytes_written),
+            syncs: g(&self.stats.syncs),
+            errors: g(&self.stats.errors),
+            open_files: self.store.open_files() as u64,
+        }
+    }
+
+    fn unit_bufs(&self, total: u64) -> Result<Vec<RegisteredBuf>, Fail> {
+        let tu = self.cfg.transfer_unit as u64;
+        let units = total.div_ceil(tu).max(1);
+        let n = (self.cfg.pipeline_depth.max(2) as u64).min(units) as usize;
+        let len = tu.min(total.max(1)) as usize;
+        (0..n).map(|_| self.ep.alloc(len).map_err(Fail::from)).collect()
+    }
+
+    fn deadline(&self, op: OpId) {
+        let _ = self.ep.set_deadline(op, Instant::now() + self.cfg.transfer_timeout);
+    }
+
+    /// Streams the descriptor's bytes into the client's IN buffer, `pipeline_depth` pushes deep.
+    fn read(&self, req: &Request, h: crate::Handle, desc: &Descriptor, total: u64) -> Result<(), Fail> {
+        if total == 0 {
+            return Ok(());
+        }
+        let tu = self.cfg.transfer_unit as u64;
+        let mut free = self.unit_bufs(total)?;
+        let mut cursor = PieceCursor::new(desc.pieces());
+        let mut inflight: VecDeque<OpId> = VecDeque::new();
+        let mut off = 0u64;
+        let mut fail: Option<Fail> = None;
+        loop {
+            if fail.is_none() && off < total && !free.is_empty() {
+                let mut buf = free.pop().unwrap_or_else(|| RegisteredBuf::unpooled(0));
+                let n = tu.min(total - off) as usize;
+                buf.set_len(n)?;
+                match self.store.read_stream(h, &mut cursor, &mut buf) {
+                    Ok(got) if got == n => match req.push_from(buf, off) {
+                        Ok(op) => {
+                            self.deadline(op);
+                            inflight.push_back(op);
+                            off += n as u64;
+                        }
+                        Err(e) => fail = Some(e.into()),
+                    },
+                    Ok(got) => {
+                        fail = Some(Fail(Errno::EIO, format!("stream ended after {got} of {n} bytes")))
+                    }
+                    Err(e) => fail = Some(e.into()),
+                }
+                continue;
+            }
+            let Some(op) = inflight.pop_front() else { break };
+            let c = self.ep.wait(op)?;
+            match c.result {
+                Ok(_) => {
+                    if let OpBuf::Send(SendBuf::Registered(b)) = c.buf {
+                        free.push(b);
+                    }
+                }
+                Err(e) => {
+                    fail.get_or_insert(e.into());
+                }
+            }
+        }
+        match fail {
+            Some(f) => Err(f),
+            None => Ok(()),
+        }
+    }
+
+    /// Pulls the client's OUT payload unit by unit and writes each as it lands.
+    fn write(&self, req: &Request, h: crate::Handle, desc: &Descriptor, total: u64) -> Result<(), Fail> {
+        if total == 0 {
+            return Ok(());
+        }
+        let tu = self.cfg.transfer_unit as u64;
+        let mut free = self.unit_bufs(total)?;
+        let mut cursor = PieceCursor::new(desc.pieces());
+        let mut inflight: VecDeque<(OpId, usize)> = VecDeque::new();
+        let mut posted = 0u64;
+        let mut fail: Option<Fail> = None;
+        loop {
+            if fail.is_none() && posted < total && !free.is_empty() {
+                let mut buf = free.pop().unwrap_or_else(|| RegisteredBuf::unpooled(0));
+                let n = tu.min(total - posted) as usize;
+                buf.set_len(n)?;
+                match req.pull_into(buf, posted) {
+                    Ok(op) => {
+                        self.deadline(op);
+                        inflight.push_back((op, n));
+                        posted += n as u64;
+                    }
+                    Err(e) => fail = Some(e.into()),
+                }
+                continue;
+            }
+            let Some((op, n)) = inflight.pop_front() else { break };
+            let c = self.ep.wait(op)?;
+            match (c.result, c.buf) {
+                (Ok(_), OpBuf::Recv(RecvBuf::Registered(b))) => {
+                    if fail.is_none() {
+                        match self.store.write_stream(h, &mut cursor, &b[..n.min(b.len())]) {
+                            Ok(w) if w == n => free.push(b),
+                            Ok(w) => {
+                                fail = Some(Fail(Errno::EIO, format!("stream ended after {w} of {n} bytes")))
+                            }
+                            Err(e) => {
+                                warn!(handle = %h, error = %e, "write failed; discarding the rest of the stream");
+                                fail = Some(e.into());
+                            }
+                        }
+                    }
+                }
+                (Ok(_), _) => fail = Some(Fail(Errno::EIO, "pull returned no buffer".into())),
+                (Err(e), _) => {
+                    fail.get_or_insert(e.into());
+                }
+            }
+        }
+        match fail {
+            Some(f) => Err(f),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Checks that the payload matches the descriptor: direction and exact length.
+fn stream_len(req: &Request, desc: &Descriptor, want: Direction) -> Result<u64, Fail> {
+    let total = desc.total();
+    let dir = req.direction();
+    let ok = if total == 0 { dir == Direction::None || req.payload_len() == 0 } else { dir == want };
+    if !ok || req.payload_len() != total {
+        return Err(Fail(
+            Errno::EINVAL,
+            format!("payload {:?} of {} bytes does not match a {total}-byte stream", dir, req.payload_len()),
+        ));
+    }
+    Ok(total)
+}

@@ -1,0 +1,399 @@
+//! The meta server: namespace, attributes, layouts and capabilities over [`MetaStore`], with the
+//! operations that touch file objects fanned out to the io servers.
+//!
+//! * **create**: the store records a *pending* entry; `CreateObject` goes to every server of the
+//!   layout at once; if all succeed the entry is committed and the client gets its capability,
+//!   otherwise the objects that were made are removed and the create is aborted.
+//! * **unlink / rename over a file**: the store moves the file to its orphan table in the same
+//!   transaction that removes the name; `RemoveObject` goes to every server; when all are gone
+//!   (or already missing) the orphan is forgotten, otherwise a janitor thread retries.
+//! * **truncate** (`Setattr` with a size): the store records the size; each server gets
+//!   `TruncateObject` with its [`Layout::local_size`](crate::layout::Layout::local_size).
+//! * At start-up, creates left pending by a crash and orphans are handed to the janitor, which
+//!   retries until the io servers answer.
+//!
+//! The meta server's requests to io servers carry an `ADMIN` capability it mints itself; clients
+//! are never granted `ADMIN`.
+
+use super::{ServerError, ServerHandle, send_reply, spawn_workers};
+use crate::capability::{Capability, CapabilityKey, Rights, unix_now};
+use crate::config::ClusterConfig;
+use crate::errno::Errno;
+use crate::layout::Layout;
+use crate::meta::{MetaConfig, MetaError, MetaStore, Objects, Perm};
+use crate::net::{FsError, TAG_IO};
+use crate::proto::{self, Envelope, ErrorReply, Handle, IoReply, IoRequest, MetaReply, MetaRequest};
+use bytes::Bytes;
+use ionet::{Address, Endpoint, Payload, PeerId, Request, ServiceLevel, WaitMode};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
+
+/// Meta server settings.
+#[derive(Debug, Clone)]
+pub struct MetaServerConfig {
+    /// Where to listen.
+    pub listen: Address,
+    /// The database file.
+    pub db_path: PathBuf,
+    /// The cluster (io server addresses in layout order, key, layout defaults).
+    pub cluster: ClusterConfig,
+    /// The cluster key.
+    pub key: Vec<u8>,
+    /// How long a capability is valid (default 1 hour).
+    pub cap_lifetime: Duration,
+    /// Requests served at once (default 4).
+    pub workers: usize,
+    /// How threads wait for the transport.
+    pub wait_mode: WaitMode,
+    /// Deadline of each request to an io server.
+    pub io_timeout: Duration,
+    /// Pause between janitor passes over orphans and stale creates.
+    pub janitor_interval: Duration,
+}
+
+impl MetaServerConfig {
+    /// Defaults for the cluster described by `cluster`.
+    pub fn new(cluster: ClusterConfig, key: &[u8]) -> Self {
+        MetaServerConfig {
+            listen: cluster.meta.clone(),
+            db_path: cluster.meta_db_path(),
+            cluster,
+            key: key.to_vec(),
+            cap_lifetime: Duration::from_secs(3600),
+            workers: 4,
+            wait_mode: WaitMode::Adaptive,
+            io_timeout: Duration::from_secs(20),
+            janitor_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Clean-up work the janitor retries until it succeeds.
+#[derive(Debug, Default)]
+struct Janitor {
+    /// Creates found pending at start-up: remove their objects, then abort them.
+    stale_creates: Vec<Objects>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    ep: Endpoint,
+    store: MetaStore,
+    key: CapabilityKey,
+    io_ep: Endpoint,
+    io_waiter: crate::net::Waiter,
+    io: Vec<PeerId>,
+    cfg: MetaServerConfig,
+    nonce: AtomicU64,
+    next_id: AtomicU64,
+    janitor: Mutex<Janitor>,
+}
+
+/// The meta server.
+#[derive(Debug)]
+pub struct MetaServer;
+
+impl MetaServer {
+    /// Opens the database, binds, and starts the workers and the janitor.
+    pub fn start(cfg: MetaServerConfig) -> Result<ServerHandle, ServerError> {
+        let key = CapabilityKey::new(&cfg.key)?;
+        if let Some(dir) = cfg.db_path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let store = MetaStore::open(&cfg.db_path, MetaConfig::from_cluster(&cfg.cluster))?;
+        let stale_creates = store.pending_creates()?;
+        let ep_cfg = crate::net::endpoint_config(&cfg.key, cfg.wait_mode, true);
+        let io_ep = Endpoint::client(crate::net::endpoint_config(&cfg.key, cfg.wait_mode, false))?;
+        let io = cfg.cluster.io_servers.iter().map(|a| io_ep.connect(a)).collect::<Result<Vec<_>, _>>()?;
+        let ep = Endpoint::bind(&cfg.listen, ep_cfg)?;
+        info!(addr = ?ep.local_addr(), db = %cfg.db_path.display(), io_servers = io.len(), "meta server listening");
+        let seed = crate::net::random_bytes(8)?;
+        let nonce = u64::from_le_bytes(seed.try_into().unwrap_or([0; 8]));
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers = cfg.workers;
+        let shared = Arc::new(Shared {
+            ep: ep.clone(),
+            store,
+            key,
+            io_waiter: crate::net::Waiter::new(io_ep.clone()),
+            io_ep,
+            io,
+            cfg,
+            nonce: AtomicU64::new(nonce),
+            next_id: AtomicU64::new(1),
+            janitor: Mutex::new(Janitor { stale_creates }),
+        });
+        let s2 = shared.clone();
+        let mut threads = spawn_workers("meta", &ep, workers, &stop, move |req| s2.handle(req))?;
+        let (s3, stop3) = (shared.clone(), stop.clone());
+        threads.push(std::thread::Builder::new().name("meta-janitor".into()).spawn(move || {
+            while !stop3.load(Ordering::Relaxed) {
+                s3.janitor_pass();
+                let until = Instant::now() + s3.cfg.janitor_interval;
+                while Instant::now() < until && !stop3.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        })?);
+        Ok(ServerHandle::new(ep, stop, threads))
+    }
+}
+
+fn meta_err(e: MetaError) -> MetaReply {
+    MetaReply::Error(ErrorReply::new(e.errno(), &e))
+}
+
+fn fs_err(e: &FsError) -> ErrorReply {
+    ErrorReply::new(e.errno(), e)
+}
+
+impl Shared {
+    fn handle(&self, req: Request) {
+        let env = match proto::decode::<MetaRequest>(req.header()) {
+            Ok(env) => env,
+            Err(e) => {
+                debug!(error = %e, peer = %req.peer(), "undecodable meta request");
+                let reply: Envelope<MetaReply> = proto::error_reply(&e);
+                send_reply(&self.ep, req, reply.id, reply.body);
+                return;
+            }
+        };
+        let reply = if req.payload_len() > 0 {
+            MetaReply::Error(ErrorReply::new(Errno::EINVAL, "meta requests carry no payload"))
+        } else {
+            self.serve(env.body)
+        };
+        send_reply(&self.ep, req, env.id, reply);
+    }
+
+    fn mint(&self, h: Handle, rights: Rights) -> Capability {
+        let expiry = unix_now().saturating_add(self.cfg.cap_lifetime.as_secs().max(1));
+        let nonce = self.nonce.fetch_add(1, Ordering::Relaxed);
+        self.key.mint(h, rights, expiry, nonce)
+    }
+
+    /// Rights a client may hold: never `ADMIN`.
+    fn client_rights(r: Rights) -> Rights {
+        Rights::from_bits(r.bits() & Rights::READ_WRITE.bits())
+    }
+
+    fn serve(&self, body: MetaRequest) -> MetaReply {
+        let s = &self.store;
+        let r = match body {
+            MetaRequest::Statfs => s.statfs().map(MetaReply::Statfs),
+            MetaRequest::Lookup { parent, name } => {
+                s.lookup(parent, &name).map(|(handle, attr)| MetaReply::Entry { handle, attr })
+            }
+            MetaRequest::Getattr { handle } => s.getattr(handle).map(MetaReply::Attr),
+            MetaRequest::Setattr { handle, set } => match s.setattr(handle, &set) {
+                Ok(out) => {
+                    if let Some((layout, size)) = out.truncate {
+                        let failed = self.fanout(handle, layout, |p| IoRequest::TruncateObject {
+                            cap: self.mint(handle, Rights::ADMIN),
+                            size: layout.local_size(p, size),
+                        });
+                        if let Some(Err(e)) = failed.iter().find(|r| r.is_err()) {
+                            return MetaReply::Error(fs_err(e));
+                        }
+                    }
+                    Ok(MetaReply::Attr(out.attr))
+                }
+                Err(e) => Err(e),
+            },
+            MetaRequest::Create { parent, name, mode, uid, gid, layout, rights } => {
+                return self.create(parent, &name, Perm { mode, uid, gid }, layout, rights);
+            }
+            MetaRequest::Open { handle, rights } => s.open_file(handle).map(|f| MetaReply::Opened {
+                handle,
+                attr: f.attr,
+                layout: f.layout,
+                cap: self.mint(handle, Self::client_rights(rights)),
+            }),
+            MetaRequest::Mkdir { parent, name, mode, uid, gid } => s
+                .mkdir(parent, &name, Perm { mode, uid, gid })
+                .map(|(handle, attr)| MetaReply::Entry { handle, attr }),
+            MetaRequest::Rmdir { parent, name } => s.rmdir(parent, &name).map(|()| MetaReply::Done),
+            MetaRequest::Unlink { parent, name } => s.unlink(parent, &name).map(|objs| {
+                self.remove_objects(objs);
+                MetaReply::Done
+            }),
+            MetaRequest::Rename { src_parent, src_name, dst_parent, dst_name } => {
+                s.rename(src_parent, &src_name, dst_parent, &dst_name).map(|replaced| {
+                    if let Some(objs) = replaced {
+                        self.remove_objects(objs);
+                    }
+                    MetaReply::Done
+                })
+            }
+            MetaRequest::Readdir { dir, after, max } => {
+                s.readdir(dir, after.as_deref(), max as usize).and_then(|(entries, more)| {
+                    let entries = proto::BoundedVec::new(entries).map_err(|_| MetaError::Corrupt(dir.0))?;
+                    Ok(MetaReply::Dir { entries, more })
+                })
+            }
+            MetaRequest::GetStripe { handle } => {
+                s.getstripe(handle).map(|st| MetaReply::Stripe { layout: st.layout, default: st.default })
+            }
+            MetaRequest::SetStripe { dir, spec } => s.setstripe(dir, spec).map(|()| MetaReply::Done),
+        };
+        r.unwrap_or_else(meta_err)
+    }
+
+    fn create(
+        &self,
+        parent: Handle,
+        name: &str,
+        perm: Perm,
+        spec: Option<proto::LayoutSpec>,
+        rights: Rights,
+    ) -> MetaReply {
+        let c = match self.store.create(parent, name, perm, spec) {
+            Ok(c) => c,
+            Err(e) => return meta_err(e),
+        };
+        let h = c.handle;
+        let results =
+            self.fanout(h, c.layout, |_| IoRequest::CreateObject { cap: self.mint(h, Rights::ADMIN) });
+        let first_err = results.iter().find_map(|r| r.as_ref().err().map(fs_err));
+        if let Some(err) = first_err {
+            warn!(handle = %h, error = %err.message, "create failed on an io server; cleaning up");
+            // Remove what was made; whatever cannot be removed now is left to the janitor.
+            let made: Vec<u32> =
+                results.iter().enumerate().filter(|(_, r)| r.is_ok()).map(|(p, _)| p as u32).collect();
+            let left = self.remove_on(h, c.layout, &made);
+            if left.is_empty() {
+                if let Err(e) = self.store.abort_create(h) {
+                    warn!(handle = %h, error = %e, "abort_create failed");
+                }
+            } else {
+                self.lock_janitor().stale_creates.push(Objects { handle: h, layout: c.layout });
+            }
+            return MetaReply::Error(err);
+        }
+        if let Err(e) = self.store.commit_create(h) {
+            return meta_err(e);
+        }
+        MetaReply::Opened {
+            handle: h,
+            attr: c.attr,
+            layout: c.layout,
+            cap: self.mint(h, Self::client_rights(rights)),
+        }
+    }
+
+    fn lock_janitor(&self) -> std::sync::MutexGuard<'_, Janitor> {
+        self.janitor.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Removes an orphan's objects now; forgets it if all are gone, else the janitor retries.
+    fn remove_objects(&self, objs: Objects) {
+        let all: Vec<u32> = (0..objs.layout.pcount).collect();
+        if self.remove_on(objs.handle, objs.layout, &all).is_empty() {
+            if let Err(e) = self.store.forget_orphan(objs.handle) {
+                warn!(handle = %objs.handle, error = %e, "forget_orphan failed");
+            }
+        } else {
+            debug!(handle = %objs.handle, "orphan left for the janitor");
+        }
+    }
+
+    /// `RemoveObject` on relative servers `pnums`; returns those where it failed (a missing
+    /// object counts as removed).
+    fn remove_on(&self, h: Handle, layout: Layout, pnums: &[u32]) -> Vec<u32> {
+        let results = self
+            .fanout_some(h, layout, pnums, |_| IoRequest::RemoveObject { cap: self.mint(h, Rights::ADMIN) });
+        pnums
+            .iter()
+            .zip(results)
+            .filter(|(_, r)| !matches!(r, Ok(_) | Err(FsError::Remote { code: Errno::ENOENT, .. })))
+            .map(|(p, _)| *p)
+            .collect()
+    }
+
+    fn janitor_pass(&self) {
+        let stale = std::mem::take(&mut self.lock_janitor().stale_creates);
+        for objs in stale {
+            let all: Vec<u32> = (0..objs.layout.pcount).collect();
+            if self.remove_on(objs.handle, objs.layout, &all).is_empty() {
+                match self.store.abort_create(objs.handle) {
+                    Ok(_) => info!(handle = %objs.handle, "stale create cleaned up"),
+                    Err(e) => warn!(handle = %objs.handle, error = %e, "abort_create failed"),
+                }
+            } else {
+                self.lock_janitor().stale_creates.push(objs);
+            }
+        }
+        match self.store.orphans() {
+            Ok(orphans) => {
+                for objs in orphans {
+                    let all: Vec<u32> = (0..objs.layout.pcount).collect();
+                    if self.remove_on(objs.handle, objs.layout, &all).is_empty() {
+                        let _ = self.store.forget_orphan(objs.handle);
+                        info!(handle = %objs.handle, "orphan removed");
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "listing orphans failed"),
+        }
+    }
+
+    /// Sends `make(pnum)` to every server of the layout at once; one result per `pnum`.
+    fn fanout(
+        &self,
+        h: Handle,
+        layout: Layout,
+        make: impl Fn(u32) -> IoRequest,
+    ) -> Vec<Result<IoReply, FsError>> {
+        let all: Vec<u32> = (0..layout.pcount).collect();
+        self.fanout_some(h, layout, &all, make)
+    }
+
+    fn fanout_some(
+        &self,
+        h: Handle,
+        layout: Layout,
+        pnums: &[u32],
+        make: impl Fn(u32) -> IoRequest,
+    ) -> Vec<Result<IoReply, FsError>> {
+        let n = self.io.len() as u32;
+        let deadline = Instant::now() + self.cfg.io_timeout;
+        let posted: Vec<Result<(ionet::OpId, PeerId), FsError>> = pnums
+            .iter()
+            .map(|&p| {
+                let server = layout.server(p, n) as usize;
+                let peer = *self.io.get(server).ok_or_else(|| FsError::Invalid("server index".into()))?;
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                let bytes = proto::encode(&Envelope::new(id, make(p)))?;
+                let op = self.io_ep.request(
+                    peer,
+                    TAG_IO,
+                    Bytes::from(bytes),
+                    Payload::None,
+                    ServiceLevel::Control,
+                )?;
+                self.io_ep.set_deadline(op, deadline)?;
+                Ok((op, peer))
+            })
+            .collect();
+        posted
+            .into_iter()
+            .map(|posted| {
+                let (op, peer) = posted?;
+                let ping = || proto::encode(&Envelope::new(0, IoRequest::Ping)).ok();
+                let c = self.io_waiter.wait(op, peer, TAG_IO, ServiceLevel::Control, &ping)?;
+                c.result?;
+                let reply = c.reply.ok_or_else(|| FsError::UnexpectedReply("no reply header".into()))?;
+                match proto::decode::<IoReply>(&reply)?.body {
+                    IoReply::Error(e) => {
+                        debug!(handle = %h, code = %e.code, "io server refused");
+                        Err(FsError::Remote { code: e.code, message: e.message.into_string() })
+                    }
+                    r => Ok(r),
+                }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,114 @@
+//! The `stripefs` command line: client commands against a running cluster, `serve` starting a
+//! whole local cluster from flags, and a small `demo`.
+
+mod common;
+
+use common::{TestCluster, pattern};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn sfs(cluster: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_stripefs")).arg("--cluster").arg(cluster).args(args).output().unwrap()
+}
+
+fn ok(cluster: &Path, args: &[&str]) -> String {
+    let out = sfs(cluster, args);
+    assert!(out.status.success(), "stripefs {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn client_commands() {
+    let tc = TestCluster::start("tcp", 3);
+    let cl = tc.cluster.config_path().to_owned();
+    let src = tc.dir.path().join("in.bin");
+    std::fs::write(&src, pattern(5_000_000, 1)).unwrap();
+    ok(&cl, &["mkdir", "-p", "sfs:/a/b"]);
+    ok(&cl, &["setstripe", "-c", "2", "-S", "131072", "sfs:/a/b"]);
+    assert!(ok(&cl, &["getstripe", "sfs:/a/b"]).contains("pcount 2 ssize 131072"));
+    ok(&cl, &["cp", src.to_str().unwrap(), "sfs:/a/b/f.bin"]);
+    let stat = ok(&cl, &["stat", "sfs:/a/b/f.bin"]);
+    assert!(stat.contains("size: 5000000") && stat.contains("pcount 2 ssize 131072"), "{stat}");
+    assert_eq!(ok(&cl, &["ls", "sfs:/a/b"]), "f.bin\n");
+    assert!(ok(&cl, &["ls", "-l", "sfs:/a/b"]).contains("5000000 f.bin"));
+    let back = tc.dir.path().join("out.bin");
+    ok(&cl, &["cp", "sfs:/a/b/f.bin", back.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap());
+    // Copying onto an existing file replaces its contents.
+    std::fs::write(&src, b"short").unwrap();
+    ok(&cl, &["cp", src.to_str().unwrap(), "sfs:/a/b/f.bin"]);
+    ok(&cl, &["cp", "sfs:/a/b/f.bin", back.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&back).unwrap(), b"short");
+    // setstripe on a missing path creates an empty file with that layout.
+    ok(&cl, &["setstripe", "-c", "1", "-i", "2", "sfs:/one"]);
+    assert!(ok(&cl, &["getstripe", "sfs:/one"]).contains("base 2 pcount 1"));
+    let rm = sfs(&cl, &["rm", "sfs:/a"]);
+    assert!(!rm.status.success(), "a non-empty directory is not removed");
+    assert!(String::from_utf8_lossy(&rm.stderr).contains("ENOTEMPTY"));
+    ok(&cl, &["rm", "sfs:/a/b/f.bin", "sfs:/a/b", "sfs:/a", "sfs:/one"]);
+    assert_eq!(ok(&cl, &["ls", "sfs:/"]), "");
+    let missing = sfs(&cl, &["stat", "sfs:/nope"]);
+    assert!(!missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("ENOENT"));
+}
+
+#[test]
+fn serve_runs_a_local_cluster_from_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .args(["serve", "--io-servers", "2", "--data-dir"])
+        .arg(&data)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let cl = data.join("cluster.toml");
+    let t = Instant::now();
+    // The cluster file is complete once the meta server's real address is in it.
+    while !std::fs::read_to_string(&cl).is_ok_and(|s| s.contains("meta") && !s.contains(":0\"")) {
+        assert!(t.elapsed() < Duration::from_secs(20), "no cluster file");
+        assert!(serve.try_wait().unwrap().is_none(), "serve exited");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ok(&cl, &["mkdir", "sfs:/x"]);
+    assert_eq!(ok(&cl, &["ls", "sfs:/"]), "x\n");
+    let pid = serve.id().to_string();
+    let stat = |p: &Path| std::fs::read_to_string(p.join("stat")).ok();
+    // Fields after the command name: state, ppid, …
+    let fields = |s: &str| -> Vec<String> {
+        s.rsplit(')').next().unwrap_or("").split_whitespace().map(str::to_owned).collect()
+    };
+    let children: Vec<_> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| stat(p).is_some_and(|s| fields(&s).get(1) == Some(&pid)))
+        .collect();
+    assert_eq!(children.len(), 3, "serve runs 1 meta + 2 io servers as children");
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+    // The servers it started exit with it (their stdin pipe closes).
+    let t = Instant::now();
+    while children
+        .iter()
+        .any(|p| stat(p).is_some_and(|s| fields(&s).first().map(String::as_str) != Some("Z")))
+    {
+        assert!(t.elapsed() < Duration::from_secs(10), "servers outlived serve");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn demo_runs_and_cleans_up() {
+    let out = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .args(["demo", "--size-mib", "8", "--runs", "1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let checksum = text.lines().find(|l| l.starts_with("checksum")).expect("checksum row");
+    assert!(checksum.contains("ok"), "{text}");
+    assert!(text.contains("tcp://") && text.contains("softib://"), "{text}");
+    let dir = text.split("data in ").nth(1).and_then(|s| s.lines().next()).expect("data dir named");
+    assert!(!Path::new(dir.trim()).exists(), "the demo removes its data directory");
+}

@@ -1,0 +1,510 @@
+//! End-to-end behaviour of a stripefs cluster (1 meta + io servers as child processes) through
+//! the client library. Every test is written against a transport scheme; `transports!` at the
+//! bottom instantiates them per scheme (add `softib` there once its engine lands).
+
+mod common;
+
+use bytes::{Bytes, BytesMut};
+use common::{TestCluster, pattern};
+use std::time::Duration;
+use stripefs::capability::Rights;
+use stripefs::layout::Extent;
+use stripefs::proto::{FileKind, Handle, LayoutSpec};
+use stripefs::{CreateOptions, Errno, FsError};
+
+fn code<T: std::fmt::Debug>(r: Result<T, FsError>) -> Errno {
+    match r {
+        Err(e) => e.errno(),
+        Ok(v) => panic!("expected an error, got {v:?}"),
+    }
+}
+
+fn read_all(f: &stripefs::File, off: u64, len: usize) -> (Vec<u8>, usize) {
+    let (b, n) = f.read_at(off, BytesMut::zeroed(len)).expect("read");
+    (b.to_vec(), n)
+}
+
+fn spec(pcount: u32, ssize: u64) -> Option<LayoutSpec> {
+    Some(LayoutSpec { base: None, pcount: Some(pcount), ssize: Some(ssize) })
+}
+
+pub fn namespace_and_data(scheme: &str) {
+    let tc = TestCluster::start(scheme, 4);
+    let c = tc.client();
+    // create + write + read
+    let data = pattern(3 * 65536 + 12345, 1);
+    let f = c.create("/a", CreateOptions { mode: 0o640, layout: None }).unwrap();
+    assert_eq!(f.layout().pcount, 4, "default: striped over every server");
+    assert_eq!(f.write_at(0, &data).unwrap(), data.len());
+    let (got, n) = read_all(&f, 0, data.len() + 100);
+    assert_eq!(n, data.len(), "a read past the end stops at the end of file");
+    assert_eq!(&got[..n], &data[..]);
+    let (mid, n) = read_all(&f, 65530, 20);
+    assert_eq!((n, &mid[..]), (20, &data[65530..65550]));
+    // stat: logical size from the io servers, attributes from the meta server
+    let st = c.stat("/a").unwrap();
+    assert_eq!((st.attr.size, st.attr.mode, st.attr.kind), (data.len() as u64, 0o640, FileKind::File));
+    assert_eq!(st.layout, Some(f.layout()));
+    // directories, readdir, rename
+    c.mkdir("/d", 0o755).unwrap();
+    assert_eq!(code(c.mkdir("/d", 0o755)), Errno::EEXIST);
+    let names: Vec<String> = c.readdir("/").unwrap().into_iter().map(|e| e.name.to_string()).collect();
+    assert_eq!(names, ["a", "d"]);
+    c.rename("/a", "/d/b").unwrap();
+    assert_eq!(code(c.stat("/a")), Errno::ENOENT);
+    let f2 = c.open("/d/b", Rights::READ_WRITE).unwrap();
+    assert_eq!(f2.handle(), f.handle(), "rename keeps the file");
+    assert_eq!(read_all(&f2, 0, data.len()).0, &data[..]);
+    assert_eq!(code(c.rmdir("/d")), Errno::ENOTEMPTY);
+    // truncate down, then up (a hole at the end)
+    c.truncate("/d/b", 1000).unwrap();
+    assert_eq!(c.stat("/d/b").unwrap().attr.size, 1000);
+    let (got, n) = read_all(&f2, 0, 5000);
+    assert_eq!((n, &got[..1000]), (1000, &data[..1000]));
+    f2.truncate(300_000).unwrap();
+    assert_eq!(f2.size().unwrap(), 300_000);
+    let (got, n) = read_all(&f2, 0, 300_000);
+    assert_eq!(n, 300_000);
+    assert_eq!(&got[..1000], &data[..1000]);
+    assert!(got[1000..].iter().all(|&b| b == 0), "bytes cut by the truncate come back as zeros");
+    // per-directory default layouts
+    c.setstripe("/d", spec(2, 4096)).unwrap();
+    let g = c.create("/d/small", CreateOptions::default()).unwrap();
+    assert_eq!((g.layout().pcount, g.layout().ssize), (2, 4096));
+    assert_eq!(c.getstripe("/d").unwrap().1, spec(2, 4096));
+    let small = pattern(50_000, 2);
+    g.write_at(0, &small).unwrap();
+    g.sync().unwrap();
+    assert_eq!(read_all(&g, 0, 50_000).0, &small[..]);
+    // unlink removes the file and its objects
+    c.unlink("/d/b").unwrap();
+    assert_eq!(code(c.open("/d/b", Rights::READ)), Errno::ENOENT);
+    assert_eq!(code(f2.read_at(0, BytesMut::zeroed(10))), Errno::ENOENT, "objects are gone");
+    c.unlink("/d/small").unwrap();
+    c.rmdir("/d").unwrap();
+    assert!(c.readdir("/").unwrap().is_empty());
+    let fs = c.statfs().unwrap();
+    assert_eq!((fs.files, fs.dirs, fs.io_servers), (0, 1, 4));
+}
+
+pub fn sparse_files_and_holes(scheme: &str) {
+    let tc = TestCluster::start(scheme, 4);
+    let c = tc.client();
+    let f = c.create("/sparse", CreateOptions { mode: 0o644, layout: spec(4, 65536) }).unwrap();
+    let far = 10 << 20;
+    f.write_at(far, &Bytes::from_static(b"0123456789")).unwrap();
+    assert_eq!(f.size().unwrap(), far + 10);
+    let (got, n) = read_all(&f, 0, 200_000);
+    assert_eq!(n, 200_000);
+    assert!(got.iter().all(|&b| b == 0), "a hole reads as zeros");
+    let (got, n) = read_all(&f, far - 5, 20);
+    assert_eq!(n, 15);
+    assert_eq!(&got[..15], b"\x00\x00\x00\x00\x000123456789");
+    assert_eq!(read_all(&f, far + 10, 10).1, 0, "nothing past the end");
+    // Data on one server only: a short read at the start must still see the file size that
+    // another server defines.
+    let g = c.create("/one", CreateOptions { mode: 0o644, layout: spec(4, 65536) }).unwrap();
+    g.write_at(65536 + 7, &Bytes::from_static(b"x")).unwrap();
+    let (got, n) = read_all(&g, 0, 10);
+    assert_eq!((n, &got[..]), (10, &[0u8; 10][..]));
+    assert_eq!(g.size().unwrap(), 65536 + 8);
+    assert_eq!(c.stat("/one").unwrap().attr.size, 65536 + 8);
+}
+
+pub fn list_io_matches_contiguous(scheme: &str) {
+    let tc = TestCluster::start(scheme, 3);
+    let c = tc.client();
+    let f = c.create("/list", CreateOptions { mode: 0o644, layout: spec(3, 4096) }).unwrap();
+    let len = 200_000usize;
+    // Reference: the same bytes written by contiguous calls.
+    let r = c.create("/ref", CreateOptions { mode: 0o644, layout: spec(3, 4096) }).unwrap();
+    let mem_buf = pattern(2 * len, 3);
+    // File list: 100 extents of varying size, out of order; memory list: scattered, different cuts.
+    let mut file = Vec::new();
+    let mut at = 0u64;
+    for i in 0..100u64 {
+        let l = 1000 + (i * 37) % 1000;
+        file.push(Extent::new((i * 7919) % 97 * 5000 + at % 3, l));
+        at += l;
+    }
+    // Make file extents disjoint: place each in its own 5000-byte slot by index.
+    for (i, e) in file.iter_mut().enumerate() {
+        e.off = i as u64 * 5003 + (i as u64 % 3);
+    }
+    file.reverse();
+    let total: u64 = file.iter().map(|e| e.len).sum();
+    let mut mem = Vec::new();
+    let mut m = 0u64;
+    let mut left = total;
+    while left > 0 {
+        let l = left.min(777);
+        mem.push(Extent::new(m, l));
+        m += l + 13;
+        left -= l;
+    }
+    assert!(m as usize <= mem_buf.len());
+    assert_eq!(f.write_list(&mem, &file, &mem_buf).unwrap(), total);
+    // The equivalent contiguous calls: the stream is the memory list's bytes, in order.
+    let stream: Vec<u8> =
+        mem.iter().flat_map(|e| mem_buf[e.off as usize..(e.off + e.len) as usize].to_vec()).collect();
+    let mut s = 0usize;
+    for e in &file {
+        r.write_all_at(e.off, &stream[s..s + e.len as usize]).unwrap();
+        s += e.len as usize;
+    }
+    let size = r.size().unwrap();
+    assert_eq!(f.size().unwrap(), size);
+    assert_eq!(read_all(&f, 0, size as usize).0, read_all(&r, 0, size as usize).0, "same bytes in the file");
+    // Reading the list back scatters into the same memory positions.
+    let back = f.read_list(&mem, &file, BytesMut::zeroed(mem_buf.len())).unwrap();
+    for e in &mem {
+        let (a, b) = (e.off as usize, (e.off + e.len) as usize);
+        assert_eq!(&back[a..b], &mem_buf[a..b]);
+    }
+    // A strided view gives the same bytes as the contiguous blocks it stands for.
+    let v = c.create("/view", CreateOptions { mode: 0o644, layout: spec(3, 4096) }).unwrap();
+    v.set_view(100, 3000, 7000).unwrap();
+    let vdata = pattern(40_000, 4);
+    v.write_view(0, &vdata).unwrap();
+    v.clear_view();
+    for blk in 0..(40_000 / 3000 + 1) {
+        let start = blk * 3000;
+        let end = (start + 3000).min(40_000);
+        let (got, _) = read_all(&v, 100 + (blk * 7000) as u64, end - start);
+        assert_eq!(&got[..], &vdata[start..end], "block {blk}");
+    }
+    v.set_view(100, 3000, 7000).unwrap();
+    let back = v.read_view(1234, BytesMut::zeroed(20_000)).unwrap();
+    assert_eq!(&back[..], &vdata[1234..21_234]);
+}
+
+pub fn eight_clients_interleaved_strided(scheme: &str) {
+    let tc = TestCluster::start(scheme, 4);
+    let c = tc.client();
+    drop(c.create("/shared", CreateOptions { mode: 0o644, layout: spec(4, 65536) }).unwrap());
+    let (clients, g, blocks) = (8u64, 10_007u64, 40u64);
+    let threads: Vec<_> = (0..clients)
+        .map(|i| {
+            let client = tc.client();
+            std::thread::spawn(move || {
+                let f = client.open("/shared", Rights::READ_WRITE).unwrap();
+                f.set_view(i * g, g, clients * g).unwrap();
+                let mine = pattern((g * blocks) as usize, 100 + i);
+                // Half the clients write in one call, half block by block.
+                if i % 2 == 0 {
+                    f.write_view(0, &mine).unwrap();
+                } else {
+                    for b in 0..blocks {
+                        f.write_view(b * g, &mine.slice((b * g) as usize..((b + 1) * g) as usize)).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let total = (clients * g * blocks) as usize;
+    let f = c.open("/shared", Rights::READ).unwrap();
+    assert_eq!(f.size().unwrap(), total as u64);
+    let (all, n) = read_all(&f, 0, total);
+    assert_eq!(n, total);
+    let mines: Vec<Bytes> = (0..clients).map(|i| pattern((g * blocks) as usize, 100 + i)).collect();
+    for (off, &byte) in all.iter().enumerate() {
+        let off = off as u64;
+        let (blk, within) = (off / g, off % g);
+        let (client, round) = (blk % clients, blk / clients);
+        assert_eq!(byte, mines[client as usize][(round * g + within) as usize], "byte {off}");
+    }
+}
+
+pub fn io_server_killed_mid_write_is_an_error(scheme: &str) {
+    let mut tc = TestCluster::start(scheme, 4);
+    let c = tc.client();
+    let f = c.create("/victim", CreateOptions { mode: 0o644, layout: spec(4, 65536) }).unwrap();
+    let data = pattern(8 << 20, 5);
+    let writer = std::thread::spawn(move || {
+        for i in 0..10_000u64 {
+            if let Err(e) = f.write_at((i % 8) * data.len() as u64, &data) {
+                return Some(e);
+            }
+        }
+        None
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    tc.cluster.kill_io(2);
+    let err = writer.join().unwrap().expect("the write fails once a server is gone");
+    let code = err.errno();
+    assert!(
+        [Errno::ENOTCONN, Errno::EIO, Errno::ETIMEDOUT].contains(&code),
+        "a clear error, got {code:?}: {err}"
+    );
+    // The namespace still answers, and files on the surviving servers still work.
+    let g = c
+        .create(
+            "/survivor",
+            CreateOptions {
+                mode: 0o644,
+                layout: Some(LayoutSpec { base: Some(0), pcount: Some(2), ssize: None }),
+            },
+        )
+        .unwrap();
+    g.write_all_at(0, b"still here").unwrap();
+    assert_eq!(&read_all(&g, 0, 10).0, b"still here");
+    // A file on the dead server fails cleanly too.
+    let v = c.open("/victim", Rights::READ).unwrap();
+    assert!(v.read_at(0, BytesMut::zeroed(1 << 20)).is_err());
+}
+
+pub fn restart_serves_synced_files_and_namespace(scheme: &str) {
+    let mut tc = TestCluster::start(scheme, 3);
+    let c = tc.client();
+    c.mkdir("/x", 0o755).unwrap();
+    c.mkdir("/x/y", 0o700).unwrap();
+    let mut files = Vec::new();
+    for (i, path) in ["/top", "/x/a", "/x/y/b", "/x/y/c"].iter().enumerate() {
+        let f =
+            c.create(path, CreateOptions { mode: 0o600, layout: spec(1 + (i as u32 % 3), 8192) }).unwrap();
+        let d = pattern(30_000 * (i + 1), 10 + i as u64);
+        f.write_at(0, &d).unwrap();
+        f.sync().unwrap();
+        files.push((path.to_string(), d, f.handle()));
+    }
+    c.setstripe("/x", spec(2, 16384)).unwrap();
+    drop(c);
+    tc.cluster.kill_meta();
+    for i in 0..3 {
+        tc.cluster.kill_io(i);
+    }
+    tc.cluster.restart_meta().unwrap();
+    for i in 0..3 {
+        tc.cluster.restart_io(i).unwrap();
+    }
+    let c = tc.client();
+    let names =
+        |p: &str| -> Vec<String> { c.readdir(p).unwrap().into_iter().map(|e| e.name.to_string()).collect() };
+    assert_eq!(names("/"), ["top", "x"]);
+    assert_eq!(names("/x"), ["a", "y"]);
+    assert_eq!(names("/x/y"), ["b", "c"]);
+    assert_eq!(c.stat("/x/y").unwrap().attr.mode, 0o700);
+    assert_eq!(c.getstripe("/x").unwrap().1, spec(2, 16384));
+    let mut max_handle = Handle(0);
+    for (path, d, h) in &files {
+        let f = c.open(path, Rights::READ).unwrap();
+        assert_eq!(f.handle(), *h);
+        assert_eq!(f.size().unwrap(), d.len() as u64, "{path}");
+        assert_eq!(read_all(&f, 0, d.len()).0, &d[..], "{path}");
+        max_handle = max_handle.max(*h);
+    }
+    let n = c.create("/new", CreateOptions::default()).unwrap();
+    assert!(n.handle() > max_handle, "handles are never reused");
+}
+
+pub fn forged_and_expired_capabilities_are_refused(scheme: &str) {
+    use stripefs::capability::CapabilityKey;
+    use stripefs::net::{TAG_IO, endpoint_config};
+    use stripefs::proto::{self, Envelope, IoReply, IoRequest};
+    let tc = TestCluster::start(scheme, 2);
+    let c = tc.client();
+    let f = c.create("/secret", CreateOptions { mode: 0o600, layout: spec(2, 4096) }).unwrap();
+    f.write_all_at(0, b"top secret").unwrap();
+    let h = f.handle();
+    let key = tc.key();
+    let ep = ionet::Endpoint::client(endpoint_config(&key, ionet::WaitMode::Block, false)).unwrap();
+    let peer = ep.connect(&tc.cluster.config().io_servers[0]).unwrap();
+    let call = |header: Vec<u8>| -> IoReply {
+        let op = ep
+            .request(peer, TAG_IO, Bytes::from(header), ionet::Payload::None, ionet::ServiceLevel::Control)
+            .unwrap();
+        let comp = ep.wait(op).unwrap();
+        proto::decode::<IoReply>(&comp.reply.expect("a typed reply")).unwrap().body
+    };
+    let err_code = |r: IoReply| match r {
+        IoReply::Error(e) => e.code,
+        r => panic!("expected an error reply, got {r:?}"),
+    };
+    let send = |req: IoRequest| call(proto::encode(&Envelope::new(7, req)).unwrap());
+    let ck = CapabilityKey::new(&key).unwrap();
+    let now = stripefs::capability::unix_now();
+    // A genuine capability works.
+    let good = ck.mint(h, Rights::READ, now + 60, 1);
+    assert!(matches!(send(IoRequest::GetSize { cap: good.clone() }), IoReply::Size(_)));
+    // Forged: one flipped bit of the MAC, or rights raised without re-signing.
+    let mut forged = good.clone();
+    forged.mac[0] ^= 1;
+    assert_eq!(err_code(send(IoRequest::GetSize { cap: forged })), Errno::EACCES);
+    let mut raised = good.clone();
+    raised.rights = Rights::ALL;
+    assert_eq!(err_code(send(IoRequest::RemoveObject { cap: raised })), Errno::EACCES);
+    // Signed with another key.
+    let other = CapabilityKey::new(b"not-the-cluster-key!").unwrap().mint(h, Rights::ALL, now + 60, 1);
+    assert_eq!(err_code(send(IoRequest::GetSize { cap: other })), Errno::EACCES);
+    // Expired.
+    let old = ck.mint(h, Rights::READ, now.saturating_sub(5), 1);
+    assert_eq!(err_code(send(IoRequest::GetSize { cap: old })), Errno::EKEYEXPIRED);
+    // Genuine but not enough rights: a client's read-write token cannot remove objects.
+    let opened = c.open_handle(h, Rights::ALL).unwrap();
+    drop(opened);
+    let rw = ck.mint(h, Rights::READ_WRITE, now + 60, 2);
+    assert_eq!(err_code(send(IoRequest::RemoveObject { cap: rw })), Errno::EACCES);
+    // A write whose payload does not match its descriptor is refused, not half-applied.
+    let desc = proto::Descriptor::list(vec![Extent::new(0, 100)]).unwrap();
+    let rw = ck.mint(h, Rights::READ_WRITE, now + 60, 3);
+    assert_eq!(err_code(send(IoRequest::Write { cap: rw.clone(), desc: desc.clone() })), Errno::EINVAL);
+    let short = proto::encode(&Envelope::new(8, IoRequest::Write { cap: rw, desc })).unwrap();
+    let op = ep
+        .request(
+            peer,
+            TAG_IO,
+            Bytes::from(short),
+            ionet::Payload::Out(vec![9u8; 50].into()),
+            ionet::ServiceLevel::Bulk,
+        )
+        .unwrap();
+    let comp = ep.wait(op).unwrap();
+    assert_eq!(err_code(proto::decode::<IoReply>(&comp.reply.unwrap()).unwrap().body), Errno::EINVAL);
+    // Garbage instead of a message: a typed error, and the connection still works.
+    assert_eq!(err_code(call(b"definitely not a stripefs message".to_vec())), Errno::EPROTO);
+    assert!(matches!(send(IoRequest::Ping), IoReply::Pong));
+    // The file is untouched.
+    assert_eq!(&read_all(&f, 0, 10).0, b"top secret");
+}
+
+pub fn bad_names_are_refused(scheme: &str) {
+    let tc = TestCluster::start(scheme, 1);
+    let c = tc.client();
+    let root = Handle::ROOT;
+    let long = "n".repeat(256);
+    for (name, want) in [
+        ("..", Errno::EINVAL),
+        (".", Errno::EINVAL),
+        ("a/b", Errno::EINVAL),
+        ("a\0b", Errno::EINVAL),
+        ("", Errno::EINVAL),
+        (long.as_str(), Errno::ENAMETOOLONG),
+    ] {
+        assert_eq!(code(c.create_in(root, name, CreateOptions::default())), want, "create {name:?}");
+        assert_eq!(code(c.mkdir_in(root, name, 0o755)), want, "mkdir {name:?}");
+        assert_eq!(code(c.lookup(root, name)), want, "lookup {name:?}");
+    }
+    c.mkdir("/ok", 0o755).unwrap();
+    assert_eq!(code(c.rename_in(root, "ok", root, "..")), Errno::EINVAL);
+    assert_eq!(code(c.rename_in(root, "ok", root, "x/y")), Errno::EINVAL);
+    assert_eq!(code(c.stat("/ok/../etc")), Errno::EINVAL);
+    assert_eq!(code(c.create_in(root, &"n".repeat(2000), CreateOptions::default())), Errno::ENAMETOOLONG);
+    // The meta server answers garbage with a typed error and keeps serving the connection.
+    let key = tc.key();
+    let ep =
+        ionet::Endpoint::client(stripefs::net::endpoint_config(&key, ionet::WaitMode::Block, false)).unwrap();
+    let meta = ep.connect(&tc.cluster.config().meta).unwrap();
+    let op = ep
+        .request(
+            meta,
+            stripefs::net::TAG_META,
+            Bytes::from_static(b"\x00garbage"),
+            ionet::Payload::None,
+            ionet::ServiceLevel::Control,
+        )
+        .unwrap();
+    let reply = ep.wait(op).unwrap().reply.expect("a typed reply");
+    match stripefs::proto::decode::<stripefs::proto::MetaReply>(&reply).unwrap().body {
+        stripefs::proto::MetaReply::Error(e) => assert_eq!(e.code, Errno::EPROTO),
+        r => panic!("expected an error reply, got {r:?}"),
+    }
+    let ok = "n".repeat(255);
+    c.create_in(root, &ok, CreateOptions::default()).unwrap();
+    assert_eq!(c.readdir("/").unwrap().len(), 2);
+}
+
+pub fn disk_error_does_not_desynchronise_the_connection(scheme: &str) {
+    let tc = TestCluster::start_with(scheme, 1, |o| o.io_args = vec!["--max-open".into(), "0".into()]);
+    let c = tc.client();
+    let bad = c.create("/full", CreateOptions::default()).unwrap();
+    let good = c.create("/fine", CreateOptions::default()).unwrap();
+    // Swap the object for /dev/full: every write to it fails with ENOSPC.
+    let store =
+        stripefs::store::ObjectStore::open(tc.cluster.config().io_data_dir(0), Default::default()).unwrap();
+    let path = store.path_of(bad.handle());
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+    let data = pattern(1 << 20, 6);
+    assert_eq!(code(bad.write_at(0, &data)), Errno::ENOSPC);
+    // The same connection carries the next request and its data correctly.
+    good.write_at(0, &data).unwrap();
+    assert_eq!(read_all(&good, 0, data.len()).0, &data[..]);
+    assert_eq!(code(bad.write_at(4096, &data.slice(..100_000))), Errno::ENOSPC);
+    good.write_at(7, &data.slice(..100)).unwrap();
+    assert_eq!(&read_all(&good, 7, 100).0, &data[..100]);
+}
+
+pub fn expired_capability_is_renewed(scheme: &str) {
+    let tc = TestCluster::start_with(scheme, 2, |o| o.meta_args = vec!["--cap-lifetime".into(), "1".into()]);
+    let c = tc.client();
+    let f = c.create("/short-lived", CreateOptions::default()).unwrap();
+    f.write_all_at(0, b"before").unwrap();
+    // Capabilities carry whole seconds: after 2 s this one has certainly expired.
+    std::thread::sleep(Duration::from_millis(2100));
+    f.write_all_at(6, b" and after").unwrap();
+    assert_eq!(&read_all(&f, 0, 16).0, b"before and after");
+}
+
+pub fn failed_fan_outs_are_cleaned_up(scheme: &str) {
+    let mut tc = TestCluster::start(scheme, 3);
+    let c = tc.client();
+    let cfg = tc.cluster.config().clone();
+    let store = |i: u32| stripefs::store::ObjectStore::open(cfg.io_data_dir(i), Default::default()).unwrap();
+    let f = c.create("/doomed", CreateOptions { mode: 0o644, layout: spec(3, 4096) }).unwrap();
+    f.write_at(0, &pattern(50_000, 7)).unwrap();
+    let h = f.handle();
+    assert!((0..3).all(|i| store(i).exists(h)));
+    tc.cluster.kill_io(1);
+    // Unlink succeeds in the namespace; the object on the dead server is left as an orphan…
+    c.unlink("/doomed").unwrap();
+    assert_eq!(code(c.stat("/doomed")), Errno::ENOENT);
+    assert!(!store(0).exists(h) && !store(2).exists(h));
+    assert!(store(1).exists(h), "the dead server's object is still there");
+    // …and a create that cannot reach every server fails and leaves nothing behind.
+    let e = c.create("/half", CreateOptions { mode: 0o644, layout: spec(3, 4096) }).unwrap_err();
+    assert!([Errno::ENOTCONN, Errno::EIO, Errno::ETIMEDOUT].contains(&e.errno()), "{e}");
+    assert_eq!(code(c.stat("/half")), Errno::ENOENT);
+    // Once the server is back, the meta server's janitor removes the orphan.
+    tc.cluster.restart_io(1).unwrap();
+    let t = std::time::Instant::now();
+    while store(1).exists(h) {
+        assert!(t.elapsed() < Duration::from_secs(30), "orphan never removed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let g = c.create("/half", CreateOptions { mode: 0o644, layout: spec(3, 4096) }).unwrap();
+    g.write_all_at(0, b"whole again").unwrap();
+    assert_eq!(&read_all(&g, 0, 11).0, b"whole again");
+    let objects = |i: u32| walk(&cfg.io_data_dir(i));
+    assert_eq!((0..3).map(objects).sum::<usize>(), 3, "exactly the new file's three objects remain");
+}
+
+fn walk(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| if e.path().is_dir() { walk(&e.path()) } else { 1 }).sum())
+        .unwrap_or(0)
+}
+
+macro_rules! transports {
+    ($($scheme:ident),*) => {$(
+        mod $scheme {
+            const S: &str = stringify!($scheme);
+            #[test] fn namespace_and_data() { super::namespace_and_data(S) }
+            #[test] fn sparse_files_and_holes() { super::sparse_files_and_holes(S) }
+            #[test] fn list_io_matches_contiguous() { super::list_io_matches_contiguous(S) }
+            #[test] fn eight_clients_interleaved_strided() { super::eight_clients_interleaved_strided(S) }
+            #[test] fn io_server_killed_mid_write_is_an_error() { super::io_server_killed_mid_write_is_an_error(S) }
+            #[test] fn restart_serves_synced_files_and_namespace() { super::restart_serves_synced_files_and_namespace(S) }
+            #[test] fn forged_and_expired_capabilities_are_refused() { super::forged_and_expired_capabilities_are_refused(S) }
+            #[test] fn bad_names_are_refused() { super::bad_names_are_refused(S) }
+            #[test] fn disk_error_does_not_desynchronise_the_connection() { super::disk_error_does_not_desynchronise_the_connection(S) }
+            #[test] fn expired_capability_is_renewed() { super::expired_capability_is_renewed(S) }
+            #[test] fn failed_fan_outs_are_cleaned_up() { super::failed_fan_outs_are_cleaned_up(S) }
+        }
+    )*};
+}
+
+// One line per transport: add `softib` once `Endpoint::bind("softib://…")` works.
+transports!(tcp);

@@ -1,0 +1,100 @@
+//! The FUSE mount, used through ordinary tools: `cp` a file in, `cmp` it back, `ls`, `rm`,
+//! unmount. Needs /dev/fuse (skipped with a printed reason where it is missing).
+#![cfg(feature = "fuse")]
+
+mod common;
+
+use common::{TestCluster, pattern};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Mount {
+    child: Child,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if mounted(&self.dir) {
+            let _ = Command::new("umount").arg(&self.dir).status();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn mounted(dir: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/mounts")
+        .map(|m| m.lines().any(|l| l.split(' ').nth(1) == Some(dir.to_str().unwrap_or("?"))))
+        .unwrap_or(false)
+}
+
+fn run(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().expect("command runs");
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+#[test]
+fn mount_cp_cmp_ls_rm_umount() {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: /dev/fuse is missing");
+        return;
+    }
+    let tc = TestCluster::start("tcp", 3);
+    let mnt = tc.dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .arg("--cluster")
+        .arg(tc.cluster.config_path())
+        .arg("mount")
+        .arg(&mnt)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut m = Mount { child, dir: mnt.clone() };
+    let t = Instant::now();
+    while !mounted(&mnt) {
+        assert!(t.elapsed() < Duration::from_secs(20), "mount did not appear");
+        if let Ok(Some(s)) = m.child.try_wait() {
+            panic!("stripefs mount exited: {s}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A file of several stripes and a partial last stripe.
+    let src = tc.dir.path().join("src.bin");
+    std::fs::write(&src, pattern(3 * 1024 * 1024 + 4321, 9)).unwrap();
+    let inside = mnt.join("copy.bin");
+    run(Command::new("cp").arg(&src).arg(&inside));
+    run(Command::new("cmp").arg(&src).arg(&inside));
+    let ls = run(Command::new("ls").arg("-l").arg(&mnt));
+    let listing = String::from_utf8_lossy(&ls.stdout);
+    assert!(
+        listing.contains("copy.bin") && listing.contains(&(3 * 1024 * 1024 + 4321).to_string()),
+        "{listing}"
+    );
+    // The library sees what the mount wrote.
+    let c = tc.client();
+    assert_eq!(c.stat("/copy.bin").unwrap().attr.size, 3 * 1024 * 1024 + 4321);
+    // Directories, rename and truncate through the kernel.
+    run(Command::new("mkdir").arg(mnt.join("d")));
+    run(Command::new("mv").arg(&inside).arg(mnt.join("d/moved.bin")));
+    run(Command::new("truncate").arg("-s").arg("1000").arg(mnt.join("d/moved.bin")));
+    assert_eq!(std::fs::metadata(mnt.join("d/moved.bin")).unwrap().len(), 1000);
+    run(Command::new("rm").arg(mnt.join("d/moved.bin")));
+    run(Command::new("rmdir").arg(mnt.join("d")));
+    assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0);
+    assert!(c.readdir("/").unwrap().is_empty());
+    run(Command::new("umount").arg(&mnt));
+    let t = Instant::now();
+    loop {
+        if let Ok(Some(s)) = m.child.try_wait() {
+            assert!(s.success(), "stripefs mount exits cleanly after umount: {s}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "stripefs mount did not exit after umount");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!mounted(&mnt));
+}
