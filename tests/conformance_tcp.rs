@@ -21,4 +21,5 @@ suite!("tcp";
     soak_32_clients_checksummed,
     info_reports_limits_and_counters,
     batched_sends_keep_order_and_complete,
+    pushed_reads_then_replies_never_lose_a_frame,
 );

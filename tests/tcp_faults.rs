@@ -189,3 +189,52 @@ fn hostile_bytes_close_the_connection_and_nothing_else() {
         .unwrap();
     assert_eq!(&srv.recv_unexpected(Some(T)).unwrap().unwrap().data[..], b"ok");
 }
+
+/// Regression (found by stripefs bench): after a header read came up short and its body was to
+/// be read straight into the user's buffer, a stale "socket drained" note made the next turn
+/// skip the read of a frame that followed the body, so a reply could sit unread forever. The
+/// byte timing is forced with a raw client.
+#[test]
+fn a_frame_right_after_a_directly_read_body_is_not_left_unread() {
+    // Blocking waits: a busy-polling driver would retry the read on its next round anyway.
+    let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default().wait_mode(WaitMode::Block)).unwrap();
+    let sa = srv.local_addr().unwrap().resolve().unwrap()[0];
+    let mut s = TcpStream::connect(sa).unwrap();
+    s.set_nodelay(true).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    let hs = std::thread::spawn(move || {
+        raw_hello(&mut s);
+        s
+    });
+    // Drive the server until the raw client is in, and learn its peer id.
+    let mut s = loop {
+        let _ = srv.recv_unexpected(Some(Duration::from_millis(10))).unwrap();
+        if hs.is_finished() {
+            break hs.join().unwrap();
+        }
+    };
+    let frame = |kind: Kind, tag: u64, len: usize| {
+        let mut h = Header::new(kind, ServiceLevel::Normal);
+        h.a = tag;
+        h.len = len as u32;
+        h.encode()
+    };
+    s.write_all(&frame(Kind::Unexpected, 0, 2)).unwrap();
+    s.write_all(b"hi").unwrap();
+    let peer = srv.recv_unexpected(Some(T)).unwrap().expect("hello message").peer;
+    let eager = srv.info().eager_limit;
+    let big = srv.recv(peer, 1, BytesMut::zeroed(eager)).unwrap();
+    let small = srv.recv(peer, 2, BytesMut::zeroed(4)).unwrap();
+    // 1. The header alone: a short read, then the body is awaited straight into the buffer.
+    s.write_all(&frame(Kind::Eager, 1, eager)).unwrap();
+    assert!(srv.wait_timeout(big, Duration::from_millis(100)).unwrap().is_none());
+    // 2. The body and a whole second frame in one write: one readiness edge for both.
+    let mut rest = vec![9u8; eager];
+    rest.extend_from_slice(&frame(Kind::Eager, 2, 4));
+    rest.extend_from_slice(b"next");
+    s.write_all(&rest).unwrap();
+    assert!(srv.wait_timeout(big, T).unwrap().expect("body").is_ok());
+    let c =
+        srv.wait_timeout(small, Duration::from_secs(5)).unwrap().expect("the second frame was left unread");
+    assert_eq!(&c.data().unwrap()[..], b"next");
+}

@@ -66,7 +66,6 @@ impl Default for ClientOptions {
 #[derive(Debug)]
 struct Inner {
     ep: Endpoint,
-    waiter: crate::net::Waiter,
     meta: PeerId,
     io: Vec<PeerId>,
     next_id: AtomicU64,
@@ -130,10 +129,7 @@ impl Client {
         let io = cfg.io_servers.iter().map(|a| ep.connect(a)).collect::<Result<Vec<_>, _>>()?;
         let max_msg = ep.info().max_message as u64;
         let max_req = opts.max_request_bytes.unwrap_or(max_msg).min(max_msg).clamp(1, proto::MAX_IO_BYTES);
-        let waiter = crate::net::Waiter::new(ep.clone());
-        Ok(Client {
-            inner: Arc::new(Inner { ep, waiter, meta, io, next_id: AtomicU64::new(1), opts, max_req }),
-        })
+        Ok(Client { inner: Arc::new(Inner { ep, meta, io, next_id: AtomicU64::new(1), opts, max_req }) })
     }
 
     /// The client's endpoint (for its counters: mechanisms used, registration cache).
@@ -170,10 +166,9 @@ impl Client {
         Ok(op)
     }
 
-    /// Waits for a request to an io server, nudging its connection when it goes quiet.
-    fn wait_io(&self, op: OpId, peer: PeerId, sl: ServiceLevel) -> FsResult<Completion> {
-        let ping = || proto::encode(&Envelope::new(0, IoRequest::Ping)).ok();
-        Ok(self.inner.waiter.wait(op, peer, TAG_IO, sl, &ping)?)
+    /// Waits for a request to an io server (its deadline bounds the wait).
+    fn wait_io(&self, op: OpId) -> FsResult<Completion> {
+        Ok(self.inner.ep.wait(op)?)
     }
 
     /// Decodes a completed request's reply; server error replies become [`FsError::Remote`].
@@ -196,8 +191,7 @@ impl Client {
         let id = self.id();
         let bytes = proto::encode(&Envelope::new(id, req))?;
         let op = self.post(self.inner.meta, TAG_META, bytes, Payload::None, ServiceLevel::Control, 0)?;
-        let ping = || proto::encode(&Envelope::new(0, MetaRequest::Statfs)).ok();
-        let c = self.inner.waiter.wait(op, self.inner.meta, TAG_META, ServiceLevel::Control, &ping)?;
+        let c = self.inner.ep.wait(op)?;
         Self::reply::<MetaReply>(&c, id)
     }
 
@@ -695,7 +689,7 @@ impl File {
     fn write_batches(&self, batches: &[Batch], data: &Bytes) -> FsResult<u64> {
         self.with_cap(|cap| {
             let c = &self.client;
-            let posted: Vec<FsResult<(OpId, u64, u64, PeerId)>> = batches
+            let posted: Vec<FsResult<(OpId, u64, u64)>> = batches
                 .iter()
                 .map(|b| {
                     let peer = c.inner.io[b.server];
@@ -715,14 +709,14 @@ impl File {
                         ServiceLevel::Bulk,
                         b.bytes,
                     )?;
-                    Ok((op, id, b.bytes, peer))
+                    Ok((op, id, b.bytes))
                 })
                 .collect();
             let mut first_err = None;
             let mut total = 0u64;
             for p in posted {
-                let r = p.and_then(|(op, id, want, peer)| {
-                    let comp = c.wait_io(op, peer, ServiceLevel::Bulk)?;
+                let r = p.and_then(|(op, id, want)| {
+                    let comp = c.wait_io(op)?;
                     match Client::reply::<IoReply>(&comp, id)? {
                         IoReply::Written { bytes } if bytes == want => Ok(bytes),
                         r => Err(FsError::UnexpectedReply(format!("{r:?} for a {want}-byte write"))),
@@ -786,15 +780,15 @@ impl File {
                     ServiceLevel::Bulk,
                     b.bytes,
                 )?;
-                Ok((op, id, peer))
+                Ok((op, id))
             })();
             posted.push(r);
         }
         let mut first_err = None;
         let mut sizes = Vec::with_capacity(batches.len());
         for (i, p) in posted.into_iter().enumerate() {
-            let r = p.and_then(|(op, id, peer)| {
-                let mut comp = c.wait_io(op, peer, ServiceLevel::Bulk)?;
+            let r = p.and_then(|(op, id)| {
+                let mut comp = c.wait_io(op)?;
                 if let OpBuf::Recv(RecvBuf::List(v)) = std::mem::take(&mut comp.buf) {
                     split.put_back(i, v);
                 }

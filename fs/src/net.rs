@@ -10,11 +10,9 @@
 
 use crate::errno::Errno;
 use crate::proto::{self, DecodeError, ProtoError};
-use bytes::Bytes;
-use ionet::{Completion, Config, Endpoint, OpId, Payload, PeerId, ServiceLevel, Tag, WaitMode};
+use ionet::{Config, Tag, WaitMode};
 use std::io;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Tag of requests to the meta server.
 pub const TAG_META: Tag = 0x5346_4d45; // "SFME"
@@ -134,66 +132,6 @@ impl From<FsError> for io::Error {
 
 /// Result of stripefs operations.
 pub type FsResult<T> = Result<T, FsError>;
-
-/// How long a request may wait with nothing happening before [`Waiter`] nudges its connection.
-pub const NUDGE_AFTER: Duration = Duration::from_millis(250);
-
-/// Waits for requests, *nudging* a connection that has been silent for [`NUDGE_AFTER`]: a
-/// small request (a ping) is sent to the same peer on the same service level, so new bytes
-/// arrive on both ends of that connection.
-///
-/// # Why
-/// Works around an ionet TCP bug (reported upstream, see `fs/README.md`): after a frame with a
-/// body is read, the backend can keep a stale "socket drained" flag, and the next readiness edge
-/// on that connection is then consumed without reading, leaving a complete frame (a reply, a
-/// request header, pulled data) unread in the socket until more bytes arrive on the same
-/// connection. Fresh bytes raise a new edge and everything is read. The nudge costs nothing
-/// while transfers make progress; the request's own deadline still bounds the wait.
-#[derive(Debug)]
-pub struct Waiter {
-    ep: Endpoint,
-    /// Nudges not yet reaped (each has a deadline, so each completes).
-    nudges: Mutex<Vec<OpId>>,
-}
-
-impl Waiter {
-    /// A waiter for operations on `ep`.
-    pub fn new(ep: Endpoint) -> Self {
-        Waiter { ep, nudges: Mutex::new(Vec::new()) }
-    }
-
-    /// Waits for `op` (a request to `peer` on `sl`); `ping` is the header of a harmless
-    /// request to send as a nudge.
-    pub fn wait(
-        &self,
-        op: OpId,
-        peer: PeerId,
-        tag: Tag,
-        sl: ServiceLevel,
-        ping: &dyn Fn() -> Option<Vec<u8>>,
-    ) -> ionet::Result<Completion> {
-        loop {
-            if let Some(c) = self.ep.wait_timeout(op, NUDGE_AFTER)? {
-                self.reap();
-                return Ok(c);
-            }
-            if let Some(h) = ping()
-                && let Ok(n) = self.ep.request(peer, tag, Bytes::from(h), Payload::None, sl)
-            {
-                tracing::debug!(%peer, %sl, "request silent; nudging its connection");
-                let _ = self.ep.set_deadline(n, Instant::now() + DEFAULT_TIMEOUT);
-                self.nudges.lock().unwrap_or_else(|p| p.into_inner()).push(n);
-            }
-            self.reap();
-        }
-    }
-
-    /// Collects finished nudges.
-    fn reap(&self) {
-        let mut v = self.nudges.lock().unwrap_or_else(|p| p.into_inner());
-        v.retain(|&n| matches!(self.ep.test(n), Ok(None)));
-    }
-}
 
 /// Bytes of random data from the kernel (keys, nonces).
 pub fn random_bytes(n: usize) -> io::Result<Vec<u8>> {

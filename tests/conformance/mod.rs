@@ -709,3 +709,64 @@ pub fn batched_sends_keep_order_and_complete(scheme: &str) {
         assert_eq!(recv_bytes(&c)[..4], (i as u32).to_le_bytes());
     }
 }
+
+/// Many concurrent reads with pushed payloads followed by replies: every reply arrives.
+pub fn pushed_reads_then_replies_never_lose_a_frame(scheme: &str) {
+    let srv = bind(scheme, Config::default().progress_thread(true));
+    let addr = srv.local_addr().unwrap();
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let srv = srv.clone();
+            std::thread::spawn(move || {
+                let chunk = Bytes::from(vec![7u8; 64 * 1024]);
+                while let Ok(Some(req)) = srv.next_request(Some(Duration::from_millis(500))) {
+                    let len = req.payload_len();
+                    let ops: Vec<_> = (0..len)
+                        .step_by(chunk.len())
+                        .map(|off| {
+                            req.push_from(chunk.slice(..(len - off).min(64 * 1024) as usize), off).unwrap()
+                        })
+                        .collect();
+                    for op in ops {
+                        wait_ok(&srv, op);
+                    }
+                    wait_ok(&srv, req.reply(Bytes::from_static(b"done")).unwrap());
+                }
+            })
+        })
+        .collect();
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let ep = Endpoint::client(Config::default()).unwrap();
+                let peer = ep.connect(&addr).unwrap();
+                let mut buf = BytesMut::zeroed(256 * 1024);
+                for _ in 0..150 {
+                    let op = ep
+                        .request(
+                            peer,
+                            1,
+                            Bytes::from_static(b"read"),
+                            Payload::In(buf.into()),
+                            ServiceLevel::Bulk,
+                        )
+                        .unwrap();
+                    let c = wait_ok(&ep, op);
+                    assert_eq!(c.reply.as_deref(), Some(&b"done"[..]));
+                    buf = match c.buf.into_recv() {
+                        Some(RecvBuf::Mut(b)) => b,
+                        _ => panic!("buffer back"),
+                    };
+                    assert!(buf.iter().all(|&b| b == 7));
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    for w in workers {
+        w.join().unwrap();
+    }
+}

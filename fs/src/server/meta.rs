@@ -84,7 +84,6 @@ struct Shared {
     store: MetaStore,
     key: CapabilityKey,
     io_ep: Endpoint,
-    io_waiter: crate::net::Waiter,
     io: Vec<PeerId>,
     cfg: MetaServerConfig,
     nonce: AtomicU64,
@@ -118,7 +117,6 @@ impl MetaServer {
             ep: ep.clone(),
             store,
             key,
-            io_waiter: crate::net::Waiter::new(io_ep.clone()),
             io_ep,
             io,
             cfg,
@@ -381,9 +379,8 @@ impl Shared {
         posted
             .into_iter()
             .map(|posted| {
-                let (op, peer) = posted?;
-                let ping = || proto::encode(&Envelope::new(0, IoRequest::Ping)).ok();
-                let c = self.io_waiter.wait(op, peer, TAG_IO, ServiceLevel::Control, &ping)?;
+                let (op, _peer) = posted?;
+                let c = self.io_ep.wait(op)?;
                 c.result?;
                 let reply = c.reply.ok_or_else(|| FsError::UnexpectedReply("no reply header".into()))?;
                 match proto::decode::<IoReply>(&reply)?.body {
