@@ -314,3 +314,194 @@ mod tests {
         assert_eq!(parse_size(""), None);
     }
 }
+
+/// Default largest transfer unit of server-based RDMA (paper 000: 2 MiB).
+pub const DEFAULT_TRANSFER_UNIT: usize = 2 << 20;
+/// Default cap on RDMA bytes outstanding per peer (hot-spot control).
+pub const DEFAULT_PEER_RDMA_CAP: usize = 8 << 20;
+/// Default cap on RDMA bytes outstanding per endpoint.
+pub const DEFAULT_ENDPOINT_RDMA_CAP: usize = 32 << 20;
+
+/// Bulk-transfer scheduling for server-based RDMA (sans-IO).
+///
+/// Every large transfer is cut into units of `min(max_unit, max(total / 2, min_unit))` — at
+/// least two per transfer, so one unit moves while the next is set up (double buffering) —
+/// and units go out round-robin among the active transfers, while the bytes in flight stay
+/// under a cap per peer and a cap for the endpoint. A client that issues huge transfers thus
+/// cannot monopolise the server's RDMA engine or a peer's link (hot-spot control).
+#[derive(Debug)]
+pub struct BulkScheduler<K> {
+    max_unit: usize,
+    min_unit: usize,
+    peer_cap: usize,
+    total_cap: usize,
+    active: std::collections::VecDeque<Transfer<K>>,
+    in_flight_total: usize,
+    in_flight: std::collections::HashMap<crate::types::PeerId, usize>,
+}
+
+#[derive(Debug)]
+struct Transfer<K> {
+    key: K,
+    peer: crate::types::PeerId,
+    next: usize,
+    total: usize,
+    unit: usize,
+}
+
+/// A unit the engine should post now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unit<K> {
+    /// The transfer it belongs to.
+    pub key: K,
+    /// Offset within the transfer.
+    pub offset: usize,
+    /// Length.
+    pub len: usize,
+    /// True for the transfer's last unit.
+    pub last: bool,
+}
+
+impl<K: Clone + PartialEq> BulkScheduler<K> {
+    /// A scheduler with the given unit limit and caps (`min_unit` ≤ `max_unit`).
+    pub fn new(max_unit: usize, min_unit: usize, peer_cap: usize, total_cap: usize) -> Self {
+        let max_unit = max_unit.max(1);
+        BulkScheduler {
+            max_unit,
+            min_unit: min_unit.clamp(1, max_unit),
+            peer_cap: peer_cap.max(max_unit),
+            total_cap: total_cap.max(max_unit),
+            active: std::collections::VecDeque::new(),
+            in_flight_total: 0,
+            in_flight: std::collections::HashMap::new(),
+        }
+    }
+
+    /// The unit size used for a transfer of `total` bytes.
+    pub fn unit_for(&self, total: usize) -> usize {
+        (total / 2).max(self.min_unit).min(self.max_unit).max(1)
+    }
+
+    /// Adds a transfer of `total` bytes for `peer`.
+    pub fn add(&mut self, key: K, peer: crate::types::PeerId, total: usize) {
+        if total == 0 {
+            return;
+        }
+        let unit = self.unit_for(total);
+        self.active.push_back(Transfer { key, peer, next: 0, total, unit });
+    }
+
+    /// The next unit allowed out, round-robin among transfers, within the caps.
+    pub fn next_unit(&mut self) -> Option<Unit<K>> {
+        for _ in 0..self.active.len() {
+            let mut t = self.active.pop_front()?;
+            let len = t.unit.min(t.total - t.next);
+            let peer_now = self.in_flight.get(&t.peer).copied().unwrap_or(0);
+            // A transfer may always have one unit out when nothing else of its peer is.
+            let fits = (peer_now == 0 || peer_now + len <= self.peer_cap)
+                && (self.in_flight_total == 0 || self.in_flight_total + len <= self.total_cap);
+            if !fits {
+                self.active.push_back(t);
+                continue;
+            }
+            let unit = Unit { key: t.key.clone(), offset: t.next, len, last: t.next + len == t.total };
+            t.next += len;
+            *self.in_flight.entry(t.peer).or_default() += len;
+            self.in_flight_total += len;
+            if t.next < t.total {
+                self.active.push_back(t);
+            }
+            return Some(unit);
+        }
+        None
+    }
+
+    /// A unit of `len` bytes for `peer` finished (or failed).
+    pub fn unit_done(&mut self, peer: crate::types::PeerId, len: usize) {
+        self.in_flight_total = self.in_flight_total.saturating_sub(len);
+        if let Some(v) = self.in_flight.get_mut(&peer) {
+            *v = v.saturating_sub(len);
+            if *v == 0 {
+                self.in_flight.remove(&peer);
+            }
+        }
+    }
+
+    /// Drops a transfer's remaining units (cancelled or its peer lost).
+    pub fn remove(&mut self, key: &K) {
+        self.active.retain(|t| &t.key != key);
+    }
+
+    /// Bytes in flight for a peer.
+    pub fn in_flight(&self, peer: crate::types::PeerId) -> usize {
+        self.in_flight.get(&peer).copied().unwrap_or(0)
+    }
+
+    /// Bytes in flight in total.
+    pub fn in_flight_total(&self) -> usize {
+        self.in_flight_total
+    }
+}
+
+#[cfg(test)]
+mod bulk_tests {
+    use super::*;
+    use crate::types::PeerId;
+
+    #[test]
+    fn units_are_half_the_transfer_up_to_the_limit() {
+        let s: BulkScheduler<u32> = BulkScheduler::new(2 << 20, 64 << 10, 8 << 20, 32 << 20);
+        assert_eq!(s.unit_for(32 << 20), 2 << 20);
+        assert_eq!(s.unit_for(1 << 20), 512 << 10);
+        assert_eq!(s.unit_for(100 << 10), 64 << 10);
+    }
+
+    #[test]
+    fn units_cover_the_transfer_exactly_and_the_last_is_marked() {
+        let mut s = BulkScheduler::new(1000, 100, 1 << 30, 1 << 30);
+        s.add(1u32, PeerId(0), 2500);
+        let mut got = Vec::new();
+        while let Some(u) = s.next_unit() {
+            s.unit_done(PeerId(0), u.len);
+            got.push((u.offset, u.len, u.last));
+        }
+        assert_eq!(got, vec![(0, 1000, false), (1000, 1000, false), (2000, 500, true)]);
+    }
+
+    #[test]
+    fn round_robin_between_transfers() {
+        let mut s = BulkScheduler::new(100, 100, 1 << 30, 1 << 30);
+        s.add('a', PeerId(0), 300);
+        s.add('b', PeerId(1), 300);
+        let order: Vec<char> = std::iter::from_fn(|| s.next_unit().map(|u| u.key)).collect();
+        assert_eq!(order, vec!['a', 'b', 'a', 'b', 'a', 'b']);
+    }
+
+    #[test]
+    fn caps_bound_bytes_in_flight_per_peer_and_in_total() {
+        let mut s = BulkScheduler::new(100, 100, 200, 300);
+        s.add(1, PeerId(0), 1000);
+        s.add(2, PeerId(0), 1000);
+        s.add(3, PeerId(1), 1000);
+        let mut out = Vec::new();
+        while let Some(u) = s.next_unit() {
+            out.push(u);
+        }
+        assert_eq!(s.in_flight(PeerId(0)), 200, "peer cap");
+        assert!(s.in_flight_total() <= 300, "endpoint cap");
+        assert_eq!(out.len(), 3);
+        // Completing a unit lets the next one out.
+        s.unit_done(PeerId(0), 100);
+        assert!(s.next_unit().is_some());
+    }
+
+    #[test]
+    fn a_unit_larger_than_the_cap_still_goes_alone() {
+        let mut s = BulkScheduler::new(1000, 1000, 10, 10);
+        s.add(1, PeerId(0), 3000);
+        let u = s.next_unit().expect("one unit may always go");
+        assert!(s.next_unit().is_none());
+        s.unit_done(PeerId(0), u.len);
+        assert!(s.next_unit().is_some());
+    }
+}

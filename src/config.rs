@@ -44,6 +44,147 @@ pub struct Config {
     pub(crate) pool_max_bytes: u64,
     pub(crate) pool_cached_bytes: u64,
     pub(crate) policy: Option<Policy>,
+    pub(crate) ib: IbConfig,
+}
+
+/// InfiniBand engine settings (credits, ring, queue sizes, bulk scheduling). Defaults follow
+/// BMI-IB and paper 000, scaled so that a server with many clients keeps its pinned memory
+/// bounded: per connection ≈ 16 × 8 KiB receive buffers + 8 × 68 KiB ring slots + bounce
+/// buffers ≈ 1.4 MiB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IbConfig {
+    pub(crate) recv_buffers: u16,
+    pub(crate) recv_size: u32,
+    pub(crate) ring_slots: u16,
+    pub(crate) max_send_wr: u32,
+    pub(crate) sl: [u8; ServiceLevel::COUNT],
+    pub(crate) transfer_unit: usize,
+    pub(crate) min_transfer_unit: usize,
+    pub(crate) peer_rdma_cap: usize,
+    pub(crate) endpoint_rdma_cap: usize,
+    pub(crate) zone_bytes_per_class: usize,
+    pub(crate) regcache_entries: usize,
+    pub(crate) regcache_bytes: usize,
+    pub(crate) cancel_grace: Duration,
+    pub(crate) soft_pin_budget: Option<u64>,
+}
+
+impl Default for IbConfig {
+    fn default() -> Self {
+        IbConfig {
+            recv_buffers: 16,
+            recv_size: 8 * 1024,
+            ring_slots: 8,
+            max_send_wr: 256,
+            sl: [2, 0, 1],
+            transfer_unit: crate::comm::DEFAULT_TRANSFER_UNIT,
+            min_transfer_unit: 64 * 1024,
+            peer_rdma_cap: crate::comm::DEFAULT_PEER_RDMA_CAP,
+            endpoint_rdma_cap: crate::comm::DEFAULT_ENDPOINT_RDMA_CAP,
+            zone_bytes_per_class: 4 << 20,
+            regcache_entries: crate::regcache::DEFAULT_MAX_ENTRIES,
+            regcache_bytes: crate::regcache::DEFAULT_MAX_PINNED_BYTES,
+            cancel_grace: Duration::from_secs(5),
+            soft_pin_budget: None,
+        }
+    }
+}
+
+impl IbConfig {
+    /// Pre-posted receive buffers per connection = credits the peer gets (default 16; BMI-IB
+    /// uses 20).
+    pub fn recv_buffers(mut self, n: u16) -> Self {
+        self.recv_buffers = n;
+        self
+    }
+
+    /// Size of each receive buffer (default 8 KiB: the inline limit plus headers).
+    pub fn recv_size(mut self, n: u32) -> Self {
+        self.recv_size = n;
+        self
+    }
+
+    /// Fast-RDMA ring slots per connection (default 8; each holds one fast-RDMA message).
+    pub fn ring_slots(mut self, n: u16) -> Self {
+        self.ring_slots = n;
+        self
+    }
+
+    /// Send-queue depth per queue pair (default 256).
+    pub fn max_send_wr(mut self, n: u32) -> Self {
+        self.max_send_wr = n;
+        self
+    }
+
+    /// InfiniBand service level (0..=15) of each class's queue pairs (default control 2,
+    /// normal 0, bulk 1).
+    pub fn service_level(mut self, class: ServiceLevel, sl: u8) -> Self {
+        self.sl[class.index()] = sl;
+        self
+    }
+
+    /// Largest transfer unit of server-based RDMA (default 2 MiB; a transfer is cut into units
+    /// of min(this, max(total / 2, 64 KiB)) so two are in flight).
+    pub fn transfer_unit(mut self, n: usize) -> Self {
+        self.transfer_unit = n;
+        self
+    }
+
+    /// Caps on RDMA bytes in flight per peer (default 8 MiB) and per endpoint (32 MiB).
+    pub fn rdma_caps(mut self, per_peer: usize, per_endpoint: usize) -> Self {
+        self.peer_rdma_cap = per_peer;
+        self.endpoint_rdma_cap = per_endpoint;
+        self
+    }
+
+    /// Bytes of zone buffers per size class, 64 KiB … 2 MiB (default 4 MiB each, 24 MiB in
+    /// all): the server's staging memory for transfers into or out of unregistered buffers.
+    pub fn zone_bytes_per_class(mut self, n: usize) -> Self {
+        self.zone_bytes_per_class = n;
+        self
+    }
+
+    /// Pin-down cache limits (default 1000 entries, 256 MiB).
+    pub fn regcache(mut self, entries: usize, bytes: usize) -> Self {
+        self.regcache_entries = entries;
+        self.regcache_bytes = bytes;
+        self
+    }
+
+    /// How long a cancelled transfer the peer may still be reading or writing is given to
+    /// finish before its connection is torn down (default 5 s).
+    pub fn cancel_grace(mut self, d: Duration) -> Self {
+        self.cancel_grace = d;
+        self
+    }
+
+    /// Software provider only: a pin budget in bytes, to exercise registration failures.
+    pub fn soft_pin_budget(mut self, bytes: Option<u64>) -> Self {
+        self.soft_pin_budget = bytes;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        if !(2..=1024).contains(&self.recv_buffers) {
+            return Err(Error::misuse("ib recv_buffers must be in 2..=1024"));
+        }
+        if !(4096..=1 << 20).contains(&self.recv_size) {
+            return Err(Error::misuse("ib recv_size must be in 4 KiB..=1 MiB"));
+        }
+        if !(1..=256).contains(&self.ring_slots) {
+            return Err(Error::misuse("ib ring_slots must be in 1..=256"));
+        }
+        if self.max_send_wr < 16 {
+            return Err(Error::misuse("ib max_send_wr must be at least 16"));
+        }
+        if self.sl.iter().any(|&s| s > 15) {
+            return Err(Error::misuse("InfiniBand service levels are 0..=15"));
+        }
+        if self.transfer_unit < 4096 || self.min_transfer_unit == 0 {
+            return Err(Error::misuse("ib transfer units must be at least 4 KiB"));
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for Config {
@@ -89,6 +230,7 @@ impl Default for Config {
             pool_max_bytes: 1 << 30,
             pool_cached_bytes: 256 << 20,
             policy: None,
+            ib: IbConfig::default(),
         }
     }
 }
@@ -230,6 +372,12 @@ impl Config {
         self
     }
 
+    /// InfiniBand engine settings.
+    pub fn ib(mut self, ib: IbConfig) -> Self {
+        self.ib = ib;
+        self
+    }
+
     /// The wait mode in force.
     pub fn get_wait_mode(&self) -> WaitMode {
         self.wait_mode
@@ -262,6 +410,7 @@ impl Config {
         if self.dscp.iter().any(|&d| d > 63) {
             return Err(Error::misuse("DSCP values are 6 bits (0..=63)"));
         }
+        self.ib.validate()?;
         if self.sched_weights.contains(&0) {
             return Err(Error::misuse("scheduler weights must be at least 1 so no class starves"));
         }

@@ -52,3 +52,9 @@ pub fn mem_handle(data: &[u8]) {
         assert_eq!(&h.to_bytes()[..], data, "handle round trip");
     }
 }
+
+/// InfiniBand engine messages (prefix + header + payload), segment lists, and the side-channel
+/// queue-pair information.
+pub fn ib_message(data: &[u8]) {
+    crate::ib::engine::fuzz_decoders(data);
+}

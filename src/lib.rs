@@ -90,7 +90,7 @@ pub mod wire;
 pub use addr::{Address, Scheme};
 pub use buf::{BufPool, MemKeys, OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 pub use comm::{Mechanism, Policy, Thresholds};
-pub use config::Config;
+pub use config::{Config, IbConfig};
 pub use endpoint::{
     Completion, Direction, Endpoint, Exposure, OpKind, Payload, Request, ToAddress, Unexpected,
 };

@@ -112,6 +112,11 @@ impl<R, M> Matcher<R, M> {
         self.early.entry((peer, tag)).or_default().push_back(m);
     }
 
+    /// Applies `f` to the early arrivals of `peer` until it returns true; true if one did.
+    pub fn find_early_mut(&mut self, peer: PeerId, mut f: impl FnMut(&mut M) -> bool) -> bool {
+        self.early.iter_mut().filter(|(k, _)| k.0 == peer).any(|(_, q)| q.iter_mut().any(&mut f))
+    }
+
     /// True when a receive is posted for the key.
     pub fn has_posted(&self, peer: PeerId, tag: Tag) -> bool {
         self.posted.contains_key(&(peer, tag))

@@ -36,7 +36,14 @@ pub const FLAG_PAYLOAD_OUT: u8 = 4;
 pub const FLAG_PAYLOAD_IN: u8 = 8;
 /// Flag (REQUEST): the whole OUT payload follows the request header inline.
 pub const FLAG_INLINE_DATA: u8 = 16;
-const KNOWN_FLAGS: u8 = 31;
+/// Flag (InfiniBand REQUEST): a segment list describing the client's registered payload
+/// follows (the server reads or writes it with RDMA).
+pub const FLAG_SEGMENTS: u8 = 32;
+/// Flag (InfiniBand REQUEST / REPLY / EAGER): the header is not inline; a segment list the
+/// receiver reads it from follows instead (headers too large for a message slot).
+pub const FLAG_RDV_HEADER: u8 = 64;
+const KNOWN_FLAGS: u8 = 127;
+const IB_ONLY_FLAGS: u8 = FLAG_SEGMENTS | FLAG_RDV_HEADER;
 
 /// Frame kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -75,6 +82,14 @@ pub enum Kind {
     CancelRequest = 15,
     /// Orderly close.
     Bye = 16,
+    /// InfiniBand: an explicit credit return (credits travel in the message prefix).
+    Credit = 17,
+    /// InfiniBand: the receiver finished reading a rendezvous body or header with RDMA_READ;
+    /// the sender may release it. b = message id.
+    Fin = 18,
+    /// InfiniBand: a pushed or rendezvous payload announcement carrying remote segments.
+    /// a = tag / request id, b = message id, c = total length; payload = segment list.
+    Rdv = 19,
     /// Handshake, client → server. a = endpoint id, aux = handshake flags; payload = nonce.
     Hello = 20,
     /// Handshake, server → client. a = endpoint id, aux = handshake flags;
@@ -84,6 +99,10 @@ pub enum Kind {
     Auth = 22,
     /// Handshake result, server → client. aux = 0 accepted, else a reject code.
     Ready = 23,
+    /// InfiniBand side channel: queue-pair and buffer information (after READY).
+    IbInfo = 24,
+    /// InfiniBand side channel: the client's queue pair is ready to receive.
+    IbReady = 25,
 }
 
 impl Kind {
@@ -107,17 +126,22 @@ impl Kind {
             14 => GetResp,
             15 => CancelRequest,
             16 => Bye,
+            17 => Credit,
+            18 => Fin,
+            19 => Rdv,
             20 => Hello,
             21 => HelloAck,
             22 => Auth,
             23 => Ready,
+            24 => IbInfo,
+            25 => IbReady,
             _ => return None,
         })
     }
 
     /// True for the handshake kinds, which are only valid before a connection is ready.
     pub fn is_handshake(self) -> bool {
-        matches!(self, Kind::Hello | Kind::HelloAck | Kind::Auth | Kind::Ready)
+        matches!(self, Kind::Hello | Kind::HelloAck | Kind::Auth | Kind::Ready | Kind::IbInfo | Kind::IbReady)
     }
 }
 
@@ -258,9 +282,13 @@ impl Header {
         })
     }
 
-    /// Checks the announced lengths against `lim`. Call before allocating for the payload.
+    /// Checks the announced lengths against `lim` (the TCP framing). Call before allocating for
+    /// the payload.
     pub fn check_limits(&self, lim: &Limits) -> Result<(), WireError> {
         let len = u64::from(self.len);
+        if self.flags & IB_ONLY_FLAGS != 0 {
+            return Err(WireError::Inconsistent("InfiniBand-only flags"));
+        }
         let too_long = |max: u64| {
             if len > max { Err(WireError::TooLong { kind: self.kind, len, max }) } else { Ok(()) }
         };
@@ -325,8 +353,19 @@ impl Header {
                 Ok(())
             }
             Kind::Reply => too_long(u64::from(lim.header)),
-            Kind::Cts | Kind::PutAck | Kind::CancelRequest | Kind::Bye | Kind::Ready => too_long(0),
-            Kind::Hello | Kind::HelloAck | Kind::Auth => too_long(MAX_HANDSHAKE_PAYLOAD as u64),
+            Kind::Cts
+            | Kind::PutAck
+            | Kind::CancelRequest
+            | Kind::Bye
+            | Kind::Ready
+            | Kind::Credit
+            | Kind::Fin => too_long(0),
+            Kind::IbReady => too_long(0),
+            // A segment list: bounded by the header limit.
+            Kind::Rdv => too_long(u64::from(lim.header)),
+            Kind::Hello | Kind::HelloAck | Kind::Auth | Kind::IbInfo => {
+                too_long(MAX_HANDSHAKE_PAYLOAD as u64)
+            }
         }
     }
 }

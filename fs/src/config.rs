@@ -210,7 +210,7 @@ fn parse_addr(field: String, s: &str, transport: Scheme) -> Result<Address, Conf
 /// Decodes a hex key (surrounding whitespace ignored) and checks its length.
 pub fn decode_key_hex(text: &str) -> Result<Vec<u8>, ConfigError> {
     let t = text.trim();
-    if t.len() % 2 != 0 {
+    if !t.len().is_multiple_of(2) {
         return Err(ConfigError::Key("odd number of hex digits".into()));
     }
     let key = (0..t.len())
@@ -311,10 +311,10 @@ impl ClusterConfig {
         if let Some(d) = cfg.data_dir.as_mut().filter(|d| d.is_relative()) {
             *d = base.join(&*d);
         }
-        if let KeySource::File(p) = &mut cfg.key {
-            if p.is_relative() {
-                *p = base.join(&*p);
-            }
+        if let KeySource::File(p) = &mut cfg.key
+            && p.is_relative()
+        {
+            *p = base.join(&*p);
         }
         Ok(cfg)
     }

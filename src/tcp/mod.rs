@@ -630,7 +630,7 @@ impl TcpBackend {
             let mut guard = self.lock();
             let st = &mut *guard;
             st.spin_rounds = st.spin_rounds.wrapping_add(1);
-            if st.spin_rounds % SPIN_EPOLL_EVERY == 0 || st.conns.len() > SPIN_DIRECT_MAX_CONNS {
+            if st.spin_rounds.is_multiple_of(SPIN_EPOLL_EVERY) || st.conns.len() > SPIN_DIRECT_MAX_CONNS {
                 return false;
             }
             let before = st.events;
@@ -1545,7 +1545,7 @@ impl State {
         // While busy-polling, checked every few rounds only: reading the clock each round
         // costs as much as the round itself.
         self.timer_rounds = self.timer_rounds.wrapping_add(1);
-        if polling && self.timer_rounds % 64 != 0 {
+        if polling && !self.timer_rounds.is_multiple_of(64) {
             return;
         }
         let now = Instant::now();
@@ -2112,7 +2112,13 @@ impl State {
                 self.conn_failed(t, Loss::Lost("peer closed the connection".into()));
                 return;
             }
-            Kind::Hello | Kind::HelloAck | Kind::Auth | Kind::Ready => unreachable!("handled above"),
+            Kind::Credit | Kind::Fin | Kind::Rdv => {
+                self.protocol_error(t, unexpected(format!("{:?} frame on a TCP connection", h.kind)));
+                return;
+            }
+            Kind::Hello | Kind::HelloAck | Kind::Auth | Kind::Ready | Kind::IbInfo | Kind::IbReady => {
+                unreachable!("handled above")
+            }
         };
         self.set_rx(t, Rx::Payload { hdr: h, sink, got: 0 });
         if len == 0 {

@@ -214,12 +214,12 @@ impl Alloc {
     fn arena_free(&mut self, off: u64, len: u64) {
         let mut len = len.next_multiple_of(64);
         let mut off = off;
-        if let Some((&p, &pl)) = self.arena.range(..off).next_back() {
-            if p + pl == off {
-                self.arena.remove(&p);
-                off = p;
-                len += pl;
-            }
+        if let Some((&p, &pl)) = self.arena.range(..off).next_back()
+            && p + pl == off
+        {
+            self.arena.remove(&p);
+            off = p;
+            len += pl;
         }
         if let Some(&nl) = self.arena.get(&(off + len)) {
             self.arena.remove(&(off + len));
@@ -627,10 +627,10 @@ impl CompletionChannel for SoftChannel {
         // ring we consume here belongs to a flag we are about to see.
         sys::eventfd_drain(self.inner.efd.as_raw_fd())?;
         for &(idx, cookie) in self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            if let Some(e) = self.inner.ctx.shm.cq(idx) {
-                if e.fired.swap(0, SeqCst) != 0 {
-                    pending.push_back(cookie);
-                }
+            if let Some(e) = self.inner.ctx.shm.cq(idx)
+                && e.fired.swap(0, SeqCst) != 0
+            {
+                pending.push_back(cookie);
             }
         }
         Ok(pending.pop_front())
@@ -671,10 +671,10 @@ impl CqInner {
         };
         match r {
             ring::Pushed::Wake(_) => {
-                if let Some(ch) = &self.channel {
-                    if let Err(err) = sys::eventfd_signal(ch.efd.as_raw_fd()) {
-                        tracing::debug!(%err, "channel wake failed");
-                    }
+                if let Some(ch) = &self.channel
+                    && let Err(err) = sys::eventfd_signal(ch.efd.as_raw_fd())
+                {
+                    tracing::debug!(%err, "channel wake failed");
                 }
             }
             ring::Pushed::Overrun => tracing::warn!(cq = self.idx, "CQ overrun: completion lost"),
@@ -840,13 +840,13 @@ impl Verbs for SoftContext {
             return Err(VerbsError::InvalidArgument(format!("{len} bytes exceeds max_mr_size")));
         }
         let pinned = ctx.counters.pinned_bytes.load(Relaxed);
-        if let Some(max) = ctx.cfg.max_pinned_bytes {
-            if pinned + len as u64 > max {
-                return Err(VerbsError::PinLimit {
-                    len: len as u64,
-                    reason: format!("softib pin budget: {pinned} of {max} bytes already pinned"),
-                });
-            }
+        if let Some(max) = ctx.cfg.max_pinned_bytes
+            && pinned + len as u64 > max
+        {
+            return Err(VerbsError::PinLimit {
+                len: len as u64,
+                reason: format!("softib pin budget: {pinned} of {max} bytes already pinned"),
+            });
         }
         let (start, end) = pin::page_span(addr as u64, len as u64)
             .ok_or_else(|| VerbsError::InvalidArgument("registration range overflows".into()))?;
@@ -917,10 +917,10 @@ impl Verbs for SoftContext {
         if min_cqe == 0 || min_cqe > ctx.attr.max_cqe {
             return Err(VerbsError::InvalidArgument(format!("CQ size {min_cqe} (max {})", ctx.attr.max_cqe)));
         }
-        if let Some(ch) = channel {
-            if !Arc::ptr_eq(&ch.inner.ctx, ctx) {
-                return Err(VerbsError::InvalidArgument("channel of another context".into()));
-            }
+        if let Some(ch) = channel
+            && !Arc::ptr_eq(&ch.inner.ctx, ctx)
+        {
+            return Err(VerbsError::InvalidArgument("channel of another context".into()));
         }
         let cap = min_cqe.next_power_of_two();
         let bytes = u64::from(cap) * CQE_WORDS * 8;

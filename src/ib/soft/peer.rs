@@ -140,10 +140,10 @@ impl Peer {
                 })
                 .clone()
         };
-        if let Some(efd) = efd {
-            if let Err(err) = sys::eventfd_signal(efd.as_raw_fd()) {
-                tracing::debug!(%err, "waking a peer channel failed");
-            }
+        if let Some(efd) = efd
+            && let Err(err) = sys::eventfd_signal(efd.as_raw_fd())
+        {
+            tracing::debug!(%err, "waking a peer channel failed");
         }
     }
 }

@@ -88,11 +88,12 @@ impl PinTable {
     /// Splits the interval containing `at` (if any) so that `at` is an interval boundary.
     fn split_at(&mut self, at: u64) {
         let found = self.map.range(..at).next_back().map(|(&s, &(e, c))| (s, e, c));
-        if let Some((s, e, c)) = found {
-            if s < at && at < e {
-                self.map.insert(s, (at, c));
-                self.map.insert(at, (e, c));
-            }
+        if let Some((s, e, c)) = found
+            && s < at
+            && at < e
+        {
+            self.map.insert(s, (at, c));
+            self.map.insert(at, (e, c));
         }
     }
 

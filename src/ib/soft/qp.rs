@@ -318,11 +318,11 @@ impl QpInner {
     }
 
     fn schedule(&self, ss: &mut SendSide, next: Option<Instant>) {
-        if let Some(t) = next {
-            if ss.scheduled.is_none_or(|s| t < s) {
-                ss.scheduled = Some(t);
-                self.ctx.sched.schedule(t, self.me.clone());
-            }
+        if let Some(t) = next
+            && ss.scheduled.is_none_or(|s| t < s)
+        {
+            ss.scheduled = Some(t);
+            self.ctx.sched.schedule(t, self.me.clone());
         }
     }
 
@@ -866,10 +866,10 @@ impl QueuePair for SoftQp {
                 if let Some(Conn { peer: Some((p, slot)), .. }) = ss.conn.take() {
                     p.shm.release_slot(slot);
                 }
-                if let Some((off, _)) = q.rq {
-                    if let Some(ring) = RecvRing::open(&q.ctx.shm, off) {
-                        ring.drain(|_| {});
-                    }
+                if let Some((off, _)) = q.rq
+                    && let Some(ring) = RecvRing::open(&q.ctx.shm, off)
+                {
+                    ring.drain(|_| {});
                 }
             }
         }

@@ -234,7 +234,7 @@ impl Shm {
     /// A shared struct at byte offset `off`, if it lies inside the mapping and is aligned.
     pub(crate) fn at<T: ShmSafe>(&self, off: u64) -> Option<&T> {
         let end = off.checked_add(size_of::<T>() as u64)?;
-        if end > self.len || off % align_of::<T>() as u64 != 0 {
+        if end > self.len || !off.is_multiple_of(align_of::<T>() as u64) {
             return None;
         }
         // SAFETY: `[off, end)` is inside the mapping, which lives as long as `self` and cannot
@@ -247,7 +247,7 @@ impl Shm {
     /// `n` consecutive words at `off`.
     pub(crate) fn words(&self, off: u64, n: u64) -> Option<&[AtomicU64]> {
         let end = off.checked_add(n.checked_mul(8)?)?;
-        if end > self.len || off % 8 != 0 {
+        if end > self.len || !off.is_multiple_of(8) {
             return None;
         }
         // SAFETY: as in `at`: in bounds, aligned, atomics only, mapping outlives the borrow.

@@ -1,0 +1,1300 @@
+//! The InfiniBand engine: the `Endpoint` contract over any [`Verbs`] provider.
+//!
+//! # Connections
+//!
+//! One RC queue pair per (peer, service-level class), opened lazily; its service level is the
+//! class's IB SL. A TCP side channel ([`side`]) carries the authenticated handshake and the
+//! queue-pair exchange, then stays open so a dead peer is noticed promptly.
+//!
+//! # Memory per connection
+//!
+//! One registered [`DmaRegion`] holds `N + S` receive buffers (N for SENDs — the credits the
+//! peer gets — and S consumed by ring writes), bounce buffers for sends, and the fast-RDMA ring
+//! of S slots the peer writes into. Flow control is [`crate::flowctl`]: credits piggyback on
+//! every message prefix, an explicit CREDIT goes out at the watermark on the reserved credit,
+//! ring slots are returned the same way. No send is ever posted without a credit or a free
+//! slot, so the peer never sees an RNR.
+//!
+//! # Mechanisms ([`crate::comm`])
+//!
+//! - **inline**: the message is copied into a bounce buffer and SENT (device-inline when tiny);
+//! - **fast RDMA**: RDMA_WRITE_WITH_IMM of header + data into the peer's ring slot, straight
+//!   from a registered pool buffer (header and data as two SGEs) or from a bounce copy;
+//! - **server-based RDMA**: the data owner registers its buffer through the pin-down cache and
+//!   sends a segment list; the server moves the bytes with RDMA_READ (client writes,
+//!   rendezvous receives) or RDMA_WRITE (client reads) in transfer units scheduled by
+//!   [`crate::comm::BulkScheduler`], straight into or out of registered buffers, or through
+//!   zone buffers ([`crate::flowctl::BufferZones`]) otherwise. Only the last work request of a
+//!   unit is signaled; a SEND that follows an outstanding RDMA_READ carries FENCE; a reply waits
+//!   until every unit of its request is done.
+//!
+//! Send-queue slots are reclaimed by count: every signaled completion retires all earlier work
+//! requests of its queue pair.
+
+mod msg;
+mod post;
+mod recv;
+mod reg;
+mod setup;
+mod side;
+mod xfer;
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use mio::net::TcpListener;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use rustc_hash::FxHashMap;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::addr::{Address, Scheme};
+use crate::buf::{BufPool, OpBuf, RegisteredBuf};
+use crate::comm::{BulkScheduler, Mechanism, Policy};
+use crate::config::Config;
+use crate::endpoint::{Backend, Cmd, Completion, Core, Direction, OpKind};
+use crate::error::{Error, ProtocolError, Result};
+use crate::expose::MemHandle;
+use crate::flowctl::{Credits, RingReceiver, RingSender};
+use crate::ib::verbs::*;
+use crate::info::{Counters, Info, RegcacheInfo};
+use crate::matching::Matcher;
+use crate::regcache::{RegCache, RegCacheConfig, RegRef};
+use crate::tcp::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
+use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
+
+use reg::{Cache, DmaRegion, PoolReg, VerbsRegistrar};
+use side::{Framed, IbInfo};
+
+pub(crate) use msg::MSG_HDR;
+
+/// Every decoder of peer bytes in the engine, for the fuzz target.
+pub(crate) fn fuzz_decoders(data: &[u8]) {
+    if let Ok((_, h, payload)) = msg::decode(data) {
+        let _ = msg::decode_segments(payload, h.c);
+        let _ = msg::decode_segments(payload, u64::from(h.aux));
+    }
+    let _ = side::IbInfo::decode(data);
+    let _ = QpEndpointInfo::decode(data);
+}
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const CHANNEL: Token = Token(2);
+const FIRST_SIDE: usize = 3;
+
+/// Completions polled per batch.
+const CQ_BATCH: usize = 32;
+/// Busy-poll rounds between looks at the side channels.
+const SPIN_SIDE_EVERY: u32 = 32;
+/// Handshakes in progress, at most.
+const MAX_HANDSHAKING: usize = 128;
+/// What an unmatched rendezvous announcement costs against the peer's early-data budget.
+const RDV_COST: usize = 64;
+
+/// FIN status: the receiver read the whole body.
+pub(crate) const FIN_OK: u32 = 0;
+/// FIN status: the receive buffer was too small (`c` = its capacity).
+pub(crate) const FIN_TRUNCATED: u32 = 1;
+/// FIN status: the receiver cancelled, or the sender withdrew the message.
+pub(crate) const FIN_CANCELLED: u32 = 2;
+/// CTS status (InfiniBand): the sender withdraws rendezvous message `b` (it was cancelled).
+pub(crate) const RDV_WITHDRAW: u32 = 1;
+
+// wr_id layout: 4 bits kind | 20 bits connection | 8 bits generation | 32 bits index.
+const WR_RECV: u64 = 1;
+const WR_SEND: u64 = 2;
+
+fn wr_id(kind: u64, conn: u32, gen_: u8, idx: u32) -> u64 {
+    (kind << 60) | (u64::from(conn & 0xF_FFFF) << 40) | (u64::from(gen_) << 32) | u64::from(idx)
+}
+
+fn wr_parts(id: u64) -> (u64, u32, u8, u32) {
+    (id >> 60, ((id >> 40) & 0xF_FFFF) as u32, (id >> 32) as u8, id as u32)
+}
+
+/// An opened device with the objects every connection shares.
+pub(crate) struct Dev<V: Verbs> {
+    pub(crate) ctx: V,
+    pub(crate) pd: V::Pd,
+    ch: V::Channel,
+    cq: V::Cq,
+    port: PortAttr,
+}
+
+/// Builds the engine for `softib://` or `ib://`.
+pub(crate) fn make_backend(
+    scheme: Scheme,
+    bind: Option<&Address>,
+    cfg: &Config,
+    core: Arc<Core>,
+) -> Result<Box<dyn Backend>> {
+    match scheme {
+        Scheme::SoftIb => {
+            let mut sc = crate::ib::soft::SoftConfig { max_qp: 1024, ..Default::default() };
+            sc.max_pinned_bytes = cfg.ib.soft_pin_budget;
+            let ctx = crate::ib::soft::SoftProvider::new(sc).open(None)?;
+            Ok(Box::new(IbBackend::new(scheme, ctx, bind, cfg, core)?))
+        }
+        Scheme::Ib => open_hw(bind, cfg, core),
+        Scheme::Tcp => Err(Error::misuse("not an InfiniBand address")),
+    }
+}
+
+#[cfg(feature = "verbs")]
+fn open_hw(bind: Option<&Address>, cfg: &Config, core: Arc<Core>) -> Result<Box<dyn Backend>> {
+    let ctx = crate::ib::hw::HwProvider.open(None)?;
+    Ok(Box::new(IbBackend::new(Scheme::Ib, ctx, bind, cfg, core)?))
+}
+
+#[cfg(not(feature = "verbs"))]
+fn open_hw(_bind: Option<&Address>, _cfg: &Config, _core: Arc<Core>) -> Result<Box<dyn Backend>> {
+    Err(Error::Unsupported(
+        "ib:// needs the hardware provider: build with `--features verbs` (or use softib://, the software \
+         provider)"
+            .into(),
+    ))
+}
+
+struct Poller {
+    poll: Poll,
+    events: Events,
+}
+
+/// The engine.
+pub(crate) struct IbBackend<V: Verbs> {
+    scheme: Scheme,
+    core: Arc<Core>,
+    dev: Arc<Dev<V>>,
+    cache: Cache<V>,
+    poller: Mutex<Poller>,
+    waker: Waker,
+    st: Mutex<State<V>>,
+    pool: BufPool,
+    local: Option<Address>,
+    endpoint_id: u64,
+    /// A driver is asleep in epoll: posts and completions need a wake-up.
+    blocked: AtomicBool,
+}
+
+/// Derived settings.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub cfg: Config,
+    pub policy: Policy,
+    pub endpoint_id: u64,
+    pub listen_port: u16,
+    /// Largest unexpected (eager) message: what fits a ring slot.
+    pub eager_limit: usize,
+    pub max_message: usize,
+    pub slot_size: u32,
+    pub recv_size: u32,
+    pub n_recv: u16,
+    pub n_ring: u16,
+    pub max_inline_device: u32,
+    pub max_sge: u32,
+}
+
+impl Settings {
+    /// Largest payload of a message written into a ring slot.
+    pub fn slot_payload_max(&self) -> usize {
+        self.slot_size as usize - MSG_HDR
+    }
+}
+
+/// Early arrivals, kept until a receive is posted.
+#[derive(Debug)]
+pub(crate) enum Early {
+    Eager { data: Bytes, sl: ServiceLevel },
+    Rdv { msg: u64, total: u64, segs: Vec<msg::Segment>, conn: u32, withdrawn: bool },
+}
+
+/// Where an operation is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpSt {
+    /// A receive in the matcher.
+    Posted,
+    /// Waiting for its messages or work requests to be posted and complete.
+    Sending,
+    /// A rendezvous send waiting for the receiver's FIN.
+    WaitFin { msg: u64 },
+    /// A matched receive (or pull, get…) whose data is moving.
+    Moving,
+    /// A client request waiting for its reply.
+    WaitReply,
+    /// Cancelled while the peer may still access its memory: waits for the reply or the grace.
+    Cancelling { until: Instant },
+    /// Outcome known; waiting for work requests that still reference its buffer.
+    Finishing,
+}
+
+pub(crate) struct Op {
+    pub kind: OpKind,
+    pub peer: PeerId,
+    pub tag: Tag,
+    pub sl: ServiceLevel,
+    pub buf: OpBuf,
+    pub st: OpSt,
+    /// Work requests or queued messages that still reference `buf`.
+    pub refs: u32,
+    pub outcome: Option<Result<usize>>,
+    pub mech: Option<Mechanism>,
+    pub reply: Option<Bytes>,
+    /// Bytes moved (pushed into an IN buffer, read by the server…).
+    pub moved: usize,
+    /// Registrations held for the peer's RDMA into or out of `buf` (or the request header).
+    pub regs: Vec<RegRef>,
+    /// The connection the op's data moves on.
+    pub conn: Option<u32>,
+    /// Pool buffers that must live as long as the op (a staged copy the peer reads, a large
+    /// header).
+    pub keep: Vec<RegisteredBuf>,
+    /// A read's staging buffer the peer writes into (the caller's memory could not be
+    /// registered): copied into the caller's buffer when the reply arrives.
+    pub stage_in: Option<RegisteredBuf>,
+}
+
+/// Server-side state of a request.
+pub(crate) struct SReq {
+    pub sl: ServiceLevel,
+    pub conn: u32,
+    pub dir: Direction,
+    pub len: u64,
+    pub inline: Option<Bytes>,
+    pub segs: Vec<msg::Segment>,
+    pub cost: usize,
+    pub cancelled: bool,
+    /// Pulls and pushes not finished: the reply waits for them.
+    pub xfers: u32,
+    /// A reply posted while transfers were still running.
+    pub deferred_reply: Option<(OpId, Bytes, u32)>,
+}
+
+/// A peer.
+pub(crate) struct Peer {
+    pub dial: Option<SocketAddr>,
+    pub remote: Option<SocketAddr>,
+    pub conns: [Option<u32>; ServiceLevel::COUNT],
+    pub buffered: usize,
+    pub unexpected: usize,
+    pub requests: usize,
+    pub lost: Option<String>,
+    pub cancelled_reqs: std::collections::HashSet<u64>,
+    /// Connections with held messages (back-pressure).
+    pub stalled: Vec<u32>,
+}
+
+/// A message waiting to be transmitted on a connection.
+pub(crate) struct OutMsg {
+    pub via: Via,
+    pub header: crate::wire::Header,
+    pub payload: Payload,
+    pub then: Then,
+    /// Must wait for earlier RDMA_READs of the queue pair (a reply after pulls).
+    pub fence: bool,
+}
+
+/// How a message travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    Send,
+    Ring,
+}
+
+/// Payload bytes of a message.
+pub(crate) enum Payload {
+    None,
+    Bytes(Bytes),
+    /// `[off, off+len)` of an operation's send buffer, read when the message is built.
+    Op {
+        op: OpId,
+        off: usize,
+        len: usize,
+    },
+    /// Several parts in order (request header, then inline data or a segment list).
+    Parts(Vec<Payload>),
+}
+
+impl Payload {
+    fn len(&self) -> usize {
+        match self {
+            Payload::None => 0,
+            Payload::Bytes(b) => b.len(),
+            Payload::Op { len, .. } => *len,
+            Payload::Parts(p) => p.iter().map(Payload::len).sum(),
+        }
+    }
+}
+
+/// What happens when a message has gone out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Then {
+    Nothing,
+    /// The op's data was copied: it completes now.
+    CompleteAtPost(OpId),
+    /// Zero copy from the op's buffer: it completes when the work request does.
+    CompleteAtWc(OpId),
+    /// The op's buffer is referenced until the work request completes; the op completes
+    /// otherwise (a reply, a FIN).
+    Release(OpId),
+}
+
+/// A posted send-queue work request.
+#[derive(Debug)]
+pub(crate) struct SqEntry {
+    pub seq: u32,
+    /// The bounce buffer it reads, freed when it completes.
+    pub bounce: Option<Bounce>,
+    pub done: SqDone,
+}
+
+/// A send bounce buffer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Bounce {
+    Small(u16),
+    Large(u16),
+}
+
+#[derive(Debug)]
+pub(crate) enum SqDone {
+    Nothing,
+    Then(Then),
+    /// The last work request of a transfer unit (`reads`: RDMA_READs the unit posted).
+    Unit {
+        xfer: u64,
+        offset: usize,
+        len: usize,
+        zone: Option<crate::flowctl::ZoneBuf>,
+        read: bool,
+        reads: u32,
+    },
+}
+
+/// One RC queue pair with its memory and flow control.
+pub(crate) struct Conn<V: Verbs> {
+    // Field order is drop order: the queue pair goes before the registration, the
+    // registration before the memory.
+    pub qp: V::Qp,
+    pub mr: V::Mr,
+    pub mem: DmaRegion,
+    pub id: u32,
+    pub gen_: u8,
+    pub peer: PeerId,
+    pub sl: ServiceLevel,
+    /// Both queue pairs are in RTS and the peer can receive.
+    pub ready: bool,
+    pub psn: u32,
+    pub remote: Option<IbInfo>,
+    pub credits: Option<Credits<()>>,
+    pub ring_tx: Option<RingSender>,
+    pub ring_rx: RingReceiver,
+    pub out: VecDeque<OutMsg>,
+    pub sq: VecDeque<SqEntry>,
+    pub seq: u32,
+    pub sq_depth: u32,
+    pub since_signal: u32,
+    pub reads_out: u32,
+    pub free_small: Vec<u16>,
+    pub free_large: Vec<u16>,
+    /// Received messages held for back-pressure, in arrival order.
+    pub held: VecDeque<Held>,
+    pub layout: Layout,
+}
+
+/// A received message not processed yet.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Held {
+    Recv(u32),
+    Slot { slot: u16 },
+}
+
+/// Offsets in a connection's memory.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    pub rs: usize,
+    pub slot: usize,
+    pub n_recv: usize,
+    pub n_small: usize,
+    pub n_large: usize,
+    pub n_ring: usize,
+}
+
+impl Layout {
+    fn total(&self) -> usize {
+        self.ring_off(self.n_ring as u16)
+    }
+    pub fn recv_off(&self, i: u32) -> usize {
+        i as usize * self.rs
+    }
+    pub fn small_off(&self, i: u16) -> usize {
+        self.n_recv * self.rs + usize::from(i) * self.rs
+    }
+    pub fn large_off(&self, i: u16) -> usize {
+        (self.n_recv + self.n_small) * self.rs + usize::from(i) * self.slot
+    }
+    pub fn ring_off(&self, i: u16) -> usize {
+        (self.n_recv + self.n_small) * self.rs + self.n_large * self.slot + usize::from(i) * self.slot
+    }
+}
+
+/// Side-channel state.
+pub(crate) enum SidePhase {
+    Connecting,
+    ClientWaitAck(Box<ClientHandshake>),
+    ClientWaitReady(Box<ClientHandshake>),
+    ClientWaitInfo,
+    ServerWaitHello(Box<ServerHandshake>),
+    ServerWaitAuth(Box<ServerHandshake>, HelloInfo),
+    ServerWaitInfo { client: HelloInfo },
+    ServerWaitReady,
+    Established,
+    Closing,
+}
+
+pub(crate) struct Side {
+    pub framed: Framed,
+    pub phase: SidePhase,
+    pub peer: Option<PeerId>,
+    pub sl: ServiceLevel,
+    pub conn: Option<u32>,
+    pub remote: SocketAddr,
+    pub since: Instant,
+}
+
+/// Why a peer is failed.
+pub(crate) enum Loss {
+    Lost(String),
+    Auth(String),
+    Protocol(ProtocolError),
+}
+
+/// A transfer moved by RDMA in units.
+pub(crate) struct Xfer {
+    pub peer: PeerId,
+    pub conn: u32,
+    /// true: RDMA_READ remote → local; false: RDMA_WRITE local → remote.
+    pub read: bool,
+    pub remote: Vec<msg::Segment>,
+    /// Offset into the remote segments' logical range where this transfer starts.
+    pub remote_off: u64,
+    pub local: Local,
+    pub total: usize,
+    pub done_bytes: usize,
+    pub units_out: u32,
+    pub failed: Option<Error>,
+    pub then: XferThen,
+}
+
+/// Local side of a transfer.
+pub(crate) enum Local {
+    /// An operation's buffer from `base`.
+    Op { op: OpId, base: usize },
+    /// A header being fetched.
+    Vec(Vec<u8>),
+}
+
+/// What a finished transfer leads to.
+pub(crate) enum XferThen {
+    /// Complete the op with the bytes moved.
+    CompleteOp(OpId),
+    /// A pull or push of a request: complete the op; the request's reply may then go.
+    ReqOp { op: OpId, peer: PeerId, req: u64 },
+    /// A rendezvous receive: send FIN for `msg`, complete the op.
+    RecvDone { op: OpId, msg: u64 },
+    /// A fetched request header: deliver the request (then FIN).
+    RequestHeader { pending: Box<recv::PendingRequest> },
+    /// A fetched reply header: complete the request op (then FIN).
+    ReplyHeader { op: OpId, status: u32, msg: u64 },
+}
+
+pub(crate) struct State<V: Verbs> {
+    pub s: Settings,
+    pub dev: Arc<Dev<V>>,
+    pub cache: Cache<V>,
+    pub core: Arc<Core>,
+    pub listener: Option<TcpListener>,
+    pub sides: HashMap<Token, Side>,
+    pub next_token: usize,
+    pub conns: Vec<Option<Conn<V>>>,
+    pub conn_gen: Vec<u8>,
+    pub free_conns: Vec<u32>,
+    pub peers: Vec<Peer>,
+    pub by_eid: HashMap<u64, PeerId>,
+    pub matcher: Matcher<(), Early>,
+    pub ops: FxHashMap<OpId, Op>,
+    pub exposures: HashMap<u64, Exposed<V>>,
+    pub sreqs: HashMap<(PeerId, u64), SReq>,
+    /// Rendezvous sends and fetched headers waiting for the peer's FIN, by message id.
+    pub fin_wait: FxHashMap<u64, FinWait>,
+    pub xfers: FxHashMap<u64, Xfer>,
+    pub bulk: BulkScheduler<u64>,
+    pub zones: Option<xfer::Zones<V>>,
+    /// Units waiting for send-queue room.
+    pub deferred: VecDeque<(u64, usize, usize, Option<crate::flowctl::ZoneBuf>)>,
+    pub pool: BufPool,
+    pub next_msg: u64,
+    pub next_xfer: u64,
+    pub done: Vec<Completion>,
+    pub events: u64,
+    pub rounds: u32,
+    pub last_timers: Instant,
+    pub closed: bool,
+    pub registry: Registry,
+    pub wcs: Vec<WorkCompletion>,
+}
+
+/// Waiting for a FIN.
+pub(crate) enum FinWait {
+    /// A rendezvous send op.
+    Send(OpId),
+    /// Registrations and memory of a header we sent by rendezvous.
+    Header { regs: Vec<RegRef>, keep: Vec<RegisteredBuf> },
+}
+
+/// An exposure: a buffer with its own registration, revoked by dropping it.
+pub(crate) struct Exposed<V: Verbs> {
+    pub mr: V::Mr,
+    pub buf: RegisteredBuf,
+}
+
+impl<V: Verbs> IbBackend<V> {
+    pub(crate) fn new(
+        scheme: Scheme,
+        ctx: V,
+        bind: Option<&Address>,
+        cfg: &Config,
+        core: Arc<Core>,
+    ) -> Result<Self> {
+        let port = ctx.port_attr(1)?;
+        if port.state != PortState::Active {
+            return Err(Error::Unsupported(format!("port 1 of {} is not active", ctx.device().name)));
+        }
+        let pd = ctx.alloc_pd()?;
+        let ch = ctx.create_comp_channel()?;
+        let attr = ctx.attr().clone();
+        let cqe = attr.max_cqe.min(65536);
+        let cq = ctx.create_cq(cqe, Some(&ch), 1)?;
+        let max_inline_device = attr.max_inline_data;
+        let max_sge = attr.max_sge.min(16);
+        let dev = Arc::new(Dev { ctx, pd, ch, cq, port });
+        let rc_cfg = RegCacheConfig::default()
+            .max_entries(cfg.ib.regcache_entries)
+            .max_pinned_bytes(cfg.ib.regcache_bytes)
+            .access(Access::READ_WRITE);
+        let cache: Cache<V> = Arc::new(Mutex::new(RegCache::new(VerbsRegistrar::new(dev.clone()), rc_cfg)?));
+        let pool = BufPool::with_registrar(
+            cfg.pool_max_bytes,
+            cfg.pool_cached_bytes,
+            Arc::new(PoolReg::new(cache.clone())),
+        );
+
+        let poll = Poll::new()?;
+        let registry = poll.registry().try_clone()?;
+        let waker = Waker::new(&registry, WAKER)?;
+        registry.register(&mut SourceFd(&dev.ch.as_raw_fd()), CHANNEL, Interest::READABLE)?;
+
+        let mut policy = cfg.policy.clone().unwrap_or_else(|| Policy::for_scheme(scheme));
+        let recv_size = cfg.ib.recv_size;
+        let n_recv = cfg.ib.recv_buffers;
+        let n_ring = cfg.ib.ring_slots;
+        // A slot holds the largest fast-RDMA payload plus room for headers.
+        let fast_max = ServiceLevel::ALL.iter().map(|&sl| policy.thresholds(sl).fast_max).max().unwrap_or(0);
+        let slot_size = (fast_max + 4096).next_multiple_of(4096).max(recv_size as usize) as u32;
+        // Inline sends must fit a receive buffer.
+        for sl in ServiceLevel::ALL {
+            let mut t = policy.thresholds(sl);
+            t.inline_max = t.inline_max.min(recv_size as usize - MSG_HDR);
+            t.fast_max = t.fast_max.min(slot_size as usize - MSG_HDR);
+            policy.set(sl, t);
+        }
+        let mut listener = None;
+        let mut local = None;
+        if let Some(addr) = bind {
+            let sa = *addr.resolve()?.first().ok_or_else(|| Error::misuse("no address to bind"))?;
+            let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
+            sock.set_reuse_address(true)?;
+            sock.set_nonblocking(true)?;
+            sock.bind(&sa.into())?;
+            sock.listen(1024)?;
+            let mut l = TcpListener::from_std(sock.into());
+            registry.register(&mut l, LISTENER, Interest::READABLE)?;
+            local = Some(Address::new(scheme, addr.host().clone(), l.local_addr()?.port()));
+            listener = Some(l);
+        }
+        let endpoint_id = crate::util::random_u64();
+        let s = Settings {
+            cfg: cfg.clone(),
+            policy,
+            endpoint_id,
+            listen_port: local.as_ref().map_or(0, |a| a.port()),
+            eager_limit: slot_size as usize - MSG_HDR,
+            max_message: cfg.max_message.min(u32::MAX as usize),
+            slot_size,
+            recv_size,
+            n_recv,
+            n_ring,
+            max_inline_device,
+            max_sge,
+        };
+        let ib = &cfg.ib;
+        let st = State {
+            s,
+            dev: dev.clone(),
+            cache: cache.clone(),
+            core: core.clone(),
+            listener,
+            sides: HashMap::new(),
+            next_token: FIRST_SIDE,
+            conns: Vec::new(),
+            conn_gen: Vec::new(),
+            free_conns: Vec::new(),
+            peers: Vec::new(),
+            by_eid: HashMap::new(),
+            matcher: Matcher::new(),
+            ops: FxHashMap::default(),
+            exposures: HashMap::new(),
+            sreqs: HashMap::new(),
+            fin_wait: FxHashMap::default(),
+            xfers: FxHashMap::default(),
+            bulk: BulkScheduler::new(
+                ib.transfer_unit,
+                ib.min_transfer_unit,
+                ib.peer_rdma_cap,
+                ib.endpoint_rdma_cap,
+            ),
+            zones: None,
+            deferred: VecDeque::new(),
+            pool: pool.clone(),
+            next_msg: 1,
+            next_xfer: 1,
+            done: Vec::new(),
+            events: 0,
+            rounds: 0,
+            last_timers: Instant::now(),
+            closed: false,
+            registry: registry.try_clone()?,
+            wcs: vec![WorkCompletion::default(); CQ_BATCH],
+        };
+        tracing::debug!(%scheme, endpoint_id, local = ?local, device = %dev.ctx.device().name, "ib endpoint up");
+        Ok(IbBackend {
+            scheme,
+            core,
+            dev,
+            cache,
+            poller: Mutex::new(Poller { poll, events: Events::with_capacity(256) }),
+            waker,
+            st: Mutex::new(st),
+            pool,
+            local,
+            endpoint_id,
+            blocked: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<V>> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn deliver(&self, mut st: MutexGuard<'_, State<V>>) {
+        if !st.done.is_empty() {
+            self.core.complete_all(st.done.drain(..));
+        }
+    }
+
+    /// One round: completions, then side channels when `side` is set.
+    fn round(&self, st: &mut State<V>) -> bool {
+        let before = (st.events, st.done.len());
+        st.poll_cq();
+        st.pump_all();
+        st.events != before.0 || st.done.len() != before.1
+    }
+}
+
+impl<V: Verbs> Backend for IbBackend<V> {
+    fn scheme(&self) -> Scheme {
+        self.scheme
+    }
+
+    fn local_addr(&self) -> Option<Address> {
+        self.local.clone()
+    }
+
+    fn connect(&self, addr: &Address) -> Result<PeerId> {
+        let sa = *addr.resolve()?.first().ok_or_else(|| Error::misuse("address resolves to nothing"))?;
+        let mut st = self.lock();
+        if let Some(i) = st.peers.iter().position(|p| p.dial == Some(sa)) {
+            return Ok(PeerId(i as u32));
+        }
+        if st.peers.len() >= st.s.cfg.max_peers {
+            return Err(Error::Exhausted(format!("max_peers ({}) reached", st.s.cfg.max_peers)));
+        }
+        Ok(st.new_peer(Some(sa), Some(sa)))
+    }
+
+    fn peer_addr(&self, peer: PeerId) -> Option<Address> {
+        let st = self.lock();
+        let p = st.peers.get(peer.0 as usize)?;
+        p.dial.or(p.remote).map(|sa| Address::from_socket(self.scheme, sa))
+    }
+
+    fn post(&self, op: OpId, cmd: Cmd) -> Result<()> {
+        let mut st = self.lock();
+        if st.closed {
+            return Err(Error::Closed);
+        }
+        let r = st.post(op, cmd);
+        st.pump_all();
+        self.deliver(st);
+        if self.blocked.load(Ordering::Acquire) {
+            let _ = self.waker.wake();
+        }
+        r
+    }
+
+    fn cancel(&self, op: OpId, why: Error) {
+        let mut st = self.lock();
+        st.cancel(op, why);
+        st.pump_all();
+        self.deliver(st);
+    }
+
+    fn progress(&self, timeout: Duration) -> Result<()> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        st.rounds = st.rounds.wrapping_add(1);
+        let progressed = self.round(st);
+        let look_at_sides = !timeout.is_zero() || st.rounds.is_multiple_of(SPIN_SIDE_EVERY);
+        if progressed || !look_at_sides {
+            st.timers(timeout.is_zero());
+            self.deliver(guard);
+            return Ok(());
+        }
+        // Nothing on the CQ: arm it, look once more (a completion may have slipped in before
+        // arming), then sleep in epoll on the channel and the side channels.
+        let mut timeout = timeout;
+        if !timeout.is_zero() {
+            self.dev.cq.req_notify(false)?;
+            if self.round(st) {
+                timeout = Duration::ZERO;
+            }
+        }
+        self.deliver(guard);
+        let mut pg = self.poller.lock().unwrap_or_else(|p| p.into_inner());
+        let poller = &mut *pg;
+        let blocking = !timeout.is_zero();
+        if blocking {
+            self.blocked.store(true, Ordering::Release);
+        }
+        let r = poller.poll.poll(&mut poller.events, Some(timeout));
+        if blocking {
+            self.blocked.store(false, Ordering::Release);
+        }
+        match r {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        for ev in poller.events.iter() {
+            match ev.token() {
+                LISTENER => st.accept(),
+                WAKER => {}
+                CHANNEL => while let Ok(Some(_)) = self.dev.ch.get_event() {},
+                t => st.side_event(t, ev.is_writable()),
+            }
+        }
+        drop(pg);
+        self.round(st);
+        st.timers(false);
+        self.deliver(guard);
+        Ok(())
+    }
+
+    fn wake(&self) {
+        let _ = self.waker.wake();
+    }
+
+    fn unexpected_taken(&self, peer: PeerId, bytes: usize) {
+        let mut st = self.lock();
+        if let Some(p) = st.peers.get_mut(peer.0 as usize) {
+            p.buffered = p.buffered.saturating_sub(bytes);
+            p.unexpected = p.unexpected.saturating_sub(1);
+        }
+        st.unstall(peer);
+        st.pump_all();
+        self.deliver(st);
+    }
+
+    fn alloc(&self, len: usize) -> Result<RegisteredBuf> {
+        self.pool.alloc(len)
+    }
+
+    fn expose(&self, buf: RegisteredBuf, access: Access) -> Result<MemHandle> {
+        let mut f = AccessFlags::LOCAL_WRITE;
+        if access.contains(Access::READ) {
+            f = f | AccessFlags::REMOTE_READ;
+        }
+        if access.contains(Access::WRITE) {
+            f = f | AccessFlags::REMOTE_WRITE;
+        }
+        let mr = xfer::register_exposure(&self.dev, &buf, f)?;
+        let mut st = self.lock();
+        let key = loop {
+            let k = crate::util::random_u64();
+            if k != 0 && !st.exposures.contains_key(&k) {
+                break k;
+            }
+        };
+        let h = MemHandle { addr: buf.addr() as u64, len: buf.len() as u64, key, rkey: mr.rkey(), access };
+        st.exposures.insert(key, Exposed { mr, buf });
+        Ok(h)
+    }
+
+    fn revoke(&self, key: u64) -> Result<RegisteredBuf> {
+        let e = self
+            .lock()
+            .exposures
+            .remove(&key)
+            .ok_or_else(|| Error::misuse("unknown or already revoked exposure"))?;
+        // Deregistering invalidates the rkey: the peer's later accesses fail.
+        drop(e.mr);
+        Ok(e.buf)
+    }
+
+    fn with_exposed(&self, key: u64, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        let st = self.lock();
+        let e = st.exposures.get(&key).ok_or_else(|| Error::misuse("unknown or revoked exposure"))?;
+        // Peers may write the exposure at any moment: work on a copy, then write it back.
+        let mut snapshot = reg::read_registered(&e.buf);
+        f(&mut snapshot);
+        reg::write_registered(&e.buf, &snapshot);
+        Ok(())
+    }
+
+    fn info(&self, info: &mut Info) {
+        let st = self.lock();
+        info.scheme = self.scheme;
+        info.local_addr = self.local.clone();
+        info.endpoint_id = self.endpoint_id;
+        info.eager_limit = st.s.eager_limit;
+        info.max_message = st.s.max_message;
+        info.policy = st.s.policy.clone();
+        info.credits = Some(u32::from(st.s.n_recv));
+        info.fast_slots = Some((u32::from(st.s.n_ring), st.s.slot_size as usize));
+        info.pool = self.pool.stats();
+        info.exposures = st.exposures.len();
+        info.peers_connected = st.peers.iter().filter(|p| p.conns.iter().any(Option::is_some)).count();
+        let (max_entries, max_bytes) = (st.s.cfg.ib.regcache_entries, st.s.cfg.ib.regcache_bytes as u64);
+        drop(st);
+        let rs = self.cache.lock().unwrap_or_else(|p| p.into_inner()).stats();
+        info.regcache = Some(RegcacheInfo {
+            max_entries,
+            max_bytes,
+            entries: rs.entries as usize,
+            pinned_bytes: rs.bytes_pinned,
+            hits: rs.hits + rs.probe_hits,
+            misses: rs.misses,
+        });
+    }
+
+    fn shutdown(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        let peers: Vec<PeerId> = (0..st.peers.len() as u32).map(PeerId).collect();
+        for p in peers {
+            st.fail_peer(p, Loss::Lost("endpoint closed".into()));
+        }
+        st.sides.clear();
+        st.listener = None;
+        st.done.clear();
+    }
+}
+
+impl<V: Verbs> State<V> {
+    pub(crate) fn new_peer(&mut self, dial: Option<SocketAddr>, remote: Option<SocketAddr>) -> PeerId {
+        let id = PeerId(self.peers.len() as u32);
+        self.peers.push(Peer {
+            dial,
+            remote,
+            conns: [None; ServiceLevel::COUNT],
+            buffered: 0,
+            unexpected: 0,
+            requests: 0,
+            lost: None,
+            cancelled_reqs: Default::default(),
+            stalled: Vec::new(),
+        });
+        id
+    }
+
+    pub(crate) fn peer(&self, peer: PeerId) -> Result<&Peer> {
+        self.peers.get(peer.0 as usize).ok_or_else(|| Error::misuse(format!("unknown {peer}")))
+    }
+
+    pub(crate) fn conn(&self, id: u32) -> Option<&Conn<V>> {
+        self.conns.get(id as usize).and_then(Option::as_ref)
+    }
+
+    pub(crate) fn conn_mut(&mut self, id: u32) -> Option<&mut Conn<V>> {
+        self.conns.get_mut(id as usize).and_then(Option::as_mut)
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Operations
+    // ----------------------------------------------------------------------------------------
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn insert_op(
+        &mut self,
+        op: OpId,
+        kind: OpKind,
+        peer: PeerId,
+        tag: Tag,
+        sl: ServiceLevel,
+        buf: OpBuf,
+        st: OpSt,
+    ) {
+        self.ops.insert(
+            op,
+            Op {
+                kind,
+                peer,
+                tag,
+                sl,
+                buf,
+                st,
+                refs: 0,
+                outcome: None,
+                mech: None,
+                reply: None,
+                moved: 0,
+                regs: Vec::new(),
+                conn: None,
+                keep: Vec::new(),
+                stage_in: None,
+            },
+        );
+    }
+
+    /// Records an op's outcome; it is delivered once nothing references its buffer.
+    pub(crate) fn complete(&mut self, op: OpId, result: Result<usize>) {
+        let Some(o) = self.ops.get_mut(&op) else { return };
+        if o.outcome.is_none() {
+            o.outcome = Some(result);
+        }
+        if !matches!(o.st, OpSt::Cancelling { .. }) {
+            o.st = OpSt::Finishing;
+        }
+        if o.refs == 0 && !matches!(o.st, OpSt::Cancelling { .. }) {
+            self.deliver_op(op);
+        }
+    }
+
+    pub(crate) fn deliver_op(&mut self, op: OpId) {
+        let Some(mut o) = self.ops.remove(&op) else { return };
+        // Registrations end before the buffer goes back: after this no peer touches it.
+        if !o.regs.is_empty() {
+            let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            for r in o.regs.drain(..) {
+                let _ = c.release(r);
+            }
+        }
+        let mut c = Completion::new(op, o.kind, o.peer, o.tag);
+        c.result = o.outcome.unwrap_or(Ok(0));
+        c.buf = o.buf;
+        c.reply = o.reply;
+        c.mechanism = o.mech;
+        if let (Ok(n), Some(m)) = (&c.result, c.mechanism) {
+            self.core.counters.mechanism(m);
+            match c.kind {
+                OpKind::Recv | OpKind::Get | OpKind::Pull => {
+                    Counters::add(&self.core.counters.bytes_received, *n as u64)
+                }
+                OpKind::Send | OpKind::SendUnexpected | OpKind::Put | OpKind::Push => {
+                    Counters::add(&self.core.counters.bytes_sent, *n as u64)
+                }
+                _ => {}
+            }
+        }
+        drop(std::mem::take(&mut o.keep));
+        drop(o.stage_in.take());
+        self.done.push(c);
+    }
+
+    /// Drops one reference to an op's buffer.
+    pub(crate) fn release_ref(&mut self, op: OpId) {
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.refs = o.refs.saturating_sub(1);
+            if o.refs == 0 && o.outcome.is_some() && !matches!(o.st, OpSt::Cancelling { .. }) {
+                self.deliver_op(op);
+            }
+        }
+    }
+
+    pub(crate) fn fail_new(&mut self, op: OpId, kind: OpKind, peer: PeerId, tag: Tag, buf: OpBuf, e: Error) {
+        let mut c = Completion::new(op, kind, peer, tag);
+        c.result = Err(e);
+        c.buf = buf;
+        self.done.push(c);
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Completions
+    // ----------------------------------------------------------------------------------------
+
+    fn poll_cq(&mut self) {
+        let mut wcs = std::mem::take(&mut self.wcs);
+        loop {
+            let n = match self.dev.cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!(error = %e, "completion queue failed");
+                    0
+                }
+            };
+            for wc in &wcs[..n] {
+                self.on_wc(wc);
+            }
+            if n < wcs.len() {
+                break;
+            }
+        }
+        self.wcs = wcs;
+    }
+
+    fn on_wc(&mut self, wc: &WorkCompletion) {
+        let (kind, cid, gen_, idx) = wr_parts(wc.wr_id);
+        // Completions of a connection already torn down are stale.
+        if self.conn_gen.get(cid as usize) != Some(&gen_) || self.conn(cid).is_none() {
+            return;
+        }
+        if wc.status != WcStatus::Success {
+            if wc.status != WcStatus::WrFlushErr {
+                tracing::debug!(status = ?wc.status, conn = cid, "work request failed");
+            }
+            self.on_wc_error(cid, kind, idx, wc.status);
+            return;
+        }
+        match kind {
+            WR_RECV => self.on_recv(cid, idx, wc),
+            WR_SEND => self.on_send_done(cid, idx),
+            _ => {}
+        }
+    }
+
+    /// A failed work request: the queue pair is in ERR and every later one flushes. The op it
+    /// belonged to gets the precise error; the peer is lost.
+    fn on_wc_error(&mut self, cid: u32, kind: u64, idx: u32, status: WcStatus) {
+        let Some(peer) = self.conn(cid).map(|c| c.peer) else { return };
+        if kind == WR_SEND {
+            // Precise error for a one-sided op hitting a bad key or range.
+            // The failing work request's unit, or the last unit posted before it.
+            let target = self
+                .conn(cid)
+                .and_then(|c| {
+                    c.sq.iter().skip_while(|e| e.seq != idx).find_map(|e| match e.done {
+                        SqDone::Unit { xfer, .. } => Some(xfer),
+                        _ => None,
+                    })
+                })
+                .and_then(|xfer| self.xfers.get(&xfer))
+                .and_then(|x| match x.local {
+                    Local::Op { op, .. } => Some(op),
+                    Local::Vec(_) => None,
+                });
+            if let Some(op) = target {
+                if matches!(status, WcStatus::RemAccessErr | WcStatus::RemInvReqErr) {
+                    Counters::add(&self.core.counters.access_denied, 1);
+                }
+                let e = match status {
+                    WcStatus::RemAccessErr => Error::RemoteAccess(crate::error::AccessError::BadKey),
+                    WcStatus::RemInvReqErr => Error::RemoteAccess(crate::error::AccessError::OutOfBounds),
+                    _ => Error::PeerLost { peer, reason: format!("work request failed: {status:?}") },
+                };
+                if let Some(o) = self.ops.get_mut(&op)
+                    && o.outcome.is_none()
+                {
+                    o.outcome = Some(Err(e));
+                }
+            }
+        }
+        let reason = format!("queue pair error: {status:?}");
+        self.fail_peer(peer, Loss::Lost(reason));
+    }
+
+    /// A signaled send completion retires every earlier work request of the queue pair.
+    fn on_send_done(&mut self, cid: u32, seq: u32) {
+        let mut retired = Vec::new();
+        {
+            let Some(c) = self.conn_mut(cid) else { return };
+            while let Some(e) = c.sq.pop_front() {
+                c.sq_depth -= 1;
+                let last = e.seq == seq;
+                retired.push(e);
+                if last {
+                    break;
+                }
+            }
+        }
+        for e in retired {
+            self.retire(cid, e);
+        }
+    }
+
+    fn retire(&mut self, cid: u32, e: SqEntry) {
+        if let Some(b) = e.bounce
+            && let Some(c) = self.conn_mut(cid)
+        {
+            match b {
+                Bounce::Small(i) => c.free_small.push(i),
+                Bounce::Large(i) => c.free_large.push(i),
+            }
+        }
+        match e.done {
+            SqDone::Nothing => {}
+            SqDone::Then(t) => self.then_at_wc(t),
+            SqDone::Unit { xfer, offset, len, zone, read, reads } => {
+                self.unit_done(cid, xfer, offset, len, zone, read, reads)
+            }
+        }
+    }
+
+    fn then_at_wc(&mut self, t: Then) {
+        match t {
+            Then::CompleteAtWc(op) => {
+                let n = self.ops.get(&op).map_or(0, |o| match &o.buf {
+                    OpBuf::Send(s) => s.len(),
+                    _ => 0,
+                });
+                self.release_ref(op);
+                self.complete(op, Ok(n));
+            }
+            Then::Release(op) => self.release_ref(op),
+            Then::CompleteAtPost(_) | Then::Nothing => {}
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Peer loss
+    // ----------------------------------------------------------------------------------------
+
+    pub(crate) fn fail_peer(&mut self, peer: PeerId, why: Loss) {
+        let (err, reason) = match why {
+            Loss::Lost(r) => (Error::PeerLost { peer, reason: r.clone() }, r),
+            Loss::Auth(r) => {
+                Counters::add(&self.core.counters.auth_failures, 1);
+                (Error::Auth(r.clone()), format!("authentication failed: {r}"))
+            }
+            Loss::Protocol(p) => {
+                Counters::add(&self.core.counters.protocol_errors, 1);
+                let r = p.to_string();
+                (Error::Protocol { peer: Some(peer), reason: p }, r)
+            }
+        };
+        let Some(p) = self.peers.get_mut(peer.0 as usize) else { return };
+        tracing::debug!(%peer, %reason, "peer lost");
+        Counters::add(&self.core.counters.peers_lost, 1);
+        let conn_ids: Vec<u32> = p.conns.iter_mut().filter_map(Option::take).collect();
+        p.lost = p.dial.is_none().then(|| reason.clone());
+        p.buffered = 0;
+        p.unexpected = 0;
+        p.requests = 0;
+        p.stalled.clear();
+        p.cancelled_reqs.clear();
+        // Side channels of this peer (also those still in their handshake).
+        let sides: Vec<Token> =
+            self.sides.iter().filter(|(_, s)| s.peer == Some(peer)).map(|(t, _)| *t).collect();
+        for t in sides {
+            if let Some(mut s) = self.sides.remove(&t) {
+                let _ = self.registry.deregister(&mut s.framed.sock);
+            }
+        }
+        let mut all_conns: Vec<u32> =
+            self.conns.iter().flatten().filter(|c| c.peer == peer).map(|c| c.id).collect();
+        all_conns.extend(conn_ids);
+        all_conns.sort();
+        all_conns.dedup();
+        // Destroying the queue pairs first guarantees no more DMA into memory about to be
+        // released (buffers returned to users, registrations dropped).
+        for cid in &all_conns {
+            if let Some(c) = self.conns.get_mut(*cid as usize).and_then(Option::take) {
+                drop(c);
+                self.free_conns.push(*cid);
+            }
+        }
+        let (_posted, _early) = self.matcher.drop_peer(peer);
+        self.sreqs.retain(|(p, _), _| *p != peer);
+        self.core.forget_peer(peer);
+        let xfers: Vec<u64> = self.xfers.iter().filter(|(_, x)| x.peer == peer).map(|(k, _)| *k).collect();
+        for x in xfers {
+            self.bulk.remove(&x);
+            self.xfers.remove(&x);
+        }
+        let xfers = &self.xfers;
+        self.deferred.retain(|(x, ..)| xfers.contains_key(x));
+        if let Some(z) = &mut self.zones {
+            z.release_client(peer);
+        }
+        let mut ops: Vec<OpId> = self.ops.iter().filter(|(_, o)| o.peer == peer).map(|(id, _)| *id).collect();
+        ops.sort();
+        let fins: Vec<u64> = self
+            .fin_wait
+            .iter()
+            .filter(|(_, f)| matches!(f, FinWait::Send(op) if ops.contains(op)))
+            .map(|(m, _)| *m)
+            .collect();
+        for m in fins {
+            self.fin_wait.remove(&m);
+        }
+        for op in ops {
+            if let Some(o) = self.ops.get_mut(&op) {
+                o.refs = 0;
+                o.st = OpSt::Finishing;
+                if !matches!(o.outcome, Some(Err(_))) {
+                    o.outcome = Some(Err(err.duplicate()));
+                }
+                self.deliver_op(op);
+            }
+        }
+    }
+
+    fn timers(&mut self, polling: bool) {
+        if polling && !self.rounds.is_multiple_of(64) {
+            return;
+        }
+        let now = Instant::now();
+        if now.duration_since(self.last_timers) < Duration::from_millis(50) {
+            return;
+        }
+        self.last_timers = now;
+        let limit = self.s.cfg.handshake_timeout.max(self.s.cfg.connect_timeout);
+        let expired: Vec<Token> = self
+            .sides
+            .iter()
+            .filter(|(_, s)| {
+                !matches!(s.phase, SidePhase::Established) && now.duration_since(s.since) > limit
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        for t in expired {
+            self.side_failed(t, Loss::Lost("connection handshake timed out".into()));
+        }
+        // Cancelled transfers the peer did not finish within the grace period: tear down.
+        let overdue: Vec<PeerId> = self
+            .ops
+            .values()
+            .filter(|o| matches!(o.st, OpSt::Cancelling { until } if until <= now))
+            .map(|o| o.peer)
+            .collect();
+        for p in overdue {
+            self.fail_peer(p, Loss::Lost("cancelled transfer not released by the peer in time".into()));
+        }
+    }
+}

@@ -1,0 +1,1151 @@
+//! Posting: commands from the endpoint, and the per-connection transmit pump.
+
+use bytes::Bytes;
+
+use crate::buf::{OpBuf, RecvBuf, SendBuf};
+use crate::comm::{Conditions, Mechanism};
+use crate::endpoint::{Cmd, Completion, Direction, OpKind, Payload as UserPayload};
+use crate::error::{Error, Result};
+use crate::expose::MemHandle;
+use crate::flowctl::Transmit;
+use crate::ib::verbs::*;
+use crate::info::Counters;
+use crate::regcache::{Origin, RegRef};
+use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
+use crate::wire::{
+    FLAG_INLINE_DATA, FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind,
+};
+
+use super::msg::{self, MSG_HDR, Prefix, Segment};
+use super::{
+    Early, FinWait, Local, OpSt, OutMsg, Payload, SReq, SqDone, SqEntry, State, Then, Via, WR_SEND, XferThen,
+    wr_id,
+};
+
+/// What to register a buffer for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum For {
+    /// The peer reads it.
+    PeerRead,
+    /// The peer writes it.
+    PeerWrite,
+}
+
+impl<V: Verbs> State<V> {
+    pub(crate) fn post(&mut self, op: OpId, cmd: Cmd) -> Result<()> {
+        match cmd {
+            Cmd::Send { peer, tag, sl, buf, unexpected } => {
+                self.post_send(op, peer, tag, sl, buf, unexpected)
+            }
+            Cmd::Recv { peer, tag, buf } => self.post_recv(op, peer, tag, buf),
+            Cmd::Put { peer, sl, local, remote } => {
+                self.post_one_sided(op, peer, sl, OpBuf::Send(local), remote, false)
+            }
+            Cmd::Get { peer, sl, local, remote } => {
+                self.post_one_sided(op, peer, sl, OpBuf::Recv(local), remote, true)
+            }
+            Cmd::Request { peer, tag, sl, header, payload } => {
+                self.post_request(op, peer, tag, sl, header, payload)
+            }
+            Cmd::Pull { peer, req, sl, offset, buf } => self.post_pull(op, peer, req, sl, offset, buf),
+            Cmd::Push { peer, req, sl, offset, buf } => self.post_push(op, peer, req, sl, offset, buf),
+            Cmd::Reply { peer, req, sl, header, status } => {
+                self.post_reply(op, peer, req, sl, header, status)
+            }
+        }
+    }
+
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len > self.s.max_message {
+            return Err(Error::TooLarge { len: len as u64, max: self.s.max_message as u64 });
+        }
+        Ok(())
+    }
+
+    fn choose(&self, len: usize, sl: ServiceLevel) -> Mechanism {
+        self.s.policy.choose(len, sl, Conditions::idle(true))
+    }
+
+    /// Queues a message on a connection and counts a reference to the op its payload or
+    /// completion names.
+    pub(crate) fn enqueue(&mut self, cid: u32, m: OutMsg) {
+        if let Then::CompleteAtPost(op) | Then::CompleteAtWc(op) | Then::Release(op) = m.then
+            && let Some(o) = self.ops.get_mut(&op)
+        {
+            o.refs += 1;
+        }
+        if let Some(c) = self.conn_mut(cid) {
+            c.out.push_back(m);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_send(
+        &mut self,
+        op: OpId,
+        peer: PeerId,
+        tag: Tag,
+        sl: ServiceLevel,
+        buf: SendBuf,
+        unexpected: bool,
+    ) -> Result<()> {
+        let len = buf.len();
+        self.check_len(len)?;
+        if unexpected && len > self.s.eager_limit {
+            return Err(Error::TooLarge { len: len as u64, max: self.s.eager_limit as u64 });
+        }
+        let kind = if unexpected { OpKind::SendUnexpected } else { OpKind::Send };
+        let cid = match self.conn_for(peer, sl) {
+            Ok(c) => c,
+            Err(e) => {
+                self.fail_new(op, kind, peer, tag, OpBuf::Send(buf), e);
+                return Ok(());
+            }
+        };
+        let mut mech = self.choose(len, sl);
+        if unexpected && mech == Mechanism::ServerRdma {
+            mech = Mechanism::FastRdma;
+        }
+        self.insert_op(op, kind, peer, tag, sl, OpBuf::Send(buf), OpSt::Sending);
+        Counters::add(&self.core.counters.msgs_sent, 1);
+        let mut h = Header::new(if unexpected { Kind::Unexpected } else { Kind::Eager }, sl);
+        h.a = tag;
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.mech = Some(mech);
+            o.conn = Some(cid);
+        }
+        match mech {
+            Mechanism::Inline | Mechanism::FastRdma => {
+                h.len = len as u32;
+                let via = if mech == Mechanism::Inline { Via::Send } else { Via::Ring };
+                let m = OutMsg {
+                    via,
+                    header: h,
+                    payload: Payload::Op { op, off: 0, len },
+                    then: Then::CompleteAtPost(op),
+                    fence: false,
+                };
+                self.enqueue(cid, m);
+            }
+            Mechanism::ServerRdma => {
+                let segs = match self.register_op_buf(op, For::PeerRead) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        self.complete(op, Err(e));
+                        return Ok(());
+                    }
+                };
+                let msg_id = self.next_msg;
+                self.next_msg += 1;
+                let mut payload = Vec::new();
+                msg::encode_segments(&mut payload, &segs);
+                h.kind = Kind::Rdv;
+                h.b = msg_id;
+                h.c = len as u64;
+                h.len = payload.len() as u32;
+                self.fin_wait.insert(msg_id, FinWait::Send(op));
+                if let Some(o) = self.ops.get_mut(&op) {
+                    o.st = OpSt::WaitFin { msg: msg_id };
+                }
+                let via =
+                    if MSG_HDR + payload.len() <= self.s.recv_size as usize { Via::Send } else { Via::Ring };
+                self.enqueue(
+                    cid,
+                    OutMsg {
+                        via,
+                        header: h,
+                        payload: Payload::Bytes(Bytes::from(payload)),
+                        then: Then::Nothing,
+                        fence: false,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers an op's buffer for the peer's RDMA and returns its segments. Pool buffers hit
+    /// the cache; other memory is registered for the op's lifetime, or staged through a pool
+    /// buffer when it cannot be registered (read-only pages, pin limits, too many pieces).
+    fn register_op_buf(&mut self, op: OpId, purpose: For) -> Result<Vec<Segment>> {
+        let Some(o) = self.ops.get(&op) else { return Err(Error::misuse("no such op")) };
+        let pieces: Vec<(usize, usize)> = match &o.buf {
+            OpBuf::Send(SendBuf::Registered(b)) => vec![(b.addr(), b.len())],
+            OpBuf::Recv(RecvBuf::Registered(b)) => vec![(b.addr(), b.len())],
+            OpBuf::Send(s) => {
+                let mut v = Vec::new();
+                s.for_each_slice(0, s.len(), |p| v.push((p.as_ptr() as usize, p.len())));
+                v
+            }
+            OpBuf::Recv(RecvBuf::Mut(b)) => vec![(b.as_ptr() as usize, b.len())],
+            OpBuf::Recv(RecvBuf::List(l)) => {
+                l.iter().filter(|b| !b.is_empty()).map(|b| (b.as_ptr() as usize, b.len())).collect()
+            }
+            OpBuf::None => Vec::new(),
+        };
+        let owned =
+            matches!(o.buf, OpBuf::Send(SendBuf::Registered(_)) | OpBuf::Recv(RecvBuf::Registered(_)));
+        if !owned && pieces.len() <= msg::MAX_SEGMENTS / 2 {
+            match self.acquire_all(&pieces, false) {
+                Ok((regs, segs)) => {
+                    if let Some(o) = self.ops.get_mut(&op) {
+                        o.regs.extend(regs);
+                    }
+                    return Ok(segs);
+                }
+                Err(e) => tracing::debug!(error = %e, "registering a user buffer failed; staging it"),
+            }
+        } else if owned && let Ok((regs, segs)) = self.acquire_all(&pieces, true) {
+            if let Some(o) = self.ops.get_mut(&op) {
+                o.regs.extend(regs);
+            }
+            return Ok(segs);
+        }
+        // Stage: a pool buffer (registered once) carries the bytes.
+        let total: usize = pieces.iter().map(|p| p.1).sum();
+        let mut staged = self.pool.alloc(total.max(1))?;
+        staged.set_len(total)?;
+        if purpose == For::PeerRead
+            && let Some(o) = self.ops.get(&op)
+            && let OpBuf::Send(s) = &o.buf
+        {
+            s.copy_out(0, &mut staged);
+            Counters::add(&self.core.counters.host_copies, 1);
+            Counters::add(&self.core.counters.host_copy_bytes, total as u64);
+        }
+        let (regs, segs) = self.acquire_all(&[(staged.addr(), total)], true)?;
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.regs.extend(regs);
+            match purpose {
+                For::PeerRead => o.keep.push(staged),
+                For::PeerWrite => o.stage_in = Some(staged),
+            }
+        }
+        Ok(segs)
+    }
+
+    /// Registrations for the pieces (`hit_only`: owned memory that must already be
+    /// registered).
+    fn acquire_all(
+        &mut self,
+        pieces: &[(usize, usize)],
+        hit_only: bool,
+    ) -> Result<(Vec<RegRef>, Vec<Segment>)> {
+        let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut regs = Vec::with_capacity(pieces.len());
+        let mut segs = Vec::with_capacity(pieces.len());
+        for &(addr, len) in pieces {
+            if len == 0 {
+                continue;
+            }
+            let r = if hit_only {
+                c.acquire_if_registered(addr, len, Access::READ_WRITE)
+                    .ok_or_else(|| Error::misuse("pool buffer not registered"))
+            } else {
+                c.acquire(addr, len, Access::READ_WRITE, Origin::Foreign).map_err(Error::from)
+            };
+            match r {
+                Ok(r) => {
+                    segs.push(Segment { addr: addr as u64, len: len as u32, rkey: r.keys().rkey });
+                    regs.push(r);
+                }
+                Err(e) => {
+                    for r in regs {
+                        let _ = c.release(r);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok((regs, segs))
+    }
+
+    fn post_recv(&mut self, op: OpId, peer: PeerId, tag: Tag, buf: RecvBuf) -> Result<()> {
+        let p = self.peer(peer)?;
+        if let Some(reason) = p.lost.clone() {
+            self.fail_new(op, OpKind::Recv, peer, tag, OpBuf::Recv(buf), Error::PeerLost { peer, reason });
+            return Ok(());
+        }
+        self.insert_op(op, OpKind::Recv, peer, tag, ServiceLevel::Normal, OpBuf::Recv(buf), OpSt::Posted);
+        if let Err((op, (), early)) = self.matcher.post(peer, tag, op, ()) {
+            self.match_early(op, peer, early);
+        }
+        self.unstall(peer);
+        Ok(())
+    }
+
+    /// A receive posted after its message (or its rendezvous announcement) arrived.
+    pub(crate) fn match_early(&mut self, op: OpId, peer: PeerId, early: Early) {
+        match early {
+            Early::Eager { data, sl } => {
+                let p = &mut self.peers[peer.0 as usize];
+                p.buffered = p.buffered.saturating_sub(data.len());
+                Counters::add(&self.core.counters.host_copies, 1);
+                Counters::add(&self.core.counters.host_copy_bytes, data.len() as u64);
+                Counters::add(&self.core.counters.msgs_received, 1);
+                let Some(o) = self.ops.get_mut(&op) else { return };
+                o.sl = sl;
+                o.mech = Some(if data.len() <= self.s.policy.thresholds(sl).inline_max {
+                    Mechanism::Inline
+                } else {
+                    Mechanism::FastRdma
+                });
+                let r = match &mut o.buf {
+                    OpBuf::Recv(b) if b.capacity() >= data.len() => {
+                        b.copy_in(0, &data);
+                        Ok(data.len())
+                    }
+                    OpBuf::Recv(b) => {
+                        Err(Error::Truncated { len: data.len() as u64, capacity: b.capacity() as u64 })
+                    }
+                    _ => Ok(0),
+                };
+                self.complete(op, r);
+            }
+            Early::Rdv { msg, total, segs, conn, withdrawn } => {
+                let p = &mut self.peers[peer.0 as usize];
+                p.buffered = p.buffered.saturating_sub(super::RDV_COST);
+                if withdrawn {
+                    // The sender cancelled this message; the receive it matches says so.
+                    self.complete(op, Err(Error::PeerCancelled));
+                    return;
+                }
+                self.start_rdv_recv(op, conn, msg, total, segs);
+            }
+        }
+    }
+
+    /// Starts reading a rendezvous body into receive `op`.
+    pub(crate) fn start_rdv_recv(&mut self, op: OpId, cid: u32, msg_id: u64, total: u64, segs: Vec<Segment>) {
+        let Some(o) = self.ops.get_mut(&op) else { return };
+        let cap = match &o.buf {
+            OpBuf::Recv(b) => b.capacity() as u64,
+            _ => 0,
+        };
+        let sl = self.conn(cid).map_or(ServiceLevel::Normal, |c| c.sl);
+        let Some(o) = self.ops.get_mut(&op) else { return };
+        o.sl = sl;
+        o.mech = Some(Mechanism::ServerRdma);
+        o.conn = Some(cid);
+        if total > cap {
+            // Tell the sender it can let go, then fail the receive.
+            self.send_fin(cid, msg_id, super::FIN_TRUNCATED, cap);
+            self.complete(op, Err(Error::Truncated { len: total, capacity: cap }));
+            return;
+        }
+        o.st = OpSt::Moving;
+        let peer = o.peer;
+        Counters::add(&self.core.counters.msgs_received, 1);
+        self.start_xfer(
+            peer,
+            cid,
+            true,
+            segs,
+            0,
+            Local::Op { op, base: 0 },
+            total as usize,
+            XferThen::RecvDone { op, msg: msg_id },
+        );
+    }
+
+    /// Tells a rendezvous sender we are done with its buffer, and how it went (`FIN_*`;
+    /// `capacity` for [`super::FIN_TRUNCATED`]).
+    pub(crate) fn send_fin(&mut self, cid: u32, msg_id: u64, status: u32, capacity: u64) {
+        let sl = self.conn(cid).map_or(ServiceLevel::Normal, |c| c.sl);
+        let mut h = Header::new(Kind::Fin, sl);
+        h.b = msg_id;
+        h.aux = status;
+        h.c = capacity;
+        self.enqueue(
+            cid,
+            OutMsg { via: Via::Send, header: h, payload: Payload::None, then: Then::Nothing, fence: false },
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_request(
+        &mut self,
+        op: OpId,
+        peer: PeerId,
+        tag: Tag,
+        sl: ServiceLevel,
+        header: Bytes,
+        payload: UserPayload,
+    ) -> Result<()> {
+        if header.len() > self.s.cfg.max_header {
+            return Err(Error::TooLarge { len: header.len() as u64, max: self.s.cfg.max_header as u64 });
+        }
+        let (buf, dir, len) = match payload {
+            UserPayload::None => (OpBuf::None, Direction::None, 0),
+            UserPayload::Out(b) => {
+                let n = b.len();
+                (OpBuf::Send(b), Direction::Out, n)
+            }
+            UserPayload::In(b) => {
+                let n = b.capacity();
+                (OpBuf::Recv(b), Direction::In, n)
+            }
+        };
+        self.check_len(len)?;
+        let cid = match self.conn_for(peer, sl) {
+            Ok(c) => c,
+            Err(e) => {
+                self.fail_new(op, OpKind::Request, peer, tag, buf, e);
+                return Ok(());
+            }
+        };
+        self.insert_op(op, OpKind::Request, peer, tag, sl, buf, OpSt::WaitReply);
+        Counters::add(&self.core.counters.msgs_sent, 1);
+        let t = self.s.policy.thresholds(sl);
+        let mut h = Header::new(Kind::Request, sl);
+        h.a = tag;
+        h.b = op.0;
+        h.c = len as u64;
+        h.aux = header.len() as u32;
+        h.flags = match dir {
+            Direction::None => 0,
+            Direction::Out => FLAG_PAYLOAD_OUT,
+            Direction::In => FLAG_PAYLOAD_IN,
+        };
+        let mut parts = Vec::new();
+        // Where the payload goes: inline with the request, or registered for the server's RDMA.
+        let mech;
+        let data_inline = dir == Direction::Out
+            && MSG_HDR + header.len() + len <= self.s.slot_size as usize
+            && len <= t.fast_max
+            && self.choose(len, sl) != Mechanism::ServerRdma;
+        let mut segs_part = None;
+        if dir == Direction::Out && data_inline {
+            mech =
+                Some(if len <= t.inline_max && MSG_HDR + header.len() + len <= self.s.recv_size as usize {
+                    Mechanism::Inline
+                } else {
+                    Mechanism::FastRdma
+                });
+            h.flags |= FLAG_INLINE_DATA;
+        } else if (dir == Direction::Out)
+            || (dir == Direction::In && (len > t.fast_max || self.choose(len, sl) == Mechanism::ServerRdma))
+        {
+            let purpose = if dir == Direction::Out { For::PeerRead } else { For::PeerWrite };
+            let segs = match self.register_op_buf(op, purpose) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.complete(op, Err(e));
+                    return Ok(());
+                }
+            };
+            let mut v = Vec::new();
+            msg::encode_segments(&mut v, &segs);
+            segs_part = Some(Bytes::from(v));
+            h.flags |= FLAG_SEGMENTS;
+            mech = Some(Mechanism::ServerRdma);
+        } else {
+            mech = match dir {
+                Direction::None => None,
+                _ => Some(if len <= t.inline_max { Mechanism::Inline } else { Mechanism::FastRdma }),
+            };
+        }
+        let segs_len = segs_part.as_ref().map_or(0, Bytes::len);
+        let inline_len = if h.flags & FLAG_INLINE_DATA != 0 { len } else { 0 };
+        // The header itself: inline, or by rendezvous when it does not fit a slot.
+        if MSG_HDR + header.len() + inline_len + segs_len > self.s.slot_size as usize {
+            let hdr_segs = self.register_header(op, &header)?;
+            let mut v = Vec::new();
+            msg::encode_segments(&mut v, &hdr_segs);
+            parts.push(Payload::Bytes(Bytes::from(v)));
+            h.flags |= FLAG_RDV_HEADER;
+        } else {
+            parts.push(Payload::Bytes(header));
+        }
+        if inline_len > 0 {
+            parts.push(Payload::Op { op, off: 0, len });
+        }
+        if let Some(s) = segs_part {
+            parts.push(Payload::Bytes(s));
+        }
+        let payload = Payload::Parts(parts);
+        let total = MSG_HDR + payload.len();
+        h.len = payload.len() as u32;
+        let via = if total <= self.s.recv_size as usize && (inline_len == 0 || inline_len <= t.inline_max) {
+            Via::Send
+        } else {
+            Via::Ring
+        };
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.mech = mech;
+            o.conn = Some(cid);
+            if inline_len > 0 {
+                o.moved = len;
+            }
+        }
+        let then = if inline_len > 0 { Then::Release(op) } else { Then::Nothing };
+        self.enqueue(cid, OutMsg { via, header: h, payload, then, fence: false });
+        Ok(())
+    }
+
+    /// Registers a header too large for a message: the peer reads it and answers FIN. The
+    /// registration is held by `op` (requests) until it completes.
+    fn register_header(&mut self, op: OpId, header: &Bytes) -> Result<Vec<Segment>> {
+        let mut staged = self.pool.alloc(header.len())?;
+        staged.copy_from_slice(header);
+        let (regs, segs) = self.acquire_all(&[(staged.addr(), header.len())], true)?;
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.regs.extend(regs);
+            o.keep.push(staged);
+        }
+        Ok(segs)
+    }
+
+    fn sreq(&self, peer: PeerId, req: u64) -> Result<&SReq> {
+        self.sreqs
+            .get(&(peer, req))
+            .ok_or_else(|| Error::misuse(format!("no open request {req} from {peer}")))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_pull(
+        &mut self,
+        op: OpId,
+        peer: PeerId,
+        req: u64,
+        sl: ServiceLevel,
+        offset: u64,
+        mut buf: RecvBuf,
+    ) -> Result<()> {
+        let r = self.sreq(peer, req)?;
+        let len = buf.capacity();
+        if r.dir != Direction::Out || offset.checked_add(len as u64).is_none_or(|e| e > r.len) {
+            return Err(Error::misuse("pull outside the request's OUT payload"));
+        }
+        if r.cancelled {
+            self.fail_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Error::PeerCancelled);
+            return Ok(());
+        }
+        if let Some(inline) = &r.inline {
+            let start = offset as usize;
+            buf.copy_in(0, &inline[start..start + len]);
+            let mech = if inline.len() <= self.s.policy.thresholds(sl).inline_max {
+                Mechanism::Inline
+            } else {
+                Mechanism::FastRdma
+            };
+            let mut c = Completion::new(op, OpKind::Pull, peer, 0);
+            c.result = Ok(len);
+            c.buf = OpBuf::Recv(buf);
+            c.mechanism = Some(mech);
+            self.core.counters.mechanism(mech);
+            Counters::add(&self.core.counters.host_copies, 1);
+            Counters::add(&self.core.counters.host_copy_bytes, len as u64);
+            self.done.push(c);
+            return Ok(());
+        }
+        let (cid, segs) = (r.conn, r.segs.clone());
+        if let Some(r) = self.sreqs.get_mut(&(peer, req)) {
+            r.xfers += 1;
+        }
+        self.insert_op(op, OpKind::Pull, peer, 0, sl, OpBuf::Recv(buf), OpSt::Moving);
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.mech = Some(Mechanism::ServerRdma);
+            o.conn = Some(cid);
+        }
+        if len == 0 {
+            self.xfer_finished_for_req(peer, req);
+            self.complete(op, Ok(0));
+            return Ok(());
+        }
+        self.start_xfer(
+            peer,
+            cid,
+            true,
+            segs,
+            offset,
+            Local::Op { op, base: 0 },
+            len,
+            XferThen::ReqOp { op, peer, req },
+        );
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_push(
+        &mut self,
+        op: OpId,
+        peer: PeerId,
+        req: u64,
+        sl: ServiceLevel,
+        offset: u64,
+        buf: SendBuf,
+    ) -> Result<()> {
+        let r = self.sreq(peer, req)?;
+        let len = buf.len();
+        if r.dir != Direction::In || offset.checked_add(len as u64).is_none_or(|e| e > r.len) {
+            return Err(Error::misuse("push outside the request's IN payload"));
+        }
+        if r.cancelled {
+            self.fail_new(op, OpKind::Push, peer, 0, OpBuf::Send(buf), Error::PeerCancelled);
+            return Ok(());
+        }
+        let (cid, segs, rsl) = (r.conn, r.segs.clone(), r.sl);
+        self.insert_op(op, OpKind::Push, peer, 0, sl, OpBuf::Send(buf), OpSt::Sending);
+        if segs.is_empty() {
+            // The client did not register its buffer (small read): a PUSH message.
+            let t = self.s.policy.thresholds(rsl);
+            let mech = if len <= t.inline_max { Mechanism::Inline } else { Mechanism::FastRdma };
+            if len > self.s.slot_payload_max() {
+                self.complete(
+                    op,
+                    Err(Error::misuse("push larger than a message into an unregistered buffer")),
+                );
+                return Ok(());
+            }
+            let mut h = Header::new(Kind::Push, rsl);
+            h.b = req;
+            h.c = offset;
+            h.len = len as u32;
+            if let Some(o) = self.ops.get_mut(&op) {
+                o.mech = Some(mech);
+            }
+            let via = if mech == Mechanism::Inline && MSG_HDR + len <= self.s.recv_size as usize {
+                Via::Send
+            } else {
+                Via::Ring
+            };
+            self.enqueue(
+                cid,
+                OutMsg {
+                    via,
+                    header: h,
+                    payload: Payload::Op { op, off: 0, len },
+                    then: Then::CompleteAtPost(op),
+                    fence: false,
+                },
+            );
+            return Ok(());
+        }
+        if let Some(r) = self.sreqs.get_mut(&(peer, req)) {
+            r.xfers += 1;
+        }
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.mech = Some(Mechanism::ServerRdma);
+            o.conn = Some(cid);
+        }
+        if len == 0 {
+            self.xfer_finished_for_req(peer, req);
+            self.complete(op, Ok(0));
+            return Ok(());
+        }
+        self.start_xfer(
+            peer,
+            cid,
+            false,
+            segs,
+            offset,
+            Local::Op { op, base: 0 },
+            len,
+            XferThen::ReqOp { op, peer, req },
+        );
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_reply(
+        &mut self,
+        op: OpId,
+        peer: PeerId,
+        req: u64,
+        sl: ServiceLevel,
+        header: Bytes,
+        status: u32,
+    ) -> Result<()> {
+        if header.len() > self.s.cfg.max_header {
+            return Err(Error::TooLarge { len: header.len() as u64, max: self.s.cfg.max_header as u64 });
+        }
+        let r = self.sreq(peer, req)?;
+        let _ = sl;
+        let (cancelled, cost, rsl, xfers) = (r.cancelled, r.cost, r.sl, r.xfers);
+        if cancelled {
+            self.sreqs.remove(&(peer, req));
+            self.release_request_budget(peer, cost);
+            self.fail_new(op, OpKind::Reply, peer, 0, OpBuf::None, Error::PeerCancelled);
+            return Ok(());
+        }
+        self.insert_op(op, OpKind::Reply, peer, 0, rsl, OpBuf::None, OpSt::Sending);
+        if xfers > 0 {
+            // Pulls or pushes still move: the reply must not overtake them.
+            if let Some(r) = self.sreqs.get_mut(&(peer, req)) {
+                r.deferred_reply = Some((op, header, status));
+            }
+            return Ok(());
+        }
+        self.send_reply(op, peer, req, header, status);
+        Ok(())
+    }
+
+    /// Sends a reply now (its request's transfers are done).
+    pub(crate) fn send_reply(&mut self, op: OpId, peer: PeerId, req: u64, header: Bytes, status: u32) {
+        let Some(r) = self.sreqs.remove(&(peer, req)) else {
+            self.complete(op, Err(Error::misuse("request vanished")));
+            return;
+        };
+        self.release_request_budget(peer, r.cost);
+        Counters::add(&self.core.counters.msgs_sent, 1);
+        let mut h = Header::new(Kind::Reply, r.sl);
+        h.b = req;
+        h.aux = status;
+        let payload = if MSG_HDR + header.len() > self.s.slot_size as usize {
+            match self.register_header(op, &header) {
+                Ok(segs) => {
+                    let msg_id = self.next_msg;
+                    self.next_msg += 1;
+                    let mut v = Vec::new();
+                    msg::encode_segments(&mut v, &segs);
+                    h.flags |= FLAG_RDV_HEADER;
+                    h.c = msg_id;
+                    h.a = header.len() as u64;
+                    // The registration and the bytes stay until the client's FIN.
+                    let (regs, keep) = self
+                        .ops
+                        .get_mut(&op)
+                        .map(|o| (std::mem::take(&mut o.regs), std::mem::take(&mut o.keep)))
+                        .unwrap_or_default();
+                    self.fin_wait.insert(msg_id, FinWait::Header { regs, keep });
+                    Bytes::from(v)
+                }
+                Err(e) => {
+                    self.complete(op, Err(e));
+                    return;
+                }
+            }
+        } else {
+            header
+        };
+        h.len = payload.len() as u32;
+        let via = if MSG_HDR + payload.len() <= self.s.recv_size as usize { Via::Send } else { Via::Ring };
+        self.enqueue(
+            r.conn,
+            OutMsg {
+                via,
+                header: h,
+                payload: Payload::Bytes(payload),
+                then: Then::CompleteAtPost(op),
+                fence: true,
+            },
+        );
+    }
+
+    pub(crate) fn release_request_budget(&mut self, peer: PeerId, cost: usize) {
+        if let Some(p) = self.peers.get_mut(peer.0 as usize) {
+            p.buffered = p.buffered.saturating_sub(cost);
+            p.requests = p.requests.saturating_sub(1);
+        }
+        self.unstall(peer);
+    }
+
+    /// A pull or push of a request finished: a deferred reply may go now.
+    pub(crate) fn xfer_finished_for_req(&mut self, peer: PeerId, req: u64) {
+        let Some(r) = self.sreqs.get_mut(&(peer, req)) else { return };
+        r.xfers = r.xfers.saturating_sub(1);
+        if r.xfers == 0
+            && let Some((op, header, status)) = r.deferred_reply.take()
+        {
+            self.send_reply(op, peer, req, header, status);
+        }
+    }
+
+    /// put (RDMA_WRITE) or get (RDMA_READ) against a peer's exposure.
+    fn post_one_sided(
+        &mut self,
+        op: OpId,
+        peer: PeerId,
+        sl: ServiceLevel,
+        buf: OpBuf,
+        remote: MemHandle,
+        read: bool,
+    ) -> Result<()> {
+        let len = match &buf {
+            OpBuf::Send(s) => s.len(),
+            OpBuf::Recv(r) => r.capacity(),
+            OpBuf::None => 0,
+        };
+        if len as u64 > remote.len {
+            return Err(Error::misuse(format!("{len} bytes against a {}-byte handle", remote.len)));
+        }
+        self.check_len(len)?;
+        let kind = if read { OpKind::Get } else { OpKind::Put };
+        let cid = match self.conn_for(peer, sl) {
+            Ok(c) => c,
+            Err(e) => {
+                self.fail_new(op, kind, peer, 0, buf, e);
+                return Ok(());
+            }
+        };
+        self.insert_op(op, kind, peer, 0, sl, buf, OpSt::Moving);
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.mech = Some(Mechanism::ServerRdma);
+            o.conn = Some(cid);
+        }
+        if len == 0 {
+            self.complete(op, Ok(0));
+            return Ok(());
+        }
+        let remote_segs = vec![Segment {
+            addr: remote.addr,
+            len: remote.len.min(u64::from(u32::MAX)) as u32,
+            rkey: remote.rkey,
+        }];
+        self.start_xfer(
+            peer,
+            cid,
+            read,
+            remote_segs,
+            0,
+            Local::Op { op, base: 0 },
+            len,
+            XferThen::CompleteOp(op),
+        );
+        Ok(())
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Cancellation
+    // ----------------------------------------------------------------------------------------
+
+    pub(crate) fn cancel(&mut self, op: OpId, why: Error) {
+        let Some(o) = self.ops.get(&op) else { return };
+        let (peer, st, kind, sl, conn) = (o.peer, o.st, o.kind, o.sl, o.conn);
+        match st {
+            OpSt::Posted => {
+                self.matcher.cancel(op);
+                self.complete(op, Err(why));
+            }
+            OpSt::WaitFin { msg } => {
+                // The receiver may be reading our buffer right now: keep the registration and
+                // the buffer until its FIN (it answers a withdrawal of an unmatched message at
+                // once), or tear the connection down after the grace.
+                let until = std::time::Instant::now() + self.s.cfg.ib.cancel_grace;
+                if let Some(o) = self.ops.get_mut(&op) {
+                    o.outcome = Some(Err(why));
+                    o.st = OpSt::Cancelling { until };
+                }
+                if let Some(cid) = conn {
+                    let mut h = Header::new(Kind::Cts, sl);
+                    h.b = msg;
+                    h.aux = super::RDV_WITHDRAW;
+                    self.enqueue(
+                        cid,
+                        OutMsg {
+                            via: Via::Send,
+                            header: h,
+                            payload: Payload::None,
+                            then: Then::Nothing,
+                            fence: false,
+                        },
+                    );
+                }
+            }
+            OpSt::WaitReply if kind == OpKind::Request => {
+                if let Some(p) = self.peers.get_mut(peer.0 as usize) {
+                    p.cancelled_reqs.insert(op.0);
+                }
+                if let Some(cid) = conn {
+                    let mut h = Header::new(Kind::CancelRequest, sl);
+                    h.b = op.0;
+                    self.enqueue(
+                        cid,
+                        OutMsg {
+                            via: Via::Send,
+                            header: h,
+                            payload: Payload::None,
+                            then: Then::Nothing,
+                            fence: false,
+                        },
+                    );
+                }
+                let registered = self.ops.get(&op).is_some_and(|o| !o.regs.is_empty());
+                if registered {
+                    // The server may be reading or writing our buffer: wait for its reply.
+                    let until = std::time::Instant::now() + self.s.cfg.ib.cancel_grace;
+                    if let Some(o) = self.ops.get_mut(&op) {
+                        o.outcome = Some(Err(why));
+                        o.st = OpSt::Cancelling { until };
+                    }
+                } else {
+                    self.complete(op, Err(why));
+                }
+            }
+            OpSt::Moving => {
+                // Our own RDMA into or out of this op's buffer may be in flight: the transfer
+                // stops, and the op completes once its posted work requests are done.
+                if let Some(o) = self.ops.get_mut(&op) {
+                    o.outcome = Some(Err(why));
+                }
+                self.abort_xfers_of(op);
+                self.complete(op, Err(Error::Cancelled));
+            }
+            OpSt::WaitReply | OpSt::Sending | OpSt::Finishing | OpSt::Cancelling { .. } => {}
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // The transmit pump
+    // ----------------------------------------------------------------------------------------
+
+    pub(crate) fn pump_all(&mut self) {
+        let n = self.conns.len();
+        for cid in 0..n as u32 {
+            let go = self.conn(cid).is_some_and(|c| {
+                c.ready && (!c.out.is_empty() || c.credits.as_ref().is_some_and(|k| k.owed() > 0))
+            });
+            if go {
+                self.pump(cid);
+            }
+        }
+        self.pump_units();
+    }
+
+    /// Transmits queued messages in order while credits, ring slots, bounce buffers and
+    /// send-queue room allow; then an explicit CREDIT if one is due.
+    pub(crate) fn pump(&mut self, cid: u32) {
+        loop {
+            let Some(c) = self.conn(cid) else { return };
+            if !c.ready {
+                return;
+            }
+            let max_wr = self.s.cfg.ib.max_send_wr;
+            if c.sq_depth + 2 > max_wr {
+                return;
+            }
+            let Some(m) = c.out.front() else { break };
+            let ok = match m.via {
+                Via::Send => c.credits.as_ref().is_some_and(|k| k.credits() >= 2) && !c.free_small.is_empty(),
+                Via::Ring => {
+                    c.ring_tx.as_ref().is_some_and(|r| r.free_slots() > 0)
+                        && !c.free_small.is_empty()
+                        && !c.free_large.is_empty()
+                }
+            };
+            if !ok {
+                break;
+            }
+            let Some(m) = self.conn_mut(cid).and_then(|c| c.out.pop_front()) else { break };
+            self.transmit(cid, m);
+        }
+        // Explicit credit returns (also carrying ring-slot returns).
+        let max_wr = self.s.cfg.ib.max_send_wr;
+        loop {
+            let Some(c) = self.conns.get_mut(cid as usize).and_then(Option::as_mut) else { return };
+            if c.free_small.is_empty() || c.sq_depth + 2 > max_wr {
+                return;
+            }
+            let sl = c.sl;
+            let Some(k) = c.credits.as_mut() else { return };
+            match k.poll_transmit() {
+                Some(Transmit::Credit { credits }) => {
+                    Counters::add(&self.core.counters.credit_msgs, 1);
+                    self.transmit_raw(
+                        cid,
+                        Via::Send,
+                        Header::new(Kind::Credit, sl),
+                        Payload::None,
+                        Then::Nothing,
+                        false,
+                        Some(credits),
+                    );
+                }
+                Some(Transmit::Data { .. }) => {
+                    // Not reachable: data is pushed only when it goes out at once.
+                    debug_assert!(false, "queued data in the credit queue");
+                }
+                None => return,
+            }
+        }
+    }
+
+    fn transmit(&mut self, cid: u32, m: OutMsg) {
+        let credits = if m.via == Via::Send {
+            let Some(k) = self.conn_mut(cid).and_then(|c| c.credits.as_mut()) else { return };
+            let _ = k.push(());
+            match k.poll_transmit() {
+                Some(Transmit::Data { piggyback, .. }) => Some(piggyback),
+                _ => {
+                    debug_assert!(false, "credit vanished");
+                    return;
+                }
+            }
+        } else {
+            None
+        };
+        self.transmit_raw(cid, m.via, m.header, m.payload, m.then, m.fence, credits);
+    }
+
+    /// Builds and posts one message. `credits`: the piggyback for a SEND (already taken from
+    /// the credit state); ring writes take theirs here.
+    #[allow(clippy::too_many_arguments)]
+    fn transmit_raw(
+        &mut self,
+        cid: u32,
+        via: Via,
+        h: Header,
+        payload: Payload,
+        then: Then,
+        fence: bool,
+        credits: Option<u16>,
+    ) {
+        let zero_copy = match (&payload, via) {
+            (Payload::Op { op, off, len }, Via::Ring) => self.ops.get(op).and_then(|o| match &o.buf {
+                OpBuf::Send(SendBuf::Registered(b)) if *len > 0 => {
+                    Some((b.addr() + off, *len, b.keys().lkey, *op))
+                }
+                _ => None,
+            }),
+            _ => None,
+        };
+        // A zero-copy write needs a cache reference held until it completes.
+        let zero_copy = zero_copy.and_then(|(addr, len, lkey, op)| {
+            let r = self.cache.lock().unwrap_or_else(|p| p.into_inner()).acquire_if_registered(
+                addr,
+                len,
+                Access::READ_WRITE,
+            );
+            r.map(|r| {
+                if let Some(o) = self.ops.get_mut(&op) {
+                    o.regs.push(r);
+                }
+                (addr, len, lkey)
+            })
+        });
+        let Some(c) = self.conns.get_mut(cid as usize).and_then(Option::as_mut) else { return };
+        let prefix = Prefix {
+            credits: match credits {
+                Some(n) => n,
+                None => c.credits.as_mut().map_or(0, |k| k.take_piggyback()),
+            },
+            ring_returns: c.ring_rx.take_returns(),
+        };
+        let total = MSG_HDR + payload.len();
+        let small = c.free_small.pop().expect("checked by the pump");
+        let (bounce_off, bounce) = match (via, zero_copy) {
+            (Via::Ring, None) => {
+                let i = c.free_large.pop().expect("checked by the pump");
+                c.free_small.push(small);
+                (c.layout.large_off(i), super::Bounce::Large(i))
+            }
+            _ => (c.layout.small_off(small), super::Bounce::Small(small)),
+        };
+        let mut hb = [0u8; MSG_HDR];
+        msg::encode_into(&mut hb, prefix, &h);
+        c.mem.write_at(bounce_off, &hb);
+        let mut copied = 0usize;
+        if zero_copy.is_none() {
+            copied = write_payload(&c.mem, bounce_off + MSG_HDR, &payload, &self.ops);
+        }
+        let lkey_user = zero_copy.map(|z| z.2);
+        let mut sges = smallvec::SmallVec::<[Sge; 2]>::new();
+        let base = c.mem.addr();
+        match zero_copy {
+            Some((addr, len, _)) => {
+                sges.push(Sge::new(base + bounce_off as u64, MSG_HDR as u32, c.mr.lkey()));
+                sges.push(Sge::new(addr as u64, len as u32, lkey_user.unwrap_or(0)));
+            }
+            None => sges.push(Sge::new(base + bounce_off as u64, total as u32, c.mr.lkey())),
+        }
+        let op_code = match via {
+            Via::Send => SendOp::Send,
+            Via::Ring => {
+                let Some(slot) = c.ring_tx.as_mut().and_then(|r| r.reserve(total as u32).ok().flatten())
+                else {
+                    // Cannot happen (checked by the pump); drop the message loudly rather
+                    // than post into a slot the peer has not returned.
+                    tracing::error!("ring slot vanished");
+                    return;
+                };
+                let remote = c.remote.expect("ready connections know their peer");
+                SendOp::RdmaWriteWithImm {
+                    remote_addr: remote.ring_addr + slot.offset,
+                    rkey: remote.ring_rkey,
+                    imm: slot.imm,
+                }
+            }
+        };
+        let then_final = match (then, zero_copy) {
+            (Then::CompleteAtPost(op), Some(_)) => Then::CompleteAtWc(op),
+            (t, _) => t,
+        };
+        let mut flags = SendFlags::NONE;
+        let needs_signal = matches!(then_final, Then::CompleteAtWc(_) | Then::Release(_));
+        c.since_signal += 1;
+        let low =
+            c.free_small.len() < c.layout.n_small / 2 || c.free_large.len() < c.layout.n_large.div_ceil(2);
+        if needs_signal || low || c.since_signal >= self.s.cfg.ib.max_send_wr / 4 {
+            flags = flags | SendFlags::SIGNALED;
+            c.since_signal = 0;
+        }
+        if zero_copy.is_none() && total as u32 <= self.s.max_inline_device.min(c.qp.cap().max_inline_data) {
+            flags = flags | SendFlags::INLINE;
+        }
+        if fence && c.reads_out > 0 {
+            flags = flags | SendFlags::FENCE;
+        }
+        let seq = c.seq;
+        c.seq = c.seq.wrapping_add(1);
+        let wr = SendWr { wr_id: wr_id(WR_SEND, c.id, c.gen_, seq), op: op_code, sges: &sges, flags };
+        let posted = c.qp.post_send(&[wr]);
+        c.sq_depth += 1;
+        c.sq.push_back(SqEntry { seq, bounce: Some(bounce), done: SqDone::Then(then_final) });
+        let peer = c.peer;
+        if copied > 0 && matches!(then, Then::CompleteAtPost(_)) {
+            Counters::add(&self.core.counters.host_copies, 1);
+            Counters::add(&self.core.counters.host_copy_bytes, copied as u64);
+        }
+        if let Err(e) = posted {
+            tracing::debug!(error = %e.error, "post_send failed");
+            self.fail_peer(peer, super::Loss::Lost(format!("post_send: {}", e.error)));
+            return;
+        }
+        // The data is in the bounce buffer (or the op completes at the work completion).
+        if let Then::CompleteAtPost(op) = then_final {
+            let n = match self.ops.get(&op).map(|o| &o.buf) {
+                Some(OpBuf::Send(s)) => s.len(),
+                _ => 0,
+            };
+            self.release_ref(op);
+            self.complete(op, Ok(n));
+        }
+    }
+}
+
+/// Copies a payload into registered memory at `off`; returns the bytes copied from op
+/// buffers (what counts as a host copy of user data).
+fn write_payload(
+    mem: &super::DmaRegion,
+    off: usize,
+    p: &Payload,
+    ops: &rustc_hash::FxHashMap<OpId, super::Op>,
+) -> usize {
+    match p {
+        Payload::None => 0,
+        Payload::Bytes(b) => {
+            mem.write_at(off, b);
+            0
+        }
+        Payload::Op { op, off: o, len } => {
+            if let Some(OpBuf::Send(s)) = ops.get(op).map(|x| &x.buf) {
+                let mut at = off;
+                s.for_each_slice(*o, *len, |piece| {
+                    mem.write_at(at, piece);
+                    at += piece.len();
+                });
+            }
+            *len
+        }
+        Payload::Parts(parts) => {
+            let mut at = off;
+            let mut n = 0;
+            for part in parts {
+                n += write_payload(mem, at, part, ops);
+                at += part.len();
+            }
+            n
+        }
+    }
+}

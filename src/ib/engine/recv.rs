@@ -1,0 +1,593 @@
+//! Receiving: SENDs into pre-posted buffers and fast-RDMA writes into ring slots.
+
+use bytes::Bytes;
+
+use crate::buf::OpBuf;
+use crate::comm::Mechanism;
+use crate::endpoint::{Direction, OpKind, RequestMeta, Unexpected, status};
+use crate::error::{Error, ProtocolError};
+use crate::ib::verbs::*;
+use crate::info::Counters;
+use crate::types::{OpId, PeerId, ServiceLevel, Tag};
+use crate::wire::{
+    FLAG_INLINE_DATA, FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind,
+};
+
+use super::msg::{self, MSG_HDR, Segment};
+use super::setup::post_recv;
+use super::{Early, FinWait, Held, Local, Loss, OpSt, SReq, State, XferThen};
+
+/// A request whose header is being fetched by RDMA before it is delivered.
+pub(crate) struct PendingRequest {
+    pub peer: PeerId,
+    pub tag: Tag,
+    pub sl: ServiceLevel,
+    pub id: u64,
+    pub cid: u32,
+    pub dir: Direction,
+    pub len: u64,
+    pub inline: Option<Bytes>,
+    pub segs: Vec<Segment>,
+    pub cost: usize,
+}
+
+/// What became of a received message.
+enum Outcome {
+    /// Consumed: its buffer or slot can be reused.
+    Done,
+    /// Kept where it is until the application consumes something (back-pressure).
+    Hold,
+}
+
+fn unexpected(what: String) -> Loss {
+    Loss::Protocol(ProtocolError::Unexpected { what })
+}
+
+impl<V: Verbs> State<V> {
+    fn loc_off(&self, cid: u32, loc: Held) -> Option<usize> {
+        let c = self.conn(cid)?;
+        Some(match loc {
+            Held::Recv(i) => c.layout.recv_off(i),
+            Held::Slot { slot } => c.layout.ring_off(slot),
+        })
+    }
+
+    /// A receive completion: a SEND into buffer `idx`, or a ring write (the buffer untouched).
+    pub(crate) fn on_recv(&mut self, cid: u32, idx: u32, wc: &WorkCompletion) {
+        let Some(c) = self.conn_mut(cid) else { return };
+        let peer = c.peer;
+        let (loc, len) = if wc.opcode == WcOpcode::RecvRdmaWithImm {
+            // The write did not touch the receive buffer: post it again at once.
+            if let Err(e) = post_recv(c, idx) {
+                self.fail_peer(peer, Loss::Lost(format!("post_recv: {e}")));
+                return;
+            }
+            let Some(imm) = wc.imm_data else {
+                self.fail_peer(peer, unexpected("ring write without immediate data".into()));
+                return;
+            };
+            match c.ring_rx.on_write(imm) {
+                Ok(d) => (Held::Slot { slot: d.slot }, d.len as usize),
+                Err(e) => {
+                    self.fail_peer(peer, Loss::Protocol(ProtocolError::FlowControl(e.to_string())));
+                    return;
+                }
+            }
+        } else {
+            (Held::Recv(idx), wc.byte_len as usize)
+        };
+        // Decode the framing and take the flow-control returns now, even if the message
+        // itself has to wait: they may be what lets our own sends out.
+        let Some(off) = self.loc_off(cid, loc) else { return };
+        let Some(c) = self.conn_mut(cid) else { return };
+        if len < MSG_HDR || len > c.layout.slot.max(c.layout.rs) {
+            self.fail_peer(peer, unexpected(format!("message of {len} bytes")));
+            return;
+        }
+        let mut hb = [0u8; MSG_HDR];
+        c.mem.read_at(off, &mut hb);
+        let (prefix, h) = match msg::decode_framing(&hb) {
+            Ok(x) => x,
+            Err(e) => {
+                self.fail_peer(peer, Loss::Protocol(ProtocolError::Unexpected { what: e.to_string() }));
+                return;
+            }
+        };
+        if MSG_HDR + h.len as usize != len {
+            self.fail_peer(
+                peer,
+                unexpected(format!("{:?} announces {} bytes, {len} arrived", h.kind, h.len)),
+            );
+            return;
+        }
+        let flow = match (loc, c.credits.as_mut()) {
+            (Held::Recv(_), Some(k)) => k.on_message(prefix.credits),
+            (Held::Slot { .. }, Some(k)) => k.on_credits(prefix.credits),
+            (_, None) => Ok(()),
+        };
+        let ring = match c.ring_tx.as_mut() {
+            Some(r) => r.on_returned(prefix.ring_returns),
+            None => Ok(()),
+        };
+        if let Err(e) = flow.and(ring) {
+            self.fail_peer(peer, Loss::Protocol(ProtocolError::FlowControl(e.to_string())));
+            return;
+        }
+        if !c.held.is_empty() {
+            // Order per connection: behind what is already held.
+            c.held.push_back(loc);
+            return;
+        }
+        match self.process(cid, loc, h) {
+            Ok(Outcome::Done) => self.release_loc(cid, loc),
+            Ok(Outcome::Hold) => {
+                if let Some(c) = self.conn_mut(cid) {
+                    c.held.push_back(loc);
+                }
+                Counters::add(&self.core.counters.backpressure_pauses, 1);
+                if let Some(p) = self.peers.get_mut(peer.0 as usize)
+                    && !p.stalled.contains(&cid)
+                {
+                    p.stalled.push(cid);
+                }
+            }
+            Err(loss) => self.fail_peer(peer, loss),
+        }
+    }
+
+    /// Gives a buffer back to the device, or a slot back to the ring.
+    fn release_loc(&mut self, cid: u32, loc: Held) {
+        let Some(c) = self.conn_mut(cid) else { return };
+        let peer = c.peer;
+        let r = match loc {
+            Held::Recv(i) => post_recv(c, i).and_then(|_| {
+                c.credits.as_mut().map_or(Ok(()), |k| k.on_repost().map_err(crate::error::Error::from))
+            }),
+            Held::Slot { slot, .. } => {
+                let r = c.ring_rx.release(slot).map_err(crate::error::Error::from);
+                if c.ring_rx.should_return()
+                    && let Some(k) = c.credits.as_mut()
+                {
+                    k.request_explicit();
+                }
+                r
+            }
+        };
+        if let Err(e) = r {
+            self.fail_peer(peer, Loss::Lost(format!("re-posting a receive: {e}")));
+        }
+    }
+
+    /// Re-tries held messages of a peer after it consumed something.
+    pub(crate) fn unstall(&mut self, peer: PeerId) {
+        let Some(p) = self.peers.get_mut(peer.0 as usize) else { return };
+        if p.stalled.is_empty() {
+            return;
+        }
+        for cid in std::mem::take(&mut p.stalled) {
+            while let Some(loc) = self.conn(cid).and_then(|c| c.held.front().copied()) {
+                let Some(off) = self.loc_off(cid, loc) else { break };
+                let mut hb = [0u8; MSG_HDR];
+                if let Some(c) = self.conn(cid) {
+                    c.mem.read_at(off, &mut hb);
+                }
+                let Ok((_, h)) = msg::decode_framing(&hb) else { break };
+                match self.process(cid, loc, h) {
+                    Ok(Outcome::Done) => {
+                        if let Some(c) = self.conn_mut(cid) {
+                            c.held.pop_front();
+                        }
+                        self.release_loc(cid, loc);
+                    }
+                    Ok(Outcome::Hold) => {
+                        if let Some(p) = self.peers.get_mut(peer.0 as usize)
+                            && !p.stalled.contains(&cid)
+                        {
+                            p.stalled.push(cid);
+                        }
+                        break;
+                    }
+                    Err(loss) => {
+                        self.fail_peer(peer, loss);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn payload(&self, cid: u32, loc: Held, h: &Header) -> Vec<u8> {
+        let mut v = vec![0u8; h.len as usize];
+        if let (Some(off), Some(c)) = (self.loc_off(cid, loc), self.conn(cid)) {
+            c.mem.read_at(off + MSG_HDR, &mut v);
+        }
+        v
+    }
+
+    /// Copies a message's payload into a receive buffer.
+    fn copy_payload_into(&mut self, cid: u32, loc: Held, len: usize, op: OpId, at: usize) {
+        let Some(off) = self.loc_off(cid, loc) else { return };
+        let State { conns, ops, .. } = self;
+        let (Some(Some(c)), Some(o)) = (conns.get(cid as usize), ops.get_mut(&op)) else { return };
+        if let OpBuf::Recv(b) = &mut o.buf {
+            let mut done = 0;
+            while done < len {
+                let Some(dst) = b.slice_at_mut(at + done) else { break };
+                let n = dst.len().min(len - done);
+                c.mem.read_at(off + MSG_HDR + done, &mut dst[..n]);
+                done += n;
+            }
+        }
+        Counters::add(&self.core.counters.host_copies, 1);
+        Counters::add(&self.core.counters.host_copy_bytes, len as u64);
+    }
+
+    fn reserve(&mut self, peer: PeerId, cost: usize) -> bool {
+        let budget = self.s.cfg.early_bytes_per_peer;
+        let p = &mut self.peers[peer.0 as usize];
+        if p.buffered + cost > budget && p.buffered > 0 {
+            return false;
+        }
+        p.buffered += cost;
+        true
+    }
+
+    fn process(&mut self, cid: u32, loc: Held, h: Header) -> Result<Outcome, Loss> {
+        let Some(c) = self.conn(cid) else { return Ok(Outcome::Done) };
+        let peer = c.peer;
+        let via_ring = matches!(loc, Held::Slot { .. });
+        let len = h.len as usize;
+        match h.kind {
+            Kind::Credit => Ok(Outcome::Done),
+            Kind::Eager => {
+                if let Some((op, ())) = self.matcher.take_posted(peer, h.a) {
+                    let cap = match self.ops.get(&op).map(|o| &o.buf) {
+                        Some(OpBuf::Recv(b)) => b.capacity(),
+                        _ => 0,
+                    };
+                    Counters::add(&self.core.counters.msgs_received, 1);
+                    if let Some(o) = self.ops.get_mut(&op) {
+                        o.sl = h.sl;
+                        o.mech = Some(if via_ring { Mechanism::FastRdma } else { Mechanism::Inline });
+                    }
+                    if len > cap {
+                        self.complete(op, Err(Error::Truncated { len: len as u64, capacity: cap as u64 }));
+                    } else {
+                        self.copy_payload_into(cid, loc, len, op, 0);
+                        self.complete(op, Ok(len));
+                    }
+                    return Ok(Outcome::Done);
+                }
+                if !self.reserve(peer, len) {
+                    return Ok(Outcome::Hold);
+                }
+                let data = Bytes::from(self.payload(cid, loc, &h));
+                self.matcher.queue_early(peer, h.a, Early::Eager { data, sl: h.sl });
+                Ok(Outcome::Done)
+            }
+            Kind::Unexpected => {
+                if self.peers[peer.0 as usize].unexpected >= self.s.cfg.unexpected_per_peer
+                    || !self.reserve(peer, len)
+                {
+                    return Ok(Outcome::Hold);
+                }
+                self.peers[peer.0 as usize].unexpected += 1;
+                Counters::add(&self.core.counters.msgs_received, 1);
+                let data = Bytes::from(self.payload(cid, loc, &h));
+                self.events += 1;
+                self.core.push_unexpected(Unexpected { peer, tag: h.a, sl: h.sl, data });
+                Ok(Outcome::Done)
+            }
+            Kind::Rdv => {
+                if h.c > self.s.max_message as u64 {
+                    return Err(unexpected(format!("rendezvous of {} bytes", h.c)));
+                }
+                let body = self.payload(cid, loc, &h);
+                let (segs, rest) = msg::decode_segments(&body, h.c).map_err(|e| unexpected(e.to_string()))?;
+                if !rest.is_empty() {
+                    return Err(unexpected("trailing bytes after a segment list".into()));
+                }
+                if let Some((op, ())) = self.matcher.take_posted(peer, h.a) {
+                    self.start_rdv_recv(op, cid, h.b, h.c, segs);
+                    return Ok(Outcome::Done);
+                }
+                if !self.reserve(peer, super::RDV_COST) {
+                    return Ok(Outcome::Hold);
+                }
+                self.matcher.queue_early(
+                    peer,
+                    h.a,
+                    Early::Rdv { msg: h.b, total: h.c, segs, conn: cid, withdrawn: false },
+                );
+                Ok(Outcome::Done)
+            }
+            Kind::Request => {
+                if self.peers[peer.0 as usize].requests >= self.s.cfg.requests_per_peer
+                    || !self.reserve(peer, len)
+                {
+                    return Ok(Outcome::Hold);
+                }
+                self.peers[peer.0 as usize].requests += 1;
+                Counters::add(&self.core.counters.msgs_received, 1);
+                let body = self.payload(cid, loc, &h);
+                match self.parse_request(cid, peer, &h, &body) {
+                    Ok(()) => Ok(Outcome::Done),
+                    Err(l) => Err(l),
+                }
+            }
+            Kind::Reply => {
+                let body = self.payload(cid, loc, &h);
+                self.on_reply(cid, peer, &h, body)?;
+                Ok(Outcome::Done)
+            }
+            Kind::Push => {
+                let op = OpId(h.b);
+                match self.ops.get(&op) {
+                    Some(o) if o.peer == peer && o.kind == OpKind::Request && o.st == OpSt::WaitReply => {
+                        let cap = match &o.buf {
+                            OpBuf::Recv(b) => b.capacity() as u64,
+                            _ => 0,
+                        };
+                        if h.c.checked_add(u64::from(h.len)).is_none_or(|e| e > cap) {
+                            return Err(unexpected("PUSH outside the request's buffer".into()));
+                        }
+                        self.copy_payload_into(cid, loc, len, op, h.c as usize);
+                        if let Some(o) = self.ops.get_mut(&op) {
+                            o.moved += len;
+                        }
+                        Ok(Outcome::Done)
+                    }
+                    Some(o) if matches!(o.st, OpSt::Cancelling { .. }) => Ok(Outcome::Done),
+                    _ if self.peers[peer.0 as usize].cancelled_reqs.contains(&h.b) => Ok(Outcome::Done),
+                    _ => Err(unexpected(format!("PUSH for unknown request {}", h.b))),
+                }
+            }
+            Kind::Fin => {
+                match self.fin_wait.remove(&h.b) {
+                    Some(FinWait::Send(op)) => {
+                        let n = match self.ops.get(&op).map(|o| &o.buf) {
+                            Some(OpBuf::Send(s)) => s.len(),
+                            _ => 0,
+                        };
+                        if let Some(o) = self.ops.get_mut(&op)
+                            && matches!(o.st, OpSt::Cancelling { .. })
+                        {
+                            o.st = OpSt::Finishing;
+                        }
+                        let r = match h.aux {
+                            super::FIN_OK => Ok(n),
+                            super::FIN_TRUNCATED => Err(Error::Truncated { len: n as u64, capacity: h.c }),
+                            _ => Err(Error::PeerCancelled),
+                        };
+                        self.complete(op, r);
+                    }
+                    Some(FinWait::Header { regs, keep }) => {
+                        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+                        for r in regs {
+                            let _ = cache.release(r);
+                        }
+                        drop(cache);
+                        drop(keep);
+                    }
+                    None => return Err(unexpected(format!("FIN for unknown transfer {}", h.b))),
+                }
+                Ok(Outcome::Done)
+            }
+            Kind::Cts if h.aux == super::RDV_WITHDRAW => {
+                // The sender cancelled rendezvous message `b`. Unmatched: it stays queued (a
+                // later receive matches it and learns of the cancel) and the sender is released
+                // now. Already being read: the FIN comes when the read is done.
+                let msg_id = h.b;
+                let found = self.matcher.find_early_mut(peer, |e| match e {
+                    Early::Rdv { msg, withdrawn, conn, .. } if *msg == msg_id && *conn == cid => {
+                        *withdrawn = true;
+                        true
+                    }
+                    _ => false,
+                });
+                if found {
+                    self.send_fin(cid, msg_id, super::FIN_CANCELLED, 0);
+                }
+                Ok(Outcome::Done)
+            }
+            Kind::CancelRequest => {
+                if let Some(r) = self.sreqs.get_mut(&(peer, h.b)) {
+                    r.cancelled = true;
+                }
+                Ok(Outcome::Done)
+            }
+            other => Err(unexpected(format!("{other:?} message over InfiniBand"))),
+        }
+    }
+
+    fn parse_request(&mut self, cid: u32, peer: PeerId, h: &Header, body: &[u8]) -> Result<(), Loss> {
+        let max_header = self.s.cfg.max_header as u64;
+        if u64::from(h.aux) > max_header || h.c > self.s.max_message as u64 {
+            return Err(Loss::Protocol(ProtocolError::FlowControl("request larger than our limits".into())));
+        }
+        let out = h.flags & FLAG_PAYLOAD_OUT != 0;
+        let inn = h.flags & FLAG_PAYLOAD_IN != 0;
+        let dir = match (out, inn) {
+            (true, false) => Direction::Out,
+            (false, true) => Direction::In,
+            (false, false) if h.c == 0 => Direction::None,
+            _ => return Err(unexpected("request direction".into())),
+        };
+        let mut rest = body;
+        let mut hdr_segs = None;
+        let header = if h.flags & FLAG_RDV_HEADER != 0 {
+            let (s, r) =
+                msg::decode_segments(rest, u64::from(h.aux)).map_err(|e| unexpected(e.to_string()))?;
+            rest = r;
+            hdr_segs = Some(s);
+            Bytes::new()
+        } else {
+            let n = h.aux as usize;
+            let hb = rest.get(..n).ok_or_else(|| unexpected("request header truncated".into()))?;
+            rest = &rest[n..];
+            Bytes::copy_from_slice(hb)
+        };
+        let inline = if h.flags & FLAG_INLINE_DATA != 0 {
+            if dir != Direction::Out {
+                return Err(unexpected("inline data on a request without OUT payload".into()));
+            }
+            let n = h.c as usize;
+            let d = rest.get(..n).ok_or_else(|| unexpected("inline request data truncated".into()))?;
+            rest = &rest[n..];
+            Some(Bytes::copy_from_slice(d))
+        } else {
+            None
+        };
+        let segs = if h.flags & FLAG_SEGMENTS != 0 {
+            let (s, r) = msg::decode_segments(rest, h.c).map_err(|e| unexpected(e.to_string()))?;
+            rest = r;
+            s
+        } else {
+            Vec::new()
+        };
+        if !rest.is_empty() {
+            return Err(unexpected("trailing bytes in a request".into()));
+        }
+        if dir == Direction::Out && inline.is_none() && segs.is_empty() && h.c > 0 {
+            return Err(unexpected("OUT payload with neither data nor segments".into()));
+        }
+        let pending = PendingRequest {
+            peer,
+            tag: h.a,
+            sl: h.sl,
+            id: h.b,
+            cid,
+            dir,
+            len: h.c,
+            inline,
+            segs,
+            cost: h.len as usize,
+        };
+        match hdr_segs {
+            Some(s) => {
+                // Fetch the header first; the request is delivered when it is here.
+                let n = h.aux as usize;
+                self.start_xfer(
+                    peer,
+                    cid,
+                    true,
+                    s,
+                    0,
+                    Local::Vec(vec![0; n]),
+                    n,
+                    XferThen::RequestHeader { pending: Box::new(pending) },
+                );
+            }
+            None => self.deliver_request(pending, header),
+        }
+        Ok(())
+    }
+
+    pub(crate) fn deliver_request(&mut self, p: PendingRequest, header: Bytes) {
+        if self.sreqs.contains_key(&(p.peer, p.id)) {
+            self.fail_peer(p.peer, unexpected(format!("request id {} reused while open", p.id)));
+            return;
+        }
+        self.sreqs.insert(
+            (p.peer, p.id),
+            SReq {
+                sl: p.sl,
+                conn: p.cid,
+                dir: p.dir,
+                len: p.len,
+                inline: p.inline,
+                segs: p.segs,
+                cost: p.cost,
+                cancelled: false,
+                xfers: 0,
+                deferred_reply: None,
+            },
+        );
+        self.events += 1;
+        self.core.push_request(RequestMeta {
+            peer: p.peer,
+            tag: p.tag,
+            sl: p.sl,
+            id: p.id,
+            header,
+            dir: p.dir,
+            len: p.len,
+        });
+    }
+
+    fn on_reply(&mut self, cid: u32, peer: PeerId, h: &Header, body: Vec<u8>) -> Result<(), Loss> {
+        let op = OpId(h.b);
+        let known = matches!(self.ops.get(&op), Some(o) if o.peer == peer && o.kind == OpKind::Request
+            && matches!(o.st, OpSt::WaitReply | OpSt::Cancelling { .. }));
+        if !known {
+            if self.peers[peer.0 as usize].cancelled_reqs.remove(&h.b) {
+                return Ok(());
+            }
+            return Err(unexpected(format!("REPLY for unknown request {}", h.b)));
+        }
+        if h.flags & FLAG_RDV_HEADER != 0 {
+            if h.a > self.s.cfg.max_header as u64 {
+                return Err(Loss::Protocol(ProtocolError::FlowControl("reply header over our limit".into())));
+            }
+            let (segs, rest) = msg::decode_segments(&body, h.a).map_err(|e| unexpected(e.to_string()))?;
+            if !rest.is_empty() {
+                return Err(unexpected("trailing bytes after a reply's segment list".into()));
+            }
+            let n = h.a as usize;
+            self.start_xfer(
+                peer,
+                cid,
+                true,
+                segs,
+                0,
+                Local::Vec(vec![0; n]),
+                n,
+                XferThen::ReplyHeader { op, status: h.aux, msg: h.c },
+            );
+            return Ok(());
+        }
+        self.complete_request(op, h.aux, Bytes::from(body));
+        Ok(())
+    }
+
+    /// A reply arrived (header in hand): the request op completes.
+    pub(crate) fn complete_request(&mut self, op: OpId, st: u32, header: Bytes) {
+        Counters::add(&self.core.counters.msgs_received, 1);
+        let eager = self.s.policy.thresholds(ServiceLevel::Normal).inline_max;
+        let Some(o) = self.ops.get_mut(&op) else { return };
+        if matches!(o.st, OpSt::Cancelling { .. }) {
+            // The server is done with our memory: the cancelled op can go.
+            o.st = OpSt::Finishing;
+            self.peers[o.peer.0 as usize].cancelled_reqs.remove(&op.0);
+            self.complete(op, Err(Error::Cancelled));
+            return;
+        }
+        let moved = o.moved;
+        // A read staged through a pool buffer: copy into the caller's buffer.
+        if let (OpBuf::Recv(user), Some(staged)) = (&mut o.buf, o.stage_in.as_ref()) {
+            let n = user.capacity().min(staged.len());
+            user.copy_in(0, &staged[..n]);
+        }
+        if matches!(o.buf, OpBuf::Recv(_)) && o.mech != Some(Mechanism::ServerRdma) {
+            o.mech = Some(if moved <= eager { Mechanism::Inline } else { Mechanism::FastRdma });
+        }
+        let r = match st {
+            status::OK => {
+                o.reply = Some(header);
+                let moved = if o.mech == Some(Mechanism::ServerRdma) {
+                    match &o.buf {
+                        OpBuf::Recv(b) => b.capacity(),
+                        OpBuf::Send(s) => s.len(),
+                        OpBuf::None => 0,
+                    }
+                } else {
+                    moved
+                };
+                Ok(moved)
+            }
+            status::DROPPED => Err(Error::Remote("the server dropped the request".into())),
+            _ => Err(Error::Remote(String::from_utf8_lossy(&header).into_owned())),
+        };
+        self.complete(op, r);
+    }
+}

@@ -1,0 +1,533 @@
+//! Connection set-up: side-channel handshakes, queue-pair creation and bring-up.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use mio::Interest;
+use mio::Token;
+use mio::net::TcpStream;
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+
+use crate::error::{Error, ProtocolError, Result};
+use crate::flowctl::{CreditConfig, Credits, RingConfig, RingReceiver, RingSender};
+use crate::ib::verbs::*;
+use crate::info::Counters;
+use crate::tcp::handshake::{self, ClientHandshake, HelloInfo, ServerHandshake};
+use crate::types::{PeerId, ServiceLevel};
+use crate::wire::{Header, Kind};
+
+use super::reg::{DmaRegion, register_region};
+use super::side::{Framed, IbInfo};
+use super::{Conn, Layout, Loss, MAX_HANDSHAKING, Side, SidePhase, State, WR_RECV, wr_id};
+
+impl<V: Verbs> State<V> {
+    /// The connection for (peer, class): existing (ready or being set up), newly dialled, or for
+    /// a peer we cannot dial, any of its connections.
+    pub(crate) fn conn_for(&mut self, peer: PeerId, sl: ServiceLevel) -> Result<u32> {
+        let p = self.peer(peer)?;
+        if let Some(reason) = &p.lost {
+            return Err(Error::PeerLost { peer, reason: reason.clone() });
+        }
+        if let Some(c) = p.conns[sl.index()] {
+            return Ok(c);
+        }
+        match p.dial {
+            Some(sa) => self.dial(peer, sa, sl),
+            None => p.conns.iter().flatten().next().copied().ok_or_else(|| Error::PeerLost {
+                peer,
+                reason: "no connection to this peer and it cannot be dialled".into(),
+            }),
+        }
+    }
+
+    fn dial(&mut self, peer: PeerId, sa: SocketAddr, sl: ServiceLevel) -> Result<u32> {
+        let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
+        sock.set_nonblocking(true)?;
+        let _ = sock.set_tcp_nodelay(true);
+        match sock.connect(&sa.into()) {
+            Ok(()) => {}
+            Err(e)
+                if e.raw_os_error() == Some(libc::EINPROGRESS) || e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(Error::PeerLost { peer, reason: format!("connect to {sa}: {e}") }),
+        }
+        let mut stream = TcpStream::from_std(sock.into());
+        let t = Token(self.next_token);
+        self.next_token += 1;
+        self.registry.register(&mut stream, t, Interest::READABLE | Interest::WRITABLE)?;
+        // The queue pair and its memory exist from now on, so messages can queue on it while
+        // the side channel sets it up.
+        let cid = self.create_conn(peer, sl)?;
+        self.sides.insert(
+            t,
+            Side {
+                framed: Framed::new(stream),
+                phase: SidePhase::Connecting,
+                peer: Some(peer),
+                sl,
+                conn: Some(cid),
+                remote: sa,
+                since: Instant::now(),
+            },
+        );
+        self.peers[peer.0 as usize].conns[sl.index()] = Some(cid);
+        tracing::debug!(%peer, %sa, %sl, "dialling");
+        Ok(cid)
+    }
+
+    /// Creates a queue pair (in INIT, receives posted) and its registered memory.
+    pub(crate) fn create_conn(&mut self, peer: PeerId, sl: ServiceLevel) -> Result<u32> {
+        let s = &self.s;
+        let layout = Layout {
+            rs: s.recv_size as usize,
+            slot: s.slot_size as usize,
+            n_recv: usize::from(s.n_recv) + usize::from(s.n_ring),
+            n_small: 2 * usize::from(s.n_recv),
+            n_large: usize::from(s.n_ring),
+            n_ring: usize::from(s.n_ring),
+        };
+        let mem = DmaRegion::new(layout.total())?;
+        let mr = register_region(&self.dev, &mem, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+        let cap = QpCap {
+            max_send_wr: s.cfg.ib.max_send_wr,
+            max_recv_wr: layout.n_recv as u32,
+            max_send_sge: s.max_sge,
+            max_recv_sge: 1,
+            max_inline_data: s.max_inline_device.min(256),
+        };
+        let qp = self.dev.ctx.create_qp(
+            &self.dev.pd,
+            &QpInit { send_cq: &self.dev.cq, recv_cq: &self.dev.cq, srq: None, cap, sq_sig_all: false },
+        )?;
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+        qp.modify(&QpTransition::Init(InitAttr { port_num: 1, pkey_index: 0, access }))?;
+        let ring_cfg = RingConfig::default().slots(s.n_ring).slot_size(s.slot_size);
+        let ring_rx = RingReceiver::new(&ring_cfg).map_err(Error::from)?;
+        let id = match self.free_conns.pop() {
+            Some(id) => id,
+            None => {
+                self.conns.push(None);
+                self.conn_gen.push(0);
+                (self.conns.len() - 1) as u32
+            }
+        };
+        if id > 0xF_FFFF {
+            return Err(Error::Exhausted("too many queue pairs".into()));
+        }
+        let gen_ = self.conn_gen[id as usize].wrapping_add(1);
+        self.conn_gen[id as usize] = gen_;
+        let mut c = Conn {
+            qp,
+            mr,
+            mem,
+            id,
+            gen_,
+            peer,
+            sl,
+            ready: false,
+            psn: (crate::util::random_u64() as u32) & MAX_24BIT,
+            remote: None,
+            credits: None,
+            ring_tx: None,
+            ring_rx,
+            out: VecDeque::new(),
+            sq: VecDeque::new(),
+            seq: 0,
+            sq_depth: 0,
+            since_signal: 0,
+            reads_out: 0,
+            free_small: (0..layout.n_small as u16).rev().collect(),
+            free_large: (0..layout.n_large as u16).rev().collect(),
+            held: VecDeque::new(),
+            layout,
+        };
+        // Receives go up before the peer learns our queue pair, so nothing ever meets RNR.
+        for i in 0..layout.n_recv as u32 {
+            post_recv(&mut c, i)?;
+        }
+        self.conns[id as usize] = Some(c);
+        Ok(id)
+    }
+
+    fn local_info(&self, cid: u32) -> Option<IbInfo> {
+        let c = self.conn(cid)?;
+        Some(IbInfo {
+            qp: QpEndpointInfo::local(&c.qp, &self.dev.port, c.psn),
+            recv_buffers: self.s.n_recv,
+            recv_size: self.s.recv_size,
+            ring_addr: c.mem.addr() + c.layout.ring_off(0) as u64,
+            ring_rkey: c.mr.rkey(),
+            ring_slots: self.s.n_ring,
+            slot_size: self.s.slot_size,
+        })
+    }
+
+    /// Takes the peer's info: queue pair to RTS, credits and ring sender set up.
+    fn bring_up(&mut self, cid: u32, remote: IbInfo) -> Result<()> {
+        let sl = self.conn(cid).map(|c| c.sl).ok_or_else(|| Error::misuse("no connection"))?;
+        let p = ConnParams {
+            sl: self.s.cfg.ib.sl[sl.index()],
+            path_mtu: self.dev.port.active_mtu,
+            ..ConnParams::default()
+        };
+        let credit_cfg = CreditConfig::default().recv_buffers(self.s.n_recv);
+        let c = self.conn_mut(cid).ok_or_else(|| Error::misuse("no connection"))?;
+        let local = QpEndpointInfo { qpn: c.qp.qp_num(), psn: c.psn, lid: 0, gid: Gid([0; 16]) };
+        // INIT was done at creation; RTR and RTS now.
+        c.qp.modify(&QpTransition::Rtr(RtrAttr {
+            remote: remote.qp,
+            path_mtu: p.path_mtu,
+            max_dest_rd_atomic: p.max_rd_atomic,
+            min_rnr_timer: p.min_rnr_timer,
+            sl: p.sl,
+            port_num: p.port_num,
+            gid_index: p.gid_index,
+        }))?;
+        c.qp.modify(&QpTransition::Rts(RtsAttr {
+            sq_psn: local.psn,
+            timeout: p.timeout,
+            retry_cnt: p.retry_cnt,
+            rnr_retry: p.rnr_retry,
+            max_rd_atomic: p.max_rd_atomic,
+        }))?;
+        c.credits = Some(Credits::new(&credit_cfg, remote.recv_buffers).map_err(Error::from)?);
+        c.ring_tx = Some(RingSender::new(remote.ring_slots, remote.slot_size).map_err(Error::from)?);
+        c.remote = Some(remote);
+        Ok(())
+    }
+
+    pub(crate) fn accept(&mut self) {
+        loop {
+            let Some(l) = &self.listener else { return };
+            match l.accept() {
+                Ok((mut sock, remote)) => {
+                    let handshaking =
+                        self.sides.values().filter(|s| !matches!(s.phase, SidePhase::Established)).count();
+                    if self.closed || handshaking >= MAX_HANDSHAKING {
+                        tracing::debug!(%remote, "refusing side channel: too many handshakes in progress");
+                        continue;
+                    }
+                    let _ = sock.set_nodelay(true);
+                    let t = Token(self.next_token);
+                    self.next_token += 1;
+                    if self.registry.register(&mut sock, t, Interest::READABLE | Interest::WRITABLE).is_err()
+                    {
+                        continue;
+                    }
+                    let hs = ServerHandshake::new(
+                        self.s.endpoint_id,
+                        self.s.listen_port,
+                        self.s.eager_limit as u32,
+                        self.s.max_message as u64,
+                        self.s.cfg.cluster_key.clone(),
+                    );
+                    self.sides.insert(
+                        t,
+                        Side {
+                            framed: Framed::new(sock),
+                            phase: SidePhase::ServerWaitHello(Box::new(hs)),
+                            peer: None,
+                            sl: ServiceLevel::Normal,
+                            conn: None,
+                            remote,
+                            since: Instant::now(),
+                        },
+                    );
+                    self.side_event(t, false);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn side_failed(&mut self, t: Token, why: Loss) {
+        let peer = self.sides.get(&t).and_then(|s| s.peer);
+        match peer {
+            Some(p) => self.fail_peer(p, why),
+            None => {
+                if let Some(mut s) = self.sides.remove(&t) {
+                    let _ = self.registry.deregister(&mut s.framed.sock);
+                    if let Loss::Protocol(_) = why {
+                        Counters::add(&self.core.counters.protocol_errors, 1);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drives one side channel after an event.
+    pub(crate) fn side_event(&mut self, t: Token, writable: bool) {
+        let Some(s) = self.sides.get_mut(&t) else { return };
+        if matches!(s.phase, SidePhase::Connecting) {
+            if !writable {
+                return;
+            }
+            match s.framed.sock.take_error() {
+                Ok(None) if s.framed.sock.peer_addr().is_ok() => {}
+                Ok(None) => return,
+                Ok(Some(e)) | Err(e) => {
+                    let reason = format!("connect to {}: {e}", s.remote);
+                    self.side_failed(t, Loss::Lost(reason));
+                    return;
+                }
+            }
+            let _ = SockRef::from(&s.framed.sock).set_tcp_nodelay(true);
+            let key = self.s.cfg.cluster_key.clone();
+            let mine = HelloInfo::new(
+                self.s.endpoint_id,
+                self.s.listen_port,
+                self.s.eager_limit as u32,
+                self.s.max_message as u64,
+                key.is_some(),
+            );
+            let (hs, (h, body)) = ClientHandshake::start(s.sl, mine, key);
+            s.phase = SidePhase::ClientWaitAck(Box::new(hs));
+            if let Err(e) = s.framed.send(&h, &body) {
+                self.side_failed(t, Loss::Lost(format!("side channel: {e}")));
+                return;
+            }
+        }
+        loop {
+            let Some(s) = self.sides.get_mut(&t) else { return };
+            if let Err(e) = s.framed.flush() {
+                self.side_failed(t, Loss::Lost(format!("side channel: {e}")));
+                return;
+            }
+            if matches!(s.phase, SidePhase::Closing) {
+                if s.framed.flushed() {
+                    self.side_failed(t, Loss::Lost("refused".into()));
+                }
+                return;
+            }
+            if matches!(s.phase, SidePhase::Established) {
+                if !s.framed.still_open() {
+                    self.side_failed(t, Loss::Lost("side channel closed".into()));
+                }
+                return;
+            }
+            match s.framed.recv() {
+                Ok(Some((h, body))) => {
+                    if !self.side_frame(t, h, body) {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    self.side_failed(t, Loss::Protocol(ProtocolError::Handshake(e.to_string())));
+                    return;
+                }
+                Err(e) => {
+                    self.side_failed(t, Loss::Lost(format!("side channel: {e}")));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Handles one handshake frame; false when the side channel is gone.
+    fn side_frame(&mut self, t: Token, h: Header, body: Vec<u8>) -> bool {
+        let Some(s) = self.sides.get_mut(&t) else { return false };
+        let phase = std::mem::replace(&mut s.phase, SidePhase::Closing);
+        match phase {
+            SidePhase::ServerWaitHello(mut hs) => match hs.on_hello(&h, &body) {
+                Ok((client, (ack, ack_body))) => {
+                    s.sl = h.sl;
+                    s.phase = SidePhase::ServerWaitAuth(hs, client);
+                    self.side_send(t, &ack, &ack_body)
+                }
+                Err(e) => {
+                    self.side_failed(t, Loss::Protocol(ProtocolError::Handshake(e.to_string())));
+                    false
+                }
+            },
+            SidePhase::ServerWaitAuth(mut hs, client) => {
+                let verdict = hs.on_auth(&h, &body);
+                let known = self.by_eid.get(&client.endpoint_id).copied();
+                let live = self.peers.iter().filter(|p| p.conns.iter().any(Option::is_some)).count();
+                let status = match &verdict {
+                    Ok(()) if known.is_none() && live >= self.s.cfg.max_peers => handshake::READY_REFUSED,
+                    Ok(()) => handshake::READY_OK,
+                    Err(_) => handshake::READY_AUTH_FAILED,
+                };
+                let (rh, rb) = hs.ready(status);
+                let Some(s) = self.sides.get_mut(&t) else { return false };
+                if status != handshake::READY_OK {
+                    if let Err(e) = verdict {
+                        tracing::warn!(remote = %s.remote, error = %e, "refusing side channel: authentication failed");
+                        Counters::add(&self.core.counters.auth_failures, 1);
+                    }
+                    let _ = s.framed.send(&rh, &rb);
+                    s.phase = SidePhase::Closing;
+                    return false;
+                }
+                s.phase = SidePhase::ServerWaitInfo { client };
+                self.side_send(t, &rh, &rb)
+            }
+            SidePhase::ServerWaitInfo { client } => {
+                if h.kind != Kind::IbInfo {
+                    self.side_failed(t, Loss::Protocol(ProtocolError::Handshake("expected IB_INFO".into())));
+                    return false;
+                }
+                let remote_info = match IbInfo::decode(&body) {
+                    Ok(i) => i,
+                    Err(e) => {
+                        self.side_failed(t, Loss::Protocol(ProtocolError::Handshake(e)));
+                        return false;
+                    }
+                };
+                let remote_addr = s.remote;
+                let sl = s.sl;
+                let peer = match self.by_eid.get(&client.endpoint_id) {
+                    Some(&p) => p,
+                    None => {
+                        let dial = (client.listen_port != 0)
+                            .then(|| SocketAddr::new(remote_addr.ip(), client.listen_port));
+                        let p = self.new_peer(dial, Some(remote_addr));
+                        self.by_eid.insert(client.endpoint_id, p);
+                        p
+                    }
+                };
+                if self.peers[peer.0 as usize].conns[sl.index()].is_some() {
+                    self.fail_peer(peer, Loss::Lost("superseded by a new connection".into()));
+                }
+                let cid = match self
+                    .create_conn(peer, sl)
+                    .and_then(|cid| self.bring_up(cid, remote_info).map(|_| cid))
+                {
+                    Ok(cid) => cid,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot set up a queue pair for a client");
+                        self.side_failed(t, Loss::Lost(format!("queue pair set-up: {e}")));
+                        return false;
+                    }
+                };
+                let p = &mut self.peers[peer.0 as usize];
+                p.lost = None;
+                p.remote = Some(remote_addr);
+                p.conns[sl.index()] = Some(cid);
+                let info = self.local_info(cid).expect("just created");
+                let Some(s) = self.sides.get_mut(&t) else { return false };
+                s.peer = Some(peer);
+                s.conn = Some(cid);
+                s.phase = SidePhase::ServerWaitReady;
+                let mut ih = Header::new(Kind::IbInfo, sl);
+                ih.len = super::side::IB_INFO_LEN as u32;
+                self.side_send(t, &ih, &info.encode())
+            }
+            SidePhase::ServerWaitReady => {
+                if h.kind != Kind::IbReady {
+                    self.side_failed(t, Loss::Protocol(ProtocolError::Handshake("expected IB_READY".into())));
+                    return false;
+                }
+                let cid = s.conn;
+                s.phase = SidePhase::Established;
+                if let Some(c) = cid.and_then(|cid| self.conn_mut(cid)) {
+                    c.ready = true;
+                    tracing::debug!(peer = %c.peer, sl = %c.sl, "queue pair ready (server)");
+                }
+                Counters::add(&self.core.counters.connections, 1);
+                true
+            }
+            SidePhase::ClientWaitAck(mut hs) => match hs.on_hello_ack(&h, &body) {
+                Ok((auth, auth_body)) => {
+                    s.phase = SidePhase::ClientWaitReady(hs);
+                    self.side_send(t, &auth, &auth_body)
+                }
+                Err(handshake::HandshakeError::Auth(e)) => {
+                    self.side_failed(t, Loss::Auth(e.into()));
+                    false
+                }
+                Err(e) => {
+                    self.side_failed(t, Loss::Protocol(ProtocolError::Handshake(e.to_string())));
+                    false
+                }
+            },
+            SidePhase::ClientWaitReady(_hs) => {
+                if h.kind != Kind::Ready {
+                    self.side_failed(t, Loss::Protocol(ProtocolError::Handshake("expected READY".into())));
+                    return false;
+                }
+                match h.aux {
+                    handshake::READY_OK => {}
+                    handshake::READY_AUTH_FAILED => {
+                        self.side_failed(t, Loss::Auth("the server refused our cluster key".into()));
+                        return false;
+                    }
+                    _ => {
+                        self.side_failed(t, Loss::Lost("the server refused the connection (limits)".into()));
+                        return false;
+                    }
+                }
+                let sl = s.sl;
+                let Some(info) = s.conn.and_then(|cid| self.local_info(cid)) else {
+                    self.side_failed(t, Loss::Lost("queue pair vanished".into()));
+                    return false;
+                };
+                let Some(s) = self.sides.get_mut(&t) else { return false };
+                s.phase = SidePhase::ClientWaitInfo;
+                let mut ih = Header::new(Kind::IbInfo, sl);
+                ih.len = super::side::IB_INFO_LEN as u32;
+                self.side_send(t, &ih, &info.encode())
+            }
+            SidePhase::ClientWaitInfo => {
+                if h.kind != Kind::IbInfo {
+                    self.side_failed(t, Loss::Protocol(ProtocolError::Handshake("expected IB_INFO".into())));
+                    return false;
+                }
+                let remote_info = match IbInfo::decode(&body) {
+                    Ok(i) => i,
+                    Err(e) => {
+                        self.side_failed(t, Loss::Protocol(ProtocolError::Handshake(e)));
+                        return false;
+                    }
+                };
+                let sl = s.sl;
+                let Some(cid) = s.conn else { return false };
+                if let Err(e) = self.bring_up(cid, remote_info) {
+                    self.side_failed(t, Loss::Lost(format!("queue pair bring-up: {e}")));
+                    return false;
+                }
+                let Some(s) = self.sides.get_mut(&t) else { return false };
+                s.phase = SidePhase::Established;
+                let ok = self.side_send(t, &Header::new(Kind::IbReady, sl), &[]);
+                if let Some(c) = self.conn_mut(cid) {
+                    c.ready = true;
+                    tracing::debug!(peer = %c.peer, sl = %c.sl, "queue pair ready (client)");
+                }
+                Counters::add(&self.core.counters.connections, 1);
+                ok
+            }
+            SidePhase::Connecting | SidePhase::Established | SidePhase::Closing => {
+                self.side_failed(
+                    t,
+                    Loss::Protocol(ProtocolError::Handshake("unexpected side-channel frame".into())),
+                );
+                false
+            }
+        }
+    }
+
+    fn side_send(&mut self, t: Token, h: &Header, body: &[u8]) -> bool {
+        let Some(s) = self.sides.get_mut(&t) else { return false };
+        match s.framed.send(h, body) {
+            Ok(()) => true,
+            Err(e) => {
+                self.side_failed(t, Loss::Lost(format!("side channel: {e}")));
+                false
+            }
+        }
+    }
+}
+
+/// Posts receive buffer `i` of a connection.
+pub(crate) fn post_recv<V: Verbs>(c: &mut Conn<V>, i: u32) -> Result<()> {
+    let sge = [Sge::new(c.mem.addr() + c.layout.recv_off(i) as u64, c.layout.rs as u32, c.mr.lkey())];
+    c.qp.post_recv(&[RecvWr { wr_id: wr_id(WR_RECV, c.id, c.gen_, i), sges: &sge }])
+        .map_err(|e| Error::from(e.error))
+}

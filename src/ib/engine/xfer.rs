@@ -1,0 +1,405 @@
+//! Server-based RDMA: transfers cut into units by the bulk scheduler and moved with
+//! RDMA_READ / RDMA_WRITE, straight to or from registered buffers, or through zone buffers.
+
+use crate::buf::{OpBuf, RecvBuf, RegisteredBuf, SendBuf};
+use crate::error::{Error, Result};
+use crate::flowctl::{Alloc, BufferZones, ZoneBuf, ZoneConfig};
+use crate::ib::verbs::*;
+use crate::info::Counters;
+use crate::types::{OpId, PeerId};
+
+use super::msg::{Segment, slice_segments};
+use super::reg::{DmaRegion, register_region};
+use super::{Dev, Local, SqDone, SqEntry, State, WR_SEND, Xfer, XferThen, wr_id};
+
+/// Zone classes: 64 KiB … 2 MiB (paper 000).
+const ZONE_SIZES: [usize; 6] = [64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20];
+
+/// The server's zone buffers: one registered region carved into size classes.
+pub(crate) struct Zones<V: Verbs> {
+    pub zones: BufferZones<(u64, usize, usize)>,
+    // Drop order: the registration before the memory.
+    pub mr: V::Mr,
+    pub mem: DmaRegion,
+}
+
+impl<V: Verbs> Zones<V> {
+    pub(crate) fn release_client(&mut self, peer: PeerId) {
+        let _waiters = self.zones.release_client(peer);
+    }
+}
+
+/// Registers an exposed buffer with its own registration (revoked by dropping it).
+pub(crate) fn register_exposure<V: Verbs>(
+    dev: &Dev<V>,
+    buf: &RegisteredBuf,
+    access: AccessFlags,
+) -> Result<V::Mr> {
+    super::reg::register_buf(dev, buf, access)
+}
+
+impl<V: Verbs> State<V> {
+    fn zones(&mut self) -> Result<&mut Zones<V>> {
+        if self.zones.is_none() {
+            let per = self.s.cfg.ib.zone_bytes_per_class;
+            let classes: Vec<(usize, u32)> =
+                ZONE_SIZES.iter().map(|&s| (s, (per / s).max(1) as u32)).collect();
+            let cfg = ZoneConfig::default().classes(&classes);
+            let zones = BufferZones::new(&cfg)?;
+            let mem = DmaRegion::new(zones.total_bytes())?;
+            let mr = register_region(&self.dev, &mem, AccessFlags::LOCAL_WRITE)?;
+            self.zones = Some(Zones { zones, mr, mem });
+        }
+        Ok(self.zones.as_mut().expect("just made"))
+    }
+
+    /// Starts a transfer and counts it as a reference to its op's buffer.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start_xfer(
+        &mut self,
+        peer: PeerId,
+        cid: u32,
+        read: bool,
+        remote: Vec<Segment>,
+        remote_off: u64,
+        local: Local,
+        total: usize,
+        then: XferThen,
+    ) {
+        let id = self.next_xfer;
+        self.next_xfer += 1;
+        if let Local::Op { op, .. } = &local
+            && let Some(o) = self.ops.get_mut(op)
+        {
+            o.refs += 1;
+        }
+        self.xfers.insert(
+            id,
+            Xfer {
+                peer,
+                conn: cid,
+                read,
+                remote,
+                remote_off,
+                local,
+                total,
+                done_bytes: 0,
+                units_out: 0,
+                failed: None,
+                then,
+            },
+        );
+        if total == 0 {
+            self.finish_xfer(id);
+            return;
+        }
+        self.bulk.add(id, peer, total);
+        self.pump_units();
+    }
+
+    /// Posts whatever units the scheduler, the zones and the send queues allow.
+    pub(crate) fn pump_units(&mut self) {
+        // Units that waited for send-queue room.
+        let n = self.deferred.len();
+        for _ in 0..n {
+            let Some((x, off, len, zone)) = self.deferred.pop_front() else { break };
+            self.post_unit(x, off, len, zone);
+        }
+        // Zone buffers granted to parked units.
+        while let Some(g) = self.zones.as_mut().and_then(|z| z.zones.poll_grant()) {
+            let (x, off, len) = g.token;
+            self.zone_granted(x, off, len, g.buf, g.len);
+        }
+        while let Some(u) = self.bulk.next_unit() {
+            self.stage_unit(u.key, u.offset, u.len);
+        }
+    }
+
+    /// The registered address and key of `[base + off, +len)` of an op's buffer, when it is a
+    /// pool buffer (no staging needed).
+    fn direct_local(&self, x: &Xfer, off: usize, len: usize) -> Option<(u64, u32)> {
+        let Local::Op { op, base } = &x.local else { return None };
+        let o = self.ops.get(op)?;
+        let b = match &o.buf {
+            OpBuf::Recv(RecvBuf::Registered(b)) | OpBuf::Send(SendBuf::Registered(b)) => b,
+            _ => return None,
+        };
+        (base + off + len <= b.len() && b.is_registered())
+            .then(|| ((b.addr() + base + off) as u64, b.keys().lkey))
+    }
+
+    fn stage_unit(&mut self, x: u64, off: usize, len: usize) {
+        let Some(xf) = self.xfers.get(&x) else {
+            return;
+        };
+        if xf.failed.is_some() {
+            let peer = xf.peer;
+            self.bulk.unit_done(peer, len);
+            return;
+        }
+        if self.direct_local(xf, off, len).is_some() {
+            self.post_unit(x, off, len, None);
+            return;
+        }
+        let peer = xf.peer;
+        let alloc = match self.zones() {
+            Ok(z) => z.zones.alloc(peer, len, (x, off, len)),
+            Err(e) => Err(e),
+        };
+        match alloc {
+            Ok(Alloc::Granted(g)) => self.zone_granted(x, off, len, g.buf, g.len),
+            Ok(Alloc::Wait) => {}
+            Err(e) => self.xfer_failed(x, e),
+        }
+    }
+
+    /// A zone buffer for `[off, off + want)` of a transfer: move `got` bytes through it and ask
+    /// again for the rest (a chopped unit).
+    fn zone_granted(&mut self, x: u64, off: usize, want: usize, zb: ZoneBuf, got: usize) {
+        let got = got.min(want);
+        if !self.xfers.contains_key(&x) {
+            if let Some(z) = self.zones.as_mut() {
+                let _ = z.zones.free(zb);
+            }
+            return;
+        }
+        self.post_unit(x, off, got, Some(zb));
+        if got < want {
+            self.stage_unit(x, off + got, want - got);
+        }
+    }
+
+    /// Posts the RDMA work requests of one unit; only the last is signaled.
+    fn post_unit(&mut self, x: u64, off: usize, len: usize, zone: Option<ZoneBuf>) {
+        let Some(xf) = self.xfers.get(&x) else {
+            if let (Some(z), Some(zb)) = (self.zones.as_mut(), zone) {
+                let _ = z.zones.free(zb);
+            }
+            return;
+        };
+        let (cid, read, peer) = (xf.conn, xf.read, xf.peer);
+        let pieces = slice_segments(&xf.remote, xf.remote_off + off as u64, len as u64);
+        let max_wr = self.s.cfg.ib.max_send_wr;
+        let ready = self.conn(cid).map(|c| (c.ready, c.sq_depth));
+        match ready {
+            None => {
+                self.xfer_failed(x, Error::PeerLost { peer, reason: "connection gone".into() });
+                if let (Some(z), Some(zb)) = (self.zones.as_mut(), zone) {
+                    let _ = z.zones.free(zb);
+                }
+                self.bulk.unit_done(peer, len);
+                return;
+            }
+            Some((ready, depth)) if !ready || depth + pieces.len() as u32 + 1 > max_wr => {
+                self.deferred.push_back((x, off, len, zone));
+                return;
+            }
+            _ => {}
+        }
+        // Local memory: the op's own registered buffer, or the zone buffer.
+        let (laddr, lkey) = match zone {
+            Some(zb) => {
+                let z = self.zones.as_ref().expect("zone granted");
+                let zoff = z.zones.offset(zb);
+                if !read {
+                    // Outgoing data goes into the zone buffer first.
+                    let mut tmp = vec![0u8; len];
+                    copy_local_out(&self.xfers[&x].local, &self.ops, off, &mut tmp);
+                    z.mem.write_at(zoff, &tmp);
+                    Counters::add(&self.core.counters.host_copies, 1);
+                    Counters::add(&self.core.counters.host_copy_bytes, len as u64);
+                }
+                (z.mem.addr() + zoff as u64, z.mr.lkey())
+            }
+            None => match self.direct_local(&self.xfers[&x], off, len) {
+                Some(l) => l,
+                None => {
+                    self.xfer_failed(x, Error::misuse("transfer buffer is not registered"));
+                    self.bulk.unit_done(peer, len);
+                    return;
+                }
+            },
+        };
+        let Some(c) = self.conn_mut(cid) else { return };
+        let n = pieces.len();
+        let mut sges = Vec::with_capacity(n);
+        let mut at = 0u64;
+        for &(_, plen, _) in &pieces {
+            sges.push([Sge::new(laddr + at, plen, lkey)]);
+            at += u64::from(plen);
+        }
+        let mut wrs = Vec::with_capacity(n);
+        let mut entries = Vec::with_capacity(n);
+        for (i, &(raddr, _, rkey)) in pieces.iter().enumerate() {
+            let last = i + 1 == n;
+            let seq = c.seq;
+            c.seq = c.seq.wrapping_add(1);
+            let op = if read {
+                SendOp::RdmaRead { remote_addr: raddr, rkey }
+            } else {
+                SendOp::RdmaWrite { remote_addr: raddr, rkey }
+            };
+            let flags = if last { SendFlags::SIGNALED } else { SendFlags::NONE };
+            wrs.push(SendWr { wr_id: wr_id(WR_SEND, c.id, c.gen_, seq), op, sges: &sges[i], flags });
+            let done = if last {
+                SqDone::Unit { xfer: x, offset: off, len, zone, read, reads: if read { n as u32 } else { 0 } }
+            } else {
+                SqDone::Nothing
+            };
+            entries.push(SqEntry { seq, bounce: None, done });
+        }
+        if read {
+            c.reads_out += n as u32;
+        }
+        c.since_signal = 0;
+        let posted = c.qp.post_send(&wrs);
+        c.sq_depth += n as u32;
+        c.sq.extend(entries);
+        if let Some(xf) = self.xfers.get_mut(&x) {
+            xf.units_out += 1;
+        }
+        if let Err(e) = posted {
+            self.fail_peer(peer, super::Loss::Lost(format!("post_send: {}", e.error)));
+        }
+    }
+
+    /// A unit's last work request completed.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn unit_done(
+        &mut self,
+        cid: u32,
+        x: u64,
+        off: usize,
+        len: usize,
+        zone: Option<ZoneBuf>,
+        read: bool,
+        reads: u32,
+    ) {
+        if let Some(c) = self.conn_mut(cid) {
+            c.reads_out = c.reads_out.saturating_sub(reads);
+        }
+        let peer = self.xfers.get(&x).map(|xf| xf.peer);
+        if let Some(p) = peer {
+            self.bulk.unit_done(p, len);
+        }
+        if let Some(zb) = zone {
+            if read && self.xfers.get(&x).is_some_and(|xf| xf.failed.is_none()) {
+                let z = self.zones.as_ref().expect("zone in use");
+                let mut tmp = vec![0u8; len];
+                z.mem.read_at(z.zones.offset(zb), &mut tmp);
+                if let Some(xf) = self.xfers.get_mut(&x) {
+                    copy_local_in(&mut xf.local, &mut self.ops, off, &tmp);
+                }
+                Counters::add(&self.core.counters.host_copies, 1);
+                Counters::add(&self.core.counters.host_copy_bytes, len as u64);
+            }
+            if let Some(z) = self.zones.as_mut() {
+                let _ = z.zones.free(zb);
+            }
+        }
+        let Some(xf) = self.xfers.get_mut(&x) else { return };
+        xf.units_out = xf.units_out.saturating_sub(1);
+        xf.done_bytes += len;
+        if xf.done_bytes >= xf.total || (xf.failed.is_some() && xf.units_out == 0) {
+            self.finish_xfer(x);
+        }
+    }
+
+    fn xfer_failed(&mut self, x: u64, e: Error) {
+        let Some(xf) = self.xfers.get_mut(&x) else { return };
+        if xf.failed.is_none() {
+            xf.failed = Some(e);
+        }
+        self.bulk.remove(&x);
+        if xf.units_out == 0 {
+            self.finish_xfer(x);
+        }
+    }
+
+    /// Stops the transfers into or out of an op's buffer (cancel): units in flight finish,
+    /// nothing new is posted.
+    pub(crate) fn abort_xfers_of(&mut self, op: OpId) {
+        let xs: Vec<u64> = self
+            .xfers
+            .iter()
+            .filter(|(_, x)| matches!(x.local, Local::Op { op: o, .. } if o == op))
+            .map(|(k, _)| *k)
+            .collect();
+        for x in xs {
+            self.xfer_failed(x, Error::Cancelled);
+        }
+    }
+
+    fn finish_xfer(&mut self, x: u64) {
+        let Some(xf) = self.xfers.remove(&x) else { return };
+        self.bulk.remove(&x);
+        let Xfer { conn, local, total, failed, then, .. } = xf;
+        if let Local::Op { op, .. } = &local {
+            self.release_ref(*op);
+        }
+        let ok = failed.is_none();
+        match then {
+            XferThen::CompleteOp(op) => self.complete(op, failed.map_or(Ok(total), Err)),
+            XferThen::ReqOp { op, peer, req } => {
+                self.complete(op, failed.map_or(Ok(total), Err));
+                self.xfer_finished_for_req(peer, req);
+            }
+            XferThen::RecvDone { op, msg } => {
+                let st = if ok { super::FIN_OK } else { super::FIN_CANCELLED };
+                self.send_fin(conn, msg, st, 0);
+                self.complete(op, failed.map_or(Ok(total), Err));
+            }
+            XferThen::RequestHeader { pending } => {
+                if ok && let Local::Vec(v) = local {
+                    self.deliver_request(*pending, bytes::Bytes::from(v));
+                }
+            }
+            XferThen::ReplyHeader { op, status, msg } => {
+                self.send_fin(conn, msg, super::FIN_OK, 0);
+                match (ok, local) {
+                    (true, Local::Vec(v)) => self.complete_request(op, status, bytes::Bytes::from(v)),
+                    _ => self.complete(op, Err(Error::Remote("could not read the reply header".into()))),
+                }
+            }
+        }
+    }
+}
+
+/// Reads `dst.len()` bytes at `off` of a transfer's local side.
+fn copy_local_out(local: &Local, ops: &rustc_hash::FxHashMap<OpId, super::Op>, off: usize, dst: &mut [u8]) {
+    match local {
+        Local::Op { op, base } => match ops.get(op).map(|o| &o.buf) {
+            Some(OpBuf::Send(s)) => {
+                s.copy_out(base + off, dst);
+            }
+            Some(OpBuf::Recv(r)) => {
+                r.copy_out(base + off, dst);
+            }
+            _ => {}
+        },
+        Local::Vec(v) => {
+            let n = dst.len().min(v.len().saturating_sub(off));
+            dst[..n].copy_from_slice(&v[off..off + n]);
+        }
+    }
+}
+
+/// Writes `src` at `off` of a transfer's local side.
+fn copy_local_in(
+    local: &mut Local,
+    ops: &mut rustc_hash::FxHashMap<OpId, super::Op>,
+    off: usize,
+    src: &[u8],
+) {
+    match local {
+        Local::Op { op, base } => {
+            if let Some(OpBuf::Recv(r)) = ops.get_mut(op).map(|o| &mut o.buf) {
+                r.copy_in(*base + off, src);
+            }
+        }
+        Local::Vec(v) => {
+            let n = src.len().min(v.len().saturating_sub(off));
+            v[off..off + n].copy_from_slice(&src[..n]);
+        }
+    }
+}
