@@ -506,5 +506,5 @@ macro_rules! transports {
     )*};
 }
 
-// One line per transport: add `softib` once `Endpoint::bind("softib://…")` works.
-transports!(tcp);
+// Every test runs on each transport.
+transports!(tcp, softib);
