@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::comm::Policy;
 use crate::error::{Error, Result};
+use crate::ib::soft::{FaultPlan, SoftHook};
 use crate::types::{ServiceLevel, WaitMode};
 
 /// Largest eager limit accepted: one eager message is buffered whole when it arrives early.
@@ -67,6 +68,8 @@ pub struct IbConfig {
     pub(crate) regcache_bytes: usize,
     pub(crate) cancel_grace: Duration,
     pub(crate) soft_pin_budget: Option<u64>,
+    pub(crate) soft_faults: FaultPlan,
+    pub(crate) soft_hook: Option<SoftHook>,
 }
 
 impl Default for IbConfig {
@@ -86,6 +89,8 @@ impl Default for IbConfig {
             regcache_bytes: crate::regcache::DEFAULT_MAX_PINNED_BYTES,
             cancel_grace: Duration::from_secs(5),
             soft_pin_budget: None,
+            soft_faults: FaultPlan::none(),
+            soft_hook: None,
         }
     }
 }
@@ -161,6 +166,20 @@ impl IbConfig {
     /// Software provider only: a pin budget in bytes, to exercise registration failures.
     pub fn soft_pin_budget(mut self, bytes: Option<u64>) -> Self {
         self.soft_pin_budget = bytes;
+        self
+    }
+
+    /// Software provider, tests only: faults every queue pair of the endpoint starts with
+    /// ([`SoftConfig::faults`](crate::ib::soft::SoftConfig::faults); default none).
+    pub fn soft_faults(mut self, plan: FaultPlan) -> Self {
+        self.soft_faults = plan;
+        self
+    }
+
+    /// Software provider, tests only: a hook that receives the endpoint's device context, to
+    /// inject faults into its live queue pairs and read the provider's counters.
+    pub fn soft_hook(mut self, hook: SoftHook) -> Self {
+        self.soft_hook = Some(hook);
         self
     }
 

@@ -834,6 +834,7 @@ impl Endpoint {
             exposures: 0,
             pending_ops: pending,
             counters: core.counters.snapshot(),
+            rdma: None,
         };
         if let Some(b) = self.inner.backend.get() {
             b.info(&mut info);

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::addr::{Address, Scheme};
 use crate::buf::PoolStats;
 use crate::comm::{Mechanism, Policy};
+use crate::ib::verbs::VerbsCounters;
 use crate::types::WaitMode;
 
 /// Limits, policy and counters of an endpoint.
@@ -44,6 +45,38 @@ pub struct Info {
     pub pending_ops: usize,
     /// Monotonic counters.
     pub counters: CounterSnapshot,
+    /// The InfiniBand engine's resources in use right now, where the transport has them.
+    pub rdma: Option<RdmaInfo>,
+}
+
+/// Resources of the InfiniBand engine in use at one instant (gauges), and the provider's
+/// counters. What a lost peer held — queue pairs with their credits and ring slots, transfers,
+/// zone buffers, registrations — must be back once its operations have failed, so tests and
+/// operators read it here.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RdmaInfo {
+    /// Queue pairs open (each with its receive buffers, credits and fast-RDMA ring).
+    pub queue_pairs: usize,
+    /// Messages queued on connections, waiting for a credit, a ring slot or send-queue room.
+    pub queued_msgs: usize,
+    /// Send work requests posted and not yet retired.
+    pub sends_outstanding: usize,
+    /// Server-based RDMA transfers in progress.
+    pub transfers: usize,
+    /// Bytes of transfer units in flight or waiting for a zone buffer (the bulk scheduler's
+    /// count, bounded by the per-peer and per-endpoint caps).
+    pub rdma_bytes_in_flight: usize,
+    /// Bytes of zone buffers held by transfers.
+    pub zone_bytes_held: u64,
+    /// Transfer units waiting for a zone buffer.
+    pub zone_waiting: usize,
+    /// Rendezvous sends and rendezvous-sent headers waiting for the peer's FIN.
+    pub fin_waits: usize,
+    /// Incoming requests open (delivered or being fetched, not yet replied to).
+    pub open_requests: usize,
+    /// The verbs provider's counters for this endpoint's device context (registrations,
+    /// one-sided bytes, RNR retries...).
+    pub provider: VerbsCounters,
 }
 
 /// Registration-cache figures.
@@ -61,6 +94,9 @@ pub struct RegcacheInfo {
     pub hits: u64,
     /// Lookups that had to register.
     pub misses: u64,
+    /// Entries referenced right now (by transfers, staged copies, zero-copy sends; pool
+    /// buffers hold one reference each while they exist).
+    pub in_use: u64,
 }
 
 impl RegcacheInfo {
@@ -87,6 +123,22 @@ macro_rules! counters {
                 CounterSnapshot { $($name: self.$name.load(Ordering::Relaxed),)* }
             }
         }
+
+        impl CounterSnapshot {
+            /// Every counter by name, in declaration order (for reports and for carrying a
+            /// snapshot across a process boundary).
+            pub fn fields(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name),)*]
+            }
+
+            /// Sets the counter called `name`; false when there is none.
+            pub fn set(&mut self, name: &str, value: u64) -> bool {
+                match name {
+                    $(stringify!($name) => { self.$name = value; true })*
+                    _ => false,
+                }
+            }
+        }
     };
 }
 
@@ -105,9 +157,13 @@ counters! {
     mech_fast_rdma,
     /// Transfers moved by server-based RDMA / rendezvous.
     mech_server_rdma,
-    /// Bytes the engine copied through its own buffers (bounce buffers, early-data buffers).
+    /// Payload bytes the engine copied with the CPU: into or out of bounce buffers, receive
+    /// buffers and ring slots, early-data buffers, staging and zone buffers. Headers and
+    /// flow-control words are not payload. Zero-copy paths (RDMA straight to or from a
+    /// registered buffer) add nothing.
     host_copy_bytes,
-    /// Copies the engine made (count).
+    /// Copies counted in `host_copy_bytes` (one per copy site visited: a message copied into a
+    /// bounce buffer is one, a transfer unit staged through a zone buffer is one).
     host_copies,
     /// Connections established (both directions).
     connections,
@@ -127,7 +183,8 @@ counters! {
     ops_cancelled,
     /// Explicit credit messages sent.
     credit_msgs,
-    /// RNR retries observed.
+    /// RNR retries observed (InfiniBand: the provider's count for this endpoint's queue pairs;
+    /// with credits it stays 0 in normal operation).
     rnr_retries,
 }
 

@@ -1,47 +1,46 @@
-//! Endpoint behaviour tests, generic over the transport: each `pub fn` takes the scheme
-//! (`"tcp"`, `"softib"`) and is instantiated per backend by `suite!`.
+//! Endpoint behaviour tests, generic over the transport and over where the endpoints live:
+//! each `pub fn` takes a [`Net`] (scheme + placement) and is instantiated per backend and
+//! placement by `suite!`. Endpoints are [`Ep`]s — in this process or in an agent process
+//! ([`agent`]) — so every test runs unchanged with its two ends in two processes.
 #![allow(dead_code)]
+
+pub mod agent;
+pub mod harness;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use ionet::*;
+use ionet::{Access, AccessError, Direction, MemHandle, RecvBuf, ServiceLevel, WaitMode};
+
+pub use harness::*;
 
 pub const T: Duration = Duration::from_secs(20);
 
-/// Instantiates every named behaviour test for one scheme.
+/// Instantiates every named behaviour test for one transport and placement.
 #[macro_export]
 macro_rules! suite {
-    ($scheme:expr; $($name:ident),* $(,)?) => {
-        $( #[test] fn $name() { conformance::$name($scheme) } )*
+    ($net:expr; $($name:ident),* $(,)?) => {
+        $( #[test] fn $name() { conformance::$name(&$net) } )*
     };
-}
-
-pub fn bind(scheme: &str, cfg: Config) -> Endpoint {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    Endpoint::bind(format!("{scheme}://127.0.0.1:0"), cfg).expect("bind")
 }
 
 /// A server (with a progress thread, so it moves bytes while the test thread drives the
 /// client) and a client connected to it.
-pub fn pair(scheme: &str, srv_cfg: Config, cli_cfg: Config) -> (Endpoint, Endpoint, PeerId) {
-    let srv = bind(scheme, srv_cfg.progress_thread(true));
-    let cli = Endpoint::client(cli_cfg).unwrap();
+pub fn pair(net: &Net, srv_cfg: Config, cli_cfg: Config) -> (Ep, Ep, PeerId) {
+    let srv = net.bind(srv_cfg.progress_thread(true));
+    let cli = net.client(cli_cfg);
     let p = cli.connect(srv.local_addr().unwrap()).unwrap();
     (srv, cli, p)
 }
 
 /// Waits with a generous bound so a bug fails the test instead of hanging it.
-pub fn wait(ep: &Endpoint, op: OpId) -> Completion {
+pub fn wait(ep: &Ep, op: OpId) -> Completion {
     ep.wait_timeout(op, T).unwrap().unwrap_or_else(|| panic!("{op} did not complete in {T:?}"))
 }
 
-pub fn wait_ok(ep: &Endpoint, op: OpId) -> Completion {
+pub fn wait_ok(ep: &Ep, op: OpId) -> Completion {
     let c = wait(ep, op);
     match c.result {
         Ok(_) => c,
@@ -50,7 +49,7 @@ pub fn wait_ok(ep: &Endpoint, op: OpId) -> Completion {
 }
 
 /// The server learns the client's PeerId from a first unexpected message.
-pub fn introduce(srv: &Endpoint, cli: &Endpoint, p: PeerId) -> PeerId {
+pub fn introduce(srv: &Ep, cli: &Ep, p: PeerId) -> PeerId {
     let op = cli.send_unexpected(p, u64::MAX, Bytes::from_static(b"hi"), ServiceLevel::Control).unwrap();
     wait_ok(cli, op);
     let u = srv.recv_unexpected(Some(T)).unwrap().expect("introduction");
@@ -76,8 +75,8 @@ fn recv_bytes(c: &Completion) -> Vec<u8> {
 
 // ------------------------------------------------------------------------------------------
 
-pub fn matching_order_and_tag_isolation(scheme: &str) {
-    let (srv, cli, p) = pair(scheme, Config::default(), Config::default());
+pub fn matching_order_and_tag_isolation(net: &Net) {
+    let (srv, cli, p) = pair(net, Config::default(), Config::default());
     let sp = introduce(&srv, &cli, p);
     // Post receives for tag 1 (twice) and tag 2 before anything is sent, then one after.
     let r1a = srv.recv(sp, 1, BytesMut::zeroed(64)).unwrap();
@@ -103,10 +102,10 @@ pub fn matching_order_and_tag_isolation(scheme: &str) {
     }
 }
 
-pub fn sizes_around_every_limit(scheme: &str) {
+pub fn sizes_around_every_limit(net: &Net) {
     let max = 4 << 20;
     let cfg = || Config::default().max_message(max);
-    let (srv, cli, p) = pair(scheme, cfg(), cfg());
+    let (srv, cli, p) = pair(net, cfg(), cfg());
     let sp = introduce(&srv, &cli, p);
     let info = cli.info();
     let eager = info.eager_limit;
@@ -119,7 +118,7 @@ pub fn sizes_around_every_limit(scheme: &str) {
     }
     sizes.sort();
     sizes.dedup();
-    let fast_path = scheme != "tcp";
+    let fast_path = net.is_ib();
     for (i, len) in sizes.into_iter().enumerate() {
         let data = pattern(len, i as u64);
         let r = srv.recv(sp, i as u64, BytesMut::zeroed(len)).unwrap();
@@ -148,8 +147,8 @@ pub fn sizes_around_every_limit(scheme: &str) {
     ));
 }
 
-pub fn receive_buffer_too_small_is_truncated_error(scheme: &str) {
-    let (srv, cli, p) = pair(scheme, Config::default(), Config::default());
+pub fn receive_buffer_too_small_is_truncated_error(net: &Net) {
+    let (srv, cli, p) = pair(net, Config::default(), Config::default());
     let sp = introduce(&srv, &cli, p);
     let eager = cli.info().eager_limit;
     for (tag, len) in [(1u64, 100usize), (2, eager * 4)] {
@@ -170,8 +169,8 @@ pub fn receive_buffer_too_small_is_truncated_error(scheme: &str) {
     assert_eq!(recv_bytes(&wait_ok(&srv, r)), b"abc");
 }
 
-pub fn list_send_into_list_receive(scheme: &str) {
-    let (srv, cli, p) = pair(scheme, Config::default(), Config::default());
+pub fn list_send_into_list_receive(net: &Net) {
+    let (srv, cli, p) = pair(net, Config::default(), Config::default());
     let sp = introduce(&srv, &cli, p);
     for total in [10usize, 20_000, 300_001] {
         let data = pattern(total, total as u64);
@@ -191,9 +190,9 @@ pub fn list_send_into_list_receive(scheme: &str) {
     }
 }
 
-pub fn cancel_before_and_after_match(scheme: &str) {
+pub fn cancel_before_and_after_match(net: &Net) {
     // The client gets a progress thread: the server's waits below need the client to answer.
-    let (srv, cli, p) = pair(scheme, Config::default(), Config::default().progress_thread(true));
+    let (srv, cli, p) = pair(net, Config::default(), Config::default().progress_thread(true));
     let sp = introduce(&srv, &cli, p);
     // Before match: local, immediate, the connection is unaffected.
     let r = srv.recv(sp, 1, BytesMut::zeroed(8)).unwrap();
@@ -233,8 +232,8 @@ pub fn cancel_before_and_after_match(scheme: &str) {
     assert_eq!(recv_bytes(&wait_ok(&srv, r)), b"next");
 }
 
-pub fn deadline_expiry(scheme: &str) {
-    let (srv, cli, p) = pair(scheme, Config::default(), Config::default());
+pub fn deadline_expiry(net: &Net) {
+    let (srv, cli, p) = pair(net, Config::default(), Config::default());
     let _sp = introduce(&srv, &cli, p);
     let r = cli.recv(p, 77, BytesMut::zeroed(8)).unwrap();
     cli.set_deadline(r, Instant::now() + Duration::from_millis(100)).unwrap();
@@ -252,13 +251,13 @@ pub fn deadline_expiry(scheme: &str) {
     assert!(matches!(wait(&cli, r).result, Err(Error::Cancelled)));
 }
 
-pub fn unexpected_buffering_is_bounded_with_backpressure(scheme: &str) {
+pub fn unexpected_buffering_is_bounded_with_backpressure(net: &Net) {
     // The server buffers at most 8 unexpected messages from a peer; beyond that it stops
     // reading, so further sends stay in flight until the application consumes.
     let srv_cfg = Config::default().unexpected_per_peer(8);
     // The client gets a progress thread: with credit-based transports its sends wait for the
     // server's credits and move again only while someone drives the client.
-    let (srv, cli, p) = pair(scheme, srv_cfg, Config::default().progress_thread(true));
+    let (srv, cli, p) = pair(net, srv_cfg, Config::default().progress_thread(true));
     let n = 40;
     let ops: Vec<_> = (0..n)
         .map(|i: u32| {
@@ -283,10 +282,10 @@ pub fn unexpected_buffering_is_bounded_with_backpressure(scheme: &str) {
     }
 }
 
-pub fn early_eager_data_is_bounded_by_budget(scheme: &str) {
+pub fn early_eager_data_is_bounded_by_budget(net: &Net) {
     // 64 KiB budget; 1 KiB messages with no receive posted: the server stops reading after ~64.
     let srv_cfg = Config::default().early_bytes_per_peer(64 * 1024);
-    let (srv, cli, p) = pair(scheme, srv_cfg, Config::default().progress_thread(true));
+    let (srv, cli, p) = pair(net, srv_cfg, Config::default().progress_thread(true));
     let sp = introduce(&srv, &cli, p);
     let n = 300;
     for i in 0..n {
@@ -304,8 +303,8 @@ pub fn early_eager_data_is_bounded_by_budget(scheme: &str) {
     }
 }
 
-pub fn request_payload_both_directions(scheme: &str) {
-    let (srv, cli, p) = pair(scheme, Config::default(), Config::default().wait_mode(WaitMode::Block));
+pub fn request_payload_both_directions(net: &Net) {
+    let (srv, cli, p) = pair(net, Config::default(), Config::default().wait_mode(WaitMode::Block));
     let eager = cli.info().eager_limit;
     // Around every threshold: inline, fast RDMA (where it exists), eager; and a large one.
     let policy = cli.info().policy;
@@ -368,7 +367,7 @@ pub fn request_payload_both_directions(scheme: &str) {
         let reply = c.reply.clone().unwrap();
         assert_eq!(&reply[..1], b"W");
         assert_eq!(u64::from_le_bytes(reply[1..9].try_into().unwrap()), sum, "write of {len}");
-        let expect = policy.choose(len, ServiceLevel::Normal, ionet::comm::Conditions::idle(scheme != "tcp"));
+        let expect = policy.choose(len, ServiceLevel::Normal, ionet::comm::Conditions::idle(net.is_ib()));
         assert_eq!(c.mechanism, Some(expect), "write of {len}");
 
         let op = cli
@@ -382,8 +381,8 @@ pub fn request_payload_both_directions(scheme: &str) {
     server.join().unwrap();
 }
 
-pub fn dropped_request_fails_the_client_not_hangs(scheme: &str) {
-    let (srv, cli, p) = pair(scheme, Config::default(), Config::default());
+pub fn dropped_request_fails_the_client_not_hangs(net: &Net) {
+    let (srv, cli, p) = pair(net, Config::default(), Config::default());
     let server = std::thread::spawn(move || {
         let req = srv.next_request(Some(T)).unwrap().unwrap();
         drop(req);
@@ -409,14 +408,11 @@ pub fn dropped_request_fails_the_client_not_hangs(scheme: &str) {
     server.join().unwrap();
 }
 
-pub fn put_get_validated_by_target(scheme: &str) {
-    let (srv, cli, p) = pair(scheme, Config::default(), Config::default());
-    let mut buf = srv.alloc(4096).unwrap();
-    buf.fill(0x11);
-    let ro = srv.expose(buf, Access::READ).unwrap();
-    let mut buf = srv.alloc(4096).unwrap();
-    buf.fill(0x22);
-    let rw = srv.expose(buf, Access::READ_WRITE).unwrap();
+pub fn put_get_validated_by_target(net: &Net) {
+    let (srv, cli, p) = pair(net, Config::default(), Config::default());
+    // Pool buffers (alloc), filled, then exposed.
+    let ro = srv.expose(vec![0x11; 4096], Access::READ).unwrap();
+    let rw = srv.expose(vec![0x22; 4096], Access::READ_WRITE).unwrap();
     let (hro, hrw) = (ro.handle(), rw.handle());
     // Handles travel as bytes.
     let hrw = MemHandle::from_bytes(&hrw.to_bytes()).unwrap();
@@ -432,7 +428,7 @@ pub fn put_get_validated_by_target(scheme: &str) {
 
     // TCP targets check every access in software and say why; an HCA reports any refusal as
     // one remote access error.
-    let precise = scheme == "tcp";
+    let precise = !net.is_ib();
     let denied = |r: Result<usize>, want: AccessError| match r {
         Err(Error::RemoteAccess(a)) => assert!(!precise || a == want, "expected {want:?}, got {a:?}"),
         other => panic!("expected {want:?}, got {other:?}"),
@@ -477,8 +473,8 @@ pub fn put_get_validated_by_target(scheme: &str) {
     })
     .unwrap();
     // Revoked: the key stops working.
-    let back = srv.revoke(rw).unwrap();
-    assert_eq!(back.len(), 4096);
+    let back_len = srv.revoke(rw).unwrap();
+    assert_eq!(back_len, 4096, "the buffer comes back");
     denied(
         wait(&cli, cli.get(p, BytesMut::zeroed(8), hrw.slice(0, 8).unwrap(), ServiceLevel::Normal).unwrap())
             .result,
@@ -490,8 +486,8 @@ pub fn put_get_validated_by_target(scheme: &str) {
     assert!(counted.counters.access_denied >= 6, "{:?}", counted.counters);
 }
 
-pub fn many_threads_post_on_one_endpoint(scheme: &str) {
-    let (srv, cli, p) = pair(scheme, Config::default(), Config::default().wait_mode(WaitMode::Block));
+pub fn many_threads_post_on_one_endpoint(net: &Net) {
+    let (srv, cli, p) = pair(net, Config::default(), Config::default().wait_mode(WaitMode::Block));
     let sp = introduce(&srv, &cli, p);
     let threads = 8;
     let per = 50;
@@ -537,10 +533,10 @@ pub fn many_threads_post_on_one_endpoint(scheme: &str) {
     assert_eq!(done.load(Ordering::Relaxed), (threads * per) as usize);
 }
 
-pub fn wait_modes_all_work(scheme: &str) {
+pub fn wait_modes_all_work(net: &Net) {
     for mode in [WaitMode::Spin, WaitMode::Block, WaitMode::Adaptive] {
-        let srv = bind(scheme, Config::default().wait_mode(mode));
-        let cli = Endpoint::client(Config::default().wait_mode(mode)).unwrap();
+        let srv = net.bind(Config::default().wait_mode(mode));
+        let cli = net.client(Config::default().wait_mode(mode));
         let p = cli.connect(srv.local_addr().unwrap()).unwrap();
         let srv2 = srv.clone();
         let h = std::thread::spawn(move || {
@@ -565,8 +561,8 @@ pub fn wait_modes_all_work(scheme: &str) {
     }
 }
 
-pub fn every_op_completes_exactly_once(scheme: &str) {
-    let (srv, cli, p) = pair(scheme, Config::default(), Config::default());
+pub fn every_op_completes_exactly_once(net: &Net) {
+    let (srv, cli, p) = pair(net, Config::default(), Config::default());
     let sp = introduce(&srv, &cli, p);
     let mut ops = Vec::new();
     for i in 0..30u64 {
@@ -593,15 +589,15 @@ pub fn every_op_completes_exactly_once(scheme: &str) {
     assert!(srv.wait_any(Some(Duration::from_millis(50))).unwrap().is_none());
 }
 
-pub fn cluster_key_required_and_checked(scheme: &str) {
+pub fn cluster_key_required_and_checked(net: &Net) {
     let key = b"0123456789abcdef-cluster-key-one".to_vec();
     let other = b"0123456789abcdef-cluster-key-two".to_vec();
-    let srv = bind(scheme, Config::default().cluster_key(key.clone()).progress_thread(true));
+    let srv = net.bind(Config::default().cluster_key(key.clone()).progress_thread(true));
     let addr = srv.local_addr().unwrap();
     for (name, cfg) in
         [("missing key", Config::default()), ("wrong key", Config::default().cluster_key(other.clone()))]
     {
-        let cli = Endpoint::client(cfg).unwrap();
+        let cli = net.client(cfg);
         let p = cli.connect(&addr).unwrap();
         let op = cli.send_unexpected(p, 1, Bytes::from_static(b"let me in"), ServiceLevel::Normal).unwrap();
         let c = wait(&cli, op);
@@ -612,22 +608,22 @@ pub fn cluster_key_required_and_checked(scheme: &str) {
     // The server refused the keyless client; the wrong-key client refused the server's proof.
     assert!(srv.info().counters.auth_failures >= 1);
     // The right key works.
-    let cli = Endpoint::client(Config::default().cluster_key(key)).unwrap();
+    let cli = net.client(Config::default().cluster_key(key));
     let p = cli.connect(&addr).unwrap();
     wait_ok(&cli, cli.send_unexpected(p, 1, Bytes::from_static(b"hello"), ServiceLevel::Normal).unwrap());
     assert_eq!(&srv.recv_unexpected(Some(T)).unwrap().unwrap().data[..], b"hello");
     // A client with a key refuses a server without one.
-    let open = bind(scheme, Config::default().progress_thread(true));
-    let cli = Endpoint::client(Config::default().cluster_key(other)).unwrap();
+    let open = net.bind(Config::default().progress_thread(true));
+    let cli = net.client(Config::default().cluster_key(other));
     let p = cli.connect(open.local_addr().unwrap()).unwrap();
     let c = wait(&cli, cli.send_unexpected(p, 1, Bytes::from_static(b"x"), ServiceLevel::Normal).unwrap());
     assert!(matches!(c.result, Err(Error::Auth(_))), "{:?}", c.result);
 }
 
-pub fn peer_loss_fails_ops_once_and_reconnects(scheme: &str) {
-    let srv = bind(scheme, Config::default().progress_thread(true));
+pub fn peer_loss_fails_ops_once_and_reconnects(net: &Net) {
+    let srv = net.bind(Config::default().progress_thread(true));
     let addr = srv.local_addr().unwrap();
-    let cli = Endpoint::client(Config::default()).unwrap();
+    let cli = net.client(Config::default());
     let p = cli.connect(&addr).unwrap();
     let _sp = introduce(&srv, &cli, p);
     let r = cli.recv(p, 1, BytesMut::zeroed(8)).unwrap();
@@ -642,14 +638,13 @@ pub fn peer_loss_fails_ops_once_and_reconnects(scheme: &str) {
     assert!(cli.info().counters.peers_lost >= 1);
     // A new server on the same address: the next use reconnects.
     let port = addr.port();
-    let srv = Endpoint::bind(format!("{scheme}://127.0.0.1:{port}"), Config::default().progress_thread(true))
-        .unwrap();
+    let srv = net.bind_at(port, Config::default().progress_thread(true)).unwrap();
     wait_ok(&cli, cli.send_unexpected(p, 3, Bytes::from_static(b"again"), ServiceLevel::Normal).unwrap());
     assert_eq!(&srv.recv_unexpected(Some(T)).unwrap().unwrap().data[..], b"again");
 }
 
-pub fn soak_32_clients_checksummed(scheme: &str) {
-    let srv = bind(scheme, Config::default().wait_mode(WaitMode::Block));
+pub fn soak_32_clients_checksummed(net: &Net) {
+    let srv = net.bind(Config::default().wait_mode(WaitMode::Block));
     let addr = srv.local_addr().unwrap();
     let clients = 32;
     let rounds = 12;
@@ -669,9 +664,9 @@ pub fn soak_32_clients_checksummed(scheme: &str) {
     });
     let hs: Vec<_> = (0..clients)
         .map(|i| {
-            let addr = addr.clone();
+            let (addr, net) = (addr.clone(), net.clone());
             std::thread::spawn(move || {
-                let cli = Endpoint::client(Config::default().wait_mode(WaitMode::Block)).unwrap();
+                let cli = net.client(Config::default().wait_mode(WaitMode::Block));
                 let p = cli.connect(&addr).unwrap();
                 for r in 0..rounds {
                     let len = [100usize, 20_000, 200_000][(i + r) % 3];
@@ -702,8 +697,8 @@ pub fn fnv(d: &[u8]) -> u64 {
     d.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
 
-pub fn info_reports_limits_and_counters(scheme: &str) {
-    let (srv, cli, p) = pair(scheme, Config::default(), Config::default());
+pub fn info_reports_limits_and_counters(net: &Net) {
+    let (srv, cli, p) = pair(net, Config::default(), Config::default());
     let _ = introduce(&srv, &cli, p);
     let i = cli.info();
     assert!(i.eager_limit > 0 && i.max_message >= i.eager_limit);
@@ -713,8 +708,8 @@ pub fn info_reports_limits_and_counters(scheme: &str) {
     assert!(!i.policy.table(i.scheme).is_empty());
 }
 
-pub fn batched_sends_keep_order_and_complete(scheme: &str) {
-    let (srv, cli, p) = pair(scheme, Config::default(), Config::default().batch_sends(true));
+pub fn batched_sends_keep_order_and_complete(net: &Net) {
+    let (srv, cli, p) = pair(net, Config::default(), Config::default().batch_sends(true));
     let sp = introduce(&srv, &cli, p);
     let eager = cli.info().eager_limit;
     let n = 200u32;
@@ -738,8 +733,8 @@ pub fn batched_sends_keep_order_and_complete(scheme: &str) {
 }
 
 /// Many concurrent reads with pushed payloads followed by replies: every reply arrives.
-pub fn pushed_reads_then_replies_never_lose_a_frame(scheme: &str) {
-    let srv = bind(scheme, Config::default().progress_thread(true));
+pub fn pushed_reads_then_replies_never_lose_a_frame(net: &Net) {
+    let srv = net.bind(Config::default().progress_thread(true));
     let addr = srv.local_addr().unwrap();
     let workers: Vec<_> = (0..2)
         .map(|_| {
@@ -764,9 +759,9 @@ pub fn pushed_reads_then_replies_never_lose_a_frame(scheme: &str) {
         .collect();
     let clients: Vec<_> = (0..3)
         .map(|_| {
-            let addr = addr.clone();
+            let (addr, net) = (addr.clone(), net.clone());
             std::thread::spawn(move || {
-                let ep = Endpoint::client(Config::default()).unwrap();
+                let ep = net.client(Config::default());
                 let peer = ep.connect(&addr).unwrap();
                 let mut buf = BytesMut::zeroed(256 * 1024);
                 for _ in 0..150 {

@@ -63,7 +63,7 @@ use crate::error::{Error, ProtocolError, Result};
 use crate::expose::MemHandle;
 use crate::flowctl::{Credits, RingReceiver, RingSender};
 use crate::ib::verbs::*;
-use crate::info::{Counters, Info, RegcacheInfo};
+use crate::info::{Counters, Info, RdmaInfo, RegcacheInfo};
 use crate::matching::Matcher;
 use crate::regcache::{RegCache, RegCacheConfig, RegRef};
 use crate::tcp::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
@@ -139,7 +139,11 @@ pub(crate) fn make_backend(
         Scheme::SoftIb => {
             let mut sc = crate::ib::soft::SoftConfig { max_qp: 1024, ..Default::default() };
             sc.max_pinned_bytes = cfg.ib.soft_pin_budget;
+            sc.faults = cfg.ib.soft_faults.clone();
             let ctx = crate::ib::soft::SoftProvider::new(sc).open(None)?;
+            if let Some(h) = &cfg.ib.soft_hook {
+                h.attach(&ctx);
+            }
             Ok(Box::new(IbBackend::new(scheme, ctx, bind, cfg, core)?))
         }
         Scheme::Ib => open_hw(bind, cfg, core),
@@ -892,6 +896,23 @@ impl<V: Verbs> Backend for IbBackend<V> {
         info.exposures = st.exposures.len();
         info.peers_connected = st.peers.iter().filter(|p| p.conns.iter().any(Option::is_some)).count();
         let (max_entries, max_bytes) = (st.s.cfg.ib.regcache_entries, st.s.cfg.ib.regcache_bytes as u64);
+        let provider = self.dev.ctx.counters();
+        let zones = st.zones.as_ref().map(|z| (z.zones.stats().held_bytes, z.zones.waiting()));
+        let live = st.conns.iter().flatten();
+        info.rdma = Some(RdmaInfo {
+            queue_pairs: live.clone().count(),
+            queued_msgs: live.clone().map(|c| c.out.len()).sum(),
+            sends_outstanding: live.map(|c| c.sq.len()).sum(),
+            transfers: st.xfers.len(),
+            rdma_bytes_in_flight: st.bulk.in_flight_total(),
+            zone_bytes_held: zones.map_or(0, |z| z.0),
+            zone_waiting: zones.map_or(0, |z| z.1),
+            fin_waits: st.fin_wait.len(),
+            open_requests: st.sreqs.len(),
+            provider,
+        });
+        // The provider sees every RNR retry of our queue pairs; the engine itself never does.
+        info.counters.rnr_retries = provider.rnr_retries;
         drop(st);
         let rs = self.cache.lock().unwrap_or_else(|p| p.into_inner()).stats();
         info.regcache = Some(RegcacheInfo {
@@ -901,6 +922,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
             pinned_bytes: rs.bytes_pinned,
             hits: rs.hits + rs.probe_hits,
             misses: rs.misses,
+            in_use: rs.in_use,
         });
     }
 

@@ -5,7 +5,11 @@
 //! consumed as the QP processes work requests, so a plan describes a deterministic script
 //! ("the next 3 SENDs find no receive"), never a probability: tests stay reproducible.
 
+use std::fmt;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use super::SoftContext;
 
 /// Faults a QP injects into its own send queue (it is the requester in each case).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -64,3 +68,54 @@ impl FaultPlan {
         FaultPlan { vanish_after: Some(n), ..Self::default() }
     }
 }
+
+/// Test hook: hands a test the software device context an endpoint opens, so it can inject
+/// faults into the queue pairs that endpoint creates ([`SoftContext::set_qp_faults`]) and read
+/// the provider's view of them. Given to an endpoint with
+/// [`IbConfig::soft_hook`](crate::IbConfig::soft_hook); for tests only.
+#[derive(Clone, Default)]
+pub struct SoftHook {
+    ctx: Arc<Mutex<Option<SoftContext>>>,
+}
+
+impl SoftHook {
+    /// An empty hook; it is filled when an endpoint configured with it opens its device.
+    pub fn new() -> Self {
+        SoftHook::default()
+    }
+
+    pub(crate) fn attach(&self, ctx: &SoftContext) {
+        *self.ctx.lock().unwrap_or_else(|p| p.into_inner()) = Some(ctx.clone());
+    }
+
+    /// The endpoint's device context, once it has opened one.
+    pub fn context(&self) -> Option<SoftContext> {
+        self.ctx.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Numbers of the endpoint's live queue pairs, ascending (empty before it opened a device).
+    pub fn qps(&self) -> Vec<u32> {
+        self.context().map(|c| c.qp_nums()).unwrap_or_default()
+    }
+
+    /// Replaces the fault plan of every live queue pair of the endpoint; returns how many.
+    pub fn set_all(&self, plan: &FaultPlan) -> usize {
+        let Some(ctx) = self.context() else { return 0 };
+        ctx.qp_nums().into_iter().filter(|&q| ctx.set_qp_faults(q, plan.clone()).is_ok()).count()
+    }
+}
+
+impl fmt::Debug for SoftHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SoftHook").field("attached", &self.context().is_some()).finish()
+    }
+}
+
+/// Hooks are equal when they are the same hook.
+impl PartialEq for SoftHook {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.ctx, &other.ctx)
+    }
+}
+
+impl Eq for SoftHook {}

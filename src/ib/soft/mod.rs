@@ -79,7 +79,7 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-pub use fault::FaultPlan;
+pub use fault::{FaultPlan, SoftHook};
 use peer::{Peer, SoftGid, lid_for};
 use qp::QpInner;
 pub use qp::SoftQp;
@@ -480,6 +480,14 @@ impl SoftContext {
             }
             None => Err(VerbsError::InvalidArgument(format!("no QP {qpn}"))),
         }
+    }
+
+    /// Numbers of this context's live QPs, ascending.
+    pub fn qp_nums(&self) -> Vec<u32> {
+        let qps = self.inner.qps.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<u32> = qps.iter().filter(|(_, w)| w.strong_count() > 0).map(|(n, _)| *n).collect();
+        v.sort_unstable();
+        v
     }
 
     /// Bytes this context currently has pinned.
