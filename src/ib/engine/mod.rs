@@ -28,6 +28,12 @@
 //!   unit is signaled; a SEND that follows an outstanding RDMA_READ carries FENCE; a reply waits
 //!   until every unit of its request is done.
 //!
+//! A mechanism forced by the policy ([`crate::comm::Policy::force`]) applies where it can carry
+//! the message — inline needs a receive buffer, fast RDMA a ring slot — and the next one up
+//! moves what does not fit; an empty payload always goes inline. Completions report the
+//! mechanism used, and `host_copies` / `host_copy_bytes` count every CPU copy of payload
+//! bytes the engine makes, at the copy site.
+//!
 //! Send-queue slots are reclaimed by count: every signaled completion retires all earlier work
 //! requests of its queue pair.
 
@@ -215,7 +221,7 @@ impl Settings {
 /// Early arrivals, kept until a receive is posted.
 #[derive(Debug)]
 pub(crate) enum Early {
-    Eager { data: Bytes, sl: ServiceLevel },
+    Eager { data: Bytes, sl: ServiceLevel, mech: Mechanism },
     Rdv { msg: u64, total: u64, segs: Vec<msg::Segment>, conn: u32, withdrawn: bool },
 }
 
@@ -271,6 +277,8 @@ pub(crate) struct SReq {
     pub dir: Direction,
     pub len: u64,
     pub inline: Option<Bytes>,
+    /// How the inline data came (inline or fast RDMA).
+    pub inline_mech: Mechanism,
     pub segs: Vec<msg::Segment>,
     pub cost: usize,
     pub cancelled: bool,
@@ -312,6 +320,7 @@ pub(crate) enum Via {
 }
 
 /// Payload bytes of a message.
+#[derive(Clone)]
 pub(crate) enum Payload {
     None,
     Bytes(Bytes),

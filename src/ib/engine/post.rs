@@ -55,6 +55,14 @@ impl<V: Verbs> State<V> {
         }
     }
 
+    /// Counts one CPU copy of `n` payload bytes by the engine (none for zero bytes).
+    pub(crate) fn count_copy(&self, n: usize) {
+        if n > 0 {
+            Counters::add(&self.core.counters.host_copies, 1);
+            Counters::add(&self.core.counters.host_copy_bytes, n as u64);
+        }
+    }
+
     fn check_len(&self, len: usize) -> Result<()> {
         if len > self.s.max_message {
             return Err(Error::TooLarge { len: len as u64, max: self.s.max_message as u64 });
@@ -62,8 +70,21 @@ impl<V: Verbs> State<V> {
         Ok(())
     }
 
-    fn choose(&self, len: usize, sl: ServiceLevel) -> Mechanism {
-        self.s.policy.choose(len, sl, Conditions::idle(true))
+    /// The mechanism for `len` payload bytes travelling with `extra` bytes of other payload
+    /// (a request header): the policy's choice — the table's, or the forced mechanism — moved
+    /// up to the next mechanism that can carry the message when it does not fit (inline needs
+    /// a receive buffer, fast RDMA a ring slot), and down to inline for an empty payload, which
+    /// server-based RDMA has nothing to move for. The table's thresholds always fit (they are
+    /// clamped at start-up); a forced mechanism may not.
+    pub(crate) fn mechanism(&self, len: usize, sl: ServiceLevel, extra: usize) -> Mechanism {
+        let inline_cap = (self.s.recv_size as usize).saturating_sub(MSG_HDR + extra);
+        let fast_cap = (self.s.slot_size as usize).saturating_sub(MSG_HDR + extra);
+        match self.s.policy.choose(len, sl, Conditions::idle(true)) {
+            Mechanism::ServerRdma if len == 0 => Mechanism::Inline,
+            Mechanism::Inline if len > inline_cap && len <= fast_cap => Mechanism::FastRdma,
+            Mechanism::Inline | Mechanism::FastRdma if len > fast_cap => Mechanism::ServerRdma,
+            m => m,
+        }
     }
 
     /// Queues a message on a connection and counts a reference to the op its payload or
@@ -102,8 +123,9 @@ impl<V: Verbs> State<V> {
                 return Ok(());
             }
         };
-        let mut mech = self.choose(len, sl);
+        let mut mech = self.mechanism(len, sl, 0);
         if unexpected && mech == Mechanism::ServerRdma {
+            // Nobody will post a receive to pull it: it fits a ring slot (eager limit).
             mech = Mechanism::FastRdma;
         }
         self.insert_op(op, kind, peer, tag, sl, OpBuf::Send(buf), OpSt::Sending);
@@ -210,8 +232,7 @@ impl<V: Verbs> State<V> {
             && let OpBuf::Send(s) = &o.buf
         {
             s.copy_out(0, &mut staged);
-            Counters::add(&self.core.counters.host_copies, 1);
-            Counters::add(&self.core.counters.host_copy_bytes, total as u64);
+            self.count_copy(total);
         }
         let (regs, segs) = self.acquire_all(&[(staged.addr(), total)], true)?;
         if let Some(o) = self.ops.get_mut(&op) {
@@ -277,22 +298,18 @@ impl<V: Verbs> State<V> {
     /// A receive posted after its message (or its rendezvous announcement) arrived.
     pub(crate) fn match_early(&mut self, op: OpId, peer: PeerId, early: Early) {
         match early {
-            Early::Eager { data, sl } => {
+            Early::Eager { data, sl, mech } => {
                 let p = &mut self.peers[peer.0 as usize];
                 p.buffered = p.buffered.saturating_sub(data.len());
-                Counters::add(&self.core.counters.host_copies, 1);
-                Counters::add(&self.core.counters.host_copy_bytes, data.len() as u64);
                 Counters::add(&self.core.counters.msgs_received, 1);
                 let Some(o) = self.ops.get_mut(&op) else { return };
                 o.sl = sl;
-                o.mech = Some(if data.len() <= self.s.policy.thresholds(sl).inline_max {
-                    Mechanism::Inline
-                } else {
-                    Mechanism::FastRdma
-                });
+                o.mech = Some(mech);
+                let mut copied = 0;
                 let r = match &mut o.buf {
                     OpBuf::Recv(b) if b.capacity() >= data.len() => {
                         b.copy_in(0, &data);
+                        copied = data.len();
                         Ok(data.len())
                     }
                     OpBuf::Recv(b) => {
@@ -300,6 +317,7 @@ impl<V: Verbs> State<V> {
                     }
                     _ => Ok(0),
                 };
+                self.count_copy(copied);
                 self.complete(op, r);
             }
             Early::Rdv { msg, total, segs, conn, withdrawn } => {
@@ -396,7 +414,6 @@ impl<V: Verbs> State<V> {
         };
         self.insert_op(op, OpKind::Request, peer, tag, sl, buf, OpSt::WaitReply);
         Counters::add(&self.core.counters.msgs_sent, 1);
-        let t = self.s.policy.thresholds(sl);
         let mut h = Header::new(Kind::Request, sl);
         h.a = tag;
         h.b = op.0;
@@ -408,24 +425,22 @@ impl<V: Verbs> State<V> {
             Direction::In => FLAG_PAYLOAD_IN,
         };
         let mut parts = Vec::new();
-        // Where the payload goes: inline with the request, or registered for the server's RDMA.
-        let mech;
-        let data_inline = dir == Direction::Out
-            && MSG_HDR + header.len() + len <= self.s.slot_size as usize
-            && len <= t.fast_max
-            && self.choose(len, sl) != Mechanism::ServerRdma;
+        // Where the payload goes: with the request (inline or fast RDMA: the data follows the
+        // header in the message), or registered for the server's RDMA. The header rides in
+        // the message too, or its segment list when it is too large for a slot.
+        let header_room = if MSG_HDR + header.len() <= self.s.slot_size as usize {
+            header.len()
+        } else {
+            msg::segments_len(1)
+        };
+        let chosen = self.mechanism(len, sl, header_room);
+        // A read's data comes in the server's PUSH messages unless registered: the server picks
+        // their mechanism and the client reports how they came (this choice if none came).
+        let mech = (dir != Direction::None).then_some(chosen);
         let mut segs_part = None;
-        if dir == Direction::Out && data_inline {
-            mech =
-                Some(if len <= t.inline_max && MSG_HDR + header.len() + len <= self.s.recv_size as usize {
-                    Mechanism::Inline
-                } else {
-                    Mechanism::FastRdma
-                });
+        if dir == Direction::Out && chosen != Mechanism::ServerRdma {
             h.flags |= FLAG_INLINE_DATA;
-        } else if (dir == Direction::Out)
-            || (dir == Direction::In && (len > t.fast_max || self.choose(len, sl) == Mechanism::ServerRdma))
-        {
+        } else if dir != Direction::None && chosen == Mechanism::ServerRdma {
             let purpose = if dir == Direction::Out { For::PeerRead } else { For::PeerWrite };
             let segs = match self.register_op_buf(op, purpose) {
                 Ok(s) => s,
@@ -438,12 +453,6 @@ impl<V: Verbs> State<V> {
             msg::encode_segments(&mut v, &segs);
             segs_part = Some(Bytes::from(v));
             h.flags |= FLAG_SEGMENTS;
-            mech = Some(Mechanism::ServerRdma);
-        } else {
-            mech = match dir {
-                Direction::None => None,
-                _ => Some(if len <= t.inline_max { Mechanism::Inline } else { Mechanism::FastRdma }),
-            };
         }
         let segs_len = segs_part.as_ref().map_or(0, Bytes::len);
         let inline_len = if h.flags & FLAG_INLINE_DATA != 0 { len } else { 0 };
@@ -466,11 +475,8 @@ impl<V: Verbs> State<V> {
         let payload = Payload::Parts(parts);
         let total = MSG_HDR + payload.len();
         h.len = payload.len() as u32;
-        let via = if total <= self.s.recv_size as usize && (inline_len == 0 || inline_len <= t.inline_max) {
-            Via::Send
-        } else {
-            Via::Ring
-        };
+        let data_by_ring = h.flags & FLAG_INLINE_DATA != 0 && chosen == Mechanism::FastRdma;
+        let via = if total <= self.s.recv_size as usize && !data_by_ring { Via::Send } else { Via::Ring };
         if let Some(o) = self.ops.get_mut(&op) {
             o.mech = mech;
             o.conn = Some(cid);
@@ -524,18 +530,13 @@ impl<V: Verbs> State<V> {
         if let Some(inline) = &r.inline {
             let start = offset as usize;
             buf.copy_in(0, &inline[start..start + len]);
-            let mech = if inline.len() <= self.s.policy.thresholds(sl).inline_max {
-                Mechanism::Inline
-            } else {
-                Mechanism::FastRdma
-            };
+            let mech = r.inline_mech;
             let mut c = Completion::new(op, OpKind::Pull, peer, 0);
             c.result = Ok(len);
             c.buf = OpBuf::Recv(buf);
             c.mechanism = Some(mech);
             self.core.counters.mechanism(mech);
-            Counters::add(&self.core.counters.host_copies, 1);
-            Counters::add(&self.core.counters.host_copy_bytes, len as u64);
+            self.count_copy(len);
             self.done.push(c);
             return Ok(());
         }
@@ -589,8 +590,10 @@ impl<V: Verbs> State<V> {
         self.insert_op(op, OpKind::Push, peer, 0, sl, OpBuf::Send(buf), OpSt::Sending);
         if segs.is_empty() {
             // The client did not register its buffer (small read): a PUSH message.
-            let t = self.s.policy.thresholds(rsl);
-            let mech = if len <= t.inline_max { Mechanism::Inline } else { Mechanism::FastRdma };
+            let mech = match self.mechanism(len, rsl, 0) {
+                Mechanism::ServerRdma => Mechanism::FastRdma,
+                m => m,
+            };
             if len > self.s.slot_payload_max() {
                 self.complete(
                     op,
@@ -605,11 +608,7 @@ impl<V: Verbs> State<V> {
             if let Some(o) = self.ops.get_mut(&op) {
                 o.mech = Some(mech);
             }
-            let via = if mech == Mechanism::Inline && MSG_HDR + len <= self.s.recv_size as usize {
-                Via::Send
-            } else {
-                Via::Ring
-            };
+            let via = if mech == Mechanism::Inline { Via::Send } else { Via::Ring };
             self.enqueue(
                 cid,
                 OutMsg {
@@ -991,15 +990,20 @@ impl<V: Verbs> State<V> {
         fence: bool,
         credits: Option<u16>,
     ) {
-        let zero_copy = match (&payload, via) {
-            (Payload::Op { op, off, len }, Via::Ring) => self.ops.get(op).and_then(|o| match &o.buf {
-                OpBuf::Send(SendBuf::Registered(b)) if *len > 0 => {
-                    Some((b.addr() + off, *len, b.keys().lkey, *op))
+        // Fast RDMA straight from a registered buffer: the op's bytes at the end of the message
+        // go as their own scatter/gather entry, only what precedes them is copied.
+        let tail = match via {
+            Via::Ring => trailing_op(&payload),
+            Via::Send => None,
+        };
+        let zero_copy = tail.and_then(|(op, off, len)| {
+            self.ops.get(&op).and_then(|o| match &o.buf {
+                OpBuf::Send(SendBuf::Registered(b)) if len > 0 => {
+                    Some((b.addr() + off, len, b.keys().lkey, op))
                 }
                 _ => None,
-            }),
-            _ => None,
-        };
+            })
+        });
         // A zero-copy write needs a cache reference held until it completes.
         let zero_copy = zero_copy.and_then(|(addr, len, lkey, op)| {
             let r = self.cache.lock().unwrap_or_else(|p| p.into_inner()).acquire_if_registered(
@@ -1023,28 +1027,33 @@ impl<V: Verbs> State<V> {
             ring_returns: c.ring_rx.take_returns(),
         };
         let total = MSG_HDR + payload.len();
+        // Bytes that go through the bounce buffer.
+        let bounced = total - zero_copy.map_or(0, |z| z.1);
         let small = c.free_small.pop().expect("checked by the pump");
-        let (bounce_off, bounce) = match (via, zero_copy) {
-            (Via::Ring, None) => {
-                let i = c.free_large.pop().expect("checked by the pump");
-                c.free_small.push(small);
-                (c.layout.large_off(i), super::Bounce::Large(i))
-            }
-            _ => (c.layout.small_off(small), super::Bounce::Small(small)),
+        let (bounce_off, bounce) = if bounced > c.layout.rs {
+            let i = c.free_large.pop().expect("checked by the pump");
+            c.free_small.push(small);
+            (c.layout.large_off(i), super::Bounce::Large(i))
+        } else {
+            (c.layout.small_off(small), super::Bounce::Small(small))
         };
         let mut hb = [0u8; MSG_HDR];
         msg::encode_into(&mut hb, prefix, &h);
         c.mem.write_at(bounce_off, &hb);
-        let mut copied = 0usize;
-        if zero_copy.is_none() {
-            copied = write_payload(&c.mem, bounce_off + MSG_HDR, &payload, &self.ops);
-        }
+        let copied = match (zero_copy, &payload) {
+            (None, p) => write_payload(&c.mem, bounce_off + MSG_HDR, p, &self.ops),
+            (Some(_), Payload::Parts(parts)) => {
+                let head = Payload::Parts(parts[..parts.len() - 1].to_vec());
+                write_payload(&c.mem, bounce_off + MSG_HDR, &head, &self.ops)
+            }
+            (Some(_), _) => 0,
+        };
         let lkey_user = zero_copy.map(|z| z.2);
         let mut sges = smallvec::SmallVec::<[Sge; 2]>::new();
         let base = c.mem.addr();
         match zero_copy {
             Some((addr, len, _)) => {
-                sges.push(Sge::new(base + bounce_off as u64, MSG_HDR as u32, c.mr.lkey()));
+                sges.push(Sge::new(base + bounce_off as u64, bounced as u32, c.mr.lkey()));
                 sges.push(Sge::new(addr as u64, len as u32, lkey_user.unwrap_or(0)));
             }
             None => sges.push(Sge::new(base + bounce_off as u64, total as u32, c.mr.lkey())),
@@ -1093,10 +1102,7 @@ impl<V: Verbs> State<V> {
         c.sq_depth += 1;
         c.sq.push_back(SqEntry { seq, bounce: Some(bounce), done: SqDone::Then(then_final) });
         let peer = c.peer;
-        if copied > 0 && matches!(then, Then::CompleteAtPost(_)) {
-            Counters::add(&self.core.counters.host_copies, 1);
-            Counters::add(&self.core.counters.host_copy_bytes, copied as u64);
-        }
+        self.count_copy(copied);
         if let Err(e) = posted {
             tracing::debug!(error = %e.error, "post_send failed");
             self.fail_peer(peer, super::Loss::Lost(format!("post_send: {}", e.error)));
@@ -1111,6 +1117,15 @@ impl<V: Verbs> State<V> {
             self.release_ref(op);
             self.complete(op, Ok(n));
         }
+    }
+}
+
+/// The op bytes a payload ends with, as (op, offset, length).
+fn trailing_op(p: &Payload) -> Option<(OpId, usize, usize)> {
+    match p {
+        Payload::Op { op, off, len } => Some((*op, *off, *len)),
+        Payload::Parts(parts) => parts.last().and_then(trailing_op),
+        Payload::None | Payload::Bytes(_) => None,
     }
 }
 

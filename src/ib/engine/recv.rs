@@ -27,6 +27,8 @@ pub(crate) struct PendingRequest {
     pub dir: Direction,
     pub len: u64,
     pub inline: Option<Bytes>,
+    /// How the inline data came (inline or fast RDMA).
+    pub inline_mech: Mechanism,
     pub segs: Vec<Segment>,
     pub cost: usize,
 }
@@ -218,8 +220,7 @@ impl<V: Verbs> State<V> {
                 done += n;
             }
         }
-        Counters::add(&self.core.counters.host_copies, 1);
-        Counters::add(&self.core.counters.host_copy_bytes, len as u64);
+        self.count_copy(len);
     }
 
     fn reserve(&mut self, peer: PeerId, cost: usize) -> bool {
@@ -261,8 +262,11 @@ impl<V: Verbs> State<V> {
                 if !self.reserve(peer, len) {
                     return Ok(Outcome::Hold);
                 }
+                // Out of the receive buffer now (its credit goes back), into the receive later.
                 let data = Bytes::from(self.payload(cid, loc, &h));
-                self.matcher.queue_early(peer, h.a, Early::Eager { data, sl: h.sl });
+                self.count_copy(len);
+                let mech = if via_ring { Mechanism::FastRdma } else { Mechanism::Inline };
+                self.matcher.queue_early(peer, h.a, Early::Eager { data, sl: h.sl, mech });
                 Ok(Outcome::Done)
             }
             Kind::Unexpected => {
@@ -274,6 +278,7 @@ impl<V: Verbs> State<V> {
                 self.peers[peer.0 as usize].unexpected += 1;
                 Counters::add(&self.core.counters.msgs_received, 1);
                 let data = Bytes::from(self.payload(cid, loc, &h));
+                self.count_copy(len);
                 self.events += 1;
                 self.core.push_unexpected(Unexpected { peer, tag: h.a, sl: h.sl, data });
                 Ok(Outcome::Done)
@@ -309,8 +314,9 @@ impl<V: Verbs> State<V> {
                 }
                 self.peers[peer.0 as usize].requests += 1;
                 Counters::add(&self.core.counters.msgs_received, 1);
-                let body = self.payload(cid, loc, &h);
-                match self.parse_request(cid, peer, &h, &body) {
+                let body = Bytes::from(self.payload(cid, loc, &h));
+                let via = if via_ring { Mechanism::FastRdma } else { Mechanism::Inline };
+                match self.parse_request(cid, peer, &h, body, via) {
                     Ok(()) => Ok(Outcome::Done),
                     Err(l) => Err(l),
                 }
@@ -333,6 +339,13 @@ impl<V: Verbs> State<V> {
                         }
                         self.copy_payload_into(cid, loc, len, op, h.c as usize);
                         if let Some(o) = self.ops.get_mut(&op) {
+                            // The read's mechanism is how its data came: any fast-RDMA push
+                            // makes it fast RDMA.
+                            if via_ring {
+                                o.mech = Some(Mechanism::FastRdma);
+                            } else if o.moved == 0 && len > 0 {
+                                o.mech = Some(Mechanism::Inline);
+                            }
                             o.moved += len;
                         }
                         Ok(Outcome::Done)
@@ -400,7 +413,16 @@ impl<V: Verbs> State<V> {
         }
     }
 
-    fn parse_request(&mut self, cid: u32, peer: PeerId, h: &Header, body: &[u8]) -> Result<(), Loss> {
+    /// Decodes a request (`via`: how its message came). Inline data is sliced out of `body`,
+    /// which is the one copy out of the receive buffer.
+    fn parse_request(
+        &mut self,
+        cid: u32,
+        peer: PeerId,
+        h: &Header,
+        body: Bytes,
+        via: Mechanism,
+    ) -> Result<(), Loss> {
         let max_header = self.s.cfg.max_header as u64;
         if u64::from(h.aux) > max_header || h.c > self.s.max_message as u64 {
             return Err(Loss::Protocol(ProtocolError::FlowControl("request larger than our limits".into())));
@@ -413,7 +435,8 @@ impl<V: Verbs> State<V> {
             (false, false) if h.c == 0 => Direction::None,
             _ => return Err(unexpected("request direction".into())),
         };
-        let mut rest = body;
+        let mut rest = &body[..];
+        let at = |rest: &[u8]| body.len() - rest.len();
         let mut hdr_segs = None;
         let header = if h.flags & FLAG_RDV_HEADER != 0 {
             let (s, r) =
@@ -423,18 +446,25 @@ impl<V: Verbs> State<V> {
             Bytes::new()
         } else {
             let n = h.aux as usize;
-            let hb = rest.get(..n).ok_or_else(|| unexpected("request header truncated".into()))?;
+            if rest.len() < n {
+                return Err(unexpected("request header truncated".into()));
+            }
+            let start = at(rest);
             rest = &rest[n..];
-            Bytes::copy_from_slice(hb)
+            body.slice(start..start + n)
         };
         let inline = if h.flags & FLAG_INLINE_DATA != 0 {
             if dir != Direction::Out {
                 return Err(unexpected("inline data on a request without OUT payload".into()));
             }
             let n = h.c as usize;
-            let d = rest.get(..n).ok_or_else(|| unexpected("inline request data truncated".into()))?;
+            if rest.len() < n {
+                return Err(unexpected("inline request data truncated".into()));
+            }
+            let start = at(rest);
             rest = &rest[n..];
-            Some(Bytes::copy_from_slice(d))
+            self.count_copy(n);
+            Some(body.slice(start..start + n))
         } else {
             None
         };
@@ -460,6 +490,7 @@ impl<V: Verbs> State<V> {
             dir,
             len: h.c,
             inline,
+            inline_mech: via,
             segs,
             cost: h.len as usize,
         };
@@ -496,6 +527,7 @@ impl<V: Verbs> State<V> {
                 dir: p.dir,
                 len: p.len,
                 inline: p.inline,
+                inline_mech: p.inline_mech,
                 segs: p.segs,
                 cost: p.cost,
                 cancelled: false,
@@ -553,7 +585,6 @@ impl<V: Verbs> State<V> {
     /// A reply arrived (header in hand): the request op completes.
     pub(crate) fn complete_request(&mut self, op: OpId, st: u32, header: Bytes) {
         Counters::add(&self.core.counters.msgs_received, 1);
-        let eager = self.s.policy.thresholds(ServiceLevel::Normal).inline_max;
         let Some(o) = self.ops.get_mut(&op) else { return };
         if matches!(o.st, OpSt::Cancelling { .. }) {
             // The server is done with our memory: the cancelled op can go.
@@ -564,12 +595,12 @@ impl<V: Verbs> State<V> {
         }
         let moved = o.moved;
         // A read staged through a pool buffer: copy into the caller's buffer.
-        if let (OpBuf::Recv(user), Some(staged)) = (&mut o.buf, o.stage_in.as_ref()) {
-            let n = user.capacity().min(staged.len());
-            user.copy_in(0, &staged[..n]);
-        }
-        if matches!(o.buf, OpBuf::Recv(_)) && o.mech != Some(Mechanism::ServerRdma) {
-            o.mech = Some(if moved <= eager { Mechanism::Inline } else { Mechanism::FastRdma });
+        let mut copied = 0;
+        if st == status::OK
+            && let (OpBuf::Recv(user), Some(staged)) = (&mut o.buf, o.stage_in.as_ref())
+        {
+            copied = user.capacity().min(staged.len());
+            user.copy_in(0, &staged[..copied]);
         }
         let r = match st {
             status::OK => {
@@ -588,6 +619,7 @@ impl<V: Verbs> State<V> {
             status::DROPPED => Err(Error::Remote("the server dropped the request".into())),
             _ => Err(Error::Remote(String::from_utf8_lossy(&header).into_owned())),
         };
+        self.count_copy(copied);
         self.complete(op, r);
     }
 }

@@ -5,7 +5,6 @@ use crate::buf::{OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 use crate::error::{Error, Result};
 use crate::flowctl::{Alloc, BufferZones, ZoneBuf, ZoneConfig};
 use crate::ib::verbs::*;
-use crate::info::Counters;
 use crate::types::{OpId, PeerId};
 
 use super::msg::{Segment, slice_segments};
@@ -204,10 +203,12 @@ impl<V: Verbs> State<V> {
                 if !read {
                     // Outgoing data goes into the zone buffer first.
                     let mut tmp = vec![0u8; len];
-                    copy_local_out(&self.xfers[&x].local, &self.ops, off, &mut tmp);
+                    let local = &self.xfers[&x].local;
+                    copy_local_out(local, &self.ops, off, &mut tmp);
                     z.mem.write_at(zoff, &tmp);
-                    Counters::add(&self.core.counters.host_copies, 1);
-                    Counters::add(&self.core.counters.host_copy_bytes, len as u64);
+                    if matches!(local, Local::Op { .. }) {
+                        self.count_copy(len);
+                    }
                 }
                 (z.mem.addr() + zoff as u64, z.mr.lkey())
             }
@@ -289,9 +290,11 @@ impl<V: Verbs> State<V> {
                 z.mem.read_at(z.zones.offset(zb), &mut tmp);
                 if let Some(xf) = self.xfers.get_mut(&x) {
                     copy_local_in(&mut xf.local, &mut self.ops, off, &tmp);
+                    // Payload, not a fetched header.
+                    if matches!(xf.local, Local::Op { .. }) {
+                        self.count_copy(len);
+                    }
                 }
-                Counters::add(&self.core.counters.host_copies, 1);
-                Counters::add(&self.core.counters.host_copy_bytes, len as u64);
             }
             if let Some(z) = self.zones.as_mut() {
                 let _ = z.zones.free(zb);
