@@ -27,6 +27,7 @@ macro_rules! tcp_suite {
             info_reports_limits_and_counters,
             batched_sends_keep_order_and_complete,
             pushed_reads_then_replies_never_lose_a_frame,
+            one_way_streams_keep_flowing,
         );
     };
 }

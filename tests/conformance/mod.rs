@@ -792,3 +792,23 @@ pub fn pushed_reads_then_replies_never_lose_a_frame(net: &Net) {
         w.join().unwrap();
     }
 }
+
+/// A one-way stream of messages of one size class: the receiver only receives, so it has no
+/// traffic of its own to carry flow-control returns (credits, fast-RDMA ring slots) back.
+pub fn one_way_streams_keep_flowing(net: &Net) {
+    let (srv, cli, p) = pair(net, Config::default(), Config::default());
+    let sp = introduce(&srv, &cli, p);
+    let t = cli.info().policy.thresholds(ServiceLevel::Normal);
+    for (tag, len) in [(1u64, 100usize), (2, t.inline_max + 1), (3, t.fast_max), (4, t.fast_max + 1)] {
+        let n = 40;
+        let recvs: Vec<_> = (0..n).map(|_| srv.recv(sp, tag, BytesMut::zeroed(len)).unwrap()).collect();
+        for i in 0..n {
+            let data = pattern(len, tag * 1000 + i as u64);
+            wait_ok(&cli, cli.send(p, tag, Bytes::from(data), ServiceLevel::Normal).unwrap());
+        }
+        for (i, r) in recvs.into_iter().enumerate() {
+            let c = wait_ok(&srv, r);
+            assert!(recv_bytes(&c) == pattern(len, tag * 1000 + i as u64), "{len} B message {i}");
+        }
+    }
+}

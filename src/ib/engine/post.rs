@@ -892,8 +892,14 @@ impl<V: Verbs> State<V> {
     pub(crate) fn pump_all(&mut self) {
         let n = self.conns.len();
         for cid in 0..n as u32 {
+            // Something to send: queued messages, owed credits, or ring slots to return (ring
+            // writes consume no credit, so a receiver of nothing but fast-RDMA messages owes no
+            // credit and would otherwise never give the sender its slots back).
             let go = self.conn(cid).is_some_and(|c| {
-                c.ready && (!c.out.is_empty() || c.credits.as_ref().is_some_and(|k| k.owed() > 0))
+                c.ready
+                    && (!c.out.is_empty()
+                        || c.credits.as_ref().is_some_and(|k| k.owed() > 0)
+                        || c.ring_rx.should_return())
             });
             if go {
                 self.pump(cid);
