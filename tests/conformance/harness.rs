@@ -313,6 +313,7 @@ pub struct Config {
     progress_thread: bool,
     batch_sends: bool,
     max_message: Option<usize>,
+    max_header: Option<usize>,
     early_bytes_per_peer: Option<usize>,
     unexpected_per_peer: Option<usize>,
     cluster_key: Option<Vec<u8>>,
@@ -365,6 +366,10 @@ impl Config {
     }
     pub fn max_message(mut self, n: usize) -> Self {
         self.max_message = Some(n);
+        self
+    }
+    pub fn max_header(mut self, n: usize) -> Self {
+        self.max_header = Some(n);
         self
     }
     pub fn early_bytes_per_peer(mut self, n: usize) -> Self {
@@ -428,6 +433,9 @@ impl Config {
         }
         if let Some(n) = self.max_message {
             c = c.max_message(n);
+        }
+        if let Some(n) = self.max_header {
+            c = c.max_header(n);
         }
         if let Some(n) = self.early_bytes_per_peer {
             c = c.early_bytes_per_peer(n);
@@ -1004,5 +1012,16 @@ impl Net {
             return Agent::client(&self.agent(), self.0.scheme, cfg).expect("client");
         }
         Ep(Arc::new(Local(ionet::Endpoint::client(cfg.to_ionet(self.ionet_scheme())).expect("client"))))
+    }
+
+    /// A client endpoint in this process whatever the placement.
+    pub fn local_client(&self, cfg: Config) -> Ep {
+        Ep(Arc::new(Local(ionet::Endpoint::client(cfg.to_ionet(self.ionet_scheme())).expect("client"))))
+    }
+
+    /// A server endpoint in this process whatever the placement.
+    pub fn local_bind(&self, cfg: Config) -> Ep {
+        let ep = ionet::Endpoint::bind(self.address(0), cfg.to_ionet(self.ionet_scheme())).expect("bind");
+        Ep(Arc::new(Local(ep)))
     }
 }

@@ -549,7 +549,7 @@ pub(crate) struct State<V: Verbs> {
     pub bulk: BulkScheduler<u64>,
     pub zones: Option<xfer::Zones<V>>,
     /// Units waiting for send-queue room.
-    pub deferred: VecDeque<(u64, usize, usize, Option<crate::flowctl::ZoneBuf>)>,
+    pub deferred: VecDeque<xfer::Deferred>,
     pub pool: BufPool,
     pub next_msg: u64,
     pub next_xfer: u64,
@@ -566,8 +566,8 @@ pub(crate) struct State<V: Verbs> {
 pub(crate) enum FinWait {
     /// A rendezvous send op.
     Send(OpId),
-    /// Registrations and memory of a header we sent by rendezvous.
-    Header { regs: Vec<RegRef>, keep: Vec<RegisteredBuf> },
+    /// Registrations and memory of a header we sent `peer` by rendezvous.
+    Header { peer: PeerId, regs: Vec<RegRef>, keep: Vec<RegisteredBuf> },
 }
 
 /// An exposure: a buffer with its own registration, revoked by dropping it.
@@ -1252,6 +1252,18 @@ impl<V: Verbs> State<V> {
         all_conns.extend(conn_ids);
         all_conns.sort();
         all_conns.dedup();
+        // Bytes of this peer's transfer units the bulk scheduler counts as in flight: posted
+        // (in the send queues about to go), deferred, waiting for or granted a zone buffer.
+        // Left counted, they would eat the per-peer and per-endpoint RDMA caps for good.
+        let mut unit_bytes: usize = all_conns
+            .iter()
+            .filter_map(|cid| self.conn(*cid))
+            .flat_map(|c| c.sq.iter())
+            .map(|e| match e.done {
+                SqDone::Unit { len, .. } => len,
+                _ => 0,
+            })
+            .sum();
         // Destroying the queue pairs first guarantees no more DMA into memory about to be
         // released (buffers returned to users, registrations dropped).
         for cid in &all_conns {
@@ -1268,10 +1280,36 @@ impl<V: Verbs> State<V> {
             self.bulk.remove(&x);
             self.xfers.remove(&x);
         }
-        let xfers = &self.xfers;
-        self.deferred.retain(|(x, ..)| xfers.contains_key(x));
+        // Zone buffers of this peer (held by its units, deferred or granted) all come back with
+        // release_client; grants to other peers made meanwhile are served below.
+        unit_bytes += self.deferred.iter().filter(|d| d.peer == peer).map(|d| d.len).sum::<usize>();
+        self.deferred.retain(|d| d.peer != peer);
+        let mut grants = Vec::new();
         if let Some(z) = &mut self.zones {
-            z.release_client(peer);
+            while let Some(g) = z.zones.poll_grant() {
+                if g.client == peer {
+                    unit_bytes += g.token.2;
+                } else {
+                    grants.push(g);
+                }
+            }
+            unit_bytes += z.zones.release_client(peer).iter().map(|t| t.2).sum::<usize>();
+        }
+        self.bulk.unit_done(peer, unit_bytes);
+        // Reply headers the peer was to fetch.
+        let headers: Vec<u64> = self
+            .fin_wait
+            .iter()
+            .filter(|(_, f)| matches!(f, FinWait::Header { peer: p, .. } if *p == peer))
+            .map(|(m, _)| *m)
+            .collect();
+        for m in headers {
+            if let Some(FinWait::Header { regs, .. }) = self.fin_wait.remove(&m) {
+                let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+                for r in regs {
+                    let _ = c.release(r);
+                }
+            }
         }
         let mut ops: Vec<OpId> = self.ops.iter().filter(|(_, o)| o.peer == peer).map(|(id, _)| *id).collect();
         ops.sort();
@@ -1293,6 +1331,10 @@ impl<V: Verbs> State<V> {
                 }
                 self.deliver_op(op);
             }
+        }
+        for g in grants {
+            let (x, off, len) = g.token;
+            self.zone_granted(x, g.client, off, len, g.buf, g.len);
         }
     }
 

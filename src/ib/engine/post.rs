@@ -707,7 +707,7 @@ impl<V: Verbs> State<V> {
                         .get_mut(&op)
                         .map(|o| (std::mem::take(&mut o.regs), std::mem::take(&mut o.keep)))
                         .unwrap_or_default();
-                    self.fin_wait.insert(msg_id, FinWait::Header { regs, keep });
+                    self.fin_wait.insert(msg_id, FinWait::Header { peer, regs, keep });
                     Bytes::from(v)
                 }
                 Err(e) => {

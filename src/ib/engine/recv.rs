@@ -374,7 +374,7 @@ impl<V: Verbs> State<V> {
                         };
                         self.complete(op, r);
                     }
-                    Some(FinWait::Header { regs, keep }) => {
+                    Some(FinWait::Header { regs, keep, .. }) => {
                         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
                         for r in regs {
                             let _ = cache.release(r);

@@ -22,10 +22,14 @@ pub(crate) struct Zones<V: Verbs> {
     pub mem: DmaRegion,
 }
 
-impl<V: Verbs> Zones<V> {
-    pub(crate) fn release_client(&mut self, peer: PeerId) {
-        let _waiters = self.zones.release_client(peer);
-    }
+/// A transfer unit the bulk scheduler handed out, waiting for send-queue room.
+#[derive(Debug)]
+pub(crate) struct Deferred {
+    pub xfer: u64,
+    pub peer: PeerId,
+    pub off: usize,
+    pub len: usize,
+    pub zone: Option<ZoneBuf>,
 }
 
 /// Registers an exposed buffer with its own registration (revoked by dropping it).
@@ -101,13 +105,13 @@ impl<V: Verbs> State<V> {
         // Units that waited for send-queue room.
         let n = self.deferred.len();
         for _ in 0..n {
-            let Some((x, off, len, zone)) = self.deferred.pop_front() else { break };
-            self.post_unit(x, off, len, zone);
+            let Some(d) = self.deferred.pop_front() else { break };
+            self.post_unit(d.xfer, d.peer, d.off, d.len, d.zone);
         }
         // Zone buffers granted to parked units.
         while let Some(g) = self.zones.as_mut().and_then(|z| z.zones.poll_grant()) {
             let (x, off, len) = g.token;
-            self.zone_granted(x, off, len, g.buf, g.len);
+            self.zone_granted(x, g.client, off, len, g.buf, g.len);
         }
         while let Some(u) = self.bulk.next_unit() {
             self.stage_unit(u.key, u.offset, u.len);
@@ -127,70 +131,83 @@ impl<V: Verbs> State<V> {
             .then(|| ((b.addr() + base + off) as u64, b.keys().lkey))
     }
 
+    /// A unit that will not be posted (its transfer failed or is gone): its zone buffer goes
+    /// back and the bulk scheduler stops counting its bytes as in flight.
+    fn drop_unit(&mut self, peer: PeerId, len: usize, zone: Option<ZoneBuf>) {
+        if let (Some(z), Some(zb)) = (self.zones.as_mut(), zone) {
+            let _ = z.zones.free(zb);
+        }
+        self.bulk.unit_done(peer, len);
+    }
+
     fn stage_unit(&mut self, x: u64, off: usize, len: usize) {
         let Some(xf) = self.xfers.get(&x) else {
             return;
         };
+        let peer = xf.peer;
         if xf.failed.is_some() {
-            let peer = xf.peer;
-            self.bulk.unit_done(peer, len);
+            self.drop_unit(peer, len, None);
             return;
         }
         if self.direct_local(xf, off, len).is_some() {
-            self.post_unit(x, off, len, None);
+            self.post_unit(x, peer, off, len, None);
             return;
         }
-        let peer = xf.peer;
         let alloc = match self.zones() {
             Ok(z) => z.zones.alloc(peer, len, (x, off, len)),
             Err(e) => Err(e),
         };
         match alloc {
-            Ok(Alloc::Granted(g)) => self.zone_granted(x, off, len, g.buf, g.len),
+            Ok(Alloc::Granted(g)) => self.zone_granted(x, peer, off, len, g.buf, g.len),
             Ok(Alloc::Wait) => {}
-            Err(e) => self.xfer_failed(x, e),
+            Err(e) => {
+                self.drop_unit(peer, len, None);
+                self.xfer_failed(x, e);
+            }
         }
     }
 
     /// A zone buffer for `[off, off + want)` of a transfer: move `got` bytes through it and ask
     /// again for the rest (a chopped unit).
-    fn zone_granted(&mut self, x: u64, off: usize, want: usize, zb: ZoneBuf, got: usize) {
+    pub(crate) fn zone_granted(
+        &mut self,
+        x: u64,
+        peer: PeerId,
+        off: usize,
+        want: usize,
+        zb: ZoneBuf,
+        got: usize,
+    ) {
         let got = got.min(want);
-        if !self.xfers.contains_key(&x) {
-            if let Some(z) = self.zones.as_mut() {
-                let _ = z.zones.free(zb);
-            }
+        if self.xfers.get(&x).is_none_or(|xf| xf.failed.is_some()) {
+            self.drop_unit(peer, want, Some(zb));
             return;
         }
-        self.post_unit(x, off, got, Some(zb));
+        self.post_unit(x, peer, off, got, Some(zb));
         if got < want {
             self.stage_unit(x, off + got, want - got);
         }
     }
 
     /// Posts the RDMA work requests of one unit; only the last is signaled.
-    fn post_unit(&mut self, x: u64, off: usize, len: usize, zone: Option<ZoneBuf>) {
-        let Some(xf) = self.xfers.get(&x) else {
-            if let (Some(z), Some(zb)) = (self.zones.as_mut(), zone) {
-                let _ = z.zones.free(zb);
-            }
+    fn post_unit(&mut self, x: u64, peer: PeerId, off: usize, len: usize, zone: Option<ZoneBuf>) {
+        let Some(xf) = self.xfers.get(&x).filter(|xf| xf.failed.is_none()) else {
+            // Cancelled or failed meanwhile: nothing more moves for it.
+            self.drop_unit(peer, len, zone);
             return;
         };
-        let (cid, read, peer) = (xf.conn, xf.read, xf.peer);
+        let (cid, read) = (xf.conn, xf.read);
         let pieces = slice_segments(&xf.remote, xf.remote_off + off as u64, len as u64);
         let max_wr = self.s.cfg.ib.max_send_wr;
         let ready = self.conn(cid).map(|c| (c.ready, c.sq_depth));
         match ready {
             None => {
+                self.drop_unit(peer, len, zone);
                 self.xfer_failed(x, Error::PeerLost { peer, reason: "connection gone".into() });
-                if let (Some(z), Some(zb)) = (self.zones.as_mut(), zone) {
-                    let _ = z.zones.free(zb);
-                }
-                self.bulk.unit_done(peer, len);
                 return;
             }
             Some((ready, depth)) if !ready || depth + pieces.len() as u32 + 1 > max_wr => {
-                self.deferred.push_back((x, off, len, zone));
+                self.deferred.push_back(Deferred { xfer: x, peer, off, len, zone });
                 return;
             }
             _ => {}
@@ -215,8 +232,8 @@ impl<V: Verbs> State<V> {
             None => match self.direct_local(&self.xfers[&x], off, len) {
                 Some(l) => l,
                 None => {
+                    self.drop_unit(peer, len, None);
                     self.xfer_failed(x, Error::misuse("transfer buffer is not registered"));
-                    self.bulk.unit_done(peer, len);
                     return;
                 }
             },
