@@ -136,10 +136,10 @@ fn server_survives(net: &Net, dir: Dir) {
     wait_ok(&good, gq);
     let base = srv.info();
 
-    // The victim: a client in the agent. On tcp it runs a progress thread so its data flows
-    // (until the socket buffers fill: the server is not reading); on softib it stays idle —
-    // one-sided RDMA needs no CPU on its side, and a reply header it would fetch stays unfetched.
-    let victim = net.client(cfg().progress_thread(!ib));
+    // The victim: a client in the agent, without a progress thread: it moves only while the
+    // test drives it, so what it has not done yet (read pushed data on tcp, fetch a reply
+    // header on softib) stays undone when it dies. One-sided RDMA needs no CPU on its side.
+    let victim = net.client(cfg());
     let vp = victim.connect(&addr).unwrap();
     let payload = match dir {
         Dir::Write => Payload::Out(Bytes::from(data.clone()).into()),
@@ -170,6 +170,13 @@ fn server_survives(net: &Net, dir: Dir) {
     // a receive posted for the victim and a rendezvous send it will never take.
     let rv = srv.recv(dead, 9, BytesMut::zeroed(64)).unwrap();
     let sd = srv.send(dead, 10, Bytes::from(data[..4 << 20].to_vec()), ServiceLevel::Normal).unwrap();
+    if !ib && dir == Dir::Write {
+        // On tcp the client sends the pulled data: let it fill the socket buffers (the server
+        // reads nothing until the test drives it).
+        for _ in 0..5 {
+            let _ = victim.wait_any(Some(Duration::from_millis(10)));
+        }
+    }
     // The healthy client's next request waits meanwhile.
     let gq = good
         .request(

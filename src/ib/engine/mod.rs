@@ -362,6 +362,10 @@ pub(crate) enum Then {
 #[derive(Debug)]
 pub(crate) struct SqEntry {
     pub seq: u32,
+    /// Posted with SIGNALED: its own completion will come.
+    pub signaled: bool,
+    /// Its completion came (it waits for older signaled entries before it retires).
+    pub completed: bool,
     /// The bounce buffer it reads, freed when it completes.
     pub bounce: Option<Bounce>,
     pub done: SqDone,
@@ -1160,19 +1164,33 @@ impl<V: Verbs> State<V> {
         self.fail_peer(peer, Loss::Lost(reason));
     }
 
-    /// A signaled send completion retires every earlier work request of the queue pair.
+    /// A signaled send completion. Work requests retire in posting order: this one and the
+    /// unsignaled ones before it once every older signaled work request has completed too.
+    /// (In order is what RC send queues guarantee; a provider that lets later completions
+    /// overtake a delayed RDMA_READ's must not make us retire that READ — free its zone buffer,
+    /// copy its data, complete its op — before its data has landed.)
     fn on_send_done(&mut self, cid: u32, seq: u32) {
         let mut retired = Vec::new();
         {
             let Some(c) = self.conn_mut(cid) else { return };
-            while let Some(e) = c.sq.pop_front() {
-                c.sq_depth -= 1;
-                let last = e.seq == seq;
-                retired.push(e);
-                if last {
-                    break;
+            let Some(e) = c.sq.iter_mut().find(|e| e.seq == seq) else {
+                tracing::warn!(conn = cid, seq, "completion of a work request not outstanding");
+                return;
+            };
+            e.completed = true;
+            let mut n = 0;
+            for (i, e) in c.sq.iter().enumerate() {
+                if e.signaled {
+                    if !e.completed {
+                        break;
+                    }
+                    n = i + 1;
                 }
             }
+            for e in c.sq.drain(..n) {
+                retired.push(e);
+            }
+            c.sq_depth -= n as u32;
         }
         for e in retired {
             self.retire(cid, e);

@@ -1106,7 +1106,13 @@ impl<V: Verbs> State<V> {
         let wr = SendWr { wr_id: wr_id(WR_SEND, c.id, c.gen_, seq), op: op_code, sges: &sges, flags };
         let posted = c.qp.post_send(&[wr]);
         c.sq_depth += 1;
-        c.sq.push_back(SqEntry { seq, bounce: Some(bounce), done: SqDone::Then(then_final) });
+        c.sq.push_back(SqEntry {
+            seq,
+            signaled: flags.contains(SendFlags::SIGNALED),
+            completed: false,
+            bounce: Some(bounce),
+            done: SqDone::Then(then_final),
+        });
         let peer = c.peer;
         self.count_copy(copied);
         if let Err(e) = posted {

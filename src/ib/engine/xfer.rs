@@ -264,7 +264,7 @@ impl<V: Verbs> State<V> {
             } else {
                 SqDone::Nothing
             };
-            entries.push(SqEntry { seq, bounce: None, done });
+            entries.push(SqEntry { seq, signaled: last, completed: false, bounce: None, done });
         }
         if read {
             c.reads_out += n as u32;
