@@ -310,3 +310,25 @@ fn vanished_peer_while_sending() {
     wait_ok(&cli, cli.send(p, 3, Bytes::from(data.clone()), ServiceLevel::Normal).unwrap());
     assert!(wait_ok(&srv, rs).data().unwrap()[..] == data[..]);
 }
+
+/// Regression: a request whose oversized header could not be staged for the server's RDMA
+/// (pool exhausted) returned an error from `request` but stayed in the engine; when the peer
+/// was later lost the engine completed that unknown op (a debug assertion, or a phantom
+/// completion).
+#[test]
+fn request_whose_header_cannot_be_staged_completes_once() {
+    let big_headers = || Config::default().max_header(256 << 10);
+    let srv_cfg = big_headers().progress_thread(true);
+    // The client's pool cannot hold a 100 KiB staging buffer.
+    let (srv, cli, p, _) = pair(srv_cfg, big_headers().pool_limits(64 << 10, 0));
+    let q = cli.request(p, 1, vec![1u8; 100 << 10], Payload::None, ServiceLevel::Normal);
+    // Refused at once, or completed with the error: either way it must be gone afterwards.
+    if let Ok(op) = q {
+        assert!(wait(&cli, op).result.is_err(), "the request fails");
+    }
+    drop(srv);
+    // The peer is lost; nothing else completes.
+    let op = cli.recv(p, 2, BytesMut::zeroed(8)).unwrap();
+    assert!(wait(&cli, op).result.is_err());
+    nothing_more(&cli, "client");
+}

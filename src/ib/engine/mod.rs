@@ -43,6 +43,8 @@ mod recv;
 mod reg;
 mod setup;
 mod side;
+#[cfg(test)]
+mod tests;
 mod xfer;
 
 use std::collections::{HashMap, VecDeque};

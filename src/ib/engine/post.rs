@@ -458,7 +458,14 @@ impl<V: Verbs> State<V> {
         let inline_len = if h.flags & FLAG_INLINE_DATA != 0 { len } else { 0 };
         // The header itself: inline, or by rendezvous when it does not fit a slot.
         if MSG_HDR + header.len() + inline_len + segs_len > self.s.slot_size as usize {
-            let hdr_segs = self.register_header(op, &header)?;
+            let hdr_segs = match self.register_header(op, &header) {
+                Ok(s) => s,
+                Err(e) => {
+                    // The op exists (and may hold its payload's registrations): it completes.
+                    self.complete(op, Err(e));
+                    return Ok(());
+                }
+            };
             let mut v = Vec::new();
             msg::encode_segments(&mut v, &hdr_segs);
             parts.push(Payload::Bytes(Bytes::from(v)));

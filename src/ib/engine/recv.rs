@@ -356,34 +356,7 @@ impl<V: Verbs> State<V> {
                 }
             }
             Kind::Fin => {
-                match self.fin_wait.remove(&h.b) {
-                    Some(FinWait::Send(op)) => {
-                        let n = match self.ops.get(&op).map(|o| &o.buf) {
-                            Some(OpBuf::Send(s)) => s.len(),
-                            _ => 0,
-                        };
-                        if let Some(o) = self.ops.get_mut(&op)
-                            && matches!(o.st, OpSt::Cancelling { .. })
-                        {
-                            o.st = OpSt::Finishing;
-                        }
-                        let r = match h.aux {
-                            super::FIN_OK => Ok(n),
-                            super::FIN_TRUNCATED => Err(Error::Truncated { len: n as u64, capacity: h.c }),
-                            _ => Err(Error::PeerCancelled),
-                        };
-                        self.complete(op, r);
-                    }
-                    Some(FinWait::Header { regs, keep, .. }) => {
-                        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-                        for r in regs {
-                            let _ = cache.release(r);
-                        }
-                        drop(cache);
-                        drop(keep);
-                    }
-                    None => return Err(unexpected(format!("FIN for unknown transfer {}", h.b))),
-                }
+                self.on_fin(peer, &h)?;
                 Ok(Outcome::Done)
             }
             Kind::Cts if h.aux == super::RDV_WITHDRAW => {
@@ -415,6 +388,49 @@ impl<V: Verbs> State<V> {
 
     /// Decodes a request (`via`: how its message came). Inline data is sliced out of `body`,
     /// which is the one copy out of the receive buffer.
+    /// A FIN: the peer is done with the buffer of our rendezvous message `h.b` (a send, or a
+    /// reply header). Only the peer the message went to may say so — any other peer could
+    /// otherwise hand a buffer back to its user while the real receiver still reads it.
+    pub(crate) fn on_fin(&mut self, peer: PeerId, h: &Header) -> Result<(), Loss> {
+        let owner = match self.fin_wait.get(&h.b) {
+            Some(FinWait::Send(op)) => self.ops.get(op).map(|o| o.peer),
+            Some(FinWait::Header { peer, .. }) => Some(*peer),
+            None => None,
+        };
+        if owner != Some(peer) {
+            return Err(unexpected(format!("FIN for unknown transfer {}", h.b)));
+        }
+        match self.fin_wait.remove(&h.b) {
+            Some(FinWait::Send(op)) => {
+                let n = match self.ops.get(&op).map(|o| &o.buf) {
+                    Some(OpBuf::Send(s)) => s.len(),
+                    _ => 0,
+                };
+                if let Some(o) = self.ops.get_mut(&op)
+                    && matches!(o.st, OpSt::Cancelling { .. })
+                {
+                    o.st = OpSt::Finishing;
+                }
+                let r = match h.aux {
+                    super::FIN_OK => Ok(n),
+                    super::FIN_TRUNCATED => Err(Error::Truncated { len: n as u64, capacity: h.c }),
+                    _ => Err(Error::PeerCancelled),
+                };
+                self.complete(op, r);
+            }
+            Some(FinWait::Header { regs, keep, .. }) => {
+                let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+                for r in regs {
+                    let _ = cache.release(r);
+                }
+                drop(cache);
+                drop(keep);
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
     fn parse_request(
         &mut self,
         cid: u32,

@@ -1,0 +1,48 @@
+//! Engine state checks that need no second endpoint: a backend over the software provider,
+//! driven through its state directly.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::*;
+use crate::buf::SendBuf;
+use crate::wire::{Header, Kind};
+
+fn backend() -> IbBackend<crate::ib::soft::SoftContext> {
+    let ctx = crate::ib::soft::SoftProvider::new(Default::default()).open(None).expect("softib");
+    IbBackend::new(Scheme::SoftIb, ctx, None, &Config::default(), Arc::new(Core::default())).expect("engine")
+}
+
+/// A FIN is accepted only from the peer the rendezvous message went to: another peer must not
+/// be able to hand a send buffer back to its user (or release a reply header) while the real
+/// receiver may still be reading it.
+#[test]
+fn fin_only_from_the_peer_it_belongs_to() {
+    let be = backend();
+    let mut st = be.lock();
+    let a = st.new_peer(None, None);
+    let b = st.new_peer(None, None);
+    let op = OpId(1);
+    let buf = OpBuf::Send(SendBuf::Bytes(Bytes::from_static(b"data")));
+    st.insert_op(op, OpKind::Send, a, 5, ServiceLevel::Normal, buf, OpSt::WaitFin { msg: 7 });
+    st.fin_wait.insert(7, FinWait::Send(op));
+    st.fin_wait.insert(8, FinWait::Header { peer: a, regs: Vec::new(), keep: Vec::new() });
+    let fin = |msg| {
+        let mut h = Header::new(Kind::Fin, ServiceLevel::Normal);
+        h.b = msg;
+        h.aux = FIN_OK;
+        h
+    };
+    for msg in [7, 8] {
+        assert!(matches!(st.on_fin(b, &fin(msg)), Err(Loss::Protocol(_))), "FIN {msg} from another peer");
+        assert!(st.fin_wait.contains_key(&msg), "FIN {msg} still awaited");
+    }
+    assert!(st.done.is_empty(), "the send did not complete");
+    for msg in [7, 8] {
+        assert!(st.on_fin(a, &fin(msg)).is_ok(), "FIN {msg} from its peer");
+    }
+    assert!(st.fin_wait.is_empty());
+    assert_eq!(st.done.len(), 1);
+    assert!(matches!(st.done[0].result, Ok(4)));
+}
