@@ -12,10 +12,11 @@
 //!
 //! Both directions of survival are covered: the server survives a client (`server_survives_*`,
 //! the victim client lives in the agent process), and a client survives a server
-//! (`client_survives_*`, the victim server lives in the agent). The survivor is driven only
-//! by the test thread, so the transfer is deterministically unfinished when the kill lands:
-//! the first transfer units are posted (and on softib, executed) when the pull or push is
-//! posted, the rest wait for completions nobody polls yet.
+//! (`client_survives_*`, the victim server lives in the agent). Whichever side moves the data
+//! runs without a progress thread, so the transfer is deterministically unfinished when the
+//! kill lands: on softib the first transfer units are posted and executed when the pull or
+//! push is posted and the rest wait for completions nobody polls yet; on tcp the 32 MiB halves
+//! do not fit the socket buffers of a peer that is not reading.
 
 mod conformance;
 
@@ -27,7 +28,9 @@ use ionet::{Direction, Info, ServiceLevel};
 
 agent_entry!();
 
-const BIG: usize = 32 << 20;
+/// Halves of 32 MiB: more than loopback TCP buffers hold, so a tcp push or pull cannot finish
+/// while its peer does not read or send.
+const BIG: usize = 64 << 20;
 const HALF: usize = BIG / 2;
 /// A reply header larger than a ring slot: the server registers it and waits for the
 /// client's FIN after the client fetched it by RDMA.
@@ -119,7 +122,9 @@ fn server_survives(net: &Net, dir: Dir) {
     // The survivor: here, driven only by this thread.
     let srv = net.bind(cfg());
     let addr = srv.local_addr().unwrap();
-    let data = pattern(BIG, 7);
+    // Checked bytes for the healthy peer; the dead peer's payload is never checked.
+    let data = pattern(8 << 20, 7);
+    let bulk = vec![0x5a; BIG];
     // A healthy client (here, with a progress thread); one request served first.
     let good = net.local_client(cfg().progress_thread(true));
     let gp = good.connect(&addr).unwrap();
@@ -142,7 +147,7 @@ fn server_survives(net: &Net, dir: Dir) {
     let victim = net.client(cfg());
     let vp = victim.connect(&addr).unwrap();
     let payload = match dir {
-        Dir::Write => Payload::Out(Bytes::from(data.clone()).into()),
+        Dir::Write => Payload::Out(Bytes::from(bulk.clone()).into()),
         Dir::Read => Payload::In(BytesMut::zeroed(BIG).into()),
     };
     let _vq = victim.request(vp, 1, Bytes::from_static(b"big"), payload, ServiceLevel::Bulk).unwrap();
@@ -160,8 +165,8 @@ fn server_survives(net: &Net, dir: Dir) {
             big.pull_into(RBuf::pool(HALF), HALF as u64).unwrap(),
         ),
         Dir::Read => (
-            big.push_from(Bytes::copy_from_slice(&data[..HALF]), 0).unwrap(),
-            big.push_from(SBuf::pool(data[HALF..].to_vec()), HALF as u64).unwrap(),
+            big.push_from(Bytes::copy_from_slice(&bulk[..HALF]), 0).unwrap(),
+            big.push_from(SBuf::pool(bulk[HALF..].to_vec()), HALF as u64).unwrap(),
         ),
     };
     // a reply whose header the client must fetch (then FIN);
@@ -216,7 +221,8 @@ fn server_survives(net: &Net, dir: Dir) {
 }
 
 fn client_survives(net: &Net, dir: Dir) {
-    let data = pattern(BIG, 9);
+    let data = pattern(8 << 20, 9);
+    let bulk = vec![0x5a; BIG];
     // The survivor: a client here, with a progress thread (so it answers the victim server's
     // handshake and, on tcp, feeds its pulls).
     let cli = net.client(cfg().progress_thread(true));
@@ -243,7 +249,7 @@ fn client_survives(net: &Net, dir: Dir) {
     assert!(victim.is_remote());
     let vp = cli.connect(victim.local_addr().unwrap()).unwrap();
     let payload = match dir {
-        Dir::Write => Payload::Out(Bytes::from(data.clone()).into()),
+        Dir::Write => Payload::Out(Bytes::from(bulk.clone()).into()),
         Dir::Read => Payload::In(BytesMut::zeroed(BIG).into()),
     };
     let q = cli.request(vp, 1, Bytes::from_static(b"big"), payload, ServiceLevel::Bulk).unwrap();
@@ -256,8 +262,8 @@ fn client_survives(net: &Net, dir: Dir) {
             req.pull_into(RBuf::pool(HALF), HALF as u64).unwrap();
         }
         Dir::Read => {
-            req.push_from(Bytes::copy_from_slice(&data[..HALF]), 0).unwrap();
-            req.push_from(SBuf::pool(data[HALF..].to_vec()), HALF as u64).unwrap();
+            req.push_from(Bytes::copy_from_slice(&bulk[..HALF]), 0).unwrap();
+            req.push_from(SBuf::pool(bulk[HALF..].to_vec()), HALF as u64).unwrap();
         }
     }
     let mid = cli.info();
