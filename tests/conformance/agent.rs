@@ -440,7 +440,8 @@ impl Agent {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
         self.waiters.lock().unwrap().insert(id, tx);
-        if write_frame(&mut *self.tx.lock().unwrap(), &(id, c)).is_err() {
+        // The reader may have seen the agent die between the check above and the insert.
+        if self.gone.load(Ordering::SeqCst) || write_frame(&mut *self.tx.lock().unwrap(), &(id, c)).is_err() {
             self.waiters.lock().unwrap().remove(&id);
             return Err(Error::Other("the agent process is gone".into()));
         }
