@@ -2106,6 +2106,8 @@ impl State {
                     if len > cap {
                         self.complete(op, Err(Error::Truncated { len: len as u64, capacity: cap as u64 }));
                         Sink::Discard
+                    } else if self.eager_from_staging(t, op, &h) {
+                        return;
                     } else {
                         if let Some(o) = self.ops.get_mut(&op) {
                             o.st = OpSt::Receiving;
@@ -2305,6 +2307,27 @@ impl State {
         if len == 0 {
             self.finish_empty(t);
         }
+    }
+
+    /// A matched eager message whose payload is already wholly staged (the usual case for small
+    /// messages) is copied and completed at once, without going through the payload state.
+    fn eager_from_staging(&mut self, t: Token, op: OpId, h: &Header) -> bool {
+        let len = h.len as usize;
+        let State { conns, ops, .. } = self;
+        let Some(c) = conns.get_mut(&t) else { return false };
+        if c.rx_end - c.rx_start < len {
+            return false;
+        }
+        let Some(o) = ops.get_mut(&op) else { return false };
+        if let OpBuf::Recv(b) = &mut o.buf {
+            b.copy_in(0, &c.rxbuf[c.rx_start..c.rx_start + len]);
+        }
+        c.rx_start += len;
+        o.sl = h.sl;
+        o.mech = Some(Mechanism::Inline);
+        Counters::add(&self.core.counters.msgs_received, 1);
+        self.complete(op, Ok(len));
+        true
     }
 
     fn finish_header_only(&mut self, t: Token) {
