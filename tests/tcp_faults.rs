@@ -263,15 +263,18 @@ fn a_busy_lone_connection_does_not_starve_new_clients() {
     let pa = a.connect(addr.as_str()).unwrap();
     let peer_a = hello(&srv, &a, pa);
     let stop = Arc::new(AtomicBool::new(false));
-    // The server echoes A's pings; A pings until told to stop.
+    // The server echoes A's pings until A says "last"; A pings until told to stop.
     let echo = {
-        let (srv, stop) = (srv.clone(), stop.clone());
+        let srv = srv.clone();
         std::thread::spawn(move || {
             let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
+            loop {
                 let r = srv.recv(peer_a, 1, BytesMut::zeroed(8)).unwrap();
                 srv.set_deadline(r, Instant::now() + T).unwrap();
-                srv.wait(r).unwrap().ok().unwrap();
+                let c = srv.wait(r).unwrap().ok().unwrap();
+                if c.data().unwrap() == "last" {
+                    break;
+                }
                 srv.wait(srv.send(peer_a, 2, Bytes::from_static(b"pong"), ServiceLevel::Normal).unwrap())
                     .unwrap()
                     .ok()
@@ -293,7 +296,6 @@ fn a_busy_lone_connection_does_not_starve_new_clients() {
                     .unwrap();
                 a.wait(r).unwrap().ok().unwrap();
             }
-            // The echo thread waits for one more ping.
             a.wait(a.send(pa, 1, Bytes::from_static(b"last"), ServiceLevel::Normal).unwrap())
                 .unwrap()
                 .ok()
