@@ -286,6 +286,9 @@ struct Conn {
     drained_fresh: bool,
     /// Set up for direct waits (blocking mode, receive timeout): `None` = not tried yet.
     direct: Option<bool>,
+    /// The last body was read straight into its destination: read the next header alone, so
+    /// that if another large body follows it is not staged (and copied) in part.
+    bulk: bool,
 }
 
 impl Conn {
@@ -308,6 +311,7 @@ impl Conn {
             drained: false,
             drained_fresh: false,
             direct: None,
+            bulk: false,
         }
     }
 
@@ -319,9 +323,9 @@ impl Conn {
         !self.hs_tx.is_empty() || (self.is_ready() && !self.tx.is_empty())
     }
 
-    /// Reads more into the staging buffer.
-    fn fill(&mut self) -> io::Result<usize> {
-        fill(&self.sock, &mut self.rxbuf, &mut self.rx_start, &mut self.rx_end)
+    /// Reads more into the staging buffer (at most `max` bytes); returns (read, room).
+    fn fill(&mut self, max: usize) -> io::Result<(usize, usize)> {
+        fill(&self.sock, &mut self.rxbuf, &mut self.rx_start, &mut self.rx_end, max)
     }
 }
 
@@ -719,6 +723,8 @@ struct DirectWait {
     sock: Arc<TcpStream>,
     /// The connection's (empty) staging buffer, lent to the waiting driver.
     buf: Box<[u8]>,
+    /// Bytes to read at most.
+    want: usize,
 }
 
 impl TcpBackend {
@@ -730,8 +736,8 @@ impl TcpBackend {
     /// thread queued) waits at most [`DIRECT_RECV_TIMEOUT`]; a quiet connection goes back to
     /// epoll after one timeout, and epoll is polled every [`DIRECT_EPOLL_EVERY`] direct waits.
     fn direct_wait(&self, d: DirectWait) -> Result<()> {
-        let DirectWait { token, sock, mut buf } = d;
-        let r = rustix::net::recv(&*sock, &mut buf[..], RecvFlags::empty());
+        let DirectWait { token, sock, mut buf, want } = d;
+        let r = rustix::net::recv(&*sock, &mut buf[..want], RecvFlags::empty());
         self.blocked.store(false, Ordering::Release);
         let mut st = self.lock();
         st.in_direct = false;
@@ -742,7 +748,7 @@ impl TcpBackend {
             Ok((0, _)) => st.conn_failed(token, Loss::Lost("connection closed by peer".into())),
             Ok((n, _)) => {
                 c.rx_end = n;
-                c.drained = n < c.rxbuf.len();
+                c.drained = n < want;
                 c.drained_fresh = true;
                 c.readable = true;
                 st.read_ready.push_back(token);
@@ -787,6 +793,9 @@ impl State {
             Rx::Payload { hdr, got, .. } => (hdr.len as usize).saturating_sub(*got) < DIRECT_READ_MIN,
             Rx::Stalled(_) => false,
         };
+        // In bulk mode the direct wait reads a header alone, and a body only through the
+        // normal path (straight into its destination).
+        let rx_small = rx_small && (!c.bulk || matches!(c.rx, Rx::Header));
         if !(c.is_ready() && staging_empty && rx_small && !c.has_tx()) {
             return None;
         }
@@ -804,7 +813,8 @@ impl State {
         c.rx_start = 0;
         c.rx_end = 0;
         self.in_direct = true;
-        Some(DirectWait { token, sock: c.sock.clone(), buf: mem::take(&mut c.rxbuf) })
+        let want = if c.bulk { HEADER_LEN } else { RX_BUF };
+        Some(DirectWait { token, sock: c.sock.clone(), buf: mem::take(&mut c.rxbuf), want })
     }
 
     /// A connection leaving while a driver may be blocked reading it: end that read now (the
@@ -1934,6 +1944,12 @@ impl State {
                             h.check_limits(&lim).map(|_| h)
                         });
                         c.rx_start += HEADER_LEN;
+                        if let Ok(h) = &hdr
+                            && (h.len as usize) < DIRECT_READ_MIN
+                        {
+                            // Small frames: back to reading as much as there is.
+                            c.bulk = false;
+                        }
                         match hdr {
                             Ok(h) => self.on_header(t, h),
                             Err(e) => {
@@ -1943,13 +1959,13 @@ impl State {
                         }
                         continue;
                     }
-                    let room = c.rxbuf.len() - if c.rx_start == c.rx_end { 0 } else { c.rx_end };
-                    match c.fill() {
-                        Ok(0) => {
+                    let max = if c.bulk { HEADER_LEN - (c.rx_end - c.rx_start) } else { usize::MAX };
+                    match c.fill(max) {
+                        Ok((0, _)) => {
                             self.conn_failed(t, Loss::Lost("connection closed by peer".into()));
                             return false;
                         }
-                        Ok(n) => {
+                        Ok((n, room)) => {
                             budget = budget.saturating_sub(n);
                             // A short read drained the socket: anything arriving later raises a
                             // new edge, so skip the read that would only say EAGAIN.
@@ -1988,7 +2004,7 @@ impl State {
         let (moved, complete) = {
             let State { conns, ops, exposures, .. } = self;
             let Some(c) = conns.get_mut(&t) else { return Ok(Some(0)) };
-            let Conn { sock, rx, rxbuf, rx_start, rx_end, drained, .. } = c;
+            let Conn { sock, rx, rxbuf, rx_start, rx_end, drained, bulk, .. } = c;
             let Rx::Payload { hdr, sink, got } = rx else { return Ok(Some(0)) };
             let total = hdr.len as usize;
             let mut moved = 0;
@@ -2010,8 +2026,13 @@ impl State {
                 }
             } else if *got < total && *rx_start == *rx_end {
                 let remaining = total - *got;
-                let dst =
-                    if remaining >= DIRECT_READ_MIN { sink_slice(sink, *got, remaining, ops) } else { None };
+                // Once a body is read directly, its tail is too: staging the tail would also stage
+                // the start of whatever follows.
+                let dst = if remaining >= DIRECT_READ_MIN || *bulk {
+                    sink_slice(sink, *got, remaining, ops)
+                } else {
+                    None
+                };
                 // Record whether the socket was drained: a short read means nothing more was
                 // there; a full one means there may be more.
                 let r = match dst {
@@ -2019,16 +2040,14 @@ impl State {
                         let want = dst.len();
                         recv_now(sock, dst).map(|n| {
                             *drained = n < want;
+                            *bulk = true;
                             (n, true)
                         })
                     }
-                    None => {
-                        let room = rxbuf.len() - if *rx_start == *rx_end { 0 } else { *rx_end };
-                        fill(sock, rxbuf, rx_start, rx_end).map(|n| {
-                            *drained = n < room;
-                            (n, false)
-                        })
-                    }
+                    None => fill(sock, rxbuf, rx_start, rx_end, usize::MAX).map(|(n, room)| {
+                        *drained = n < room;
+                        (n, false)
+                    }),
                 };
                 match r {
                     Ok((0, _)) => return Err(Loss::Lost("connection closed by peer".into())),
@@ -2705,8 +2724,15 @@ fn tune(sock: &SockRef<'_>, cfg: &Config, sl: ServiceLevel, v4: bool) {
     let _ = sock.set_priority(u32::from(cfg.so_priority[sl.index()]));
 }
 
-/// Reads more into a staging buffer, compacting it first when the tail is full.
-fn fill(sock: &TcpStream, rxbuf: &mut [u8], start: &mut usize, end: &mut usize) -> io::Result<usize> {
+/// Reads up to `max` more bytes into a staging buffer, compacting it first when the tail is
+/// full. Returns the bytes read and the room the read had (a short read drained the socket).
+fn fill(
+    sock: &TcpStream,
+    rxbuf: &mut [u8],
+    start: &mut usize,
+    end: &mut usize,
+    max: usize,
+) -> io::Result<(usize, usize)> {
     if *start == *end {
         *start = 0;
         *end = 0;
@@ -2715,9 +2741,10 @@ fn fill(sock: &TcpStream, rxbuf: &mut [u8], start: &mut usize, end: &mut usize) 
         *end -= *start;
         *start = 0;
     }
-    let n = recv_now(sock, &mut rxbuf[*end..])?;
+    let room = (rxbuf.len() - *end).min(max);
+    let n = recv_now(sock, &mut rxbuf[*end..*end + room])?;
     *end += n;
-    Ok(n)
+    Ok((n, room))
 }
 
 /// Receives what is there now, whatever the socket's blocking mode (a connection used for
