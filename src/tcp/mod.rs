@@ -468,7 +468,8 @@ impl TcpBackend {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Hands completions gathered under the state lock to the core.
+    /// Hands completions gathered under the state lock to the core, and unlocks.
+    #[inline]
     fn deliver(&self, mut st: MutexGuard<'_, State>) {
         // Lock order is backend state, then core; the core never calls back into a backend.
         if !st.done.is_empty() {
@@ -857,26 +858,30 @@ impl State {
     }
 
     fn complete(&mut self, op: OpId, result: Result<usize>) {
-        let Some(o) = self.ops.get_mut(&op) else { return };
+        let std::collections::hash_map::Entry::Occupied(mut e) = self.ops.entry(op) else { return };
+        let o = e.get_mut();
         if o.outcome.is_none() {
             o.outcome = Some(result);
         }
         o.st = OpSt::Finishing;
         if o.frames == 0 {
-            self.deliver_op(op);
+            let o = e.remove();
+            self.push_done(op, o);
         }
     }
 
     fn deliver_op(&mut self, op: OpId) {
-        let Some(o) = self.ops.remove(&op) else { return };
-        let mut c = Completion::new(op, o.kind, o.peer, o.tag);
-        c.result = o.outcome.unwrap_or(Ok(0));
-        c.buf = o.buf;
-        c.reply = o.reply;
-        c.mechanism = o.mech;
-        if let (Ok(n), Some(m)) = (&c.result, c.mechanism) {
+        if let Some(o) = self.ops.remove(&op) {
+            self.push_done(op, o);
+        }
+    }
+
+    /// Turns a finished op into its completion, built in place.
+    fn push_done(&mut self, op: OpId, o: Op) {
+        let result = o.outcome.unwrap_or(Ok(0));
+        if let (Ok(n), Some(m)) = (&result, o.mech) {
             self.core.counters.mechanism(m);
-            match c.kind {
+            match o.kind {
                 OpKind::Recv | OpKind::Get | OpKind::Pull => {
                     Counters::add(&self.core.counters.bytes_received, *n as u64)
                 }
@@ -886,7 +891,16 @@ impl State {
                 _ => {}
             }
         }
-        self.done.push(c);
+        self.done.push(Completion {
+            op,
+            kind: o.kind,
+            peer: o.peer,
+            tag: o.tag,
+            result,
+            buf: o.buf,
+            reply: o.reply,
+            mechanism: o.mech,
+        });
     }
 
     fn release_frame(&mut self, op: OpId) {
@@ -1070,13 +1084,18 @@ impl State {
             // completes here, without entering the op table or the send queue.
             let sent = match self.write_now(t, &hdr, &buf) {
                 WriteNow::All => {
-                    let mut c = Completion::new(op, kind, peer, tag);
-                    c.result = Ok(len);
-                    c.buf = OpBuf::Send(buf);
-                    c.mechanism = Some(Mechanism::Inline);
                     self.core.counters.mechanism(Mechanism::Inline);
                     Counters::add(&self.core.counters.bytes_sent, len as u64);
-                    self.done.push(c);
+                    self.done.push(Completion {
+                        op,
+                        kind,
+                        peer,
+                        tag,
+                        result: Ok(len),
+                        buf: OpBuf::Send(buf),
+                        reply: None,
+                        mechanism: Some(Mechanism::Inline),
+                    });
                     return Ok(());
                 }
                 WriteNow::Part(n) => n,
@@ -1753,7 +1772,14 @@ impl State {
     // ----------------------------------------------------------------------------------------
 
     /// Writes queued frames on writable connections, classes served by the weighted scheduler.
+    #[inline]
     fn flush_ready(&mut self) {
+        if !self.write_ready.is_empty() {
+            self.flush_ready_slow();
+        }
+    }
+
+    fn flush_ready_slow(&mut self) {
         while !self.write_ready.is_empty() {
             // One pass: which classes have a writable connection with something to send.
             let mut backlog = [false; ServiceLevel::COUNT];
