@@ -19,17 +19,44 @@ use crate::types::{OpId, PeerId, Tag};
 
 type Key = (PeerId, Tag);
 
+/// Emptied queues kept (with their allocation) for reuse, at most this many of each kind.
+const SPARE_QUEUES: usize = 16;
+/// Only queues this small are kept: a burst must not pin a large allocation.
+const SPARE_MAX_CAPACITY: usize = 64;
+
 /// FIFO matching of posted receives against arrivals.
 #[derive(Debug)]
 pub struct Matcher<R, M> {
     posted: HashMap<Key, VecDeque<(OpId, R)>>,
     early: HashMap<Key, VecDeque<M>>,
     op_key: HashMap<OpId, Key>,
+    /// A key's queue leaves its map when it empties (keys are unbounded), but one receive at a
+    /// time per key is the common pattern: without these, every post allocated a queue and
+    /// every match freed it.
+    spare_posted: Vec<VecDeque<(OpId, R)>>,
+    spare_early: Vec<VecDeque<M>>,
 }
 
 impl<R, M> Default for Matcher<R, M> {
     fn default() -> Self {
-        Matcher { posted: HashMap::default(), early: HashMap::default(), op_key: HashMap::default() }
+        Matcher {
+            posted: HashMap::default(),
+            early: HashMap::default(),
+            op_key: HashMap::default(),
+            spare_posted: Vec::new(),
+            spare_early: Vec::new(),
+        }
+    }
+}
+
+/// Keeps an emptied queue for reuse if there is room and it is small.
+fn recycle<T>(spare: &mut Vec<VecDeque<T>>, q: Option<VecDeque<T>>) {
+    if let Some(q) = q
+        && spare.len() < SPARE_QUEUES
+        && q.capacity() <= SPARE_MAX_CAPACITY
+    {
+        debug_assert!(q.is_empty());
+        spare.push(q);
     }
 }
 
@@ -58,11 +85,12 @@ impl<R, M> Matcher<R, M> {
             && let Some(m) = q.pop_front()
         {
             if q.is_empty() {
-                self.early.remove(&key);
+                recycle(&mut self.spare_early, self.early.remove(&key));
             }
             return Err((op, r, m));
         }
-        self.posted.entry(key).or_default().push_back((op, r));
+        let Matcher { posted, spare_posted, .. } = self;
+        posted.entry(key).or_insert_with(|| spare_posted.pop().unwrap_or_default()).push_back((op, r));
         self.op_key.insert(op, key);
         Ok(())
     }
@@ -71,7 +99,7 @@ impl<R, M> Matcher<R, M> {
     pub fn arrive(&mut self, peer: PeerId, tag: Tag, m: M) -> Arrival<R, M> {
         match self.arrive_or_return(peer, tag, m) {
             Arrival::Unmatched(m) => {
-                self.early.entry((peer, tag)).or_default().push_back(m);
+                self.queue_early(peer, tag, m);
                 Arrival::Queued
             }
             other => other,
@@ -86,7 +114,7 @@ impl<R, M> Matcher<R, M> {
             && let Some((op, r)) = q.pop_front()
         {
             if q.is_empty() {
-                self.posted.remove(&key);
+                recycle(&mut self.spare_posted, self.posted.remove(&key));
             }
             self.op_key.remove(&op);
             return Arrival::Matched(op, r);
@@ -100,7 +128,7 @@ impl<R, M> Matcher<R, M> {
         let q = self.posted.get_mut(&key)?;
         let (op, r) = q.pop_front()?;
         if q.is_empty() {
-            self.posted.remove(&key);
+            recycle(&mut self.spare_posted, self.posted.remove(&key));
         }
         self.op_key.remove(&op);
         Some((op, r))
@@ -109,7 +137,8 @@ impl<R, M> Matcher<R, M> {
     /// Queues an early arrival without looking for a posted receive (after
     /// [`Matcher::arrive_or_return`] said there was none).
     pub fn queue_early(&mut self, peer: PeerId, tag: Tag, m: M) {
-        self.early.entry((peer, tag)).or_default().push_back(m);
+        let Matcher { early, spare_early, .. } = self;
+        early.entry((peer, tag)).or_insert_with(|| spare_early.pop().unwrap_or_default()).push_back(m);
     }
 
     /// Applies `f` to the early arrivals of `peer` until it returns true; true if one did.
@@ -129,7 +158,7 @@ impl<R, M> Matcher<R, M> {
         let pos = q.iter().position(|(o, _)| *o == op)?;
         let (_, r) = q.remove(pos)?;
         if q.is_empty() {
-            self.posted.remove(&key);
+            recycle(&mut self.spare_posted, self.posted.remove(&key));
         }
         Some(r)
     }
@@ -225,6 +254,32 @@ mod tests {
         assert_eq!(early, vec![100]);
         assert_eq!(m.posted_len(), 1);
         assert_eq!(m.arrive(Q, 1, 0), Arrival::Matched(OpId(4), 3));
+    }
+
+    #[test]
+    fn emptied_queues_are_reused_and_the_spares_stay_bounded() {
+        let mut m: Matcher<u32, u32> = Matcher::new();
+        // One receive at a time on one key: the queue is recycled, not reallocated.
+        for i in 0..100 {
+            m.post(P, 1, OpId(i), 0).unwrap();
+            assert_eq!(m.take_posted(P, 1), Some((OpId(i), 0)));
+        }
+        assert_eq!(m.spare_posted.len(), 1);
+        // Many keys emptied at once: at most SPARE_QUEUES are kept.
+        for t in 0..100 {
+            m.post(P, t, OpId(1000 + t), 0).unwrap();
+            m.arrive(Q, t, 7);
+        }
+        for t in 0..100 {
+            assert!(matches!(m.arrive(P, t, 0), Arrival::Matched(..)));
+            assert_eq!(m.post(Q, t, OpId(2000 + t), 1), Err((OpId(2000 + t), 1, 7)));
+        }
+        assert_eq!(m.spare_posted.len(), SPARE_QUEUES);
+        assert_eq!(m.spare_early.len(), SPARE_QUEUES);
+        assert!(
+            m.spare_posted.iter().all(VecDeque::is_empty) && m.spare_early.iter().all(VecDeque::is_empty)
+        );
+        assert_eq!((m.posted_len(), m.early_len()), (0, 0));
     }
 
     proptest! {
