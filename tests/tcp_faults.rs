@@ -1,4 +1,5 @@
-//! Faults over `tcp://`: a peer process killed mid-rendezvous, and hostile bytes on the wire.
+//! Faults over `tcp://` (a peer process killed mid-rendezvous, hostile bytes on the wire) and
+//! the TCP engine's fast paths (direct waits, one-buffer small frames).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -336,4 +337,34 @@ fn a_direct_wait_sees_the_peer_close() {
     assert!(matches!(c.result, Err(Error::PeerLost { .. })), "{:?}", c.result);
     assert!(cli.wait_any(Some(Duration::from_millis(100))).unwrap().is_none(), "exactly once");
     closer.join().unwrap();
+}
+
+/// Small frames are written from one stack buffer, larger ones as header + payload iovecs: the
+/// bytes must be the same either way, around the boundary too.
+#[test]
+fn small_and_large_frames_around_the_one_buffer_limit_arrive_intact() {
+    let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default().wait_mode(WaitMode::Block)).unwrap();
+    let cli = Endpoint::client(Config::default().wait_mode(WaitMode::Block)).unwrap();
+    let p = cli.connect(srv.local_addr().unwrap().to_string().as_str()).unwrap();
+    let peer = hello(&srv, &cli, p);
+    let sizes = [0usize, 1, 200, 215, 216, 217, 218, 1000];
+    let recvs: Vec<OpId> =
+        sizes.iter().map(|&n| srv.recv(peer, n as u64, BytesMut::zeroed(n)).unwrap()).collect();
+    let s = srv.clone();
+    let check = std::thread::spawn(move || {
+        for (op, n) in recvs.into_iter().zip(sizes) {
+            s.set_deadline(op, Instant::now() + T).unwrap();
+            let c = s.wait(op).unwrap().ok().unwrap();
+            let want: Vec<u8> = (0..n).map(|i| (i * 7 + n) as u8).collect();
+            assert_eq!(c.data().unwrap(), want, "{n}-byte message");
+        }
+    });
+    for n in sizes {
+        let data: Vec<u8> = (0..n).map(|i| (i * 7 + n) as u8).collect();
+        cli.wait(cli.send(p, n as u64, Bytes::from(data), ServiceLevel::Normal).unwrap())
+            .unwrap()
+            .ok()
+            .unwrap();
+    }
+    check.join().unwrap();
 }

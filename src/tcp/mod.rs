@@ -67,6 +67,8 @@ const DIRECT_READ_MIN: usize = 16 * 1024;
 const READ_QUANTUM: usize = 4 << 20;
 /// iovecs per `writev`.
 const MAX_IOV: usize = 64;
+/// Frames up to this size (header included) are written from one stack buffer.
+const SMALL_FRAME: usize = 256;
 /// What an unmatched rendezvous announcement costs against the peer's early-data budget.
 const RTS_COST: usize = 64;
 /// Connections still in their handshake, at most.
@@ -1139,17 +1141,30 @@ impl State {
         if !(c.is_ready() && c.writable && c.tx.is_empty() && c.hs_tx.is_empty()) {
             return WriteNow::NotNow;
         }
-        let mut iov = IoVec::default();
-        iov.push(hdr);
-        let mut segs = 0;
-        buf.for_each_slice(0, buf.len(), |s| {
-            segs += 1;
-            iov.push(s)
-        });
-        if segs >= MAX_IOV {
-            return WriteNow::NotNow;
-        }
-        match send_now(&c.sock, iov.slices()) {
+        let r = match buf {
+            // A small frame is written from one buffer: `send` takes a plain buffer where
+            // `sendmsg` first copies in a message header and an iovec array.
+            SendBuf::Bytes(b) if b.len() <= SMALL_FRAME - HEADER_LEN => {
+                let mut one = [0u8; SMALL_FRAME];
+                one[..HEADER_LEN].copy_from_slice(hdr);
+                one[HEADER_LEN..HEADER_LEN + b.len()].copy_from_slice(b);
+                send_one_now(&c.sock, &one[..HEADER_LEN + b.len()])
+            }
+            _ => {
+                let mut iov = IoVec::default();
+                iov.push(hdr);
+                let mut segs = 0;
+                buf.for_each_slice(0, buf.len(), |s| {
+                    segs += 1;
+                    iov.push(s)
+                });
+                if segs >= MAX_IOV {
+                    return WriteNow::NotNow;
+                }
+                send_now(&c.sock, iov.slices())
+            }
+        };
+        match r {
             Ok(n) if n == HEADER_LEN + buf.len() => WriteNow::All,
             Ok(n) => WriteNow::Part(n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -2777,6 +2792,11 @@ fn fill(
 /// [`TcpBackend::direct_wait`] is left in blocking mode).
 fn recv_now(sock: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
     Ok(rustix::net::recv(sock, buf, RecvFlags::DONTWAIT)?.0)
+}
+
+/// Like [`send_now`] for one contiguous buffer.
+fn send_one_now(sock: &TcpStream, buf: &[u8]) -> io::Result<usize> {
+    Ok(rustix::net::send(sock, buf, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)?)
 }
 
 /// Writes what fits now, whatever the socket's blocking mode; never raises `SIGPIPE`.
