@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::addr::{Address, Scheme};
 use crate::buf::{OpBuf, RecvBuf, RegisteredBuf, SendBuf};
@@ -218,13 +218,25 @@ pub(crate) trait Backend: Send + Sync {
     fn shutdown(&self);
 }
 
+/// An operation between `post` and being reaped: one table entry for its whole life, so each
+/// step is one hash lookup.
+#[derive(Debug)]
+enum Slot {
+    /// Not completed yet. `detached`: nobody will reap it (its completion is dropped).
+    Pending { deadline: Option<Instant>, detached: bool },
+    /// Completed, waiting for `wait` / `test` / `wait_any`.
+    Done(Completion),
+}
+
 #[derive(Debug, Default)]
 struct CoreState {
-    pending: HashMap<OpId, Option<Instant>>,
+    ops: HashMap<OpId, Slot>,
     deadlines: BTreeSet<(Instant, OpId)>,
-    done: HashMap<OpId, Completion>,
+    /// Completion order, for `wait_any`. Ops reaped by id stay listed until skipped or
+    /// compacted away (see [`Core::complete_locked`]): at most twice `done` plus 1024.
     done_order: VecDeque<OpId>,
-    detached: HashSet<OpId>,
+    /// `Done` slots in `ops`.
+    done: usize,
     unexpected: VecDeque<Unexpected>,
     requests: VecDeque<RequestMeta>,
     driving: bool,
@@ -249,20 +261,15 @@ impl Core {
 
     fn register(&self, detached: bool) -> OpId {
         let op = OpId(self.next_op.fetch_add(1, Ordering::Relaxed) + 1);
-        let mut st = self.lock();
-        st.pending.insert(op, None);
-        if detached {
-            st.detached.insert(op);
-        }
+        self.lock().ops.insert(op, Slot::Pending { deadline: None, detached });
         op
     }
 
     fn unregister(&self, op: OpId) {
         let mut st = self.lock();
-        if let Some(Some(d)) = st.pending.remove(&op) {
+        if let Some(Slot::Pending { deadline: Some(d), .. }) = st.ops.remove(&op) {
             st.deadlines.remove(&(d, op));
         }
-        st.detached.remove(&op);
     }
 
     /// Records a completion. A second completion for the same op is a backend bug: it is
@@ -290,26 +297,39 @@ impl Core {
     }
 
     fn complete_locked(&self, st: &mut CoreState, c: Completion) {
-        let Some(deadline) = st.pending.remove(&c.op) else {
-            tracing::error!(op = %c.op, kind = ?c.kind, "second completion for an operation dropped");
-            debug_assert!(false, "operation {} completed twice", c.op);
+        let op = c.op;
+        let Some(slot) = st.ops.get_mut(&op) else {
+            tracing::error!(%op, kind = ?c.kind, "completion for an unknown operation dropped");
+            debug_assert!(false, "operation {op} completed but never posted");
             return;
         };
-        if let Some(d) = deadline {
-            st.deadlines.remove(&(d, c.op));
-        }
+        let Slot::Pending { deadline, detached } = *slot else {
+            tracing::error!(%op, kind = ?c.kind, "second completion for an operation dropped");
+            debug_assert!(false, "operation {op} completed twice");
+            return;
+        };
         Counters::add(&self.counters.ops_completed, 1);
         if matches!(c.result, Err(Error::Cancelled | Error::Timeout)) {
             Counters::add(&self.counters.ops_cancelled, 1);
         }
-        if !st.detached.is_empty() && st.detached.remove(&c.op) {
+        if detached {
             if let Err(e) = &c.result {
-                tracing::debug!(op = %c.op, error = %e, "detached operation failed");
+                tracing::debug!(%op, error = %e, "detached operation failed");
             }
-            return;
+            st.ops.remove(&op);
+        } else {
+            *slot = Slot::Done(c);
+            st.done += 1;
+            st.done_order.push_back(op);
+            if st.done_order.len() > 2 * st.done + 1024 {
+                // Mostly ids already reaped by `wait(op)`: keep the order list bounded.
+                let CoreState { ops, done_order, .. } = st;
+                done_order.retain(|o| matches!(ops.get(o), Some(Slot::Done(_))));
+            }
         }
-        st.done_order.push_back(c.op);
-        st.done.insert(c.op, c);
+        if let Some(d) = deadline {
+            st.deadlines.remove(&(d, op));
+        }
     }
 
     /// Queues an unexpected message for [`Endpoint::recv_unexpected`].
@@ -332,17 +352,44 @@ impl Core {
         self.lock().requests.retain(|r| r.peer != peer);
     }
 
-    fn take(st: &mut CoreState, op: OpId) -> Option<Completion> {
-        st.done.remove(&op)
+    /// The completion of `op` if it is done (`Some(Ok)`), `None` while it is pending, or
+    /// `Some(Err)` if no such operation exists (never posted, or already reaped).
+    fn take(st: &mut CoreState, op: OpId) -> Option<Result<Completion>> {
+        match st.ops.entry(op) {
+            std::collections::hash_map::Entry::Occupied(e) => match e.get() {
+                Slot::Pending { .. } => None,
+                Slot::Done(_) => match e.remove() {
+                    Slot::Done(c) => {
+                        st.done -= 1;
+                        // Usually the newest (or oldest) completion: unlist it at no cost.
+                        if st.done_order.back() == Some(&op) {
+                            st.done_order.pop_back();
+                        } else if st.done_order.front() == Some(&op) {
+                            st.done_order.pop_front();
+                        }
+                        Some(Ok(c))
+                    }
+                    Slot::Pending { .. } => unreachable!("checked above"),
+                },
+            },
+            std::collections::hash_map::Entry::Vacant(_) => {
+                Some(Err(Error::misuse(format!("{op} is not a pending operation (already reaped?)"))))
+            }
+        }
     }
 
     fn take_any(st: &mut CoreState) -> Option<Completion> {
         while let Some(op) = st.done_order.pop_front() {
-            if let Some(c) = st.done.remove(&op) {
+            if let Some(Ok(c)) = Self::take(st, op) {
                 return Some(c);
             }
         }
         None
+    }
+
+    /// Whether `op` is pending (`Some(true)`), done but not reaped (`Some(false)`), or unknown.
+    fn is_pending(st: &CoreState, op: OpId) -> Option<bool> {
+        st.ops.get(&op).map(|s| matches!(s, Slot::Pending { .. }))
     }
 
     fn next_deadline(st: &CoreState) -> Option<Instant> {
@@ -602,9 +649,9 @@ impl Endpoint {
     pub fn set_deadline(&self, op: OpId, at: Instant) -> Result<()> {
         let mut guard = self.inner.core.lock();
         let st = &mut *guard;
-        match st.pending.get_mut(&op) {
-            Some(slot) => {
-                let old = slot.replace(at);
+        match st.ops.get_mut(&op) {
+            Some(Slot::Pending { deadline, .. }) => {
+                let old = deadline.replace(at);
                 if let Some(old) = old {
                     st.deadlines.remove(&(old, op));
                 }
@@ -616,7 +663,7 @@ impl Endpoint {
                 }
                 Ok(())
             }
-            None if st.done.contains_key(&op) => Ok(()),
+            Some(Slot::Done(_)) => Ok(()),
             None => Err(Error::misuse(format!("{op} is not a pending operation"))),
         }
     }
@@ -624,15 +671,10 @@ impl Endpoint {
     /// Asks for an operation to be cancelled. It then completes (once) with
     /// [`Error::Cancelled`] — or normally, if it finished first.
     pub fn cancel(&self, op: OpId) -> Result<()> {
-        {
-            let st = self.inner.core.lock();
-            if !st.pending.contains_key(&op) {
-                return if st.done.contains_key(&op) {
-                    Ok(())
-                } else {
-                    Err(Error::misuse(format!("{op} is not a pending operation")))
-                };
-            }
+        match Core::is_pending(&self.inner.core.lock(), op) {
+            Some(true) => {}
+            Some(false) => return Ok(()),
+            None => return Err(Error::misuse(format!("{op} is not a pending operation"))),
         }
         self.backend()?.cancel(op, Error::Cancelled);
         Ok(())
@@ -641,21 +683,18 @@ impl Endpoint {
     /// Drives progress once without blocking and returns the completion if the operation is
     /// done.
     pub fn test(&self, op: OpId) -> Result<Option<Completion>> {
-        self.check_known(op)?;
-        self.wait_until(Until::Poll, |st| Core::take(st, op), false)
+        self.wait_until(Until::Poll, |st| Core::take(st, op), false)?.transpose()
     }
 
     /// Waits until the operation completes.
     pub fn wait(&self, op: OpId) -> Result<Completion> {
-        self.check_known(op)?;
-        self.wait_until(Until::Never, |st| Core::take(st, op), false)?.ok_or(Error::Closed)
+        self.wait_until(Until::Never, |st| Core::take(st, op), false)?.ok_or(Error::Closed)?
     }
 
     /// Waits up to `timeout` for the operation; `None` if it is still pending (it is *not*
     /// cancelled — use [`Endpoint::set_deadline`] for that).
     pub fn wait_timeout(&self, op: OpId, timeout: Duration) -> Result<Option<Completion>> {
-        self.check_known(op)?;
-        self.wait_until(Until::At(Instant::now() + timeout), |st| Core::take(st, op), false)
+        self.wait_until(Until::At(Instant::now() + timeout), |st| Core::take(st, op), false)?.transpose()
     }
 
     /// Waits up to `timeout` (forever with `None`) for any operation to complete, oldest
@@ -677,15 +716,6 @@ impl Endpoint {
     pub fn next_request(&self, timeout: Option<Duration>) -> Result<Option<Request>> {
         let meta = self.wait_until(Until::after(timeout), |st| st.requests.pop_front(), false)?;
         Ok(meta.map(|meta| Request { ep: self.clone(), meta, answered: false }))
-    }
-
-    fn check_known(&self, op: OpId) -> Result<()> {
-        let st = self.inner.core.lock();
-        if st.pending.contains_key(&op) || st.done.contains_key(&op) {
-            Ok(())
-        } else {
-            Err(Error::misuse(format!("{op} is not a pending operation (already reaped?)")))
-        }
     }
 
     /// The waiting loop shared by every blocking call: check, else drive progress (if nobody
@@ -745,12 +775,17 @@ impl Endpoint {
             let block = if spinning || until == Until::Poll {
                 Duration::ZERO
             } else {
-                let now = now.unwrap_or_else(Instant::now);
-                let mut t = until.remaining(now).min(MAX_BLOCK);
-                if let Some(d) = Core::next_deadline(&st) {
-                    t = t.min(d.saturating_duration_since(now));
+                let deadline = Core::next_deadline(&st);
+                if until == Until::Never && deadline.is_none() {
+                    MAX_BLOCK
+                } else {
+                    let now = now.unwrap_or_else(Instant::now);
+                    let mut t = until.remaining(now).min(MAX_BLOCK);
+                    if let Some(d) = deadline {
+                        t = t.min(d.saturating_duration_since(now));
+                    }
+                    t
                 }
-                t
             };
             let deadlines = !st.deadlines.is_empty();
             st.driving = true;
@@ -811,7 +846,10 @@ impl Endpoint {
     /// Negotiated limits, policy and counters.
     pub fn info(&self) -> Info {
         let core = &self.inner.core;
-        let pending = core.lock().pending.len();
+        let pending = {
+            let st = core.lock();
+            st.ops.len() - st.done
+        };
         let mut info = Info {
             scheme: Scheme::Tcp,
             local_addr: None,
@@ -1047,5 +1085,69 @@ impl Drop for Request {
                 true,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn completion(op: OpId) -> Completion {
+        Completion::new(op, OpKind::Send, PeerId(0), 0)
+    }
+
+    #[test]
+    fn reaping_by_id_keeps_the_completion_order_bounded() {
+        let core = Core::default();
+        // One completion stays unreaped at the front; each round reaps an id from the middle
+        // of the list, which only compaction removes.
+        let first = core.register(false);
+        core.complete(completion(first));
+        for _ in 0..10_000 {
+            let (x, y) = (core.register(false), core.register(false));
+            core.complete(completion(x));
+            core.complete(completion(y));
+            let mut st = core.lock();
+            assert!(matches!(Core::take(&mut st, x), Some(Ok(c)) if c.op == x));
+            assert!(matches!(Core::take(&mut st, y), Some(Ok(c)) if c.op == y));
+            // Without compaction this list would hold every id ever completed.
+            assert!(st.done_order.len() <= 2 * st.done + 1024 + 2, "{} ids listed", st.done_order.len());
+        }
+        let mut st = core.lock();
+        assert_eq!(Core::take_any(&mut st).map(|c| c.op), Some(first));
+        assert!(Core::take_any(&mut st).is_none());
+        assert!(st.ops.is_empty());
+    }
+
+    #[test]
+    fn wait_any_order_survives_reaping_by_id_and_compaction() {
+        let core = Core::default();
+        let mut kept = Vec::new();
+        // Most completions are reaped by id at once (so the order list is compacted several
+        // times); every 100th is left for wait_any.
+        for i in 0..5000 {
+            let op = core.register(false);
+            core.complete(completion(op));
+            if i % 100 == 0 {
+                kept.push(op);
+            } else {
+                assert!(matches!(Core::take(&mut core.lock(), op), Some(Ok(_))));
+            }
+        }
+        let mut st = core.lock();
+        for op in &kept {
+            assert_eq!(Core::take_any(&mut st).map(|c| c.op), Some(*op), "oldest first");
+        }
+        assert!(Core::take_any(&mut st).is_none());
+        assert!(matches!(Core::take(&mut st, kept[0]), Some(Err(Error::Misuse(_)))), "reaped twice");
+    }
+
+    #[test]
+    fn detached_ops_leave_nothing_behind() {
+        let core = Core::default();
+        let op = core.register(true);
+        core.complete(completion(op));
+        let st = core.lock();
+        assert!(st.ops.is_empty() && st.done_order.is_empty() && st.done == 0);
     }
 }

@@ -10,6 +10,7 @@
 //! posted receive, `M` whatever it keeps for an early arrival.
 
 use std::collections::VecDeque;
+use std::mem;
 
 // Tags are chosen by peers: a per-process random seed keeps colliding keys from being
 // forced, at a fraction of SipHash's cost.
@@ -19,17 +20,48 @@ use crate::types::{OpId, PeerId, Tag};
 
 type Key = (PeerId, Tag);
 
+/// Emptied queues kept (with their allocation) for reuse, at most this many of each kind.
+const SPARE_QUEUES: usize = 16;
+/// Only queues this small are kept: a burst must not pin a large allocation.
+const SPARE_MAX_CAPACITY: usize = 64;
+
 /// FIFO matching of posted receives against arrivals.
 #[derive(Debug)]
 pub struct Matcher<R, M> {
     posted: HashMap<Key, VecDeque<(OpId, R)>>,
     early: HashMap<Key, VecDeque<M>>,
     op_key: HashMap<OpId, Key>,
+    /// Emptied queues still in `posted`: one receive at a time per key is the common pattern,
+    /// so a key's queue stays while few are empty (no map insert + remove per message); they
+    /// are swept out before they outnumber the live ones (keys are unbounded).
+    posted_empty: usize,
+    /// Queues that left a map, kept for reuse: without them every first post on a key
+    /// allocated a queue and every last match freed it.
+    spare_posted: Vec<VecDeque<(OpId, R)>>,
+    spare_early: Vec<VecDeque<M>>,
 }
 
 impl<R, M> Default for Matcher<R, M> {
     fn default() -> Self {
-        Matcher { posted: HashMap::default(), early: HashMap::default(), op_key: HashMap::default() }
+        Matcher {
+            posted: HashMap::default(),
+            early: HashMap::default(),
+            op_key: HashMap::default(),
+            posted_empty: 0,
+            spare_posted: Vec::new(),
+            spare_early: Vec::new(),
+        }
+    }
+}
+
+/// Keeps an emptied queue for reuse if there is room and it is small.
+fn recycle<T>(spare: &mut Vec<VecDeque<T>>, q: Option<VecDeque<T>>) {
+    if let Some(q) = q
+        && spare.len() < SPARE_QUEUES
+        && q.capacity() <= SPARE_MAX_CAPACITY
+    {
+        debug_assert!(q.is_empty());
+        spare.push(q);
     }
 }
 
@@ -58,20 +90,50 @@ impl<R, M> Matcher<R, M> {
             && let Some(m) = q.pop_front()
         {
             if q.is_empty() {
-                self.early.remove(&key);
+                recycle(&mut self.spare_early, self.early.remove(&key));
             }
             return Err((op, r, m));
         }
-        self.posted.entry(key).or_default().push_back((op, r));
+        let q = match self.posted.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let q = e.into_mut();
+                if q.is_empty() {
+                    self.posted_empty -= 1;
+                }
+                q
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(self.spare_posted.pop().unwrap_or_default())
+            }
+        };
+        q.push_back((op, r));
         self.op_key.insert(op, key);
         Ok(())
+    }
+
+    /// A posted queue just emptied: it stays in the map unless the empty ones now outnumber
+    /// the live ones, then they are all swept out (amortised O(1) per emptied queue).
+    fn posted_emptied(&mut self) {
+        self.posted_empty += 1;
+        if self.posted_empty > SPARE_QUEUES.max(self.posted.len() / 2) {
+            let Matcher { posted, spare_posted, .. } = self;
+            posted.retain(|_, q| {
+                if q.is_empty() {
+                    recycle(spare_posted, Some(mem::take(q)));
+                    false
+                } else {
+                    true
+                }
+            });
+            self.posted_empty = 0;
+        }
     }
 
     /// Records an arrival: matches the oldest posted receive, or queues the arrival as early.
     pub fn arrive(&mut self, peer: PeerId, tag: Tag, m: M) -> Arrival<R, M> {
         match self.arrive_or_return(peer, tag, m) {
             Arrival::Unmatched(m) => {
-                self.early.entry((peer, tag)).or_default().push_back(m);
+                self.queue_early(peer, tag, m);
                 Arrival::Queued
             }
             other => other,
@@ -86,7 +148,7 @@ impl<R, M> Matcher<R, M> {
             && let Some((op, r)) = q.pop_front()
         {
             if q.is_empty() {
-                self.posted.remove(&key);
+                self.posted_emptied();
             }
             self.op_key.remove(&op);
             return Arrival::Matched(op, r);
@@ -100,7 +162,7 @@ impl<R, M> Matcher<R, M> {
         let q = self.posted.get_mut(&key)?;
         let (op, r) = q.pop_front()?;
         if q.is_empty() {
-            self.posted.remove(&key);
+            self.posted_emptied();
         }
         self.op_key.remove(&op);
         Some((op, r))
@@ -109,7 +171,8 @@ impl<R, M> Matcher<R, M> {
     /// Queues an early arrival without looking for a posted receive (after
     /// [`Matcher::arrive_or_return`] said there was none).
     pub fn queue_early(&mut self, peer: PeerId, tag: Tag, m: M) {
-        self.early.entry((peer, tag)).or_default().push_back(m);
+        let Matcher { early, spare_early, .. } = self;
+        early.entry((peer, tag)).or_insert_with(|| spare_early.pop().unwrap_or_default()).push_back(m);
     }
 
     /// Applies `f` to the early arrivals of `peer` until it returns true; true if one did.
@@ -119,7 +182,7 @@ impl<R, M> Matcher<R, M> {
 
     /// True when a receive is posted for the key.
     pub fn has_posted(&self, peer: PeerId, tag: Tag) -> bool {
-        self.posted.contains_key(&(peer, tag))
+        self.posted.get(&(peer, tag)).is_some_and(|q| !q.is_empty())
     }
 
     /// Removes a posted (unmatched) receive. `None` if it already matched or never existed.
@@ -129,7 +192,7 @@ impl<R, M> Matcher<R, M> {
         let pos = q.iter().position(|(o, _)| *o == op)?;
         let (_, r) = q.remove(pos)?;
         if q.is_empty() {
-            self.posted.remove(&key);
+            self.posted_emptied();
         }
         Some(r)
     }
@@ -140,6 +203,9 @@ impl<R, M> Matcher<R, M> {
         let keys: Vec<Key> = self.posted.keys().filter(|k| k.0 == peer).copied().collect();
         for k in keys {
             if let Some(q) = self.posted.remove(&k) {
+                if q.is_empty() {
+                    self.posted_empty -= 1;
+                }
                 for (op, r) in q {
                     self.op_key.remove(&op);
                     posted.push((op, r));
@@ -227,6 +293,37 @@ mod tests {
         assert_eq!(m.arrive(Q, 1, 0), Arrival::Matched(OpId(4), 3));
     }
 
+    #[test]
+    fn emptied_queues_are_reused_and_the_spares_stay_bounded() {
+        let mut m: Matcher<u32, u32> = Matcher::new();
+        // One receive at a time on one key: its queue stays, emptied, and is reused.
+        for i in 0..100 {
+            m.post(P, 1, OpId(i), 0).unwrap();
+            assert!(m.has_posted(P, 1));
+            assert_eq!(m.take_posted(P, 1), Some((OpId(i), 0)));
+            assert!(!m.has_posted(P, 1));
+        }
+        assert_eq!((m.posted.len(), m.posted_empty), (1, 1));
+        // Many keys emptied at once: at most SPARE_QUEUES are kept.
+        for t in 0..100 {
+            m.post(P, t, OpId(1000 + t), 0).unwrap();
+            m.arrive(Q, t, 7);
+        }
+        for t in 0..100 {
+            assert!(matches!(m.arrive(P, t, 0), Arrival::Matched(..)));
+            assert_eq!(m.post(Q, t, OpId(2000 + t), 1), Err((OpId(2000 + t), 1, 7)));
+        }
+        // Emptied posted queues were swept out of the map as they piled up.
+        assert!(m.posted.len() <= SPARE_QUEUES + 1, "{} posted queues kept", m.posted.len());
+        assert_eq!(m.posted_empty, m.posted.values().filter(|q| q.is_empty()).count());
+        assert_eq!(m.spare_posted.len(), SPARE_QUEUES);
+        assert_eq!(m.spare_early.len(), SPARE_QUEUES);
+        assert!(
+            m.spare_posted.iter().all(VecDeque::is_empty) && m.spare_early.iter().all(VecDeque::is_empty)
+        );
+        assert_eq!((m.posted_len(), m.early_len()), (0, 0));
+    }
+
     proptest! {
         /// Against a model: for each key, the k-th arrival pairs with the k-th post.
         #[test]
@@ -254,6 +351,7 @@ mod tests {
                         Arrival::Unmatched(_) => prop_assert!(false),
                     }
                 }
+                prop_assert_eq!(m.posted_empty, m.posted.values().filter(|q| q.is_empty()).count());
             }
         }
     }

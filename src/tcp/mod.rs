@@ -19,9 +19,10 @@
 pub(crate) mod handshake;
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice};
 use std::mem;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -30,8 +31,10 @@ use bytes::Bytes;
 // Keys we generate ourselves (tokens, op and message ids) hash with Fx; maps keyed by values a
 // peer chooses (tags, request ids) keep the DoS-resistant default hasher.
 use mio::net::{TcpListener, TcpStream};
+use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use rustc_hash::{FxHashMap, FxHashSet};
+use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 
 use crate::addr::{Address, Scheme};
@@ -64,6 +67,8 @@ const DIRECT_READ_MIN: usize = 16 * 1024;
 const READ_QUANTUM: usize = 4 << 20;
 /// iovecs per `writev`.
 const MAX_IOV: usize = 64;
+/// Frames up to this size (header included) are written from one stack buffer.
+const SMALL_FRAME: usize = 256;
 /// What an unmatched rendezvous announcement costs against the peer's early-data budget.
 const RTS_COST: usize = 64;
 /// Connections still in their handshake, at most.
@@ -76,6 +81,16 @@ const SPIN_ROUNDS_PER_CALL: u32 = 8;
 const SPIN_DIRECT_MAX_CONNS: usize = 4;
 /// How often handshake timeouts are checked.
 const TIMER_PERIOD: Duration = Duration::from_millis(50);
+/// Longest one blocking `recv` of a direct wait lasts (`SO_RCVTIMEO`; the kernel rounds it up to
+/// whole ticks, so a little more): what bounds the delay of anything a direct wait cannot see.
+const DIRECT_RECV_TIMEOUT: Duration = Duration::from_millis(5);
+/// Direct waits only for progress calls allowed to block at least this long, so the rounded-up
+/// receive timeout never outlasts the caller's bound.
+const DIRECT_MIN_WAIT: Duration = Duration::from_millis(50);
+/// Every this many direct waits, one epoll round instead (accepts, the waker, stray events).
+const DIRECT_EPOLL_EVERY: u32 = 32;
+/// Progress rounds without direct waits after another thread needed the driver during one.
+const DIRECT_HOLDOFF: u32 = 256;
 
 /// The TCP backend.
 pub(crate) struct TcpBackend {
@@ -87,8 +102,10 @@ pub(crate) struct TcpBackend {
     pool: BufPool,
     endpoint_id: u64,
     local: Option<Address>,
-    /// A driver is asleep in epoll: posts must write themselves.
+    /// A driver is asleep (in epoll or a direct wait): posts must write themselves.
     blocked: AtomicBool,
+    /// `wake` was called: a direct wait could not have seen it, so the next rounds use epoll.
+    woken: AtomicBool,
 }
 
 struct Poller {
@@ -249,7 +266,9 @@ enum Phase {
 }
 
 struct Conn {
-    sock: TcpStream,
+    /// Shared so a driver can block in `recv` on it without holding the state lock (see
+    /// [`TcpBackend::direct_wait`]); registered with epoll by fd.
+    sock: Arc<TcpStream>,
     sl: ServiceLevel,
     peer: Option<PeerId>,
     remote: SocketAddr,
@@ -265,12 +284,19 @@ struct Conn {
     writable: bool,
     /// The last read was short: the socket had nothing more at that moment.
     drained: bool,
+    /// `drained` was set by a direct wait for the turn about to run, so it can be trusted.
+    drained_fresh: bool,
+    /// Set up for direct waits (blocking mode, receive timeout): `None` = not tried yet.
+    direct: Option<bool>,
+    /// The last body was read straight into its destination: read the next header alone, so
+    /// that if another large body follows it is not staged (and copied) in part.
+    bulk: bool,
 }
 
 impl Conn {
     fn new(sock: TcpStream, remote: SocketAddr, sl: ServiceLevel, phase: Phase) -> Conn {
         Conn {
-            sock,
+            sock: Arc::new(sock),
             sl,
             peer: None,
             remote,
@@ -285,6 +311,9 @@ impl Conn {
             readable: true,
             writable: false,
             drained: false,
+            drained_fresh: false,
+            direct: None,
+            bulk: false,
         }
     }
 
@@ -296,9 +325,9 @@ impl Conn {
         !self.hs_tx.is_empty() || (self.is_ready() && !self.tx.is_empty())
     }
 
-    /// Reads more into the staging buffer.
-    fn fill(&mut self) -> io::Result<usize> {
-        fill(&self.sock, &mut self.rxbuf, &mut self.rx_start, &mut self.rx_end)
+    /// Reads more into the staging buffer (at most `max` bytes); returns (read, room).
+    fn fill(&mut self, max: usize) -> io::Result<(usize, usize)> {
+        fill(&self.sock, &mut self.rxbuf, &mut self.rx_start, &mut self.rx_end, max)
     }
 }
 
@@ -327,6 +356,14 @@ struct State {
     events: u64,
     /// Reused to avoid an allocation per flush.
     scratch_tokens: Vec<Token>,
+    /// A driver is blocked in a direct wait (its connection's staging buffer is lent out).
+    in_direct: bool,
+    /// The last direct wait timed out: epoll until a socket event shows the connection busy.
+    direct_idle: bool,
+    /// Progress rounds left without direct waits (see [`DIRECT_HOLDOFF`]).
+    direct_holdoff: u32,
+    /// Direct waits since the last epoll round.
+    direct_rounds: u32,
     closed: bool,
     core: Arc<Core>,
 }
@@ -407,6 +444,10 @@ impl TcpBackend {
             timer_rounds: 0,
             events: 0,
             scratch_tokens: Vec::new(),
+            in_direct: false,
+            direct_idle: false,
+            direct_holdoff: 0,
+            direct_rounds: 0,
             closed: false,
             core: core.clone(),
         };
@@ -421,6 +462,7 @@ impl TcpBackend {
             endpoint_id,
             local,
             blocked: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
         })
     }
 
@@ -428,7 +470,8 @@ impl TcpBackend {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Hands completions gathered under the state lock to the core.
+    /// Hands completions gathered under the state lock to the core, and unlocks.
+    #[inline]
     fn deliver(&self, mut st: MutexGuard<'_, State>) {
         // Lock order is backend state, then core; the core never calls back into a backend.
         if !st.done.is_empty() {
@@ -470,6 +513,7 @@ impl Backend for TcpBackend {
             return Err(Error::Closed);
         }
         let r = st.post(&self.registry, op, cmd);
+        let was_direct = st.in_direct;
         // Write at once (BMI's "completed immediately" path) unless batching: then frames go
         // out at the next progress round, so back-to-back posts share one writev and one
         // wake-up of the receiver — except when a driver sleeps in epoll and would not run that
@@ -483,6 +527,9 @@ impl Backend for TcpBackend {
                 st.flush_ready();
             }
         }
+        if was_direct {
+            st.after_foreign_call();
+        }
         self.deliver(st);
         r
     }
@@ -491,6 +538,9 @@ impl Backend for TcpBackend {
         let mut st = self.lock();
         st.cancel(op, why);
         st.flush_ready();
+        if st.in_direct {
+            st.after_foreign_call();
+        }
         self.deliver(st);
     }
 
@@ -500,14 +550,26 @@ impl Backend for TcpBackend {
         }
         let mut guard = self.poller.lock().unwrap_or_else(|p| p.into_inner());
         let mut timeout = timeout;
-        {
+        let direct = {
             // Write what posts queued; if that completed something, do not sleep.
             let mut st = self.lock();
             st.flush_ready();
             if !st.done.is_empty() {
                 timeout = Duration::ZERO;
             }
+            if self.woken.load(Ordering::Relaxed) && self.woken.swap(false, Ordering::Relaxed) {
+                st.direct_holdoff = DIRECT_HOLDOFF;
+            }
+            let direct = if timeout >= DIRECT_MIN_WAIT { st.direct_candidate() } else { None };
+            if direct.is_some() {
+                // Set under the state lock: every later post sees it and writes itself.
+                self.blocked.store(true, Ordering::Release);
+            }
             self.deliver(st);
+            direct
+        };
+        if let Some(d) = direct {
+            return self.direct_wait(d);
         }
         let poller = &mut *guard;
         let blocking = !timeout.is_zero();
@@ -529,6 +591,11 @@ impl Backend for TcpBackend {
         }
         let mut guard_st = self.lock();
         let st = &mut *guard_st;
+        st.direct_rounds = 0;
+        if !poller.events.is_empty() {
+            // Sockets are busy again: direct waits may pay.
+            st.direct_idle = false;
+        }
         for ev in poller.events.iter() {
             match ev.token() {
                 LISTENER => st.accept(&self.registry),
@@ -558,6 +625,7 @@ impl Backend for TcpBackend {
     }
 
     fn wake(&self) {
+        self.woken.store(true, Ordering::Relaxed);
         let _ = self.waker.wake();
     }
 
@@ -609,8 +677,8 @@ impl Backend for TcpBackend {
         st.closed = true;
         let tokens: Vec<Token> = st.conns.keys().copied().collect();
         for t in tokens {
-            if let Some(mut c) = st.conns.remove(&t) {
-                let _ = self.registry.deregister(&mut c.sock);
+            if let Some(c) = st.conns.remove(&t) {
+                let _ = self.registry.deregister(&mut SourceFd(&c.sock.as_raw_fd()));
             }
         }
         if let Some(mut l) = st.listener.take() {
@@ -652,7 +720,123 @@ impl TcpBackend {
     }
 }
 
+/// What a direct wait needs, taken under the state lock.
+struct DirectWait {
+    token: Token,
+    sock: Arc<TcpStream>,
+    /// The connection's (empty) staging buffer, lent to the waiting driver.
+    buf: Box<[u8]>,
+    /// Bytes to read at most.
+    want: usize,
+}
+
+impl TcpBackend {
+    /// Block mode with a single quiet connection: one blocking `recv` on its socket, straight
+    /// into its staging buffer, instead of `epoll_wait` + `recv` — the same single system call
+    /// per message as a plain blocking socket, and the kernel's direct wake-up of a reader.
+    ///
+    /// What this `recv` cannot see (a new connection on the listener, `wake`, frames another
+    /// thread queued) waits at most [`DIRECT_RECV_TIMEOUT`]; a quiet connection goes back to
+    /// epoll after one timeout, and epoll is polled every [`DIRECT_EPOLL_EVERY`] direct waits.
+    fn direct_wait(&self, d: DirectWait) -> Result<()> {
+        let DirectWait { token, sock, mut buf, want } = d;
+        let r = rustix::net::recv(&*sock, &mut buf[..want], RecvFlags::empty());
+        self.blocked.store(false, Ordering::Release);
+        let mut st = self.lock();
+        st.in_direct = false;
+        // Closed meanwhile (by another thread): the bytes go with it.
+        let Some(c) = st.conns.get_mut(&token) else { return Ok(()) };
+        c.rxbuf = buf;
+        match r {
+            Ok((0, _)) => st.conn_failed(token, Loss::Lost("connection closed by peer".into())),
+            Ok((n, _)) => {
+                c.rx_end = n;
+                c.drained = n < want;
+                c.drained_fresh = true;
+                c.readable = true;
+                st.read_ready.push_back(token);
+                st.run_reads();
+            }
+            // The receive timeout: this connection went quiet.
+            Err(rustix::io::Errno::AGAIN) => st.direct_idle = true,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => st.conn_failed(token, Loss::Lost(format!("read: {e}"))),
+        }
+        st.flush_ready();
+        self.deliver(st);
+        Ok(())
+    }
+}
+
 impl State {
+    /// The lone connection, if a direct wait may be used on it now; lends out its staging
+    /// buffer (it is empty) and marks the driver as in a direct wait.
+    fn direct_candidate(&mut self) -> Option<DirectWait> {
+        if self.direct_holdoff > 0 {
+            self.direct_holdoff -= 1;
+            return None;
+        }
+        if self.direct_idle
+            || self.conns.len() != 1
+            || !self.write_ready.is_empty()
+            || !self.read_ready.is_empty()
+            || !self.done.is_empty()
+        {
+            return None;
+        }
+        self.direct_rounds += 1;
+        if self.direct_rounds > DIRECT_EPOLL_EVERY {
+            return None;
+        }
+        let (&token, c) = self.conns.iter_mut().next()?;
+        let staging_empty = c.rx_start == c.rx_end;
+        let rx_small = match &c.rx {
+            Rx::Header => true,
+            // A large remainder is read straight into its destination, not staged.
+            Rx::Payload { hdr, got, .. } => (hdr.len as usize).saturating_sub(*got) < DIRECT_READ_MIN,
+            Rx::Stalled(_) => false,
+        };
+        // In bulk mode the direct wait reads a header alone, and a body only through the
+        // normal path (straight into its destination).
+        let rx_small = rx_small && (!c.bulk || matches!(c.rx, Rx::Header));
+        if !(c.is_ready() && staging_empty && rx_small && !c.has_tx()) {
+            return None;
+        }
+        if c.direct.is_none() {
+            // Once per connection: blocking mode with a receive timeout. Every other read and
+            // write on it passes MSG_DONTWAIT, so nothing else ever blocks.
+            let s = SockRef::from(&*c.sock);
+            let ok =
+                s.set_read_timeout(Some(DIRECT_RECV_TIMEOUT)).is_ok() && s.set_nonblocking(false).is_ok();
+            c.direct = Some(ok);
+        }
+        if c.direct != Some(true) {
+            return None;
+        }
+        c.rx_start = 0;
+        c.rx_end = 0;
+        self.in_direct = true;
+        let want = if c.bulk { HEADER_LEN } else { RX_BUF };
+        Some(DirectWait { token, sock: c.sock.clone(), buf: mem::take(&mut c.rxbuf), want })
+    }
+
+    /// A connection leaving while a driver may be blocked reading it: end that read now (the
+    /// socket itself closes when the driver lets go of it).
+    fn wake_direct_reader(&self, c: &Conn) {
+        if self.in_direct {
+            let _ = c.sock.shutdown(std::net::Shutdown::Read);
+        }
+    }
+
+    /// Another thread called in while a driver was in a direct wait: if it left work only an
+    /// epoll round sees (unwritten frames, a new connection), stop direct waits for a while.
+    fn after_foreign_call(&mut self) {
+        let needs_epoll = self.conns.len() != 1 || self.conns.values().any(|c| c.has_tx() || !c.is_ready());
+        if needs_epoll {
+            self.direct_holdoff = DIRECT_HOLDOFF;
+        }
+    }
+
     fn new_peer(&mut self, dial: Option<SocketAddr>, remote: Option<SocketAddr>) -> PeerId {
         let id = PeerId(self.peers.len() as u32);
         self.peers.push(Peer {
@@ -676,26 +860,30 @@ impl State {
     }
 
     fn complete(&mut self, op: OpId, result: Result<usize>) {
-        let Some(o) = self.ops.get_mut(&op) else { return };
+        let std::collections::hash_map::Entry::Occupied(mut e) = self.ops.entry(op) else { return };
+        let o = e.get_mut();
         if o.outcome.is_none() {
             o.outcome = Some(result);
         }
         o.st = OpSt::Finishing;
         if o.frames == 0 {
-            self.deliver_op(op);
+            let o = e.remove();
+            self.push_done(op, o);
         }
     }
 
     fn deliver_op(&mut self, op: OpId) {
-        let Some(o) = self.ops.remove(&op) else { return };
-        let mut c = Completion::new(op, o.kind, o.peer, o.tag);
-        c.result = o.outcome.unwrap_or(Ok(0));
-        c.buf = o.buf;
-        c.reply = o.reply;
-        c.mechanism = o.mech;
-        if let (Ok(n), Some(m)) = (&c.result, c.mechanism) {
+        if let Some(o) = self.ops.remove(&op) {
+            self.push_done(op, o);
+        }
+    }
+
+    /// Turns a finished op into its completion, built in place.
+    fn push_done(&mut self, op: OpId, o: Op) {
+        let result = o.outcome.unwrap_or(Ok(0));
+        if let (Ok(n), Some(m)) = (&result, o.mech) {
             self.core.counters.mechanism(m);
-            match c.kind {
+            match o.kind {
                 OpKind::Recv | OpKind::Get | OpKind::Pull => {
                     Counters::add(&self.core.counters.bytes_received, *n as u64)
                 }
@@ -705,7 +893,16 @@ impl State {
                 _ => {}
             }
         }
-        self.done.push(c);
+        self.done.push(Completion {
+            op,
+            kind: o.kind,
+            peer: o.peer,
+            tag: o.tag,
+            result,
+            buf: o.buf,
+            reply: o.reply,
+            mechanism: o.mech,
+        });
     }
 
     fn release_frame(&mut self, op: OpId) {
@@ -889,13 +1086,18 @@ impl State {
             // completes here, without entering the op table or the send queue.
             let sent = match self.write_now(t, &hdr, &buf) {
                 WriteNow::All => {
-                    let mut c = Completion::new(op, kind, peer, tag);
-                    c.result = Ok(len);
-                    c.buf = OpBuf::Send(buf);
-                    c.mechanism = Some(Mechanism::Inline);
                     self.core.counters.mechanism(Mechanism::Inline);
                     Counters::add(&self.core.counters.bytes_sent, len as u64);
-                    self.done.push(c);
+                    self.done.push(Completion {
+                        op,
+                        kind,
+                        peer,
+                        tag,
+                        result: Ok(len),
+                        buf: OpBuf::Send(buf),
+                        reply: None,
+                        mechanism: Some(Mechanism::Inline),
+                    });
                     return Ok(());
                 }
                 WriteNow::Part(n) => n,
@@ -939,17 +1141,30 @@ impl State {
         if !(c.is_ready() && c.writable && c.tx.is_empty() && c.hs_tx.is_empty()) {
             return WriteNow::NotNow;
         }
-        let mut iov = IoVec::default();
-        iov.push(hdr);
-        let mut segs = 0;
-        buf.for_each_slice(0, buf.len(), |s| {
-            segs += 1;
-            iov.push(s)
-        });
-        if segs >= MAX_IOV {
-            return WriteNow::NotNow;
-        }
-        match (&c.sock).write_vectored(iov.slices()) {
+        let r = match buf {
+            // A small frame is written from one buffer: `send` takes a plain buffer where
+            // `sendmsg` first copies in a message header and an iovec array.
+            SendBuf::Bytes(b) if b.len() <= SMALL_FRAME - HEADER_LEN => {
+                let mut one = [0u8; SMALL_FRAME];
+                one[..HEADER_LEN].copy_from_slice(hdr);
+                one[HEADER_LEN..HEADER_LEN + b.len()].copy_from_slice(b);
+                send_one_now(&c.sock, &one[..HEADER_LEN + b.len()])
+            }
+            _ => {
+                let mut iov = IoVec::default();
+                iov.push(hdr);
+                let mut segs = 0;
+                buf.for_each_slice(0, buf.len(), |s| {
+                    segs += 1;
+                    iov.push(s)
+                });
+                if segs >= MAX_IOV {
+                    return WriteNow::NotNow;
+                }
+                send_now(&c.sock, iov.slices())
+            }
+        };
+        match r {
             Ok(n) if n == HEADER_LEN + buf.len() => WriteNow::All,
             Ok(n) => WriteNow::Part(n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -1477,6 +1692,7 @@ impl State {
     fn close_conn(&mut self, t: Token) {
         self.write_ready.remove(&t);
         let Some(c) = self.conns.remove(&t) else { return };
+        self.wake_direct_reader(&c);
         for f in c.hs_tx.into_iter().chain(c.tx) {
             if let Some((op, _, _)) = f.op_part {
                 self.release_frame(op);
@@ -1517,7 +1733,7 @@ impl State {
         all.dedup();
         for t in all {
             if let Some(c) = self.conns.remove(&t) {
-                drop(c);
+                self.wake_direct_reader(&c);
             }
             self.write_ready.remove(&t);
         }
@@ -1571,7 +1787,14 @@ impl State {
     // ----------------------------------------------------------------------------------------
 
     /// Writes queued frames on writable connections, classes served by the weighted scheduler.
+    #[inline]
     fn flush_ready(&mut self) {
+        if !self.write_ready.is_empty() {
+            self.flush_ready_slow();
+        }
+    }
+
+    fn flush_ready_slow(&mut self) {
         while !self.write_ready.is_empty() {
             // One pass: which classes have a writable connection with something to send.
             let mut backlog = [false; ServiceLevel::COUNT];
@@ -1637,7 +1860,7 @@ impl State {
                     }
                 }
             }
-            let r = (&c.sock).write_vectored(iov.slices());
+            let r = send_now(&c.sock, iov.slices());
             drop(iov);
             match r {
                 Ok(0) => {
@@ -1730,7 +1953,10 @@ impl State {
         // `drained` describes the last read of this turn only: whatever raised this turn may
         // have brought new bytes.
         if let Some(c) = self.conns.get_mut(&t) {
-            c.drained = false;
+            // ... unless the turn was raised by a direct wait's read, which is this turn's read.
+            if !mem::take(&mut c.drained_fresh) {
+                c.drained = false;
+            }
         }
         loop {
             let Some(c) = self.conns.get_mut(&t) else { return false };
@@ -1759,6 +1985,12 @@ impl State {
                             h.check_limits(&lim).map(|_| h)
                         });
                         c.rx_start += HEADER_LEN;
+                        if let Ok(h) = &hdr
+                            && (h.len as usize) < DIRECT_READ_MIN
+                        {
+                            // Small frames: back to reading as much as there is.
+                            c.bulk = false;
+                        }
                         match hdr {
                             Ok(h) => self.on_header(t, h),
                             Err(e) => {
@@ -1768,13 +2000,13 @@ impl State {
                         }
                         continue;
                     }
-                    let room = c.rxbuf.len() - if c.rx_start == c.rx_end { 0 } else { c.rx_end };
-                    match c.fill() {
-                        Ok(0) => {
+                    let max = if c.bulk { HEADER_LEN - (c.rx_end - c.rx_start) } else { usize::MAX };
+                    match c.fill(max) {
+                        Ok((0, _)) => {
                             self.conn_failed(t, Loss::Lost("connection closed by peer".into()));
                             return false;
                         }
-                        Ok(n) => {
+                        Ok((n, room)) => {
                             budget = budget.saturating_sub(n);
                             // A short read drained the socket: anything arriving later raises a
                             // new edge, so skip the read that would only say EAGAIN.
@@ -1813,7 +2045,7 @@ impl State {
         let (moved, complete) = {
             let State { conns, ops, exposures, .. } = self;
             let Some(c) = conns.get_mut(&t) else { return Ok(Some(0)) };
-            let Conn { sock, rx, rxbuf, rx_start, rx_end, drained, .. } = c;
+            let Conn { sock, rx, rxbuf, rx_start, rx_end, drained, bulk, .. } = c;
             let Rx::Payload { hdr, sink, got } = rx else { return Ok(Some(0)) };
             let total = hdr.len as usize;
             let mut moved = 0;
@@ -1827,27 +2059,36 @@ impl State {
                 moved += n;
             }
             // 2. From the socket: straight into the destination when a lot remains, else staged.
-            if *got < total && *rx_start == *rx_end {
+            //    Not after a short read in this turn: the socket was empty, and whatever comes
+            //    next raises a new turn.
+            if *got < total && *rx_start == *rx_end && *drained {
+                if moved == 0 {
+                    return Ok(None);
+                }
+            } else if *got < total && *rx_start == *rx_end {
                 let remaining = total - *got;
-                let dst =
-                    if remaining >= DIRECT_READ_MIN { sink_slice(sink, *got, remaining, ops) } else { None };
+                // Once a body is read directly, its tail is too: staging the tail would also stage
+                // the start of whatever follows.
+                let dst = if remaining >= DIRECT_READ_MIN || *bulk {
+                    sink_slice(sink, *got, remaining, ops)
+                } else {
+                    None
+                };
                 // Record whether the socket was drained: a short read means nothing more was
                 // there; a full one means there may be more.
                 let r = match dst {
                     Some(dst) => {
                         let want = dst.len();
-                        (&*sock).read(dst).map(|n| {
+                        recv_now(sock, dst).map(|n| {
                             *drained = n < want;
+                            *bulk = true;
                             (n, true)
                         })
                     }
-                    None => {
-                        let room = rxbuf.len() - if *rx_start == *rx_end { 0 } else { *rx_end };
-                        fill(sock, rxbuf, rx_start, rx_end).map(|n| {
-                            *drained = n < room;
-                            (n, false)
-                        })
-                    }
+                    None => fill(sock, rxbuf, rx_start, rx_end, usize::MAX).map(|(n, room)| {
+                        *drained = n < room;
+                        (n, false)
+                    }),
                 };
                 match r {
                     Ok((0, _)) => return Err(Loss::Lost("connection closed by peer".into())),
@@ -1925,6 +2166,8 @@ impl State {
                     if len > cap {
                         self.complete(op, Err(Error::Truncated { len: len as u64, capacity: cap as u64 }));
                         Sink::Discard
+                    } else if self.eager_from_staging(t, op, &h) {
+                        return;
                     } else {
                         if let Some(o) = self.ops.get_mut(&op) {
                             o.st = OpSt::Receiving;
@@ -2124,6 +2367,27 @@ impl State {
         if len == 0 {
             self.finish_empty(t);
         }
+    }
+
+    /// A matched eager message whose payload is already wholly staged (the usual case for small
+    /// messages) is copied and completed at once, without going through the payload state.
+    fn eager_from_staging(&mut self, t: Token, op: OpId, h: &Header) -> bool {
+        let len = h.len as usize;
+        let State { conns, ops, .. } = self;
+        let Some(c) = conns.get_mut(&t) else { return false };
+        if c.rx_end - c.rx_start < len {
+            return false;
+        }
+        let Some(o) = ops.get_mut(&op) else { return false };
+        if let OpBuf::Recv(b) = &mut o.buf {
+            b.copy_in(0, &c.rxbuf[c.rx_start..c.rx_start + len]);
+        }
+        c.rx_start += len;
+        o.sl = h.sl;
+        o.mech = Some(Mechanism::Inline);
+        Counters::add(&self.core.counters.msgs_received, 1);
+        self.complete(op, Ok(len));
+        true
     }
 
     fn finish_header_only(&mut self, t: Token) {
@@ -2501,8 +2765,15 @@ fn tune(sock: &SockRef<'_>, cfg: &Config, sl: ServiceLevel, v4: bool) {
     let _ = sock.set_priority(u32::from(cfg.so_priority[sl.index()]));
 }
 
-/// Reads more into a staging buffer, compacting it first when the tail is full.
-fn fill(sock: &TcpStream, rxbuf: &mut [u8], start: &mut usize, end: &mut usize) -> io::Result<usize> {
+/// Reads up to `max` more bytes into a staging buffer, compacting it first when the tail is
+/// full. Returns the bytes read and the room the read had (a short read drained the socket).
+fn fill(
+    sock: &TcpStream,
+    rxbuf: &mut [u8],
+    start: &mut usize,
+    end: &mut usize,
+    max: usize,
+) -> io::Result<(usize, usize)> {
     if *start == *end {
         *start = 0;
         *end = 0;
@@ -2511,9 +2782,27 @@ fn fill(sock: &TcpStream, rxbuf: &mut [u8], start: &mut usize, end: &mut usize) 
         *end -= *start;
         *start = 0;
     }
-    let n = (&*sock).read(&mut rxbuf[*end..])?;
+    let room = (rxbuf.len() - *end).min(max);
+    let n = recv_now(sock, &mut rxbuf[*end..*end + room])?;
     *end += n;
-    Ok(n)
+    Ok((n, room))
+}
+
+/// Receives what is there now, whatever the socket's blocking mode (a connection used for
+/// [`TcpBackend::direct_wait`] is left in blocking mode).
+fn recv_now(sock: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    Ok(rustix::net::recv(sock, buf, RecvFlags::DONTWAIT)?.0)
+}
+
+/// Like [`send_now`] for one contiguous buffer.
+fn send_one_now(sock: &TcpStream, buf: &[u8]) -> io::Result<usize> {
+    Ok(rustix::net::send(sock, buf, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)?)
+}
+
+/// Writes what fits now, whatever the socket's blocking mode; never raises `SIGPIPE`.
+fn send_now(sock: &TcpStream, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+    let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+    Ok(rustix::net::sendmsg(sock, iov, &mut SendAncillaryBuffer::default(), flags)?)
 }
 
 /// iovecs for one `writev`, inline on the stack up to 16 (no allocation, no initialisation of
