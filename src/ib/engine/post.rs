@@ -893,8 +893,13 @@ impl<V: Verbs> State<V> {
     pub(crate) fn pump_all(&mut self) {
         let n = self.conns.len();
         for cid in 0..n as u32 {
+            // Ring slots due back go in an explicit message even when nothing else is owed:
+            // a sender streaming fast-RDMA writes waits for them.
             let go = self.conn(cid).is_some_and(|c| {
-                c.ready && (!c.out.is_empty() || c.credits.as_ref().is_some_and(|k| k.owed() > 0))
+                c.ready
+                    && (!c.out.is_empty()
+                        || c.credits.as_ref().is_some_and(|k| k.owed() > 0)
+                        || c.ring_rx.should_return())
             });
             if go {
                 self.pump(cid);
