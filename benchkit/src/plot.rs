@@ -48,7 +48,16 @@ impl Scale {
                     units::size(2f64.powf(t.round()))
                 }
             }
-            Scale::Log10 => trim_number(10f64.powf(t)),
+            Scale::Log10 => {
+                // Label only the 1-2-5 values; ticks in between stay bare.
+                let v = 10f64.powf(t);
+                let mantissa = v / 10f64.powf(t.floor());
+                if [1.0, 2.0, 5.0, 10.0].iter().any(|m| (mantissa - m).abs() < 1e-3 * m) {
+                    trim_number(v)
+                } else {
+                    String::new()
+                }
+            }
         }
     }
 }
@@ -387,6 +396,8 @@ mod tests {
         assert_eq!(Scale::Log2Bytes.label(10.0), "1 KiB");
         assert_eq!(Scale::Log2Bytes.label(10.5), "");
         assert_eq!(Scale::Log10.label(2.0), "100");
+        assert_eq!(Scale::Log10.label(2.0f64.log10()), "2.00");
+        assert_eq!(Scale::Log10.label(1.5), "");
         assert_eq!(Scale::Linear.label(2.5), "2.50");
     }
 }
