@@ -67,6 +67,7 @@ pub struct IbConfig {
     pub(crate) regcache_bytes: usize,
     pub(crate) cancel_grace: Duration,
     pub(crate) soft_pin_budget: Option<u64>,
+    pub(crate) list_alloc_hint: bool,
 }
 
 impl Default for IbConfig {
@@ -86,6 +87,7 @@ impl Default for IbConfig {
             regcache_bytes: crate::regcache::DEFAULT_MAX_PINNED_BYTES,
             cancel_grace: Duration::from_secs(5),
             soft_pin_budget: None,
+            list_alloc_hint: false,
         }
     }
 }
@@ -161,6 +163,17 @@ impl IbConfig {
     /// Software provider only: a pin budget in bytes, to exercise registration failures.
     pub fn soft_pin_budget(mut self, bytes: Option<u64>) -> Self {
         self.soft_pin_budget = bytes;
+        self
+    }
+
+    /// Treat the pieces of one gather / scatter list as parts of one allocation (default off):
+    /// a list buffer that must be registered for the peer's RDMA is then registered as one
+    /// region spanning its pieces, so the rows of one array cost one registration instead of
+    /// one each (the allocation hint of paper 000 §5). The span includes the gaps between the
+    /// pieces, which the peer can then reach too: enable it only for lists cut from one
+    /// allocation whose gaps the peer may see.
+    pub fn list_alloc_hint(mut self, on: bool) -> Self {
+        self.list_alloc_hint = on;
         self
     }
 
