@@ -256,7 +256,9 @@ impl BarChart {
         }
         let mut svg = String::new();
         {
-            let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+            // Room for the category labels: wider with many groups.
+            let width = SIZE.0.max(110 * self.groups.len() as u32 + 120);
+            let root = SVGBackend::with_string(&mut svg, (width, SIZE.1)).into_drawing_area();
             root.fill(&WHITE).map_err(|e| err(&e))?;
             self.draw(&root, ymax.max(f64::MIN_POSITIVE) * 1.15).map_err(|e| err(&e))?;
             root.present().map_err(|e| err(&e))?;

@@ -149,6 +149,9 @@ enum Cmd {
         /// Skip the 8-byte busy-poll round trip.
         #[arg(long)]
         no_spin: bool,
+        /// Bandwidth only (no round trips).
+        #[arg(long)]
+        bw_only: bool,
         /// Messages in flight in bandwidth runs.
         #[arg(long, default_value_t = 16)]
         window: usize,
@@ -341,12 +344,12 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
         Some(Cmd::Compare { transport, runs, quick, csv, markdown }) => {
             compare(parse_scheme(&transport)?, runs.max(1), quick, csv, markdown)
         }
-        Some(Cmd::Ab { transports, lat_sizes, bw_sizes, no_spin, window, common }) => {
+        Some(Cmd::Ab { transports, lat_sizes, bw_sizes, no_spin, bw_only, window, common }) => {
             let mut o = ab::AbOpts::new(transports, common.runs, common.quick);
             o.pin = !common.no_pin;
-            o.lat_sizes = parse_sizes(&lat_sizes)?;
+            o.lat_sizes = if bw_only { Vec::new() } else { parse_sizes(&lat_sizes)? };
             o.bw_sizes = parse_sizes(&bw_sizes)?;
-            o.spin = !no_spin;
+            o.spin = !no_spin && !bw_only;
             o.window = window;
             let s = ab::run(&o)?;
             let (md, plots) = ab::render(&s, &common.link_prefix)?;
