@@ -238,29 +238,40 @@ pub struct BarChart {
     pub groups: Vec<String>,
     /// Series name and one value per group (missing: no bar).
     pub series: Vec<(String, Vec<Option<Summary>>)>,
+    /// Logarithmic value axis (for values spanning decades).
+    pub log_y: bool,
 }
 
 impl BarChart {
-    /// Renders the chart as an SVG document.
+    /// Renders the chart as an SVG document: horizontal bars, one band per group (category
+    /// names need no rotation however long), values along x.
     pub fn render_svg(&self) -> Result<String, PlotError> {
         let err = |e: &dyn std::fmt::Display| PlotError { title: self.title.clone(), message: e.to_string() };
-        let ymax = self
+        let vals: Vec<f64> = self
             .series
             .iter()
             .flat_map(|(_, v)| v.iter().flatten())
-            .map(|s| s.max)
-            .filter(|v| v.is_finite())
-            .fold(f64::MIN, f64::max);
-        if ymax == f64::MIN || self.groups.is_empty() {
+            .flat_map(|s| [s.min, s.max])
+            .filter(|v| v.is_finite() && (!self.log_y || *v > 0.0))
+            .collect();
+        if vals.is_empty() || self.groups.is_empty() {
             return Err(err(&"no finite values"));
         }
+        let hi = vals.iter().copied().fold(f64::MIN, f64::max);
+        let lo = vals.iter().copied().fold(f64::MAX, f64::min);
+        let scale = if self.log_y { Scale::Log10 } else { Scale::Linear };
+        let range = if self.log_y {
+            ((lo / 2.0).log10().floor(), (hi * 2.0).log10())
+        } else {
+            (0.0, hi.max(f64::MIN_POSITIVE) * 1.15)
+        };
         let mut svg = String::new();
         {
-            // Room for the category labels: wider with many groups.
-            let width = SIZE.0.max(110 * self.groups.len() as u32 + 120);
-            let root = SVGBackend::with_string(&mut svg, (width, SIZE.1)).into_drawing_area();
+            let band = 20 * self.series.len().max(1) as u32 + 16;
+            let height = 360u32.max(band * self.groups.len() as u32 + 140);
+            let root = SVGBackend::with_string(&mut svg, (SIZE.0, height)).into_drawing_area();
             root.fill(&WHITE).map_err(|e| err(&e))?;
-            self.draw(&root, ymax.max(f64::MIN_POSITIVE) * 1.15).map_err(|e| err(&e))?;
+            self.draw(&root, scale, range).map_err(|e| err(&e))?;
             root.present().map_err(|e| err(&e))?;
         }
         Ok(svg)
@@ -269,43 +280,49 @@ impl BarChart {
     fn draw(
         &self,
         root: &DrawingArea<SVGBackend<'_>, Shift>,
-        ymax: f64,
+        scale: Scale,
+        (v0, v1): (f64, f64),
     ) -> Result<(), Box<dyn std::error::Error + '_>> {
-        let n = self.groups.len() as f64;
+        let n = self.groups.len();
+        let longest = self.groups.iter().map(|g| g.chars().count()).max().unwrap_or(0) as u32;
         let mut chart = ChartBuilder::on(root)
             .caption(&self.title, ("sans-serif", 20))
             .margin(12)
             .x_label_area_size(44)
-            .y_label_area_size(70)
-            .build_cartesian_2d(-0.5..n - 0.5, 0.0..ymax)?;
+            .y_label_area_size(7 * longest + 24)
+            .build_cartesian_2d(v0..v1, -0.5..n as f64 - 0.5)?;
+        // Group 0 at the top.
+        let row = move |gi: usize| (n - 1 - gi) as f64;
         let groups = self.groups.clone();
-        let xfmt = move |t: &f64| {
+        let yfmt = move |t: &f64| {
             let i = t.round();
-            if (t - i).abs() < 1e-6 && i >= 0.0 {
-                groups.get(i as usize).cloned().unwrap_or_default()
+            if (t - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < n {
+                groups.get(n - 1 - i as usize).cloned().unwrap_or_default()
             } else {
                 String::new()
             }
         };
         chart
             .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(self.groups.len() * 2 + 1)
-            .x_label_formatter(&xfmt)
-            .y_label_formatter(&|v: &f64| trim_number(*v))
-            .y_desc(self.y_desc.as_str())
+            .disable_y_mesh()
+            .y_labels(n * 2 + 1)
+            .y_label_formatter(&yfmt)
+            .y_label_style(("sans-serif", 13))
+            .x_label_formatter(&|v: &f64| scale.label(*v))
+            .x_desc(self.y_desc.as_str())
             .light_line_style(RGBColor(235, 235, 235))
             .draw()?;
         let k = self.series.len().max(1) as f64;
-        let width = 0.8 / k;
+        let height = 0.8 / k;
         for (si, (name, vals)) in self.series.iter().enumerate() {
             let c = color(si);
-            let left = |gi: usize| gi as f64 - 0.4 + si as f64 * width;
+            // Series top to bottom within a band.
+            let top = move |gi: usize| row(gi) + 0.4 - si as f64 * height;
             chart
                 .draw_series(vals.iter().enumerate().filter_map(|(gi, v)| {
                     v.map(|s| {
                         Rectangle::new(
-                            [(left(gi) + 0.02, 0.0), (left(gi) + width - 0.02, s.median)],
+                            [(v0, top(gi) - 0.02), (scale.fwd(s.median), top(gi) - height + 0.02)],
                             c.filled(),
                         )
                     })
@@ -314,11 +331,11 @@ impl BarChart {
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
             chart.draw_series(vals.iter().enumerate().filter_map(|(gi, v)| {
                 v.filter(|s| s.n > 1).map(|s| {
-                    ErrorBar::new_vertical(
-                        left(gi) + width / 2.0,
-                        s.min,
-                        s.median,
-                        s.max,
+                    ErrorBar::new_horizontal(
+                        top(gi) - height / 2.0,
+                        scale.fwd(s.min),
+                        scale.fwd(s.median),
+                        scale.fwd(s.max),
                         BLACK.stroke_width(1),
                         6,
                     )
@@ -327,7 +344,7 @@ impl BarChart {
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
+            .position(SeriesLabelPosition::LowerRight)
             .background_style(WHITE.mix(0.85))
             .border_style(RGBColor(160, 160, 160))
             .draw()?;
@@ -373,6 +390,7 @@ mod tests {
                 ("list I/O".into(), vec![Some(s(&[100.0, 120.0])), Some(s(&[300.0]))]),
                 ("no list I/O".into(), vec![Some(s(&[10.0])), None]),
             ],
+            log_y: true,
         };
         let svg = c.render_svg().unwrap();
         assert!(svg.contains("softib write") && svg.contains("no list I/O"));
@@ -389,7 +407,13 @@ mod tests {
             series: vec![],
         };
         assert!(c.render_svg().is_err());
-        let b = BarChart { title: "b".into(), y_desc: String::new(), groups: vec![], series: vec![] };
+        let b = BarChart {
+            title: "b".into(),
+            y_desc: String::new(),
+            groups: vec![],
+            series: vec![],
+            log_y: false,
+        };
         assert!(b.render_svg().is_err());
     }
 

@@ -330,6 +330,7 @@ pub fn render(s: &Samples, link_prefix: &str) -> Result<(String, Vec<(String, St
             y_desc: "µs".into(),
             groups,
             series,
+            log_y: true,
         };
         let name = "qos.svg".to_string();
         md.push_str(&format!("\n![{name}]({link_prefix}{name})\n"));

@@ -277,7 +277,10 @@ pub fn render(s: &Samples, prefix: &str) -> Result<Report> {
         let chart = BarChart {
             title: "Client CPU seconds per GB by transport and mechanism".into(),
             y_desc: "client CPU s/GB".into(),
-            groups: groups.iter().map(|(t, se, _)| format!("{t} {se}")).collect(),
+            groups: groups
+                .iter()
+                .map(|(t, se, _)| format!("{t} {se}").replace("registered buffer", "reg. buffer"))
+                .collect(),
             series: waits
                 .iter()
                 .map(|w| {
@@ -287,6 +290,7 @@ pub fn render(s: &Samples, prefix: &str) -> Result<Report> {
                     )
                 })
                 .collect(),
+            log_y: true,
         };
         md.push('\n');
         md.push_str(&image(prefix, "cpu.svg"));

@@ -240,6 +240,7 @@ pub fn render(s: &Samples, prefix: &str, t: &Tiles, rows_per_request: u64) -> Re
                     )
                 })
                 .collect(),
+            log_y: false,
         };
         md.push('\n');
         md.push_str(&super::image(prefix, "e5.svg"));

@@ -316,6 +316,7 @@ pub fn render_e4(s: &Samples, prefix: &str, t: &Tiles) -> Result<Report> {
             y_desc: "MB/s".into(),
             groups: groups.into_iter().map(|g| g.2).collect(),
             series: bars,
+            log_y: false,
         };
         md.push('\n');
         md.push_str(&super::image(prefix, "e4.svg"));
