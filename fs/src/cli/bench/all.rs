@@ -189,8 +189,12 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
         }
         None => "plots/".into(),
     };
+    let wanted =
+        |id: &str| (a.only.is_empty() || a.only.iter().any(|o| o == id)) && !a.skip.iter().any(|s| s == id);
     // Fail early, before anything long runs.
-    c.ionet_perf()?;
+    if ["ab", "calibrate", "qos", "e1"].iter().any(|id| wanted(id)) {
+        c.ionet_perf()?;
+    }
     if let Some(f) = &a.update {
         let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
         for (id, _) in STEPS {
@@ -199,9 +203,8 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
     }
     let mut ctx = Ctx::new(c.clone())?;
     ctx.link_prefix = prefix.clone();
-    let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let wanted =
-        |id: &str| (a.only.is_empty() || a.only.iter().any(|o| o == id)) && !a.skip.iter().any(|s| s == id);
+    let command =
+        std::iter::once("stripefs".to_string()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" ");
     let mut sections: Vec<(String, String)> = Vec::new();
     let mut all = Samples::new();
     let mut failed: Vec<String> = Vec::new();
