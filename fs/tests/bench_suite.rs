@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 
 fn bench(out: &Path, args: &[&str]) -> std::process::Output {
-    let o = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+    Command::new(env!("CARGO_BIN_EXE_stripefs"))
         .arg("bench")
         .args(args)
         .arg("--out")
@@ -15,8 +15,7 @@ fn bench(out: &Path, args: &[&str]) -> std::process::Output {
         .arg(out.join("data"))
         .args(["--timeout-min", "5"])
         .output()
-        .expect("stripefs runs");
-    o
+        .expect("stripefs runs")
 }
 
 fn ok(o: &std::process::Output) {
