@@ -6,6 +6,7 @@
 //! `BENCHMARKS.md` between markers ([`doc::splice`]), beside a [`Machine`] description.
 
 pub mod cpu;
+pub mod criterion;
 pub mod doc;
 pub mod machine;
 pub mod md;

@@ -25,6 +25,13 @@ pub struct AllArgs {
     /// Skip these steps.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
+    /// A criterion output directory (`$CARGO_TARGET_DIR/criterion`) to report as the
+    /// micro-benchmark section.
+    #[arg(long)]
+    pub criterion: Option<PathBuf>,
+    /// The command that produced the criterion results (shown beside them).
+    #[arg(long, default_value = "cargo bench")]
+    pub criterion_cmd: String,
 }
 
 /// The steps, in order, with their section titles.
@@ -197,7 +204,7 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
     }
     if let Some(f) = &a.update {
         let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-        for (id, _) in STEPS {
+        for id in STEPS.iter().map(|s| s.0).chain(["summary", "micro"]) {
             doc::splice(&text, &format!("bench-{id}"), "")?;
         }
     }
@@ -251,6 +258,22 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
                 eprintln!("stripefs bench all: {id} FAILED: {e:#}");
                 failed.push(format!("{id}: {e:#}"));
             }
+        }
+    }
+    if let Some(dir) = &a.criterion {
+        let m = benchkit::criterion::read(dir);
+        if m.is_empty() {
+            failed.push(format!("micro: no criterion results under {}", dir.display()));
+        } else {
+            sections.push((
+                "bench-micro".into(),
+                format!(
+                    "### Micro-benchmarks (criterion)\n\nCommand: `{}`. Median time per iteration with the 95 % \
+                     confidence interval of the median (criterion's bootstrap).\n\n{}",
+                    a.criterion_cmd,
+                    benchkit::criterion::table(&m)
+                ),
+            ));
         }
     }
     all.write_csv(&out.join("all.csv"))?;
