@@ -279,7 +279,7 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
     all.write_csv(&out.join("all.csv"))?;
     let total = started.elapsed().as_secs_f64();
     let mut summary = format!(
-        "{}\n\nLoad average at the end: {}. Total {:.1} min. Command: `{command}`.\n\n\
+        "### Summary\n\n{}\n\nLoad average at the end: {}. Total {:.1} min. Command: `{command}`.\n\n\
          Every figure is the median of {} runs with the min–max spread in brackets; ratios are of medians \
          measured in the same run. Buffers are pre-faulted and reused; io servers keep their data on tmpfs; \
          servers are child processes on loopback. Raw samples: `{}/all.csv` and one CSV per step.\n\n",
@@ -290,7 +290,11 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
         out.display()
     );
     if c.quick {
-        summary = format!("**QUICK RUN (smoke check of the suite, not figures to publish).**\n\n{summary}");
+        summary = summary.replacen(
+            "### Summary\n\n",
+            "### Summary\n\n**QUICK RUN (smoke check of the suite, not figures to publish).**\n\n",
+            1,
+        );
     }
     let mut d = Table::new(["step", "seconds"]);
     for (id, s) in &durations {
