@@ -73,26 +73,11 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
     let runs = o.runs.max(1);
 
     // Round trips, blocking waits everywhere (the raw baseline blocks in read(2)).
-    let block: Vec<Pair> = o
-        .transports
-        .iter()
-        .map(|&s| Pair::start(s, Tuning::wait(WaitMode::Block), o.pin))
-        .collect::<Result<_, _>>()?;
-    let mut lat_cases: Vec<(WaitMode, usize)> = o.lat_sizes.iter().map(|&s| (WaitMode::Block, s)).collect();
-    if o.spin {
-        lat_cases.insert(0, (WaitMode::Spin, 8));
-    }
-    let spin: Vec<Pair> = if o.spin {
-        o.transports
-            .iter()
-            .map(|&s| Pair::start(s, Tuning::wait(WaitMode::Spin), o.pin))
-            .collect::<Result<_, _>>()?
-    } else {
-        Vec::new()
+    let start = |wait: WaitMode| -> Result<Vec<Pair>, BoxErr> {
+        o.transports.iter().map(|&s| Pair::start(s, Tuning::wait(wait), o.pin)).collect()
     };
-    for (wait, size) in lat_cases {
+    let mut lat = |pairs: &[Pair], wait: WaitMode, size: usize| -> Result<(), BoxErr> {
         eprintln!("ab: round trips, {} wait, {size} B", wait.name());
-        let pairs = if wait == WaitMode::Spin { &spin } else { &block };
         let p = Params {
             test: Test::Lat,
             size,
@@ -102,16 +87,17 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
             verify: false,
             spin: wait == WaitMode::Spin,
         };
-        let warm = Params { iters: (p.iters / 10).max(10), ..p };
-        raw.run(&warm, None)?;
-        for pr in pairs {
-            over_ionet::run(&pr.ep, pr.peer, &warm, None)?;
-        }
+        // Each implementation gets the iterations that fill `target` (the probe warms it up).
+        let rp = raw.sized(&p, target)?;
+        let ps: Vec<Params> = pairs
+            .iter()
+            .map(|pr| over_ionet::sized(&pr.ep, pr.peer, &p, target))
+            .collect::<Result<_, _>>()?;
         for r in 0..runs {
-            let x = raw.run(&p, None)?;
+            let x = raw.run(&rp, None)?;
             out.push(lat_sample("raw-tcp", "raw", wait, size, r, x.rtt_p50));
-            for pr in pairs {
-                let y = over_ionet::run(&pr.ep, pr.peer, &p, None)?;
+            for (pr, p) in pairs.iter().zip(&ps) {
+                let y = over_ionet::run(&pr.ep, pr.peer, p, None)?;
                 let t = pr.scheme.as_str();
                 out.push(lat_sample(t, "ionet", wait, size, r, y.rtt_p50));
                 out.push(
@@ -122,8 +108,17 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
                 );
             }
         }
+        Ok(())
+    };
+    // Busy-polling servers burn their CPU even when idle: they run alone, then go.
+    if o.spin {
+        let spin = start(WaitMode::Spin)?;
+        lat(&spin, WaitMode::Spin, 8)?;
     }
-    drop(spin);
+    let block = start(WaitMode::Block)?;
+    for &size in &o.lat_sizes {
+        lat(&block, WaitMode::Block, size)?;
+    }
 
     // Streaming bandwidth with CPU per GB on both sides.
     let max_bw = o.bw_sizes.iter().copied().max().unwrap_or(0);
@@ -141,11 +136,11 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
             verify: false,
             spin: false,
         };
-        let warm = Params { iters: window * 2, ..p };
-        raw.run(&warm, None)?;
-        for pr in &block {
-            over_ionet::run(&pr.ep, pr.peer, &warm, None)?;
-        }
+        let rp = raw.sized(&p, target)?;
+        let ps: Vec<Params> = block
+            .iter()
+            .map(|pr| over_ionet::sized(&pr.ep, pr.peer, &p, target))
+            .collect::<Result<_, _>>()?;
         for r in 0..runs {
             let g = mem.run(size, target);
             out.push(
@@ -153,10 +148,10 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
                     .metric("bandwidth", "GB/s")
                     .run(r as u32, g),
             );
-            let x = raw.run(&p, Some(raw_srv.pid()))?;
+            let x = raw.run(&rp, Some(raw_srv.pid()))?;
             push_bw(&mut out, "raw-tcp", "raw", size, r, &x);
-            for pr in &block {
-                let y = over_ionet::run(&pr.ep, pr.peer, &p, Some(pr.server_pid()))?;
+            for (pr, p) in block.iter().zip(&ps) {
+                let y = over_ionet::run(&pr.ep, pr.peer, p, Some(pr.server_pid()))?;
                 push_bw(&mut out, pr.scheme.as_str(), "ionet", size, r, &y);
             }
         }

@@ -111,7 +111,8 @@ pub fn run(o: &CalOpts) -> Result<Samples, BoxErr> {
                 sl: ServiceLevel::Bulk,
                 ..lat
             };
-            over_ionet::run(&pr.ep, pr.peer, &Params { iters: 20, ..lat }, None)?;
+            let lat = over_ionet::sized(&pr.ep, pr.peer, &lat, target)?;
+            let bw = over_ionet::sized(&pr.ep, pr.peer, &bw, target)?;
             for r in 0..o.runs.max(1) {
                 let c0 = pr.ep.info().counters;
                 let l = over_ionet::run(&pr.ep, pr.peer, &lat, None)?;

@@ -221,3 +221,29 @@ pub fn iters_for(test: Test, size: usize, target: Duration) -> usize {
     };
     ((target.as_secs_f64() / per) as usize).clamp(64, 2_000_000)
 }
+
+/// Iterations so a run of `p` takes about `target`, measured with a short probe run (which is
+/// also the warm-up): slow paths get fewer iterations instead of stretching the suite.
+pub fn fit(per_iter: Duration, p: &Params, target: Duration) -> Params {
+    let n = (target.as_secs_f64() / per_iter.as_secs_f64().max(1e-9)) as usize;
+    match p.test {
+        Test::Lat => Params { iters: n.clamp(20, 2_000_000), ..*p },
+        _ => Params { iters: (n / p.window).clamp(2, 100_000) * p.window, ..*p },
+    }
+}
+
+/// The probe of [`fit`]: a few iterations of `p`.
+pub fn probe(p: &Params) -> Params {
+    match p.test {
+        Test::Lat => Params { iters: 20, ..*p },
+        _ => Params { iters: 2 * p.window, ..*p },
+    }
+}
+
+/// [`fit`] for an ionet pair.
+pub fn sized(ep: &Endpoint, peer: PeerId, p: &Params, target: Duration) -> Result<Params> {
+    let q = probe(p);
+    let t = Instant::now();
+    run(ep, peer, &q, None)?;
+    Ok(fit(t.elapsed() / q.iters as u32, p, target))
+}

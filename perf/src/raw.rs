@@ -129,4 +129,12 @@ impl RawClient {
         self.s.set_nonblocking(false)?;
         Ok(RunResult::new(p, secs, rtts, client_cpu, server_cpu))
     }
+
+    /// [`crate::over_ionet::fit`] for the raw baseline.
+    pub fn sized(&mut self, p: &Params, target: std::time::Duration) -> io::Result<Params> {
+        let q = crate::over_ionet::probe(p);
+        let t = Instant::now();
+        self.run(&q, None)?;
+        Ok(crate::over_ionet::fit(t.elapsed() / q.iters as u32, p, target))
+    }
 }
