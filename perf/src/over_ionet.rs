@@ -15,8 +15,18 @@ const TAG_DATA: u64 = 3;
 const TAG_BACK: u64 = 4;
 const TAG_ACK: u64 = 5;
 
+/// Longest any one operation of a run may take: a stuck transport fails the run (and the
+/// suite says which) instead of hanging it.
+const OP_TIMEOUT: Duration = Duration::from_secs(60);
+
 fn wait_ok(ep: &Endpoint, op: OpId) -> Result<ionet::Completion> {
-    ep.wait(op)?.ok()
+    match ep.wait_timeout(op, OP_TIMEOUT)? {
+        Some(c) => c.ok(),
+        None => {
+            let _ = ep.cancel(op);
+            Err(Error::misuse(format!("no completion within {OP_TIMEOUT:?}: the transport is stuck")))
+        }
+    }
 }
 
 fn take_mut(c: ionet::Completion) -> BytesMut {

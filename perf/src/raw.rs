@@ -46,12 +46,40 @@ pub fn serve(listener: TcpListener) -> io::Result<()> {
     }
 }
 
+/// Longest a read or write may wait: a stuck peer fails the run instead of hanging it.
+const IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Spin-wait bookkeeping: checks the clock only every 4096 empty polls.
+struct SpinDeadline {
+    polls: u32,
+    since: Option<Instant>,
+}
+
+impl SpinDeadline {
+    fn new() -> Self {
+        SpinDeadline { polls: 0, since: None }
+    }
+
+    fn tick(&mut self) -> io::Result<()> {
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls.is_multiple_of(4096) {
+            let t = *self.since.get_or_insert_with(Instant::now);
+            if t.elapsed() > IO_TIMEOUT {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "raw peer silent too long"));
+            }
+        }
+        std::hint::spin_loop();
+        Ok(())
+    }
+}
+
 fn read_some(s: &mut TcpStream, buf: &mut [u8], spin: bool) -> io::Result<usize> {
+    let mut d = SpinDeadline::new();
     loop {
         match s.read(buf) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => return Ok(n),
-            Err(e) if spin && e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) if spin && e.kind() == io::ErrorKind::WouldBlock => d.tick()?,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
@@ -68,10 +96,11 @@ fn read_full(s: &mut TcpStream, buf: &mut [u8], spin: bool) -> io::Result<()> {
 
 fn write_full(s: &mut TcpStream, buf: &[u8], spin: bool) -> io::Result<()> {
     let mut done = 0;
+    let mut d = SpinDeadline::new();
     while done < buf.len() {
         match s.write(&buf[done..]) {
             Ok(n) => done += n,
-            Err(e) if spin && e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) if spin && e.kind() == io::ErrorKind::WouldBlock => d.tick()?,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
@@ -88,6 +117,8 @@ impl RawClient {
     pub fn connect(addr: &str) -> io::Result<RawClient> {
         let s = TcpStream::connect(addr)?;
         s.set_nodelay(true)?;
+        s.set_read_timeout(Some(IO_TIMEOUT))?;
+        s.set_write_timeout(Some(IO_TIMEOUT))?;
         Ok(RawClient { s })
     }
 
