@@ -1,6 +1,6 @@
 //! Raw-socket baselines: the same ping-pong and streaming patterns on plain `std::net`
-//! sockets, busy-polling or blocking, so every ionet figure has a ratio against a baseline
-//! measured in the same run.
+//! sockets (with ionet's socket-buffer sizes), busy-polling or blocking, so every ionet figure
+//! has a ratio against a baseline measured in the same run.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -10,11 +10,23 @@ use crate::params::{PARAMS_LEN, Params, Test};
 use crate::run::RunResult;
 use crate::stats;
 
+/// Kernel socket buffers of the raw baseline: ionet's default (`Config::socket_buffer`), so the
+/// baseline and ionet get the same kernel queueing.
+const SOCKET_BUFFER: usize = 4 << 20;
+
+fn tune(s: &TcpStream) -> io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    s.set_nodelay(true)?;
+    setsockopt(s, sockopt::SndBuf, &SOCKET_BUFFER).map_err(io::Error::from)?;
+    setsockopt(s, sockopt::RcvBuf, &SOCKET_BUFFER).map_err(io::Error::from)?;
+    Ok(())
+}
+
 /// Serves raw-socket tests, one connection at a time, until the listener fails.
 pub fn serve(listener: TcpListener) -> io::Result<()> {
     loop {
         let (mut s, _) = listener.accept()?;
-        s.set_nodelay(true)?;
+        tune(&s)?;
         loop {
             let mut pb = [0u8; PARAMS_LEN];
             if s.read_exact(&mut pb).is_err() {
@@ -116,7 +128,7 @@ pub struct RawClient {
 impl RawClient {
     pub fn connect(addr: &str) -> io::Result<RawClient> {
         let s = TcpStream::connect(addr)?;
-        s.set_nodelay(true)?;
+        tune(&s)?;
         s.set_read_timeout(Some(IO_TIMEOUT))?;
         s.set_write_timeout(Some(IO_TIMEOUT))?;
         Ok(RawClient { s })
