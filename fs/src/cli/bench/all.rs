@@ -95,7 +95,11 @@ pub fn targets(all: &Samples) -> String {
         (Some(a), Some(b)) => Some(a.ratio_to(&b)),
         _ => None,
     };
+    // Targets whose figures were not measured in this run are left out.
     let mut row = |what: &str, r: Option<f64>, ok: &dyn Fn(f64) -> bool, shown: String| {
+        if r.is_none() {
+            return;
+        }
         t.row([
             what.to_string(),
             shown,
@@ -300,8 +304,11 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
     for (id, s) in &durations {
         d.row([id.clone(), format!("{s:.0}")]);
     }
-    summary.push_str("Targets set by the issues:\n\n");
-    summary.push_str(&targets(&all));
+    let tt = targets(&all);
+    if tt.lines().count() > 2 {
+        summary.push_str("Targets set by the issues:\n\n");
+        summary.push_str(&tt);
+    }
     summary.push_str("\nTime per step:\n\n");
     summary.push_str(&d.render());
     let mut report = format!("## Transport A/B benchmark suite\n\n{summary}\n");
