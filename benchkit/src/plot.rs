@@ -27,12 +27,14 @@ pub enum Scale {
     Log2Bytes,
     /// log10, labelled as plain numbers.
     Log10,
+    /// Linear, labelled at whole numbers only (counts: clients, servers).
+    Count,
 }
 
 impl Scale {
     fn fwd(self, v: f64) -> f64 {
         match self {
-            Scale::Linear => v,
+            Scale::Linear | Scale::Count => v,
             Scale::Log2Bytes => v.max(f64::MIN_POSITIVE).log2(),
             Scale::Log10 => v.max(f64::MIN_POSITIVE).log10(),
         }
@@ -41,6 +43,13 @@ impl Scale {
     fn label(self, t: f64) -> String {
         match self {
             Scale::Linear => trim_number(t),
+            Scale::Count => {
+                if (t - t.round()).abs() < 1e-6 {
+                    format!("{t:.0}")
+                } else {
+                    String::new()
+                }
+            }
             Scale::Log2Bytes => {
                 if (t - t.round()).abs() > 1e-6 {
                     String::new()
@@ -51,15 +60,22 @@ impl Scale {
             Scale::Log10 => {
                 // Label only the 1-2-5 values; ticks in between stay bare.
                 let v = 10f64.powf(t);
-                let mantissa = v / 10f64.powf(t.floor());
-                if [1.0, 2.0, 5.0, 10.0].iter().any(|m| (mantissa - m).abs() < 1e-3 * m) {
-                    trim_number(v)
-                } else {
-                    String::new()
+                let decade = 10f64.powf(t.floor());
+                let mantissa = v / decade;
+                match [1.0, 2.0, 5.0, 10.0].iter().find(|m| (mantissa - *m).abs() < 0.03 * *m) {
+                    Some(m) => compact(m * decade),
+                    None => String::new(),
                 }
             }
         }
     }
+}
+
+/// `200`, `2`, `0.02`: no trailing zeros.
+fn compact(v: f64) -> String {
+    let s = format!("{v:.6}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    s.to_string()
 }
 
 fn trim_number(v: f64) -> String {
@@ -155,7 +171,8 @@ impl LineChart {
         let (y0, y1) = pts.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.2)));
         let (x0, x1) = padded(x0, x1, 0.03);
         let (mut y0, y1) = padded(y0, y1, 0.08);
-        if self.y_scale == Scale::Linear && y0 > 0.0 && pts.iter().all(|p| p.1 >= 0.0) {
+        if matches!(self.y_scale, Scale::Linear | Scale::Count) && y0 > 0.0 && pts.iter().all(|p| p.1 >= 0.0)
+        {
             y0 = 0.0;
         }
         let mut svg = String::new();
@@ -422,8 +439,12 @@ mod tests {
         assert_eq!(Scale::Log2Bytes.label(10.0), "1 KiB");
         assert_eq!(Scale::Log2Bytes.label(10.5), "");
         assert_eq!(Scale::Log10.label(2.0), "100");
-        assert_eq!(Scale::Log10.label(2.0f64.log10()), "2.00");
+        assert_eq!(Scale::Log10.label(2.0f64.log10()), "2");
+        assert_eq!(Scale::Log10.label(-1.7), "0.02");
         assert_eq!(Scale::Log10.label(1.5), "");
+        assert_eq!(Scale::Log10.label(2.3), "200", "1-2-5 labels survive tick rounding");
+        assert_eq!(Scale::Count.label(3.0), "3");
+        assert_eq!(Scale::Count.label(2.5), "");
         assert_eq!(Scale::Linear.label(2.5), "2.50");
     }
 }

@@ -285,12 +285,13 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
     let mut summary = format!(
         "### Summary\n\n{}\n\nLoad average at the end: {}. Total {:.1} min. Command: `{command}`.\n\n\
          Every figure is the median of {} runs with the min–max spread in brackets; ratios are of medians \
-         measured in the same run. Buffers are pre-faulted and reused; io servers keep their data on tmpfs; \
-         servers are child processes on loopback. Raw samples: `{}/all.csv` and one CSV per step.\n\n",
+         measured in the same run. Buffers are pre-faulted and reused; io servers keep their data under \
+         `{}`; servers are child processes on loopback. Raw samples: `{}/all.csv` and one CSV per step.\n\n",
         machine.describe(),
         benchkit::machine::load_average(),
         total / 60.0,
         c.runs(),
+        ctx.data_dir().parent().unwrap_or(ctx.data_dir()).display(),
         out.display()
     );
     if c.quick {

@@ -258,7 +258,7 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
             title: format!("E1 concurrent {op}: each client {mib_per_server}N MiB of one file"),
             x_desc: "clients".into(),
             y_desc: "aggregate MB/s".into(),
-            x_scale: Scale::Linear,
+            x_scale: Scale::Count,
             y_scale: Scale::Linear,
             series,
         };
