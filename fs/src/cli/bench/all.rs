@@ -214,8 +214,11 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
     }
     let mut ctx = Ctx::new(c.clone())?;
     ctx.link_prefix = prefix.clone();
-    let command =
-        std::iter::once("stripefs".to_string()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" ");
+    let quote = |a: String| if a.contains(' ') { format!("'{a}'") } else { a };
+    let command = std::iter::once("stripefs".to_string())
+        .chain(std::env::args().skip(1).map(quote))
+        .collect::<Vec<_>>()
+        .join(" ");
     let mut sections: Vec<(String, String)> = Vec::new();
     let mut all = Samples::new();
     let mut failed: Vec<String> = Vec::new();
