@@ -186,7 +186,11 @@ impl Policy {
     /// trip not to dominate). Inline waits for a credit instead: it is the only mechanism
     /// small messages can use cheaply.
     pub fn choose(&self, len: usize, sl: ServiceLevel, c: Conditions) -> Mechanism {
-        if let Some(m) = self.forced {
+        // A forced mechanism moves data; an empty transfer has none to move (server-based RDMA
+        // of nothing would announce an empty segment list, which peers rightly refuse).
+        if let Some(m) = self.forced
+            && len > 0
+        {
             return if m == Mechanism::FastRdma && !c.fast_path { Mechanism::Inline } else { m };
         }
         let t = self.per_sl[sl.index()];
@@ -293,6 +297,16 @@ mod tests {
         assert_eq!(p.choose(1, ServiceLevel::Normal, Conditions::idle(true)), Mechanism::ServerRdma);
         p.force(Some(Mechanism::FastRdma));
         assert_eq!(p.choose(1, ServiceLevel::Normal, Conditions::idle(false)), Mechanism::Inline);
+    }
+
+    #[test]
+    fn forcing_leaves_empty_transfers_inline() {
+        let mut p = ib();
+        for m in Mechanism::ALL {
+            p.force(Some(m));
+            assert_eq!(p.choose(0, ServiceLevel::Normal, Conditions::idle(true)), Mechanism::Inline);
+            assert_eq!(p.choose(1, ServiceLevel::Normal, Conditions::idle(true)), m);
+        }
     }
 
     #[test]

@@ -70,6 +70,7 @@ pub struct IbConfig {
     pub(crate) soft_pin_budget: Option<u64>,
     pub(crate) soft_faults: FaultPlan,
     pub(crate) soft_hook: Option<SoftHook>,
+    pub(crate) list_alloc_hint: bool,
 }
 
 impl Default for IbConfig {
@@ -91,6 +92,7 @@ impl Default for IbConfig {
             soft_pin_budget: None,
             soft_faults: FaultPlan::none(),
             soft_hook: None,
+            list_alloc_hint: false,
         }
     }
 }
@@ -180,6 +182,17 @@ impl IbConfig {
     /// inject faults into its live queue pairs and read the provider's counters.
     pub fn soft_hook(mut self, hook: SoftHook) -> Self {
         self.soft_hook = Some(hook);
+        self
+    }
+
+    /// Treat the pieces of one gather / scatter list as parts of one allocation (default off):
+    /// a list buffer that must be registered for the peer's RDMA is then registered as one
+    /// region spanning its pieces, so the rows of one array cost one registration instead of
+    /// one each (the allocation hint of paper 000 §5). The span includes the gaps between the
+    /// pieces, which the peer can then reach too: enable it only for lists cut from one
+    /// allocation whose gaps the peer may see.
+    pub fn list_alloc_hint(mut self, on: bool) -> Self {
+        self.list_alloc_hint = on;
         self
     }
 

@@ -58,3 +58,9 @@ pub fn mem_handle(data: &[u8]) {
 pub fn ib_message(data: &[u8]) {
     crate::ib::engine::fuzz_decoders(data);
 }
+
+/// Ids for benchmarks of the sans-IO matcher (`benches/matching.rs`): peer and operation ids
+/// are otherwise only minted by an endpoint.
+pub fn ids(peer: u32, op: u64) -> (crate::types::PeerId, crate::types::OpId) {
+    (crate::types::PeerId(peer), crate::types::OpId(op))
+}

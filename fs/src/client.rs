@@ -49,6 +49,14 @@ pub struct ClientOptions {
     pub uid: u32,
     /// Group of new files and directories.
     pub gid: u32,
+    /// The communication manager's table for this client's endpoint (default: the
+    /// transport's, with `IONET_INLINE_MAX` / `IONET_FAST_MAX` applied); benchmarks force a
+    /// mechanism here.
+    pub policy: Option<ionet::Policy>,
+    /// InfiniBand engine settings of this client's endpoint (default: ionet's). Every list
+    /// payload the client builds is cut from one caller buffer, so
+    /// `IbConfig::list_alloc_hint(true)` is safe here.
+    pub ib: Option<ionet::IbConfig>,
 }
 
 impl Default for ClientOptions {
@@ -59,6 +67,8 @@ impl Default for ClientOptions {
             wait_mode: WaitMode::Adaptive,
             uid: 0,
             gid: 0,
+            policy: None,
+            ib: None,
         }
     }
 }
@@ -124,7 +134,14 @@ impl Client {
     /// Connects with explicit options.
     pub fn connect_with(cfg: &ClusterConfig, opts: ClientOptions) -> FsResult<Client> {
         let key = cfg.cluster_key()?;
-        let ep = Endpoint::client(crate::net::endpoint_config(&key, opts.wait_mode, false))?;
+        let mut ep_cfg = crate::net::endpoint_config(&key, opts.wait_mode, false);
+        if let Some(p) = &opts.policy {
+            ep_cfg = ep_cfg.policy(p.clone());
+        }
+        if let Some(ib) = &opts.ib {
+            ep_cfg = ep_cfg.ib(ib.clone());
+        }
+        let ep = Endpoint::client(ep_cfg)?;
         let meta = ep.connect(&cfg.meta)?;
         let io = cfg.io_servers.iter().map(|a| ep.connect(a)).collect::<Result<Vec<_>, _>>()?;
         let max_msg = ep.info().max_message as u64;

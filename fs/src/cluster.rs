@@ -44,6 +44,8 @@ pub struct LocalClusterOptions {
     pub meta_args: Vec<String>,
     /// Explicit meta server address (default: `host`, any port).
     pub meta_listen: Option<Address>,
+    /// Extra environment of the io servers (e.g. `IONET_INLINE_MAX` for an experiment).
+    pub io_env: Vec<(String, String)>,
 }
 
 impl LocalClusterOptions {
@@ -62,6 +64,7 @@ impl LocalClusterOptions {
             io_args: Vec::new(),
             meta_args: Vec::new(),
             meta_listen: None,
+            io_env: Vec::new(),
         }
     }
 }
@@ -200,6 +203,7 @@ impl LocalCluster {
         what: String,
         prefix: Option<&Vec<String>>,
         args: Vec<String>,
+        env: &[(String, String)],
     ) -> Result<(Proc, Address), ClusterError> {
         let mut cmd = match prefix {
             Some(p) if !p.is_empty() => {
@@ -210,6 +214,7 @@ impl LocalCluster {
             _ => Command::new(&self.opts.exe),
         };
         cmd.arg("serve").args(&args).arg("--exit-with-parent");
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut child = cmd.spawn().map_err(io_err(format!("spawning {what}")))?;
         let stdin = child.stdin.take();
@@ -249,7 +254,7 @@ impl LocalCluster {
         ];
         args.extend(self.opts.io_args.iter().cloned());
         let prefix = self.opts.io_prefix.as_ref().and_then(|v| v.get(i as usize));
-        self.spawn(format!("io server {i}"), prefix, args)
+        self.spawn(format!("io server {i}"), prefix, args, &self.opts.io_env)
     }
 
     fn spawn_meta(&self, listen: &Address) -> Result<(Proc, Address), ClusterError> {
@@ -261,7 +266,7 @@ impl LocalCluster {
             listen.to_string(),
         ];
         args.extend(self.opts.meta_args.iter().cloned());
-        self.spawn("meta server".into(), None, args)
+        self.spawn("meta server".into(), None, args, &[])
     }
 
     /// The cluster as clients see it.

@@ -60,8 +60,8 @@ enum Cmd {
     },
     /// Set a directory's default layout, or create an empty file with a layout.
     Setstripe(cli::cmds::SetstripeArgs),
-    /// Concurrent read/write bandwidth: 1–4 io servers × 1–4 clients, each client a 2N MiB
-    /// region of one shared file (PVFS paper's method).
+    /// The transport A/B benchmark suite: E1–E5, CPU, and `all` (with ionet-perf's ab,
+    /// calibrate and qos) writing CSV, Markdown, SVG plots and BENCHMARKS.md sections.
     Bench(cli::bench::BenchArgs),
     /// Mount stripefs with FUSE (feature `fuse`).
     Mount(cli::cmds::MountArgs),

@@ -2,12 +2,18 @@
 //! raw-socket baselines (busy-poll and blocking ping-pong, a streamer, and iperf3 when
 //! installed) measured in the same run so every figure is a ratio.
 
+mod ab;
+mod calibrate;
+mod memcpy;
 mod over_ionet;
 mod params;
 mod procs;
+mod qos;
 mod raw;
 mod run;
+mod session;
 mod stats;
+mod tuning;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -15,6 +21,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use ionet::{Config, Endpoint, Mechanism, Policy, Scheme, ServiceLevel, WaitMode};
+use tuning::Tuning;
 
 use params::{Params, Test};
 use procs::ServerProc;
@@ -28,7 +35,9 @@ use stats::Summary;
     about = "ionet latency / bandwidth / message-rate tool with same-run baselines"
 )]
 struct Cli {
-    /// Print the mechanism table (thresholds per service level) for --transport and exit.
+    /// Print the mechanism table an endpoint on --transport actually uses (thresholds per
+    /// service level after IONET_INLINE_MAX / IONET_FAST_MAX and the transport's limits), its
+    /// negotiated limits, and exit.
     #[arg(long)]
     show_policy: bool,
     /// Transport for --show-policy: tcp, softib or ib.
@@ -55,6 +64,15 @@ fn pin(cpu: Option<usize>) -> Result<(), BoxErr> {
 enum Cmd {
     /// Serve perf tests on an ionet address (prints `LISTEN <addr>`).
     Server {
+        #[arg(long, default_value = "tcp://127.0.0.1:0")]
+        listen: String,
+        #[arg(long, default_value = "block", value_parser = parse_wait)]
+        wait: WaitMode,
+        #[command(flatten)]
+        knobs: Knobs,
+    },
+    /// Serve `qos` sessions on an ionet address (prints `LISTEN <addr>`).
+    QosServer {
         #[arg(long, default_value = "tcp://127.0.0.1:0")]
         listen: String,
         #[arg(long, default_value = "block", value_parser = parse_wait)]
@@ -90,9 +108,8 @@ enum Cmd {
         verify: bool,
         #[arg(long, default_value = "normal", value_parser = parse_sl)]
         sl: ServiceLevel,
-        /// Force one mechanism instead of the communication manager's choice.
-        #[arg(long)]
-        mechanism: Option<Mechanism>,
+        #[command(flatten)]
+        knobs: Knobs,
         /// Append per-run rows to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -118,6 +135,97 @@ enum Cmd {
         #[arg(long)]
         markdown: Option<PathBuf>,
     },
+    /// Latency and bandwidth of several transports side by side in one run, with the raw-socket
+    /// ping-pong (spin and blocking), the raw TCP streamer, memcpy and iperf3 (when installed).
+    Ab {
+        #[arg(long, value_delimiter = ',', default_value = "tcp,softib", value_parser = parse_scheme)]
+        transports: Vec<Scheme>,
+        /// Message sizes of the round-trip sweep.
+        #[arg(long, default_value = "8,256,4k,64k,1m")]
+        lat_sizes: String,
+        /// Message sizes of the bandwidth sweep.
+        #[arg(long, default_value = "4k,64k,1m,4m")]
+        bw_sizes: String,
+        /// Skip the 8-byte busy-poll round trip.
+        #[arg(long)]
+        no_spin: bool,
+        /// Bandwidth only (no round trips).
+        #[arg(long)]
+        bw_only: bool,
+        /// Messages in flight in bandwidth runs.
+        #[arg(long, default_value_t = 16)]
+        window: usize,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Measure every mechanism across sizes on a transport and print recommended thresholds.
+    Calibrate {
+        #[arg(long, value_delimiter = ',', default_value = "softib", value_parser = parse_scheme)]
+        transports: Vec<Scheme>,
+        /// A mechanism is kept while within this fraction of the fastest.
+        #[arg(long, default_value_t = 0.05)]
+        tolerance: f64,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Control-class round trips under a bulk stream, service levels on against off.
+    Qos {
+        #[arg(long, value_delimiter = ',', default_value = "tcp,softib", value_parser = parse_scheme)]
+        transports: Vec<Scheme>,
+        #[arg(long, default_value = "block", value_parser = parse_wait)]
+        wait: WaitMode,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// Endpoint knobs shared by client and server (both sides of a run must agree).
+#[derive(clap::Args, Debug, Clone, Copy)]
+struct Knobs {
+    /// Force one mechanism instead of the communication manager's choice.
+    #[arg(long)]
+    mechanism: Option<Mechanism>,
+    /// Inline limit for every service level (bytes; `k`/`m` suffixes).
+    #[arg(long, value_parser = parse_one_size)]
+    inline_max: Option<usize>,
+    /// Fast-RDMA limit for every service level.
+    #[arg(long, value_parser = parse_one_size)]
+    fast_max: Option<usize>,
+    /// Size of each pre-posted InfiniBand receive buffer (inline sends must fit one).
+    #[arg(long, value_parser = parse_one_size)]
+    recv_size: Option<usize>,
+}
+
+impl Knobs {
+    fn tuning(&self, wait: WaitMode) -> Tuning {
+        Tuning::from_parts(
+            wait,
+            self.mechanism,
+            self.inline_max,
+            self.fast_max,
+            self.recv_size.map(|n| n as u32),
+        )
+    }
+}
+
+/// Options of the report-producing modes.
+#[derive(clap::Args, Debug, Clone)]
+struct Common {
+    /// Repeated runs per point (the median and min–max are reported).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Short runs: a smoke check, not for BENCHMARKS.md.
+    #[arg(long)]
+    quick: bool,
+    /// Do not pin client and server to different CPUs.
+    #[arg(long)]
+    no_pin: bool,
+    /// Directory for `<mode>.csv`, `<mode>.md` and the SVG plots.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Prefix of plot links in the Markdown (their path relative to the document).
+    #[arg(long, default_value = "")]
+    link_prefix: String,
 }
 
 fn parse_wait(s: &str) -> Result<WaitMode, String> {
@@ -129,6 +237,10 @@ fn parse_sl(s: &str) -> Result<ServiceLevel, String> {
         .into_iter()
         .find(|sl| sl.name() == s)
         .ok_or_else(|| format!("unknown service level {s}"))
+}
+
+fn parse_one_size(s: &str) -> Result<usize, String> {
+    ionet::comm::parse_size(s).ok_or_else(|| format!("bad size {s:?}"))
 }
 
 fn parse_scheme(s: &str) -> Result<Scheme, String> {
@@ -169,38 +281,41 @@ type BoxErr = Box<dyn std::error::Error>;
 fn run_cli(cli: Cli) -> Result<(), BoxErr> {
     pin(cli.cpu)?;
     if cli.show_policy {
-        let scheme = parse_scheme(&cli.transport)?;
-        print!("{}", Policy::for_scheme(scheme).table(scheme));
-        return Ok(());
+        return show_policy(parse_scheme(&cli.transport)?);
     }
     match cli.cmd {
         None => {
             eprintln!("nothing to do: try `ionet-perf selftest` or `ionet-perf --help`");
             Ok(())
         }
-        Some(Cmd::Server { listen, wait }) => {
-            let ep = Endpoint::bind(listen.as_str(), Config::default().wait_mode(wait))?;
+        Some(Cmd::Server { listen, wait, knobs }) => {
+            procs::exit_with_parent();
+            let scheme = listen.parse::<ionet::Address>()?.scheme();
+            let ep = Endpoint::bind(listen.as_str(), knobs.tuning(wait).config(scheme))?;
             println!("LISTEN {}", ep.local_addr().ok_or("no local address")?);
             std::io::stdout().flush()?;
             over_ionet::serve(&ep)?;
             Ok(())
         }
+        Some(Cmd::QosServer { listen, wait }) => {
+            procs::exit_with_parent();
+            let ep = Endpoint::bind(listen.as_str(), Config::default().wait_mode(wait))?;
+            println!("LISTEN {}", ep.local_addr().ok_or("no local address")?);
+            std::io::stdout().flush()?;
+            qos::serve(&ep)?;
+            Ok(())
+        }
         Some(Cmd::RawServer { listen }) => {
+            procs::exit_with_parent();
             let l = std::net::TcpListener::bind(&listen)?;
             println!("LISTEN {}", l.local_addr()?);
             std::io::stdout().flush()?;
             raw::serve(l)?;
             Ok(())
         }
-        Some(Cmd::Client { connect, test, sizes, iters, window, wait, runs, verify, sl, mechanism, csv }) => {
-            let mut cfg = Config::default().wait_mode(wait);
-            if let Some(m) = mechanism {
-                let scheme = connect.parse::<ionet::Address>()?.scheme();
-                let mut p = Policy::for_scheme(scheme);
-                p.force(Some(m));
-                cfg = cfg.policy(p);
-            }
-            let ep = Endpoint::client(cfg)?;
+        Some(Cmd::Client { connect, test, sizes, iters, window, wait, runs, verify, sl, knobs, csv }) => {
+            let scheme = connect.parse::<ionet::Address>()?.scheme();
+            let ep = Endpoint::client(knobs.tuning(wait).config(scheme))?;
             let peer = ep.connect(connect.as_str())?;
             let mut w = csv_writer(csv.as_ref())?;
             println!("# {} {:?} wait={} sl={} runs={runs}", connect, test, wait.name(), sl);
@@ -229,7 +344,102 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
         Some(Cmd::Compare { transport, runs, quick, csv, markdown }) => {
             compare(parse_scheme(&transport)?, runs.max(1), quick, csv, markdown)
         }
+        Some(Cmd::Ab { transports, lat_sizes, bw_sizes, no_spin, bw_only, window, common }) => {
+            let mut o = ab::AbOpts::new(transports, common.runs, common.quick);
+            o.pin = !common.no_pin;
+            o.lat_sizes = if bw_only { Vec::new() } else { parse_sizes(&lat_sizes)? };
+            o.bw_sizes = parse_sizes(&bw_sizes)?;
+            o.spin = !no_spin && !bw_only;
+            o.window = window;
+            let s = ab::run(&o)?;
+            let (md, plots) = ab::render(&s, &common.link_prefix)?;
+            emit(&common, "ab", &s, &md, &plots)
+        }
+        Some(Cmd::Calibrate { transports, tolerance, common }) => {
+            let mut all = benchkit::Samples::new();
+            let mut md = String::new();
+            let mut plots = Vec::new();
+            for scheme in transports {
+                let mut o = calibrate::CalOpts::new(scheme, common.runs, common.quick);
+                o.pin = !common.no_pin;
+                o.tolerance = tolerance;
+                let s = calibrate::run(&o)?;
+                let (m, p) = calibrate::render(&s, scheme, tolerance, &common.link_prefix)?;
+                md.push_str(&format!(
+                    "Mechanisms forced in turn on {scheme}:// (wait mode {}), one-way time = RTT/2 of a \
+                     ping-pong and streaming bandwidth (window 16):\n\n",
+                    o.wait.name()
+                ));
+                md.push_str(&m);
+                md.push('\n');
+                plots.extend(p);
+                all.extend(s.rows().iter().cloned());
+            }
+            emit(&common, "calibrate", &all, &md, &plots)
+        }
+        Some(Cmd::Qos { transports, wait, common }) => {
+            let s = qos::run(&transports, common.runs, common.quick, wait)?;
+            let (md, plots) = qos::render(&s, &common.link_prefix)?;
+            let md = format!("Wait mode {} on both sides.\n\n{md}", wait.name());
+            emit(&common, "qos", &s, &md, &plots)
+        }
     }
+}
+
+/// Prints the Markdown and writes `<name>.csv`, `<name>.md` and the plots into `--out`.
+fn emit(
+    c: &Common,
+    name: &str,
+    s: &benchkit::Samples,
+    md: &str,
+    plots: &[(String, String)],
+) -> Result<(), BoxErr> {
+    let md = if c.quick {
+        format!("**QUICK RUN (smoke check, not for publication).**\n\n{md}")
+    } else {
+        md.to_string()
+    };
+    println!("{md}");
+    if let Some(dir) = &c.out {
+        std::fs::create_dir_all(dir)?;
+        s.write_csv(&dir.join(format!("{name}.csv")))?;
+        std::fs::write(dir.join(format!("{name}.md")), &md)?;
+        for (file, svg) in plots {
+            std::fs::write(dir.join(file), svg)?;
+        }
+    }
+    Ok(())
+}
+
+/// The table an endpoint of `scheme` really uses: bound on loopback, so the transport's own
+/// limits (an inline limit capped by the receive buffers, say) are applied.
+fn show_policy(scheme: Scheme) -> Result<(), BoxErr> {
+    match Endpoint::bind(format!("{scheme}://127.0.0.1:0"), Config::default()) {
+        Ok(ep) => {
+            let info = ep.info();
+            println!(
+                "active mechanism table of a {scheme}:// endpoint (defaults, then IONET_INLINE_MAX / IONET_FAST_MAX, then the transport's limits):"
+            );
+            print!("{}", info.policy.table(scheme));
+            println!("eager / largest unexpected message: {} B", info.eager_limit);
+            println!("largest message or payload: {} B", info.max_message);
+            if let Some(c) = info.credits {
+                println!("credits per connection: {c}");
+            }
+            if let Some((n, size)) = info.fast_slots {
+                println!("fast-RDMA ring: {n} slots of {size} B");
+            }
+            if let Some(r) = info.regcache {
+                println!("registration cache: {} entries, {} B pinned at most", r.max_entries, r.max_bytes);
+            }
+            println!("wait mode: {}", info.wait_mode.name());
+        }
+        Err(e) => {
+            println!("({scheme}:// unavailable here: {e}; showing the configured defaults)");
+            print!("{}", Policy::for_scheme(scheme).table(scheme));
+        }
+    }
+    Ok(())
 }
 
 fn csv_writer(path: Option<&PathBuf>) -> Result<Option<csv::Writer<std::fs::File>>, BoxErr> {

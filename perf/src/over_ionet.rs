@@ -15,8 +15,18 @@ const TAG_DATA: u64 = 3;
 const TAG_BACK: u64 = 4;
 const TAG_ACK: u64 = 5;
 
+/// Longest any one operation of a run may take: a stuck transport fails the run (and the
+/// suite says which) instead of hanging it.
+const OP_TIMEOUT: Duration = Duration::from_secs(60);
+
 fn wait_ok(ep: &Endpoint, op: OpId) -> Result<ionet::Completion> {
-    ep.wait(op)?.ok()
+    match ep.wait_timeout(op, OP_TIMEOUT)? {
+        Some(c) => c.ok(),
+        None => {
+            let _ = ep.cancel(op);
+            Err(Error::misuse(format!("no completion within {OP_TIMEOUT:?}: the transport is stuck")))
+        }
+    }
 }
 
 fn take_mut(c: ionet::Completion) -> BytesMut {
@@ -220,4 +230,30 @@ pub fn iters_for(test: Test, size: usize, target: Duration) -> usize {
         _ => 2e-6 + size as f64 / 3e9,
     };
     ((target.as_secs_f64() / per) as usize).clamp(64, 2_000_000)
+}
+
+/// Iterations so a run of `p` takes about `target`, measured with a short probe run (which is
+/// also the warm-up): slow paths get fewer iterations instead of stretching the suite.
+pub fn fit(per_iter: Duration, p: &Params, target: Duration) -> Params {
+    let n = (target.as_secs_f64() / per_iter.as_secs_f64().max(1e-9)) as usize;
+    match p.test {
+        Test::Lat => Params { iters: n.clamp(20, 2_000_000), ..*p },
+        _ => Params { iters: (n / p.window).clamp(2, 100_000) * p.window, ..*p },
+    }
+}
+
+/// The probe of [`fit`]: a few iterations of `p`.
+pub fn probe(p: &Params) -> Params {
+    match p.test {
+        Test::Lat => Params { iters: 20, ..*p },
+        _ => Params { iters: 2 * p.window, ..*p },
+    }
+}
+
+/// [`fit`] for an ionet pair.
+pub fn sized(ep: &Endpoint, peer: PeerId, p: &Params, target: Duration) -> Result<Params> {
+    let q = probe(p);
+    let t = Instant::now();
+    run(ep, peer, &q, None)?;
+    Ok(fit(t.elapsed() / q.iters as u32, p, target))
 }

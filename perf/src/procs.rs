@@ -38,6 +38,20 @@ impl Drop for ServerProc {
     }
 }
 
+/// In a server child: die with the parent, so a killed or crashed client never leaves servers
+/// behind (Linux `PR_SET_PDEATHSIG`; elsewhere a no-op).
+pub fn exit_with_parent() {
+    #[cfg(target_os = "linux")]
+    {
+        let parent = nix::unistd::getppid();
+        let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+        // The parent may have died before the call.
+        if nix::unistd::getppid() != parent {
+            std::process::exit(1);
+        }
+    }
+}
+
 /// True when `prog` is on PATH.
 pub fn have(prog: &str) -> bool {
     std::env::var_os("PATH")

@@ -1,6 +1,6 @@
 //! Raw-socket baselines: the same ping-pong and streaming patterns on plain `std::net`
-//! sockets, busy-polling or blocking, so every ionet figure has a ratio against a baseline
-//! measured in the same run.
+//! sockets (with ionet's socket-buffer sizes), busy-polling or blocking, so every ionet figure
+//! has a ratio against a baseline measured in the same run.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -10,11 +10,23 @@ use crate::params::{PARAMS_LEN, Params, Test};
 use crate::run::RunResult;
 use crate::stats;
 
+/// Kernel socket buffers of the raw baseline: ionet's default (`Config::socket_buffer`), so the
+/// baseline and ionet get the same kernel queueing.
+const SOCKET_BUFFER: usize = 4 << 20;
+
+fn tune(s: &TcpStream) -> io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    s.set_nodelay(true)?;
+    setsockopt(s, sockopt::SndBuf, &SOCKET_BUFFER).map_err(io::Error::from)?;
+    setsockopt(s, sockopt::RcvBuf, &SOCKET_BUFFER).map_err(io::Error::from)?;
+    Ok(())
+}
+
 /// Serves raw-socket tests, one connection at a time, until the listener fails.
 pub fn serve(listener: TcpListener) -> io::Result<()> {
     loop {
         let (mut s, _) = listener.accept()?;
-        s.set_nodelay(true)?;
+        tune(&s)?;
         loop {
             let mut pb = [0u8; PARAMS_LEN];
             if s.read_exact(&mut pb).is_err() {
@@ -46,12 +58,40 @@ pub fn serve(listener: TcpListener) -> io::Result<()> {
     }
 }
 
+/// Longest a read or write may wait: a stuck peer fails the run instead of hanging it.
+const IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Spin-wait bookkeeping: checks the clock only every 4096 empty polls.
+struct SpinDeadline {
+    polls: u32,
+    since: Option<Instant>,
+}
+
+impl SpinDeadline {
+    fn new() -> Self {
+        SpinDeadline { polls: 0, since: None }
+    }
+
+    fn tick(&mut self) -> io::Result<()> {
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls.is_multiple_of(4096) {
+            let t = *self.since.get_or_insert_with(Instant::now);
+            if t.elapsed() > IO_TIMEOUT {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "raw peer silent too long"));
+            }
+        }
+        std::hint::spin_loop();
+        Ok(())
+    }
+}
+
 fn read_some(s: &mut TcpStream, buf: &mut [u8], spin: bool) -> io::Result<usize> {
+    let mut d = SpinDeadline::new();
     loop {
         match s.read(buf) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => return Ok(n),
-            Err(e) if spin && e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) if spin && e.kind() == io::ErrorKind::WouldBlock => d.tick()?,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
@@ -68,10 +108,11 @@ fn read_full(s: &mut TcpStream, buf: &mut [u8], spin: bool) -> io::Result<()> {
 
 fn write_full(s: &mut TcpStream, buf: &[u8], spin: bool) -> io::Result<()> {
     let mut done = 0;
+    let mut d = SpinDeadline::new();
     while done < buf.len() {
         match s.write(&buf[done..]) {
             Ok(n) => done += n,
-            Err(e) if spin && e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) if spin && e.kind() == io::ErrorKind::WouldBlock => d.tick()?,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
@@ -87,7 +128,9 @@ pub struct RawClient {
 impl RawClient {
     pub fn connect(addr: &str) -> io::Result<RawClient> {
         let s = TcpStream::connect(addr)?;
-        s.set_nodelay(true)?;
+        tune(&s)?;
+        s.set_read_timeout(Some(IO_TIMEOUT))?;
+        s.set_write_timeout(Some(IO_TIMEOUT))?;
         Ok(RawClient { s })
     }
 
@@ -128,5 +171,13 @@ impl RawClient {
         };
         self.s.set_nonblocking(false)?;
         Ok(RunResult::new(p, secs, rtts, client_cpu, server_cpu))
+    }
+
+    /// [`crate::over_ionet::fit`] for the raw baseline.
+    pub fn sized(&mut self, p: &Params, target: std::time::Duration) -> io::Result<Params> {
+        let q = crate::over_ionet::probe(p);
+        let t = Instant::now();
+        self.run(&q, None)?;
+        Ok(crate::over_ionet::fit(t.elapsed() / q.iters as u32, p, target))
     }
 }

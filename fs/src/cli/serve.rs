@@ -48,6 +48,10 @@ pub struct ServeArgs {
     /// Open files an io server keeps cached (0: reopen for every request).
     #[arg(long)]
     max_open: Option<usize>,
+    /// Size of each pre-posted InfiniBand receive buffer of the io servers (bytes; default
+    /// ionet's 8 KiB). Inline sends must fit one, so raising the inline limit needs this too.
+    #[arg(long)]
+    ib_recv_size: Option<u32>,
     /// Capability lifetime in seconds (meta server).
     #[arg(long, default_value_t = 3600)]
     cap_lifetime: u64,
@@ -156,6 +160,9 @@ fn run_io(a: &ServeArgs, i: u32, cfg: Option<&ClusterConfig>) -> Result<()> {
     if let Some(m) = a.max_open {
         s.max_open = m;
     }
+    if let Some(n) = a.ib_recv_size {
+        s.ib = Some(ionet::IbConfig::default().recv_size(n));
+    }
     let h = IoServer::start(s)?;
     announce(h.local_addr())?;
     h.join();
@@ -195,6 +202,9 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>) -> Result<()> {
     opts.io_args.extend(["--pipeline-depth".into(), a.pipeline_depth.to_string()]);
     if let Some(m) = a.max_open {
         opts.io_args.extend(["--max-open".into(), m.to_string()]);
+    }
+    if let Some(n) = a.ib_recv_size {
+        opts.io_args.extend(["--ib-recv-size".into(), n.to_string()]);
     }
     opts.meta_args =
         vec!["--cap-lifetime".into(), a.cap_lifetime.to_string(), "--wait".into(), a.wait.clone()];

@@ -46,6 +46,8 @@ pub struct IoServerConfig {
     pub max_open: usize,
     /// Longest a single pull or push may take before the request is abandoned.
     pub transfer_timeout: Duration,
+    /// InfiniBand engine settings of the server's endpoint (default: ionet's).
+    pub ib: Option<ionet::IbConfig>,
 }
 
 /// Default transfer unit of the io servers: 1 MiB.
@@ -67,6 +69,7 @@ impl IoServerConfig {
             wait_mode: WaitMode::Adaptive,
             max_open: StoreConfig::default().max_open,
             transfer_timeout: Duration::from_secs(60),
+            ib: None,
         }
     }
 }
@@ -102,7 +105,11 @@ impl IoServer {
         }
         let key = CapabilityKey::new(&cfg.key)?;
         let store = ObjectStore::open(&cfg.data_dir, StoreConfig { max_open: cfg.max_open })?;
-        let ep = Endpoint::bind(&cfg.listen, crate::net::endpoint_config(&cfg.key, cfg.wait_mode, true))?;
+        let mut ep_cfg = crate::net::endpoint_config(&cfg.key, cfg.wait_mode, true);
+        if let Some(ib) = &cfg.ib {
+            ep_cfg = ep_cfg.ib(ib.clone());
+        }
+        let ep = Endpoint::bind(&cfg.listen, ep_cfg)?;
         info!(addr = ?ep.local_addr(), dir = %cfg.data_dir.display(), tu = cfg.transfer_unit, "io server listening");
         let stop = Arc::new(AtomicBool::new(false));
         let workers = cfg.workers;

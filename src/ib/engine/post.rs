@@ -10,7 +10,7 @@ use crate::expose::MemHandle;
 use crate::flowctl::Transmit;
 use crate::ib::verbs::*;
 use crate::info::Counters;
-use crate::regcache::{Origin, RegRef};
+use crate::regcache::{Origin, RegRef, Span};
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{
     FLAG_INLINE_DATA, FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind,
@@ -208,7 +208,13 @@ impl<V: Verbs> State<V> {
         let owned =
             matches!(o.buf, OpBuf::Send(SendBuf::Registered(_)) | OpBuf::Recv(RecvBuf::Registered(_)));
         if !owned && pieces.len() <= msg::MAX_SEGMENTS / 2 {
-            match self.acquire_all(&pieces, false) {
+            // With the allocation hint, the pieces' span is their parent allocation.
+            let parent = (self.s.cfg.ib.list_alloc_hint && pieces.len() > 1).then(|| {
+                let lo = pieces.iter().map(|p| p.0).min().unwrap_or(0);
+                let hi = pieces.iter().map(|p| p.0 + p.1).max().unwrap_or(lo);
+                Span::new(lo, hi - lo)
+            });
+            match self.acquire_all_in(&pieces, false, parent) {
                 Ok((regs, segs)) => {
                     if let Some(o) = self.ops.get_mut(&op) {
                         o.regs.extend(regs);
@@ -252,6 +258,16 @@ impl<V: Verbs> State<V> {
         pieces: &[(usize, usize)],
         hit_only: bool,
     ) -> Result<(Vec<RegRef>, Vec<Segment>)> {
+        self.acquire_all_in(pieces, hit_only, None)
+    }
+
+    /// [`Self::acquire_all`], registering `parent` on a miss when given (allocation hint).
+    fn acquire_all_in(
+        &mut self,
+        pieces: &[(usize, usize)],
+        hit_only: bool,
+        parent: Option<Span>,
+    ) -> Result<(Vec<RegRef>, Vec<Segment>)> {
         let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let mut regs = Vec::with_capacity(pieces.len());
         let mut segs = Vec::with_capacity(pieces.len());
@@ -262,6 +278,8 @@ impl<V: Verbs> State<V> {
             let r = if hit_only {
                 c.acquire_if_registered(addr, len, Access::READ_WRITE)
                     .ok_or_else(|| Error::misuse("pool buffer not registered"))
+            } else if let Some(parent) = parent {
+                c.acquire_hinted(addr, len, parent, Access::READ_WRITE, Origin::Foreign).map_err(Error::from)
             } else {
                 c.acquire(addr, len, Access::READ_WRITE, Origin::Foreign).map_err(Error::from)
             };

@@ -1,0 +1,411 @@
+//! `stripefs bench all`: every experiment in one run — `ionet-perf ab`, `calibrate` and `qos`
+//! (transport-only, in child processes) and E1–E5 and CPU (here) — then a report: each
+//! experiment's CSV, Markdown and plots in the output directory, `REPORT.md` with all of them,
+//! and with `--update FILE` the generated sections of `BENCHMARKS.md` replaced in place
+//! (between `<!-- BEGIN GENERATED: bench-<id> -->` markers; the text around them is kept).
+
+use super::{Common, Ctx, Report, cpu, e1, e2, e3, e5, tiles, util};
+use anyhow::{Context, Result, bail};
+use benchkit::{Machine, Samples, Summary, Table, doc};
+use clap::Args;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// `all` options.
+#[derive(Args, Debug, Clone)]
+pub struct AllArgs {
+    /// Regenerate the suite's sections of this Markdown file (BENCHMARKS.md). Refused with
+    /// --quick: quick figures are not for publication.
+    #[arg(long)]
+    pub update: Option<PathBuf>,
+    /// Run only these steps (ab, calibrate, qos, e1, e2, e3, e4, e5, cpu).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Skip these steps.
+    #[arg(long, value_delimiter = ',')]
+    pub skip: Vec<String>,
+    /// A criterion output directory (`$CARGO_TARGET_DIR/criterion`) to report as the
+    /// micro-benchmark section.
+    #[arg(long)]
+    pub criterion: Option<PathBuf>,
+    /// The command that produced the criterion results (shown beside them).
+    #[arg(long, default_value = "cargo bench")]
+    pub criterion_cmd: String,
+}
+
+/// The steps, in order, with their section titles.
+pub const STEPS: [(&str, &str); 9] = [
+    ("ab", "ionet-perf: tcp:// and softib:// side by side, with raw-socket, memcpy and iperf3 baselines"),
+    ("calibrate", "ionet-perf calibrate: each mechanism across sizes, recommended thresholds"),
+    ("qos", "QoS: Control-class round trips under a Bulk stream"),
+    ("e1", "E1: concurrent read/write, 1–4 io servers × 1–4 clients"),
+    ("e2", "E2: small-write access time by mechanism and registration-cache hit rate"),
+    ("e3", "E3: 32 MiB transfer against the transfer unit"),
+    ("e4", "E4: tiled access with and without list I/O"),
+    ("e5", "E5: list-I/O registrations with and without allocation hints"),
+    ("cpu", "CPU seconds per GB by transport, mechanism and wait mode"),
+];
+
+/// Plot links in Markdown placed in `doc_dir` pointing into `out/plots/`.
+pub fn link_prefix(doc_dir: &Path, out: &Path) -> String {
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let (d, o) = (canon(doc_dir), canon(out));
+    match o.strip_prefix(&d) {
+        Ok(rel) if rel.as_os_str().is_empty() => "plots/".into(),
+        Ok(rel) => format!("{}/plots/", rel.display()),
+        Err(_) => format!("{}/plots/", o.display()),
+    }
+}
+
+fn run_perf(c: &Common, mode: &str, extra: &[&str], out: &Path, prefix: &str) -> Result<Report> {
+    let perf = c.ionet_perf()?;
+    let transports: Vec<&str> = c.transports.iter().map(|t| t.as_str()).collect();
+    let mut cmd = Command::new(perf);
+    cmd.arg(mode)
+        .args(["--transports", &transports.join(",")])
+        .args(["--runs", &c.runs().to_string(), "--link-prefix", prefix, "--out"])
+        .arg(out)
+        .args(extra);
+    if c.quick {
+        cmd.arg("--quick");
+    }
+    util::run_bounded(&mut cmd, Duration::from_secs(20 * 60))?;
+    // ionet-perf writes its plots beside its CSV: move them under plots/.
+    std::fs::create_dir_all(out.join("plots"))?;
+    let mut plots = Vec::new();
+    for e in std::fs::read_dir(out)? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "svg") {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            std::fs::rename(&p, out.join("plots").join(&name))?;
+            plots.push(name);
+        }
+    }
+    let samples = Samples::read_csv(&out.join(format!("{mode}.csv")))?;
+    let md = std::fs::read_to_string(out.join(format!("{mode}.md")))?;
+    Ok(Report { samples, md, plots: Vec::new() })
+}
+
+/// The headline figures the issues set targets for, from everything measured.
+pub fn targets(all: &Samples) -> String {
+    let mut t = Table::new(["target (issue)", "measured (median of runs, min–max)", "met?"]);
+    let mib = (1u64 << 20) as f64;
+    let ratio = |a: Option<Summary>, b: Option<Summary>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.ratio_to(&b)),
+        _ => None,
+    };
+    // Targets whose figures were not measured in this run are left out.
+    let mut row = |what: &str, r: Option<f64>, ok: &dyn Fn(f64) -> bool, shown: String| {
+        if r.is_none() {
+            return;
+        }
+        t.row([
+            what.to_string(),
+            shown,
+            r.map_or("–".into(), |r| if ok(r) { "yes".into() } else { "no".into() }),
+        ]);
+    };
+    // Issue 5: 1 MiB bandwidth softib ≥ 1.5 × tcp.
+    let sb = all.get("ab", "softib", "ionet", "bandwidth", mib);
+    let tb = all.get("ab", "tcp", "ionet", "bandwidth", mib);
+    let r = ratio(sb, tb);
+    row(
+        "ionet-perf 1 MiB bandwidth, softib:// ≥ 1.5 × tcp:// (5)",
+        r,
+        &|r| r >= 1.5,
+        format!(
+            "{} / {} GB/s = {}",
+            sb.map_or("–".into(), |v| v.to_string()),
+            tb.map_or("–".into(), |v| v.to_string()),
+            r.map_or("–".into(), |r| format!("{r:.2}×"))
+        ),
+    );
+    // Issue 6: stripefs ≥ 0.8 × ionet-perf on the same transport (1 io server, 1 client).
+    for t_ in ["tcp", "softib"] {
+        let rf = all.get("e1-ref", t_, "ionet-perf", "bandwidth", e1::REF_SIZE as f64);
+        for op in ["write", "read"] {
+            let v = all.get("e1", t_, &format!("{op} N=1"), "bandwidth", 1.0);
+            let r = ratio(v, rf);
+            row(
+                &format!("stripefs {op}, 1 io server × 1 client, ≥ 0.8 × ionet-perf on {t_}:// (6)"),
+                r,
+                &|r| r >= 0.8,
+                format!(
+                    "{} / {} MB/s = {}",
+                    v.map_or("–".into(), |v| v.to_string()),
+                    rf.map_or("–".into(), |v| v.to_string()),
+                    r.map_or("–".into(), |r| format!("{r:.2}×"))
+                ),
+            );
+        }
+    }
+    // Issue 5: client CPU of server-based RDMA ≤ 10 % of TCP's.
+    for op in ["write", "read"] {
+        for w in ["block", "adaptive"] {
+            let pick = |t_: &str, se: &str| {
+                let v: Vec<f64> = all
+                    .rows()
+                    .iter()
+                    .filter(|r| {
+                        r.experiment == "cpu"
+                            && r.transport == t_
+                            && r.series == se
+                            && r.wait == w
+                            && r.metric == "client_cpu_per_gb"
+                            && r.x == mib
+                    })
+                    .map(|r| r.value)
+                    .collect();
+                Summary::of(&v)
+            };
+            let b = pick("tcp", &format!("rendezvous {op}"));
+            for pooled in ["", " (registered buffer)"] {
+                let a = pick("softib", &format!("server-rdma {op}{pooled}"));
+                if a.is_none() {
+                    continue;
+                }
+                let r = ratio(a, b);
+                row(
+                    &format!(
+                        "client CPU per GB, 1 MiB {op}s{pooled}, server-based RDMA ≤ 10 % of TCP's, client wait {w} (5)"
+                    ),
+                    r,
+                    &|r| r <= 0.10,
+                    format!(
+                        "{} / {} s/GB = {}",
+                        a.map_or("–".into(), |v| v.to_string()),
+                        b.map_or("–".into(), |v| v.to_string()),
+                        r.map_or("–".into(), |r| format!("{:.1} %", r * 100.0))
+                    ),
+                );
+            }
+        }
+    }
+    t.render()
+}
+
+/// Runs everything.
+pub fn run(c: Common, a: &AllArgs) -> Result<()> {
+    if c.quick && a.update.is_some() {
+        bail!("--update is refused with --quick: quick runs are smoke checks, not figures for BENCHMARKS.md");
+    }
+    let started = Instant::now();
+    let machine = Machine::detect();
+    let out = c.out_dir();
+    std::fs::create_dir_all(out.join("plots"))?;
+    let prefix = match &a.update {
+        Some(f) => {
+            link_prefix(f.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")), &out)
+        }
+        None => "plots/".into(),
+    };
+    let wanted =
+        |id: &str| (a.only.is_empty() || a.only.iter().any(|o| o == id)) && !a.skip.iter().any(|s| s == id);
+    // Fail early, before anything long runs.
+    if ["ab", "calibrate", "qos", "e1"].iter().any(|id| wanted(id)) {
+        c.ionet_perf()?;
+    }
+    if let Some(f) = &a.update {
+        let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        for id in STEPS.iter().map(|s| s.0).chain(["summary", "micro"]) {
+            doc::splice(&text, &format!("bench-{id}"), "")?;
+        }
+    }
+    let mut ctx = Ctx::new(c.clone())?;
+    ctx.link_prefix = prefix.clone();
+    let quote = |a: String| if a.contains(' ') { format!("'{a}'") } else { a };
+    let command = std::iter::once("stripefs".to_string())
+        .chain(std::env::args().skip(1).map(quote))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut sections: Vec<(String, String)> = Vec::new();
+    let mut all = Samples::new();
+    let mut failed: Vec<String> = Vec::new();
+    let mut durations: Vec<(String, f64)> = Vec::new();
+    for (id, title) in STEPS {
+        if !wanted(id) {
+            continue;
+        }
+        eprintln!("\n=== stripefs bench all: {id} ({:.0} s elapsed)", started.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let r: Result<Report> = match id {
+            "ab" => run_perf(&c, "ab", &[], &out, &prefix),
+            "calibrate" => run_perf(&c, "calibrate", &[], &out, &prefix),
+            "qos" => run_perf(&c, "qos", &[], &out, &prefix),
+            "e1" => e1::run(&ctx, &default_args::<e1::E1Args>()),
+            "e2" => e2::run(&ctx, &default_args::<e2::E2Args>()),
+            "e3" => e3::run(&ctx, &default_args::<e3::E3Args>()),
+            "e4" => tiles::run_e4(&ctx, &default_args::<tiles::TileArgs>()),
+            "e5" => e5::run(&ctx, &default_args::<e5::E5Args>()),
+            "cpu" => cpu::run(&ctx, &default_args::<cpu::CpuArgs>()),
+            _ => unreachable!("every step is handled"),
+        };
+        let secs = t.elapsed().as_secs_f64();
+        durations.push((id.to_string(), secs));
+        match r {
+            Ok(rep) => {
+                if !matches!(id, "ab" | "calibrate" | "qos") {
+                    ctx.emit(id, &rep)?;
+                }
+                all.extend(rep.samples.rows().iter().cloned());
+                let alone = match id {
+                    "ab" | "calibrate" | "qos" => format!("ionet-perf {id} --transports {}", transports(&c)),
+                    _ => format!("stripefs bench {id} --transports {}", transports(&c)),
+                };
+                let body = format!(
+                    "### {title}\n\nCommand: `{command}` (this step alone: `{alone} --runs {}`), {:.0} s.\n\n{}",
+                    c.runs(),
+                    secs,
+                    rep.md.trim_start_matches("**QUICK RUN (smoke check, not for publication).**\n\n")
+                );
+                sections.push((format!("bench-{id}"), body));
+            }
+            Err(e) => {
+                eprintln!("stripefs bench all: {id} FAILED: {e:#}");
+                failed.push(format!("{id}: {e:#}"));
+            }
+        }
+    }
+    if let Some(dir) = &a.criterion {
+        let m = benchkit::criterion::read(dir);
+        if m.is_empty() {
+            failed.push(format!("micro: no criterion results under {}", dir.display()));
+        } else {
+            sections.push((
+                "bench-micro".into(),
+                format!(
+                    "### Micro-benchmarks (criterion)\n\nCommand: `{}`. Median time per iteration with the 95 % \
+                     confidence interval of the median (criterion's bootstrap).\n\n{}",
+                    a.criterion_cmd,
+                    benchkit::criterion::table(&m)
+                ),
+            ));
+        }
+    }
+    all.write_csv(&out.join("all.csv"))?;
+    let total = started.elapsed().as_secs_f64();
+    let mut summary = format!(
+        "### Summary\n\n{}\n\nLoad average at the end: {}. Total {:.1} min. Command: `{command}`.\n\n\
+         Every figure is the median of {} runs with the min–max spread in brackets; ratios are of medians \
+         measured in the same run. Buffers are pre-faulted and reused; io servers keep their data under \
+         `{}`; servers are child processes on loopback. Raw samples: `{}/all.csv` and one CSV per step.\n\n",
+        machine.describe(),
+        benchkit::machine::load_average(),
+        total / 60.0,
+        c.runs(),
+        ctx.data_dir().parent().unwrap_or(ctx.data_dir()).display(),
+        out.display()
+    );
+    if c.quick {
+        summary = summary.replacen(
+            "### Summary\n\n",
+            "### Summary\n\n**QUICK RUN (smoke check of the suite, not figures to publish).**\n\n",
+            1,
+        );
+    }
+    let mut d = Table::new(["step", "seconds"]);
+    for (id, s) in &durations {
+        d.row([id.clone(), format!("{s:.0}")]);
+    }
+    let tt = targets(&all);
+    if tt.lines().count() > 2 {
+        summary.push_str("Targets set by the issues:\n\n");
+        summary.push_str(&tt);
+    }
+    summary.push_str("\nTime per step:\n\n");
+    summary.push_str(&d.render());
+    let mut report = format!("## Transport A/B benchmark suite\n\n{summary}\n");
+    for (_, body) in &sections {
+        report.push_str(body);
+        report.push('\n');
+    }
+    std::fs::write(out.join("REPORT.md"), &report)?;
+    println!("{report}");
+    if !failed.is_empty() {
+        bail!("{} step(s) failed (BENCHMARKS.md left as it was):\n  {}", failed.len(), failed.join("\n  "));
+    }
+    if let Some(f) = &a.update {
+        let mut text = std::fs::read_to_string(f)?;
+        text = doc::splice(&text, "bench-summary", &summary)?;
+        for (id, body) in &sections {
+            text = doc::splice(&text, id, body)?;
+        }
+        let tmp = f.with_extension("md.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, f)?;
+        println!("updated {}", f.display());
+    }
+    println!("done in {:.1} min; results in {}", total / 60.0, out.display());
+    Ok(())
+}
+
+fn transports(c: &Common) -> String {
+    c.transports.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(",")
+}
+
+/// An experiment's options at their defaults (as its subcommand would parse them).
+fn default_args<T: clap::Args>() -> T {
+    #[derive(clap::Parser)]
+    struct Wrap<A: clap::Args> {
+        #[command(flatten)]
+        a: A,
+    }
+    <Wrap<T> as clap::Parser>::parse_from(["x"]).a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use benchkit::Sample;
+
+    #[test]
+    fn link_prefixes_are_relative_to_the_document() {
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("benchmarks");
+        std::fs::create_dir_all(&out).unwrap();
+        assert_eq!(link_prefix(d.path(), &out), "benchmarks/plots/");
+        assert_eq!(link_prefix(&out, &out), "plots/");
+        let elsewhere = tempfile::tempdir().unwrap();
+        assert!(link_prefix(elsewhere.path(), &out).starts_with('/'));
+    }
+
+    #[test]
+    fn defaults_parse_for_every_experiment() {
+        let e1: e1::E1Args = default_args();
+        assert_eq!(e1.io_servers, vec![1, 2, 3, 4]);
+        assert_eq!(e1.mib_per_server, 2);
+        let t: tiles::TileArgs = default_args();
+        assert_eq!((t.elem, t.tile_cols, t.tile_rows), (24, 1024, 768));
+        let e5: e5::E5Args = default_args();
+        assert_eq!((e5.elem, e5.rows_per_request), (64, 128));
+        let c: cpu::CpuArgs = default_args();
+        assert_eq!(c.waits.len(), 2);
+    }
+
+    #[test]
+    fn targets_table_reads_the_right_samples() {
+        let mut s = Samples::new();
+        let mib = (1u64 << 20) as f64;
+        s.push(Sample::new("ab", "softib", "ionet", mib).metric("bandwidth", "GB/s").run(0, 3.0));
+        s.push(Sample::new("ab", "tcp", "ionet", mib).metric("bandwidth", "GB/s").run(0, 1.0));
+        s.push(Sample::new("e1-ref", "tcp", "ionet-perf", mib).metric("bandwidth", "MB/s").run(0, 1000.0));
+        s.push(Sample::new("e1", "tcp", "write N=1", 1.0).metric("bandwidth", "MB/s").run(0, 700.0));
+        s.push(
+            Sample::new("cpu", "softib", "server-rdma write", mib)
+                .metric("client_cpu_per_gb", "s/GB")
+                .run(0, 0.01)
+                .wait("block"),
+        );
+        s.push(
+            Sample::new("cpu", "tcp", "rendezvous write", mib)
+                .metric("client_cpu_per_gb", "s/GB")
+                .run(0, 0.2)
+                .wait("block"),
+        );
+        let t = targets(&s);
+        assert!(t.contains("| ionet-perf 1 MiB bandwidth, softib:// ≥ 1.5 × tcp:// (5) | 3.00 / 1.00 GB/s = 3.00× | yes |"), "{t}");
+        assert!(t.contains("= 0.70× | no |"), "{t}");
+        assert!(t.contains("= 5.0 % | yes |"), "{t}");
+    }
+}

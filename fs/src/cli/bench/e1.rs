@@ -1,0 +1,270 @@
+//! E1: concurrent read/write bandwidth (paper 003's method, repeated in 000 §6.3). Every client
+//! writes, then reads back, one contiguous 2N MiB region (N = io servers) of one shared file
+//! striped over all N servers; clients start each phase together and the bandwidth is total
+//! bytes over the slowest client's time. The same run measures `ionet-perf` streaming
+//! bandwidth on each transport (same machine state, no CPU pinning, like the clients here) so
+//! every figure has its "fraction of what the transport moves" beside it.
+
+use super::util::{self, mbs, parallel, pattern, prefaulted};
+use super::{Ctx, Report, image};
+use anyhow::{Context, Result, bail};
+use benchkit::plot::{LineChart, Scale, Series};
+use benchkit::{Sample, Samples, Summary, Table};
+use clap::Args;
+use ionet::Scheme;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use stripefs::capability::Rights;
+use stripefs::proto::LayoutSpec;
+use stripefs::{ClientOptions, CreateOptions};
+
+const EXP: &str = "e1";
+/// The reference: ionet-perf streaming bandwidth at this message size.
+pub const REF_SIZE: u64 = 1 << 20;
+
+/// E1 options.
+#[derive(Args, Debug, Clone)]
+pub struct E1Args {
+    /// io server counts.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4")]
+    pub io_servers: Vec<u32>,
+    /// Client counts.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4")]
+    pub clients: Vec<u32>,
+    /// MiB per client per io server (the papers: 2).
+    #[arg(long, default_value_t = 2)]
+    pub mib_per_server: u64,
+    /// Stripe size in bytes (default: the file system's, 64 KiB; paper 003 used 16 KiB).
+    #[arg(long)]
+    pub stripe_size: Option<u64>,
+    /// Skip the same-run ionet-perf reference.
+    #[arg(long)]
+    pub no_reference: bool,
+}
+
+/// Runs E1.
+pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
+    let mut s = Samples::new();
+    let (io, clients) = if ctx.c.quick && a.io_servers == [1, 2, 3, 4] && a.clients == [1, 2, 3, 4] {
+        (vec![1, 4], vec![1, 4])
+    } else {
+        (a.io_servers.clone(), a.clients.clone())
+    };
+    for &scheme in &ctx.c.transports {
+        if !a.no_reference {
+            s.extend(reference(ctx, scheme)?.rows().iter().cloned());
+        }
+        for &n in &io {
+            eprintln!("e1 {scheme}: {n} io servers");
+            let cluster = ctx.cluster(scheme, n, |o| o.stripe_size = a.stripe_size)?;
+            for &c in &clients {
+                let region = (a.mib_per_server * u64::from(n)) << 20;
+                cell(ctx, &cluster, scheme, n, c, region, &mut s)
+                    .with_context(|| format!("E1 over {scheme}://, {n} io servers, {c} clients"))?;
+            }
+            cluster.stop();
+        }
+    }
+    render(&s, &ctx.link_prefix, a.mib_per_server)
+}
+
+/// `ionet-perf ab` bandwidth at [`REF_SIZE`] on `scheme`, unpinned, in a child process.
+fn reference(ctx: &Ctx, scheme: Scheme) -> Result<Samples> {
+    let perf = ctx.c.ionet_perf()?;
+    let dir = ctx.data_dir().join(format!("e1-ref-{scheme}"));
+    let mut cmd = Command::new(perf);
+    cmd.args(["ab", "--transports", scheme.as_str(), "--bw-only", "--no-pin", "--bw-sizes", "1m"])
+        .args(["--runs", &ctx.c.runs().to_string(), "--out"])
+        .arg(&dir);
+    if ctx.c.quick {
+        cmd.arg("--quick");
+    }
+    eprintln!("e1 {scheme}: ionet-perf reference");
+    util::run_bounded(&mut cmd, Duration::from_secs(600))?;
+    let ab = Samples::read_csv(&dir.join("ab.csv"))?;
+    Ok(ab
+        .rows()
+        .iter()
+        .filter(|r| r.transport == scheme.as_str() && r.metric == "bandwidth")
+        .map(|r| {
+            let mut r = r.clone();
+            r.experiment = "e1-ref".into();
+            r.series = "ionet-perf".into();
+            r.metric = "bandwidth".into();
+            r.unit = "MB/s".into();
+            r.value *= 1000.0; // GB/s → MB/s
+            r
+        })
+        .collect())
+}
+
+fn cell(
+    ctx: &Ctx,
+    cluster: &stripefs::cluster::LocalCluster,
+    scheme: Scheme,
+    n: u32,
+    c: u32,
+    region: u64,
+    s: &mut Samples,
+) -> Result<()> {
+    let setup = ctx.client(cluster, ClientOptions::default())?;
+    let name = format!("/e1-{n}-{c}");
+    let spec = LayoutSpec { base: Some(0), pcount: Some(n), ssize: None };
+    drop(setup.create(&name, CreateOptions { mode: 0o644, layout: Some(spec) })?);
+    let runs = ctx.c.runs();
+    let per_client = parallel(c as usize, ctx.step_timeout(), |i, gate| -> Result<Vec<(f64, f64)>> {
+        let client = ctx.client(cluster, ClientOptions::default())?;
+        let f = client.open(&name, Rights::READ_WRITE)?;
+        let data = pattern(region as usize, 0xe1 + i as u64);
+        let mut buf = prefaulted(region as usize);
+        let off = u64::from(i as u32) * region;
+        let mut times = Vec::new();
+        // One untimed round first: the servers' first write of a region allocates its pages.
+        for r in 0..=runs {
+            gate.wait()?;
+            let t = Instant::now();
+            f.write_at(off, &data)?;
+            let tw = t.elapsed().as_secs_f64();
+            gate.wait()?;
+            let t = Instant::now();
+            let (b, got) = f.read_at(off, buf)?;
+            let tr = t.elapsed().as_secs_f64();
+            buf = b;
+            if got != region as usize || buf[..] != data[..] {
+                bail!("client {i} read back different data");
+            }
+            if r > 0 {
+                times.push((tw, tr));
+            }
+        }
+        Ok(times)
+    })?;
+    let total = region * u64::from(c);
+    let t = scheme.as_str();
+    for r in 0..runs {
+        let tw = per_client.iter().map(|v| v[r].0).fold(0.0, f64::max);
+        let tr = per_client.iter().map(|v| v[r].1).fold(0.0, f64::max);
+        let sample = |op: &str, v: f64| {
+            Sample::new(EXP, t, &format!("{op} N={n}"), f64::from(c))
+                .metric("bandwidth", "MB/s")
+                .run(r as u32, v)
+                .wait("adaptive")
+                .note(format!("region_bytes={region}"))
+        };
+        s.push(sample("write", mbs(total, tw)));
+        s.push(sample("read", mbs(total, tr)));
+    }
+    setup.unlink(&name)?;
+    Ok(())
+}
+
+fn cell_text(v: Option<Summary>) -> String {
+    v.map_or("–".into(), |v| v.to_string())
+}
+
+/// Tables and plots of E1.
+pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> {
+    let e = s.filter(|r| r.experiment == EXP);
+    let ts: Vec<String> = e.distinct(|r| r.transport.clone());
+    let ns: Vec<u32> = {
+        let mut v: Vec<u32> = e
+            .rows()
+            .iter()
+            .filter_map(|r| r.series.split("N=").nth(1).and_then(|x| x.parse().ok()))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let cs = e.xs();
+    let reference = |t: &str| s.get("e1-ref", t, "ionet-perf", "bandwidth", REF_SIZE as f64);
+    let mut md = format!(
+        "Each client writes, then reads back, one contiguous {mib_per_server}N MiB region (N = io servers) of one \
+         shared file striped over the N servers (64 KiB stripes unless stated); bandwidth = total bytes / slowest \
+         client's time, MB/s = 10⁶ B/s. One untimed round first, then the runs. Clients: threads of the bench \
+         process, one `Client` each, adaptive waits; io servers: child processes, adaptive waits, data on tmpfs.\n\n"
+    );
+    for t in &ts {
+        let rf = reference(t);
+        md.push_str(&format!(
+            "**{t}://** — ionet-perf streaming bandwidth, 1 MiB messages, same run: {} MB/s.\n\n",
+            cell_text(rf)
+        ));
+        let mut tab = Table::new([
+            "io servers",
+            "clients",
+            "write MB/s",
+            "read MB/s",
+            "write / ionet-perf",
+            "read / ionet-perf",
+        ]);
+        for &n in &ns {
+            for &c in &cs {
+                let w = e.get(EXP, t, &format!("write N={n}"), "bandwidth", c);
+                let r = e.get(EXP, t, &format!("read N={n}"), "bandwidth", c);
+                if w.is_none() && r.is_none() {
+                    continue;
+                }
+                let ratio = |x: Option<Summary>| match (x, rf) {
+                    (Some(x), Some(b)) => format!("{:.2}×", x.ratio_to(&b)),
+                    _ => "–".into(),
+                };
+                tab.row([n.to_string(), format!("{c:.0}"), cell_text(w), cell_text(r), ratio(w), ratio(r)]);
+            }
+        }
+        md.push_str(&tab.render());
+        md.push('\n');
+    }
+    if ts.len() == 2 {
+        let (a, b) = (&ts[0], &ts[1]);
+        let mut tab =
+            Table::new(["io servers", "clients", &format!("write {b} / {a}"), &format!("read {b} / {a}")]);
+        for &n in &ns {
+            for &c in &cs {
+                let r = |op: &str| match (
+                    e.get(EXP, b, &format!("{op} N={n}"), "bandwidth", c),
+                    e.get(EXP, a, &format!("{op} N={n}"), "bandwidth", c),
+                ) {
+                    (Some(x), Some(y)) => format!("{:.2}×", x.ratio_to(&y)),
+                    _ => "–".into(),
+                };
+                tab.row([n.to_string(), format!("{c:.0}"), r("write"), r("read")]);
+            }
+        }
+        md.push_str(&format!("Ratio of medians, {b}:// over {a}:// (same run):\n\n"));
+        md.push_str(&tab.render());
+        md.push('\n');
+    }
+    let mut plots = Vec::new();
+    for op in ["write", "read"] {
+        let mut series = Vec::new();
+        for t in &ts {
+            for &n in &ns {
+                let pts: Vec<(f64, Summary)> = cs
+                    .iter()
+                    .filter_map(|&c| e.get(EXP, t, &format!("{op} N={n}"), "bandwidth", c).map(|v| (c, v)))
+                    .collect();
+                if pts.is_empty() {
+                    continue;
+                }
+                let name = format!("{t} N={n}");
+                series.push(if t == "tcp" { Series::baseline(name, pts) } else { Series::new(name, pts) });
+            }
+        }
+        if series.is_empty() {
+            continue;
+        }
+        let chart = LineChart {
+            title: format!("E1 concurrent {op}: each client {mib_per_server}N MiB of one file"),
+            x_desc: "clients".into(),
+            y_desc: "aggregate MB/s".into(),
+            x_scale: Scale::Count,
+            y_scale: Scale::Linear,
+            series,
+        };
+        let name = format!("e1-{op}.svg");
+        md.push_str(&image(prefix, &name));
+        plots.push((name, chart.render_svg()?));
+    }
+    Ok(Report { samples: s.clone(), md, plots })
+}

@@ -1,0 +1,290 @@
+//! `stripefs bench`: the transport A/B suite — the experiments of "PVFS over InfiniBand"
+//! (paper 000 §6) and PVFS (paper 003) over `tcp://` and `softib://` side by side, each a
+//! median of repeated runs with its min–max spread, beside baselines measured in the same run.
+//!
+//! | command | what |
+//! |---|---|
+//! | `e1` | concurrent read/write: 1–4 io servers × 1–4 clients, each client a 2N MiB region of one shared file; ratio to `ionet-perf` bandwidth on the same transport |
+//! | `e2` | small-write access time 128 B – 64 KiB per mechanism (inline / fast RDMA / server-based RDMA), registration cache at 0 % and 100 % hits |
+//! | `e3` | a 32 MiB transfer against the io servers' transfer unit, 64 KiB – 32 MiB |
+//! | `e4` | tiled access (4 clients, 2×2 tiles of 1024×768 24-byte elements, 4 io servers) with and without list I/O: bandwidth and request counts |
+//! | `e5` | list I/O of 64-byte elements in a 2048×1536 array: registrations and bandwidth with and without allocation hints |
+//! | `cpu` | client and io-server CPU seconds per GB per transport, mechanism and client wait mode |
+//! | `all` | everything above plus `ionet-perf ab`, `calibrate` and `qos`, then the report |
+//!
+//! Servers are child processes of this binary (they exit with it); clients are threads of
+//! this process, each with its own `Client` (endpoint and connections). Data lives on tmpfs
+//! when available. Every experiment writes `<out>/<id>.csv` (every run), `<out>/<id>.md` and
+//! SVG plots under `<out>/plots/`.
+
+mod all;
+mod cpu;
+mod e1;
+mod e2;
+mod e3;
+mod e5;
+mod tiles;
+pub mod util;
+
+use anyhow::{Context, Result, bail};
+use benchkit::Samples;
+use clap::{Args, Subcommand};
+use ionet::Scheme;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+use stripefs::cluster::{LocalCluster, LocalClusterOptions};
+use stripefs::{Client, ClientOptions};
+
+/// `bench` options.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    cmd: BenchCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCmd {
+    /// E1: concurrent read/write bandwidth, 1–4 io servers × 1–4 clients (paper 003 / 000 §6.3).
+    E1 {
+        #[command(flatten)]
+        o: e1::E1Args,
+        #[command(flatten)]
+        c: Common,
+    },
+    /// E2: small-write access time per mechanism and registration-cache hit rate (000 Fig. 11).
+    E2 {
+        #[command(flatten)]
+        o: e2::E2Args,
+        #[command(flatten)]
+        c: Common,
+    },
+    /// E3: a 32 MiB transfer against the transfer-unit size (000 Fig. 12).
+    E3 {
+        #[command(flatten)]
+        o: e3::E3Args,
+        #[command(flatten)]
+        c: Common,
+    },
+    /// E4: tiled access with and without list I/O (000 Fig. 13).
+    E4 {
+        #[command(flatten)]
+        o: tiles::TileArgs,
+        #[command(flatten)]
+        c: Common,
+    },
+    /// E5: list-I/O registrations with and without allocation hints (000 §6.8, Fig. 14).
+    E5 {
+        #[command(flatten)]
+        o: e5::E5Args,
+        #[command(flatten)]
+        c: Common,
+    },
+    /// CPU seconds per GB, client and io server, per transport, mechanism and wait mode.
+    Cpu {
+        #[command(flatten)]
+        o: cpu::CpuArgs,
+        #[command(flatten)]
+        c: Common,
+    },
+    /// Everything, with ionet-perf's ab / calibrate / qos, then the report (and BENCHMARKS.md
+    /// with --update).
+    All {
+        #[command(flatten)]
+        o: all::AllArgs,
+        #[command(flatten)]
+        c: Common,
+    },
+}
+
+/// Options every experiment takes.
+#[derive(Args, Debug, Clone)]
+pub struct Common {
+    /// Transports to compare.
+    #[arg(long, value_delimiter = ',', default_value = "tcp,softib", value_parser = parse_scheme)]
+    pub transports: Vec<Scheme>,
+    /// Repeated runs per point (median and min–max are reported).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Short runs and sparse sweeps: a smoke check of the suite, not figures to publish.
+    #[arg(long)]
+    pub quick: bool,
+    /// Output directory (CSV, Markdown, plots/). Default: `benchmarks`, or
+    /// `target/bench-quick` with --quick.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Where servers keep their data (default: /dev/shm when present, else the temp dir); a
+    /// fresh subdirectory is made and removed.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Give up (and clean up) after this many minutes.
+    #[arg(long, default_value_t = 40)]
+    pub timeout_min: u64,
+    /// The ionet-perf binary (default: next to this one).
+    #[arg(long)]
+    pub ionet_perf: Option<PathBuf>,
+}
+
+fn parse_scheme(s: &str) -> Result<Scheme, String> {
+    match s {
+        "tcp" => Ok(Scheme::Tcp),
+        "softib" => Ok(Scheme::SoftIb),
+        "ib" => Ok(Scheme::Ib),
+        _ => Err(format!("unknown transport {s} (tcp, softib, ib)")),
+    }
+}
+
+impl Common {
+    /// The output directory.
+    pub fn out_dir(&self) -> PathBuf {
+        self.out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(if self.quick { "target/bench-quick" } else { "benchmarks" }))
+    }
+
+    /// Runs per point (at least 1).
+    pub fn runs(&self) -> usize {
+        self.runs.max(1)
+    }
+
+    /// The ionet-perf binary, which must exist.
+    pub fn ionet_perf(&self) -> Result<PathBuf> {
+        let p = match &self.ionet_perf {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()?.with_file_name("ionet-perf"),
+        };
+        if !p.is_file() {
+            bail!(
+                "ionet-perf not found at {} (build it: cargo build --release -p ionet-perf -p stripefs, \
+                 or pass --ionet-perf)",
+                p.display()
+            );
+        }
+        Ok(p)
+    }
+}
+
+/// A finished experiment: its samples, Markdown and plots.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub samples: Samples,
+    pub md: String,
+    pub plots: Vec<(String, String)>,
+}
+
+/// The running suite: options, the binary, the data directory.
+pub struct Ctx {
+    pub c: Common,
+    pub exe: PathBuf,
+    data: tempfile::TempDir,
+    next: std::sync::atomic::AtomicU32,
+    /// Prefix of plot links in generated Markdown.
+    pub link_prefix: String,
+}
+
+/// What a Ctrl-C or the watchdog removes before exiting.
+static CLEANUP: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn cleanup_and_exit(code: i32, why: &str) -> ! {
+    eprintln!("\nstripefs bench: {why}; stopping servers and removing data");
+    for d in CLEANUP.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    // Servers exit when their stdin (a pipe from this process) closes.
+    std::process::exit(code);
+}
+
+impl Ctx {
+    /// Sets up the data directory, the Ctrl-C handler and the watchdog.
+    pub fn new(c: Common) -> Result<Ctx> {
+        let exe = std::env::current_exe()?;
+        let root = c.data_dir.clone().unwrap_or_else(util::default_data_root);
+        std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+        let data = tempfile::Builder::new().prefix("stripefs-bench-").tempdir_in(&root)?;
+        CLEANUP.lock().unwrap_or_else(|p| p.into_inner()).push(data.path().to_owned());
+        let _ = ctrlc::set_handler(|| cleanup_and_exit(130, "interrupted"));
+        let limit = Duration::from_secs(c.timeout_min.max(1) * 60);
+        std::thread::spawn(move || {
+            std::thread::sleep(limit);
+            cleanup_and_exit(2, &format!("gave up after {} min (--timeout-min)", limit.as_secs() / 60));
+        });
+        Ok(Ctx { c, exe, data, next: 0.into(), link_prefix: "plots/".into() })
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        self.data.path()
+    }
+
+    /// Starts a local cluster of `n` io servers over `scheme` in a fresh directory.
+    pub fn cluster(
+        &self,
+        scheme: Scheme,
+        n: u32,
+        f: impl FnOnce(&mut LocalClusterOptions),
+    ) -> Result<LocalCluster> {
+        let k = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = self.data.path().join(format!("c{k}-{scheme}-{n}"));
+        let mut o = LocalClusterOptions::new(&self.exe, scheme, n, &dir);
+        f(&mut o);
+        let cl =
+            LocalCluster::start(o).with_context(|| format!("starting {n} io servers over {scheme}://"))?;
+        Ok(cl)
+    }
+
+    /// A client of `cluster` with `opts` (deadlines as for any client).
+    pub fn client(&self, cluster: &LocalCluster, opts: ClientOptions) -> Result<Client> {
+        Ok(Client::connect_with(cluster.config(), opts)?)
+    }
+
+    /// Time allowed for one barrier of lock-step clients.
+    pub fn step_timeout(&self) -> Duration {
+        Duration::from_secs(300)
+    }
+
+    /// Writes a report's CSV, Markdown and plots into the output directory.
+    pub fn emit(&self, id: &str, r: &Report) -> Result<()> {
+        let dir = self.c.out_dir();
+        std::fs::create_dir_all(dir.join("plots"))?;
+        r.samples.write_csv(&dir.join(format!("{id}.csv")))?;
+        std::fs::write(dir.join(format!("{id}.md")), quick_banner(self.c.quick, &r.md))?;
+        for (name, svg) in &r.plots {
+            std::fs::write(dir.join("plots").join(name), svg)?;
+        }
+        println!("{}", quick_banner(self.c.quick, &r.md));
+        println!("({id}: results in {})", dir.display());
+        Ok(())
+    }
+}
+
+fn quick_banner(quick: bool, md: &str) -> String {
+    if quick {
+        format!("**QUICK RUN (smoke check of the suite, not figures to publish).**\n\n{md}")
+    } else {
+        md.to_string()
+    }
+}
+
+/// The figure of a plot as a Markdown image line.
+pub fn image(prefix: &str, name: &str) -> String {
+    format!("![{name}]({prefix}{name})\n")
+}
+
+/// Runs the requested experiment.
+pub fn run(a: BenchArgs) -> Result<()> {
+    match a.cmd {
+        BenchCmd::E1 { o, c } => one(c, "e1", |ctx| e1::run(ctx, &o)),
+        BenchCmd::E2 { o, c } => one(c, "e2", |ctx| e2::run(ctx, &o)),
+        BenchCmd::E3 { o, c } => one(c, "e3", |ctx| e3::run(ctx, &o)),
+        BenchCmd::E4 { o, c } => one(c, "e4", |ctx| tiles::run_e4(ctx, &o)),
+        BenchCmd::E5 { o, c } => one(c, "e5", |ctx| e5::run(ctx, &o)),
+        BenchCmd::Cpu { o, c } => one(c, "cpu", |ctx| cpu::run(ctx, &o)),
+        BenchCmd::All { o, c } => all::run(c, &o),
+    }
+}
+
+fn one(c: Common, id: &str, f: impl FnOnce(&Ctx) -> Result<Report>) -> Result<()> {
+    let ctx = Ctx::new(c)?;
+    let r = f(&ctx)?;
+    ctx.emit(id, &r)
+}

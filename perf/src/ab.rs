@@ -1,0 +1,388 @@
+//! `ionet-perf ab`: latency and bandwidth of several transports side by side in one run, with
+//! the raw-socket ping-pong (busy-poll and blocking), the raw TCP streamer, single-thread
+//! `memcpy` and iperf3 (when installed) measured in the same run, interleaved run by run so
+//! that noise hits every column alike.
+
+use std::time::Duration;
+
+use benchkit::plot::{LineChart, Scale, Series};
+use benchkit::{Sample, Samples, Summary, Table, units};
+use ionet::{Scheme, ServiceLevel, WaitMode};
+
+use crate::memcpy::MemcpyBench;
+use crate::params::{Params, Test};
+use crate::procs::{self, ServerProc};
+use crate::raw::RawClient;
+use crate::session::{self, Pair, SERVER_CPU};
+use crate::tuning::Tuning;
+use crate::{BoxErr, over_ionet};
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct AbOpts {
+    pub transports: Vec<Scheme>,
+    pub runs: usize,
+    pub quick: bool,
+    pub pin: bool,
+    pub lat_sizes: Vec<usize>,
+    pub bw_sizes: Vec<usize>,
+    /// Also the 8-byte busy-poll round trip.
+    pub spin: bool,
+    /// Messages in flight in bandwidth runs.
+    pub window: usize,
+}
+
+impl AbOpts {
+    /// The default sweep.
+    pub fn new(transports: Vec<Scheme>, runs: usize, quick: bool) -> AbOpts {
+        AbOpts {
+            transports,
+            runs,
+            quick,
+            pin: true,
+            lat_sizes: vec![8, 256, 4096, 65536, 1 << 20],
+            bw_sizes: vec![4096, 65536, 1 << 20, 4 << 20],
+            spin: true,
+            window: 16,
+        }
+    }
+
+    fn target(&self) -> Duration {
+        if self.quick { Duration::from_millis(30) } else { Duration::from_millis(250) }
+    }
+}
+
+const EXP: &str = "ab";
+
+fn lat_sample(t: &str, series: &str, wait: WaitMode, size: usize, run: usize, rtt: Option<f64>) -> Sample {
+    Sample::new(EXP, t, series, size as f64)
+        .metric("rtt_p50", "µs")
+        .run(run as u32, rtt.unwrap_or(f64::NAN))
+        .wait(wait.name())
+}
+
+/// Runs the comparison.
+pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
+    let mut out = Samples::new();
+    session::pin_client(o.pin)?;
+    let cpu_arg = SERVER_CPU.to_string();
+    let raw_args: Vec<&str> = if o.pin { vec!["raw-server", "--cpu", &cpu_arg] } else { vec!["raw-server"] };
+    let raw_srv = ServerProc::spawn(&raw_args)?;
+    let mut raw = RawClient::connect(&raw_srv.addr)?;
+    let target = o.target();
+    let runs = o.runs.max(1);
+
+    // Round trips, blocking waits everywhere (the raw baseline blocks in read(2)).
+    let start = |wait: WaitMode| -> Result<Vec<Pair>, BoxErr> {
+        o.transports.iter().map(|&s| Pair::start(s, Tuning::wait(wait), o.pin)).collect()
+    };
+    let mut lat = |pairs: &[Pair], wait: WaitMode, size: usize| -> Result<(), BoxErr> {
+        eprintln!("ab: round trips, {} wait, {size} B", wait.name());
+        let p = Params {
+            test: Test::Lat,
+            size,
+            iters: over_ionet::iters_for(Test::Lat, size, target),
+            window: 1,
+            sl: ServiceLevel::Normal,
+            verify: false,
+            spin: wait == WaitMode::Spin,
+        };
+        // Each implementation gets the iterations that fill `target` (the probe warms it up).
+        let rp = raw.sized(&p, target)?;
+        let ps: Vec<Params> = pairs
+            .iter()
+            .map(|pr| over_ionet::sized(&pr.ep, pr.peer, &p, target))
+            .collect::<Result<_, _>>()?;
+        for r in 0..runs {
+            let x = raw.run(&rp, None)?;
+            out.push(lat_sample("raw-tcp", "raw", wait, size, r, x.rtt_p50));
+            for (pr, p) in pairs.iter().zip(&ps) {
+                let y = over_ionet::run(&pr.ep, pr.peer, p, None)?;
+                let t = pr.scheme.as_str();
+                out.push(lat_sample(t, "ionet", wait, size, r, y.rtt_p50));
+                out.push(
+                    Sample::new(EXP, t, "ionet", size as f64)
+                        .metric("rtt_p99", "µs")
+                        .run(r as u32, y.rtt_p99.unwrap_or(f64::NAN))
+                        .wait(wait.name()),
+                );
+            }
+        }
+        Ok(())
+    };
+    // Busy-polling servers burn their CPU even when idle: they run alone, then go.
+    if o.spin {
+        let spin = start(WaitMode::Spin)?;
+        lat(&spin, WaitMode::Spin, 8)?;
+    }
+    let block = start(WaitMode::Block)?;
+    for &size in &o.lat_sizes {
+        lat(&block, WaitMode::Block, size)?;
+    }
+
+    // Streaming bandwidth with CPU per GB on both sides.
+    let max_bw = o.bw_sizes.iter().copied().max().unwrap_or(0);
+    let mut mem = MemcpyBench::new(max_bw);
+    for &size in &o.bw_sizes {
+        eprintln!("ab: bandwidth, {size} B messages");
+        let window = o.window.max(1);
+        let iters = (over_ionet::iters_for(Test::Bw, size, target) / window).max(2) * window;
+        let p = Params {
+            test: Test::Bw,
+            size,
+            iters,
+            window,
+            sl: ServiceLevel::Bulk,
+            verify: false,
+            spin: false,
+        };
+        let rp = raw.sized(&p, target)?;
+        let ps: Vec<Params> = block
+            .iter()
+            .map(|pr| over_ionet::sized(&pr.ep, pr.peer, &p, target))
+            .collect::<Result<_, _>>()?;
+        for r in 0..runs {
+            let g = mem.run(size, target);
+            out.push(
+                Sample::new(EXP, "memcpy", "memcpy", size as f64)
+                    .metric("bandwidth", "GB/s")
+                    .run(r as u32, g),
+            );
+            let x = raw.run(&rp, Some(raw_srv.pid()))?;
+            push_bw(&mut out, "raw-tcp", "raw", size, r, &x);
+            for (pr, p) in block.iter().zip(&ps) {
+                let y = over_ionet::run(&pr.ep, pr.peer, p, Some(pr.server_pid()))?;
+                push_bw(&mut out, pr.scheme.as_str(), "ionet", size, r, &y);
+            }
+        }
+    }
+    if procs::have("iperf3") && o.bw_sizes.contains(&(1 << 20)) {
+        for r in 0..runs.min(5) {
+            if let Some(gbit) = procs::iperf3("1M", if o.quick { 1 } else { 2 }) {
+                out.push(
+                    Sample::new(EXP, "iperf3", "iperf3", (1 << 20) as f64)
+                        .metric("bandwidth", "GB/s")
+                        .run(r as u32, gbit / 8.0),
+                );
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn push_bw(out: &mut Samples, t: &str, series: &str, size: usize, r: usize, x: &crate::run::RunResult) {
+    let s = |m: &str, u: &str, v: f64| {
+        Sample::new(EXP, t, series, size as f64).metric(m, u).run(r as u32, v).wait("block")
+    };
+    out.push(s("bandwidth", "GB/s", x.gbps()));
+    out.push(s("client_cpu_per_gb", "s/GB", x.client_cpu_per_gb()));
+    out.push(s("server_cpu_per_gb", "s/GB", x.server_cpu_per_gb().unwrap_or(f64::NAN)));
+}
+
+fn cell(s: Option<Summary>) -> String {
+    s.map_or_else(|| "–".into(), |s| s.to_string())
+}
+
+fn ratio(a: Option<Summary>, b: Option<Summary>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) => format!("{:.2}×", a.ratio_to(&b)),
+        _ => "–".into(),
+    }
+}
+
+/// Transports present in the samples (not the baselines), in order.
+fn transports(s: &Samples) -> Vec<String> {
+    s.distinct(|r| r.transport.clone())
+        .into_iter()
+        .filter(|t| !matches!(t.as_str(), "raw-tcp" | "memcpy" | "iperf3"))
+        .collect()
+}
+
+/// Markdown tables and plots of an `ab` run.
+pub fn render(s: &Samples, link_prefix: &str) -> Result<(String, Vec<(String, String)>), BoxErr> {
+    let s = s.filter(|r| r.experiment == EXP);
+    let ts = transports(&s);
+    let mut md = String::new();
+    let get = |t: &str, series: &str, metric: &str, wait: &str, x: f64| {
+        let v: Vec<f64> = s
+            .rows()
+            .iter()
+            .filter(|r| {
+                r.transport == t && r.series == series && r.metric == metric && r.wait == wait && r.x == x
+            })
+            .map(|r| r.value)
+            .collect();
+        Summary::of(&v)
+    };
+    // Latency.
+    let lat = s.filter(|r| r.metric == "rtt_p50");
+    if !lat.is_empty() {
+        let mut head = vec!["size".to_string(), "wait".into(), "raw TCP ping-pong".into()];
+        head.extend(ts.iter().map(|t| format!("ionet {t}://")));
+        head.extend(ts.iter().map(|t| format!("{t} / raw")));
+        if ts.len() == 2 {
+            head.push(format!("{} / {}", ts[1], ts[0]));
+        }
+        let mut t = Table::new(head);
+        for wait in ["spin", "block"] {
+            for x in lat.filter(|r| r.wait == wait).xs() {
+                let base = get("raw-tcp", "raw", "rtt_p50", wait, x);
+                let vals: Vec<Option<Summary>> =
+                    ts.iter().map(|tr| get(tr, "ionet", "rtt_p50", wait, x)).collect();
+                let mut row = vec![units::size(x), wait.to_string(), cell(base)];
+                row.extend(vals.iter().map(|v| cell(*v)));
+                row.extend(vals.iter().map(|v| ratio(*v, base)));
+                if vals.len() == 2 {
+                    row.push(ratio(vals[1], vals[0]));
+                }
+                t.row(row);
+            }
+        }
+        md.push_str("Round-trip time p50 (µs, lower is better): ping-pong of `size` bytes each way.\n\n");
+        md.push_str(&t.render());
+        md.push('\n');
+    }
+    // Bandwidth.
+    let bw = s.filter(|r| r.metric == "bandwidth");
+    if !bw.is_empty() {
+        let mut head = vec!["size".to_string(), "memcpy".into(), "raw TCP streamer".into()];
+        head.extend(ts.iter().map(|t| format!("ionet {t}://")));
+        head.extend(ts.iter().map(|t| format!("{t} / raw")));
+        if ts.len() == 2 {
+            head.push(format!("{} / {}", ts[1], ts[0]));
+        }
+        let mut t = Table::new(head);
+        for x in bw.filter(|r| r.series != "iperf3").xs() {
+            let base = get("raw-tcp", "raw", "bandwidth", "block", x);
+            let vals: Vec<Option<Summary>> =
+                ts.iter().map(|tr| get(tr, "ionet", "bandwidth", "block", x)).collect();
+            let mut row =
+                vec![units::size(x), cell(get("memcpy", "memcpy", "bandwidth", "-", x)), cell(base)];
+            row.extend(vals.iter().map(|v| cell(*v)));
+            row.extend(vals.iter().map(|v| ratio(*v, base)));
+            if vals.len() == 2 {
+                row.push(ratio(vals[1], vals[0]));
+            }
+            t.row(row);
+        }
+        md.push_str("Streaming bandwidth (GB/s = 10⁹ B/s, higher is better), blocking waits.\n\n");
+        md.push_str(&t.render());
+        if let Some(ip) = get("iperf3", "iperf3", "bandwidth", "-", (1 << 20) as f64) {
+            md.push_str(&format!("\niperf3 `-l 1M` single stream on loopback (reference): {ip} GB/s.\n"));
+        }
+        md.push('\n');
+        // CPU per GB.
+        let mut t =
+            Table::new(["size", "implementation", "sender (client) CPU s/GB", "receiver (server) CPU s/GB"]);
+        for x in bw.xs().into_iter().filter(|&x| x >= (1 << 20) as f64) {
+            for (tr, series, name) in
+                std::iter::once(("raw-tcp".to_string(), "raw", "raw TCP streamer".to_string()))
+                    .chain(ts.iter().map(|t| (t.clone(), "ionet", format!("ionet {t}://"))))
+            {
+                let c = get(&tr, series, "client_cpu_per_gb", "block", x);
+                let sv = get(&tr, series, "server_cpu_per_gb", "block", x);
+                if c.is_some() || sv.is_some() {
+                    t.row([units::size(x), name, cell(c), cell(sv)]);
+                }
+            }
+        }
+        if !t.is_empty() {
+            md.push_str("CPU seconds per GB moved during the bandwidth runs (blocking waits; server CPU from /proc, 10 ms ticks).\n\n");
+            md.push_str(&t.render());
+            md.push('\n');
+        }
+    }
+    let mut plots = Vec::new();
+    let series_of = |metric: &str, wait: &str| -> Vec<Series> {
+        let mut v = Vec::new();
+        let mut add = |name: String, tr: &str, series: &str, baseline: bool, w: &str| {
+            let pts: Vec<(f64, Summary)> = s
+                .filter(|r| r.transport == tr && r.series == series && r.metric == metric && r.wait == w)
+                .xs()
+                .into_iter()
+                .filter_map(|x| get(tr, series, metric, w, x).map(|m| (x, m)))
+                .collect();
+            if !pts.is_empty() {
+                v.push(if baseline { Series::baseline(name, pts) } else { Series::new(name, pts) });
+            }
+        };
+        for t in &ts {
+            add(format!("ionet {t}://"), t, "ionet", false, wait);
+        }
+        add("raw TCP".into(), "raw-tcp", "raw", true, wait);
+        add("memcpy".into(), "memcpy", "memcpy", true, "-");
+        v
+    };
+    let lat_series = series_of("rtt_p50", "block");
+    if !lat_series.is_empty() {
+        let c = LineChart {
+            title: "Round trip vs size (blocking waits)".into(),
+            x_desc: "message size".into(),
+            y_desc: "RTT p50 (µs)".into(),
+            x_scale: Scale::Log2Bytes,
+            y_scale: Scale::Log10,
+            series: lat_series,
+        };
+        plots.push(("ab-latency.svg".to_string(), c.render_svg()?));
+    }
+    let bw_series = series_of("bandwidth", "block");
+    if !bw_series.is_empty() {
+        let c = LineChart {
+            title: "Streaming bandwidth vs message size".into(),
+            x_desc: "message size".into(),
+            y_desc: "GB/s".into(),
+            x_scale: Scale::Log2Bytes,
+            y_scale: Scale::Log10,
+            series: bw_series,
+        };
+        plots.push(("ab-bandwidth.svg".to_string(), c.render_svg()?));
+    }
+    for (name, _) in &plots {
+        md.push_str(&format!("![{name}]({link_prefix}{name})\n"));
+    }
+    Ok((md, plots))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake() -> Samples {
+        let mut s = Samples::new();
+        for r in 0..3u32 {
+            for (t, series, v) in
+                [("raw-tcp", "raw", 20.0), ("tcp", "ionet", 25.0), ("softib", "ionet", 15.0)]
+            {
+                s.push(lat_sample(t, series, WaitMode::Block, 8, r as usize, Some(v + r as f64)));
+            }
+            for (t, series, v) in [("raw-tcp", "raw", 2.0), ("tcp", "ionet", 1.8), ("softib", "ionet", 3.6)] {
+                let x = (1 << 20) as f64;
+                s.push(Sample::new(EXP, t, series, x).metric("bandwidth", "GB/s").run(r, v).wait("block"));
+                s.push(
+                    Sample::new(EXP, t, series, x)
+                        .metric("client_cpu_per_gb", "s/GB")
+                        .run(r, 0.1)
+                        .wait("block"),
+                );
+            }
+            s.push(
+                Sample::new(EXP, "memcpy", "memcpy", (1 << 20) as f64)
+                    .metric("bandwidth", "GB/s")
+                    .run(r, 20.0),
+            );
+        }
+        s
+    }
+
+    #[test]
+    fn tables_show_baselines_and_ratios() {
+        let (md, plots) = render(&fake(), "plots/").unwrap();
+        // Latency row: raw 21, tcp 26, softib 16 (medians), ratios to raw and softib/tcp.
+        assert!(md.contains("| 8 B | block | 21.0 (20.0–22.0) | 26.0 (25.0–27.0) | 16.0 (15.0–17.0) | 1.24× | 0.76× | 0.62× |"), "{md}");
+        // Bandwidth row: softib / tcp = 2.0×.
+        assert!(md.contains("| 1 MiB | 20.0 (20.0–20.0) | 2.00 (2.00–2.00) | 1.80 (1.80–1.80) | 3.60 (3.60–3.60) | 0.90× | 1.80× | 2.00× |"), "{md}");
+        assert!(md.contains("CPU seconds per GB"));
+        assert_eq!(plots.len(), 2);
+        assert!(md.contains("![ab-latency.svg](plots/ab-latency.svg)"));
+    }
+}
