@@ -13,10 +13,11 @@
 //! (or spin, in [`WaitMode::Spin`]) and are woken whenever a round of progress completes
 //! anything. With [`Config::progress_thread`] a background thread drives instead.
 
+use std::cell::Cell;
 use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::info::{Counters, Info};
+use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard};
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag, WaitMode};
 
 /// Longest a driver blocks in one round, so deadlines and shutdown are noticed.
@@ -239,8 +241,17 @@ pub(crate) struct Core {
     st: Mutex<CoreState>,
     cv: Condvar,
     next_op: AtomicU64,
+    /// Something was queued by a thread other than the driver while the driver may be blocked
+    /// in the backend: the endpoint call that caused it wakes the backend on its way out.
+    kick: AtomicBool,
     pub(crate) counters: Counters,
 }
+
+// True on the thread inside `Backend::progress`: what it queues, it sees itself.
+#[cfg(not(all(loom, test)))]
+std::thread_local!(static DRIVING: Cell<bool> = const { Cell::new(false) });
+#[cfg(all(loom, test))]
+loom::thread_local!(static DRIVING: Cell<bool> = Cell::new(false));
 
 impl Core {
     fn lock(&self) -> MutexGuard<'_, CoreState> {
@@ -310,12 +321,22 @@ impl Core {
         }
         st.done_order.push_back(c.op);
         st.done.insert(c.op, c);
+        self.note_queued(st);
+    }
+
+    /// A completion, message or request was queued: if a driver may be blocked in the backend
+    /// and this is not it, ask for a wake-up (see [`Endpoint::kick_driver`]).
+    fn note_queued(&self, st: &CoreState) {
+        if st.driving && !DRIVING.with(Cell::get) {
+            self.kick.store(true, Ordering::Release);
+        }
     }
 
     /// Queues an unexpected message for [`Endpoint::recv_unexpected`].
     pub(crate) fn push_unexpected(&self, u: Unexpected) {
         let mut st = self.lock();
         st.unexpected.push_back(u);
+        self.note_queued(&st);
         self.wake_sleepers(&st);
     }
 
@@ -323,6 +344,7 @@ impl Core {
     pub(crate) fn push_request(&self, r: RequestMeta) {
         let mut st = self.lock();
         st.requests.push_back(r);
+        self.note_queued(&st);
         self.wake_sleepers(&st);
     }
 
@@ -522,7 +544,9 @@ impl Endpoint {
     fn post_detached(&self, cmd: Cmd, detached: bool) -> Result<OpId> {
         let b = self.backend()?;
         let op = self.inner.core.register(detached);
-        match b.post(op, cmd) {
+        let r = b.post(op, cmd);
+        self.kick_driver(b);
+        match r {
             Ok(()) => Ok(op),
             Err(e) => {
                 self.inner.core.unregister(op);
@@ -634,8 +658,20 @@ impl Endpoint {
                 };
             }
         }
-        self.backend()?.cancel(op, Error::Cancelled);
+        let b = self.backend()?;
+        b.cancel(op, Error::Cancelled);
+        self.kick_driver(b);
         Ok(())
+    }
+
+    /// Wakes a driver blocked in the backend when this thread queued something for it to
+    /// return (a send that completed inside `post`, a cancelled receive, data read after an
+    /// unstall): without it, the waiter would notice only when its bounded block ends.
+    fn kick_driver(&self, b: &dyn Backend) {
+        let kick = &self.inner.core.kick;
+        if kick.load(Ordering::Relaxed) && kick.swap(false, Ordering::AcqRel) {
+            b.wake();
+        }
     }
 
     /// Drives progress once without blocking and returns the completion if the operation is
@@ -668,7 +704,9 @@ impl Endpoint {
     pub fn recv_unexpected(&self, timeout: Option<Duration>) -> Result<Option<Unexpected>> {
         let u = self.wait_until(Until::after(timeout), |st| st.unexpected.pop_front(), false)?;
         if let Some(u) = &u {
-            self.backend()?.unexpected_taken(u.peer, u.data.len());
+            let b = self.backend()?;
+            b.unexpected_taken(u.peer, u.data.len());
+            self.kick_driver(b);
         }
         Ok(u)
     }
@@ -755,7 +793,7 @@ impl Endpoint {
             let deadlines = !st.deadlines.is_empty();
             st.driving = true;
             drop(st);
-            let guard = DriveGuard(core);
+            let guard = DriveGuard::start(core);
             let r = backend.progress(block);
             if deadlines {
                 self.expire(&**backend);
@@ -879,10 +917,16 @@ impl Until {
 struct DriveGuard<'a>(&'a Core);
 
 impl<'a> DriveGuard<'a> {
+    fn start(core: &'a Core) -> Self {
+        DRIVING.with(|d| d.set(true));
+        DriveGuard(core)
+    }
+
     /// Ends the round and returns the core lock, already held, to the caller.
     fn finish(self) -> MutexGuard<'a, CoreState> {
         let core = self.0;
         std::mem::forget(self);
+        DRIVING.with(|d| d.set(false));
         let mut st = core.lock();
         st.driving = false;
         core.wake_sleepers(&st);
@@ -892,6 +936,7 @@ impl<'a> DriveGuard<'a> {
 
 impl Drop for DriveGuard<'_> {
     fn drop(&mut self) {
+        DRIVING.with(|d| d.set(false));
         let mut st = self.0.lock();
         st.driving = false;
         self.0.wake_sleepers(&st);
@@ -1048,3 +1093,7 @@ impl Drop for Request {
         }
     }
 }
+
+#[cfg(all(loom, test))]
+#[path = "loom/endpoint.rs"]
+mod loom_model;
