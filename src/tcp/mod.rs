@@ -265,6 +265,9 @@ struct Conn {
     writable: bool,
     /// The last read was short: the socket had nothing more at that moment.
     drained: bool,
+    /// epoll reported the peer's FIN (or an error): a short read no longer means drained,
+    /// the EOF behind it must be read, or no later edge would ever report it.
+    hup: bool,
 }
 
 impl Conn {
@@ -285,6 +288,7 @@ impl Conn {
             readable: true,
             writable: false,
             drained: false,
+            hup: false,
         }
     }
 
@@ -537,6 +541,7 @@ impl Backend for TcpBackend {
                     let Some(c) = st.conns.get_mut(&t) else { continue };
                     if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                         c.readable = true;
+                        c.hup |= ev.is_read_closed() || ev.is_error();
                         st.read_ready.push_back(t);
                     }
                     if ev.is_writable() || ev.is_error() {
@@ -1743,7 +1748,7 @@ impl State {
             match &mut c.rx {
                 Rx::Stalled(_) => return false,
                 Rx::Header => {
-                    if c.rx_end - c.rx_start < HEADER_LEN && c.drained {
+                    if c.rx_end - c.rx_start < HEADER_LEN && c.drained && !c.hup {
                         c.drained = false;
                         c.readable = false;
                         return false;
