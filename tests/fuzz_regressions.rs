@@ -19,7 +19,7 @@ fn handshake(s: &mut TcpStream, eid: u64) {
     v.extend_from_slice(&16384u32.to_le_bytes());
     v.extend_from_slice(&(64u64 << 20).to_le_bytes());
     s.write_all(&v).unwrap();
-    let mut read_frame = |s: &mut TcpStream| {
+    let read_frame = |s: &mut TcpStream| {
         let mut head = [0u8; HEADER_LEN];
         s.read_exact(&mut head).unwrap();
         let h = Header::decode(&head).unwrap();
