@@ -125,10 +125,18 @@ pub struct LocalCluster {
 
 /// Reads (or creates) the cluster key in `dir/cluster.key`.
 pub fn ensure_key(dir: &Path) -> Result<PathBuf, ClusterError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join("cluster.key");
     if !path.exists() {
         let key = crate::net::random_bytes(32).map_err(io_err("generating a key"))?;
-        std::fs::write(&path, crate::config::encode_key_hex(&key) + "\n")
+        // Owner-only from the first byte: anyone who reads the key is a member of the cluster.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .and_then(|mut f| f.write_all((crate::config::encode_key_hex(&key) + "\n").as_bytes()))
             .map_err(io_err(format!("writing {}", path.display())))?;
     }
     Ok(path)
