@@ -371,6 +371,43 @@ fn oversized_request_header_is_refused(scheme: &str) {
     cli.wait(ok).unwrap().ok().unwrap();
 }
 
+/// A connection that never completes its handshake — silent, or trickling a byte at a time —
+/// is closed once the handshake timeout passes, so idle sockets cannot pile up.
+fn slow_handshakes_are_cut_off(scheme: &str) {
+    let timeout = Duration::from_millis(300);
+    let srv = Endpoint::bind(
+        format!("{scheme}://127.0.0.1:0"),
+        Config::default().handshake_timeout(timeout).connect_timeout(timeout).progress_thread(true),
+    )
+    .unwrap();
+    let sa = sockaddr(&srv);
+    let hello = hello(61, false);
+    for trickle in [false, true] {
+        let mut s = TcpStream::connect(sa).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        let start = Instant::now();
+        let mut sent = 0;
+        let closed = loop {
+            assert!(start.elapsed() < T, "trickle={trickle}: the server kept a half-open handshake");
+            if trickle && sent < hello.len() - 1 {
+                if s.write_all(&hello[sent..sent + 1]).is_err() {
+                    break true;
+                }
+                sent += 1;
+            }
+            let mut b = [0u8; 64];
+            match s.read(&mut b) {
+                Ok(0) => break true,
+                Ok(_) => {}
+                Err(e)
+                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(_) => break true,
+            }
+        };
+        assert!(closed);
+    }
+}
+
 macro_rules! both {
     ($($name:ident),* $(,)?) => {
         mod tcp { $( #[test] fn $name() { super::$name("tcp") } )* }
@@ -383,4 +420,5 @@ both!(
     connection_limit_refuses_extra_peers,
     held_requests_are_bounded_per_peer,
     oversized_request_header_is_refused,
+    slow_handshakes_are_cut_off,
 );
