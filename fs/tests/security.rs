@@ -22,6 +22,47 @@ fn cluster_key_file_is_owner_only() {
     assert_eq!(mode & 0o077, 0, "cluster.key is mode {mode:o}: group or others can read it");
 }
 
+/// `stripefs serve` from a cluster file with an inline key writes the key for its servers
+/// owner-only too, also over an existing world-readable file.
+#[test]
+fn serve_from_a_cluster_file_writes_the_key_owner_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let key_file = data.join("cluster.key");
+    std::fs::write(&key_file, "stale").unwrap();
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let cluster = dir.path().join("cluster.toml");
+    std::fs::write(
+        &cluster,
+        format!(
+            "transport = \"tcp\"\nmeta = \"tcp://127.0.0.1:0\"\nio_servers = [\"127.0.0.1:0\"]\n\
+             data_dir = \"{}\"\ncluster_key = \"00112233445566778899aabbccddeeff\"\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let mut serve = std::process::Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .arg("--cluster")
+        .arg(&cluster)
+        .arg("serve")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while std::fs::read_to_string(&key_file).is_ok_and(|s| s == "stale") {
+        assert!(t.elapsed() < std::time::Duration::from_secs(20), "serve never wrote the key");
+        assert!(serve.try_wait().unwrap().is_none(), "serve exited");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mode = std::fs::metadata(&key_file).unwrap().permissions().mode();
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+    assert_eq!(mode & 0o077, 0, "serve left the key mode {mode:o}");
+}
+
 /// A local cluster started with defaults listens on loopback only: being on the network is
 /// something to ask for (`--listen`), not a default.
 #[test]
