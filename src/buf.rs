@@ -9,11 +9,12 @@
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
 use crate::error::{Error, Result};
+use crate::sync::Mutex;
 
 /// Smallest pool size class.
 pub const POOL_MIN_CLASS: usize = 4096;

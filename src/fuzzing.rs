@@ -1,11 +1,27 @@
 //! Entry points for the cargo-fuzz targets in `fuzz/` and for the corpus-replay test. Each
 //! takes arbitrary bytes, as a peer could send them, and must neither panic nor allocate from
 //! announced lengths; whatever decodes must re-encode to the same bytes.
+//!
+//! | target        | peer bytes                                                          |
+//! |---------------|---------------------------------------------------------------------|
+//! | `wire_frames` | TCP frame headers and frame streams                                 |
+//! | `handshake`   | one HELLO / HELLO_ACK / AUTH, TCP and IB side channel alike         |
+//! | `ib_side`     | a whole IB side-channel conversation: handshake, then `IB_INFO`     |
+//! | `ib_message`  | IB engine messages, segment lists, queue-pair and `IB_INFO` records |
+//! | `mem_handle`  | memory handles carried in requests                                  |
+//! | `tcp_session` | a live TCP server fed the bytes after an honest handshake           |
 
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::endpoint::Endpoint;
 use crate::expose::MemHandle;
 use crate::tcp::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
-use crate::types::ServiceLevel;
-use crate::wire::{self, HEADER_LEN, Header, Limits};
+use crate::types::{ServiceLevel, WaitMode};
+use crate::wire::{self, HEADER_LEN, Header, Kind, Limits};
 
 /// Limits a default endpoint applies.
 fn limits() -> Limits {
@@ -44,6 +60,105 @@ pub fn handshake(data: &[u8]) {
         );
         let _ = c.on_hello_ack(&h, body);
     }
+}
+
+/// The InfiniBand side channel as a stream: frames are cut exactly as the side channel cuts
+/// them (handshake-sized limits, handshake kinds only), then fed in order to a server and a
+/// client handshake (with and without a cluster key), and `IB_INFO` bodies to the info decoder.
+pub fn ib_side(data: &[u8]) {
+    let key = Some(b"fuzzing-cluster-key-0123456789ab".to_vec());
+    let mut servers = [
+        ServerHandshake::new(1, 0, 16384, 1 << 20, None),
+        ServerHandshake::new(1, 0, 16384, 1 << 20, key.clone()),
+    ];
+    let mut clients = [
+        ClientHandshake::start(ServiceLevel::Bulk, HelloInfo::new(2, 0, 16384, 1 << 20, false), None).0,
+        ClientHandshake::start(ServiceLevel::Bulk, HelloInfo::new(2, 0, 16384, 1 << 20, true), key).0,
+    ];
+    let side_limits = Limits { eager: 0, chunk: 0, header: 0, message: 0 };
+    let mut rest = data;
+    while let Some((head, after)) = rest.split_at_checked(HEADER_LEN) {
+        let Ok(h) = Header::decode(head) else { return };
+        if h.check_limits(&side_limits).is_err() || !h.kind.is_handshake() {
+            return;
+        }
+        let Some((body, after)) = after.split_at_checked(h.len as usize) else { return };
+        rest = after;
+        match h.kind {
+            Kind::Hello => servers.iter_mut().for_each(|s| drop(s.on_hello(&h, body))),
+            Kind::Auth => servers.iter_mut().for_each(|s| drop(s.on_auth(&h, body))),
+            Kind::HelloAck => clients.iter_mut().for_each(|c| drop(c.on_hello_ack(&h, body))),
+            Kind::IbInfo => crate::ib::engine::fuzz_decoders(body),
+            _ => {}
+        }
+    }
+}
+
+/// A TCP server endpoint for [`tcp_session`], shared by every run in the process, with a
+/// thread that takes whatever it delivers (so nothing accumulates between runs).
+fn session_server() -> SocketAddr {
+    static SERVER: OnceLock<(Endpoint, SocketAddr)> = OnceLock::new();
+    let (_, addr) = SERVER.get_or_init(|| {
+        let cfg = Config::default().progress_thread(true).wait_mode(WaitMode::Block);
+        let ep = Endpoint::bind("tcp://127.0.0.1:0", cfg).expect("fuzz server binds");
+        let addr = ep.local_addr().expect("bound").resolve().expect("ip address")[0];
+        let drain = ep.clone();
+        std::thread::spawn(move || {
+            loop {
+                while let Ok(Some(_)) = drain.recv_unexpected(Some(Duration::ZERO)) {}
+                // Dropping a request unanswered sends the client an error reply.
+                while let Ok(Some(_)) = drain.next_request(Some(Duration::ZERO)) {}
+                while let Ok(Some(_)) = drain.wait_any(Some(Duration::from_millis(1))) {}
+            }
+        });
+        (ep, addr)
+    });
+    *addr
+}
+
+/// Frames after an honest keyless handshake, on a live server: the whole TCP receive path
+/// (rendezvous, requests, pulls and pushes, put/get against the exposure table) sees them.
+/// The run ends when the server has read everything and closed or answered EOF, so each input
+/// is processed completely before the next. A panic on the server's progress thread aborts the
+/// fuzzer like one here.
+pub fn tcp_session(data: &[u8]) {
+    // One endpoint id for every run: each connection supersedes the last instead of adding a
+    // peer to the server's table.
+    const EID: u64 = 0x1f0e_d00d;
+    let Ok(mut s) = TcpStream::connect(session_server()) else { return };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.set_nodelay(true);
+    let mut hello = Header::new(Kind::Hello, ServiceLevel::Normal);
+    hello.a = EID;
+    hello.len = 46;
+    let mut out = hello.encode().to_vec();
+    out.extend_from_slice(&[0u8; 32 + 2]); // nonce, listen port (none)
+    out.extend_from_slice(&16384u32.to_le_bytes()); // eager limit
+    out.extend_from_slice(&(64u64 << 20).to_le_bytes()); // largest message
+    let mut auth = Header::new(Kind::Auth, ServiceLevel::Normal);
+    auth.a = EID;
+    if s.write_all(&out).is_err() || read_frame(&mut s).is_none() {
+        return;
+    }
+    if s.write_all(&auth.encode()).is_err() || read_frame(&mut s).map(|h| h.kind) != Some(Kind::Ready) {
+        return;
+    }
+    let _ = s.write_all(data);
+    let _ = s.shutdown(Shutdown::Write);
+    // Whatever the server answers, until it closes (on a protocol error or on our EOF).
+    let mut sink = [0u8; 4096];
+    while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+    // No TIME_WAIT: millions of runs must not exhaust the ephemeral ports.
+    let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+}
+
+fn read_frame(s: &mut TcpStream) -> Option<Header> {
+    let mut head = [0u8; HEADER_LEN];
+    s.read_exact(&mut head).ok()?;
+    let h = Header::decode(&head).ok()?;
+    let mut body = vec![0u8; (h.len as usize).min(wire::MAX_HANDSHAKE_PAYLOAD)];
+    s.read_exact(&mut body).ok()?;
+    Some(h)
 }
 
 /// Memory handles carried inside requests.

@@ -79,9 +79,12 @@ pub mod flowctl;
 pub mod fuzzing;
 pub mod ib;
 pub mod info;
+#[cfg(all(loom, test))]
+mod loom;
 pub mod matching;
 pub mod regcache;
 pub mod sched;
+mod sync;
 mod tcp;
 pub mod types;
 mod util;

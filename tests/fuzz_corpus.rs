@@ -1,12 +1,16 @@
-//! Replays the committed fuzz corpora (`fuzz/corpus/{wire_frames,handshake,mem_handle}`)
-//! through the same entry points the cargo-fuzz targets call, so CI catches regressions on
-//! stable Rust. `IONET_WRITE_CORPUS=1 cargo test --test fuzz_corpus` regenerates the seeds.
+//! Replays the committed fuzz corpora (`fuzz/corpus/<target>` for every ionet target) through
+//! the same entry points the cargo-fuzz targets call, so CI catches regressions on stable Rust.
+//! `IONET_WRITE_CORPUS=1 cargo test --test fuzz_corpus` regenerates the seeds.
 
 use std::path::PathBuf;
 
 use ionet::expose::MemHandle;
+use ionet::ib::verbs::{Gid, QpEndpointInfo};
 use ionet::wire::{FLAG_INLINE_DATA, FLAG_PAYLOAD_OUT, Header, Kind};
 use ionet::{Access, ServiceLevel};
+
+const LIMITS: ionet::wire::Limits =
+    ionet::wire::Limits { eager: 16384, chunk: 1 << 20, header: 65536, message: 64 << 20 };
 
 fn dir(target: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus").join(target)
@@ -109,6 +113,107 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         ),
     ));
     s.push(("handshake", "auth".into(), frame(Kind::Auth, |_| {}, &[2u8; 32])));
+    // InfiniBand engine messages: 8-byte prefix (credits, ring returns), header, payload.
+    let ib_msg = |kind: Kind, f: &dyn Fn(&mut Header), payload: &[u8]| {
+        let mut v = vec![3, 0, 1, 0, 0, 0, 0, 0];
+        v.extend(frame(kind, f, payload));
+        v
+    };
+    let segs = |list: &[(u64, u32, u32)]| {
+        let mut v = (list.len() as u32).to_le_bytes().to_vec();
+        for (addr, len, rkey) in list {
+            v.extend_from_slice(&addr.to_le_bytes());
+            v.extend_from_slice(&len.to_le_bytes());
+            v.extend_from_slice(&rkey.to_le_bytes());
+        }
+        v
+    };
+    s.push(("ib_message", "eager".into(), ib_msg(Kind::Eager, &|h| h.a = 5, b"small message")));
+    s.push(("ib_message", "credit".into(), ib_msg(Kind::Credit, &|_| {}, b"")));
+    let two = segs(&[(0x7f00_0000_0000, 65536, 0x11), (0x7f00_0001_0000, 4096, 0x12)]);
+    s.push((
+        "ib_message",
+        "request_segments".into(),
+        ib_msg(
+            Kind::Request,
+            &|h| {
+                h.aux = 3;
+                h.c = 69632;
+                h.flags = FLAG_PAYLOAD_OUT;
+            },
+            &[b"hdr".as_slice(), &two].concat(),
+        ),
+    ));
+    s.push(("ib_message", "rdv".into(), ib_msg(Kind::Rdv, &|h| h.c = 69632, &two)));
+    let qp = QpEndpointInfo { qpn: 0x11, psn: 0x2222, lid: 3, gid: Gid([7; 16]) };
+    let mut info = qp.encode().to_vec();
+    info.extend_from_slice(&20u16.to_le_bytes());
+    info.extend_from_slice(&[0, 0]);
+    info.extend_from_slice(&16384u32.to_le_bytes());
+    info.extend_from_slice(&0x7f00_0010_0000u64.to_le_bytes());
+    info.extend_from_slice(&0x33u32.to_le_bytes());
+    info.extend_from_slice(&8u16.to_le_bytes());
+    info.extend_from_slice(&[0, 0]);
+    info.extend_from_slice(&69632u32.to_le_bytes());
+    s.push(("ib_message", "ib_info".into(), info.clone()));
+    s.push(("ib_message", "qp_info".into(), qp.encode().to_vec()));
+    // A side-channel conversation as the server sees it: HELLO, AUTH, IB_INFO, IB_READY.
+    let mut side = frame(Kind::Hello, |h| h.a = 3, &hello_body);
+    side.extend(frame(Kind::Auth, |h| h.a = 3, b""));
+    side.extend(frame(Kind::IbInfo, |_| {}, &info));
+    side.extend(frame(Kind::IbReady, |_| {}, b""));
+    s.push(("ib_side", "server_view".into(), side));
+    let mut side = frame(Kind::HelloAck, |h| h.a = 4, &hello_body);
+    side.extend(frame(Kind::Ready, |_| {}, b""));
+    side.extend(frame(Kind::IbInfo, |_| {}, &info));
+    s.push(("ib_side", "client_view".into(), side));
+    // A live session: the frames a well-behaved client sends after its handshake.
+    let mut session = frame(Kind::Unexpected, |h| h.a = 1, b"hello");
+    session.extend(frame(Kind::Eager, |h| h.a = 2, b"eager"));
+    session.extend(frame(
+        Kind::Request,
+        |h| {
+            h.a = 3;
+            h.b = 1;
+            h.aux = 3;
+            h.c = 4;
+            h.flags = FLAG_PAYLOAD_OUT | FLAG_INLINE_DATA;
+        },
+        b"hdrdata",
+    ));
+    session.extend(frame(
+        Kind::Rts,
+        |h| {
+            h.a = 4;
+            h.b = 2;
+            h.c = 100_000
+        },
+        b"",
+    ));
+    session.extend(frame(Kind::Data, |h| h.b = 2, &[7u8; 1000]));
+    session.extend(frame(
+        Kind::Get,
+        |h| {
+            h.a = 5;
+            h.b = 0x1234;
+            h.aux = 16
+        },
+        b"",
+    ));
+    s.push(("tcp_session", "client_frames".into(), session));
+    s.push((
+        "tcp_session",
+        "put".into(),
+        frame(
+            Kind::Put,
+            |h| {
+                h.a = 6;
+                h.b = 0x1234;
+                h.c = 0x7f00_0000_0000
+            },
+            b"1234",
+        ),
+    ));
     let mh = MemHandle {
         addr: 0x7f00_0000_1000,
         len: 4096,
@@ -133,14 +238,19 @@ fn corpora_replay_through_the_decoders() {
         ("wire_frames", ionet::fuzzing::wire as fn(&[u8])),
         ("handshake", ionet::fuzzing::handshake),
         ("mem_handle", ionet::fuzzing::mem_handle),
+        ("ib_message", ionet::fuzzing::ib_message),
+        ("ib_side", ionet::fuzzing::ib_side),
+        ("tcp_session", ionet::fuzzing::tcp_session),
     ] {
         let entries = std::fs::read_dir(dir(target)).unwrap_or_else(|e| panic!("corpus {target}: {e}"));
         let mut n = 0;
         for e in entries {
             let bytes = std::fs::read(e.unwrap().path()).unwrap();
             f(&bytes);
-            // Every prefix too: truncation must be as harmless as garbage.
-            for cut in (0..bytes.len()).step_by(5) {
+            // Every prefix too: truncation must be as harmless as garbage (a live session is
+            // slower per input, so it gets fewer cuts).
+            let step = if target == "tcp_session" { 97 } else { 5 };
+            for cut in (0..bytes.len()).step_by(step) {
                 f(&bytes[..cut]);
             }
             n += 1;
@@ -158,6 +268,9 @@ fn seeds_are_valid_inputs() {
         match target {
             "wire_frames" | "handshake" => assert!(Header::decode(&bytes).is_ok(), "{name}"),
             "mem_handle" => assert!(MemHandle::from_bytes(&bytes).is_ok(), "{name}"),
+            "ib_message" if name.ends_with("_info") => {}
+            "ib_message" => assert!(Header::decode(&bytes[8..]).is_ok(), "{name}"),
+            "ib_side" | "tcp_session" => assert!(ionet::wire::scan_stream(&bytes, &LIMITS).is_ok(), "{name}"),
             _ => unreachable!(),
         }
     }

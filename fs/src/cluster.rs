@@ -131,10 +131,28 @@ pub fn ensure_key(dir: &Path) -> Result<PathBuf, ClusterError> {
     let path = dir.join("cluster.key");
     if !path.exists() {
         let key = crate::net::random_bytes(32).map_err(io_err("generating a key"))?;
-        std::fs::write(&path, crate::config::encode_key_hex(&key) + "\n")
-            .map_err(io_err(format!("writing {}", path.display())))?;
+        write_key(&path, &key)?;
     }
     Ok(path)
+}
+
+/// Writes a cluster key file, in hex, readable by its owner only — from the first byte, and
+/// also when the file existed with looser permissions: anyone who reads the key is a member
+/// of the cluster.
+pub fn write_key(path: &Path, key: &[u8]) -> Result<(), ClusterError> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| {
+            f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+            f.write_all((crate::config::encode_key_hex(key) + "\n").as_bytes())
+        })
+        .map_err(io_err(format!("writing {}", path.display())))
 }
 
 impl LocalCluster {

@@ -291,6 +291,9 @@ struct Conn {
     /// The last body was read straight into its destination: read the next header alone, so
     /// that if another large body follows it is not staged (and copied) in part.
     bulk: bool,
+    /// epoll reported the peer's FIN (or an error): a short read no longer means drained,
+    /// the EOF behind it must be read, or no later edge would ever report it.
+    hup: bool,
 }
 
 impl Conn {
@@ -314,6 +317,7 @@ impl Conn {
             drained_fresh: false,
             direct: None,
             bulk: false,
+            hup: false,
         }
     }
 
@@ -604,6 +608,7 @@ impl Backend for TcpBackend {
                     let Some(c) = st.conns.get_mut(&t) else { continue };
                     if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                         c.readable = true;
+                        c.hup |= ev.is_read_closed() || ev.is_error();
                         st.read_ready.push_back(t);
                     }
                     if ev.is_writable() || ev.is_error() {
@@ -1969,7 +1974,7 @@ impl State {
             match &mut c.rx {
                 Rx::Stalled(_) => return false,
                 Rx::Header => {
-                    if c.rx_end - c.rx_start < HEADER_LEN && c.drained {
+                    if c.rx_end - c.rx_start < HEADER_LEN && c.drained && !c.hup {
                         c.drained = false;
                         c.readable = false;
                         return false;

@@ -176,11 +176,11 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>) -> Result<()> {
             let dir =
                 a.data_dir.clone().or(c.data_dir.clone()).unwrap_or_else(|| PathBuf::from("stripefs-data"));
             std::fs::create_dir_all(&dir)?;
-            if let KeySource::Inline(k) = &c.key {
-                std::fs::write(dir.join("cluster.key"), stripefs::config::encode_key_hex(k))?;
-            } else {
-                std::fs::write(dir.join("cluster.key"), stripefs::config::encode_key_hex(&c.cluster_key()?))?;
-            }
+            let key = match &c.key {
+                KeySource::Inline(k) => k.clone(),
+                KeySource::File(_) => c.cluster_key()?,
+            };
+            stripefs::cluster::write_key(&dir.join("cluster.key"), &key)?;
             let mut o = LocalClusterOptions::new(exe, c.transport, c.n_io_servers(), dir);
             o.io_listen = Some(c.io_servers.clone());
             o.meta_listen = Some(c.meta.clone());

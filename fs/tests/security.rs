@@ -1,0 +1,178 @@
+//! stripefs security properties not covered in `e2e.rs` (which has forged, expired and
+//! under-privileged capabilities and bad names): the cluster key file is private, a local
+//! cluster listens on loopback only, a capability is bound to its handle and to the rights the
+//! file was opened with, and a client without the key gets nothing from any server.
+
+mod common;
+
+use bytes::{Bytes, BytesMut};
+use common::{TestCluster, pattern};
+use std::os::unix::fs::PermissionsExt;
+use stripefs::capability::{CapabilityKey, Rights, unix_now};
+use stripefs::net::{TAG_IO, TAG_META, endpoint_config};
+use stripefs::proto::{self, Envelope, IoReply, IoRequest, MetaReply, MetaRequest};
+use stripefs::{CreateOptions, Errno};
+
+/// The generated cluster key is readable by its owner only (it admits anyone who reads it).
+#[test]
+fn cluster_key_file_is_owner_only() {
+    let tc = TestCluster::start("tcp", 1);
+    let key_file = tc.dir.path().join("cluster.key");
+    let mode = std::fs::metadata(&key_file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "cluster.key is mode {mode:o}: group or others can read it");
+}
+
+/// `stripefs serve` from a cluster file with an inline key writes the key for its servers
+/// owner-only too, also over an existing world-readable file.
+#[test]
+fn serve_from_a_cluster_file_writes_the_key_owner_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let key_file = data.join("cluster.key");
+    std::fs::write(&key_file, "stale").unwrap();
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let cluster = dir.path().join("cluster.toml");
+    std::fs::write(
+        &cluster,
+        format!(
+            "transport = \"tcp\"\nmeta = \"tcp://127.0.0.1:0\"\nio_servers = [\"127.0.0.1:0\"]\n\
+             data_dir = \"{}\"\ncluster_key = \"00112233445566778899aabbccddeeff\"\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let mut serve = std::process::Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .arg("--cluster")
+        .arg(&cluster)
+        .arg("serve")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while std::fs::read_to_string(&key_file).is_ok_and(|s| s == "stale") {
+        assert!(t.elapsed() < std::time::Duration::from_secs(20), "serve never wrote the key");
+        assert!(serve.try_wait().unwrap().is_none(), "serve exited");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mode = std::fs::metadata(&key_file).unwrap().permissions().mode();
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+    assert_eq!(mode & 0o077, 0, "serve left the key mode {mode:o}");
+}
+
+/// A local cluster started with defaults listens on loopback only: being on the network is
+/// something to ask for (`--listen`), not a default.
+#[test]
+fn local_cluster_listens_on_loopback_by_default() {
+    let tc = TestCluster::start("tcp", 2);
+    let cfg = tc.cluster.config();
+    for a in std::iter::once(&cfg.meta).chain(&cfg.io_servers) {
+        for sa in a.resolve().unwrap() {
+            assert!(sa.ip().is_loopback(), "{a} is not a loopback address");
+        }
+    }
+}
+
+fn io_call(ep: &ionet::Endpoint, peer: ionet::PeerId, req: IoRequest) -> IoReply {
+    let header = proto::encode(&Envelope::new(9, req)).unwrap();
+    let op = ep
+        .request(peer, TAG_IO, Bytes::from(header), ionet::Payload::None, ionet::ServiceLevel::Control)
+        .unwrap();
+    let c = ep.wait(op).unwrap();
+    proto::decode::<IoReply>(&c.reply.expect("a reply")).unwrap().body
+}
+
+fn code(r: IoReply) -> Errno {
+    match r {
+        IoReply::Error(e) => e.code,
+        r => panic!("expected an error reply, got {r:?}"),
+    }
+}
+
+/// A capability names one handle and the rights the file was opened with: a genuine token
+/// re-pointed at another file is refused, and a file opened read-only cannot be written.
+fn capabilities_are_bound_to_handle_and_rights(scheme: &str) {
+    let tc = TestCluster::start(scheme, 2);
+    let c = tc.client();
+    let mine = c.create("/mine", CreateOptions::default()).unwrap();
+    let theirs = c.create("/theirs", CreateOptions::default()).unwrap();
+    theirs.write_all_at(0, b"their data").unwrap();
+    let key = CapabilityKey::new(&tc.key()).unwrap();
+    let ep = ionet::Endpoint::client(endpoint_config(&tc.key(), ionet::WaitMode::Block, false)).unwrap();
+    let peer = ep.connect(&tc.cluster.config().io_servers[0]).unwrap();
+    let good = key.mint(mine.handle(), Rights::READ, unix_now() + 60, 1);
+    assert!(matches!(io_call(&ep, peer, IoRequest::GetSize { cap: good.clone() }), IoReply::Size(_)));
+    // The same genuine token with the other file's handle: the MAC covers the handle.
+    let mut moved = good;
+    moved.handle = theirs.handle();
+    assert_eq!(code(io_call(&ep, peer, IoRequest::GetSize { cap: moved })), Errno::EACCES);
+    // Opened for reading: the client refuses to write through it, and the token the meta
+    // server handed out for it does not let a raw request write either.
+    let ro = c.open("/theirs", Rights::READ).unwrap();
+    let e = ro.write_at(0, &Bytes::from_static(b"overwrite")).unwrap_err();
+    assert_eq!(e.errno(), Errno::EBADF, "{e}");
+    let meta = ep.connect(&tc.cluster.config().meta).unwrap();
+    let open = proto::encode(&Envelope::new(
+        10,
+        MetaRequest::Open { handle: theirs.handle(), rights: Rights::READ },
+    ))
+    .unwrap();
+    let op = ep
+        .request(meta, TAG_META, Bytes::from(open), ionet::Payload::None, ionet::ServiceLevel::Control)
+        .unwrap();
+    let reply = ep.wait(op).unwrap().reply.expect("a reply");
+    let MetaReply::Opened { cap, .. } = proto::decode::<MetaReply>(&reply).unwrap().body else {
+        panic!("open failed")
+    };
+    assert_eq!(cap.rights, Rights::READ, "more rights than asked for");
+    let peer = ep.connect(&tc.cluster.config().io_servers[0]).unwrap();
+    assert_eq!(code(io_call(&ep, peer, IoRequest::Sync { cap: cap.clone() })), Errno::EACCES);
+    assert_eq!(code(io_call(&ep, peer, IoRequest::TruncateObject { cap, size: 0 })), Errno::EACCES);
+    let (b, n) = theirs.read_at(0, BytesMut::zeroed(10)).unwrap();
+    assert_eq!(&b[..n], b"their data");
+}
+
+/// A client that does not hold the cluster key gets no answer from the meta server or an io
+/// server: its requests fail with an authentication error and the data is untouched.
+fn no_key_no_service(scheme: &str) {
+    let tc = TestCluster::start(scheme, 1);
+    let c = tc.client();
+    let f = c.create("/guarded", CreateOptions::default()).unwrap();
+    let data = pattern(10_000, 3);
+    f.write_at(0, &data).unwrap();
+    let wrong = ionet::Endpoint::client(endpoint_config(
+        b"not-the-cluster-key-at-all!",
+        ionet::WaitMode::Block,
+        false,
+    ))
+    .unwrap();
+    let cfg = tc.cluster.config();
+    for (addr, tag, header) in [
+        (&cfg.meta, TAG_META, proto::encode(&Envelope::new(1, MetaRequest::Statfs)).unwrap()),
+        (&cfg.io_servers[0], TAG_IO, proto::encode(&Envelope::new(2, IoRequest::Ping)).unwrap()),
+    ] {
+        let peer = wrong.connect(addr).unwrap();
+        let op = wrong
+            .request(peer, tag, Bytes::from(header), ionet::Payload::None, ionet::ServiceLevel::Control)
+            .unwrap();
+        let done = wrong.wait(op).unwrap();
+        assert!(matches!(done.result, Err(ionet::Error::Auth(_))), "{addr}: {:?}", done.result);
+        assert!(done.reply.is_none(), "{addr} answered a client without the key");
+    }
+    let (b, n) = f.read_at(0, BytesMut::zeroed(data.len())).unwrap();
+    assert!(n == data.len() && b[..] == data[..]);
+}
+
+macro_rules! transports {
+    ($($scheme:ident),*) => {$(
+        mod $scheme {
+            #[test] fn capabilities_are_bound_to_handle_and_rights() { super::capabilities_are_bound_to_handle_and_rights(stringify!($scheme)) }
+            #[test] fn no_key_no_service() { super::no_key_no_service(stringify!($scheme)) }
+        }
+    )*};
+}
+
+transports!(tcp, softib);
