@@ -755,6 +755,9 @@ impl TcpBackend {
         match r {
             Ok((0, _)) => st.conn_failed(token, Loss::Lost("connection closed by peer".into())),
             Ok((n, _)) => {
+                // A FIN behind these bytes is not lost to the `drained` shortcut: this `recv`
+                // consumed no epoll edge, so the next epoll round reports it (setting `hup`),
+                // and the next direct wait, if any, reads the EOF itself.
                 c.rx_end = n;
                 c.drained = n < want;
                 c.drained_fresh = true;
@@ -2050,7 +2053,7 @@ impl State {
         let (moved, complete) = {
             let State { conns, ops, exposures, .. } = self;
             let Some(c) = conns.get_mut(&t) else { return Ok(Some(0)) };
-            let Conn { sock, rx, rxbuf, rx_start, rx_end, drained, bulk, .. } = c;
+            let Conn { sock, rx, rxbuf, rx_start, rx_end, drained, bulk, hup, .. } = c;
             let Rx::Payload { hdr, sink, got } = rx else { return Ok(Some(0)) };
             let total = hdr.len as usize;
             let mut moved = 0;
@@ -2065,8 +2068,9 @@ impl State {
             }
             // 2. From the socket: straight into the destination when a lot remains, else staged.
             //    Not after a short read in this turn: the socket was empty, and whatever comes
-            //    next raises a new turn.
-            if *got < total && *rx_start == *rx_end && *drained {
+            //    next raises a new turn — unless epoll already reported the FIN, which no later
+            //    edge repeats: then the read that returns EOF must happen now.
+            if *got < total && *rx_start == *rx_end && *drained && !*hup {
                 if moved == 0 {
                     return Ok(None);
                 }
