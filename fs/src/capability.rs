@@ -215,6 +215,15 @@ impl CapabilityKey {
     }
 }
 
+/// The expiry to give a token minted at whole second `now` that must stay valid for at least
+/// `lifetime`. Times are whole seconds and a token is refused from its expiry second on, so
+/// `now + lifetime` would leave a 1 s token minted at x.999 s only a millisecond to live; one
+/// extra second makes the lifetime a lower bound (it may last up to a second longer).
+pub fn expiry_after(now: u64, lifetime: std::time::Duration) -> u64 {
+    let secs = lifetime.as_secs() + u64::from(lifetime.subsec_nanos() > 0);
+    now.saturating_add(secs.max(1)).saturating_add(1)
+}
+
 /// Seconds since the Unix epoch (0 if the clock is before it).
 pub fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -290,6 +299,19 @@ mod tests {
         let e = key().verify(&cap, H, Rights::READ, 1000).unwrap_err();
         assert_eq!(e, CapError::Expired { expiry: 1000, now: 1000 });
         assert_eq!(e.errno(), Errno::EKEYEXPIRED);
+    }
+
+    #[test]
+    fn a_token_lives_at_least_its_lifetime() {
+        // Minted in second 1000 (anywhere in [1000.0, 1001.0)), a 1 s token must still verify at
+        // any instant up to a full second later, i.e. throughout whole second 1001.
+        let cap = key().mint(H, Rights::READ, expiry_after(1000, std::time::Duration::from_secs(1)), 7);
+        assert!(key().verify(&cap, H, Rights::READ, 1001).is_ok());
+        assert!(key().verify(&cap, H, Rights::READ, 1002).is_err());
+        // Fractional lifetimes round up; a zero lifetime still gives a usable token.
+        assert_eq!(expiry_after(1000, std::time::Duration::from_millis(1500)), 1003);
+        assert_eq!(expiry_after(1000, std::time::Duration::ZERO), 1002);
+        assert_eq!(expiry_after(u64::MAX - 1, std::time::Duration::from_secs(60)), u64::MAX);
     }
 
     #[test]

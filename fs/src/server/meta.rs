@@ -16,7 +16,7 @@
 //! are never granted `ADMIN`.
 
 use super::{ServerError, ServerHandle, send_reply, spawn_workers};
-use crate::capability::{Capability, CapabilityKey, Rights, unix_now};
+use crate::capability::{Capability, CapabilityKey, Rights, expiry_after, unix_now};
 use crate::config::ClusterConfig;
 use crate::errno::Errno;
 use crate::layout::Layout;
@@ -42,7 +42,7 @@ pub struct MetaServerConfig {
     pub cluster: ClusterConfig,
     /// The cluster key.
     pub key: Vec<u8>,
-    /// How long a capability is valid (default 1 hour).
+    /// How long a capability is valid at least (whole seconds, rounded up; default 1 hour).
     pub cap_lifetime: Duration,
     /// Requests served at once (default 4).
     pub workers: usize,
@@ -170,7 +170,7 @@ impl Shared {
     }
 
     fn mint(&self, h: Handle, rights: Rights) -> Capability {
-        let expiry = unix_now().saturating_add(self.cfg.cap_lifetime.as_secs().max(1));
+        let expiry = expiry_after(unix_now(), self.cfg.cap_lifetime);
         let nonce = self.nonce.fetch_add(1, Ordering::Relaxed);
         self.key.mint(h, rights, expiry, nonce)
     }
