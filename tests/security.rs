@@ -64,8 +64,13 @@ fn frames_until_close(s: &mut TcpStream) -> Vec<(Header, Vec<u8>)> {
     let start = Instant::now();
     loop {
         match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
+            Ok(0) => break,
             Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                panic!("server kept an unauthenticated connection open")
+            }
+            // A reset is a close too (the server dropped the socket with our bytes unread).
+            Err(_) => break,
         }
         assert!(start.elapsed() < T, "server kept an unauthenticated connection open");
     }
@@ -195,7 +200,13 @@ fn tcp_unauthenticated_peer_delivers_nothing_and_touches_nothing() {
 /// missing proof — so it can never connect a queue pair, the only way to reach memory.
 #[test]
 fn ib_side_channel_reveals_nothing_before_authentication() {
-    let srv = keyed("softib");
+    // A handshake timeout far beyond the test's read timeout: a refused peer must be cut off
+    // because it was refused, not because its handshake eventually timed out.
+    let srv = Endpoint::bind(
+        "softib://127.0.0.1:0",
+        Config::default().cluster_key(KEY).progress_thread(true).handshake_timeout(Duration::from_secs(600)),
+    )
+    .unwrap();
     let sa = sockaddr(&srv);
     // A plausible IB_INFO (its contents do not matter: it must not be read at all).
     let info = vec![0u8; 60];

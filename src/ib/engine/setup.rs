@@ -364,7 +364,10 @@ impl<V: Verbs> State<V> {
                     }
                     let _ = s.framed.send(&rh, &rb);
                     s.phase = SidePhase::Closing;
-                    return false;
+                    // Back to the loop, which closes the channel once the refusal is written:
+                    // waiting for another event instead left a refused peer that had already
+                    // sent everything connected until the handshake timeout.
+                    return true;
                 }
                 s.phase = SidePhase::ServerWaitInfo { client };
                 self.side_send(t, &rh, &rb)
