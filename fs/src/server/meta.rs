@@ -104,7 +104,7 @@ impl MetaServer {
         }
         let store = MetaStore::open(&cfg.db_path, MetaConfig::from_cluster(&cfg.cluster))?;
         let stale_creates = store.pending_creates()?;
-        let ep_cfg = crate::net::endpoint_config(&cfg.key, cfg.wait_mode, true);
+        let ep_cfg = crate::net::endpoint_config(&cfg.key, cfg.wait_mode, false);
         let io_ep = Endpoint::client(crate::net::endpoint_config(&cfg.key, cfg.wait_mode, false))?;
         let io = cfg.cluster.io_servers.iter().map(|a| io_ep.connect(a)).collect::<Result<Vec<_>, _>>()?;
         let ep = Endpoint::bind(&cfg.listen, ep_cfg)?;
