@@ -8,7 +8,8 @@
 //! Arguments: cluster file, bytes per call (k/m suffixes), calls, `w`, `r` or `rw`, and
 //! optionally `reg` to read into registered buffers from `Endpoint::alloc`. With
 //! `PIDS="<pid> …"` set, the CPU time those processes (the servers) used during the loop is
-//! printed per call beside this process's own; `WAIT=block|spin` sets the client's wait mode.
+//! printed per call beside this process's own; `WAIT=block|spin` sets the client's wait mode,
+//! `REG=1` writes from a registered pool buffer, `HINT=1` turns on the list allocation hint.
 
 use bytes::{Bytes, BytesMut};
 use std::time::Instant;
@@ -37,6 +38,14 @@ fn self_cpu() -> f64 {
     proc_cpu("self")
 }
 
+/// A pool buffer seen as `Bytes`.
+struct Pooled(ionet::RegisteredBuf);
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().collect();
     let cfg = ClusterConfig::load(std::path::Path::new(&a[1]))?;
@@ -49,10 +58,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok("spin") => opts.wait_mode = ionet::WaitMode::Spin,
         _ => {}
     }
+    if std::env::var_os("HINT").is_some() {
+        opts.ib = Some(ionet::IbConfig::default().list_alloc_hint(true));
+    }
     let client = Client::connect_with(&cfg, opts)?;
     let name = format!("/ioloop-{}", std::process::id());
     let f = client.create(&name, CreateOptions::default())?;
-    let data = Bytes::from((0..len).map(|i| (i * 7 % 251) as u8).collect::<Vec<u8>>());
+    let pattern: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+    let data = if std::env::var_os("REG").is_some() {
+        // Written from the endpoint's registered pool (zero-copy, registration-cache hits).
+        let mut b = client.endpoint().alloc(len)?;
+        b.copy_from_slice(&pattern);
+        Bytes::from_owner(Pooled(b))
+    } else {
+        Bytes::from(pattern)
+    };
     f.write_at(0, &data)?;
     let mut buf = BytesMut::zeroed(len);
     let (mut tw, mut tr) = (0f64, 0f64);
