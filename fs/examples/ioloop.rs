@@ -9,7 +9,9 @@
 //! optionally `reg` to read into registered buffers from `Endpoint::alloc`. With
 //! `PIDS="<pid> …"` set, the CPU time those processes (the servers) used during the loop is
 //! printed per call beside this process's own; `WAIT=block|spin` sets the client's wait mode,
-//! `REG=1` writes from a registered pool buffer, `HINT=1` turns on the list allocation hint.
+//! `REG=1` writes from a registered pool buffer, `HINT=1` turns on the list allocation hint,
+//! `MISALIGN=k` starts the read buffer k bytes past a 64-byte boundary and `DMISALIGN=k` the
+//! written data.
 
 use bytes::{Bytes, BytesMut};
 use std::time::Instant;
@@ -70,11 +72,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut b = client.endpoint().alloc(len)?;
         b.copy_from_slice(&pattern);
         Bytes::from_owner(Pooled(b))
+    } else if let Some(skew) = std::env::var("DMISALIGN").ok().and_then(|v| v.parse::<usize>().ok()) {
+        let mut b = BytesMut::zeroed(len + ionet::BUF_ALIGN + skew);
+        let head = (ionet::BUF_ALIGN - b.as_ptr() as usize % ionet::BUF_ALIGN) % ionet::BUF_ALIGN + skew;
+        drop(b.split_to(head));
+        b.truncate(len);
+        b.copy_from_slice(&pattern);
+        b.freeze()
     } else {
         Bytes::from(pattern)
     };
     f.write_at(0, &data)?;
-    let mut buf = BytesMut::zeroed(len);
+    let mut buf = BytesMut::zeroed(len + ionet::BUF_ALIGN);
+    // MISALIGN=k starts the read buffer k bytes past a BUF_ALIGN boundary (default: wherever
+    // malloc put it).
+    if let Some(skew) = std::env::var("MISALIGN").ok().and_then(|v| v.parse::<usize>().ok()) {
+        let head = (ionet::BUF_ALIGN - buf.as_ptr() as usize % ionet::BUF_ALIGN) % ionet::BUF_ALIGN + skew;
+        drop(buf.split_to(head));
+    }
+    buf.truncate(len);
     let (mut tw, mut tr) = (0f64, 0f64);
     let pids: Vec<String> =
         std::env::var("PIDS").unwrap_or_default().split_whitespace().map(str::to_owned).collect();
