@@ -215,6 +215,15 @@ impl CapabilityKey {
     }
 }
 
+/// The expiry of a token minted at `now` (from [`unix_now`]) to last `lifetime`. Tokens carry
+/// whole seconds and `now` is truncated, so the minting second's remainder is added: a token is
+/// good for at least `lifetime` (at most one second more), never less — with `now + lifetime`
+/// a one-second token minted at x.999 s was already expired when the io server saw it 1 ms later.
+pub fn expiry_after(now: u64, lifetime: std::time::Duration) -> u64 {
+    let secs = lifetime.as_secs() + u64::from(lifetime.subsec_nanos() > 0);
+    now.saturating_add(secs.max(1)).saturating_add(1)
+}
+
 /// Seconds since the Unix epoch (0 if the clock is before it).
 pub fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -290,6 +299,19 @@ mod tests {
         let e = key().verify(&cap, H, Rights::READ, 1000).unwrap_err();
         assert_eq!(e, CapError::Expired { expiry: 1000, now: 1000 });
         assert_eq!(e.errno(), Errno::EKEYEXPIRED);
+    }
+
+    #[test]
+    fn tokens_last_at_least_their_lifetime() {
+        use std::time::Duration;
+        // Minted during second 1000 (possibly at 1000.999) for one second: still good when
+        // checked during second 1001 (possibly at 1001.5, 0.5 s later), refused from 1002 on.
+        let cap = key().mint(H, Rights::READ, expiry_after(1000, Duration::from_secs(1)), 7);
+        key().verify(&cap, H, Rights::READ, 1001).unwrap();
+        assert!(matches!(key().verify(&cap, H, Rights::READ, 1002), Err(CapError::Expired { .. })));
+        assert_eq!(expiry_after(1000, Duration::from_millis(1500)), 1003);
+        assert_eq!(expiry_after(1000, Duration::ZERO), 1002);
+        assert_eq!(expiry_after(u64::MAX - 1, Duration::from_secs(3600)), u64::MAX);
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! are never granted `ADMIN`.
 
 use super::{ServerError, ServerHandle, send_reply, spawn_workers};
-use crate::capability::{Capability, CapabilityKey, Rights, unix_now};
+use crate::capability::{Capability, CapabilityKey, Rights, expiry_after, unix_now};
 use crate::config::ClusterConfig;
 use crate::errno::Errno;
 use crate::layout::Layout;
@@ -168,7 +168,7 @@ impl Shared {
     }
 
     fn mint(&self, h: Handle, rights: Rights) -> Capability {
-        let expiry = unix_now().saturating_add(self.cfg.cap_lifetime.as_secs().max(1));
+        let expiry = expiry_after(unix_now(), self.cfg.cap_lifetime);
         let nonce = self.nonce.fetch_add(1, Ordering::Relaxed);
         self.key.mint(h, rights, expiry, nonce)
     }
