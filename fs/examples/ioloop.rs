@@ -125,6 +125,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cli * 1e6 / iters as f64,
         srv * 1e6 / iters as f64
     );
+    if let Some(r) = client.endpoint().info().regcache {
+        println!(
+            "regcache: {} hits, {} misses, {} entries, {} MiB pinned (limits {} entries, {} MiB)",
+            r.hits,
+            r.misses,
+            r.entries,
+            r.pinned_bytes >> 20,
+            r.max_entries,
+            r.max_bytes >> 20
+        );
+    }
     if std::env::var_os("KEEP").is_none() {
         client.unlink(&name)?;
     }
