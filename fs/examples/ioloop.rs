@@ -96,13 +96,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::env::var("PIDS").unwrap_or_default().split_whitespace().map(str::to_owned).collect();
     let srv0: f64 = pids.iter().map(|p| proc_cpu(p)).sum();
     let cli0 = self_cpu();
+    // GAP_US=n idles n microseconds before every call (E1 times single calls between barriers).
+    let gap = std::env::var("GAP_US").ok().and_then(|v| v.parse().ok()).map(std::time::Duration::from_micros);
     for _ in 0..iters {
+        if let Some(g) = gap {
+            std::thread::sleep(g);
+        }
         if ops.contains('w') {
             let t = Instant::now();
             f.write_at(0, &data)?;
             tw += t.elapsed().as_secs_f64();
         }
         if ops.contains('r') {
+            if let Some(g) = gap {
+                std::thread::sleep(g);
+            }
             let t = Instant::now();
             let (b, n) = f.read_at(0, buf)?;
             tr += t.elapsed().as_secs_f64();

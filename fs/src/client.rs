@@ -873,7 +873,7 @@ impl File {
 
     /// Reads into a borrowed slice (the data lands in a temporary buffer and is copied once).
     pub fn read_into(&self, off: u64, dst: &mut [u8]) -> FsResult<usize> {
-        let (buf, n) = self.read_at(off, BytesMut::zeroed(dst.len()))?;
+        let (buf, n) = self.read_at(off, crate::buf::aligned_zeroed(dst.len()))?;
         dst.copy_from_slice(&buf);
         Ok(n)
     }
