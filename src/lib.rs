@@ -91,7 +91,7 @@ mod util;
 pub mod wire;
 
 pub use addr::{Address, Scheme};
-pub use buf::{BufPool, MemKeys, OpBuf, RecvBuf, RegisteredBuf, SendBuf};
+pub use buf::{BUF_ALIGN, BufPool, MemKeys, OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 pub use comm::{Mechanism, Policy, Thresholds};
 pub use config::{Config, IbConfig};
 pub use endpoint::{

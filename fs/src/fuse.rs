@@ -9,7 +9,6 @@ use crate::capability::Rights;
 use crate::client::{Client, CreateOptions, File};
 use crate::proto::{Attr, FileKind, Handle, SetAttr, Timestamp};
 use crate::{FsError, FsResult};
-use bytes::BytesMut;
 use fuser::{
     FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, MountOption, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
@@ -212,7 +211,7 @@ impl Filesystem for StripeFuse {
         reply: ReplyData,
     ) {
         let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
-        match f.read_at(offset, BytesMut::zeroed(size as usize)) {
+        match f.read_at(offset, crate::buf::aligned_zeroed(size as usize)) {
             Ok((buf, n)) => reply.data(&buf[..n]),
             Err(e) => reply.error(errno(&e)),
         }

@@ -51,6 +51,7 @@
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 
+pub mod buf;
 pub mod capability;
 pub mod client;
 pub mod cluster;

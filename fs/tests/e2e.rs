@@ -481,6 +481,28 @@ pub fn failed_fan_outs_are_cleaned_up(scheme: &str) {
     assert_eq!((0..3).map(objects).sum::<usize>(), 3, "exactly the new file's three objects remain");
 }
 
+/// A default client registers a striped request's pieces for one server as one span (the
+/// list allocation hint), not one registration per stripe: the pinning cost per piece was most
+/// of the client's CPU on softib.
+#[test]
+fn striped_requests_register_one_span_per_server() {
+    let tc = TestCluster::start("softib", 2);
+    let c = tc.client();
+    let f = c.create("/spans", CreateOptions { mode: 0o644, layout: spec(2, 4096) }).unwrap();
+    // Fresh buffers: every registration is a cache miss.
+    let registrations = || c.endpoint().info().regcache.expect("softib has a registration cache").misses;
+    // 512 KiB in 4 KiB stripes: 64 pieces for each of the 2 servers, 256 KiB each (RDMA).
+    let data = pattern(512 << 10, 11);
+    let before = registrations();
+    f.write_at(0, &data).unwrap();
+    let w = registrations() - before;
+    let before = registrations();
+    let (buf, n) = f.read_at(0, BytesMut::zeroed(data.len())).unwrap();
+    let r = registrations() - before;
+    assert_eq!((n, &buf[..]), (data.len(), &data[..]));
+    assert!(w <= 2 && r <= 2, "registrations: {w} for the write, {r} for the read (one per server expected)");
+}
+
 fn walk(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir)
         .map(|rd| rd.flatten().map(|e| if e.path().is_dir() { walk(&e.path()) } else { 1 }).sum())

@@ -71,7 +71,7 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
                 Err(e) => return Err(e).context(dst),
             };
             let pb = bar(len);
-            let mut buf = BytesMut::zeroed(CP_CHUNK);
+            let mut buf = stripefs::buf::aligned_zeroed(CP_CHUNK);
             let mut off = 0u64;
             loop {
                 let n = read_full(&mut src, &mut buf)?;
@@ -102,7 +102,7 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
             }
             let mut out = std::fs::File::create(&dst).with_context(|| dst.display().to_string())?;
             let pb = bar(size);
-            let mut buf = BytesMut::zeroed(CP_CHUNK);
+            let mut buf = stripefs::buf::aligned_zeroed(CP_CHUNK);
             let mut off = 0u64;
             while off < size {
                 let want = (size - off).min(CP_CHUNK as u64) as usize;

@@ -87,7 +87,7 @@ fn cpu_time() -> Duration {
 
 /// Fills a buffer with a cheap pseudo-random pattern (and so pre-faults it).
 fn pattern(len: usize, seed: u64) -> Bytes {
-    let mut v = vec![0u8; len];
+    let mut v = stripefs::buf::aligned_zeroed(len);
     let mut x = seed | 1;
     for chunk in v.chunks_mut(8) {
         x ^= x << 13;
@@ -100,7 +100,7 @@ fn pattern(len: usize, seed: u64) -> Bytes {
 }
 
 fn prefaulted(len: usize) -> BytesMut {
-    let mut b = BytesMut::zeroed(len);
+    let mut b = stripefs::buf::aligned_zeroed(len);
     for i in (0..len).step_by(4096) {
         b[i] = 1;
     }

@@ -105,7 +105,7 @@ impl IoServer {
         }
         let key = CapabilityKey::new(&cfg.key)?;
         let store = ObjectStore::open(&cfg.data_dir, StoreConfig { max_open: cfg.max_open })?;
-        let mut ep_cfg = crate::net::endpoint_config(&cfg.key, cfg.wait_mode, true);
+        let mut ep_cfg = crate::net::endpoint_config(&cfg.key, cfg.wait_mode, false);
         if let Some(ib) = &cfg.ib {
             ep_cfg = ep_cfg.ib(ib.clone());
         }

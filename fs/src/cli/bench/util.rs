@@ -8,16 +8,17 @@ use std::process::{Command, Stdio};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// A pre-faulted, zeroed buffer (first touch costs ~2.5 s/GiB on the reference VM).
+/// A pre-faulted, zeroed buffer (first touch costs ~2.5 s/GiB on the reference VM), aligned
+/// like ionet's pool buffers (see [`stripefs::buf`]).
 pub fn prefaulted(len: usize) -> BytesMut {
-    let mut b = BytesMut::zeroed(len);
+    let mut b = stripefs::buf::aligned_zeroed(len);
     benchkit::prefault(&mut b);
     b
 }
 
 /// Deterministic pseudo-random bytes (which also pre-faults them).
 pub fn pattern(len: usize, seed: u64) -> Bytes {
-    let mut v = vec![0u8; len];
+    let mut v = stripefs::buf::aligned_zeroed(len);
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     for chunk in v.chunks_mut(8) {
         x ^= x << 13;
