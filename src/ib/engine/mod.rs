@@ -101,6 +101,13 @@ const FIRST_SIDE: usize = 3;
 const CQ_BATCH: usize = 32;
 /// Busy-poll rounds between looks at the side channels.
 const SPIN_SIDE_EVERY: u32 = 32;
+/// Empty busy-poll rounds in a row before a spinning driver yields its CPU (then after every
+/// further empty round). The peer process may be waiting for this very CPU: a driver that never
+/// yields holds it for its whole scheduler slice (4 ms at HZ=250), once per protocol hand-off,
+/// whenever the two ends share a CPU (an oversubscribed host, or `taskset` onto one core).
+/// A few rounds of pure spinning first keep the common case — the answer is microseconds
+/// away — free of system calls.
+const SPIN_ROUNDS_BEFORE_YIELD: u32 = 8;
 /// Handshakes in progress, at most.
 const MAX_HANDSHAKING: usize = 128;
 /// What an unmatched rendezvous announcement costs against the peer's early-data budget.
@@ -562,6 +569,8 @@ pub(crate) struct State<V: Verbs> {
     pub done: Vec<Completion>,
     pub events: u64,
     pub rounds: u32,
+    /// Busy-poll rounds in a row that found nothing to do.
+    pub idle_rounds: u32,
     pub last_timers: Instant,
     pub closed: bool,
     pub registry: Registry,
@@ -695,6 +704,7 @@ impl<V: Verbs> IbBackend<V> {
             done: Vec::new(),
             events: 0,
             rounds: 0,
+            idle_rounds: 0,
             last_timers: Instant::now(),
             closed: false,
             registry: registry.try_clone()?,
@@ -714,6 +724,13 @@ impl<V: Verbs> IbBackend<V> {
             endpoint_id,
             blocked: AtomicBool::new(false),
         })
+    }
+
+    /// Gives the CPU to any other runnable thread (the peer, when it shares this CPU), without
+    /// sleeping: a busy-poll that never sleeps but never starves the process it waits for.
+    fn yield_cpu(&self) {
+        Counters::add(&self.core.counters.spin_yields, 1);
+        std::thread::yield_now();
     }
 
     fn lock(&self) -> MutexGuard<'_, State<V>> {
@@ -791,7 +808,11 @@ impl<V: Verbs> Backend for IbBackend<V> {
         let look_at_sides = !timeout.is_zero() || st.rounds.is_multiple_of(SPIN_SIDE_EVERY);
         if progressed || !look_at_sides {
             st.timers(timeout.is_zero());
+            let yield_cpu = st.idle_spin(timeout, progressed);
             self.deliver(guard);
+            if yield_cpu {
+                self.yield_cpu();
+            }
             return Ok(());
         }
         // Nothing on the CQ: arm it, look once more (a completion may have slipped in before
@@ -829,10 +850,15 @@ impl<V: Verbs> Backend for IbBackend<V> {
                 t => st.side_event(t, ev.is_writable()),
             }
         }
+        let had_events = !poller.events.is_empty();
         drop(pg);
-        self.round(st);
+        let progressed = self.round(st) || had_events;
         st.timers(false);
+        let yield_cpu = st.idle_spin(timeout, progressed);
         self.deliver(guard);
+        if yield_cpu {
+            self.yield_cpu();
+        }
         Ok(())
     }
 
@@ -1356,6 +1382,17 @@ impl<V: Verbs> State<V> {
             let (x, off, len) = g.token;
             self.zone_granted(x, g.client, off, len, g.buf, g.len);
         }
+    }
+
+    /// Counts a busy-poll round (`timeout` zero) that found nothing; true when the driver
+    /// should now yield its CPU (see [`SPIN_ROUNDS_BEFORE_YIELD`]).
+    fn idle_spin(&mut self, timeout: Duration, progressed: bool) -> bool {
+        if progressed || !timeout.is_zero() {
+            self.idle_rounds = 0;
+            return false;
+        }
+        self.idle_rounds = self.idle_rounds.saturating_add(1);
+        self.idle_rounds >= SPIN_ROUNDS_BEFORE_YIELD
     }
 
     fn timers(&mut self, polling: bool) {
