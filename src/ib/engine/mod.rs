@@ -220,10 +220,20 @@ pub(crate) struct Settings {
     pub max_sge: u32,
 }
 
-impl Settings {
-    /// Largest payload of a message written into a ring slot.
+/// Message sizes a connection can carry: the smaller of this endpoint's and the peer's
+/// receive-buffer and ring-slot sizes (each side announces its own in the side-channel info).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MsgCaps {
+    /// Largest message (header included) that fits a receive buffer: a SEND.
+    pub recv: usize,
+    /// Largest message (header included) that fits a ring slot: a fast-RDMA write.
+    pub slot: usize,
+}
+
+impl MsgCaps {
+    /// Largest payload of a message written into a ring slot (the eager limit).
     pub fn slot_payload_max(&self) -> usize {
-        self.slot_size as usize - MSG_HDR
+        self.slot - MSG_HDR
     }
 }
 
@@ -431,6 +441,9 @@ pub(crate) struct Conn<V: Verbs> {
     /// Received messages held for back-pressure, in arrival order.
     pub held: VecDeque<Held>,
     pub layout: Layout,
+    /// Sends and requests posted before the peer's limits were known: their mechanism is
+    /// chosen, in order, once they are (see [`State::caps`]).
+    pub waiting_posts: VecDeque<(OpId, Cmd)>,
 }
 
 /// A received message not processed yet.
@@ -942,7 +955,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
         let live = st.conns.iter().flatten();
         info.rdma = Some(RdmaInfo {
             queue_pairs: live.clone().count(),
-            queued_msgs: live.clone().map(|c| c.out.len()).sum(),
+            queued_msgs: live.clone().map(|c| c.out.len() + c.waiting_posts.len()).sum(),
             sends_outstanding: live.map(|c| c.sq.len()).sum(),
             transfers: st.xfers.len(),
             rdma_bytes_in_flight: st.bulk.in_flight_total(),
@@ -1301,6 +1314,15 @@ impl<V: Verbs> State<V> {
         // Bytes of this peer's transfer units the bulk scheduler counts as in flight: posted
         // (in the send queues about to go), deferred, waiting for or granted a zone buffer.
         // Left counted, they would eat the per-peer and per-endpoint RDMA caps for good.
+        // Sends and requests still waiting for the connection's limits fail like posted ops.
+        let waiting: Vec<OpId> = all_conns
+            .iter()
+            .filter_map(|cid| self.conn(*cid))
+            .flat_map(|c| c.waiting_posts.iter().map(|(op, _)| *op))
+            .collect();
+        for op in waiting {
+            self.fail_waiting_post(op, err.duplicate());
+        }
         let mut unit_bytes: usize = all_conns
             .iter()
             .filter_map(|cid| self.conn(*cid))
