@@ -186,6 +186,9 @@ counters! {
     /// RNR retries observed (InfiniBand: the provider's count for this endpoint's queue pairs;
     /// with credits it stays 0 in normal operation).
     rnr_retries,
+    /// Times a busy-polling driver (wait mode `Spin`, or `Adaptive` while spinning) gave up its
+    /// CPU with `sched_yield` after rounds that found nothing to do.
+    spin_yields,
 }
 
 impl Counters {

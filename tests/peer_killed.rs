@@ -266,6 +266,12 @@ fn client_survives(net: &Net, dir: Dir) {
             req.push_from(SBuf::pool(bulk[HALF..].to_vec()), HALF as u64).unwrap();
         }
     }
+    // The send rides its own (Normal) queue pair and waits for the victim's limits; the victim
+    // answers that handshake only while asked something: ask until the send is placed.
+    let placed = Instant::now() + T;
+    while cli.info().rdma.is_some_and(|m| m.fin_waits == 0) && Instant::now() < placed {
+        let _ = victim.wait_any(Some(Duration::from_millis(5)));
+    }
     let mid = cli.info();
     if let (Some(m), Some(rc)) = (mid.rdma, mid.regcache) {
         assert!(

@@ -86,6 +86,7 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
             sl: ServiceLevel::Normal,
             verify: false,
             spin: wait == WaitMode::Spin,
+            pool: false,
         };
         // Each implementation gets the iterations that fill `target` (the probe warms it up).
         let rp = raw.sized(&p, target)?;
@@ -135,6 +136,7 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
             sl: ServiceLevel::Bulk,
             verify: false,
             spin: false,
+            pool: false,
         };
         let rp = raw.sized(&p, target)?;
         let ps: Vec<Params> = block

@@ -102,6 +102,7 @@ pub fn run(o: &CalOpts) -> Result<Samples, BoxErr> {
                 sl: ServiceLevel::Normal,
                 verify: false,
                 spin: false,
+                pool: false,
             };
             let window = 16;
             let bw = Params {

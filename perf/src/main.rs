@@ -106,6 +106,11 @@ enum Cmd {
         /// Check every payload byte.
         #[arg(long)]
         verify: bool,
+        /// Send and receive from the endpoints' registered pools (`Endpoint::alloc`, both
+        /// sides) instead of plain heap buffers: on InfiniBand the data then moves straight
+        /// between the two applications' buffers, with no zone-buffer copy at the receiver.
+        #[arg(long)]
+        pool: bool,
         #[arg(long, default_value = "normal", value_parser = parse_sl)]
         sl: ServiceLevel,
         #[command(flatten)]
@@ -313,12 +318,26 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
             raw::serve(l)?;
             Ok(())
         }
-        Some(Cmd::Client { connect, test, sizes, iters, window, wait, runs, verify, sl, knobs, csv }) => {
+        Some(Cmd::Client {
+            connect,
+            test,
+            sizes,
+            iters,
+            window,
+            wait,
+            runs,
+            verify,
+            pool,
+            sl,
+            knobs,
+            csv,
+        }) => {
             let scheme = connect.parse::<ionet::Address>()?.scheme();
             let ep = Endpoint::client(knobs.tuning(wait).config(scheme))?;
             let peer = ep.connect(connect.as_str())?;
             let mut w = csv_writer(csv.as_ref())?;
-            println!("# {} {:?} wait={} sl={} runs={runs}", connect, test, wait.name(), sl);
+            let bufs = if pool { "pool" } else { "heap" };
+            println!("# {} {:?} wait={} sl={} buffers={bufs} runs={runs}", connect, test, wait.name(), sl);
             for size in parse_sizes(&sizes)? {
                 let p = Params {
                     test,
@@ -329,6 +348,7 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
                     sl,
                     verify,
                     spin: false,
+                    pool,
                 };
                 let mut rs = Vec::new();
                 for r in 0..runs {
@@ -542,6 +562,7 @@ fn selftest(scheme: Scheme) -> Result<(), BoxErr> {
             sl: ServiceLevel::Normal,
             verify: true,
             spin: false,
+            pool: false,
         };
         let l = over_ionet::run(&ep, peer, &lat, Some(srv.pid()))?;
         let iters = ((256 << 20) / size).clamp(32, 20_000) / 16 * 16;
@@ -553,6 +574,7 @@ fn selftest(scheme: Scheme) -> Result<(), BoxErr> {
             sl: ServiceLevel::Bulk,
             verify: true,
             spin: false,
+            pool: false,
         };
         let b = over_ionet::run(&ep, peer, &bw, Some(srv.pid()))?;
         println!("{:>10}  {:>19.1} µs  {:>17.3} GB/s", size, l.rtt_p50.unwrap_or(0.0), b.gbps());
@@ -602,6 +624,7 @@ fn compare(
             sl: ServiceLevel::Normal,
             verify: false,
             spin: wait == WaitMode::Spin,
+            pool: false,
         };
         // Warm up both paths.
         raw_cli.run(&Params { iters: 1000, ..p }, None)?;
@@ -642,6 +665,7 @@ fn compare(
             sl: ServiceLevel::Bulk,
             verify: false,
             spin: false,
+            pool: false,
         };
         raw_cli.run(&Params { iters: 64, ..p }, None)?;
         over_ionet::run(&ep, peer, &Params { iters: 64, ..p }, None)?;
@@ -715,6 +739,7 @@ fn compare(
         sl: ServiceLevel::Normal,
         verify: false,
         spin: false,
+        pool: false,
     };
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for r in 0..runs {

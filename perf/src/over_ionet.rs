@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use ionet::{Endpoint, Error, OpId, PeerId, RecvBuf, Result};
+use ionet::{Endpoint, Error, OpId, PeerId, RecvBuf, RegisteredBuf, Result, SendBuf};
 
 use crate::params::{Params, Test, pattern};
 use crate::run::RunResult;
@@ -29,10 +29,60 @@ fn wait_ok(ep: &Endpoint, op: OpId) -> Result<ionet::Completion> {
     }
 }
 
-fn take_mut(c: ionet::Completion) -> BytesMut {
-    match c.buf.into_recv() {
-        Some(RecvBuf::Mut(b)) => b,
-        _ => BytesMut::new(),
+fn take_recv(c: ionet::Completion) -> RecvBuf {
+    c.buf.into_recv().unwrap_or_else(|| RecvBuf::Mut(BytesMut::new()))
+}
+
+/// A pool buffer of `len` bytes holding `data` (when given).
+fn pool_buf(ep: &Endpoint, len: usize, data: Option<&[u8]>) -> Result<RegisteredBuf> {
+    let mut b = ep.alloc(len)?;
+    b.set_len(len)?;
+    if let Some(d) = data {
+        b.copy_from_slice(d);
+    }
+    Ok(b)
+}
+
+/// A receive buffer for `p`: from the endpoint's pool, or pre-faulted heap memory kept in
+/// `cache` across runs.
+fn recv_buf(ep: &Endpoint, p: &Params, cache: &mut BufCache) -> Result<RecvBuf> {
+    Ok(if p.pool {
+        RecvBuf::Registered(pool_buf(ep, p.size, None)?)
+    } else {
+        RecvBuf::Mut(cache.take(p.size))
+    })
+}
+
+/// The payloads a side sends: clones of one `Bytes`, or pool buffers (not shareable) lent to
+/// the sends in flight in turn and given back by their completions.
+enum Sends {
+    Shared(Bytes),
+    Pool(Vec<RegisteredBuf>),
+}
+
+impl Sends {
+    fn new(ep: &Endpoint, p: &Params, data: Vec<u8>) -> Result<Sends> {
+        if !p.pool {
+            return Ok(Sends::Shared(Bytes::from(data)));
+        }
+        let n = if p.test == Test::Lat { 1 } else { p.window };
+        Ok(Sends::Pool((0..n).map(|_| pool_buf(ep, p.size, Some(&data))).collect::<Result<_>>()?))
+    }
+
+    fn take(&mut self) -> SendBuf {
+        match self {
+            Sends::Shared(b) => SendBuf::Bytes(b.clone()),
+            Sends::Pool(v) => SendBuf::Registered(v.pop().expect("one buffer per send in flight")),
+        }
+    }
+
+    /// Waits for a send and takes its buffer back.
+    fn wait(&mut self, ep: &Endpoint, op: OpId) -> Result<()> {
+        let c = wait_ok(ep, op)?;
+        if let (Sends::Pool(v), Some(SendBuf::Registered(b))) = (self, c.buf.into_send()) {
+            v.push(b);
+        }
+        Ok(())
     }
 }
 
@@ -57,7 +107,8 @@ impl BufCache {
             None => prefaulted(len),
         }
     }
-    fn give(&mut self, b: BytesMut) {
+    fn give(&mut self, b: RecvBuf) {
+        let RecvBuf::Mut(b) = b else { return };
         // Bound what is kept: the largest window of the largest size is enough.
         if self.0.len() < 256 {
             self.0.push(b);
@@ -87,18 +138,15 @@ pub fn serve(ep: &Endpoint) -> Result<()> {
 }
 
 fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> Result<()> {
-    let sbuf = Bytes::from(if p.verify { pattern(p.size, 2) } else { prefaulted(p.size).to_vec() });
-    let mut rbufs: Vec<BytesMut> = (0..p.window).map(|_| cache.take(p.size)).collect();
+    let mut sends =
+        Sends::new(ep, p, if p.verify { pattern(p.size, 2) } else { prefaulted(p.size).to_vec() })?;
+    let n = if p.test == Test::Lat { 1 } else { p.window };
+    let mut rbufs: Vec<RecvBuf> = (0..n).map(|_| recv_buf(ep, p, cache)).collect::<Result<_>>()?;
     let expect = p.verify.then(|| pattern(p.size, 1));
     // Post the first receives before saying ready, so nothing arrives early.
     let mut pending: Vec<OpId> = Vec::new();
-    match p.test {
-        Test::Lat => pending.push(ep.recv(peer, TAG_DATA, rbufs.pop().unwrap_or_default())?),
-        _ => {
-            for b in rbufs.drain(..) {
-                pending.push(ep.recv(peer, TAG_DATA, b)?);
-            }
-        }
+    for b in rbufs.drain(..) {
+        pending.push(ep.recv(peer, TAG_DATA, b)?);
     }
     wait_ok(ep, ep.send(peer, TAG_READY, Bytes::new(), p.sl)?)?;
     let check = |c: &ionet::Completion| -> Result<()> {
@@ -116,19 +164,20 @@ fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> R
                 let c = wait_ok(ep, pending.pop().expect("posted"))?;
                 check(&c)?;
                 if i + 1 < p.iters {
-                    pending.push(ep.recv(peer, TAG_DATA, take_mut(c))?);
+                    pending.push(ep.recv(peer, TAG_DATA, take_recv(c))?);
                 } else {
-                    cache.give(take_mut(c));
+                    cache.give(take_recv(c));
                 }
-                wait_ok(ep, ep.send(peer, TAG_BACK, sbuf.clone(), p.sl)?)?;
+                let op = ep.send(peer, TAG_BACK, sends.take(), p.sl)?;
+                sends.wait(ep, op)?;
             }
         }
         Test::Bw | Test::Msgrate | Test::Bibw => {
             let windows = p.iters / p.window;
             for w in 0..windows {
-                let sends: Vec<OpId> = if p.test == Test::Bibw {
+                let sent: Vec<OpId> = if p.test == Test::Bibw {
                     (0..p.window)
-                        .map(|_| ep.send(peer, TAG_BACK, sbuf.clone(), p.sl))
+                        .map(|_| ep.send(peer, TAG_BACK, sends.take(), p.sl))
                         .collect::<Result<_>>()?
                 } else {
                     Vec::new()
@@ -137,10 +186,10 @@ fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> R
                 for op in pending.drain(..) {
                     let c = wait_ok(ep, op)?;
                     check(&c)?;
-                    next.push(take_mut(c));
+                    next.push(take_recv(c));
                 }
-                for op in sends {
-                    wait_ok(ep, op)?;
+                for op in sent {
+                    sends.wait(ep, op)?;
                 }
                 if w + 1 < windows {
                     for b in next {
@@ -163,8 +212,17 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
     } else {
         *p
     };
-    let sbuf = Bytes::from(if p.verify { pattern(p.size, 1) } else { prefaulted(p.size).to_vec() });
+    let mut sends =
+        Sends::new(ep, &p, if p.verify { pattern(p.size, 1) } else { prefaulted(p.size).to_vec() })?;
     let expect = p.verify.then(|| pattern(p.size, 2));
+    // Receive buffers (ping-pong and bibw), made before the clock starts.
+    let mut heap = BufCache::default();
+    let n_recv = match p.test {
+        Test::Lat => 1,
+        Test::Bibw => p.window,
+        _ => 0,
+    };
+    let mut rbufs: Vec<RecvBuf> = (0..n_recv).map(|_| recv_buf(ep, &p, &mut heap)).collect::<Result<_>>()?;
     let ready = ep.recv(peer, TAG_READY, BytesMut::zeroed(0))?;
     wait_ok(ep, ep.send_unexpected(peer, TAG_PARAMS, Bytes::copy_from_slice(&p.encode()), p.sl)?)?;
     wait_ok(ep, ready)?;
@@ -175,11 +233,12 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
     match p.test {
         Test::Lat => {
             rtts.reserve(p.iters);
-            let mut rbuf = prefaulted(p.size);
+            let mut rbuf = rbufs.pop().expect("one receive buffer");
             for _ in 0..p.iters {
                 let t = Instant::now();
                 let r = ep.recv(peer, TAG_BACK, rbuf)?;
-                wait_ok(ep, ep.send(peer, TAG_DATA, sbuf.clone(), p.sl)?)?;
+                let s = ep.send(peer, TAG_DATA, sends.take(), p.sl)?;
+                sends.wait(ep, s)?;
                 let c = wait_ok(ep, r)?;
                 rtts.push(t.elapsed().as_secs_f64() * 1e6);
                 if let Some(want) = &expect
@@ -187,30 +246,25 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
                 {
                     return Err(Error::misuse("echo verification failed"));
                 }
-                rbuf = take_mut(c);
+                rbuf = take_recv(c);
             }
         }
         Test::Bw | Test::Msgrate | Test::Bibw => {
-            let mut rbufs: Vec<BytesMut> = if p.test == Test::Bibw {
-                (0..p.window).map(|_| prefaulted(p.size)).collect()
-            } else {
-                Vec::new()
-            };
-            let mut ack_buf = BytesMut::zeroed(1);
+            let mut ack_buf = RecvBuf::Mut(BytesMut::zeroed(1));
             for _ in 0..p.iters / p.window {
                 let ack = ep.recv(peer, TAG_ACK, ack_buf)?;
                 let recvs: Vec<OpId> =
                     rbufs.drain(..).map(|b| ep.recv(peer, TAG_BACK, b)).collect::<Result<_>>()?;
-                let sends: Vec<OpId> = (0..p.window)
-                    .map(|_| ep.send(peer, TAG_DATA, sbuf.clone(), p.sl))
+                let sent: Vec<OpId> = (0..p.window)
+                    .map(|_| ep.send(peer, TAG_DATA, sends.take(), p.sl))
                     .collect::<Result<_>>()?;
-                for op in sends {
-                    wait_ok(ep, op)?;
+                for op in sent {
+                    sends.wait(ep, op)?;
                 }
                 for op in recvs {
-                    rbufs.push(take_mut(wait_ok(ep, op)?));
+                    rbufs.push(take_recv(wait_ok(ep, op)?));
                 }
-                ack_buf = take_mut(wait_ok(ep, ack)?);
+                ack_buf = take_recv(wait_ok(ep, ack)?);
             }
         }
     }
@@ -256,4 +310,54 @@ pub fn sized(ep: &Endpoint, peer: PeerId, p: &Params, target: Duration) -> Resul
     let t = Instant::now();
     run(ep, peer, &q, None)?;
     Ok(fit(t.elapsed() / q.iters as u32, p, target))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ionet::{Config, ServiceLevel};
+
+    /// Serves the next `runs` perf runs on `ep` (bounded waits), returning the server's engine
+    /// host copies per run.
+    fn serve_runs(ep: Endpoint, runs: usize) -> std::thread::JoinHandle<Vec<u64>> {
+        std::thread::spawn(move || {
+            let mut cache = BufCache::default();
+            let mut copies = Vec::new();
+            for _ in 0..runs {
+                let u = ep.recv_unexpected(Some(OP_TIMEOUT)).unwrap().expect("parameters");
+                let p = Params::decode(&u.data).unwrap();
+                let before = ep.info().counters.host_copy_bytes;
+                serve_one(&ep, u.peer, &p, &mut cache).unwrap();
+                copies.push(ep.info().counters.host_copy_bytes - before);
+            }
+            copies
+        })
+    }
+
+    /// With pool buffers on both sides, 1 MiB messages over `softib://` move straight between
+    /// the two applications' buffers (server-based RDMA into the registered receive buffer);
+    /// heap buffers go through the receiver's zone buffers and are copied once.
+    #[test]
+    fn pool_buffers_make_no_copy_at_the_receiver() {
+        let srv = Endpoint::bind("softib://127.0.0.1:0", Config::default().progress_thread(true)).unwrap();
+        let cli = Endpoint::client(Config::default()).unwrap();
+        let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
+        let server = serve_runs(srv.clone(), 2);
+        let base = Params {
+            test: Test::Bw,
+            size: 1 << 20,
+            iters: 8,
+            window: 4,
+            sl: ServiceLevel::Normal,
+            verify: true,
+            spin: false,
+            pool: false,
+        };
+        run(&cli, peer, &base, None).unwrap();
+        run(&cli, peer, &Params { pool: true, ..base }, None).unwrap();
+        let copies = server.join().unwrap();
+        assert!(copies[0] >= 8 << 20, "heap receive buffers are staged through zones: {copies:?}");
+        // Only the 1-byte acknowledgements (one per window) are copied, as inline messages.
+        assert!(copies[1] <= 2, "pool receive buffers are written directly: {copies:?}");
+    }
 }

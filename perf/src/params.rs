@@ -26,6 +26,9 @@ pub struct Params {
     pub verify: bool,
     /// Raw baselines: busy-poll instead of blocking reads.
     pub spin: bool,
+    /// Send and receive from the endpoint's registered pool (`Endpoint::alloc`, BMI's
+    /// `BMI_memalloc`) instead of plain heap buffers.
+    pub pool: bool,
 }
 
 pub const PARAMS_LEN: usize = 32;
@@ -40,7 +43,7 @@ impl Params {
             Test::Msgrate => 4,
         };
         b[1] = self.sl as u8;
-        b[2] = u8::from(self.verify) | (u8::from(self.spin) << 1);
+        b[2] = u8::from(self.verify) | (u8::from(self.spin) << 1) | (u8::from(self.pool) << 2);
         b[8..16].copy_from_slice(&(self.size as u64).to_le_bytes());
         b[16..24].copy_from_slice(&(self.iters as u64).to_le_bytes());
         b[24..28].copy_from_slice(&(self.window as u32).to_le_bytes());
@@ -67,7 +70,16 @@ impl Params {
         if size > (256 << 20) || iters == 0 || iters > 100_000_000 || window == 0 || window > 4096 {
             return Err("parameters out of range".into());
         }
-        Ok(Params { test, size, iters, window, sl, verify: b[2] & 1 != 0, spin: b[2] & 2 != 0 })
+        Ok(Params {
+            test,
+            size,
+            iters,
+            window,
+            sl,
+            verify: b[2] & 1 != 0,
+            spin: b[2] & 2 != 0,
+            pool: b[2] & 4 != 0,
+        })
     }
 }
 
@@ -98,6 +110,7 @@ mod tests {
             sl: ServiceLevel::Bulk,
             verify: true,
             spin: false,
+            pool: true,
         };
         assert_eq!(Params::decode(&p.encode()), Ok(p));
         let mut b = p.encode();

@@ -101,6 +101,13 @@ const FIRST_SIDE: usize = 3;
 const CQ_BATCH: usize = 32;
 /// Busy-poll rounds between looks at the side channels.
 const SPIN_SIDE_EVERY: u32 = 32;
+/// Empty busy-poll rounds in a row before a spinning driver yields its CPU (then after every
+/// further empty round). The peer process may be waiting for this very CPU: a driver that never
+/// yields holds it for its whole scheduler slice (4 ms at HZ=250), once per protocol hand-off,
+/// whenever the two ends share a CPU (an oversubscribed host, or `taskset` onto one core).
+/// A few rounds of pure spinning first keep the common case — the answer is microseconds
+/// away — free of system calls.
+const SPIN_ROUNDS_BEFORE_YIELD: u32 = 8;
 /// Handshakes in progress, at most.
 const MAX_HANDSHAKING: usize = 128;
 /// What an unmatched rendezvous announcement costs against the peer's early-data budget.
@@ -213,10 +220,20 @@ pub(crate) struct Settings {
     pub max_sge: u32,
 }
 
-impl Settings {
-    /// Largest payload of a message written into a ring slot.
+/// Message sizes a connection can carry: the smaller of this endpoint's and the peer's
+/// receive-buffer and ring-slot sizes (each side announces its own in the side-channel info).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MsgCaps {
+    /// Largest message (header included) that fits a receive buffer: a SEND.
+    pub recv: usize,
+    /// Largest message (header included) that fits a ring slot: a fast-RDMA write.
+    pub slot: usize,
+}
+
+impl MsgCaps {
+    /// Largest payload of a message written into a ring slot (the eager limit).
     pub fn slot_payload_max(&self) -> usize {
-        self.slot_size as usize - MSG_HDR
+        self.slot - MSG_HDR
     }
 }
 
@@ -424,6 +441,9 @@ pub(crate) struct Conn<V: Verbs> {
     /// Received messages held for back-pressure, in arrival order.
     pub held: VecDeque<Held>,
     pub layout: Layout,
+    /// Sends and requests posted before the peer's limits were known: their mechanism is
+    /// chosen, in order, once they are (see [`State::caps`]).
+    pub waiting_posts: VecDeque<(OpId, Cmd)>,
 }
 
 /// A received message not processed yet.
@@ -562,6 +582,8 @@ pub(crate) struct State<V: Verbs> {
     pub done: Vec<Completion>,
     pub events: u64,
     pub rounds: u32,
+    /// Busy-poll rounds in a row that found nothing to do.
+    pub idle_rounds: u32,
     pub last_timers: Instant,
     pub closed: bool,
     pub registry: Registry,
@@ -695,6 +717,7 @@ impl<V: Verbs> IbBackend<V> {
             done: Vec::new(),
             events: 0,
             rounds: 0,
+            idle_rounds: 0,
             last_timers: Instant::now(),
             closed: false,
             registry: registry.try_clone()?,
@@ -714,6 +737,13 @@ impl<V: Verbs> IbBackend<V> {
             endpoint_id,
             blocked: AtomicBool::new(false),
         })
+    }
+
+    /// Gives the CPU to any other runnable thread (the peer, when it shares this CPU), without
+    /// sleeping: a busy-poll that never sleeps but never starves the process it waits for.
+    fn yield_cpu(&self) {
+        Counters::add(&self.core.counters.spin_yields, 1);
+        std::thread::yield_now();
     }
 
     fn lock(&self) -> MutexGuard<'_, State<V>> {
@@ -791,7 +821,11 @@ impl<V: Verbs> Backend for IbBackend<V> {
         let look_at_sides = !timeout.is_zero() || st.rounds.is_multiple_of(SPIN_SIDE_EVERY);
         if progressed || !look_at_sides {
             st.timers(timeout.is_zero());
+            let yield_cpu = st.idle_spin(timeout, progressed);
             self.deliver(guard);
+            if yield_cpu {
+                self.yield_cpu();
+            }
             return Ok(());
         }
         // Nothing on the CQ: arm it, look once more (a completion may have slipped in before
@@ -829,10 +863,15 @@ impl<V: Verbs> Backend for IbBackend<V> {
                 t => st.side_event(t, ev.is_writable()),
             }
         }
+        let had_events = !poller.events.is_empty();
         drop(pg);
-        self.round(st);
+        let progressed = self.round(st) || had_events;
         st.timers(false);
+        let yield_cpu = st.idle_spin(timeout, progressed);
         self.deliver(guard);
+        if yield_cpu {
+            self.yield_cpu();
+        }
         Ok(())
     }
 
@@ -916,7 +955,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
         let live = st.conns.iter().flatten();
         info.rdma = Some(RdmaInfo {
             queue_pairs: live.clone().count(),
-            queued_msgs: live.clone().map(|c| c.out.len()).sum(),
+            queued_msgs: live.clone().map(|c| c.out.len() + c.waiting_posts.len()).sum(),
             sends_outstanding: live.map(|c| c.sq.len()).sum(),
             transfers: st.xfers.len(),
             rdma_bytes_in_flight: st.bulk.in_flight_total(),
@@ -1275,6 +1314,15 @@ impl<V: Verbs> State<V> {
         // Bytes of this peer's transfer units the bulk scheduler counts as in flight: posted
         // (in the send queues about to go), deferred, waiting for or granted a zone buffer.
         // Left counted, they would eat the per-peer and per-endpoint RDMA caps for good.
+        // Sends and requests still waiting for the connection's limits fail like posted ops.
+        let waiting: Vec<OpId> = all_conns
+            .iter()
+            .filter_map(|cid| self.conn(*cid))
+            .flat_map(|c| c.waiting_posts.iter().map(|(op, _)| *op))
+            .collect();
+        for op in waiting {
+            self.fail_waiting_post(op, err.duplicate());
+        }
         let mut unit_bytes: usize = all_conns
             .iter()
             .filter_map(|cid| self.conn(*cid))
@@ -1356,6 +1404,17 @@ impl<V: Verbs> State<V> {
             let (x, off, len) = g.token;
             self.zone_granted(x, g.client, off, len, g.buf, g.len);
         }
+    }
+
+    /// Counts a busy-poll round (`timeout` zero) that found nothing; true when the driver
+    /// should now yield its CPU (see [`SPIN_ROUNDS_BEFORE_YIELD`]).
+    fn idle_spin(&mut self, timeout: Duration, progressed: bool) -> bool {
+        if progressed || !timeout.is_zero() {
+            self.idle_rounds = 0;
+            return false;
+        }
+        self.idle_rounds = self.idle_rounds.saturating_add(1);
+        self.idle_rounds >= SPIN_ROUNDS_BEFORE_YIELD
     }
 
     fn timers(&mut self, polling: bool) {

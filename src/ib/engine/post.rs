@@ -18,8 +18,8 @@ use crate::wire::{
 
 use super::msg::{self, MSG_HDR, Prefix, Segment};
 use super::{
-    Early, FinWait, Local, OpSt, OutMsg, Payload, SReq, SqDone, SqEntry, State, Then, Via, WR_SEND, XferThen,
-    wr_id,
+    Early, FinWait, Local, MsgCaps, OpSt, OutMsg, Payload, SReq, SqDone, SqEntry, State, Then, Via, WR_SEND,
+    XferThen, wr_id,
 };
 
 /// What to register a buffer for.
@@ -74,17 +74,102 @@ impl<V: Verbs> State<V> {
     /// (a request header): the policy's choice — the table's, or the forced mechanism — moved
     /// up to the next mechanism that can carry the message when it does not fit (inline needs
     /// a receive buffer, fast RDMA a ring slot), and down to inline for an empty payload, which
-    /// server-based RDMA has nothing to move for. The table's thresholds always fit (they are
-    /// clamped at start-up); a forced mechanism may not.
-    pub(crate) fn mechanism(&self, len: usize, sl: ServiceLevel, extra: usize) -> Mechanism {
-        let inline_cap = (self.s.recv_size as usize).saturating_sub(MSG_HDR + extra);
-        let fast_cap = (self.s.slot_size as usize).saturating_sub(MSG_HDR + extra);
+    /// server-based RDMA has nothing to move for. The table's thresholds fit this endpoint's own
+    /// buffers (they are clamped at start-up), but a peer's may be smaller, and a forced
+    /// mechanism may not fit either: the connection's [`MsgCaps`] decide.
+    pub(crate) fn mechanism(&self, cid: u32, len: usize, sl: ServiceLevel, extra: usize) -> Mechanism {
+        let caps = self.caps(cid);
+        let inline_cap = caps.recv.saturating_sub(MSG_HDR + extra);
+        let fast_cap = caps.slot.saturating_sub(MSG_HDR + extra);
         match self.s.policy.choose(len, sl, Conditions::idle(true)) {
             Mechanism::ServerRdma if len == 0 => Mechanism::Inline,
             Mechanism::Inline if len > inline_cap && len <= fast_cap => Mechanism::FastRdma,
             Mechanism::Inline | Mechanism::FastRdma if len > fast_cap => Mechanism::ServerRdma,
             m => m,
         }
+    }
+
+    /// What messages on connection `cid` can carry: the minimum of this endpoint's and the
+    /// peer's receive-buffer and ring-slot sizes once the peer's are known (our own before:
+    /// sends and requests wait for them, see [`Self::hold_until_limits_known`]).
+    pub(crate) fn caps(&self, cid: u32) -> MsgCaps {
+        let own = MsgCaps { recv: self.s.recv_size as usize, slot: self.s.slot_size as usize };
+        match self.conn(cid).and_then(|c| c.remote) {
+            Some(r) => {
+                MsgCaps { recv: own.recv.min(r.recv_size as usize), slot: own.slot.min(r.slot_size as usize) }
+            }
+            None => own,
+        }
+    }
+
+    /// Holds a send or request posted before the peer's limits are known (the connection is
+    /// still being set up), so its mechanism is chosen from the limits both sides can carry.
+    /// Returns the command when the limits are known and it can be placed now.
+    fn hold_until_limits_known(&mut self, cid: u32, op: OpId, cmd: Cmd) -> Option<Cmd> {
+        match self.conn_mut(cid) {
+            Some(c) if c.remote.is_none() => {
+                c.waiting_posts.push_back((op, cmd));
+                None
+            }
+            _ => Some(cmd),
+        }
+    }
+
+    /// Places, in posting order, the sends and requests that waited for the peer's limits.
+    pub(crate) fn place_waiting_posts(&mut self, cid: u32) {
+        let Some(waiting) = self.conn_mut(cid).map(|c| std::mem::take(&mut c.waiting_posts)) else {
+            return;
+        };
+        let eager = self.caps(cid).slot_payload_max();
+        for (op, cmd) in waiting {
+            let cmd = match cmd {
+                Cmd::Send { peer, tag, buf, unexpected: true, .. } if buf.len() > eager => {
+                    // Checked when posted against our own slots; the peer's are smaller.
+                    let e = Error::TooLarge { len: buf.len() as u64, max: eager as u64 };
+                    self.fail_new(op, OpKind::SendUnexpected, peer, tag, OpBuf::Send(buf), e);
+                    continue;
+                }
+                cmd => cmd,
+            };
+            let (peer, tag, kind) = match &cmd {
+                Cmd::Send { peer, tag, unexpected, .. } => {
+                    (*peer, *tag, if *unexpected { OpKind::SendUnexpected } else { OpKind::Send })
+                }
+                Cmd::Request { peer, tag, .. } => (*peer, *tag, OpKind::Request),
+                _ => continue,
+            };
+            if let Err(e) = self.post(op, cmd) {
+                // Not expected (checked when posted), but the op exists: it completes.
+                self.fail_new(op, kind, peer, tag, OpBuf::None, e);
+            }
+        }
+    }
+
+    /// A waiting send or request (see [`Self::hold_until_limits_known`]) cancelled or failed
+    /// before it was placed: it completes with `why` and gets its buffer back. False when `op`
+    /// is not waiting.
+    pub(crate) fn fail_waiting_post(&mut self, op: OpId, why: Error) -> bool {
+        let found = self.conns.iter_mut().flatten().find_map(|c| {
+            let i = c.waiting_posts.iter().position(|(o, _)| *o == op)?;
+            c.waiting_posts.remove(i)
+        });
+        let Some((op, cmd)) = found else { return false };
+        match cmd {
+            Cmd::Send { peer, tag, buf, unexpected, .. } => {
+                let kind = if unexpected { OpKind::SendUnexpected } else { OpKind::Send };
+                self.fail_new(op, kind, peer, tag, OpBuf::Send(buf), why);
+            }
+            Cmd::Request { peer, tag, payload, .. } => {
+                let buf = match payload {
+                    UserPayload::None => OpBuf::None,
+                    UserPayload::Out(b) => OpBuf::Send(b),
+                    UserPayload::In(b) => OpBuf::Recv(b),
+                };
+                self.fail_new(op, OpKind::Request, peer, tag, buf, why);
+            }
+            _ => {}
+        }
+        true
     }
 
     /// Queues a message on a connection and counts a reference to the op its payload or
@@ -123,7 +208,19 @@ impl<V: Verbs> State<V> {
                 return Ok(());
             }
         };
-        let mut mech = self.mechanism(len, sl, 0);
+        let Some(cmd) = self.hold_until_limits_known(cid, op, Cmd::Send { peer, tag, sl, buf, unexpected })
+        else {
+            return Ok(());
+        };
+        let Cmd::Send { buf, .. } = cmd else { unreachable!("held and returned as it was") };
+        // An unexpected message lands in a ring slot of the peer's: the smaller eager limit.
+        let eager = self.caps(cid).slot_payload_max();
+        if unexpected && len > eager {
+            // Only when posted on a connection whose limits were known (the waiting ones are
+            // checked by `place_waiting_posts`, which returns their buffers).
+            return Err(Error::TooLarge { len: len as u64, max: eager as u64 });
+        }
+        let mut mech = self.mechanism(cid, len, sl, 0);
         if unexpected && mech == Mechanism::ServerRdma {
             // Nobody will post a receive to pull it: it fits a ring slot (eager limit).
             mech = Mechanism::FastRdma;
@@ -169,8 +266,7 @@ impl<V: Verbs> State<V> {
                 if let Some(o) = self.ops.get_mut(&op) {
                     o.st = OpSt::WaitFin { msg: msg_id };
                 }
-                let via =
-                    if MSG_HDR + payload.len() <= self.s.recv_size as usize { Via::Send } else { Via::Ring };
+                let via = if MSG_HDR + payload.len() <= self.caps(cid).recv { Via::Send } else { Via::Ring };
                 self.enqueue(
                     cid,
                     OutMsg {
@@ -411,25 +507,32 @@ impl<V: Verbs> State<V> {
         if header.len() > self.s.cfg.max_header {
             return Err(Error::TooLarge { len: header.len() as u64, max: self.s.cfg.max_header as u64 });
         }
-        let (buf, dir, len) = match payload {
-            UserPayload::None => (OpBuf::None, Direction::None, 0),
-            UserPayload::Out(b) => {
-                let n = b.len();
-                (OpBuf::Send(b), Direction::Out, n)
-            }
-            UserPayload::In(b) => {
-                let n = b.capacity();
-                (OpBuf::Recv(b), Direction::In, n)
-            }
+        let len = match &payload {
+            UserPayload::None => 0,
+            UserPayload::Out(b) => b.len(),
+            UserPayload::In(b) => b.capacity(),
         };
         self.check_len(len)?;
+        let split = |payload| match payload {
+            UserPayload::None => (OpBuf::None, Direction::None),
+            UserPayload::Out(b) => (OpBuf::Send(b), Direction::Out),
+            UserPayload::In(b) => (OpBuf::Recv(b), Direction::In),
+        };
         let cid = match self.conn_for(peer, sl) {
             Ok(c) => c,
             Err(e) => {
-                self.fail_new(op, OpKind::Request, peer, tag, buf, e);
+                self.fail_new(op, OpKind::Request, peer, tag, split(payload).0, e);
                 return Ok(());
             }
         };
+        let Some(cmd) =
+            self.hold_until_limits_known(cid, op, Cmd::Request { peer, tag, sl, header, payload })
+        else {
+            return Ok(());
+        };
+        let Cmd::Request { header, payload, .. } = cmd else { unreachable!("held and returned as it was") };
+        let (buf, dir) = split(payload);
+        let caps = self.caps(cid);
         self.insert_op(op, OpKind::Request, peer, tag, sl, buf, OpSt::WaitReply);
         Counters::add(&self.core.counters.msgs_sent, 1);
         let mut h = Header::new(Kind::Request, sl);
@@ -446,12 +549,9 @@ impl<V: Verbs> State<V> {
         // Where the payload goes: with the request (inline or fast RDMA: the data follows the
         // header in the message), or registered for the server's RDMA. The header rides in
         // the message too, or its segment list when it is too large for a slot.
-        let header_room = if MSG_HDR + header.len() <= self.s.slot_size as usize {
-            header.len()
-        } else {
-            msg::segments_len(1)
-        };
-        let chosen = self.mechanism(len, sl, header_room);
+        let header_room =
+            if MSG_HDR + header.len() <= caps.slot { header.len() } else { msg::segments_len(1) };
+        let chosen = self.mechanism(cid, len, sl, header_room);
         // A read's data comes in the server's PUSH messages unless registered: the server picks
         // their mechanism and the client reports how they came (this choice if none came).
         let mech = (dir != Direction::None).then_some(chosen);
@@ -475,7 +575,7 @@ impl<V: Verbs> State<V> {
         let segs_len = segs_part.as_ref().map_or(0, Bytes::len);
         let inline_len = if h.flags & FLAG_INLINE_DATA != 0 { len } else { 0 };
         // The header itself: inline, or by rendezvous when it does not fit a slot.
-        if MSG_HDR + header.len() + inline_len + segs_len > self.s.slot_size as usize {
+        if MSG_HDR + header.len() + inline_len + segs_len > caps.slot {
             let hdr_segs = match self.register_header(op, &header) {
                 Ok(s) => s,
                 Err(e) => {
@@ -501,7 +601,7 @@ impl<V: Verbs> State<V> {
         let total = MSG_HDR + payload.len();
         h.len = payload.len() as u32;
         let data_by_ring = h.flags & FLAG_INLINE_DATA != 0 && chosen == Mechanism::FastRdma;
-        let via = if total <= self.s.recv_size as usize && !data_by_ring { Via::Send } else { Via::Ring };
+        let via = if total <= caps.recv && !data_by_ring { Via::Send } else { Via::Ring };
         if let Some(o) = self.ops.get_mut(&op) {
             o.mech = mech;
             o.conn = Some(cid);
@@ -615,11 +715,11 @@ impl<V: Verbs> State<V> {
         self.insert_op(op, OpKind::Push, peer, 0, sl, OpBuf::Send(buf), OpSt::Sending);
         if segs.is_empty() {
             // The client did not register its buffer (small read): a PUSH message.
-            let mech = match self.mechanism(len, rsl, 0) {
+            let mech = match self.mechanism(cid, len, rsl, 0) {
                 Mechanism::ServerRdma => Mechanism::FastRdma,
                 m => m,
             };
-            if len > self.s.slot_payload_max() {
+            if len > self.caps(cid).slot_payload_max() {
                 self.complete(
                     op,
                     Err(Error::misuse("push larger than a message into an unregistered buffer")),
@@ -716,7 +816,8 @@ impl<V: Verbs> State<V> {
         let mut h = Header::new(Kind::Reply, r.sl);
         h.b = req;
         h.aux = status;
-        let payload = if MSG_HDR + header.len() > self.s.slot_size as usize {
+        let caps = self.caps(r.conn);
+        let payload = if MSG_HDR + header.len() > caps.slot {
             match self.register_header(op, &header) {
                 Ok(segs) => {
                     let msg_id = self.next_msg;
@@ -744,7 +845,7 @@ impl<V: Verbs> State<V> {
             header
         };
         h.len = payload.len() as u32;
-        let via = if MSG_HDR + payload.len() <= self.s.recv_size as usize { Via::Send } else { Via::Ring };
+        let via = if MSG_HDR + payload.len() <= caps.recv { Via::Send } else { Via::Ring };
         self.enqueue(
             r.conn,
             OutMsg {
@@ -835,7 +936,10 @@ impl<V: Verbs> State<V> {
     // ----------------------------------------------------------------------------------------
 
     pub(crate) fn cancel(&mut self, op: OpId, why: Error) {
-        let Some(o) = self.ops.get(&op) else { return };
+        let Some(o) = self.ops.get(&op) else {
+            self.fail_waiting_post(op, why);
+            return;
+        };
         let (peer, st, kind, sl, conn) = (o.peer, o.st, o.kind, o.sl, o.conn);
         match st {
             OpSt::Posted => {

@@ -141,6 +141,7 @@ impl<V: Verbs> State<V> {
             free_large: (0..layout.n_large as u16).rev().collect(),
             held: VecDeque::new(),
             layout,
+            waiting_posts: VecDeque::new(),
         };
         // Receives go up before the peer learns our queue pair, so nothing ever meets RNR.
         for i in 0..layout.n_recv as u32 {
@@ -504,6 +505,8 @@ impl<V: Verbs> State<V> {
                     tracing::debug!(peer = %c.peer, sl = %c.sl, "queue pair ready (client)");
                 }
                 Counters::add(&self.core.counters.connections, 1);
+                // The peer's limits are known now: what was posted meanwhile can be placed.
+                self.place_waiting_posts(cid);
                 ok
             }
             SidePhase::Connecting | SidePhase::Established | SidePhase::Closing => {

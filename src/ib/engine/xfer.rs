@@ -219,10 +219,8 @@ impl<V: Verbs> State<V> {
                 let zoff = z.zones.offset(zb);
                 if !read {
                     // Outgoing data goes into the zone buffer first.
-                    let mut tmp = vec![0u8; len];
                     let local = &self.xfers[&x].local;
-                    copy_local_out(local, &self.ops, off, &mut tmp);
-                    z.mem.write_at(zoff, &tmp);
+                    stage_out(local, &self.ops, off, len, &z.mem, zoff);
                     if matches!(local, Local::Op { .. }) {
                         self.count_copy(len);
                     }
@@ -302,11 +300,10 @@ impl<V: Verbs> State<V> {
         }
         if let Some(zb) = zone {
             if read && self.xfers.get(&x).is_some_and(|xf| xf.failed.is_none()) {
-                let z = self.zones.as_ref().expect("zone in use");
-                let mut tmp = vec![0u8; len];
-                z.mem.read_at(z.zones.offset(zb), &mut tmp);
-                if let Some(xf) = self.xfers.get_mut(&x) {
-                    copy_local_in(&mut xf.local, &mut self.ops, off, &tmp);
+                let State { zones, xfers, ops, .. } = self;
+                let z = zones.as_ref().expect("zone in use");
+                if let Some(xf) = xfers.get_mut(&x) {
+                    stage_in(&mut xf.local, ops, off, len, &z.mem, z.zones.offset(zb));
                     // Payload, not a fetched header.
                     if matches!(xf.local, Local::Op { .. }) {
                         self.count_copy(len);
@@ -385,41 +382,84 @@ impl<V: Verbs> State<V> {
     }
 }
 
-/// Reads `dst.len()` bytes at `off` of a transfer's local side.
-fn copy_local_out(local: &Local, ops: &rustc_hash::FxHashMap<OpId, super::Op>, off: usize, dst: &mut [u8]) {
+/// Copies `len` bytes at `off` of a transfer's local side into zone memory at `zoff`, piece by
+/// piece straight from the caller's buffer (no intermediate copy).
+fn stage_out(
+    local: &Local,
+    ops: &rustc_hash::FxHashMap<OpId, super::Op>,
+    off: usize,
+    len: usize,
+    mem: &DmaRegion,
+    zoff: usize,
+) {
+    let mut at = zoff;
+    let mut put = |piece: &[u8]| {
+        mem.write_at(at, piece);
+        at += piece.len();
+    };
     match local {
         Local::Op { op, base } => match ops.get(op).map(|o| &o.buf) {
-            Some(OpBuf::Send(s)) => {
-                s.copy_out(base + off, dst);
-            }
+            Some(OpBuf::Send(s)) => s.for_each_slice(base + off, len, put),
             Some(OpBuf::Recv(r)) => {
-                r.copy_out(base + off, dst);
+                let mut skip = base + off;
+                let mut left = len;
+                let segs: Vec<&[u8]> = match r {
+                    RecvBuf::Mut(b) => vec![&b[..]],
+                    RecvBuf::List(l) => l.iter().map(|b| &b[..]).collect(),
+                    RecvBuf::Registered(b) => vec![&b[..]],
+                };
+                for seg in segs {
+                    if left == 0 {
+                        break;
+                    }
+                    if skip >= seg.len() {
+                        skip -= seg.len();
+                        continue;
+                    }
+                    let n = (seg.len() - skip).min(left);
+                    put(&seg[skip..skip + n]);
+                    left -= n;
+                    skip = 0;
+                }
             }
             _ => {}
         },
         Local::Vec(v) => {
-            let n = dst.len().min(v.len().saturating_sub(off));
-            dst[..n].copy_from_slice(&v[off..off + n]);
+            let end = (off + len).min(v.len());
+            if off < end {
+                put(&v[off..end]);
+            }
         }
     }
 }
 
-/// Writes `src` at `off` of a transfer's local side.
-fn copy_local_in(
+/// Copies `len` bytes of zone memory at `zoff` to `off` of a transfer's local side, straight
+/// into the caller's buffer.
+fn stage_in(
     local: &mut Local,
     ops: &mut rustc_hash::FxHashMap<OpId, super::Op>,
     off: usize,
-    src: &[u8],
+    len: usize,
+    mem: &DmaRegion,
+    zoff: usize,
 ) {
     match local {
         Local::Op { op, base } => {
             if let Some(OpBuf::Recv(r)) = ops.get_mut(op).map(|o| &mut o.buf) {
-                r.copy_in(*base + off, src);
+                let mut done = 0;
+                while done < len {
+                    let Some(dst) = r.slice_at_mut(*base + off + done) else { break };
+                    let n = dst.len().min(len - done);
+                    mem.read_at(zoff + done, &mut dst[..n]);
+                    done += n;
+                }
             }
         }
         Local::Vec(v) => {
-            let n = src.len().min(v.len().saturating_sub(off));
-            v[off..off + n].copy_from_slice(&src[..n]);
+            let end = (off + len).min(v.len());
+            if off < end {
+                mem.read_at(zoff, &mut v[off..end]);
+            }
         }
     }
 }

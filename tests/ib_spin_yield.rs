@@ -1,0 +1,134 @@
+//! Regression: a busy-polling (`WaitMode::Spin`) endpoint must let the peer it waits for run
+//! when both share a CPU.
+//!
+//! The bug: the engine's spin loop never gave up its CPU, so whenever client and server shared
+//! one (an oversubscribed host, or both pinned to one core) every protocol hand-off waited for
+//! the spinner's scheduler slice to run out: ~8 ms per round trip at any size with the two on
+//! one core, ~16 ms for server-based RDMA on a loaded two-core host (four hand-offs: RDV, FIN,
+//! RDV, FIN) — a timer, not work.
+//!
+//! The test makes the scheduler's patience zero instead of measuring time: both endpoints'
+//! driving threads run under `SCHED_FIFO` at the same priority on the same CPU, where a thread
+//! runs until it blocks or yields — no slice, no tick preemption. A spinner that never yields
+//! then starves its peer outright, the bounded wait runs out and the test fails; one that
+//! yields when idle hands the CPU over at every hand-off and every round trip completes. It
+//! needs `CAP_SYS_NICE` (root in CI) and says plainly that it was skipped without it.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use ionet::*;
+
+/// Bound on every wait: a starved peer fails the test instead of hanging it.
+const T: Duration = Duration::from_secs(10);
+const ROUNDS: usize = 4;
+const TAG: u64 = 7;
+const SIZES: [usize; 3] = [8, 64 << 10, 1 << 20];
+
+/// Puts the calling thread on CPU 0 under `SCHED_FIFO` priority 1. Err: not permitted here.
+fn realtime_on_cpu0() -> std::io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO / CPU_SET write inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, `set` is a live cpu_set_t.
+    unsafe {
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(0, &mut set);
+    }
+    // SAFETY: pid 0 is the calling thread; `set` is live for the call.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let p = libc::sched_param { sched_priority: 1 };
+    // SAFETY: pid 0 is the calling thread; `p` is live for the call.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Back to the default policy, so a failing test does not leave a real-time spinner behind.
+fn normal_again() {
+    let p = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `p` is live for the call.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &p) };
+}
+
+fn wait_ok(ep: &Endpoint, op: OpId, what: &str) -> std::result::Result<Completion, String> {
+    match ep.wait_timeout(op, T) {
+        Ok(Some(c)) if c.result.is_ok() => Ok(c),
+        Ok(Some(c)) => Err(format!("{what} failed: {:?}", c.result)),
+        Ok(None) => Err(format!("{what}: no completion within {T:?} (peer starved?)")),
+        Err(e) => Err(format!("{what}: {e}")),
+    }
+}
+
+#[test]
+fn spinning_endpoints_sharing_a_cpu_hand_it_over() {
+    let cfg = || Config::default().wait_mode(WaitMode::Spin).max_message(4 << 20);
+    let srv = Endpoint::bind("softib://127.0.0.1:0", cfg()).unwrap();
+    let cli = Endpoint::client(cfg()).unwrap();
+    let p = cli.connect(srv.local_addr().unwrap()).unwrap();
+    // Introduce the client (normal scheduling: connection set-up is not under test).
+    // Neither endpoint has a progress thread: drive both.
+    let hello = cli.send_unexpected(p, 0, Bytes::from_static(b"hi"), ServiceLevel::Normal).unwrap();
+    let deadline = Instant::now() + T;
+    let mut sent = false;
+    let sp = loop {
+        assert!(Instant::now() < deadline, "introduction");
+        sent = sent || cli.test(hello).unwrap().is_some();
+        if let Some(u) = srv.recv_unexpected(Some(Duration::from_millis(1))).unwrap() {
+            break u.peer;
+        }
+    };
+    if !sent {
+        wait_ok(&cli, hello, "introduction").unwrap();
+    }
+
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let server = std::thread::spawn(move || -> std::result::Result<(), String> {
+        if let Err(e) = realtime_on_cpu0() {
+            ready_tx.send(Err(e.to_string())).ok();
+            return Ok(());
+        }
+        ready_tx.send(Ok(())).ok();
+        let r = (|| {
+            for &len in &SIZES {
+                for _ in 0..ROUNDS {
+                    let c = wait_ok(&srv, srv.recv(sp, TAG, BytesMut::zeroed(len)).unwrap(), "server recv")?;
+                    let data = c.data().unwrap_or_default();
+                    wait_ok(&srv, srv.send(sp, TAG, data, ServiceLevel::Normal).unwrap(), "server send")?;
+                }
+            }
+            Ok(())
+        })();
+        normal_again();
+        r
+    });
+    if let Err(e) = ready_rx.recv().unwrap() {
+        server.join().unwrap().unwrap();
+        eprintln!("SKIPPED: cannot run threads under SCHED_FIFO here ({e}); needs CAP_SYS_NICE");
+        return;
+    }
+    realtime_on_cpu0().unwrap();
+    let before = cli.info().counters.spin_yields;
+    let r = (|| {
+        for &len in &SIZES {
+            for i in 0..ROUNDS {
+                let data = Bytes::from(vec![i as u8 ^ len as u8; len]);
+                let recv = cli.recv(p, TAG, BytesMut::zeroed(len)).unwrap();
+                wait_ok(&cli, cli.send(p, TAG, data.clone(), ServiceLevel::Normal).unwrap(), "client send")?;
+                let c = wait_ok(&cli, recv, &format!("round trip {i} of {len} B"))?;
+                if c.data().unwrap_or_default() != data {
+                    return Err(format!("echo of {len} B differs"));
+                }
+            }
+        }
+        Ok(())
+    })();
+    normal_again();
+    let yields = cli.info().counters.spin_yields - before;
+    r.unwrap();
+    server.join().unwrap().unwrap();
+    assert!(yields > 0, "the client waited by spinning and handed the CPU over");
+}
