@@ -210,7 +210,16 @@ mod tests {
     use super::*;
 
     fn params(test: Test, size: usize, window: usize, iters: usize) -> Params {
-        Params { test, size, iters, window, sl: ionet::ServiceLevel::Normal, verify: false, spin: false }
+        Params {
+            test,
+            size,
+            iters,
+            window,
+            sl: ionet::ServiceLevel::Normal,
+            verify: false,
+            spin: false,
+            pool: false,
+        }
     }
 
     #[test]
