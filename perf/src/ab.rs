@@ -76,7 +76,7 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
     let start = |wait: WaitMode| -> Result<Vec<Pair>, BoxErr> {
         o.transports.iter().map(|&s| Pair::start(s, Tuning::wait(wait), o.pin)).collect()
     };
-    let mut lat = |pairs: &[Pair], wait: WaitMode, size: usize| -> Result<(), BoxErr> {
+    let mut lat = |pairs: &[Pair], wait: WaitMode, size: usize, with_raw: bool| -> Result<(), BoxErr> {
         eprintln!("ab: round trips, {} wait, {size} B", wait.name());
         let p = Params {
             test: Test::Lat,
@@ -95,8 +95,10 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
             .map(|pr| over_ionet::sized(&pr.ep, pr.peer, &p, target))
             .collect::<Result<_, _>>()?;
         for r in 0..runs {
-            let x = raw.run(&rp, None)?;
-            out.push(lat_sample("raw-tcp", "raw", wait, size, r, x.rtt_p50));
+            if with_raw {
+                let x = raw.run(&rp, None)?;
+                out.push(lat_sample("raw-tcp", "raw", wait, size, r, x.rtt_p50));
+            }
             for (pr, p) in pairs.iter().zip(&ps) {
                 let y = over_ionet::run(&pr.ep, pr.peer, p, None)?;
                 let t = pr.scheme.as_str();
@@ -111,14 +113,18 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
         }
         Ok(())
     };
-    // Busy-polling servers burn their CPU even when idle: they run alone, then go.
+    // Busy-polling servers burn their CPU even when idle, so each runs alone (all of them on
+    // the server CPU at once, a server that yields its CPU would hand it to another transport's
+    // spinning server for a whole scheduler slice), then goes.
     if o.spin {
-        let spin = start(WaitMode::Spin)?;
-        lat(&spin, WaitMode::Spin, 8)?;
+        for (i, &s) in o.transports.iter().enumerate() {
+            let spin = [Pair::start(s, Tuning::wait(WaitMode::Spin), o.pin)?];
+            lat(&spin, WaitMode::Spin, 8, i == 0)?;
+        }
     }
     let block = start(WaitMode::Block)?;
     for &size in &o.lat_sizes {
-        lat(&block, WaitMode::Block, size)?;
+        lat(&block, WaitMode::Block, size, true)?;
     }
 
     // Streaming bandwidth with CPU per GB on both sides.
