@@ -71,6 +71,7 @@ pub struct IbConfig {
     pub(crate) soft_faults: FaultPlan,
     pub(crate) soft_hook: Option<SoftHook>,
     pub(crate) list_alloc_hint: bool,
+    pub(crate) cache_foreign: bool,
 }
 
 impl Default for IbConfig {
@@ -93,6 +94,7 @@ impl Default for IbConfig {
             soft_faults: FaultPlan::none(),
             soft_hook: None,
             list_alloc_hint: false,
+            cache_foreign: false,
         }
     }
 }
@@ -193,6 +195,19 @@ impl IbConfig {
     /// allocation whose gaps the peer may see.
     pub fn list_alloc_hint(mut self, on: bool) -> Self {
         self.list_alloc_hint = on;
+        self
+    }
+
+    /// Keep registrations of memory the application lends (`Bytes`, `BytesMut`, lists of
+    /// them) in the pin-down cache after the operation that registered it ends (default off;
+    /// MPI's `leave_pinned`). Repeated transfers from and into the same buffers then skip
+    /// registration, as pool buffers do. The price is the classic stale-registration hazard:
+    /// before such memory is freed or remapped the application must call
+    /// [`crate::Endpoint::invalidate_registrations`] on it, or a later buffer at the same
+    /// address could be served from the old pages. Off, lent memory is deregistered as soon as
+    /// its operation ends and nothing is asked of the application.
+    pub fn cache_foreign(mut self, on: bool) -> Self {
+        self.cache_foreign = on;
         self
     }
 

@@ -217,6 +217,10 @@ pub(crate) trait Backend: Send + Sync {
     fn revoke(&self, key: u64) -> Result<RegisteredBuf>;
     fn with_exposed(&self, key: u64, f: &mut dyn FnMut(&mut [u8])) -> Result<()>;
     fn info(&self, info: &mut Info);
+    /// Drops cached registrations overlapping `[addr, addr + len)`; how many.
+    fn invalidate(&self, _addr: usize, _len: usize) -> usize {
+        0
+    }
     fn shutdown(&self);
 }
 
@@ -883,6 +887,18 @@ impl Endpoint {
             }
         })?;
         out.ok_or_else(|| Error::misuse("exposure not found"))
+    }
+
+    /// Forgets every cached registration that overlaps `mem`; returns how many. Needed only
+    /// with [`crate::IbConfig::cache_foreign`] on, before the application frees or remaps
+    /// memory it has sent from or received into (a registration still used by an operation
+    /// in flight stays valid for it and is dropped when it ends). A no-op over TCP and for
+    /// memory that was never registered.
+    pub fn invalidate_registrations(&self, mem: &[u8]) -> usize {
+        match self.backend() {
+            Ok(b) => b.invalidate(mem.as_ptr() as usize, mem.len()),
+            Err(_) => 0,
+        }
     }
 
     /// Negotiated limits, policy and counters.

@@ -627,6 +627,7 @@ impl<V: Verbs> IbBackend<V> {
         let rc_cfg = RegCacheConfig::default()
             .max_entries(cfg.ib.regcache_entries)
             .max_pinned_bytes(cfg.ib.regcache_bytes)
+            .cache_foreign(cfg.ib.cache_foreign)
             .access(Access::READ_WRITE);
         let cache: Cache<V> = Arc::new(Mutex::new(RegCache::new(VerbsRegistrar::new(dev.clone()), rc_cfg)?));
         let pool = BufPool::with_registrar(
@@ -934,6 +935,13 @@ impl<V: Verbs> Backend for IbBackend<V> {
         f(&mut snapshot);
         reg::write_registered(&e.buf, &snapshot);
         Ok(())
+    }
+
+    fn invalidate(&self, addr: usize, len: usize) -> usize {
+        if len == 0 {
+            return 0;
+        }
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).invalidate(addr, len)
     }
 
     fn info(&self, info: &mut Info) {

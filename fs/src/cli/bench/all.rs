@@ -160,7 +160,7 @@ pub fn targets(all: &Samples) -> String {
                 Summary::of(&v)
             };
             let b = pick("tcp", &format!("rendezvous {op}"));
-            for pooled in ["", " (registered buffer)"] {
+            for pooled in ["", " (registered buffer)", " (cached registration)"] {
                 let a = pick("softib", &format!("server-rdma {op}{pooled}"));
                 if a.is_none() {
                     continue;
