@@ -7,8 +7,7 @@
 //! server then echoes that many pings and, on another thread, sinks the stream until a
 //! one-byte stop message arrives.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use benchkit::plot::BarChart;
@@ -102,58 +101,73 @@ pub fn serve(ep: &Endpoint) -> NetResult<()> {
             eprintln!("ionet-perf qos server: bad hello from {}", u.peer);
             continue;
         };
-        let peer = u.peer;
-        let sink = stream.map(|_| {
-            let ep = ep.clone();
-            let bufs = std::mem::take(&mut bulk_bufs);
-            std::thread::spawn(move || sink(&ep, peer, bufs))
-        });
-        let first = ep.recv(peer, TAG_PING, BytesMut::zeroed(PING))?;
-        ep.wait(ep.send(peer, TAG_DONE, Bytes::from_static(b"r"), ServiceLevel::Control)?)?.ok()?;
-        let echo = Bytes::from(vec![7u8; PING]);
-        let mut pending = Some(first);
-        for i in 0..pings {
-            let c = ep.wait(pending.take().expect("posted"))?.ok()?;
-            if i + 1 < pings {
-                pending = Some(ep.recv(peer, TAG_PING, take(c))?);
-            }
-            ep.wait(ep.send(peer, TAG_PONG, echo.clone(), ping_sl)?)?.ok()?;
-        }
-        if let Some(h) = sink {
-            match h.join() {
-                Ok(Ok(bufs)) => bulk_bufs = bufs,
-                Ok(Err(e)) => eprintln!("ionet-perf qos server: stream failed: {e}"),
-                Err(_) => eprintln!("ionet-perf qos server: stream thread panicked"),
-            }
-        }
         if bulk_bufs.len() < WINDOW {
             bulk_bufs = (0..WINDOW).map(|_| prefaulted(BULK)).collect();
+        }
+        if let Err(e) = serve_session(ep, u.peer, pings, ping_sl, stream.is_some(), &mut bulk_bufs) {
+            eprintln!("ionet-perf qos server: session failed: {e}");
         }
     }
 }
 
-/// Receives the stream until the one-byte stop message; returns the buffers.
-fn sink(ep: &Endpoint, peer: PeerId, bufs: Vec<BytesMut>) -> NetResult<Vec<BytesMut>> {
-    let mut posted: std::collections::VecDeque<OpId> =
-        bufs.into_iter().map(|b| ep.recv(peer, TAG_BULK, b)).collect::<NetResult<_>>()?;
-    let mut back = Vec::new();
-    while let Some(op) = posted.pop_front() {
-        let c = ep.wait(op)?.ok()?;
-        let stop = c.len() == 1;
-        let b = take(c);
-        if stop {
-            back.push(b);
-            for op in posted.drain(..) {
-                let _ = ep.cancel(op);
-                if let Ok(c) = ep.wait(op) {
-                    back.push(take(c));
-                }
-            }
-            break;
+/// Next completion of a session's loop, or an error after [`OP_TIMEOUT`].
+fn next(ep: &Endpoint) -> NetResult<ionet::Completion> {
+    ep.wait_any(Some(OP_TIMEOUT))?
+        .ok_or_else(|| ionet::Error::misuse(format!("no completion within {OP_TIMEOUT:?}")))
+}
+
+/// One session on one thread: the pings' echoes and the stream's receives are driven by the
+/// same `wait_any` loop (BMI's `testcontext` style), so the figures measure the transport's
+/// service levels, not how soon the scheduler runs a second thread of a process pinned to one
+/// CPU while the first copies bulk data.
+fn serve_session(
+    ep: &Endpoint,
+    peer: PeerId,
+    pings: u32,
+    ping_sl: ServiceLevel,
+    stream: bool,
+    bulk_bufs: &mut Vec<BytesMut>,
+) -> NetResult<()> {
+    let mut bulk: HashSet<OpId> = HashSet::new();
+    if stream {
+        for b in bulk_bufs.drain(..) {
+            bulk.insert(ep.recv(peer, TAG_BULK, b)?);
         }
-        posted.push_back(ep.recv(peer, TAG_BULK, b)?);
     }
-    Ok(back.into_iter().filter(|b| b.len() == BULK).collect())
+    let mut ping = Some(ep.recv(peer, TAG_PING, BytesMut::zeroed(PING))?);
+    let mut pongs: HashSet<OpId> = HashSet::new();
+    pongs.insert(ep.send(peer, TAG_DONE, Bytes::from_static(b"r"), ServiceLevel::Control)?);
+    let echo = Bytes::from(vec![7u8; PING]);
+    let (mut answered, mut streaming) = (0u32, stream);
+    while answered < pings || streaming || !pongs.is_empty() || !bulk.is_empty() {
+        let c = next(ep)?;
+        if ping == Some(c.op) {
+            let c = c.ok()?;
+            answered += 1;
+            ping = if answered < pings { Some(ep.recv(peer, TAG_PING, take(c))?) } else { None };
+            pongs.insert(ep.send(peer, TAG_PONG, echo.clone(), ping_sl)?);
+        } else if pongs.remove(&c.op) {
+            c.ok()?;
+        } else if bulk.remove(&c.op) {
+            // While streaming every receive must succeed; after the stop, cancelled ones return.
+            let c = if streaming { c.ok()? } else { c };
+            let stop = matches!(c.result, Ok(1));
+            let b = take(c);
+            if b.len() == BULK {
+                bulk_bufs.push(b);
+            }
+            if stop {
+                // The stream is over: give back the receives still posted.
+                streaming = false;
+                for op in &bulk {
+                    let _ = ep.cancel(*op);
+                }
+            } else if streaming {
+                bulk.insert(ep.recv(peer, TAG_BULK, bulk_bufs.pop().expect("just returned"))?);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn prefaulted(n: usize) -> BytesMut {
@@ -187,57 +201,70 @@ fn session(ep: &Endpoint, peer: PeerId, mode: Mode, pings: u32) -> NetResult<Ses
     let ready = ep.recv(peer, TAG_DONE, BytesMut::zeroed(1))?;
     wait(ep, ep.send_unexpected(peer, TAG_HELLO, hello(pings, ping_sl, stream_sl), ServiceLevel::Control)?)?;
     wait(ep, ready)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let streamer = stream_sl.map(|sl| {
-        let (ep, stop) = (ep.clone(), stop.clone());
-        std::thread::spawn(move || -> NetResult<f64> {
-            let data = Bytes::from(prefaulted(BULK).freeze().to_vec());
-            let t = Instant::now();
-            let mut sent = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let ops: Vec<OpId> = (0..WINDOW)
-                    .map(|_| ep.send(peer, TAG_BULK, data.clone(), sl))
-                    .collect::<NetResult<_>>()?;
-                for op in ops {
-                    wait(&ep, op)?;
-                }
-                sent += (WINDOW * BULK) as u64;
+    // One thread drives the stream and the pings (see `serve_session`): WINDOW bulk sends kept
+    // in flight, each completion replaced at once, while pings go one at a time.
+    let data = Bytes::from(prefaulted(BULK).freeze().to_vec());
+    let mut bulk: HashSet<OpId> = HashSet::new();
+    let refill = |bulk: &mut HashSet<OpId>, c: ionet::Completion| -> NetResult<u64> {
+        c.ok()?;
+        if let Some(sl) = stream_sl {
+            bulk.insert(ep.send(peer, TAG_BULK, data.clone(), sl)?);
+        }
+        Ok(BULK as u64)
+    };
+    let t0 = Instant::now();
+    let mut sent = 0u64;
+    if let Some(sl) = stream_sl {
+        for _ in 0..WINDOW {
+            bulk.insert(ep.send(peer, TAG_BULK, data.clone(), sl)?);
+        }
+        // Let the stream fill the pipes before the first ping.
+        while t0.elapsed() < Duration::from_millis(50) {
+            let c = next(ep)?;
+            if bulk.remove(&c.op) {
+                sent += refill(&mut bulk, c)?;
             }
-            let gbps = sent as f64 / t.elapsed().as_secs_f64() / 1e9;
-            wait(&ep, ep.send(peer, TAG_BULK, Bytes::from_static(b"s"), sl)?)?;
-            Ok(gbps)
-        })
-    });
-    // Let the stream fill the pipes before the first ping.
-    if streamer.is_some() {
-        std::thread::sleep(Duration::from_millis(50));
+        }
     }
     let ping = Bytes::from(vec![1u8; PING]);
     let mut rbuf = BytesMut::zeroed(PING);
     let mut rtts = Vec::with_capacity(pings as usize);
-    let mut result = Ok(());
     for _ in 0..pings {
         let t = Instant::now();
-        let r = (|| -> NetResult<BytesMut> {
-            let rop = ep.recv(peer, TAG_PONG, std::mem::take(&mut rbuf))?;
-            wait(ep, ep.send(peer, TAG_PING, ping.clone(), ping_sl)?)?;
-            Ok(take(wait(ep, rop)?))
-        })();
-        match r {
-            Ok(b) => rbuf = b,
-            Err(e) => {
-                result = Err(e);
-                break;
+        let rop = ep.recv(peer, TAG_PONG, std::mem::take(&mut rbuf))?;
+        let sop = ep.send(peer, TAG_PING, ping.clone(), ping_sl)?;
+        let mut pending = 2;
+        while pending > 0 {
+            let c = next(ep)?;
+            if bulk.remove(&c.op) {
+                sent += refill(&mut bulk, c)?;
+            } else if c.op == sop {
+                c.ok()?;
+                pending -= 1;
+            } else if c.op == rop {
+                rbuf = take(c.ok()?);
+                pending -= 1;
+                // The round trip ends when the pong is here, whatever the ping's own
+                // send completion is doing.
+                rtts.push(t.elapsed().as_secs_f64() * 1e6);
             }
         }
-        rtts.push(t.elapsed().as_secs_f64() * 1e6);
     }
-    stop.store(true, Ordering::Relaxed);
-    let stream_gbps = match streamer {
-        Some(h) => Some(h.join().map_err(|_| ionet::Error::misuse("stream thread panicked"))??),
+    let stream_gbps = match stream_sl {
+        Some(sl) => {
+            let secs = t0.elapsed().as_secs_f64();
+            while !bulk.is_empty() {
+                let c = next(ep)?;
+                if bulk.remove(&c.op) {
+                    c.ok()?;
+                    sent += BULK as u64;
+                }
+            }
+            wait(ep, ep.send(peer, TAG_BULK, Bytes::from_static(b"s"), sl)?)?;
+            Some(sent as f64 / secs / 1e9)
+        }
         None => None,
     };
-    result?;
     Ok(SessionResult { rtts, stream_gbps })
 }
 
