@@ -168,7 +168,11 @@ impl Policy {
         self.per_sl[sl.index()]
     }
 
-    /// Forces one mechanism for every transfer (experiments); `None` restores the table.
+    /// Forces one mechanism (experiments); `None` restores the table. It applies to every
+    /// transfer the mechanism can carry: an empty transfer, a fast-RDMA transfer without a
+    /// fast path to the peer, or one too large for the peer's receive buffers or ring slots
+    /// still goes by a mechanism that can carry it. [`crate::Completion::mechanism`] and the
+    /// `mech_*` counters of [`crate::Info`] say which one was used.
     pub fn force(&mut self, m: Option<Mechanism>) -> &mut Self {
         self.forced = m;
         self
