@@ -167,6 +167,8 @@ fn serve_session(
             }
         }
     }
+    // Tell the client this side is done, so it does not close while the stop is still queued.
+    wait(ep, ep.send(peer, TAG_DONE, Bytes::from_static(b"e"), ServiceLevel::Control)?)?;
     Ok(())
 }
 
@@ -260,12 +262,18 @@ fn session(ep: &Endpoint, peer: PeerId, mode: Mode, pings: u32) -> NetResult<Ses
                     sent += BULK as u64;
                 }
             }
-            wait(ep, ep.send(peer, TAG_BULK, Bytes::from_static(b"s"), sl)?)?;
-            Some(sent as f64 / secs / 1e9)
+            Some((sl, sent as f64 / secs / 1e9))
         }
         None => None,
     };
-    Ok(SessionResult { rtts, stream_gbps })
+    // Posted only now: the `wait_any` loops above would have taken its completion.
+    let fin = ep.recv(peer, TAG_DONE, BytesMut::zeroed(1))?;
+    if let Some((sl, _)) = stream_gbps {
+        wait(ep, ep.send(peer, TAG_BULK, Bytes::from_static(b"s"), sl)?)?;
+    }
+    // The server's word that the session is over on its side too.
+    wait(ep, fin)?;
+    Ok(SessionResult { rtts, stream_gbps: stream_gbps.map(|(_, g)| g) })
 }
 
 /// Runs every mode on every transport.
