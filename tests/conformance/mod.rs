@@ -26,6 +26,46 @@ macro_rules! suite {
     };
 }
 
+/// Every behaviour test on transport `$scheme`, in three placements: both ends in this process
+/// (`inproc`), the servers in an agent process (`xproc_servers`), the clients in one
+/// (`xproc_clients`). The one list of tests every transport runs.
+#[macro_export]
+macro_rules! transport_suite {
+    ($scheme:literal) => {
+        $crate::transport_suite!(@placement inproc, $scheme, Local);
+        $crate::transport_suite!(@placement xproc_servers, $scheme, RemoteServers);
+        $crate::transport_suite!(@placement xproc_clients, $scheme, RemoteClients);
+    };
+    (@placement $module:ident, $scheme:literal, $place:ident) => {
+        mod $module {
+            use super::conformance::{self, Net, Place};
+            $crate::suite!(Net::new($scheme, Place::$place);
+                matching_order_and_tag_isolation,
+                sizes_around_every_limit,
+                receive_buffer_too_small_is_truncated_error,
+                list_send_into_list_receive,
+                cancel_before_and_after_match,
+                deadline_expiry,
+                unexpected_buffering_is_bounded_with_backpressure,
+                early_eager_data_is_bounded_by_budget,
+                request_payload_both_directions,
+                dropped_request_fails_the_client_not_hangs,
+                put_get_validated_by_target,
+                many_threads_post_on_one_endpoint,
+                wait_modes_all_work,
+                every_op_completes_exactly_once,
+                cluster_key_required_and_checked,
+                peer_loss_fails_ops_once_and_reconnects,
+                soak_32_clients_checksummed,
+                info_reports_limits_and_counters,
+                batched_sends_keep_order_and_complete,
+                pushed_reads_then_replies_never_lose_a_frame,
+                one_way_streams_keep_flowing,
+            );
+        }
+    };
+}
+
 /// A server (with a progress thread, so it moves bytes while the test thread drives the
 /// client) and a client connected to it.
 pub fn pair(net: &Net, srv_cfg: Config, cli_cfg: Config) -> (Ep, Ep, PeerId) {
