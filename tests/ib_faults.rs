@@ -9,6 +9,9 @@ use bytes::{Bytes, BytesMut};
 use ionet::ib::soft::{FaultPlan, SoftHook};
 use ionet::*;
 
+mod common;
+use common::pattern;
+
 const T: Duration = Duration::from_secs(30);
 
 fn init_tracing() {
@@ -16,19 +19,6 @@ fn init_tracing() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
 }
 
 fn wait(ep: &Endpoint, op: OpId) -> Completion {

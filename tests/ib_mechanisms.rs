@@ -24,22 +24,12 @@ use bytes::{Bytes, BytesMut};
 use ionet::ib::verbs::VerbsCounters;
 use ionet::*;
 
+mod common;
+use common::pattern;
+
 const T: Duration = Duration::from_secs(30);
 const MAX: usize = 16 << 20;
 const RECV_SIZE: u32 = 8192;
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mem {

@@ -14,11 +14,10 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use ionet::*;
 
-const T: Duration = Duration::from_secs(20);
+mod common;
+use common::pattern;
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
-}
+const T: Duration = Duration::from_secs(20);
 
 /// `recv_size` bytes per receive buffer, inline up to what fits one, fast RDMA up to `fast_max`.
 fn config(recv_size: u32, fast_max: usize) -> Config {
@@ -40,7 +39,7 @@ fn wait_ok(ep: &Endpoint, op: OpId, what: &str) -> Completion {
 /// Sends `len` bytes from `a` to `b` (tagged), checks the bytes and that both sides report the
 /// same mechanism; returns it.
 fn one_way(a: &Endpoint, pa: PeerId, b: &Endpoint, pb: PeerId, len: usize, what: &str) -> Mechanism {
-    let data = pattern(len, len as u8);
+    let data = pattern(len, len as u64);
     let r = b.recv(pb, 9, BytesMut::zeroed(len)).unwrap();
     let s = a.send(pa, 9, Bytes::from(data.clone()), ServiceLevel::Normal).unwrap();
     let rc = wait_ok(b, r, what);

@@ -16,6 +16,9 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use ionet::*;
 
+mod common;
+use common::pattern;
+
 const T: Duration = Duration::from_secs(60);
 const CLIENTS: usize = 32;
 const ROUNDS: usize = 12;
@@ -26,19 +29,6 @@ const ECHO: [usize; 5] = [16, 200, 4097, 30_000, 60_000];
 
 const ECHO_MSG: u8 = 1;
 const BIG_MSG: u8 = 2;
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
 
 fn config() -> Config {
     Config::default().wait_mode(WaitMode::Block).ib(IbConfig::default().recv_buffers(4).ring_slots(2))
