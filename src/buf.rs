@@ -6,7 +6,14 @@
 //! on InfiniBand it is registered with the device once, when the pool first creates it, and the
 //! registration is reused for the buffer's whole life; the crate owns the memory, so that cached
 //! registration can never go stale.
+//!
+//! Buffers of 64 KiB and more are carved from 2 MiB-aligned chunks the kernel may back with
+//! transparent huge pages: copies into and out of them take fewer TLB misses, and a device (or
+//! the software provider's `process_vm_*`) pins a huge page in one step instead of 512. On a
+//! registering transport each chunk is pinned whole once, so registering one buffer inside it
+//! pins nothing new and cannot split the huge page.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -35,12 +42,21 @@ pub(crate) trait PoolRegistrar: Send + Sync {
     fn register(&self, mem: &mut [u8]) -> Result<MemKeys>;
     /// Drops a registration made by `register`.
     fn deregister(&self, mem: &[u8], keys: MemKeys);
+    /// Pins a whole slab chunk (local access only) before its buffers are registered one by
+    /// one, so that registering a buffer pins nothing new: a provider that pins with `mlock`
+    /// (softib) would otherwise split the chunk's huge page at the buffer's edges. Default:
+    /// nothing to do.
+    fn pin_chunk(&self, _mem: &mut [u8]) -> Result<()> {
+        Ok(())
+    }
+    /// Releases a [`PoolRegistrar::pin_chunk`] pin; called before the chunk's memory is freed.
+    fn unpin_chunk(&self, _addr: usize, _len: usize) {}
 }
 
 /// A buffer from an endpoint's registered pool. Dereferences to its first `len()` bytes;
 /// returns to the pool when dropped.
 pub struct RegisteredBuf {
-    mem: Option<AlignedMem>,
+    mem: Option<PoolMem>,
     len: usize,
     keys: MemKeys,
     home: Option<Arc<PoolInner>>,
@@ -50,7 +66,12 @@ impl RegisteredBuf {
     /// A buffer that belongs to no pool and is registered nowhere (plain heap memory, pre-faulted).
     /// Useful for tests and for transports without registration.
     pub fn unpooled(len: usize) -> Self {
-        RegisteredBuf { mem: Some(prefaulted(len.max(1))), len, keys: MemKeys::default(), home: None }
+        RegisteredBuf {
+            mem: Some(PoolMem::Heap(prefaulted(len.max(1)))),
+            len,
+            keys: MemKeys::default(),
+            home: None,
+        }
     }
 
     /// Usable length.
@@ -165,32 +186,148 @@ impl DerefMut for AlignedMem {
 /// allocation, not in the middle of a transfer (they cost ~2.5 s/GiB on the reference VM).
 fn prefaulted(len: usize) -> AlignedMem {
     let mut raw = vec![0u8; len + BUF_ALIGN - 1].into_boxed_slice();
-    // calloc'd memory is mapped lazily; write one byte per page to fault it in now.
-    let mut i = 0;
-    while i < raw.len() {
-        raw[i] = 0;
-        i += PAGE;
-    }
-    std::hint::black_box(&mut raw);
+    touch_pages(&mut raw);
     let start = (BUF_ALIGN - raw.as_ptr() as usize % BUF_ALIGN) % BUF_ALIGN;
     AlignedMem { raw, start, len }
 }
 
+/// Writes one byte per page: calloc'd memory is mapped lazily.
+fn touch_pages(mem: &mut [u8]) {
+    let mut i = 0;
+    while i < mem.len() {
+        mem[i] = 0;
+        i += PAGE;
+    }
+    std::hint::black_box(mem);
+}
+
+/// Size and alignment of a slab chunk: one transparent huge page (x86-64, arm64 with 4 KiB
+/// pages).
+pub(crate) const CHUNK: usize = 2 << 20;
+
+/// Smallest size class carved from chunks. Smaller buffers are plain heap memory: a chunk
+/// would pin 2 MiB for a few pages, and huge pages pay off on large copies.
+pub(crate) const SLAB_MIN: usize = 64 << 10;
+
+/// A buffer's memory: its own heap allocation, or a slot of a huge-page chunk.
+enum PoolMem {
+    Heap(AlignedMem),
+    Slot(Slot),
+}
+
+impl PoolMem {
+    /// The chunk this memory belongs to (its address), if any.
+    fn chunk(&self) -> Option<usize> {
+        match self {
+            PoolMem::Heap(_) => None,
+            PoolMem::Slot(s) => Some(s.chunk.addr),
+        }
+    }
+}
+
+impl Deref for PoolMem {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            PoolMem::Heap(m) => m,
+            PoolMem::Slot(s) => &s.mem,
+        }
+    }
+}
+
+impl DerefMut for PoolMem {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            PoolMem::Heap(m) => m,
+            PoolMem::Slot(s) => &mut s.mem,
+        }
+    }
+}
+
+/// One buffer's share of a chunk. `mem` is a disjoint piece of the chunk's allocation (a split
+/// `BytesMut`), so no two buffers can alias.
+struct Slot {
+    // Dropped before `chunk`, which unpins the chunk before its memory can be freed.
+    mem: BytesMut,
+    chunk: Arc<Chunk>,
+}
+
+/// A 2 MiB-aligned allocation advised for transparent huge pages, shared by the slots carved
+/// from it, and pinned whole while any of them lives (on registering transports).
+struct Chunk {
+    addr: usize,
+    len: usize,
+    pinned: Option<Arc<dyn PoolRegistrar>>,
+    /// The allocation's unaligned head and tail: held so the memory outlives the unpin in
+    /// `drop` (fields drop after it), whichever slot goes last.
+    _pads: [BytesMut; 2],
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        if let Some(r) = &self.pinned {
+            r.unpin_chunk(self.addr, self.len);
+        }
+    }
+}
+
+/// A new chunk of `len` bytes (a multiple of [`CHUNK`]) cut into slots of `slot` bytes,
+/// pre-faulted and, with a registrar, pinned. `None` when the registrar refuses the pin
+/// (pin limits): the caller falls back to plain buffers.
+fn new_chunk(len: usize, slot: usize, registrar: Option<&Arc<dyn PoolRegistrar>>) -> Option<Vec<Slot>> {
+    let mut raw = BytesMut::zeroed(len + CHUNK);
+    let pad = (CHUNK - raw.as_ptr() as usize % CHUNK) % CHUNK;
+    let head = raw.split_to(pad);
+    let mut body = raw.split_to(len);
+    // Advise before the first touch: the touches then fault in huge pages.
+    crate::util::advise_huge_pages(&mut body);
+    touch_pages(&mut body);
+    if let Some(r) = registrar
+        && let Err(e) = r.pin_chunk(&mut body)
+    {
+        tracing::debug!(error = %e, len, "cannot pin a pool chunk; using plain buffers");
+        return None;
+    }
+    let chunk =
+        Arc::new(Chunk { addr: body.as_ptr() as usize, len, pinned: registrar.cloned(), _pads: [head, raw] });
+    let mut slots = Vec::with_capacity(len / slot);
+    while !body.is_empty() {
+        slots.push(Slot { mem: body.split_to(slot), chunk: chunk.clone() });
+    }
+    Some(slots)
+}
+
 /// Statistics of a [`BufPool`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PoolStats {
     /// Bytes currently handed out.
     pub in_use_bytes: u64,
-    /// Bytes cached in free lists.
+    /// Bytes held but not handed out: free buffers, and the unused slots of chunks.
     pub cached_bytes: u64,
     /// Allocations served from a free list.
     pub reused: u64,
     /// Allocations that created (and registered) new memory.
     pub created: u64,
+    /// Huge-page chunks currently held.
+    pub chunks: u64,
+}
+
+/// Use of one chunk.
+struct ChunkUse {
+    class: usize,
+    len: usize,
+    /// Slots handed out.
+    out: usize,
 }
 
 struct PoolState {
-    free: Vec<Vec<(AlignedMem, MemKeys)>>,
+    /// Registered buffers ready to hand out, per class.
+    free: Vec<Vec<(PoolMem, MemKeys)>>,
+    /// Slots of live chunks never registered yet, per class.
+    fresh: Vec<Vec<Slot>>,
+    /// Live chunks by address.
+    chunks: HashMap<usize, ChunkUse>,
     stats: PoolStats,
 }
 
@@ -202,33 +339,90 @@ struct PoolInner {
 }
 
 impl PoolInner {
-    fn give_back(&self, mem: AlignedMem, keys: MemKeys) {
+    fn give_back(&self, mem: PoolMem, keys: MemKeys) {
         let size = mem.len() as u64;
+        let class = class_index(mem.len());
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.stats.in_use_bytes = st.stats.in_use_bytes.saturating_sub(size);
-        if st.stats.cached_bytes + size <= self.max_cached_bytes {
-            st.stats.cached_bytes += size;
-            let class = class_index(mem.len());
-            st.free[class].push((mem, keys));
-        } else {
-            drop(st);
-            if let Some(r) = &self.registrar {
-                r.deregister(&mem, keys);
+        st.stats.cached_bytes += size;
+        match mem.chunk() {
+            Some(addr) => {
+                // A slot stays registered in its free list while its chunk lives; the chunk
+                // goes as a whole once none of its slots is out and the cache is over budget.
+                st.free[class].push((mem, keys));
+                let idle = st.chunks.get_mut(&addr).is_some_and(|c| {
+                    c.out = c.out.saturating_sub(1);
+                    c.out == 0
+                });
+                if idle && st.stats.cached_bytes > self.max_cached_bytes {
+                    let gone = release_chunk(&mut st, addr);
+                    drop(st);
+                    self.deregister_all(gone);
+                }
+            }
+            None if st.stats.cached_bytes <= self.max_cached_bytes => st.free[class].push((mem, keys)),
+            None => {
+                st.stats.cached_bytes -= size;
+                drop(st);
+                self.deregister_all(vec![(mem, keys)]);
             }
         }
     }
+
+    fn deregister_all(&self, bufs: Vec<(PoolMem, MemKeys)>) {
+        if let Some(r) = &self.registrar {
+            for (mem, keys) in &bufs {
+                r.deregister(mem, *keys);
+            }
+        }
+        // The memory goes here (a chunk's once its last slot is dropped).
+        drop(bufs);
+    }
+
+    /// Frees cached memory until `need` more bytes fit the limit; false when what is held
+    /// cannot be freed (buffers in use, chunks with a slot out).
+    fn make_room(&self, st: &mut PoolState, need: u64) -> bool {
+        while st.stats.in_use_bytes + st.stats.cached_bytes + need > self.max_bytes {
+            // Plain buffers first (largest class first), then idle chunks.
+            let heap = st.free.iter_mut().rev().find_map(|l| {
+                let i = l.iter().position(|(m, _)| m.chunk().is_none())?;
+                Some(l.swap_remove(i))
+            });
+            let gone = match heap {
+                Some(b) => {
+                    st.stats.cached_bytes -= b.0.len() as u64;
+                    vec![b]
+                }
+                None => match st.chunks.iter().find(|(_, c)| c.out == 0).map(|(&a, _)| a) {
+                    Some(addr) => release_chunk(st, addr),
+                    None => return false,
+                },
+            };
+            self.deregister_all(gone);
+        }
+        true
+    }
+}
+
+/// Takes an idle chunk's slots out of the lists; returns its registered ones for the caller
+/// to deregister (outside the lock when it can). Its memory goes with the last slot.
+fn release_chunk(st: &mut PoolState, addr: usize) -> Vec<(PoolMem, MemKeys)> {
+    let Some(c) = st.chunks.remove(&addr) else { return Vec::new() };
+    st.stats.cached_bytes = st.stats.cached_bytes.saturating_sub(c.len as u64);
+    st.stats.chunks -= 1;
+    st.fresh[c.class].retain(|s| s.chunk.addr != addr);
+    let (gone, keep) =
+        std::mem::take(&mut st.free[c.class]).into_iter().partition(|(m, _)| m.chunk() == Some(addr));
+    st.free[c.class] = keep;
+    gone
 }
 
 impl Drop for PoolInner {
     fn drop(&mut self) {
-        if let Some(r) = &self.registrar {
-            let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-            for list in st.free.drain(..) {
-                for (mem, keys) in list {
-                    r.deregister(&mem, keys);
-                }
-            }
-        }
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let bufs: Vec<_> = st.free.drain(..).flatten().collect();
+        st.fresh.clear();
+        self.deregister_all(bufs);
     }
 }
 
@@ -255,7 +449,8 @@ impl fmt::Debug for BufPool {
 
 impl BufPool {
     /// A pool that hands out at most `max_bytes` at once and keeps at most `max_cached_bytes`
-    /// in its free lists.
+    /// in its free lists (chunk memory is given back a whole chunk at a time, when none of its
+    /// buffers is out). `max_bytes` bounds everything the pool holds.
     pub fn new(max_bytes: u64, max_cached_bytes: u64) -> Self {
         Self::build(max_bytes, max_cached_bytes, None)
     }
@@ -274,6 +469,8 @@ impl BufPool {
             inner: Arc::new(PoolInner {
                 state: Mutex::new(PoolState {
                     free: (0..48).map(|_| Vec::new()).collect(),
+                    fresh: (0..48).map(|_| Vec::new()).collect(),
+                    chunks: HashMap::new(),
                     stats: PoolStats::default(),
                 }),
                 max_bytes,
@@ -294,38 +491,80 @@ impl BufPool {
             return Err(Error::TooLarge { len: len as u64, max: self.inner.max_bytes });
         }
         let class = class_index(size);
-        {
-            let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((mem, keys)) = st.free[class].pop() {
-                st.stats.cached_bytes -= size as u64;
-                st.stats.in_use_bytes += size as u64;
-                st.stats.reused += 1;
-                return Ok(RegisteredBuf { mem: Some(mem), len, keys, home: Some(self.inner.clone()) });
+        let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((mem, keys)) = st.free[class].pop() {
+            st.stats.cached_bytes -= size as u64;
+            st.stats.in_use_bytes += size as u64;
+            st.stats.reused += 1;
+            if let Some(c) = mem.chunk().and_then(|a| st.chunks.get_mut(&a)) {
+                c.out += 1;
             }
-            // Make room by releasing cached memory of other classes if needed.
-            while st.stats.in_use_bytes + st.stats.cached_bytes + size as u64 > self.inner.max_bytes {
-                let Some(list) = st.free.iter_mut().rev().find(|l| !l.is_empty()) else {
-                    return Err(Error::Exhausted(format!(
-                        "buffer pool limit of {} bytes reached ({} in use)",
-                        self.inner.max_bytes, st.stats.in_use_bytes
-                    )));
-                };
-                let Some((mem, keys)) = list.pop() else { break };
-                st.stats.cached_bytes -= mem.len() as u64;
-                if let Some(r) = &self.inner.registrar {
-                    r.deregister(&mem, keys);
+            return Ok(RegisteredBuf { mem: Some(mem), len, keys, home: Some(self.inner.clone()) });
+        }
+        let slot = match st.fresh[class].pop() {
+            Some(s) => {
+                st.stats.cached_bytes -= size as u64;
+                Some(s)
+            }
+            None if size >= SLAB_MIN => {
+                // A new chunk if it fits the limit; else a plain buffer.
+                let chunk_len = size.max(CHUNK);
+                if self.inner.make_room(&mut st, chunk_len as u64) {
+                    st.stats.cached_bytes += chunk_len as u64;
+                    drop(st);
+                    let slots = new_chunk(chunk_len, size, self.inner.registrar.as_ref());
+                    st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+                    match slots {
+                        Some(mut slots) => {
+                            let addr = slots[0].chunk.addr;
+                            st.chunks.insert(addr, ChunkUse { class, len: chunk_len, out: 0 });
+                            st.stats.chunks += 1;
+                            let first = slots.pop();
+                            st.fresh[class].extend(slots);
+                            st.stats.cached_bytes -= size as u64;
+                            first
+                        }
+                        None => {
+                            st.stats.cached_bytes -= chunk_len as u64;
+                            None
+                        }
+                    }
+                } else {
+                    None
                 }
             }
-            st.stats.in_use_bytes += size as u64;
-            st.stats.created += 1;
+            None => None,
+        };
+        if slot.is_none() && !self.inner.make_room(&mut st, size as u64) {
+            return Err(Error::Exhausted(format!(
+                "buffer pool limit of {} bytes reached ({} in use)",
+                self.inner.max_bytes, st.stats.in_use_bytes
+            )));
         }
-        let mut mem = prefaulted(size);
+        st.stats.in_use_bytes += size as u64;
+        st.stats.created += 1;
+        if let Some(c) = slot.as_ref().and_then(|s| st.chunks.get_mut(&s.chunk.addr)) {
+            c.out += 1;
+        }
+        drop(st);
+        let mut mem = match slot {
+            Some(s) => PoolMem::Slot(s),
+            None => PoolMem::Heap(prefaulted(size)),
+        };
         let keys = match &self.inner.registrar {
             Some(r) => match r.register(&mut mem) {
                 Ok(k) => k,
                 Err(e) => {
+                    // Give the memory back unregistered: a slot to its chunk's fresh list.
                     let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
                     st.stats.in_use_bytes -= size as u64;
+                    if let PoolMem::Slot(s) = mem {
+                        st.stats.cached_bytes += size as u64;
+                        if let Some(c) = st.chunks.get_mut(&s.chunk.addr) {
+                            c.out -= 1;
+                        }
+                        st.fresh[class].push(s);
+                    }
                     return Err(e);
                 }
             },
@@ -652,6 +891,99 @@ mod tests {
             assert_eq!((u.len(), u.capacity()), (len, len));
         }
         assert!(held.iter().all(|b| b.iter().all(|&x| x == 7)));
+    }
+
+    /// Counts registrations and chunk pins; refuses pins when told to.
+    #[derive(Default)]
+    struct Counting {
+        regs: std::sync::Mutex<HashMap<usize, usize>>,
+        pins: std::sync::Mutex<HashMap<usize, usize>>,
+        refuse_pins: bool,
+    }
+
+    impl PoolRegistrar for Counting {
+        fn register(&self, mem: &mut [u8]) -> Result<MemKeys> {
+            self.regs.lock().unwrap().insert(mem.as_ptr() as usize, mem.len());
+            Ok(MemKeys { lkey: 1, rkey: 2 })
+        }
+        fn deregister(&self, mem: &[u8], _keys: MemKeys) {
+            assert!(self.regs.lock().unwrap().remove(&(mem.as_ptr() as usize)).is_some(), "unknown buffer");
+        }
+        fn pin_chunk(&self, mem: &mut [u8]) -> Result<()> {
+            if self.refuse_pins {
+                return Err(Error::Exhausted("pin limit".into()));
+            }
+            self.pins.lock().unwrap().insert(mem.as_ptr() as usize, mem.len());
+            Ok(())
+        }
+        fn unpin_chunk(&self, addr: usize, len: usize) {
+            assert_eq!(self.pins.lock().unwrap().remove(&addr), Some(len), "unpinned what was pinned");
+        }
+    }
+
+    #[test]
+    fn large_buffers_share_a_pinned_huge_page_chunk() {
+        let reg = Arc::new(Counting::default());
+        let pool = BufPool::with_registrar(64 << 20, 0, reg.clone());
+        let a = pool.alloc(1 << 20).unwrap();
+        let b = pool.alloc(1 << 20).unwrap();
+        let (lo, hi) = (a.addr().min(b.addr()), a.addr().max(b.addr()));
+        assert_eq!(lo % CHUNK, 0, "chunks are huge-page aligned");
+        assert_eq!(hi, lo + (1 << 20), "both halves of one chunk, disjoint");
+        assert_eq!(pool.stats().chunks, 1);
+        assert_eq!(
+            *reg.pins.lock().unwrap(),
+            HashMap::from([(lo, CHUNK)]),
+            "the chunk is pinned whole, once"
+        );
+        assert_eq!(reg.regs.lock().unwrap().len(), 2, "each buffer has its own registration");
+        let c = pool.alloc(1 << 20).unwrap();
+        assert_eq!(pool.stats().chunks, 2);
+        assert_eq!(pool.stats().in_use_bytes + pool.stats().cached_bytes, 2 * CHUNK as u64);
+        // Writing one buffer never shows through another.
+        let (mut a, b) = (a, b);
+        a.fill(1);
+        assert!(b.iter().all(|&x| x == 0));
+        // With no cache allowed, a chunk goes (unpinned, deregistered) once both halves are back.
+        drop(a);
+        assert_eq!(pool.stats().chunks, 2, "half of the first chunk is still out");
+        drop(b);
+        assert_eq!(pool.stats().chunks, 1);
+        drop(c);
+        let s = pool.stats();
+        assert_eq!((s.chunks, s.in_use_bytes, s.cached_bytes), (0, 0, 0));
+        assert!(reg.pins.lock().unwrap().is_empty() && reg.regs.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn chunks_count_against_the_limit_and_fall_back_to_plain_buffers() {
+        // 3 MiB: one chunk (two 1 MiB buffers), then no room for a second chunk, so the third
+        // buffer is a plain one, and a fourth does not fit at all.
+        let pool = BufPool::new(3 << 20, 3 << 20);
+        let held: Vec<_> = (0..3).map(|_| pool.alloc(1 << 20).unwrap()).collect();
+        assert_eq!(pool.stats().chunks, 1);
+        assert!(matches!(pool.alloc(1 << 20), Err(Error::Exhausted(_))));
+        assert!(matches!(pool.alloc(4096), Err(Error::Exhausted(_))));
+        drop(held);
+        let s = pool.stats();
+        assert_eq!((s.in_use_bytes, s.cached_bytes), (0, 3 << 20), "all cached within the limit");
+        // Idle chunks are freed to make room for other classes.
+        let big = pool.alloc(2 << 20).unwrap();
+        assert_eq!(big.addr() % CHUNK, 0);
+        assert!(pool.stats().in_use_bytes + pool.stats().cached_bytes <= 3 << 20);
+    }
+
+    #[test]
+    fn refused_chunk_pins_fall_back_to_plain_buffers() {
+        let reg = Arc::new(Counting { refuse_pins: true, ..Default::default() });
+        let pool = BufPool::with_registrar(64 << 20, 64 << 20, reg.clone());
+        let a = pool.alloc(1 << 20).unwrap();
+        assert_eq!(pool.stats().chunks, 0);
+        assert_eq!(pool.stats().in_use_bytes + pool.stats().cached_bytes, 1 << 20);
+        assert_eq!(reg.regs.lock().unwrap().len(), 1);
+        drop(a);
+        drop(pool);
+        assert!(reg.regs.lock().unwrap().is_empty(), "deregistered when the pool goes");
     }
 
     #[test]

@@ -34,6 +34,20 @@ pub(crate) fn verify_mac(key: &[u8], parts: &[&[u8]], tag: &[u8]) -> bool {
     m.verify_slice(tag).is_ok()
 }
 
+/// Asks the kernel to back `mem` with transparent huge pages (`MADV_HUGEPAGE`), best effort.
+/// Call it before the first touch of freshly mapped memory whose start is 2 MiB aligned.
+pub(crate) fn advise_huge_pages(mem: &mut [u8]) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: advice on memory we hold a unique reference to; MADV_HUGEPAGE changes neither its
+    // contents nor its validity, only which page size may back it. Failure (no THP support,
+    // unaligned start) leaves ordinary pages, which is what we had anyway.
+    unsafe {
+        libc::madvise(mem.as_mut_ptr().cast(), mem.len(), libc::MADV_HUGEPAGE);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = mem;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

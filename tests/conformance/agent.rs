@@ -132,7 +132,7 @@ struct WInfo {
     credits: Option<u32>,
     fast_slots: Option<(u32, usize)>,
     regcache: Option<[u64; 7]>,
-    pool: [u64; 4],
+    pool: [u64; 5],
     peers_connected: usize,
     exposures: usize,
     pending_ops: usize,
@@ -236,7 +236,7 @@ fn wire_info(i: &Info) -> WInfo {
         regcache: i.regcache.map(|r| {
             [r.max_entries as u64, r.max_bytes, r.entries as u64, r.pinned_bytes, r.hits, r.misses, r.in_use]
         }),
-        pool: [i.pool.in_use_bytes, i.pool.cached_bytes, i.pool.reused, i.pool.created],
+        pool: [i.pool.in_use_bytes, i.pool.cached_bytes, i.pool.reused, i.pool.created, i.pool.chunks],
         peers_connected: i.peers_connected,
         exposures: i.exposures,
         pending_ops: i.pending_ops,
@@ -308,11 +308,10 @@ fn from_wire_info(w: WInfo) -> Info {
             misses: r[5],
             in_use: r[6],
         }),
-        pool: ionet::buf::PoolStats {
-            in_use_bytes: w.pool[0],
-            cached_bytes: w.pool[1],
-            reused: w.pool[2],
-            created: w.pool[3],
+        pool: {
+            let mut p = ionet::buf::PoolStats::default();
+            [p.in_use_bytes, p.cached_bytes, p.reused, p.created, p.chunks] = w.pool;
+            p
         },
         peers_connected: w.peers_connected,
         exposures: w.exposures,

@@ -183,11 +183,13 @@ pub(crate) type Cache<V> = Arc<Mutex<RegCache<VerbsRegistrar<V>>>>;
 pub(crate) struct PoolReg<V: Verbs> {
     pub(crate) cache: Cache<V>,
     refs: Mutex<HashMap<usize, RegRef>>,
+    /// Local-only registrations pinning whole slab chunks, by chunk address.
+    chunks: Mutex<HashMap<usize, V::Mr>>,
 }
 
 impl<V: Verbs> PoolReg<V> {
     pub(crate) fn new(cache: Cache<V>) -> Self {
-        PoolReg { cache, refs: Mutex::new(HashMap::new()) }
+        PoolReg { cache, refs: Mutex::new(HashMap::new()), chunks: Mutex::new(HashMap::new()) }
     }
 }
 
@@ -211,6 +213,27 @@ impl<V: Verbs> PoolRegistrar for PoolReg<V> {
         }
         // The memory is about to be freed: no cached registration may outlive it.
         c.invalidate(addr, len);
+    }
+
+    fn pin_chunk(&self, mem: &mut [u8]) -> Result<()> {
+        let dev = self.cache.lock().unwrap_or_else(|p| p.into_inner()).registrar().dev.clone();
+        // SAFETY: the chunk is pool memory the crate owns; the pool keeps it allocated until
+        // `unpin_chunk` has dropped this MR (the chunk unpins before its memory can go). The MR
+        // grants no remote access and its lkey is never put in a work request: it only keeps
+        // the pages pinned, so the device never touches the memory through it.
+        let mr = unsafe { dev.ctx.reg_mr(&dev.pd, mem.as_mut_ptr(), mem.len(), AccessFlags::LOCAL_WRITE) }
+            .map_err(Error::from)?;
+        self.chunks.lock().unwrap_or_else(|p| p.into_inner()).insert(mem.as_ptr() as usize, mr);
+        Ok(())
+    }
+
+    fn unpin_chunk(&self, addr: usize, _len: usize) {
+        let mr = self.chunks.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
+        if let Some(mr) = mr
+            && let Err(e) = mr.deregister()
+        {
+            tracing::warn!(error = %e, "chunk deregistration failed");
+        }
     }
 }
 
