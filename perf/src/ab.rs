@@ -53,6 +53,8 @@ impl AbOpts {
 }
 
 const EXP: &str = "ab";
+/// Series of the bandwidth runs from registered pool buffers (`ionet` is plain heap memory).
+pub const POOL_SERIES: &str = "ionet-pool";
 
 fn lat_sample(t: &str, series: &str, wait: WaitMode, size: usize, run: usize, rtt: Option<f64>) -> Sample {
     Sample::new(EXP, t, series, size as f64)
@@ -161,6 +163,11 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
             for (pr, p) in block.iter().zip(&ps) {
                 let y = over_ionet::run(&pr.ep, pr.peer, p, Some(pr.server_pid()))?;
                 push_bw(&mut out, pr.scheme.as_str(), "ionet", size, r, &y);
+                // The same from the endpoints' registered pools (`Endpoint::alloc` on both
+                // sides), as a storage server that owns its buffers would send.
+                let pooled = Params { pool: true, ..*p };
+                let y = over_ionet::run(&pr.ep, pr.peer, &pooled, Some(pr.server_pid()))?;
+                push_bw(&mut out, pr.scheme.as_str(), POOL_SERIES, size, r, &y);
             }
         }
     }
@@ -253,7 +260,7 @@ pub fn render(s: &Samples, link_prefix: &str) -> Result<(String, Vec<(String, St
     // Bandwidth.
     let bw = s.filter(|r| r.metric == "bandwidth");
     if !bw.is_empty() {
-        let mut head = vec!["size".to_string(), "memcpy".into(), "raw TCP streamer".into()];
+        let mut head = vec!["size".to_string(), "buffers".into(), "memcpy".into(), "raw TCP streamer".into()];
         head.extend(ts.iter().map(|t| format!("ionet {t}://")));
         head.extend(ts.iter().map(|t| format!("{t} / raw")));
         if ts.len() == 2 {
@@ -262,18 +269,32 @@ pub fn render(s: &Samples, link_prefix: &str) -> Result<(String, Vec<(String, St
         let mut t = Table::new(head);
         for x in bw.filter(|r| r.series != "iperf3").xs() {
             let base = get("raw-tcp", "raw", "bandwidth", "block", x);
-            let vals: Vec<Option<Summary>> =
-                ts.iter().map(|tr| get(tr, "ionet", "bandwidth", "block", x)).collect();
-            let mut row =
-                vec![units::size(x), cell(get("memcpy", "memcpy", "bandwidth", "-", x)), cell(base)];
-            row.extend(vals.iter().map(|v| cell(*v)));
-            row.extend(vals.iter().map(|v| ratio(*v, base)));
-            if vals.len() == 2 {
-                row.push(ratio(vals[1], vals[0]));
+            for (series, buffers) in [("ionet", "heap"), (POOL_SERIES, "pool")] {
+                let vals: Vec<Option<Summary>> =
+                    ts.iter().map(|tr| get(tr, series, "bandwidth", "block", x)).collect();
+                if vals.iter().all(Option::is_none) {
+                    continue;
+                }
+                let mut row = vec![
+                    units::size(x),
+                    buffers.to_string(),
+                    cell(get("memcpy", "memcpy", "bandwidth", "-", x)),
+                    cell(base),
+                ];
+                row.extend(vals.iter().map(|v| cell(*v)));
+                row.extend(vals.iter().map(|v| ratio(*v, base)));
+                if vals.len() == 2 {
+                    row.push(ratio(vals[1], vals[0]));
+                }
+                t.row(row);
             }
-            t.row(row);
         }
-        md.push_str("Streaming bandwidth (GB/s = 10⁹ B/s, higher is better), blocking waits.\n\n");
+        md.push_str(
+            "Streaming bandwidth (GB/s = 10⁹ B/s, higher is better), blocking waits. Buffers: `heap` \
+             sends and receives plain heap memory (on InfiniBand registered per message, and \
+             received through the engine's zone buffers), `pool` uses the endpoints' registered \
+             pools (`Endpoint::alloc`) on both sides (`ionet-perf client --pool`).\n\n",
+        );
         md.push_str(&t.render());
         if let Some(ip) = get("iperf3", "iperf3", "bandwidth", "-", (1 << 20) as f64) {
             md.push_str(&format!("\niperf3 `-l 1M` single stream on loopback (reference): {ip} GB/s.\n"));
@@ -286,6 +307,7 @@ pub fn render(s: &Samples, link_prefix: &str) -> Result<(String, Vec<(String, St
             for (tr, series, name) in
                 std::iter::once(("raw-tcp".to_string(), "raw", "raw TCP streamer".to_string()))
                     .chain(ts.iter().map(|t| (t.clone(), "ionet", format!("ionet {t}://"))))
+                    .chain(ts.iter().map(|t| (t.clone(), POOL_SERIES, format!("ionet {t}:// (pool)"))))
             {
                 let c = get(&tr, series, "client_cpu_per_gb", "block", x);
                 let sv = get(&tr, series, "server_cpu_per_gb", "block", x);
@@ -316,6 +338,7 @@ pub fn render(s: &Samples, link_prefix: &str) -> Result<(String, Vec<(String, St
         };
         for t in &ts {
             add(format!("ionet {t}://"), t, "ionet", false, wait);
+            add(format!("ionet {t}:// (pool)"), t, POOL_SERIES, false, wait);
         }
         add("raw TCP".into(), "raw-tcp", "raw", true, wait);
         add("memcpy".into(), "memcpy", "memcpy", true, "-");
@@ -363,7 +386,13 @@ mod tests {
             {
                 s.push(lat_sample(t, series, WaitMode::Block, 8, r as usize, Some(v + r as f64)));
             }
-            for (t, series, v) in [("raw-tcp", "raw", 2.0), ("tcp", "ionet", 1.8), ("softib", "ionet", 3.6)] {
+            for (t, series, v) in [
+                ("raw-tcp", "raw", 2.0),
+                ("tcp", "ionet", 1.8),
+                ("softib", "ionet", 3.6),
+                ("tcp", POOL_SERIES, 2.0),
+                ("softib", POOL_SERIES, 5.0),
+            ] {
                 let x = (1 << 20) as f64;
                 s.push(Sample::new(EXP, t, series, x).metric("bandwidth", "GB/s").run(r, v).wait("block"));
                 s.push(
@@ -387,8 +416,10 @@ mod tests {
         let (md, plots) = render(&fake(), "plots/").unwrap();
         // Latency row: raw 21, tcp 26, softib 16 (medians), ratios to raw and softib/tcp.
         assert!(md.contains("| 8 B | block | 21.0 (20.0–22.0) | 26.0 (25.0–27.0) | 16.0 (15.0–17.0) | 1.24× | 0.76× | 0.62× |"), "{md}");
-        // Bandwidth row: softib / tcp = 2.0×.
-        assert!(md.contains("| 1 MiB | 20.0 (20.0–20.0) | 2.00 (2.00–2.00) | 1.80 (1.80–1.80) | 3.60 (3.60–3.60) | 0.90× | 1.80× | 2.00× |"), "{md}");
+        // Bandwidth rows, heap and pool buffers: softib / tcp = 2.0× and 2.5×.
+        assert!(md.contains("| 1 MiB | heap | 20.0 (20.0–20.0) | 2.00 (2.00–2.00) | 1.80 (1.80–1.80) | 3.60 (3.60–3.60) | 0.90× | 1.80× | 2.00× |"), "{md}");
+        assert!(md.contains("| 1 MiB | pool | 20.0 (20.0–20.0) | 2.00 (2.00–2.00) | 2.00 (2.00–2.00) | 5.00 (5.00–5.00) | 1.00× | 2.50× | 2.50× |"), "{md}");
+        assert!(md.contains("| 1 MiB | ionet softib:// (pool) |"), "{md}");
         assert!(md.contains("CPU seconds per GB"));
         assert_eq!(plots.len(), 2);
         assert!(md.contains("![ab-latency.svg](plots/ab-latency.svg)"));
