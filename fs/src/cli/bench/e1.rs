@@ -85,7 +85,8 @@ fn reference(ctx: &Ctx, scheme: Scheme) -> Result<Samples> {
     Ok(ab
         .rows()
         .iter()
-        .filter(|r| r.transport == scheme.as_str() && r.metric == "bandwidth")
+        // Plain heap buffers, as the E1 clients use (not the `ionet-pool` series).
+        .filter(|r| r.transport == scheme.as_str() && r.series == "ionet" && r.metric == "bandwidth")
         .map(|r| {
             let mut r = r.clone();
             r.experiment = "e1-ref".into();
