@@ -404,8 +404,10 @@ impl Config {
         self
     }
 
-    /// Limit on registered pool memory handed out at once (default 1 GiB) and on memory kept
-    /// cached for reuse (default 256 MiB).
+    /// Limit on registered pool memory held at once, handed out or cached (default 1 GiB), and
+    /// on memory kept cached for reuse (default 256 MiB). Buffers of 64 KiB and more live in
+    /// 2 MiB huge-page chunks, which count whole against the first limit and go back whole (when
+    /// none of their buffers is out) to honour the second.
     pub fn pool_limits(mut self, max_bytes: u64, cached_bytes: u64) -> Self {
         self.pool_max_bytes = max_bytes;
         self.pool_cached_bytes = cached_bytes;
