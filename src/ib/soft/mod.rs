@@ -604,7 +604,16 @@ struct ChannelInner {
     ctx: Arc<CtxInner>,
     efd: OwnedFd,
     cqs: Mutex<Vec<(u64, u64)>>,
-    pending: Mutex<VecDeque<u64>>,
+    pending: Mutex<Events>,
+}
+
+/// Events collected from the doorbell but not yet returned.
+#[derive(Default)]
+struct Events {
+    cookies: VecDeque<u64>,
+    /// The doorbell was reset since the last `None`: the caller's drain loop can end without
+    /// reading it again (a ring after the reset leaves it readable, so the next wait sees it).
+    swept: bool,
 }
 
 impl fmt::Debug for SoftChannel {
@@ -628,20 +637,27 @@ impl AsFd for SoftChannel {
 impl CompletionChannel for SoftChannel {
     fn get_event(&self) -> VerbsResult<Option<u64>> {
         let mut pending = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = pending.pop_front() {
+        if let Some(c) = pending.cookies.pop_front() {
             return Ok(Some(c));
+        }
+        if std::mem::take(&mut pending.swept) {
+            // End of a drain loop: save the read(2) that would only say EAGAIN.
+            return Ok(None);
         }
         // Reset the doorbell first, then collect: a producer sets `fired` before ringing, so a
         // ring we consume here belongs to a flag we are about to see.
-        sys::eventfd_drain(self.inner.efd.as_raw_fd())?;
+        if !sys::eventfd_drain(self.inner.efd.as_raw_fd())? {
+            return Ok(None);
+        }
         for &(idx, cookie) in self.inner.cqs.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             if let Some(e) = self.inner.ctx.shm.cq(idx)
                 && e.fired.swap(0, SeqCst) != 0
             {
-                pending.push_back(cookie);
+                pending.cookies.push_back(cookie);
             }
         }
-        Ok(pending.pop_front())
+        pending.swept = true;
+        Ok(pending.cookies.pop_front())
     }
 }
 
@@ -915,7 +931,7 @@ impl Verbs for SoftContext {
                 ctx: Arc::clone(&self.inner),
                 efd: sys::eventfd()?,
                 cqs: Mutex::new(Vec::new()),
-                pending: Mutex::new(VecDeque::new()),
+                pending: Mutex::new(Events::default()),
             }),
         })
     }
