@@ -1556,10 +1556,10 @@ impl State {
 
     fn cancel(&mut self, op: OpId, why: Error) {
         let Some(o) = self.ops.get(&op) else { return };
-        let (peer, st, kind, sl) = (o.peer, o.st, o.kind, o.sl);
+        let (peer, st, kind, sl, tag) = (o.peer, o.st, o.kind, o.sl, o.tag);
         match st {
             OpSt::Posted => {
-                self.matcher.cancel(op);
+                self.matcher.cancel_posted(peer, tag, op);
                 self.complete(op, Err(why));
             }
             OpSt::WaitData { msg } => {
