@@ -738,7 +738,7 @@ impl Endpoint {
     /// Waits up to `timeout` for the operation; `None` if it is still pending (it is *not*
     /// cancelled — use [`Endpoint::set_deadline`] for that).
     pub fn wait_timeout(&self, op: OpId, timeout: Duration) -> Result<Option<Completion>> {
-        self.wait_until(Until::At(Instant::now() + timeout), |st| Core::take(st, op), false)?.transpose()
+        self.wait_until(Until::Within(timeout), |st| Core::take(st, op), false)?.transpose()
     }
 
     /// Waits up to `timeout` (forever with `None`) for any operation to complete, oldest
@@ -780,8 +780,11 @@ impl Endpoint {
             return Err(Error::misuse("client endpoint has no peer yet: call connect first"));
         };
         let mode = self.inner.cfg.wait_mode;
-        let needs_clock = matches!(until, Until::At(_)) || mode == WaitMode::Adaptive;
-        let spin_until = needs_clock.then(|| Instant::now() + self.inner.cfg.spin_budget);
+        let needs_clock = matches!(until, Until::At(_) | Until::Within(_)) || mode == WaitMode::Adaptive;
+        // Set from the first clock reading, taken only once the condition is found unmet: an
+        // operation that is already done (a send completed inside `post`) costs no clock read.
+        let mut spin_until = None;
+        let mut until = until;
         let has_thread = self.inner.cfg.progress_thread && !is_progress_thread;
         let mut polled = false;
         let mut st = core.lock();
@@ -790,6 +793,14 @@ impl Endpoint {
                 return Ok(Some(x));
             }
             let now = needs_clock.then(Instant::now);
+            if let Some(now) = now
+                && spin_until.is_none()
+            {
+                spin_until = Some(now + self.inner.cfg.spin_budget);
+                if let Until::Within(d) = until {
+                    until = Until::At(now + d);
+                }
+            }
             match (until, now) {
                 (Until::Poll, _) if polled => return Ok(None),
                 (Until::At(u), Some(now)) if now >= u => return Ok(None),
@@ -954,6 +965,8 @@ enum Until {
     Poll,
     /// Until an instant.
     At(Instant),
+    /// This long from the first time the condition is found unmet (becomes `At` then).
+    Within(Duration),
     /// Until the condition holds.
     Never,
 }
@@ -961,7 +974,7 @@ enum Until {
 impl Until {
     fn after(timeout: Option<Duration>) -> Until {
         match timeout {
-            Some(t) => Until::At(Instant::now() + t),
+            Some(t) => Until::Within(t),
             None => Until::Never,
         }
     }
@@ -970,6 +983,7 @@ impl Until {
         match self {
             Until::Poll => Duration::ZERO,
             Until::At(u) => u.saturating_duration_since(now),
+            Until::Within(d) => d,
             Until::Never => MAX_BLOCK,
         }
     }

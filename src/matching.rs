@@ -30,7 +30,9 @@ const SPARE_MAX_CAPACITY: usize = 64;
 pub struct Matcher<R, M> {
     posted: HashMap<Key, VecDeque<(OpId, R)>>,
     early: HashMap<Key, VecDeque<M>>,
-    op_key: HashMap<OpId, Key>,
+    /// Receives in `posted` (no per-op index: a cancel names its key, see
+    /// [`Matcher::cancel_posted`], so posting and matching touch one map entry each).
+    posted_count: usize,
     /// Emptied queues still in `posted`: one receive at a time per key is the common pattern,
     /// so a key's queue stays while few are empty (no map insert + remove per message); they
     /// are swept out before they outnumber the live ones (keys are unbounded).
@@ -46,7 +48,7 @@ impl<R, M> Default for Matcher<R, M> {
         Matcher {
             posted: HashMap::default(),
             early: HashMap::default(),
-            op_key: HashMap::default(),
+            posted_count: 0,
             posted_empty: 0,
             spare_posted: Vec::new(),
             spare_early: Vec::new(),
@@ -86,7 +88,9 @@ impl<R, M> Matcher<R, M> {
     /// the receive is *not* queued (the caller completes it from the arrival).
     pub fn post(&mut self, peer: PeerId, tag: Tag, op: OpId, r: R) -> Result<(), (OpId, R, M)> {
         let key = (peer, tag);
-        if let Some(q) = self.early.get_mut(&key)
+        // Usually nothing arrived early: skip hashing the key into an empty map.
+        if !self.early.is_empty()
+            && let Some(q) = self.early.get_mut(&key)
             && let Some(m) = q.pop_front()
         {
             if q.is_empty() {
@@ -107,7 +111,7 @@ impl<R, M> Matcher<R, M> {
             }
         };
         q.push_back((op, r));
-        self.op_key.insert(op, key);
+        self.posted_count += 1;
         Ok(())
     }
 
@@ -150,7 +154,7 @@ impl<R, M> Matcher<R, M> {
             if q.is_empty() {
                 self.posted_emptied();
             }
-            self.op_key.remove(&op);
+            self.posted_count -= 1;
             return Arrival::Matched(op, r);
         }
         Arrival::Unmatched(m)
@@ -164,7 +168,7 @@ impl<R, M> Matcher<R, M> {
         if q.is_empty() {
             self.posted_emptied();
         }
-        self.op_key.remove(&op);
+        self.posted_count -= 1;
         Some((op, r))
     }
 
@@ -185,15 +189,24 @@ impl<R, M> Matcher<R, M> {
         self.posted.get(&(peer, tag)).is_some_and(|q| !q.is_empty())
     }
 
-    /// Removes a posted (unmatched) receive. `None` if it already matched or never existed.
+    /// Removes a posted (unmatched) receive whose (peer, tag) is not known: searches every
+    /// posted queue. `None` if it already matched or never existed. Prefer
+    /// [`Matcher::cancel_posted`].
     pub fn cancel(&mut self, op: OpId) -> Option<R> {
-        let key = self.op_key.remove(&op)?;
-        let q = self.posted.get_mut(&key)?;
+        let key = self.posted.iter().find(|(_, q)| q.iter().any(|(o, _)| *o == op)).map(|(k, _)| *k)?;
+        self.cancel_posted(key.0, key.1, op)
+    }
+
+    /// Removes a posted (unmatched) receive of (peer, tag). `None` if it already matched or
+    /// never existed.
+    pub fn cancel_posted(&mut self, peer: PeerId, tag: Tag, op: OpId) -> Option<R> {
+        let q = self.posted.get_mut(&(peer, tag))?;
         let pos = q.iter().position(|(o, _)| *o == op)?;
         let (_, r) = q.remove(pos)?;
         if q.is_empty() {
             self.posted_emptied();
         }
+        self.posted_count -= 1;
         Some(r)
     }
 
@@ -206,10 +219,8 @@ impl<R, M> Matcher<R, M> {
                 if q.is_empty() {
                     self.posted_empty -= 1;
                 }
-                for (op, r) in q {
-                    self.op_key.remove(&op);
-                    posted.push((op, r));
-                }
+                self.posted_count -= q.len();
+                posted.extend(q);
             }
         }
         posted.sort_by_key(|(op, _)| *op);
@@ -225,7 +236,7 @@ impl<R, M> Matcher<R, M> {
 
     /// Posted receives not yet matched.
     pub fn posted_len(&self) -> usize {
-        self.op_key.len()
+        self.posted_count
     }
 
     /// Early arrivals not yet matched.
@@ -277,6 +288,26 @@ mod tests {
         assert_eq!(m.cancel(OpId(1)), None);
         assert_eq!(m.arrive(P, 1, 99), Arrival::Matched(OpId(2), 20));
         assert_eq!(m.cancel(OpId(2)), None, "matched receives cannot be cancelled here");
+        assert_eq!(m.posted_len(), 0);
+    }
+
+    #[test]
+    fn cancel_posted_removes_only_that_receive_of_that_key() {
+        let mut m: Matcher<u32, u32> = Matcher::new();
+        m.post(P, 1, OpId(1), 10).unwrap();
+        m.post(P, 1, OpId(2), 20).unwrap();
+        m.post(P, 2, OpId(3), 30).unwrap();
+        // The wrong key finds nothing and changes nothing.
+        assert_eq!(m.cancel_posted(P, 2, OpId(2)), None);
+        assert_eq!(m.cancel_posted(Q, 1, OpId(2)), None);
+        assert_eq!(m.posted_len(), 3);
+        assert_eq!(m.cancel_posted(P, 1, OpId(2)), Some(20));
+        assert_eq!(m.cancel_posted(P, 1, OpId(2)), None);
+        assert_eq!(m.posted_len(), 2);
+        assert_eq!(m.arrive(P, 1, 99), Arrival::Matched(OpId(1), 10));
+        assert_eq!(m.arrive(P, 1, 98), Arrival::Queued);
+        assert_eq!(m.arrive(P, 2, 97), Arrival::Matched(OpId(3), 30));
+        assert_eq!(m.posted_len(), 0);
     }
 
     #[test]
@@ -352,6 +383,7 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(m.posted_empty, m.posted.values().filter(|q| q.is_empty()).count());
+                prop_assert_eq!(m.posted_len(), m.posted.values().map(VecDeque::len).sum::<usize>());
             }
         }
     }

@@ -83,6 +83,28 @@ enum Cmd {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: String,
     },
+    /// Run the raw-socket baseline against a `raw-server` (the same patterns as `client`,
+    /// for profiling the baseline with the same tools, e.g. callgrind or `strace -c`).
+    RawClient {
+        /// host:port printed by `raw-server`.
+        #[arg(long)]
+        connect: String,
+        #[arg(long, value_enum, default_value = "lat")]
+        test: Test,
+        #[arg(long, default_value = "8")]
+        sizes: String,
+        #[arg(long)]
+        iters: Option<usize>,
+        /// Messages in flight for bw / msgrate (the raw streamer needs no window, but the
+        /// receiver cycles through this many messages' worth of memory, as ionet's does).
+        #[arg(long, default_value_t = 64)]
+        window: usize,
+        /// Busy-poll non-blocking sockets instead of blocking reads and writes.
+        #[arg(long)]
+        spin: bool,
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
     /// Run tests against a server.
     Client {
         #[arg(long)]
@@ -316,6 +338,26 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
             println!("LISTEN {}", l.local_addr()?);
             std::io::stdout().flush()?;
             raw::serve(l)?;
+            Ok(())
+        }
+        Some(Cmd::RawClient { connect, test, sizes, iters, window, spin, runs }) => {
+            let mut c = raw::RawClient::connect(&connect)?;
+            println!("# raw {connect} {test:?} spin={spin} runs={runs}");
+            for size in parse_sizes(&sizes)? {
+                let p = Params {
+                    test,
+                    size,
+                    iters: iters
+                        .unwrap_or_else(|| over_ionet::iters_for(test, size, Duration::from_millis(500))),
+                    window: if test == Test::Lat { 1 } else { window },
+                    sl: ServiceLevel::Normal,
+                    verify: false,
+                    spin,
+                    pool: false,
+                };
+                let rs = (0..runs).map(|_| c.run(&p, None)).collect::<Result<Vec<_>, _>>()?;
+                println!("{}", describe(test, size, &rs));
+            }
             Ok(())
         }
         Some(Cmd::Client {

@@ -1556,10 +1556,10 @@ impl State {
 
     fn cancel(&mut self, op: OpId, why: Error) {
         let Some(o) = self.ops.get(&op) else { return };
-        let (peer, st, kind, sl) = (o.peer, o.st, o.kind, o.sl);
+        let (peer, st, kind, sl, tag) = (o.peer, o.st, o.kind, o.sl, o.tag);
         match st {
             OpSt::Posted => {
-                self.matcher.cancel(op);
+                self.matcher.cancel_posted(peer, tag, op);
                 self.complete(op, Err(why));
             }
             OpSt::WaitData { msg } => {
@@ -2171,12 +2171,13 @@ impl State {
         let sink = match h.kind {
             Kind::Eager => match self.matcher.take_posted(peer, h.a) {
                 Some((op, ())) => {
+                    if self.eager_from_staging(t, op, &h) {
+                        return;
+                    }
                     let cap = self.recv_capacity(op);
                     if len > cap {
                         self.complete(op, Err(Error::Truncated { len: len as u64, capacity: cap as u64 }));
                         Sink::Discard
-                    } else if self.eager_from_staging(t, op, &h) {
-                        return;
                     } else {
                         if let Some(o) = self.ops.get_mut(&op) {
                             o.st = OpSt::Receiving;
@@ -2379,7 +2380,10 @@ impl State {
     }
 
     /// A matched eager message whose payload is already wholly staged (the usual case for small
-    /// messages) is copied and completed at once, without going through the payload state.
+    /// messages) is copied and completed at once, without going through the payload state. The
+    /// op leaves the table in one lookup (a matched receive has no frames in flight) instead of
+    /// one each for its capacity, its buffer and its completion. A message that is not all
+    /// staged, or does not fit (truncation), is left to the general path.
     fn eager_from_staging(&mut self, t: Token, op: OpId, h: &Header) -> bool {
         let len = h.len as usize;
         let State { conns, ops, .. } = self;
@@ -2387,15 +2391,21 @@ impl State {
         if c.rx_end - c.rx_start < len {
             return false;
         }
-        let Some(o) = ops.get_mut(&op) else { return false };
+        let std::collections::hash_map::Entry::Occupied(e) = ops.entry(op) else { return false };
+        match &e.get().buf {
+            OpBuf::Recv(b) if b.capacity() >= len => {}
+            _ => return false,
+        }
+        let mut o = e.remove();
         if let OpBuf::Recv(b) = &mut o.buf {
             b.copy_in(0, &c.rxbuf[c.rx_start..c.rx_start + len]);
         }
         c.rx_start += len;
         o.sl = h.sl;
         o.mech = Some(Mechanism::Inline);
+        o.outcome = Some(Ok(len));
         Counters::add(&self.core.counters.msgs_received, 1);
-        self.complete(op, Ok(len));
+        self.push_done(op, o);
         true
     }
 
