@@ -940,10 +940,10 @@ impl<V: Verbs> State<V> {
             self.fail_waiting_post(op, why);
             return;
         };
-        let (peer, st, kind, sl, conn) = (o.peer, o.st, o.kind, o.sl, o.conn);
+        let (peer, tag, st, kind, sl, conn) = (o.peer, o.tag, o.st, o.kind, o.sl, o.conn);
         match st {
             OpSt::Posted => {
-                self.matcher.cancel(op);
+                self.matcher.cancel_posted(peer, tag, op);
                 self.complete(op, Err(why));
             }
             OpSt::WaitFin { msg } => {
