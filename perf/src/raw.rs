@@ -11,16 +11,9 @@ use crate::params::{PARAMS_LEN, Params, Test};
 use crate::run::RunResult;
 use crate::stats;
 
-/// Kernel socket buffers of the raw baseline: ionet's default (`Config::socket_buffer`), so the
-/// baseline and ionet get the same kernel queueing.
-const SOCKET_BUFFER: usize = 4 << 20;
-
 fn tune(s: &TcpStream) -> io::Result<()> {
-    use nix::sys::socket::{setsockopt, sockopt};
-    s.set_nodelay(true)?;
-    setsockopt(s, sockopt::SndBuf, &SOCKET_BUFFER).map_err(io::Error::from)?;
-    setsockopt(s, sockopt::RcvBuf, &SOCKET_BUFFER).map_err(io::Error::from)?;
-    Ok(())
+    // Socket buffers as ionet's default leaves them: sized by the kernel's autotuning.
+    s.set_nodelay(true)
 }
 
 /// Most memory the streaming receiver cycles through (it is kept between tests).

@@ -2774,11 +2774,14 @@ impl State {
     }
 }
 
-/// Socket options for a class: no Nagle delay, sized buffers, DSCP and `SO_PRIORITY`.
+/// Socket options for a class: no Nagle delay, buffers (when configured; else the kernel's
+/// autotuning), DSCP and `SO_PRIORITY`.
 fn tune(sock: &SockRef<'_>, cfg: &Config, sl: ServiceLevel, v4: bool) {
     let _ = sock.set_tcp_nodelay(true);
-    let _ = sock.set_send_buffer_size(cfg.socket_buffer);
-    let _ = sock.set_recv_buffer_size(cfg.socket_buffer);
+    if let Some(n) = cfg.socket_buffer {
+        let _ = sock.set_send_buffer_size(n);
+        let _ = sock.set_recv_buffer_size(n);
+    }
     let tos = u32::from(cfg.dscp[sl.index()]) << 2;
     let _ = if v4 { sock.set_tos_v4(tos) } else { sock.set_tclass_v6(tos) };
     let _ = sock.set_priority(u32::from(cfg.so_priority[sl.index()]));
@@ -2918,5 +2921,35 @@ fn sink_slice<'a>(
             _ => None,
         },
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tune_tests {
+    use super::*;
+
+    /// A connected loopback pair of std sockets.
+    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        (a, l.accept().unwrap().0)
+    }
+
+    #[test]
+    fn socket_buffers_are_left_to_the_kernel_unless_configured() {
+        let (untouched, _p1) = pair();
+        let (auto, _p2) = pair();
+        let (fixed, _p3) = pair();
+        let sizes = |s: &std::net::TcpStream| {
+            let r = SockRef::from(s);
+            (r.recv_buffer_size().unwrap(), r.send_buffer_size().unwrap())
+        };
+        let default = sizes(&untouched);
+        tune(&SockRef::from(&auto), &Config::default(), ServiceLevel::Bulk, true);
+        // Setting a buffer size at all locks it (no autotuning); the default must not.
+        assert_eq!(sizes(&auto), default);
+        tune(&SockRef::from(&fixed), &Config::default().socket_buffer(256 << 10), ServiceLevel::Bulk, true);
+        let (rcv, snd) = sizes(&fixed);
+        assert!(rcv != default.0 && snd != default.1, "fixed {:?}, default {default:?}", (rcv, snd));
     }
 }
