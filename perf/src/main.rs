@@ -60,6 +60,48 @@ fn pin(cpu: Option<usize>) -> Result<(), BoxErr> {
     Ok(())
 }
 
+/// What a `client` or `raw-client` runs: the server, the test and its sweep.
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// The server's address (`ionet-perf server` or `raw-server` prints it).
+    #[arg(long)]
+    connect: String,
+    #[arg(long, value_enum, default_value = "lat")]
+    test: Test,
+    /// Sizes: a list (`8,4k,1m`) or a power-of-two sweep (`1:16m`).
+    #[arg(long, default_value = "8")]
+    sizes: String,
+    /// Iterations per run (default: about half a second's worth).
+    #[arg(long)]
+    iters: Option<usize>,
+    /// Messages in flight for bw / bibw / msgrate (the raw streamer needs no window, but its
+    /// receiver cycles through this many messages' worth of memory, as ionet's does).
+    #[arg(long, default_value_t = 64)]
+    window: usize,
+    /// Repeated runs per size (the median and spread are reported).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+}
+
+impl RunArgs {
+    /// Parameters of one size of the sweep (normal service level, heap buffers, no checks,
+    /// blocking raw sockets; callers override the rest).
+    fn params(&self, size: usize) -> Params {
+        Params {
+            test: self.test,
+            size,
+            iters: self
+                .iters
+                .unwrap_or_else(|| over_ionet::iters_for(self.test, size, Duration::from_millis(500))),
+            window: if self.test == Test::Lat { 1 } else { self.window },
+            sl: ServiceLevel::Normal,
+            verify: false,
+            spin: false,
+            pool: false,
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Serve perf tests on an ionet address (prints `LISTEN <addr>`).
@@ -86,45 +128,18 @@ enum Cmd {
     /// Run the raw-socket baseline against a `raw-server` (the same patterns as `client`,
     /// for profiling the baseline with the same tools, e.g. callgrind or `strace -c`).
     RawClient {
-        /// host:port printed by `raw-server`.
-        #[arg(long)]
-        connect: String,
-        #[arg(long, value_enum, default_value = "lat")]
-        test: Test,
-        #[arg(long, default_value = "8")]
-        sizes: String,
-        #[arg(long)]
-        iters: Option<usize>,
-        /// Messages in flight for bw / msgrate (the raw streamer needs no window, but the
-        /// receiver cycles through this many messages' worth of memory, as ionet's does).
-        #[arg(long, default_value_t = 64)]
-        window: usize,
+        #[command(flatten)]
+        run: RunArgs,
         /// Busy-poll non-blocking sockets instead of blocking reads and writes.
         #[arg(long)]
         spin: bool,
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
     },
     /// Run tests against a server.
     Client {
-        #[arg(long)]
-        connect: String,
-        #[arg(long, value_enum, default_value = "lat")]
-        test: Test,
-        /// Sizes: a list (`8,4k,1m`) or a power-of-two sweep (`1:16m`).
-        #[arg(long, default_value = "8")]
-        sizes: String,
-        /// Iterations per run (default: about half a second's worth).
-        #[arg(long)]
-        iters: Option<usize>,
-        /// Messages in flight for bw / bibw / msgrate.
-        #[arg(long, default_value_t = 64)]
-        window: usize,
+        #[command(flatten)]
+        run: RunArgs,
         #[arg(long, default_value = "block", value_parser = parse_wait)]
         wait: WaitMode,
-        /// Repeated runs per size (the median and spread are reported).
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
         /// Check every payload byte.
         #[arg(long)]
         verify: bool,
@@ -340,65 +355,40 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
             raw::serve(l)?;
             Ok(())
         }
-        Some(Cmd::RawClient { connect, test, sizes, iters, window, spin, runs }) => {
-            let mut c = raw::RawClient::connect(&connect)?;
-            println!("# raw {connect} {test:?} spin={spin} runs={runs}");
-            for size in parse_sizes(&sizes)? {
-                let p = Params {
-                    test,
-                    size,
-                    iters: iters
-                        .unwrap_or_else(|| over_ionet::iters_for(test, size, Duration::from_millis(500))),
-                    window: if test == Test::Lat { 1 } else { window },
-                    sl: ServiceLevel::Normal,
-                    verify: false,
-                    spin,
-                    pool: false,
-                };
-                let rs = (0..runs).map(|_| c.run(&p, None)).collect::<Result<Vec<_>, _>>()?;
-                println!("{}", describe(test, size, &rs));
+        Some(Cmd::RawClient { run, spin }) => {
+            let mut c = raw::RawClient::connect(&run.connect)?;
+            println!("# raw {} {:?} spin={spin} runs={}", run.connect, run.test, run.runs);
+            for size in parse_sizes(&run.sizes)? {
+                let p = Params { spin, ..run.params(size) };
+                let rs = (0..run.runs).map(|_| c.run(&p, None)).collect::<Result<Vec<_>, _>>()?;
+                println!("{}", describe(run.test, size, &rs));
             }
             Ok(())
         }
-        Some(Cmd::Client {
-            connect,
-            test,
-            sizes,
-            iters,
-            window,
-            wait,
-            runs,
-            verify,
-            pool,
-            sl,
-            knobs,
-            csv,
-        }) => {
+        Some(Cmd::Client { run, wait, verify, pool, sl, knobs, csv }) => {
+            let connect = &run.connect;
             let scheme = connect.parse::<ionet::Address>()?.scheme();
             let ep = Endpoint::client(knobs.tuning(wait).config(scheme))?;
             let peer = ep.connect(connect.as_str())?;
             let mut w = csv_writer(csv.as_ref())?;
             let bufs = if pool { "pool" } else { "heap" };
-            println!("# {} {:?} wait={} sl={} buffers={bufs} runs={runs}", connect, test, wait.name(), sl);
-            for size in parse_sizes(&sizes)? {
-                let p = Params {
-                    test,
-                    size,
-                    iters: iters
-                        .unwrap_or_else(|| over_ionet::iters_for(test, size, Duration::from_millis(500))),
-                    window: if test == Test::Lat { 1 } else { window },
-                    sl,
-                    verify,
-                    spin: false,
-                    pool,
-                };
+            println!(
+                "# {} {:?} wait={} sl={} buffers={bufs} runs={}",
+                connect,
+                run.test,
+                wait.name(),
+                sl,
+                run.runs
+            );
+            for size in parse_sizes(&run.sizes)? {
+                let p = Params { sl, verify, pool, ..run.params(size) };
                 let mut rs = Vec::new();
-                for r in 0..runs {
+                for r in 0..run.runs {
                     let res = over_ionet::run(&ep, peer, &p, None)?;
                     write_row(&mut w, "client", "ionet", wait.name(), &res, r)?;
                     rs.push(res);
                 }
-                println!("{}", describe(test, size, &rs));
+                println!("{}", describe(run.test, size, &rs));
             }
             Ok(())
         }
