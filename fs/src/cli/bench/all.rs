@@ -95,6 +95,12 @@ pub fn targets(all: &Samples) -> String {
         (Some(a), Some(b)) => Some(a.ratio_to(&b)),
         _ => None,
     };
+    // "measured / baseline unit = ratio", with "–" for what is missing.
+    let shown = |a: Option<Summary>, b: Option<Summary>, unit: &str, r: Option<String>| {
+        let cell = |v: Option<Summary>| v.map_or("–".to_string(), |v| v.to_string());
+        format!("{} / {} {unit} = {}", cell(a), cell(b), r.unwrap_or_else(|| "–".into()))
+    };
+    let times = |r: Option<f64>| r.map(|r| format!("{r:.2}×"));
     // Targets whose figures were not measured in this run are left out.
     let mut row = |what: &str, r: Option<f64>, ok: &dyn Fn(f64) -> bool, shown: String| {
         if r.is_none() {
@@ -116,12 +122,7 @@ pub fn targets(all: &Samples) -> String {
             &format!("ionet-perf 1 MiB bandwidth ({buffers}), softib:// ≥ 1.5 × tcp:// (5)"),
             r,
             &|r| r >= 1.5,
-            format!(
-                "{} / {} GB/s = {}",
-                sb.map_or("–".into(), |v| v.to_string()),
-                tb.map_or("–".into(), |v| v.to_string()),
-                r.map_or("–".into(), |r| format!("{r:.2}×"))
-            ),
+            shown(sb, tb, "GB/s", times(r)),
         );
     }
     // Issue 6: stripefs ≥ 0.8 × ionet-perf on the same transport (1 io server, 1 client).
@@ -134,12 +135,7 @@ pub fn targets(all: &Samples) -> String {
                 &format!("stripefs {op}, 1 io server × 1 client, ≥ 0.8 × ionet-perf on {t_}:// (6)"),
                 r,
                 &|r| r >= 0.8,
-                format!(
-                    "{} / {} MB/s = {}",
-                    v.map_or("–".into(), |v| v.to_string()),
-                    rf.map_or("–".into(), |v| v.to_string()),
-                    r.map_or("–".into(), |r| format!("{r:.2}×"))
-                ),
+                shown(v, rf, "MB/s", times(r)),
             );
         }
     }
@@ -175,12 +171,7 @@ pub fn targets(all: &Samples) -> String {
                     ),
                     r,
                     &|r| r <= 0.10,
-                    format!(
-                        "{} / {} s/GB = {}",
-                        a.map_or("–".into(), |v| v.to_string()),
-                        b.map_or("–".into(), |v| v.to_string()),
-                        r.map_or("–".into(), |r| format!("{:.1} %", r * 100.0))
-                    ),
+                    shown(a, b, "s/GB", r.map(|r| format!("{:.1} %", r * 100.0))),
                 );
             }
         }
