@@ -620,20 +620,8 @@ impl SendBuf {
     }
 
     /// Calls `f` on each contiguous piece of `[offset, offset + len)`, in order.
-    pub fn for_each_slice<'a>(&'a self, mut offset: usize, mut len: usize, mut f: impl FnMut(&'a [u8])) {
-        for seg in self.segments() {
-            if len == 0 {
-                break;
-            }
-            if offset >= seg.len() {
-                offset -= seg.len();
-                continue;
-            }
-            let n = (seg.len() - offset).min(len);
-            f(&seg[offset..offset + n]);
-            len -= n;
-            offset = 0;
-        }
+    pub fn for_each_slice<'a>(&'a self, offset: usize, len: usize, f: impl FnMut(&'a [u8])) {
+        for_each_piece(self.segments(), offset, len, f);
     }
 
     /// A cheap view of `[offset, offset+len)` as `Bytes` when this buffer is a single `Bytes`
@@ -662,6 +650,29 @@ impl<'a> Iterator for Segments<'a> {
             Segments::One(s) => s.take(),
             Segments::Many(it) => it.next().map(|b| &b[..]),
         }
+    }
+}
+
+/// Calls `f` on each contiguous piece of bytes `[offset, offset + len)` of the concatenated
+/// segments, in order.
+fn for_each_piece<'a>(
+    segs: impl Iterator<Item = &'a [u8]>,
+    mut offset: usize,
+    mut len: usize,
+    mut f: impl FnMut(&'a [u8]),
+) {
+    for seg in segs {
+        if len == 0 {
+            break;
+        }
+        if offset >= seg.len() {
+            offset -= seg.len();
+            continue;
+        }
+        let n = (seg.len() - offset).min(len);
+        f(&seg[offset..offset + n]);
+        len -= n;
+        offset = 0;
     }
 }
 
@@ -781,6 +792,16 @@ impl RecvBuf {
             RecvBuf::Registered(r) => apply(r),
         }
         done
+    }
+
+    /// Calls `f` on each contiguous piece of `[offset, offset + len)` of the received bytes'
+    /// space, in order.
+    pub(crate) fn for_each_slice<'a>(&'a self, offset: usize, len: usize, f: impl FnMut(&'a [u8])) {
+        match self {
+            RecvBuf::Mut(b) => for_each_piece(std::iter::once(&b[..]), offset, len, f),
+            RecvBuf::List(l) => for_each_piece(l.iter().map(|b| &b[..]), offset, len, f),
+            RecvBuf::Registered(r) => for_each_piece(std::iter::once(&r[..]), offset, len, f),
+        }
     }
 
     /// Copies bytes starting at logical `offset` into `dst`; returns how many were copied.
@@ -996,6 +1017,15 @@ mod tests {
         let mut r = RecvBuf::List(vec![BytesMut::zeroed(2), BytesMut::zeroed(3), BytesMut::zeroed(4)]);
         assert_eq!(r.copy_in(1, b"0123456789"), 8);
         assert_eq!(&r.to_bytes(9)[..], b"\x0001234567");
+    }
+
+    #[test]
+    fn receive_lists_are_walked_piecewise_across_segments() {
+        let r =
+            RecvBuf::List(vec![BytesMut::from(&b"ab"[..]), BytesMut::new(), BytesMut::from(&b"cdef"[..])]);
+        let mut pieces = Vec::new();
+        r.for_each_slice(1, 4, |p| pieces.push(p.to_vec()));
+        assert_eq!(pieces, [b"b".to_vec(), b"cde".to_vec()]);
     }
 
     #[test]

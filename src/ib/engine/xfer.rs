@@ -400,28 +400,7 @@ fn stage_out(
     match local {
         Local::Op { op, base } => match ops.get(op).map(|o| &o.buf) {
             Some(OpBuf::Send(s)) => s.for_each_slice(base + off, len, put),
-            Some(OpBuf::Recv(r)) => {
-                let mut skip = base + off;
-                let mut left = len;
-                let segs: Vec<&[u8]> = match r {
-                    RecvBuf::Mut(b) => vec![&b[..]],
-                    RecvBuf::List(l) => l.iter().map(|b| &b[..]).collect(),
-                    RecvBuf::Registered(b) => vec![&b[..]],
-                };
-                for seg in segs {
-                    if left == 0 {
-                        break;
-                    }
-                    if skip >= seg.len() {
-                        skip -= seg.len();
-                        continue;
-                    }
-                    let n = (seg.len() - skip).min(left);
-                    put(&seg[skip..skip + n]);
-                    left -= n;
-                    skip = 0;
-                }
-            }
+            Some(OpBuf::Recv(r)) => r.for_each_slice(base + off, len, put),
             _ => {}
         },
         Local::Vec(v) => {
