@@ -309,7 +309,7 @@ pub struct PoolStats {
     pub reused: u64,
     /// Allocations that created (and registered) new memory.
     pub created: u64,
-    /// Huge-page chunks currently held.
+    /// Huge-page chunks currently held (counted when read).
     pub chunks: u64,
 }
 
@@ -409,7 +409,6 @@ impl PoolInner {
 fn release_chunk(st: &mut PoolState, addr: usize) -> Vec<(PoolMem, MemKeys)> {
     let Some(c) = st.chunks.remove(&addr) else { return Vec::new() };
     st.stats.cached_bytes = st.stats.cached_bytes.saturating_sub(c.len as u64);
-    st.stats.chunks -= 1;
     st.fresh[c.class].retain(|s| s.chunk.addr != addr);
     let (gone, keep) =
         std::mem::take(&mut st.free[c.class]).into_iter().partition(|(m, _)| m.chunk() == Some(addr));
@@ -518,7 +517,6 @@ impl BufPool {
                         Some(mut slots) => {
                             let addr = slots[0].chunk.addr;
                             st.chunks.insert(addr, ChunkUse { class, len: chunk_len, out: 0 });
-                            st.stats.chunks += 1;
                             let first = slots.pop();
                             st.fresh[class].extend(slots);
                             st.stats.cached_bytes -= size as u64;
@@ -575,7 +573,8 @@ impl BufPool {
 
     /// Current statistics.
     pub fn stats(&self) -> PoolStats {
-        self.inner.state.lock().unwrap_or_else(|p| p.into_inner()).stats
+        let st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        PoolStats { chunks: st.chunks.len() as u64, ..st.stats }
     }
 }
 
