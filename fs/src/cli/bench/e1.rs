@@ -81,11 +81,14 @@ fn reference(ctx: &Ctx, scheme: Scheme) -> Result<Samples> {
     }
     eprintln!("e1 {scheme}: ionet-perf reference");
     util::run_bounded(&mut cmd, Duration::from_secs(600))?;
-    let ab = Samples::read_csv(&dir.join("ab.csv"))?;
-    Ok(ab
-        .rows()
+    Ok(reference_rows(&Samples::read_csv(&dir.join("ab.csv"))?, scheme))
+}
+
+/// The E1 reference from an `ab` run: `scheme`'s bandwidth from plain heap buffers, as the E1
+/// clients use (not the `ionet-pool` series), in MB/s.
+fn reference_rows(ab: &Samples, scheme: Scheme) -> Samples {
+    ab.rows()
         .iter()
-        // Plain heap buffers, as the E1 clients use (not the `ionet-pool` series).
         .filter(|r| r.transport == scheme.as_str() && r.series == "ionet" && r.metric == "bandwidth")
         .map(|r| {
             let mut r = r.clone();
@@ -96,7 +99,7 @@ fn reference(ctx: &Ctx, scheme: Scheme) -> Result<Samples> {
             r.value *= 1000.0; // GB/s → MB/s
             r
         })
-        .collect())
+        .collect()
 }
 
 fn cell(
@@ -268,4 +271,24 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
         plots.push((name, chart.render_svg()?));
     }
     Ok(Report { samples: s.clone(), md, plots })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use benchkit::Sample;
+
+    #[test]
+    fn reference_is_the_heap_buffer_stream_of_its_transport_in_mb_per_s() {
+        let mut ab = Samples::new();
+        let mib = REF_SIZE as f64;
+        ab.push(Sample::new("ab", "softib", "ionet", mib).metric("bandwidth", "GB/s").run(0, 4.0));
+        ab.push(Sample::new("ab", "softib", "ionet-pool", mib).metric("bandwidth", "GB/s").run(0, 10.0));
+        ab.push(Sample::new("ab", "tcp", "ionet", mib).metric("bandwidth", "GB/s").run(0, 5.0));
+        ab.push(Sample::new("ab", "softib", "ionet", mib).metric("client_cpu_per_gb", "s/GB").run(0, 0.1));
+        let r = reference_rows(&ab, Scheme::SoftIb);
+        let got = r.get("e1-ref", "softib", "ionet-perf", "bandwidth", mib).expect("a reference");
+        assert_eq!(r.rows().len(), 1, "only softib's heap-buffer bandwidth");
+        assert_eq!(got.to_string(), Summary::of(&[4000.0]).unwrap().to_string());
+    }
 }
