@@ -414,5 +414,14 @@ fn channel_events_name_the_cq_that_fired() {
     assert_eq!(ch.get_event().unwrap(), Some(2), "the receive CQ fired");
     assert_eq!(ch.get_event().unwrap(), None, "one event per arm, none from the idle CQ");
     assert_eq!(st(&poll_cq(&cq2, 1, TIMEOUT)), [(9, WcStatus::Success)]);
+    // The drain loop above ended without reading the doorbell again; an event after it must
+    // still be seen by the next drain (it is not answered from the previous sweep).
+    bq.post_recv(&[RecvWr { wr_id: 10, sges: &[b.sge(0, 64)] }]).unwrap();
+    cq2.req_notify(false).unwrap();
+    send(&a, 2, SendOp::Send, 8, SendFlags::SIGNALED);
+    assert_eq!(st(&a.poll(1, TIMEOUT)), [(2, WcStatus::Success)]);
+    assert_eq!(ch.get_event().unwrap(), Some(2), "the second arm's event");
+    assert_eq!(ch.get_event().unwrap(), None);
+    assert_eq!(ch.get_event().unwrap(), None, "nothing pending: the doorbell is read and empty");
     assert!(b.ctx.create_cq(16, None, 0).unwrap().req_notify(false).is_err(), "no channel to notify");
 }
