@@ -21,6 +21,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use crate::error::{Error, Result};
+use crate::filemap::FileRegionMut;
 use crate::sync::Mutex;
 
 /// Smallest pool size class.
@@ -730,6 +731,9 @@ pub enum RecvBuf {
     List(Vec<BytesMut>),
     /// A registered pool buffer (zero-copy on InfiniBand).
     Registered(RegisteredBuf),
+    /// Regions of mapped files, filled in order: a storage server receiving straight into
+    /// its files' pages ([`crate::filemap`]).
+    Mapped(Vec<FileRegionMut>),
 }
 
 impl RecvBuf {
@@ -739,6 +743,7 @@ impl RecvBuf {
             RecvBuf::Mut(b) => b.len(),
             RecvBuf::List(l) => l.iter().map(|b| b.len()).sum(),
             RecvBuf::Registered(r) => r.len(),
+            RecvBuf::Mapped(l) => l.iter().map(|r| r.len()).sum(),
         }
     }
 
@@ -748,6 +753,7 @@ impl RecvBuf {
             RecvBuf::Mut(b) => vec![&mut b[..]],
             RecvBuf::List(l) => l.iter_mut().map(|b| &mut b[..]).collect(),
             RecvBuf::Registered(r) => vec![&mut r[..]],
+            RecvBuf::Mapped(l) => l.iter_mut().map(|r| &mut r[..]).collect(),
         }
     }
 
@@ -758,6 +764,15 @@ impl RecvBuf {
             RecvBuf::Mut(b) => b.get_mut(offset..).filter(|s| !s.is_empty()),
             RecvBuf::Registered(r) => r.get_mut(offset..).filter(|s| !s.is_empty()),
             RecvBuf::List(l) => {
+                for seg in l.iter_mut() {
+                    if offset < seg.len() {
+                        return Some(&mut seg[offset..]);
+                    }
+                    offset -= seg.len();
+                }
+                None
+            }
+            RecvBuf::Mapped(l) => {
                 for seg in l.iter_mut() {
                     if offset < seg.len() {
                         return Some(&mut seg[offset..]);
@@ -789,6 +804,7 @@ impl RecvBuf {
             RecvBuf::Mut(b) => apply(b),
             RecvBuf::List(l) => l.iter_mut().for_each(|b| apply(b)),
             RecvBuf::Registered(r) => apply(r),
+            RecvBuf::Mapped(l) => l.iter_mut().for_each(|r| apply(r)),
         }
         done
     }
@@ -800,6 +816,7 @@ impl RecvBuf {
             RecvBuf::Mut(b) => for_each_piece(std::iter::once(&b[..]), offset, len, f),
             RecvBuf::List(l) => for_each_piece(l.iter().map(|b| &b[..]), offset, len, f),
             RecvBuf::Registered(r) => for_each_piece(std::iter::once(&r[..]), offset, len, f),
+            RecvBuf::Mapped(l) => for_each_piece(l.iter().map(|r| &r[..]), offset, len, f),
         }
     }
 
@@ -809,6 +826,7 @@ impl RecvBuf {
             RecvBuf::Mut(b) => copy_out_segments(std::iter::once(&b[..]), offset, dst),
             RecvBuf::List(l) => copy_out_segments(l.iter().map(|b| &b[..]), offset, dst),
             RecvBuf::Registered(r) => copy_out_segments(std::iter::once(&r[..]), offset, dst),
+            RecvBuf::Mapped(l) => copy_out_segments(l.iter().map(|r| &r[..]), offset, dst),
         }
     }
 
@@ -829,6 +847,11 @@ impl From<BytesMut> for RecvBuf {
 impl From<Vec<BytesMut>> for RecvBuf {
     fn from(v: Vec<BytesMut>) -> Self {
         RecvBuf::List(v)
+    }
+}
+impl From<Vec<FileRegionMut>> for RecvBuf {
+    fn from(v: Vec<FileRegionMut>) -> Self {
+        RecvBuf::Mapped(v)
     }
 }
 impl From<RegisteredBuf> for RecvBuf {

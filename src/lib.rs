@@ -74,6 +74,7 @@ pub mod config;
 mod endpoint;
 pub mod error;
 pub mod expose;
+pub mod filemap;
 pub mod flowctl;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -99,5 +100,6 @@ pub use endpoint::{
 };
 pub use error::{AccessError, Error, ProtocolError, Result};
 pub use expose::MemHandle;
+pub use filemap::{FileMap, FileMapError, FileRegion, FileRegionMut};
 pub use info::{CounterSnapshot, Info, RegcacheInfo};
 pub use types::{Access, OpId, PeerId, ServiceLevel, Tag, WaitMode};

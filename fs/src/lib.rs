@@ -47,7 +47,7 @@
 //!   [`proto::Descriptor::List`] (or the O(1) [`proto::Descriptor::Strided`] for a view) and
 //!   move the data from/to `segments` of the user buffer, in order, with no per-piece headers.
 //!   Logical size = [`layout::Layout::logical_size`] over every server's `GetSize`.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 

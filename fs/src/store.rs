@@ -11,6 +11,15 @@
 //!
 //! Open files are kept in a bounded LRU cache ([`StoreConfig::max_open`]); OS errors are mapped
 //! to protocol codes ([`StoreError::errno`]: `ENOSPC`, `EIO`, …), never panics.
+//!
+//! # Mapped data path
+//! An [`Object`] can also be mapped ([`Object::map_covering`]), so the io server receives into
+//! and sends from the file's own pages and the transport's copy is the only one (no staging
+//! buffer, no `pread`/`pwrite`). Two rules keep a mapping safe to touch: bytes are written
+//! through it only after [`Object::allocate`] has reserved their space (a full disk is then
+//! `ENOSPC` from `fallocate`, not a `SIGBUS`), and transfers hold the object's gate shared
+//! ([`Object::transfer`]) while truncation and removal take it exclusively, so the file never
+//! shrinks under a live region.
 
 use crate::errno::Errno;
 use crate::layout::Piece;
@@ -18,9 +27,10 @@ use crate::proto::Handle;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use tracing::{debug, warn};
 
 /// Largest local file offset: `off_t` is signed.
@@ -37,6 +47,157 @@ pub struct StoreConfig {
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig { max_open: 256 }
+    }
+}
+
+/// Longest mapping of one object (1 TiB): address space, not memory. Offsets beyond it use the
+/// copying path.
+pub const MAX_MAPPED: u64 = 1 << 40;
+/// Smallest mapping made: later growth remaps, so start with room.
+const MIN_MAPPED: u64 = 64 << 20;
+/// Allocated extents remembered per object; past it the oldest are forgotten (they are only
+/// re-`fallocate`d, which is harmless).
+const MAX_EXTENTS: usize = 1024;
+
+/// One open object file; see the [module documentation](self) for its mapped data path.
+pub struct Object {
+    handle: Handle,
+    file: File,
+    gate: RwLock<()>,
+    map: Mutex<Option<Arc<ionet::FileMap>>>,
+    /// Byte ranges known to be allocated (sorted, merged).
+    allocated: Mutex<Vec<(u64, u64)>>,
+}
+
+impl std::fmt::Debug for Object {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Object").field("handle", &self.handle).finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section here leaves its data consistent, so a poisoned lock is usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Object {
+    fn new(handle: Handle, file: File) -> Self {
+        Object {
+            handle,
+            file,
+            gate: RwLock::new(()),
+            map: Mutex::new(None),
+            allocated: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The open file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Held for a whole data transfer: truncation and removal wait for it.
+    pub fn transfer(&self) -> RwLockReadGuard<'_, ()> {
+        self.gate.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Held while the file shrinks or goes away, or while it is written without the map.
+    pub fn exclusive(&self) -> RwLockWriteGuard<'_, ()> {
+        self.gate.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The local size.
+    pub fn size(&self) -> Result<u64, StoreError> {
+        let m = self.file.metadata().map_err(|source| StoreError::Io {
+            op: "stat",
+            handle: self.handle,
+            source,
+        })?;
+        Ok(m.len())
+    }
+
+    /// A mapping of at least `[0, end)`, or `None` when `end` is past [`MAX_MAPPED`].
+    /// Mappings grow by doubling; an old one lives on while its regions do.
+    pub fn map_covering(&self, end: u64) -> Result<Option<Arc<ionet::FileMap>>, StoreError> {
+        if end > MAX_MAPPED {
+            return Ok(None);
+        }
+        let mut slot = lock(&self.map);
+        if let Some(m) = slot.as_ref().filter(|m| m.len() >= end) {
+            return Ok(Some(m.clone()));
+        }
+        let len = end.max(MIN_MAPPED).next_power_of_two().min(MAX_MAPPED);
+        // SAFETY: the object file is private to this io server and the store keeps one
+        // `Object` per handle alive while anyone uses it. Regions are only taken inside
+        // `transfer()`, and the file only shrinks (`truncate`) or goes away (`remove`) inside
+        // `exclusive()`, so it never shrinks under a live region. Bytes are written through a
+        // region only after `allocate` reserved them, and the copying path (`write_stream`)
+        // runs under `exclusive()`, when no region is alive.
+        #[allow(unsafe_code)] // The crate's one unsafe call: zero-copy storage needs a mapping.
+        let m = unsafe { ionet::FileMap::new(&self.file, len) }.map_err(|source| StoreError::Io {
+            op: "mmap",
+            handle: self.handle,
+            source,
+        })?;
+        *slot = Some(m.clone());
+        Ok(Some(m))
+    }
+
+    /// Reserves disk space for `[off, off + len)` (extending the file as a write would), so
+    /// stores through the mapping cannot fault on a full disk. Remembers what it reserved.
+    pub fn allocate(&self, off: u64, len: u64) -> Result<(), StoreError> {
+        let end = off.checked_add(len).filter(|&e| e <= MAX_OBJECT_SIZE).ok_or(StoreError::TooLarge)?;
+        if len == 0 || covered(&lock(&self.allocated), off, end) {
+            return Ok(());
+        }
+        let r = nix::fcntl::fallocate(
+            self.file.as_fd(),
+            nix::fcntl::FallocateFlags::empty(),
+            off as i64,
+            len as i64,
+        );
+        r.map_err(|e| StoreError::Io { op: "fallocate", handle: self.handle, source: io::Error::from(e) })?;
+        insert_extent(&mut lock(&self.allocated), off, end);
+        Ok(())
+    }
+
+    /// Sets the local size with no transfer running (down drops data, up adds a hole).
+    fn set_len(&self, size: u64) -> Result<(), StoreError> {
+        let _x = self.exclusive();
+        self.file.set_len(size).map_err(|source| StoreError::Io {
+            op: "truncate",
+            handle: self.handle,
+            source,
+        })?;
+        let mut a = lock(&self.allocated);
+        a.retain(|e| e.0 < size);
+        if let Some(last) = a.last_mut() {
+            last.1 = last.1.min(size);
+        }
+        Ok(())
+    }
+}
+
+/// True if the sorted, merged `extents` cover `[off, end)`.
+fn covered(extents: &[(u64, u64)], off: u64, end: u64) -> bool {
+    let i = extents.partition_point(|e| e.1 < end);
+    extents.get(i).is_some_and(|e| e.0 <= off && end <= e.1)
+}
+
+/// Adds `[off, end)` to sorted, merged `extents`, keeping at most [`MAX_EXTENTS`].
+fn insert_extent(extents: &mut Vec<(u64, u64)>, off: u64, end: u64) {
+    let (mut lo, mut hi) = (off, end);
+    // Everything touching [lo, hi) merges into it.
+    let first = extents.partition_point(|e| e.1 < lo);
+    let mut last = first;
+    while last < extents.len() && extents[last].0 <= hi {
+        lo = lo.min(extents[last].0);
+        hi = hi.max(extents[last].1);
+        last += 1;
+    }
+    extents.splice(first..last, [(lo, hi)]);
+    if extents.len() > MAX_EXTENTS {
+        extents.remove(0);
     }
 }
 
@@ -108,13 +269,25 @@ impl<I: Iterator<Item = Piece>> PieceCursor<I> {
 }
 
 struct FdCache {
-    files: HashMap<Handle, (Arc<File>, u64)>,
+    files: HashMap<Handle, (Arc<Object>, u64)>,
+    /// Every object someone still holds, cached or not, so two users of one handle share one
+    /// `Object` (and its gate).
+    live: HashMap<Handle, Weak<Object>>,
     tick: u64,
     cap: usize,
 }
 
 impl FdCache {
-    fn get(&mut self, h: Handle) -> Option<Arc<File>> {
+    fn get(&mut self, h: Handle) -> Option<Arc<Object>> {
+        if let Some(o) = self.get_cached(h) {
+            return Some(o);
+        }
+        let o = self.live.get(&h)?.upgrade()?;
+        self.insert(h, o.clone());
+        Some(o)
+    }
+
+    fn get_cached(&mut self, h: Handle) -> Option<Arc<Object>> {
         self.tick += 1;
         let tick = self.tick;
         self.files.get_mut(&h).map(|(f, t)| {
@@ -123,7 +296,11 @@ impl FdCache {
         })
     }
 
-    fn insert(&mut self, h: Handle, f: Arc<File>) {
+    fn insert(&mut self, h: Handle, f: Arc<Object>) {
+        if self.live.len() >= 2 * self.cap.max(64) {
+            self.live.retain(|_, w| w.strong_count() > 0);
+        }
+        self.live.insert(h, Arc::downgrade(&f));
         if self.cap == 0 {
             return;
         }
@@ -171,7 +348,12 @@ impl ObjectStore {
         std::fs::create_dir_all(&root)?;
         Ok(ObjectStore {
             root,
-            cache: Mutex::new(FdCache { files: HashMap::new(), tick: 0, cap: cfg.max_open }),
+            cache: Mutex::new(FdCache {
+                files: HashMap::new(),
+                live: HashMap::new(),
+                tick: 0,
+                cap: cfg.max_open,
+            }),
         })
     }
 
@@ -200,17 +382,24 @@ impl ObjectStore {
         self.cache().files.len()
     }
 
-    fn file(&self, h: Handle) -> Result<Arc<File>, StoreError> {
+    /// `h`'s open object.
+    pub fn object(&self, h: Handle) -> Result<Arc<Object>, StoreError> {
         if let Some(f) = self.cache().get(h) {
             return Ok(f);
         }
         let f = match OpenOptions::new().read(true).write(true).open(self.path_of(h)) {
-            Ok(f) => Arc::new(f),
+            Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::NotFound(h)),
             Err(source) => return Err(StoreError::Io { op: "open", handle: h, source }),
         };
-        self.cache().insert(h, f.clone());
-        Ok(f)
+        let mut c = self.cache();
+        // Another thread may have opened it meanwhile: share theirs.
+        if let Some(o) = c.get(h) {
+            return Ok(o);
+        }
+        let o = Arc::new(Object::new(h, f));
+        c.insert(h, o.clone());
+        Ok(o)
     }
 
     /// Creates `h`'s object (empty) and makes it durable: the file, its directory entry and any
@@ -242,7 +431,10 @@ impl ObjectStore {
             }
             debug!(handle = %h, "object created");
         }
-        self.cache().insert(h, Arc::new(f));
+        let mut c = self.cache();
+        if c.get(h).is_none() {
+            c.insert(h, Arc::new(Object::new(h, f)));
+        }
         Ok(created)
     }
 
@@ -254,7 +446,14 @@ impl ObjectStore {
     /// Removes `h`'s object (durably). `NotFound` if there is none, which a retrying meta
     /// server treats as done.
     pub fn remove(&self, h: Handle) -> Result<(), StoreError> {
-        self.cache().files.remove(&h);
+        let held = self.cache().get(h);
+        // Wait out running transfers; later ones find no file.
+        let _x = held.as_ref().map(|o| o.exclusive());
+        {
+            let mut c = self.cache();
+            c.files.remove(&h);
+            c.live.remove(&h);
+        }
         let path = self.path_of(h);
         match std::fs::remove_file(&path) {
             Ok(()) => {}
@@ -273,17 +472,17 @@ impl ObjectStore {
         if size > MAX_OBJECT_SIZE {
             return Err(StoreError::TooLarge);
         }
-        self.file(h)?.set_len(size).map_err(|source| StoreError::Io { op: "truncate", handle: h, source })
+        self.object(h)?.set_len(size)
     }
 
     /// The local size.
     pub fn size(&self, h: Handle) -> Result<u64, StoreError> {
-        Ok(self.file(h)?.metadata().map_err(|source| StoreError::Io { op: "stat", handle: h, source })?.len())
+        self.object(h)?.size()
     }
 
     /// fsync: data and metadata of `h` reach the disk.
     pub fn sync(&self, h: Handle) -> Result<(), StoreError> {
-        self.file(h)?.sync_all().map_err(|source| StoreError::Io { op: "fsync", handle: h, source })
+        self.object(h)?.file.sync_all().map_err(|source| StoreError::Io { op: "fsync", handle: h, source })
     }
 
     /// Fills `buf` with the next `buf.len()` bytes of the stream (fewer only if the cursor runs
@@ -294,16 +493,13 @@ impl ObjectStore {
         cursor: &mut PieceCursor<I>,
         buf: &mut [u8],
     ) -> Result<usize, StoreError> {
-        let f = self.file(h)?;
+        let o = self.object(h)?;
+        let f = &o.file;
         let mut at = 0usize;
         while let Some(p) = cursor.next_piece((buf.len() - at) as u64) {
             // p.len <= buf.len() - at, so it fits in usize.
             let dst = &mut buf[at..at + p.len as usize];
-            read_full_at(&f, dst, p.off).map_err(|source| StoreError::Io {
-                op: "read",
-                handle: h,
-                source,
-            })?;
+            read_full_at(f, dst, p.off).map_err(|source| StoreError::Io { op: "read", handle: h, source })?;
             at += dst.len();
         }
         Ok(at)
@@ -311,14 +507,17 @@ impl ObjectStore {
 
     /// Writes `data` to the next `data.len()` bytes of the stream (fewer only if the cursor runs
     /// out). Returns the bytes written. On a disk error (e.g. `ENOSPC`) the caller must still
-    /// consume the rest of the client's stream before replying, to stay in sync.
+    /// consume the rest of the client's stream before replying, to stay in sync. Runs with the
+    /// object's gate held exclusively, since it writes the file behind any mapping's back.
     pub fn write_stream<I: Iterator<Item = Piece>>(
         &self,
         h: Handle,
         cursor: &mut PieceCursor<I>,
         data: &[u8],
     ) -> Result<usize, StoreError> {
-        let f = self.file(h)?;
+        let o = self.object(h)?;
+        let _x = o.exclusive();
+        let f = &o.file;
         let mut at = 0usize;
         while let Some(p) = cursor.next_piece((data.len() - at) as u64) {
             if p.end().is_none_or(|e| e > MAX_OBJECT_SIZE) {

@@ -171,6 +171,10 @@ fn wire_buf(b: OpBuf) -> WBuf {
         OpBuf::Recv(RecvBuf::Mut(b)) => WBuf::Recv(RBuf::Mut(b)),
         OpBuf::Recv(RecvBuf::List(l)) => WBuf::Recv(RBuf::List(l)),
         OpBuf::Recv(RecvBuf::Registered(r)) => WBuf::Recv(RBuf::Pool(BytesMut::from(&r[..]))),
+        // Mapped regions cannot cross processes: their bytes travel as a scatter list.
+        OpBuf::Recv(RecvBuf::Mapped(l)) => {
+            WBuf::Recv(RBuf::List(l.iter().map(|r| BytesMut::from(&r[..])).collect()))
+        }
     }
 }
 

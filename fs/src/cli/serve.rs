@@ -48,6 +48,10 @@ pub struct ServeArgs {
     /// Open files an io server keeps cached (0: reopen for every request).
     #[arg(long)]
     max_open: Option<usize>,
+    /// io servers stage every unit in a buffer and pread/pwrite it, instead of moving data
+    /// straight between the network and the mapped object files.
+    #[arg(long)]
+    copy_io: bool,
     /// Size of each pre-posted InfiniBand receive buffer of the io servers (bytes; default
     /// ionet's 8 KiB). Inline sends must fit one, so raising the inline limit needs this too.
     #[arg(long)]
@@ -160,6 +164,7 @@ fn run_io(a: &ServeArgs, i: u32, cfg: Option<&ClusterConfig>) -> Result<()> {
     if let Some(m) = a.max_open {
         s.max_open = m;
     }
+    s.mapped = !a.copy_io;
     if let Some(n) = a.ib_recv_size {
         s.ib = Some(ionet::IbConfig::default().recv_size(n));
     }
@@ -205,6 +210,9 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>) -> Result<()> {
     }
     if let Some(n) = a.ib_recv_size {
         opts.io_args.extend(["--ib-recv-size".into(), n.to_string()]);
+    }
+    if a.copy_io {
+        opts.io_args.push("--copy-io".into());
     }
     opts.meta_args =
         vec!["--cap-lifetime".into(), a.cap_lifetime.to_string(), "--wait".into(), a.wait.clone()];

@@ -8,6 +8,12 @@
 //!   outstanding, and `pwrite`s each unit as it lands while the next ones are on the wire.
 //! * **Read**: the server `pread`s a unit and pushes it into the client's IN buffer, keeping up
 //!   to `pipeline_depth` pushes in flight, so disk reads overlap the network.
+//! * **Mapped** (the default, [`IoServerConfig::mapped`]): the same pipelines move units straight
+//!   between the network and the object file's pages ([`ionet::FileMap`]): writes reserve the
+//!   descriptor's space first (`fallocate`, so a full disk fails the request before a byte moves)
+//!   and pull into the file's regions; reads push from them, with zeros past the local end. The
+//!   transport's copy is the only one. Descriptors whose pieces are out of order, offsets past
+//!   the mapping limit and file systems without `fallocate` fall back to the copying path.
 //! * On a disk error (`ENOSPC`, `EIO`, …) the server stops pulling, lets the outstanding pulls
 //!   finish and replies with the error: ionet discards what was never pulled, so the
 //!   connection stays in step (the equivalent of PVFS1's drain-and-discard).
@@ -15,9 +21,14 @@
 use super::{ServerError, ServerHandle, send_reply, spawn_workers};
 use crate::capability::{CapabilityKey, unix_now};
 use crate::errno::Errno;
+use crate::layout::Piece;
 use crate::proto::{self, Descriptor, ErrorReply, IoReply, IoRequest, ServerStats};
-use crate::store::{ObjectStore, PieceCursor, StoreConfig, StoreError};
-use ionet::{Address, Direction, Endpoint, OpBuf, OpId, RecvBuf, RegisteredBuf, Request, SendBuf, WaitMode};
+use crate::store::{Object, ObjectStore, PieceCursor, StoreConfig, StoreError};
+use bytes::Bytes;
+use ionet::{
+    Address, Direction, Endpoint, FileMapError, OpBuf, OpId, RecvBuf, RegisteredBuf, Request, SendBuf,
+    WaitMode,
+};
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,6 +59,9 @@ pub struct IoServerConfig {
     pub transfer_timeout: Duration,
     /// InfiniBand engine settings of the server's endpoint (default: ionet's).
     pub ib: Option<ionet::IbConfig>,
+    /// Move data straight between the network and mapped object files (default true); off,
+    /// every unit is staged in a buffer and `pread`/`pwrite`.
+    pub mapped: bool,
 }
 
 /// Default transfer unit of the io servers: 1 MiB.
@@ -70,6 +84,7 @@ impl IoServerConfig {
             max_open: StoreConfig::default().max_open,
             transfer_timeout: Duration::from_secs(60),
             ib: None,
+            mapped: true,
         }
     }
 }
@@ -239,6 +254,11 @@ impl Shared {
         if total == 0 {
             return Ok(());
         }
+        if self.cfg.mapped
+            && let Some(r) = self.read_mapped(req, &*self.store.object(h)?, desc, total)
+        {
+            return r;
+        }
         let tu = self.cfg.transfer_unit as u64;
         let mut free = self.unit_bufs(total)?;
         let mut cursor = PieceCursor::new(desc.pieces());
@@ -290,6 +310,11 @@ impl Shared {
         if total == 0 {
             return Ok(());
         }
+        if self.cfg.mapped
+            && let Some(r) = self.write_mapped(req, &*self.store.object(h)?, desc, total)
+        {
+            return r;
+        }
         let tu = self.cfg.transfer_unit as u64;
         let mut free = self.unit_bufs(total)?;
         let mut cursor = PieceCursor::new(desc.pieces());
@@ -338,6 +363,177 @@ impl Shared {
             Some(f) => Err(f),
             None => Ok(()),
         }
+    }
+}
+
+impl Shared {
+    /// The write pipeline over the object's mapping; `None` when the request needs the copying
+    /// path (pieces out of order, past the mapping limit, no `fallocate`).
+    fn write_mapped(
+        &self,
+        req: &Request,
+        obj: &Object,
+        desc: &Descriptor,
+        total: u64,
+    ) -> Option<Result<(), Fail>> {
+        let mut end = 0u64;
+        for p in desc.pieces().filter(|p| p.len > 0) {
+            if p.off < end {
+                return None;
+            }
+            end = p.end()?;
+        }
+        let _transfer = obj.transfer();
+        // Reserve every piece first: a full disk fails the request before any byte moves.
+        for p in desc.pieces() {
+            match obj.allocate(p.off, p.len) {
+                Ok(()) => {}
+                // No fallocate here (a file system without it, or not a regular file).
+                Err(StoreError::Io { source, .. })
+                    if matches!(source.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENODEV)) =>
+                {
+                    return None;
+                }
+                Err(e) => return Some(Err(e.into())),
+            }
+        }
+        let map = match obj.map_covering(end) {
+            Ok(Some(m)) => m,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(e.into())),
+        };
+        Some(self.mapped_pipeline(desc, total, |pieces, off| {
+            let regions = map.regions_mut(pieces.iter().copied())?;
+            Ok(req.pull_into(regions, off))
+        }))
+    }
+
+    /// The read pipeline over the object's mapping: bytes past the local end go out as zeros.
+    fn read_mapped(
+        &self,
+        req: &Request,
+        obj: &Object,
+        desc: &Descriptor,
+        total: u64,
+    ) -> Option<Result<(), Fail>> {
+        let _transfer = obj.transfer();
+        // Inside the transfer the file only grows, so bytes below `size` stay mapped.
+        let size = match obj.size() {
+            Ok(s) => s,
+            Err(e) => return Some(Err(e.into())),
+        };
+        let map = match obj.map_covering(size.max(1)) {
+            Ok(Some(m)) => m,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(e.into())),
+        };
+        Some(self.mapped_pipeline(desc, total, |pieces, off| {
+            let inside: Vec<(u64, usize)> =
+                pieces.iter().filter(|p| p.0 < size).map(|&(o, n)| (o, n.min((size - o) as usize))).collect();
+            let mut regions = map.regions(inside)?.into_iter();
+            let mut list = Vec::with_capacity(pieces.len());
+            for &(o, n) in pieces {
+                let mapped = if o < size { n.min((size - o) as usize) } else { 0 };
+                if mapped > 0 {
+                    list.push(regions.next().expect("one region per inside piece").into_bytes());
+                }
+                push_zeros(&mut list, n - mapped);
+            }
+            Ok(req.push_from(SendBuf::List(list), off))
+        }))
+    }
+
+    /// Runs one request's units through `start` (which leases the unit's regions and posts its
+    /// pull or push), `pipeline_depth` deep. A unit whose bytes another request has leased waits
+    /// for it, up to the transfer timeout.
+    fn mapped_pipeline(
+        &self,
+        desc: &Descriptor,
+        total: u64,
+        mut start: impl FnMut(&[(u64, usize)], u64) -> Result<ionet::Result<OpId>, FileMapError>,
+    ) -> Result<(), Fail> {
+        let tu = self.cfg.transfer_unit as u64;
+        let depth = self.cfg.pipeline_depth.max(2);
+        let mut cursor = PieceCursor::new(desc.pieces());
+        let mut inflight: VecDeque<OpId> = VecDeque::new();
+        let mut unit: Vec<(u64, usize)> = Vec::new();
+        let mut off = 0u64;
+        let mut fail: Option<Fail> = None;
+        let mut busy_since: Option<Instant> = None;
+        loop {
+            if fail.is_none() && off < total && inflight.len() < depth {
+                let n = tu.min(total - off);
+                if unit.is_empty() {
+                    unit_pieces(&mut cursor, n, &mut unit);
+                }
+                match start(&unit, off) {
+                    Ok(Ok(op)) => {
+                        self.deadline(op);
+                        inflight.push_back(op);
+                        off += n;
+                        unit.clear();
+                        busy_since = None;
+                        continue;
+                    }
+                    Ok(Err(e)) => fail = Some(e.into()),
+                    Err(FileMapError::Busy { .. }) if inflight.is_empty() => {
+                        let since = *busy_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() > self.cfg.transfer_timeout {
+                            fail = Some(Fail(Errno::EIO, "object range stayed busy".into()));
+                        } else {
+                            std::thread::sleep(Duration::from_micros(50));
+                        }
+                        continue;
+                    }
+                    // Our own units finishing may be all it takes; wait for one below.
+                    Err(FileMapError::Busy { .. }) => {}
+                    Err(e) => fail = Some(Fail(Errno::EIO, e.to_string())),
+                }
+            }
+            let Some(op) = inflight.pop_front() else { break };
+            match self.ep.wait(op) {
+                Ok(c) => {
+                    if let Err(e) = c.result {
+                        fail.get_or_insert(e.into());
+                    }
+                }
+                Err(e) => {
+                    // The regions must not outlive the transfer guard: end every op first.
+                    for &op in &inflight {
+                        let _ = self.ep.cancel(op);
+                    }
+                    for op in inflight.drain(..) {
+                        let _ = self.ep.wait(op);
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        match fail {
+            Some(f) => Err(f),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The next `n` bytes of the stream as `(offset, len)` pieces.
+fn unit_pieces<I: Iterator<Item = Piece>>(cursor: &mut PieceCursor<I>, n: u64, out: &mut Vec<(u64, usize)>) {
+    let mut got = 0u64;
+    while got < n {
+        let Some(p) = cursor.next_piece(n - got) else { break };
+        out.push((p.off, p.len as usize));
+        got += p.len;
+    }
+}
+
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// Appends `n` zero bytes to a gather list, without allocating them.
+fn push_zeros(list: &mut Vec<Bytes>, mut n: usize) {
+    while n > 0 {
+        let k = n.min(ZEROS.len());
+        list.push(Bytes::from_static(&ZEROS[..k]));
+        n -= k;
     }
 }
 

@@ -299,6 +299,9 @@ impl<V: Verbs> State<V> {
             OpBuf::Recv(RecvBuf::List(l)) => {
                 l.iter().filter(|b| !b.is_empty()).map(|b| (b.as_ptr() as usize, b.len())).collect()
             }
+            OpBuf::Recv(RecvBuf::Mapped(l)) => {
+                l.iter().filter(|b| !b.is_empty()).map(|b| (b.as_ptr() as usize, b.len())).collect()
+            }
             OpBuf::None => Vec::new(),
         };
         let owned =

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use benchkit::plot::{LineChart, Scale, Series};
 use benchkit::{Sample, Samples, Summary, Table};
 use clap::Args;
-use ionet::Scheme;
+use ionet::{Scheme, WaitMode};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use stripefs::capability::Rights;
@@ -40,6 +40,9 @@ pub struct E1Args {
     /// Skip the same-run ionet-perf reference.
     #[arg(long)]
     pub no_reference: bool,
+    /// How clients and io servers wait for the transport.
+    #[arg(long, default_value = "adaptive")]
+    pub wait: WaitMode,
 }
 
 /// Runs E1.
@@ -56,10 +59,12 @@ pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
         }
         for &n in &io {
             eprintln!("e1 {scheme}: {n} io servers");
-            let cluster = ctx.cluster(scheme, n, |o| o.stripe_size = a.stripe_size)?;
+            let cluster = ctx.cluster(scheme, n, |o| {
+                o.stripe_size = a.stripe_size;
+                o.io_args.extend(["--wait".into(), a.wait.name().into()]);
+            })?;
             for &c in &clients {
-                let region = (a.mib_per_server * u64::from(n)) << 20;
-                cell(ctx, &cluster, scheme, n, c, region, &mut s)
+                cell(ctx, &cluster, scheme, n, c, a, &mut s)
                     .with_context(|| format!("E1 over {scheme}://, {n} io servers, {c} clients"))?;
             }
             cluster.stop();
@@ -108,16 +113,18 @@ fn cell(
     scheme: Scheme,
     n: u32,
     c: u32,
-    region: u64,
+    a: &E1Args,
     s: &mut Samples,
 ) -> Result<()> {
-    let setup = ctx.client(cluster, ClientOptions::default())?;
+    let region = (a.mib_per_server * u64::from(n)) << 20;
+    let opts = ClientOptions { wait_mode: a.wait, ..ClientOptions::default() };
+    let setup = ctx.client(cluster, opts.clone())?;
     let name = format!("/e1-{n}-{c}");
     let spec = LayoutSpec { base: Some(0), pcount: Some(n), ssize: None };
     drop(setup.create(&name, CreateOptions { mode: 0o644, layout: Some(spec) })?);
     let runs = ctx.c.runs();
     let per_client = parallel(c as usize, ctx.step_timeout(), |i, gate| -> Result<Vec<(f64, f64)>> {
-        let client = ctx.client(cluster, ClientOptions::default())?;
+        let client = ctx.client(cluster, opts.clone())?;
         let f = client.open(&name, Rights::READ_WRITE)?;
         let data = pattern(region as usize, 0xe1 + i as u64);
         let mut buf = prefaulted(region as usize);
@@ -152,7 +159,7 @@ fn cell(
             Sample::new(EXP, t, &format!("{op} N={n}"), f64::from(c))
                 .metric("bandwidth", "MB/s")
                 .run(r as u32, v)
-                .wait("adaptive")
+                .wait(a.wait.name())
                 .note(format!("region_bytes={region}"))
         };
         s.push(sample("write", mbs(total, tw)));
@@ -181,12 +188,13 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
         v
     };
     let cs = e.xs();
+    let waits = e.distinct(|r| r.wait.clone()).join("/");
     let reference = |t: &str| s.get("e1-ref", t, "ionet-perf", "bandwidth", REF_SIZE as f64);
     let mut md = format!(
         "Each client writes, then reads back, one contiguous {mib_per_server}N MiB region (N = io servers) of one \
          shared file striped over the N servers (64 KiB stripes unless stated); bandwidth = total bytes / slowest \
          client's time, MB/s = 10⁶ B/s. One untimed round first, then the runs. Clients: threads of the bench \
-         process, one `Client` each, adaptive waits; io servers: child processes, adaptive waits, data on tmpfs.\n\n"
+         process, one `Client` each, {waits} waits; io servers: child processes, {waits} waits, data on tmpfs.\n\n"
     );
     for t in &ts {
         let rf = reference(t);

@@ -1,0 +1,417 @@
+//! Files mapped into memory, so a storage server's transfers move bytes straight between the
+//! network and the file's page-cache pages.
+//!
+//! A server that pulls a client's data into a buffer and then `pwrite`s it copies every byte
+//! twice; one that `pread`s and then pushes does the same on reads. A [`FileMap`] maps the
+//! object file once and hands out regions of it as transfer buffers: [`FileRegionMut`] is a
+//! receive target ([`crate::RecvBuf::Mapped`]) and [`FileRegion`] a send source (as `Bytes`,
+//! through [`FileRegion::into_bytes`]), so the transport's own copy (the socket's, or the
+//! InfiniBand provider's) is the only one.
+//!
+//! Regions are leased: a writable lease excludes every other lease over the same bytes, and
+//! readable leases exclude writable ones, so no two live Rust references alias mapped bytes.
+//! One lease covers the span of a whole scatter or gather list, so a transfer unit of many
+//! pieces costs one check.
+//! A conflicting request fails with [`FileMapError::Busy`] instead of waiting, because the
+//! caller may itself hold the lease it would wait for (two units of one transfer).
+
+use std::fmt;
+use std::fs::File;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::sync::Mutex;
+
+/// Why a region could not be handed out.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FileMapError {
+    /// The range is not inside the mapping.
+    #[error("range {offset}+{len} is outside the {mapped}-byte mapping")]
+    OutOfRange {
+        /// Start of the range.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// Bytes mapped.
+        mapped: u64,
+    },
+    /// The pieces of a writable list are not in increasing, disjoint order.
+    #[error("piece at {offset} overlaps or precedes the one before it")]
+    Unordered {
+        /// Start of the offending piece.
+        offset: u64,
+    },
+    /// Another live region overlaps the range in a conflicting way.
+    #[error("range {offset}+{len} overlaps a region in use")]
+    Busy {
+        /// Start of the range.
+        offset: u64,
+        /// Its length.
+        len: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    id: u64,
+    start: u64,
+    end: u64,
+    write: bool,
+}
+
+#[derive(Debug, Default)]
+struct Leases {
+    next: u64,
+    live: Vec<Lease>,
+}
+
+/// A file mapped shared and read-write; see the [module documentation](self).
+pub struct FileMap {
+    raw: MmapRaw,
+    len: u64,
+    leases: Mutex<Leases>,
+}
+
+impl fmt::Debug for FileMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileMap").field("addr", &self.addr()).field("len", &self.len).finish()
+    }
+}
+
+impl FileMap {
+    /// Maps the first `len` bytes of `file` (opened read-write), shared, so stores through the
+    /// mapping are stores to the file. `len` may exceed the file's current size; the mapping
+    /// reserves address space only.
+    ///
+    /// # Safety
+    /// While any region of the map is alive, the caller guarantees that
+    /// * the file is not shrunk below the region's end (a touched page past the end of the file
+    ///   raises `SIGBUS`), and every written region lies in space the file system has already
+    ///   allocated (`fallocate`), so a full disk is an error at allocation, not a `SIGBUS`;
+    /// * the region's bytes are not written by any other means (`write(2)`, another mapping,
+    ///   another process), since Rust references to them are live.
+    pub unsafe fn new(file: &File, len: u64) -> std::io::Result<Arc<FileMap>> {
+        let n = usize::try_from(len).map_err(|_| std::io::Error::from_raw_os_error(libc::EFBIG))?;
+        if n == 0 {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // `map_raw` hands back raw pointers only; the references the regions create later are
+        // covered by this function's contract.
+        let raw = MmapOptions::new().len(n).map_raw(file)?;
+        Ok(Arc::new(FileMap { raw, len, leases: Mutex::new(Leases::default()) }))
+    }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Never true: a map has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Address of the mapping's first byte (for registration-cache invalidation).
+    pub fn addr(&self) -> usize {
+        self.raw.as_ptr() as usize
+    }
+
+    /// Leases alive now (a set of regions from one call counts once).
+    pub fn leases_out(&self) -> usize {
+        self.leases.lock().unwrap_or_else(|p| p.into_inner()).live.len()
+    }
+
+    /// `[offset, offset + len)` for writing: fails if any other region overlaps it.
+    pub fn region_mut(self: &Arc<Self>, offset: u64, len: usize) -> Result<FileRegionMut, FileMapError> {
+        let mut v = self.regions_mut([(offset, len)])?;
+        Ok(v.pop().expect("one piece, one region"))
+    }
+
+    /// `[offset, offset + len)` for reading: fails if a writable region overlaps it.
+    pub fn region(self: &Arc<Self>, offset: u64, len: usize) -> Result<FileRegion, FileMapError> {
+        let mut v = self.regions([(offset, len)])?;
+        Ok(v.pop().expect("one piece, one region"))
+    }
+
+    /// Writable regions for a scatter list of `(offset, len)` pieces in increasing, disjoint
+    /// order, under one lease over their span (one check, however many pieces).
+    pub fn regions_mut(
+        self: &Arc<Self>,
+        pieces: impl IntoIterator<Item = (u64, usize)>,
+    ) -> Result<Vec<FileRegionMut>, FileMapError> {
+        let pieces: Vec<(u64, usize)> = pieces.into_iter().collect();
+        let mut prev_end = 0u64;
+        for (i, &(off, len)) in pieces.iter().enumerate() {
+            self.check(off, len)?;
+            if i > 0 && off < prev_end {
+                return Err(FileMapError::Unordered { offset: off });
+            }
+            prev_end = off + len as u64;
+        }
+        let lease = self.lease(&pieces, true)?;
+        Ok(pieces.into_iter().map(|(off, len)| FileRegionMut { lease: lease.clone(), off, len }).collect())
+    }
+
+    /// Readable regions for a gather list of `(offset, len)` pieces (any order, overlaps
+    /// allowed), under one lease over their span.
+    pub fn regions(
+        self: &Arc<Self>,
+        pieces: impl IntoIterator<Item = (u64, usize)>,
+    ) -> Result<Vec<FileRegion>, FileMapError> {
+        let pieces: Vec<(u64, usize)> = pieces.into_iter().collect();
+        for &(off, len) in &pieces {
+            self.check(off, len)?;
+        }
+        let lease = self.lease(&pieces, false)?;
+        Ok(pieces.into_iter().map(|(off, len)| FileRegion { lease: lease.clone(), off, len }).collect())
+    }
+
+    fn check(&self, offset: u64, len: usize) -> Result<(), FileMapError> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(FileMapError::OutOfRange { offset, len: len as u64, mapped: self.len }),
+        }
+    }
+
+    /// One lease over the span of `pieces` (all inside the map).
+    fn lease(
+        self: &Arc<Self>,
+        pieces: &[(u64, usize)],
+        write: bool,
+    ) -> Result<Arc<LeaseGuard>, FileMapError> {
+        let live: Vec<&(u64, usize)> = pieces.iter().filter(|p| p.1 > 0).collect();
+        let start = live.iter().map(|p| p.0).min().unwrap_or(0);
+        let end = live.iter().map(|p| p.0 + p.1 as u64).max().unwrap_or(start);
+        let mut l = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+        // Empty spans overlap nothing.
+        let clash = start < end
+            && l.live.iter().any(|o| o.start < o.end && o.start < end && start < o.end && (write || o.write));
+        if clash {
+            return Err(FileMapError::Busy { offset: start, len: end - start });
+        }
+        l.next += 1;
+        let id = l.next;
+        l.live.push(Lease { id, start, end, write });
+        Ok(Arc::new(LeaseGuard { map: self.clone(), id }))
+    }
+
+    fn release(&self, id: u64) {
+        let mut l = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = l.live.iter().position(|o| o.id == id) {
+            l.live.swap_remove(i);
+        }
+    }
+
+    fn ptr(&self, off: u64) -> *mut u8 {
+        // SAFETY: callers pass offsets of regions, which `check` kept inside the mapping.
+        unsafe { self.raw.as_mut_ptr().add(off as usize) }
+    }
+}
+
+/// A live lease; the last region holding it ends it.
+struct LeaseGuard {
+    map: Arc<FileMap>,
+    id: u64,
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.map.release(self.id);
+    }
+}
+
+/// A writable region of a [`FileMap`], usable as a receive buffer. The lease it shares with the
+/// other regions of its call ends when the last of them is dropped.
+pub struct FileRegionMut {
+    lease: Arc<LeaseGuard>,
+    off: u64,
+    len: usize,
+}
+
+impl FileRegionMut {
+    /// Offset of the region in the file.
+    pub fn offset(&self) -> u64 {
+        self.off
+    }
+
+    /// The map the region belongs to.
+    pub fn map(&self) -> &Arc<FileMap> {
+        &self.lease.map
+    }
+}
+
+impl Deref for FileRegionMut {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the range is inside the mapping (checked when the lease was granted), which
+        // lives as long as the lease's `Arc<FileMap>`. The region's writable lease excludes every
+        // other lease over its span, and the pieces of one lease are disjoint, so the only
+        // references to these bytes come from this region, borrowed through `&self`/`&mut self`.
+        // Writers outside the map are excluded by `FileMap::new`'s contract.
+        unsafe { std::slice::from_raw_parts(self.lease.map.ptr(self.off), self.len) }
+    }
+}
+
+impl DerefMut for FileRegionMut {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` makes the reference unique.
+        unsafe { std::slice::from_raw_parts_mut(self.lease.map.ptr(self.off), self.len) }
+    }
+}
+
+impl fmt::Debug for FileRegionMut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileRegionMut").field("offset", &self.off).field("len", &self.len).finish()
+    }
+}
+
+/// A readable region of a [`FileMap`]; its lease ends when the last region of its call drops.
+pub struct FileRegion {
+    lease: Arc<LeaseGuard>,
+    off: u64,
+    len: usize,
+}
+
+impl FileRegion {
+    /// Offset of the region in the file.
+    pub fn offset(&self) -> u64 {
+        self.off
+    }
+
+    /// The region as `Bytes` without copying (a send buffer); the lease ends when the last
+    /// clone is dropped.
+    pub fn into_bytes(self) -> Bytes {
+        Bytes::from_owner(self)
+    }
+}
+
+impl Deref for FileRegion {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: inside the mapping, which the lease keeps alive; a readable lease excludes
+        // writable ones over its span, so no `&mut` aliases these bytes.
+        unsafe { std::slice::from_raw_parts(self.lease.map.ptr(self.off), self.len) }
+    }
+}
+
+impl AsRef<[u8]> for FileRegion {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl fmt::Debug for FileRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileRegion").field("offset", &self.off).field("len", &self.len).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Seek, SeekFrom, Write};
+
+    /// An unlinked temporary file of `len` bytes.
+    fn file(len: u64) -> File {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("ionet-filemap-{}-{n}", std::process::id()));
+        let mut f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f.set_len(len).unwrap();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        f.flush().unwrap();
+        f
+    }
+
+    #[test]
+    fn writes_through_a_region_land_in_the_file() {
+        let mut f = file(8192);
+        // SAFETY: a private temporary file, sized before mapping and never written otherwise.
+        let m = unsafe { FileMap::new(&f, 1 << 20) }.unwrap();
+        let mut r = m.region_mut(4096, 100).unwrap();
+        r.copy_from_slice(&[7u8; 100]);
+        drop(r);
+        let mut back = vec![0u8; 8192];
+        f.seek(SeekFrom::Start(0)).unwrap();
+        f.read_exact(&mut back).unwrap();
+        assert!(back[..4096].iter().all(|&b| b == 0));
+        assert!(back[4096..4196].iter().all(|&b| b == 7));
+        assert_eq!(m.leases_out(), 0);
+    }
+
+    #[test]
+    fn regions_never_alias_a_writable_one() {
+        let f = file(1 << 16);
+        // SAFETY: as above.
+        let m = unsafe { FileMap::new(&f, 1 << 16) }.unwrap();
+        let w = m.region_mut(1000, 1000).unwrap();
+        assert_eq!(m.region_mut(1999, 10).unwrap_err(), FileMapError::Busy { offset: 1999, len: 10 });
+        assert!(matches!(m.region(0, 1001), Err(FileMapError::Busy { .. })));
+        // Adjacent ranges are free, and so are empty ones.
+        let a = m.region_mut(2000, 10).unwrap();
+        let b = m.region(0, 1000).unwrap();
+        let _e = m.region_mut(1500, 0).unwrap();
+        drop(w);
+        // Readers share; a writer is refused while any reader overlaps.
+        let c = m.region(500, 1000).unwrap();
+        assert!(matches!(m.region_mut(900, 1), Err(FileMapError::Busy { .. })));
+        drop((a, b, c));
+        assert_eq!(m.leases_out(), 1);
+        assert!(m.region_mut(0, 1 << 16).is_ok(), "an empty lease blocks nothing");
+    }
+
+    #[test]
+    fn ranges_outside_the_mapping_are_refused() {
+        let f = file(4096);
+        // SAFETY: as above.
+        let m = unsafe { FileMap::new(&f, 4096) }.unwrap();
+        assert!(matches!(m.region(4000, 97), Err(FileMapError::OutOfRange { .. })));
+        assert!(matches!(m.region_mut(u64::MAX, 2), Err(FileMapError::OutOfRange { .. })));
+        assert_eq!(m.region(4000, 96).unwrap().len(), 96);
+    }
+
+    #[test]
+    fn a_read_region_as_bytes_holds_its_lease_until_the_last_clone_drops() {
+        let mut f = file(0);
+        f.write_all(b"hello mapped world").unwrap();
+        // SAFETY: as above; the file is written before it is mapped.
+        let m = unsafe { FileMap::new(&f, 4096) }.unwrap();
+        let b = m.region(6, 6).unwrap().into_bytes();
+        let b2 = b.clone();
+        assert_eq!(&b[..], b"mapped");
+        drop(b);
+        assert!(m.region_mut(6, 1).is_err());
+        drop(b2);
+        assert!(m.region_mut(6, 1).is_ok());
+    }
+
+    #[test]
+    fn a_list_shares_one_lease_over_its_span() {
+        let f = file(1 << 16);
+        // SAFETY: as above.
+        let m = unsafe { FileMap::new(&f, 1 << 16) }.unwrap();
+        assert_eq!(
+            m.regions_mut([(100, 10), (105, 10)]).unwrap_err(),
+            FileMapError::Unordered { offset: 105 }
+        );
+        let mut v = m.regions_mut([(0, 10), (4096, 10), (8192, 10)]).unwrap();
+        assert_eq!(m.leases_out(), 1);
+        v[1].fill(9);
+        // The gap between pieces is inside the span, so it is leased too.
+        assert!(m.region(5000, 1).is_err());
+        assert!(m.region(8202, 1).is_ok());
+        let last = v.pop().unwrap();
+        drop(v);
+        assert!(m.region(5000, 1).is_err(), "one region still holds the lease");
+        drop(last);
+        assert_eq!(m.leases_out(), 0);
+        // Readers may overlap each other, even within one list.
+        let r = m.regions([(4096, 10), (4090, 20)]).unwrap();
+        assert!(r[0].iter().all(|&b| b == 9));
+    }
+}
