@@ -40,9 +40,14 @@ pub struct E1Args {
     /// Skip the same-run ionet-perf reference.
     #[arg(long)]
     pub no_reference: bool,
-    /// How clients and io servers wait for the transport.
-    #[arg(long, default_value = "adaptive")]
+    /// How clients and io servers wait for the transport (block, like the ionet-perf
+    /// reference; spinning threads on a 2-core machine steal the CPU that moves the data).
+    #[arg(long, default_value = "block")]
     pub wait: WaitMode,
+    /// Clients keep their buffers' InfiniBand registrations cached across calls
+    /// (`IbConfig::cache_foreign`, MPI's leave_pinned) and invalidate them before freeing.
+    #[arg(long)]
+    pub cache_registrations: bool,
 }
 
 /// Runs E1.
@@ -117,7 +122,8 @@ fn cell(
     s: &mut Samples,
 ) -> Result<()> {
     let region = (a.mib_per_server * u64::from(n)) << 20;
-    let opts = ClientOptions { wait_mode: a.wait, ..ClientOptions::default() };
+    let ib = a.cache_registrations.then(|| stripefs::client::default_ib_config().cache_foreign(true));
+    let opts = ClientOptions { wait_mode: a.wait, ib, ..ClientOptions::default() };
     let setup = ctx.client(cluster, opts.clone())?;
     let name = format!("/e1-{n}-{c}");
     let spec = LayoutSpec { base: Some(0), pcount: Some(n), ssize: None };
@@ -148,6 +154,9 @@ fn cell(
                 times.push((tw, tr));
             }
         }
+        // Cached registrations must not outlive the memory they cover.
+        client.endpoint().invalidate_registrations(&data);
+        client.endpoint().invalidate_registrations(&buf);
         Ok(times)
     })?;
     let total = region * u64::from(c);
@@ -160,7 +169,10 @@ fn cell(
                 .metric("bandwidth", "MB/s")
                 .run(r as u32, v)
                 .wait(a.wait.name())
-                .note(format!("region_bytes={region}"))
+                .note(format!(
+                    "region_bytes={region}{}",
+                    if a.cache_registrations { " cached_registrations" } else { "" }
+                ))
         };
         s.push(sample("write", mbs(total, tw)));
         s.push(sample("read", mbs(total, tr)));
@@ -189,12 +201,17 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
     };
     let cs = e.xs();
     let waits = e.distinct(|r| r.wait.clone()).join("/");
+    let cached = if e.rows().iter().any(|r| r.note.contains("cached_registrations")) {
+        " Clients keep their buffers' registrations cached across calls (`--cache-registrations`)."
+    } else {
+        ""
+    };
     let reference = |t: &str| s.get("e1-ref", t, "ionet-perf", "bandwidth", REF_SIZE as f64);
     let mut md = format!(
         "Each client writes, then reads back, one contiguous {mib_per_server}N MiB region (N = io servers) of one \
          shared file striped over the N servers (64 KiB stripes unless stated); bandwidth = total bytes / slowest \
          client's time, MB/s = 10⁶ B/s. One untimed round first, then the runs. Clients: threads of the bench \
-         process, one `Client` each, {waits} waits; io servers: child processes, {waits} waits, data on tmpfs.\n\n"
+         process, one `Client` each, {waits} waits; io servers: child processes, {waits} waits, data on tmpfs.{cached}\n\n"
     );
     for t in &ts {
         let rf = reference(t);
