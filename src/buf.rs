@@ -655,6 +655,17 @@ impl<'a> Iterator for Segments<'a> {
 
 /// Calls `f` on each contiguous piece of bytes `[offset, offset + len)` of the concatenated
 /// segments, in order.
+/// The writable rest of the segment holding logical `offset`, or `None` past the end.
+fn segment_at<'a>(segs: impl Iterator<Item = &'a mut [u8]>, mut offset: usize) -> Option<&'a mut [u8]> {
+    for seg in segs {
+        if offset < seg.len() {
+            return Some(&mut seg[offset..]);
+        }
+        offset -= seg.len();
+    }
+    None
+}
+
 fn for_each_piece<'a>(
     segs: impl Iterator<Item = &'a [u8]>,
     mut offset: usize,
@@ -759,28 +770,12 @@ impl RecvBuf {
 
     /// The contiguous writable rest of the segment holding logical `offset`, or `None` past
     /// the end.
-    pub fn slice_at_mut(&mut self, mut offset: usize) -> Option<&mut [u8]> {
+    pub fn slice_at_mut(&mut self, offset: usize) -> Option<&mut [u8]> {
         match self {
             RecvBuf::Mut(b) => b.get_mut(offset..).filter(|s| !s.is_empty()),
             RecvBuf::Registered(r) => r.get_mut(offset..).filter(|s| !s.is_empty()),
-            RecvBuf::List(l) => {
-                for seg in l.iter_mut() {
-                    if offset < seg.len() {
-                        return Some(&mut seg[offset..]);
-                    }
-                    offset -= seg.len();
-                }
-                None
-            }
-            RecvBuf::Mapped(l) => {
-                for seg in l.iter_mut() {
-                    if offset < seg.len() {
-                        return Some(&mut seg[offset..]);
-                    }
-                    offset -= seg.len();
-                }
-                None
-            }
+            RecvBuf::List(l) => segment_at(l.iter_mut().map(|b| &mut b[..]), offset),
+            RecvBuf::Mapped(l) => segment_at(l.iter_mut().map(|r| &mut r[..]), offset),
         }
     }
 

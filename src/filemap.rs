@@ -183,9 +183,12 @@ impl FileMap {
         pieces: &[(u64, usize)],
         write: bool,
     ) -> Result<Arc<LeaseGuard>, FileMapError> {
-        let live: Vec<&(u64, usize)> = pieces.iter().filter(|p| p.1 > 0).collect();
-        let start = live.iter().map(|p| p.0).min().unwrap_or(0);
-        let end = live.iter().map(|p| p.0 + p.1 as u64).max().unwrap_or(start);
+        // The span of the non-empty pieces (checked to lie inside the map).
+        let (start, end) = pieces
+            .iter()
+            .filter(|p| p.1 > 0)
+            .fold((u64::MAX, 0), |(lo, hi), &(o, n)| (lo.min(o), hi.max(o + n as u64)));
+        let (start, end) = if start < end { (start, end) } else { (0, 0) };
         let mut l = self.leases.lock().unwrap_or_else(|p| p.into_inner());
         // Empty spans overlap nothing.
         let clash = start < end

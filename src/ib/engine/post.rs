@@ -296,11 +296,11 @@ impl<V: Verbs> State<V> {
                 v
             }
             OpBuf::Recv(RecvBuf::Mut(b)) => vec![(b.as_ptr() as usize, b.len())],
-            OpBuf::Recv(RecvBuf::List(l)) => {
-                l.iter().filter(|b| !b.is_empty()).map(|b| (b.as_ptr() as usize, b.len())).collect()
-            }
-            OpBuf::Recv(RecvBuf::Mapped(l)) => {
-                l.iter().filter(|b| !b.is_empty()).map(|b| (b.as_ptr() as usize, b.len())).collect()
+            // Scatter lists (plain or mapped): their non-empty segments.
+            OpBuf::Recv(r) => {
+                let mut v = Vec::new();
+                r.for_each_slice(0, r.capacity(), |p| v.push((p.as_ptr() as usize, p.len())));
+                v
             }
             OpBuf::None => Vec::new(),
         };
