@@ -9,8 +9,9 @@
 //! optionally `reg` to read into registered buffers from `Endpoint::alloc`. With
 //! `PIDS="<pid> …"` set, the CPU time those processes (the servers) used during the loop is
 //! printed per call beside this process's own; `WAIT=block|spin` sets the client's wait mode,
-//! `REG=1` writes from a registered pool buffer, `HINT=1` turns on the list allocation hint,
-//! `MISALIGN=k` starts the read buffer k bytes past a 64-byte boundary and `DMISALIGN=k` the
+//! `REG=1` writes from a registered pool buffer, `CACHE=1` caches the
+//! read buffer's registration, `HINT=1` turns on the list allocation hint,
+//! `MAXREQ=n` caps the bytes per io-server request, `MISALIGN=k` starts the read buffer k bytes past a 64-byte boundary and `DMISALIGN=k` the
 //! written data.
 
 use bytes::{Bytes, BytesMut};
@@ -60,8 +61,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok("spin") => opts.wait_mode = ionet::WaitMode::Spin,
         _ => {}
     }
+    // MAXREQ=n caps the bytes per io-server request (k/m suffixes).
+    if let Ok(m) = std::env::var("MAXREQ") {
+        opts.max_request_bytes = Some(size(&m) as u64);
+    }
     if std::env::var_os("HINT").is_some() {
         opts.ib = Some(ionet::IbConfig::default().list_alloc_hint(true));
+    }
+    // CACHE=1 keeps the read buffer's registration across calls (leave_pinned; the buffer
+    // lives until exit, so nothing needs invalidating).
+    if std::env::var_os("CACHE").is_some() {
+        opts.ib =
+            Some(opts.ib.take().unwrap_or_else(stripefs::client::default_ib_config).cache_foreign(true));
     }
     let client = Client::connect_with(&cfg, opts)?;
     let name = format!("/ioloop-{}", std::process::id());
