@@ -14,11 +14,18 @@
 //! pieces costs one check.
 //! A conflicting request fails with [`FileMapError::Busy`] instead of waiting, because the
 //! caller may itself hold the lease it would wait for (two units of one transfer).
+//!
+//! A mapping is memory the crate owns: the InfiniBand engine keeps registrations of it cached
+//! across operations, as it does its pool, instead of pinning file pages for every transfer
+//! (which costs more than copying them). Every live mapping is listed process-wide, and a
+//! dropped [`FileMap`] has every registration cache that asked to be told invalidate its range
+//! before the range is unmapped, so no stale registration can outlive the pages.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::fs::File;
 use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 use memmap2::{MmapOptions, MmapRaw};
@@ -69,6 +76,30 @@ struct Leases {
     live: Vec<Lease>,
 }
 
+/// Told `(addr, len)` of every mapping about to be unmapped.
+pub(crate) type UnmapHook = Arc<dyn Fn(usize, usize) + Send + Sync>;
+
+/// Live mappings, start → end. Plain `std` locks: process-wide, never held across a call out.
+static LIVE: std::sync::RwLock<BTreeMap<usize, usize>> = std::sync::RwLock::new(BTreeMap::new());
+/// Registration caches to tell about unmaps (weak: a dropped engine stops listening).
+#[allow(clippy::type_complexity)]
+static HOOKS: std::sync::Mutex<Vec<Weak<dyn Fn(usize, usize) + Send + Sync>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Calls `hook` before any [`FileMap`] is unmapped, for as long as `hook` is alive.
+pub(crate) fn watch_unmaps(hook: &UnmapHook) {
+    let mut h = HOOKS.lock().unwrap_or_else(|p| p.into_inner());
+    h.retain(|w| w.strong_count() > 0);
+    h.push(Arc::downgrade(hook));
+}
+
+/// Whether `[addr, addr + len)` lies inside one live mapping.
+pub(crate) fn is_mapped(addr: usize, len: usize) -> bool {
+    let Some(end) = addr.checked_add(len) else { return false };
+    let live = LIVE.read().unwrap_or_else(|p| p.into_inner());
+    live.range(..=addr).next_back().is_some_and(|(_, &e)| end <= e)
+}
+
 /// A file mapped shared and read-write; see the [module documentation](self).
 pub struct FileMap {
     raw: MmapRaw,
@@ -102,7 +133,9 @@ impl FileMap {
         // `map_raw` hands back raw pointers only; the references the regions create later are
         // covered by this function's contract.
         let raw = MmapOptions::new().len(n).map_raw(file)?;
-        Ok(Arc::new(FileMap { raw, len, leases: Mutex::new(Leases::default()) }))
+        let map = FileMap { raw, len, leases: Mutex::new(Leases::default()) };
+        LIVE.write().unwrap_or_else(|p| p.into_inner()).insert(map.addr(), map.addr() + n);
+        Ok(Arc::new(map))
     }
 
     /// Bytes mapped.
@@ -212,6 +245,20 @@ impl FileMap {
     fn ptr(&self, off: u64) -> *mut u8 {
         // SAFETY: callers pass offsets of regions, which `check` kept inside the mapping.
         unsafe { self.raw.as_mut_ptr().add(off as usize) }
+    }
+}
+
+impl Drop for FileMap {
+    fn drop(&mut self) {
+        // No region is alive (each holds the map), so no operation is using a registration of
+        // these pages: every cache can drop its entries before `raw` unmaps them.
+        let (addr, len) = (self.addr(), self.len as usize);
+        LIVE.write().unwrap_or_else(|p| p.into_inner()).remove(&addr);
+        let hooks: Vec<UnmapHook> =
+            HOOKS.lock().unwrap_or_else(|p| p.into_inner()).iter().filter_map(Weak::upgrade).collect();
+        for h in hooks {
+            h(addr, len);
+        }
     }
 }
 

@@ -169,6 +169,10 @@ impl Object {
             handle: self.handle,
             source,
         })?;
+        // Drop the mapping too (no region is alive under the exclusive gate): an InfiniBand
+        // endpoint keeps registrations of mapped pages cached across requests, and a device's
+        // pins must not outlive the pages a shrink frees. The next transfer maps afresh.
+        *lock(&self.map) = None;
         let mut a = lock(&self.allocated);
         a.retain(|e| e.0 < size);
         if let Some(last) = a.last_mut() {

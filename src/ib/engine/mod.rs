@@ -287,6 +287,8 @@ pub(crate) struct Op {
     /// A read's staging buffer the peer writes into (the caller's memory could not be
     /// registered): copied into the caller's buffer when the reply arrives.
     pub stage_in: Option<RegisteredBuf>,
+    /// Stretches of `buf` in file mappings, registered for server-side units to use directly.
+    pub direct: Vec<xfer::DirectRun>,
 }
 
 /// Server-side state of a request.
@@ -588,6 +590,9 @@ pub(crate) struct State<V: Verbs> {
     pub closed: bool,
     pub registry: Registry,
     pub wcs: Vec<WorkCompletion>,
+    /// Invalidates this endpoint's cached registrations of a file mapping before it is unmapped
+    /// (held here; the process-wide list only has a weak reference).
+    pub _unmap_hook: crate::filemap::UnmapHook,
 }
 
 /// Waiting for a FIN.
@@ -630,6 +635,15 @@ impl<V: Verbs> IbBackend<V> {
             .cache_foreign(cfg.ib.cache_foreign)
             .access(Access::READ_WRITE);
         let cache: Cache<V> = Arc::new(Mutex::new(RegCache::new(VerbsRegistrar::new(dev.clone()), rc_cfg)?));
+        let unmap_hook: crate::filemap::UnmapHook = {
+            let weak = Arc::downgrade(&cache);
+            Arc::new(move |addr, len| {
+                if let Some(c) = weak.upgrade() {
+                    c.lock().unwrap_or_else(|p| p.into_inner()).invalidate(addr, len);
+                }
+            })
+        };
+        crate::filemap::watch_unmaps(&unmap_hook);
         let pool = BufPool::with_registrar(
             cfg.pool_max_bytes,
             cfg.pool_cached_bytes,
@@ -723,6 +737,7 @@ impl<V: Verbs> IbBackend<V> {
             closed: false,
             registry: registry.try_clone()?,
             wcs: vec![WorkCompletion::default(); CQ_BATCH],
+            _unmap_hook: unmap_hook,
         };
         tracing::debug!(%scheme, endpoint_id, local = ?local, device = %dev.ctx.device().name, "ib endpoint up");
         Ok(IbBackend {
@@ -1063,6 +1078,7 @@ impl<V: Verbs> State<V> {
                 conn: None,
                 keep: Vec::new(),
                 stage_in: None,
+                direct: Vec::new(),
             },
         );
     }
@@ -1084,9 +1100,9 @@ impl<V: Verbs> State<V> {
     pub(crate) fn deliver_op(&mut self, op: OpId) {
         let Some(mut o) = self.ops.remove(&op) else { return };
         // Registrations end before the buffer goes back: after this no peer touches it.
-        if !o.regs.is_empty() {
+        if !o.regs.is_empty() || !o.direct.is_empty() {
             let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            for r in o.regs.drain(..) {
+            for r in o.regs.drain(..).chain(o.direct.drain(..).map(|d| d.reg)) {
                 let _ = c.release(r);
             }
         }

@@ -32,6 +32,18 @@ pub(crate) struct Deferred {
     pub zone: Option<ZoneBuf>,
 }
 
+/// An address-contiguous stretch of an op's buffer inside a [`crate::FileMap`], registered
+/// through the pin-down cache as crate-owned memory (it stays cached after the op until the
+/// mapping goes away), so units that fall inside it move with no copy.
+pub(crate) struct DirectRun {
+    /// Offset in the op's buffer.
+    off: usize,
+    addr: u64,
+    len: usize,
+    lkey: u32,
+    pub(crate) reg: crate::regcache::RegRef,
+}
+
 /// Registers an exposed buffer with its own registration (revoked by dropping it).
 pub(crate) fn register_exposure<V: Verbs>(
     dev: &Dev<V>,
@@ -75,6 +87,9 @@ impl<V: Verbs> State<V> {
             && let Some(o) = self.ops.get_mut(op)
         {
             o.refs += 1;
+            if o.direct.is_empty() {
+                self.register_mapped(*op);
+            }
         }
         self.xfers.insert(
             id,
@@ -119,16 +134,63 @@ impl<V: Verbs> State<V> {
     }
 
     /// The registered address and key of `[base + off, +len)` of an op's buffer, when it is a
-    /// pool buffer (no staging needed).
+    /// pool buffer or lies in one registered stretch of a file mapping (no staging needed).
     fn direct_local(&self, x: &Xfer, off: usize, len: usize) -> Option<(u64, u32)> {
         let Local::Op { op, base } = &x.local else { return None };
         let o = self.ops.get(op)?;
-        let b = match &o.buf {
-            OpBuf::Recv(RecvBuf::Registered(b)) | OpBuf::Send(SendBuf::Registered(b)) => b,
-            _ => return None,
+        let at = base + off;
+        match &o.buf {
+            OpBuf::Recv(RecvBuf::Registered(b)) | OpBuf::Send(SendBuf::Registered(b)) => {
+                (at + len <= b.len() && b.is_registered()).then(|| ((b.addr() + at) as u64, b.keys().lkey))
+            }
+            _ => o
+                .direct
+                .iter()
+                .find(|r| r.off <= at && at + len <= r.off + r.len)
+                .map(|r| (r.addr + (at - r.off) as u64, r.lkey)),
+        }
+    }
+
+    /// Registers the stretches of an op's buffer that lie in file mappings (see
+    /// [`DirectRun`]). Registration failures only mean those units are staged.
+    fn register_mapped(&mut self, op: OpId) {
+        let Some(o) = self.ops.get(&op) else { return };
+        // (offset in the buffer, address, length) of address-contiguous stretches.
+        let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+        let mut at = 0usize;
+        let mut add = |p: &[u8]| {
+            let addr = p.as_ptr() as usize;
+            match runs.last_mut() {
+                Some(r) if r.1 + r.2 == addr => r.2 += p.len(),
+                _ => runs.push((at, addr, p.len())),
+            }
+            at += p.len();
         };
-        (base + off + len <= b.len() && b.is_registered())
-            .then(|| ((b.addr() + base + off) as u64, b.keys().lkey))
+        match &o.buf {
+            OpBuf::Send(SendBuf::Registered(_)) | OpBuf::Recv(RecvBuf::Registered(_)) | OpBuf::None => return,
+            OpBuf::Send(s) => s.for_each_slice(0, s.len(), &mut add),
+            OpBuf::Recv(r) => r.for_each_slice(0, r.capacity(), &mut add),
+        }
+        runs.retain(|&(_, addr, len)| len > 0 && crate::filemap::is_mapped(addr, len));
+        if runs.is_empty() {
+            return;
+        }
+        let mut direct = Vec::with_capacity(runs.len());
+        {
+            let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            for (off, addr, len) in runs {
+                match c.acquire(addr, len, crate::types::Access::READ_WRITE, crate::regcache::Origin::Owned) {
+                    Ok(reg) => {
+                        let lkey = reg.keys().lkey;
+                        direct.push(DirectRun { off, addr: addr as u64, len, lkey, reg });
+                    }
+                    Err(e) => tracing::debug!(error = %e, "registering a mapped buffer failed; staging it"),
+                }
+            }
+        }
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.direct = direct;
+        }
     }
 
     /// A unit that will not be posted (its transfer failed or is gone): its zone buffer goes
