@@ -503,6 +503,36 @@ pub struct ServerStats {
     pub errors: u64,
     /// Files open in the descriptor cache.
     pub open_files: u64,
+    /// Requests whose data moved between the network and mapped object files.
+    pub mapped: PathStats,
+    /// Requests whose data was staged in buffers and moved with `pread`/`pwrite`: every request of a
+    /// `--copy-io` server, and a mapping server's [`fallbacks`](Self::fallbacks).
+    pub copied: PathStats,
+    /// Requests a mapping io server sent down the copying path, by reason.
+    pub fallbacks: Fallbacks,
+}
+
+/// What one data path of an io server moved. A request is counted by the path that took it,
+/// whatever its outcome; its bytes only if it succeeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PathStats {
+    /// Read requests (with data) that took this path.
+    pub reads: u64,
+    /// Write requests (with data) that took this path.
+    pub writes: u64,
+    /// Data bytes of the requests that succeeded on it.
+    pub bytes: u64,
+}
+
+/// Why a mapping io server moved a request's data through the copying path instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Fallbacks {
+    /// Write pieces out of offset order (the mapped write reserves and fills in order).
+    pub unordered: u64,
+    /// Offsets past the mapping limit ([`crate::store::MAX_MAPPED`]).
+    pub beyond_map: u64,
+    /// An object whose file system (or file type) has no `fallocate`.
+    pub no_fallocate: u64,
 }
 
 /// An error reply.
@@ -1187,7 +1217,17 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ("iorep_size", IoReply::Size(99)),
         ("iorep_read", IoReply::Read { bytes: 4196, local_size: 70000 }),
         ("iorep_written", IoReply::Written { bytes: 4196 }),
-        ("iorep_stats", IoReply::Stats(ServerStats { reads: 1, writes: 2, ..Default::default() })),
+        (
+            "iorep_stats",
+            IoReply::Stats(ServerStats {
+                reads: 1,
+                writes: 2,
+                mapped: PathStats { reads: 1, writes: 1, bytes: 1 << 20 },
+                copied: PathStats { reads: 0, writes: 1, bytes: 4096 },
+                fallbacks: Fallbacks { unordered: 1, beyond_map: 0, no_fallocate: 0 },
+                ..Default::default()
+            }),
+        ),
         ("iorep_error", IoReply::Error(ErrorReply::new(Errno::ENOSPC, "disk full"))),
     ];
     let mut out = Vec::new();

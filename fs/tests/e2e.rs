@@ -9,7 +9,7 @@ use common::{TestCluster, pattern};
 use std::time::Duration;
 use stripefs::capability::Rights;
 use stripefs::layout::Extent;
-use stripefs::proto::{FileKind, Handle, LayoutSpec};
+use stripefs::proto::{FileKind, Handle, LayoutSpec, ServerStats};
 use stripefs::{CreateOptions, Errno, FsError};
 
 fn code<T: std::fmt::Debug>(r: Result<T, FsError>) -> Errno {
@@ -428,13 +428,24 @@ pub fn disk_error_does_not_desynchronise_the_connection(scheme: &str) {
     std::fs::remove_file(&path).unwrap();
     std::os::unix::fs::symlink("/dev/full", &path).unwrap();
     let data = pattern(1 << 20, 6);
+    let s0 = io_stats(&c);
     assert_eq!(code(bad.write_at(0, &data)), Errno::ENOSPC);
+    // A character device has no fallocate: the mapping server copies instead, and the copy's
+    // pwrite meets the full "disk".
+    let s1 = io_stats(&c);
+    assert_eq!(s1.fallbacks.no_fallocate - s0.fallbacks.no_fallocate, 1);
+    assert_eq!((s1.copied.writes - s0.copied.writes, s1.copied.bytes - s0.copied.bytes), (1, 0));
+    assert_eq!(s1.mapped, s0.mapped);
+    assert_eq!(s1.errors - s0.errors, 1);
     // The same connection carries the next request and its data correctly.
     good.write_at(0, &data).unwrap();
     assert_eq!(read_all(&good, 0, data.len()).0, &data[..]);
     assert_eq!(code(bad.write_at(4096, &data.slice(..100_000))), Errno::ENOSPC);
     good.write_at(7, &data.slice(..100)).unwrap();
     assert_eq!(&read_all(&good, 7, 100).0, &data[..100]);
+    let s2 = io_stats(&c);
+    assert_eq!(s2.fallbacks.no_fallocate - s1.fallbacks.no_fallocate, 1, "only the /dev/full write");
+    assert_eq!((s2.mapped.writes - s1.mapped.writes, s2.mapped.reads - s1.mapped.reads), (2, 2));
 }
 
 pub fn expired_capability_is_renewed(scheme: &str) {
@@ -561,6 +572,95 @@ pub fn overlapping_writers_each_win_whole_units(scheme: &str) {
     }
 }
 
+/// The counters of the cluster's only io server.
+fn io_stats(c: &stripefs::Client) -> ServerStats {
+    let mut all = c.server_stats();
+    assert_eq!(all.len(), 1, "a one-server cluster");
+    all.remove(0).expect("io server stats")
+}
+
+/// Every read and write request is counted by the data path that moved it: the mapped path on
+/// a default io server (never the copying one), the copying path on a `--copy-io` server
+/// (never the mapped one), and no fallbacks for contiguous, in-order, strided or list I/O.
+pub fn io_requests_count_the_data_path_they_took(scheme: &str) {
+    for copy in [false, true] {
+        let tc = TestCluster::start_with(scheme, 1, |o| {
+            if copy {
+                o.io_args = vec!["--copy-io".into()];
+            }
+        });
+        let c = tc.client();
+        let f = c.create("/paths", CreateOptions { mode: 0o644, layout: spec(1, 65536) }).unwrap();
+        let data = pattern(1 << 20, 21);
+        let s0 = io_stats(&c);
+        assert_eq!((s0.mapped, s0.copied, s0.fallbacks), Default::default());
+        // One request each: a contiguous write, an in-order list write, a strided write.
+        f.write_at(0, &data).unwrap();
+        let file = [Extent::new(2 << 20, 5000), Extent::new(3 << 20, 7000)];
+        f.write_list(&[Extent::new(0, 12_000)], &file, &data).unwrap();
+        f.set_view(4 << 20, 1000, 3000).unwrap();
+        f.write_view(0, &data.slice(..100_000)).unwrap();
+        f.clear_view();
+        let s1 = io_stats(&c);
+        let written = (1 << 20) + 12_000 + 100_000;
+        assert_eq!((s1.writes, s1.bytes_written), (3, written));
+        // Two reads: the whole file (holes and all) and one list.
+        let size = f.size().unwrap();
+        let (back, n) = read_all(&f, 0, size as usize);
+        assert_eq!((n as u64, &back[..data.len()]), (size, &data[..]));
+        let got = f.read_list(&[Extent::new(0, 12_000)], &file, BytesMut::zeroed(12_000)).unwrap();
+        assert_eq!(&got[..], &data[..12_000]);
+        let s2 = io_stats(&c);
+        assert_eq!((s2.reads, s2.bytes_read), (2, size + 12_000));
+        let (took, idle) = if copy { (s2.copied, s2.mapped) } else { (s2.mapped, s2.copied) };
+        let path = if copy { "copying" } else { "mapped" };
+        assert_eq!((took.writes, took.reads), (3, 2), "every request on the {path} path");
+        assert_eq!(took.bytes, written + size + 12_000, "{path} path bytes");
+        assert_eq!(idle, Default::default(), "nothing on the other path");
+        assert_eq!(s2.fallbacks, Default::default(), "no fallbacks");
+    }
+}
+
+/// A mapping io server copies what it cannot map, and counts why: a list write whose pieces
+/// run backwards, and an object past the 1 TiB mapping limit (both ways). Each fallback is one
+/// request's: the next plain request is mapped again.
+pub fn mapping_io_servers_count_their_fallbacks(scheme: &str) {
+    let tc = TestCluster::start(scheme, 1);
+    let c = tc.client();
+    let f = c.create("/backwards", CreateOptions { mode: 0o644, layout: spec(1, 65536) }).unwrap();
+    let data = pattern(200_000, 22);
+    // Out of order: the stream fills 300 KiB.. first, then 100 KiB...
+    let file = [Extent::new(300 << 10, 100_000), Extent::new(100 << 10, 100_000)];
+    let mem = [Extent::new(0, 200_000)];
+    let s0 = io_stats(&c);
+    f.write_list(&mem, &file, &data).unwrap();
+    let s1 = io_stats(&c);
+    assert_eq!(s1.fallbacks.unordered - s0.fallbacks.unordered, 1);
+    assert_eq!((s1.copied.writes - s0.copied.writes, s1.copied.bytes - s0.copied.bytes), (1, 200_000));
+    assert_eq!(s1.mapped.writes, s0.mapped.writes);
+    // Reads need no order: the same list comes back through the mapping.
+    let back = f.read_list(&mem, &file, BytesMut::zeroed(200_000)).unwrap();
+    assert_eq!(&back[..], &data[..]);
+    assert_eq!(read_all(&f, 300 << 10, 100_000).0, &data[..100_000]);
+    let s2 = io_stats(&c);
+    assert_eq!(s2.mapped.reads - s1.mapped.reads, 2);
+    assert_eq!((s2.copied, s2.fallbacks), (s1.copied, s1.fallbacks));
+    // Past the mapping limit (the whole stripe on one server: local offset = file offset).
+    let far = c.create("/far", CreateOptions { mode: 0o644, layout: spec(1, 65536) }).unwrap();
+    let at = 2 * stripefs::store::MAX_MAPPED;
+    far.write_at(at, &data.slice(..5000)).unwrap();
+    assert_eq!(read_all(&far, at, 5000).0, &data[..5000]);
+    let s3 = io_stats(&c);
+    assert_eq!(s3.fallbacks.beyond_map - s2.fallbacks.beyond_map, 2, "the write and the read");
+    assert_eq!((s3.copied.writes - s2.copied.writes, s3.copied.reads - s2.copied.reads), (1, 1));
+    assert_eq!(s3.mapped, s2.mapped);
+    // An ordinary request after them takes the mapped path again.
+    f.write_at(0, &data.slice(..4096)).unwrap();
+    let s4 = io_stats(&c);
+    assert_eq!(s4.mapped.writes - s3.mapped.writes, 1);
+    assert_eq!((s4.copied, s4.fallbacks), (s3.copied, s3.fallbacks));
+}
+
 fn walk(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir)
         .map(|rd| rd.flatten().map(|e| if e.path().is_dir() { walk(&e.path()) } else { 1 }).sum())
@@ -584,6 +684,8 @@ macro_rules! transports {
             #[test] fn failed_fan_outs_are_cleaned_up() { super::failed_fan_outs_are_cleaned_up(S) }
             #[test] fn copying_and_mapped_io_servers_agree() { super::copying_and_mapped_io_servers_agree(S) }
             #[test] fn overlapping_writers_each_win_whole_units() { super::overlapping_writers_each_win_whole_units(S) }
+            #[test] fn io_requests_count_the_data_path_they_took() { super::io_requests_count_the_data_path_they_took(S) }
+            #[test] fn mapping_io_servers_count_their_fallbacks() { super::mapping_io_servers_count_their_fallbacks(S) }
         }
     )*};
 }

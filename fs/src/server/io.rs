@@ -14,6 +14,8 @@
 //!   and pull into the file's regions; reads push from them, with zeros past the local end. The
 //!   transport's copy is the only one. Descriptors whose pieces are out of order, offsets past
 //!   the mapping limit and file systems without `fallocate` fall back to the copying path.
+//!   [`ServerStats`] counts the requests each path took and the fallbacks by reason, so tests
+//!   and benchmarks can tell which one ran.
 //! * On a disk error (`ENOSPC`, `EIO`, …) the server stops pulling, lets the outstanding pulls
 //!   finish and replies with the error: ionet discards what was never pulled, so the
 //!   connection stays in step (the equivalent of PVFS1's drain-and-discard).
@@ -22,7 +24,7 @@ use super::{ServerError, ServerHandle, send_reply, spawn_workers};
 use crate::capability::{CapabilityKey, unix_now};
 use crate::errno::Errno;
 use crate::layout::Piece;
-use crate::proto::{self, Descriptor, ErrorReply, IoReply, IoRequest, ServerStats};
+use crate::proto::{self, Descriptor, ErrorReply, Fallbacks, IoReply, IoRequest, PathStats, ServerStats};
 use crate::store::{Object, ObjectStore, PieceCursor, StoreConfig, StoreError};
 use bytes::Bytes;
 use ionet::{
@@ -97,6 +99,55 @@ struct Stats {
     bytes_written: AtomicU64,
     syncs: AtomicU64,
     errors: AtomicU64,
+    mapped: PathCounters,
+    copied: PathCounters,
+    unordered: AtomicU64,
+    beyond_map: AtomicU64,
+    no_fallocate: AtomicU64,
+}
+
+fn load(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+/// The requests one data path took (see [`PathStats`]).
+#[derive(Debug, Default)]
+struct PathCounters {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl PathCounters {
+    /// Counts a request of `total` bytes that this path took, and passes its result on.
+    fn took(&self, dir: Direction, total: u64, r: Result<(), Fail>) -> Result<(), Fail> {
+        let requests = if dir == Direction::Out { &self.writes } else { &self.reads };
+        requests.fetch_add(1, Ordering::Relaxed);
+        if r.is_ok() {
+            self.bytes.fetch_add(total, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn snapshot(&self) -> PathStats {
+        PathStats { reads: load(&self.reads), writes: load(&self.writes), bytes: load(&self.bytes) }
+    }
+}
+
+/// What the mapped path did with a request.
+enum Mapped {
+    /// It ran; the request's result.
+    Ran(Result<(), Fail>),
+    /// It declined before moving a byte: the request needs the copying path.
+    Declined(Fallback),
+}
+
+/// Why the mapped path declined a request (counted in [`Fallbacks`]).
+#[derive(Debug, Clone, Copy)]
+enum Fallback {
+    Unordered,
+    BeyondMap,
+    NoFallocate,
 }
 
 #[derive(Debug)]
@@ -225,16 +276,49 @@ impl Shared {
     }
 
     fn snapshot(&self) -> ServerStats {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let s = &self.stats;
         ServerStats {
-            reads: g(&self.stats.reads),
-            writes: g(&self.stats.writes),
-            bytes_read: g(&self.stats.bytes_read),
-            bytes_written: g(&self.stats.bytes_written),
-            syncs: g(&self.stats.syncs),
-            errors: g(&self.stats.errors),
+            reads: load(&s.reads),
+            writes: load(&s.writes),
+            bytes_read: load(&s.bytes_read),
+            bytes_written: load(&s.bytes_written),
+            syncs: load(&s.syncs),
+            errors: load(&s.errors),
             open_files: self.store.open_files() as u64,
+            mapped: s.mapped.snapshot(),
+            copied: s.copied.snapshot(),
+            fallbacks: Fallbacks {
+                unordered: load(&s.unordered),
+                beyond_map: load(&s.beyond_map),
+                no_fallocate: load(&s.no_fallocate),
+            },
         }
+    }
+
+    /// Sends a request down the mapped path if this server maps and the request allows it,
+    /// else down the copying one; counts which path took it (and why it fell back).
+    fn route(
+        &self,
+        dir: Direction,
+        total: u64,
+        mapped: impl FnOnce() -> Result<Mapped, Fail>,
+        copying: impl FnOnce() -> Result<(), Fail>,
+    ) -> Result<(), Fail> {
+        if self.cfg.mapped {
+            match mapped()? {
+                Mapped::Ran(r) => return self.stats.mapped.took(dir, total, r),
+                Mapped::Declined(why) => {
+                    debug!(?why, "mapped path declined; copying");
+                    let n = match why {
+                        Fallback::Unordered => &self.stats.unordered,
+                        Fallback::BeyondMap => &self.stats.beyond_map,
+                        Fallback::NoFallocate => &self.stats.no_fallocate,
+                    };
+                    n.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        self.stats.copied.took(dir, total, copying())
     }
 
     fn unit_bufs(&self, total: u64) -> Result<Vec<RegisteredBuf>, Fail> {
@@ -249,16 +333,41 @@ impl Shared {
         let _ = self.ep.set_deadline(op, Instant::now() + self.cfg.transfer_timeout);
     }
 
-    /// Streams the descriptor's bytes into the client's IN buffer, `pipeline_depth` pushes deep.
+    /// Streams the descriptor's bytes into the client's IN buffer.
     fn read(&self, req: &Request, h: crate::Handle, desc: &Descriptor, total: u64) -> Result<(), Fail> {
         if total == 0 {
             return Ok(());
         }
-        if self.cfg.mapped
-            && let Some(r) = self.read_mapped(req, &*self.store.object(h)?, desc, total)
-        {
-            return r;
+        self.route(
+            Direction::In,
+            total,
+            || Ok(self.read_mapped(req, &*self.store.object(h)?, desc, total)),
+            || self.read_copying(req, h, desc, total),
+        )
+    }
+
+    /// Pulls the client's OUT payload into the object.
+    fn write(&self, req: &Request, h: crate::Handle, desc: &Descriptor, total: u64) -> Result<(), Fail> {
+        if total == 0 {
+            return Ok(());
         }
+        self.route(
+            Direction::Out,
+            total,
+            || Ok(self.write_mapped(req, &*self.store.object(h)?, desc, total)),
+            || self.write_copying(req, h, desc, total),
+        )
+    }
+
+    /// The copying read: `pread`s a unit into a buffer and pushes it, `pipeline_depth` pushes
+    /// deep.
+    fn read_copying(
+        &self,
+        req: &Request,
+        h: crate::Handle,
+        desc: &Descriptor,
+        total: u64,
+    ) -> Result<(), Fail> {
         let tu = self.cfg.transfer_unit as u64;
         let mut free = self.unit_bufs(total)?;
         let mut cursor = PieceCursor::new(desc.pieces());
@@ -305,16 +414,15 @@ impl Shared {
         }
     }
 
-    /// Pulls the client's OUT payload unit by unit and writes each as it lands.
-    fn write(&self, req: &Request, h: crate::Handle, desc: &Descriptor, total: u64) -> Result<(), Fail> {
-        if total == 0 {
-            return Ok(());
-        }
-        if self.cfg.mapped
-            && let Some(r) = self.write_mapped(req, &*self.store.object(h)?, desc, total)
-        {
-            return r;
-        }
+    /// The copying write: pulls the client's OUT payload unit by unit into buffers and
+    /// `pwrite`s each as it lands.
+    fn write_copying(
+        &self,
+        req: &Request,
+        h: crate::Handle,
+        desc: &Descriptor,
+        total: u64,
+    ) -> Result<(), Fail> {
         let tu = self.cfg.transfer_unit as u64;
         let mut free = self.unit_bufs(total)?;
         let mut cursor = PieceCursor::new(desc.pieces());
@@ -367,21 +475,18 @@ impl Shared {
 }
 
 impl Shared {
-    /// The write pipeline over the object's mapping; `None` when the request needs the copying
-    /// path (pieces out of order, past the mapping limit, no `fallocate`).
-    fn write_mapped(
-        &self,
-        req: &Request,
-        obj: &Object,
-        desc: &Descriptor,
-        total: u64,
-    ) -> Option<Result<(), Fail>> {
+    /// The write pipeline over the object's mapping; declined when the request needs the
+    /// copying path (pieces out of order, past the mapping limit, no `fallocate`).
+    fn write_mapped(&self, req: &Request, obj: &Object, desc: &Descriptor, total: u64) -> Mapped {
         let mut end = 0u64;
         for p in desc.pieces().filter(|p| p.len > 0) {
             if p.off < end {
-                return None;
+                return Mapped::Declined(Fallback::Unordered);
             }
-            end = p.end()?;
+            match p.end() {
+                Some(e) => end = e,
+                None => return Mapped::Declined(Fallback::BeyondMap),
+            }
         }
         let _transfer = obj.transfer();
         // Reserve every piece first: a full disk fails the request before any byte moves.
@@ -392,42 +497,36 @@ impl Shared {
                 Err(StoreError::Io { source, .. })
                     if matches!(source.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENODEV)) =>
                 {
-                    return None;
+                    return Mapped::Declined(Fallback::NoFallocate);
                 }
-                Err(e) => return Some(Err(e.into())),
+                Err(e) => return Mapped::Ran(Err(e.into())),
             }
         }
         let map = match obj.map_covering(end) {
             Ok(Some(m)) => m,
-            Ok(None) => return None,
-            Err(e) => return Some(Err(e.into())),
+            Ok(None) => return Mapped::Declined(Fallback::BeyondMap),
+            Err(e) => return Mapped::Ran(Err(e.into())),
         };
-        Some(self.mapped_pipeline(desc, total, |pieces, off| {
+        Mapped::Ran(self.mapped_pipeline(desc, total, |pieces, off| {
             let regions = map.regions_mut(pieces.iter().copied())?;
             Ok(req.pull_into(regions, off))
         }))
     }
 
     /// The read pipeline over the object's mapping: bytes past the local end go out as zeros.
-    fn read_mapped(
-        &self,
-        req: &Request,
-        obj: &Object,
-        desc: &Descriptor,
-        total: u64,
-    ) -> Option<Result<(), Fail>> {
+    fn read_mapped(&self, req: &Request, obj: &Object, desc: &Descriptor, total: u64) -> Mapped {
         let _transfer = obj.transfer();
         // Inside the transfer the file only grows, so bytes below `size` stay mapped.
         let size = match obj.size() {
             Ok(s) => s,
-            Err(e) => return Some(Err(e.into())),
+            Err(e) => return Mapped::Ran(Err(e.into())),
         };
         let map = match obj.map_covering(size.max(1)) {
             Ok(Some(m)) => m,
-            Ok(None) => return None,
-            Err(e) => return Some(Err(e.into())),
+            Ok(None) => return Mapped::Declined(Fallback::BeyondMap),
+            Err(e) => return Mapped::Ran(Err(e.into())),
         };
-        Some(self.mapped_pipeline(desc, total, |pieces, off| {
+        Mapped::Ran(self.mapped_pipeline(desc, total, |pieces, off| {
             let inside: Vec<(u64, usize)> =
                 pieces.iter().filter(|p| p.0 < size).map(|&(o, n)| (o, n.min((size - o) as usize))).collect();
             let mut regions = map.regions(inside)?.into_iter();

@@ -1,0 +1,175 @@
+//! io servers on real small file systems: the server's data directory is a 4 MiB tmpfs (a disk
+//! that really fills up) or a ramfs (a file system without `fallocate`), mounted in a mount
+//! namespace of the server's own (`unshare --mount`), so the mount goes away with the server
+//! even if the test dies. Skipped, with the reason printed, where mounting is not permitted.
+
+mod common;
+
+use bytes::BytesMut;
+use common::{TestCluster, pattern};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+use stripefs::proto::{LayoutSpec, ServerStats};
+use stripefs::{Client, CreateOptions, Errno};
+
+/// Size of the io server's tmpfs.
+const DISK: usize = 4 << 20;
+
+/// Why `fstype` cannot be mounted in a private mount namespace here, if it cannot.
+fn cannot_mount(fstype: &str) -> Option<String> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "mount", "-t", fstype, "stripefs-probe"])
+        .arg(dir.path())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(format!("cannot mount {fstype}: {}", String::from_utf8_lossy(&o.stderr).trim())),
+        Err(e) => Some(format!("cannot run unshare: {e}")),
+    }
+}
+
+/// The command prefix that runs an io server with a fresh `fstype` mounted on `dir`: `unshare`
+/// execs `sh` in a new mount namespace, which mounts and execs the server, so the server is the
+/// very process the launcher watches and the mount dies with it.
+fn on_private_mount(fstype: &str, options: &str, dir: &Path) -> Vec<String> {
+    let script = r#"mkdir -p "$0" && mount -t "$1" -o "$2" stripefs-test "$0" && shift 2 && exec "$@""#;
+    ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+        .into_iter()
+        .map(String::from)
+        .chain([dir.display().to_string(), fstype.into(), options.into()])
+        .collect()
+}
+
+/// The `fstype` mounts named `stripefs-test` on `dir` that process `pid` sees.
+fn test_mounts(pid: &str, dir: &Path, fstype: &str) -> usize {
+    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mounts")).expect("mount table");
+    let want = format!("stripefs-test {} {fstype} ", dir.display());
+    mounts.lines().filter(|l| l.starts_with(&want)).count()
+}
+
+/// A one-io-server cluster whose data directory is a fresh `fstype` of the server's own.
+fn start_on(scheme: &str, fstype: &str, options: &str, io_args: &[&str]) -> TestCluster {
+    let mut data_dir = PathBuf::new();
+    let tc = TestCluster::start_with(scheme, 1, |o| {
+        data_dir = o.data_dir.join("io0");
+        o.io_prefix = Some(vec![on_private_mount(fstype, options, &data_dir)]);
+        o.io_args = io_args.iter().map(|s| s.to_string()).collect();
+    });
+    assert_eq!(tc.cluster.config().io_data_dir(0), data_dir);
+    // The io server stores on the mount; nobody outside its namespace sees it.
+    let io_pid = tc.cluster.pids()[1].to_string();
+    assert_eq!(test_mounts(&io_pid, &data_dir, fstype), 1, "the io server's {fstype}");
+    assert_eq!(test_mounts("self", &data_dir, fstype), 0, "the mount leaked out of its namespace");
+    tc
+}
+
+fn io_stats(c: &Client) -> ServerStats {
+    c.server_stats().remove(0).expect("the io server answers")
+}
+
+fn one_server() -> CreateOptions {
+    CreateOptions {
+        mode: 0o644,
+        layout: Some(LayoutSpec { base: None, pcount: Some(1), ssize: Some(65536) }),
+    }
+}
+
+fn read_back(f: &stripefs::File, off: u64, len: usize) -> Vec<u8> {
+    let (b, n) = f.read_at(off, BytesMut::zeroed(len)).expect("read");
+    assert_eq!(n, len, "short read at {off}");
+    b.to_vec()
+}
+
+/// A write larger than the disk's free space fails with `ENOSPC` (no hang, no SIGBUS: the io
+/// server lives on and answers), and the same connection then carries a smaller write and its
+/// read back. The mapped path refuses the write before a byte moves (`fallocate` first), so the
+/// file keeps its size; the copying path fills what fits, then drains the rest.
+fn write_past_a_full_disk(scheme: &str, copy: bool) {
+    if let Some(why) = cannot_mount("tmpfs") {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let mut tc = start_on(scheme, "tmpfs", &format!("size={DISK}"), if copy { &["--copy-io"] } else { &[] });
+    // (the path this server must use, the other one)
+    let paths = |s: &ServerStats| if copy { (s.copied, s.mapped) } else { (s.mapped, s.copied) };
+    let c = tc.client();
+    let f = c.create("/big", one_server()).unwrap();
+    let first = pattern(DISK / 2, 1);
+    f.write_at(0, &first).unwrap();
+    let s0 = io_stats(&c);
+    // Twice the whole disk, after the half already used.
+    let too_much = pattern(2 * DISK, 2);
+    let e = f.write_at(first.len() as u64, &too_much).unwrap_err();
+    if e.errno() != Errno::ENOSPC {
+        // Most likely the server died (a SIGBUS from a store into an unreserved page): say so.
+        std::thread::sleep(Duration::from_millis(500));
+        panic!("{e} instead of ENOSPC; io server: {:?}", tc.cluster.exited());
+    }
+    assert_eq!(tc.cluster.exited(), None, "the io server survived the full disk");
+    let s1 = io_stats(&c);
+    assert_eq!((s1.errors - s0.errors, s1.writes - s0.writes), (1, 0), "one failed write");
+    assert_eq!(s1.fallbacks, s0.fallbacks, "tmpfs has fallocate: no fallback");
+    let ((took0, _), (took1, idle1)) = (paths(&s0), paths(&s1));
+    assert_eq!((took1.writes - took0.writes, took1.bytes), (1, took0.bytes), "taken by the right path");
+    assert_eq!(idle1, Default::default(), "nothing on the other path");
+    if !copy {
+        assert_eq!(f.size().unwrap(), first.len() as u64, "refused before a byte moved");
+    }
+    // Over the same connection: a write that fits, and both writes read back.
+    let small = pattern(DISK / 4, 3);
+    f.write_at(first.len() as u64, &small).unwrap();
+    assert_eq!(read_back(&f, 0, first.len()), &first[..]);
+    assert_eq!(read_back(&f, first.len() as u64, small.len()), &small[..]);
+    if !copy {
+        assert_eq!(f.size().unwrap(), (first.len() + small.len()) as u64);
+    }
+    // Still full for anything bigger than what is left, and still serving afterwards.
+    assert_eq!(f.write_at(0, &too_much).unwrap_err().errno(), Errno::ENOSPC);
+    // Removing the file frees the disk: nothing of the failed writes stays reserved.
+    c.unlink("/big").unwrap();
+    let g = c.create("/again", one_server()).unwrap();
+    let most = pattern(DISK * 3 / 4, 4);
+    g.write_at(0, &most).unwrap();
+    assert_eq!(read_back(&g, 0, most.len()), &most[..]);
+    assert_eq!(tc.cluster.exited(), None);
+    let (took2, idle2) = paths(&io_stats(&c));
+    assert_eq!((took2.writes - took1.writes, idle2), (3, Default::default()));
+}
+
+/// A file system without `fallocate` (ramfs): a mapping io server copies the writes (counted as
+/// fallbacks), still maps the reads, and stores the right bytes.
+fn objects_without_fallocate_are_written_by_copying(scheme: &str) {
+    if let Some(why) = cannot_mount("ramfs") {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let tc = start_on(scheme, "ramfs", "mode=0755", &[]);
+    let c = tc.client();
+    let f = c.create("/ram", one_server()).unwrap();
+    let data = pattern(1 << 20, 5);
+    f.write_at(0, &data).unwrap();
+    f.write_at(3 << 20, &data.slice(..1000)).unwrap();
+    let s = io_stats(&c);
+    assert_eq!(s.fallbacks.no_fallocate, 2);
+    assert_eq!((s.copied.writes, s.copied.bytes, s.mapped.writes), (2, (1 << 20) + 1000, 0));
+    assert_eq!(read_back(&f, 0, data.len()), &data[..]);
+    assert!(read_back(&f, 1 << 20, 2 << 20).iter().all(|&b| b == 0), "the hole reads as zeros");
+    assert_eq!(read_back(&f, 3 << 20, 1000), &data[..1000]);
+    let s2 = io_stats(&c);
+    assert_eq!((s2.mapped.reads, s2.copied.reads, s2.fallbacks), (3, 0, s.fallbacks));
+}
+
+macro_rules! transports {
+    ($($scheme:ident),*) => {$(
+        mod $scheme {
+            const S: &str = stringify!($scheme);
+            #[test] fn mapped_write_past_a_full_disk() { super::write_past_a_full_disk(S, false) }
+            #[test] fn copying_write_past_a_full_disk() { super::write_past_a_full_disk(S, true) }
+            #[test] fn objects_without_fallocate_are_written_by_copying() { super::objects_without_fallocate_are_written_by_copying(S) }
+        }
+    )*};
+}
+
+transports!(tcp, softib);
