@@ -698,7 +698,7 @@ fn copy_out_segments<'a>(segs: impl Iterator<Item = &'a [u8]>, mut offset: usize
             continue;
         }
         let n = (seg.len() - offset).min(dst.len() - done);
-        dst[done..done + n].copy_from_slice(&seg[offset..offset + n]);
+        crate::copy::copy_bytes(&mut dst[done..done + n], &seg[offset..offset + n]);
         done += n;
         offset = 0;
     }
@@ -791,7 +791,7 @@ impl RecvBuf {
                 return;
             }
             let n = (seg.len() - offset).min(src.len() - done);
-            seg[offset..offset + n].copy_from_slice(&src[done..done + n]);
+            crate::copy::copy_bytes(&mut seg[offset..offset + n], &src[done..done + n]);
             done += n;
             offset = 0;
         };

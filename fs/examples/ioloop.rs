@@ -11,7 +11,8 @@
 //! printed per call beside this process's own; `WAIT=block|spin` sets the client's wait mode,
 //! `REG=1` writes from a registered pool buffer, `CACHE=1` caches the
 //! read buffer's registration, `HINT=1` turns on the list allocation hint,
-//! `MAXREQ=n` caps the bytes per io-server request, `MISALIGN=k` starts the read buffer k bytes past a 64-byte boundary and `DMISALIGN=k` the
+//! `MAXREQ=n` caps the bytes per io-server request, `PAGEOFF=k` starts the read buffer k
+//! bytes past a page boundary, `MISALIGN=k` starts the read buffer k bytes past a 64-byte boundary and `DMISALIGN=k` the
 //! written data.
 
 use bytes::{Bytes, BytesMut};
@@ -99,6 +100,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // malloc put it).
     if let Some(skew) = std::env::var("MISALIGN").ok().and_then(|v| v.parse::<usize>().ok()) {
         let head = (ionet::BUF_ALIGN - buf.as_ptr() as usize % ionet::BUF_ALIGN) % ionet::BUF_ALIGN + skew;
+        drop(buf.split_to(head));
+    }
+    // PAGEOFF=k starts it k bytes past a page boundary (a large malloc'd buffer sits at 16).
+    if let Some(skew) = std::env::var("PAGEOFF").ok().and_then(|v| v.parse::<usize>().ok()) {
+        buf = BytesMut::zeroed(len + 4096 + skew);
+        let head = (4096 - buf.as_ptr() as usize % 4096) % 4096 + skew;
         drop(buf.split_to(head));
     }
     buf.truncate(len);

@@ -2884,7 +2884,7 @@ fn sink_write(
 ) {
     match sink {
         Sink::Discard => {}
-        Sink::Vec(v) => v[at..at + data.len()].copy_from_slice(data),
+        Sink::Vec(v) => crate::copy::copy_bytes(&mut v[at..at + data.len()], data),
         Sink::Op { op, base } => {
             if let Some(Op { buf: OpBuf::Recv(b), .. }) = ops.get_mut(op) {
                 b.copy_in(*base + at, data);
@@ -2896,7 +2896,7 @@ fn sink_write(
             }
             // Re-validated per chunk: the owner may have revoked it between reads.
             match exposures.validate(*key, *addr + at as u64, data.len() as u64, Access::WRITE) {
-                Ok(dst) => dst.copy_from_slice(data),
+                Ok(dst) => crate::copy::copy_bytes(dst, data),
                 Err(e) => *denied = Some(e),
             }
         }

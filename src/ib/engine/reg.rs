@@ -81,15 +81,41 @@ impl DmaRegion {
         self.check(off, src.len());
         // SAFETY: in bounds (checked); the region is owned and live; `src` cannot overlap it
         // because the region is only reachable through this raw pointer.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), src.len()) };
+        unsafe { copy_raw(src.as_ptr(), self.ptr.as_ptr().add(off), src.len()) };
     }
 
     /// Copies `dst.len()` bytes from `off` into `dst`.
     pub(crate) fn read_at(&self, off: usize, dst: &mut [u8]) {
         self.check(off, dst.len());
         // SAFETY: in bounds (checked); see `write_at`.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) };
+        unsafe { copy_raw(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) };
     }
+}
+
+/// `ptr::copy_nonoverlapping`, in 64-byte blocks when the distance would trip the CPU trap that
+/// [`crate::copy`] describes (DMA memory is page-aligned; callers' buffers often are not).
+///
+/// # Safety
+/// As for `ptr::copy_nonoverlapping`: both ranges valid for `n` bytes and disjoint.
+unsafe fn copy_raw(src: *const u8, dst: *mut u8, n: usize) {
+    if !crate::copy::aliases(dst as usize, src as usize, n) {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+        return;
+    }
+    let blocks = n / 64;
+    for i in 0..blocks {
+        // SAFETY: block `i` lies inside both ranges (`i * 64 + 64 <= n`); unaligned accesses.
+        unsafe {
+            let b = src.add(i * 64).cast::<[u8; 64]>().read_unaligned();
+            dst.add(i * 64).cast::<[u8; 64]>().write_unaligned(b);
+        }
+        // Keeps LLVM from fusing the loop back into one `memcpy`.
+        std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+    }
+    let done = blocks * 64;
+    // SAFETY: the tail lies inside both ranges.
+    unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), n - done) };
 }
 
 impl Drop for DmaRegion {

@@ -292,14 +292,12 @@ fn copy_direct(
     Ok(done)
 }
 
-/// Destination-minus-source distances (mod 4 KiB) in `1..ALIAS_WINDOW` make the CPU's
-/// `rep movsb` — what the kernel's user copies and glibc's mid-size `memcpy` run — several times
-/// slower on AMD Zen (a false store-to-load dependency; measured here: `process_vm_writev` of
-/// 512 KiB at 2.3 GB/s for distances 1–31, 10 GB/s otherwise). A `malloc`ed buffer starts 16
-/// bytes into its page, so page-aligned data pushed into one (an RDMA write from a zone buffer
-/// or a mapped file into a client's heap buffer) lands exactly there. An HCA's DMA engine has no
-/// such cost, so the provider routes those copies around it.
-const ALIAS_WINDOW: u64 = 64;
+/// The kernel's `process_vm_writev` / `readv` copies run `rep movsb`, with the same trap as
+/// user-space copies (see [`crate::copy`]): measured here, 512 KiB at 2.3 GB/s for distances
+/// 1–31 against 10 GB/s otherwise. Page-aligned data pushed into a `malloc`ed buffer (an RDMA
+/// write from a zone buffer or a mapped file into a client's heap buffer) lands exactly there;
+/// an HCA's DMA engine has no such cost, so the provider routes those copies around it.
+const ALIAS_WINDOW: u64 = crate::copy::ALIAS_WINDOW as u64;
 
 /// Pieces shorter than this are copied directly: staging would cost more than it saves.
 const STAGE_MIN: u64 = 8 << 10;
