@@ -110,28 +110,43 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     buf.truncate(len);
     let (mut tw, mut tr) = (0f64, 0f64);
+    let (mut cw, mut cr) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
     let pids: Vec<String> =
         std::env::var("PIDS").unwrap_or_default().split_whitespace().map(str::to_owned).collect();
     let srv0: f64 = pids.iter().map(|p| proc_cpu(p)).sum();
     let cli0 = self_cpu();
     // GAP_US=n idles n microseconds before every call (E1 times single calls between barriers).
     let gap = std::env::var("GAP_US").ok().and_then(|v| v.parse().ok()).map(std::time::Duration::from_micros);
+    // GAP_SPIN=1 busy-waits the gap instead of sleeping (keeps this CPU out of idle).
+    let spin_gap = std::env::var_os("GAP_SPIN").is_some();
+    let pause = |g: std::time::Duration| {
+        if spin_gap {
+            let t = Instant::now();
+            while t.elapsed() < g {
+                std::hint::spin_loop();
+            }
+        } else {
+            std::thread::sleep(g);
+        }
+    };
     for _ in 0..iters {
         if let Some(g) = gap {
-            std::thread::sleep(g);
+            pause(g);
         }
         if ops.contains('w') {
             let t = Instant::now();
             f.write_at(0, &data)?;
-            tw += t.elapsed().as_secs_f64();
+            cw.push(t.elapsed().as_secs_f64());
+            tw += cw[cw.len() - 1];
         }
         if ops.contains('r') {
             if let Some(g) = gap {
-                std::thread::sleep(g);
+                pause(g);
             }
             let t = Instant::now();
             let (b, n) = f.read_at(0, buf)?;
-            tr += t.elapsed().as_secs_f64();
+            cr.push(t.elapsed().as_secs_f64());
+            tr += cr[cr.len() - 1];
             assert_eq!(n, len);
             buf = b;
         }
@@ -140,11 +155,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = self_cpu() - cli0;
     assert!(buf[..] == data[..] || !ops.contains('r'), "read back different data");
     let mbs = |t: f64| (len * iters) as f64 / 1e6 / t;
+    // Per-call spread: p10 / p50 / p90 in microseconds.
+    let pct = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| v.get(((v.len() as f64 - 1.0) * q) as usize).map_or(0.0, |x| x * 1e6);
+        format!("p10/p50/p90 {:.0}/{:.0}/{:.0} us", at(0.1), at(0.5), at(0.9))
+    };
     if ops.contains('w') {
-        println!("write {} B x {iters}: {:.0} MB/s ({:.1} us/call)", len, mbs(tw), tw * 1e6 / iters as f64);
+        let p = pct(&mut cw);
+        println!(
+            "write {} B x {iters}: {:.0} MB/s ({:.1} us/call; {p})",
+            len,
+            mbs(tw),
+            tw * 1e6 / iters as f64
+        );
     }
     if ops.contains('r') {
-        println!("read  {} B x {iters}: {:.0} MB/s ({:.1} us/call)", len, mbs(tr), tr * 1e6 / iters as f64);
+        let p = pct(&mut cr);
+        println!(
+            "read  {} B x {iters}: {:.0} MB/s ({:.1} us/call; {p})",
+            len,
+            mbs(tr),
+            tr * 1e6 / iters as f64
+        );
     }
     println!(
         "cpu per call: client {:.1} us, servers {:.1} us",

@@ -129,6 +129,7 @@ fn cell(
     let spec = LayoutSpec { base: Some(0), pcount: Some(n), ssize: None };
     drop(setup.create(&name, CreateOptions { mode: 0o644, layout: Some(spec) })?);
     let runs = ctx.c.runs();
+    let before = path_totals(&setup)?;
     let per_client = parallel(c as usize, ctx.step_timeout(), |i, gate| -> Result<Vec<(f64, f64)>> {
         let client = ctx.client(cluster, opts.clone())?;
         let f = client.open(&name, Rights::READ_WRITE)?;
@@ -159,6 +160,17 @@ fn cell(
         client.endpoint().invalidate_registrations(&buf);
         Ok(times)
     })?;
+    // The figures are for io servers that move data straight to and from their mapped objects:
+    // a silent fallback to the copying path would make them describe something else.
+    let (mapped, copied) = path_totals(&setup)?;
+    let moved = 2 * (runs as u64 + 1) * region * u64::from(c);
+    if copied != before.1 || mapped - before.0 != moved {
+        bail!(
+            "io servers moved {} B on the mapped path and {} B by copying, expected {moved} B mapped",
+            mapped - before.0,
+            copied - before.1
+        );
+    }
     let total = region * u64::from(c);
     let t = scheme.as_str();
     for r in 0..runs {
@@ -179,6 +191,17 @@ fn cell(
     }
     setup.unlink(&name)?;
     Ok(())
+}
+
+/// Bytes the cluster's io servers have moved on the mapped and on the copying path.
+fn path_totals(client: &stripefs::Client) -> Result<(u64, u64)> {
+    let mut t = (0, 0);
+    for st in client.server_stats() {
+        let st = st.context("io server statistics")?;
+        t.0 += st.mapped.bytes;
+        t.1 += st.copied.bytes;
+    }
+    Ok(t)
 }
 
 fn cell_text(v: Option<Summary>) -> String {
@@ -211,7 +234,8 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
         "Each client writes, then reads back, one contiguous {mib_per_server}N MiB region (N = io servers) of one \
          shared file striped over the N servers (64 KiB stripes unless stated); bandwidth = total bytes / slowest \
          client's time, MB/s = 10⁶ B/s. One untimed round first, then the runs. Clients: threads of the bench \
-         process, one `Client` each, {waits} waits; io servers: child processes, {waits} waits, data on tmpfs.{cached}\n\n"
+         process, one `Client` each, {waits} waits; io servers: child processes, {waits} waits, data on tmpfs, every byte moved \
+         on their mapped path (checked against their counters).{cached}\n\n"
     );
     for t in &ts {
         let rf = reference(t);
