@@ -1,19 +1,23 @@
-//! Data buffers for callers of the client: zeroed and aligned like ionet's pool buffers.
+//! Data buffers for callers of the client: zeroed and page-aligned.
 //!
-//! The kernel copies that move file data (`recvmsg`, `process_vm_readv`/`writev` on softib,
-//! `pread`/`pwrite` on the io servers) run several times slower when source and destination
-//! differ in alignment modulo 32 bytes (AMD Zen; 1 MiB at ~2.3 instead of ~11 GB/s on the
-//! reference VM). ionet's pool buffers start on a [`ionet::BUF_ALIGN`] boundary, and a large
-//! `Vec` or `BytesMut` from malloc usually starts 16 bytes past one; buffers from here match the
-//! pool's alignment.
+//! The copies that move file data (`recvmsg`, `process_vm_readv`/`writev` on softib, the io
+//! servers' mapped pages) run `rep movsb`, which on AMD Zen slows to ~2.3 GB/s (from ~10–11)
+//! when the destination starts 1–31 bytes after the source modulo 4 KiB, and copies page by page
+//! fastest when both sides share their page offset. Servers' buffers and mapped pages are
+//! page-aligned, and a large `Vec` or `BytesMut` from malloc starts 16 bytes into a page — the
+//! slow case; buffers from here start on a page (small ones on an [`ionet::BUF_ALIGN`] boundary).
 
 use bytes::BytesMut;
 
-/// `len` zero bytes starting on a [`ionet::BUF_ALIGN`] boundary, every page touched (first
-/// touch in the middle of a transfer costs ~2.5 s/GiB on the reference VM).
+const PAGE: usize = 4096;
+
+/// `len` zero bytes starting on a page boundary (on an [`ionet::BUF_ALIGN`] boundary when
+/// shorter than a page), every page touched (first touch in the middle of a transfer costs
+/// ~2.5 s/GiB on the reference VM).
 pub fn aligned_zeroed(len: usize) -> BytesMut {
-    let mut b = BytesMut::zeroed(len + ionet::BUF_ALIGN - 1);
-    let head = (ionet::BUF_ALIGN - b.as_ptr() as usize % ionet::BUF_ALIGN) % ionet::BUF_ALIGN;
+    let align = if len >= PAGE { PAGE } else { ionet::BUF_ALIGN };
+    let mut b = BytesMut::zeroed(len + align - 1);
+    let head = (align - b.as_ptr() as usize % align) % align;
     drop(b.split_to(head));
     b.truncate(len);
     for i in (0..len).step_by(4096) {
@@ -35,7 +39,8 @@ mod tests {
             .map(|(len, b)| {
                 assert_eq!(b.len(), len);
                 if len > 0 {
-                    assert_eq!(b.as_ptr() as usize % ionet::BUF_ALIGN, 0, "{len}-byte buffer");
+                    let align = if len >= PAGE { PAGE } else { ionet::BUF_ALIGN };
+                    assert_eq!(b.as_ptr() as usize % align, 0, "{len}-byte buffer");
                 }
                 assert!(b.iter().all(|&x| x == 0));
                 b
