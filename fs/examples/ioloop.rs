@@ -119,6 +119,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let gap = std::env::var("GAP_US").ok().and_then(|v| v.parse().ok()).map(std::time::Duration::from_micros);
     // GAP_SPIN=1 busy-waits the gap instead of sleeping (keeps this CPU out of idle).
     let spin_gap = std::env::var_os("GAP_SPIN").is_some();
+    let verify = std::env::var_os("VERIFY").is_some();
     let pause = |g: std::time::Duration| {
         if spin_gap {
             let t = Instant::now();
@@ -149,6 +150,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             tr += cr[cr.len() - 1];
             assert_eq!(n, len);
             buf = b;
+            // VERIFY=1 compares every read with the data, as E1 does between its calls.
+            if verify {
+                assert!(buf[..] == data[..], "read back different data");
+            }
         }
     }
     let srv = pids.iter().map(|p| proc_cpu(p)).sum::<f64>() - srv0;
