@@ -269,6 +269,9 @@ impl Drop for Chunk {
         if let Some(r) = &self.pinned {
             r.unpin_chunk(self.addr, self.len);
         }
+        // The memory is still allocated (the pads hold it); its huge-page advice must not
+        // outlive it into the application's heap.
+        crate::util::unadvise_huge_pages(self.addr, self.len);
     }
 }
 

@@ -34,8 +34,19 @@ pub(crate) fn verify_mac(key: &[u8], parts: &[&[u8]], tag: &[u8]) -> bool {
     m.verify_slice(tag).is_ok()
 }
 
+/// The kernel's transparent-huge-page mode, read once: `always`, `madvise` or `never`.
+#[cfg(target_os = "linux")]
+fn thp_mode() -> &'static str {
+    static MODE: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    MODE.get_or_init(|| {
+        let s = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+        ["always", "madvise", "never"].into_iter().find(|m| s.contains(&format!("[{m}]"))).unwrap_or("never")
+    })
+}
+
 /// Asks the kernel to back `mem` with transparent huge pages (`MADV_HUGEPAGE`), best effort.
-/// Call it before the first touch of freshly mapped memory whose start is 2 MiB aligned.
+/// Call it before the first touch of freshly mapped memory whose start is 2 MiB aligned, and
+/// [`unadvise_huge_pages`] before the memory goes back to the allocator.
 pub(crate) fn advise_huge_pages(mem: &mut [u8]) {
     #[cfg(target_os = "linux")]
     // SAFETY: advice on memory we hold a unique reference to; MADV_HUGEPAGE changes neither its
@@ -46,6 +57,25 @@ pub(crate) fn advise_huge_pages(mem: &mut [u8]) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = mem;
+}
+
+/// Takes back [`advise_huge_pages`] on `[addr, addr + len)` before the memory is freed: heap
+/// memory keeps its advice after `free`, so the application's later allocations there would
+/// get huge pages (and pins that cost nothing) it never asked for. Only in the kernel's
+/// `madvise` mode, where `MADV_NOHUGEPAGE` is the default behaviour; under `always` it would
+/// switch huge pages off, and under `never` there is nothing to undo.
+pub(crate) fn unadvise_huge_pages(addr: usize, len: usize) {
+    #[cfg(target_os = "linux")]
+    if thp_mode() == "madvise" {
+        // SAFETY: madvise with MADV_NOHUGEPAGE changes only which page size may back a range,
+        // never its contents or validity, whatever the range holds (an unmapped range is an
+        // ENOMEM error, ignored); no memory is read or written.
+        unsafe {
+            libc::madvise(addr as *mut libc::c_void, len, libc::MADV_NOHUGEPAGE);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (addr, len);
 }
 
 #[cfg(test)]

@@ -47,10 +47,9 @@ impl DmaRegion {
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr =
             NonNull::new(raw).ok_or_else(|| Error::Exhausted(format!("cannot allocate {len} bytes")))?;
-        #[cfg(target_os = "linux")]
         if len >= REGION_ALIGN {
-            // SAFETY: advice on memory we own; MADV_HUGEPAGE does not change its contents.
-            unsafe { libc::madvise(raw.cast(), len, libc::MADV_HUGEPAGE) };
+            // SAFETY: the allocation is ours, live, zeroed and not yet shared with anyone.
+            crate::util::advise_huge_pages(unsafe { std::slice::from_raw_parts_mut(raw, len) });
         }
         let r = DmaRegion { ptr, layout };
         // Touch every page now: first-touch faults cost ~2.5 s/GiB on the reference VM.
@@ -120,6 +119,9 @@ unsafe fn copy_raw(src: *const u8, dst: *mut u8, n: usize) {
 
 impl Drop for DmaRegion {
     fn drop(&mut self) {
+        if self.len() >= REGION_ALIGN {
+            crate::util::unadvise_huge_pages(self.ptr.as_ptr() as usize, self.len());
+        }
         // SAFETY: allocated in `new` with this layout; registrations of it are dropped first
         // (owners declare their MR before the region).
         unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
