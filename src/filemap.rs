@@ -15,11 +15,17 @@
 //! A conflicting request fails with [`FileMapError::Busy`] instead of waiting, because the
 //! caller may itself hold the lease it would wait for (two units of one transfer).
 //!
-//! A mapping is memory the crate owns: the InfiniBand engine keeps registrations of it cached
-//! across operations, as it does its pool, instead of pinning file pages for every transfer
-//! (which costs more than copying them). Every live mapping is listed process-wide, and a
-//! dropped [`FileMap`] has every registration cache that asked to be told invalidate its range
-//! before the range is unmapped, so no stale registration can outlive the pages.
+//! A mapping of a shared-memory file (tmpfs) is memory the crate owns: the InfiniBand engine
+//! keeps registrations of it cached across operations, as it does its pool, instead of pinning
+//! file pages for every transfer (which costs more than copying them). Every such mapping is
+//! listed process-wide, and a dropped [`FileMap`] has every registration cache that asked to be
+//! told invalidate its range before the range is unmapped, so no stale registration can outlive
+//! the pages. Mappings of disk files are not offered for registration: their pages are
+//! write-protected for dirty tracking, so writes through a registered (pre-populated, pinned)
+//! mapping take extra faults and the file system's `page_mkwrite` — `stripefs demo`, whose data
+//! lives on a disk-backed temporary directory, wrote at half the bandwidth over `softib://` when
+//! they were registered — and kernels refuse devices long-term pins of them anyway; the engine
+//! stages those through its zone buffers (one copy).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -93,7 +99,27 @@ pub(crate) fn watch_unmaps(hook: &UnmapHook) {
     h.push(Arc::downgrade(hook));
 }
 
-/// Whether `[addr, addr + len)` lies inside one live mapping.
+/// Whether `file` lives on tmpfs (shared memory): no writeback, so no dirty-tracking faults on
+/// pinned pages, and devices may pin it long-term.
+fn on_shared_memory(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `statfs` is plain data, fully written by a successful call; the descriptor is
+        // open for the duration of the call (borrowed from `file`).
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; `st` is a valid, writable statfs.
+        let ok = unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } == 0;
+        ok && st.f_type == libc::TMPFS_MAGIC
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = file.as_raw_fd();
+        false
+    }
+}
+
+/// Whether `[addr, addr + len)` lies inside one live mapping of a shared-memory file.
 pub(crate) fn is_mapped(addr: usize, len: usize) -> bool {
     let Some(end) = addr.checked_add(len) else { return false };
     let live = LIVE.read().unwrap_or_else(|p| p.into_inner());
@@ -104,6 +130,8 @@ pub(crate) fn is_mapped(addr: usize, len: usize) -> bool {
 pub struct FileMap {
     raw: MmapRaw,
     len: u64,
+    /// A shared-memory file: registrations of it may be cached (see the module docs).
+    registrable: bool,
     leases: Mutex<Leases>,
 }
 
@@ -133,8 +161,11 @@ impl FileMap {
         // `map_raw` hands back raw pointers only; the references the regions create later are
         // covered by this function's contract.
         let raw = MmapOptions::new().len(n).map_raw(file)?;
-        let map = FileMap { raw, len, leases: Mutex::new(Leases::default()) };
-        LIVE.write().unwrap_or_else(|p| p.into_inner()).insert(map.addr(), map.addr() + n);
+        let registrable = on_shared_memory(file);
+        let map = FileMap { raw, len, registrable, leases: Mutex::new(Leases::default()) };
+        if registrable {
+            LIVE.write().unwrap_or_else(|p| p.into_inner()).insert(map.addr(), map.addr() + n);
+        }
         Ok(Arc::new(map))
     }
 
@@ -250,6 +281,9 @@ impl FileMap {
 
 impl Drop for FileMap {
     fn drop(&mut self) {
+        if !self.registrable {
+            return;
+        }
         // No region is alive (each holds the map), so no operation is using a registration of
         // these pages: every cache can drop its entries before `raw` unmaps them.
         let (addr, len) = (self.addr(), self.len as usize);
@@ -376,6 +410,38 @@ mod tests {
         f.seek(SeekFrom::Start(0)).unwrap();
         f.flush().unwrap();
         f
+    }
+
+    /// An unlinked scratch file of `len` bytes in `dir`.
+    fn file_in(dir: &std::path::Path, len: u64) -> File {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!(".ionet-filemap-kind-{}-{n}", std::process::id()));
+        let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f.set_len(len).unwrap();
+        f
+    }
+
+    #[test]
+    fn only_shared_memory_mappings_are_offered_for_registration() {
+        let shm = std::path::Path::new("/dev/shm");
+        if shm.is_dir() && on_shared_memory(&file_in(shm, 4096)) {
+            // SAFETY: a private scratch file, never shrunk or written while mapped.
+            let m = unsafe { FileMap::new(&file_in(shm, 8192), 8192) }.unwrap();
+            assert!(is_mapped(m.addr(), 8192), "a tmpfs mapping is listed");
+            assert!(!is_mapped(m.addr(), 8193), "only its own bytes");
+        } else {
+            println!("skipped the tmpfs half: /dev/shm is not tmpfs here");
+        }
+        let disk = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        if on_shared_memory(&file_in(disk, 4096)) {
+            println!("skipped the disk half: the source tree is on tmpfs here");
+            return;
+        }
+        // SAFETY: as above.
+        let m = unsafe { FileMap::new(&file_in(disk, 8192), 8192) }.unwrap();
+        assert!(!is_mapped(m.addr(), 1), "a disk-file mapping is staged, never registered");
     }
 
     #[test]

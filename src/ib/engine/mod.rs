@@ -593,6 +593,8 @@ pub(crate) struct State<V: Verbs> {
     /// Invalidates this endpoint's cached registrations of a file mapping before it is unmapped
     /// (held here; the process-wide list only has a weak reference).
     pub _unmap_hook: crate::filemap::UnmapHook,
+    /// File-map stretches staged once (registered when they come back).
+    pub mapped_seen: xfer::SeenOnce,
 }
 
 /// Waiting for a FIN.
@@ -738,6 +740,7 @@ impl<V: Verbs> IbBackend<V> {
             registry: registry.try_clone()?,
             wcs: vec![WorkCompletion::default(); CQ_BATCH],
             _unmap_hook: unmap_hook,
+            mapped_seen: xfer::SeenOnce::default(),
         };
         tracing::debug!(%scheme, endpoint_id, local = ?local, device = %dev.ctx.device().name, "ib endpoint up");
         Ok(IbBackend {

@@ -44,6 +44,43 @@ pub(crate) struct DirectRun {
     pub(crate) reg: crate::regcache::RegRef,
 }
 
+/// File-map stretches staged once, by `(address, length)`. Registering a stretch pins its
+/// pages (and, on first touch of a fresh file region, faults them in), which costs more than
+/// the one copy it saves unless the stretch moves again: a stretch is registered the second
+/// time it is seen, like an admission filter's ghost list. Bounded; the oldest are forgotten.
+#[derive(Debug, Default)]
+pub(crate) struct SeenOnce {
+    /// Stretch → when it was noted.
+    seen: rustc_hash::FxHashMap<(usize, usize), u64>,
+    /// Notes in order (some already admitted: their stamp no longer matches).
+    order: std::collections::VecDeque<((usize, usize), u64)>,
+    next: u64,
+}
+
+impl SeenOnce {
+    /// Stretches remembered at most.
+    const CAP: usize = 4096;
+
+    /// True if `k` was seen before (and forgets it: it is about to be registered); otherwise
+    /// remembers it and says false.
+    pub(crate) fn seen_before(&mut self, k: (usize, usize)) -> bool {
+        if self.seen.remove(&k).is_some() {
+            return true;
+        }
+        while self.order.len() >= Self::CAP {
+            if let Some((old, stamp)) = self.order.pop_front()
+                && self.seen.get(&old) == Some(&stamp)
+            {
+                self.seen.remove(&old);
+            }
+        }
+        self.next += 1;
+        self.seen.insert(k, self.next);
+        self.order.push_back((k, self.next));
+        false
+    }
+}
+
 /// Registers an exposed buffer with its own registration (revoked by dropping it).
 pub(crate) fn register_exposure<V: Verbs>(
     dev: &Dev<V>,
@@ -152,7 +189,8 @@ impl<V: Verbs> State<V> {
     }
 
     /// Registers the stretches of an op's buffer that lie in file mappings (see
-    /// [`DirectRun`]). Registration failures only mean those units are staged.
+    /// [`DirectRun`]) once they are moved a second time (see [`SeenOnce`]). Registration
+    /// failures only mean those units are staged.
     fn register_mapped(&mut self, op: OpId) {
         let Some(o) = self.ops.get(&op) else { return };
         // (offset in the buffer, address, length) of address-contiguous stretches.
@@ -177,14 +215,28 @@ impl<V: Verbs> State<V> {
         }
         let mut direct = Vec::with_capacity(runs.len());
         {
-            let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            let State { cache, mapped_seen, .. } = self;
+            let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+            let rw = crate::types::Access::READ_WRITE;
             for (off, addr, len) in runs {
-                match c.acquire(addr, len, crate::types::Access::READ_WRITE, crate::regcache::Origin::Owned) {
-                    Ok(reg) => {
-                        let lkey = reg.keys().lkey;
-                        direct.push(DirectRun { off, addr: addr as u64, len, lkey, reg });
+                // Registered already: direct. Seen once before: register, then direct. New:
+                // staged this time (see `SeenOnce`).
+                let reg = match c.acquire_if_registered(addr, len, rw) {
+                    Some(r) => Some(r),
+                    None if mapped_seen.seen_before((addr, len)) => {
+                        match c.acquire(addr, len, rw, crate::regcache::Origin::Owned) {
+                            Ok(r) => Some(r),
+                            Err(e) => {
+                                tracing::debug!(error = %e, "registering a mapped buffer failed; staging it");
+                                None
+                            }
+                        }
                     }
-                    Err(e) => tracing::debug!(error = %e, "registering a mapped buffer failed; staging it"),
+                    None => None,
+                };
+                if let Some(reg) = reg {
+                    let lkey = reg.keys().lkey;
+                    direct.push(DirectRun { off, addr: addr as u64, len, lkey, reg });
                 }
             }
         }
@@ -502,5 +554,37 @@ fn stage_in(
                 mem.read_at(zoff, &mut v[off..end]);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod seen_once_tests {
+    use super::SeenOnce;
+
+    #[test]
+    fn a_stretch_is_admitted_on_its_second_sighting_and_memory_is_bounded() {
+        let mut s = SeenOnce::default();
+        assert!(!s.seen_before((4096, 100)), "first sighting");
+        assert!(!s.seen_before((8192, 100)), "a different stretch");
+        assert!(!s.seen_before((4096, 200)), "same start, other length");
+        assert!(s.seen_before((4096, 100)), "second sighting");
+        assert!(!s.seen_before((4096, 100)), "admitted stretches are forgotten");
+        // The oldest are forgotten past the bound.
+        let mut s = SeenOnce::default();
+        for i in 0..=SeenOnce::CAP {
+            assert!(!s.seen_before((i * 4096, 1)));
+        }
+        assert!(!s.seen_before((0, 1)), "the oldest was dropped");
+        assert!(s.seen_before((SeenOnce::CAP * 4096, 1)), "the newest is kept");
+        assert!(s.order.len() <= SeenOnce::CAP && s.seen.len() <= s.order.len());
+        // A stretch admitted, then noted again, is not forgotten by its stale first note.
+        let mut s = SeenOnce::default();
+        assert!(!s.seen_before((0, 1)));
+        assert!(s.seen_before((0, 1)));
+        assert!(!s.seen_before((0, 1)));
+        for i in 1..SeenOnce::CAP {
+            assert!(!s.seen_before((i * 4096, 1)));
+        }
+        assert!(s.seen_before((0, 1)), "the newer note of (0, 1) survived the stale one's eviction");
     }
 }
