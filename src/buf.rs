@@ -284,7 +284,7 @@ fn new_chunk(len: usize, slot: usize, registrar: Option<&Arc<dyn PoolRegistrar>>
     let head = raw.split_to(pad);
     let mut body = raw.split_to(len);
     // Advise before the first touch: the touches then fault in huge pages.
-    crate::util::advise_huge_pages(&mut body);
+    crate::util::advise_huge_pages(body.as_ptr() as usize, body.len());
     touch_pages(&mut body);
     if let Some(r) = registrar
         && let Err(e) = r.pin_chunk(&mut body)

@@ -44,19 +44,19 @@ fn thp_mode() -> &'static str {
     })
 }
 
-/// Asks the kernel to back `mem` with transparent huge pages (`MADV_HUGEPAGE`), best effort.
-/// Call it before the first touch of freshly mapped memory whose start is 2 MiB aligned, and
-/// [`unadvise_huge_pages`] before the memory goes back to the allocator.
-pub(crate) fn advise_huge_pages(mem: &mut [u8]) {
+/// Asks the kernel to back `[addr, addr + len)` with transparent huge pages (`MADV_HUGEPAGE`),
+/// best effort. Call it before the first touch of freshly allocated memory whose start is 2 MiB
+/// aligned, and [`unadvise_huge_pages`] before the memory goes back to the allocator.
+pub(crate) fn advise_huge_pages(addr: usize, len: usize) {
     #[cfg(target_os = "linux")]
-    // SAFETY: advice on memory we hold a unique reference to; MADV_HUGEPAGE changes neither its
-    // contents nor its validity, only which page size may back it. Failure (no THP support,
-    // unaligned start) leaves ordinary pages, which is what we had anyway.
+    // SAFETY: MADV_HUGEPAGE changes only which page size may back a range, never its contents
+    // or validity, and reads or writes no memory. Failure (no THP support, unaligned start)
+    // leaves ordinary pages, which is what we had anyway.
     unsafe {
-        libc::madvise(mem.as_mut_ptr().cast(), mem.len(), libc::MADV_HUGEPAGE);
+        libc::madvise(addr as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = mem;
+    let _ = (addr, len);
 }
 
 /// Takes back [`advise_huge_pages`] on `[addr, addr + len)` before the memory is freed: heap

@@ -11,16 +11,11 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use ionet::*;
 
+mod common;
+use common::vm_locked_kib;
+
 const T: Duration = Duration::from_secs(20);
 const LEN: usize = 1 << 20;
-
-fn vm_locked_kib() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").expect("status");
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmLck:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmLck")
-}
 
 fn wait_ok(ep: &Endpoint, op: OpId) -> Completion {
     let c = ep.wait_timeout(op, T).unwrap().expect("op completes");

@@ -10,13 +10,8 @@ use std::process::Command;
 use ionet::ib::soft::{SoftConfig, SoftProvider};
 use ionet::ib::verbs::*;
 
-fn vm_locked_kib() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").expect("status");
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmLck:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmLck")
-}
+mod common;
+use common::vm_locked_kib;
 
 #[test]
 fn registration_pins_and_rlimit_refusals_are_typed() {

@@ -514,16 +514,21 @@ fn striped_requests_register_one_span_per_server() {
     assert!(w <= 2 && r <= 2, "registrations: {w} for the write, {r} for the read (one per server expected)");
 }
 
+/// A cluster of `io` servers that copy (`--copy-io`) when `copy`, else map their objects.
+fn cluster_copying(scheme: &str, io: u32, copy: bool) -> TestCluster {
+    TestCluster::start_with(scheme, io, |o| {
+        if copy {
+            o.io_args = vec!["--copy-io".into()];
+        }
+    })
+}
+
 /// io servers that stage and pread/pwrite (`--copy-io`) and ones that map their objects (the
 /// default) leave the same bytes in the objects, holes included.
 pub fn copying_and_mapped_io_servers_agree(scheme: &str) {
     let mut objects = Vec::new();
     for copy in [true, false] {
-        let tc = TestCluster::start_with(scheme, 2, |o| {
-            if copy {
-                o.io_args = vec!["--copy-io".into()];
-            }
-        });
+        let tc = cluster_copying(scheme, 2, copy);
         let c = tc.client();
         let f = c.create("/same", CreateOptions { mode: 0o644, layout: spec(2, 65536) }).unwrap();
         let data = pattern(3 << 20, 11);
@@ -584,11 +589,7 @@ fn io_stats(c: &stripefs::Client) -> ServerStats {
 /// (never the mapped one), and no fallbacks for contiguous, in-order, strided or list I/O.
 pub fn io_requests_count_the_data_path_they_took(scheme: &str) {
     for copy in [false, true] {
-        let tc = TestCluster::start_with(scheme, 1, |o| {
-            if copy {
-                o.io_args = vec!["--copy-io".into()];
-            }
-        });
+        let tc = cluster_copying(scheme, 1, copy);
         let c = tc.client();
         let f = c.create("/paths", CreateOptions { mode: 0o644, layout: spec(1, 65536) }).unwrap();
         let data = pattern(1 << 20, 21);

@@ -1,5 +1,18 @@
 //! Helpers shared by the InfiniBand integration tests.
 
+// Each test binary uses only some of them.
+#![allow(dead_code)]
+
+/// This process's locked memory (`VmLck`), in KiB. Process-wide: a test reading it must be the
+/// only test in its binary.
+pub fn vm_locked_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").expect("status");
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmLck:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmLck")
+}
+
 /// `len` deterministic pseudo-random bytes for `seed` (xorshift64), so a test can check every
 /// byte a transfer delivered.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {

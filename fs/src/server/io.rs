@@ -295,8 +295,9 @@ impl Shared {
         }
     }
 
-    /// Sends a request down the mapped path if this server maps and the request allows it,
-    /// else down the copying one; counts which path took it (and why it fell back).
+    /// Sends a request with data down the mapped path if this server maps and the request
+    /// allows it, else down the copying one; counts which path took it (and why it fell back).
+    /// A request without data takes neither.
     fn route(
         &self,
         dir: Direction,
@@ -304,6 +305,9 @@ impl Shared {
         mapped: impl FnOnce() -> Result<Mapped, Fail>,
         copying: impl FnOnce() -> Result<(), Fail>,
     ) -> Result<(), Fail> {
+        if total == 0 {
+            return Ok(());
+        }
         if self.cfg.mapped {
             match mapped()? {
                 Mapped::Ran(r) => return self.stats.mapped.took(dir, total, r),
@@ -335,9 +339,6 @@ impl Shared {
 
     /// Streams the descriptor's bytes into the client's IN buffer.
     fn read(&self, req: &Request, h: crate::Handle, desc: &Descriptor, total: u64) -> Result<(), Fail> {
-        if total == 0 {
-            return Ok(());
-        }
         self.route(
             Direction::In,
             total,
@@ -348,9 +349,6 @@ impl Shared {
 
     /// Pulls the client's OUT payload into the object.
     fn write(&self, req: &Request, h: crate::Handle, desc: &Descriptor, total: u64) -> Result<(), Fail> {
-        if total == 0 {
-            return Ok(());
-        }
         self.route(
             Direction::Out,
             total,

@@ -48,8 +48,7 @@ impl DmaRegion {
         let ptr =
             NonNull::new(raw).ok_or_else(|| Error::Exhausted(format!("cannot allocate {len} bytes")))?;
         if len >= REGION_ALIGN {
-            // SAFETY: the allocation is ours, live, zeroed and not yet shared with anyone.
-            crate::util::advise_huge_pages(unsafe { std::slice::from_raw_parts_mut(raw, len) });
+            crate::util::advise_huge_pages(raw as usize, len);
         }
         let r = DmaRegion { ptr, layout };
         // Touch every page now: first-touch faults cost ~2.5 s/GiB on the reference VM.
