@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use ionet::*;
 
 mod common;
-use common::vm_locked_kib;
+use common::vm_held_kib;
 
 const T: Duration = Duration::from_secs(20);
 const LEN: usize = 1 << 20;
@@ -64,16 +64,16 @@ fn session(cache: bool, data: &Bytes, buf: BytesMut) -> BytesMut {
 fn dropped_endpoints_leave_nothing_pinned() {
     let data = Bytes::from(vec![3u8; LEN]);
     let mut buf = BytesMut::zeroed(LEN);
-    let base = vm_locked_kib();
+    let base = vm_held_kib();
     for round in 0..3 {
         for cache in [false, true] {
             buf = session(cache, &data, buf);
             // Teardown is synchronous for the endpoint; give any provider thread a moment.
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while vm_locked_kib() > base && std::time::Instant::now() < deadline {
+            while vm_held_kib() > base && std::time::Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            assert_eq!(vm_locked_kib(), base, "round {round}, cache_foreign {cache}: pins left behind");
+            assert_eq!(vm_held_kib(), base, "round {round}, cache_foreign {cache}: pins left behind");
         }
     }
 }

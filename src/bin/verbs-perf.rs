@@ -27,7 +27,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ionet::ib::soft::{SoftConfig, SoftContext, SoftProvider};
+use ionet::ib::soft::{PinMethod, SoftConfig, SoftContext, SoftProvider};
 use ionet::ib::verbs::*;
 
 const MAX_BW: usize = 16 << 20;
@@ -510,6 +510,47 @@ fn reg_cost(ctx: &SoftContext, buf: &mut [u8], size: usize, reps: usize) -> Res<
     Ok((stats(&reg).0, stats(&dereg).0))
 }
 
+/// Registration + deregistration cost by pinning method and page size, as a table.
+fn reg_table(runs: usize, scale: usize) -> Res<()> {
+    println!("Registration + deregistration of pre-faulted memory, per operation, µs, by pinning method");
+    println!(
+        "(`io_uring`: a long-term page pin, the kernel call `ibv_reg_mr` makes; `mlock`: the fallback)."
+    );
+    println!();
+    println!("| size | method | 4 KiB pages: register | deregister | THP: register | deregister |");
+    println!("|---|---|---|---|---|---|");
+    let mut methods = vec![PinMethod::Mlock];
+    if PinMethod::Auto.resolved() == PinMethod::IoUring {
+        methods.insert(0, PinMethod::IoUring);
+    }
+    let ctxs: Vec<(PinMethod, SoftContext)> = methods
+        .iter()
+        .map(|&m| Ok((m, SoftProvider::new(SoftConfig { pin: m, ..SoftConfig::default() }).open(None)?)))
+        .collect::<Res<_>>()?;
+    let mut small_pages = prefaulted_pages(64 << 20, false);
+    let mut huge_pages = prefaulted_pages(64 << 20, true);
+    let mut size = 4 << 10;
+    while size <= 64 << 20 {
+        let reps = ((256usize << 20) / size).clamp(5, 200) / scale.min(4);
+        for (m, ctx) in &ctxs {
+            let mut cells = Vec::new();
+            for buf in [&mut small_pages, &mut huge_pages] {
+                let (mut r, mut d) = (Vec::new(), Vec::new());
+                for _ in 0..runs {
+                    let (a, b) = reg_cost(ctx, buf, size, reps.max(3))?;
+                    r.push(a);
+                    d.push(b);
+                }
+                let ((rm, rlo, rhi), (dm, dlo, dhi)) = (stats(&r), stats(&d));
+                cells.push(format!("{rm:.1} ({rlo:.1}–{rhi:.1}) | {dm:.1} ({dlo:.1}–{dhi:.1})"));
+            }
+            println!("| {} | {} | {} | {} |", fmt_size(size), m.name(), cells[0], cells[1]);
+        }
+        size *= 4;
+    }
+    Ok(())
+}
+
 fn fmt_size(s: usize) -> String {
     if s >= 1 << 20 { format!("{} MiB", s >> 20) } else { format!("{} KiB", s >> 10) }
 }
@@ -523,6 +564,11 @@ fn main() -> Res<()> {
     let quick = args.iter().any(|a| a == "--quick");
     let thp = !args.iter().any(|a| a == "--no-thp");
     let rt = args.iter().any(|a| a == "--rt");
+    if args.iter().any(|a| a == "--only-reg") {
+        let runs =
+            args.iter().position(|a| a == "--runs").and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(5);
+        return reg_table(runs, if quick { 4 } else { 1 });
+    }
     THP.store(thp, std::sync::atomic::Ordering::Relaxed);
     let runs: usize = args
         .iter()
@@ -673,29 +719,7 @@ fn main() -> Res<()> {
     }
 
     println!();
-    println!("Registration (mlock) + deregistration (munlock) of pre-faulted memory, per operation, µs.");
-    println!();
-    println!("| size | 4 KiB pages: register | deregister | THP: register | deregister |");
-    println!("|---|---|---|---|---|");
-    let mut small_pages = prefaulted_pages(64 << 20, false);
-    let mut huge_pages = prefaulted_pages(64 << 20, true);
-    let mut size = 4 << 10;
-    while size <= 64 << 20 {
-        let reps = ((256usize << 20) / size).clamp(5, 200) / scale.min(4);
-        let mut cells = Vec::new();
-        for buf in [&mut small_pages, &mut huge_pages] {
-            let (mut r, mut d) = (Vec::new(), Vec::new());
-            for _ in 0..runs {
-                let (a, b) = reg_cost(&side.ctx, buf, size, reps.max(3))?;
-                r.push(a);
-                d.push(b);
-            }
-            let ((rm, rlo, rhi), (dm, dlo, dhi)) = (stats(&r), stats(&d));
-            cells.push(format!("{rm:.1} ({rlo:.1}–{rhi:.1}) | {dm:.1} ({dlo:.1}–{dhi:.1})"));
-        }
-        println!("| {} | {} | {} |", fmt_size(size), cells[0], cells[1]);
-        size *= 4;
-    }
+    reg_table(runs, scale)?;
     println!();
     println!(
         "Load average at start: {}; at end: {}",

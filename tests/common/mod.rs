@@ -6,11 +6,26 @@
 /// This process's locked memory (`VmLck`), in KiB. Process-wide: a test reading it must be the
 /// only test in its binary.
 pub fn vm_locked_kib() -> u64 {
+    status_kib("VmLck:")
+}
+
+/// This process's long-term pinned memory (`VmPin`: io_uring fixed buffers, RDMA MRs), in
+/// KiB. Process-wide, as [`vm_locked_kib`].
+pub fn vm_pin_kib() -> u64 {
+    status_kib("VmPin:")
+}
+
+/// Memory held by software-provider registrations however they pin it (`VmLck` + `VmPin`).
+pub fn vm_held_kib() -> u64 {
+    vm_locked_kib() + vm_pin_kib()
+}
+
+fn status_kib(field: &str) -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").expect("status");
     s.lines()
-        .find_map(|l| l.strip_prefix("VmLck:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmLck")
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
 }
 
 /// `len` deterministic pseudo-random bytes for `seed` (xorshift64), so a test can check every

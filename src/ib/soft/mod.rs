@@ -19,8 +19,11 @@
 //!   eventfd is signalled) only when it armed the CQ.
 //! - **Connection bring-up** uses exactly the QPN, PSN, LID and GID a real HCA needs; the GID
 //!   names the target context (pid, memfd, random token) and PSNs are checked.
-//! - **Registration pins memory** with `mlock` (reference-counted per page), so its cost is real.
-//!   Failures caused by `RLIMIT_MEMLOCK` (or the configured pin budget) are
+//! - **Registration pins memory** as `ibv_reg_mr` does, with a long-term page pin
+//!   (`pin_user_pages(FOLL_LONGTERM)`, reached through an io_uring fixed-buffer slot and
+//!   counted in `VmPin`), or with `mlock` (reference-counted per page, counted in `VmLck`) where
+//!   io_uring is unavailable or refuses the memory; see [`PinMethod`]. Either way its cost is
+//!   real. Failures caused by `RLIMIT_MEMLOCK` (or the configured pin budget) are
 //!   [`VerbsError::PinLimit`].
 //! - **Peer death** is detected with a pidfd: work requests to a dead peer fail with
 //!   `RetryExcErr` instead of hanging.
@@ -69,6 +72,7 @@ mod qp;
 mod ring;
 mod shm;
 mod sys;
+mod uring;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -114,6 +118,63 @@ pub struct SoftConfig {
     pub max_inline_data: u32,
     /// Bytes of shared memory for rings (virtual; pages are used as rings are touched).
     pub arena_bytes: u64,
+    /// How registrations pin memory (default: [`PinMethod::Auto`], or `IONET_SOFTIB_PIN` =
+    /// `auto` | `io_uring` | `mlock`).
+    pub pin: PinMethod,
+}
+
+/// How the software provider pins registered memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PinMethod {
+    /// [`PinMethod::IoUring`] where the kernel allows it, else [`PinMethod::Mlock`].
+    #[default]
+    Auto,
+    /// A long-term pin per registration, as `ibv_reg_mr` takes (`pin_user_pages` with
+    /// `FOLL_LONGTERM`, through an io_uring fixed-buffer slot): pins nest, pages show in
+    /// `VmPin`, shared writable mappings of disk files are refused (then `mlock` is used).
+    IoUring,
+    /// `mlock`, counted per page so overlapping registrations do not unlock each other;
+    /// pages show in `VmLck`. Six times dearer per page here: `mlock` moves every page to the
+    /// unevictable LRU and back.
+    Mlock,
+}
+
+impl PinMethod {
+    /// Parses `auto`, `io_uring` or `mlock`.
+    pub fn parse(s: &str) -> Option<PinMethod> {
+        match s {
+            "auto" => Some(PinMethod::Auto),
+            "io_uring" | "uring" => Some(PinMethod::IoUring),
+            "mlock" => Some(PinMethod::Mlock),
+            _ => None,
+        }
+    }
+
+    /// The method named by `IONET_SOFTIB_PIN`, else `Auto`; an unknown name is logged.
+    pub fn from_env() -> PinMethod {
+        match std::env::var("IONET_SOFTIB_PIN") {
+            Ok(v) => PinMethod::parse(&v).unwrap_or_else(|| {
+                tracing::warn!(value = %v, "IONET_SOFTIB_PIN: expected auto, io_uring or mlock");
+                PinMethod::Auto
+            }),
+            Err(_) => PinMethod::Auto,
+        }
+    }
+
+    /// What `Auto` means in this process (probed once), or the method itself.
+    pub fn resolved(self) -> PinMethod {
+        pin::resolve(self)
+    }
+
+    /// Its name, as `IONET_SOFTIB_PIN` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            PinMethod::Auto => "auto",
+            PinMethod::IoUring => "io_uring",
+            PinMethod::Mlock => "mlock",
+        }
+    }
 }
 
 impl Default for SoftConfig {
@@ -130,6 +191,7 @@ impl Default for SoftConfig {
             max_sge: 16,
             max_inline_data: 256,
             arena_bytes: 256 << 20,
+            pin: PinMethod::from_env(),
         }
     }
 }
@@ -513,7 +575,7 @@ pub struct SoftMr {
     addr: u64,
     len: usize,
     access: AccessFlags,
-    span: (u64, u64),
+    pinned: Option<pin::Pinned>,
     live: bool,
 }
 
@@ -556,7 +618,9 @@ impl SoftMr {
         }
         // Nobody may be inside an access validated against the old state when we unpin.
         ctx.shm.synchronize();
-        pin::unpin(self.span.0, self.span.1);
+        if let Some(p) = self.pinned.take() {
+            pin::release(p);
+        }
         ctx.alloc.lock().unwrap_or_else(|p| p.into_inner()).mr_free.push_back(self.idx);
         let c = &ctx.counters;
         c.pinned_bytes.fetch_sub(self.len as u64, Relaxed);
@@ -872,20 +936,21 @@ impl Verbs for SoftContext {
                 reason: format!("softib pin budget: {pinned} of {max} bytes already pinned"),
             });
         }
-        let (start, end) = pin::page_span(addr as u64, len as u64)
-            .ok_or_else(|| VerbsError::InvalidArgument("registration range overflows".into()))?;
-        if let Err(e) = pin::pin(start, end) {
-            return Err(match e.raw_os_error() {
-                Some(libc::ENOMEM | libc::EPERM | libc::EAGAIN) => VerbsError::PinLimit {
-                    len: len as u64,
-                    reason: format!(
-                        "mlock: {e} (RLIMIT_MEMLOCK {})",
-                        sys::memlock_limit().map_or("unlimited".to_string(), |l| format!("{l} bytes"))
-                    ),
-                },
-                _ => VerbsError::Io(e),
-            });
-        }
+        let pinned = match pin::pin_range(addr as u64, len as u64, ctx.cfg.pin) {
+            Ok(p) => p,
+            Err(e) => {
+                return Err(match e.raw_os_error() {
+                    Some(libc::ENOMEM | libc::EPERM | libc::EAGAIN) => VerbsError::PinLimit {
+                        len: len as u64,
+                        reason: format!(
+                            "mlock: {e} (RLIMIT_MEMLOCK {})",
+                            sys::memlock_limit().map_or("unlimited".to_string(), |l| format!("{l} bytes"))
+                        ),
+                    },
+                    _ => VerbsError::Io(e),
+                });
+            }
+        };
         let slot = {
             let mut a = ctx.alloc.lock().unwrap_or_else(|p| p.into_inner());
             a.mr_free.pop_front().map(|idx| {
@@ -898,10 +963,14 @@ impl Verbs for SoftContext {
             })
         };
         let Some((idx, generation)) = slot else {
-            pin::unpin(start, end);
+            pin::release(pinned);
             return Err(VerbsError::Exhausted(format!("MR table ({} entries)", ctx.attr.max_mr)));
         };
-        let e = ctx.shm.mr(u64::from(idx)).ok_or_else(|| VerbsError::Exhausted("MR table".into()))?;
+        let Some(e) = ctx.shm.mr(u64::from(idx)) else {
+            pin::release(pinned);
+            ctx.alloc.lock().unwrap_or_else(|p| p.into_inner()).mr_free.push_back(idx);
+            return Err(VerbsError::Exhausted("MR table".into()));
+        };
         e.addr.store(addr as u64, Relaxed);
         e.len.store(len as u64, Relaxed);
         e.state.store(mr_state(generation, true, access, pd.id), SeqCst);
@@ -920,7 +989,7 @@ impl Verbs for SoftContext {
             addr: addr as u64,
             len,
             access,
-            span: (start, end),
+            pinned: Some(pinned),
             live: true,
         })
     }

@@ -1,4 +1,5 @@
-//! Page pinning with reference counts.
+//! Page pinning for registrations: long-term pins through io_uring (the kernel call
+//! `ibv_reg_mr` makes, see [`super::uring`]) where the kernel allows, else `mlock`.
 //!
 //! `mlock` does not nest: one `munlock` unlocks a page however many times it was locked. Two
 //! registrations that share a page (overlapping regcache entries, or neighbours that meet inside
@@ -10,7 +11,48 @@ use std::collections::BTreeMap;
 use std::io;
 use std::sync::Mutex;
 
-use super::sys;
+use super::{PinMethod, sys, uring};
+
+/// Pages held for one registration.
+#[derive(Debug)]
+pub(crate) enum Pinned {
+    /// Locked with `mlock`: the page-aligned `[start, end)` in the counted table.
+    Locked(u64, u64),
+    /// Pinned through io_uring fixed-buffer slots.
+    Fixed(uring::FixedPin),
+}
+
+/// Resolves [`PinMethod::Auto`] to what this process can use.
+pub(crate) fn resolve(method: PinMethod) -> PinMethod {
+    match method {
+        PinMethod::Auto if uring::available().is_ok() => PinMethod::IoUring,
+        PinMethod::Auto => PinMethod::Mlock,
+        m => m,
+    }
+}
+
+/// Pins the pages under `[addr, addr + len)` with `method`. io_uring refusals (a kernel that
+/// cannot, or memory it will not pin long-term such as a disk file's writable shared
+/// mapping) fall back to `mlock`, which reports limits as before.
+pub(crate) fn pin_range(addr: u64, len: u64, method: PinMethod) -> io::Result<Pinned> {
+    if resolve(method) == PinMethod::IoUring {
+        match uring::pin(addr, len) {
+            Ok(p) => return Ok(Pinned::Fixed(p)),
+            Err(err) => tracing::debug!(%err, addr, len, "softib: io_uring pin refused, using mlock"),
+        }
+    }
+    let (start, end) = page_span(addr, len)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "registration range overflows"))?;
+    pin(start, end).map(|()| Pinned::Locked(start, end))
+}
+
+/// Releases what [`pin_range`] pinned.
+pub(crate) fn release(p: Pinned) {
+    match p {
+        Pinned::Locked(start, end) => unpin(start, end),
+        Pinned::Fixed(f) => uring::unpin(f),
+    }
+}
 
 /// Disjoint `[start, end)` page-aligned intervals → pin count (≥ 1).
 #[derive(Debug, Default)]
@@ -28,8 +70,8 @@ pub(crate) fn page_span(addr: u64, len: u64) -> Option<(u64, u64)> {
     Some((start, end))
 }
 
-/// Pins `[start, end)` (page-aligned). On failure nothing stays pinned by this call.
-pub(crate) fn pin(start: u64, end: u64) -> io::Result<()> {
+/// `mlock`s `[start, end)` (page-aligned), counted. On failure nothing stays pinned by this call.
+fn pin(start: u64, end: u64) -> io::Result<()> {
     let mut t = PINS.lock().unwrap_or_else(|p| p.into_inner());
     t.split_at(start);
     t.split_at(end);
@@ -56,8 +98,8 @@ pub(crate) fn pin(start: u64, end: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Unpins `[start, end)` pinned earlier with [`pin`].
-pub(crate) fn unpin(start: u64, end: u64) {
+/// Unlocks `[start, end)` locked earlier with [`pin`].
+fn unpin(start: u64, end: u64) {
     let mut t = PINS.lock().unwrap_or_else(|p| p.into_inner());
     t.split_at(start);
     t.split_at(end);
