@@ -313,6 +313,10 @@ fn counters_track_traffic() {
     assert_eq!((c.rdma_write_bytes, c.rdma_read_bytes, c.send_bytes), (1000, 300, 100));
     assert_eq!((c.send_wrs_posted, c.completions), (3, 1));
     assert!(c.reg_ns > 0 && c.registrations == 1);
+    // The initiator's threads did the device's work; the target, which only posted a
+    // receive and polled, did none.
+    assert!(c.device_ns > 0, "device time of the initiator");
+    assert_eq!(b.ctx.counters().device_ns, 0, "no device time at the target");
     assert_eq!(b.ctx.counters().recv_wrs_posted, 1);
 }
 

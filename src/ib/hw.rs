@@ -1098,6 +1098,8 @@ impl Verbs for HwContext {
             pinned_bytes: c.pinned_bytes.load(Relaxed),
             reg_ns: c.reg_ns.load(Relaxed),
             dereg_ns: c.dereg_ns.load(Relaxed),
+            // The HCA does its work without host CPU.
+            device_ns: 0,
             send_wrs_posted: c.send_wrs.load(Relaxed),
             recv_wrs_posted: c.recv_wrs.load(Relaxed),
             completions: c.completions.load(Relaxed),

@@ -955,6 +955,11 @@ pub struct VerbsCounters {
     pub reg_ns: u64,
     /// Nanoseconds spent deregistering.
     pub dereg_ns: u64,
+    /// Nanoseconds this process's threads spent doing the device's work: executing work
+    /// requests (copies, the peer's receive ring and CQ, its wake-up) that an HCA does without
+    /// host CPU. Software provider only (hardware: 0); wall time, so a thread preempted inside
+    /// it is counted too.
+    pub device_ns: u64,
     /// Send work requests posted.
     pub send_wrs_posted: u64,
     /// Receive work requests posted.

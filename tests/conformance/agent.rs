@@ -137,7 +137,7 @@ struct WInfo {
     exposures: usize,
     pending_ops: usize,
     counters: Vec<(String, u64)>,
-    rdma: Option<([usize; 9], [u64; 13])>,
+    rdma: Option<([usize; 9], [u64; 14])>,
 }
 
 const KINDS: [OpKind; 9] = [
@@ -273,6 +273,7 @@ fn wire_info(i: &Info) -> WInfo {
                     p.rdma_read_bytes,
                     p.send_bytes,
                     p.rnr_retries,
+                    p.device_ns,
                 ],
             )
         }),
@@ -345,6 +346,7 @@ fn from_wire_info(w: WInfo) -> Info {
                 rdma_read_bytes: p[10],
                 send_bytes: p[11],
                 rnr_retries: p[12],
+                device_ns: p[13],
             },
         }),
     }

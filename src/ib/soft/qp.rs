@@ -326,8 +326,17 @@ impl QpInner {
         }
     }
 
-    /// Processes the send queue as far as it can go; returns when to look again.
+    /// Processes the send queue as far as it can go; returns when to look again. This is the
+    /// device's work (an HCA's, done here by whichever thread posted or the progress thread),
+    /// timed into `device_ns` so host CPU can be told from emulated-device CPU.
     fn run(&self, ss: &mut SendSide) -> Option<Instant> {
+        let t0 = Instant::now();
+        let next = self.run_queue(ss);
+        self.ctx.bump(&self.ctx.counters.device_ns, t0.elapsed().as_nanos() as u64);
+        next
+    }
+
+    fn run_queue(&self, ss: &mut SendSide) -> Option<Instant> {
         // Reading the clock costs a vDSO call per work request; only do it when needed.
         let now = &Clock::default();
         while ss.reads.front().is_some_and(|r| r.due <= now.get()) {
