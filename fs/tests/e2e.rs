@@ -572,8 +572,18 @@ pub fn overlapping_writers_each_win_whole_units(scheme: &str) {
         }
     });
     let (back, _) = read_all(&f, 0, 2 * unit);
-    for u in back.chunks(unit) {
-        assert!(u.iter().all(|&b| b == u[0]) && u[0] >= 1, "a unit mixes writers");
+    for (i, u) in back.chunks(unit).enumerate() {
+        let mut runs: Vec<(usize, u8)> = Vec::new();
+        for (j, &b) in u.iter().enumerate() {
+            if runs.last().is_none_or(|r| r.1 != b) {
+                runs.push((j, b));
+            }
+        }
+        assert!(
+            runs.len() == 1 && u[0] >= 1,
+            "unit {i} mixes writers: (offset, byte) runs {runs:?}; io server {:?}",
+            io_stats(&c)
+        );
     }
 }
 
