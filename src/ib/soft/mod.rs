@@ -56,9 +56,11 @@
 //!   on transparent huge pages (2 MiB-aligned, `MADV_HUGEPAGE`) move data 3× faster.
 //! - The completion channel is an eventfd: readable while any event is pending; drain it with
 //!   `get_event` until `None` (mio is edge-triggered).
-//! - `mlock` refusals (`RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`) and the optional
+//! - Pinning refusals (`RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`) and the optional
 //!   [`SoftConfig::max_pinned_bytes`] budget are [`VerbsError::PinLimit`]; pages shared by
-//!   overlapping registrations are pinned once and stay pinned until the last one goes.
+//!   overlapping registrations stay pinned until the last one goes.
+//! - [`VerbsCounters::device_ns`] is the time this process's threads spent doing the device's
+//!   work (executing work requests), so host CPU can be told from emulated-HCA CPU.
 //! - Faults for tests: [`SoftConfig::faults`] (every QP) or [`SoftContext::set_qp_faults`] by
 //!   QP number, so a test can break a QP the engine created.
 //! - A software GID names a process and context, not a host: peers must run on the same host
