@@ -10,8 +10,9 @@
 //! `mlock` + `munlock` (47 against 274 µs per 2 MiB of 4 KiB pages): `mlock` moves every page
 //! to the unevictable LRU and back, which pinning does not.
 //!
-//! Rings are only a slot table here: nothing is ever submitted. They are process-wide, grow by
-//! [`SLOTS`] slots at a time and live as long as the process.
+//! Rings are only a slot table here: nothing is ever submitted. They are process-wide, in a few
+//! shards that threads are dealt to (the kernel holds a ring's lock for the whole pin), grow
+//! by [`SLOTS`] slots at a time and live as long as the process.
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
@@ -54,6 +55,7 @@ struct RsrcUpdate2 {
 /// Pages pinned by [`pin`]: the (ring, slot) of every ≤ 1 GiB piece.
 #[derive(Debug)]
 pub(crate) struct FixedPin {
+    shard: usize,
     slots: SmallVec<[(RawFd, u32); 1]>,
 }
 
@@ -79,7 +81,19 @@ struct Rings {
     rings: Vec<Ring>,
 }
 
-static RINGS: Mutex<Rings> = Mutex::new(Rings { pid: 0, rings: Vec::new() });
+/// Ring sets, one per group of threads: the kernel holds a ring's lock for the whole pin, so
+/// threads registering at once (several clients in one process) would queue on one ring.
+static SHARDS: [Mutex<Rings>; 4] = [const { Mutex::new(Rings { pid: 0, rings: Vec::new() }) }; 4];
+
+/// This thread's shard (threads are dealt round-robin).
+fn my_shard() -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Relaxed) % SHARDS.len();
+    }
+    SHARD.with(|s| *s)
+}
 static AVAILABLE: OnceLock<Result<(), String>> = OnceLock::new();
 
 /// Whether this kernel lets the process pin through io_uring (probed once: io_uring may be
@@ -177,16 +191,21 @@ fn update(fd: RawFd, slot: u32, addr: u64, len: u64) -> io::Result<()> {
 
 /// Pins `[addr, addr + len)`. On failure nothing stays pinned by this call.
 pub(crate) fn pin(addr: u64, len: u64) -> io::Result<FixedPin> {
-    pin_in(&RINGS, addr, len)
+    let shard = my_shard();
+    pin_in(&SHARDS[shard], addr, len).map(|mut p| {
+        p.shard = shard;
+        p
+    })
 }
 
 /// Unpins what [`pin`] pinned.
 pub(crate) fn unpin(p: FixedPin) {
-    unpin_in(&RINGS, p);
+    let shard = p.shard;
+    unpin_in(&SHARDS[shard], p);
 }
 
 fn pin_in(rings: &Mutex<Rings>, addr: u64, len: u64) -> io::Result<FixedPin> {
-    let mut done = FixedPin { slots: SmallVec::new() };
+    let mut done = FixedPin { shard: 0, slots: SmallVec::new() };
     let mut off = 0;
     while off < len {
         let piece = (len - off).min(MAX_SLOT_BYTES);
