@@ -60,6 +60,9 @@ enum Cmd {
     },
     /// Set a directory's default layout, or create an empty file with a layout.
     Setstripe(cli::cmds::SetstripeArgs),
+    /// Each io server's counters: requests, bytes, errors, and the data path (mapped or
+    /// copying, with the reasons for copying) they took.
+    Servers,
     /// The transport A/B benchmark suite: E1–E5, CPU, and `all` (with ionet-perf's ab,
     /// calibrate and qos) writing CSV, Markdown, SVG plots and BENCHMARKS.md sections.
     Bench(cli::bench::BenchArgs),
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
         Cmd::Mkdir { parents, paths } => cli::cmds::mkdir(cluster, parents, &paths),
         Cmd::Getstripe { path } => cli::cmds::getstripe(cluster, &path),
         Cmd::Setstripe(a) => cli::cmds::setstripe(cluster, a),
+        Cmd::Servers => cli::cmds::servers(cluster),
         Cmd::Bench(a) => cli::bench::run(a),
         Cmd::Mount(a) => cli::cmds::mount(cluster, a),
     };

@@ -32,6 +32,18 @@ fn client_commands() {
     assert!(stat.contains("size: 5000000") && stat.contains("pcount 2 ssize 131072"), "{stat}");
     assert_eq!(ok(&cl, &["ls", "sfs:/a/b"]), "f.bin\n");
     assert!(ok(&cl, &["ls", "-l", "sfs:/a/b"]).contains("5000000 f.bin"));
+    // The 5 MB copy-in went to two of the three io servers (stripe count 2), all of it over
+    // their mapped path.
+    let servers = ok(&cl, &["servers"]);
+    let written: Vec<u64> = servers
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("bytes: "))
+        .map(|l| l.split(" read, ").nth(1).and_then(|w| w.split(' ').next()).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(written.len(), 3, "one block per io server: {servers}");
+    assert_eq!(written.iter().sum::<u64>(), 5_000_000, "{servers}");
+    assert_eq!(written.iter().filter(|&&w| w == 0).count(), 1, "{servers}");
+    assert_eq!(servers.matches("copied: 0 reads, 0 writes, 0 bytes").count(), 3, "{servers}");
     let back = tc.dir.path().join("out.bin");
     ok(&cl, &["cp", "sfs:/a/b/f.bin", back.to_str().unwrap()]);
     assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap());

@@ -1,4 +1,4 @@
-//! Client commands: cp, ls, stat, rm, mkdir, getstripe, setstripe, mount.
+//! Client commands: cp, ls, stat, rm, mkdir, getstripe, setstripe, servers, mount.
 
 use super::{any_path, load_cluster, sfs_path};
 use anyhow::{Context, Result, bail};
@@ -262,6 +262,41 @@ pub fn getstripe(cluster: Option<PathBuf>, path: &str) -> Result<()> {
             Some(s) => println!("default: {}", show_spec(&s)),
             None => println!("default: inherited (filesystem defaults)"),
         }
+    }
+    Ok(())
+}
+
+/// `stripefs servers`: one block per io server. An unreachable server is reported and makes
+/// the command fail after the others are shown.
+pub fn servers(cluster: Option<PathBuf>) -> Result<()> {
+    let c = client(cluster)?;
+    let mut failed = 0;
+    for (i, st) in c.server_stats().into_iter().enumerate() {
+        let s = match st {
+            Ok(s) => s,
+            Err(e) => {
+                println!("io server {i}: unreachable: {e}");
+                failed += 1;
+                continue;
+            }
+        };
+        let f = s.fallbacks;
+        println!("io server {i}:");
+        println!(
+            "  requests: {} reads, {} writes, {} syncs, {} errors",
+            s.reads, s.writes, s.syncs, s.errors
+        );
+        println!("  bytes: {} read, {} written; open files: {}", s.bytes_read, s.bytes_written, s.open_files);
+        for (name, p) in [("mapped", s.mapped), ("copied", s.copied)] {
+            println!("  {name}: {} reads, {} writes, {} bytes", p.reads, p.writes, p.bytes);
+        }
+        println!(
+            "  copied instead of mapped: {} unordered, {} beyond the map, {} without fallocate",
+            f.unordered, f.beyond_map, f.no_fallocate
+        );
+    }
+    if failed > 0 {
+        bail!("{failed} io server(s) did not answer");
     }
     Ok(())
 }
