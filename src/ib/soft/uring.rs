@@ -55,6 +55,8 @@ struct RsrcUpdate2 {
 /// Pages pinned by [`pin`]: the (ring, slot) of every ≤ 1 GiB piece.
 #[derive(Debug)]
 pub(crate) struct FixedPin {
+    /// The process that pinned (its rings hold the slots).
+    pid: u32,
     shard: usize,
     slots: SmallVec<[(RawFd, u32); 1]>,
 }
@@ -205,7 +207,7 @@ pub(crate) fn unpin(p: FixedPin) {
 }
 
 fn pin_in(rings: &Mutex<Rings>, addr: u64, len: u64) -> io::Result<FixedPin> {
-    let mut done = FixedPin { shard: 0, slots: SmallVec::new() };
+    let mut done = FixedPin { pid: std::process::id(), shard: 0, slots: SmallVec::new() };
     let mut off = 0;
     while off < len {
         let piece = (len - off).min(MAX_SLOT_BYTES);
@@ -227,6 +229,11 @@ fn pin_in(rings: &Mutex<Rings>, addr: u64, len: u64) -> io::Result<FixedPin> {
 }
 
 fn unpin_in(rings: &Mutex<Rings>, p: FixedPin) {
+    if p.pid != std::process::id() {
+        // A forked child dropping its copy of the parent's registration: the ring is the
+        // parent's, so clearing the slot would unpin the parent's pages.
+        return;
+    }
     for (fd, slot) in p.slots {
         match update(fd, slot, 0, 0) {
             Ok(()) => give_back(rings, fd, slot),
@@ -302,5 +309,22 @@ mod tests {
         let (fd, _) = take_slot(&rings).unwrap();
         assert_ne!(fd, -1);
         assert_eq!(rings.lock().unwrap().pid, std::process::id());
+    }
+
+    #[test]
+    fn a_pin_inherited_from_another_process_is_left_alone() {
+        if available().is_err() {
+            return;
+        }
+        let rings = Mutex::new(Rings::default());
+        let buf = vec![1u8; 4096];
+        let mut p = pin_in(&rings, buf.as_ptr() as u64, 4096).unwrap();
+        let slot = p.slots[0];
+        // As if a forked child dropped it: nothing is cleared or handed back.
+        p.pid = std::process::id() + 1;
+        unpin_in(&rings, p);
+        assert_eq!(free_slots(&rings), SLOTS as usize - 1);
+        // Clean up as the owner would: the slot is still taken.
+        update(slot.0, slot.1, 0, 0).unwrap();
     }
 }
