@@ -578,8 +578,8 @@ pub struct SoftMr {
     addr: u64,
     len: usize,
     access: AccessFlags,
+    /// The pages it holds; taken at deregistration (`None`: no longer live).
     pinned: Option<pin::Pinned>,
-    live: bool,
 }
 
 /// `state` word of an MR entry.
@@ -611,9 +611,7 @@ fn check_mr(shm: &Shm, key: u32, addr: u64, len: u64, need: AccessFlags, pd: u64
 
 impl SoftMr {
     fn release(&mut self) {
-        if !std::mem::take(&mut self.live) {
-            return;
-        }
+        let Some(pinned) = self.pinned.take() else { return };
         let t0 = Instant::now();
         let ctx = &self.ctx;
         if let Some(e) = ctx.shm.mr(u64::from(self.idx)) {
@@ -621,9 +619,7 @@ impl SoftMr {
         }
         // Nobody may be inside an access validated against the old state when we unpin.
         ctx.shm.synchronize();
-        if let Some(p) = self.pinned.take() {
-            pin::release(p);
-        }
+        pin::release(pinned);
         ctx.alloc.lock().unwrap_or_else(|p| p.into_inner()).mr_free.push_back(self.idx);
         let c = &ctx.counters;
         c.pinned_bytes.fetch_sub(self.len as u64, Relaxed);
@@ -993,7 +989,6 @@ impl Verbs for SoftContext {
             len,
             access,
             pinned: Some(pinned),
-            live: true,
         })
     }
 

@@ -63,7 +63,7 @@ struct PinTable {
 static PINS: Mutex<PinTable> = Mutex::new(PinTable { map: BTreeMap::new() });
 
 /// Page-aligned cover of `[addr, addr + len)`.
-pub(crate) fn page_span(addr: u64, len: u64) -> Option<(u64, u64)> {
+fn page_span(addr: u64, len: u64) -> Option<(u64, u64)> {
     let page = sys::page_size() as u64;
     let start = addr - addr % page;
     let end = addr.checked_add(len)?.checked_next_multiple_of(page)?;

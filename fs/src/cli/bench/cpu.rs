@@ -148,8 +148,8 @@ pub fn run(ctx: &Ctx, a: &CpuArgs) -> Result<Report> {
                         if pooled && op == "read" {
                             continue;
                         }
-                        let c0 = ep.info().counters;
-                        let d0 = device_ns(&ep);
+                        let i0 = ep.info();
+                        let (c0, d0) = (i0.counters, device_ns(&i0));
                         let (cc, sc, t) =
                             (benchkit::cpu::self_cpu(), benchkit::cpu::procs_cpu(&io_pids), Instant::now());
                         if op == "write" {
@@ -160,8 +160,8 @@ pub fn run(ctx: &Ctx, a: &CpuArgs) -> Result<Report> {
                         let secs = t.elapsed().as_secs_f64();
                         let client_cpu = (benchkit::cpu::self_cpu() - cc).as_secs_f64();
                         let server_cpu = (benchkit::cpu::procs_cpu(&io_pids) - sc).as_secs_f64();
-                        let c1 = ep.info().counters;
-                        let device = (device_ns(&ep) - d0) as f64 / 1e9;
+                        let i1 = ep.info();
+                        let (c1, device) = (i1.counters, (device_ns(&i1) - d0) as f64 / 1e9);
                         let forced = match mech {
                             Mechanism::Inline => c1.mech_inline - c0.mech_inline,
                             Mechanism::FastRdma => c1.mech_fast_rdma - c0.mech_fast_rdma,
@@ -201,8 +201,8 @@ pub fn run(ctx: &Ctx, a: &CpuArgs) -> Result<Report> {
 
 /// Nanoseconds the software provider spent on the device's work in this process (0 on TCP
 /// and on hardware).
-fn device_ns(ep: &ionet::Endpoint) -> u64 {
-    ep.info().rdma.map_or(0, |r| r.provider.device_ns)
+fn device_ns(info: &ionet::Info) -> u64 {
+    info.rdma.as_ref().map_or(0, |r| r.provider.device_ns)
 }
 
 /// Table and plot.
