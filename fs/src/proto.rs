@@ -1033,7 +1033,8 @@ impl<T> Envelope<T> {
 /// [`Message::validate`] and messages over [`MAX_MESSAGE`].
 pub fn encode<T: Message>(env: &Envelope<T>) -> Result<Vec<u8>, ProtoError> {
     env.body.validate()?;
-    let mut out = Vec::with_capacity(64);
+    // Room for an I/O request with its capability and a short descriptor: no regrowth.
+    let mut out = Vec::with_capacity(256);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&env.version.to_le_bytes());
     out.push(T::KIND);

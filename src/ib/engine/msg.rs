@@ -100,6 +100,7 @@ pub struct Segment {
 
 /// Appends a segment list (`u32` count, then the segments).
 pub fn encode_segments(out: &mut Vec<u8>, segs: &[Segment]) {
+    out.reserve(segments_len(segs.len()));
     out.extend_from_slice(&(segs.len() as u32).to_le_bytes());
     for s in segs {
         out.extend_from_slice(&s.addr.to_le_bytes());

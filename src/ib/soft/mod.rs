@@ -1033,6 +1033,10 @@ impl Verbs for SoftContext {
         e.cap.store(u64::from(cap), Relaxed);
         e.ring_off.store(ring_off, Relaxed);
         e.channel_fd.store(channel.map_or(u64::MAX, |c| c.as_raw_fd() as u64), Relaxed);
+        // Allocated up front like an HCA's CQ buffer, not a page at a time by peers' pushes.
+        if let Some(off) = ctx.shm.arena(ring_off, bytes) {
+            ctx.shm.prefault(off, bytes);
+        }
         let generation = e.life.load(Relaxed) >> 1;
         e.life.store((generation + 1) << 1 | 1, SeqCst);
         if let Some(ch) = channel {
@@ -1109,6 +1113,55 @@ impl Verbs for SoftContext {
             rdma_read_bytes: c.rdma_read_bytes.load(Relaxed),
             send_bytes: c.send_bytes.load(Relaxed),
             rnr_retries: c.rnr_retries.load(Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod prefault_tests {
+    use super::*;
+
+    /// Resident kB of every mapping of context `ctx`'s image in this process (its own, and
+    /// those of contexts attached to it as a peer).
+    fn image_rss_kb(ctx: &SoftContext) -> Vec<u64> {
+        let name = format!("ionet-softib-{}-{:08x}", ctx.inner.pid, ctx.inner.token);
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut out = Vec::new();
+        let mut ours = false;
+        for line in smaps.lines() {
+            if line.split_whitespace().next().is_some_and(|f| f.contains('-') && !f.ends_with(':')) {
+                ours = line.contains(&name);
+            } else if ours && let Some(kb) = line.strip_prefix("Rss:") {
+                out.push(kb.trim().trim_end_matches(" kB").trim().parse().unwrap());
+            }
+        }
+        out
+    }
+
+    const CQE: u32 = 65536;
+    const RING_KB: u64 = CQE as u64 * CQE_WORDS * 8 / 1024;
+
+    #[test]
+    fn cq_rings_are_mapped_at_creation_and_at_connection() {
+        let open = || SoftProvider::new(SoftConfig::default()).open(None).unwrap();
+        let (a, b) = (open(), open());
+        let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+        let (ca, cb) = (a.create_cq(CQE, None, 0).unwrap(), b.create_cq(CQE, None, 0).unwrap());
+        // The owner's mapping holds the whole ring before any completion was pushed.
+        assert!(image_rss_kb(&b).iter().all(|&kb| kb >= RING_KB), "{:?}", image_rss_kb(&b));
+        let init =
+            |cq| QpInit { send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false };
+        let (qa, qb) = (a.create_qp(&pa, &init(&ca)).unwrap(), b.create_qp(&pb, &init(&cb)).unwrap());
+        let info = |ctx: &SoftContext, qp: &SoftQp| QpEndpointInfo::local(qp, &ctx.port_attr(1).unwrap(), 1);
+        let (ia, ib) = (info(&a, &qa), info(&b, &qb));
+        bring_up(&qb, &ib, &ia, &ConnParams::default()).unwrap();
+        bring_up(&qa, &ia, &ib, &ConnParams::default()).unwrap();
+        // Each side now maps the other's image, with the ring it pushes receive completions
+        // into already in its page tables: no fault per page on the data path.
+        for ctx in [&a, &b] {
+            let rss = image_rss_kb(ctx);
+            assert_eq!(rss.len(), 2, "the owner's mapping and the peer's: {rss:?}");
+            assert!(rss.iter().all(|&kb| kb >= RING_KB), "{rss:?}");
         }
     }
 }

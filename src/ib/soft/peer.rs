@@ -96,11 +96,11 @@ impl Peer {
     }
 
     /// False once the peer process has exited.
-    pub(crate) fn alive(&self) -> bool {
+    pub(crate) fn alive(&self, now: Instant) -> bool {
         if self.same_process {
             return true;
         }
-        let now = self.attached.elapsed().as_nanos() as u64 + 1;
+        let now = now.saturating_duration_since(self.attached).as_nanos() as u64 + 1;
         let last = self.checked_ns.load(Relaxed);
         if last != 0 && now.saturating_sub(last) < LIVENESS_TTL_NS {
             return true;

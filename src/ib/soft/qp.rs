@@ -122,23 +122,6 @@ enum Outcome {
 
 use Outcome::*;
 
-/// `Instant::now()`, read at most once and only when asked for.
-#[derive(Default)]
-struct Clock(std::cell::Cell<Option<Instant>>);
-
-impl Clock {
-    fn get(&self) -> Instant {
-        match self.0.get() {
-            Some(t) => t,
-            None => {
-                let t = Instant::now();
-                self.0.set(Some(t));
-                t
-            }
-        }
-    }
-}
-
 fn state_from_raw(v: u64) -> QpState {
     match v {
         qps::RESET => QpState::Reset,
@@ -331,15 +314,15 @@ impl QpInner {
     /// timed into `device_ns` so host CPU can be told from emulated-device CPU.
     fn run(&self, ss: &mut SendSide) -> Option<Instant> {
         let t0 = Instant::now();
-        let next = self.run_queue(ss);
+        let next = self.run_queue(ss, t0);
         self.ctx.bump(&self.ctx.counters.device_ns, t0.elapsed().as_nanos() as u64);
         next
     }
 
-    fn run_queue(&self, ss: &mut SendSide) -> Option<Instant> {
-        // Reading the clock costs a vDSO call per work request; only do it when needed.
-        let now = &Clock::default();
-        while ss.reads.front().is_some_and(|r| r.due <= now.get()) {
+    fn run_queue(&self, ss: &mut SendSide, now: Instant) -> Option<Instant> {
+        // One clock reading for the whole run (`run` takes it anyway for `device_ns`): a vDSO
+        // call per work request costs as much as a small one's bookkeeping.
+        while ss.reads.front().is_some_and(|r| r.due <= now) {
             let Some(r) = ss.reads.pop_front() else { break };
             let (st, n) = if self.state_raw() == qps::ERR {
                 (WcStatus::WrFlushErr, 0)
@@ -365,7 +348,7 @@ impl QpInner {
                 return ss.reads.front().map(|r| r.due);
             }
             if let Some(t) = ss.blocked_until {
-                if t > now.get() {
+                if t > now {
                     ss.pending.push_front(wr);
                     return Some(t);
                 }
@@ -469,17 +452,17 @@ impl QpInner {
         }
     }
 
-    fn transport_retry(&self, ss: &mut SendSide, now: &Clock) -> Outcome {
+    fn transport_retry(&self, ss: &mut SendSide, now: Instant) -> Outcome {
         let Some(rts) = ss.rts else { return Done(WcStatus::RetryExcErr, 0) };
         if ss.head_retry < u32::from(rts.retry_cnt) {
             ss.head_retry += 1;
-            Retry(now.get() + ack_timeout(rts.timeout).max(Duration::from_micros(100)))
+            Retry(now + ack_timeout(rts.timeout).max(Duration::from_micros(100)))
         } else {
             Done(WcStatus::RetryExcErr, 0)
         }
     }
 
-    fn rnr(&self, ss: &mut SendSide, e: &QpEntry, now: &Clock) -> Outcome {
+    fn rnr(&self, ss: &mut SendSide, e: &QpEntry, now: Instant) -> Outcome {
         let Some(rts) = ss.rts else { return Done(WcStatus::RnrRetryExcErr, 0) };
         // rnr_retry = 7 means "retry forever" in verbs.
         if rts.rnr_retry >= 7 || ss.head_rnr < u32::from(rts.rnr_retry) {
@@ -487,7 +470,7 @@ impl QpInner {
             self.ctx.bump(&self.ctx.counters.rnr_retries, 1);
             // The responder's RNR NAK carries its own min_rnr_timer.
             let code = (e.min_rnr_timer.load(Relaxed) & 31) as u8;
-            Retry(now.get() + rnr_timer_delay(code))
+            Retry(now + rnr_timer_delay(code))
         } else {
             Done(WcStatus::RnrRetryExcErr, 0)
         }
@@ -528,7 +511,7 @@ impl QpInner {
 
     /// Executes one work request. `completing_read`: finish a delayed RDMA_READ (no faults,
     /// no PSN, no retries).
-    fn exec(&self, ss: &mut SendSide, wr: &PendingWr, now: &Clock, completing_read: bool) -> Outcome {
+    fn exec(&self, ss: &mut SendSide, wr: &PendingWr, now: Instant, completing_read: bool) -> Outcome {
         if !completing_read {
             if ss.faults.qp_error_after.is_some_and(|n| ss.processed >= n) {
                 tracing::debug!(qpn = self.qpn, "fault: QP error");
@@ -550,7 +533,7 @@ impl QpInner {
         };
         // Retries ask the kernel every time; the fast path reuses a recent answer.
         let retrying = ss.head_rnr > 0 || ss.head_retry > 0 || completing_read;
-        if !(if retrying { peer.alive_now() } else { peer.alive() }) {
+        if !(if retrying { peer.alive_now() } else { peer.alive(now) }) {
             tracing::debug!(qpn = self.qpn, pid = peer.pid(), "peer process is gone");
             return Done(WcStatus::RetryExcErr, 0);
         }
@@ -605,7 +588,7 @@ impl QpInner {
                     }
                     if let Some(d) = ss.faults.read_delay {
                         advance_psn(ss);
-                        return Deferred(now.get() + d);
+                        return Deferred(now + d);
                     }
                 }
                 if !one_sided(remote_addr, rkey, AccessFlags::REMOTE_READ) {
@@ -756,6 +739,19 @@ impl QpInner {
     }
 }
 
+/// Prefaults, in our mapping of the peer's image, the receive CQ ring of its QP `qpn`: every
+/// receive completion of this connection is pushed there, and a page first written on the data
+/// path costs a fault (see [`Shm::prefault`](super::shm::Shm::prefault)).
+fn prefault_remote_cq(peer: &Peer, qpn: u32) {
+    let idx = u64::from(qpn) & ((1 << QPN_IDX_BITS) - 1);
+    let generation = u64::from(qpn) >> QPN_IDX_BITS;
+    if let Some(e) = peer.shm.qp(idx)
+        && e.life.load(Acquire) == generation << 1 | 1
+    {
+        CqRing::prefault(&peer.shm, e.recv_cq.load(Acquire));
+    }
+}
+
 /// Adds a completion to the receive CQ of a peer QP and wakes its owner if it armed the CQ.
 fn push_remote(peer: &Peer, t: &QpEntry, wc: &WorkCompletion, solicited: bool) {
     let r = match CqRing::open(&peer.shm, t.recv_cq.load(Acquire)) {
@@ -845,6 +841,9 @@ impl QueuePair for SoftQp {
                         None
                     }
                 };
+                if let Some((p, _)) = &peer {
+                    prefault_remote_cq(p, a.remote.qpn);
+                }
                 ss.conn = Some(Conn { remote: a.remote, peer });
                 let token = SoftGid::parse(&a.remote.gid).map_or(0, |g| g.token);
                 e.remote_qpn.store(u64::from(a.remote.qpn), Release);

@@ -193,6 +193,16 @@ impl<'a> CqRing<'a> {
         Some(CqRing { e, words: shm.words(off, cap * CQE_WORDS)?, cap })
     }
 
+    /// Prefaults CQ `idx`'s ring in this process's mapping of `shm` (see [`Shm::prefault`]).
+    pub(crate) fn prefault(shm: &Shm, idx: u64) {
+        if let Some(ring) = CqRing::open(shm, idx) {
+            let len = ring.cap * CQE_WORDS * 8;
+            if let Some(off) = shm.arena(ring.e.ring_off.load(Acquire), len) {
+                shm.prefault(off, len);
+            }
+        }
+    }
+
     /// The owner's view of its own CQ, from the parameters it created it with: no loads of
     /// shared header fields on the (spin-)polling path.
     pub(crate) fn owned(shm: &'a Shm, idx: u64, ring_off: u64, cap: u64) -> Option<CqRing<'a>> {
