@@ -261,6 +261,17 @@ pub(crate) struct Core {
     /// in the backend: the endpoint call that caused it wakes the backend on its way out.
     kick: AtomicBool,
     pub(crate) counters: Counters,
+    /// Called whenever a request is queued for `next_request` (see [`Endpoint::on_request`]).
+    request_hook: OnceLock<RequestHook>,
+}
+
+/// The callback of [`Endpoint::on_request`].
+struct RequestHook(Box<dyn Fn() + Send + Sync>);
+
+impl fmt::Debug for RequestHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RequestHook")
+    }
 }
 
 // True on the thread inside `Backend::progress`: what it queues, it sees itself.
@@ -368,10 +379,15 @@ impl Core {
 
     /// Queues an incoming request for [`Endpoint::next_request`].
     pub(crate) fn push_request(&self, r: RequestMeta) {
-        let mut st = self.lock();
-        st.requests.push_back(r);
-        self.note_queued(&st);
-        self.wake_sleepers(&st);
+        {
+            let mut st = self.lock();
+            st.requests.push_back(r);
+            self.note_queued(&st);
+            self.wake_sleepers(&st);
+        }
+        if let Some(h) = self.request_hook.get() {
+            (h.0)();
+        }
     }
 
     /// Drops queued requests of a lost peer: they can no longer be answered. Unexpected
@@ -758,7 +774,21 @@ impl Endpoint {
         Ok(u)
     }
 
-    /// Waits up to `timeout` (forever with `None`) for the next incoming request.
+    /// Calls `f` each time a request is queued for [`Endpoint::next_request`], on whichever
+    /// thread is driving progress at that moment — so keep it short, and do not call back into
+    /// this endpoint from it. A server's own worker pool uses it to wake an idle worker when a
+    /// request arrives while its other workers are busy serving (their progress queues it).
+    /// One hook per endpoint: a second call is refused.
+    pub fn on_request(&self, f: impl Fn() + Send + Sync + 'static) -> Result<()> {
+        self.inner
+            .core
+            .request_hook
+            .set(RequestHook(Box::new(f)))
+            .map_err(|_| Error::misuse("the endpoint already has a request hook"))
+    }
+
+    /// Waits up to `timeout` (forever with `None`) for the next incoming request. A zero
+    /// timeout looks once without blocking (driving progress one round if no other thread is).
     pub fn next_request(&self, timeout: Option<Duration>) -> Result<Option<Request>> {
         let meta = self.wait_until(Until::after(timeout), |st| st.requests.pop_front(), false)?;
         Ok(meta.map(|meta| Request { ep: self.clone(), meta, answered: false }))
@@ -974,6 +1004,9 @@ enum Until {
 impl Until {
     fn after(timeout: Option<Duration>) -> Until {
         match timeout {
+            // A zero timeout is one look, progress included: a caller that polls in a loop
+            // with it must see the network, not only what another thread queued.
+            Some(t) if t.is_zero() => Until::Poll,
             Some(t) => Until::Within(t),
             None => Until::Never,
         }

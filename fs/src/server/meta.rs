@@ -104,7 +104,7 @@ impl MetaServer {
         }
         let store = MetaStore::open(&cfg.db_path, MetaConfig::from_cluster(&cfg.cluster))?;
         let stale_creates = store.pending_creates()?;
-        // The serving endpoint is progressed by its workers (leader/followers).
+        // The serving endpoint is progressed by its workers (see `spawn_workers`).
         let ep_cfg = crate::net::endpoint_config(&cfg.key, cfg.wait_mode, false);
         // Its own progress thread: a connection to an io server that dies while idle is noticed
         // then, so the next fan-out after a restart redials instead of failing on a dead socket.

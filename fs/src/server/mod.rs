@@ -1,10 +1,11 @@
 //! The servers: [`meta::MetaServer`] (namespace, layouts, capabilities) and [`io::IoServer`]
-//! (object data). Both are a leader/followers pool of worker threads over one bound ionet
-//! endpoint without a progress thread ([`spawn_workers`]): one worker at a time waits in
-//! `next_request`, driving the transport itself, and serves the request it receives start to end
-//! (pipelined transfers included) after handing the lead to an idle worker. Several requests —
-//! from one client or many — are therefore served at once, up to the number of workers, and a
-//! request reaches the thread that serves it without a hand-off.
+//! (object data). Both are a pool of worker threads over one bound ionet endpoint without a
+//! progress thread ([`spawn_workers`]): a leader waits in `next_request`, driving the transport
+//! itself, and serves the request it receives start to end (pipelined transfers included),
+//! keeping the lead; requests that arrive meanwhile wake helpers. Several requests — from one
+//! client or many — are therefore served at once, up to the number of workers, a request
+//! reaches the thread that serves it without a hand-off, and a lone client's next request
+//! meets a thread that is still polling for it.
 //!
 //! Nothing a peer sends panics a worker: headers go through [`proto::decode`] (bounded, typed
 //! errors answered with an error reply), every io request's capability is checked before the
@@ -122,58 +123,122 @@ impl Drop for ServerHandle {
     }
 }
 
-/// Which worker waits for the next request: at most one at a time (the *leader*); the others
-/// (*followers*) sleep here, not on the endpoint.
+/// How often a standing-by worker looks for requests while the leader serves one: the bound on
+/// how long a new request waits when the busy leader is not driving the transport (a long disk
+/// operation) and so does not queue it.
+const STANDBY: Duration = Duration::from_millis(1);
+
+/// Who does what in a worker pool. One worker at a time *leads*: it waits in `next_request` and
+/// serves what it receives itself, keeping the lead. A client's next request, which usually
+/// follows the reply within microseconds, then meets a thread that is already polling for it,
+/// as in a single-threaded server — not one that went to sleep in the transport while the
+/// previous request was served (over InfiniBand the client pays for waking it). The other
+/// workers (*helpers*) sleep here, not on the endpoint. While the leader serves, every request
+/// the transport queues wakes one helper to serve it (through [`Endpoint::on_request`]), and one
+/// helper stands by, looking every [`STANDBY`] for requests nobody has queued.
 #[derive(Debug, Default)]
-struct Leadership {
-    st: Mutex<LeaderState>,
+struct Pool {
+    st: Mutex<PoolState>,
     cv: Condvar,
 }
 
 #[derive(Debug, Default)]
-struct LeaderState {
-    /// A worker is waiting in `next_request`.
-    taken: bool,
-    /// Followers asleep on `cv` (a notify costs a futex call, so it is skipped when none).
+struct PoolState {
+    /// A worker leads.
+    led: bool,
+    /// The leader is serving a request (not waiting in `next_request`).
+    serving: bool,
+    /// Requests queued while the leader serves that no woken helper has looked for yet.
+    queued: usize,
+    /// A helper stands by.
+    standby: bool,
+    /// Workers asleep on `cv` (a notify costs a futex call, so it is skipped when none).
     sleeping: usize,
 }
 
-impl Leadership {
-    fn lock(&self) -> MutexGuard<'_, LeaderState> {
+/// What [`Pool::role`] gives a worker to do.
+#[derive(Debug, PartialEq, Eq)]
+enum Role {
+    /// Lead: wait for requests and serve them, until stopping.
+    Lead,
+    /// Take a request that is there, without waiting, and serve it.
+    Help,
+    /// The pool is stopping.
+    Stop,
+}
+
+impl Pool {
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Waits until no other worker leads, then leads. `false` when stopping.
-    fn acquire(&self, stop: &AtomicBool) -> bool {
+    /// Waits for something to do.
+    fn role(&self, stop: &AtomicBool) -> Role {
         let mut st = self.lock();
-        while st.taken {
+        loop {
             if stop.load(Ordering::Relaxed) {
-                return false;
+                return Role::Stop;
             }
+            if !st.led {
+                st.led = true;
+                return Role::Lead;
+            }
+            if st.queued > 0 {
+                st.queued -= 1;
+                return Role::Help;
+            }
+            let standby = st.serving && !st.standby;
+            st.standby |= standby;
             st.sleeping += 1;
-            st = self.cv.wait_timeout(st, POLL).unwrap_or_else(|p| p.into_inner()).0;
+            let nap = if standby { STANDBY } else { POLL };
+            let (g, r) = self.cv.wait_timeout(st, nap).unwrap_or_else(|p| p.into_inner());
+            st = g;
             st.sleeping -= 1;
+            if standby {
+                st.standby = false;
+                if r.timed_out() && st.serving {
+                    return Role::Help;
+                }
+            }
         }
-        st.taken = true;
-        true
     }
 
-    /// Gives up the lead and wakes one follower to take it.
-    fn release(&self) {
+    /// The leader took a request (`true`) or finished serving it (`false`: it takes whatever
+    /// is queued itself from now on).
+    fn serving(&self, on: bool) {
         let mut st = self.lock();
-        st.taken = false;
+        st.serving = on;
+        if !on {
+            st.queued = 0;
+        }
+    }
+
+    /// The leader stops leading (the pool is stopping).
+    fn step_down(&self) {
+        let mut st = self.lock();
+        st.led = false;
+        st.serving = false;
         if st.sleeping > 0 {
-            self.cv.notify_one();
+            self.cv.notify_all();
+        }
+    }
+
+    /// The transport queued a request: if the leader is busy serving, wake a helper for it.
+    fn request_queued(&self) {
+        let mut st = self.lock();
+        if st.serving {
+            st.queued += 1;
+            if st.sleeping > 0 {
+                self.cv.notify_one();
+            }
         }
     }
 }
 
-/// Runs `handle` for every request on `ep` in `workers` threads until `stop`, as a
-/// leader/followers pool: one worker waits in `next_request` (with no progress thread it drives
-/// the transport itself, so the request it gets needs no hand-off between threads); when a
-/// request arrives it wakes one follower to lead and serves the request itself. Idle workers
-/// sleep on the pool's own condition variable, so the transport's completions wake only the
-/// threads that wait for them — not every idle worker.
+/// Runs `handle` for every request on `ep` in `workers` threads until `stop`: a leader that
+/// serves what it receives and keeps the lead, and helpers for requests that arrive while it
+/// is busy (see [`Pool`]). With no progress thread, whoever waits drives the transport, so a
+/// request reaches the thread that serves it without a hand-off.
 pub(crate) fn spawn_workers<F>(
     name: &str,
     ep: &Endpoint,
@@ -185,34 +250,54 @@ where
     F: Fn(Request) + Send + Sync + 'static,
 {
     let handle = Arc::new(handle);
-    let lead = Arc::new(Leadership::default());
+    let pool = Arc::new(Pool::default());
+    let p = pool.clone();
+    if let Err(e) = ep.on_request(move || p.request_queued()) {
+        return Err(std::io::Error::other(e.to_string()));
+    }
     (0..workers.max(1))
         .map(|i| {
-            let (ep, stop, handle, lead) = (ep.clone(), stop.clone(), handle.clone(), lead.clone());
+            let (ep, stop, handle, pool) = (ep.clone(), stop.clone(), handle.clone(), pool.clone());
             std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
-                while lead.acquire(&stop) {
-                    let req = loop {
-                        if stop.load(Ordering::Relaxed) {
-                            break None;
-                        }
-                        match ep.next_request(Some(POLL)) {
-                            Ok(Some(req)) => break Some(req),
+                loop {
+                    match pool.role(&stop) {
+                        Role::Stop => break,
+                        Role::Help => match ep.next_request(Some(Duration::ZERO)) {
+                            Ok(Some(req)) => handle(req),
                             Ok(None) => {}
-                            Err(e) => {
-                                warn!(error = %e, "next_request failed");
-                                std::thread::sleep(POLL);
+                            Err(e) => debug!(error = %e, "next_request failed"),
+                        },
+                        Role::Lead => {
+                            while let Some(req) = lead_wait(&ep, &stop) {
+                                pool.serving(true);
+                                handle(req);
+                                pool.serving(false);
                             }
+                            pool.step_down();
+                            break;
                         }
-                    };
-                    lead.release();
-                    match req {
-                        Some(req) => handle(req),
-                        None => break,
                     }
                 }
             })
         })
         .collect()
+}
+
+/// The leader's wait for the next request; `None` once stopping.
+fn lead_wait(ep: &Endpoint, stop: &AtomicBool) -> Option<Request> {
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        match ep.next_request(Some(POLL)) {
+            Ok(Some(req)) => return Some(req),
+            Ok(None) => {}
+            Err(e) => {
+                warn!(error = %e, "next_request failed");
+                std::thread::sleep(POLL);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -294,28 +379,53 @@ mod tests {
         server.shutdown();
     }
 
+    /// One client asking one request at a time is served by the leader every time: it keeps
+    /// the lead instead of handing it to a helper that would have to be woken for the next one.
     #[test]
-    fn leadership_is_exclusive_and_passes_on() {
-        let l = Arc::new(Leadership::default());
-        let stop = AtomicBool::new(false);
-        assert!(l.acquire(&stop));
-        let l2 = l.clone();
-        let follower = std::thread::spawn(move || {
-            let stop = AtomicBool::new(false);
-            l2.acquire(&stop)
+    fn a_lone_client_is_served_by_the_leader_every_time() {
+        let threads = Arc::new(Mutex::new(Vec::new()));
+        let t = threads.clone();
+        let (c, peer, server) = pool(4, move |req| {
+            t.lock().unwrap().push(std::thread::current().id());
+            let _ = req.reply(Bytes::from_static(b"ok"));
         });
-        // The follower sleeps until the lead is released.
+        for _ in 0..20 {
+            assert!(c.wait(ask(&c, peer)).unwrap().result.is_ok());
+        }
+        let seen = threads.lock().unwrap().clone();
+        assert_eq!(seen.len(), 20);
+        assert!(seen.iter().all(|id| *id == seen[0]), "served by {seen:?}");
+        server.shutdown();
+    }
+
+    #[test]
+    fn roles_lead_help_and_stop() {
+        let p = Arc::new(Pool::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        assert_eq!(p.role(&stop), Role::Lead);
+        // Not serving: the leader takes queued requests itself, nobody is woken.
+        p.request_queued();
+        assert_eq!(p.lock().queued, 0);
+        // Serving: a queued request wakes a sleeping helper.
+        p.serving(true);
+        let (p2, s2) = (p.clone(), stop.clone());
+        let helper = std::thread::spawn(move || p2.role(&s2));
         let t = Instant::now();
-        while l.lock().sleeping == 0 {
-            assert!(t.elapsed() < Duration::from_secs(10), "follower never waited");
+        while p.lock().sleeping == 0 {
+            assert!(t.elapsed() < Duration::from_secs(10), "the helper never slept");
             std::thread::yield_now();
         }
-        assert!(!follower.is_finished());
-        l.release();
-        assert!(follower.join().unwrap(), "the follower takes the lead");
-        assert!(l.lock().taken);
-        // A stopping pool does not wait for a lead that is never released.
+        p.request_queued();
+        assert_eq!(helper.join().unwrap(), Role::Help);
+        // The stand-by helper looks on its own while the leader serves.
+        assert_eq!(p.role(&stop), Role::Help);
+        // Done serving: leftovers are the leader's.
+        p.request_queued();
+        p.serving(false);
+        assert_eq!(p.lock().queued, 0);
         stop.store(true, Ordering::Relaxed);
-        assert!(!l.acquire(&stop));
+        assert_eq!(p.role(&stop), Role::Stop);
+        p.step_down();
+        assert!(!p.lock().led);
     }
 }
