@@ -268,12 +268,14 @@ where
                             Err(e) => debug!(error = %e, "next_request failed"),
                         },
                         Role::Lead => {
+                            // Steps down however the lead ends, a panicking handler included:
+                            // another worker must be able to lead.
+                            let _lead = StepDown(&pool);
                             while let Some(req) = lead_wait(&ep, &stop) {
                                 pool.serving(true);
                                 handle(req);
                                 pool.serving(false);
                             }
-                            pool.step_down();
                             break;
                         }
                     }
@@ -281,6 +283,15 @@ where
             })
         })
         .collect()
+}
+
+/// Gives up the lead when dropped.
+struct StepDown<'a>(&'a Pool);
+
+impl Drop for StepDown<'_> {
+    fn drop(&mut self) {
+        self.0.step_down();
+    }
 }
 
 /// The leader's wait for the next request; `None` once stopping.
@@ -396,6 +407,44 @@ mod tests {
         assert_eq!(seen.len(), 20);
         assert!(seen.iter().all(|id| *id == seen[0]), "served by {seen:?}");
         server.shutdown();
+    }
+
+    /// A handler that panics ends its thread, not the pool's leadership: the next request is
+    /// served by a worker that took the lead (the one left).
+    #[test]
+    fn a_panicking_handler_gives_up_the_lead() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let n = calls.clone();
+        let (c, peer, server) = pool(2, move |req| {
+            if n.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("handler bug (expected by the test)");
+            }
+            let _ = req.reply(Bytes::from_static(b"ok"));
+        });
+        // The first request's reply is the transport's "dropped" error.
+        assert!(c.wait(ask(&c, peer)).unwrap().result.is_err());
+        for _ in 0..5 {
+            assert!(c.wait(ask(&c, peer)).unwrap().result.is_ok());
+        }
+        server.shutdown();
+    }
+
+    #[test]
+    fn step_down_runs_on_unwind() {
+        let p = Arc::new(Pool::default());
+        let stop = AtomicBool::new(false);
+        let p2 = p.clone();
+        let r = std::thread::spawn(move || {
+            let stop = AtomicBool::new(false);
+            assert_eq!(p2.role(&stop), Role::Lead);
+            let _lead = StepDown(&p2);
+            p2.serving(true);
+            panic!("handler bug (expected by the test)");
+        })
+        .join();
+        assert!(r.is_err());
+        assert!(!p.lock().led && !p.lock().serving);
+        assert_eq!(p.role(&stop), Role::Lead, "the lead is free again");
     }
 
     #[test]
