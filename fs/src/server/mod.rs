@@ -213,7 +213,7 @@ impl Pool {
         }
     }
 
-    /// The leader stops leading (the pool is stopping).
+    /// The leader gives up the lead: the pool is stopping, or its handler panicked.
     fn step_down(&self) {
         let mut st = self.lock();
         st.led = false;
