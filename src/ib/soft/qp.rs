@@ -498,12 +498,9 @@ impl QpInner {
 
     /// The peer QP entry, if it is alive, receiving, and connected to us.
     fn target<'p>(&self, peer: &'p Peer, remote_qpn: u32) -> Option<&'p QpEntry> {
-        let idx = u64::from(remote_qpn) & ((1 << QPN_IDX_BITS) - 1);
-        let generation = u64::from(remote_qpn) >> QPN_IDX_BITS;
-        let e = peer.shm.qp(idx)?;
+        let e = live_qp(peer, remote_qpn)?;
         let st = e.qp_state.load(SeqCst);
-        let ok = e.life.load(SeqCst) == generation << 1 | 1
-            && (st == qps::RTR || st == qps::RTS)
+        let ok = (st == qps::RTR || st == qps::RTS)
             && e.remote_qpn.load(Acquire) == u64::from(self.qpn)
             && e.remote_token.load(Acquire) == u64::from(self.ctx.token);
         ok.then_some(e)
@@ -743,13 +740,18 @@ impl QpInner {
 /// receive completion of this connection is pushed there, and a page first written on the data
 /// path costs a fault (see [`Shm::prefault`](super::shm::Shm::prefault)).
 fn prefault_remote_cq(peer: &Peer, qpn: u32) {
-    let idx = u64::from(qpn) & ((1 << QPN_IDX_BITS) - 1);
-    let generation = u64::from(qpn) >> QPN_IDX_BITS;
-    if let Some(e) = peer.shm.qp(idx)
-        && e.life.load(Acquire) == generation << 1 | 1
-    {
+    if let Some(e) = live_qp(peer, qpn) {
         CqRing::prefault(&peer.shm, e.recv_cq.load(Acquire));
     }
+}
+
+/// The peer's QP entry that QP number `qpn` names, if that QP (this generation of its slot)
+/// is alive.
+fn live_qp(peer: &Peer, qpn: u32) -> Option<&QpEntry> {
+    let idx = u64::from(qpn) & ((1 << QPN_IDX_BITS) - 1);
+    let generation = u64::from(qpn) >> QPN_IDX_BITS;
+    let e = peer.shm.qp(idx)?;
+    (e.life.load(SeqCst) == generation << 1 | 1).then_some(e)
 }
 
 /// Adds a completion to the receive CQ of a peer QP and wakes its owner if it armed the CQ.
