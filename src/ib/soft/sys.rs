@@ -104,20 +104,39 @@ pub(crate) fn process_start_time(pid: u32) -> io::Result<u64> {
         .ok_or_else(|| io::Error::other("bad /proc/pid/stat"))
 }
 
-/// Our pid (cached: `getpid` is a real system call and lock words ask for it on every take).
-/// A process that forks keeps using the parent's contexts at its own risk; the provider does not
-/// support use across `fork`.
+/// Our pid, cached: `getpid` is a real system call and lock words ask for it on every take.
+/// A forked child must not inherit the cache: it would tag its own contexts and lock words with
+/// its parent's pid (peers would then copy from the parent's memory, and a dead child's locks
+/// would look held by a live process), so a `fork` handler clears it in the child. Using a
+/// parent's contexts across `fork` stays unsupported.
 pub(crate) fn getpid() -> u32 {
-    use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
-    static PID: AtomicU32 = AtomicU32::new(0);
+    use std::sync::atomic::Ordering::Relaxed;
     match PID.load(Relaxed) {
         0 => {
+            FORGET_IN_CHILD.call_once(|| {
+                // SAFETY: the handler only stores to an atomic, which is async-signal-safe, as
+                // code run in a child of a multi-threaded process must be.
+                let r = unsafe { libc::pthread_atfork(None, None, Some(forget_pid)) };
+                if r != 0 {
+                    tracing::warn!(
+                        err = r,
+                        "pthread_atfork failed: a forked child would report its parent's pid"
+                    );
+                }
+            });
             let p = std::process::id();
             PID.store(p, Relaxed);
             p
         }
         p => p,
     }
+}
+
+static PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+static FORGET_IN_CHILD: std::sync::Once = std::sync::Once::new();
+
+extern "C" fn forget_pid() {
+    PID.store(0, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Lets processes of the same user that are not our ancestors use `process_vm_*` and
@@ -562,6 +581,27 @@ mod tests {
         let t = process_start_time(getpid()).unwrap();
         assert!(process_alive(getpid(), t));
         assert!(!process_alive(getpid(), t + 1));
+    }
+
+    #[test]
+    fn a_forked_child_reports_its_own_pid() {
+        let parent = getpid(); // fills the cache
+        // SAFETY: the child only runs async-signal-safe code (an atomic, getpid, _exit) before
+        // it exits, as a child of a multi-threaded process must.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork failed");
+        if child == 0 {
+            // SAFETY: getpid has no preconditions.
+            let ok = getpid() == unsafe { libc::getpid() } as u32 && getpid() != parent;
+            // SAFETY: _exit has no preconditions; the child must not run the harness's exit code.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above; `status` is a valid out pointer.
+        let r = unsafe { libc::waitpid(child, &mut status, 0) };
+        assert_eq!(r, child);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child saw its parent's pid");
+        assert_eq!(getpid(), parent);
     }
 
     #[test]
