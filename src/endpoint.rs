@@ -313,6 +313,15 @@ impl Core {
         }
     }
 
+    /// A waiter leaves the wait loop: if nobody drives and others sleep, wake one of them to
+    /// take over. Whoever it wakes either drives or, its own wait being over, leaves and hands
+    /// over in turn, so a sleeper is never left without a driver.
+    fn hand_over(&self, st: &CoreState) {
+        if !st.driving && st.sleepers > 0 {
+            self.cv.notify_one();
+        }
+    }
+
     /// Records several completions under one lock.
     pub(crate) fn complete_all(&self, cs: impl IntoIterator<Item = Completion>) {
         let mut st = self.lock();
@@ -820,6 +829,7 @@ impl Endpoint {
         let mut st = core.lock();
         loop {
             if let Some(x) = check(&mut st) {
+                core.hand_over(&st);
                 return Ok(Some(x));
             }
             let now = needs_clock.then(Instant::now);
@@ -832,8 +842,14 @@ impl Endpoint {
                 }
             }
             match (until, now) {
-                (Until::Poll, _) if polled => return Ok(None),
-                (Until::At(u), Some(now)) if now >= u => return Ok(None),
+                (Until::Poll, _) if polled => {
+                    core.hand_over(&st);
+                    return Ok(None);
+                }
+                (Until::At(u), Some(now)) if now >= u => {
+                    core.hand_over(&st);
+                    return Ok(None);
+                }
                 _ => {}
             }
             let spinning = match mode {
@@ -856,6 +872,7 @@ impl Endpoint {
                 let (g, _) = core.cv.wait_timeout(st, limit).unwrap_or_else(|p| p.into_inner());
                 st = g;
                 st.sleepers -= 1;
+                Counters::add(&core.counters.waiter_wakeups, 1);
                 continue;
             }
             // Nobody drives: become the driver for one round.
@@ -884,7 +901,10 @@ impl Endpoint {
             }
             polled = true;
             st = guard.finish();
-            r?;
+            if let Err(e) = r {
+                core.hand_over(&st);
+                return Err(e);
+            }
         }
     }
 
@@ -1038,7 +1058,10 @@ impl<'a> DriveGuard<'a> {
         DRIVING.with(|d| d.set(false));
         let mut st = core.lock();
         st.driving = false;
-        core.wake_sleepers(&st);
+        // No wake-up here: the driver goes on to check its own condition with the lock held,
+        // and either drives again or leaves, handing the driving over then (see
+        // [`Core::hand_over`]). Waking every sleeper at the end of each round made them all
+        // run, find nothing, and sleep again — a futex call and a context switch apiece.
         st
     }
 }
@@ -1213,6 +1236,87 @@ mod tests {
 
     fn completion(op: OpId) -> Completion {
         Completion::new(op, OpKind::Send, PeerId(0), 0)
+    }
+
+    /// A backend whose progress rounds find nothing: each lasts until its timeout (at most
+    /// 1 ms), as an epoll wait or a direct `recv` with a timeout does on a quiet network.
+    #[derive(Debug, Default)]
+    struct Quiet {
+        rounds: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Backend for Arc<Quiet> {
+        fn scheme(&self) -> Scheme {
+            Scheme::Tcp
+        }
+        fn local_addr(&self) -> Option<Address> {
+            None
+        }
+        fn connect(&self, _: &Address) -> Result<PeerId> {
+            Ok(PeerId(0))
+        }
+        fn peer_addr(&self, _: PeerId) -> Option<Address> {
+            None
+        }
+        fn post(&self, _: OpId, _: Cmd) -> Result<()> {
+            Ok(())
+        }
+        fn cancel(&self, _: OpId, _: Error) {}
+        fn progress(&self, timeout: Duration) -> Result<()> {
+            std::thread::sleep(timeout.min(Duration::from_millis(1)));
+            self.rounds.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        fn wake(&self) {}
+        fn unexpected_taken(&self, _: PeerId, _: usize) {}
+        fn alloc(&self, _: usize) -> Result<RegisteredBuf> {
+            Err(Error::misuse("not modelled"))
+        }
+        fn expose(&self, _: RegisteredBuf, _: Access) -> Result<MemHandle> {
+            Err(Error::misuse("not modelled"))
+        }
+        fn revoke(&self, _: u64) -> Result<RegisteredBuf> {
+            Err(Error::misuse("not modelled"))
+        }
+        fn with_exposed(&self, _: u64, _: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+            Err(Error::misuse("not modelled"))
+        }
+        fn info(&self, _: &mut Info) {}
+        fn shutdown(&self) {}
+    }
+
+    /// Two threads wait on their own receives: one drives, the other sleeps. The driver's
+    /// empty rounds must not wake the sleeper (each wake-up is a futex call and a context
+    /// switch for nothing); only the completions and the driver's hand-over when it leaves do.
+    #[test]
+    fn a_sleeping_waiter_is_not_woken_by_empty_progress_rounds() {
+        let ep = Endpoint::new(Config::default().wait_mode(WaitMode::Block));
+        let quiet = Arc::new(Quiet::default());
+        assert!(ep.inner.backend.set(Box::new(quiet.clone())).is_ok());
+        let recv = || ep.recv(PeerId(0), 1, bytes::BytesMut::zeroed(1)).unwrap();
+        let (a, b) = (recv(), recv());
+        let elapsed = std::thread::scope(|s| {
+            let ta = s.spawn(|| ep.wait(a).unwrap());
+            let tb = s.spawn(|| ep.wait(b).unwrap());
+            // Both waiting (one asleep), then many empty rounds by the driver.
+            while ep.inner.core.lock().sleepers == 0 {
+                std::thread::yield_now();
+            }
+            let t0 = Instant::now();
+            let start = quiet.rounds.load(Ordering::Relaxed);
+            while quiet.rounds.load(Ordering::Relaxed) < start + 100 {
+                std::thread::yield_now();
+            }
+            ep.inner.core.complete(Completion::new(a, OpKind::Recv, PeerId(0), 1));
+            ep.inner.core.complete(Completion::new(b, OpKind::Recv, PeerId(0), 1));
+            assert_eq!((ta.join().unwrap().op, tb.join().unwrap().op), (a, b));
+            t0.elapsed()
+        });
+        // At most: woken by each completion, by one hand-over, and by its own re-check every
+        // MAX_BLOCK (a slow machine may stretch 100 rounds past one).
+        let rechecks = (elapsed.as_millis() / MAX_BLOCK.as_millis()) as u64 + 1;
+        let woken = ep.inner.core.counters.waiter_wakeups.load(Ordering::Relaxed);
+        assert!(woken <= 3 + rechecks, "the sleeping waiter was woken {woken} times over 100 empty rounds");
     }
 
     #[test]

@@ -189,6 +189,10 @@ counters! {
     /// Times a busy-polling driver (wait mode `Spin`, or `Adaptive` while spinning) gave up its
     /// CPU with `sched_yield` after rounds that found nothing to do.
     spin_yields,
+    /// Times a thread that waited while another drove progress was woken (by a completion, a
+    /// queued message or request, a driver handing over, or its own timeout): each costs a
+    /// futex call and usually a context switch.
+    waiter_wakeups,
 }
 
 impl Counters {
