@@ -62,6 +62,9 @@ pub struct ServeArgs {
     /// How server threads wait for the network: spin, block or adaptive.
     #[arg(long, default_value = "adaptive", value_parser = ["spin", "block", "adaptive"])]
     wait: String,
+    /// Run only on these CPUs (comma-separated ids, like `taskset -c`); default: all.
+    #[arg(long, value_delimiter = ',')]
+    cpus: Vec<usize>,
     /// Exit when standard input closes (used by launchers so servers never outlive them).
     #[arg(long, hide = true)]
     exit_with_parent: bool,
@@ -103,6 +106,10 @@ fn exit_with_parent() {
 
 /// Runs the requested servers until killed.
 pub fn run(a: ServeArgs, cluster: Option<PathBuf>) -> Result<()> {
+    // Before any server thread starts, so they all inherit the CPU set.
+    if !a.cpus.is_empty() {
+        super::pin_to_cpus(&a.cpus)?;
+    }
     if a.exit_with_parent {
         exit_with_parent();
     }

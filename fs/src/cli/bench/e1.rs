@@ -48,11 +48,27 @@ pub struct E1Args {
     /// (`IbConfig::cache_foreign`, MPI's leave_pinned) and invalidate them before freeing.
     #[arg(long)]
     pub cache_registrations: bool,
+    /// Give each side a CPU of its own, as if clients and servers were separate nodes (paper
+    /// 003's setup): client threads on CPU 0, io and meta servers on CPU 1, and the ionet-perf
+    /// reference pinned the same way (its client on 0, its server on 1). Default: no pinning,
+    /// the scheduler places everything.
+    #[arg(long)]
+    pub pin: bool,
 }
+
+/// The CPUs of [`E1Args::pin`]: clients, servers (ionet-perf's own split).
+const CLIENT_CPU: usize = 0;
+const SERVER_CPU: usize = 1;
 
 /// Runs E1.
 pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
     let mut s = Samples::new();
+    if a.pin {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cpus < 2 {
+            bail!("--pin needs 2 CPUs, this machine has {cpus}");
+        }
+    }
     let (io, clients) = if ctx.c.quick && a.io_servers == [1, 2, 3, 4] && a.clients == [1, 2, 3, 4] {
         (vec![1, 4], vec![1, 4])
     } else {
@@ -60,13 +76,18 @@ pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
     };
     for &scheme in &ctx.c.transports {
         if !a.no_reference {
-            s.extend(reference(ctx, scheme)?.rows().iter().cloned());
+            s.extend(reference(ctx, scheme, a.pin)?.rows().iter().cloned());
         }
         for &n in &io {
             eprintln!("e1 {scheme}: {n} io servers");
             let cluster = ctx.cluster(scheme, n, |o| {
                 o.stripe_size = a.stripe_size;
                 o.io_args.extend(["--wait".into(), a.wait.name().into()]);
+                if a.pin {
+                    let cpu = ["--cpus".to_string(), SERVER_CPU.to_string()];
+                    o.io_args.extend(cpu.clone());
+                    o.meta_args.extend(cpu);
+                }
             })?;
             for &c in &clients {
                 cell(ctx, &cluster, scheme, n, c, a, &mut s)
@@ -78,12 +99,14 @@ pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
     render(&s, &ctx.link_prefix, a.mib_per_server)
 }
 
-/// `ionet-perf ab` bandwidth at [`REF_SIZE`] on `scheme`, unpinned, in a child process.
-fn reference(ctx: &Ctx, scheme: Scheme) -> Result<Samples> {
+/// `ionet-perf ab` bandwidth at [`REF_SIZE`] on `scheme` in a child process, pinned like the
+/// cell (`pin`) or not.
+fn reference(ctx: &Ctx, scheme: Scheme, pin: bool) -> Result<Samples> {
     let perf = ctx.c.ionet_perf()?;
     let dir = ctx.data_dir().join(format!("e1-ref-{scheme}"));
     let mut cmd = Command::new(perf);
-    cmd.args(["ab", "--transports", scheme.as_str(), "--bw-only", "--no-pin", "--bw-sizes", "1m"])
+    cmd.args(["ab", "--transports", scheme.as_str(), "--bw-only", "--bw-sizes", "1m"])
+        .args(if pin { &[][..] } else { &["--no-pin"][..] })
         .args(["--runs", &ctx.c.runs().to_string(), "--out"])
         .arg(&dir);
     if ctx.c.quick {
@@ -131,6 +154,9 @@ fn cell(
     let runs = ctx.c.runs();
     let before = path_totals(&setup)?;
     let per_client = parallel(c as usize, ctx.step_timeout(), |i, gate| -> Result<Vec<(f64, f64)>> {
+        if a.pin {
+            crate::cli::pin_to_cpus(&[CLIENT_CPU])?;
+        }
         let client = ctx.client(cluster, opts.clone())?;
         let f = client.open(&name, Rights::READ_WRITE)?;
         let data = pattern(region as usize, 0xe1 + i as u64);
@@ -182,8 +208,9 @@ fn cell(
                 .run(r as u32, v)
                 .wait(a.wait.name())
                 .note(format!(
-                    "region_bytes={region}{}",
-                    if a.cache_registrations { " cached_registrations" } else { "" }
+                    "region_bytes={region}{}{}",
+                    if a.cache_registrations { " cached_registrations" } else { "" },
+                    if a.pin { " pinned" } else { "" }
                 ))
         };
         s.push(sample("write", mbs(total, tw)));
@@ -229,13 +256,19 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
     } else {
         ""
     };
+    let placement = if e.rows().iter().any(|r| r.note.contains("pinned")) {
+        " Pinned (`--pin`): client threads on CPU 0, io and meta servers on CPU 1, the ionet-perf reference \
+         pinned the same way."
+    } else {
+        " No CPU pinning, for the clients, the servers and the ionet-perf reference."
+    };
     let reference = |t: &str| s.get("e1-ref", t, "ionet-perf", "bandwidth", REF_SIZE as f64);
     let mut md = format!(
         "Each client writes, then reads back, one contiguous {mib_per_server}N MiB region (N = io servers) of one \
          shared file striped over the N servers (64 KiB stripes unless stated); bandwidth = total bytes / slowest \
          client's time, MB/s = 10⁶ B/s. One untimed round first, then the runs. Clients: threads of the bench \
          process, one `Client` each, {waits} waits; io servers: child processes, {waits} waits, data on tmpfs, every byte moved \
-         on their mapped path (checked against their counters).{cached}\n\n"
+         on their mapped path (checked against their counters).{cached}{placement}\n\n"
     );
     for t in &ts {
         let rf = reference(t);
@@ -339,5 +372,24 @@ mod tests {
         let got = r.get("e1-ref", "softib", "ionet-perf", "bandwidth", mib).expect("a reference");
         assert_eq!(r.rows().len(), 1, "only softib's heap-buffer bandwidth");
         assert_eq!(got.to_string(), Summary::of(&[4000.0]).unwrap().to_string());
+    }
+
+    #[test]
+    fn the_report_says_whether_clients_and_servers_were_pinned() {
+        let cell = |note: &str| {
+            let mut s = Samples::new();
+            for op in ["write", "read"] {
+                s.push(
+                    Sample::new(EXP, "tcp", &format!("{op} N=1"), 1.0)
+                        .metric("bandwidth", "MB/s")
+                        .run(0, 5000.0)
+                        .wait("block")
+                        .note(note.to_string()),
+                );
+            }
+            render(&s, "", 2).unwrap().md
+        };
+        assert!(cell("region_bytes=2097152 pinned").contains("Pinned (`--pin`)"));
+        assert!(cell("region_bytes=2097152").contains("No CPU pinning"));
     }
 }
