@@ -246,16 +246,46 @@ struct CoreState {
     unexpected: VecDeque<Unexpected>,
     requests: VecDeque<RequestMeta>,
     driving: bool,
-    /// Threads asleep on the condition variable: notifying costs a futex syscall, so it is
-    /// skipped when nobody sleeps.
-    sleepers: usize,
+    /// Threads asleep while another drives, each on a condition variable of its own with what
+    /// it waits for, so an event wakes only the thread it concerns: a wake-up costs a futex
+    /// call and a context switch, and the thread woken for nothing pays both again to sleep.
+    sleepers: Vec<Sleeper>,
+}
+
+/// What a waiting thread waits for (see [`CoreState::sleepers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    /// One operation's completion.
+    Op(OpId),
+    /// Any completion (`wait_any`).
+    AnyOp,
+    /// An unexpected message.
+    Unexpected,
+    /// A request.
+    Request,
+    /// Nothing in particular: only a timeout or a hand-over ends its sleep.
+    Nothing,
+}
+
+#[derive(Debug)]
+struct Sleeper {
+    want: Want,
+    cv: Arc<Condvar>,
+}
+
+impl CoreState {
+    /// Wakes the sleepers waiting for `hit`.
+    fn wake(&self, hit: impl Fn(Want) -> bool) {
+        for s in self.sleepers.iter().filter(|s| hit(s.want)) {
+            s.cv.notify_one();
+        }
+    }
 }
 
 /// Completion table shared between the endpoint and its backend.
 #[derive(Debug, Default)]
 pub(crate) struct Core {
     st: Mutex<CoreState>,
-    cv: Condvar,
     next_op: AtomicU64,
     /// Something was queued by a thread other than the driver while the driver may be blocked
     /// in the backend: the endpoint call that caused it wakes the backend on its way out.
@@ -304,21 +334,21 @@ impl Core {
     pub(crate) fn complete(&self, c: Completion) {
         let mut st = self.lock();
         self.complete_locked(&mut st, c);
-        self.wake_sleepers(&st);
     }
 
-    fn wake_sleepers(&self, st: &CoreState) {
-        if st.sleepers > 0 {
-            self.cv.notify_all();
-        }
+    /// Wakes every sleeper (a driver that panicked: someone must take over).
+    fn wake_all(st: &CoreState) {
+        st.wake(|_| true);
     }
 
     /// A waiter leaves the wait loop: if nobody drives and others sleep, wake one of them to
     /// take over. Whoever it wakes either drives or, its own wait being over, leaves and hands
     /// over in turn, so a sleeper is never left without a driver.
-    fn hand_over(&self, st: &CoreState) {
-        if !st.driving && st.sleepers > 0 {
-            self.cv.notify_one();
+    fn hand_over(st: &CoreState) {
+        if !st.driving
+            && let Some(s) = st.sleepers.first()
+        {
+            s.cv.notify_one();
         }
     }
 
@@ -328,7 +358,6 @@ impl Core {
         for c in cs {
             self.complete_locked(&mut st, c);
         }
-        self.wake_sleepers(&st);
     }
 
     fn complete_locked(&self, st: &mut CoreState, c: Completion) {
@@ -354,6 +383,7 @@ impl Core {
             st.ops.remove(&op);
         } else {
             *slot = Slot::Done(c);
+            st.wake(|w| w == Want::Op(op) || w == Want::AnyOp);
             st.done += 1;
             st.done_order.push_back(op);
             if st.done_order.len() > 2 * st.done + 1024 {
@@ -383,7 +413,7 @@ impl Core {
         let mut st = self.lock();
         st.unexpected.push_back(u);
         self.note_queued(&st);
-        self.wake_sleepers(&st);
+        st.wake(|w| w == Want::Unexpected);
     }
 
     /// Queues an incoming request for [`Endpoint::next_request`].
@@ -392,7 +422,7 @@ impl Core {
             let mut st = self.lock();
             st.requests.push_back(r);
             self.note_queued(&st);
-            self.wake_sleepers(&st);
+            st.wake(|w| w == Want::Request);
         }
         if let Some(h) = self.request_hook.get() {
             (h.0)();
@@ -564,7 +594,12 @@ impl Endpoint {
                     let Some(inner) = weak.upgrade() else { break };
                     let ep = Endpoint { inner };
                     // Wait for nothing in particular: drive until the round ends.
-                    let _ = ep.wait_until(Until::At(Instant::now() + MAX_BLOCK), |_| None::<()>, true);
+                    let _ = ep.wait_until(
+                        Until::At(Instant::now() + MAX_BLOCK),
+                        Want::Nothing,
+                        |_| None::<()>,
+                        true,
+                    );
                 }
             })
             .ok();
@@ -752,29 +787,30 @@ impl Endpoint {
     /// Drives progress once without blocking and returns the completion if the operation is
     /// done.
     pub fn test(&self, op: OpId) -> Result<Option<Completion>> {
-        self.wait_until(Until::Poll, |st| Core::take(st, op), false)?.transpose()
+        self.wait_until(Until::Poll, Want::Op(op), |st| Core::take(st, op), false)?.transpose()
     }
 
     /// Waits until the operation completes.
     pub fn wait(&self, op: OpId) -> Result<Completion> {
-        self.wait_until(Until::Never, |st| Core::take(st, op), false)?.ok_or(Error::Closed)?
+        self.wait_until(Until::Never, Want::Op(op), |st| Core::take(st, op), false)?.ok_or(Error::Closed)?
     }
 
     /// Waits up to `timeout` for the operation; `None` if it is still pending (it is *not*
     /// cancelled — use [`Endpoint::set_deadline`] for that).
     pub fn wait_timeout(&self, op: OpId, timeout: Duration) -> Result<Option<Completion>> {
-        self.wait_until(Until::Within(timeout), |st| Core::take(st, op), false)?.transpose()
+        self.wait_until(Until::Within(timeout), Want::Op(op), |st| Core::take(st, op), false)?.transpose()
     }
 
     /// Waits up to `timeout` (forever with `None`) for any operation to complete, oldest
     /// completion first.
     pub fn wait_any(&self, timeout: Option<Duration>) -> Result<Option<Completion>> {
-        self.wait_until(Until::after(timeout), Core::take_any, false)
+        self.wait_until(Until::after(timeout), Want::AnyOp, Core::take_any, false)
     }
 
     /// Waits up to `timeout` (forever with `None`) for an unexpected message.
     pub fn recv_unexpected(&self, timeout: Option<Duration>) -> Result<Option<Unexpected>> {
-        let u = self.wait_until(Until::after(timeout), |st| st.unexpected.pop_front(), false)?;
+        let u =
+            self.wait_until(Until::after(timeout), Want::Unexpected, |st| st.unexpected.pop_front(), false)?;
         if let Some(u) = &u {
             let b = self.backend()?;
             b.unexpected_taken(u.peer, u.data.len());
@@ -799,7 +835,8 @@ impl Endpoint {
     /// Waits up to `timeout` (forever with `None`) for the next incoming request. A zero
     /// timeout looks once without blocking (driving progress one round if no other thread is).
     pub fn next_request(&self, timeout: Option<Duration>) -> Result<Option<Request>> {
-        let meta = self.wait_until(Until::after(timeout), |st| st.requests.pop_front(), false)?;
+        let meta =
+            self.wait_until(Until::after(timeout), Want::Request, |st| st.requests.pop_front(), false)?;
         Ok(meta.map(|meta| Request { ep: self.clone(), meta, answered: false }))
     }
 
@@ -811,6 +848,7 @@ impl Endpoint {
     fn wait_until<T>(
         &self,
         until: Until,
+        want: Want,
         mut check: impl FnMut(&mut CoreState) -> Option<T>,
         is_progress_thread: bool,
     ) -> Result<Option<T>> {
@@ -829,7 +867,7 @@ impl Endpoint {
         let mut st = core.lock();
         loop {
             if let Some(x) = check(&mut st) {
-                core.hand_over(&st);
+                Core::hand_over(&st);
                 return Ok(Some(x));
             }
             let now = needs_clock.then(Instant::now);
@@ -843,11 +881,11 @@ impl Endpoint {
             }
             match (until, now) {
                 (Until::Poll, _) if polled => {
-                    core.hand_over(&st);
+                    Core::hand_over(&st);
                     return Ok(None);
                 }
                 (Until::At(u), Some(now)) if now >= u => {
-                    core.hand_over(&st);
+                    Core::hand_over(&st);
                     return Ok(None);
                 }
                 _ => {}
@@ -868,10 +906,14 @@ impl Endpoint {
                     continue;
                 }
                 let limit = now.map_or(MAX_BLOCK, |n| until.remaining(n)).min(MAX_BLOCK);
-                st.sleepers += 1;
-                let (g, _) = core.cv.wait_timeout(st, limit).unwrap_or_else(|p| p.into_inner());
+                // A condition variable of our own, so only what we wait for wakes us.
+                let cv = Arc::new(Condvar::new());
+                st.sleepers.push(Sleeper { want, cv: cv.clone() });
+                let (g, _) = cv.wait_timeout(st, limit).unwrap_or_else(|p| p.into_inner());
                 st = g;
-                st.sleepers -= 1;
+                if let Some(i) = st.sleepers.iter().position(|s| Arc::ptr_eq(&s.cv, &cv)) {
+                    st.sleepers.swap_remove(i);
+                }
                 Counters::add(&core.counters.waiter_wakeups, 1);
                 continue;
             }
@@ -902,7 +944,7 @@ impl Endpoint {
             polled = true;
             st = guard.finish();
             if let Err(e) = r {
-                core.hand_over(&st);
+                Core::hand_over(&st);
                 return Err(e);
             }
         }
@@ -1071,7 +1113,7 @@ impl Drop for DriveGuard<'_> {
         DRIVING.with(|d| d.set(false));
         let mut st = self.0.lock();
         st.driving = false;
-        self.0.wake_sleepers(&st);
+        Core::wake_all(&st);
     }
 }
 
@@ -1285,6 +1327,54 @@ mod tests {
         fn shutdown(&self) {}
     }
 
+    /// Three threads wait on their own receives: one drives, two sleep. A completion wakes only
+    /// the sleeper that waits for it; the other sleeps on, untouched.
+    #[test]
+    fn a_completion_wakes_only_the_thread_waiting_for_it() {
+        let ep = Endpoint::new(Config::default().wait_mode(WaitMode::Block));
+        assert!(ep.inner.backend.set(Box::new(Arc::new(Quiet::default()))).is_ok());
+        let recv = || ep.recv(PeerId(0), 1, bytes::BytesMut::zeroed(1)).unwrap();
+        let ops = [recv(), recv(), recv()];
+        let started = Instant::now();
+        let ep = &ep;
+        std::thread::scope(|s| {
+            let waiters: Vec<_> = ops.iter().map(|&op| (op, s.spawn(move || ep.wait(op).unwrap()))).collect();
+            let asleep = || -> Vec<(OpId, Arc<Condvar>)> {
+                let st = ep.inner.core.lock();
+                st.sleepers
+                    .iter()
+                    .filter_map(|z| match z.want {
+                        Want::Op(op) => Some((op, z.cv.clone())),
+                        _ => None,
+                    })
+                    .collect()
+            };
+            while asleep().len() < 2 {
+                std::thread::yield_now();
+            }
+            let sleepers = asleep();
+            let (target, (other, other_cv)) = (sleepers[0].0, sleepers[1].clone());
+            ep.inner.core.complete(Completion::new(target, OpKind::Recv, PeerId(0), 1));
+            let mut waiters = waiters;
+            let i = waiters.iter().position(|w| w.0 == target).unwrap();
+            assert_eq!(waiters.remove(i).1.join().unwrap().op, target);
+            // A sleeper that woke (for nothing) would have gone back to sleep on a new
+            // condition variable. Its own MAX_BLOCK re-check cannot have come yet.
+            let still = asleep().into_iter().find(|z| z.0 == other).map(|z| z.1);
+            let untouched = still.is_some_and(|cv| Arc::ptr_eq(&cv, &other_cv));
+            let in_time = started.elapsed() < MAX_BLOCK;
+            // Let the others go before asserting: a failed assertion in the scope would wait
+            // for them forever.
+            for op in ops.iter().filter(|&&op| op != target) {
+                ep.inner.core.complete(Completion::new(*op, OpKind::Recv, PeerId(0), 1));
+            }
+            for (op, w) in waiters {
+                assert_eq!(w.join().unwrap().op, op);
+            }
+            assert!(untouched || !in_time, "the other sleeper was woken");
+        });
+    }
+
     /// Two threads wait on their own receives: one drives, the other sleeps. The driver's
     /// empty rounds must not wake the sleeper (each wake-up is a futex call and a context
     /// switch for nothing); only the completions and the driver's hand-over when it leaves do.
@@ -1299,7 +1389,7 @@ mod tests {
             let ta = s.spawn(|| ep.wait(a).unwrap());
             let tb = s.spawn(|| ep.wait(b).unwrap());
             // Both waiting (one asleep), then many empty rounds by the driver.
-            while ep.inner.core.lock().sleepers == 0 {
+            while ep.inner.core.lock().sleepers.is_empty() {
                 std::thread::yield_now();
             }
             let t0 = Instant::now();
