@@ -865,10 +865,10 @@ impl Endpoint {
         let has_thread = self.inner.cfg.progress_thread && !is_progress_thread;
         let mut polled = false;
         let mut st = core.lock();
-        loop {
+        // Every way out of the loop after looking for ourselves hands the driving over.
+        let out = loop {
             if let Some(x) = check(&mut st) {
-                Core::hand_over(&st);
-                return Ok(Some(x));
+                break Ok(Some(x));
             }
             let now = needs_clock.then(Instant::now);
             if let Some(now) = now
@@ -880,14 +880,8 @@ impl Endpoint {
                 }
             }
             match (until, now) {
-                (Until::Poll, _) if polled => {
-                    Core::hand_over(&st);
-                    return Ok(None);
-                }
-                (Until::At(u), Some(now)) if now >= u => {
-                    Core::hand_over(&st);
-                    return Ok(None);
-                }
+                (Until::Poll, _) if polled => break Ok(None),
+                (Until::At(u), Some(now)) if now >= u => break Ok(None),
                 _ => {}
             }
             let spinning = match mode {
@@ -896,6 +890,7 @@ impl Endpoint {
                 WaitMode::Adaptive => now.zip(spin_until).is_some_and(|(n, s)| n < s),
             };
             if st.driving || has_thread {
+                // Someone else drives: nothing to hand over.
                 if until == Until::Poll {
                     return Ok(None);
                 }
@@ -944,10 +939,11 @@ impl Endpoint {
             polled = true;
             st = guard.finish();
             if let Err(e) = r {
-                Core::hand_over(&st);
-                return Err(e);
+                break Err(e);
             }
-        }
+        };
+        Core::hand_over(&st);
+        out
     }
 
     fn expire(&self, backend: &dyn Backend) {
@@ -1268,6 +1264,29 @@ impl Drop for Request {
     }
 }
 
+/// The `Backend` methods the endpoint's test stand-ins do not model (memory, counters,
+/// shutdown), shared by the loom model and the unit tests.
+#[cfg(test)]
+macro_rules! unmodelled_backend_methods {
+    () => {
+        fn unexpected_taken(&self, _: PeerId, _: usize) {}
+        fn alloc(&self, _: usize) -> Result<RegisteredBuf> {
+            Err(Error::misuse("not modelled"))
+        }
+        fn expose(&self, _: RegisteredBuf, _: Access) -> Result<MemHandle> {
+            Err(Error::misuse("not modelled"))
+        }
+        fn revoke(&self, _: u64) -> Result<RegisteredBuf> {
+            Err(Error::misuse("not modelled"))
+        }
+        fn with_exposed(&self, _: u64, _: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+            Err(Error::misuse("not modelled"))
+        }
+        fn info(&self, _: &mut Info) {}
+        fn shutdown(&self) {}
+    };
+}
+
 #[cfg(all(loom, test))]
 #[path = "loom/endpoint.rs"]
 mod loom_model;
@@ -1310,21 +1329,7 @@ mod tests {
             Ok(())
         }
         fn wake(&self) {}
-        fn unexpected_taken(&self, _: PeerId, _: usize) {}
-        fn alloc(&self, _: usize) -> Result<RegisteredBuf> {
-            Err(Error::misuse("not modelled"))
-        }
-        fn expose(&self, _: RegisteredBuf, _: Access) -> Result<MemHandle> {
-            Err(Error::misuse("not modelled"))
-        }
-        fn revoke(&self, _: u64) -> Result<RegisteredBuf> {
-            Err(Error::misuse("not modelled"))
-        }
-        fn with_exposed(&self, _: u64, _: &mut dyn FnMut(&mut [u8])) -> Result<()> {
-            Err(Error::misuse("not modelled"))
-        }
-        fn info(&self, _: &mut Info) {}
-        fn shutdown(&self) {}
+        unmodelled_backend_methods!();
     }
 
     /// Three threads wait on their own receives: one drives, two sleep. A completion wakes only

@@ -126,21 +126,7 @@ impl Backend for Stand {
         st.woken = true;
         self.0.cv.notify_all();
     }
-    fn unexpected_taken(&self, _: PeerId, _: usize) {}
-    fn alloc(&self, _: usize) -> Result<RegisteredBuf> {
-        Err(Error::misuse("not modelled"))
-    }
-    fn expose(&self, _: RegisteredBuf, _: Access) -> Result<MemHandle> {
-        Err(Error::misuse("not modelled"))
-    }
-    fn revoke(&self, _: u64) -> Result<RegisteredBuf> {
-        Err(Error::misuse("not modelled"))
-    }
-    fn with_exposed(&self, _: u64, _: &mut dyn FnMut(&mut [u8])) -> Result<()> {
-        Err(Error::misuse("not modelled"))
-    }
-    fn info(&self, _: &mut Info) {}
-    fn shutdown(&self) {}
+    unmodelled_backend_methods!();
 }
 
 /// An endpoint over the stand-in, with blocking waits (spinning would only make loom explore
