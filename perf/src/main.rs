@@ -155,6 +155,12 @@ enum Cmd {
         /// Append per-run rows to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
+        /// Runs on demand, for a benchmark that interleaves them with its own measurements (a
+        /// reference drawn next to each of its runs sees the same machine state): one untimed
+        /// run per size, then `READY`; then one run per size for every line read from stdin,
+        /// each printed as `RUN <size> <GB/s>`, until stdin closes. `--runs` does not apply.
+        #[arg(long)]
+        on_demand: bool,
     },
     /// Loopback self-test: starts its own server, checks data integrity, prints a table.
     Selftest {
@@ -365,7 +371,7 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
             }
             Ok(())
         }
-        Some(Cmd::Client { run, wait, verify, pool, sl, knobs, csv }) => {
+        Some(Cmd::Client { run, wait, verify, pool, sl, knobs, csv, on_demand }) => {
             let connect = &run.connect;
             let scheme = connect.parse::<ionet::Address>()?.scheme();
             let ep = Endpoint::client(knobs.tuning(wait).config(scheme))?;
@@ -380,7 +386,16 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
                 sl,
                 run.runs
             );
-            for size in parse_sizes(&run.sizes)? {
+            let sizes = parse_sizes(&run.sizes)?;
+            if on_demand {
+                let ps: Vec<Params> =
+                    sizes.iter().map(|&size| Params { sl, verify, pool, ..run.params(size) }).collect();
+                let (input, output) = (std::io::stdin().lock(), std::io::stdout().lock());
+                return over_ionet::on_demand(&ep, peer, &ps, input, output, |r, res| {
+                    write_row(&mut w, "client", "ionet", wait.name(), res, r)
+                });
+            }
+            for size in sizes {
                 let p = Params { sl, verify, pool, ..run.params(size) };
                 let mut rs = Vec::new();
                 for r in 0..run.runs {

@@ -312,6 +312,35 @@ pub fn sized(ep: &Endpoint, peer: PeerId, p: &Params, target: Duration) -> Resul
     Ok(fit(t.elapsed() / q.iters as u32, p, target))
 }
 
+/// `client --on-demand`: one untimed run of each of `ps`, then `READY` on `output`; then, for
+/// every line of `input`, one run of each, reported to `row` and as `RUN <size> <GB/s>`, until
+/// `input` ends. A benchmark that draws a run between its own keeps a warm endpoint and pays no
+/// process start per draw.
+pub fn on_demand(
+    ep: &Endpoint,
+    peer: PeerId,
+    ps: &[Params],
+    input: impl std::io::BufRead,
+    mut output: impl std::io::Write,
+    mut row: impl FnMut(usize, &RunResult) -> std::result::Result<(), crate::BoxErr>,
+) -> std::result::Result<(), crate::BoxErr> {
+    for p in ps {
+        run(ep, peer, p, None)?;
+    }
+    writeln!(output, "READY")?;
+    output.flush()?;
+    for (r, line) in input.lines().enumerate() {
+        line?;
+        for p in ps {
+            let res = run(ep, peer, p, None)?;
+            row(r, &res)?;
+            writeln!(output, "RUN {} {}", p.size, res.gbps())?;
+        }
+        output.flush()?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,5 +388,43 @@ mod tests {
         assert!(copies[0] >= 8 << 20, "heap receive buffers are staged through zones: {copies:?}");
         // Only the 1-byte acknowledgements (one per window) are copied, as inline messages.
         assert!(copies[1] <= 2, "pool receive buffers are written directly: {copies:?}");
+    }
+
+    /// On demand: a warm-up run, `READY`, then exactly one run per input line, each reported
+    /// with its size and a bandwidth, and each a real run the server served.
+    #[test]
+    fn on_demand_runs_once_per_input_line() {
+        let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default().progress_thread(true)).unwrap();
+        let cli = Endpoint::client(Config::default()).unwrap();
+        let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
+        let server = serve_runs(srv.clone(), 4); // the warm-up and three draws
+        let p = Params {
+            test: Test::Bw,
+            size: 64 << 10,
+            iters: 8,
+            window: 4,
+            sl: ServiceLevel::Bulk,
+            verify: true,
+            spin: false,
+            pool: false,
+        };
+        let mut out = Vec::new();
+        let mut rows = Vec::new();
+        on_demand(&cli, peer, &[p], &b"\n\n\n"[..], &mut out, |r, res| {
+            rows.push((r, res.bytes));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(server.join().unwrap().len(), 4, "the server served the warm-up and three draws");
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert_eq!(lines[0], "READY");
+        for l in &lines[1..] {
+            let f: Vec<&str> = l.split(' ').collect();
+            assert_eq!(&f[..2], ["RUN", "65536"], "{l}");
+            assert!(f[2].parse::<f64>().unwrap() > 0.0, "{l}");
+        }
+        assert_eq!(rows, [(0, 8 << 16), (1, 8 << 16), (2, 8 << 16)]);
     }
 }

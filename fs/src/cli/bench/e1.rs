@@ -1,26 +1,29 @@
 //! E1: concurrent read/write bandwidth (paper 003's method, repeated in 000 §6.3). Every client
 //! writes, then reads back, one contiguous 2N MiB region (N = io servers) of one shared file
 //! striped over all N servers; clients start each phase together and the bandwidth is total
-//! bytes over the slowest client's time. The same run measures `ionet-perf` streaming
-//! bandwidth on each transport (same machine state, no CPU pinning, like the clients here) so
-//! every figure has its "fraction of what the transport moves" beside it.
+//! bytes over the slowest client's time. Beside every run, an `ionet-perf` streaming run on the
+//! same transport is drawn ([`PairedReference`]; placed like the clients and servers), so every
+//! cell has its "fraction of what the transport moves" against the machine state it ran in.
 
-use super::util::{self, mbs, parallel, pattern, prefaulted};
+use super::reference::{PairedReference, Placement};
+use super::util::{mbs, parallel, pattern, prefaulted};
 use super::{Ctx, Report, image};
 use anyhow::{Context, Result, bail};
 use benchkit::plot::{LineChart, Scale, Series};
 use benchkit::{Sample, Samples, Summary, Table};
 use clap::Args;
 use ionet::{Scheme, WaitMode};
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
+use std::time::Instant;
 use stripefs::capability::Rights;
 use stripefs::proto::LayoutSpec;
 use stripefs::{ClientOptions, CreateOptions};
 
 const EXP: &str = "e1";
-/// The reference: ionet-perf streaming bandwidth at this message size.
-pub const REF_SIZE: u64 = 1 << 20;
+/// The experiment name of the reference draws.
+const REF_EXP: &str = "e1-ref";
+/// The target: every cell at least this fraction of its reference.
+pub const TARGET: f64 = 0.8;
 
 /// E1 options.
 #[derive(Args, Debug, Clone)]
@@ -37,7 +40,7 @@ pub struct E1Args {
     /// Stripe size in bytes (default: the file system's, 64 KiB; paper 003 used 16 KiB).
     #[arg(long)]
     pub stripe_size: Option<u64>,
-    /// Skip the same-run ionet-perf reference.
+    /// Skip the ionet-perf reference drawn beside every run.
     #[arg(long)]
     pub no_reference: bool,
     /// How clients and io servers wait for the transport (block, like the ionet-perf
@@ -74,10 +77,20 @@ pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
     } else {
         (a.io_servers.clone(), a.clients.clone())
     };
+    let place = if a.pin {
+        Placement::Pinned { client: CLIENT_CPU, server: SERVER_CPU }
+    } else {
+        Placement::Unpinned
+    };
     for &scheme in &ctx.c.transports {
-        if !a.no_reference {
-            s.extend(reference(ctx, scheme, a.pin)?.rows().iter().cloned());
-        }
+        let reference = if a.no_reference {
+            None
+        } else {
+            eprintln!("e1 {scheme}: starting the ionet-perf reference");
+            let r = PairedReference::start(&ctx.c.ionet_perf()?, scheme, place, ctx.step_timeout())
+                .with_context(|| format!("the ionet-perf reference on {scheme}://"))?;
+            Some(Mutex::new(r))
+        };
         for &n in &io {
             eprintln!("e1 {scheme}: {n} io servers");
             let cluster = ctx.cluster(scheme, n, |o| {
@@ -90,7 +103,8 @@ pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
                 }
             })?;
             for &c in &clients {
-                cell(ctx, &cluster, scheme, n, c, a, &mut s)
+                let at = CellAt { cluster: &cluster, scheme, n, c };
+                cell(ctx, at, a, reference.as_ref(), &mut s)
                     .with_context(|| format!("E1 over {scheme}://, {n} io servers, {c} clients"))?;
             }
             cluster.stop();
@@ -99,51 +113,23 @@ pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
     render(&s, &ctx.link_prefix, a.mib_per_server)
 }
 
-/// `ionet-perf ab` bandwidth at [`REF_SIZE`] on `scheme` in a child process, pinned like the
-/// cell (`pin`) or not.
-fn reference(ctx: &Ctx, scheme: Scheme, pin: bool) -> Result<Samples> {
-    let perf = ctx.c.ionet_perf()?;
-    let dir = ctx.data_dir().join(format!("e1-ref-{scheme}"));
-    let mut cmd = Command::new(perf);
-    cmd.args(["ab", "--transports", scheme.as_str(), "--bw-only", "--bw-sizes", "1m"])
-        .args(if pin { &[][..] } else { &["--no-pin"][..] })
-        .args(["--runs", &ctx.c.runs().to_string(), "--out"])
-        .arg(&dir);
-    if ctx.c.quick {
-        cmd.arg("--quick");
-    }
-    eprintln!("e1 {scheme}: ionet-perf reference");
-    util::run_bounded(&mut cmd, Duration::from_secs(600))?;
-    Ok(reference_rows(&Samples::read_csv(&dir.join("ab.csv"))?, scheme))
-}
-
-/// The E1 reference from an `ab` run: `scheme`'s bandwidth from plain heap buffers, as the E1
-/// clients use (not the `ionet-pool` series), in MB/s.
-fn reference_rows(ab: &Samples, scheme: Scheme) -> Samples {
-    ab.rows()
-        .iter()
-        .filter(|r| r.transport == scheme.as_str() && r.series == "ionet" && r.metric == "bandwidth")
-        .map(|r| {
-            let mut r = r.clone();
-            r.experiment = "e1-ref".into();
-            r.series = "ionet-perf".into();
-            r.metric = "bandwidth".into();
-            r.unit = "MB/s".into();
-            r.value *= 1000.0; // GB/s → MB/s
-            r
-        })
-        .collect()
+/// One cell of the grid: `c` clients of a cluster of `n` io servers on `scheme`.
+#[derive(Clone, Copy)]
+struct CellAt<'a> {
+    cluster: &'a stripefs::cluster::LocalCluster,
+    scheme: Scheme,
+    n: u32,
+    c: u32,
 }
 
 fn cell(
     ctx: &Ctx,
-    cluster: &stripefs::cluster::LocalCluster,
-    scheme: Scheme,
-    n: u32,
-    c: u32,
+    at: CellAt<'_>,
     a: &E1Args,
+    reference: Option<&Mutex<PairedReference>>,
     s: &mut Samples,
 ) -> Result<()> {
+    let CellAt { cluster, scheme, n, c } = at;
     let region = (a.mib_per_server * u64::from(n)) << 20;
     let ib = a.cache_registrations.then(|| stripefs::client::default_ib_config().cache_foreign(true));
     let opts = ClientOptions { wait_mode: a.wait, ib, ..ClientOptions::default() };
@@ -153,7 +139,13 @@ fn cell(
     drop(setup.create(&name, CreateOptions { mode: 0o644, layout: Some(spec) })?);
     let runs = ctx.c.runs();
     let before = path_totals(&setup)?;
-    let per_client = parallel(c as usize, ctx.step_timeout(), |i, gate| -> Result<Vec<(f64, f64)>> {
+    // Each client's (write, read) times per run. Client 0 also draws the reference: half the
+    // draws just before the cell's untimed round (the others wait at the gate), half just after
+    // its last run. Not between runs: a cell's runs take milliseconds and follow each other as
+    // a client's calls do; a 0.1 s pause before each would make every run start from idle
+    // servers (that costs 1×1 writes half their bandwidth here).
+    type Timed = (Vec<(f64, f64)>, Vec<f64>);
+    let per_client = parallel(c as usize, ctx.step_timeout(), |i, gate| -> Result<Timed> {
         if a.pin {
             crate::cli::pin_to_cpus(&[CLIENT_CPU])?;
         }
@@ -163,7 +155,18 @@ fn cell(
         let mut buf = prefaulted(region as usize);
         let off = u64::from(i as u32) * region;
         let mut times = Vec::new();
+        let mut draws = Vec::new();
         // One untimed round first: the servers' first write of a region allocates its pages.
+        let mut draw = |k: usize| -> Result<()> {
+            if let (0, Some(rf)) = (i, reference) {
+                let mut rf = rf.lock().unwrap_or_else(|p| p.into_inner());
+                for _ in 0..k {
+                    draws.push(rf.draw()?);
+                }
+            }
+            Ok(())
+        };
+        draw(runs.div_ceil(2))?;
         for r in 0..=runs {
             gate.wait()?;
             let t = Instant::now();
@@ -181,10 +184,11 @@ fn cell(
                 times.push((tw, tr));
             }
         }
+        draw(runs / 2)?;
         // Cached registrations must not outlive the memory they cover.
         client.endpoint().invalidate_registrations(&data);
         client.endpoint().invalidate_registrations(&buf);
-        Ok(times)
+        Ok((times, draws))
     })?;
     // The figures are for io servers that move data straight to and from their mapped objects:
     // a silent fallback to the copying path would make them describe something else.
@@ -199,22 +203,32 @@ fn cell(
     }
     let total = region * u64::from(c);
     let t = scheme.as_str();
+    let note = format!(
+        "region_bytes={region}{}{}",
+        if a.cache_registrations { " cached_registrations" } else { "" },
+        if a.pin { " pinned" } else { "" }
+    );
     for r in 0..runs {
-        let tw = per_client.iter().map(|v| v[r].0).fold(0.0, f64::max);
-        let tr = per_client.iter().map(|v| v[r].1).fold(0.0, f64::max);
+        let tw = per_client.iter().map(|v| v.0[r].0).fold(0.0, f64::max);
+        let tr = per_client.iter().map(|v| v.0[r].1).fold(0.0, f64::max);
         let sample = |op: &str, v: f64| {
             Sample::new(EXP, t, &format!("{op} N={n}"), f64::from(c))
                 .metric("bandwidth", "MB/s")
                 .run(r as u32, v)
                 .wait(a.wait.name())
-                .note(format!(
-                    "region_bytes={region}{}{}",
-                    if a.cache_registrations { " cached_registrations" } else { "" },
-                    if a.pin { " pinned" } else { "" }
-                ))
+                .note(note.clone())
         };
         s.push(sample("write", mbs(total, tw)));
         s.push(sample("read", mbs(total, tr)));
+    }
+    for (r, &v) in per_client[0].1.iter().enumerate() {
+        s.push(
+            Sample::new(REF_EXP, t, &ref_series(n), f64::from(c))
+                .metric("bandwidth", "MB/s")
+                .run(r as u32, v)
+                .wait("block")
+                .note(note.clone()),
+        );
     }
     setup.unlink(&name)?;
     Ok(())
@@ -235,20 +249,71 @@ fn cell_text(v: Option<Summary>) -> String {
     v.map_or("–".into(), |v| v.to_string())
 }
 
+/// The series of the reference draws beside the cells with `n` io servers.
+fn ref_series(n: u32) -> String {
+    format!("ionet-perf N={n}")
+}
+
+/// The io server counts in E1's rows.
+fn server_counts(e: &Samples) -> Vec<u32> {
+    let mut v: Vec<u32> = e
+        .rows()
+        .iter()
+        .filter(|r| r.experiment == EXP)
+        .filter_map(|r| r.series.split("N=").nth(1).and_then(|x| x.parse().ok()))
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// The reference drawn beside the runs of the cell with `n` io servers and `c` clients on `t`.
+pub fn paired_reference(s: &Samples, t: &str, n: u32, c: f64) -> Option<Summary> {
+    s.get(REF_EXP, t, &ref_series(n), "bandwidth", c)
+}
+
+/// Every reference draw on `t` in this run.
+pub fn all_draws(s: &Samples, t: &str) -> Option<Summary> {
+    let v: Vec<f64> = s
+        .rows()
+        .iter()
+        .filter(|r| r.experiment == REF_EXP && r.transport == t && r.metric == "bandwidth")
+        .map(|r| r.value)
+        .collect();
+    Summary::of(&v)
+}
+
+/// One cell against its reference.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CellRatio {
+    pub io_servers: u32,
+    pub clients: u32,
+    pub op: &'static str,
+    /// The cell's median over the median of the reference drawn beside it.
+    pub ratio: f64,
+}
+
+/// Every cell on `t` that has a reference, against it.
+pub fn cell_ratios(s: &Samples, t: &str) -> Vec<CellRatio> {
+    let mut out = Vec::new();
+    for n in server_counts(s) {
+        for c in s.filter(|r| r.experiment == EXP && r.transport == t).xs() {
+            let Some(rf) = paired_reference(s, t, n, c) else { continue };
+            for op in ["write", "read"] {
+                if let Some(v) = s.get(EXP, t, &format!("{op} N={n}"), "bandwidth", c) {
+                    out.push(CellRatio { io_servers: n, clients: c as u32, op, ratio: v.ratio_to(&rf) });
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Tables and plots of E1.
 pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> {
     let e = s.filter(|r| r.experiment == EXP);
     let ts: Vec<String> = e.distinct(|r| r.transport.clone());
-    let ns: Vec<u32> = {
-        let mut v: Vec<u32> = e
-            .rows()
-            .iter()
-            .filter_map(|r| r.series.split("N=").nth(1).and_then(|x| x.parse().ok()))
-            .collect();
-        v.sort_unstable();
-        v.dedup();
-        v
-    };
+    let ns = server_counts(&e);
     let cs = e.xs();
     let waits = e.distinct(|r| r.wait.clone()).join("/");
     let cached = if e.rows().iter().any(|r| r.note.contains("cached_registrations")) {
@@ -262,7 +327,6 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
     } else {
         " No CPU pinning, for the clients, the servers and the ionet-perf reference."
     };
-    let reference = |t: &str| s.get("e1-ref", t, "ionet-perf", "bandwidth", REF_SIZE as f64);
     let mut md = format!(
         "Each client writes, then reads back, one contiguous {mib_per_server}N MiB region (N = io servers) of one \
          shared file striped over the N servers (64 KiB stripes unless stated); bandwidth = total bytes / slowest \
@@ -271,16 +335,26 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
          on their mapped path (checked against their counters).{cached}{placement}\n\n"
     );
     for t in &ts {
-        let rf = reference(t);
-        md.push_str(&format!(
-            "**{t}://** — ionet-perf streaming bandwidth, 1 MiB messages, same run: {} MB/s.\n\n",
-            cell_text(rf)
-        ));
+        md.push_str(&format!("**{t}://**"));
+        if let Some(all) = all_draws(s, t) {
+            let ratios = cell_ratios(s, t);
+            let met = ratios.iter().filter(|r| r.ratio >= TARGET).count();
+            md.push_str(&format!(
+                " — ionet-perf streaming bandwidth (1 MiB messages, 16 in flight), one run drawn beside every \
+                 run of every cell: {} MB/s over all {} draws. Cells at ≥ {TARGET}× of the reference beside \
+                 them: {met} of {}.",
+                cell_text(Some(all)),
+                all.n,
+                ratios.len()
+            ));
+        }
+        md.push_str("\n\n");
         let mut tab = Table::new([
             "io servers",
             "clients",
             "write MB/s",
             "read MB/s",
+            "ionet-perf beside, MB/s",
             "write / ionet-perf",
             "read / ionet-perf",
         ]);
@@ -291,11 +365,20 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
                 if w.is_none() && r.is_none() {
                     continue;
                 }
+                let rf = paired_reference(s, t, n, c);
                 let ratio = |x: Option<Summary>| match (x, rf) {
                     (Some(x), Some(b)) => format!("{:.2}×", x.ratio_to(&b)),
                     _ => "–".into(),
                 };
-                tab.row([n.to_string(), format!("{c:.0}"), cell_text(w), cell_text(r), ratio(w), ratio(r)]);
+                tab.row([
+                    n.to_string(),
+                    format!("{c:.0}"),
+                    cell_text(w),
+                    cell_text(r),
+                    cell_text(rf),
+                    ratio(w),
+                    ratio(r),
+                ]);
             }
         }
         md.push_str(&tab.render());
@@ -360,18 +443,57 @@ mod tests {
     use super::*;
     use benchkit::Sample;
 
+    fn bw(exp: &str, series: &str, clients: f64, run: u32, v: f64) -> Sample {
+        Sample::new(exp, "tcp", series, clients).metric("bandwidth", "MB/s").run(run, v).wait("block")
+    }
+
+    /// Each cell is judged against the draws beside its own runs, not against the transport's
+    /// draws as a whole: here the two cells have the same bandwidth, but the machine ran twice
+    /// as fast beside the second.
     #[test]
-    fn reference_is_the_heap_buffer_stream_of_its_transport_in_mb_per_s() {
-        let mut ab = Samples::new();
-        let mib = REF_SIZE as f64;
-        ab.push(Sample::new("ab", "softib", "ionet", mib).metric("bandwidth", "GB/s").run(0, 4.0));
-        ab.push(Sample::new("ab", "softib", "ionet-pool", mib).metric("bandwidth", "GB/s").run(0, 10.0));
-        ab.push(Sample::new("ab", "tcp", "ionet", mib).metric("bandwidth", "GB/s").run(0, 5.0));
-        ab.push(Sample::new("ab", "softib", "ionet", mib).metric("client_cpu_per_gb", "s/GB").run(0, 0.1));
-        let r = reference_rows(&ab, Scheme::SoftIb);
-        let got = r.get("e1-ref", "softib", "ionet-perf", "bandwidth", mib).expect("a reference");
-        assert_eq!(r.rows().len(), 1, "only softib's heap-buffer bandwidth");
-        assert_eq!(got.to_string(), Summary::of(&[4000.0]).unwrap().to_string());
+    fn each_cell_is_compared_with_the_reference_drawn_beside_it() {
+        let mut s = Samples::new();
+        for r in 0..3 {
+            for (c, beside) in [(1.0, 5000.0), (4.0, 10_000.0)] {
+                s.push(bw(EXP, "write N=1", c, r, 4500.0));
+                s.push(bw(EXP, "read N=1", c, r, 4500.0));
+                s.push(bw(REF_EXP, &ref_series(1), c, r, beside + f64::from(r)));
+            }
+        }
+        let got = cell_ratios(&s, "tcp");
+        let ratio = |c: u32, op: &str| {
+            got.iter().find(|x| x.clients == c && x.op == op).map(|x| (x.ratio * 100.0).round() / 100.0)
+        };
+        assert_eq!(got.len(), 4);
+        assert_eq!(ratio(1, "write"), Some(0.9));
+        assert_eq!(ratio(1, "read"), Some(0.9));
+        assert_eq!(ratio(4, "write"), Some(0.45));
+        let md = render(&s, "", 2).unwrap().md;
+        assert!(
+            md.contains("| 1 | 1 | 4500 (4500–4500) | 4500 (4500–4500) | 5001 (5000–5002) | 0.90× | 0.90× |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| 1 | 4 | 4500 (4500–4500) | 4500 (4500–4500) | 10001 (10000–10002) | 0.45× | 0.45× |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("over all 6 draws. Cells at ≥ 0.8× of the reference beside them: 2 of 4."),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn without_a_reference_the_cells_have_no_ratio() {
+        let mut s = Samples::new();
+        s.push(bw(EXP, "write N=1", 1.0, 0, 4500.0));
+        s.push(bw(EXP, "read N=1", 1.0, 0, 4500.0));
+        assert!(cell_ratios(&s, "tcp").is_empty());
+        let md = render(&s, "", 2).unwrap().md;
+        assert!(md.contains("| 1 | 1 | 4500 | 4500 | – | – | – |"), "{md}");
+        assert!(!md.contains("draws"), "{md}");
     }
 
     #[test]

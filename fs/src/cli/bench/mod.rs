@@ -23,6 +23,7 @@ mod e1;
 mod e2;
 mod e3;
 mod e5;
+mod reference;
 mod tiles;
 pub mod util;
 

@@ -1,0 +1,180 @@
+//! A paired ionet-perf reference: an `ionet-perf server` and an `ionet-perf client
+//! --on-demand` kept running beside an experiment, so the experiment can draw one streaming
+//! run next to each of its own runs. This machine drifts by a quarter within seconds (a
+//! neighbour's load, the host's scheduling); a reference drawn once at the start of an
+//! experiment compares every later figure with a different machine, while a draw beside each
+//! run sees the state that run saw. The draws are ionet-perf's own `bw` test (1 MiB messages,
+//! 16 in flight, Bulk service level, plain heap buffers, blocking waits), as `ionet-perf ab`
+//! measures it.
+
+use anyhow::{Context, Result, anyhow, bail};
+use ionet::Scheme;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::Duration;
+
+/// Message size of every draw.
+pub const REF_SIZE: u64 = 1 << 20;
+/// Messages in flight (ionet-perf ab's window).
+const WINDOW: usize = 16;
+/// Messages per draw: 512 MiB, about 0.1 s at this machine's 5 GB/s.
+const ITERS: usize = 512;
+
+/// Where the two ionet-perf processes run: unpinned, or as two nodes (the client's CPU, the
+/// server's CPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    Unpinned,
+    Pinned { client: usize, server: usize },
+}
+
+/// The running pair. Dropping it stops both processes.
+#[derive(Debug)]
+pub struct PairedReference {
+    server: Child,
+    client: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<std::io::Result<String>>,
+    timeout: Duration,
+}
+
+impl PairedReference {
+    /// Starts the server and the on-demand client on `scheme` and waits for the client's
+    /// warm-up run; every wait for the processes is bounded by `timeout`.
+    pub fn start(perf: &Path, scheme: Scheme, place: Placement, timeout: Duration) -> Result<Self> {
+        let cpu = |c: Option<usize>| c.map(|c| vec!["--cpu".to_string(), c.to_string()]).unwrap_or_default();
+        let (client_cpu, server_cpu) = match place {
+            Placement::Unpinned => (None, None),
+            Placement::Pinned { client, server } => (Some(client), Some(server)),
+        };
+        let mut server = Command::new(perf)
+            .args(["server", "--listen", &format!("{scheme}://127.0.0.1:0"), "--wait", "block"])
+            .args(cpu(server_cpu))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {} server", perf.display()))?;
+        let addr = match server.stdout.take().map(|o| first_line(BufReader::new(o), timeout)) {
+            Some(Ok(Some(line))) => line.strip_prefix("LISTEN ").map(|a| a.trim().to_string()),
+            _ => None,
+        };
+        let Some(addr) = addr else {
+            let _ = server.kill();
+            let _ = server.wait();
+            bail!("the ionet-perf server did not print its address");
+        };
+        let client = Command::new(perf)
+            .args(["client", "--connect", &addr, "--test", "bw", "--sizes", &REF_SIZE.to_string()])
+            .args(["--window", &WINDOW.to_string(), "--iters", &ITERS.to_string()])
+            .args(["--sl", "bulk", "--wait", "block", "--on-demand"])
+            .args(cpu(client_cpu))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn();
+        let mut client = match client {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = server.kill();
+                let _ = server.wait();
+                return Err(anyhow!("starting {} client: {e}", perf.display()));
+            }
+        };
+        let stdin = client.stdin.take();
+        let out = client.stdout.take().ok_or_else(|| anyhow!("no stdout from the ionet-perf client"))?;
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let me = PairedReference { server, client, stdin, lines, timeout };
+        // The client prints a `#` header, runs its warm-up, then says READY.
+        loop {
+            let line = me.next_line().context("waiting for the ionet-perf client's warm-up")?;
+            if line == "READY" {
+                return Ok(me);
+            }
+            if !line.starts_with('#') {
+                bail!("the ionet-perf client printed {line:?} before READY");
+            }
+        }
+    }
+
+    /// One streaming run now, in MB/s (10⁶ B/s).
+    pub fn draw(&mut self) -> Result<f64> {
+        let stdin = self.stdin.as_mut().ok_or_else(|| anyhow!("the reference is stopped"))?;
+        stdin.write_all(b"\n").and_then(|()| stdin.flush()).context("asking ionet-perf for a run")?;
+        let line = self.next_line().context("waiting for an ionet-perf run")?;
+        parse_run(&line).map(|gbps| gbps * 1000.0)
+    }
+
+    fn next_line(&self) -> Result<String> {
+        match self.lines.recv_timeout(self.timeout) {
+            Ok(Ok(l)) => Ok(l),
+            Ok(Err(e)) => Err(e.into()),
+            Err(RecvTimeoutError::Timeout) => bail!("no answer within {:?}", self.timeout),
+            Err(RecvTimeoutError::Disconnected) => bail!("the ionet-perf client exited"),
+        }
+    }
+}
+
+impl Drop for PairedReference {
+    fn drop(&mut self) {
+        // Closing its stdin ends the client's loop; a client stuck in a run is killed.
+        drop(self.stdin.take());
+        for p in [&mut self.client, &mut self.server] {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+    }
+}
+
+/// The first line `r` gives within `timeout` (`None` at end of file).
+fn first_line(mut r: impl BufRead + Send + 'static, timeout: Duration) -> Result<Option<String>> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let got = r.read_line(&mut line).map(|n| (n > 0).then_some(line));
+        let _ = tx.send(got);
+    });
+    Ok(rx.recv_timeout(timeout).map_err(|_| anyhow!("no line within {timeout:?}"))??)
+}
+
+/// `RUN <size> <GB/s>` of [`REF_SIZE`] → GB/s.
+fn parse_run(line: &str) -> Result<f64> {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    match f.as_slice() {
+        ["RUN", size, gbps] if size.parse::<u64>().ok() == Some(REF_SIZE) => {
+            let v: f64 = gbps.parse().with_context(|| format!("bandwidth in {line:?}"))?;
+            if v.is_finite() && v > 0.0 { Ok(v) } else { bail!("bandwidth {v} in {line:?}") }
+        }
+        _ => bail!("unexpected line from the ionet-perf client: {line:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_line_of_the_reference_size_gives_its_bandwidth() {
+        assert_eq!(parse_run("RUN 1048576 5.25").unwrap(), 5.25);
+        assert!(parse_run("RUN 65536 5.25").is_err(), "another size");
+        assert!(parse_run("RUN 1048576 NaN").is_err());
+        assert!(parse_run("RUN 1048576 0").is_err());
+        assert!(parse_run("READY").is_err());
+    }
+
+    #[test]
+    fn a_missing_first_line_times_out_instead_of_hanging() {
+        let (r, _w) = std::os::unix::net::UnixStream::pair().unwrap();
+        let err = first_line(BufReader::new(r), Duration::from_millis(50)).unwrap_err();
+        assert!(err.to_string().contains("no line"), "{err}");
+    }
+}
