@@ -14,6 +14,9 @@
 //! pieces costs one check.
 //! A conflicting request fails with [`FileMapError::Busy`] instead of waiting, because the
 //! caller may itself hold the lease it would wait for (two units of one transfer).
+//! A caller that keeps being refused takes a [`Turn`] ([`FileMap::take_turn`]): while it waits,
+//! no newer lease that conflicts with its span is granted, so a writer is not starved by a
+//! stream of overlapping readers (nor a reader by writers). Turns are served oldest first.
 //!
 //! A mapping of a shared-memory file (tmpfs) is memory the crate owns: the InfiniBand engine
 //! keeps registrations of it cached across operations, as it does its pool, instead of pinning
@@ -76,10 +79,20 @@ struct Lease {
     write: bool,
 }
 
+impl Lease {
+    /// Whether `self` and a lease of `[start, end)` (`write`) may not coexist.
+    fn conflicts(&self, start: u64, end: u64, write: bool) -> bool {
+        self.start < self.end && start < end && self.start < end && start < self.end && (write || self.write)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Leases {
+    /// Ids of leases and turns, from one counter: a smaller id is an older request.
     next: u64,
     live: Vec<Lease>,
+    /// Turns waiting (see [`Turn`]).
+    waiting: Vec<Lease>,
 }
 
 /// Told `(addr, len)` of every mapping about to be unmapped.
@@ -189,6 +202,27 @@ impl FileMap {
         self.leases.lock().unwrap_or_else(|p| p.into_inner()).live.len()
     }
 
+    /// Turns waiting now.
+    pub fn turns_waiting(&self) -> usize {
+        self.leases.lock().unwrap_or_else(|p| p.into_inner()).waiting.len()
+    }
+
+    /// Queues for the span of `pieces` (writable or readable): until the turn is dropped, a
+    /// lease that conflicts with that span is refused to anyone who asks without a turn or with
+    /// a newer one. Take it after a [`FileMapError::Busy`] and ask again through it
+    /// ([`Turn::regions_mut`], [`Turn::regions`]) until the regions are granted.
+    ///
+    /// Take a turn only while holding no region of this map that conflicts with the span: the
+    /// turn would hold back the lease you wait for in order to release yours.
+    pub fn take_turn(self: &Arc<Self>, pieces: &[(u64, usize)], write: bool) -> Turn {
+        let (start, end) = span(pieces);
+        let mut l = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+        l.next += 1;
+        let id = l.next;
+        l.waiting.push(Lease { id, start, end, write });
+        Turn { map: self.clone(), id }
+    }
+
     /// `[offset, offset + len)` for writing: fails if any other region overlaps it.
     pub fn region_mut(self: &Arc<Self>, offset: u64, len: usize) -> Result<FileRegionMut, FileMapError> {
         let mut v = self.regions_mut([(offset, len)])?;
@@ -207,6 +241,14 @@ impl FileMap {
         self: &Arc<Self>,
         pieces: impl IntoIterator<Item = (u64, usize)>,
     ) -> Result<Vec<FileRegionMut>, FileMapError> {
+        self.regions_mut_as(pieces, None)
+    }
+
+    fn regions_mut_as(
+        self: &Arc<Self>,
+        pieces: impl IntoIterator<Item = (u64, usize)>,
+        turn: Option<u64>,
+    ) -> Result<Vec<FileRegionMut>, FileMapError> {
         let pieces: Vec<(u64, usize)> = pieces.into_iter().collect();
         let mut prev_end = 0u64;
         for (i, &(off, len)) in pieces.iter().enumerate() {
@@ -216,7 +258,7 @@ impl FileMap {
             }
             prev_end = off + len as u64;
         }
-        let lease = self.lease(&pieces, true)?;
+        let lease = self.lease(&pieces, true, turn)?;
         Ok(pieces.into_iter().map(|(off, len)| FileRegionMut { lease: lease.clone(), off, len }).collect())
     }
 
@@ -226,11 +268,19 @@ impl FileMap {
         self: &Arc<Self>,
         pieces: impl IntoIterator<Item = (u64, usize)>,
     ) -> Result<Vec<FileRegion>, FileMapError> {
+        self.regions_as(pieces, None)
+    }
+
+    fn regions_as(
+        self: &Arc<Self>,
+        pieces: impl IntoIterator<Item = (u64, usize)>,
+        turn: Option<u64>,
+    ) -> Result<Vec<FileRegion>, FileMapError> {
         let pieces: Vec<(u64, usize)> = pieces.into_iter().collect();
         for &(off, len) in &pieces {
             self.check(off, len)?;
         }
-        let lease = self.lease(&pieces, false)?;
+        let lease = self.lease(&pieces, false, turn)?;
         Ok(pieces.into_iter().map(|(off, len)| FileRegion { lease: lease.clone(), off, len }).collect())
     }
 
@@ -241,22 +291,19 @@ impl FileMap {
         }
     }
 
-    /// One lease over the span of `pieces` (all inside the map).
+    /// One lease over the span of `pieces` (all inside the map), for the holder of turn `turn`
+    /// (or of none): refused if it conflicts with a live lease or with an older waiting turn.
     fn lease(
         self: &Arc<Self>,
         pieces: &[(u64, usize)],
         write: bool,
+        turn: Option<u64>,
     ) -> Result<Arc<LeaseGuard>, FileMapError> {
-        // The span of the non-empty pieces (checked to lie inside the map).
-        let (start, end) = pieces
-            .iter()
-            .filter(|p| p.1 > 0)
-            .fold((u64::MAX, 0), |(lo, hi), &(o, n)| (lo.min(o), hi.max(o + n as u64)));
-        let (start, end) = if start < end { (start, end) } else { (0, 0) };
+        let (start, end) = span(pieces);
         let mut l = self.leases.lock().unwrap_or_else(|p| p.into_inner());
-        // Empty spans overlap nothing.
-        let clash = start < end
-            && l.live.iter().any(|o| o.start < o.end && o.start < end && start < o.end && (write || o.write));
+        let older = |w: &Lease| turn.is_none_or(|t| w.id < t);
+        let clash = l.live.iter().any(|o| o.conflicts(start, end, write))
+            || l.waiting.iter().any(|w| older(w) && w.conflicts(start, end, write));
         if clash {
             return Err(FileMapError::Busy { offset: start, len: end - start });
         }
@@ -264,6 +311,11 @@ impl FileMap {
         let id = l.next;
         l.live.push(Lease { id, start, end, write });
         Ok(Arc::new(LeaseGuard { map: self.clone(), id }))
+    }
+
+    fn end_turn(&self, id: u64) {
+        let mut l = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+        l.waiting.retain(|w| w.id != id);
     }
 
     fn release(&self, id: u64) {
@@ -293,6 +345,59 @@ impl Drop for FileMap {
         for h in hooks {
             h(addr, len);
         }
+    }
+}
+
+/// The span of the non-empty pieces (`(0, 0)`, which overlaps nothing, when there are none).
+fn span(pieces: &[(u64, usize)]) -> (u64, u64) {
+    let (start, end) = pieces
+        .iter()
+        .filter(|p| p.1 > 0)
+        .fold((u64::MAX, 0), |(lo, hi), &(o, n)| (lo.min(o), hi.max(o + n as u64)));
+    if start < end { (start, end) } else { (0, 0) }
+}
+
+/// A place in the queue for a span of a [`FileMap`] ([`FileMap::take_turn`]); dropping it
+/// leaves the queue.
+pub struct Turn {
+    map: Arc<FileMap>,
+    id: u64,
+}
+
+impl fmt::Debug for Turn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Turn").field("id", &self.id).finish()
+    }
+}
+
+impl Turn {
+    /// [`FileMap::regions_mut`], served before every lease asked for without a turn or with a
+    /// newer one.
+    pub fn regions_mut(
+        &self,
+        pieces: impl IntoIterator<Item = (u64, usize)>,
+    ) -> Result<Vec<FileRegionMut>, FileMapError> {
+        self.map.regions_mut_as(pieces, Some(self.id))
+    }
+
+    /// [`FileMap::regions`], served before every lease asked for without a turn or with a newer
+    /// one.
+    pub fn regions(
+        &self,
+        pieces: impl IntoIterator<Item = (u64, usize)>,
+    ) -> Result<Vec<FileRegion>, FileMapError> {
+        self.map.regions_as(pieces, Some(self.id))
+    }
+
+    /// The map the turn queues on.
+    pub fn map(&self) -> &Arc<FileMap> {
+        &self.map
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.map.end_turn(self.id);
     }
 }
 
@@ -489,6 +594,61 @@ mod tests {
         assert!(matches!(m.region(4000, 97), Err(FileMapError::OutOfRange { .. })));
         assert!(matches!(m.region_mut(u64::MAX, 2), Err(FileMapError::OutOfRange { .. })));
         assert_eq!(m.region(4000, 96).unwrap().len(), 96);
+    }
+
+    /// A map of 4 KiB over a scratch file.
+    fn small_map() -> Arc<FileMap> {
+        let f = file(4096);
+        // SAFETY: the file is private to this test, is not shrunk, and is only touched through
+        // the map.
+        unsafe { FileMap::new(&f, 4096) }.unwrap()
+    }
+
+    /// A writer refused by a reader's lease takes a turn; a newer reader overlapping its span
+    /// is then refused even though no live lease conflicts with that reader, so a stream of
+    /// readers cannot starve the writer. The writer gets in once the old reader is gone.
+    #[test]
+    fn a_waiting_turn_is_not_overtaken_by_newer_conflicting_leases() {
+        let m = small_map();
+        let old_reader = m.region(0, 100).unwrap();
+        assert!(matches!(m.region_mut(0, 100), Err(FileMapError::Busy { .. })));
+        let turn = m.take_turn(&[(0, 100)], true);
+        assert!(
+            matches!(m.region(50, 10), Err(FileMapError::Busy { .. })),
+            "a new reader must wait behind the writer's turn"
+        );
+        assert!(m.region(200, 10).is_ok(), "a turn holds back only its own span");
+        assert!(
+            matches!(turn.regions_mut([(0, 100)]), Err(FileMapError::Busy { .. })),
+            "the old reader is live"
+        );
+        drop(old_reader);
+        let w = turn.regions_mut([(0, 100)]).unwrap();
+        drop(turn);
+        assert_eq!(m.turns_waiting(), 0);
+        assert!(matches!(m.region(50, 10), Err(FileMapError::Busy { .. })), "the writer's lease is live");
+        drop(w);
+        assert!(m.region(50, 10).is_ok());
+    }
+
+    /// Turns are served oldest first, and a turn that leaves frees its span at once.
+    #[test]
+    fn turns_are_served_oldest_first() {
+        let m = small_map();
+        let first = m.take_turn(&[(0, 100)], true);
+        let second = m.take_turn(&[(50, 100)], false);
+        assert!(matches!(second.regions([(50, 100)]), Err(FileMapError::Busy { .. })), "behind the first");
+        let w = first.regions_mut([(0, 100)]).unwrap();
+        drop((w, first));
+        assert!(second.regions([(50, 100)]).is_ok());
+        // Readers queue behind a reader's turn without waiting: reads do not conflict.
+        let reader_turn = m.take_turn(&[(0, 4096)], false);
+        assert!(m.region(0, 4096).is_ok());
+        assert!(matches!(m.region_mut(0, 1), Err(FileMapError::Busy { .. })), "a writer does wait");
+        drop(reader_turn);
+        drop(second);
+        assert!(m.region_mut(0, 1).is_ok());
+        assert_eq!((m.turns_waiting(), m.leases_out()), (0, 0));
     }
 
     #[test]

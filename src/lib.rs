@@ -101,6 +101,6 @@ pub use endpoint::{
 };
 pub use error::{AccessError, Error, ProtocolError, Result};
 pub use expose::MemHandle;
-pub use filemap::{FileMap, FileMapError, FileRegion, FileRegionMut};
+pub use filemap::{FileMap, FileMapError, FileRegion, FileRegionMut, Turn};
 pub use info::{CounterSnapshot, Info, RegcacheInfo};
 pub use types::{Access, OpId, PeerId, ServiceLevel, Tag, WaitMode};

@@ -600,6 +600,48 @@ pub fn overlapping_writers_each_win_whole_units(scheme: &str) {
     }
 }
 
+/// A writer whose bytes are being read without pause still gets its turn. Four clients read
+/// one 1 MiB unit over and over, so at almost every instant some read holds the unit's lease;
+/// a writer that only retried would wait until the clients' timeout. Queued behind the reads in
+/// flight, with newer reads held back, every write goes through.
+pub fn a_writer_is_not_starved_by_readers_of_the_same_bytes(scheme: &str) {
+    let tu = 1usize << 20;
+    let tc = TestCluster::start_with(scheme, 1, |o| o.transfer_unit = Some(tu as u64));
+    let c = tc.client();
+    let f = c.create("/hot", CreateOptions { mode: 0o644, layout: spec(1, tu as u64) }).unwrap();
+    f.write_at(0, &Bytes::from(vec![0u8; tu])).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let rounds = 5u8;
+    std::thread::scope(|s| {
+        let readers: Vec<_> = (0..4)
+            .map(|_| {
+                let (c, stop) = (tc.client(), &stop);
+                s.spawn(move || {
+                    let f = c.open("/hot", Rights::READ).unwrap();
+                    let mut reads = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let (_, n) = read_all(&f, 0, tu);
+                        assert_eq!(n, tu);
+                        reads += 1;
+                    }
+                    reads
+                })
+            })
+            .collect();
+        let writer = tc.client();
+        let w = writer.open("/hot", Rights::READ_WRITE).unwrap();
+        let written: Vec<_> = (1..=rounds).map(|i| w.write_at(0, &Bytes::from(vec![i; tu]))).collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let reads: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
+        for (i, r) in written.iter().enumerate() {
+            assert!(r.is_ok(), "write {i} with {reads} reads going on: {r:?}");
+        }
+        assert!(reads > 0, "the readers ran");
+    });
+    let (back, _) = read_all(&f, 0, tu);
+    assert!(back.iter().all(|&b| b == rounds), "the last write is what the file holds");
+}
+
 /// The counters of the cluster's only io server.
 fn io_stats(c: &stripefs::Client) -> ServerStats {
     let mut all = c.server_stats();
@@ -708,6 +750,7 @@ macro_rules! transports {
             #[test] fn failed_fan_outs_are_cleaned_up() { super::failed_fan_outs_are_cleaned_up(S) }
             #[test] fn copying_and_mapped_io_servers_agree() { super::copying_and_mapped_io_servers_agree(S) }
             #[test] fn overlapping_writers_each_win_whole_units() { super::overlapping_writers_each_win_whole_units(S) }
+            #[test] fn a_writer_is_not_starved_by_readers_of_the_same_bytes() { super::a_writer_is_not_starved_by_readers_of_the_same_bytes(S) }
             #[test] fn io_requests_count_the_data_path_they_took() { super::io_requests_count_the_data_path_they_took(S) }
             #[test] fn mapping_io_servers_count_their_fallbacks() { super::mapping_io_servers_count_their_fallbacks(S) }
         }

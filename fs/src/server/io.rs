@@ -28,7 +28,7 @@ use crate::proto::{self, Descriptor, ErrorReply, Fallbacks, IoReply, IoRequest, 
 use crate::store::{Object, ObjectStore, PieceCursor, StoreConfig, StoreError};
 use bytes::Bytes;
 use ionet::{
-    Address, Direction, Endpoint, FileMapError, OpBuf, OpId, RecvBuf, RegisteredBuf, Request, SendBuf,
+    Address, Direction, Endpoint, FileMapError, OpBuf, OpId, RecvBuf, RegisteredBuf, Request, SendBuf, Turn,
     WaitMode,
 };
 use std::collections::VecDeque;
@@ -505,8 +505,12 @@ impl Shared {
             Ok(None) => return Mapped::Declined(Fallback::BeyondMap),
             Err(e) => return Mapped::Ran(Err(e.into())),
         };
-        Mapped::Ran(self.mapped_pipeline(desc, total, |pieces, off| {
-            let regions = map.regions_mut(pieces.iter().copied())?;
+        Mapped::Ran(self.mapped_pipeline(&map, true, desc, total, |pieces, off, turn| {
+            let pieces = pieces.iter().copied();
+            let regions = match turn {
+                Some(t) => t.regions_mut(pieces)?,
+                None => map.regions_mut(pieces)?,
+            };
             Ok(req.pull_into(regions, off))
         }))
     }
@@ -524,10 +528,14 @@ impl Shared {
             Ok(None) => return Mapped::Declined(Fallback::BeyondMap),
             Err(e) => return Mapped::Ran(Err(e.into())),
         };
-        Mapped::Ran(self.mapped_pipeline(desc, total, |pieces, off| {
+        Mapped::Ran(self.mapped_pipeline(&map, false, desc, total, |pieces, off, turn| {
             let inside: Vec<(u64, usize)> =
                 pieces.iter().filter(|p| p.0 < size).map(|&(o, n)| (o, n.min((size - o) as usize))).collect();
-            let mut regions = map.regions(inside)?.into_iter();
+            let regions = match turn {
+                Some(t) => t.regions(inside)?,
+                None => map.regions(inside)?,
+            };
+            let mut regions = regions.into_iter();
             let mut list = Vec::with_capacity(pieces.len());
             for &(o, n) in pieces {
                 let mapped = if o < size { n.min((size - o) as usize) } else { 0 };
@@ -540,14 +548,18 @@ impl Shared {
         }))
     }
 
-    /// Runs one request's units through `start` (which leases the unit's regions and posts its
-    /// pull or push), `pipeline_depth` deep. A unit whose bytes another request has leased waits
-    /// for it, up to the transfer timeout.
+    /// Runs one request's units through `start` (which leases the unit's regions of `map`,
+    /// through the turn when given, and posts its pull or push), `pipeline_depth` deep. A unit
+    /// whose bytes another request has leased waits for it, up to the transfer timeout: first
+    /// for this request's own units in flight, then, holding nothing, in a turn on the map, so
+    /// requests that arrive later over the same bytes do not overtake it.
     fn mapped_pipeline(
         &self,
+        map: &Arc<ionet::FileMap>,
+        write: bool,
         desc: &Descriptor,
         total: u64,
-        mut start: impl FnMut(&[(u64, usize)], u64) -> Result<ionet::Result<OpId>, FileMapError>,
+        mut start: impl FnMut(&[(u64, usize)], u64, Option<&Turn>) -> Result<ionet::Result<OpId>, FileMapError>,
     ) -> Result<(), Fail> {
         let tu = self.cfg.transfer_unit as u64;
         let depth = self.cfg.pipeline_depth.max(2);
@@ -557,23 +569,27 @@ impl Shared {
         let mut off = 0u64;
         let mut fail: Option<Fail> = None;
         let mut busy_since: Option<Instant> = None;
+        let mut turn: Option<Turn> = None;
         loop {
             if fail.is_none() && off < total && inflight.len() < depth {
                 let n = tu.min(total - off);
                 if unit.is_empty() {
                     unit_pieces(&mut cursor, n, &mut unit);
                 }
-                match start(&unit, off) {
+                match start(&unit, off, turn.as_ref()) {
                     Ok(Ok(op)) => {
                         self.deadline(op);
                         inflight.push_back(op);
                         off += n;
                         unit.clear();
                         busy_since = None;
+                        turn = None;
                         continue;
                     }
                     Ok(Err(e)) => fail = Some(e.into()),
                     Err(FileMapError::Busy { .. }) if inflight.is_empty() => {
+                        // Nothing of ours is leased now, so queueing cannot wait on ourselves.
+                        turn.get_or_insert_with(|| map.take_turn(&unit, write));
                         let since = *busy_since.get_or_insert_with(Instant::now);
                         if since.elapsed() > self.cfg.transfer_timeout {
                             fail = Some(Fail(Errno::EIO, "object range stayed busy".into()));
