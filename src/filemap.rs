@@ -209,8 +209,8 @@ impl FileMap {
 
     /// Queues for the span of `pieces` (writable or readable): until the turn is dropped, a
     /// lease that conflicts with that span is refused to anyone who asks without a turn or with
-    /// a newer one. Take it after a [`FileMapError::Busy`] and ask again through it
-    /// ([`Turn::regions_mut`], [`Turn::regions`]) until the regions are granted.
+    /// a newer one. Take it after a [`FileMapError::Busy`] and ask again with it
+    /// ([`FileMap::regions_mut_in`], [`FileMap::regions_in`]) until the regions are granted.
     ///
     /// Take a turn only while holding no region of this map that conflicts with the span: the
     /// turn would hold back the lease you wait for in order to release yours.
@@ -241,13 +241,16 @@ impl FileMap {
         self: &Arc<Self>,
         pieces: impl IntoIterator<Item = (u64, usize)>,
     ) -> Result<Vec<FileRegionMut>, FileMapError> {
-        self.regions_mut_as(pieces, None)
+        self.regions_mut_in(pieces, None)
     }
 
-    fn regions_mut_as(
+    /// [`FileMap::regions_mut`] for the holder of `turn` (see [`FileMap::take_turn`]), served
+    /// before every lease asked for without a turn or with a newer one. A turn taken on another
+    /// map counts as none.
+    pub fn regions_mut_in(
         self: &Arc<Self>,
         pieces: impl IntoIterator<Item = (u64, usize)>,
-        turn: Option<u64>,
+        turn: Option<&Turn>,
     ) -> Result<Vec<FileRegionMut>, FileMapError> {
         let pieces: Vec<(u64, usize)> = pieces.into_iter().collect();
         let mut prev_end = 0u64;
@@ -268,13 +271,14 @@ impl FileMap {
         self: &Arc<Self>,
         pieces: impl IntoIterator<Item = (u64, usize)>,
     ) -> Result<Vec<FileRegion>, FileMapError> {
-        self.regions_as(pieces, None)
+        self.regions_in(pieces, None)
     }
 
-    fn regions_as(
+    /// [`FileMap::regions`] for the holder of `turn`, as [`FileMap::regions_mut_in`].
+    pub fn regions_in(
         self: &Arc<Self>,
         pieces: impl IntoIterator<Item = (u64, usize)>,
-        turn: Option<u64>,
+        turn: Option<&Turn>,
     ) -> Result<Vec<FileRegion>, FileMapError> {
         let pieces: Vec<(u64, usize)> = pieces.into_iter().collect();
         for &(off, len) in &pieces {
@@ -297,8 +301,9 @@ impl FileMap {
         self: &Arc<Self>,
         pieces: &[(u64, usize)],
         write: bool,
-        turn: Option<u64>,
+        turn: Option<&Turn>,
     ) -> Result<Arc<LeaseGuard>, FileMapError> {
+        let turn = turn.filter(|t| Arc::ptr_eq(&t.map, self)).map(|t| t.id);
         let (start, end) = span(pieces);
         let mut l = self.leases.lock().unwrap_or_else(|p| p.into_inner());
         let older = |w: &Lease| turn.is_none_or(|t| w.id < t);
@@ -367,31 +372,6 @@ pub struct Turn {
 impl fmt::Debug for Turn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Turn").field("id", &self.id).finish()
-    }
-}
-
-impl Turn {
-    /// [`FileMap::regions_mut`], served before every lease asked for without a turn or with a
-    /// newer one.
-    pub fn regions_mut(
-        &self,
-        pieces: impl IntoIterator<Item = (u64, usize)>,
-    ) -> Result<Vec<FileRegionMut>, FileMapError> {
-        self.map.regions_mut_as(pieces, Some(self.id))
-    }
-
-    /// [`FileMap::regions`], served before every lease asked for without a turn or with a newer
-    /// one.
-    pub fn regions(
-        &self,
-        pieces: impl IntoIterator<Item = (u64, usize)>,
-    ) -> Result<Vec<FileRegion>, FileMapError> {
-        self.map.regions_as(pieces, Some(self.id))
-    }
-
-    /// The map the turn queues on.
-    pub fn map(&self) -> &Arc<FileMap> {
-        &self.map
     }
 }
 
@@ -619,11 +599,11 @@ mod tests {
         );
         assert!(m.region(200, 10).is_ok(), "a turn holds back only its own span");
         assert!(
-            matches!(turn.regions_mut([(0, 100)]), Err(FileMapError::Busy { .. })),
+            matches!(m.regions_mut_in([(0, 100)], Some(&turn)), Err(FileMapError::Busy { .. })),
             "the old reader is live"
         );
         drop(old_reader);
-        let w = turn.regions_mut([(0, 100)]).unwrap();
+        let w = m.regions_mut_in([(0, 100)], Some(&turn)).unwrap();
         drop(turn);
         assert_eq!(m.turns_waiting(), 0);
         assert!(matches!(m.region(50, 10), Err(FileMapError::Busy { .. })), "the writer's lease is live");
@@ -637,10 +617,13 @@ mod tests {
         let m = small_map();
         let first = m.take_turn(&[(0, 100)], true);
         let second = m.take_turn(&[(50, 100)], false);
-        assert!(matches!(second.regions([(50, 100)]), Err(FileMapError::Busy { .. })), "behind the first");
-        let w = first.regions_mut([(0, 100)]).unwrap();
+        assert!(
+            matches!(m.regions_in([(50, 100)], Some(&second)), Err(FileMapError::Busy { .. })),
+            "behind the first"
+        );
+        let w = m.regions_mut_in([(0, 100)], Some(&first)).unwrap();
         drop((w, first));
-        assert!(second.regions([(50, 100)]).is_ok());
+        assert!(m.regions_in([(50, 100)], Some(&second)).is_ok());
         // Readers queue behind a reader's turn without waiting: reads do not conflict.
         let reader_turn = m.take_turn(&[(0, 4096)], false);
         assert!(m.region(0, 4096).is_ok());

@@ -506,11 +506,7 @@ impl Shared {
             Err(e) => return Mapped::Ran(Err(e.into())),
         };
         Mapped::Ran(self.mapped_pipeline(&map, true, desc, total, |pieces, off, turn| {
-            let pieces = pieces.iter().copied();
-            let regions = match turn {
-                Some(t) => t.regions_mut(pieces)?,
-                None => map.regions_mut(pieces)?,
-            };
+            let regions = map.regions_mut_in(pieces.iter().copied(), turn)?;
             Ok(req.pull_into(regions, off))
         }))
     }
@@ -531,11 +527,7 @@ impl Shared {
         Mapped::Ran(self.mapped_pipeline(&map, false, desc, total, |pieces, off, turn| {
             let inside: Vec<(u64, usize)> =
                 pieces.iter().filter(|p| p.0 < size).map(|&(o, n)| (o, n.min((size - o) as usize))).collect();
-            let regions = match turn {
-                Some(t) => t.regions(inside)?,
-                None => map.regions(inside)?,
-            };
-            let mut regions = regions.into_iter();
+            let mut regions = map.regions_in(inside, turn)?.into_iter();
             let mut list = Vec::with_capacity(pieces.len());
             for &(o, n) in pieces {
                 let mapped = if o < size { n.min((size - o) as usize) } else { 0 };

@@ -155,7 +155,6 @@ fn cell(
         let off = u64::from(i as u32) * region;
         let mut times = Vec::new();
         let mut draws = Vec::new();
-        // One untimed round first: the servers' first write of a region allocates its pages.
         let mut draw = |k: usize| -> Result<()> {
             if let (0, Some(rf)) = (i, reference) {
                 let mut rf = rf.lock().unwrap_or_else(|p| p.into_inner());
@@ -166,6 +165,7 @@ fn cell(
             Ok(())
         };
         draw(runs.div_ceil(2))?;
+        // One untimed round first: the servers' first write of a region allocates its pages.
         for r in 0..=runs {
             gate.wait()?;
             let t = Instant::now();
@@ -299,8 +299,9 @@ pub struct CellRatio {
 /// Every cell on `t` that has a reference, against it.
 pub fn cell_ratios(s: &Samples, t: &str) -> Vec<CellRatio> {
     let mut out = Vec::new();
+    let clients = s.filter(|r| r.experiment == EXP && r.transport == t).xs();
     for n in server_counts(s) {
-        for c in s.filter(|r| r.experiment == EXP && r.transport == t).xs() {
+        for &c in &clients {
             let Some(rf) = paired_reference(s, t, n, c) else { continue };
             for op in ["write", "read"] {
                 if let Some(v) = s.get(EXP, t, &format!("{op} N={n}"), "bandwidth", c) {

@@ -35,7 +35,7 @@ pub enum Placement {
 pub struct PairedReference {
     server: Child,
     client: Child,
-    stdin: Option<ChildStdin>,
+    stdin: ChildStdin,
     lines: Receiver<std::io::Result<String>>,
     timeout: Duration,
 }
@@ -83,8 +83,13 @@ impl PairedReference {
                 return Err(anyhow!("starting {} client: {e}", perf.display()));
             }
         };
-        let stdin = client.stdin.take();
-        let out = client.stdout.take().ok_or_else(|| anyhow!("no stdout from the ionet-perf client"))?;
+        let (Some(stdin), Some(out)) = (client.stdin.take(), client.stdout.take()) else {
+            for p in [&mut client, &mut server] {
+                let _ = p.kill();
+                let _ = p.wait();
+            }
+            bail!("no pipes to the ionet-perf client");
+        };
         let (tx, lines) = channel();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines() {
@@ -108,7 +113,7 @@ impl PairedReference {
 
     /// One streaming run now, in MB/s (10⁶ B/s).
     pub fn draw(&mut self) -> Result<f64> {
-        let stdin = self.stdin.as_mut().ok_or_else(|| anyhow!("the reference is stopped"))?;
+        let stdin = &mut self.stdin;
         stdin.write_all(b"\n").and_then(|()| stdin.flush()).context("asking ionet-perf for a run")?;
         let line = self.next_line().context("waiting for an ionet-perf run")?;
         parse_run(&line).map(|gbps| gbps * 1000.0)
@@ -126,8 +131,7 @@ impl PairedReference {
 
 impl Drop for PairedReference {
     fn drop(&mut self) {
-        // Closing its stdin ends the client's loop; a client stuck in a run is killed.
-        drop(self.stdin.take());
+        // Killed rather than asked to stop: a client in the middle of a run is not waited for.
         for p in [&mut self.client, &mut self.server] {
             let _ = p.kill();
             let _ = p.wait();
