@@ -156,7 +156,7 @@ enum Cmd {
         #[arg(long)]
         csv: Option<PathBuf>,
         /// Runs on demand, for a benchmark that interleaves them with its own measurements (a
-        /// reference drawn next to each of its runs sees the same machine state): one untimed
+        /// reference drawn right next to a measurement sees the same machine state): one untimed
         /// run per size, then `READY`; then one run per size for every line read from stdin,
         /// each printed as `RUN <size> <GB/s>`, until stdin closes. `--runs` does not apply.
         #[arg(long)]

@@ -1,9 +1,10 @@
 //! E1: concurrent read/write bandwidth (paper 003's method, repeated in 000 §6.3). Every client
 //! writes, then reads back, one contiguous 2N MiB region (N = io servers) of one shared file
 //! striped over all N servers; clients start each phase together and the bandwidth is total
-//! bytes over the slowest client's time. Beside every run, an `ionet-perf` streaming run on the
-//! same transport is drawn ([`PairedReference`]; placed like the clients and servers), so every
-//! cell has its "fraction of what the transport moves" against the machine state it ran in.
+//! bytes over the slowest client's time. Just before and just after each cell, `ionet-perf`
+//! streaming runs on the same transport are drawn ([`PairedReference`]; placed like the clients
+//! and servers), so every cell has its "fraction of what the transport moves" against the
+//! machine state it ran in.
 
 use super::reference::{PairedReference, Placement};
 use super::util::{mbs, parallel, pattern, prefaulted};
@@ -40,7 +41,7 @@ pub struct E1Args {
     /// Stripe size in bytes (default: the file system's, 64 KiB; paper 003 used 16 KiB).
     #[arg(long)]
     pub stripe_size: Option<u64>,
-    /// Skip the ionet-perf reference drawn beside every run.
+    /// Skip the ionet-perf reference drawn beside every cell.
     #[arg(long)]
     pub no_reference: bool,
     /// How clients and io servers wait for the transport (block, like the ionet-perf
@@ -344,8 +345,8 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
             let ratios = cell_ratios(s, t);
             let met = ratios.iter().filter(|r| r.ratio >= TARGET).count();
             md.push_str(&format!(
-                " — ionet-perf streaming bandwidth (1 MiB messages, 16 in flight), one run drawn beside every \
-                 run of every cell: {} MB/s over all {} draws. Cells at ≥ {TARGET}× of the reference beside \
+                " — ionet-perf streaming bandwidth (1 MiB messages, 16 in flight), as many runs as the cell \
+                 has, drawn just before and just after it: {} MB/s over all {} draws. Cells at ≥ {TARGET}× of the reference beside \
                  them: {met} of {}.",
                 cell_text(Some(all)),
                 all.n,

@@ -1,9 +1,9 @@
 //! A paired ionet-perf reference: an `ionet-perf server` and an `ionet-perf client
-//! --on-demand` kept running beside an experiment, so the experiment can draw one streaming
-//! run next to each of its own runs. This machine drifts by a quarter within seconds (a
-//! neighbour's load, the host's scheduling); a reference drawn once at the start of an
-//! experiment compares every later figure with a different machine, while a draw beside each
-//! run sees the state that run saw. The draws are ionet-perf's own `bw` test (1 MiB messages,
+//! --on-demand` kept running beside an experiment, so the experiment can draw streaming runs
+//! right next to its own measurements (E1 draws just before and just after each cell). This
+//! machine drifts by a quarter within seconds (a neighbour's load, the host's scheduling); a
+//! reference drawn once at the start of an experiment compares every later figure with a
+//! different machine, while draws next to a measurement see the state it saw. The draws are ionet-perf's own `bw` test (1 MiB messages,
 //! 16 in flight, Bulk service level, plain heap buffers, blocking waits), as `ionet-perf ab`
 //! measures it.
 
