@@ -59,6 +59,23 @@ pub(crate) fn advise_huge_pages(addr: usize, len: usize) {
     let _ = (addr, len);
 }
 
+/// Asks the kernel to move `[addr, addr + len)` onto huge pages now (`MADV_COLLAPSE`, Linux
+/// 6.1+), best effort: memory the allocator hands out again was usually faulted in as 4 KiB
+/// pages by its last owner, and [`advise_huge_pages`] only shapes faults still to come. Costs a
+/// copy of each 2 MiB it collapses; ranges already on huge pages are left as they are.
+pub(crate) fn collapse_huge_pages(addr: usize, len: usize) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: MADV_COLLAPSE copies a range's contents into huge pages and remaps them in
+    // place, so every byte keeps its address and value; it reads or writes no memory the
+    // caller can see changed. Failure (older kernel, no free huge page, VM_NOHUGEPAGE) leaves
+    // the pages as they were.
+    unsafe {
+        libc::madvise(addr as *mut libc::c_void, len, libc::MADV_COLLAPSE);
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = (addr, len);
+}
+
 /// Takes back [`advise_huge_pages`] on `[addr, addr + len)` before the memory is freed: heap
 /// memory keeps its advice after `free`, so the application's later allocations there would
 /// get huge pages (and pins that cost nothing) it never asked for. Only in the kernel's
