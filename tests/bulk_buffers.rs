@@ -2,31 +2,9 @@
 //! copies run at full speed and, from 2 MiB, faulted in as transparent huge pages without
 //! leaving the huge-page advice behind on the heap.
 
-use ionet::buf::bulk_zeroed;
+mod common;
 
-/// The `smaps` fields of the mapping that contains `addr`: (`AnonHugePages` in KiB, `VmFlags`).
-fn mapping_of(addr: usize) -> Option<(u64, String)> {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    let (mut inside, mut huge) = (false, 0);
-    for line in smaps.lines() {
-        if let Some((range, _)) = line.split_once(' ')
-            && let Some((a, b)) = range.split_once('-')
-            && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
-        {
-            inside = a <= addr && addr < b;
-            continue;
-        }
-        if !inside {
-            continue;
-        }
-        if let Some(v) = line.strip_prefix("AnonHugePages:") {
-            huge = v.trim().trim_end_matches("kB").trim().parse().ok()?;
-        } else if let Some(flags) = line.strip_prefix("VmFlags:") {
-            return Some((huge, flags.trim().to_string()));
-        }
-    }
-    None
-}
+use ionet::buf::bulk_zeroed;
 
 /// A `/proc/vmstat` counter: huge-page faults or collapses that found no free huge page.
 fn vmstat(name: &str) -> u64 {
@@ -58,15 +36,8 @@ fn large_bulk_buffers_get_huge_pages_even_in_reused_memory_and_keep_no_advice() 
         println!("skipped: transparent huge pages are not in madvise mode here ({})", mode.trim());
         return;
     }
-    // Serve large blocks from the heap and keep freed memory mapped, as a long-running
-    // process's malloc ends up doing once its mmap threshold has grown; then leave 4 KiB
-    // pages behind where the buffer will most likely be carved.
-    // SAFETY: mallopt only changes allocator tuning; other threads' allocations stay valid
-    // under either setting.
-    unsafe {
-        assert_eq!(libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20), 1);
-        assert_eq!(libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20), 1);
-    }
+    // Leave 4 KiB pages in the heap where the buffer will most likely be carved.
+    common::heap_serves_large_blocks();
     let mut old = vec![1u8; 8 << 20];
     std::hint::black_box(&mut old);
     let old_range = old.as_ptr() as usize..old.as_ptr() as usize + old.len();
@@ -75,7 +46,7 @@ fn large_bulk_buffers_get_huge_pages_even_in_reused_memory_and_keep_no_advice() 
     let b = bulk_zeroed(4 << 20);
     let addr = b.as_ptr() as usize;
     println!("buffer reuses the freed 4 KiB pages: {}", old_range.contains(&addr));
-    let (huge_kib, flags) = mapping_of(addr).expect("the buffer is mapped");
+    let (huge_kib, flags) = common::smaps_of(addr).expect("the buffer is mapped");
     // The advice is gone once the pages are in: heap memory keeps it after `free`.
     assert!(!flags.split_whitespace().any(|f| f == "hg"), "advice left on the buffer's memory: {flags}");
     if (vmstat("thp_fault_fallback"), vmstat("thp_collapse_alloc_failed")) != (fallbacks, failed) {

@@ -5,26 +5,9 @@
 //! One test per binary on purpose: it changes the process's malloc settings and reads its
 //! memory map.
 
-use ionet::*;
+mod common;
 
-/// `VmFlags` of the mapping that contains `addr`, if one does.
-fn vm_flags(addr: usize) -> Option<String> {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let mut inside = false;
-    for line in smaps.lines() {
-        if let Some((range, _)) = line.split_once(' ')
-            && let Some((a, b)) = range.split_once('-')
-            && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
-        {
-            inside = a <= addr && addr < b;
-            continue;
-        }
-        if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
-            return Some(flags.trim().to_string());
-        }
-    }
-    None
-}
+use ionet::*;
 
 #[test]
 fn freed_pool_chunks_take_their_huge_page_advice_with_them() {
@@ -33,22 +16,15 @@ fn freed_pool_chunks_take_their_huge_page_advice_with_them() {
         println!("skipped: transparent huge pages are not in madvise mode here ({})", mode.trim());
         return;
     }
-    // Serve large blocks from the heap and keep freed memory mapped, as a long-running
-    // process's malloc ends up doing once its mmap threshold has grown.
-    // SAFETY: mallopt only changes allocator tuning; no allocation is in flight on this thread,
-    // and other threads' allocations stay valid under either setting.
-    unsafe {
-        assert_eq!(libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20), 1);
-        assert_eq!(libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20), 1);
-    }
+    common::heap_serves_large_blocks();
     let ep = Endpoint::bind("tcp://127.0.0.1:0", Config::default()).unwrap();
     let buf = ep.alloc(1 << 20).unwrap();
     let addr = buf.as_ptr() as usize;
-    let live = vm_flags(addr).expect("a live pool buffer is mapped");
+    let live = common::smaps_of(addr).expect("a live pool buffer is mapped").1;
     assert!(live.split_whitespace().any(|f| f == "hg"), "a live chunk is advised: {live}");
     drop(buf);
     drop(ep);
-    if let Some(after) = vm_flags(addr) {
+    if let Some((_, after)) = common::smaps_of(addr) {
         assert!(!after.split_whitespace().any(|f| f == "hg"), "advice left on freed heap memory: {after}");
     }
 }

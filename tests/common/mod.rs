@@ -1,4 +1,4 @@
-//! Helpers shared by the InfiniBand integration tests.
+//! Helpers shared by the integration tests.
 
 // Each test binary uses only some of them.
 #![allow(dead_code)]
@@ -41,4 +41,41 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     }
     v.truncate(len);
     v
+}
+
+/// The `smaps` fields of this process's mapping that contains `addr`: its `AnonHugePages` in
+/// KiB and its `VmFlags` (`hg`: advised for huge pages).
+pub fn smaps_of(addr: usize) -> Option<(u64, String)> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let (mut inside, mut huge) = (false, 0);
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ')
+            && let Some((a, b)) = range.split_once('-')
+            && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+        {
+            inside = a <= addr && addr < b;
+            continue;
+        }
+        if !inside {
+            continue;
+        }
+        if let Some(v) = line.strip_prefix("AnonHugePages:") {
+            huge = v.trim().trim_end_matches("kB").trim().parse().ok()?;
+        } else if let Some(flags) = line.strip_prefix("VmFlags:") {
+            return Some((huge, flags.trim().to_string()));
+        }
+    }
+    None
+}
+
+/// Makes malloc serve large blocks from the heap and keep freed memory mapped, as a
+/// long-running process's malloc ends up doing once its mmap threshold has grown. Changes the
+/// whole process: only for a test binary whose tests all expect it.
+pub fn heap_serves_large_blocks() {
+    // SAFETY: mallopt only changes allocator tuning; other threads' allocations stay valid
+    // under either setting.
+    unsafe {
+        assert_eq!(libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20), 1);
+        assert_eq!(libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20), 1);
+    }
 }
