@@ -71,7 +71,7 @@ pub mod addr;
 pub mod buf;
 pub mod comm;
 pub mod config;
-mod copy;
+pub mod copy;
 mod endpoint;
 pub mod error;
 pub mod expose;

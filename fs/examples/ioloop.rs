@@ -11,7 +11,7 @@
 //! printed per call beside this process's own; `WAIT=block|spin` sets the client's wait mode,
 //! `REG=1` writes from a registered pool buffer, `CACHE=1` caches the
 //! read buffer's registration, `HINT=1` turns on the list allocation hint,
-//! `MAXREQ=n` caps the bytes per io-server request, `PAGEOFF=k` starts the read buffer k
+//! `MAXREQ=n` caps the bytes per io-server request, `INTO=1` reads through `read_into`, `PAGEOFF=k` starts the read buffer k
 //! bytes past a page boundary, `MISALIGN=k` starts the read buffer k bytes past a 64-byte boundary and `DMISALIGN=k` the
 //! written data.
 
@@ -120,6 +120,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // GAP_SPIN=1 busy-waits the gap instead of sleeping (keeps this CPU out of idle).
     let spin_gap = std::env::var_os("GAP_SPIN").is_some();
     let verify = std::env::var_os("VERIFY").is_some();
+    // INTO=1 reads through `File::read_into` into a caller's slice (a pre-faulted `Vec`).
+    let mut into = std::env::var_os("INTO").is_some().then(|| vec![1u8; len]);
     let pause = |g: std::time::Duration| {
         if spin_gap {
             let t = Instant::now();
@@ -145,11 +147,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 pause(g);
             }
             let t = Instant::now();
-            let (b, n) = f.read_at(0, buf)?;
-            cr.push(t.elapsed().as_secs_f64());
+            if let Some(dst) = into.as_mut() {
+                let n = f.read_into(0, dst)?;
+                cr.push(t.elapsed().as_secs_f64());
+                assert_eq!(n, len);
+                buf.copy_from_slice(dst);
+            } else {
+                let (b, n) = f.read_at(0, buf)?;
+                cr.push(t.elapsed().as_secs_f64());
+                assert_eq!(n, len);
+                buf = b;
+            }
             tr += cr[cr.len() - 1];
-            assert_eq!(n, len);
-            buf = b;
             // VERIFY=1 compares every read with the data, as E1 does between its calls.
             if verify {
                 assert!(buf[..] == data[..], "read back different data");

@@ -111,6 +111,37 @@ pub fn sparse_files_and_holes(scheme: &str) {
     assert_eq!(c.stat("/one").unwrap().attr.size, 65536 + 8);
 }
 
+/// `read_into` lands each read in a buffer the client keeps between calls: a later read of
+/// holes and of bytes past the end must not show what an earlier read left there.
+pub fn read_into_shows_no_earlier_bytes(scheme: &str) {
+    let tc = TestCluster::start(scheme, 3);
+    let c = tc.client();
+    let mib = 1usize << 20;
+    let full = c.create("/full", CreateOptions { mode: 0o644, layout: spec(3, 65536) }).unwrap();
+    let data = pattern(3 * mib, 9);
+    full.write_at(0, &data).unwrap();
+    // One MiB, a one-MiB hole, then 100 bytes: 2 MiB + 100 long.
+    let holey = c.create("/holey", CreateOptions { mode: 0o644, layout: spec(3, 65536) }).unwrap();
+    let head = pattern(mib, 10);
+    holey.write_at(0, &head).unwrap();
+    holey.write_at(2 * mib as u64, &Bytes::from_static(&[7u8; 100])).unwrap();
+    for round in 0..3 {
+        let mut dst = vec![0xaau8; 3 * mib];
+        assert_eq!(full.read_into(0, &mut dst).unwrap(), 3 * mib);
+        assert!(dst == data, "round {round}: the whole file");
+        let mut dst = vec![0xaau8; 3 * mib];
+        assert_eq!(holey.read_into(0, &mut dst).unwrap(), 2 * mib + 100);
+        assert!(dst[..mib] == head[..], "round {round}: data before the hole");
+        assert!(dst[mib..2 * mib].iter().all(|&b| b == 0), "round {round}: the hole reads as zeros");
+        assert!(dst[2 * mib..2 * mib + 100].iter().all(|&b| b == 7), "round {round}: data after the hole");
+        assert!(dst[2 * mib + 100..].iter().all(|&b| b == 0), "round {round}: past the end is zeroed");
+        // A shorter read, cut from the kept buffer.
+        let mut dst = vec![0xaau8; 1000];
+        assert_eq!(full.read_into(5, &mut dst).unwrap(), 1000);
+        assert!(dst[..] == data[5..1005], "round {round}: a short read");
+    }
+}
+
 pub fn list_io_matches_contiguous(scheme: &str) {
     let tc = TestCluster::start(scheme, 3);
     let c = tc.client();
@@ -739,6 +770,7 @@ macro_rules! transports {
             const S: &str = stringify!($scheme);
             #[test] fn namespace_and_data() { super::namespace_and_data(S) }
             #[test] fn sparse_files_and_holes() { super::sparse_files_and_holes(S) }
+            #[test] fn read_into_shows_no_earlier_bytes() { super::read_into_shows_no_earlier_bytes(S) }
             #[test] fn list_io_matches_contiguous() { super::list_io_matches_contiguous(S) }
             #[test] fn eight_clients_interleaved_strided() { super::eight_clients_interleaved_strided(S) }
             #[test] fn io_server_killed_mid_write_is_an_error() { super::io_server_killed_mid_write_is_an_error(S) }
