@@ -787,15 +787,26 @@ impl File {
     /// buffer (rejoined) and each batch's server-local size.
     fn read_batches(&self, batches: &[Batch], buf: BytesMut) -> FsResult<(BytesMut, Vec<(usize, u64)>)> {
         let mut buf = Some(buf);
-        self.with_cap(|cap| {
+        let r = self.with_cap(|cap| {
             let b = buf
                 .take()
                 .ok_or_else(|| FsError::Invalid("read buffer lost after a failed attempt".into()))?;
             let (back, r) = self.read_once(batches, b, &cap);
             buf = back;
             r
-        })
-        .map(|sizes| (buf.take().unwrap_or_default(), sizes))
+        });
+        match r {
+            Ok(sizes) => Ok((buf.take().unwrap_or_default(), sizes)),
+            Err(e) => {
+                // The caller's buffer is freed with the error. With `cache_foreign`, the
+                // segments that reached live servers left cached registrations: forget them
+                // first, as the engine requires before memory is freed.
+                if let Some(b) = buf.take() {
+                    self.client.inner.ep.invalidate_registrations(&b);
+                }
+                Err(e)
+            }
+        }
     }
 
     fn read_once(

@@ -545,6 +545,35 @@ fn striped_requests_register_one_span_per_server() {
     assert!(w <= 2 && r <= 2, "registrations: {w} for the write, {r} for the read (one per server expected)");
 }
 
+/// With `cache_foreign`, a read that fails (an io server gone) frees the caller's buffer, so
+/// the registrations its segments left in the cache on the live servers' behalf must go first:
+/// a cached registration of freed memory would steer a later transfer into stale pages.
+#[test]
+fn a_failed_read_leaves_no_cached_registration_of_its_buffer() {
+    let mut tc = TestCluster::start("softib", 3);
+    let opts = stripefs::ClientOptions {
+        timeout: Duration::from_secs(10),
+        ib: Some(stripefs::client::default_ib_config().cache_foreign(true)),
+        ..Default::default()
+    };
+    let c = stripefs::Client::connect_with(tc.cluster.config(), opts).unwrap();
+    let f = c.create("/cached", CreateOptions { mode: 0o644, layout: spec(3, 65536) }).unwrap();
+    let data = pattern(3 << 20, 12);
+    f.write_at(0, &data).unwrap();
+    let entries = || c.endpoint().info().regcache.expect("softib has a registration cache").entries;
+    // A read that succeeds keeps its registrations cached: what the option is for.
+    let base = entries();
+    let (buf, n) = f.read_at(0, BytesMut::zeroed(data.len())).unwrap();
+    assert_eq!((n, &buf[..]), (data.len(), &data[..]));
+    assert!(entries() > base, "a successful read's registrations stay cached");
+    c.endpoint().invalidate_registrations(&buf);
+    drop(buf);
+    assert_eq!(entries(), base);
+    tc.cluster.kill_io(1);
+    assert!(f.read_at(0, BytesMut::zeroed(data.len())).is_err(), "a server is gone");
+    assert_eq!(entries(), base, "the failed read's buffer left registrations behind");
+}
+
 /// A cluster of `io` servers that copy (`--copy-io`) when `copy`, else map their objects.
 fn cluster_copying(scheme: &str, io: u32, copy: bool) -> TestCluster {
     TestCluster::start_with(scheme, io, |o| {
