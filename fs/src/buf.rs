@@ -98,6 +98,10 @@ mod tests {
         let (b, t) = s.take(1 << 20);
         assert_eq!((b.as_ptr(), b.len(), t.len()), (addr, 1 << 20, 2 << 20));
         assert!(s.put(b, t).is_empty());
+        // An empty read takes nothing from it, and it comes back whole.
+        let (b, t) = s.take(0);
+        assert_eq!((b.len(), t.len()), (0, 3 << 20));
+        assert!(s.put(b, t).is_empty());
         let (b, t) = s.take(3 << 20);
         assert_eq!((b.as_ptr(), b.len()), (addr, 3 << 20));
         // A larger one needs new memory.
