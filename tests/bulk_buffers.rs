@@ -31,9 +31,7 @@ fn bulk_buffers_are_zeroed_exact_and_aligned_by_size() {
 
 #[test]
 fn large_bulk_buffers_get_huge_pages_even_in_reused_memory_and_keep_no_advice() {
-    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
-    if !mode.contains("[madvise]") {
-        println!("skipped: transparent huge pages are not in madvise mode here ({})", mode.trim());
+    if !common::thp_in_madvise_mode() {
         return;
     }
     // Leave 4 KiB pages in the heap where the buffer will most likely be carved.

@@ -11,9 +11,7 @@ use ionet::*;
 
 #[test]
 fn freed_pool_chunks_take_their_huge_page_advice_with_them() {
-    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
-    if !mode.contains("[madvise]") {
-        println!("skipped: transparent huge pages are not in madvise mode here ({})", mode.trim());
+    if !common::thp_in_madvise_mode() {
         return;
     }
     common::heap_serves_large_blocks();

@@ -43,6 +43,17 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     v
 }
 
+/// Whether transparent huge pages are in `madvise` mode, the mode the huge-page advice tests
+/// need; prints why the calling test is skipped when not.
+pub fn thp_in_madvise_mode() -> bool {
+    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let ok = mode.contains("[madvise]");
+    if !ok {
+        println!("skipped: transparent huge pages are not in madvise mode here ({})", mode.trim());
+    }
+    ok
+}
+
 /// The `smaps` fields of this process's mapping that contains `addr`: its `AnonHugePages` in
 /// KiB and its `VmFlags` (`hg`: advised for huge pages).
 pub fn smaps_of(addr: usize) -> Option<(u64, String)> {
