@@ -1,9 +1,9 @@
 //! E1: concurrent read/write bandwidth (paper 003's method, repeated in 000 §6.3). Every client
 //! writes, then reads back, one contiguous 2N MiB region (N = io servers) of one shared file
 //! striped over all N servers; clients start each phase together and the bandwidth is total
-//! bytes over the slowest client's time. Just before and just after each cell, `ionet-perf`
-//! streaming runs on the same transport are drawn ([`PairedReference`]; placed like the clients
-//! and servers), so every cell has its "fraction of what the transport moves" against the
+//! bytes over the slowest client's time, counted from their common start. Just before and just
+//! after each cell, `ionet-perf` streaming runs on the same transport are drawn
+//! ([`PairedReference`]; placed like the clients and servers), so every cell has its "fraction of what the transport moves" against the
 //! machine state it ran in.
 
 use super::reference::{PairedReference, Placement};
@@ -15,7 +15,6 @@ use benchkit::{Sample, Samples, Summary, Table};
 use clap::Args;
 use ionet::{Scheme, WaitMode};
 use std::sync::Mutex;
-use std::time::Instant;
 use stripefs::capability::Rights;
 use stripefs::proto::LayoutSpec;
 use stripefs::{ClientOptions, CreateOptions};
@@ -168,12 +167,11 @@ fn cell(
         draw(runs.div_ceil(2))?;
         // One untimed round first: the servers' first write of a region allocates its pages.
         for r in 0..=runs {
-            gate.wait()?;
-            let t = Instant::now();
+            // Timed from the gate's release, not from when this thread got the CPU.
+            let t = gate.wait()?;
             f.write_at(off, &data)?;
             let tw = t.elapsed().as_secs_f64();
-            gate.wait()?;
-            let t = Instant::now();
+            let t = gate.wait()?;
             let (b, got) = f.read_at(off, buf)?;
             let tr = t.elapsed().as_secs_f64();
             buf = b;
@@ -334,8 +332,8 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
     };
     let mut md = format!(
         "Each client writes, then reads back, one contiguous {mib_per_server}N MiB region (N = io servers) of one \
-         shared file striped over the N servers (64 KiB stripes unless stated); bandwidth = total bytes / slowest \
-         client's time, MB/s = 10⁶ B/s. One untimed round first, then the runs. Clients: threads of the bench \
+         shared file striped over the N servers (64 KiB stripes unless stated); bandwidth = total bytes / the slowest \
+         client's time from the clients' common start, MB/s = 10⁶ B/s. One untimed round first, then the runs. Clients: threads of the bench \
          process, one `Client` each, {waits} waits; io servers: child processes, {waits} waits, data on tmpfs, every byte moved \
          on their mapped path (checked against their counters).{cached}{placement}\n\n"
     );

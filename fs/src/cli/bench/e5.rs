@@ -15,7 +15,6 @@ use benchkit::{Sample, Samples, Summary, Table, units};
 use bytes::BytesMut;
 use clap::Args;
 use ionet::{IbConfig, Scheme};
-use std::time::Instant;
 use stripefs::capability::Rights;
 use stripefs::layout::{Extent, ListIo};
 use stripefs::proto::LayoutSpec;
@@ -120,8 +119,7 @@ pub fn run(ctx: &Ctx, a: &E5Args) -> Result<Report> {
                 for round in 0..rounds {
                     let data = array.freeze();
                     let m0 = misses();
-                    gate.wait()?;
-                    let t0 = Instant::now();
+                    let t0 = gate.wait()?; // the round's start, not this thread's
                     f.write_list(&rows, &rows, &data)?;
                     let write_s = t0.elapsed().as_secs_f64();
                     let write_regs = misses() - m0;
@@ -132,8 +130,7 @@ pub fn run(ctx: &Ctx, a: &E5Args) -> Result<Report> {
                         array[e.off as usize..(e.off + e.len) as usize].fill(0);
                     }
                     let m0 = misses();
-                    gate.wait()?;
-                    let t0 = Instant::now();
+                    let t0 = gate.wait()?; // the round's start, not this thread's
                     array = f.read_list(&rows, &rows, array)?;
                     let read_s = t0.elapsed().as_secs_f64();
                     let read_regs = misses() - m0;

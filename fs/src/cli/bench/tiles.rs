@@ -11,7 +11,6 @@ use benchkit::plot::BarChart;
 use benchkit::{Sample, Samples, Summary, Table, units};
 use bytes::BytesMut;
 use clap::Args;
-use std::time::Instant;
 use stripefs::capability::Rights;
 use stripefs::layout::{Extent, Layout, ListIo, ServerPieces};
 use stripefs::proto::{self, LayoutSpec};
@@ -163,8 +162,7 @@ pub fn run_e4(ctx: &Ctx, a: &TileArgs) -> Result<Report> {
                     (0..t.rows).map(|_| prefaulted(t.row_bytes() as usize)).collect();
                 let mut out = Vec::new();
                 for round in 0..rounds {
-                    gate.wait()?;
-                    let t0 = Instant::now();
+                    let t0 = gate.wait()?; // the round's start, not this thread's
                     if list {
                         f.write_list(&[Extent::new(0, t.tile_bytes())], &file, &data)?;
                     } else {
@@ -174,8 +172,7 @@ pub fn run_e4(ctx: &Ctx, a: &TileArgs) -> Result<Report> {
                         }
                     }
                     let tw = t0.elapsed().as_secs_f64();
-                    gate.wait()?;
-                    let t0 = Instant::now();
+                    let t0 = gate.wait()?; // the round's start, not this thread's
                     if list {
                         let b = tile.take().unwrap_or_default();
                         tile = Some(f.read_list(&[Extent::new(0, t.tile_bytes())], &file, b)?);
@@ -282,7 +279,7 @@ pub fn render_e4(s: &Samples, prefix: &str, t: &Tiles) -> Result<Report> {
         "4 clients, 4 io servers; a {}×{} array of {} B elements ({}) in one file, each client one {}×{} tile \
          ({}): its {} tile rows of {} are a global row ({}) apart in the file and contiguous in memory. \
          Without list I/O a client makes one `write_at` / `read_at` per tile row; with list I/O one \
-         `write_list` / `read_list` per tile. Bandwidth = array bytes / slowest client; requests = io-server \
+         `write_list` / `read_list` per tile. Bandwidth = array bytes / slowest client (timed from the clients' common start); requests = io-server \
          requests per pass, all clients (checked against the layout).\n\n",
         2 * t.cols,
         2 * t.rows,

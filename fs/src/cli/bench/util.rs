@@ -31,6 +31,12 @@ pub fn pattern(len: usize, seed: u64) -> Bytes {
 
 /// A reusable barrier whose waits fail instead of hanging: when any party aborts (its work
 /// failed) or a wait exceeds the timeout, every waiter gets an error.
+///
+/// Every party of one round gets the same release instant, so a timed phase that follows is
+/// measured from when all of them could start. Clients that share a CPU (E1 simulates client
+/// nodes as threads on one core) do not start together: a thread's own clock would start only
+/// once the scheduler ran it, leaving out the time it waited while the others worked, and
+/// "the slowest client's time" would undercount the phase.
 #[derive(Debug)]
 pub struct Gate {
     n: usize,
@@ -43,6 +49,8 @@ pub struct Gate {
 struct GateState {
     arrived: usize,
     generation: u64,
+    /// When the latest round was released.
+    released: Option<Instant>,
     aborted: Option<String>,
 }
 
@@ -52,18 +60,21 @@ impl Gate {
         Gate { n: n.max(1), timeout, st: Mutex::new(GateState::default()), cv: Condvar::new() }
     }
 
-    /// Waits until all `n` parties arrived.
-    pub fn wait(&self) -> Result<()> {
+    /// Waits until all `n` parties arrived; returns the instant the round was released, the
+    /// same for every party.
+    pub fn wait(&self) -> Result<Instant> {
         let mut st = self.st.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(why) = &st.aborted {
             bail!("another client failed: {why}");
         }
         st.arrived += 1;
         if st.arrived == self.n {
+            let now = Instant::now();
             st.arrived = 0;
             st.generation += 1;
+            st.released = Some(now);
             self.cv.notify_all();
-            return Ok(());
+            return Ok(now);
         }
         let gen_ = st.generation;
         let deadline = Instant::now() + self.timeout;
@@ -79,8 +90,10 @@ impl Gate {
             if let Some(why) = &st.aborted {
                 bail!("another client failed: {why}");
             }
+            // The next round cannot be released before this party arrives at it, so
+            // `released` is still this round's.
             if st.generation != gen_ {
-                return Ok(());
+                return st.released.ok_or_else(|| anyhow!("a released round without its instant"));
             }
         }
     }
@@ -198,6 +211,34 @@ mod tests {
         })
         .unwrap();
         assert_eq!(out, vec![0, 1, 2]);
+    }
+
+    /// Every party of a round gets the same release instant, taken once the last one arrived:
+    /// a party that arrived early (and one that the scheduler runs late) times its phase from
+    /// when everyone could start.
+    #[test]
+    fn every_party_gets_the_rounds_release_instant() {
+        let rounds = parallel(3, Duration::from_secs(10), |i, g| {
+            let mut v = Vec::new();
+            for _ in 0..4 {
+                if i == 2 {
+                    // The last to arrive, by a wide margin.
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let arrived = Instant::now();
+                v.push((arrived, g.wait()?));
+            }
+            Ok(v)
+        })
+        .unwrap();
+        for r in 0..4 {
+            let released = rounds[0][r].1;
+            assert!(rounds.iter().all(|p| p[r].1 == released), "round {r}: parties got different instants");
+            assert!(rounds.iter().all(|p| p[r].0 <= released), "round {r} released before a party arrived");
+            if r > 0 {
+                assert!(released > rounds[0][r - 1].1);
+            }
+        }
     }
 
     #[test]
