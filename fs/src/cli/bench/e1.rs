@@ -3,8 +3,8 @@
 //! striped over all N servers; clients start each phase together and the bandwidth is total
 //! bytes over the slowest client's time, counted from their common start. Just before and just
 //! after each cell, `ionet-perf` streaming runs on the same transport are drawn
-//! ([`PairedReference`]; placed like the clients and servers), so every cell has its "fraction of what the transport moves" against the
-//! machine state it ran in.
+//! ([`PairedReference`]; placed like the clients and servers), so every cell has its "fraction
+//! of what the transport moves" against the machine state it ran in.
 
 use super::reference::{PairedReference, Placement};
 use super::util::{mbs, parallel, pattern, prefaulted};
