@@ -289,8 +289,9 @@ impl Config {
         self
     }
 
-    /// How long `Adaptive` spins before blocking (default 100 µs: twice the cost of a
-    /// cross-CPU wake-up on the reference machine).
+    /// How long `Adaptive` spins without progress before blocking (default 100 µs: twice the
+    /// cost of a cross-CPU wake-up on the reference machine). The budget restarts after every
+    /// progress round that did work.
     pub fn spin_budget(mut self, d: Duration) -> Self {
         self.spin_budget = d;
         self

@@ -197,8 +197,10 @@ pub(crate) enum Cmd {
 /// * `cancel` asks for an op to end with the given error; if it already completed, nothing
 ///   happens. An unmatched receive ends at once; an in-flight transfer is aborted cleanly or its
 ///   connection is failed.
-/// * `progress` moves bytes, waiting at most `timeout` (zero = poll) for something to happen.
-///   Only one thread calls it at a time. `wake` makes a blocked `progress` return early.
+/// * `progress` moves bytes, waiting at most `timeout` (zero = poll) for something to happen,
+///   and says whether the round did work (moved bytes or completed something): an adaptive
+///   waiter keeps spinning while rounds do. Only one thread calls it at a time. `wake` makes a
+///   blocked `progress` return early.
 /// * A lost peer fails every op addressed to it once with [`Error::PeerLost`] and frees its
 ///   buffers, credits, exposures' in-flight accesses and registrations.
 pub(crate) trait Backend: Send + Sync {
@@ -208,7 +210,7 @@ pub(crate) trait Backend: Send + Sync {
     fn peer_addr(&self, peer: PeerId) -> Option<Address>;
     fn post(&self, op: OpId, cmd: Cmd) -> Result<()>;
     fn cancel(&self, op: OpId, why: Error);
-    fn progress(&self, timeout: Duration) -> Result<()>;
+    fn progress(&self, timeout: Duration) -> Result<bool>;
     fn wake(&self);
     /// The application took an unexpected message of `bytes` from `peer` off the queue.
     fn unexpected_taken(&self, peer: PeerId, bytes: usize);
@@ -938,8 +940,13 @@ impl Endpoint {
             }
             polled = true;
             st = guard.finish();
-            if let Err(e) = r {
-                break Err(e);
+            match r {
+                Err(e) => break Err(e),
+                // Work was done, so more is likely on its way (a transfer streaming in, the
+                // rest of a reply): the spin budget counts from the last round that did work,
+                // so an adaptive waiter polls through a transfer and blocks once it goes quiet.
+                Ok(true) if mode == WaitMode::Adaptive => spin_until = None,
+                Ok(_) => {}
             }
         };
         Core::hand_over(&st);
@@ -1323,13 +1330,75 @@ mod tests {
             Ok(())
         }
         fn cancel(&self, _: OpId, _: Error) {}
-        fn progress(&self, timeout: Duration) -> Result<()> {
+        fn progress(&self, timeout: Duration) -> Result<bool> {
             std::thread::sleep(timeout.min(Duration::from_millis(1)));
             self.rounds.fetch_add(1, Ordering::Relaxed);
-            Ok(())
+            Ok(false)
         }
         fn wake(&self) {}
         unmodelled_backend_methods!();
+    }
+
+    /// A backend whose first `busy` rounds each take `round` and do work (a transfer streaming
+    /// in), and whose later rounds find nothing, as [`Quiet`]'s do. It records every round's
+    /// timeout.
+    #[derive(Debug)]
+    struct Streaming {
+        busy: usize,
+        round: Duration,
+        timeouts: Mutex<Vec<Duration>>,
+    }
+
+    impl Backend for Arc<Streaming> {
+        fn scheme(&self) -> Scheme {
+            Scheme::Tcp
+        }
+        fn local_addr(&self) -> Option<Address> {
+            None
+        }
+        fn connect(&self, _: &Address) -> Result<PeerId> {
+            Ok(PeerId(0))
+        }
+        fn peer_addr(&self, _: PeerId) -> Option<Address> {
+            None
+        }
+        fn post(&self, _: OpId, _: Cmd) -> Result<()> {
+            Ok(())
+        }
+        fn cancel(&self, _: OpId, _: Error) {}
+        fn progress(&self, timeout: Duration) -> Result<bool> {
+            let mut t = self.timeouts.lock().unwrap();
+            t.push(timeout);
+            let busy = t.len() <= self.busy;
+            drop(t);
+            std::thread::sleep(if busy { self.round } else { timeout.min(Duration::from_millis(1)) });
+            Ok(busy)
+        }
+        fn wake(&self) {}
+        unmodelled_backend_methods!();
+    }
+
+    /// An adaptive waiter keeps polling while the rounds do work, even when that lasts longer
+    /// than its spin budget, and blocks once a budget has passed without any.
+    #[test]
+    fn an_adaptive_waiter_spins_while_rounds_do_work() {
+        let cfg = Config::default().wait_mode(WaitMode::Adaptive).spin_budget(Duration::from_millis(1));
+        let ep = Endpoint::new(cfg);
+        // Each busy round alone outlasts the budget.
+        let b = Arc::new(Streaming {
+            busy: 5,
+            round: Duration::from_millis(3),
+            timeouts: Mutex::new(Vec::new()),
+        });
+        assert!(ep.inner.backend.set(Box::new(b.clone())).is_ok());
+        let op = ep.recv(PeerId(0), 1, bytes::BytesMut::zeroed(1)).unwrap();
+        assert!(ep.wait_timeout(op, Duration::from_millis(40)).unwrap().is_none());
+        let t = b.timeouts.lock().unwrap();
+        // The five busy rounds, and the first round after them, poll.
+        assert!(t.len() > 6, "{} rounds", t.len());
+        assert!(t[..6].iter().all(Duration::is_zero), "a round during the transfer blocked: {:?}", &t[..6]);
+        // Once quiet, the waiter blocks.
+        assert!(t[6..].iter().any(|d| !d.is_zero()), "the waiter never blocked");
     }
 
     /// Three threads wait on their own receives: one drives, two sleep. A completion wakes only

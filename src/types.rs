@@ -99,15 +99,17 @@ impl fmt::Display for OpId {
 /// How a thread waits for progress.
 ///
 /// On this project's reference machine a blocking cross-CPU wake-up costs about 50 µs, so
-/// `Spin` gives the lowest latency at the price of a busy core; `Adaptive` spins for a budget
-/// and then blocks.
+/// `Spin` gives the lowest latency at the price of a busy core; `Adaptive` spins while the
+/// transport is making progress and blocks once a budget passes without any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WaitMode {
     /// Busy-poll the transport until the operation completes.
     Spin,
     /// Sleep in the kernel (epoll / completion channel) until something happens.
     Block,
-    /// Spin for the given budget, then block.
+    /// Spin, then block once [`crate::Config::spin_budget`] has passed since the last
+    /// progress round that did work (moved bytes or completed something): a thread polls
+    /// through a transfer that is streaming in and sleeps when its peers go quiet.
     #[default]
     Adaptive,
 }

@@ -94,10 +94,11 @@ impl Backend for Stand {
             self.0.core.complete(c);
         }
     }
-    fn progress(&self, timeout: Duration) -> Result<()> {
+    fn progress(&self, timeout: Duration) -> Result<bool> {
         let others = self.0.driving.fetch_add(1, Ordering::SeqCst);
         assert_eq!(others, 0, "two threads drive progress at once");
         let mut st = self.0.lock();
+        let mut worked = false;
         loop {
             if !st.arrived.is_empty() {
                 let done: Vec<Completion> = st
@@ -110,6 +111,7 @@ impl Backend for Stand {
                     })
                     .collect();
                 self.0.core.complete_all(done);
+                worked = true;
                 break;
             }
             if std::mem::take(&mut st.woken) || timeout.is_zero() {
@@ -119,7 +121,7 @@ impl Backend for Stand {
         }
         drop(st);
         self.0.driving.fetch_sub(1, Ordering::SeqCst);
-        Ok(())
+        Ok(worked)
     }
     fn wake(&self) {
         let mut st = self.0.lock();

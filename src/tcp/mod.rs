@@ -548,9 +548,10 @@ impl Backend for TcpBackend {
         self.deliver(st);
     }
 
-    fn progress(&self, timeout: Duration) -> Result<()> {
+    fn progress(&self, timeout: Duration) -> Result<bool> {
+        let before = moved();
         if timeout.is_zero() && self.spin_without_epoll() {
-            return Ok(());
+            return Ok(moved() != before);
         }
         let mut guard = self.poller.lock().unwrap_or_else(|p| p.into_inner());
         let mut timeout = timeout;
@@ -573,7 +574,7 @@ impl Backend for TcpBackend {
             direct
         };
         if let Some(d) = direct {
-            return self.direct_wait(d);
+            return self.direct_wait(d).map(|()| moved() != before);
         }
         let poller = &mut *guard;
         let blocking = !timeout.is_zero();
@@ -626,7 +627,7 @@ impl Backend for TcpBackend {
         st.flush_ready();
         st.timers(timeout.is_zero());
         self.deliver(st);
-        Ok(())
+        Ok(moved() != before)
     }
 
     fn wake(&self) {
@@ -755,6 +756,7 @@ impl TcpBackend {
         match r {
             Ok((0, _)) => st.conn_failed(token, Loss::Lost("connection closed by peer".into())),
             Ok((n, _)) => {
+                note_moved(n);
                 // A FIN behind these bytes is not lost to the `drained` shortcut: this `recv`
                 // consumed no epoll edge, so the next epoll round reports it (setting `hup`),
                 // and the next direct wait, if any, reads the EOF itself.
@@ -2787,6 +2789,21 @@ fn tune(sock: &SockRef<'_>, cfg: &Config, sl: ServiceLevel, v4: bool) {
     let _ = sock.set_priority(u32::from(cfg.so_priority[sl.index()]));
 }
 
+thread_local! {
+    /// Bytes this thread moved through sockets. A progress round compares it before and after,
+    /// to tell an adaptive waiter whether the round did work.
+    static MOVED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn note_moved(n: usize) -> usize {
+    MOVED.with(|m| m.set(m.get().wrapping_add(n as u64)));
+    n
+}
+
+fn moved() -> u64 {
+    MOVED.with(std::cell::Cell::get)
+}
+
 /// Reads up to `max` more bytes into a staging buffer, compacting it first when the tail is
 /// full. Returns the bytes read and the room the read had (a short read drained the socket).
 fn fill(
@@ -2813,18 +2830,18 @@ fn fill(
 /// Receives what is there now, whatever the socket's blocking mode (a connection used for
 /// [`TcpBackend::direct_wait`] is left in blocking mode).
 fn recv_now(sock: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
-    Ok(rustix::net::recv(sock, buf, RecvFlags::DONTWAIT)?.0)
+    Ok(note_moved(rustix::net::recv(sock, buf, RecvFlags::DONTWAIT)?.0))
 }
 
 /// Like [`send_now`] for one contiguous buffer.
 fn send_one_now(sock: &TcpStream, buf: &[u8]) -> io::Result<usize> {
-    Ok(rustix::net::send(sock, buf, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)?)
+    Ok(note_moved(rustix::net::send(sock, buf, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)?))
 }
 
 /// Writes what fits now, whatever the socket's blocking mode; never raises `SIGPIPE`.
 fn send_now(sock: &TcpStream, iov: &[IoSlice<'_>]) -> io::Result<usize> {
     let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
-    Ok(rustix::net::sendmsg(sock, iov, &mut SendAncillaryBuffer::default(), flags)?)
+    Ok(note_moved(rustix::net::sendmsg(sock, iov, &mut SendAncillaryBuffer::default(), flags)?))
 }
 
 /// iovecs for one `writev`, inline on the stack up to 16 (no allocation, no initialisation of

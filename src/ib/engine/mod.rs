@@ -832,7 +832,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
         self.deliver(st);
     }
 
-    fn progress(&self, timeout: Duration) -> Result<()> {
+    fn progress(&self, timeout: Duration) -> Result<bool> {
         let mut guard = self.lock();
         let st = &mut *guard;
         st.rounds = st.rounds.wrapping_add(1);
@@ -845,7 +845,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
             if yield_cpu {
                 self.yield_cpu();
             }
-            return Ok(());
+            return Ok(progressed);
         }
         // Nothing on the CQ: arm it, look once more (a completion may have slipped in before
         // arming), then sleep in epoll on the channel and the side channels.
@@ -891,7 +891,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
         if yield_cpu {
             self.yield_cpu();
         }
-        Ok(())
+        Ok(progressed)
     }
 
     fn wake(&self) {
