@@ -6,7 +6,7 @@
 //! ([`PairedReference`]; placed like the clients and servers), so every cell has its "fraction
 //! of what the transport moves" against the machine state it ran in.
 
-use super::reference::{PairedReference, Placement};
+use super::reference::{PairedReference, Placement, Waits};
 use super::util::{mbs, parallel, pattern, prefaulted};
 use super::{Ctx, Report, image};
 use anyhow::{Context, Result, bail};
@@ -43,10 +43,15 @@ pub struct E1Args {
     /// Skip the ionet-perf reference drawn beside every cell.
     #[arg(long)]
     pub no_reference: bool,
-    /// How clients and io servers wait for the transport (block, like the ionet-perf
-    /// reference; spinning threads on a 2-core machine steal the CPU that moves the data).
+    /// How clients wait for the transport, and the ionet-perf reference's client (block:
+    /// spinning threads on a 2-core machine steal the CPU that moves the data).
     #[arg(long, default_value = "block")]
     pub wait: WaitMode,
+    /// How io servers wait, and the reference's server (default: as `--wait`). Up to four io
+    /// servers share one CPU here, where each would have a node of its own, so servers that
+    /// spin take it from each other.
+    #[arg(long)]
+    pub server_wait: Option<WaitMode>,
     /// Clients keep their buffers' InfiniBand registrations cached across calls
     /// (`IbConfig::cache_foreign`, MPI's leave_pinned) and invalidate them before freeing.
     #[arg(long)]
@@ -58,6 +63,12 @@ pub struct E1Args {
     /// Unpinned, the figures also measure where the scheduler happened to put each thread.
     #[arg(long)]
     pub no_pin: bool,
+}
+
+impl E1Args {
+    fn waits(&self) -> Waits {
+        Waits { client: self.wait, server: self.server_wait.unwrap_or(self.wait) }
+    }
 }
 
 /// The CPUs of pinned runs: clients, servers (ionet-perf's own split).
@@ -84,15 +95,16 @@ pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
             None
         } else {
             eprintln!("e1 {scheme}: starting the ionet-perf reference");
-            let r = PairedReference::start(&ctx.c.ionet_perf()?, scheme, place, ctx.step_timeout())
-                .with_context(|| format!("the ionet-perf reference on {scheme}://"))?;
+            let r =
+                PairedReference::start(&ctx.c.ionet_perf()?, scheme, place, a.waits(), ctx.step_timeout())
+                    .with_context(|| format!("the ionet-perf reference on {scheme}://"))?;
             Some(Mutex::new(r))
         };
         for &n in &io {
             eprintln!("e1 {scheme}: {n} io servers");
             let cluster = ctx.cluster(scheme, n, |o| {
                 o.stripe_size = a.stripe_size;
-                o.io_args.extend(["--wait".into(), a.wait.name().into()]);
+                o.io_args.extend(["--wait".into(), a.waits().server.name().into()]);
                 if pin {
                     let cpu = ["--cpus".to_string(), SERVER_CPU.to_string()];
                     o.io_args.extend(cpu.clone());
@@ -205,10 +217,12 @@ fn cell(
     }
     let total = region * u64::from(c);
     let t = scheme.as_str();
+    let server_wait = a.waits().server;
     let note = format!(
-        "region_bytes={region}{}{}",
+        "region_bytes={region}{}{}{}",
         if a.cache_registrations { " cached_registrations" } else { "" },
-        if pin { " pinned" } else { "" }
+        if pin { " pinned" } else { "" },
+        if server_wait != a.wait { format!(" server_wait={}", server_wait.name()) } else { String::new() }
     );
     for r in 0..runs {
         let tw = per_client.iter().map(|v| v.0[r].0).fold(0.0, f64::max);
@@ -228,7 +242,7 @@ fn cell(
             Sample::new(REF_EXP, t, &ref_series(n), f64::from(c))
                 .metric("bandwidth", "MB/s")
                 .run(r as u32, v)
-                .wait("block")
+                .wait(a.wait.name())
                 .note(note.clone()),
         );
     }
@@ -319,6 +333,15 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
     let ns = server_counts(&e);
     let cs = e.xs();
     let waits = e.distinct(|r| r.wait.clone()).join("/");
+    // Servers wait as the clients do unless a run's note says otherwise.
+    let server_waits = e
+        .distinct(|r| {
+            r.note
+                .split(' ')
+                .find_map(|w| w.strip_prefix("server_wait="))
+                .map_or(r.wait.clone(), str::to_string)
+        })
+        .join("/");
     let cached = if e.rows().iter().any(|r| r.note.contains("cached_registrations")) {
         " Clients keep their buffers' registrations cached across calls (`--cache-registrations`)."
     } else {
@@ -334,7 +357,7 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
         "Each client writes, then reads back, one contiguous {mib_per_server}N MiB region (N = io servers) of one \
          shared file striped over the N servers (64 KiB stripes unless stated); bandwidth = total bytes / the slowest \
          client's time from the clients' common start, MB/s = 10⁶ B/s. One untimed round first, then the runs. Clients: threads of the bench \
-         process, one `Client` each, {waits} waits; io servers: child processes, {waits} waits, data on tmpfs, every byte moved \
+         process, one `Client` each, {waits} waits; io servers: child processes, {server_waits} waits, data on tmpfs, every byte moved \
          on their mapped path (checked against their counters).{cached}{placement}\n\n"
     );
     for t in &ts {
@@ -343,7 +366,7 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
             let ratios = cell_ratios(s, t);
             let met = ratios.iter().filter(|r| r.ratio >= TARGET).count();
             md.push_str(&format!(
-                " — ionet-perf streaming bandwidth (1 MiB messages, 16 in flight), as many runs as the cell \
+                " — ionet-perf streaming bandwidth (1 MiB messages, 16 in flight, its client and server waiting as the clients and io servers do), as many runs as the cell \
                  has, drawn just before and just after it: {} MB/s over all {} draws. Cells at ≥ {TARGET}× of the reference beside \
                  them: {met} of {}.",
                 cell_text(Some(all)),

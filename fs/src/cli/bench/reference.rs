@@ -4,11 +4,11 @@
 //! machine drifts by a quarter within seconds (a neighbour's load, the host's scheduling); a
 //! reference drawn once at the start of an experiment compares every later figure with a
 //! different machine, while draws next to a measurement see the state it saw. The draws are ionet-perf's own `bw` test (1 MiB messages,
-//! 16 in flight, Bulk service level, plain heap buffers, blocking waits), as `ionet-perf ab`
-//! measures it.
+//! 16 in flight, Bulk service level, plain heap buffers), as `ionet-perf ab` measures it, in
+//! the experiment's wait mode.
 
 use anyhow::{Context, Result, anyhow, bail};
-use ionet::Scheme;
+use ionet::{Scheme, WaitMode};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -30,6 +30,14 @@ pub enum Placement {
     Pinned { client: usize, server: usize },
 }
 
+/// How the reference's client and server wait (an experiment's own modes for its clients and
+/// servers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waits {
+    pub client: WaitMode,
+    pub server: WaitMode,
+}
+
 /// The running pair. Dropping it stops both processes.
 #[derive(Debug)]
 pub struct PairedReference {
@@ -43,14 +51,20 @@ pub struct PairedReference {
 impl PairedReference {
     /// Starts the server and the on-demand client on `scheme` and waits for the client's
     /// warm-up run; every wait for the processes is bounded by `timeout`.
-    pub fn start(perf: &Path, scheme: Scheme, place: Placement, timeout: Duration) -> Result<Self> {
+    pub fn start(
+        perf: &Path,
+        scheme: Scheme,
+        place: Placement,
+        wait: Waits,
+        timeout: Duration,
+    ) -> Result<Self> {
         let cpu = |c: Option<usize>| c.map(|c| vec!["--cpu".to_string(), c.to_string()]).unwrap_or_default();
         let (client_cpu, server_cpu) = match place {
             Placement::Unpinned => (None, None),
             Placement::Pinned { client, server } => (Some(client), Some(server)),
         };
         let mut server = Command::new(perf)
-            .args(["server", "--listen", &format!("{scheme}://127.0.0.1:0"), "--wait", "block"])
+            .args(["server", "--listen", &format!("{scheme}://127.0.0.1:0"), "--wait", wait.server.name()])
             .args(cpu(server_cpu))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -69,7 +83,7 @@ impl PairedReference {
         let client = Command::new(perf)
             .args(["client", "--connect", &addr, "--test", "bw", "--sizes", &REF_SIZE.to_string()])
             .args(["--window", &WINDOW.to_string(), "--iters", &ITERS.to_string()])
-            .args(["--sl", "bulk", "--wait", "block", "--on-demand"])
+            .args(["--sl", "bulk", "--wait", wait.client.name(), "--on-demand"])
             .args(cpu(client_cpu))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
