@@ -1307,49 +1307,18 @@ mod tests {
     }
 
     /// A backend whose progress rounds find nothing: each lasts until its timeout (at most
-    /// 1 ms), as an epoll wait or a direct `recv` with a timeout does on a quiet network.
+    /// 1 ms), as an epoll wait or a direct `recv` with a timeout does on a quiet network. With
+    /// `busy` set, its first `busy` rounds instead each take `busy_round` and do work (a
+    /// transfer streaming in). It records every round's timeout.
     #[derive(Debug, Default)]
     struct Quiet {
         rounds: std::sync::atomic::AtomicUsize,
-    }
-
-    impl Backend for Arc<Quiet> {
-        fn scheme(&self) -> Scheme {
-            Scheme::Tcp
-        }
-        fn local_addr(&self) -> Option<Address> {
-            None
-        }
-        fn connect(&self, _: &Address) -> Result<PeerId> {
-            Ok(PeerId(0))
-        }
-        fn peer_addr(&self, _: PeerId) -> Option<Address> {
-            None
-        }
-        fn post(&self, _: OpId, _: Cmd) -> Result<()> {
-            Ok(())
-        }
-        fn cancel(&self, _: OpId, _: Error) {}
-        fn progress(&self, timeout: Duration) -> Result<bool> {
-            std::thread::sleep(timeout.min(Duration::from_millis(1)));
-            self.rounds.fetch_add(1, Ordering::Relaxed);
-            Ok(false)
-        }
-        fn wake(&self) {}
-        unmodelled_backend_methods!();
-    }
-
-    /// A backend whose first `busy` rounds each take `round` and do work (a transfer streaming
-    /// in), and whose later rounds find nothing, as [`Quiet`]'s do. It records every round's
-    /// timeout.
-    #[derive(Debug)]
-    struct Streaming {
         busy: usize,
-        round: Duration,
+        busy_round: Duration,
         timeouts: Mutex<Vec<Duration>>,
     }
 
-    impl Backend for Arc<Streaming> {
+    impl Backend for Arc<Quiet> {
         fn scheme(&self) -> Scheme {
             Scheme::Tcp
         }
@@ -1371,7 +1340,8 @@ mod tests {
             t.push(timeout);
             let busy = t.len() <= self.busy;
             drop(t);
-            std::thread::sleep(if busy { self.round } else { timeout.min(Duration::from_millis(1)) });
+            std::thread::sleep(if busy { self.busy_round } else { timeout.min(Duration::from_millis(1)) });
+            self.rounds.fetch_add(1, Ordering::Relaxed);
             Ok(busy)
         }
         fn wake(&self) {}
@@ -1385,11 +1355,7 @@ mod tests {
         let cfg = Config::default().wait_mode(WaitMode::Adaptive).spin_budget(Duration::from_millis(1));
         let ep = Endpoint::new(cfg);
         // Each busy round alone outlasts the budget.
-        let b = Arc::new(Streaming {
-            busy: 5,
-            round: Duration::from_millis(3),
-            timeouts: Mutex::new(Vec::new()),
-        });
+        let b = Arc::new(Quiet { busy: 5, busy_round: Duration::from_millis(3), ..Quiet::default() });
         assert!(ep.inner.backend.set(Box::new(b.clone())).is_ok());
         let op = ep.recv(PeerId(0), 1, bytes::BytesMut::zeroed(1)).unwrap();
         assert!(ep.wait_timeout(op, Duration::from_millis(40)).unwrap().is_none());
