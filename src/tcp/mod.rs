@@ -77,6 +77,8 @@ const MAX_HANDSHAKING: usize = 128;
 const SPIN_EPOLL_EVERY: u32 = 16;
 /// Busy-poll rounds per `progress` call when nothing happens.
 const SPIN_ROUNDS_PER_CALL: u32 = 8;
+/// Busy-poll calls that moved nothing before the driver starts yielding its CPU.
+const SPIN_CALLS_BEFORE_YIELD: u32 = 2;
 /// Direct socket polling only pays with few connections.
 const SPIN_DIRECT_MAX_CONNS: usize = 4;
 /// How often handshake timeouts are checked.
@@ -355,6 +357,8 @@ struct State {
     next_msg: u64,
     last_timers: Instant,
     spin_rounds: u32,
+    /// Busy-poll `progress` calls in a row that moved nothing.
+    idle_calls: u32,
     timer_rounds: u32,
     /// Unexpected messages and requests handed to the core (progress made).
     events: u64,
@@ -445,6 +449,7 @@ impl TcpBackend {
             next_msg: 1,
             last_timers: Instant::now(),
             spin_rounds: 0,
+            idle_calls: 0,
             timer_rounds: 0,
             events: 0,
             scratch_tokens: Vec::new(),
@@ -551,7 +556,9 @@ impl Backend for TcpBackend {
     fn progress(&self, timeout: Duration) -> Result<bool> {
         let before = moved();
         if timeout.is_zero() && self.spin_without_epoll() {
-            return Ok(moved() != before);
+            let worked = moved() != before;
+            self.after_spin(worked);
+            return Ok(worked);
         }
         let mut guard = self.poller.lock().unwrap_or_else(|p| p.into_inner());
         let mut timeout = timeout;
@@ -627,7 +634,11 @@ impl Backend for TcpBackend {
         st.flush_ready();
         st.timers(timeout.is_zero());
         self.deliver(st);
-        Ok(moved() != before)
+        let worked = moved() != before;
+        if timeout.is_zero() {
+            self.after_spin(worked);
+        }
+        Ok(worked)
     }
 
     fn wake(&self) {
@@ -697,6 +708,26 @@ impl TcpBackend {
     /// Busy-polling with few connections: try their sockets directly instead of asking epoll,
     /// which saves a syscall per arrival. Every `SPIN_EPOLL_EVERY`-th round still polls epoll
     /// for accepts, connects and writability. Returns false when epoll should be used.
+    /// After a busy-poll call: one that moved nothing after [`SPIN_CALLS_BEFORE_YIELD`] others
+    /// like it gives up the CPU, so a thread that shares it (another client, the peer on an
+    /// oversubscribed host) can run, as the InfiniBand engine does.
+    fn after_spin(&self, worked: bool) {
+        let yield_cpu = {
+            let mut st = self.lock();
+            if worked {
+                st.idle_calls = 0;
+                false
+            } else {
+                st.idle_calls = st.idle_calls.saturating_add(1);
+                st.idle_calls >= SPIN_CALLS_BEFORE_YIELD
+            }
+        };
+        if yield_cpu {
+            Counters::add(&self.core.counters.spin_yields, 1);
+            std::thread::yield_now();
+        }
+    }
+
     fn spin_without_epoll(&self) -> bool {
         // Several rounds per call, so the endpoint's per-round bookkeeping is amortised; the
         // lock is released between rounds so other threads can post.
