@@ -898,7 +898,10 @@ impl Endpoint {
                 }
                 if spinning {
                     drop(st);
-                    std::hint::spin_loop();
+                    // Yield rather than spin: only the driver can complete our operation, and
+                    // where it shares our CPU (more waiting threads than cores, as in a
+                    // server's worker pool) a busy loop here takes the CPU it needs.
+                    std::thread::yield_now();
                     st = core.lock();
                     continue;
                 }

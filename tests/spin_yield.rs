@@ -1,5 +1,6 @@
 //! Regression: a busy-polling (`WaitMode::Spin`) endpoint must let the peer it waits for run
-//! when both share a CPU, over `softib://` and over `tcp://`.
+//! when both share a CPU, over `softib://` and over `tcp://`; and a thread that waits by
+//! spinning while another thread of its endpoint drives progress must let that driver run.
 //!
 //! The bug (first in the InfiniBand engine, then found in the TCP backend, where spinning
 //! clients that share a CPU held it from each other): the spin loop never gave up its CPU, so whenever client and server shared
@@ -12,8 +13,11 @@
 //! driving threads run under `SCHED_FIFO` at the same priority on the same CPU, where a thread
 //! runs until it blocks or yields — no slice, no tick preemption. A spinner that never yields
 //! then starves its peer outright, the bounded wait runs out and the test fails; one that
-//! yields when idle hands the CPU over at every hand-off and every round trip completes. It
-//! needs `CAP_SYS_NICE` (root in CI) and says plainly that it was skipped without it.
+//! yields when idle hands the CPU over at every hand-off and every round trip completes. The
+//! same holds for two waiters of one endpoint (a server's worker pool with more workers than
+//! cores): the one that is not driving can only watch for its completion, and if it watches
+//! without yielding, the driver never reads the messages both wait for. The tests need
+//! `CAP_SYS_NICE` (root in CI) and say plainly that they were skipped without it.
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -141,4 +145,102 @@ fn hand_over(scheme: &str) {
     r.unwrap();
     server.join().unwrap().unwrap();
     assert!(yields > 0, "the client waited by spinning and handed the CPU over");
+}
+
+/// Puts the calling thread on `cpu` (normal scheduling). Err: not permitted or no such CPU.
+fn on_cpu(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO / CPU_SET write inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, `set` is a live cpu_set_t.
+    unsafe {
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+    }
+    // SAFETY: pid 0 is the calling thread; `set` is live for the call.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[test]
+fn an_adaptive_waiter_that_does_not_drive_lets_the_driver_run() {
+    waiter_hands_over("tcp");
+}
+
+#[test]
+fn an_adaptive_softib_waiter_that_does_not_drive_lets_the_driver_run() {
+    waiter_hands_over("softib");
+}
+
+/// Two threads of one endpoint wait, spinning (`Adaptive` with a budget longer than the test),
+/// on one CPU under `SCHED_FIFO`: one drives progress, the other can only watch for its
+/// completion. A watcher that spins without yielding holds the CPU the driver needs (a
+/// server's worker pool with more workers than cores); then neither message is ever read and
+/// both waits run out.
+fn waiter_hands_over(scheme: &str) {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("SKIPPED: needs two CPUs (the sender runs beside the two waiters' CPU)");
+        return;
+    }
+    // The sender and this thread stay off CPU 0, where real-time spinners would starve them.
+    if let Err(e) = on_cpu(1) {
+        eprintln!("SKIPPED: cannot pin threads here ({e})");
+        return;
+    }
+    let cfg = Config::default().wait_mode(WaitMode::Adaptive).spin_budget(Duration::from_secs(60));
+    let srv = Endpoint::bind(format!("{scheme}://127.0.0.1:0"), cfg).unwrap();
+    let cli = Endpoint::client(Config::default()).unwrap();
+    let p = cli.connect(srv.local_addr().unwrap()).unwrap();
+    let hello = cli.send_unexpected(p, 0, Bytes::from_static(b"hi"), ServiceLevel::Normal).unwrap();
+    let deadline = Instant::now() + T;
+    let mut sent = false;
+    let sp = loop {
+        assert!(Instant::now() < deadline, "introduction");
+        sent = sent || cli.test(hello).unwrap().is_some();
+        if let Some(u) = srv.recv_unexpected(Some(Duration::from_millis(1))).unwrap() {
+            break u.peer;
+        }
+    };
+    if !sent {
+        wait_ok(&cli, hello, "introduction").unwrap();
+    }
+    let ops = [1u64, 2].map(|tag| (tag, srv.recv(sp, tag, BytesMut::zeroed(64 << 10)).unwrap()));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let waiters: Vec<_> = ops
+        .iter()
+        .map(|&(tag, op)| {
+            let (srv, ready) = (srv.clone(), ready_tx.clone());
+            std::thread::spawn(move || -> std::result::Result<Option<Bytes>, String> {
+                if let Err(e) = realtime_on_cpu0() {
+                    ready.send(Err(e.to_string())).ok();
+                    return Ok(None);
+                }
+                ready.send(Ok(())).ok();
+                let r = wait_ok(&srv, op, &format!("receive of tag {tag}"));
+                normal_again();
+                r.map(|c| c.data())
+            })
+        })
+        .collect();
+    for _ in 0..2 {
+        if let Err(e) = ready_rx.recv().unwrap() {
+            for w in waiters {
+                let _ = w.join();
+            }
+            eprintln!("SKIPPED: cannot run threads under SCHED_FIFO here ({e}); needs CAP_SYS_NICE");
+            return;
+        }
+    }
+    // Both waiters are on CPU 0 now: one drives, the other watches. Only then do the
+    // messages go out, so reading them needs the driver to get the CPU.
+    std::thread::sleep(Duration::from_millis(50));
+    for (tag, _) in ops {
+        let data = Bytes::from(vec![tag as u8; 64 << 10]);
+        wait_ok(&cli, cli.send(p, tag, data, ServiceLevel::Normal).unwrap(), "send").unwrap();
+    }
+    for ((tag, _), w) in ops.iter().zip(waiters) {
+        let got = w.join().unwrap().unwrap().unwrap_or_default();
+        assert!(got.len() == 64 << 10 && got.iter().all(|&b| b == *tag as u8), "tag {tag}: wrong bytes");
+    }
 }
