@@ -1,10 +1,17 @@
 //! E1: concurrent read/write bandwidth (paper 003's method, repeated in 000 §6.3). Every client
 //! writes, then reads back, one contiguous 2N MiB region (N = io servers) of one shared file
-//! striped over all N servers; clients start each phase together and the bandwidth is total
-//! bytes over the slowest client's time, counted from their common start. Just before and just
-//! after each cell, `ionet-perf` streaming runs on the same transport are drawn
-//! ([`PairedReference`]; placed like the clients and servers), so every cell has its "fraction
-//! of what the transport moves" against the machine state it ran in.
+//! striped over all N servers; clients start each phase together and a round's time is the
+//! slowest client's, counted from their common start.
+//!
+//! A cell runs in blocks of back-to-back rounds, each about as long as one `ionet-perf`
+//! streaming run ([`E1Args::block_ms`]), and an `ionet-perf` run on the same transport is drawn
+//! before every block and after the last ([`PairedReference`]; placed like the clients and
+//! servers). A block's bandwidth is its bytes over the sum of its rounds' times, as a draw's is
+//! its bytes over its time, so cell and reference are measured over windows of the same length
+//! next to each other: every cell has its "fraction of what the transport moves" against the
+//! machine state it ran in. (Single rounds of a small cell last half a millisecond; their median
+//! skips the slow rounds that a draw's mean includes, and five of them see one moment of a
+//! machine whose speed drifts by a quarter within a second.)
 
 use super::reference::{PairedReference, Placement, Waits};
 use super::util::{mbs, parallel, pattern, prefaulted};
@@ -15,6 +22,8 @@ use benchkit::{Sample, Samples, Summary, Table};
 use clap::Args;
 use ionet::{Scheme, WaitMode};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
 use stripefs::capability::Rights;
 use stripefs::proto::LayoutSpec;
 use stripefs::{ClientOptions, CreateOptions};
@@ -56,6 +65,11 @@ pub struct E1Args {
     /// (`IbConfig::cache_foreign`, MPI's leave_pinned) and invalidate them before freeing.
     #[arg(long)]
     pub cache_registrations: bool,
+    /// Timed calls per block, in milliseconds of a client's time: about what one reference draw
+    /// lasts (512 MiB at this machine's 5 GB/s), so blocks and draws see the machine over
+    /// windows of the same length. Each block first runs untimed rounds for a tenth of this.
+    #[arg(long, default_value_t = 100)]
+    pub block_ms: u64,
     /// Let the scheduler place everything. By default (on 2 CPUs or more) each side gets a CPU
     /// of its own, as if clients and servers were separate nodes (paper 003's setup): client
     /// threads on CPU 0, io and meta servers on CPU 1, and the ionet-perf reference pinned the
@@ -69,6 +83,22 @@ impl E1Args {
     fn waits(&self) -> Waits {
         Waits { client: self.wait, server: self.server_wait.unwrap_or(self.wait) }
     }
+}
+
+/// What a client's next round of a block is.
+const ROUND_WARM: u8 = 0;
+const ROUND_TIMED: u8 = 1;
+const ROUND_END: u8 = 2;
+
+/// One client's share of a cell.
+#[derive(Default)]
+struct ClientRuns {
+    /// Per block, each timed round's (write, read) seconds.
+    blocks: Vec<Vec<(f64, f64)>>,
+    /// Rounds of every kind, timed or not (each writes and reads the client's region once).
+    rounds: u64,
+    /// Client 0's reference draws, MB/s.
+    draws: Vec<f64>,
 }
 
 /// The CPUs of pinned runs: clients, servers (ionet-perf's own split).
@@ -148,15 +178,15 @@ fn cell(
     let name = format!("/e1-{n}-{c}");
     let spec = LayoutSpec { base: Some(0), pcount: Some(n), ssize: None };
     drop(setup.create(&name, CreateOptions { mode: 0o644, layout: Some(spec) })?);
-    let runs = ctx.c.runs();
+    let blocks = ctx.c.runs();
+    // A smoke check (--quick) needs only that the blocks work.
+    let block = Duration::from_millis(if ctx.c.quick { a.block_ms.min(20) } else { a.block_ms }.max(1));
+    let warm = block / 10;
     let before = path_totals(&setup)?;
-    // Each client's (write, read) times per run. Client 0 also draws the reference: half the
-    // draws just before the cell's untimed round (the others wait at the gate), half just after
-    // its last run. Not between runs: a cell's runs take milliseconds and follow each other as
-    // a client's calls do; a 0.1 s pause before each would make every run start from idle
-    // servers (that costs 1×1 writes half their bandwidth here).
-    type Timed = (Vec<(f64, f64)>, Vec<f64>);
-    let per_client = parallel(c as usize, ctx.step_timeout(), |i, gate| -> Result<Timed> {
+    // Client 0 decides what each client's next round is and says so before the gate that ends
+    // the round; every client reads it after that gate.
+    let next = AtomicU8::new(ROUND_WARM);
+    let per_client = parallel(c as usize, ctx.step_timeout(), |i, gate| -> Result<ClientRuns> {
         if pin {
             crate::cli::pin_to_cpus(&[CLIENT_CPU])?;
         }
@@ -165,49 +195,63 @@ fn cell(
         let data = pattern(region as usize, 0xe1 + i as u64);
         let mut buf = prefaulted(region as usize);
         let off = u64::from(i as u32) * region;
-        let mut times = Vec::new();
-        let mut draws = Vec::new();
-        let mut draw = |k: usize| -> Result<()> {
+        let mut out = ClientRuns::default();
+        for b in 0..=blocks {
+            // A draw before every block and one after the last (the others wait at the gate).
             if let (0, Some(rf)) = (i, reference) {
-                let mut rf = rf.lock().unwrap_or_else(|p| p.into_inner());
-                for _ in 0..k {
-                    draws.push(rf.draw()?);
+                out.draws.push(rf.lock().unwrap_or_else(|p| p.into_inner()).draw()?);
+            }
+            if b == blocks {
+                break;
+            }
+            // Untimed rounds first: the draw left the servers idle (and, the first time, the
+            // servers' first write of a region allocates its pages).
+            let mut round = ROUND_WARM;
+            let (mut warmed, mut timed) = (Duration::ZERO, Duration::ZERO);
+            let mut times = Vec::new();
+            while round != ROUND_END {
+                // Timed from the gate's release, not from when this thread got the CPU.
+                let t = gate.wait()?;
+                f.write_at(off, &data)?;
+                let tw = t.elapsed();
+                let t = gate.wait()?;
+                let (back, got) = f.read_at(off, buf)?;
+                let tr = t.elapsed();
+                buf = back;
+                if i == 0 {
+                    let spent = if round == ROUND_WARM { &mut warmed } else { &mut timed };
+                    *spent += tw + tr;
+                    let after = match round {
+                        ROUND_WARM if warmed < warm => ROUND_WARM,
+                        _ if timed < block => ROUND_TIMED,
+                        _ => ROUND_END,
+                    };
+                    next.store(after, Ordering::SeqCst);
                 }
+                // Check the bytes once every client has read: a check run while the others
+                // still read takes their CPU (an 8 MiB compare is about a millisecond here)
+                // and stretches the slowest client's time, which is what E1 measures.
+                gate.wait()?;
+                if got != region as usize || buf[..] != data[..] {
+                    bail!("client {i} read back different data");
+                }
+                if round == ROUND_TIMED {
+                    times.push((tw.as_secs_f64(), tr.as_secs_f64()));
+                }
+                out.rounds += 1;
+                round = next.load(Ordering::SeqCst);
             }
-            Ok(())
-        };
-        draw(runs.div_ceil(2))?;
-        // One untimed round first: the servers' first write of a region allocates its pages.
-        for r in 0..=runs {
-            // Timed from the gate's release, not from when this thread got the CPU.
-            let t = gate.wait()?;
-            f.write_at(off, &data)?;
-            let tw = t.elapsed().as_secs_f64();
-            let t = gate.wait()?;
-            let (b, got) = f.read_at(off, buf)?;
-            let tr = t.elapsed().as_secs_f64();
-            buf = b;
-            // Check the bytes once every client has read: a check run while the others still
-            // read takes their CPU (an 8 MiB compare is about a millisecond here) and stretches
-            // the slowest client's time, which is what E1 measures.
-            gate.wait()?;
-            if got != region as usize || buf[..] != data[..] {
-                bail!("client {i} read back different data");
-            }
-            if r > 0 {
-                times.push((tw, tr));
-            }
+            out.blocks.push(times);
         }
-        draw(runs / 2)?;
         // Cached registrations must not outlive the memory they cover.
         client.endpoint().invalidate_registrations(&data);
         client.endpoint().invalidate_registrations(&buf);
-        Ok((times, draws))
+        Ok(out)
     })?;
     // The figures are for io servers that move data straight to and from their mapped objects:
     // a silent fallback to the copying path would make them describe something else.
     let (mapped, copied) = path_totals(&setup)?;
-    let moved = 2 * (runs as u64 + 1) * region * u64::from(c);
+    let moved = 2 * per_client[0].rounds * region * u64::from(c);
     if copied != before.1 || mapped - before.0 != moved {
         bail!(
             "io servers moved {} B on the mapped path and {} B by copying, expected {moved} B mapped",
@@ -219,25 +263,26 @@ fn cell(
     let t = scheme.as_str();
     let server_wait = a.waits().server;
     let note = format!(
-        "region_bytes={region}{}{}{}",
+        "region_bytes={region} block_ms={}{}{}{}",
+        block.as_millis(),
         if a.cache_registrations { " cached_registrations" } else { "" },
         if pin { " pinned" } else { "" },
         if server_wait != a.wait { format!(" server_wait={}", server_wait.name()) } else { String::new() }
     );
-    for r in 0..runs {
-        let tw = per_client.iter().map(|v| v.0[r].0).fold(0.0, f64::max);
-        let tr = per_client.iter().map(|v| v.0[r].1).fold(0.0, f64::max);
+    for b in 0..blocks {
+        let rounds: Vec<&[(f64, f64)]> = per_client.iter().map(|p| p.blocks[b].as_slice()).collect();
+        let (w, r) = block_bandwidth(&rounds, total).with_context(|| format!("block {b}"))?;
         let sample = |op: &str, v: f64| {
             Sample::new(EXP, t, &format!("{op} N={n}"), f64::from(c))
                 .metric("bandwidth", "MB/s")
-                .run(r as u32, v)
+                .run(b as u32, v)
                 .wait(a.wait.name())
                 .note(note.clone())
         };
-        s.push(sample("write", mbs(total, tw)));
-        s.push(sample("read", mbs(total, tr)));
+        s.push(sample("write", w));
+        s.push(sample("read", r));
     }
-    for (r, &v) in per_client[0].1.iter().enumerate() {
+    for (r, &v) in per_client[0].draws.iter().enumerate() {
         s.push(
             Sample::new(REF_EXP, t, &ref_series(n), f64::from(c))
                 .metric("bandwidth", "MB/s")
@@ -248,6 +293,21 @@ fn cell(
     }
     setup.unlink(&name)?;
     Ok(())
+}
+
+/// A block's (write, read) bandwidth in MB/s: `bytes` per round over the sum of its rounds'
+/// times, a round's time being its slowest client's. `rounds[i]` is client `i`'s (write, read)
+/// seconds per timed round; every client must have run the same rounds.
+fn block_bandwidth(rounds: &[&[(f64, f64)]], bytes: u64) -> Result<(f64, f64)> {
+    let n = rounds.first().map_or(0, |r| r.len());
+    if n == 0 || rounds.iter().any(|r| r.len() != n) {
+        bail!("the clients ran different numbers of timed rounds (or none)");
+    }
+    let slowest =
+        |k: usize, pick: fn(&(f64, f64)) -> f64| rounds.iter().map(|r| pick(&r[k])).fold(0.0, f64::max);
+    let tw: f64 = (0..n).map(|k| slowest(k, |x| x.0)).sum();
+    let tr: f64 = (0..n).map(|k| slowest(k, |x| x.1)).sum();
+    Ok((mbs(bytes * n as u64, tw), mbs(bytes * n as u64, tr)))
 }
 
 /// Bytes the cluster's io servers have moved on the mapped and on the copying path.
@@ -353,10 +413,17 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
     } else {
         " No CPU pinning (`--no-pin`), for the clients, the servers and the ionet-perf reference."
     };
+    let block = e
+        .rows()
+        .iter()
+        .find_map(|r| r.note.split(' ').find_map(|w| w.strip_prefix("block_ms=")).map(str::to_string))
+        .map_or(String::new(), |ms| format!(" of at least {ms} ms of timed calls"));
     let mut md = format!(
         "Each client writes, then reads back, one contiguous {mib_per_server}N MiB region (N = io servers) of one \
-         shared file striped over the N servers (64 KiB stripes unless stated); bandwidth = total bytes / the slowest \
-         client's time from the clients' common start, MB/s = 10⁶ B/s. One untimed round first, then the runs. Clients: threads of the bench \
+         shared file striped over the N servers (64 KiB stripes unless stated); a round's time is the slowest client's \
+         from the clients' common start. A cell runs in blocks{block}: untimed rounds for a tenth of that first, then \
+         timed rounds back to back; a block's bandwidth = its bytes / the sum of its rounds' times, MB/s = 10⁶ B/s, \
+         and the table gives the median (min–max) over the blocks. Clients: threads of the bench \
          process, one `Client` each, {waits} waits; io servers: child processes, {server_waits} waits, data on tmpfs, every byte moved \
          on their mapped path (checked against their counters).{cached}{placement}\n\n"
     );
@@ -366,8 +433,8 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
             let ratios = cell_ratios(s, t);
             let met = ratios.iter().filter(|r| r.ratio >= TARGET).count();
             md.push_str(&format!(
-                " — ionet-perf streaming bandwidth (1 MiB messages, 16 in flight, its client and server waiting as the clients and io servers do), as many runs as the cell \
-                 has, drawn just before and just after it: {} MB/s over all {} draws. Cells at ≥ {TARGET}× of the reference beside \
+                " — ionet-perf streaming bandwidth (1 MiB messages, 16 in flight, about 0.1 s, its client and server waiting as \
+                 the clients and io servers do), drawn before each of the cell's blocks and after the last: {} MB/s over all {} draws. Cells at ≥ {TARGET}× of the reference beside \
                  them: {met} of {}.",
                 cell_text(Some(all)),
                 all.n,
@@ -509,6 +576,22 @@ mod tests {
             md.contains("over all 6 draws. Cells at ≥ 0.8× of the reference beside them: 2 of 4."),
             "{md}"
         );
+    }
+
+    /// A block counts every round at its slowest client's time, and its bandwidth is its
+    /// bytes over the sum of those times (a mean over the window, as a reference draw's is),
+    /// not the median of single rounds, which would leave out the slow ones.
+    #[test]
+    fn a_block_is_its_bytes_over_its_rounds_slowest_times() {
+        // Two clients, three rounds; round 2 is slow for client 1 only, round 3 for client 0.
+        let c0 = [(0.001, 0.002), (0.001, 0.002), (0.004, 0.002)];
+        let c1 = [(0.002, 0.001), (0.003, 0.001), (0.001, 0.001)];
+        let (w, r) = block_bandwidth(&[&c0, &c1], 1_000_000).unwrap();
+        // Writes: 2 + 3 + 4 ms for 3 MB; reads: 2 + 2 + 2 ms for 3 MB.
+        assert!((w - 3e6 / 1e6 / 0.009).abs() < 1e-6, "{w}");
+        assert!((r - 3e6 / 1e6 / 0.006).abs() < 1e-6, "{r}");
+        assert!(block_bandwidth(&[&c0, &c1[..2]], 1).is_err());
+        assert!(block_bandwidth(&[&[], &[]], 1).is_err());
     }
 
     #[test]
