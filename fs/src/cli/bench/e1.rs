@@ -52,13 +52,14 @@ pub struct E1Args {
     /// Skip the ionet-perf reference drawn beside every cell.
     #[arg(long)]
     pub no_reference: bool,
-    /// How clients wait for the transport, and the ionet-perf reference's client (block:
-    /// spinning threads on a 2-core machine steal the CPU that moves the data).
-    #[arg(long, default_value = "block")]
+    /// How clients wait for the transport, and the ionet-perf reference's client. The default
+    /// is stripefs's own (a client's and `stripefs serve`'s): adaptive waits spin while data
+    /// moves and block once it stops, yielding their CPU while idle.
+    #[arg(long, default_value = "adaptive")]
     pub wait: WaitMode,
     /// How io servers wait, and the reference's server (default: as `--wait`). Up to four io
     /// servers share one CPU here, where each would have a node of its own, so servers that
-    /// spin take it from each other.
+    /// spin without yielding take it from each other.
     #[arg(long)]
     pub server_wait: Option<WaitMode>,
     /// Clients keep their buffers' InfiniBand registrations cached across calls
