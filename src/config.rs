@@ -39,6 +39,7 @@ pub struct Config {
     pub(crate) connect_timeout: Duration,
     pub(crate) handshake_timeout: Duration,
     pub(crate) socket_buffer: Option<usize>,
+    pub(crate) stream_requests: bool,
     pub(crate) dscp: [u8; ServiceLevel::COUNT],
     pub(crate) so_priority: [u8; ServiceLevel::COUNT],
     pub(crate) sched_weights: [u32; ServiceLevel::COUNT],
@@ -270,6 +271,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(10),
             socket_buffer: None,
+            stream_requests: true,
             // AF41 for control, best effort for normal, CS1 ("lower effort") for bulk.
             dscp: [34, 0, 8],
             so_priority: [6, 0, 1],
@@ -387,6 +389,19 @@ impl Config {
     /// `net.core.{r,w}mem_max`) and turns autotuning off, e.g. to bound memory per connection.
     pub fn socket_buffer(mut self, n: usize) -> Self {
         self.socket_buffer = Some(n);
+        self
+    }
+
+    /// TCP: stream a request's OUT payload right behind the request (default on), as BMI-TCP
+    /// does, instead of waiting for the server's `PULL`s: a write saves a round trip, and the
+    /// bytes wait in the server's socket until it posts its pulls, then are read straight
+    /// into them (nothing is buffered in user space). Only towards peers that announce they
+    /// read streams, and only above the inline limit. The price is head-of-line blocking: later
+    /// messages of the same service level to that peer arrive after the server has pulled (or
+    /// answered) the request, so a server must not wait for them before pulling. Off: every
+    /// payload above the inline limit is pulled. No effect on InfiniBand.
+    pub fn stream_requests(mut self, on: bool) -> Self {
+        self.stream_requests = on;
         self
     }
 

@@ -42,7 +42,9 @@ pub const FLAG_SEGMENTS: u8 = 32;
 /// Flag (InfiniBand REQUEST / REPLY / EAGER): the header is not inline; a segment list the
 /// receiver reads it from follows instead (headers too large for a message slot).
 pub const FLAG_RDV_HEADER: u8 = 64;
-const KNOWN_FLAGS: u8 = 127;
+/// Flag (TCP REQUEST): the OUT payload follows the request on its connection, in STREAM
+/// frames, instead of waiting for the server's PULLs.
+pub const FLAG_STREAMED: u8 = 128;
 const IB_ONLY_FLAGS: u8 = FLAG_SEGMENTS | FLAG_RDV_HEADER;
 
 /// Frame kinds.
@@ -103,6 +105,9 @@ pub enum Kind {
     IbInfo = 24,
     /// InfiniBand side channel: the client's queue pair is ready to receive.
     IbReady = 25,
+    /// TCP: OUT payload bytes of a streamed request, in order, right behind it. b = request id,
+    /// c = offset; with `FLAG_ABORT` (and no payload) the client stopped the stream at c.
+    Stream = 26,
 }
 
 impl Kind {
@@ -135,6 +140,7 @@ impl Kind {
             23 => Ready,
             24 => IbInfo,
             25 => IbReady,
+            26 => Stream,
             _ => return None,
         })
     }
@@ -267,7 +273,9 @@ impl Header {
         let sl = ServiceLevel::from_u8(b[4]).ok_or(WireError::BadServiceLevel(b[4]))?;
         let flags = b[5];
         let reserved = u16_at(6);
-        if flags & !KNOWN_FLAGS != 0 || reserved != 0 {
+        // Every flag bit has a meaning now (which kinds it is valid for is checked with the
+        // lengths); the reserved field must stay zero.
+        if reserved != 0 {
             return Err(WireError::BadFlags { flags, reserved });
         }
         Ok(Header {
@@ -304,6 +312,16 @@ impl Header {
             Kind::Data | Kind::PullData | Kind::Push | Kind::Put | Kind::GetResp => {
                 too_long(u64::from(lim.chunk))
             }
+            Kind::Stream => {
+                if self.flags & FLAG_ABORT != 0 {
+                    return too_long(0);
+                }
+                too_long(u64::from(lim.chunk))?;
+                if self.len == 0 {
+                    return Err(WireError::Inconsistent("empty stream"));
+                }
+                Ok(())
+            }
             Kind::Get | Kind::Pull => {
                 too_long(0)?;
                 if self.aux > lim.chunk {
@@ -335,6 +353,9 @@ impl Header {
                 let inn = self.flags & FLAG_PAYLOAD_IN != 0;
                 if out && inn {
                     return Err(WireError::Inconsistent("request direction"));
+                }
+                if self.flags & FLAG_STREAMED != 0 && (!out || has_inline || self.c == 0) {
+                    return Err(WireError::Inconsistent("streamed request payload"));
                 }
                 if has_inline {
                     if !out || inline != self.c {
@@ -431,7 +452,7 @@ mod tests {
         b[4] = 3;
         assert_eq!(Header::decode(&b), Err(WireError::BadServiceLevel(3)));
         let mut b = good;
-        b[5] = 0x80;
+        b[6] = 0x80;
         assert!(matches!(Header::decode(&b), Err(WireError::BadFlags { .. })));
         let mut b = good;
         b[7] = 1;
@@ -462,6 +483,30 @@ mod tests {
         assert_eq!(h.check_limits(&l), Err(WireError::Inconsistent("request header length")));
         h.len = 20; // 10 inline bytes without the inline flag
         h.flags = FLAG_PAYLOAD_OUT;
+        assert!(h.check_limits(&l).is_err());
+        // A streamed payload is OUT, not inline, and not empty.
+        let mut h = Header::new(Kind::Request, ServiceLevel::Normal);
+        (h.aux, h.len, h.c) = (10, 10, 1 << 20);
+        h.flags = FLAG_PAYLOAD_OUT | FLAG_STREAMED;
+        assert!(h.check_limits(&l).is_ok());
+        for bad in [FLAG_PAYLOAD_IN | FLAG_STREAMED, FLAG_STREAMED] {
+            h.flags = bad;
+            assert_eq!(h.check_limits(&l), Err(WireError::Inconsistent("streamed request payload")));
+        }
+        h.flags = FLAG_PAYLOAD_OUT | FLAG_STREAMED;
+        h.c = 0;
+        assert!(h.check_limits(&l).is_err());
+        // STREAM frames: bounded by the chunk limit, never empty, and an abort carries nothing.
+        let mut h = Header::new(Kind::Stream, ServiceLevel::Bulk);
+        h.len = l.chunk;
+        assert!(h.check_limits(&l).is_ok());
+        h.len = l.chunk + 1;
+        assert!(matches!(h.check_limits(&l), Err(WireError::TooLong { .. })));
+        h.len = 0;
+        assert_eq!(h.check_limits(&l), Err(WireError::Inconsistent("empty stream")));
+        h.flags = FLAG_ABORT;
+        assert!(h.check_limits(&l).is_ok());
+        h.len = 1;
         assert!(h.check_limits(&l).is_err());
     }
 

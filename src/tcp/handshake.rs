@@ -17,6 +17,8 @@ pub const NONCE_LEN: usize = 32;
 const PROOF_LEN: usize = 32;
 /// HELLO flag: the sender has a cluster key.
 pub const HS_HAS_KEY: u32 = 1;
+/// HELLO flag: the sender reads STREAM frames, so a peer may stream request payloads to it.
+pub const HS_STREAMS: u32 = 2;
 /// READY status: accepted.
 pub const READY_OK: u32 = 0;
 /// READY status: authentication failed.
@@ -39,6 +41,8 @@ pub struct HelloInfo {
     pub max_message: u64,
     /// Sender has a cluster key.
     pub has_key: bool,
+    /// Sender accepts request payloads streamed behind their requests ([`HS_STREAMS`]).
+    pub streams: bool,
 }
 
 const HELLO_BODY: usize = NONCE_LEN + 2 + 4 + 8;
@@ -65,7 +69,7 @@ impl HelloInfo {
     ) -> Self {
         let mut nonce = [0u8; NONCE_LEN];
         util::fill_random(&mut nonce);
-        HelloInfo { endpoint_id, nonce, listen_port, eager_limit, max_message, has_key }
+        HelloInfo { endpoint_id, nonce, listen_port, eager_limit, max_message, has_key, streams: true }
     }
 
     fn body(&self) -> Vec<u8> {
@@ -91,6 +95,7 @@ impl HelloInfo {
             eager_limit: u32::from_le_bytes([p[2], p[3], p[4], p[5]]),
             max_message: u64::from_le_bytes([p[6], p[7], p[8], p[9], p[10], p[11], p[12], p[13]]),
             has_key: h.aux & HS_HAS_KEY != 0,
+            streams: h.aux & HS_STREAMS != 0,
         };
         let proof = (payload.len() == HELLO_BODY + PROOF_LEN).then(|| {
             let mut pr = [0u8; PROOF_LEN];
@@ -144,7 +149,7 @@ pub struct ClientHandshake {
 impl ClientHandshake {
     /// Starts a handshake; returns it and the HELLO frame to send.
     pub fn start(sl: ServiceLevel, mine: HelloInfo, key: Option<Vec<u8>>) -> (Self, (Header, Vec<u8>)) {
-        let aux = if key.is_some() { HS_HAS_KEY } else { 0 };
+        let aux = HS_STREAMS | if key.is_some() { HS_HAS_KEY } else { 0 };
         let hello = frame(Kind::Hello, sl, mine.endpoint_id, aux, mine.body());
         (ClientHandshake { sl, mine, key, server: None }, hello)
     }
@@ -233,7 +238,7 @@ impl ServerHandshake {
         let (eid, port, eager, maxm) = self.mine_template;
         let mine = HelloInfo::new(eid, port, eager, maxm, self.key.is_some());
         let mut body = mine.body();
-        let mut aux = 0;
+        let mut aux = HS_STREAMS;
         if let Some(key) = &self.key {
             aux |= HS_HAS_KEY;
             let input = proof_input(SERVER_LABEL, &client, &mine, client.endpoint_id, eid, h.sl);

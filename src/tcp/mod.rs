@@ -9,9 +9,11 @@
 //!   and answered `CTS`, and it is read straight into the receiver's buffer.
 //! * Early eager data and unexpected messages are buffered per peer up to a byte budget; past
 //!   it we stop reading that peer's socket (back-pressure) instead of buffering more.
-//! * Request payloads: small OUT payloads travel inline with the request; larger ones are pulled
-//!   by the server (`PULL` / `PULL_DATA`) into its buffer; IN payloads are pushed (`PUSH`)
-//!   straight into the client's buffer.
+//! * Request payloads: small OUT payloads travel inline with the request; larger ones stream
+//!   right behind it (`STREAM` frames, to peers that announce they read them) and wait in the
+//!   server's socket until it posts a pull that covers them, which they are read straight into;
+//!   towards other peers (or with [`Config::stream_requests`] off) the server pulls them
+//!   (`PULL` / `PULL_DATA`). IN payloads are pushed (`PUSH`) straight into the client's buffer.
 //! * `put`/`get` are emulated with frames the target validates against its exposure table.
 //! * On connection loss every operation on the peer fails once with `PeerLost`; the next use
 //!   reconnects.
@@ -51,7 +53,8 @@ use crate::matching::{Arrival, Matcher};
 use crate::sched::SendScheduler;
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{
-    self, FLAG_ABORT, FLAG_INLINE_DATA, FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, HEADER_LEN, Header, Kind, Limits,
+    self, FLAG_ABORT, FLAG_INLINE_DATA, FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, FLAG_STREAMED, HEADER_LEN, Header,
+    Kind, Limits,
 };
 use handshake::{ClientHandshake, HelloInfo, ServerHandshake};
 
@@ -63,6 +66,9 @@ const FIRST_CONN: usize = 2;
 const RX_BUF: usize = 64 * 1024;
 /// Payload remainders at least this large are read straight into the destination buffer.
 const DIRECT_READ_MIN: usize = 16 * 1024;
+/// Largest STREAM frame: a cancelled request's partly written frame is copied out, at most
+/// this much, so the caller gets its buffer back at once.
+const STREAM_CHUNK: usize = 1 << 20;
 /// Bytes read from one connection per round before others get a turn.
 const READ_QUANTUM: usize = 4 << 20;
 /// iovecs per `writev`.
@@ -150,6 +156,8 @@ enum OpSt {
     WaitReply,
     /// Server pull waiting for PULL_DATA.
     WaitPullData,
+    /// Server pull of a streamed payload, filled as the stream reaches it.
+    WaitStream,
     /// Outcome known; waiting for frames that still reference the buffer.
     Finishing,
 }
@@ -180,6 +188,27 @@ struct ServerReq {
     inline: Option<Bytes>,
     cost: usize,
     cancelled: bool,
+    /// The OUT payload streams behind the request (see [`StreamIn`]).
+    streamed: bool,
+}
+
+/// A streamed request payload on its way in. Its bytes arrive in order; each goes into the
+/// posted pull that covers it, and the connection waits while none does. Once the request is
+/// answered (or the client stops the stream) bytes no pull covers are discarded. Kept until
+/// every byte up to `end` has been routed.
+struct StreamIn {
+    /// Where the payload ends: its length, or where the client stopped the stream.
+    end: u64,
+    /// Offset the next STREAM frame must start at.
+    wire: u64,
+    /// Bytes routed so far (into pulls or discarded): the next byte to route is at `routed`.
+    routed: u64,
+    /// Pulls posted and not yet filled, by offset: (op, length).
+    pulls: std::collections::BTreeMap<u64, (OpId, usize)>,
+    /// The connection waiting for a pull at `routed`.
+    stalled: Option<Token>,
+    /// Nobody will pull what is not pulled yet (answered, dropped, or the client stopped).
+    discard: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +224,8 @@ struct Peer {
     /// Negotiated: the peer's eager limit and largest message.
     eager_limit: usize,
     max_message: u64,
+    /// The peer reads STREAM frames (announced in its hello).
+    streams: bool,
     /// Early eager bytes, unexpected bytes and request bytes held for this peer.
     buffered: usize,
     unexpected: usize,
@@ -225,8 +256,18 @@ enum Sink {
 
 enum Rx {
     Header,
-    Payload { hdr: Header, sink: Sink, got: usize },
+    Payload {
+        hdr: Header,
+        sink: Sink,
+        got: usize,
+    },
     Stalled(Header),
+    /// Inside a STREAM frame of request `req`, `left` bytes to go, between runs: each run goes
+    /// to one pull (or the void). Left in this state only while no pull covers the next byte.
+    Stream {
+        req: u64,
+        left: u32,
+    },
 }
 
 #[derive(Debug)]
@@ -348,6 +389,8 @@ struct State {
     ops: FxHashMap<OpId, Op>,
     exposures: ExposureTable,
     sreqs: HashMap<(PeerId, u64), ServerReq>,
+    /// Streamed payloads still arriving, by (peer, request id).
+    streams: HashMap<(PeerId, u64), StreamIn>,
     rndv_in: HashMap<(PeerId, u64), RndvIn>,
     rndv_out: FxHashMap<u64, OpId>,
     read_ready: VecDeque<Token>,
@@ -441,6 +484,7 @@ impl TcpBackend {
             ops: FxHashMap::default(),
             exposures: ExposureTable::default(),
             sreqs: HashMap::new(),
+            streams: HashMap::new(),
             rndv_in: HashMap::new(),
             rndv_out: FxHashMap::default(),
             read_ready: VecDeque::new(),
@@ -740,7 +784,8 @@ impl TcpBackend {
             }
             let before = st.events;
             for (t, c) in st.conns.iter_mut() {
-                if c.is_ready() && !matches!(c.rx, Rx::Stalled(_)) {
+                // A connection in a stream waits for a pull, which unstalls it explicitly.
+                if c.is_ready() && !matches!(c.rx, Rx::Stalled(_) | Rx::Stream { .. }) {
                     c.readable = true;
                     st.read_ready.push_back(*t);
                 }
@@ -835,7 +880,7 @@ impl State {
             Rx::Header => true,
             // A large remainder is read straight into its destination, not staged.
             Rx::Payload { hdr, got, .. } => (hdr.len as usize).saturating_sub(*got) < DIRECT_READ_MIN,
-            Rx::Stalled(_) => false,
+            Rx::Stalled(_) | Rx::Stream { .. } => false,
         };
         // In bulk mode the direct wait reads a header alone, and a body only through the
         // normal path (straight into its destination).
@@ -886,6 +931,7 @@ impl State {
             conns: [None; ServiceLevel::COUNT],
             eager_limit: self.s.eager_limit,
             max_message: self.s.limits.message,
+            streams: false,
             buffered: 0,
             unexpected: 0,
             requests: 0,
@@ -1396,6 +1442,9 @@ impl State {
         let inline = dir == Direction::Out
             && len <= eager_max
             && self.s.policy.choose(len, sl, Conditions::idle(false)) == Mechanism::Inline;
+        let p = self.peer(peer)?;
+        let streamed = dir == Direction::Out && !inline && len > 0 && self.s.cfg.stream_requests && p.streams;
+        let chunk = (p.max_message.min(STREAM_CHUNK as u64) as usize).max(1);
         self.insert_op(op, OpKind::Request, peer, tag, sl, buf, OpSt::WaitReply);
         if let Some(o) = self.ops.get_mut(&op) {
             o.mech = match dir {
@@ -1403,7 +1452,7 @@ impl State {
                 _ if inline => Some(Mechanism::Inline),
                 _ => Some(Mechanism::ServerRdma),
             };
-            if inline {
+            if inline || streamed {
                 o.moved = len;
             }
         }
@@ -1428,8 +1477,22 @@ impl State {
             None
         };
         h.len = (header.len() + if inline { len } else { 0 }) as u32;
+        if streamed {
+            h.flags |= FLAG_STREAMED;
+        }
         let done = if op_part.is_some() { OnDone::Release(op) } else { OnDone::Nothing };
         self.queue(t, Frame::new(h, header, op_part, done));
+        // The payload follows at once; it waits in the server's socket for its pulls.
+        let mut off = 0;
+        while streamed && off < len {
+            let n = chunk.min(len - off);
+            let mut f = Header::new(Kind::Stream, sl);
+            f.b = op.0;
+            f.c = off as u64;
+            f.len = n as u32;
+            self.queue(t, Frame::new(f, Bytes::new(), Some((op, off, n)), OnDone::Release(op)));
+            off += n;
+        }
         Ok(())
     }
 
@@ -1458,6 +1521,9 @@ impl State {
         if r.cancelled {
             self.fail_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Error::PeerCancelled);
             return Ok(());
+        }
+        if r.streamed {
+            return self.post_stream_pull(op, peer, req, sl, offset, buf);
         }
         if let Some(inline) = &r.inline {
             let start = offset as usize;
@@ -1489,6 +1555,54 @@ impl State {
         h.c = offset;
         h.aux = len as u32;
         self.queue(t, Frame::new(h, Bytes::new(), None, OnDone::Nothing));
+        Ok(())
+    }
+
+    /// A pull of a streamed payload: it is filled as the stream reaches it, in order, and the
+    /// connection that waits for it goes on.
+    fn post_stream_pull(
+        &mut self,
+        op: OpId,
+        peer: PeerId,
+        req: u64,
+        sl: ServiceLevel,
+        offset: u64,
+        buf: RecvBuf,
+    ) -> Result<()> {
+        let len = buf.capacity();
+        let key = (peer, req);
+        let Some(s) = self.streams.get(&key) else {
+            return Err(Error::misuse("pull of a streamed payload the stream has already passed"));
+        };
+        let end = offset + len as u64;
+        if end > s.end {
+            // The client stopped the stream before this range.
+            self.fail_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Error::PeerCancelled);
+            return Ok(());
+        }
+        let before = s.pulls.range(..end).next_back().map(|(&at, &(_, n))| at + n as u64);
+        if offset < s.routed || before.is_some_and(|e| e > offset) {
+            return Err(Error::misuse("pull overlaps bytes already routed or another pull"));
+        }
+        if len == 0 {
+            let mut c = Completion::new(op, OpKind::Pull, peer, 0);
+            c.result = Ok(0);
+            c.buf = OpBuf::Recv(buf);
+            self.done.push(c);
+            return Ok(());
+        }
+        let waiting_here = s.stalled.is_some() && offset <= s.routed && s.routed < end;
+        self.insert_op(op, OpKind::Pull, peer, 0, sl, OpBuf::Recv(buf), OpSt::WaitStream);
+        if let Some(o) = self.ops.get_mut(&op) {
+            o.mech = Some(Mechanism::ServerRdma);
+            o.expect = len as u64;
+        }
+        if let Some(s) = self.streams.get_mut(&key) {
+            s.pulls.insert(offset, (op, len));
+        }
+        if waiting_here {
+            self.stream_unstall(key);
+        }
         Ok(())
     }
 
@@ -1554,6 +1668,12 @@ impl State {
             return Err(Error::misuse(format!("no open request {req} from {peer}")));
         };
         self.release_request_budget(peer, r.cost);
+        if let Some(s) = self.streams.get_mut(&(peer, req)) {
+            // Answered: what no pull takes now goes into the void, and the connection goes on.
+            s.discard = true;
+            self.stream_unstall((peer, req));
+            self.stream_maybe_done((peer, req));
+        }
         if r.cancelled {
             self.fail_new(op, OpKind::Reply, peer, 0, OpBuf::None, Error::PeerCancelled);
             return Ok(());
@@ -1612,12 +1732,22 @@ impl State {
                         p.cancelled_reqs.insert(op.0);
                     }
                     self.redirect_sinks_to_discard(op);
+                    // What of a streamed payload is not on its way yet stays here.
+                    self.truncate_stream(op, peer, sl);
                     if let Some(t) = self.peers.get(peer.0 as usize).and_then(|p| p.conns[sl.index()]) {
                         let mut h = Header::new(Kind::CancelRequest, sl);
                         h.b = op.0;
                         self.queue(t, Frame::new(h, Bytes::new(), None, OnDone::Nothing));
                     }
                 }
+                self.complete(op, Err(why));
+            }
+            OpSt::WaitStream => {
+                // Its bytes, should they come, are discarded if no other pull takes them.
+                for s in self.streams.values_mut() {
+                    s.pulls.retain(|_, (p, _)| *p != op);
+                }
+                self.redirect_sinks_to_discard(op);
                 self.complete(op, Err(why));
             }
             OpSt::Receiving | OpSt::WaitAck | OpSt::WaitResp | OpSt::WaitPullData => {
@@ -1639,6 +1769,98 @@ impl State {
                 *sink = Sink::Discard;
             }
         }
+    }
+
+    /// Stops a streamed request's payload where it stands (the request was cancelled or
+    /// answered): frames not yet begun are dropped, the one being written keeps its bytes
+    /// (copied, so the op need not hold its buffer for it), and an abort at the cut tells the
+    /// server that nothing more comes.
+    fn truncate_stream(&mut self, op: OpId, peer: PeerId, sl: ServiceLevel) {
+        let Some(t) = self.peers.get(peer.0 as usize).and_then(|p| p.conns[sl.index()]) else { return };
+        let State { conns, ops, .. } = self;
+        let (Some(c), Some(o)) = (conns.get_mut(&t), ops.get_mut(&op)) else { return };
+        let ours = |f: &Frame| f.hdr[3] == Kind::Stream as u8 && f.op_part.is_some_and(|p| p.0 == op);
+        if !c.tx.iter().any(ours) {
+            return;
+        }
+        let mut kept = VecDeque::with_capacity(c.tx.len());
+        let mut cut = None;
+        for mut f in c.tx.drain(..) {
+            let Some((_, off, n)) = f.op_part.filter(|_| ours(&f)) else {
+                kept.push_back(f);
+                continue;
+            };
+            o.frames = o.frames.saturating_sub(1);
+            if f.sent > 0 {
+                // Partly written: the rest must follow (the stream is framed).
+                let mut copy = Vec::with_capacity(n);
+                if let OpBuf::Send(b) = &o.buf {
+                    b.for_each_slice(off, n, |x| copy.extend_from_slice(x));
+                }
+                f.prefix = Bytes::from(copy);
+                f.op_part = None;
+                f.done = OnDone::Nothing;
+                kept.push_back(f);
+            } else if cut.is_none() {
+                cut = Some(off as u64);
+                let mut h = Header::new(Kind::Stream, sl);
+                h.flags = FLAG_ABORT;
+                h.b = op.0;
+                h.c = off as u64;
+                kept.push_back(Frame::new(h, Bytes::new(), None, OnDone::Nothing));
+            }
+        }
+        c.tx = kept;
+        if o.frames == 0 && o.outcome.is_some() {
+            self.deliver_op(op);
+        }
+    }
+
+    /// Requests posted while their connection was still being set up were queued before we knew
+    /// whether the server reads streams: now that it says it does, their payloads stream too.
+    fn stream_queued_requests(&mut self, t: Token, peer: PeerId) {
+        let Some(p) = self.peers.get(peer.0 as usize) else { return };
+        if !(self.s.cfg.stream_requests && p.streams) {
+            return;
+        }
+        let chunk = (p.max_message.min(STREAM_CHUNK as u64) as usize).max(1);
+        let State { conns, ops, .. } = self;
+        let Some(c) = conns.get_mut(&t) else { return };
+        if !c.tx.iter().any(|f| f.hdr[3] == Kind::Request as u8) {
+            return;
+        }
+        let mut out = VecDeque::with_capacity(c.tx.len());
+        for mut f in c.tx.drain(..) {
+            let h = Header::decode(&f.hdr).ok().filter(|h| {
+                h.kind == Kind::Request
+                    && f.sent == 0
+                    && h.flags & (FLAG_PAYLOAD_OUT | FLAG_INLINE_DATA | FLAG_STREAMED) == FLAG_PAYLOAD_OUT
+                    && h.c > 0
+            });
+            let o =
+                h.and_then(|h| ops.get_mut(&OpId(h.b)).filter(|o| o.st == OpSt::WaitReply).map(|o| (h, o)));
+            let Some((mut h, o)) = o else {
+                out.push_back(f);
+                continue;
+            };
+            h.flags |= FLAG_STREAMED;
+            f.hdr = h.encode();
+            out.push_back(f);
+            let (op, len) = (OpId(h.b), h.c as usize);
+            o.moved = len;
+            let mut off = 0;
+            while off < len {
+                let n = chunk.min(len - off);
+                let mut s = Header::new(Kind::Stream, h.sl);
+                s.b = op.0;
+                s.c = off as u64;
+                s.len = n as u32;
+                out.push_back(Frame::new(s, Bytes::new(), Some((op, off, n)), OnDone::Release(op)));
+                o.frames += 1;
+                off += n;
+            }
+        }
+        c.tx = out;
     }
 
     // ----------------------------------------------------------------------------------------
@@ -1784,6 +2006,7 @@ impl State {
         let ops: Vec<OpId> = self.ops.iter().filter(|(_, o)| o.peer == peer).map(|(id, _)| *id).collect();
         self.rndv_out.retain(|_, op| !ops.contains(op));
         self.sreqs.retain(|(p, _), _| *p != peer);
+        self.streams.retain(|(p, _), _| *p != peer);
         self.core.forget_peer(peer);
         let mut ops = ops;
         ops.sort();
@@ -2064,6 +2287,11 @@ impl State {
                         }
                     }
                 }
+                &mut Rx::Stream { req, left } => {
+                    if !self.stream_route(t, req, left) {
+                        return false;
+                    }
+                }
                 Rx::Payload { .. } => match self.feed_payload(t) {
                     Ok(Some(n)) => budget = budget.saturating_sub(n),
                     Ok(None) => {
@@ -2293,6 +2521,10 @@ impl State {
                 self.on_pull(t, peer, h);
                 return self.finish_header_only(t);
             }
+            Kind::Stream => {
+                self.on_stream_header(t, peer, h);
+                return;
+            }
             Kind::PullData => {
                 let op = OpId(h.a);
                 match self.ops.get(&op) {
@@ -2451,6 +2683,118 @@ impl State {
             && let Rx::Payload { hdr, sink, .. } = mem::replace(&mut c.rx, Rx::Header)
         {
             self.on_payload(t, hdr, sink);
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Streamed request payloads (server side)
+    // ----------------------------------------------------------------------------------------
+
+    /// A STREAM frame's header: the next piece of a streamed payload, in order, or the client's
+    /// word that the stream stops here.
+    fn on_stream_header(&mut self, t: Token, peer: PeerId, h: Header) {
+        let key = (peer, h.b);
+        let Some(s) = self.streams.get_mut(&key) else {
+            self.protocol_error(t, unexpected(format!("STREAM for unknown request {}", h.b)));
+            return;
+        };
+        if h.c != s.wire {
+            let why = format!("STREAM at offset {} of request {}, expected {}", h.c, h.b, s.wire);
+            self.protocol_error(t, unexpected(why));
+            return;
+        }
+        if h.flags & FLAG_ABORT != 0 {
+            // Everything before `c` has been routed (frames are read in order); nothing more
+            // comes, so no posted pull can be filled.
+            s.end = h.c;
+            s.discard = true;
+            let pulls = mem::take(&mut s.pulls);
+            for (op, _) in pulls.into_values() {
+                self.complete(op, Err(Error::PeerCancelled));
+            }
+            self.stream_maybe_done(key);
+            return self.finish_header_only(t);
+        }
+        if h.c + u64::from(h.len) > s.end {
+            self.protocol_error(t, unexpected(format!("STREAM past the end of request {}", h.b)));
+            return;
+        }
+        s.wire += u64::from(h.len);
+        self.set_rx(t, Rx::Stream { req: h.b, left: h.len });
+    }
+
+    /// Routes the rest of a STREAM frame: the next run goes into the pull that covers the next
+    /// byte, or into the void once nobody will pull it. If neither, the connection waits (its
+    /// bytes stay in the socket) until a pull or the answer comes: returns false.
+    fn stream_route(&mut self, t: Token, req: u64, left: u32) -> bool {
+        let Some(c) = self.conns.get(&t) else { return false };
+        let (Some(peer), sl) = (c.peer, c.sl) else { return false };
+        let Some(s) = self.streams.get_mut(&(peer, req)) else {
+            self.protocol_error(t, unexpected(format!("STREAM for unknown request {req}")));
+            return false;
+        };
+        let off = s.routed;
+        let covering = s.pulls.range(..=off).next_back().map(|(&at, &(op, len))| (at, op, len));
+        let (sink, n) = match covering {
+            Some((at, op, len)) if off < at + len as u64 => {
+                let n = (at + len as u64 - off).min(u64::from(left)) as u32;
+                (Sink::Op { op, base: (off - at) as usize }, n)
+            }
+            _ if s.discard => (Sink::Discard, left),
+            _ => {
+                s.stalled = Some(t);
+                if let Some(c) = self.conns.get_mut(&t) {
+                    c.readable = false;
+                }
+                return false;
+            }
+        };
+        let mut run = Header::new(Kind::Stream, sl);
+        run.b = req;
+        run.c = off;
+        run.len = n;
+        run.aux = left - n;
+        self.set_rx(t, Rx::Payload { hdr: run, sink, got: 0 });
+        true
+    }
+
+    /// A run of a STREAM frame is in: it fills (part of) a pull; the frame goes on, if it has
+    /// more.
+    fn on_stream_run(&mut self, t: Token, peer: PeerId, run: Header, sink: Sink) {
+        let key = (peer, run.b);
+        let Some(s) = self.streams.get_mut(&key) else { return };
+        s.routed += u64::from(run.len);
+        if let Sink::Op { op, .. } = sink
+            && let Some(o) = self.ops.get_mut(&op)
+        {
+            o.moved += run.len as usize;
+            if o.moved as u64 >= o.expect {
+                let n = o.moved;
+                s.pulls.retain(|_, (p, _)| *p != op);
+                self.complete(op, Ok(n));
+            }
+        }
+        if run.aux > 0 {
+            self.set_rx(t, Rx::Stream { req: run.b, left: run.aux });
+        }
+        self.stream_maybe_done(key);
+    }
+
+    /// Forgets a stream once all of it has been routed and no pull waits on it.
+    fn stream_maybe_done(&mut self, key: (PeerId, u64)) {
+        if self.streams.get(&key).is_some_and(|s| s.routed >= s.end && s.pulls.is_empty()) {
+            self.streams.remove(&key);
+        }
+    }
+
+    /// A connection that waited inside a stream may go on: read it again.
+    fn stream_unstall(&mut self, key: (PeerId, u64)) {
+        let Some(t) = self.streams.get_mut(&key).and_then(|s| s.stalled.take()) else { return };
+        if let Some(c) = self.conns.get_mut(&t) {
+            c.readable = true;
+            // Bytes may have been waiting in the socket all along, with no new edge to come.
+            c.drained = false;
+            self.read_ready.push_back(t);
         }
     }
 
@@ -2634,14 +2978,28 @@ impl State {
                     Direction::None
                 };
                 let inline = (h.flags & FLAG_INLINE_DATA != 0).then_some(all);
-                if self.sreqs.contains_key(&(peer, h.b)) {
+                let streamed = h.flags & FLAG_STREAMED != 0;
+                if self.sreqs.contains_key(&(peer, h.b)) || self.streams.contains_key(&(peer, h.b)) {
                     self.protocol_error(t, unexpected(format!("request id {} reused while open", h.b)));
                     return;
                 }
                 self.sreqs.insert(
                     (peer, h.b),
-                    ServerReq { sl: h.sl, dir, len: h.c, inline, cost, cancelled: false },
+                    ServerReq { sl: h.sl, dir, len: h.c, inline, cost, cancelled: false, streamed },
                 );
+                if streamed {
+                    self.streams.insert(
+                        (peer, h.b),
+                        StreamIn {
+                            end: h.c,
+                            wire: 0,
+                            routed: 0,
+                            pulls: Default::default(),
+                            stalled: None,
+                            discard: false,
+                        },
+                    );
+                }
                 self.events += 1;
                 self.core.push_request(RequestMeta {
                     peer,
@@ -2674,6 +3032,11 @@ impl State {
                             status::DROPPED => Err(Error::Remote("the server dropped the request".into())),
                             _ => Err(Error::Remote(String::from_utf8_lossy(&hdr).into_owned())),
                         };
+                        // Answered before all of a streamed payload went out: the rest stays.
+                        if o.frames > 0 {
+                            let sl = o.sl;
+                            self.truncate_stream(op, peer, sl);
+                        }
                         self.complete(op, r);
                     }
                     _ if self.peers[peer.0 as usize].cancelled_reqs.remove(&h.b) => {}
@@ -2684,6 +3047,7 @@ impl State {
                 self.complete(op, Ok(h.len as usize));
             }
             (Kind::Push, _) => {}
+            (Kind::Stream, sink) => self.on_stream_run(t, peer, h, sink),
             (Kind::Put, Sink::Exposure { denied, .. }) => {
                 let mut ack = Header::new(Kind::PutAck, h.sl);
                 ack.a = h.a;
@@ -2761,6 +3125,7 @@ impl State {
                 p.remote = Some(remote);
                 p.eager_limit = (client.eager_limit as usize).min(self.s.eager_limit);
                 p.max_message = client.max_message;
+                p.streams = client.streams;
                 p.conns[sl.index()] = Some(t);
                 let Some(c) = self.conns.get_mut(&t) else { return };
                 c.peer = Some(peer);
@@ -2791,7 +3156,9 @@ impl State {
                         let p = &mut self.peers[peer.0 as usize];
                         p.eager_limit = (server.eager_limit as usize).min(self.s.eager_limit);
                         p.max_message = server.max_message;
+                        p.streams = server.streams;
                         p.lost = None;
+                        self.stream_queued_requests(t, peer);
                         self.write_ready.insert(t);
                     }
                     handshake::READY_AUTH_FAILED => {
