@@ -78,13 +78,9 @@ fn spinning_tcp_endpoints_sharing_a_cpu_hand_it_over() {
     hand_over("tcp");
 }
 
-fn hand_over(scheme: &str) {
-    let cfg = || Config::default().wait_mode(WaitMode::Spin).max_message(4 << 20);
-    let srv = Endpoint::bind(format!("{scheme}://127.0.0.1:0"), cfg()).unwrap();
-    let cli = Endpoint::client(cfg()).unwrap();
-    let p = cli.connect(srv.local_addr().unwrap()).unwrap();
-    // Introduce the client (normal scheduling: connection set-up is not under test).
-    // Neither endpoint has a progress thread: drive both.
+/// Introduces the client to the server under normal scheduling (connection set-up is not
+/// under test), driving both endpoints from this thread; returns the client's id on the server.
+fn introduce(srv: &Endpoint, cli: &Endpoint, p: PeerId) -> PeerId {
     let hello = cli.send_unexpected(p, 0, Bytes::from_static(b"hi"), ServiceLevel::Normal).unwrap();
     let deadline = Instant::now() + T;
     let mut sent = false;
@@ -96,8 +92,17 @@ fn hand_over(scheme: &str) {
         }
     };
     if !sent {
-        wait_ok(&cli, hello, "introduction").unwrap();
+        wait_ok(cli, hello, "introduction").unwrap();
     }
+    sp
+}
+
+fn hand_over(scheme: &str) {
+    let cfg = || Config::default().wait_mode(WaitMode::Spin).max_message(4 << 20);
+    let srv = Endpoint::bind(format!("{scheme}://127.0.0.1:0"), cfg()).unwrap();
+    let cli = Endpoint::client(cfg()).unwrap();
+    let p = cli.connect(srv.local_addr().unwrap()).unwrap();
+    let sp = introduce(&srv, &cli, p);
 
     let (ready_tx, ready_rx) = mpsc::channel();
     let server = std::thread::spawn(move || -> std::result::Result<(), String> {
@@ -192,19 +197,7 @@ fn waiter_hands_over(scheme: &str) {
     let srv = Endpoint::bind(format!("{scheme}://127.0.0.1:0"), cfg).unwrap();
     let cli = Endpoint::client(Config::default()).unwrap();
     let p = cli.connect(srv.local_addr().unwrap()).unwrap();
-    let hello = cli.send_unexpected(p, 0, Bytes::from_static(b"hi"), ServiceLevel::Normal).unwrap();
-    let deadline = Instant::now() + T;
-    let mut sent = false;
-    let sp = loop {
-        assert!(Instant::now() < deadline, "introduction");
-        sent = sent || cli.test(hello).unwrap().is_some();
-        if let Some(u) = srv.recv_unexpected(Some(Duration::from_millis(1))).unwrap() {
-            break u.peer;
-        }
-    };
-    if !sent {
-        wait_ok(&cli, hello, "introduction").unwrap();
-    }
+    let sp = introduce(&srv, &cli, p);
     let ops = [1u64, 2].map(|tag| (tag, srv.recv(sp, tag, BytesMut::zeroed(64 << 10)).unwrap()));
     let (ready_tx, ready_rx) = mpsc::channel();
     let waiters: Vec<_> = ops

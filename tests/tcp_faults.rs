@@ -7,8 +7,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use common::raw_hello;
 use ionet::wire::{Header, Kind};
 use ionet::*;
+
+mod common;
 
 const T: Duration = Duration::from_secs(20);
 
@@ -74,26 +77,6 @@ fn peer_killed_mid_rendezvous_fails_once_and_others_are_served() {
     assert_eq!(&u.data[..], b"still there?");
     assert_ne!(u.peer, victim);
     assert!(srv.info().counters.peers_lost >= 1);
-}
-
-fn raw_hello(sock: &mut TcpStream) {
-    // A well-formed HELLO without a key, then read the HELLO_ACK, send an empty AUTH.
-    let mut h = Header::new(Kind::Hello, ServiceLevel::Normal);
-    h.a = 42;
-    h.len = 46;
-    sock.write_all(&h.encode()).unwrap();
-    sock.write_all(&[0u8; 46]).unwrap();
-    let mut ack = [0u8; 40];
-    sock.read_exact(&mut ack).unwrap();
-    let ack = Header::decode(&ack).unwrap();
-    let mut body = vec![0u8; ack.len as usize];
-    sock.read_exact(&mut body).unwrap();
-    let mut auth = Header::new(Kind::Auth, ServiceLevel::Normal);
-    auth.a = 42;
-    sock.write_all(&auth.encode()).unwrap();
-    let mut ready = [0u8; 40];
-    sock.read_exact(&mut ready).unwrap();
-    assert_eq!(Header::decode(&ready).unwrap().kind, Kind::Ready);
 }
 
 #[test]

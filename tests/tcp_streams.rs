@@ -12,8 +12,11 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use common::raw_hello;
 use ionet::wire::{FLAG_ABORT, FLAG_PAYLOAD_OUT, FLAG_STREAMED, HEADER_LEN, Header, Kind};
 use ionet::*;
+
+mod common;
 
 const T: Duration = Duration::from_secs(20);
 /// The HELLO flag saying "I read STREAM frames" (`HS_STREAMS` in the handshake module).
@@ -303,18 +306,4 @@ fn stray_stream_frames_are_protocol_errors() {
         }
     }
     assert!(srv.info().counters.protocol_errors >= before + cases.len() as u64);
-}
-
-fn raw_hello(s: &mut TcpStream) {
-    let mut h = Header::new(Kind::Hello, ServiceLevel::Normal);
-    h.a = 43;
-    h.len = 46;
-    write_frame(s, h, &[0u8; 46]);
-    let (ack, _) = read_frame(s);
-    assert_eq!(ack.kind, Kind::HelloAck);
-    let mut auth = Header::new(Kind::Auth, ServiceLevel::Normal);
-    auth.a = 43;
-    write_frame(s, auth, &[]);
-    let (ready, _) = read_frame(s);
-    assert_eq!(ready.kind, Kind::Ready);
 }

@@ -90,3 +90,28 @@ pub fn heap_serves_large_blocks() {
         assert_eq!(libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20), 1);
     }
 }
+
+/// Plays a keyless client's side of the TCP handshake on a raw socket: HELLO, then AUTH once
+/// the server's HELLO_ACK is in, then the server's READY.
+pub fn raw_hello(sock: &mut std::net::TcpStream) {
+    use ionet::ServiceLevel;
+    use ionet::wire::{Header, Kind};
+    use std::io::{Read, Write};
+    let mut h = Header::new(Kind::Hello, ServiceLevel::Normal);
+    h.a = 42;
+    h.len = 46;
+    sock.write_all(&h.encode()).unwrap();
+    sock.write_all(&[0u8; 46]).unwrap();
+    let mut ack = [0u8; 40];
+    sock.read_exact(&mut ack).unwrap();
+    let ack = Header::decode(&ack).unwrap();
+    assert_eq!(ack.kind, Kind::HelloAck);
+    let mut body = vec![0u8; ack.len as usize];
+    sock.read_exact(&mut body).unwrap();
+    let mut auth = Header::new(Kind::Auth, ServiceLevel::Normal);
+    auth.a = 42;
+    sock.write_all(&auth.encode()).unwrap();
+    let mut ready = [0u8; 40];
+    sock.read_exact(&mut ready).unwrap();
+    assert_eq!(Header::decode(&ready).unwrap().kind, Kind::Ready);
+}
