@@ -1483,15 +1483,10 @@ impl State {
         let done = if op_part.is_some() { OnDone::Release(op) } else { OnDone::Nothing };
         self.queue(t, Frame::new(h, header, op_part, done));
         // The payload follows at once; it waits in the server's socket for its pulls.
-        let mut off = 0;
-        while streamed && off < len {
-            let n = chunk.min(len - off);
-            let mut f = Header::new(Kind::Stream, sl);
-            f.b = op.0;
-            f.c = off as u64;
-            f.len = n as u32;
-            self.queue(t, Frame::new(f, Bytes::new(), Some((op, off, n)), OnDone::Release(op)));
-            off += n;
+        if streamed {
+            for f in stream_frames(op, sl, len, chunk) {
+                self.queue(t, f);
+            }
         }
         Ok(())
     }
@@ -1848,16 +1843,9 @@ impl State {
             out.push_back(f);
             let (op, len) = (OpId(h.b), h.c as usize);
             o.moved = len;
-            let mut off = 0;
-            while off < len {
-                let n = chunk.min(len - off);
-                let mut s = Header::new(Kind::Stream, h.sl);
-                s.b = op.0;
-                s.c = off as u64;
-                s.len = n as u32;
-                out.push_back(Frame::new(s, Bytes::new(), Some((op, off, n)), OnDone::Release(op)));
+            for f in stream_frames(op, h.sl, len, chunk) {
+                out.push_back(f);
                 o.frames += 1;
-                off += n;
             }
         }
         c.tx = out;
@@ -3172,6 +3160,19 @@ impl State {
             }
         }
     }
+}
+
+/// The STREAM frames that carry request `op`'s `len`-byte payload, `chunk` bytes each, each
+/// referencing the op's buffer.
+fn stream_frames(op: OpId, sl: ServiceLevel, len: usize, chunk: usize) -> impl Iterator<Item = Frame> {
+    (0..len).step_by(chunk).map(move |off| {
+        let n = chunk.min(len - off);
+        let mut h = Header::new(Kind::Stream, sl);
+        h.b = op.0;
+        h.c = off as u64;
+        h.len = n as u32;
+        Frame::new(h, Bytes::new(), Some((op, off, n)), OnDone::Release(op))
+    })
 }
 
 /// Socket options for a class: no Nagle delay, buffers (when configured; else the kernel's
