@@ -671,17 +671,21 @@ pub fn a_writer_is_not_starved_by_readers_of_the_same_bytes(scheme: &str) {
     let f = c.create("/hot", CreateOptions { mode: 0o644, layout: spec(1, tu as u64) }).unwrap();
     f.write_at(0, &Bytes::from(vec![0u8; tu])).unwrap();
     let stop = std::sync::atomic::AtomicBool::new(false);
+    let reading = std::sync::atomic::AtomicUsize::new(0);
     let rounds = 5u8;
     std::thread::scope(|s| {
         let readers: Vec<_> = (0..4)
             .map(|_| {
-                let (c, stop) = (tc.client(), &stop);
+                let (c, stop, reading) = (tc.client(), &stop, &reading);
                 s.spawn(move || {
                     let f = c.open("/hot", Rights::READ).unwrap();
                     let mut reads = 0u64;
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                         let (_, n) = read_all(&f, 0, tu);
                         assert_eq!(n, tu);
+                        if reads == 0 {
+                            reading.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
                         reads += 1;
                     }
                     reads
@@ -690,13 +694,19 @@ pub fn a_writer_is_not_starved_by_readers_of_the_same_bytes(scheme: &str) {
             .collect();
         let writer = tc.client();
         let w = writer.open("/hot", Rights::READ_WRITE).unwrap();
+        // The writes start once every reader is reading (a fast writer could otherwise be done
+        // before the readers have opened the file).
+        let t0 = std::time::Instant::now();
+        while reading.load(std::sync::atomic::Ordering::Relaxed) < 4 {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(30), "the readers never got going");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         let written: Vec<_> = (1..=rounds).map(|i| w.write_at(0, &Bytes::from(vec![i; tu]))).collect();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let reads: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
         for (i, r) in written.iter().enumerate() {
             assert!(r.is_ok(), "write {i} with {reads} reads going on: {r:?}");
         }
-        assert!(reads > 0, "the readers ran");
     });
     let (back, _) = read_all(&f, 0, tu);
     assert!(back.iter().all(|&b| b == rounds), "the last write is what the file holds");
