@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use ionet::expose::MemHandle;
 use ionet::ib::verbs::{Gid, QpEndpointInfo};
-use ionet::wire::{FLAG_INLINE_DATA, FLAG_PAYLOAD_OUT, Header, Kind};
+use ionet::wire::{FLAG_ABORT, FLAG_INLINE_DATA, FLAG_PAYLOAD_OUT, FLAG_STREAMED, Header, Kind};
 use ionet::{Access, ServiceLevel};
 
 const LIMITS: ionet::wire::Limits =
@@ -43,17 +43,21 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         Kind::GetResp,
         Kind::CancelRequest,
         Kind::Bye,
+        Kind::Stream,
     ];
     for k in kinds {
-        let payload: &[u8] =
-            if matches!(k, Kind::Eager | Kind::Unexpected | Kind::Data | Kind::Push | Kind::Put) {
-                b"payload bytes"
-            } else {
-                b""
-            };
+        let payload: &[u8] = if matches!(
+            k,
+            Kind::Eager | Kind::Unexpected | Kind::Data | Kind::Push | Kind::Put | Kind::Stream
+        ) {
+            b"payload bytes"
+        } else {
+            b""
+        };
         s.push((
             "wire_frames",
-            format!("{k:?}").to_lowercase(),
+            // "stream" already names the multi-frame seed below.
+            if k == Kind::Stream { "stream_frame".into() } else { format!("{k:?}").to_lowercase() },
             frame(
                 k,
                 |h| {
@@ -201,6 +205,32 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         b"",
     ));
     s.push(("tcp_session", "client_frames".into(), session));
+    // A streamed request: its payload follows in two STREAM frames; and one the client stops.
+    let streamed = |id: u64| {
+        frame(
+            Kind::Request,
+            |h| {
+                (h.a, h.b, h.aux, h.c) = (3, id, 3, 2000);
+                h.flags = FLAG_PAYLOAD_OUT | FLAG_STREAMED;
+            },
+            b"hdr",
+        )
+    };
+    let mut session = streamed(7);
+    session.extend(frame(Kind::Stream, |h| (h.b, h.c) = (7, 0), &[1u8; 1000]));
+    session.extend(frame(Kind::Stream, |h| (h.b, h.c) = (7, 1000), &[2u8; 1000]));
+    s.push(("tcp_session", "streamed_request".into(), session));
+    let mut session = streamed(8);
+    session.extend(frame(Kind::Stream, |h| (h.b, h.c) = (8, 0), &[3u8; 500]));
+    session.extend(frame(
+        Kind::Stream,
+        |h| {
+            (h.b, h.c) = (8, 500);
+            h.flags = FLAG_ABORT;
+        },
+        b"",
+    ));
+    s.push(("tcp_session", "stream_stopped".into(), session));
     s.push((
         "tcp_session",
         "put".into(),
