@@ -233,6 +233,32 @@ fn a_cancelled_streamed_write_completes_at_once_and_the_server_learns_it() {
     wait_ok(&cli, op);
 }
 
+/// A pull posted while the payload already waits in the server's socket is filled before
+/// `pull_into` returns: the posting thread reads the bytes itself. (Otherwise they would wait
+/// for a driver asleep in epoll, where no new edge comes for bytes that are already there: up to
+/// its 200 ms re-check in block mode.)
+#[test]
+fn a_pull_posted_while_the_stream_waits_is_filled_at_once() {
+    let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default().wait_mode(WaitMode::Block)).unwrap();
+    let cli = Endpoint::client(Config::default().progress_thread(true)).unwrap();
+    let p = cli.connect(srv.local_addr().unwrap()).unwrap();
+    let data = pattern(64 << 10, 21);
+    let op = write(&cli, p, &data);
+    let req = srv.next_request(Some(T)).unwrap().expect("request");
+    // The client's progress thread sends the 64 KiB at once; give it time, then let the server
+    // read the STREAM header and find no pull for it.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(srv.wait_any(Some(Duration::from_millis(20))).unwrap().is_none());
+    let pending = srv.info().pending_ops;
+    let pull = req.pull_into(BytesMut::zeroed(data.len()), 0).unwrap();
+    assert_eq!(srv.info().pending_ops, pending, "the pull was not filled when pull_into returned");
+    let c = wait_ok(&srv, pull);
+    assert!(c.data().unwrap()[..] == data[..]);
+    let reply = req.reply(Bytes::new()).unwrap();
+    wait_ok(&srv, reply);
+    wait_ok(&cli, op);
+}
+
 /// Pulls of a streamed payload may not go back over bytes already routed, nor overlap.
 #[test]
 fn pulls_that_overlap_or_go_back_are_refused() {

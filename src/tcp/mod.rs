@@ -567,6 +567,13 @@ impl Backend for TcpBackend {
         }
         let r = st.post(&self.registry, op, cmd);
         let was_direct = st.in_direct;
+        if !st.read_ready.is_empty() && !was_direct {
+            // A pull or an answer let a connection that waited inside a stream go on: its bytes
+            // are in the socket already, so read them now rather than wait for a driver, who
+            // may be asleep in epoll with no new edge coming. (A direct wait reads only a lone
+            // connection that is not inside a stream, so it is never this one.)
+            st.run_reads();
+        }
         // Write at once (BMI's "completed immediately" path) unless batching: then frames go
         // out at the next progress round, so back-to-back posts share one writev and one
         // wake-up of the receiver — except when a driver sleeps in epoll and would not run that
@@ -610,7 +617,9 @@ impl Backend for TcpBackend {
             // Write what posts queued; if that completed something, do not sleep.
             let mut st = self.lock();
             st.flush_ready();
-            if !st.done.is_empty() {
+            // Connections queued for reading outside a round (one unstalled by a post) are
+            // read now: epoll has no new edge for them.
+            if !st.done.is_empty() || !st.read_ready.is_empty() {
                 timeout = Duration::ZERO;
             }
             if self.woken.load(Ordering::Relaxed) && self.woken.swap(false, Ordering::Relaxed) {
