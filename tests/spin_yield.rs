@@ -33,17 +33,7 @@ const SIZES: [usize; 3] = [8, 64 << 10, 1 << 20];
 
 /// Puts the calling thread on CPU 0 under `SCHED_FIFO` priority 1. Err: not permitted here.
 fn realtime_on_cpu0() -> std::io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; CPU_ZERO / CPU_SET write inside it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above, `set` is a live cpu_set_t.
-    unsafe {
-        libc::CPU_ZERO(&mut set);
-        libc::CPU_SET(0, &mut set);
-    }
-    // SAFETY: pid 0 is the calling thread; `set` is live for the call.
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    on_cpu(0)?;
     let p = libc::sched_param { sched_priority: 1 };
     // SAFETY: pid 0 is the calling thread; `p` is live for the call.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } != 0 {

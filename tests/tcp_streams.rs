@@ -12,7 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use common::raw_hello;
+use common::{raw_hello, read_until_closed};
 use ionet::wire::{FLAG_ABORT, FLAG_PAYLOAD_OUT, FLAG_STREAMED, HEADER_LEN, Header, Kind};
 use ionet::*;
 
@@ -150,6 +150,17 @@ fn write(cli: &Endpoint, p: PeerId, data: &[u8]) -> OpId {
     cli.request(p, 1, Bytes::new(), payload, ServiceLevel::Bulk).unwrap()
 }
 
+/// A write the server pulls in one piece and answers: the server gets `data` whole and the
+/// client's write completes.
+fn write_arrives_whole(srv: &Endpoint, cli: &Endpoint, p: PeerId, data: &[u8], what: &str) {
+    let op = write(cli, p, data);
+    let req = srv.next_request(Some(T)).unwrap().expect(what);
+    let c = wait_ok(srv, req.pull_into(BytesMut::zeroed(data.len()), 0).unwrap());
+    assert!(c.data().unwrap()[..] == data[..], "{what}: the bytes");
+    wait_ok(srv, req.reply(Bytes::new()).unwrap());
+    wait_ok(cli, op);
+}
+
 /// The bytes land where each pull says, whatever the order the pulls come in and however
 /// their edges fall against the stream's frames (1 MiB).
 #[test]
@@ -195,13 +206,7 @@ fn an_answer_before_the_payload_is_pulled_leaves_the_connection_usable() {
         let c = cli.wait_timeout(op, T).unwrap().expect("the write completes");
         assert!(matches!(&c.result, Err(Error::Remote(m)) if m == "refused"), "{:?}", c.result);
         // The next write on the same connection arrives whole.
-        let next = pattern(3 << 20, 99);
-        let op = write(&cli, p, &next);
-        let req = srv.next_request(Some(T)).unwrap().expect("the next request");
-        let c = wait_ok(&srv, req.pull_into(BytesMut::zeroed(next.len()), 0).unwrap());
-        assert!(c.data().unwrap()[..] == next[..], "the next write's bytes");
-        wait_ok(&srv, req.reply(Bytes::new()).unwrap());
-        wait_ok(&cli, op);
+        write_arrives_whole(&srv, &cli, p, &pattern(3 << 20, 99), "the next write");
     }
 }
 
@@ -224,13 +229,7 @@ fn a_cancelled_streamed_write_completes_at_once_and_the_server_learns_it() {
     let c = srv.wait_timeout(pull, T).unwrap().expect("the pull ends");
     assert!(matches!(c.result, Err(Error::PeerCancelled)), "{:?}", c.result);
     drop(req);
-    let next = pattern(2 << 20, 77);
-    let op = write(&cli, p, &next);
-    let req = srv.next_request(Some(T)).unwrap().expect("the next request");
-    let c = wait_ok(&srv, req.pull_into(BytesMut::zeroed(next.len()), 0).unwrap());
-    assert!(c.data().unwrap()[..] == next[..]);
-    wait_ok(&srv, req.reply(Bytes::new()).unwrap());
-    wait_ok(&cli, op);
+    write_arrives_whole(&srv, &cli, p, &pattern(2 << 20, 77), "the next write");
 }
 
 /// A pull posted while the payload already waits in the server's socket is filled before
@@ -280,13 +279,7 @@ fn pulls_that_overlap_or_go_back_are_refused() {
 #[test]
 fn with_streaming_off_payloads_are_pulled() {
     let (srv, cli, p) = pair(Config::default().progress_thread(true).stream_requests(false));
-    let data = pattern(3 << 20, 8);
-    let op = write(&cli, p, &data);
-    let req = srv.next_request(Some(T)).unwrap().expect("request");
-    let c = wait_ok(&srv, req.pull_into(BytesMut::zeroed(data.len()), 0).unwrap());
-    assert!(c.data().unwrap()[..] == data[..]);
-    wait_ok(&srv, req.reply(Bytes::new()).unwrap());
-    wait_ok(&cli, op);
+    write_arrives_whole(&srv, &cli, p, &pattern(3 << 20, 8), "the write");
 }
 
 /// A STREAM frame that does not continue an open stream closes the connection.
@@ -322,14 +315,7 @@ fn stray_stream_frames_are_protocol_errors() {
         s.set_read_timeout(Some(T)).unwrap();
         raw_hello(&mut s);
         s.write_all(bytes).unwrap();
-        let mut sink = [0u8; 64];
-        let start = Instant::now();
-        loop {
-            match s.read(&mut sink) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => assert!(start.elapsed() < T, "{name}: the server kept the connection"),
-            }
-        }
+        read_until_closed(&mut s, T, name);
     }
     assert!(srv.info().counters.protocol_errors >= before + cases.len() as u64);
 }

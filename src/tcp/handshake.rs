@@ -72,6 +72,11 @@ impl HelloInfo {
         HelloInfo { endpoint_id, nonce, listen_port, eager_limit, max_message, has_key, streams: true }
     }
 
+    /// The HELLO / HELLO_ACK flags (header `aux`) that announce this hello's capabilities.
+    fn flags(&self) -> u32 {
+        (if self.has_key { HS_HAS_KEY } else { 0 }) | if self.streams { HS_STREAMS } else { 0 }
+    }
+
     fn body(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(HELLO_BODY + PROOF_LEN);
         b.extend_from_slice(&self.nonce);
@@ -149,8 +154,7 @@ pub struct ClientHandshake {
 impl ClientHandshake {
     /// Starts a handshake; returns it and the HELLO frame to send.
     pub fn start(sl: ServiceLevel, mine: HelloInfo, key: Option<Vec<u8>>) -> (Self, (Header, Vec<u8>)) {
-        let aux = HS_STREAMS | if key.is_some() { HS_HAS_KEY } else { 0 };
-        let hello = frame(Kind::Hello, sl, mine.endpoint_id, aux, mine.body());
+        let hello = frame(Kind::Hello, sl, mine.endpoint_id, mine.flags(), mine.body());
         (ClientHandshake { sl, mine, key, server: None }, hello)
     }
 
@@ -238,12 +242,11 @@ impl ServerHandshake {
         let (eid, port, eager, maxm) = self.mine_template;
         let mine = HelloInfo::new(eid, port, eager, maxm, self.key.is_some());
         let mut body = mine.body();
-        let mut aux = HS_STREAMS;
         if let Some(key) = &self.key {
-            aux |= HS_HAS_KEY;
             let input = proof_input(SERVER_LABEL, &client, &mine, client.endpoint_id, eid, h.sl);
             body.extend_from_slice(&util::mac(key, &[&input]));
         }
+        let aux = mine.flags();
         self.state = Some((h.sl, client, mine));
         Ok((client, frame(Kind::HelloAck, h.sl, eid, aux, body)))
     }

@@ -955,6 +955,13 @@ impl State {
         self.peers.get(peer.0 as usize).ok_or_else(|| Error::misuse(format!("unknown {peer}")))
     }
 
+    /// The STREAM frame size for request payloads to `p`, if they stream to it at all (it
+    /// reads streams and [`Config::stream_requests`] is on).
+    fn stream_chunk(&self, p: &Peer) -> Option<usize> {
+        (self.s.cfg.stream_requests && p.streams)
+            .then(|| (p.max_message.min(STREAM_CHUNK as u64) as usize).max(1))
+    }
+
     fn complete(&mut self, op: OpId, result: Result<usize>) {
         let std::collections::hash_map::Entry::Occupied(mut e) = self.ops.entry(op) else { return };
         let o = e.get_mut();
@@ -1012,8 +1019,21 @@ impl State {
 
     /// Completes a new op at once with an error (it was taken by `post`, so it must complete).
     fn fail_new(&mut self, op: OpId, kind: OpKind, peer: PeerId, tag: Tag, buf: OpBuf, e: Error) {
+        self.done_new(op, kind, peer, tag, buf, Err(e));
+    }
+
+    /// An operation that completes as it is posted: its completion goes straight out.
+    fn done_new(
+        &mut self,
+        op: OpId,
+        kind: OpKind,
+        peer: PeerId,
+        tag: Tag,
+        buf: OpBuf,
+        result: Result<usize>,
+    ) {
         let mut c = Completion::new(op, kind, peer, tag);
-        c.result = Err(e);
+        c.result = result;
         c.buf = buf;
         self.done.push(c);
     }
@@ -1451,9 +1471,9 @@ impl State {
         let inline = dir == Direction::Out
             && len <= eager_max
             && self.s.policy.choose(len, sl, Conditions::idle(false)) == Mechanism::Inline;
-        let p = self.peer(peer)?;
-        let streamed = dir == Direction::Out && !inline && len > 0 && self.s.cfg.stream_requests && p.streams;
-        let chunk = (p.max_message.min(STREAM_CHUNK as u64) as usize).max(1);
+        let chunk =
+            self.stream_chunk(self.peer(peer)?).filter(|_| dir == Direction::Out && !inline && len > 0);
+        let streamed = chunk.is_some();
         self.insert_op(op, OpKind::Request, peer, tag, sl, buf, OpSt::WaitReply);
         if let Some(o) = self.ops.get_mut(&op) {
             o.mech = match dir {
@@ -1492,7 +1512,7 @@ impl State {
         let done = if op_part.is_some() { OnDone::Release(op) } else { OnDone::Nothing };
         self.queue(t, Frame::new(h, header, op_part, done));
         // The payload follows at once; it waits in the server's socket for its pulls.
-        if streamed {
+        if let Some(chunk) = chunk {
             for f in stream_frames(op, sl, len, chunk) {
                 self.queue(t, f);
             }
@@ -1589,10 +1609,7 @@ impl State {
             return Err(Error::misuse("pull overlaps bytes already routed or another pull"));
         }
         if len == 0 {
-            let mut c = Completion::new(op, OpKind::Pull, peer, 0);
-            c.result = Ok(0);
-            c.buf = OpBuf::Recv(buf);
-            self.done.push(c);
+            self.done_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Ok(0));
             return Ok(());
         }
         let waiting_here = s.stalled.is_some() && offset <= s.routed && s.routed < end;
@@ -1823,11 +1840,7 @@ impl State {
     /// Requests posted while their connection was still being set up were queued before we knew
     /// whether the server reads streams: now that it says it does, their payloads stream too.
     fn stream_queued_requests(&mut self, t: Token, peer: PeerId) {
-        let Some(p) = self.peers.get(peer.0 as usize) else { return };
-        if !(self.s.cfg.stream_requests && p.streams) {
-            return;
-        }
-        let chunk = (p.max_message.min(STREAM_CHUNK as u64) as usize).max(1);
+        let Some(chunk) = self.peers.get(peer.0 as usize).and_then(|p| self.stream_chunk(p)) else { return };
         let State { conns, ops, .. } = self;
         let Some(c) = conns.get_mut(&t) else { return };
         if !c.tx.iter().any(|f| f.hdr[3] == Kind::Request as u8) {

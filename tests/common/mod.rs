@@ -115,3 +115,17 @@ pub fn raw_hello(sock: &mut std::net::TcpStream) {
     sock.read_exact(&mut ready).unwrap();
     assert_eq!(Header::decode(&ready).unwrap().kind, Kind::Ready);
 }
+
+/// Reads from a raw connection until the server closes it (EOF or reset); panics, naming
+/// `what`, if it still sends after the test's patience (`patience`) ran out.
+pub fn read_until_closed(sock: &mut std::net::TcpStream, patience: std::time::Duration, what: &str) {
+    use std::io::Read;
+    let mut sink = [0u8; 64];
+    let start = std::time::Instant::now();
+    loop {
+        match sock.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => assert!(start.elapsed() < patience, "{what}: the server kept the connection"),
+        }
+    }
+}
