@@ -289,7 +289,7 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
     let total = started.elapsed().as_secs_f64();
     let mut summary = format!(
         "### Summary\n\n{}\n\nLoad average at the end: {}. Total {:.1} min. Command: `{command}`.\n\n\
-         Every figure is the median of {} runs with the min–max spread in brackets; ratios are of medians \
+         Every figure is the median of {} runs (an E1 cell: of its blocks, see E1) with the min–max spread in brackets; ratios are of medians \
          measured in the same run. Buffers are pre-faulted and reused; io servers keep their data under \
          `{}`; servers are child processes on loopback. Raw samples: `{}/all.csv` and one CSV per step.\n\n",
         machine.describe(),

@@ -9,12 +9,14 @@
 //! servers). A block's bandwidth is its bytes over the sum of its rounds' times, as a draw's is
 //! its bytes over its time, so cell and reference are measured over windows of the same length
 //! next to each other: every cell has its "fraction of what the transport moves" against the
-//! machine state it ran in. (Single rounds of a small cell last half a millisecond; their median
+//! machine state it ran in. The cells of one cluster take turns block by block ([`schedule`]),
+//! so a slow spell of a few seconds lands on a few blocks of several cells, which their medians
+//! discard, instead of on every block of one cell. (Single rounds of a small cell last half a millisecond; their median
 //! skips the slow rounds that a draw's mean includes, and five of them see one moment of a
 //! machine whose speed drifts by a quarter within a second.)
 
 use super::reference::{PairedReference, Placement, Waits};
-use super::util::{mbs, parallel, pattern, prefaulted};
+use super::util::{Gate, mbs, parallel, pattern, prefaulted};
 use super::{Ctx, Report, image};
 use anyhow::{Context, Result, bail};
 use benchkit::plot::{LineChart, Scale, Series};
@@ -33,6 +35,8 @@ const EXP: &str = "e1";
 const REF_EXP: &str = "e1-ref";
 /// The target: every cell at least this fraction of its reference.
 pub const TARGET: f64 = 0.8;
+/// Blocks per cell unless `--blocks` or a larger `--runs` says otherwise.
+pub const DEFAULT_BLOCKS: usize = 15;
 
 /// E1 options.
 #[derive(Args, Debug, Clone)]
@@ -49,6 +53,12 @@ pub struct E1Args {
     /// Stripe size in bytes (default: the file system's, 64 KiB; paper 003 used 16 KiB).
     #[arg(long)]
     pub stripe_size: Option<u64>,
+    /// Blocks per cell (default: 15, or `--runs` if more; `--runs` in a smoke check). A block's
+    /// figure scatters by about 0.1 (log scale) here, so a cell's median over 5 blocks against
+    /// the median of 6 draws still moved by about 0.09 from grid to grid, and one cell in a
+    /// 32-cell grid fell below the target in about half the grids; over 15 that fell to 0.03.
+    #[arg(long)]
+    pub blocks: Option<usize>,
     /// Skip the ionet-perf reference drawn beside every cell.
     #[arg(long)]
     pub no_reference: bool,
@@ -98,8 +108,6 @@ struct ClientRuns {
     blocks: Vec<Vec<(f64, f64)>>,
     /// Rounds of every kind, timed or not (each writes and reads the client's region once).
     rounds: u64,
-    /// Client 0's reference draws, MB/s.
-    draws: Vec<f64>,
 }
 
 /// The CPUs of pinned runs: clients, servers (ionet-perf's own split).
@@ -142,117 +150,124 @@ pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
                     o.meta_args.extend(cpu);
                 }
             })?;
-            for &c in &clients {
-                let at = CellAt { cluster: &cluster, scheme, n, c, pin };
-                cell(ctx, at, a, reference.as_ref(), &mut s)
-                    .with_context(|| format!("E1 over {scheme}://, {n} io servers, {c} clients"))?;
-            }
+            let at = ClusterAt { cluster: &cluster, scheme, n, pin };
+            cluster_cells(ctx, at, &clients, a, reference.as_ref(), &mut s)
+                .with_context(|| format!("E1 over {scheme}://, {n} io servers"))?;
             cluster.stop();
         }
     }
     render(&s, &ctx.link_prefix, a.mib_per_server)
 }
 
-/// One cell of the grid: `c` clients of a cluster of `n` io servers on `scheme`.
+/// The cells of one cluster: `clients[k]` clients each, on a cluster of `n` io servers.
 #[derive(Clone, Copy)]
-struct CellAt<'a> {
+struct ClusterAt<'a> {
     cluster: &'a stripefs::cluster::LocalCluster,
     scheme: Scheme,
     n: u32,
-    c: u32,
     /// Client threads on [`CLIENT_CPU`] (the servers were started on [`SERVER_CPU`]).
     pin: bool,
 }
 
-fn cell(
+/// One step of a cluster's schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// A reference draw beside a cell (an index into the cluster's cells).
+    Draw { beside: usize },
+    /// The next block of a cell.
+    Block { cell: usize },
+}
+
+/// The order in which a cluster's cells run their blocks: pass `b` runs block `b` of every
+/// cell, so a cell's blocks are spread over the whole cluster's run instead of back to back.
+/// This machine has slow spells of a few seconds in which many busy processes (a cell's
+/// clients and io servers) lose more than the two of a reference draw; with a cell's blocks
+/// back to back, one spell could take all of them, while spread out it takes a few, which the
+/// median over the blocks discards. A draw beside the cell runs right before every block and
+/// right after its last one.
+fn schedule(cells: usize, blocks: usize) -> Vec<Step> {
+    let mut steps = Vec::new();
+    for block in 0..blocks {
+        for cell in 0..cells {
+            steps.push(Step::Draw { beside: cell });
+            steps.push(Step::Block { cell });
+            if block + 1 == blocks {
+                steps.push(Step::Draw { beside: cell });
+            }
+        }
+    }
+    steps
+}
+
+/// Blocks per cell: `--blocks`, else [`DEFAULT_BLOCKS`] (or `--runs` if more; `--runs` alone
+/// in a smoke check).
+fn blocks_per_cell(ctx: &Ctx, a: &E1Args) -> usize {
+    a.blocks.unwrap_or(if ctx.c.quick { ctx.c.runs() } else { ctx.c.runs().max(DEFAULT_BLOCKS) }).max(1)
+}
+
+/// Runs every cell of one cluster, their blocks interleaved as [`schedule`] orders them. Each
+/// cell's clients are threads that stay connected for the whole cluster and run a block when
+/// this thread, which also draws the reference, releases them.
+fn cluster_cells(
     ctx: &Ctx,
-    at: CellAt<'_>,
+    at: ClusterAt<'_>,
+    clients: &[u32],
     a: &E1Args,
     reference: Option<&Mutex<PairedReference>>,
     s: &mut Samples,
 ) -> Result<()> {
-    let CellAt { cluster, scheme, n, c, pin } = at;
+    let ClusterAt { cluster, scheme, n, pin } = at;
     let region = (a.mib_per_server * u64::from(n)) << 20;
     let ib = a.cache_registrations.then(|| stripefs::client::default_ib_config().cache_foreign(true));
     let opts = ClientOptions { wait_mode: a.wait, ib, ..ClientOptions::default() };
     let setup = ctx.client(cluster, opts.clone())?;
-    let name = format!("/e1-{n}-{c}");
+    let name = |c: u32| format!("/e1-{n}-{c}");
     let spec = LayoutSpec { base: Some(0), pcount: Some(n), ssize: None };
-    drop(setup.create(&name, CreateOptions { mode: 0o644, layout: Some(spec) })?);
-    let blocks = ctx.c.runs();
+    for &c in clients {
+        drop(setup.create(&name(c), CreateOptions { mode: 0o644, layout: Some(spec) })?);
+    }
+    let blocks = blocks_per_cell(ctx, a);
     // A smoke check (--quick) needs only that the blocks work.
     let block = Duration::from_millis(if ctx.c.quick { a.block_ms.min(20) } else { a.block_ms }.max(1));
     let warm = block / 10;
     let before = path_totals(&setup)?;
-    // Client 0 decides what each client's next round is and says so before the gate that ends
-    // the round; every client reads it after that gate.
-    let next = AtomicU8::new(ROUND_WARM);
-    let per_client = parallel(c as usize, ctx.step_timeout(), |i, gate| -> Result<ClientRuns> {
-        if pin {
-            crate::cli::pin_to_cpus(&[CLIENT_CPU])?;
+    // Per cell: a gate its clients and this thread pass to start a block and to end it.
+    let control: Vec<Gate> = clients.iter().map(|&c| Gate::new(c as usize + 1, ctx.step_timeout())).collect();
+    let mut draws: Vec<Vec<f64>> = vec![Vec::new(); clients.len()];
+    let (cells, ran) = std::thread::scope(|sc| {
+        let groups: Vec<_> = clients
+            .iter()
+            .zip(&control)
+            .map(|(&c, control)| {
+                let (opts, name) = (opts.clone(), name(c));
+                sc.spawn(move || {
+                    cell_clients(ctx, cluster, c, &opts, &name, region, blocks, (block, warm), pin, control)
+                })
+            })
+            .collect();
+        let ran = run_schedule(&schedule(clients.len(), blocks), &control, reference, &mut draws);
+        if ran.is_err() {
+            for g in &control {
+                g.abort("the E1 schedule stopped");
+            }
         }
-        let client = ctx.client(cluster, opts.clone())?;
-        let f = client.open(&name, Rights::READ_WRITE)?;
-        let data = pattern(region as usize, 0xe1 + i as u64);
-        let mut buf = prefaulted(region as usize);
-        let off = u64::from(i as u32) * region;
-        let mut out = ClientRuns::default();
-        for b in 0..=blocks {
-            // A draw before every block and one after the last (the others wait at the gate).
-            if let (0, Some(rf)) = (i, reference) {
-                out.draws.push(rf.lock().unwrap_or_else(|p| p.into_inner()).draw()?);
-            }
-            if b == blocks {
-                break;
-            }
-            // Untimed rounds first: the draw left the servers idle (and, the first time, the
-            // servers' first write of a region allocates its pages).
-            let mut round = ROUND_WARM;
-            let (mut warmed, mut timed) = (Duration::ZERO, Duration::ZERO);
-            let mut times = Vec::new();
-            while round != ROUND_END {
-                // Timed from the gate's release, not from when this thread got the CPU.
-                let t = gate.wait()?;
-                f.write_at(off, &data)?;
-                let tw = t.elapsed();
-                let t = gate.wait()?;
-                let (back, got) = f.read_at(off, buf)?;
-                let tr = t.elapsed();
-                buf = back;
-                if i == 0 {
-                    let spent = if round == ROUND_WARM { &mut warmed } else { &mut timed };
-                    *spent += tw + tr;
-                    let after = match round {
-                        ROUND_WARM if warmed < warm => ROUND_WARM,
-                        _ if timed < block => ROUND_TIMED,
-                        _ => ROUND_END,
-                    };
-                    next.store(after, Ordering::SeqCst);
-                }
-                // Check the bytes once every client has read: a check run while the others
-                // still read takes their CPU (an 8 MiB compare is about a millisecond here)
-                // and stretches the slowest client's time, which is what E1 measures.
-                gate.wait()?;
-                if got != region as usize || buf[..] != data[..] {
-                    bail!("client {i} read back different data");
-                }
-                if round == ROUND_TIMED {
-                    times.push((tw.as_secs_f64(), tr.as_secs_f64()));
-                }
-                out.rounds += 1;
-                round = next.load(Ordering::SeqCst);
-            }
-            out.blocks.push(times);
-        }
-        // Cached registrations must not outlive the memory they cover.
-        client.endpoint().invalidate_registrations(&data);
-        client.endpoint().invalidate_registrations(&buf);
-        Ok(out)
-    })?;
+        let cells: Vec<Result<Vec<ClientRuns>>> = groups
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a cell's thread panicked"))))
+            .collect();
+        (cells, ran)
+    });
+    // A client's own failure explains more than the schedule's "another client failed".
+    let cells = cells.into_iter().collect::<Result<Vec<_>>>()?;
+    ran?;
     // The figures are for io servers that move data straight to and from their mapped objects:
     // a silent fallback to the copying path would make them describe something else.
     let (mapped, copied) = path_totals(&setup)?;
-    let moved = 2 * per_client[0].rounds * region * u64::from(c);
+    let moved: u64 = clients
+        .iter()
+        .zip(&cells)
+        .map(|(&c, per_client)| 2 * per_client[0].rounds * region * u64::from(c))
+        .sum();
     if copied != before.1 || mapped - before.0 != moved {
         bail!(
             "io servers moved {} B on the mapped path and {} B by copying, expected {moved} B mapped",
@@ -260,40 +275,155 @@ fn cell(
             copied - before.1
         );
     }
-    let total = region * u64::from(c);
     let t = scheme.as_str();
     let server_wait = a.waits().server;
     let note = format!(
-        "region_bytes={region} block_ms={}{}{}{}",
+        "region_bytes={region} block_ms={} interleaved{}{}{}",
         block.as_millis(),
         if a.cache_registrations { " cached_registrations" } else { "" },
         if pin { " pinned" } else { "" },
         if server_wait != a.wait { format!(" server_wait={}", server_wait.name()) } else { String::new() }
     );
-    for b in 0..blocks {
-        let rounds: Vec<&[(f64, f64)]> = per_client.iter().map(|p| p.blocks[b].as_slice()).collect();
-        let (w, r) = block_bandwidth(&rounds, total).with_context(|| format!("block {b}"))?;
-        let sample = |op: &str, v: f64| {
-            Sample::new(EXP, t, &format!("{op} N={n}"), f64::from(c))
-                .metric("bandwidth", "MB/s")
-                .run(b as u32, v)
-                .wait(a.wait.name())
-                .note(note.clone())
-        };
-        s.push(sample("write", w));
-        s.push(sample("read", r));
+    for ((&c, per_client), draws) in clients.iter().zip(&cells).zip(&draws) {
+        let total = region * u64::from(c);
+        for b in 0..blocks {
+            let rounds: Vec<&[(f64, f64)]> = per_client.iter().map(|p| p.blocks[b].as_slice()).collect();
+            let (w, r) = block_bandwidth(&rounds, total)
+                .with_context(|| format!("{n} io servers, {c} clients, block {b}"))?;
+            let sample = |op: &str, v: f64| {
+                Sample::new(EXP, t, &format!("{op} N={n}"), f64::from(c))
+                    .metric("bandwidth", "MB/s")
+                    .run(b as u32, v)
+                    .wait(a.wait.name())
+                    .note(note.clone())
+            };
+            s.push(sample("write", w));
+            s.push(sample("read", r));
+        }
+        for (r, &v) in draws.iter().enumerate() {
+            s.push(
+                Sample::new(REF_EXP, t, &ref_series(n), f64::from(c))
+                    .metric("bandwidth", "MB/s")
+                    .run(r as u32, v)
+                    .wait(a.wait.name())
+                    .note(note.clone()),
+            );
+        }
     }
-    for (r, &v) in per_client[0].draws.iter().enumerate() {
-        s.push(
-            Sample::new(REF_EXP, t, &ref_series(n), f64::from(c))
-                .metric("bandwidth", "MB/s")
-                .run(r as u32, v)
-                .wait(a.wait.name())
-                .note(note.clone()),
-        );
+    for &c in clients {
+        setup.unlink(&name(c))?;
     }
-    setup.unlink(&name)?;
     Ok(())
+}
+
+/// Walks the schedule: draws the reference (when there is one) into `draws` of the cells beside
+/// it, and lets a cell's clients through their control gate to run a block, then waits at it
+/// for the block's end.
+fn run_schedule(
+    steps: &[Step],
+    control: &[Gate],
+    reference: Option<&Mutex<PairedReference>>,
+    draws: &mut [Vec<f64>],
+) -> Result<()> {
+    for &step in steps {
+        match step {
+            Step::Draw { beside } => {
+                if let Some(rf) = reference {
+                    draws[beside].push(rf.lock().unwrap_or_else(|p| p.into_inner()).draw()?);
+                }
+            }
+            Step::Block { cell } => {
+                control[cell].wait().context("starting a block")?;
+                control[cell].wait().context("ending a block")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `c` client threads of one cell: each connects, then runs `blocks` blocks, each when the
+/// control gate lets it (warm-up rounds for `timing.1`, then timed rounds for `timing.0`).
+#[allow(clippy::too_many_arguments)]
+fn cell_clients(
+    ctx: &Ctx,
+    cluster: &stripefs::cluster::LocalCluster,
+    c: u32,
+    opts: &ClientOptions,
+    name: &str,
+    region: u64,
+    blocks: usize,
+    (block, warm): (Duration, Duration),
+    pin: bool,
+    control: &Gate,
+) -> Result<Vec<ClientRuns>> {
+    // Client 0 decides what each client's next round is and says so before the gate that ends
+    // the round; every client reads it after that gate.
+    let next = AtomicU8::new(ROUND_WARM);
+    parallel(c as usize, ctx.step_timeout(), |i, gate| -> Result<ClientRuns> {
+        let r = (|| {
+            if pin {
+                crate::cli::pin_to_cpus(&[CLIENT_CPU])?;
+            }
+            let client = ctx.client(cluster, opts.clone())?;
+            let f = client.open(name, Rights::READ_WRITE)?;
+            let data = pattern(region as usize, 0xe1 + i as u64);
+            let mut buf = prefaulted(region as usize);
+            let off = u64::from(i as u32) * region;
+            let mut out = ClientRuns::default();
+            for _ in 0..blocks {
+                control.wait()?;
+                // Untimed rounds first: the others' blocks and the draw left the servers idle
+                // (and, the first time, the servers' first write of a region allocates its
+                // pages).
+                let mut round = ROUND_WARM;
+                let (mut warmed, mut timed) = (Duration::ZERO, Duration::ZERO);
+                let mut times = Vec::new();
+                while round != ROUND_END {
+                    // Timed from the gate's release, not from when this thread got the CPU.
+                    let t = gate.wait()?;
+                    f.write_at(off, &data)?;
+                    let tw = t.elapsed();
+                    let t = gate.wait()?;
+                    let (back, got) = f.read_at(off, buf)?;
+                    let tr = t.elapsed();
+                    buf = back;
+                    if i == 0 {
+                        let spent = if round == ROUND_WARM { &mut warmed } else { &mut timed };
+                        *spent += tw + tr;
+                        let after = match round {
+                            ROUND_WARM if warmed < warm => ROUND_WARM,
+                            _ if timed < block => ROUND_TIMED,
+                            _ => ROUND_END,
+                        };
+                        next.store(after, Ordering::SeqCst);
+                    }
+                    // Check the bytes once every client has read: a check run while the others
+                    // still read takes their CPU (an 8 MiB compare is about a millisecond here)
+                    // and stretches the slowest client's time, which is what E1 measures.
+                    gate.wait()?;
+                    if got != region as usize || buf[..] != data[..] {
+                        bail!("client {i} read back different data");
+                    }
+                    if round == ROUND_TIMED {
+                        times.push((tw.as_secs_f64(), tr.as_secs_f64()));
+                    }
+                    out.rounds += 1;
+                    round = next.load(Ordering::SeqCst);
+                }
+                out.blocks.push(times);
+                control.wait()?;
+            }
+            // Cached registrations must not outlive the memory they cover.
+            client.endpoint().invalidate_registrations(&data);
+            client.endpoint().invalidate_registrations(&buf);
+            Ok(out)
+        })();
+        if let Err(e) = &r {
+            // The scheduling thread waits at this gate: let it know rather than time out.
+            control.abort(&format!("client {i}: {e:#}"));
+        }
+        r
+    })
 }
 
 /// A block's (write, read) bandwidth in MB/s: `bytes` per round over the sum of its rounds'
@@ -419,12 +549,19 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
         .iter()
         .find_map(|r| r.note.split(' ').find_map(|w| w.strip_prefix("block_ms=")).map(str::to_string))
         .map_or(String::new(), |ms| format!(" of at least {ms} ms of timed calls"));
+    let blocks = e.rows().iter().map(|r| r.run + 1).max().unwrap_or(0);
+    let interleaved = if e.rows().iter().any(|r| r.note.split(' ').any(|w| w == "interleaved")) {
+        " The cells of one cluster take turns, one block each (the first block of every cell, then the second, …), \
+         so a slow spell of the machine takes a few blocks of several cells rather than every block of one."
+    } else {
+        ""
+    };
     let mut md = format!(
         "Each client writes, then reads back, one contiguous {mib_per_server}N MiB region (N = io servers) of one \
          shared file striped over the N servers (64 KiB stripes unless stated); a round's time is the slowest client's \
-         from the clients' common start. A cell runs in blocks{block}: untimed rounds for a tenth of that first, then \
+         from the clients' common start. A cell runs in {blocks} blocks{block}: untimed rounds for a tenth of that first, then \
          timed rounds back to back; a block's bandwidth = its bytes / the sum of its rounds' times, MB/s = 10⁶ B/s, \
-         and the table gives the median (min–max) over the blocks. Clients: threads of the bench \
+         and the table gives the median (min–max) over the blocks.{interleaved} Clients: threads of the bench \
          process, one `Client` each, {waits} waits; io servers: child processes, {server_waits} waits, data on tmpfs, every byte moved \
          on their mapped path (checked against their counters).{cached}{placement}\n\n"
     );
@@ -577,6 +714,7 @@ mod tests {
             md.contains("over all 6 draws. Cells at ≥ 0.8× of the reference beside them: 2 of 4."),
             "{md}"
         );
+        assert!(md.contains("A cell runs in 3 blocks"), "{md}");
     }
 
     /// A block counts every round at its slowest client's time, and its bandwidth is its
@@ -593,6 +731,70 @@ mod tests {
         assert!((r - 3e6 / 1e6 / 0.006).abs() < 1e-6, "{r}");
         assert!(block_bandwidth(&[&c0, &c1[..2]], 1).is_err());
         assert!(block_bandwidth(&[&[], &[]], 1).is_err());
+    }
+
+    /// Every cell gets `blocks` blocks, each right after a draw, and its blocks are spread out:
+    /// between two blocks of a cell every other cell runs one. Each cell is beside the draws
+    /// before its blocks and the one right after its last: `blocks + 1` draws.
+    #[test]
+    fn a_clusters_cells_take_turns_block_by_block() {
+        let (cells, blocks) = (4, 3);
+        let steps = schedule(cells, blocks);
+        let order: Vec<usize> = steps
+            .iter()
+            .filter_map(|s| if let Step::Block { cell } = s { Some(*cell) } else { None })
+            .collect();
+        assert_eq!(order, [0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3]);
+        for (i, s) in steps.iter().enumerate() {
+            if let Step::Block { cell } = s {
+                assert_eq!(steps[i - 1], Step::Draw { beside: *cell }, "step {i}: no draw right before");
+            }
+        }
+        let mut beside = vec![0; cells];
+        for s in &steps {
+            if let Step::Draw { beside: k } = s {
+                beside[*k] += 1;
+            }
+        }
+        assert_eq!(beside, vec![blocks + 1; cells]);
+        // The draw after a cell's last block is beside it.
+        let last = |cell: usize| steps.iter().rposition(|s| *s == Step::Block { cell }).unwrap();
+        for cell in 0..cells {
+            assert_eq!(steps[last(cell) + 1], Step::Draw { beside: cell });
+        }
+        assert!(schedule(0, 3).is_empty() && schedule(2, 0).is_empty());
+        assert_eq!(schedule(1, 2).len(), 5, "draw, block, draw, block, draw");
+    }
+
+    /// The schedule lets a cell's clients run a block and goes on only once they end it.
+    #[test]
+    fn the_schedule_waits_for_each_block_to_end_before_the_next_step() {
+        let control = [Gate::new(2, Duration::from_secs(5))];
+        let ends = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|sc| {
+            let client = sc.spawn(|| {
+                for _ in 0..2 {
+                    control[0].wait().unwrap();
+                    std::thread::sleep(Duration::from_millis(20));
+                    ends.fetch_add(1, Ordering::SeqCst);
+                    control[0].wait().unwrap();
+                }
+            });
+            let mut draws = vec![Vec::new()];
+            run_schedule(&schedule(1, 2), &control, None, &mut draws).unwrap();
+            // Both blocks ended before the schedule returned.
+            assert_eq!(ends.load(Ordering::SeqCst), 2);
+            assert!(draws[0].is_empty(), "no reference, no draws");
+            client.join().unwrap();
+        });
+    }
+
+    #[test]
+    fn a_cell_whose_clients_failed_stops_the_schedule() {
+        let control = [Gate::new(2, Duration::from_secs(30))];
+        control[0].abort("client 0: connection refused");
+        let err = run_schedule(&schedule(1, 2), &control, None, &mut [Vec::new()]).unwrap_err();
+        assert!(format!("{err:#}").contains("connection refused"), "{err:#}");
     }
 
     #[test]
@@ -623,5 +825,7 @@ mod tests {
         };
         assert!(cell("region_bytes=2097152 pinned").contains("Pinned, as two nodes"));
         assert!(cell("region_bytes=2097152").contains("No CPU pinning"));
+        assert!(cell("region_bytes=2097152 interleaved pinned").contains("take turns, one block each"));
+        assert!(!cell("region_bytes=2097152 pinned").contains("take turns"));
     }
 }
