@@ -23,7 +23,6 @@ use benchkit::plot::{LineChart, Scale, Series};
 use benchkit::{Sample, Samples, Summary, Table};
 use clap::Args;
 use ionet::{Scheme, WaitMode};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 use stripefs::capability::Rights;
@@ -130,14 +129,14 @@ pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
     let place =
         if pin { Placement::Pinned { client: CLIENT_CPU, server: SERVER_CPU } } else { Placement::Unpinned };
     for &scheme in &ctx.c.transports {
-        let reference = if a.no_reference {
+        let mut reference = if a.no_reference {
             None
         } else {
             eprintln!("e1 {scheme}: starting the ionet-perf reference");
             let r =
                 PairedReference::start(&ctx.c.ionet_perf()?, scheme, place, a.waits(), ctx.step_timeout())
                     .with_context(|| format!("the ionet-perf reference on {scheme}://"))?;
-            Some(Mutex::new(r))
+            Some(r)
         };
         for &n in &io {
             eprintln!("e1 {scheme}: {n} io servers");
@@ -151,7 +150,7 @@ pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
                 }
             })?;
             let at = ClusterAt { cluster: &cluster, scheme, n, pin };
-            cluster_cells(ctx, at, &clients, a, reference.as_ref(), &mut s)
+            cluster_cells(ctx, at, &clients, a, reference.as_mut(), &mut s)
                 .with_context(|| format!("E1 over {scheme}://, {n} io servers"))?;
             cluster.stop();
         }
@@ -213,7 +212,7 @@ fn cluster_cells(
     at: ClusterAt<'_>,
     clients: &[u32],
     a: &E1Args,
-    reference: Option<&Mutex<PairedReference>>,
+    reference: Option<&mut PairedReference>,
     s: &mut Samples,
 ) -> Result<()> {
     let ClusterAt { cluster, scheme, n, pin } = at;
@@ -229,7 +228,7 @@ fn cluster_cells(
     let blocks = blocks_per_cell(ctx, a);
     // A smoke check (--quick) needs only that the blocks work.
     let block = Duration::from_millis(if ctx.c.quick { a.block_ms.min(20) } else { a.block_ms }.max(1));
-    let warm = block / 10;
+    let plan = BlockPlan { ctx, cluster, opts, region, blocks, block, warm: block / 10, pin };
     let before = path_totals(&setup)?;
     // Per cell: a gate its clients and this thread pass to start a block and to end it.
     let control: Vec<Gate> = clients.iter().map(|&c| Gate::new(c as usize + 1, ctx.step_timeout())).collect();
@@ -239,10 +238,8 @@ fn cluster_cells(
             .iter()
             .zip(&control)
             .map(|(&c, control)| {
-                let (opts, name) = (opts.clone(), name(c));
-                sc.spawn(move || {
-                    cell_clients(ctx, cluster, c, &opts, &name, region, blocks, (block, warm), pin, control)
-                })
+                let (plan, name) = (&plan, name(c));
+                sc.spawn(move || plan.cell_clients(c, &name, control))
             })
             .collect();
         let ran = run_schedule(&schedule(clients.len(), blocks), &control, reference, &mut draws);
@@ -322,14 +319,14 @@ fn cluster_cells(
 fn run_schedule(
     steps: &[Step],
     control: &[Gate],
-    reference: Option<&Mutex<PairedReference>>,
+    mut reference: Option<&mut PairedReference>,
     draws: &mut [Vec<f64>],
 ) -> Result<()> {
     for &step in steps {
         match step {
             Step::Draw { beside } => {
-                if let Some(rf) = reference {
-                    draws[beside].push(rf.lock().unwrap_or_else(|p| p.into_inner()).draw()?);
+                if let Some(rf) = reference.as_deref_mut() {
+                    draws[beside].push(rf.draw()?);
                 }
             }
             Step::Block { cell } => {
@@ -341,89 +338,96 @@ fn run_schedule(
     Ok(())
 }
 
-/// The `c` client threads of one cell: each connects, then runs `blocks` blocks, each when the
-/// control gate lets it (warm-up rounds for `timing.1`, then timed rounds for `timing.0`).
-#[allow(clippy::too_many_arguments)]
-fn cell_clients(
-    ctx: &Ctx,
-    cluster: &stripefs::cluster::LocalCluster,
-    c: u32,
-    opts: &ClientOptions,
-    name: &str,
+/// What every cell of a cluster runs: its clients' options and region, and its blocks.
+struct BlockPlan<'a> {
+    ctx: &'a Ctx,
+    cluster: &'a stripefs::cluster::LocalCluster,
+    opts: ClientOptions,
+    /// Bytes each client writes and reads back per round.
     region: u64,
     blocks: usize,
-    (block, warm): (Duration, Duration),
+    /// Timed calls per block (a client's time).
+    block: Duration,
+    /// Untimed calls before a block's timed ones.
+    warm: Duration,
+    /// Client threads on [`CLIENT_CPU`].
     pin: bool,
-    control: &Gate,
-) -> Result<Vec<ClientRuns>> {
-    // Client 0 decides what each client's next round is and says so before the gate that ends
-    // the round; every client reads it after that gate.
-    let next = AtomicU8::new(ROUND_WARM);
-    parallel(c as usize, ctx.step_timeout(), |i, gate| -> Result<ClientRuns> {
-        let r = (|| {
-            if pin {
-                crate::cli::pin_to_cpus(&[CLIENT_CPU])?;
-            }
-            let client = ctx.client(cluster, opts.clone())?;
-            let f = client.open(name, Rights::READ_WRITE)?;
-            let data = pattern(region as usize, 0xe1 + i as u64);
-            let mut buf = prefaulted(region as usize);
-            let off = u64::from(i as u32) * region;
-            let mut out = ClientRuns::default();
-            for _ in 0..blocks {
-                control.wait()?;
-                // Untimed rounds first: the others' blocks and the draw left the servers idle
-                // (and, the first time, the servers' first write of a region allocates its
-                // pages).
-                let mut round = ROUND_WARM;
-                let (mut warmed, mut timed) = (Duration::ZERO, Duration::ZERO);
-                let mut times = Vec::new();
-                while round != ROUND_END {
-                    // Timed from the gate's release, not from when this thread got the CPU.
-                    let t = gate.wait()?;
-                    f.write_at(off, &data)?;
-                    let tw = t.elapsed();
-                    let t = gate.wait()?;
-                    let (back, got) = f.read_at(off, buf)?;
-                    let tr = t.elapsed();
-                    buf = back;
-                    if i == 0 {
-                        let spent = if round == ROUND_WARM { &mut warmed } else { &mut timed };
-                        *spent += tw + tr;
-                        let after = match round {
-                            ROUND_WARM if warmed < warm => ROUND_WARM,
-                            _ if timed < block => ROUND_TIMED,
-                            _ => ROUND_END,
-                        };
-                        next.store(after, Ordering::SeqCst);
-                    }
-                    // Check the bytes once every client has read: a check run while the others
-                    // still read takes their CPU (an 8 MiB compare is about a millisecond here)
-                    // and stretches the slowest client's time, which is what E1 measures.
-                    gate.wait()?;
-                    if got != region as usize || buf[..] != data[..] {
-                        bail!("client {i} read back different data");
-                    }
-                    if round == ROUND_TIMED {
-                        times.push((tw.as_secs_f64(), tr.as_secs_f64()));
-                    }
-                    out.rounds += 1;
-                    round = next.load(Ordering::SeqCst);
+}
+
+impl BlockPlan<'_> {
+    /// The `c` client threads of one cell, on the file `name`: each connects, then runs the
+    /// plan's blocks, each when the control gate lets it.
+    fn cell_clients(&self, c: u32, name: &str, control: &Gate) -> Result<Vec<ClientRuns>> {
+        let BlockPlan { ctx, cluster, ref opts, region, blocks, block, warm, pin } = *self;
+        // Client 0 decides what each client's next round is and says so before the gate that ends
+        // the round; every client reads it after that gate.
+        let next = AtomicU8::new(ROUND_WARM);
+        parallel(c as usize, ctx.step_timeout(), |i, gate| -> Result<ClientRuns> {
+            let r = (|| {
+                if pin {
+                    crate::cli::pin_to_cpus(&[CLIENT_CPU])?;
                 }
-                out.blocks.push(times);
-                control.wait()?;
+                let client = ctx.client(cluster, opts.clone())?;
+                let f = client.open(name, Rights::READ_WRITE)?;
+                let data = pattern(region as usize, 0xe1 + i as u64);
+                let mut buf = prefaulted(region as usize);
+                let off = u64::from(i as u32) * region;
+                let mut out = ClientRuns::default();
+                for _ in 0..blocks {
+                    control.wait()?;
+                    // Untimed rounds first: the others' blocks and the draw left the servers idle
+                    // (and, the first time, the servers' first write of a region allocates its
+                    // pages).
+                    let mut round = ROUND_WARM;
+                    let (mut warmed, mut timed) = (Duration::ZERO, Duration::ZERO);
+                    let mut times = Vec::new();
+                    while round != ROUND_END {
+                        // Timed from the gate's release, not from when this thread got the CPU.
+                        let t = gate.wait()?;
+                        f.write_at(off, &data)?;
+                        let tw = t.elapsed();
+                        let t = gate.wait()?;
+                        let (back, got) = f.read_at(off, buf)?;
+                        let tr = t.elapsed();
+                        buf = back;
+                        if i == 0 {
+                            let spent = if round == ROUND_WARM { &mut warmed } else { &mut timed };
+                            *spent += tw + tr;
+                            let after = match round {
+                                ROUND_WARM if warmed < warm => ROUND_WARM,
+                                _ if timed < block => ROUND_TIMED,
+                                _ => ROUND_END,
+                            };
+                            next.store(after, Ordering::SeqCst);
+                        }
+                        // Check the bytes once every client has read: a check run while the others
+                        // still read takes their CPU (an 8 MiB compare is about a millisecond here)
+                        // and stretches the slowest client's time, which is what E1 measures.
+                        gate.wait()?;
+                        if got != region as usize || buf[..] != data[..] {
+                            bail!("client {i} read back different data");
+                        }
+                        if round == ROUND_TIMED {
+                            times.push((tw.as_secs_f64(), tr.as_secs_f64()));
+                        }
+                        out.rounds += 1;
+                        round = next.load(Ordering::SeqCst);
+                    }
+                    out.blocks.push(times);
+                    control.wait()?;
+                }
+                // Cached registrations must not outlive the memory they cover.
+                client.endpoint().invalidate_registrations(&data);
+                client.endpoint().invalidate_registrations(&buf);
+                Ok(out)
+            })();
+            if let Err(e) = &r {
+                // The scheduling thread waits at this gate: let it know rather than time out.
+                control.abort(&format!("client {i}: {e:#}"));
             }
-            // Cached registrations must not outlive the memory they cover.
-            client.endpoint().invalidate_registrations(&data);
-            client.endpoint().invalidate_registrations(&buf);
-            Ok(out)
-        })();
-        if let Err(e) = &r {
-            // The scheduling thread waits at this gate: let it know rather than time out.
-            control.abort(&format!("client {i}: {e:#}"));
-        }
-        r
-    })
+            r
+        })
+    }
 }
 
 /// A block's (write, read) bandwidth in MB/s: `bytes` per round over the sum of its rounds'
