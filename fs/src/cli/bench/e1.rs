@@ -198,10 +198,10 @@ fn schedule(cells: usize, blocks: usize) -> Vec<Step> {
     steps
 }
 
-/// Blocks per cell: `--blocks`, else [`DEFAULT_BLOCKS`] (or `--runs` if more; `--runs` alone
-/// in a smoke check).
-fn blocks_per_cell(ctx: &Ctx, a: &E1Args) -> usize {
-    a.blocks.unwrap_or(if ctx.c.quick { ctx.c.runs() } else { ctx.c.runs().max(DEFAULT_BLOCKS) }).max(1)
+/// Blocks per cell: `--blocks` if given, else [`DEFAULT_BLOCKS`] or `--runs` if that is more;
+/// in a smoke check (`--quick`), `--runs`. At least one.
+fn blocks_per_cell(blocks: Option<usize>, runs: usize, quick: bool) -> usize {
+    blocks.unwrap_or(if quick { runs } else { runs.max(DEFAULT_BLOCKS) }).max(1)
 }
 
 /// Runs every cell of one cluster, their blocks interleaved as [`schedule`] orders them. Each
@@ -225,7 +225,7 @@ fn cluster_cells(
     for &c in clients {
         drop(setup.create(&name(c), CreateOptions { mode: 0o644, layout: Some(spec) })?);
     }
-    let blocks = blocks_per_cell(ctx, a);
+    let blocks = blocks_per_cell(a.blocks, ctx.c.runs(), ctx.c.quick);
     // A smoke check (--quick) needs only that the blocks work.
     let block = Duration::from_millis(if ctx.c.quick { a.block_ms.min(20) } else { a.block_ms }.max(1));
     let plan = BlockPlan { ctx, cluster, opts, region, blocks, block, warm: block / 10, pin };
@@ -768,6 +768,16 @@ mod tests {
         }
         assert!(schedule(0, 3).is_empty() && schedule(2, 0).is_empty());
         assert_eq!(schedule(1, 2).len(), 5, "draw, block, draw, block, draw");
+    }
+
+    #[test]
+    fn a_cell_runs_fifteen_blocks_unless_told_otherwise() {
+        assert_eq!(blocks_per_cell(None, 5, false), DEFAULT_BLOCKS);
+        assert_eq!(DEFAULT_BLOCKS, 15);
+        assert_eq!(blocks_per_cell(None, 21, false), 21, "more --runs mean more blocks");
+        assert_eq!(blocks_per_cell(Some(7), 21, false), 7, "--blocks wins");
+        assert_eq!(blocks_per_cell(None, 2, true), 2, "a smoke check runs --runs blocks");
+        assert_eq!(blocks_per_cell(Some(0), 5, false), 1);
     }
 
     /// The schedule lets a cell's clients run a block and goes on only once they end it.
