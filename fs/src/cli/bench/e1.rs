@@ -15,7 +15,7 @@
 //! skips the slow rounds that a draw's mean includes, and five of them see one moment of a
 //! machine whose speed drifts by a quarter within a second.)
 
-use super::reference::{PairedReference, Placement, Waits};
+use super::reference::{PairedReference, Placement, WINDOW, Waits};
 use super::util::{Gate, mbs, parallel, pattern, prefaulted};
 use super::{Ctx, Report, image};
 use anyhow::{Context, Result, bail};
@@ -575,7 +575,7 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
             let ratios = cell_ratios(s, t);
             let met = ratios.iter().filter(|r| r.ratio >= TARGET).count();
             md.push_str(&format!(
-                " — ionet-perf streaming bandwidth (1 MiB messages, 16 in flight, about 0.1 s, its client and server waiting as \
+                " — ionet-perf streaming bandwidth (1 MiB messages, {WINDOW} in flight, where it peaks here; about 0.1 s, its client and server waiting as \
                  the clients and io servers do), drawn before each of the cell's blocks and after the last: {} MB/s over all {} draws. Cells at ≥ {TARGET}× of the reference beside \
                  them: {met} of {}.",
                 cell_text(Some(all)),

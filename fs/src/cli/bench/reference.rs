@@ -4,8 +4,9 @@
 //! machine drifts by a quarter within seconds (a neighbour's load, the host's scheduling); a
 //! reference drawn once at the start of an experiment compares every later figure with a
 //! different machine, while draws next to a measurement see the state it saw. The draws are ionet-perf's own `bw` test (1 MiB messages,
-//! 16 in flight, Bulk service level, plain heap buffers), as `ionet-perf ab` measures it, in
-//! the experiment's wait mode.
+//! [`WINDOW`] in flight, Bulk service level, plain heap buffers) in the experiment's wait mode,
+//! so an experiment's figures read as a share of the transport's streaming peak (paper 003's
+//! "% of transport peak").
 
 use anyhow::{Context, Result, anyhow, bail};
 use ionet::{Scheme, WaitMode};
@@ -17,8 +18,12 @@ use std::time::Duration;
 
 /// Message size of every draw.
 pub const REF_SIZE: u64 = 1 << 20;
-/// Messages in flight (ionet-perf ab's window).
-const WINDOW: usize = 16;
+/// Messages in flight: where ionet-perf's streaming peaks on this machine, over tcp and softib
+/// alike (4 MiB in flight). With more the stream gets slower and its speed follows the cache:
+/// at 16 (`ionet-perf ab`'s window) its receiver cycles through 16 MiB of buffers and its
+/// sender through as much, about the 32 MiB L3 that the host shares with its other tenants, and
+/// draws ran at 3.7–4.4 GB/s in minutes when 4 in flight streamed 5.4–6.1 (BENCHMARKS.md, E1).
+pub const WINDOW: usize = 4;
 /// Messages per draw: 512 MiB, about 0.1 s at this machine's 5 GB/s.
 const ITERS: usize = 512;
 
