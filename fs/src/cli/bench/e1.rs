@@ -281,30 +281,25 @@ fn cluster_cells(
         if pin { " pinned" } else { "" },
         if server_wait != a.wait { format!(" server_wait={}", server_wait.name()) } else { String::new() }
     );
+    // Every sample of this cluster: the cell's bandwidths and its reference draws alike.
+    let sample = |exp: &str, series: &str, c: u32, run: usize, v: f64| {
+        Sample::new(exp, t, series, f64::from(c))
+            .metric("bandwidth", "MB/s")
+            .run(run as u32, v)
+            .wait(a.wait.name())
+            .note(note.clone())
+    };
     for ((&c, per_client), draws) in clients.iter().zip(&cells).zip(&draws) {
         let total = region * u64::from(c);
         for b in 0..blocks {
             let rounds: Vec<&[(f64, f64)]> = per_client.iter().map(|p| p.blocks[b].as_slice()).collect();
             let (w, r) = block_bandwidth(&rounds, total)
                 .with_context(|| format!("{n} io servers, {c} clients, block {b}"))?;
-            let sample = |op: &str, v: f64| {
-                Sample::new(EXP, t, &format!("{op} N={n}"), f64::from(c))
-                    .metric("bandwidth", "MB/s")
-                    .run(b as u32, v)
-                    .wait(a.wait.name())
-                    .note(note.clone())
-            };
-            s.push(sample("write", w));
-            s.push(sample("read", r));
+            s.push(sample(EXP, &format!("write N={n}"), c, b, w));
+            s.push(sample(EXP, &format!("read N={n}"), c, b, r));
         }
         for (r, &v) in draws.iter().enumerate() {
-            s.push(
-                Sample::new(REF_EXP, t, &ref_series(n), f64::from(c))
-                    .metric("bandwidth", "MB/s")
-                    .run(r as u32, v)
-                    .wait(a.wait.name())
-                    .note(note.clone()),
-            );
+            s.push(sample(REF_EXP, &ref_series(n), c, r, v));
         }
     }
     for &c in clients {
