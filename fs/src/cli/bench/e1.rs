@@ -714,6 +714,8 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("A cell runs in 3 blocks"), "{md}");
+        // The report names the window its draws streamed with.
+        assert!(md.contains(&format!("1 MiB messages, {WINDOW} in flight")), "{md}");
     }
 
     /// A block counts every round at its slowest client's time, and its bandwidth is its
