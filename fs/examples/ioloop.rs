@@ -11,7 +11,7 @@
 //! printed per call beside this process's own; `WAIT=block|spin` sets the client's wait mode,
 //! `REG=1` writes from a registered pool buffer, `CACHE=1` caches the
 //! read buffer's registration, `HINT=1` turns on the list allocation hint,
-//! `MAXREQ=n` caps the bytes per io-server request, `INTO=1` reads through `read_into`,
+//! `MAXREQ=n` caps the bytes per io-server request, `READREQ=n` per read request, `INTO=1` reads through `read_into`,
 //! `PAGEOFF=k` starts the read buffer k bytes past a page boundary, `MISALIGN=k` starts the
 //! read buffer k bytes past a 64-byte boundary and `DMISALIGN=k` the written data.
 
@@ -65,6 +65,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // MAXREQ=n caps the bytes per io-server request (k/m suffixes).
     if let Ok(m) = std::env::var("MAXREQ") {
         opts.max_request_bytes = Some(size(&m) as u64);
+    }
+    // READREQ=n caps the bytes per io-server read request.
+    if let Ok(m) = std::env::var("READREQ") {
+        opts.read_request_bytes = Some(size(&m) as u64);
     }
     if std::env::var_os("HINT").is_some() {
         opts.ib = Some(ionet::IbConfig::default().list_alloc_hint(true));

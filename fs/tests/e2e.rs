@@ -740,21 +740,67 @@ pub fn io_requests_count_the_data_path_they_took(scheme: &str) {
         let s1 = io_stats(&c);
         let written = (1 << 20) + 12_000 + 100_000;
         assert_eq!((s1.writes, s1.bytes_written), (3, written));
-        // Two reads: the whole file (holes and all) and one list.
+        // Reads: the whole file (holes and all), over tcp in requests of at most the client's
+        // read limit, and one list.
         let size = f.size().unwrap();
+        let whole =
+            if scheme == "tcp" { size.div_ceil(stripefs::client::DEFAULT_READ_REQUEST_BYTES) } else { 1 };
         let (back, n) = read_all(&f, 0, size as usize);
         assert_eq!((n as u64, &back[..data.len()]), (size, &data[..]));
         let got = f.read_list(&[Extent::new(0, 12_000)], &file, BytesMut::zeroed(12_000)).unwrap();
         assert_eq!(&got[..], &data[..12_000]);
         let s2 = io_stats(&c);
-        assert_eq!((s2.reads, s2.bytes_read), (2, size + 12_000));
+        assert_eq!((s2.reads, s2.bytes_read), (whole + 1, size + 12_000));
         let (took, idle) = if copy { (s2.copied, s2.mapped) } else { (s2.mapped, s2.copied) };
         let path = if copy { "copying" } else { "mapped" };
-        assert_eq!((took.writes, took.reads), (3, 2), "every request on the {path} path");
+        assert_eq!((took.writes, took.reads), (3, whole + 1), "every request on the {path} path");
         assert_eq!(took.bytes, written + size + 12_000, "{path} path bytes");
         assert_eq!(idle, Default::default(), "nothing on the other path");
         assert_eq!(s2.fallbacks, Default::default(), "no fallbacks");
     }
+}
+
+/// Over tcp a read with more for one server than the client's read limit goes as several
+/// requests (posted together, the bytes landing in order); over softib it stays one request
+/// per server, and a write of the same size is one request per server on both. An explicit
+/// read limit splits reads on either transport.
+pub fn large_reads_go_as_several_requests_over_tcp_and_writes_as_one(scheme: &str) {
+    let tc = TestCluster::start(scheme, 2);
+    let c = tc.client();
+    // Two servers, 64 KiB stripes: 5 MiB puts 2.5 MiB on each.
+    let f = c.create("/split", CreateOptions { mode: 0o644, layout: spec(2, 65536) }).unwrap();
+    let data = pattern(5 << 20, 23);
+    let count = |c: &stripefs::Client| {
+        c.server_stats().into_iter().map(|s| s.unwrap()).fold((0, 0), |a, s| (a.0 + s.writes, a.1 + s.reads))
+    };
+    let per_server = (5u64 << 20) / 2;
+    let s0 = count(&c);
+    f.write_at(0, &data).unwrap();
+    let s1 = count(&c);
+    assert_eq!(s1.0 - s0.0, 2, "one write request per server");
+    let (back, n) = read_all(&f, 0, data.len());
+    assert_eq!((n, &back[..]), (data.len(), &data[..]));
+    let s2 = count(&c);
+    let want = if scheme == "tcp" {
+        2 * per_server.div_ceil(stripefs::client::DEFAULT_READ_REQUEST_BYTES)
+    } else {
+        2
+    };
+    assert_eq!(s2.1 - s1.1, want, "read requests for 2.5 MiB per server");
+    if scheme == "tcp" {
+        assert!(want > 2, "the default limit splits this read");
+    }
+    // A limit of 512 KiB: five requests per server, the same bytes.
+    let opts = stripefs::ClientOptions {
+        timeout: Duration::from_secs(10),
+        read_request_bytes: Some(512 << 10),
+        ..Default::default()
+    };
+    let c2 = stripefs::Client::connect_with(tc.cluster.config(), opts).unwrap();
+    let f2 = c2.open("/split", Rights::READ).unwrap();
+    let (back, _) = read_all(&f2, 0, data.len());
+    assert_eq!(&back[..], &data[..]);
+    assert_eq!(count(&c).1 - s2.1, 2 * per_server.div_ceil(512 << 10), "read requests of 512 KiB");
 }
 
 /// A mapping io server copies what it cannot map, and counts why: a list write whose pieces
@@ -824,6 +870,7 @@ macro_rules! transports {
             #[test] fn a_writer_is_not_starved_by_readers_of_the_same_bytes() { super::a_writer_is_not_starved_by_readers_of_the_same_bytes(S) }
             #[test] fn io_requests_count_the_data_path_they_took() { super::io_requests_count_the_data_path_they_took(S) }
             #[test] fn mapping_io_servers_count_their_fallbacks() { super::mapping_io_servers_count_their_fallbacks(S) }
+            #[test] fn large_reads_go_as_several_requests_over_tcp_and_writes_as_one() { super::large_reads_go_as_several_requests_over_tcp_and_writes_as_one(S) }
         }
     )*};
 }

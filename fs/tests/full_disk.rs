@@ -158,7 +158,9 @@ fn objects_without_fallocate_are_written_by_copying(scheme: &str) {
     assert!(read_back(&f, 1 << 20, 2 << 20).iter().all(|&b| b == 0), "the hole reads as zeros");
     assert_eq!(read_back(&f, 3 << 20, 1000), &data[..1000]);
     let s2 = io_stats(&c);
-    assert_eq!((s2.mapped.reads, s2.copied.reads, s2.fallbacks), (3, 0, s.fallbacks));
+    // Over tcp the 2 MiB read goes as two requests (the client's 1 MiB read limit).
+    let reads = if scheme == "tcp" { 4 } else { 3 };
+    assert_eq!((s2.mapped.reads, s2.copied.reads, s2.fallbacks), (reads, 0, s.fallbacks));
 }
 
 macro_rules! transports {

@@ -92,12 +92,14 @@ pub fn run(ctx: &Ctx, a: &E5Args) -> Result<Report> {
         let setup = ctx.client(&cluster, ClientOptions::default())?;
         let spec = LayoutSpec { base: Some(0), pcount: Some(4), ssize: None };
         let layout = setup.create("/e5", CreateOptions { mode: 0o644, layout: Some(spec) })?.layout();
+        // Reads and writes alike: `rows_per_request` rows per request.
         let opts_for = |hints: bool| ClientOptions {
             max_request_bytes: Some(a.rows_per_request * t.row_bytes()),
+            read_request_bytes: Some(a.rows_per_request * t.row_bytes()),
             ib: Some(IbConfig::default().list_alloc_hint(hints)),
             ..Default::default()
         };
-        let max_req = tiles::max_request(&setup, &opts_for(false));
+        let max_req = tiles::request_limits(&setup, &opts_for(false)).max;
         let requests: u64 = (0..4)
             .map(|k| {
                 let rows = t.extents(k);

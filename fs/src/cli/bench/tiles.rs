@@ -12,6 +12,7 @@ use benchkit::{Sample, Samples, Summary, Table, units};
 use bytes::BytesMut;
 use clap::Args;
 use stripefs::capability::Rights;
+use stripefs::client::RequestLimits;
 use stripefs::layout::{Extent, Layout, ListIo, ServerPieces};
 use stripefs::proto::{self, LayoutSpec};
 use stripefs::{Client, ClientOptions, CreateOptions};
@@ -83,10 +84,10 @@ impl TileArgs {
     }
 }
 
-/// The largest request payload a client with `opts` sends (as the client computes it).
-pub fn max_request(client: &Client, opts: &ClientOptions) -> u64 {
-    let max_msg = client.endpoint().info().max_message as u64;
-    opts.max_request_bytes.unwrap_or(max_msg).min(max_msg).clamp(1, proto::MAX_IO_BYTES)
+/// The largest request payloads a client with `opts` sends (as the client computes them).
+pub fn request_limits(client: &Client, opts: &ClientOptions) -> RequestLimits {
+    let info = client.endpoint().info();
+    opts.request_limits(info.scheme, info.max_message as u64)
 }
 
 /// Requests a plan turns into (the client splits a server's share at the wire limits).
@@ -147,7 +148,7 @@ pub fn run_e4(ctx: &Ctx, a: &TileArgs) -> Result<Report> {
         let setup = ctx.client(&cluster, ClientOptions::default())?;
         let spec = LayoutSpec { base: Some(0), pcount: Some(4), ssize: None };
         let layout = setup.create("/e4", CreateOptions { mode: 0o644, layout: Some(spec) })?.layout();
-        let max_req = max_request(&setup, &ClientOptions::default());
+        let limits = request_limits(&setup, &ClientOptions::default());
         for list in [true, false] {
             eprintln!("e4 {scheme}: {}", if list { "list I/O" } else { "one call per tile row" });
             let (w0, r0) = server_counts(&setup)?;
@@ -206,12 +207,13 @@ pub fn run_e4(ctx: &Ctx, a: &TileArgs) -> Result<Report> {
             .with_context(|| format!("E4 over {scheme}://"))?;
             let (w1, r1) = server_counts(&setup)?;
             let per_round = |d: u64| d as f64 / rounds as f64;
-            let want = expected_requests(&t, &layout, max_req, list)? as f64;
+            let want_w = expected_requests(&t, &layout, limits.max, list)? as f64;
+            let want_r = expected_requests(&t, &layout, limits.read, list)? as f64;
             let (wr, rr) = (per_round(w1 - w0), per_round(r1 - r0));
-            if wr != want || rr != want {
+            if wr != want_w || rr != want_r {
                 bail!(
                     "E4 over {scheme}://: io servers counted {wr} write and {rr} read requests per pass, the layout \
-                     says {want}"
+                     says {want_w} and {want_r}"
                 );
             }
             let total = t.array_bytes();
