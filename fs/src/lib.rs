@@ -19,7 +19,8 @@
 //! * [`server::meta::MetaServer`] and [`server::io::IoServer`]: worker pools over a bound
 //!   endpoint (see [`server`]); [`net`] has the tags, endpoint configuration and [`FsError`].
 //! * [`client::Client`] / [`client::File`]: the client library — namespace calls to the meta
-//!   server, data straight to the io servers, one request per server per call.
+//!   server, data straight to the io servers, one request per server per call (reads over
+//!   tcp: one per MiB, see [`client::DEFAULT_READ_REQUEST_BYTES`]).
 //! * [`cluster::LocalCluster`]: a whole cluster as child processes of the `stripefs` binary
 //!   (`stripefs serve`, `stripefs demo`, the integration tests).
 //! * `fuse` (feature `fuse`): the FUSE mount.
