@@ -452,6 +452,11 @@ impl Config {
         self.wait_mode
     }
 
+    /// The adaptive spin budget in force.
+    pub fn get_spin_budget(&self) -> Duration {
+        self.spin_budget
+    }
+
     /// Checks cross-field rules; each failure names the rule.
     pub fn validate(&self) -> Result<()> {
         if let Some(e) = self.eager_limit {
