@@ -1,6 +1,6 @@
 //! The servers: [`meta::MetaServer`] (namespace, layouts, capabilities) and [`io::IoServer`]
 //! (object data). Both are a pool of worker threads over one bound ionet endpoint without a
-//! progress thread ([`spawn_workers`]): a leader waits in `next_request`, driving the transport
+//! progress thread (`spawn_workers`): a leader waits in `next_request`, driving the transport
 //! itself, and serves the request it receives start to end (pipelined transfers included),
 //! keeping the lead; requests that arrive meanwhile wake helpers. Several requests — from one
 //! client or many — are therefore served at once, up to the number of workers, a request
