@@ -37,7 +37,7 @@ use tracing::debug;
 
 /// Default cap on the data of one read request to one server over `tcp://`. A read with more
 /// for one server goes as several requests, all posted at once. Over tcp this raised E1's
-/// reading cells by about 0.07 of the reference (BENCHMARKS.md, E1); over softib, where a
+/// reading cells by about 0.05 of the reference (BENCHMARKS.md, E1); over softib, where a
 /// read is one RDMA write per request, it lowered them by 0.05–0.14, so there a read stays one
 /// request per server. Writes stay whole on every transport: split, each server gets several
 /// write streams per client at once and serves them one by one while their data waits in its
