@@ -44,6 +44,15 @@ use tracing::debug;
 /// sockets, which cost E1's writing cells about 0.06.
 pub const DEFAULT_READ_REQUEST_BYTES: u64 = 1 << 20;
 
+/// How long a client's adaptive waits poll before they sleep, over softib and ib (over tcp
+/// the transport's default, 100 µs). During a call over RDMA the client's CPU has nothing to
+/// do (the io servers move the data), and a call takes longer than 100 µs from a few hundred
+/// KiB on, so the client slept through each call and paid a wake-up (about 50 µs here) for
+/// its reply. E1 over softib, two alternated pairs of full grids: geometric-mean bandwidth
+/// +4 to +14 % (BENCHMARKS.md, E1). Over tcp the client's CPU is busy sending or receiving
+/// the data, and polling longer gained nothing there.
+pub const DEFAULT_RDMA_SPIN_BUDGET: Duration = Duration::from_millis(2);
+
 /// The largest data payload of one request to one server, by direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestLimits {
@@ -66,6 +75,9 @@ pub struct ClientOptions {
     pub read_request_bytes: Option<u64>,
     /// How the client waits for the transport.
     pub wait_mode: WaitMode,
+    /// How long adaptive waits poll before sleeping (default: [`DEFAULT_RDMA_SPIN_BUDGET`]
+    /// over softib and ib, the transport's default over tcp).
+    pub spin_budget: Option<Duration>,
     /// Owner of new files and directories.
     pub uid: u32,
     /// Group of new files and directories.
@@ -86,6 +98,7 @@ impl Default for ClientOptions {
             max_request_bytes: None,
             read_request_bytes: None,
             wait_mode: WaitMode::Adaptive,
+            spin_budget: None,
             uid: 0,
             gid: 0,
             policy: None,
@@ -102,6 +115,15 @@ impl ClientOptions {
         let default_read = if scheme == ionet::Scheme::Tcp { DEFAULT_READ_REQUEST_BYTES } else { max };
         let read = self.read_request_bytes.unwrap_or(default_read).clamp(1, max);
         RequestLimits { max, read }
+    }
+
+    /// How long this client's adaptive waits poll on a `scheme` transport before sleeping.
+    pub fn spin_budget_for(&self, scheme: ionet::Scheme) -> Duration {
+        self.spin_budget.unwrap_or(if scheme == ionet::Scheme::Tcp {
+            ionet::Config::default().get_spin_budget()
+        } else {
+            DEFAULT_RDMA_SPIN_BUDGET
+        })
     }
 }
 
@@ -189,7 +211,8 @@ impl Client {
     /// Connects with explicit options.
     pub fn connect_with(cfg: &ClusterConfig, opts: ClientOptions) -> FsResult<Client> {
         let key = cfg.cluster_key()?;
-        let mut ep_cfg = crate::net::endpoint_config(&key, opts.wait_mode, false);
+        let mut ep_cfg = crate::net::endpoint_config(&key, opts.wait_mode, false)
+            .spin_budget(opts.spin_budget_for(cfg.transport));
         if let Some(p) = &opts.policy {
             ep_cfg = ep_cfg.policy(p.clone());
         }
@@ -1129,6 +1152,20 @@ mod tests {
             assert_eq!(l, RequestLimits { max: 64 << 20, read: 64 << 20 }, "{s}");
             let o = ClientOptions { read_request_bytes: Some(256 << 10), ..Default::default() };
             assert_eq!(o.request_limits(s, 64 << 20).read, 256 << 10, "{s}");
+        }
+    }
+
+    #[test]
+    fn adaptive_waits_poll_longer_over_rdma_than_over_tcp_unless_told() {
+        let o = ClientOptions::default();
+        assert_eq!(o.spin_budget_for(Scheme::Tcp), ionet::Config::default().get_spin_budget());
+        for s in [Scheme::SoftIb, Scheme::Ib] {
+            assert_eq!(o.spin_budget_for(s), DEFAULT_RDMA_SPIN_BUDGET, "{s}");
+        }
+        assert!(DEFAULT_RDMA_SPIN_BUDGET > ionet::Config::default().get_spin_budget());
+        let o = ClientOptions { spin_budget: Some(Duration::from_micros(300)), ..Default::default() };
+        for s in [Scheme::Tcp, Scheme::SoftIb, Scheme::Ib] {
+            assert_eq!(o.spin_budget_for(s), Duration::from_micros(300), "{s}");
         }
     }
 

@@ -843,6 +843,21 @@ pub fn mapping_io_servers_count_their_fallbacks(scheme: &str) {
     assert_eq!((s4.copied, s4.fallbacks), (s3.copied, s3.fallbacks));
 }
 
+pub fn a_clients_adaptive_waits_poll_for_its_transports_budget(scheme: &str) {
+    let tc = TestCluster::start(scheme, 1);
+    let c = tc.client();
+    let want = if scheme == "tcp" {
+        ionet::Config::default().get_spin_budget()
+    } else {
+        stripefs::client::DEFAULT_RDMA_SPIN_BUDGET
+    };
+    assert_eq!(c.endpoint().config().get_spin_budget(), want);
+    let opts =
+        stripefs::ClientOptions { spin_budget: Some(Duration::from_micros(700)), ..Default::default() };
+    let c = stripefs::Client::connect_with(tc.cluster.config(), opts).unwrap();
+    assert_eq!(c.endpoint().config().get_spin_budget(), Duration::from_micros(700));
+}
+
 fn walk(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir)
         .map(|rd| rd.flatten().map(|e| if e.path().is_dir() { walk(&e.path()) } else { 1 }).sum())
@@ -871,6 +886,7 @@ macro_rules! transports {
             #[test] fn io_requests_count_the_data_path_they_took() { super::io_requests_count_the_data_path_they_took(S) }
             #[test] fn mapping_io_servers_count_their_fallbacks() { super::mapping_io_servers_count_their_fallbacks(S) }
             #[test] fn large_reads_go_as_several_requests_over_tcp_and_writes_as_one() { super::large_reads_go_as_several_requests_over_tcp_and_writes_as_one(S) }
+            #[test] fn a_clients_adaptive_waits_poll_for_its_transports_budget() { super::a_clients_adaptive_waits_poll_for_its_transports_budget(S) }
         }
     )*};
 }
