@@ -48,8 +48,8 @@ pub const DEFAULT_READ_REQUEST_BYTES: u64 = 1 << 20;
 /// the transport's default, 100 µs). During a call over RDMA the client's CPU has nothing to
 /// do (the io servers move the data), and a call takes longer than 100 µs from a few hundred
 /// KiB on, so the client slept through each call and paid a wake-up (about 50 µs here) for
-/// its reply. E1 over softib, two alternated pairs of full grids: geometric-mean bandwidth
-/// +4 to +14 % (BENCHMARKS.md, E1). Over tcp the client's CPU is busy sending or receiving
+/// its reply. E1 over softib, three alternated pairs of full grids: geometric-mean bandwidth
+/// +3 to +14 % (BENCHMARKS.md, E1). Over tcp the client's CPU is busy sending or receiving
 /// the data, and polling longer gained nothing there.
 pub const DEFAULT_RDMA_SPIN_BUDGET: Duration = Duration::from_millis(2);
 
