@@ -12,8 +12,9 @@
 //! `REG=1` writes from a registered pool buffer, `CACHE=1` caches the
 //! read buffer's registration, `HINT=1` turns on the list allocation hint,
 //! `MAXREQ=n` caps the bytes per io-server request, `READREQ=n` per read request, `INTO=1`
-//! reads through `read_into`, `PAGEOFF=k` starts the read buffer k bytes past a page boundary, `MISALIGN=k` starts the
-//! read buffer k bytes past a 64-byte boundary and `DMISALIGN=k` the written data.
+//! reads through `read_into`, `PAGEOFF=k` starts the read buffer k bytes past a page
+//! boundary, `MISALIGN=k` starts the read buffer k bytes past a 64-byte boundary and
+//! `DMISALIGN=k` the written data.
 
 use bytes::{Bytes, BytesMut};
 use std::time::Instant;
