@@ -10,7 +10,9 @@
  *
  * Environment: HUGE=1 puts the sender's buffer on a transparent huge page (madvise);
  * HDR=n sends n header bytes before each round's payload (one sendmsg); RPAUSE=n makes the
- * receiver execute n PAUSE instructions after every empty recv().
+ * receiver execute n PAUSE instructions after every empty recv(); WS=n makes both sides cycle
+ * their rounds through n MiB of memory (at least one round's worth), as the clients and io
+ * servers of a stripefs cell cycle through their regions and files.
  * Linux, x86-64 only (sched_setaffinity, vmsplice, __builtin_ia32_pause).
  */
 #define _GNU_SOURCE
@@ -62,6 +64,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     size_t size = (size_t)atol(argv[1]) << 20, hdr = env("HDR"), pause_n = env("RPAUSE");
+    size_t slots = (env("WS") << 20) / size;
+    if (slots < 1) slots = 1;
     int rounds = atoi(argv[2]), mode = atoi(argv[3]), one = 1;
     int ls = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -72,11 +76,12 @@ int main(int argc, char **argv) {
         int s = accept(ls, 0, 0);
         setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         size_t want = size + hdr;
-        char *b = aligned_alloc(4096, want + 4096);
-        memset(b, 1, want + 4096);
+        char *b0 = aligned_alloc(4096, slots * want + 4096);
+        memset(b0, 1, slots * want + 4096);
         fcntl(s, F_SETFL, O_NONBLOCK);
         for (int i = 0; i < rounds; i++) {
             size_t got = 0;
+            char *b = b0 + (i % slots) * want;
             while (got < want) {
                 ssize_t n = recv(s, b + got, want - got, 0);
                 if (n > 0) got += n;
@@ -92,15 +97,16 @@ int main(int argc, char **argv) {
     int c = socket(AF_INET, SOCK_STREAM, 0);
     if (connect(c, (void *)&a, sizeof a)) die("connect");
     setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    char *b = aligned_alloc(2 << 20, size), hb[8192] = {0};
-    if (env("HUGE")) madvise(b, size, MADV_HUGEPAGE);
-    memset(b, 2, size);
+    char *b0 = aligned_alloc(2 << 20, slots * size), hb[8192] = {0};
+    if (env("HUGE")) madvise(b0, slots * size, MADV_HUGEPAGE);
+    memset(b0, 2, slots * size);
     int p[2];
     if (pipe(p)) die("pipe");
     fcntl(p[0], F_SETPIPE_SZ, 1 << 20);
     double t0 = 0, c0 = 0;
     for (int i = 0; i < rounds; i++) {
         if (i == rounds / 10) t0 = now(), c0 = cpu_self();
+        char *b = b0 + (i % slots) * size;
         if (hdr && send(c, hb, hdr, MSG_MORE) != (ssize_t)hdr) die("header");
         for (size_t off = 0; off < size;) {
             if (mode == 0) {
@@ -125,6 +131,6 @@ int main(int argc, char **argv) {
     double secs = now() - t0, gb = (double)size * (rounds - rounds / 10) / 1e9;
     double cpu = cpu_self() - c0;
     wait(0);
-    printf("mode %d size %zu MiB: %.0f MB/s, client CPU %.3f s/GB\n", mode, size >> 20, gb * 1e3 / secs, cpu / gb);
+    printf("mode %d size %zu MiB ws %zu MiB: %.0f MB/s, client CPU %.3f s/GB\n", mode, size >> 20, (slots * size) >> 20, gb * 1e3 / secs, cpu / gb);
     return 0;
 }

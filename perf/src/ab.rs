@@ -89,6 +89,7 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
             verify: false,
             spin: wait == WaitMode::Spin,
             pool: false,
+            footprint: 0,
         };
         // Each implementation gets the iterations that fill `target` (the probe warms it up).
         let rp = raw.sized(&p, target)?;
@@ -145,6 +146,7 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
             verify: false,
             spin: false,
             pool: false,
+            footprint: 0,
         };
         let rp = raw.sized(&p, target)?;
         let ps: Vec<Params> = block

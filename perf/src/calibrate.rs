@@ -103,6 +103,7 @@ pub fn run(o: &CalOpts) -> Result<Samples, BoxErr> {
                 verify: false,
                 spin: false,
                 pool: false,
+                footprint: 0,
             };
             let window = 16;
             let bw = Params {

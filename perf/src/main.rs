@@ -78,6 +78,11 @@ struct RunArgs {
     /// receiver cycles through this many messages' worth of memory, as ionet's does).
     #[arg(long, default_value_t = 64)]
     window: usize,
+    /// Memory each side cycles its streamed messages through (`k`/`m` suffixes; ionet only):
+    /// by default a window's worth, the cache-resident peak; an application's working set
+    /// (say a file system's regions and files) shows what its cache misses cost the stream.
+    #[arg(long, value_parser = parse_one_size, default_value = "0")]
+    footprint: usize,
     /// Repeated runs per size (the median and spread are reported).
     #[arg(long, default_value_t = 5)]
     runs: usize,
@@ -98,6 +103,7 @@ impl RunArgs {
             verify: false,
             spin: false,
             pool: false,
+            footprint: self.footprint,
         }
     }
 }
@@ -610,6 +616,7 @@ fn selftest(scheme: Scheme) -> Result<(), BoxErr> {
             verify: true,
             spin: false,
             pool: false,
+            footprint: 0,
         };
         let l = over_ionet::run(&ep, peer, &lat, Some(srv.pid()))?;
         let iters = ((256 << 20) / size).clamp(32, 20_000) / 16 * 16;
@@ -622,6 +629,7 @@ fn selftest(scheme: Scheme) -> Result<(), BoxErr> {
             verify: true,
             spin: false,
             pool: false,
+            footprint: 0,
         };
         let b = over_ionet::run(&ep, peer, &bw, Some(srv.pid()))?;
         println!("{:>10}  {:>19.1} µs  {:>17.3} GB/s", size, l.rtt_p50.unwrap_or(0.0), b.gbps());
@@ -672,6 +680,7 @@ fn compare(
             verify: false,
             spin: wait == WaitMode::Spin,
             pool: false,
+            footprint: 0,
         };
         // Warm up both paths.
         raw_cli.run(&Params { iters: 1000, ..p }, None)?;
@@ -713,6 +722,7 @@ fn compare(
             verify: false,
             spin: false,
             pool: false,
+            footprint: 0,
         };
         raw_cli.run(&Params { iters: 64, ..p }, None)?;
         over_ionet::run(&ep, peer, &Params { iters: 64, ..p }, None)?;
@@ -787,6 +797,7 @@ fn compare(
         verify: false,
         spin: false,
         pool: false,
+        footprint: 0,
     };
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for r in 0..runs {

@@ -1,5 +1,6 @@
 //! The perf server and client over ionet's Endpoint API.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -53,36 +54,73 @@ fn recv_buf(ep: &Endpoint, p: &Params, cache: &mut BufCache) -> Result<RecvBuf> 
     })
 }
 
-/// The payloads a side sends: clones of one `Bytes`, or pool buffers (not shareable) lent to
-/// the sends in flight in turn and given back by their completions.
+/// The payloads a side sends, taken in turn: clones of shared `Bytes` (as many distinct ones
+/// as the run's footprint asks for), or pool buffers (not shareable) lent to the sends in
+/// flight and given back by their completions.
 enum Sends {
-    Shared(Bytes),
-    Pool(Vec<RegisteredBuf>),
+    Shared { payloads: Vec<Bytes>, next: usize },
+    Pool(VecDeque<RegisteredBuf>),
 }
 
 impl Sends {
-    fn new(ep: &Endpoint, p: &Params, data: Vec<u8>) -> Result<Sends> {
+    fn new(ep: &Endpoint, p: &Params, seed: u64) -> Result<Sends> {
         if !p.pool {
-            return Ok(Sends::Shared(Bytes::from(data)));
+            let payloads = if p.verify {
+                vec![Bytes::from(pattern(p.size, seed))]
+            } else {
+                SEND_PAYLOADS.with_borrow_mut(|c| c.get(p.size, p.slots()))
+            };
+            return Ok(Sends::Shared { payloads, next: 0 });
         }
-        let n = if p.test == Test::Lat { 1 } else { p.window };
-        Ok(Sends::Pool((0..n).map(|_| pool_buf(ep, p.size, Some(&data))).collect::<Result<_>>()?))
+        let data = if p.verify { pattern(p.size, seed) } else { vec![0u8; p.size] };
+        let bufs = (0..p.slots()).map(|_| pool_buf(ep, p.size, Some(&data))).collect::<Result<_>>()?;
+        Ok(Sends::Pool(bufs))
     }
 
     fn take(&mut self) -> SendBuf {
         match self {
-            Sends::Shared(b) => SendBuf::Bytes(b.clone()),
-            Sends::Pool(v) => SendBuf::Registered(v.pop().expect("one buffer per send in flight")),
+            Sends::Shared { payloads, next } => {
+                let b = payloads[*next].clone();
+                *next = (*next + 1) % payloads.len();
+                SendBuf::Bytes(b)
+            }
+            Sends::Pool(v) => SendBuf::Registered(v.pop_front().expect("one buffer per send in flight")),
         }
     }
 
-    /// Waits for a send and takes its buffer back.
+    /// Waits for a send and takes its buffer back (to the end of the line).
     fn wait(&mut self, ep: &Endpoint, op: OpId) -> Result<()> {
         let c = wait_ok(ep, op)?;
         if let (Sends::Pool(v), Some(SendBuf::Registered(b))) = (self, c.buf.into_send()) {
-            v.push(b);
+            v.push_back(b);
         }
         Ok(())
+    }
+}
+
+thread_local! {
+    /// Send payloads kept across runs, so a draw with a large footprint does not pay the first
+    /// touch of fresh memory for it every time.
+    static SEND_PAYLOADS: std::cell::RefCell<PayloadCache> = std::cell::RefCell::default();
+}
+
+/// Pre-faulted payloads of one size (another size replaces them).
+#[derive(Default)]
+struct PayloadCache {
+    size: usize,
+    payloads: Vec<Bytes>,
+}
+
+impl PayloadCache {
+    /// `n` distinct payloads of `size` bytes.
+    fn get(&mut self, size: usize, n: usize) -> Vec<Bytes> {
+        if self.size != size {
+            *self = PayloadCache { size, payloads: Vec::new() };
+        }
+        while self.payloads.len() < n {
+            self.payloads.push(Bytes::from(Vec::from(prefaulted(size))));
+        }
+        self.payloads[..n].to_vec()
     }
 }
 
@@ -109,8 +147,8 @@ impl BufCache {
     }
     fn give(&mut self, b: RecvBuf) {
         let RecvBuf::Mut(b) = b else { return };
-        // Bound what is kept: the largest window of the largest size is enough.
-        if self.0.len() < 256 {
+        // Bound what is kept: the largest window or footprint of the largest size is enough.
+        if self.0.len() < 1024 {
             self.0.push(b);
         }
     }
@@ -138,10 +176,13 @@ pub fn serve(ep: &Endpoint) -> Result<()> {
 }
 
 fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> Result<()> {
-    let mut sends =
-        Sends::new(ep, p, if p.verify { pattern(p.size, 2) } else { prefaulted(p.size).to_vec() })?;
+    let mut sends = Sends::new(ep, p, 2)?;
     let n = if p.test == Test::Lat { 1 } else { p.window };
-    let mut rbufs: Vec<RecvBuf> = (0..n).map(|_| recv_buf(ep, p, cache)).collect::<Result<_>>()?;
+    // Receive buffers in line: the `n` at the front are posted, each completed one goes to
+    // the back, so a footprint of more than `n` buffers is cycled through.
+    let mut free: VecDeque<RecvBuf> =
+        (0..p.slots()).map(|_| recv_buf(ep, p, cache)).collect::<Result<_>>()?;
+    let mut rbufs: Vec<RecvBuf> = free.drain(..n).collect();
     let expect = p.verify.then(|| pattern(p.size, 1));
     // Post the first receives before saying ready, so nothing arrives early.
     let mut pending: Vec<OpId> = Vec::new();
@@ -191,17 +232,18 @@ fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> R
                 for op in sent {
                     sends.wait(ep, op)?;
                 }
+                free.extend(next);
                 if w + 1 < windows {
-                    for b in next {
+                    for _ in 0..p.window {
+                        let b = free.pop_front().expect("at least a window of buffers");
                         pending.push(ep.recv(peer, TAG_DATA, b)?);
                     }
-                } else {
-                    next.into_iter().for_each(|b| cache.give(b));
                 }
                 wait_ok(ep, ep.send(peer, TAG_ACK, Bytes::from_static(b"a"), p.sl)?)?;
             }
         }
     }
+    rbufs.into_iter().chain(free).for_each(|b| cache.give(b));
     Ok(())
 }
 
@@ -212,17 +254,17 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
     } else {
         *p
     };
-    let mut sends =
-        Sends::new(ep, &p, if p.verify { pattern(p.size, 1) } else { prefaulted(p.size).to_vec() })?;
+    let mut sends = Sends::new(ep, &p, 1)?;
     let expect = p.verify.then(|| pattern(p.size, 2));
     // Receive buffers (ping-pong and bibw), made before the clock starts.
     let mut heap = BufCache::default();
     let n_recv = match p.test {
         Test::Lat => 1,
-        Test::Bibw => p.window,
+        Test::Bibw => p.slots(),
         _ => 0,
     };
-    let mut rbufs: Vec<RecvBuf> = (0..n_recv).map(|_| recv_buf(ep, &p, &mut heap)).collect::<Result<_>>()?;
+    let mut rbufs: VecDeque<RecvBuf> =
+        (0..n_recv).map(|_| recv_buf(ep, &p, &mut heap)).collect::<Result<_>>()?;
     let ready = ep.recv(peer, TAG_READY, BytesMut::zeroed(0))?;
     wait_ok(ep, ep.send_unexpected(peer, TAG_PARAMS, Bytes::copy_from_slice(&p.encode()), p.sl)?)?;
     wait_ok(ep, ready)?;
@@ -233,7 +275,7 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
     match p.test {
         Test::Lat => {
             rtts.reserve(p.iters);
-            let mut rbuf = rbufs.pop().expect("one receive buffer");
+            let mut rbuf = rbufs.pop_front().expect("one receive buffer");
             for _ in 0..p.iters {
                 let t = Instant::now();
                 let r = ep.recv(peer, TAG_BACK, rbuf)?;
@@ -253,8 +295,9 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
             let mut ack_buf = RecvBuf::Mut(BytesMut::zeroed(1));
             for _ in 0..p.iters / p.window {
                 let ack = ep.recv(peer, TAG_ACK, ack_buf)?;
+                let posted = rbufs.len().min(p.window);
                 let recvs: Vec<OpId> =
-                    rbufs.drain(..).map(|b| ep.recv(peer, TAG_BACK, b)).collect::<Result<_>>()?;
+                    rbufs.drain(..posted).map(|b| ep.recv(peer, TAG_BACK, b)).collect::<Result<_>>()?;
                 let sent: Vec<OpId> = (0..p.window)
                     .map(|_| ep.send(peer, TAG_DATA, sends.take(), p.sl))
                     .collect::<Result<_>>()?;
@@ -262,7 +305,7 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
                     sends.wait(ep, op)?;
                 }
                 for op in recvs {
-                    rbufs.push(take_recv(wait_ok(ep, op)?));
+                    rbufs.push_back(take_recv(wait_ok(ep, op)?));
                 }
                 ack_buf = take_recv(wait_ok(ep, ack)?);
             }
@@ -314,8 +357,9 @@ pub fn sized(ep: &Endpoint, peer: PeerId, p: &Params, target: Duration) -> Resul
 
 /// `client --on-demand`: one untimed run of each of `ps`, then `READY` on `output`; then, for
 /// every line of `input`, one run of each, reported to `row` and as `RUN <size> <GB/s>`, until
-/// `input` ends. A benchmark that draws a run between its own keeps a warm endpoint and pays no
-/// process start per draw.
+/// `input` ends. A line `footprint <bytes>` runs them with that [`Params::footprint`] instead
+/// of their own. A benchmark that draws a run between its own keeps a warm endpoint and pays
+/// no process start per draw.
 pub fn on_demand(
     ep: &Endpoint,
     peer: PeerId,
@@ -330,15 +374,32 @@ pub fn on_demand(
     writeln!(output, "READY")?;
     output.flush()?;
     for (r, line) in input.lines().enumerate() {
-        line?;
+        let footprint = draw_footprint(&line?)?;
         for p in ps {
-            let res = run(ep, peer, p, None)?;
+            let p = Params { footprint: footprint.unwrap_or(p.footprint), ..*p };
+            let res = run(ep, peer, &p, None)?;
             row(r, &res)?;
             writeln!(output, "RUN {} {}", p.size, res.gbps())?;
         }
         output.flush()?;
     }
     Ok(())
+}
+
+/// An on-demand request line: empty for the runs as given, `footprint <bytes>` for another
+/// footprint.
+fn draw_footprint(line: &str) -> std::result::Result<Option<usize>, crate::BoxErr> {
+    let line = line.trim();
+    if line.is_empty() {
+        return Ok(None);
+    }
+    match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+        ["footprint", n] => match n.parse::<usize>() {
+            Ok(n) if n <= crate::params::MAX_FOOTPRINT => Ok(Some(n)),
+            _ => Err(format!("bad footprint in {line:?}").into()),
+        },
+        _ => Err(format!("unknown request {line:?} (an empty line or `footprint <bytes>`)").into()),
+    }
 }
 
 #[cfg(test)]
@@ -349,18 +410,55 @@ mod tests {
     /// Serves the next `runs` perf runs on `ep` (bounded waits), returning the server's engine
     /// host copies per run.
     fn serve_runs(ep: Endpoint, runs: usize) -> std::thread::JoinHandle<Vec<u64>> {
-        std::thread::spawn(move || {
-            let mut cache = BufCache::default();
-            let mut copies = Vec::new();
-            for _ in 0..runs {
-                let u = ep.recv_unexpected(Some(OP_TIMEOUT)).unwrap().expect("parameters");
-                let p = Params::decode(&u.data).unwrap();
-                let before = ep.info().counters.host_copy_bytes;
-                serve_one(&ep, u.peer, &p, &mut cache).unwrap();
-                copies.push(ep.info().counters.host_copy_bytes - before);
-            }
-            copies
-        })
+        std::thread::spawn(move || serve_counting(&ep, runs).into_iter().map(|(c, _)| c).collect())
+    }
+
+    /// Serves `runs` runs; per run, the host copies and the distinct receive buffers the server
+    /// holds afterwards.
+    fn serve_counting(ep: &Endpoint, runs: usize) -> Vec<(u64, usize)> {
+        let mut cache = BufCache::default();
+        let mut out = Vec::new();
+        for _ in 0..runs {
+            let u = ep.recv_unexpected(Some(OP_TIMEOUT)).unwrap().expect("parameters");
+            let p = Params::decode(&u.data).unwrap();
+            let before = ep.info().counters.host_copy_bytes;
+            serve_one(ep, u.peer, &p, &mut cache).unwrap();
+            out.push((ep.info().counters.host_copy_bytes - before, cache.0.len()));
+        }
+        out
+    }
+
+    /// A footprint larger than the window spreads the stream over that many distinct buffers:
+    /// the server keeps one receive buffer per slot and the client sends from as many distinct
+    /// payloads, kept for the next run.
+    #[test]
+    fn a_footprint_spreads_the_stream_over_distinct_buffers() {
+        let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default().progress_thread(true)).unwrap();
+        let cli = Endpoint::client(Config::default()).unwrap();
+        let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
+        let server = std::thread::spawn(move || serve_counting(&srv, 2));
+        let p = Params {
+            test: Test::Bw,
+            size: 64 << 10,
+            iters: 32,
+            window: 2,
+            sl: ServiceLevel::Bulk,
+            verify: false,
+            spin: false,
+            pool: false,
+            footprint: 0,
+        };
+        run(&cli, peer, &p, None).unwrap();
+        run(&cli, peer, &Params { footprint: 512 << 10, ..p }, None).unwrap();
+        let held: Vec<usize> = server.join().unwrap().into_iter().map(|(_, n)| n).collect();
+        assert_eq!(held, [2, 8], "a window's worth of receive buffers, then 512 KiB of them");
+        let sent = SEND_PAYLOADS.with_borrow_mut(|c| c.get(64 << 10, 8));
+        let mut at: Vec<*const u8> = sent.iter().map(|b| b.as_ptr()).collect();
+        at.sort();
+        at.dedup();
+        assert_eq!(at.len(), 8, "distinct send payloads");
+        let again = SEND_PAYLOADS.with_borrow_mut(|c| c.get(64 << 10, 8));
+        assert!(again.iter().zip(&sent).all(|(a, b)| a.as_ptr() == b.as_ptr()), "kept across runs");
     }
 
     /// With pool buffers on both sides, 1 MiB messages over `softib://` move straight between
@@ -381,6 +479,7 @@ mod tests {
             verify: true,
             spin: false,
             pool: false,
+            footprint: 0,
         };
         run(&cli, peer, &base, None).unwrap();
         run(&cli, peer, &Params { pool: true, ..base }, None).unwrap();
@@ -391,13 +490,15 @@ mod tests {
     }
 
     /// On demand: a warm-up run, `READY`, then exactly one run per input line, each reported
-    /// with its size and a bandwidth, and each a real run the server served.
+    /// with its size and a bandwidth, and each a real run the server served; a `footprint`
+    /// line's run spreads over that many bytes of buffers.
     #[test]
     fn on_demand_runs_once_per_input_line() {
         let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default().progress_thread(true)).unwrap();
         let cli = Endpoint::client(Config::default()).unwrap();
         let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
-        let server = serve_runs(srv.clone(), 4); // the warm-up and three draws
+        // The warm-up and three draws.
+        let server = std::thread::spawn(move || serve_counting(&srv, 4));
         let p = Params {
             test: Test::Bw,
             size: 64 << 10,
@@ -407,15 +508,17 @@ mod tests {
             verify: true,
             spin: false,
             pool: false,
+            footprint: 0,
         };
         let mut out = Vec::new();
         let mut rows = Vec::new();
-        on_demand(&cli, peer, &[p], &b"\n\n\n"[..], &mut out, |r, res| {
+        on_demand(&cli, peer, &[p], &b"\nfootprint 1048576\n\n"[..], &mut out, |r, res| {
             rows.push((r, res.bytes));
             Ok(())
         })
         .unwrap();
-        assert_eq!(server.join().unwrap().len(), 4, "the server served the warm-up and three draws");
+        let held: Vec<usize> = server.join().unwrap().into_iter().map(|(_, n)| n).collect();
+        assert_eq!(held, [4, 4, 16, 16], "the warm-up and three draws, the second over 1 MiB");
         let text = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 4, "{text}");
@@ -426,5 +529,8 @@ mod tests {
             assert!(f[2].parse::<f64>().unwrap() > 0.0, "{l}");
         }
         assert_eq!(rows, [(0, 8 << 16), (1, 8 << 16), (2, 8 << 16)]);
+        assert_eq!(draw_footprint("footprint 33554432").unwrap(), Some(32 << 20));
+        assert!(draw_footprint("footprint 4294967296").is_err(), "over the limit");
+        assert!(draw_footprint("go").is_err());
     }
 }

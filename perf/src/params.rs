@@ -29,7 +29,16 @@ pub struct Params {
     /// Send and receive from the endpoint's registered pool (`Endpoint::alloc`, BMI's
     /// `BMI_memalloc`) instead of plain heap buffers.
     pub pool: bool,
+    /// Bytes of memory each side cycles its streamed messages through (bw, bibw, msgrate):
+    /// 0, or anything up to a window's worth, keeps `window` buffers, the transport's
+    /// cache-resident peak; more spreads the messages over that many distinct buffers on both
+    /// sides, so a run can carry an application's working set (a file system's regions and
+    /// files) and the cache misses that come with it.
+    pub footprint: usize,
 }
+
+/// Largest footprint a server accepts (it allocates that much).
+pub const MAX_FOOTPRINT: usize = 1 << 30;
 
 pub const PARAMS_LEN: usize = 32;
 
@@ -47,7 +56,17 @@ impl Params {
         b[8..16].copy_from_slice(&(self.size as u64).to_le_bytes());
         b[16..24].copy_from_slice(&(self.iters as u64).to_le_bytes());
         b[24..28].copy_from_slice(&(self.window as u32).to_le_bytes());
+        b[28..32].copy_from_slice(&(self.footprint.min(u32::MAX as usize) as u32).to_le_bytes());
         b
+    }
+
+    /// Distinct buffers each side cycles through: `window` (one for ping-pong), or as many as
+    /// [`Params::footprint`] holds.
+    pub fn slots(&self) -> usize {
+        match self.test {
+            Test::Lat => 1,
+            _ => self.window.max(self.footprint.div_ceil(self.size.max(1))),
+        }
     }
 
     pub fn decode(b: &[u8]) -> Result<Params, String> {
@@ -66,8 +85,15 @@ impl Params {
         let size = u64_at(8) as usize;
         let iters = u64_at(16) as usize;
         let window = u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")) as usize;
+        let footprint = u32::from_le_bytes(b[28..32].try_into().expect("4 bytes")) as usize;
         // A server takes these from the network: keep them sane.
-        if size > (256 << 20) || iters == 0 || iters > 100_000_000 || window == 0 || window > 4096 {
+        if size > (256 << 20)
+            || iters == 0
+            || iters > 100_000_000
+            || window == 0
+            || window > 4096
+            || footprint > MAX_FOOTPRINT
+        {
             return Err("parameters out of range".into());
         }
         Ok(Params {
@@ -79,6 +105,7 @@ impl Params {
             verify: b[2] & 1 != 0,
             spin: b[2] & 2 != 0,
             pool: b[2] & 4 != 0,
+            footprint,
         })
     }
 }
@@ -111,8 +138,15 @@ mod tests {
             verify: true,
             spin: false,
             pool: true,
+            footprint: 0,
         };
         assert_eq!(Params::decode(&p.encode()), Ok(p));
+        let spread = Params { test: Test::Bw, footprint: 1 << 20, ..p };
+        assert_eq!(Params::decode(&spread.encode()), Ok(spread));
+        assert_eq!(spread.slots(), 256, "1 MiB of 4 KiB messages");
+        assert_eq!(Params { footprint: 4096, ..spread }.slots(), 64, "never fewer than the window");
+        assert_eq!(Params { test: Test::Lat, ..spread }.slots(), 1);
+        assert!(Params::decode(&Params { footprint: 2 << 30, ..spread }.encode()).is_err());
         let mut b = p.encode();
         b[0] = 9;
         assert!(Params::decode(&b).is_err());

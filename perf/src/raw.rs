@@ -212,6 +212,7 @@ mod tests {
             verify: false,
             spin: false,
             pool: false,
+            footprint: 0,
         }
     }
 
