@@ -65,10 +65,13 @@ enum Sends {
 impl Sends {
     fn new(ep: &Endpoint, p: &Params, seed: u64) -> Result<Sends> {
         if !p.pool {
+            // Without a footprint every send is a clone of one payload, as the transport's
+            // peak is measured; with one, as many distinct payloads as it holds.
             let payloads = if p.verify {
                 vec![Bytes::from(pattern(p.size, seed))]
             } else {
-                SEND_PAYLOADS.with_borrow_mut(|c| c.get(p.size, p.slots()))
+                let n = if p.footprint == 0 { 1 } else { p.slots() };
+                SEND_PAYLOADS.with_borrow_mut(|c| c.get(p.size, n))
             };
             return Ok(Sends::Shared { payloads, next: 0 });
         }
@@ -449,7 +452,10 @@ mod tests {
             footprint: 0,
         };
         run(&cli, peer, &p, None).unwrap();
+        let kept = || SEND_PAYLOADS.with_borrow(|c| c.payloads.len());
+        assert_eq!(kept(), 1, "without a footprint every send is from one payload");
         run(&cli, peer, &Params { footprint: 512 << 10, ..p }, None).unwrap();
+        assert_eq!(kept(), 8);
         let held: Vec<usize> = server.join().unwrap().into_iter().map(|(_, n)| n).collect();
         assert_eq!(held, [2, 8], "a window's worth of receive buffers, then 512 KiB of them");
         let sent = SEND_PAYLOADS.with_borrow_mut(|c| c.get(64 << 10, 8));

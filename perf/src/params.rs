@@ -29,11 +29,11 @@ pub struct Params {
     /// Send and receive from the endpoint's registered pool (`Endpoint::alloc`, BMI's
     /// `BMI_memalloc`) instead of plain heap buffers.
     pub pool: bool,
-    /// Bytes of memory each side cycles its streamed messages through (bw, bibw, msgrate):
-    /// 0, or anything up to a window's worth, keeps `window` buffers, the transport's
-    /// cache-resident peak; more spreads the messages over that many distinct buffers on both
-    /// sides, so a run can carry an application's working set (a file system's regions and
-    /// files) and the cache misses that come with it.
+    /// Bytes of memory each side cycles its streamed messages through (bw, bibw, msgrate),
+    /// at least a window's worth: a run can carry an application's working set (a file
+    /// system's regions and files) and the cache misses that come with it. 0 measures the
+    /// transport's cache-resident peak: `window` receive buffers, every send from one payload
+    /// (pool buffers: `window` of them).
     pub footprint: usize,
 }
 

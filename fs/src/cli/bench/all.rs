@@ -125,27 +125,31 @@ pub fn targets(all: &Samples) -> String {
             shown(sb, tb, "GB/s", times(r)),
         );
     }
-    // Issue 6: every E1 cell ≥ 0.8 × the ionet-perf run drawn beside it, on the same transport.
+    // Issue 6: every E1 cell ≥ 0.8 × the ionet-perf run beside it, on the same transport; and,
+    // to tell stripefs's cost from its workload's, against the same stream over the cell's
+    // footprint.
     for t_ in ["tcp", "softib"] {
-        let cells = e1::cell_ratios(all, t_);
-        let Some(low) = cells.iter().min_by(|a, b| a.ratio.total_cmp(&b.ratio)) else { continue };
-        let met = cells.iter().filter(|c| c.ratio >= e1::TARGET).count();
-        row(
-            &format!(
-                "stripefs E1, every cell ≥ {} × the ionet-perf run beside it on {t_}:// (6)",
-                e1::TARGET
-            ),
-            Some(low.ratio),
-            &|r| r >= e1::TARGET,
-            format!(
-                "{met} of {} cells; lowest {:.2}× ({} io servers × {} clients, {})",
-                cells.len(),
-                low.ratio,
-                low.io_servers,
-                low.clients,
-                low.op
-            ),
-        );
+        for (which, against) in [
+            (e1::Reference::Peak, "the ionet-perf run beside it"),
+            (e1::Reference::Footprint, "ionet-perf over the cell's footprint, beside it,"),
+        ] {
+            let cells = e1::cell_ratios(all, which, t_);
+            let Some(low) = cells.iter().min_by(|a, b| a.ratio.total_cmp(&b.ratio)) else { continue };
+            let met = cells.iter().filter(|c| c.ratio >= e1::TARGET).count();
+            row(
+                &format!("stripefs E1, every cell ≥ {} × {against} on {t_}:// (6)", e1::TARGET),
+                Some(low.ratio),
+                &|r| r >= e1::TARGET,
+                format!(
+                    "{met} of {} cells; lowest {:.2}× ({} io servers × {} clients, {})",
+                    cells.len(),
+                    low.ratio,
+                    low.io_servers,
+                    low.clients,
+                    low.op
+                ),
+            );
+        }
     }
     // Issue 5: client CPU of server-based RDMA ≤ 10 % of TCP's.
     for op in ["write", "read"] {

@@ -14,6 +14,14 @@
 //! discard, instead of on every block of one cell. (Single rounds of a small cell last half a millisecond; their median
 //! skips the slow rounds that a draw's mean includes, and five of them see one moment of a
 //! machine whose speed drifts by a quarter within a second.)
+//!
+//! Every draw is two runs: the transport's streaming peak (a window of buffers, which stay in
+//! the caches) and, right after it, the same stream with its messages cycling through the
+//! cell's footprint on each side ([`PairedReference::draw_with_footprint`]): C × 2N MiB, what
+//! the cell's clients send from and its io servers' files take in. Over tcp every byte is
+//! copied twice, and once the footprint outgrows the caches both copies run at memory speed;
+//! the second reference shows what that costs the transport alone, so a cell's two ratios
+//! separate stripefs's own cost from its workload's.
 
 use super::reference::{PairedReference, Placement, WINDOW, Waits};
 use super::util::{Gate, mbs, parallel, pattern, prefaulted};
@@ -32,6 +40,8 @@ use stripefs::{ClientOptions, CreateOptions};
 const EXP: &str = "e1";
 /// The experiment name of the reference draws.
 const REF_EXP: &str = "e1-ref";
+/// The experiment name of the reference draws over the cell's footprint.
+const REF_FOOTPRINT_EXP: &str = "e1-ref-footprint";
 /// The target: every cell at least this fraction of its reference.
 pub const TARGET: f64 = 0.8;
 /// Blocks per cell unless `--blocks` or a larger `--runs` says otherwise.
@@ -232,7 +242,8 @@ fn cluster_cells(
     let before = path_totals(&setup)?;
     // Per cell: a gate its clients and this thread pass to start a block and to end it.
     let control: Vec<Gate> = clients.iter().map(|&c| Gate::new(c as usize + 1, ctx.step_timeout())).collect();
-    let mut draws: Vec<Vec<f64>> = vec![Vec::new(); clients.len()];
+    let footprints: Vec<u64> = clients.iter().map(|&c| region * u64::from(c)).collect();
+    let mut draws: Vec<CellDraws> = vec![CellDraws::default(); clients.len()];
     let (cells, ran) = std::thread::scope(|sc| {
         let groups: Vec<_> = clients
             .iter()
@@ -242,7 +253,8 @@ fn cluster_cells(
                 sc.spawn(move || plan.cell_clients(c, &name, control))
             })
             .collect();
-        let ran = run_schedule(&schedule(clients.len(), blocks), &control, reference, &mut draws);
+        let refs = reference.map(|r| (r, footprints.as_slice()));
+        let ran = run_schedule(&schedule(clients.len(), blocks), &control, refs, &mut draws);
         if ran.is_err() {
             for g in &control {
                 g.abort("the E1 schedule stopped");
@@ -298,8 +310,11 @@ fn cluster_cells(
             s.push(sample(EXP, &format!("write N={n}"), c, b, w));
             s.push(sample(EXP, &format!("read N={n}"), c, b, r));
         }
-        for (r, &v) in draws.iter().enumerate() {
+        for (r, &v) in draws.peak.iter().enumerate() {
             s.push(sample(REF_EXP, &ref_series(n), c, r, v));
+        }
+        for (r, &v) in draws.footprint.iter().enumerate() {
+            s.push(sample(REF_FOOTPRINT_EXP, &ref_series(n), c, r, v));
         }
     }
     for &c in clients {
@@ -308,20 +323,30 @@ fn cluster_cells(
     Ok(())
 }
 
-/// Walks the schedule: draws the reference (when there is one) into `draws` of the cells beside
-/// it, and lets a cell's clients through their control gate to run a block, then waits at it
-/// for the block's end.
+/// The reference runs drawn beside one cell, in MB/s.
+#[derive(Debug, Clone, Default)]
+struct CellDraws {
+    /// At the transport's streaming peak.
+    peak: Vec<f64>,
+    /// The same stream over the cell's footprint, each right after a peak draw.
+    footprint: Vec<f64>,
+}
+
+/// Walks the schedule: draws the reference (when there is one; with each cell's footprint)
+/// into `draws` of the cells beside it, and lets a cell's clients through their control gate to
+/// run a block, then waits at it for the block's end.
 fn run_schedule(
     steps: &[Step],
     control: &[Gate],
-    mut reference: Option<&mut PairedReference>,
-    draws: &mut [Vec<f64>],
+    mut reference: Option<(&mut PairedReference, &[u64])>,
+    draws: &mut [CellDraws],
 ) -> Result<()> {
     for &step in steps {
         match step {
             Step::Draw { beside } => {
-                if let Some(rf) = reference.as_deref_mut() {
-                    draws[beside].push(rf.draw()?);
+                if let Some((rf, footprints)) = reference.as_mut() {
+                    draws[beside].peak.push(rf.draw()?);
+                    draws[beside].footprint.push(rf.draw_with_footprint(footprints[beside])?);
                 }
             }
             Step::Block { cell } => {
@@ -473,17 +498,35 @@ fn server_counts(e: &Samples) -> Vec<u32> {
     v
 }
 
-/// The reference drawn beside the runs of the cell with `n` io servers and `c` clients on `t`.
-pub fn paired_reference(s: &Samples, t: &str, n: u32, c: f64) -> Option<Summary> {
-    s.get(REF_EXP, t, &ref_series(n), "bandwidth", c)
+/// Which reference a cell is held against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reference {
+    /// The transport's streaming peak.
+    Peak,
+    /// The same stream over the cell's footprint.
+    Footprint,
 }
 
-/// Every reference draw on `t` in this run.
-pub fn all_draws(s: &Samples, t: &str) -> Option<Summary> {
+impl Reference {
+    fn exp(self) -> &'static str {
+        match self {
+            Reference::Peak => REF_EXP,
+            Reference::Footprint => REF_FOOTPRINT_EXP,
+        }
+    }
+}
+
+/// The reference drawn beside the runs of the cell with `n` io servers and `c` clients on `t`.
+pub fn paired_reference(s: &Samples, which: Reference, t: &str, n: u32, c: f64) -> Option<Summary> {
+    s.get(which.exp(), t, &ref_series(n), "bandwidth", c)
+}
+
+/// Every reference draw of one kind on `t` in this run.
+pub fn all_draws(s: &Samples, which: Reference, t: &str) -> Option<Summary> {
     let v: Vec<f64> = s
         .rows()
         .iter()
-        .filter(|r| r.experiment == REF_EXP && r.transport == t && r.metric == "bandwidth")
+        .filter(|r| r.experiment == which.exp() && r.transport == t && r.metric == "bandwidth")
         .map(|r| r.value)
         .collect();
     Summary::of(&v)
@@ -499,13 +542,13 @@ pub struct CellRatio {
     pub ratio: f64,
 }
 
-/// Every cell on `t` that has a reference, against it.
-pub fn cell_ratios(s: &Samples, t: &str) -> Vec<CellRatio> {
+/// Every cell on `t` that has a reference of this kind, against it.
+pub fn cell_ratios(s: &Samples, which: Reference, t: &str) -> Vec<CellRatio> {
     let mut out = Vec::new();
     let clients = s.filter(|r| r.experiment == EXP && r.transport == t).xs();
     for n in server_counts(s) {
         for &c in &clients {
-            let Some(rf) = paired_reference(s, t, n, c) else { continue };
+            let Some(rf) = paired_reference(s, which, t, n, c) else { continue };
             for op in ["write", "read"] {
                 if let Some(v) = s.get(EXP, t, &format!("{op} N={n}"), "bandwidth", c) {
                     out.push(CellRatio { io_servers: n, clients: c as u32, op, ratio: v.ratio_to(&rf) });
@@ -566,13 +609,24 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
     );
     for t in &ts {
         md.push_str(&format!("**{t}://**"));
-        if let Some(all) = all_draws(s, t) {
-            let ratios = cell_ratios(s, t);
+        if let Some(all) = all_draws(s, Reference::Peak, t) {
+            let ratios = cell_ratios(s, Reference::Peak, t);
             let met = ratios.iter().filter(|r| r.ratio >= TARGET).count();
             md.push_str(&format!(
                 " — ionet-perf streaming bandwidth (1 MiB messages, {WINDOW} in flight, where it peaks here; about 0.1 s, its client and server waiting as \
                  the clients and io servers do), drawn before each of the cell's blocks and after the last: {} MB/s over all {} draws. Cells at ≥ {TARGET}× of the reference beside \
                  them: {met} of {}.",
+                cell_text(Some(all)),
+                all.n,
+                ratios.len()
+            ));
+        }
+        if let Some(all) = all_draws(s, Reference::Footprint, t) {
+            let ratios = cell_ratios(s, Reference::Footprint, t);
+            let met = ratios.iter().filter(|r| r.ratio >= TARGET).count();
+            md.push_str(&format!(
+                " Right after each draw, the same stream with its messages cycling through the cell's footprint on each side \
+                 (its clients' regions, C × {mib_per_server}N MiB, at least a window's worth): {} MB/s over all {} draws. Cells at ≥ {TARGET}× of it: {met} of {}.",
                 cell_text(Some(all)),
                 all.n,
                 ratios.len()
@@ -587,6 +641,9 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
             "ionet-perf beside, MB/s",
             "write / ionet-perf",
             "read / ionet-perf",
+            "ionet-perf over the footprint, MB/s",
+            "write / footprint",
+            "read / footprint",
         ]);
         for &n in &ns {
             for &c in &cs {
@@ -595,8 +652,9 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
                 if w.is_none() && r.is_none() {
                     continue;
                 }
-                let rf = paired_reference(s, t, n, c);
-                let ratio = |x: Option<Summary>| match (x, rf) {
+                let rf = paired_reference(s, Reference::Peak, t, n, c);
+                let fp = paired_reference(s, Reference::Footprint, t, n, c);
+                let ratio = |x: Option<Summary>, rf: Option<Summary>| match (x, rf) {
                     (Some(x), Some(b)) => format!("{:.2}×", x.ratio_to(&b)),
                     _ => "–".into(),
                 };
@@ -606,8 +664,11 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
                     cell_text(w),
                     cell_text(r),
                     cell_text(rf),
-                    ratio(w),
-                    ratio(r),
+                    ratio(w, rf),
+                    ratio(r, rf),
+                    cell_text(fp),
+                    ratio(w, fp),
+                    ratio(r, fp),
                 ]);
             }
         }
@@ -690,7 +751,7 @@ mod tests {
                 s.push(bw(REF_EXP, &ref_series(1), c, r, beside + f64::from(r)));
             }
         }
-        let got = cell_ratios(&s, "tcp");
+        let got = cell_ratios(&s, Reference::Peak, "tcp");
         let ratio = |c: u32, op: &str| {
             got.iter().find(|x| x.clients == c && x.op == op).map(|x| (x.ratio * 100.0).round() / 100.0)
         };
@@ -700,12 +761,14 @@ mod tests {
         assert_eq!(ratio(4, "write"), Some(0.45));
         let md = render(&s, "", 2).unwrap().md;
         assert!(
-            md.contains("| 1 | 1 | 4500 (4500–4500) | 4500 (4500–4500) | 5001 (5000–5002) | 0.90× | 0.90× |"),
+            md.contains(
+                "| 1 | 1 | 4500 (4500–4500) | 4500 (4500–4500) | 5001 (5000–5002) | 0.90× | 0.90× | – |"
+            ),
             "{md}"
         );
         assert!(
             md.contains(
-                "| 1 | 4 | 4500 (4500–4500) | 4500 (4500–4500) | 10001 (10000–10002) | 0.45× | 0.45× |"
+                "| 1 | 4 | 4500 (4500–4500) | 4500 (4500–4500) | 10001 (10000–10002) | 0.45× | 0.45× | – |"
             ),
             "{md}"
         );
@@ -716,6 +779,42 @@ mod tests {
         assert!(md.contains("A cell runs in 3 blocks"), "{md}");
         // The report names the window its draws streamed with.
         assert!(md.contains(&format!("1 MiB messages, {WINDOW} in flight")), "{md}");
+    }
+
+    /// The draws over a cell's footprint are a second reference, reported beside the peak's:
+    /// each cell gets its ratio to both, and each kind counts its own cells at the target.
+    #[test]
+    fn each_cell_also_has_its_ratio_to_the_stream_over_its_footprint() {
+        let mut s = Samples::new();
+        for r in 0..3 {
+            for (c, peak, spread) in [(1.0, 5000.0, 5000.0), (4.0, 6000.0, 4000.0)] {
+                s.push(bw(EXP, "write N=1", c, r, 3600.0));
+                s.push(bw(EXP, "read N=1", c, r, 4500.0));
+                s.push(bw(REF_EXP, &ref_series(1), c, r, peak));
+                s.push(bw(REF_FOOTPRINT_EXP, &ref_series(1), c, r, spread));
+            }
+        }
+        let ratios = |which| -> Vec<(u32, &str, f64)> {
+            cell_ratios(&s, which, "tcp")
+                .into_iter()
+                .map(|x| (x.clients, x.op, (x.ratio * 100.0).round() / 100.0))
+                .collect()
+        };
+        assert_eq!(
+            ratios(Reference::Peak),
+            [(1, "write", 0.72), (1, "read", 0.9), (4, "write", 0.6), (4, "read", 0.75)]
+        );
+        assert_eq!(
+            ratios(Reference::Footprint),
+            [(1, "write", 0.72), (1, "read", 0.9), (4, "write", 0.9), (4, "read", 1.13)]
+        );
+        let md = render(&s, "", 2).unwrap().md;
+        assert!(md.contains("Cells at ≥ 0.8× of the reference beside them: 1 of 4."), "{md}");
+        assert!(md.contains("over all 6 draws. Cells at ≥ 0.8× of it: 3 of 4."), "{md}");
+        assert!(
+            md.contains("| 1 | 4 | 3600 (3600–3600) | 4500 (4500–4500) | 6000 (6000–6000) | 0.60× | 0.75× | 4000 (4000–4000) | 0.90× | 1.12× |"),
+            "{md}"
+        );
     }
 
     /// A block counts every round at its slowest client's time, and its bandwidth is its
@@ -791,11 +890,11 @@ mod tests {
                     control[0].wait().unwrap();
                 }
             });
-            let mut draws = vec![Vec::new()];
+            let mut draws = vec![CellDraws::default()];
             run_schedule(&schedule(1, 2), &control, None, &mut draws).unwrap();
             // Both blocks ended before the schedule returned.
             assert_eq!(ends.load(Ordering::SeqCst), 2);
-            assert!(draws[0].is_empty(), "no reference, no draws");
+            assert!(draws[0].peak.is_empty() && draws[0].footprint.is_empty(), "no reference, no draws");
             client.join().unwrap();
         });
     }
@@ -804,7 +903,7 @@ mod tests {
     fn a_cell_whose_clients_failed_stops_the_schedule() {
         let control = [Gate::new(2, Duration::from_secs(30))];
         control[0].abort("client 0: connection refused");
-        let err = run_schedule(&schedule(1, 2), &control, None, &mut [Vec::new()]).unwrap_err();
+        let err = run_schedule(&schedule(1, 2), &control, None, &mut [CellDraws::default()]).unwrap_err();
         assert!(format!("{err:#}").contains("connection refused"), "{err:#}");
     }
 
@@ -813,9 +912,10 @@ mod tests {
         let mut s = Samples::new();
         s.push(bw(EXP, "write N=1", 1.0, 0, 4500.0));
         s.push(bw(EXP, "read N=1", 1.0, 0, 4500.0));
-        assert!(cell_ratios(&s, "tcp").is_empty());
+        assert!(cell_ratios(&s, Reference::Peak, "tcp").is_empty());
+        assert!(cell_ratios(&s, Reference::Footprint, "tcp").is_empty());
         let md = render(&s, "", 2).unwrap().md;
-        assert!(md.contains("| 1 | 1 | 4500 | 4500 | – | – | – |"), "{md}");
+        assert!(md.contains("| 1 | 1 | 4500 | 4500 | – | – | – | – | – | – |"), "{md}");
         assert!(!md.contains("draws"), "{md}");
     }
 

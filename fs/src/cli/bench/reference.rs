@@ -132,8 +132,21 @@ impl PairedReference {
 
     /// One streaming run now, in MB/s (10⁶ B/s).
     pub fn draw(&mut self) -> Result<f64> {
+        self.request("\n")
+    }
+
+    /// One streaming run now whose messages cycle through `footprint` bytes of buffers on
+    /// each side (`ionet-perf --footprint`) instead of a window's worth, in MB/s.
+    pub fn draw_with_footprint(&mut self, footprint: u64) -> Result<f64> {
+        self.request(&format!("footprint {footprint}\n"))
+    }
+
+    fn request(&mut self, line: &str) -> Result<f64> {
         let stdin = &mut self.stdin;
-        stdin.write_all(b"\n").and_then(|()| stdin.flush()).context("asking ionet-perf for a run")?;
+        stdin
+            .write_all(line.as_bytes())
+            .and_then(|()| stdin.flush())
+            .context("asking ionet-perf for a run")?;
         let line = self.next_line().context("waiting for an ionet-perf run")?;
         parse_run(&line).map(|gbps| gbps * 1000.0)
     }
