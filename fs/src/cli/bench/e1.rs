@@ -817,6 +817,40 @@ mod tests {
         );
     }
 
+    /// Each draw asks the reference for a peak run and then for a run over the footprint of
+    /// the cell it is beside. A stand-in for ionet-perf (a shell script speaking its
+    /// on-demand protocol) logs the requests.
+    #[test]
+    fn each_draw_runs_the_peak_and_then_the_cells_footprint() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let log = d.path().join("requests");
+        let fake = d.path().join("ionet-perf");
+        std::fs::write(
+            &fake,
+            format!(
+                "#!/bin/sh\ncase \"$1\" in\n server) echo LISTEN tcp://127.0.0.1:9; exec sleep 60;;\n \
+                 client) echo '# stand-in'; echo READY\n  while read -r l; do echo \"[$l]\" >> {}; echo RUN 1048576 5.5; done;;\nesac\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let waits = Waits { client: WaitMode::Block, server: WaitMode::Block };
+        let mut rf =
+            PairedReference::start(&fake, Scheme::Tcp, Placement::Unpinned, waits, Duration::from_secs(10))
+                .unwrap();
+        let steps = [Step::Draw { beside: 1 }, Step::Draw { beside: 0 }];
+        let mut draws = vec![CellDraws::default(); 2];
+        run_schedule(&steps, &[], Some((&mut rf, &[2 << 20, 8 << 20])), &mut draws).unwrap();
+        drop(rf);
+        assert_eq!(draws[0].peak, [5500.0]);
+        assert_eq!(draws[0].footprint, [5500.0]);
+        assert_eq!(draws[1].peak.len() + draws[1].footprint.len(), 2);
+        let asked = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(asked, "[]\n[footprint 8388608]\n[]\n[footprint 2097152]\n");
+    }
+
     /// A block counts every round at its slowest client's time, and its bandwidth is its
     /// bytes over the sum of those times (a mean over the window, as a reference draw's is),
     /// not the median of single rounds, which would leave out the slow ones.
