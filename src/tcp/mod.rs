@@ -3198,12 +3198,18 @@ fn stream_frames(op: OpId, sl: ServiceLevel, len: usize, chunk: usize) -> impl I
 }
 
 /// Socket options for a class: no Nagle delay, buffers (when configured; else the kernel's
-/// autotuning), DSCP and `SO_PRIORITY`.
+/// autotuning), congestion control (when configured), DSCP and `SO_PRIORITY`.
 fn tune(sock: &SockRef<'_>, cfg: &Config, sl: ServiceLevel, v4: bool) {
     let _ = sock.set_tcp_nodelay(true);
     if let Some(n) = cfg.socket_buffer {
         let _ = sock.set_send_buffer_size(n);
         let _ = sock.set_recv_buffer_size(n);
+    }
+    if let Some(cc) = &cfg.tcp_congestion
+        && let Err(e) = sock.set_tcp_congestion(cc.as_bytes())
+    {
+        // The connection still works under the kernel's default; say why it is not the one asked for.
+        tracing::warn!(congestion = %cc, error = %e, "TCP congestion control refused; keeping the kernel's");
     }
     let tos = u32::from(cfg.dscp[sl.index()]) << 2;
     let _ = if v4 { sock.set_tos_v4(tos) } else { sock.set_tclass_v6(tos) };
@@ -3389,5 +3395,35 @@ mod tune_tests {
         tune(&SockRef::from(&fixed), &Config::default().socket_buffer(256 << 10), ServiceLevel::Bulk, true);
         let (rcv, snd) = sizes(&fixed);
         assert!(rcv != default.0 && snd != default.1, "fixed {:?}, default {default:?}", (rcv, snd));
+    }
+
+    /// The congestion control is the kernel's unless configured; a configured one is set on the
+    /// socket, and one the kernel refuses leaves the kernel's in place.
+    #[test]
+    fn congestion_control_is_the_kernels_unless_configured() {
+        let cc =
+            |s: &std::net::TcpStream| String::from_utf8(SockRef::from(s).tcp_congestion().unwrap()).unwrap();
+        let (untouched, _p1) = pair();
+        let kernels = cc(&untouched);
+        let (plain, _p2) = pair();
+        tune(&SockRef::from(&plain), &Config::default(), ServiceLevel::Bulk, true);
+        assert_eq!(cc(&plain), kernels);
+        // reno is always built in and always allowed, so it is never refused; pick the one of
+        // reno and cubic that is not the kernel's default, so the test sees a change.
+        let want = if kernels.trim_end_matches('\0') == "reno" { "cubic" } else { "reno" };
+        let (set, _p3) = pair();
+        tune(&SockRef::from(&set), &Config::default().tcp_congestion(want), ServiceLevel::Bulk, true);
+        let got = cc(&set);
+        if want == "reno" || got.trim_end_matches('\0') == want {
+            assert_eq!(got.trim_end_matches('\0'), want);
+        }
+        let (refused, _p4) = pair();
+        tune(
+            &SockRef::from(&refused),
+            &Config::default().tcp_congestion("no-such-cc"),
+            ServiceLevel::Bulk,
+            true,
+        );
+        assert_eq!(cc(&refused), kernels, "a refused name keeps the kernel's choice");
     }
 }

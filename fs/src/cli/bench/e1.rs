@@ -286,8 +286,13 @@ fn cluster_cells(
     }
     let t = scheme.as_str();
     let server_wait = a.waits().server;
+    let congestion = match (scheme, stripefs::net::tcp_congestion()) {
+        (Scheme::Tcp, Some(cc)) => format!(" tcp_congestion={cc}"),
+        (Scheme::Tcp, None) => " tcp_congestion=system".to_string(),
+        _ => String::new(),
+    };
     let note = format!(
-        "region_bytes={region} block_ms={} interleaved{}{}{}",
+        "region_bytes={region} block_ms={} interleaved{congestion}{}{}{}",
         block.as_millis(),
         if a.cache_registrations { " cached_registrations" } else { "" },
         if pin { " pinned" } else { "" },
@@ -586,6 +591,14 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
     } else {
         " No CPU pinning (`--no-pin`), for the clients, the servers and the ionet-perf reference."
     };
+    let congestion = e
+        .rows()
+        .iter()
+        .find_map(|r| r.note.split(' ').find_map(|w| w.strip_prefix("tcp_congestion=")).map(str::to_string))
+        .map_or(String::new(), |cc| {
+            let cc = if cc == "system" { "the kernel's default".to_string() } else { format!("`{cc}`") };
+            format!(" TCP congestion control: {cc}, for stripefs's connections and the reference's alike.")
+        });
     let block = e
         .rows()
         .iter()
@@ -605,7 +618,7 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
          timed rounds back to back; a block's bandwidth = its bytes / the sum of its rounds' times, MB/s = 10⁶ B/s, \
          and the table gives the median (min–max) over the blocks.{interleaved} Clients: threads of the bench \
          process, one `Client` each, {waits} waits; io servers: child processes, {server_waits} waits, data on tmpfs, every byte moved \
-         on their mapped path (checked against their counters).{cached}{placement}\n\n"
+         on their mapped path (checked against their counters).{cached}{placement}{congestion}\n\n"
     );
     for t in &ts {
         md.push_str(&format!("**{t}://**"));
@@ -972,5 +985,8 @@ mod tests {
         assert!(cell("region_bytes=2097152").contains("No CPU pinning"));
         assert!(cell("region_bytes=2097152 interleaved pinned").contains("take turns, one block each"));
         assert!(!cell("region_bytes=2097152 pinned").contains("take turns"));
+        assert!(cell("region_bytes=2097152 tcp_congestion=reno").contains("TCP congestion control: `reno`"));
+        assert!(cell("region_bytes=2097152 tcp_congestion=system").contains("the kernel's default"));
+        assert!(!cell("region_bytes=2097152").contains("congestion"));
     }
 }

@@ -6,7 +6,8 @@
 //! different machine, while draws next to a measurement see the state it saw. The draws are ionet-perf's own `bw` test (1 MiB messages,
 //! [`WINDOW`] in flight, Bulk service level, plain heap buffers) in the experiment's wait mode,
 //! so an experiment's figures read as a share of the transport's streaming peak (paper 003's
-//! "% of transport peak").
+//! "% of transport peak"), over TCP with the congestion control stripefs's own connections use
+//! ([`stripefs::net::tcp_congestion`]).
 
 use anyhow::{Context, Result, anyhow, bail};
 use ionet::{Scheme, WaitMode};
@@ -63,14 +64,22 @@ impl PairedReference {
         wait: Waits,
         timeout: Duration,
     ) -> Result<Self> {
-        let cpu = |c: Option<usize>| c.map(|c| vec!["--cpu".to_string(), c.to_string()]).unwrap_or_default();
+        // The reference's connections use the congestion control stripefs's do, so the two
+        // compare the same transport.
+        let args = |c: Option<usize>| {
+            let mut a = c.map(|c| vec!["--cpu".to_string(), c.to_string()]).unwrap_or_default();
+            if let Some(cc) = stripefs::net::tcp_congestion() {
+                a.extend(["--tcp-congestion".to_string(), cc]);
+            }
+            a
+        };
         let (client_cpu, server_cpu) = match place {
             Placement::Unpinned => (None, None),
             Placement::Pinned { client, server } => (Some(client), Some(server)),
         };
         let mut server = Command::new(perf)
             .args(["server", "--listen", &format!("{scheme}://127.0.0.1:0"), "--wait", wait.server.name()])
-            .args(cpu(server_cpu))
+            .args(args(server_cpu))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -89,7 +98,7 @@ impl PairedReference {
             .args(["client", "--connect", &addr, "--test", "bw", "--sizes", &REF_SIZE.to_string()])
             .args(["--window", &WINDOW.to_string(), "--iters", &ITERS.to_string()])
             .args(["--sl", "bulk", "--wait", wait.client.name(), "--on-demand"])
-            .args(cpu(client_cpu))
+            .args(args(client_cpu))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
