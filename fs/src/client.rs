@@ -217,6 +217,9 @@ impl Client {
             ep_cfg = ep_cfg.policy(p.clone());
         }
         ep_cfg = ep_cfg.ib(opts.ib.clone().unwrap_or_else(default_ib_config));
+        if let Some(cc) = crate::net::tcp_congestion() {
+            ep_cfg = ep_cfg.tcp_congestion(cc);
+        }
         let ep = Endpoint::client(ep_cfg)?;
         let meta = ep.connect(&cfg.meta)?;
         let io = cfg.io_servers.iter().map(|a| ep.connect(a)).collect::<Result<Vec<_>, _>>()?;

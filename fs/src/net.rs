@@ -29,30 +29,28 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const SLOW_RATE: u64 = 10_000_000;
 
 /// The ionet configuration every stripefs endpoint uses: the cluster key authenticates every
-/// connection, headers may be as large as the largest protocol message, and TCP connections
-/// use [`tcp_congestion`]'s congestion control.
+/// connection, headers may be as large as the largest protocol message.
 pub fn endpoint_config(key: &[u8], wait_mode: WaitMode, progress_thread: bool) -> Config {
-    let cfg = Config::default()
+    Config::default()
         .cluster_key(key.to_vec())
         .max_header(proto::MAX_MESSAGE)
         .wait_mode(wait_mode)
-        .progress_thread(progress_thread);
-    match tcp_congestion() {
-        Some(cc) => cfg.tcp_congestion(cc),
-        None => cfg,
-    }
+        .progress_thread(progress_thread)
 }
 
-/// TCP congestion control of stripefs's connections unless [`TCP_CONGESTION_ENV`] says
-/// otherwise. stripefs traffic is request and reply, idle between calls; under BBR (this
-/// project's test machine's default), which paces each burst at its estimate of the path's
-/// rate, one client's 2 MiB writes to one io server ran about 30 % slower than under reno or
-/// cubic (BENCHMARKS.md, E1). Reno, not cubic, because the kernel lets every process choose
-/// reno, while cubic needs privilege where the administrator has not allowed it.
+/// TCP congestion control of a client's connections (what it sends: requests and the data of
+/// writes) unless [`TCP_CONGESTION_ENV`] says otherwise; servers keep the kernel's. A client's
+/// traffic is request and payload after an idle wait for the reply; under BBR (this project's
+/// test machine's default), which paces each burst at its estimate of the path's rate, E1's
+/// writes over tcp ran 30–47 % slower than under reno. The servers' replies and read data
+/// stay with the kernel's choice: with reno on every connection, the cells where several io
+/// servers send to several clients at once read up to 30 % slower than under BBR
+/// (BENCHMARKS.md, E1). Reno, not cubic, because the kernel lets every process choose reno,
+/// while cubic needs privilege where the administrator has not allowed it.
 pub const DEFAULT_TCP_CONGESTION: &str = "reno";
 
-/// Environment variable naming the congestion control of stripefs's TCP connections (every
-/// stripefs process reads it: clients, meta and io servers); `system` keeps the kernel's.
+/// Environment variable naming the congestion control of a stripefs client's TCP connections;
+/// `system` keeps the kernel's.
 pub const TCP_CONGESTION_ENV: &str = "STRIPEFS_TCP_CONGESTION";
 
 /// The congestion control stripefs asks for: [`TCP_CONGESTION_ENV`] if set, else
@@ -183,7 +181,7 @@ mod tests {
         assert_eq!(congestion_from(Some("cubic")).as_deref(), Some("cubic"));
         assert_eq!(congestion_from(Some("system")), None, "the kernel's");
         let cfg = endpoint_config(b"key", WaitMode::Block, false);
-        assert_eq!(cfg.get_tcp_congestion(), tcp_congestion().as_deref(), "every endpoint asks for it");
+        assert_eq!(cfg.get_tcp_congestion(), None, "servers keep the kernel's");
     }
 
     use super::*;

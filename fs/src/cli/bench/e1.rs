@@ -597,7 +597,7 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
         .find_map(|r| r.note.split(' ').find_map(|w| w.strip_prefix("tcp_congestion=")).map(str::to_string))
         .map_or(String::new(), |cc| {
             let cc = if cc == "system" { "the kernel's default".to_string() } else { format!("`{cc}`") };
-            format!(" TCP congestion control: {cc}, for stripefs's connections and the reference's alike.")
+            format!(" TCP congestion control: {cc} for the clients' connections and both sides of the reference's, the kernel's for the servers'.")
         });
     let block = e
         .rows()
@@ -985,7 +985,10 @@ mod tests {
         assert!(cell("region_bytes=2097152").contains("No CPU pinning"));
         assert!(cell("region_bytes=2097152 interleaved pinned").contains("take turns, one block each"));
         assert!(!cell("region_bytes=2097152 pinned").contains("take turns"));
-        assert!(cell("region_bytes=2097152 tcp_congestion=reno").contains("TCP congestion control: `reno`"));
+        assert!(
+            cell("region_bytes=2097152 tcp_congestion=reno")
+                .contains("TCP congestion control: `reno` for the clients'")
+        );
         assert!(cell("region_bytes=2097152 tcp_congestion=system").contains("the kernel's default"));
         assert!(!cell("region_bytes=2097152").contains("congestion"));
     }

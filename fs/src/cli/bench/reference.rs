@@ -6,7 +6,7 @@
 //! different machine, while draws next to a measurement see the state it saw. The draws are ionet-perf's own `bw` test (1 MiB messages,
 //! [`WINDOW`] in flight, Bulk service level, plain heap buffers) in the experiment's wait mode,
 //! so an experiment's figures read as a share of the transport's streaming peak (paper 003's
-//! "% of transport peak"), over TCP with the congestion control stripefs's own connections use
+//! "% of transport peak"), over TCP with the congestion control stripefs's clients use
 //! ([`stripefs::net::tcp_congestion`]).
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -64,8 +64,8 @@ impl PairedReference {
         wait: Waits,
         timeout: Duration,
     ) -> Result<Self> {
-        // The reference's connections use the congestion control stripefs's do, so the two
-        // compare the same transport.
+        // The reference's connections use the congestion control of stripefs's clients, on
+        // both sides (its data flows from its client; the faster of the two choices here).
         let args = |c: Option<usize>| {
             let mut a = c.map(|c| vec!["--cpu".to_string(), c.to_string()]).unwrap_or_default();
             if let Some(cc) = stripefs::net::tcp_congestion() {
