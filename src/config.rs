@@ -398,8 +398,8 @@ impl Config {
     /// `"reno"`). Default: unset, the kernel's (`net.ipv4.tcp_congestion_control`). A storage
     /// protocol's traffic is request and reply, idle between calls, and BBR paces each burst
     /// at its estimate of the path's rate: on this project's loopback test machine, whose
-    /// default is BBR, synchronous 2 MiB writes ran about 30 % slower under it than under
-    /// reno or cubic. A name the kernel refuses (not built, or not in
+    /// default is BBR, a stripefs client's synchronous 2 MiB writes ran 25–50 % slower under
+    /// it than under reno or cubic. A name the kernel refuses (not built, or not in
     /// `net.ipv4.tcp_allowed_congestion_control` for an unprivileged process; reno always
     /// is) leaves the kernel's choice in place and logs a warning.
     pub fn tcp_congestion(mut self, name: impl Into<String>) -> Self {

@@ -42,11 +42,12 @@ pub fn endpoint_config(key: &[u8], wait_mode: WaitMode, progress_thread: bool) -
 /// writes) unless [`TCP_CONGESTION_ENV`] says otherwise; servers keep the kernel's. A client's
 /// traffic is request and payload after an idle wait for the reply; under BBR (this project's
 /// test machine's default), which paces each burst at its estimate of the path's rate, E1's
-/// writes over tcp ran 30–47 % slower than under reno. The servers' replies and read data
-/// stay with the kernel's choice: with reno on every connection, the cells where several io
-/// servers send to several clients at once read up to 30 % slower than under BBR
-/// (BENCHMARKS.md, E1). Reno, not cubic, because the kernel lets every process choose reno,
-/// while cubic needs privilege where the administrator has not allowed it.
+/// writes over tcp moved 20–47 % more under reno. The servers' replies and read data stay
+/// with the kernel's choice: with reno on every connection, the cells where several io
+/// servers send to several clients at once read up to 30 % slower than under BBR. Reads
+/// still lost 6–14 % with reno on the clients only, not yet understood (BENCHMARKS.md, E1,
+/// *Clients ask for reno*). Reno, not cubic, because the kernel lets every process choose
+/// reno, while cubic needs privilege where the administrator has not allowed it.
 pub const DEFAULT_TCP_CONGESTION: &str = "reno";
 
 /// Environment variable naming the congestion control of a stripefs client's TCP connections;
