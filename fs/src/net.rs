@@ -38,32 +38,23 @@ pub fn endpoint_config(key: &[u8], wait_mode: WaitMode, progress_thread: bool) -
         .progress_thread(progress_thread)
 }
 
-/// TCP congestion control of a client's connections (what it sends: requests and the data of
-/// writes) unless [`TCP_CONGESTION_ENV`] says otherwise; servers keep the kernel's. A client's
-/// traffic is request and payload after an idle wait for the reply; under BBR (this project's
-/// test machine's default), which paces each burst at its estimate of the path's rate, E1's
-/// writes over tcp moved 20–47 % more under reno. The servers' replies and read data stay
-/// with the kernel's choice: with reno on every connection, the cells where several io
-/// servers send to several clients at once read up to 30 % slower than under BBR. Reads
-/// still lost 6–14 % with reno on the clients only, not yet understood (BENCHMARKS.md, E1,
-/// *Clients ask for reno*). Reno, not cubic, because the kernel lets every process choose
-/// reno, while cubic needs privilege where the administrator has not allowed it.
-pub const DEFAULT_TCP_CONGESTION: &str = "reno";
-
-/// Environment variable naming the congestion control of a stripefs client's TCP connections;
-/// `system` keeps the kernel's.
+/// Environment variable naming the congestion control of a stripefs client's TCP connections
+/// (what it sends: requests and the data of writes); unset, empty or `system` keeps the
+/// kernel's, as servers always do. On this project's test machine, whose kernel defaults to
+/// BBR, `reno` made E1's writes over tcp 20–47 % faster (BBR paces a client's bursts of
+/// request and payload at its estimate of the path's rate) but its reads 6–15 % slower, for
+/// reasons not yet understood, so it is not the default (BENCHMARKS.md, E1, *Clients and
+/// reno*). Reno is the one every process may choose; others may need privilege.
 pub const TCP_CONGESTION_ENV: &str = "STRIPEFS_TCP_CONGESTION";
 
-/// The congestion control stripefs asks for: [`TCP_CONGESTION_ENV`] if set, else
-/// [`DEFAULT_TCP_CONGESTION`]; `None` for the kernel's.
+/// The congestion control a client asks for: [`TCP_CONGESTION_ENV`]'s; `None` for the kernel's.
 pub fn tcp_congestion() -> Option<String> {
     congestion_from(std::env::var(TCP_CONGESTION_ENV).ok().as_deref())
 }
 
 fn congestion_from(var: Option<&str>) -> Option<String> {
     match var.map(str::trim) {
-        Some("system") => None,
-        Some("") | None => Some(DEFAULT_TCP_CONGESTION.to_string()),
+        Some("system") | Some("") | None => None,
         Some(name) => Some(name.to_string()),
     }
 }
@@ -175,12 +166,12 @@ pub fn random_bytes(n: usize) -> io::Result<Vec<u8>> {
 mod tests {
 
     #[test]
-    fn congestion_control_is_reno_unless_the_environment_says_otherwise() {
-        assert_eq!(congestion_from(None).as_deref(), Some(DEFAULT_TCP_CONGESTION));
-        assert_eq!(DEFAULT_TCP_CONGESTION, "reno");
-        assert_eq!(congestion_from(Some("")).as_deref(), Some("reno"));
-        assert_eq!(congestion_from(Some("cubic")).as_deref(), Some("cubic"));
-        assert_eq!(congestion_from(Some("system")), None, "the kernel's");
+    fn congestion_control_is_the_kernels_unless_the_environment_names_one() {
+        assert_eq!(congestion_from(None), None, "the kernel's");
+        assert_eq!(congestion_from(Some("")), None);
+        assert_eq!(congestion_from(Some("system")), None);
+        assert_eq!(congestion_from(Some("reno")).as_deref(), Some("reno"));
+        assert_eq!(congestion_from(Some(" cubic ")).as_deref(), Some("cubic"));
         let cfg = endpoint_config(b"key", WaitMode::Block, false);
         assert_eq!(cfg.get_tcp_congestion(), None, "servers keep the kernel's");
     }

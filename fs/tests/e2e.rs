@@ -856,11 +856,9 @@ pub fn a_clients_adaptive_waits_poll_for_its_transports_budget(scheme: &str) {
         stripefs::ClientOptions { spin_budget: Some(Duration::from_micros(700)), ..Default::default() };
     let c = stripefs::Client::connect_with(tc.cluster.config(), opts).unwrap();
     assert_eq!(c.endpoint().config().get_spin_budget(), Duration::from_micros(700));
-    // A client's connections ask for stripefs's congestion control (reno unless the environment
-    // says otherwise); it only matters over tcp, but the setting is the endpoint's.
-    if std::env::var_os(stripefs::net::TCP_CONGESTION_ENV).is_none() {
-        assert_eq!(c.endpoint().config().get_tcp_congestion(), Some(stripefs::net::DEFAULT_TCP_CONGESTION));
-    }
+    // A client's connections ask for the congestion control the environment names, if any; it
+    // only matters over tcp, but the setting is the endpoint's.
+    assert_eq!(c.endpoint().config().get_tcp_congestion(), stripefs::net::tcp_congestion().as_deref());
 }
 
 fn walk(dir: &std::path::Path) -> usize {

@@ -596,8 +596,14 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
         .iter()
         .find_map(|r| r.note.split(' ').find_map(|w| w.strip_prefix("tcp_congestion=")).map(str::to_string))
         .map_or(String::new(), |cc| {
-            let cc = if cc == "system" { "the kernel's default".to_string() } else { format!("`{cc}`") };
-            format!(" TCP congestion control: {cc} for the clients' connections and both sides of the reference's, the kernel's for the servers'.")
+            if cc == "system" {
+                " TCP congestion control: the kernel's default.".to_string()
+            } else {
+                format!(
+                    " TCP congestion control: `{cc}` for the clients' connections and both sides of the reference's \
+                     (`STRIPEFS_TCP_CONGESTION`), the kernel's for the servers'."
+                )
+            }
         });
     let block = e
         .rows()

@@ -64,8 +64,8 @@ impl PairedReference {
         wait: Waits,
         timeout: Duration,
     ) -> Result<Self> {
-        // The reference's connections use the congestion control of stripefs's clients, on
-        // both sides (its data flows from its client; the faster of the two choices here).
+        // The reference's connections use the congestion control stripefs's clients were told
+        // to (`STRIPEFS_TCP_CONGESTION`), on both sides: its data flows from its client.
         let args = |c: Option<usize>| {
             let mut a = c.map(|c| vec!["--cpu".to_string(), c.to_string()]).unwrap_or_default();
             if let Some(cc) = stripefs::net::tcp_congestion() {
