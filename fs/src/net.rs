@@ -164,6 +164,7 @@ pub fn random_bytes(n: usize) -> io::Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn congestion_control_is_the_kernels_unless_the_environment_names_one() {
@@ -175,8 +176,6 @@ mod tests {
         let cfg = endpoint_config(b"key", WaitMode::Block, false);
         assert_eq!(cfg.get_tcp_congestion(), None, "servers keep the kernel's");
     }
-
-    use super::*;
 
     #[test]
     fn errors_map_to_posix_codes() {

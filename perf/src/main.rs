@@ -337,16 +337,16 @@ fn main() {
 type BoxErr = Box<dyn std::error::Error>;
 
 /// `cfg` with the congestion control of `--tcp-congestion`, if given.
-fn with_congestion(cfg: Config, cc: &Option<String>) -> Config {
+fn with_congestion(cfg: Config, cc: Option<&str>) -> Config {
     match cc {
-        Some(name) => cfg.tcp_congestion(name.as_str()),
+        Some(name) => cfg.tcp_congestion(name),
         None => cfg,
     }
 }
 
 fn run_cli(cli: Cli) -> Result<(), BoxErr> {
     pin(cli.cpu)?;
-    let cc = cli.tcp_congestion.clone();
+    let cc = cli.tcp_congestion.as_deref();
     if cli.show_policy {
         return show_policy(parse_scheme(&cli.transport)?);
     }
@@ -358,8 +358,7 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
         Some(Cmd::Server { listen, wait, knobs }) => {
             procs::exit_with_parent();
             let scheme = listen.parse::<ionet::Address>()?.scheme();
-            let ep =
-                Endpoint::bind(listen.as_str(), with_congestion(knobs.tuning(wait).config(scheme), &cc))?;
+            let ep = Endpoint::bind(listen.as_str(), with_congestion(knobs.tuning(wait).config(scheme), cc))?;
             println!("LISTEN {}", ep.local_addr().ok_or("no local address")?);
             std::io::stdout().flush()?;
             over_ionet::serve(&ep)?;
@@ -394,7 +393,7 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
         Some(Cmd::Client { run, wait, verify, pool, sl, knobs, csv, on_demand }) => {
             let connect = &run.connect;
             let scheme = connect.parse::<ionet::Address>()?.scheme();
-            let ep = Endpoint::client(with_congestion(knobs.tuning(wait).config(scheme), &cc))?;
+            let ep = Endpoint::client(with_congestion(knobs.tuning(wait).config(scheme), cc))?;
             let peer = ep.connect(connect.as_str())?;
             let mut w = csv_writer(csv.as_ref())?;
             let bufs = if pool { "pool" } else { "heap" };

@@ -66,10 +66,11 @@ impl PairedReference {
     ) -> Result<Self> {
         // The reference's connections use the congestion control stripefs's clients were told
         // to (`STRIPEFS_TCP_CONGESTION`), on both sides: its data flows from its client.
+        let congestion = stripefs::net::tcp_congestion();
         let args = |c: Option<usize>| {
             let mut a = c.map(|c| vec!["--cpu".to_string(), c.to_string()]).unwrap_or_default();
-            if let Some(cc) = stripefs::net::tcp_congestion() {
-                a.extend(["--tcp-congestion".to_string(), cc]);
+            if let Some(cc) = &congestion {
+                a.extend(["--tcp-congestion".to_string(), cc.clone()]);
             }
             a
         };
