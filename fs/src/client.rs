@@ -89,6 +89,10 @@ pub struct ClientOptions {
     /// InfiniBand engine settings of this client's endpoint (default: ionet's with
     /// `list_alloc_hint(true)`, see [`default_ib_config`]).
     pub ib: Option<ionet::IbConfig>,
+    /// Congestion control of this client's TCP connections; `None` keeps the kernel's
+    /// (default: [`crate::net::tcp_congestion`], reno unless `STRIPEFS_TCP_CONGESTION` says
+    /// otherwise).
+    pub tcp_congestion: Option<String>,
 }
 
 impl Default for ClientOptions {
@@ -103,6 +107,7 @@ impl Default for ClientOptions {
             gid: 0,
             policy: None,
             ib: None,
+            tcp_congestion: crate::net::tcp_congestion(),
         }
     }
 }
@@ -217,8 +222,8 @@ impl Client {
             ep_cfg = ep_cfg.policy(p.clone());
         }
         ep_cfg = ep_cfg.ib(opts.ib.clone().unwrap_or_else(default_ib_config));
-        if let Some(cc) = crate::net::tcp_congestion() {
-            ep_cfg = ep_cfg.tcp_congestion(cc);
+        if let Some(cc) = &opts.tcp_congestion {
+            ep_cfg = ep_cfg.tcp_congestion(cc.clone());
         }
         let ep = Endpoint::client(ep_cfg)?;
         let meta = ep.connect(&cfg.meta)?;

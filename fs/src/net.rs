@@ -39,22 +39,32 @@ pub fn endpoint_config(key: &[u8], wait_mode: WaitMode, progress_thread: bool) -
 }
 
 /// Environment variable naming the congestion control of a stripefs client's TCP connections
-/// (what it sends: requests and the data of writes); unset, empty or `system` keeps the
-/// kernel's, as servers always do. On this project's test machine, whose kernel defaults to
-/// BBR, `reno` made E1's writes over tcp 20–47 % faster (BBR paces a client's bursts of
-/// request and payload at its estimate of the path's rate) but its reads 6–15 % slower, for
-/// reasons not yet understood, so it is not the default (BENCHMARKS.md, E1, *Clients and
-/// reno*). Reno is the one every process may choose; others may need privilege.
+/// (what it sends: requests and the data of writes): unset or empty for
+/// [`DEFAULT_CLIENT_TCP_CONGESTION`], `system` for the kernel's, or a name the kernel knows.
+/// Servers always keep the kernel's.
 pub const TCP_CONGESTION_ENV: &str = "STRIPEFS_TCP_CONGESTION";
 
-/// The congestion control a client asks for: [`TCP_CONGESTION_ENV`]'s; `None` for the kernel's.
+/// Congestion control of a client's TCP connections unless [`TCP_CONGESTION_ENV`] says
+/// otherwise: reno. A client sends bursts (a request and its payload to each of several io
+/// servers in turn); a pacing algorithm such as BBR, many kernels' default, spreads each burst
+/// at its estimate of the path's rate and leaves the client waiting on its own sockets. On this
+/// project's BBR machine reno made E1's writes 1.5× as fast and its reads 1.1× (paired,
+/// alternated grids; BENCHMARKS.md, E1, *Clients and reno*); what a client's reads move comes
+/// from the servers' connections, which keep the kernel's. Reno is built into every Linux
+/// kernel and allowed to every process; on a WAN with a large bandwidth-delay product set
+/// `system` or `cubic`.
+pub const DEFAULT_CLIENT_TCP_CONGESTION: &str = "reno";
+
+/// The congestion control a client's connections ask for: [`TCP_CONGESTION_ENV`]'s, else
+/// [`DEFAULT_CLIENT_TCP_CONGESTION`]; `None` for the kernel's.
 pub fn tcp_congestion() -> Option<String> {
     congestion_from(std::env::var(TCP_CONGESTION_ENV).ok().as_deref())
 }
 
 fn congestion_from(var: Option<&str>) -> Option<String> {
     match var.map(str::trim) {
-        Some("system") | Some("") | None => None,
+        Some("system") => None,
+        Some("") | None => Some(DEFAULT_CLIENT_TCP_CONGESTION.to_string()),
         Some(name) => Some(name.to_string()),
     }
 }
@@ -167,10 +177,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn congestion_control_is_the_kernels_unless_the_environment_names_one() {
-        assert_eq!(congestion_from(None), None, "the kernel's");
-        assert_eq!(congestion_from(Some("")), None);
-        assert_eq!(congestion_from(Some("system")), None);
+    fn clients_use_reno_unless_the_environment_names_another_or_the_kernels() {
+        assert_eq!(congestion_from(None).as_deref(), Some("reno"), "the clients' default");
+        assert_eq!(congestion_from(Some("")).as_deref(), Some("reno"));
+        assert_eq!(congestion_from(Some("system")), None, "the kernel's");
         assert_eq!(congestion_from(Some("reno")).as_deref(), Some("reno"));
         assert_eq!(congestion_from(Some(" cubic ")).as_deref(), Some("cubic"));
         let cfg = endpoint_config(b"key", WaitMode::Block, false);

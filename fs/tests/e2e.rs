@@ -856,9 +856,19 @@ pub fn a_clients_adaptive_waits_poll_for_its_transports_budget(scheme: &str) {
         stripefs::ClientOptions { spin_budget: Some(Duration::from_micros(700)), ..Default::default() };
     let c = stripefs::Client::connect_with(tc.cluster.config(), opts).unwrap();
     assert_eq!(c.endpoint().config().get_spin_budget(), Duration::from_micros(700));
-    // A client's connections ask for the congestion control the environment names, if any; it
-    // only matters over tcp, but the setting is the endpoint's.
-    assert_eq!(c.endpoint().config().get_tcp_congestion(), stripefs::net::tcp_congestion().as_deref());
+    // A client's connections ask for the congestion control its options name: by default the
+    // environment's, else reno; `None` keeps the kernel's. It only matters over tcp, but the
+    // setting is the endpoint's.
+    let want = stripefs::net::tcp_congestion();
+    if std::env::var_os(stripefs::net::TCP_CONGESTION_ENV).is_none() {
+        assert_eq!(want.as_deref(), Some(stripefs::net::DEFAULT_CLIENT_TCP_CONGESTION));
+    }
+    assert_eq!(c.endpoint().config().get_tcp_congestion(), want.as_deref());
+    for cc in [None, Some("cubic".to_string())] {
+        let opts = stripefs::ClientOptions { tcp_congestion: cc.clone(), ..Default::default() };
+        let c = stripefs::Client::connect_with(tc.cluster.config(), opts).unwrap();
+        assert_eq!(c.endpoint().config().get_tcp_congestion(), cc.as_deref());
+    }
 }
 
 fn walk(dir: &std::path::Path) -> usize {

@@ -601,7 +601,7 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
             } else {
                 format!(
                     " TCP congestion control: `{cc}` for the clients' connections and both sides of the reference's \
-                     (`STRIPEFS_TCP_CONGESTION`), the kernel's for the servers'."
+                     (stripefs clients' default, or `STRIPEFS_TCP_CONGESTION`), the kernel's for the servers'."
                 )
             }
         });

@@ -64,8 +64,9 @@ impl PairedReference {
         wait: Waits,
         timeout: Duration,
     ) -> Result<Self> {
-        // The reference's connections use the congestion control stripefs's clients were told
-        // to (`STRIPEFS_TCP_CONGESTION`), on both sides: its data flows from its client.
+        // The reference's connections use the congestion control stripefs's clients use (reno
+        // unless `STRIPEFS_TCP_CONGESTION` says otherwise), on both sides: its data flows from
+        // its client.
         let congestion = stripefs::net::tcp_congestion();
         let args = |c: Option<usize>| {
             let mut a = c.map(|c| vec!["--cpu".to_string(), c.to_string()]).unwrap_or_default();
