@@ -47,12 +47,12 @@ pub const TCP_CONGESTION_ENV: &str = "STRIPEFS_TCP_CONGESTION";
 /// Congestion control of a client's TCP connections unless [`TCP_CONGESTION_ENV`] says
 /// otherwise: reno. A client sends bursts (a request and its payload to each of several io
 /// servers in turn); a pacing algorithm such as BBR, many kernels' default, spreads each burst
-/// at its estimate of the path's rate and leaves the client waiting on its own sockets. On this
-/// project's BBR machine reno made E1's writes 1.5× as fast and its reads 1.1× (paired,
-/// alternated grids; BENCHMARKS.md, E1, *Clients and reno*); what a client's reads move comes
-/// from the servers' connections, which keep the kernel's. Reno is built into every Linux
-/// kernel and allowed to every process; on a WAN with a large bandwidth-delay product set
-/// `system` or `cubic`.
+/// at its estimate of the path's rate and can leave the client waiting on its own sockets. On
+/// this project's BBR machine reno made a client's writes up to 1.5× as fast, depending on the
+/// minute, and never slower; its reads, whose data comes on the servers' side of each
+/// connection (which keeps the kernel's), moved within the machine's noise (BENCHMARKS.md,
+/// E1, *Clients and reno*). Reno is built into every Linux kernel and allowed to every
+/// process; on a WAN with a large bandwidth-delay product set `system` or `cubic`.
 pub const DEFAULT_CLIENT_TCP_CONGESTION: &str = "reno";
 
 /// The congestion control a client's connections ask for: [`TCP_CONGESTION_ENV`]'s, else
