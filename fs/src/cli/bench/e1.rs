@@ -143,9 +143,17 @@ pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
             None
         } else {
             eprintln!("e1 {scheme}: starting the ionet-perf reference");
-            let r =
-                PairedReference::start(&ctx.c.ionet_perf()?, scheme, place, a.waits(), ctx.step_timeout())
-                    .with_context(|| format!("the ionet-perf reference on {scheme}://"))?;
+            // The reference's connections use the congestion control the cells' clients use.
+            let congestion = client_options(a).tcp_congestion;
+            let r = PairedReference::start(
+                &ctx.c.ionet_perf()?,
+                scheme,
+                place,
+                a.waits(),
+                congestion.as_deref(),
+                ctx.step_timeout(),
+            )
+            .with_context(|| format!("the ionet-perf reference on {scheme}://"))?;
             Some(r)
         };
         for &n in &io {
@@ -214,6 +222,12 @@ fn blocks_per_cell(blocks: Option<usize>, runs: usize, quick: bool) -> usize {
     blocks.unwrap_or(if quick { runs } else { runs.max(DEFAULT_BLOCKS) }).max(1)
 }
 
+/// The options of every E1 client (and, for its congestion control, of the reference).
+fn client_options(a: &E1Args) -> ClientOptions {
+    let ib = a.cache_registrations.then(|| stripefs::client::default_ib_config().cache_foreign(true));
+    ClientOptions { wait_mode: a.wait, ib, ..ClientOptions::default() }
+}
+
 /// Runs every cell of one cluster, their blocks interleaved as [`schedule`] orders them. Each
 /// cell's clients are threads that stay connected for the whole cluster and run a block when
 /// this thread, which also draws the reference, releases them.
@@ -227,8 +241,8 @@ fn cluster_cells(
 ) -> Result<()> {
     let ClusterAt { cluster, scheme, n, pin } = at;
     let region = (a.mib_per_server * u64::from(n)) << 20;
-    let ib = a.cache_registrations.then(|| stripefs::client::default_ib_config().cache_foreign(true));
-    let opts = ClientOptions { wait_mode: a.wait, ib, ..ClientOptions::default() };
+    let opts = client_options(a);
+    let congestion = opts.tcp_congestion.clone();
     let setup = ctx.client(cluster, opts.clone())?;
     let name = |c: u32| format!("/e1-{n}-{c}");
     let spec = LayoutSpec { base: Some(0), pcount: Some(n), ssize: None };
@@ -286,7 +300,7 @@ fn cluster_cells(
     }
     let t = scheme.as_str();
     let server_wait = a.waits().server;
-    let congestion = match (scheme, stripefs::net::tcp_congestion()) {
+    let congestion = match (scheme, congestion) {
         (Scheme::Tcp, Some(cc)) => format!(" tcp_congestion={cc}"),
         (Scheme::Tcp, None) => " tcp_congestion=system".to_string(),
         _ => String::new(),
@@ -837,28 +851,37 @@ mod tests {
     }
 
     /// Each draw asks the reference for a peak run and then for a run over the footprint of
-    /// the cell it is beside. A stand-in for ionet-perf (a shell script speaking its
+    /// the cell it is beside, and both of its processes get the congestion control it was
+    /// started with. A stand-in for ionet-perf (a shell script speaking its
     /// on-demand protocol) logs the requests.
     #[test]
     fn each_draw_runs_the_peak_and_then_the_cells_footprint() {
         use std::os::unix::fs::PermissionsExt;
         let d = tempfile::tempdir().unwrap();
         let log = d.path().join("requests");
+        let args = d.path().join("args");
         let fake = d.path().join("ionet-perf");
         std::fs::write(
             &fake,
             format!(
-                "#!/bin/sh\ncase \"$1\" in\n server) echo LISTEN tcp://127.0.0.1:9; exec sleep 60;;\n \
+                "#!/bin/sh\necho \"$*\" >> {}\ncase \"$1\" in\n server) echo LISTEN tcp://127.0.0.1:9; exec sleep 60;;\n \
                  client) echo '# stand-in'; echo READY\n  while read -r l; do echo \"[$l]\" >> {}; echo RUN 1048576 5.5; done;;\nesac\n",
+                args.display(),
                 log.display()
             ),
         )
         .unwrap();
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
         let waits = Waits { client: WaitMode::Block, server: WaitMode::Block };
-        let mut rf =
-            PairedReference::start(&fake, Scheme::Tcp, Placement::Unpinned, waits, Duration::from_secs(10))
-                .unwrap();
+        let mut rf = PairedReference::start(
+            &fake,
+            Scheme::Tcp,
+            Placement::Unpinned,
+            waits,
+            Some("reno"),
+            Duration::from_secs(10),
+        )
+        .unwrap();
         let steps = [Step::Draw { beside: 1 }, Step::Draw { beside: 0 }];
         let mut draws = vec![CellDraws::default(); 2];
         run_schedule(&steps, &[], Some((&mut rf, &[2 << 20, 8 << 20])), &mut draws).unwrap();
@@ -868,6 +891,9 @@ mod tests {
         assert_eq!(draws[1].peak.len() + draws[1].footprint.len(), 2);
         let asked = std::fs::read_to_string(&log).unwrap();
         assert_eq!(asked, "[]\n[footprint 8388608]\n[]\n[footprint 2097152]\n");
+        // Both sides of the reference run with the congestion control it was given.
+        let started = std::fs::read_to_string(&args).unwrap();
+        assert_eq!(started.lines().filter(|l| l.contains("--tcp-congestion reno")).count(), 2, "{started}");
     }
 
     /// A block counts every round at its slowest client's time, and its bandwidth is its

@@ -6,8 +6,7 @@
 //! different machine, while draws next to a measurement see the state it saw. The draws are ionet-perf's own `bw` test (1 MiB messages,
 //! [`WINDOW`] in flight, Bulk service level, plain heap buffers) in the experiment's wait mode,
 //! so an experiment's figures read as a share of the transport's streaming peak (paper 003's
-//! "% of transport peak"), over TCP with the congestion control stripefs's clients use
-//! ([`stripefs::net::tcp_congestion`]).
+//! "% of transport peak"), over TCP with the congestion control the experiment's clients use.
 
 use anyhow::{Context, Result, anyhow, bail};
 use ionet::{Scheme, WaitMode};
@@ -56,22 +55,21 @@ pub struct PairedReference {
 
 impl PairedReference {
     /// Starts the server and the on-demand client on `scheme` and waits for the client's
-    /// warm-up run; every wait for the processes is bounded by `timeout`.
+    /// warm-up run; every wait for the processes is bounded by `timeout`. Both sides'
+    /// connections use `congestion` (`None`: the kernel's), the experiment's clients' choice:
+    /// the reference's data flows from its client.
     pub fn start(
         perf: &Path,
         scheme: Scheme,
         place: Placement,
         wait: Waits,
+        congestion: Option<&str>,
         timeout: Duration,
     ) -> Result<Self> {
-        // The reference's connections use the congestion control stripefs's clients use (reno
-        // unless `STRIPEFS_TCP_CONGESTION` says otherwise), on both sides: its data flows from
-        // its client.
-        let congestion = stripefs::net::tcp_congestion();
         let args = |c: Option<usize>| {
             let mut a = c.map(|c| vec!["--cpu".to_string(), c.to_string()]).unwrap_or_default();
-            if let Some(cc) = &congestion {
-                a.extend(["--tcp-congestion".to_string(), cc.clone()]);
+            if let Some(cc) = congestion {
+                a.extend(["--tcp-congestion".to_string(), cc.to_string()]);
             }
             a
         };
