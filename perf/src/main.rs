@@ -67,7 +67,9 @@ fn pin(cpu: Option<usize>) -> Result<(), BoxErr> {
 /// What a `client` or `raw-client` runs: the server, the test and its sweep.
 #[derive(clap::Args, Debug)]
 struct RunArgs {
-    /// The server's address (`ionet-perf server` or `raw-server` prints it).
+    /// The server's address (`ionet-perf server` or `raw-server` prints it). `--test read`
+    /// takes several, comma-separated, and reads from all of them at once (the fan-in of a
+    /// file system's read from its io servers).
     #[arg(long)]
     connect: String,
     #[arg(long, value_enum, default_value = "lat")]
@@ -78,8 +80,9 @@ struct RunArgs {
     /// Iterations per run (default: about half a second's worth).
     #[arg(long)]
     iters: Option<usize>,
-    /// Messages in flight for bw / bibw / msgrate (the raw streamer needs no window, but its
-    /// receiver cycles through this many messages' worth of memory, as ionet's does).
+    /// Messages in flight for bw / bibw / msgrate, requests outstanding per server for read
+    /// (the raw streamer needs no window, but its receiver cycles through this many messages'
+    /// worth of memory, as ionet's does).
     #[arg(long, default_value_t = 64)]
     window: usize,
     /// Memory each side cycles its streamed messages through (`k`/`m` suffixes; ionet only):
@@ -392,9 +395,13 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
         }
         Some(Cmd::Client { run, wait, verify, pool, sl, knobs, csv, on_demand }) => {
             let connect = &run.connect;
-            let scheme = connect.parse::<ionet::Address>()?.scheme();
+            let addrs: Vec<&str> = connect.split(',').map(str::trim).collect();
+            if addrs.len() > 1 && run.test != Test::Read {
+                return Err("several servers only with --test read".into());
+            }
+            let scheme = addrs[0].parse::<ionet::Address>()?.scheme();
             let ep = Endpoint::client(with_congestion(knobs.tuning(wait).config(scheme), cc))?;
-            let peer = ep.connect(connect.as_str())?;
+            let peers = addrs.iter().map(|a| ep.connect(*a)).collect::<Result<Vec<_>, _>>()?;
             let mut w = csv_writer(csv.as_ref())?;
             let bufs = if pool { "pool" } else { "heap" };
             println!(
@@ -410,7 +417,7 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
                 let ps: Vec<Params> =
                     sizes.iter().map(|&size| Params { sl, verify, pool, ..run.params(size) }).collect();
                 let (input, output) = (std::io::stdin().lock(), std::io::stdout().lock());
-                return over_ionet::on_demand(&ep, peer, &ps, input, output, |r, res| {
+                return over_ionet::on_demand(&ep, &peers, &ps, input, output, |r, res| {
                     write_row(&mut w, "client", "ionet", wait.name(), res, r)
                 });
             }
@@ -418,7 +425,7 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
                 let p = Params { sl, verify, pool, ..run.params(size) };
                 let mut rs = Vec::new();
                 for r in 0..run.runs {
-                    let res = over_ionet::run(&ep, peer, &p, None)?;
+                    let res = over_ionet::run_on(&ep, &peers, &p)?;
                     write_row(&mut w, "client", "ionet", wait.name(), &res, r)?;
                     rs.push(res);
                 }

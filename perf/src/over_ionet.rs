@@ -4,7 +4,9 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use ionet::{Endpoint, Error, OpId, PeerId, RecvBuf, RegisteredBuf, Result, SendBuf};
+use ionet::{
+    Direction, Endpoint, Error, OpId, Payload, PeerId, RecvBuf, RegisteredBuf, Request, Result, SendBuf,
+};
 
 use crate::params::{Params, Test, pattern};
 use crate::run::RunResult;
@@ -180,6 +182,10 @@ pub fn serve(ep: &Endpoint) -> Result<()> {
 
 fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> Result<()> {
     let mut sends = Sends::new(ep, p, 2)?;
+    if p.test == Test::Read {
+        wait_ok(ep, ep.send(peer, TAG_READY, Bytes::new(), p.sl)?)?;
+        return serve_reads(ep, peer, p, &mut sends);
+    }
     let n = if p.test == Test::Lat { 1 } else { p.window };
     // Receive buffers in line: the `n` at the front are posted, each completed one goes to
     // the back, so a footprint of more than `n` buffers is cycled through.
@@ -203,6 +209,7 @@ fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> R
         Ok(())
     };
     match p.test {
+        Test::Read => unreachable!("reads are served by serve_reads"),
         Test::Lat => {
             for i in 0..p.iters {
                 let c = wait_ok(ep, pending.pop().expect("posted"))?;
@@ -250,8 +257,43 @@ fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> R
     Ok(())
 }
 
+/// The server's side of a read run: each request is answered with a push of one message into
+/// its IN buffer and then a reply, up to `window` pushes in flight (as a file server pipelines
+/// its transfer units).
+fn serve_reads(ep: &Endpoint, peer: PeerId, p: &Params, sends: &mut Sends) -> Result<()> {
+    let mut inflight: VecDeque<(Request, OpId)> = VecDeque::with_capacity(p.window);
+    let finish = |sends: &mut Sends, (req, op): (Request, OpId)| -> Result<()> {
+        sends.wait(ep, op)?;
+        wait_ok(ep, req.reply(Bytes::new())?).map(drop)
+    };
+    for _ in 0..p.iters {
+        let req = ep
+            .next_request(Some(OP_TIMEOUT))?
+            .ok_or_else(|| Error::misuse(format!("no read request within {OP_TIMEOUT:?}")))?;
+        if req.peer() != peer || req.direction() != Direction::In || req.payload_len() != p.size as u64 {
+            let why = format!(
+                "expected a read of {} B, got {:?} of {} B",
+                p.size,
+                req.direction(),
+                req.payload_len()
+            );
+            req.reply_error(&why)?;
+            return Err(Error::misuse(why));
+        }
+        let op = req.push_from(sends.take(), 0)?;
+        inflight.push_back((req, op));
+        if inflight.len() >= p.window {
+            finish(sends, inflight.pop_front().expect("a full window"))?;
+        }
+    }
+    inflight.into_iter().try_for_each(|x| finish(sends, x))
+}
+
 /// Runs one test against a perf server.
 pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> Result<RunResult> {
+    if p.test == Test::Read {
+        return run_reads(ep, &[peer], p, server_pid);
+    }
     let p = if matches!(p.test, Test::Bw | Test::Msgrate | Test::Bibw) {
         Params { iters: (p.iters / p.window).max(1) * p.window, ..*p }
     } else {
@@ -313,6 +355,7 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
                 ack_buf = take_recv(wait_ok(ep, ack)?);
             }
         }
+        Test::Read => unreachable!("reads are run by run_reads"),
     }
     let secs = t0.elapsed().as_secs_f64();
     let client_cpu = (stats::self_cpu() - cpu0).as_secs_f64();
@@ -321,6 +364,73 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
         _ => None,
     };
     Ok(RunResult::new(&p, secs, rtts, client_cpu, server_cpu))
+}
+
+/// A read run against one or more perf servers at once (a file system's read fans in from its
+/// io servers): `p.iters` reads of `p.size` from each, requests dealt round-robin with up to
+/// `p.window` outstanding per server, the client's buffers spread over `p.footprint` and
+/// each server's payloads over its share of it. Bandwidth counts every server's bytes.
+pub fn run_reads(ep: &Endpoint, peers: &[PeerId], p: &Params, server_pid: Option<u32>) -> Result<RunResult> {
+    let n = peers.len();
+    if n == 0 {
+        return Err(Error::misuse("a read run needs a server"));
+    }
+    let each = Params { footprint: p.footprint / n, ..*p };
+    let expect = p.verify.then(|| pattern(p.size, 2));
+    let mut heap = BufCache::default();
+    let slots = (p.window * n).max(p.footprint.div_ceil(p.size.max(1)));
+    let mut rbufs: VecDeque<RecvBuf> =
+        (0..slots).map(|_| recv_buf(ep, p, &mut heap)).collect::<Result<_>>()?;
+    let mut ready = Vec::with_capacity(n);
+    for &peer in peers {
+        ready.push(ep.recv(peer, TAG_READY, BytesMut::zeroed(0))?);
+        wait_ok(ep, ep.send_unexpected(peer, TAG_PARAMS, Bytes::copy_from_slice(&each.encode()), p.sl)?)?;
+    }
+    for op in ready {
+        wait_ok(ep, op)?;
+    }
+    let cpu0 = stats::self_cpu();
+    let scpu0 = server_pid.and_then(stats::proc_cpu);
+    let t0 = Instant::now();
+    let mut outstanding: VecDeque<OpId> = VecDeque::with_capacity(p.window * n);
+    let done = |op: OpId, rbufs: &mut VecDeque<RecvBuf>| -> Result<()> {
+        let c = wait_ok(ep, op)?;
+        let wrong = c.len() != p.size
+            || expect.as_ref().is_some_and(|want| c.data().unwrap_or_default()[..] != want[..]);
+        if wrong {
+            return Err(Error::misuse("read verification failed"));
+        }
+        rbufs.push_back(take_recv(c));
+        Ok(())
+    };
+    // Requests go round-robin, so the oldest one, waited for, frees a place at the server
+    // the next one goes to: never more than `window` outstanding at any server.
+    for i in 0..p.iters * n {
+        if outstanding.len() == p.window * n {
+            done(outstanding.pop_front().expect("a full line"), &mut rbufs)?;
+        }
+        let buf = rbufs.pop_front().expect("a buffer per request in flight");
+        outstanding.push_back(ep.request(peers[i % n], TAG_DATA, Bytes::new(), Payload::In(buf), p.sl)?);
+    }
+    for op in outstanding {
+        done(op, &mut rbufs)?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let client_cpu = (stats::self_cpu() - cpu0).as_secs_f64();
+    let server_cpu = match (scpu0, server_pid.and_then(stats::proc_cpu)) {
+        (Some(a), Some(b)) => Some((b - a).as_secs_f64()),
+        _ => None,
+    };
+    Ok(RunResult::new(&Params { iters: p.iters * n, ..*p }, secs, Vec::new(), client_cpu, server_cpu))
+}
+
+/// One run of `p`: a read against all of `peers` at once, any other test against the first.
+pub fn run_on(ep: &Endpoint, peers: &[PeerId], p: &Params) -> Result<RunResult> {
+    match (p.test, peers.first()) {
+        (Test::Read, _) => run_reads(ep, peers, p, None),
+        (_, Some(&peer)) => run(ep, peer, p, None),
+        (_, None) => Err(Error::misuse("a run needs a server")),
+    }
 }
 
 /// Time budget helper: iterations so a run of `size` lasts roughly `target`.
@@ -361,18 +471,20 @@ pub fn sized(ep: &Endpoint, peer: PeerId, p: &Params, target: Duration) -> Resul
 /// `client --on-demand`: one untimed run of each of `ps`, then `READY` on `output`; then, for
 /// every line of `input`, one run of each, reported to `row` and as `RUN <size> <GB/s>`, until
 /// `input` ends. A line `footprint <bytes>` runs them with that [`Params::footprint`] instead
-/// of their own. A benchmark that draws a run between its own keeps a warm endpoint and pays
+/// of their own. Reads run against all of `peers` at once, the other tests against the first.
+/// A benchmark that draws a run between its own keeps a warm endpoint and pays
 /// no process start per draw.
 pub fn on_demand(
     ep: &Endpoint,
-    peer: PeerId,
+    peers: &[PeerId],
     ps: &[Params],
     input: impl std::io::BufRead,
     mut output: impl std::io::Write,
     mut row: impl FnMut(usize, &RunResult) -> std::result::Result<(), crate::BoxErr>,
 ) -> std::result::Result<(), crate::BoxErr> {
+    let one = |p: &Params| run_on(ep, peers, p);
     for p in ps {
-        run(ep, peer, p, None)?;
+        one(p)?;
     }
     writeln!(output, "READY")?;
     output.flush()?;
@@ -380,7 +492,7 @@ pub fn on_demand(
         let footprint = draw_footprint(&line?)?;
         for p in ps {
             let p = Params { footprint: footprint.unwrap_or(p.footprint), ..*p };
-            let res = run(ep, peer, &p, None)?;
+            let res = one(&p)?;
             row(r, &res)?;
             writeln!(output, "RUN {} {}", p.size, res.gbps())?;
         }
@@ -495,6 +607,78 @@ mod tests {
         assert!(copies[1] <= 2, "pool receive buffers are written directly: {copies:?}");
     }
 
+    fn read_params(size: usize, iters: usize, window: usize) -> Params {
+        Params {
+            test: Test::Read,
+            size,
+            iters,
+            window,
+            sl: ServiceLevel::Bulk,
+            verify: true,
+            spin: false,
+            pool: false,
+            footprint: 0,
+        }
+    }
+
+    /// A read run fans in from every server at once: each serves its `iters` pushes (checked
+    /// byte for byte by the client), and the run counts all of their bytes.
+    #[test]
+    fn a_read_run_fans_in_verified_pushes_from_every_server() {
+        let servers: Vec<Endpoint> = (0..2)
+            .map(|_| Endpoint::bind("tcp://127.0.0.1:0", Config::default().progress_thread(true)).unwrap())
+            .collect();
+        let cli = Endpoint::client(Config::default()).unwrap();
+        let peers: Vec<PeerId> =
+            servers.iter().map(|s| cli.connect(s.local_addr().unwrap()).unwrap()).collect();
+        // The first server serves two runs (the fan-in and one of its own), the second one.
+        let pushed: Vec<_> = servers
+            .into_iter()
+            .zip([2, 1])
+            .map(|(ep, runs)| {
+                std::thread::spawn(move || {
+                    serve_counting(&ep, runs);
+                    ep.info().counters.bytes_sent
+                })
+            })
+            .collect();
+        let p = read_params(64 << 10, 6, 2);
+        let both = run_on(&cli, &peers, &p).unwrap();
+        assert_eq!(both.bytes, 2 * 6 * (64 << 10), "both servers' reads");
+        let one = run_reads(&cli, &peers[..1], &p, None).unwrap();
+        assert_eq!(one.bytes, 6 * (64 << 10), "one server's reads");
+        let sent: Vec<u64> = pushed.into_iter().map(|h| h.join().unwrap()).collect();
+        let run = 6 * (64 << 10);
+        assert!(sent[0] >= 2 * run, "the first server pushed two runs' worth: {sent:?}");
+        assert!((run..2 * run).contains(&sent[1]), "the second one run's worth: {sent:?}");
+    }
+
+    /// A read request of another size than the run's is answered with an error, not served.
+    #[test]
+    fn a_read_server_refuses_a_request_of_the_wrong_size() {
+        let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default().progress_thread(true)).unwrap();
+        let cli = Endpoint::client(Config::default()).unwrap();
+        let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
+        let server = std::thread::spawn(move || {
+            let u = srv.recv_unexpected(Some(OP_TIMEOUT)).unwrap().expect("parameters");
+            let p = Params::decode(&u.data).unwrap();
+            serve_one(&srv, u.peer, &p, &mut BufCache::default())
+        });
+        let p = read_params(64 << 10, 4, 1);
+        let ready = cli.recv(peer, TAG_READY, BytesMut::zeroed(0)).unwrap();
+        wait_ok(
+            &cli,
+            cli.send_unexpected(peer, TAG_PARAMS, Bytes::copy_from_slice(&p.encode()), p.sl).unwrap(),
+        )
+        .unwrap();
+        wait_ok(&cli, ready).unwrap();
+        let small = RecvBuf::Mut(BytesMut::zeroed(4096));
+        let op = cli.request(peer, TAG_DATA, Bytes::new(), Payload::In(small), p.sl).unwrap();
+        let c = cli.wait_timeout(op, OP_TIMEOUT).unwrap().expect("answered");
+        assert!(c.result.is_err(), "the wrong-size read is refused: {:?}", c.result);
+        assert!(server.join().unwrap().is_err(), "and the server gives the run up");
+    }
+
     /// On demand: a warm-up run, `READY`, then exactly one run per input line, each reported
     /// with its size and a bandwidth, and each a real run the server served; a `footprint`
     /// line's run spreads over that many bytes of buffers.
@@ -518,7 +702,7 @@ mod tests {
         };
         let mut out = Vec::new();
         let mut rows = Vec::new();
-        on_demand(&cli, peer, &[p], &b"\nfootprint 1048576\n\n"[..], &mut out, |r, res| {
+        on_demand(&cli, &[peer], &[p], &b"\nfootprint 1048576\n\n"[..], &mut out, |r, res| {
             rows.push((r, res.bytes));
             Ok(())
         })

@@ -13,6 +13,10 @@ pub enum Test {
     Bibw,
     /// Small-message rate (a `bw` with small messages).
     Msgrate,
+    /// Request-driven streaming, a file system's read: the client keeps `window` requests
+    /// outstanding, each offering its receive buffer as an IN payload; the server pushes a
+    /// message into each and replies. The data flows server to client.
+    Read,
 }
 
 /// Parameters of one run.
@@ -50,6 +54,7 @@ impl Params {
             Test::Bw => 2,
             Test::Bibw => 3,
             Test::Msgrate => 4,
+            Test::Read => 5,
         };
         b[1] = self.sl as u8;
         b[2] = u8::from(self.verify) | (u8::from(self.spin) << 1) | (u8::from(self.pool) << 2);
@@ -78,6 +83,7 @@ impl Params {
             2 => Test::Bw,
             3 => Test::Bibw,
             4 => Test::Msgrate,
+            5 => Test::Read,
             x => return Err(format!("unknown test {x}")),
         };
         let sl = ServiceLevel::from_u8(b[1]).ok_or("bad service level")?;
@@ -143,6 +149,9 @@ mod tests {
         assert_eq!(Params::decode(&p.encode()), Ok(p));
         let spread = Params { test: Test::Bw, footprint: 1 << 20, ..p };
         assert_eq!(Params::decode(&spread.encode()), Ok(spread));
+        let read = Params { test: Test::Read, ..spread };
+        assert_eq!(Params::decode(&read.encode()), Ok(read));
+        assert_eq!(read.slots(), 256, "a read cycles its footprint like a stream");
         assert_eq!(spread.slots(), 256, "1 MiB of 4 KiB messages");
         assert_eq!(Params { footprint: 4096, ..spread }.slots(), 64, "never fewer than the window");
         assert_eq!(Params { test: Test::Lat, ..spread }.slots(), 1);

@@ -68,6 +68,7 @@ pub fn serve(listener: TcpListener) -> io::Result<()> {
                     write_full(&mut s, &[1], p.spin)?;
                 }
                 Test::Bibw => return Err(io::Error::other("raw bibw not provided")),
+                Test::Read => return Err(io::Error::other("raw read not provided")),
             }
             s.set_nonblocking(false)?;
         }
@@ -178,6 +179,7 @@ impl RawClient {
                 read_full(&mut self.s, &mut rbuf[..1], p.spin)?;
             }
             Test::Bibw => return Err(io::Error::other("raw bibw not provided")),
+            Test::Read => return Err(io::Error::other("raw read not provided")),
         }
         let secs = t0.elapsed().as_secs_f64();
         let client_cpu = (stats::self_cpu() - cpu0).as_secs_f64();
