@@ -22,8 +22,15 @@
 //! copied twice, and once the footprint outgrows the caches both copies run at memory speed;
 //! the second reference shows what that costs the transport alone, so a cell's two ratios
 //! separate stripefs's own cost from its workload's.
+//!
+//! Read cells have a third reference, drawn after those two: ionet-perf's `read` test from N
+//! ionet-perf servers at once into one client, over the cell's footprint ([`Pattern::Reads`]).
+//! A stripefs read is not a stream from the client: its N io servers push into the client's
+//! buffers, all at once, and over tcp the senders then share the servers' CPU. This reference
+//! moves data in that pattern with nothing of stripefs, so a read cell's ratio to it is
+//! stripefs's own share of the gap.
 
-use super::reference::{PairedReference, Placement, WINDOW, Waits};
+use super::reference::{PairedReference, Pattern, Placement, READ_WINDOW, WINDOW, Waits};
 use super::util::{Gate, mbs, parallel, pattern, prefaulted};
 use super::{Ctx, Report, image};
 use anyhow::{Context, Result, bail};
@@ -42,6 +49,8 @@ const EXP: &str = "e1";
 const REF_EXP: &str = "e1-ref";
 /// The experiment name of the reference draws over the cell's footprint.
 const REF_FOOTPRINT_EXP: &str = "e1-ref-footprint";
+/// The experiment name of the read-pattern draws (N servers into one client, over the footprint).
+const REF_READS_EXP: &str = "e1-ref-reads";
 /// The target: every cell at least this fraction of its reference.
 pub const TARGET: f64 = 0.8;
 /// Blocks per cell unless `--blocks` or a larger `--runs` says otherwise.
@@ -148,6 +157,7 @@ pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
             let r = PairedReference::start(
                 &ctx.c.ionet_perf()?,
                 scheme,
+                Pattern::Stream,
                 place,
                 a.waits(),
                 congestion.as_deref(),
@@ -167,9 +177,29 @@ pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
                     o.meta_args.extend(cpu);
                 }
             })?;
+            // The read pattern's reference: as many ionet-perf servers as the cluster has io servers.
+            let mut reads = match reference {
+                None => None,
+                Some(_) => Some(
+                    PairedReference::start(
+                        &ctx.c.ionet_perf()?,
+                        scheme,
+                        Pattern::Reads { servers: n as usize },
+                        place,
+                        a.waits(),
+                        client_options(a).tcp_congestion.as_deref(),
+                        ctx.step_timeout(),
+                    )
+                    .with_context(|| {
+                        format!("the ionet-perf read reference from {n} servers on {scheme}://")
+                    })?,
+                ),
+            };
             let at = ClusterAt { cluster: &cluster, scheme, n, pin };
-            cluster_cells(ctx, at, &clients, a, reference.as_mut(), &mut s)
+            let refs = reference.as_mut().map(|stream| References { stream, reads: reads.as_mut() });
+            cluster_cells(ctx, at, &clients, a, refs, &mut s)
                 .with_context(|| format!("E1 over {scheme}://, {n} io servers"))?;
+            drop(reads);
             cluster.stop();
         }
     }
@@ -236,7 +266,7 @@ fn cluster_cells(
     at: ClusterAt<'_>,
     clients: &[u32],
     a: &E1Args,
-    reference: Option<&mut PairedReference>,
+    reference: Option<References<'_>>,
     s: &mut Samples,
 ) -> Result<()> {
     let ClusterAt { cluster, scheme, n, pin } = at;
@@ -335,11 +365,22 @@ fn cluster_cells(
         for (r, &v) in draws.footprint.iter().enumerate() {
             s.push(sample(REF_FOOTPRINT_EXP, &ref_series(n), c, r, v));
         }
+        for (r, &v) in draws.reads.iter().enumerate() {
+            s.push(sample(REF_READS_EXP, &ref_series(n), c, r, v));
+        }
     }
     for &c in clients {
         setup.unlink(&name(c))?;
     }
     Ok(())
+}
+
+/// The references a cluster's cells are drawn beside.
+struct References<'a> {
+    /// The stream (peak, then over the footprint).
+    stream: &'a mut PairedReference,
+    /// The read pattern from as many servers as the cluster's (over the footprint).
+    reads: Option<&'a mut PairedReference>,
 }
 
 /// The reference runs drawn beside one cell, in MB/s.
@@ -349,23 +390,29 @@ struct CellDraws {
     peak: Vec<f64>,
     /// The same stream over the cell's footprint, each right after a peak draw.
     footprint: Vec<f64>,
+    /// Reads from N servers over the cell's footprint, each right after a footprint draw.
+    reads: Vec<f64>,
 }
 
-/// Walks the schedule: draws the reference (when there is one; with each cell's footprint)
-/// into `draws` of the cells beside it, and lets a cell's clients through their control gate to
-/// run a block, then waits at it for the block's end.
+/// Walks the schedule: draws the references (when there are; with each cell's footprint)
+/// into `draws` of the cells beside them, and lets a cell's clients through their control gate
+/// to run a block, then waits at it for the block's end.
 fn run_schedule(
     steps: &[Step],
     control: &[Gate],
-    mut reference: Option<(&mut PairedReference, &[u64])>,
+    mut reference: Option<(References<'_>, &[u64])>,
     draws: &mut [CellDraws],
 ) -> Result<()> {
     for &step in steps {
         match step {
             Step::Draw { beside } => {
                 if let Some((rf, footprints)) = reference.as_mut() {
-                    draws[beside].peak.push(rf.draw()?);
-                    draws[beside].footprint.push(rf.draw_with_footprint(footprints[beside])?);
+                    let fp = footprints[beside];
+                    draws[beside].peak.push(rf.stream.draw()?);
+                    draws[beside].footprint.push(rf.stream.draw_with_footprint(fp)?);
+                    if let Some(reads) = rf.reads.as_mut() {
+                        draws[beside].reads.push(reads.draw_with_footprint(fp)?);
+                    }
                 }
             }
             Step::Block { cell } => {
@@ -524,6 +571,8 @@ pub enum Reference {
     Peak,
     /// The same stream over the cell's footprint.
     Footprint,
+    /// Reads from N servers at once over the cell's footprint (read cells only).
+    Reads,
 }
 
 impl Reference {
@@ -531,6 +580,15 @@ impl Reference {
         match self {
             Reference::Peak => REF_EXP,
             Reference::Footprint => REF_FOOTPRINT_EXP,
+            Reference::Reads => REF_READS_EXP,
+        }
+    }
+
+    /// The cells it is a reference for.
+    fn ops(self) -> &'static [&'static str] {
+        match self {
+            Reference::Peak | Reference::Footprint => &["write", "read"],
+            Reference::Reads => &["read"],
         }
     }
 }
@@ -568,7 +626,7 @@ pub fn cell_ratios(s: &Samples, which: Reference, t: &str) -> Vec<CellRatio> {
     for n in server_counts(s) {
         for &c in &clients {
             let Some(rf) = paired_reference(s, which, t, n, c) else { continue };
-            for op in ["write", "read"] {
+            for &op in which.ops() {
                 if let Some(v) = s.get(EXP, t, &format!("{op} N={n}"), "bandwidth", c) {
                     out.push(CellRatio { io_servers: n, clients: c as u32, op, ratio: v.ratio_to(&rf) });
                 }
@@ -665,8 +723,22 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
                 ratios.len()
             ));
         }
+        let reads = all_draws(s, Reference::Reads, t);
+        if let Some(all) = reads {
+            let ratios = cell_ratios(s, Reference::Reads, t);
+            let met = ratios.iter().filter(|r| r.ratio >= TARGET).count();
+            md.push_str(&format!(
+                " Then the read pattern with nothing of stripefs: one ionet-perf client reading 1 MiB at a time from N ionet-perf \
+                 servers at once ({READ_WINDOW} request outstanding at each, where these reads run fastest here; the servers push into its buffers), over the cell's \
+                 footprint (the client's buffers C × {mib_per_server}N MiB, each server's payloads its share): {} MB/s over all {} draws. \
+                 Read cells at ≥ {TARGET}× of it: {met} of {}.",
+                cell_text(Some(all)),
+                all.n,
+                ratios.len()
+            ));
+        }
         md.push_str("\n\n");
-        let mut tab = Table::new([
+        let mut head = vec![
             "io servers",
             "clients",
             "write MB/s",
@@ -677,7 +749,11 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
             "ionet-perf over the footprint, MB/s",
             "write / footprint",
             "read / footprint",
-        ]);
+        ];
+        if reads.is_some() {
+            head.extend(["ionet-perf reads from N servers, MB/s", "read / reads"]);
+        }
+        let mut tab = Table::new(head);
         for &n in &ns {
             for &c in &cs {
                 let w = e.get(EXP, t, &format!("write N={n}"), "bandwidth", c);
@@ -691,7 +767,7 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
                     (Some(x), Some(b)) => format!("{:.2}×", x.ratio_to(&b)),
                     _ => "–".into(),
                 };
-                tab.row([
+                let mut row = vec![
                     n.to_string(),
                     format!("{c:.0}"),
                     cell_text(w),
@@ -702,7 +778,12 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
                     cell_text(fp),
                     ratio(w, fp),
                     ratio(r, fp),
-                ]);
+                ];
+                if reads.is_some() {
+                    let rd = paired_reference(s, Reference::Reads, t, n, c);
+                    row.extend([cell_text(rd), ratio(r, rd)]);
+                }
+                tab.row(row);
             }
         }
         md.push_str(&tab.render());
@@ -850,12 +931,44 @@ mod tests {
         );
     }
 
-    /// Each draw asks the reference for a peak run and then for a run over the footprint of
-    /// the cell it is beside, and both of its processes get the congestion control it was
-    /// started with. A stand-in for ionet-perf (a shell script speaking its
-    /// on-demand protocol) logs the requests.
+    /// The read pattern's draws are a reference for the read cells only, with their own
+    /// columns and count; a run without them has neither.
     #[test]
-    fn each_draw_runs_the_peak_and_then_the_cells_footprint() {
+    fn read_cells_also_have_their_ratio_to_the_read_pattern() {
+        let mut s = Samples::new();
+        for r in 0..3 {
+            for c in [1.0, 4.0] {
+                s.push(bw(EXP, "write N=2", c, r, 3600.0));
+                s.push(bw(EXP, "read N=2", c, r, 4500.0));
+                s.push(bw(REF_EXP, &ref_series(2), c, r, 8000.0));
+                s.push(bw(REF_FOOTPRINT_EXP, &ref_series(2), c, r, 7000.0));
+            }
+        }
+        let without = render(&s, "", 2).unwrap().md;
+        assert!(!without.contains("read / reads") && !without.contains("Read cells at"), "{without}");
+        for r in 0..3 {
+            for (c, reads) in [(1.0, 4000.0), (4.0, 6000.0)] {
+                s.push(bw(REF_READS_EXP, &ref_series(2), c, r, reads));
+            }
+        }
+        let ratios: Vec<(u32, &str, f64)> = cell_ratios(&s, Reference::Reads, "tcp")
+            .into_iter()
+            .map(|x| (x.clients, x.op, (x.ratio * 100.0).round() / 100.0))
+            .collect();
+        assert_eq!(ratios, [(1, "read", 1.13), (4, "read", 0.75)], "read cells only");
+        let md = render(&s, "", 2).unwrap().md;
+        assert!(md.contains("over all 6 draws. Read cells at ≥ 0.8× of it: 1 of 2."), "{md}");
+        assert!(md.contains("| ionet-perf reads from N servers, MB/s | read / reads |"), "{md}");
+        assert!(md.contains("| 0.51× | 0.64× | 6000 (6000–6000) | 0.75× |"), "{md}");
+    }
+
+    /// Each draw asks the stream reference for a peak run and then for a run over the footprint
+    /// of the cell it is beside, then the read reference for reads over that footprint; every
+    /// process of both gets the congestion control they were started with, and the read
+    /// reference's client reads from all of its servers. A stand-in for ionet-perf (a shell
+    /// script speaking its on-demand protocol) logs the requests and the arguments.
+    #[test]
+    fn each_draw_runs_the_peak_the_cells_footprint_and_the_read_pattern() {
         use std::os::unix::fs::PermissionsExt;
         let d = tempfile::tempdir().unwrap();
         let log = d.path().join("requests");
@@ -873,27 +986,46 @@ mod tests {
         .unwrap();
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
         let waits = Waits { client: WaitMode::Block, server: WaitMode::Block };
-        let mut rf = PairedReference::start(
-            &fake,
-            Scheme::Tcp,
-            Placement::Unpinned,
-            waits,
-            Some("reno"),
-            Duration::from_secs(10),
-        )
-        .unwrap();
+        let start = |pattern| {
+            PairedReference::start(
+                &fake,
+                Scheme::Tcp,
+                pattern,
+                Placement::Unpinned,
+                waits,
+                Some("reno"),
+                Duration::from_secs(10),
+            )
+            .unwrap()
+        };
+        let mut stream = start(Pattern::Stream);
+        let mut reads = start(Pattern::Reads { servers: 2 });
         let steps = [Step::Draw { beside: 1 }, Step::Draw { beside: 0 }];
         let mut draws = vec![CellDraws::default(); 2];
-        run_schedule(&steps, &[], Some((&mut rf, &[2 << 20, 8 << 20])), &mut draws).unwrap();
-        drop(rf);
+        let refs = References { stream: &mut stream, reads: Some(&mut reads) };
+        run_schedule(&steps, &[], Some((refs, &[2 << 20, 8 << 20])), &mut draws).unwrap();
+        drop((stream, reads));
         assert_eq!(draws[0].peak, [5500.0]);
         assert_eq!(draws[0].footprint, [5500.0]);
-        assert_eq!(draws[1].peak.len() + draws[1].footprint.len(), 2);
+        assert_eq!(draws[0].reads, [5500.0]);
+        assert_eq!(draws[1].peak.len() + draws[1].footprint.len() + draws[1].reads.len(), 3);
         let asked = std::fs::read_to_string(&log).unwrap();
-        assert_eq!(asked, "[]\n[footprint 8388608]\n[]\n[footprint 2097152]\n");
-        // Both sides of the reference run with the congestion control it was given.
+        let cell = |fp: u64| format!("[]\n[footprint {fp}]\n[footprint {fp}]\n");
+        assert_eq!(asked, cell(8 << 20) + &cell(2 << 20));
         let started = std::fs::read_to_string(&args).unwrap();
-        assert_eq!(started.lines().filter(|l| l.contains("--tcp-congestion reno")).count(), 2, "{started}");
+        let lines: Vec<&str> = started.lines().collect();
+        assert_eq!(
+            lines.iter().filter(|l| l.starts_with("server ")).count(),
+            3,
+            "one stream server, two read servers"
+        );
+        assert_eq!(lines.iter().filter(|l| l.contains("--tcp-congestion reno")).count(), 5, "{started}");
+        let client =
+            |test: &str| lines.iter().find(|l| l.contains(&format!("--test {test}"))).copied().unwrap();
+        assert!(client("bw").contains("--connect tcp://127.0.0.1:9 "), "{started}");
+        assert!(client("read").contains("--connect tcp://127.0.0.1:9,tcp://127.0.0.1:9 "), "{started}");
+        assert!(client("read").contains("--iters 256 "), "each server half a stream's bytes: {started}");
+        assert!(client("read").contains("--window 1 ") && client("bw").contains("--window 4 "), "{started}");
     }
 
     /// A block counts every round at its slowest client's time, and its bandwidth is its

@@ -3,10 +3,13 @@
 //! right next to its own measurements (E1 draws just before and just after each cell). This
 //! machine drifts by a quarter within seconds (a neighbour's load, the host's scheduling); a
 //! reference drawn once at the start of an experiment compares every later figure with a
-//! different machine, while draws next to a measurement see the state it saw. The draws are ionet-perf's own `bw` test (1 MiB messages,
-//! [`WINDOW`] in flight, Bulk service level, plain heap buffers) in the experiment's wait mode,
-//! so an experiment's figures read as a share of the transport's streaming peak (paper 003's
-//! "% of transport peak"), over TCP with the congestion control the experiment's clients use.
+//! different machine, while draws next to a measurement see the state it saw. The draws are
+//! ionet-perf's own `bw` test (1 MiB messages, [`WINDOW`] in flight, Bulk service level, plain
+//! heap buffers) in the experiment's wait mode, so an experiment's figures read as a share of
+//! the transport's streaming peak (paper 003's "% of transport peak"), over TCP with the
+//! congestion control the experiment's clients use. A [`Pattern::Reads`] reference instead runs
+//! ionet-perf's `read` test against several servers at once: a file system's read, requests
+//! whose buffers the servers push into, fanning in from N of them.
 
 use anyhow::{Context, Result, anyhow, bail};
 use ionet::{Scheme, WaitMode};
@@ -24,10 +27,25 @@ pub const REF_SIZE: u64 = 1 << 20;
 /// sender through as much, about the 32 MiB L3 that the host shares with its other tenants, and
 /// draws ran at 3.7–4.4 GB/s in minutes when 4 in flight streamed 5.0–6.1 (BENCHMARKS.md, E1).
 pub const WINDOW: usize = 4;
+/// Requests outstanding at each server in a [`Pattern::Reads`] draw: where reads from N servers
+/// run fastest here. From two servers, in the same minutes: 7.0 GB/s with one outstanding at
+/// each, 5.4–7.2 with two, 4.5–5.2 with four (more data in flight towards one client, the
+/// stream's cache effect again; BENCHMARKS.md, E1).
+pub const READ_WINDOW: usize = 1;
 /// Messages per draw: 512 MiB, about 0.1 s at this machine's 5 GB/s.
 const ITERS: usize = 512;
 
-/// Where the two ionet-perf processes run: unpinned, or as two nodes (the client's CPU, the
+/// What the reference's draws run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    /// `bw` from the client to one server.
+    Stream,
+    /// `read` from `servers` servers at once into the client ([`READ_WINDOW`] requests
+    /// outstanding at each), each draw moving as many bytes as a stream's.
+    Reads { servers: usize },
+}
+
+/// Where the ionet-perf processes run: unpinned, or as two nodes (the client's CPU, the
 /// server's CPU).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
@@ -43,10 +61,10 @@ pub struct Waits {
     pub server: WaitMode,
 }
 
-/// The running pair. Dropping it stops both processes.
+/// The running client and server(s). Dropping it stops them all.
 #[derive(Debug)]
 pub struct PairedReference {
-    server: Child,
+    servers: Vec<Child>,
     client: Child,
     stdin: ChildStdin,
     lines: Receiver<std::io::Result<String>>,
@@ -54,13 +72,13 @@ pub struct PairedReference {
 }
 
 impl PairedReference {
-    /// Starts the server and the on-demand client on `scheme` and waits for the client's
-    /// warm-up run; every wait for the processes is bounded by `timeout`. Both sides'
-    /// connections use `congestion` (`None`: the kernel's), the experiment's clients' choice:
-    /// the reference's data flows from its client.
+    /// Starts the server(s) and the on-demand client on `scheme` for `pattern` and waits for
+    /// the client's warm-up run; every wait for the processes is bounded by `timeout`. Every
+    /// connection uses `congestion` (`None`: the kernel's), the experiment's clients' choice.
     pub fn start(
         perf: &Path,
         scheme: Scheme,
+        pattern: Pattern,
         place: Placement,
         wait: Waits,
         congestion: Option<&str>,
@@ -77,26 +95,53 @@ impl PairedReference {
             Placement::Unpinned => (None, None),
             Placement::Pinned { client, server } => (Some(client), Some(server)),
         };
-        let mut server = Command::new(perf)
-            .args(["server", "--listen", &format!("{scheme}://127.0.0.1:0"), "--wait", wait.server.name()])
-            .args(args(server_cpu))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("starting {} server", perf.display()))?;
-        let addr = match server.stdout.take().map(|o| first_line(BufReader::new(o), timeout)) {
-            Some(Ok(Some(line))) => line.strip_prefix("LISTEN ").map(|a| a.trim().to_string()),
-            _ => None,
+        let (test, n, window) = match pattern {
+            Pattern::Stream => ("bw", 1, WINDOW),
+            Pattern::Reads { servers } => ("read", servers.max(1), READ_WINDOW),
         };
-        let Some(addr) = addr else {
-            let _ = server.kill();
-            let _ = server.wait();
-            bail!("the ionet-perf server did not print its address");
+        let mut servers = Vec::with_capacity(n);
+        let mut addrs = Vec::with_capacity(n);
+        let stop = |servers: &mut Vec<Child>| {
+            for p in servers.iter_mut() {
+                let _ = p.kill();
+                let _ = p.wait();
+            }
         };
+        for _ in 0..n {
+            let server = Command::new(perf)
+                .args([
+                    "server",
+                    "--listen",
+                    &format!("{scheme}://127.0.0.1:0"),
+                    "--wait",
+                    wait.server.name(),
+                ])
+                .args(args(server_cpu))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn();
+            let mut server = match server {
+                Ok(s) => s,
+                Err(e) => {
+                    stop(&mut servers);
+                    return Err(anyhow!("starting {} server: {e}", perf.display()));
+                }
+            };
+            let addr = match server.stdout.take().map(|o| first_line(BufReader::new(o), timeout)) {
+                Some(Ok(Some(line))) => line.strip_prefix("LISTEN ").map(|a| a.trim().to_string()),
+                _ => None,
+            };
+            servers.push(server);
+            let Some(addr) = addr else {
+                stop(&mut servers);
+                bail!("the ionet-perf server did not print its address");
+            };
+            addrs.push(addr);
+        }
         let client = Command::new(perf)
-            .args(["client", "--connect", &addr, "--test", "bw", "--sizes", &REF_SIZE.to_string()])
-            .args(["--window", &WINDOW.to_string(), "--iters", &ITERS.to_string()])
+            .args(["client", "--connect", &addrs.join(","), "--test", test, "--sizes", &REF_SIZE.to_string()])
+            .args(["--window", &window.to_string(), "--iters", &(ITERS / n).max(1).to_string()])
             .args(["--sl", "bulk", "--wait", wait.client.name(), "--on-demand"])
             .args(args(client_cpu))
             .stdin(Stdio::piped())
@@ -106,16 +151,14 @@ impl PairedReference {
         let mut client = match client {
             Ok(c) => c,
             Err(e) => {
-                let _ = server.kill();
-                let _ = server.wait();
+                stop(&mut servers);
                 return Err(anyhow!("starting {} client: {e}", perf.display()));
             }
         };
         let (Some(stdin), Some(out)) = (client.stdin.take(), client.stdout.take()) else {
-            for p in [&mut client, &mut server] {
-                let _ = p.kill();
-                let _ = p.wait();
-            }
+            let _ = client.kill();
+            let _ = client.wait();
+            stop(&mut servers);
             bail!("no pipes to the ionet-perf client");
         };
         let (tx, lines) = channel();
@@ -126,7 +169,7 @@ impl PairedReference {
                 }
             }
         });
-        let me = PairedReference { server, client, stdin, lines, timeout };
+        let me = PairedReference { servers, client, stdin, lines, timeout };
         // The client prints a `#` header, runs its warm-up, then says READY.
         loop {
             let line = me.next_line().context("waiting for the ionet-perf client's warm-up")?;
@@ -139,13 +182,14 @@ impl PairedReference {
         }
     }
 
-    /// One streaming run now, in MB/s (10⁶ B/s).
+    /// One run now, in MB/s (10⁶ B/s).
     pub fn draw(&mut self) -> Result<f64> {
         self.request("\n")
     }
 
-    /// One streaming run now whose messages cycle through `footprint` bytes of buffers on
-    /// each side (`ionet-perf --footprint`) instead of a window's worth, in MB/s.
+    /// One run now whose messages cycle through `footprint` bytes of buffers on each side
+    /// (`ionet-perf --footprint`; with several servers, the client's buffers over all of it and
+    /// each server's over its share) instead of a window's worth, in MB/s.
     pub fn draw_with_footprint(&mut self, footprint: u64) -> Result<f64> {
         self.request(&format!("footprint {footprint}\n"))
     }
@@ -173,7 +217,7 @@ impl PairedReference {
 impl Drop for PairedReference {
     fn drop(&mut self) {
         // Killed rather than asked to stop: a client in the middle of a run is not waited for.
-        for p in [&mut self.client, &mut self.server] {
+        for p in std::iter::once(&mut self.client).chain(&mut self.servers) {
             let _ = p.kill();
             let _ = p.wait();
         }
