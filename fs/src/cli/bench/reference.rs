@@ -28,9 +28,8 @@ pub const REF_SIZE: u64 = 1 << 20;
 /// draws ran at 3.7–4.4 GB/s in minutes when 4 in flight streamed 5.0–6.1 (BENCHMARKS.md, E1).
 pub const WINDOW: usize = 4;
 /// Requests outstanding at each server in a [`Pattern::Reads`] draw: where reads from N servers
-/// run fastest here. From two servers, in the same minutes: 7.0 GB/s with one outstanding at
-/// each, 5.4–7.2 with two, 4.5–5.2 with four (more data in flight towards one client, the
-/// stream's cache effect again; BENCHMARKS.md, E1).
+/// run fastest here. From two servers, five alternations: 6.5–7.1 GB/s with one outstanding
+/// at each, 4.3–7.2 with two, 4.5–5.2 with four (BENCHMARKS.md, E1, *A read fans in*).
 pub const READ_WINDOW: usize = 1;
 /// Messages per draw: 512 MiB, about 0.1 s at this machine's 5 GB/s.
 const ITERS: usize = 512;

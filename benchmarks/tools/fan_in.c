@@ -1,0 +1,149 @@
+/*
+ * fan_in: raw loopback TCP from several senders into one receiver, the data flow of a stripefs
+ * read from N io servers. SENDERS child processes on CPU 1 each stream MSG_MIB-MiB send()s
+ * (blocking) over their own connection; the receiver on CPU 0 drains all of them through one
+ * epoll set into a 4 MiB ring, 1 MiB per recv(). Prints the receiver's GB/s (10^9 B/s) over
+ * SECONDS after a 0.3 s warm-up.
+ *
+ *   cc -O2 -o fan_in benchmarks/tools/fan_in.c
+ *   ./fan_in SENDERS SECONDS [MSG_MIB]
+ *
+ * Environment: SPIN=1 makes the receiver poll (epoll_wait with a zero timeout) instead of
+ * sleeping in epoll_wait; CC=name sets the senders' TCP congestion control.
+ * Linux only (sched_setaffinity, epoll).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_SENDERS 64
+#define RING (4u << 20)
+#define READ_MAX (1u << 20)
+
+static void die(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+static void pin(int cpu) {
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    CPU_SET(cpu, &s);
+    if (sched_setaffinity(0, sizeof s, &s)) die("sched_setaffinity");
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* A sender: streams forever (until killed or the receiver closes). */
+static void sender(const struct sockaddr_in *to, size_t msg, const char *cc) {
+    pin(1);
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0) die("socket");
+    int one = 1;
+    setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (cc && setsockopt(s, IPPROTO_TCP, TCP_CONGESTION, cc, strlen(cc))) die("TCP_CONGESTION");
+    if (connect(s, (const struct sockaddr *)to, sizeof *to)) die("connect");
+    char *b = malloc(msg);
+    if (!b) die("malloc");
+    memset(b, 1, msg); /* pre-faulted */
+    for (;;) {
+        size_t off = 0;
+        while (off < msg) {
+            ssize_t r = send(s, b + off, msg - off, MSG_NOSIGNAL);
+            if (r < 0) {
+                if (errno == EINTR) continue;
+                _exit(0);
+            }
+            off += (size_t)r;
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s SENDERS SECONDS [MSG_MIB]\n", argv[0]);
+        return 2;
+    }
+    int n = atoi(argv[1]);
+    double secs = atof(argv[2]);
+    size_t msg = (size_t)(argc > 3 ? atoi(argv[3]) : 1) << 20;
+    int spin = getenv("SPIN") && atoi(getenv("SPIN"));
+    const char *cc = getenv("CC");
+    if (n < 1 || n > MAX_SENDERS || secs <= 0 || msg == 0) {
+        fprintf(stderr, "SENDERS 1..%d, SECONDS > 0, MSG_MIB > 0\n", MAX_SENDERS);
+        return 2;
+    }
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    if (ls < 0) die("socket");
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    if (bind(ls, (struct sockaddr *)&a, sizeof a) || listen(ls, MAX_SENDERS) ||
+        getsockname(ls, (struct sockaddr *)&a, &al))
+        die("listen");
+    pid_t kids[MAX_SENDERS];
+    for (int i = 0; i < n; i++) {
+        kids[i] = fork();
+        if (kids[i] < 0) die("fork");
+        if (kids[i] == 0) sender(&a, msg, cc);
+    }
+    pin(0);
+    int ep = epoll_create1(0);
+    if (ep < 0) die("epoll_create1");
+    for (int i = 0; i < n; i++) {
+        int fd = accept(ls, NULL, NULL);
+        if (fd < 0) die("accept");
+        fcntl(fd, F_SETFL, O_NONBLOCK);
+        struct epoll_event e = {.events = EPOLLIN, .data.fd = fd};
+        if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e)) die("epoll_ctl");
+    }
+    char *ring = malloc(RING);
+    if (!ring) die("malloc");
+    memset(ring, 0, RING);
+    size_t at = 0;
+    unsigned long long got = 0;
+    double start = now() + 0.3, end = start + secs;
+    int counting = 0;
+    for (;;) {
+        struct epoll_event ev[MAX_SENDERS];
+        int k = epoll_wait(ep, ev, MAX_SENDERS, spin ? 0 : 100);
+        for (int j = 0; j < k; j++) {
+            for (;;) {
+                size_t want = RING - at < READ_MAX ? RING - at : READ_MAX;
+                ssize_t r = recv(ev[j].data.fd, ring + at, want, 0);
+                if (r <= 0) break;
+                at = (at + (size_t)r) % RING;
+                if (counting) got += (unsigned long long)r;
+            }
+        }
+        double t = now();
+        if (!counting && t >= start) {
+            counting = 1;
+            start = t;
+            end = t + secs;
+        } else if (counting && t >= end) {
+            printf("%.3f\n", got / (t - start) / 1e9);
+            break;
+        }
+    }
+    for (int i = 0; i < n; i++) kill(kids[i], SIGKILL);
+    while (wait(NULL) > 0) {
+    }
+    return 0;
+}
