@@ -63,8 +63,8 @@ pub struct Waits {
 /// The running client and server(s). Dropping it stops them all.
 #[derive(Debug)]
 pub struct PairedReference {
-    servers: Vec<Child>,
-    client: Child,
+    /// Held for its `Drop`: the processes live as long as the reference.
+    _procs: Procs,
     stdin: ChildStdin,
     lines: Receiver<std::io::Result<String>>,
     timeout: Duration,
@@ -98,16 +98,11 @@ impl PairedReference {
             Pattern::Stream => ("bw", 1, WINDOW),
             Pattern::Reads { servers } => ("read", servers.max(1), READ_WINDOW),
         };
-        let mut servers = Vec::with_capacity(n);
+        // Every process started so far is stopped on any way out.
+        let mut procs = Procs(Vec::with_capacity(n + 1));
         let mut addrs = Vec::with_capacity(n);
-        let stop = |servers: &mut Vec<Child>| {
-            for p in servers.iter_mut() {
-                let _ = p.kill();
-                let _ = p.wait();
-            }
-        };
         for _ in 0..n {
-            let server = Command::new(perf)
+            let mut server = Command::new(perf)
                 .args([
                     "server",
                     "--listen",
@@ -119,26 +114,16 @@ impl PairedReference {
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
-                .spawn();
-            let mut server = match server {
-                Ok(s) => s,
-                Err(e) => {
-                    stop(&mut servers);
-                    return Err(anyhow!("starting {} server: {e}", perf.display()));
-                }
-            };
+                .spawn()
+                .with_context(|| format!("starting {} server", perf.display()))?;
             let addr = match server.stdout.take().map(|o| first_line(BufReader::new(o), timeout)) {
                 Some(Ok(Some(line))) => line.strip_prefix("LISTEN ").map(|a| a.trim().to_string()),
                 _ => None,
             };
-            servers.push(server);
-            let Some(addr) = addr else {
-                stop(&mut servers);
-                bail!("the ionet-perf server did not print its address");
-            };
-            addrs.push(addr);
+            procs.0.push(server);
+            addrs.push(addr.ok_or_else(|| anyhow!("the ionet-perf server did not print its address"))?);
         }
-        let client = Command::new(perf)
+        let mut client = Command::new(perf)
             .args(["client", "--connect", &addrs.join(","), "--test", test, "--sizes", &REF_SIZE.to_string()])
             .args(["--window", &window.to_string(), "--iters", &(ITERS / n).max(1).to_string()])
             .args(["--sl", "bulk", "--wait", wait.client.name(), "--on-demand"])
@@ -146,20 +131,11 @@ impl PairedReference {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
-            .spawn();
-        let mut client = match client {
-            Ok(c) => c,
-            Err(e) => {
-                stop(&mut servers);
-                return Err(anyhow!("starting {} client: {e}", perf.display()));
-            }
-        };
-        let (Some(stdin), Some(out)) = (client.stdin.take(), client.stdout.take()) else {
-            let _ = client.kill();
-            let _ = client.wait();
-            stop(&mut servers);
-            bail!("no pipes to the ionet-perf client");
-        };
+            .spawn()
+            .with_context(|| format!("starting {} client", perf.display()))?;
+        let pipes = (client.stdin.take(), client.stdout.take());
+        procs.0.push(client);
+        let (Some(stdin), Some(out)) = pipes else { bail!("no pipes to the ionet-perf client") };
         let (tx, lines) = channel();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines() {
@@ -168,7 +144,7 @@ impl PairedReference {
                 }
             }
         });
-        let me = PairedReference { servers, client, stdin, lines, timeout };
+        let me = PairedReference { _procs: procs, stdin, lines, timeout };
         // The client prints a `#` header, runs its warm-up, then says READY.
         loop {
             let line = me.next_line().context("waiting for the ionet-perf client's warm-up")?;
@@ -213,10 +189,14 @@ impl PairedReference {
     }
 }
 
-impl Drop for PairedReference {
+/// Child processes, stopped when dropped, the last started first.
+#[derive(Debug)]
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
     fn drop(&mut self) {
         // Killed rather than asked to stop: a client in the middle of a run is not waited for.
-        for p in std::iter::once(&mut self.client).chain(&mut self.servers) {
+        for p in self.0.iter_mut().rev() {
             let _ = p.kill();
             let _ = p.wait();
         }
@@ -257,6 +237,35 @@ mod tests {
         assert!(parse_run("RUN 1048576 NaN").is_err());
         assert!(parse_run("RUN 1048576 0").is_err());
         assert!(parse_run("READY").is_err());
+    }
+
+    /// A reference that cannot start stops what it started: here the first of two servers
+    /// never prints its address, and the start fails with no process left behind.
+    #[test]
+    fn a_failed_start_leaves_no_process_behind() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let pids = d.path().join("pids");
+        let fake = d.path().join("ionet-perf");
+        std::fs::write(&fake, format!("#!/bin/sh\necho $$ >> {}\nexec sleep 60\n", pids.display())).unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let waits = Waits { client: WaitMode::Block, server: WaitMode::Block };
+        let err = PairedReference::start(
+            &fake,
+            Scheme::Tcp,
+            Pattern::Reads { servers: 2 },
+            Placement::Unpinned,
+            waits,
+            None,
+            Duration::from_millis(200),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("did not print its address"), "{err}");
+        let started = std::fs::read_to_string(&pids).unwrap();
+        assert_eq!(started.lines().count(), 1, "it gave up at the first server: {started}");
+        for pid in started.lines() {
+            assert!(!Path::new(&format!("/proc/{pid}")).exists(), "process {pid} left running");
+        }
     }
 
     #[test]
