@@ -367,9 +367,10 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
 }
 
 /// A read run against one or more perf servers at once (a file system's read fans in from its
-/// io servers): `p.iters` reads of `p.size` from each, requests dealt round-robin with up to
-/// `p.window` outstanding per server, the client's buffers spread over `p.footprint` and
-/// each server's payloads over its share of it. Bandwidth counts every server's bytes.
+/// io servers): `p.iters` reads of `p.size` from each, `p.window` outstanding at each server
+/// and a server's next request posted as one of its reads completes, the client's buffers
+/// spread over `p.footprint` and each server's payloads over its share of it. Bandwidth counts
+/// every server's bytes. The client's endpoint must have no other operations in flight.
 pub fn run_reads(ep: &Endpoint, peers: &[PeerId], p: &Params, server_pid: Option<u32>) -> Result<RunResult> {
     let n = peers.len();
     if n == 0 {
@@ -392,28 +393,42 @@ pub fn run_reads(ep: &Endpoint, peers: &[PeerId], p: &Params, server_pid: Option
     let cpu0 = stats::self_cpu();
     let scpu0 = server_pid.and_then(stats::proc_cpu);
     let t0 = Instant::now();
-    let mut outstanding: VecDeque<OpId> = VecDeque::with_capacity(p.window * n);
-    let done = |op: OpId, rbufs: &mut VecDeque<RecvBuf>| -> Result<()> {
-        let c = wait_ok(ep, op)?;
-        let wrong = c.len() != p.size
-            || expect.as_ref().is_some_and(|want| c.data().unwrap_or_default()[..] != want[..]);
-        if wrong {
-            return Err(Error::misuse("read verification failed"));
-        }
-        rbufs.push_back(take_recv(c));
+    // Each server is refilled as its own reads complete (whichever completes first), as a
+    // file system client keeps a stream per io server: one slow server does not hold up the
+    // others' next requests.
+    let mut left = vec![p.iters; n];
+    let mut outstanding = 0usize;
+    let post = |s: usize, rbufs: &mut VecDeque<RecvBuf>, left: &mut [usize]| -> Result<()> {
+        let buf = rbufs.pop_front().expect("a buffer per request in flight");
+        ep.request(peers[s], TAG_DATA, Bytes::new(), Payload::In(buf), p.sl)?;
+        left[s] -= 1;
         Ok(())
     };
-    // Requests go round-robin, so the oldest one, waited for, frees a place at the server
-    // the next one goes to: never more than `window` outstanding at any server.
-    for i in 0..p.iters * n {
-        if outstanding.len() == p.window * n {
-            done(outstanding.pop_front().expect("a full line"), &mut rbufs)?;
+    for s in 0..n {
+        for _ in 0..p.window.min(p.iters) {
+            post(s, &mut rbufs, &mut left)?;
+            outstanding += 1;
         }
-        let buf = rbufs.pop_front().expect("a buffer per request in flight");
-        outstanding.push_back(ep.request(peers[i % n], TAG_DATA, Bytes::new(), Payload::In(buf), p.sl)?);
     }
-    for op in outstanding {
-        done(op, &mut rbufs)?;
+    while outstanding > 0 {
+        let c = ep
+            .wait_any(Some(OP_TIMEOUT))?
+            .ok_or_else(|| {
+                Error::misuse(format!("no read completed within {OP_TIMEOUT:?}: the transport is stuck"))
+            })?
+            .ok()?;
+        outstanding -= 1;
+        let wrong = c.len() != p.size
+            || expect.as_ref().is_some_and(|want| c.data().unwrap_or_default()[..] != want[..]);
+        let s = peers.iter().position(|&x| x == c.peer);
+        let Some(s) = s.filter(|_| !wrong) else {
+            return Err(Error::misuse("read verification failed"));
+        };
+        rbufs.push_back(take_recv(c));
+        if left[s] > 0 {
+            post(s, &mut rbufs, &mut left)?;
+            outstanding += 1;
+        }
     }
     let secs = t0.elapsed().as_secs_f64();
     let client_cpu = (stats::self_cpu() - cpu0).as_secs_f64();
@@ -651,6 +666,35 @@ mod tests {
         let run = 6 * (64 << 10);
         assert!(sent[0] >= 2 * run, "the first server pushed two runs' worth: {sent:?}");
         assert!((run..2 * run).contains(&sent[1]), "the second one run's worth: {sent:?}");
+    }
+
+    /// A server that lags does not hold up the others: here the second server serves its
+    /// reads only once the first has served all of its own, which works only if the client
+    /// keeps refilling the first server as its reads complete.
+    #[test]
+    fn a_lagging_server_does_not_hold_up_the_others_reads() {
+        let bind = || Endpoint::bind("tcp://127.0.0.1:0", Config::default().progress_thread(true)).unwrap();
+        let (a, b) = (bind(), bind());
+        let cli = Endpoint::client(Config::default()).unwrap();
+        let peers =
+            [cli.connect(a.local_addr().unwrap()).unwrap(), cli.connect(b.local_addr().unwrap()).unwrap()];
+        let (first_done, go) = std::sync::mpsc::channel::<()>();
+        let first = std::thread::spawn(move || {
+            serve_counting(&a, 1);
+            first_done.send(()).unwrap();
+        });
+        let second = std::thread::spawn(move || {
+            let u = b.recv_unexpected(Some(OP_TIMEOUT)).unwrap().expect("parameters");
+            let p = Params::decode(&u.data).unwrap();
+            let mut sends = Sends::new(&b, &p, 2).unwrap();
+            wait_ok(&b, b.send(u.peer, TAG_READY, Bytes::new(), p.sl).unwrap()).unwrap();
+            go.recv_timeout(OP_TIMEOUT).expect("the first server finished first");
+            serve_reads(&b, u.peer, &p, &mut sends).unwrap();
+        });
+        let r = run_reads(&cli, &peers, &read_params(64 << 10, 8, 1), None).unwrap();
+        assert_eq!(r.bytes, 2 * 8 * (64 << 10));
+        first.join().unwrap();
+        second.join().unwrap();
     }
 
     /// A read request of another size than the run's is answered with an error, not served.
