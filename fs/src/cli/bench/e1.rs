@@ -27,8 +27,8 @@
 //! ionet-perf servers at once into one client, over the cell's footprint ([`Pattern::Reads`]).
 //! A stripefs read is not a stream from the client: its N io servers push into the client's
 //! buffers, all at once, and over tcp the senders then share the servers' CPU. This reference
-//! moves data in that pattern with nothing of stripefs, so a read cell's ratio to it is
-//! stripefs's own share of the gap.
+//! moves data in that pattern with nothing of stripefs on top, so a read cell's ratio to it
+//! tells stripefs's own share of the gap from the pattern's.
 
 use super::reference::{PairedReference, Pattern, Placement, READ_WINDOW, WINDOW, Waits};
 use super::util::{Gate, mbs, parallel, pattern, prefaulted};
