@@ -9,7 +9,10 @@
  *   ./fan_in SENDERS SECONDS [MSG_MIB]
  *
  * Environment: SPIN=1 makes the receiver poll (epoll_wait with a zero timeout) instead of
- * sleeping in epoll_wait; CC=name sets the senders' TCP congestion control.
+ * sleeping in epoll_wait; CC=name sets the senders' TCP congestion control; REQ=n makes the
+ * flow request-driven, as a read's: a sender sends a message only for a 1-byte request, the
+ * receiver keeps n requests outstanding at each sender and sends the next as a message
+ * completes.
  * Linux only (sched_setaffinity, epoll).
  */
 #define _GNU_SOURCE
@@ -51,8 +54,9 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-/* A sender: streams forever (until killed or the receiver closes). */
-static void sender(const struct sockaddr_in *to, size_t msg, const char *cc) {
+/* A sender: streams forever (until killed or the receiver closes); with `req`, one message
+ * per 1-byte request read from the socket. */
+static void sender(const struct sockaddr_in *to, size_t msg, const char *cc, int req) {
     pin(1);
     int s = socket(AF_INET, SOCK_STREAM, 0);
     if (s < 0) die("socket");
@@ -64,6 +68,8 @@ static void sender(const struct sockaddr_in *to, size_t msg, const char *cc) {
     if (!b) die("malloc");
     memset(b, 1, msg); /* pre-faulted */
     for (;;) {
+        char r1;
+        if (req && recv(s, &r1, 1, MSG_WAITALL) != 1) _exit(0);
         size_t off = 0;
         while (off < msg) {
             ssize_t r = send(s, b + off, msg - off, MSG_NOSIGNAL);
@@ -86,6 +92,7 @@ int main(int argc, char **argv) {
     size_t msg = (size_t)(argc > 3 ? atoi(argv[3]) : 1) << 20;
     int spin = getenv("SPIN") && atoi(getenv("SPIN"));
     const char *cc = getenv("CC");
+    int req = getenv("REQ") ? atoi(getenv("REQ")) : 0;
     if (n < 1 || n > MAX_SENDERS || secs <= 0 || msg == 0) {
         fprintf(stderr, "SENDERS 1..%d, SECONDS > 0, MSG_MIB > 0\n", MAX_SENDERS);
         return 2;
@@ -101,16 +108,28 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) {
         kids[i] = fork();
         if (kids[i] < 0) die("fork");
-        if (kids[i] == 0) sender(&a, msg, cc);
+        if (kids[i] == 0) sender(&a, msg, cc, req);
     }
     pin(0);
     int ep = epoll_create1(0);
     if (ep < 0) die("epoll_create1");
+    int fds[MAX_SENDERS];
+    size_t into[MAX_SENDERS] = {0}; /* bytes of the current message per sender */
+    char reqs[256];
+    memset(reqs, 'r', sizeof reqs);
+    if (req < 0 || req > (int)sizeof reqs) {
+        fprintf(stderr, "REQ 0..%zu\n", sizeof reqs);
+        return 2;
+    }
     for (int i = 0; i < n; i++) {
         int fd = accept(ls, NULL, NULL);
         if (fd < 0) die("accept");
+        fds[i] = fd;
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        if (req && send(fd, reqs, (size_t)req, 0) != req) die("send requests");
         fcntl(fd, F_SETFL, O_NONBLOCK);
-        struct epoll_event e = {.events = EPOLLIN, .data.fd = fd};
+        struct epoll_event e = {.events = EPOLLIN, .data.u32 = (unsigned)i};
         if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e)) die("epoll_ctl");
     }
     char *ring = malloc(RING);
@@ -124,12 +143,21 @@ int main(int argc, char **argv) {
         struct epoll_event ev[MAX_SENDERS];
         int k = epoll_wait(ep, ev, MAX_SENDERS, spin ? 0 : 100);
         for (int j = 0; j < k; j++) {
+            unsigned i = ev[j].data.u32;
             for (;;) {
                 size_t want = RING - at < READ_MAX ? RING - at : READ_MAX;
-                ssize_t r = recv(ev[j].data.fd, ring + at, want, 0);
+                ssize_t r = recv(fds[i], ring + at, want, 0);
                 if (r <= 0) break;
                 at = (at + (size_t)r) % RING;
                 if (counting) got += (unsigned long long)r;
+                if (req) {
+                    /* A request for each message completed. */
+                    into[i] += (size_t)r;
+                    while (into[i] >= msg) {
+                        into[i] -= msg;
+                        if (send(fds[i], reqs, 1, 0) != 1) die("send request");
+                    }
+                }
             }
         }
         double t = now();
