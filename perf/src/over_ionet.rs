@@ -289,6 +289,37 @@ fn serve_reads(ep: &Endpoint, peer: PeerId, p: &Params, sends: &mut Sends) -> Re
     inflight.into_iter().try_for_each(|x| finish(sends, x))
 }
 
+/// Sends a run's parameters to a server and posts the receive of its READY (which it sends
+/// once its receives are posted): the returned op completes when the server is ready.
+fn announce(ep: &Endpoint, peer: PeerId, p: &Params) -> Result<OpId> {
+    let ready = ep.recv(peer, TAG_READY, BytesMut::zeroed(0))?;
+    wait_ok(ep, ep.send_unexpected(peer, TAG_PARAMS, Bytes::copy_from_slice(&p.encode()), p.sl)?)?;
+    Ok(ready)
+}
+
+/// A run's clock: wall time, this process's CPU and (when its pid is known) the server's.
+struct Clock {
+    t0: Instant,
+    cpu0: Duration,
+    server: Option<(u32, Duration)>,
+}
+
+impl Clock {
+    fn start(server_pid: Option<u32>) -> Clock {
+        let server = server_pid.and_then(|pid| stats::proc_cpu(pid).map(|c| (pid, c)));
+        Clock { cpu0: stats::self_cpu(), server, t0: Instant::now() }
+    }
+
+    /// The run of `p` that took until now.
+    fn stop(self, p: &Params, rtts: Vec<f64>) -> RunResult {
+        let secs = self.t0.elapsed().as_secs_f64();
+        let client_cpu = (stats::self_cpu() - self.cpu0).as_secs_f64();
+        let server_cpu =
+            self.server.and_then(|(pid, c0)| stats::proc_cpu(pid).map(|c| (c - c0).as_secs_f64()));
+        RunResult::new(p, secs, rtts, client_cpu, server_cpu)
+    }
+}
+
 /// Runs one test against a perf server.
 pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> Result<RunResult> {
     if p.test == Test::Read {
@@ -310,12 +341,8 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
     };
     let mut rbufs: VecDeque<RecvBuf> =
         (0..n_recv).map(|_| recv_buf(ep, &p, &mut heap)).collect::<Result<_>>()?;
-    let ready = ep.recv(peer, TAG_READY, BytesMut::zeroed(0))?;
-    wait_ok(ep, ep.send_unexpected(peer, TAG_PARAMS, Bytes::copy_from_slice(&p.encode()), p.sl)?)?;
-    wait_ok(ep, ready)?;
-    let cpu0 = stats::self_cpu();
-    let scpu0 = server_pid.and_then(stats::proc_cpu);
-    let t0 = Instant::now();
+    wait_ok(ep, announce(ep, peer, &p)?)?;
+    let clock = Clock::start(server_pid);
     let mut rtts = Vec::new();
     match p.test {
         Test::Lat => {
@@ -357,13 +384,7 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
         }
         Test::Read => unreachable!("reads are run by run_reads"),
     }
-    let secs = t0.elapsed().as_secs_f64();
-    let client_cpu = (stats::self_cpu() - cpu0).as_secs_f64();
-    let server_cpu = match (scpu0, server_pid.and_then(stats::proc_cpu)) {
-        (Some(a), Some(b)) => Some((b - a).as_secs_f64()),
-        _ => None,
-    };
-    Ok(RunResult::new(&p, secs, rtts, client_cpu, server_cpu))
+    Ok(clock.stop(&p, rtts))
 }
 
 /// A read run against one or more perf servers at once (a file system's read fans in from its
@@ -382,17 +403,11 @@ pub fn run_reads(ep: &Endpoint, peers: &[PeerId], p: &Params, server_pid: Option
     let slots = (p.window * n).max(p.footprint.div_ceil(p.size.max(1)));
     let mut rbufs: VecDeque<RecvBuf> =
         (0..slots).map(|_| recv_buf(ep, p, &mut heap)).collect::<Result<_>>()?;
-    let mut ready = Vec::with_capacity(n);
-    for &peer in peers {
-        ready.push(ep.recv(peer, TAG_READY, BytesMut::zeroed(0))?);
-        wait_ok(ep, ep.send_unexpected(peer, TAG_PARAMS, Bytes::copy_from_slice(&each.encode()), p.sl)?)?;
-    }
+    let ready = peers.iter().map(|&peer| announce(ep, peer, &each)).collect::<Result<Vec<_>>>()?;
     for op in ready {
         wait_ok(ep, op)?;
     }
-    let cpu0 = stats::self_cpu();
-    let scpu0 = server_pid.and_then(stats::proc_cpu);
-    let t0 = Instant::now();
+    let clock = Clock::start(server_pid);
     // Each server is refilled as its own reads complete (whichever completes first), as a
     // file system client keeps a stream per io server: one slow server does not hold up the
     // others' next requests.
@@ -430,13 +445,7 @@ pub fn run_reads(ep: &Endpoint, peers: &[PeerId], p: &Params, server_pid: Option
             outstanding += 1;
         }
     }
-    let secs = t0.elapsed().as_secs_f64();
-    let client_cpu = (stats::self_cpu() - cpu0).as_secs_f64();
-    let server_cpu = match (scpu0, server_pid.and_then(stats::proc_cpu)) {
-        (Some(a), Some(b)) => Some((b - a).as_secs_f64()),
-        _ => None,
-    };
-    Ok(RunResult::new(&Params { iters: p.iters * n, ..*p }, secs, Vec::new(), client_cpu, server_cpu))
+    Ok(clock.stop(&Params { iters: p.iters * n, ..*p }, Vec::new()))
 }
 
 /// One run of `p`: a read against all of `peers` at once, any other test against the first.

@@ -147,23 +147,28 @@ pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
     };
     let place =
         if pin { Placement::Pinned { client: CLIENT_CPU, server: SERVER_CPU } } else { Placement::Unpinned };
+    // Every reference is placed and waits as the cells' clients and servers do, and its
+    // connections use the congestion control the cells' clients use.
+    let congestion = client_options(a).tcp_congestion;
+    let start = |scheme: Scheme, pattern: Pattern| -> Result<PairedReference> {
+        let perf = ctx.c.ionet_perf()?;
+        PairedReference::start(
+            &perf,
+            scheme,
+            pattern,
+            place,
+            a.waits(),
+            congestion.as_deref(),
+            ctx.step_timeout(),
+        )
+    };
     for &scheme in &ctx.c.transports {
         let mut reference = if a.no_reference {
             None
         } else {
             eprintln!("e1 {scheme}: starting the ionet-perf reference");
-            // The reference's connections use the congestion control the cells' clients use.
-            let congestion = client_options(a).tcp_congestion;
-            let r = PairedReference::start(
-                &ctx.c.ionet_perf()?,
-                scheme,
-                Pattern::Stream,
-                place,
-                a.waits(),
-                congestion.as_deref(),
-                ctx.step_timeout(),
-            )
-            .with_context(|| format!("the ionet-perf reference on {scheme}://"))?;
+            let r = start(scheme, Pattern::Stream)
+                .with_context(|| format!("the ionet-perf reference on {scheme}://"))?;
             Some(r)
         };
         for &n in &io {
@@ -180,20 +185,11 @@ pub fn run(ctx: &Ctx, a: &E1Args) -> Result<Report> {
             // The read pattern's reference: as many ionet-perf servers as the cluster has io servers.
             let mut reads = match reference {
                 None => None,
-                Some(_) => Some(
-                    PairedReference::start(
-                        &ctx.c.ionet_perf()?,
-                        scheme,
-                        Pattern::Reads { servers: n as usize },
-                        place,
-                        a.waits(),
-                        client_options(a).tcp_congestion.as_deref(),
-                        ctx.step_timeout(),
-                    )
-                    .with_context(|| {
+                Some(_) => {
+                    Some(start(scheme, Pattern::Reads { servers: n as usize }).with_context(|| {
                         format!("the ionet-perf read reference from {n} servers on {scheme}://")
-                    })?,
-                ),
+                    })?)
+                }
             };
             let at = ClusterAt { cluster: &cluster, scheme, n, pin };
             let refs = reference.as_mut().map(|stream| References { stream, reads: reads.as_mut() });
