@@ -12,7 +12,10 @@
  * sleeping in epoll_wait; CC=name sets the senders' TCP congestion control; REQ=n makes the
  * flow request-driven, as a read's: a sender sends a message only for a 1-byte request, the
  * receiver keeps n requests outstanding at each sender and sends the next as a message
- * completes.
+ * completes. Three more shape a sender's flow like an ionet server's read: HDR=n sends an
+ * n-byte header in the same sendmsg() as each message, REPLY=n sends an n-byte reply after it
+ * (a second call), NB=1 makes the sender non-blocking, spinning on EAGAIN for its requests and
+ * its sends (n at most 4096; the header and reply bytes count in GB/s).
  * Linux only (sched_setaffinity, epoll).
  */
 #define _GNU_SOURCE
@@ -28,6 +31,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -35,6 +39,11 @@
 #define MAX_SENDERS 64
 #define RING (4u << 20)
 #define READ_MAX (1u << 20)
+#define EXTRA_MAX 4096
+
+/* The sender's shape (HDR, REPLY, NB), set before the fork. */
+static size_t hdr_len, reply_len;
+static int nonblocking;
 
 static void die(const char *what) {
     perror(what);
@@ -67,14 +76,36 @@ static void sender(const struct sockaddr_in *to, size_t msg, const char *cc, int
     char *b = malloc(msg);
     if (!b) die("malloc");
     memset(b, 1, msg); /* pre-faulted */
+    static char extra[EXTRA_MAX]; /* header and reply bytes */
+    int flags = MSG_NOSIGNAL | (nonblocking ? MSG_DONTWAIT : 0);
     for (;;) {
         char r1;
-        if (req && recv(s, &r1, 1, MSG_WAITALL) != 1) _exit(0);
-        size_t off = 0;
-        while (off < msg) {
-            ssize_t r = send(s, b + off, msg - off, MSG_NOSIGNAL);
+        while (req) {
+            ssize_t q = recv(s, &r1, 1, nonblocking ? MSG_DONTWAIT : MSG_WAITALL);
+            if (q == 1) break;
+            if (q < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+            _exit(0);
+        }
+        /* Header and message in one call, as a frame goes out. */
+        size_t off = 0, total = hdr_len + msg;
+        while (off < total) {
+            struct iovec iov[2];
+            int k = 0;
+            if (off < hdr_len) iov[k++] = (struct iovec){extra + off, hdr_len - off};
+            size_t at = off < hdr_len ? 0 : off - hdr_len;
+            iov[k++] = (struct iovec){b + at, msg - at};
+            struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)k};
+            ssize_t r = sendmsg(s, &m, flags);
             if (r < 0) {
-                if (errno == EINTR) continue;
+                if (errno == EINTR || errno == EAGAIN) continue;
+                _exit(0);
+            }
+            off += (size_t)r;
+        }
+        for (off = 0; off < reply_len;) {
+            ssize_t r = send(s, extra + off, reply_len - off, flags);
+            if (r < 0) {
+                if (errno == EINTR || errno == EAGAIN) continue;
                 _exit(0);
             }
             off += (size_t)r;
@@ -93,6 +124,14 @@ int main(int argc, char **argv) {
     int spin = getenv("SPIN") && atoi(getenv("SPIN"));
     const char *cc = getenv("CC");
     int req = getenv("REQ") ? atoi(getenv("REQ")) : 0;
+    int h = getenv("HDR") ? atoi(getenv("HDR")) : 0, rp = getenv("REPLY") ? atoi(getenv("REPLY")) : 0;
+    nonblocking = getenv("NB") && atoi(getenv("NB"));
+    if (h < 0 || h > EXTRA_MAX || rp < 0 || rp > EXTRA_MAX) {
+        fprintf(stderr, "HDR and REPLY 0..%d\n", EXTRA_MAX);
+        return 2;
+    }
+    hdr_len = (size_t)h;
+    reply_len = (size_t)rp;
     if (n < 1 || n > MAX_SENDERS || secs <= 0 || msg == 0) {
         fprintf(stderr, "SENDERS 1..%d, SECONDS > 0, MSG_MIB > 0\n", MAX_SENDERS);
         return 2;
@@ -151,10 +190,11 @@ int main(int argc, char **argv) {
                 at = (at + (size_t)r) % RING;
                 if (counting) got += (unsigned long long)r;
                 if (req) {
-                    /* A request for each message completed. */
+                    /* A request for each message (with its header and reply) completed. */
+                    size_t each = hdr_len + msg + reply_len;
                     into[i] += (size_t)r;
-                    while (into[i] >= msg) {
-                        into[i] -= msg;
+                    while (into[i] >= each) {
+                        into[i] -= each;
                         if (send(fds[i], reqs, 1, 0) != 1) die("send request");
                     }
                 }
