@@ -15,7 +15,9 @@
  * completes. Three more shape a sender's flow like an ionet server's read: HDR=n sends an
  * n-byte header in the same sendmsg() as each message, REPLY=n sends an n-byte reply after it
  * (a second call), NB=1 makes the sender non-blocking, spinning on EAGAIN for its requests and
- * its sends (n at most 4096; the header and reply bytes count in GB/s).
+ * its sends (n at most 4096; the header and reply bytes count in GB/s). REQSZ=n makes each
+ * request n bytes (REQ × REQSZ at most 256); RX=1 reads as ionet's engine does: a message's
+ * header alone, its body straight into a 1 MiB buffer of that sender's, its reply alone.
  * Linux only (sched_setaffinity, epoll).
  */
 #define _GNU_SOURCE
@@ -42,7 +44,7 @@
 #define EXTRA_MAX 4096
 
 /* The sender's shape (HDR, REPLY, NB), set before the fork. */
-static size_t hdr_len, reply_len;
+static size_t hdr_len, reply_len, req_len = 1;
 static int nonblocking;
 
 static void die(const char *what) {
@@ -79,10 +81,13 @@ static void sender(const struct sockaddr_in *to, size_t msg, const char *cc, int
     static char extra[EXTRA_MAX]; /* header and reply bytes */
     int flags = MSG_NOSIGNAL | (nonblocking ? MSG_DONTWAIT : 0);
     for (;;) {
-        char r1;
-        while (req) {
-            ssize_t q = recv(s, &r1, 1, nonblocking ? MSG_DONTWAIT : MSG_WAITALL);
-            if (q == 1) break;
+        char r1[256];
+        for (size_t have = 0; req && have < req_len;) {
+            ssize_t q = recv(s, r1 + have, req_len - have, nonblocking ? MSG_DONTWAIT : MSG_WAITALL);
+            if (q > 0) {
+                have += (size_t)q;
+                continue;
+            }
             if (q < 0 && (errno == EAGAIN || errno == EINTR)) continue;
             _exit(0);
         }
@@ -130,6 +135,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "HDR and REPLY 0..%d\n", EXTRA_MAX);
         return 2;
     }
+    int rq = getenv("REQSZ") ? atoi(getenv("REQSZ")) : 1;
+    if (rq < 1 || (long)rq * (req > 0 ? req : 1) > 256) {
+        fprintf(stderr, "REQSZ 1.., REQ × REQSZ 256 at most\n");
+        return 2;
+    }
+    req_len = (size_t)rq;
     hdr_len = (size_t)h;
     reply_len = (size_t)rp;
     if (n < 1 || n > MAX_SENDERS || secs <= 0 || msg == 0) {
@@ -166,7 +177,8 @@ int main(int argc, char **argv) {
         fds[i] = fd;
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        if (req && send(fd, reqs, (size_t)req, 0) != req) die("send requests");
+        if (req && send(fd, reqs, (size_t)req * req_len, 0) != (ssize_t)((size_t)req * req_len))
+            die("send requests");
         fcntl(fd, F_SETFL, O_NONBLOCK);
         struct epoll_event e = {.events = EPOLLIN, .data.u32 = (unsigned)i};
         if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e)) die("epoll_ctl");
@@ -175,6 +187,14 @@ int main(int argc, char **argv) {
     if (!ring) die("malloc");
     memset(ring, 0, RING);
     size_t at = 0;
+    int rx = getenv("RX") && atoi(getenv("RX"));
+    char scratch[EXTRA_MAX];
+    char *bufs[MAX_SENDERS];
+    for (int i = 0; rx && i < n; i++) {
+        bufs[i] = malloc(msg);
+        if (!bufs[i]) die("malloc");
+        memset(bufs[i], 0, msg);
+    }
     unsigned long long got = 0;
     double start = now() + 0.3, end = start + secs;
     int counting = 0;
@@ -185,7 +205,21 @@ int main(int argc, char **argv) {
             unsigned i = ev[j].data.u32;
             for (;;) {
                 size_t want = RING - at < READ_MAX ? RING - at : READ_MAX;
-                ssize_t r = recv(fds[i], ring + at, want, 0);
+                char *dst = ring + at;
+                if (rx && req) {
+                    size_t pos = into[i];
+                    if (pos < hdr_len) {
+                        dst = scratch;
+                        want = hdr_len - pos;
+                    } else if (pos < hdr_len + msg) {
+                        dst = bufs[i] + (pos - hdr_len);
+                        want = hdr_len + msg - pos;
+                    } else {
+                        dst = scratch;
+                        want = hdr_len + msg + reply_len - pos;
+                    }
+                }
+                ssize_t r = recv(fds[i], dst, want, 0);
                 if (r <= 0) break;
                 at = (at + (size_t)r) % RING;
                 if (counting) got += (unsigned long long)r;
@@ -195,7 +229,7 @@ int main(int argc, char **argv) {
                     into[i] += (size_t)r;
                     while (into[i] >= each) {
                         into[i] -= each;
-                        if (send(fds[i], reqs, 1, 0) != 1) die("send request");
+                        if (send(fds[i], reqs, req_len, 0) != (ssize_t)req_len) die("send request");
                     }
                 }
             }
