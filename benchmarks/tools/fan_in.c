@@ -16,7 +16,7 @@
  * n-byte header in the same sendmsg() as each message, REPLY=n sends an n-byte reply after it
  * (a second call), NB=1 makes the sender non-blocking, spinning on EAGAIN for its requests and
  * its sends (n at most 4096; the header and reply bytes count in GB/s). REQSZ=n makes each
- * request n bytes (REQ × REQSZ at most 256); RX=1 reads as ionet's engine does: a message's
+ * request n bytes (REQ × REQSZ at most 256); RX=1 (with REQ) reads as ionet's engine does: a message's
  * header alone, its body straight into a 1 MiB buffer of that sender's, its reply alone.
  * Linux only (sched_setaffinity, epoll).
  */
@@ -136,8 +136,14 @@ int main(int argc, char **argv) {
         return 2;
     }
     int rq = getenv("REQSZ") ? atoi(getenv("REQSZ")) : 1;
-    if (rq < 1 || (long)rq * (req > 0 ? req : 1) > 256) {
-        fprintf(stderr, "REQSZ 1.., REQ × REQSZ 256 at most\n");
+    int rx = getenv("RX") && atoi(getenv("RX"));
+    /* Checked before the senders fork: the first requests are sent from one 256-byte buffer. */
+    if (req < 0 || rq < 1 || (long)req * rq > 256) {
+        fprintf(stderr, "REQ 0.., REQSZ 1.., REQ × REQSZ 256 at most\n");
+        return 2;
+    }
+    if (rx && !req) {
+        fprintf(stderr, "RX=1 reads messages one by one, so it needs REQ\n");
         return 2;
     }
     req_len = (size_t)rq;
@@ -167,10 +173,6 @@ int main(int argc, char **argv) {
     size_t into[MAX_SENDERS] = {0}; /* bytes of the current message per sender */
     char reqs[256];
     memset(reqs, 'r', sizeof reqs);
-    if (req < 0 || req > (int)sizeof reqs) {
-        fprintf(stderr, "REQ 0..%zu\n", sizeof reqs);
-        return 2;
-    }
     for (int i = 0; i < n; i++) {
         int fd = accept(ls, NULL, NULL);
         if (fd < 0) die("accept");
@@ -187,7 +189,6 @@ int main(int argc, char **argv) {
     if (!ring) die("malloc");
     memset(ring, 0, RING);
     size_t at = 0;
-    int rx = getenv("RX") && atoi(getenv("RX"));
     char scratch[EXTRA_MAX];
     char *bufs[MAX_SENDERS];
     for (int i = 0; rx && i < n; i++) {
@@ -206,7 +207,7 @@ int main(int argc, char **argv) {
             for (;;) {
                 size_t want = RING - at < READ_MAX ? RING - at : READ_MAX;
                 char *dst = ring + at;
-                if (rx && req) {
+                if (rx) {
                     size_t pos = into[i];
                     if (pos < hdr_len) {
                         dst = scratch;
@@ -221,7 +222,7 @@ int main(int argc, char **argv) {
                 }
                 ssize_t r = recv(fds[i], dst, want, 0);
                 if (r <= 0) break;
-                at = (at + (size_t)r) % RING;
+                if (!rx) at = (at + (size_t)r) % RING;
                 if (counting) got += (unsigned long long)r;
                 if (req) {
                     /* A request for each message (with its header and reply) completed. */
