@@ -16,8 +16,8 @@
  * n-byte header in the same sendmsg() as each message, REPLY=n sends an n-byte reply after it
  * (a second call), NB=1 makes the sender non-blocking, spinning on EAGAIN for its requests and
  * its sends (n at most 4096; the header and reply bytes count in GB/s). REQSZ=n makes each
- * request n bytes (REQ × REQSZ at most 256); RX=1 (with REQ) reads as ionet's engine does: a message's
- * header alone, its body straight into a 1 MiB buffer of that sender's, its reply alone.
+ * request n bytes (REQ × REQSZ at most 256); RX=1 (with REQ) reads as ionet's engine does:
+ * a message's header alone, its body straight into a buffer of that sender's, its reply alone.
  * Linux only (sched_setaffinity, epoll).
  */
 #define _GNU_SOURCE
