@@ -18,6 +18,9 @@
  * its sends (n at most 4096; the header and reply bytes count in GB/s). REQSZ=n makes each
  * request n bytes (REQ × REQSZ at most 256); RX=1 (with REQ) reads as ionet's engine does:
  * a message's header alone, its body straight into a buffer of that sender's, its reply alone.
+ * YIELD=1 (with NB and REQ) makes a sender waiting for a request yield its CPU after each empty
+ * read, as ionet's busy-polling driver does: the senders sharing CPU 1 then take turns push by
+ * push instead of each keeping the CPU for a scheduler slice (several ms of its own pushes).
  * Linux only (sched_setaffinity, epoll).
  */
 #define _GNU_SOURCE
@@ -45,7 +48,7 @@
 
 /* The sender's shape (HDR, REPLY, NB), set before the fork. */
 static size_t hdr_len, reply_len, req_len = 1;
-static int nonblocking;
+static int nonblocking, yielding;
 
 static void die(const char *what) {
     perror(what);
@@ -88,7 +91,10 @@ static void sender(const struct sockaddr_in *to, size_t msg, const char *cc, int
                 have += (size_t)q;
                 continue;
             }
-            if (q < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+            if (q < 0 && (errno == EAGAIN || errno == EINTR)) {
+                if (yielding) sched_yield();
+                continue;
+            }
             _exit(0);
         }
         /* Header and message in one call, as a frame goes out. */
@@ -131,6 +137,11 @@ int main(int argc, char **argv) {
     int req = getenv("REQ") ? atoi(getenv("REQ")) : 0;
     int h = getenv("HDR") ? atoi(getenv("HDR")) : 0, rp = getenv("REPLY") ? atoi(getenv("REPLY")) : 0;
     nonblocking = getenv("NB") && atoi(getenv("NB"));
+    yielding = getenv("YIELD") && atoi(getenv("YIELD"));
+    if (yielding && !(nonblocking && req)) {
+        fprintf(stderr, "YIELD=1 yields while a sender spins for a request, so it needs NB and REQ\n");
+        return 2;
+    }
     if (h < 0 || h > EXTRA_MAX || rp < 0 || rp > EXTRA_MAX) {
         fprintf(stderr, "HDR and REPLY 0..%d\n", EXTRA_MAX);
         return 2;
