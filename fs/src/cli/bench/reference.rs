@@ -112,10 +112,7 @@ impl PairedReference {
                 ])
                 .args(args(server_cpu))
                 .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .with_context(|| format!("starting {} server", perf.display()))?;
+                .spawn_reporting(perf, "server")?;
             let addr = match server.stdout.take().map(|o| first_line(BufReader::new(o), timeout)) {
                 Some(Ok(Some(line))) => line.strip_prefix("LISTEN ").map(|a| a.trim().to_string()),
                 _ => None,
@@ -129,10 +126,7 @@ impl PairedReference {
             .args(["--sl", "bulk", "--wait", wait.client.name(), "--on-demand"])
             .args(args(client_cpu))
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("starting {} client", perf.display()))?;
+            .spawn_reporting(perf, "client")?;
         let pipes = (client.stdin.take(), client.stdout.take());
         procs.0.push(client);
         let (Some(stdin), Some(out)) = pipes else { bail!("no pipes to the ionet-perf client") };
@@ -186,6 +180,20 @@ impl PairedReference {
             Err(RecvTimeoutError::Timeout) => bail!("no answer within {:?}", self.timeout),
             Err(RecvTimeoutError::Disconnected) => bail!("the ionet-perf client exited"),
         }
+    }
+}
+
+/// Starts an ionet-perf process whose stdout the caller reads (its stderr goes to ours).
+trait SpawnReporting {
+    fn spawn_reporting(&mut self, perf: &Path, role: &str) -> Result<Child>;
+}
+
+impl SpawnReporting for Command {
+    fn spawn_reporting(&mut self, perf: &Path, role: &str) -> Result<Child> {
+        self.stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {} {role}", perf.display()))
     }
 }
 
