@@ -180,13 +180,25 @@ pub fn serve(ep: &Endpoint) -> Result<()> {
     }
 }
 
+/// How a test other than a read moves its messages: one at a time there and back, or a
+/// window at a time one way (both ways for bibw) with an ack per window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    PingPong,
+    Stream,
+}
+
 fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> Result<()> {
     let mut sends = Sends::new(ep, p, 2)?;
-    if p.test == Test::Read {
-        wait_ok(ep, ep.send(peer, TAG_READY, Bytes::new(), p.sl)?)?;
-        return serve_reads(ep, peer, p, &mut sends);
-    }
-    let n = if p.test == Test::Lat { 1 } else { p.window };
+    let flow = match p.test {
+        Test::Read => {
+            wait_ok(ep, ep.send(peer, TAG_READY, Bytes::new(), p.sl)?)?;
+            return serve_reads(ep, peer, p, &mut sends);
+        }
+        Test::Lat => Flow::PingPong,
+        Test::Bw | Test::Msgrate | Test::Bibw => Flow::Stream,
+    };
+    let n = if flow == Flow::PingPong { 1 } else { p.window };
     // Receive buffers in line: the `n` at the front are posted, each completed one goes to
     // the back, so a footprint of more than `n` buffers is cycled through.
     let mut free: VecDeque<RecvBuf> =
@@ -208,9 +220,8 @@ fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> R
         }
         Ok(())
     };
-    match p.test {
-        Test::Read => unreachable!("reads are served by serve_reads"),
-        Test::Lat => {
+    match flow {
+        Flow::PingPong => {
             for i in 0..p.iters {
                 let c = wait_ok(ep, pending.pop().expect("posted"))?;
                 check(&c)?;
@@ -223,7 +234,7 @@ fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> R
                 sends.wait(ep, op)?;
             }
         }
-        Test::Bw | Test::Msgrate | Test::Bibw => {
+        Flow::Stream => {
             let windows = p.iters / p.window;
             for w in 0..windows {
                 let sent: Vec<OpId> = if p.test == Test::Bibw {
@@ -322,13 +333,12 @@ impl Clock {
 
 /// Runs one test against a perf server.
 pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> Result<RunResult> {
-    if p.test == Test::Read {
-        return run_reads(ep, &[peer], p, server_pid);
-    }
-    let p = if matches!(p.test, Test::Bw | Test::Msgrate | Test::Bibw) {
-        Params { iters: (p.iters / p.window).max(1) * p.window, ..*p }
-    } else {
-        *p
+    let (flow, p) = match p.test {
+        Test::Read => return run_reads(ep, &[peer], p, server_pid),
+        Test::Lat => (Flow::PingPong, *p),
+        Test::Bw | Test::Msgrate | Test::Bibw => {
+            (Flow::Stream, Params { iters: (p.iters / p.window).max(1) * p.window, ..*p })
+        }
     };
     let mut sends = Sends::new(ep, &p, 1)?;
     let expect = p.verify.then(|| pattern(p.size, 2));
@@ -344,8 +354,8 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
     wait_ok(ep, announce(ep, peer, &p)?)?;
     let clock = Clock::start(server_pid);
     let mut rtts = Vec::new();
-    match p.test {
-        Test::Lat => {
+    match flow {
+        Flow::PingPong => {
             rtts.reserve(p.iters);
             let mut rbuf = rbufs.pop_front().expect("one receive buffer");
             for _ in 0..p.iters {
@@ -363,7 +373,7 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
                 rbuf = take_recv(c);
             }
         }
-        Test::Bw | Test::Msgrate | Test::Bibw => {
+        Flow::Stream => {
             let mut ack_buf = RecvBuf::Mut(BytesMut::zeroed(1));
             for _ in 0..p.iters / p.window {
                 let ack = ep.recv(peer, TAG_ACK, ack_buf)?;
@@ -382,7 +392,6 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
                 ack_buf = take_recv(wait_ok(ep, ack)?);
             }
         }
-        Test::Read => unreachable!("reads are run by run_reads"),
     }
     Ok(clock.stop(&p, rtts))
 }
