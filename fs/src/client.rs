@@ -26,7 +26,7 @@ use crate::layout::{Extent, Layout, ListIo, ServerPieces, View};
 use crate::net::{FsError, FsResult, TAG_IO, TAG_META};
 use crate::proto::{
     self, Attr, Descriptor, DirEntry, Envelope, FileKind, FsStats, Handle, IoReply, IoRequest, LayoutSpec,
-    MetaReply, MetaRequest, Name, SetAttr,
+    MetaReply, MetaRequest, Name, ProtoError, SetAttr,
 };
 use bytes::{Bytes, BytesMut};
 use ionet::{Completion, Endpoint, OpBuf, OpId, Payload, PeerId, RecvBuf, SendBuf, ServiceLevel, WaitMode};
@@ -169,6 +169,16 @@ impl Drop for Inner {
 #[derive(Debug, Clone)]
 pub struct Client {
     inner: Arc<Inner>,
+}
+
+/// A caller's layout with an impossible field is the caller's error ([`FsError::Layout`],
+/// `EINVAL`), found before anything is sent, not a protocol error of the message it would make.
+fn check_spec(spec: Option<&LayoutSpec>) -> FsResult<()> {
+    match spec.map(LayoutSpec::validate) {
+        Some(Err(ProtoError::Layout(e))) => Err(FsError::Layout(e)),
+        Some(Err(e)) => Err(FsError::Proto(e)),
+        _ => Ok(()),
+    }
 }
 
 /// What `create` makes.
@@ -364,6 +374,7 @@ impl Client {
 
     /// Creates and opens (read-write) a file in `parent`.
     pub fn create_in(&self, parent: Handle, name: &str, opts: CreateOptions) -> FsResult<File> {
+        check_spec(opts.layout.as_ref())?;
         let req = MetaRequest::Create {
             parent,
             name: Self::name(name)?,
@@ -479,6 +490,7 @@ impl Client {
 
     /// Sets (or clears) a directory's default layout.
     pub fn setstripe_handle(&self, dir: Handle, spec: Option<LayoutSpec>) -> FsResult<()> {
+        check_spec(spec.as_ref())?;
         self.done(MetaRequest::SetStripe { dir, spec })
     }
 

@@ -91,7 +91,7 @@ fn main() -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("stripefs: {e:#}");
+            eprintln!("stripefs: {}", cli::error_line(&e));
             ExitCode::FAILURE
         }
     }

@@ -80,7 +80,7 @@ pub fn io_timeout(base: Duration, bytes: u64) -> Duration {
 #[non_exhaustive]
 pub enum FsError {
     /// A server processed the request and refused it.
-    #[error("{code}: {message}")]
+    #[error("{code}{}", remote_detail(*code, message))]
     Remote {
         /// The code the server sent.
         code: Errno,
@@ -133,6 +133,18 @@ impl FsError {
             FsError::Invalid(_) | FsError::Layout(_) | FsError::Config(_) => Errno::EINVAL,
             FsError::Io(e) => Errno::from_io(e),
         }
+    }
+}
+
+/// What a remote error's message adds to its code: nothing when the server only spelled out
+/// the code (`ENOENT (no such file or directory)` then needs no second "no such file or
+/// directory").
+fn remote_detail(code: Errno, message: &str) -> String {
+    let m = message.trim();
+    if m.is_empty() || code.description().is_some_and(|d| d.eq_ignore_ascii_case(m)) {
+        String::new()
+    } else {
+        format!(": {m}")
     }
 }
 
@@ -195,6 +207,15 @@ mod tests {
         let e: io::Error = FsError::code(Errno::ENOENT, "gone").into();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
         assert_eq!(io_timeout(Duration::from_secs(1), 20_000_000), Duration::from_secs(3));
+    }
+
+    #[test]
+    fn a_remote_error_says_its_code_once() {
+        let e = FsError::code(Errno::ENOENT, "no such file or directory");
+        assert_eq!(e.to_string(), "ENOENT (no such file or directory)");
+        assert_eq!(FsError::code(Errno::ENOENT, "").to_string(), "ENOENT (no such file or directory)");
+        let e = FsError::code(Errno::EINVAL, "stripe count 9 outside 1..=3");
+        assert_eq!(e.to_string(), "EINVAL (invalid argument): stripe count 9 outside 1..=3");
     }
 
     fn dummy_peer() -> ionet::PeerId {

@@ -393,6 +393,17 @@ pub struct Attr {
     pub ctime: Timestamp,
 }
 
+impl Attr {
+    /// Times a client can turn into dates: a meta server's nanoseconds past a second would
+    /// overflow `SystemTime` arithmetic (the FUSE layer's) instead of meaning anything.
+    fn validate(&self) -> Result<(), ProtoError> {
+        if self.mode > 0o7777 {
+            return Err(ProtoError::Invalid("mode"));
+        }
+        [self.atime, self.mtime, self.ctime].iter().try_for_each(Timestamp::validate)
+    }
+}
+
 /// Attribute changes; `None` leaves a field alone.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SetAttr {
@@ -962,9 +973,11 @@ impl Message for MetaReply {
     const KIND: u8 = 2;
     fn validate(&self) -> Result<(), ProtoError> {
         match self {
-            MetaReply::Opened { layout, .. } => {
+            MetaReply::Opened { layout, attr, .. } => {
+                attr.validate()?;
                 Layout::new(layout.base, layout.pcount, layout.ssize)?;
             }
+            MetaReply::Entry { attr, .. } | MetaReply::Attr(attr) => attr.validate()?,
             MetaReply::Stripe { layout, default } => {
                 if let Some(l) = layout {
                     Layout::new(l.base, l.pcount, l.ssize)?;
@@ -1415,6 +1428,35 @@ mod tests {
         assert!(encode(&Envelope::new(1, MetaRequest::Setattr { handle: Handle(2), set })).is_err());
         let r = MetaRequest::Readdir { dir: Handle::ROOT, after: None, max: 0 };
         assert_eq!(encode(&Envelope::new(1, r)).unwrap_err().errno(), Errno::EINVAL);
+        // Replies' attributes too: a time past a second's nanoseconds, a mode with type bits.
+        let attr_with = |f: &dyn Fn(&mut Attr)| {
+            let t = Timestamp { secs: 1_700_000_000, nsecs: 5 };
+            let mut a = Attr {
+                kind: FileKind::File,
+                mode: 0o644,
+                uid: 0,
+                gid: 0,
+                size: 0,
+                nlink: 1,
+                atime: t,
+                mtime: t,
+                ctime: t,
+            };
+            f(&mut a);
+            a
+        };
+        let t = Timestamp { secs: i64::MAX, nsecs: 1_000_000_000 };
+        let bad = [
+            (attr_with(&|a| a.mtime = t), "timestamp nanoseconds"),
+            (attr_with(&|a| a.ctime = t), "timestamp nanoseconds"),
+            (attr_with(&|a| a.mode = 0o100644), "mode"),
+        ];
+        for (a, what) in bad {
+            let r = MetaReply::Entry { handle: Handle(2), attr: a.clone() };
+            assert_eq!(encode(&Envelope::new(1, r)).unwrap_err(), ProtoError::Invalid(what));
+            assert!(encode(&Envelope::new(1, MetaReply::Attr(a))).is_err());
+        }
+        assert!(encode(&Envelope::new(1, MetaReply::Attr(attr_with(&|_| {})))).is_ok());
     }
 
     #[test]

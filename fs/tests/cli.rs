@@ -31,7 +31,9 @@ fn client_commands() {
     let stat = ok(&cl, &["stat", "sfs:/a/b/f.bin"]);
     assert!(stat.contains("size: 5000000") && stat.contains("pcount 2 ssize 131072"), "{stat}");
     assert_eq!(ok(&cl, &["ls", "sfs:/a/b"]), "f.bin\n");
-    assert!(ok(&cl, &["ls", "-l", "sfs:/a/b"]).contains("5000000 f.bin"));
+    let long = ok(&cl, &["ls", "-l", "sfs:/a/b"]);
+    assert!(long.starts_with("-rw-r--r-- ") && long.contains("5000000 f.bin"), "{long}");
+    assert!(ok(&cl, &["ls", "-l", "sfs:/a"]).starts_with("drwxr-xr-x "));
     // The 5 MB copy-in went to two of the three io servers (stripe count 2), all of it over
     // their mapped path.
     let servers = ok(&cl, &["servers"]);
@@ -60,8 +62,29 @@ fn client_commands() {
     assert!(String::from_utf8_lossy(&rm.stderr).contains("ENOTEMPTY"));
     ok(&cl, &["rm", "sfs:/a/b/f.bin", "sfs:/a/b", "sfs:/a", "sfs:/one"]);
     assert_eq!(ok(&cl, &["ls", "sfs:/"]), "");
-    let missing = sfs(&cl, &["stat", "sfs:/nope"]);
-    assert!(!missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("ENOENT"));
+    // Failures name the path, and say each cause once.
+    for cmd in
+        [&["stat", "sfs:/nope"][..], &["ls", "sfs:/nope"], &["rm", "sfs:/nope"], &["getstripe", "sfs:/nope"]]
+    {
+        let out = sfs(&cl, cmd);
+        assert!(!out.status.success(), "{cmd:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "stripefs: /nope: ENOENT (no such file or directory)\n"
+        );
+    }
+    let back_str = back.to_str().unwrap();
+    let err = |args: &[&str]| {
+        let out = sfs(&cl, args);
+        assert!(!out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert_eq!(err(&["cp", "sfs:/nope", back_str]), "stripefs: /nope: ENOENT (no such file or directory)\n");
+    let bad = err(&["setstripe", "-S", "0", "sfs:/z"]);
+    assert!(bad.starts_with("stripefs: /z: ") && bad.matches("stripe size 0").count() == 1, "{bad}");
+    let dir = tc.dir.path().to_str().unwrap().to_owned();
+    assert!(err(&["cp", &dir, "sfs:/z"]).contains("is a directory"));
+    assert_eq!(ok(&cl, &["ls", "sfs:/"]), "", "no failed command left anything behind");
 }
 
 #[test]

@@ -67,6 +67,14 @@ pub fn namespace_and_data(scheme: &str) {
     assert_eq!(n, 300_000);
     assert_eq!(&got[..1000], &data[..1000]);
     assert!(got[1000..].iter().all(|&b| b == 0), "bytes cut by the truncate come back as zeros");
+    // a layout with an impossible field is the caller's error, refused before it is sent
+    for bad in [spec(2, 0), spec(0, 4096)] {
+        let e = c.create("/d/bad", CreateOptions { mode: 0o644, layout: bad }).unwrap_err();
+        assert!(matches!(e, FsError::Layout(_)), "{e:?}");
+        assert_eq!(e.errno(), Errno::EINVAL);
+        assert!(matches!(c.setstripe("/d", bad), Err(FsError::Layout(_))));
+    }
+    assert_eq!(code(c.stat("/d/bad")), Errno::ENOENT, "nothing was created");
     // per-directory default layouts
     c.setstripe("/d", spec(2, 4096)).unwrap();
     let g = c.create("/d/small", CreateOptions::default()).unwrap();

@@ -59,13 +59,17 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
                 dst = format!("{}/{}", dst.trim_end_matches('/'), base_name(&a.src));
             }
             let mut src = std::fs::File::open(&a.src).with_context(|| a.src.clone())?;
-            let len = src.metadata()?.len();
+            let meta = src.metadata().with_context(|| a.src.clone())?;
+            if meta.is_dir() {
+                bail!("{}: is a directory (cp copies one file)", a.src);
+            }
+            let len = meta.len();
             let spec = LayoutSpec { base: None, pcount: a.stripe_count, ssize: a.stripe_size };
             let f = match c.create(&dst, CreateOptions { mode: 0o644, layout: Some(spec) }) {
                 Ok(f) => f,
                 Err(FsError::Remote { code: Errno::EEXIST, .. }) => {
-                    let f = c.open(&dst, Rights::READ_WRITE)?;
-                    f.truncate(0)?;
+                    let f = c.open(&dst, Rights::READ_WRITE).with_context(|| dst.clone())?;
+                    f.truncate(0).with_context(|| dst.clone())?;
                     f
                 }
                 Err(e) => return Err(e).context(dst),
@@ -74,12 +78,12 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
             let mut buf = stripefs::buf::aligned_zeroed(CP_CHUNK);
             let mut off = 0u64;
             loop {
-                let n = read_full(&mut src, &mut buf)?;
+                let n = read_full(&mut src, &mut buf).with_context(|| format!("reading {}", a.src))?;
                 if n == 0 {
                     break;
                 }
                 let data = buf.split_to(n).freeze();
-                f.write_at(off, &data)?;
+                f.write_at(off, &data).with_context(|| format!("writing {dst}"))?;
                 off += n as u64;
                 pb.set_position(off);
                 // The servers hold no reference once the write completed: reuse the memory.
@@ -88,14 +92,14 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
                 buf = back;
                 buf.resize(CP_CHUNK, 0);
             }
-            f.sync()?;
+            f.sync().with_context(|| format!("syncing {dst}"))?;
             pb.finish_and_clear();
             Ok(())
         }
         (Some(src), None) => {
             let c = client(cluster)?;
-            let f = c.open(src, Rights::READ)?;
-            let size = f.size()?;
+            let f = c.open(src, Rights::READ).with_context(|| src.to_string())?;
+            let size = f.size().with_context(|| src.to_string())?;
             let mut dst = PathBuf::from(&a.dst);
             if dst.is_dir() {
                 dst = dst.join(base_name(src));
@@ -107,16 +111,16 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
             while off < size {
                 let want = (size - off).min(CP_CHUNK as u64) as usize;
                 buf.resize(want, 0);
-                let (b, n) = f.read_at(off, buf)?;
+                let (b, n) = f.read_at(off, buf).with_context(|| format!("reading {src}"))?;
                 buf = b;
                 if n == 0 {
                     break;
                 }
-                out.write_all(&buf[..n])?;
+                out.write_all(&buf[..n]).with_context(|| format!("writing {}", dst.display()))?;
                 off += n as u64;
                 pb.set_position(off);
             }
-            out.sync_all()?;
+            out.sync_all().with_context(|| format!("syncing {}", dst.display()))?;
             pb.finish_and_clear();
             Ok(())
         }
@@ -153,23 +157,34 @@ pub struct LsArgs {
 pub fn ls(cluster: Option<PathBuf>, a: LsArgs) -> Result<()> {
     let c = client(cluster)?;
     let path = any_path(&a.path);
-    let st = c.stat(path)?;
+    let st = c.stat(path).with_context(|| path.to_string())?;
     let entries = if st.attr.kind == FileKind::Dir {
-        c.readdir_handle(st.handle)?.into_iter().map(|e| (e.name.to_string(), e.handle)).collect()
+        c.readdir_handle(st.handle)
+            .with_context(|| path.to_string())?
+            .into_iter()
+            .map(|e| (e.name.to_string(), e.handle))
+            .collect()
     } else {
         vec![(base_name(path).to_string(), st.handle)]
     };
     let mut out = std::io::stdout().lock();
     for (name, h) in entries {
         if a.long {
-            let s = c.stat_handle(h)?;
-            let kind = if s.attr.kind == FileKind::Dir { 'd' } else { '-' };
+            // Removed since the listing: skip it, as `ls` does.
+            let s = match c.stat_handle(h) {
+                Ok(s) => s,
+                Err(FsError::Remote { code: Errno::ENOENT, .. }) => continue,
+                Err(e) => return Err(e).with_context(|| format!("{}/{name}", path.trim_end_matches('/'))),
+            };
             let layout =
                 s.layout.map(|l| format!("  [{}x{}@{}]", l.pcount, l.ssize, l.base)).unwrap_or_default();
             writeln!(
                 out,
-                "{kind}{:04o} {:>5} {:>5} {:>14} {name}{layout}",
-                s.attr.mode, s.attr.uid, s.attr.gid, s.attr.size
+                "{} {:>5} {:>5} {:>14} {name}{layout}",
+                mode_string(s.attr.kind, s.attr.mode),
+                s.attr.uid,
+                s.attr.gid,
+                s.attr.size
             )?;
         } else {
             writeln!(out, "{name}")?;
@@ -178,14 +193,46 @@ pub fn ls(cluster: Option<PathBuf>, a: LsArgs) -> Result<()> {
     Ok(())
 }
 
+/// `ls -l`'s mode column: `drwxr-xr-x`, `-rw-r--r--` (with setuid, setgid and sticky bits).
+fn mode_string(kind: FileKind, mode: u32) -> String {
+    let mut s = String::with_capacity(10);
+    s.push(if kind == FileKind::Dir { 'd' } else { '-' });
+    // (read, write, execute, special bit, its letter) for user, group and other.
+    for (shift, special, letter) in [(6, 0o4000, 's'), (3, 0o2000, 's'), (0, 0o1000, 't')] {
+        let bits = (mode >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(match (bits & 1 != 0, mode & special != 0) {
+            (true, true) => letter,
+            (false, true) => letter.to_ascii_uppercase(),
+            (true, false) => 'x',
+            (false, false) => '-',
+        });
+    }
+    s
+}
+
+/// The first second RFC 3339 cannot write (year 10000); `humantime` fails from there on, and
+/// panics before 1970.
+const RFC3339_END: i64 = 253_402_300_800;
+
+/// A timestamp as an RFC 3339 UTC date with nanoseconds, the epoch seconds beside it; only the
+/// seconds where no date can be written (the server sends the value, so it may be anything).
 fn time(t: Timestamp) -> String {
-    format!("{}.{:09}", t.secs, t.nsecs)
+    let raw = format!("{}.{:09}", t.secs, t.nsecs);
+    match u64::try_from(t.secs) {
+        Ok(secs) if t.secs < RFC3339_END && t.nsecs < 1_000_000_000 => {
+            let at = std::time::UNIX_EPOCH + std::time::Duration::new(secs, t.nsecs);
+            format!("{}  ({raw})", humantime::format_rfc3339_nanos(at))
+        }
+        _ => raw,
+    }
 }
 
 /// `stripefs stat`.
 pub fn stat(cluster: Option<PathBuf>, path: &str) -> Result<()> {
     let c = client(cluster)?;
-    let s = c.stat(any_path(path))?;
+    let s = c.stat(any_path(path)).with_context(|| any_path(path).to_string())?;
     println!("  path: {path}");
     println!("handle: {}", s.handle);
     println!("  kind: {:?}", s.attr.kind);
@@ -209,7 +256,7 @@ pub fn rm(cluster: Option<PathBuf>, paths: &[String]) -> Result<()> {
     let c = client(cluster)?;
     for p in paths {
         let p = any_path(p);
-        match c.stat(p)?.attr.kind {
+        match c.stat(p).with_context(|| p.to_string())?.attr.kind {
             FileKind::Dir => c.rmdir(p),
             FileKind::File => c.unlink(p),
         }
@@ -253,7 +300,7 @@ fn show_spec(s: &LayoutSpec) -> String {
 /// `stripefs getstripe`.
 pub fn getstripe(cluster: Option<PathBuf>, path: &str) -> Result<()> {
     let c = client(cluster)?;
-    let (layout, default) = c.getstripe(any_path(path))?;
+    let (layout, default) = c.getstripe(any_path(path)).with_context(|| any_path(path).to_string())?;
     if let Some(l) = layout {
         let servers: Vec<_> = l.servers(c.io_servers()).collect();
         println!("base {} pcount {} ssize {} servers {servers:?}", l.base, l.pcount, l.ssize);
@@ -327,13 +374,15 @@ pub fn setstripe(cluster: Option<PathBuf>, a: SetstripeArgs) -> Result<()> {
     let spec = LayoutSpec { base: a.base, pcount: a.stripe_count, ssize: a.stripe_size };
     match c.stat(path) {
         Ok(st) if st.attr.kind == FileKind::Dir => {
-            c.setstripe_handle(st.handle, if a.clear { None } else { Some(spec) })?;
+            c.setstripe_handle(st.handle, if a.clear { None } else { Some(spec) })
+                .with_context(|| path.to_string())?;
         }
         Ok(_) => bail!("{path} exists: a file's layout is fixed at creation"),
         Err(FsError::Remote { code: Errno::ENOENT, .. }) => {
-            c.create(path, CreateOptions { mode: 0o644, layout: Some(spec) })?;
+            c.create(path, CreateOptions { mode: 0o644, layout: Some(spec) })
+                .with_context(|| path.to_string())?;
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(e).with_context(|| path.to_string()),
     }
     Ok(())
 }
@@ -361,4 +410,31 @@ pub fn mount(cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
 pub fn mount(_cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
     let _ = (a.mountpoint, a.threads);
     bail!("this stripefs was built without FUSE support; rebuild with `--features fuse`")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_read_as_dates() {
+        let t = Timestamp { secs: 1_795_826_762, nsecs: 5 };
+        assert_eq!(time(t), "2026-11-28T00:46:02.000000005Z  (1795826762.000000005)");
+        for (secs, nsecs) in [(i64::MAX, 0), (RFC3339_END, 0), (-1, 0), (0, 1_000_000_000)] {
+            let t = Timestamp { secs, nsecs };
+            assert_eq!(time(t), format!("{secs}.{nsecs:09}"), "no date can say it: seconds only");
+        }
+        let last = Timestamp { secs: RFC3339_END - 1, nsecs: 0 };
+        assert!(time(last).starts_with("9999-12-31T23:59:59"), "{}", time(last));
+    }
+
+    #[test]
+    fn modes_read_as_ls_writes_them() {
+        assert_eq!(mode_string(FileKind::File, 0o644), "-rw-r--r--");
+        assert_eq!(mode_string(FileKind::Dir, 0o755), "drwxr-xr-x");
+        assert_eq!(mode_string(FileKind::File, 0o4755), "-rwsr-xr-x");
+        assert_eq!(mode_string(FileKind::File, 0o2640), "-rw-r-S---");
+        assert_eq!(mode_string(FileKind::Dir, 0o1777), "drwxrwxrwt");
+        assert_eq!(mode_string(FileKind::File, 0), "----------");
+    }
 }

@@ -150,7 +150,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 let dir = tmp.path().join(scheme.as_str());
                 match run_one(scheme, &a, &dir, &data, want, &mut rbuf, &cleanup) {
                     Ok(m) => Column::Ran(Box::new(m)),
-                    Err(e) => Column::Failed(format!("{e:#}")),
+                    Err(e) => Column::Failed(super::error_line(&e)),
                 }
             }
         };

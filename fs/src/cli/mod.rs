@@ -29,6 +29,26 @@ pub fn load_cluster(arg: Option<PathBuf>) -> Result<ClusterConfig> {
     })
 }
 
+/// An error and its causes on one line, `outer: cause: …`, leaving out a cause whose text the
+/// message before it already contains (errors such as `protocol: {0}` print their source
+/// themselves, so `{:#}` would say it twice).
+pub fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    let mut last = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !last.is_empty() && last.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+        last = text;
+    }
+    line
+}
+
 /// A stripefs path from `sfs:/x` or `/x`; `None` for anything else.
 pub fn sfs_path(s: &str) -> Option<&str> {
     if let Some(rest) = s.strip_prefix("sfs:") {
@@ -62,6 +82,16 @@ mod tests {
     use super::*;
     use nix::sched::sched_getaffinity;
     use nix::unistd::Pid;
+
+    #[test]
+    fn an_error_line_names_each_cause_once() {
+        let proto = stripefs::proto::ProtoError::Malformed("stripe size 0".into());
+        let e = anyhow::Error::new(stripefs::FsError::Proto(proto)).context("/d/z");
+        assert_eq!(error_line(&e), "/d/z: protocol: malformed body: stripe size 0");
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let e = anyhow::Error::new(io).context("reading /x").context("cp");
+        assert_eq!(error_line(&e), "cp: reading /x: gone");
+    }
 
     #[test]
     fn pinning_restricts_the_calling_thread_to_its_cpus() {

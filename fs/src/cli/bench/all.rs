@@ -269,8 +269,8 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
                 sections.push((format!("bench-{id}"), body));
             }
             Err(e) => {
-                eprintln!("stripefs bench all: {id} FAILED: {e:#}");
-                failed.push(format!("{id}: {e:#}"));
+                eprintln!("stripefs bench all: {id} FAILED: {}", crate::cli::error_line(&e));
+                failed.push(format!("{id}: {}", crate::cli::error_line(&e)));
             }
         }
     }

@@ -505,7 +505,7 @@ impl BlockPlan<'_> {
             })();
             if let Err(e) = &r {
                 // The scheduling thread waits at this gate: let it know rather than time out.
-                control.abort(&format!("client {i}: {e:#}"));
+                control.abort(&format!("client {i}: {}", crate::cli::error_line(e)));
             }
             r
         })
