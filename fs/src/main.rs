@@ -29,7 +29,8 @@ enum Cmd {
     Demo(cli::demo::DemoArgs),
     /// Run servers: one io server (--io I), the meta server (--meta), or a whole local cluster.
     Serve(cli::serve::ServeArgs),
-    /// Copy a file between the local file system and stripefs (sfs:/path), either way.
+    /// Copy a file between the local file system and stripefs (sfs:/path), either way, or
+    /// within stripefs.
     Cp(cli::cmds::CpArgs),
     /// List a directory.
     Ls(cli::cmds::LsArgs),
@@ -43,6 +44,13 @@ enum Cmd {
         /// The paths.
         #[arg(required = true)]
         paths: Vec<String>,
+    },
+    /// Rename a file or directory within stripefs (into a directory: keeping its name).
+    Mv {
+        /// What to rename.
+        src: String,
+        /// Its new path, or an existing directory to move it into.
+        dst: String,
     },
     /// Create a directory.
     Mkdir {
@@ -81,6 +89,7 @@ fn main() -> ExitCode {
         Cmd::Ls(a) => cli::cmds::ls(cluster, a),
         Cmd::Stat { path } => cli::cmds::stat(cluster, &path),
         Cmd::Rm { paths } => cli::cmds::rm(cluster, &paths),
+        Cmd::Mv { src, dst } => cli::cmds::mv(cluster, &src, &dst),
         Cmd::Mkdir { parents, paths } => cli::cmds::mkdir(cluster, parents, &paths),
         Cmd::Getstripe { path } => cli::cmds::getstripe(cluster, &path),
         Cmd::Setstripe(a) => cli::cmds::setstripe(cluster, a),

@@ -140,12 +140,15 @@ impl FsError {
 /// the code (`ENOENT (no such file or directory)` then needs no second "no such file or
 /// directory").
 fn remote_detail(code: Errno, message: &str) -> String {
-    let m = message.trim();
-    if m.is_empty() || code.description().is_some_and(|d| d.eq_ignore_ascii_case(m)) {
-        String::new()
-    } else {
-        format!(": {m}")
+    let mut m = message.trim();
+    if let Some(d) = code.description() {
+        // "invalid argument: cannot move …" after "EINVAL (invalid argument)" says it twice.
+        let said = m.get(..d.len()).is_some_and(|head| head.eq_ignore_ascii_case(d));
+        if said && (m.len() == d.len() || m[d.len()..].starts_with(':')) {
+            m = m[d.len()..].trim_start_matches(':').trim_start();
+        }
     }
+    if m.is_empty() { String::new() } else { format!(": {m}") }
 }
 
 /// The code for a transport error.
@@ -216,6 +219,12 @@ mod tests {
         assert_eq!(FsError::code(Errno::ENOENT, "").to_string(), "ENOENT (no such file or directory)");
         let e = FsError::code(Errno::EINVAL, "stripe count 9 outside 1..=3");
         assert_eq!(e.to_string(), "EINVAL (invalid argument): stripe count 9 outside 1..=3");
+        let e = FsError::code(Errno::EINVAL, "invalid argument: cannot move a directory into itself");
+        assert_eq!(e.to_string(), "EINVAL (invalid argument): cannot move a directory into itself");
+        let e = FsError::code(Errno::EINVAL, "invalid argumentation");
+        assert_eq!(e.to_string(), "EINVAL (invalid argument): invalid argumentation", "only a whole prefix");
+        let e = FsError::code(Errno::EINVAL, "é");
+        assert_eq!(e.to_string(), "EINVAL (invalid argument): é", "no slicing inside a character");
     }
 
     fn dummy_peer() -> ionet::PeerId {

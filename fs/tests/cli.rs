@@ -54,6 +54,29 @@ fn client_commands() {
     ok(&cl, &["cp", src.to_str().unwrap(), "sfs:/a/b/f.bin"]);
     ok(&cl, &["cp", "sfs:/a/b/f.bin", back.to_str().unwrap()]);
     assert_eq!(std::fs::read(&back).unwrap(), b"short");
+    // Within stripefs: cp makes an independent copy (default layout), a file is never copied
+    // onto itself, and mv renames, into a directory keeping the name.
+    std::fs::write(&src, pattern(3_000_000, 7)).unwrap();
+    ok(&cl, &["cp", src.to_str().unwrap(), "sfs:/a/b/f.bin"]);
+    ok(&cl, &["cp", "sfs:/a/b/f.bin", "sfs:/a/g.bin"]);
+    assert!(ok(&cl, &["stat", "sfs:/a/g.bin"]).contains("size: 3000000"));
+    assert!(ok(&cl, &["getstripe", "sfs:/a/g.bin"]).contains("pcount 3"), "a new file's own layout");
+    let same = sfs(&cl, &["cp", "sfs:/a/g.bin", "sfs:/a"]);
+    assert!(!same.status.success());
+    assert!(String::from_utf8_lossy(&same.stderr).contains("/a/g.bin and /a/g.bin are the same file"));
+    ok(&cl, &["mv", "sfs:/a/g.bin", "sfs:/a/b"]);
+    ok(&cl, &["mv", "sfs:/a/b/g.bin", "sfs:/a/b/h.bin"]);
+    assert_eq!(ok(&cl, &["ls", "sfs:/a/b"]), "f.bin\nh.bin\n");
+    ok(&cl, &["cp", "sfs:/a/b/h.bin", back.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap(), "the copy has the bytes");
+    let cycle = sfs(&cl, &["mv", "sfs:/a", "sfs:/a/b"]);
+    assert!(!cycle.status.success());
+    let cycle = String::from_utf8_lossy(&cycle.stderr).into_owned();
+    assert!(
+        cycle.starts_with("stripefs: /a → /a/b/a: EINVAL") && cycle.matches("invalid argument").count() == 1,
+        "{cycle}"
+    );
+    ok(&cl, &["rm", "sfs:/a/b/h.bin"]);
     // setstripe on a missing path creates an empty file with that layout.
     ok(&cl, &["setstripe", "-c", "1", "-i", "2", "sfs:/one"]);
     assert!(ok(&cl, &["getstripe", "sfs:/one"]).contains("base 2 pcount 1"));

@@ -1,4 +1,4 @@
-//! Client commands: cp, ls, stat, rm, mkdir, getstripe, setstripe, servers, mount.
+//! Client commands: cp, ls, stat, rm, mv, mkdir, getstripe, setstripe, servers, mount.
 
 use super::{any_path, load_cluster, sfs_path};
 use anyhow::{Context, Result, bail};
@@ -23,7 +23,8 @@ fn client(cluster: Option<PathBuf>) -> Result<Client> {
 pub struct CpArgs {
     /// Source: a local path or sfs:/path.
     src: String,
-    /// Destination: a local path or sfs:/path (a directory keeps the source's name).
+    /// Destination: a local path or sfs:/path (a directory keeps the source's name). At least
+    /// one side is a stripefs path.
     dst: String,
     /// Stripe size of a new stripefs file.
     #[arg(long)]
@@ -47,86 +48,145 @@ fn base_name(p: &str) -> &str {
     p.trim_end_matches('/').rsplit('/').next().unwrap_or(p)
 }
 
-/// `stripefs cp`.
-pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
-    match (sfs_path(&a.src), sfs_path(&a.dst)) {
-        (None, Some(dst)) => {
-            let c = client(cluster)?;
-            let mut dst = dst.to_string();
-            if let Ok(st) = c.stat(&dst)
-                && st.attr.kind == FileKind::Dir
-            {
-                dst = format!("{}/{}", dst.trim_end_matches('/'), base_name(&a.src));
+/// Where `cp` reads from.
+enum Source {
+    Local(std::fs::File),
+    Sfs(Box<stripefs::File>),
+}
+
+impl Source {
+    /// Opens `arg` (a local path or `sfs:/…`); returns it with its size.
+    fn open(c: &Client, arg: &str) -> Result<(Source, u64)> {
+        if let Some(p) = sfs_path(arg) {
+            let f = c.open(p, Rights::READ).with_context(|| p.to_string())?;
+            let size = f.size().with_context(|| p.to_string())?;
+            return Ok((Source::Sfs(Box::new(f)), size));
+        }
+        let f = std::fs::File::open(arg).with_context(|| arg.to_string())?;
+        let meta = f.metadata().with_context(|| arg.to_string())?;
+        if meta.is_dir() {
+            bail!("{arg}: is a directory (cp copies one file)");
+        }
+        Ok((Source::Local(f), meta.len()))
+    }
+
+    /// Reads the next bytes at `off` (at most `buf`'s capacity); 0 at the end.
+    fn read(&mut self, off: u64, size: u64, mut buf: BytesMut) -> Result<(BytesMut, usize)> {
+        buf.resize(CP_CHUNK, 0);
+        match self {
+            Source::Local(f) => {
+                let n = read_full(f, &mut buf)?;
+                Ok((buf, n))
             }
-            let mut src = std::fs::File::open(&a.src).with_context(|| a.src.clone())?;
-            let meta = src.metadata().with_context(|| a.src.clone())?;
-            if meta.is_dir() {
-                bail!("{}: is a directory (cp copies one file)", a.src);
+            Source::Sfs(f) => {
+                if off >= size {
+                    return Ok((buf, 0));
+                }
+                buf.truncate((size - off).min(CP_CHUNK as u64) as usize);
+                Ok(f.read_at(off, buf)?)
             }
-            let len = meta.len();
-            let spec = LayoutSpec { base: None, pcount: a.stripe_count, ssize: a.stripe_size };
-            let f = match c.create(&dst, CreateOptions { mode: 0o644, layout: Some(spec) }) {
-                Ok(f) => f,
-                Err(FsError::Remote { code: Errno::EEXIST, .. }) => {
-                    let f = c.open(&dst, Rights::READ_WRITE).with_context(|| dst.clone())?;
-                    f.truncate(0).with_context(|| dst.clone())?;
-                    f
-                }
-                Err(e) => return Err(e).context(dst),
-            };
-            let pb = bar(len);
-            let mut buf = stripefs::buf::aligned_zeroed(CP_CHUNK);
-            let mut off = 0u64;
-            loop {
-                let n = read_full(&mut src, &mut buf).with_context(|| format!("reading {}", a.src))?;
-                if n == 0 {
-                    break;
-                }
-                let data = buf.split_to(n).freeze();
-                f.write_at(off, &data).with_context(|| format!("writing {dst}"))?;
-                off += n as u64;
-                pb.set_position(off);
+        }
+    }
+}
+
+/// Where `cp` writes to.
+enum Sink {
+    Local(std::fs::File),
+    Sfs(Box<stripefs::File>),
+}
+
+impl Sink {
+    /// Creates (or truncates) `arg`; a directory there takes the source's base name. Refuses
+    /// to copy a stripefs file onto itself, which would truncate it first.
+    fn create(c: &Client, arg: &str, src: &str, spec: LayoutSpec) -> Result<(Sink, String)> {
+        let src_name = base_name(sfs_path(src).unwrap_or(src));
+        let Some(dst) = sfs_path(arg) else {
+            let mut dst = PathBuf::from(arg);
+            if dst.is_dir() {
+                dst = dst.join(src_name);
+            }
+            let f = std::fs::File::create(&dst).with_context(|| dst.display().to_string())?;
+            return Ok((Sink::Local(f), dst.display().to_string()));
+        };
+        let mut dst = dst.to_string();
+        let existing = match c.stat(&dst) {
+            Ok(st) if st.attr.kind == FileKind::Dir => {
+                dst = format!("{}/{}", dst.trim_end_matches('/'), src_name);
+                c.stat(&dst).ok()
+            }
+            r => r.ok(),
+        };
+        if let (Some(st), Some(sp)) = (&existing, sfs_path(src))
+            && c.stat(sp).is_ok_and(|s| s.handle == st.handle)
+        {
+            bail!("{} and {dst} are the same file", sfs_path(src).unwrap_or(src));
+        }
+        let f = match c.create(&dst, CreateOptions { mode: 0o644, layout: Some(spec) }) {
+            Ok(f) => f,
+            Err(FsError::Remote { code: Errno::EEXIST, .. }) => {
+                let f = c.open(&dst, Rights::READ_WRITE).with_context(|| dst.clone())?;
+                f.truncate(0).with_context(|| dst.clone())?;
+                f
+            }
+            Err(e) => return Err(e).context(dst),
+        };
+        Ok((Sink::Sfs(Box::new(f)), dst))
+    }
+
+    /// Writes `buf[..n]` at `off` and gives the buffer back for the next chunk.
+    fn write(&mut self, off: u64, mut buf: BytesMut, n: usize) -> Result<BytesMut> {
+        match self {
+            Sink::Local(f) => {
+                f.write_all(&buf[..n])?;
+                Ok(buf)
+            }
+            Sink::Sfs(f) => {
+                let rest = buf.split_off(n);
+                let data = buf.freeze();
+                f.write_at(off, &data)?;
                 // The servers hold no reference once the write completed: reuse the memory.
                 let mut back = data.try_into_mut().unwrap_or_else(|_| BytesMut::zeroed(n));
-                back.unsplit(buf);
-                buf = back;
-                buf.resize(CP_CHUNK, 0);
+                back.unsplit(rest);
+                Ok(back)
             }
-            f.sync().with_context(|| format!("syncing {dst}"))?;
-            pb.finish_and_clear();
-            Ok(())
         }
-        (Some(src), None) => {
-            let c = client(cluster)?;
-            let f = c.open(src, Rights::READ).with_context(|| src.to_string())?;
-            let size = f.size().with_context(|| src.to_string())?;
-            let mut dst = PathBuf::from(&a.dst);
-            if dst.is_dir() {
-                dst = dst.join(base_name(src));
-            }
-            let mut out = std::fs::File::create(&dst).with_context(|| dst.display().to_string())?;
-            let pb = bar(size);
-            let mut buf = stripefs::buf::aligned_zeroed(CP_CHUNK);
-            let mut off = 0u64;
-            while off < size {
-                let want = (size - off).min(CP_CHUNK as u64) as usize;
-                buf.resize(want, 0);
-                let (b, n) = f.read_at(off, buf).with_context(|| format!("reading {src}"))?;
-                buf = b;
-                if n == 0 {
-                    break;
-                }
-                out.write_all(&buf[..n]).with_context(|| format!("writing {}", dst.display()))?;
-                off += n as u64;
-                pb.set_position(off);
-            }
-            out.sync_all().with_context(|| format!("syncing {}", dst.display()))?;
-            pb.finish_and_clear();
-            Ok(())
-        }
-        (Some(_), Some(_)) => bail!("copying within stripefs is not supported; copy through a local file"),
-        (None, None) => bail!("one side of cp must be a stripefs path (sfs:/…)"),
     }
+
+    fn sync(&mut self) -> Result<()> {
+        match self {
+            Sink::Local(f) => f.sync_all()?,
+            Sink::Sfs(f) => f.sync()?,
+        }
+        Ok(())
+    }
+}
+
+/// `stripefs cp`: local → stripefs, stripefs → local, or stripefs → stripefs, through one
+/// reused buffer of [`CP_CHUNK`] bytes.
+pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
+    if sfs_path(&a.src).is_none() && sfs_path(&a.dst).is_none() {
+        bail!("one side of cp must be a stripefs path (sfs:/…)");
+    }
+    let c = client(cluster)?;
+    let name = |arg: &str| sfs_path(arg).unwrap_or(arg).to_string();
+    let (mut src, size) = Source::open(&c, &a.src)?;
+    let spec = LayoutSpec { base: None, pcount: a.stripe_count, ssize: a.stripe_size };
+    let (mut sink, dst) = Sink::create(&c, &a.dst, &a.src, spec)?;
+    let pb = bar(size);
+    let mut buf = stripefs::buf::aligned_zeroed(CP_CHUNK);
+    let mut off = 0u64;
+    loop {
+        let (b, n) = src.read(off, size, buf).with_context(|| format!("reading {}", name(&a.src)))?;
+        if n == 0 {
+            break;
+        }
+        buf = sink.write(off, b, n).with_context(|| format!("writing {dst}"))?;
+        off += n as u64;
+        pb.set_position(off);
+    }
+    sink.sync().with_context(|| format!("syncing {dst}"))?;
+    pb.finish_and_clear();
+    Ok(())
 }
 
 fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -262,6 +322,20 @@ pub fn rm(cluster: Option<PathBuf>, paths: &[String]) -> Result<()> {
         }
         .with_context(|| p.to_string())?;
     }
+    Ok(())
+}
+
+/// `stripefs mv`: a rename on the meta server (no data moves); into an existing directory the
+/// entry keeps its name, as `mv` does.
+pub fn mv(cluster: Option<PathBuf>, src: &str, dst: &str) -> Result<()> {
+    let c = client(cluster)?;
+    let (src, mut dst) = (any_path(src), any_path(dst).to_string());
+    if let Ok(st) = c.stat(&dst)
+        && st.attr.kind == FileKind::Dir
+    {
+        dst = format!("{}/{}", dst.trim_end_matches('/'), base_name(src));
+    }
+    c.rename(src, &dst).with_context(|| format!("{src} → {dst}"))?;
     Ok(())
 }
 
