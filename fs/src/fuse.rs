@@ -23,6 +23,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::debug;
 
 const TTL: Duration = Duration::from_secs(1);
+/// The block size `statfs` counts space in (and suggests for I/O).
+const STATFS_BLOCK: u32 = 4096;
 
 /// stripefs as a FUSE file system.
 #[derive(Debug)]
@@ -293,8 +295,21 @@ impl Filesystem for StripeFuse {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.client.statfs() {
-            Ok(s) => reply.statfs(0, 0, 0, s.files + s.dirs, u64::MAX / 2, 65536, s.name_max, 65536),
+        // Space from the io servers (their file systems added up), counts from the meta server.
+        match self.client.statfs().and_then(|s| Ok((s, self.client.disk_space()?))) {
+            Ok((s, d)) => {
+                let blocks = |bytes: u64| bytes / STATFS_BLOCK as u64;
+                reply.statfs(
+                    blocks(d.total),
+                    blocks(d.free),
+                    blocks(d.avail),
+                    s.files + s.dirs,
+                    u64::MAX / 2,
+                    STATFS_BLOCK,
+                    s.name_max,
+                    STATFS_BLOCK,
+                )
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }

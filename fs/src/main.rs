@@ -71,6 +71,9 @@ enum Cmd {
     /// Each io server's counters: requests, bytes, errors, and the data path (mapped or
     /// copying, with the reasons for copying) they took.
     Servers,
+    /// Size, used and available space of each io server's file system and their sum, and the
+    /// number of files and directories.
+    Df,
     /// The transport A/B benchmark suite: E1–E5, CPU, and `all` (with ionet-perf's ab,
     /// calibrate and qos) writing CSV, Markdown, SVG plots and BENCHMARKS.md sections.
     Bench(cli::bench::BenchArgs),
@@ -94,6 +97,7 @@ fn main() -> ExitCode {
         Cmd::Getstripe { path } => cli::cmds::getstripe(cluster, &path),
         Cmd::Setstripe(a) => cli::cmds::setstripe(cluster, a),
         Cmd::Servers => cli::cmds::servers(cluster),
+        Cmd::Df => cli::cmds::df(cluster),
         Cmd::Bench(a) => cli::bench::run(a),
         Cmd::Mount(a) => cli::cmds::mount(cluster, a),
     };

@@ -26,8 +26,8 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::Deref;
 
-/// Protocol version this build speaks.
-pub const PROTO_VERSION: u16 = 1;
+/// Protocol version this build speaks (2: io servers' counters carry their disk space).
+pub const PROTO_VERSION: u16 = 2;
 
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"STFS";
@@ -521,6 +521,34 @@ pub struct ServerStats {
     pub copied: PathStats,
     /// Requests a mapping io server sent down the copying path, by reason.
     pub fallbacks: Fallbacks,
+    /// The file system holding the server's objects.
+    pub disk: DiskSpace,
+}
+
+/// Size and free space of the file system holding an io server's objects, in bytes
+/// (`statvfs` of its data directory; all zero where that failed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DiskSpace {
+    /// Its size.
+    pub total: u64,
+    /// Free.
+    pub free: u64,
+    /// Free for an unprivileged writer (the server's writes), at most `free`.
+    pub avail: u64,
+}
+
+impl DiskSpace {
+    /// Two file systems' space together (a mount's `statfs` adds up its servers). A server's
+    /// figures are taken as consistent (`avail <= free <= total`) and sums saturate, whatever
+    /// a server sent.
+    pub fn plus(self, d: DiskSpace) -> DiskSpace {
+        let free = d.free.min(d.total);
+        DiskSpace {
+            total: self.total.saturating_add(d.total),
+            free: self.free.saturating_add(free),
+            avail: self.avail.saturating_add(d.avail.min(free)),
+        }
+    }
 }
 
 /// What one data path of an io server moved. A request is counted by the path that took it,
@@ -1239,6 +1267,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
                 mapped: PathStats { reads: 1, writes: 1, bytes: 1 << 20 },
                 copied: PathStats { reads: 0, writes: 1, bytes: 4096 },
                 fallbacks: Fallbacks { unordered: 1, beyond_map: 0, no_fallocate: 0 },
+                disk: DiskSpace { total: 1 << 40, free: 1 << 39, avail: 1 << 38 },
                 ..Default::default()
             }),
         ),
@@ -1457,6 +1486,16 @@ mod tests {
             assert!(encode(&Envelope::new(1, MetaReply::Attr(a))).is_err());
         }
         assert!(encode(&Envelope::new(1, MetaReply::Attr(attr_with(&|_| {})))).is_ok());
+    }
+
+    #[test]
+    fn disk_space_adds_up_consistently_and_saturates() {
+        let a = DiskSpace { total: 100, free: 40, avail: 30 };
+        let b = DiskSpace { total: 50, free: 80, avail: 90 }; // nonsense from a server
+        let sum = DiskSpace::default().plus(a).plus(b);
+        assert_eq!(sum, DiskSpace { total: 150, free: 90, avail: 80 });
+        let big = DiskSpace { total: u64::MAX, free: u64::MAX, avail: u64::MAX };
+        assert_eq!(big.plus(big), big);
     }
 
     #[test]

@@ -28,6 +28,13 @@ fn client_commands() {
     ok(&cl, &["setstripe", "-c", "2", "-S", "131072", "sfs:/a/b"]);
     assert!(ok(&cl, &["getstripe", "sfs:/a/b"]).contains("pcount 2 ssize 131072"));
     ok(&cl, &["cp", src.to_str().unwrap(), "sfs:/a/b/f.bin"]);
+    // df: a row per io server, their sum, the meta server's counts (root, a, b; one file).
+    let df = ok(&cl, &["df"]);
+    let rows: Vec<&str> = df.lines().collect();
+    assert_eq!(rows.len(), 6, "{df}");
+    assert!(rows[0].starts_with("io server") && rows[4].starts_with("total"), "{df}");
+    assert!((1..4).all(|i| rows[i].starts_with(&(i - 1).to_string())), "{df}");
+    assert_eq!(rows[5], "files: 1, directories: 3, io servers: 3");
     let stat = ok(&cl, &["stat", "sfs:/a/b/f.bin"]);
     assert!(stat.contains("size: 5000000") && stat.contains("pcount 2 ssize 131072"), "{stat}");
     assert_eq!(ok(&cl, &["ls", "sfs:/a/b"]), "f.bin\n");

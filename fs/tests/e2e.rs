@@ -879,6 +879,24 @@ pub fn a_clients_adaptive_waits_poll_for_its_transports_budget(scheme: &str) {
     }
 }
 
+/// `disk_space` adds up the file systems the io servers keep their objects on: here all four
+/// share the test's, so the sum is four times its size.
+#[test]
+fn disk_space_adds_up_the_io_servers_file_systems() {
+    let tc = TestCluster::start("tcp", 4);
+    let c = tc.client();
+    let fs = nix::sys::statvfs::statvfs(tc.dir.path()).unwrap();
+    let size = fs.blocks() * fs.fragment_size();
+    for s in c.server_stats() {
+        let d = s.unwrap().disk;
+        assert_eq!(d.total, size, "each server reports its data directory's file system");
+        assert!(0 < d.avail && d.avail <= d.free && d.free <= d.total, "{d:?}");
+    }
+    let sum = c.disk_space().unwrap();
+    assert_eq!(sum.total, 4 * size);
+    assert!(sum.avail <= sum.free && sum.free <= sum.total, "{sum:?}");
+}
+
 fn walk(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir)
         .map(|rd| rd.flatten().map(|e| if e.path().is_dir() { walk(&e.path()) } else { 1 }).sum())

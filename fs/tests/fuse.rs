@@ -76,6 +76,12 @@ fn mount_cp_cmp_ls_rm_umount() {
     );
     // The library sees what the mount wrote.
     let c = tc.client();
+    // statfs (df) reports the io servers' file systems added up, the files and directories.
+    let vfs = nix::sys::statvfs::statvfs(&mnt).unwrap();
+    let space = c.disk_space().unwrap();
+    assert_eq!(vfs.blocks() * vfs.fragment_size(), space.total / 4096 * 4096);
+    assert!(vfs.blocks() > 0 && vfs.blocks_available() <= vfs.blocks_free(), "{vfs:?}");
+    assert_eq!(vfs.files(), 2, "the root and copy.bin");
     assert_eq!(c.stat("/copy.bin").unwrap().attr.size, 3 * 1024 * 1024 + 4321);
     // Directories, rename and truncate through the kernel.
     run(Command::new("mkdir").arg(mnt.join("d")));

@@ -1,14 +1,14 @@
-//! Client commands: cp, ls, stat, rm, mv, mkdir, getstripe, setstripe, servers, mount.
+//! Client commands: cp, ls, stat, rm, mv, mkdir, getstripe, setstripe, servers, df, mount.
 
 use super::{any_path, load_cluster, sfs_path};
 use anyhow::{Context, Result, bail};
 use bytes::BytesMut;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use stripefs::capability::Rights;
-use stripefs::proto::{FileKind, LayoutSpec, Timestamp};
+use stripefs::proto::{DiskSpace, FileKind, LayoutSpec, Timestamp};
 use stripefs::{Client, CreateOptions, Errno, FsError};
 
 /// Bytes moved per call by `cp`: 16 MiB, i.e. 4 MiB per server of a 4-server file.
@@ -419,6 +419,43 @@ pub fn servers(cluster: Option<PathBuf>) -> Result<()> {
     if failed > 0 {
         bail!("{failed} io server(s) did not answer");
     }
+    Ok(())
+}
+
+/// `stripefs df`: each io server's file system (size, used, available) and the sum, as a
+/// mount's `statfs` reports it, then the meta server's counts. An unreachable server is
+/// reported and makes the command fail after the others are shown.
+pub fn df(cluster: Option<PathBuf>) -> Result<()> {
+    let c = client(cluster)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{:<10} {:>12} {:>12} {:>12} {:>5}", "io server", "size", "used", "avail", "use%")?;
+    let row = |out: &mut std::io::StdoutLock<'_>, name: &str, d: DiskSpace| {
+        let used = d.total.saturating_sub(d.free);
+        // As df: used over what a writer could have, used + available.
+        let pct = (used as f64 * 100.0 / (used + d.avail).max(1) as f64).ceil();
+        let h = |b: u64| HumanBytes(b).to_string();
+        writeln!(out, "{name:<10} {:>12} {:>12} {:>12} {pct:>4}%", h(d.total), h(used), h(d.avail))
+    };
+    let mut failed = 0;
+    let mut total = DiskSpace::default();
+    for (i, st) in c.server_stats().into_iter().enumerate() {
+        match st {
+            Ok(s) => {
+                row(&mut out, &i.to_string(), s.disk)?;
+                total = total.plus(s.disk);
+            }
+            Err(e) => {
+                writeln!(out, "{i:<10} unreachable: {e}")?;
+                failed += 1;
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} io server(s) did not answer");
+    }
+    row(&mut out, "total", total)?;
+    let fs = c.statfs()?;
+    writeln!(out, "files: {}, directories: {}, io servers: {}", fs.files, fs.dirs, fs.io_servers)?;
     Ok(())
 }
 

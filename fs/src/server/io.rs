@@ -24,7 +24,9 @@ use super::{ServerError, ServerHandle, send_reply, spawn_workers};
 use crate::capability::{CapabilityKey, unix_now};
 use crate::errno::Errno;
 use crate::layout::Piece;
-use crate::proto::{self, Descriptor, ErrorReply, Fallbacks, IoReply, IoRequest, PathStats, ServerStats};
+use crate::proto::{
+    self, Descriptor, DiskSpace, ErrorReply, Fallbacks, IoReply, IoRequest, PathStats, ServerStats,
+};
 use crate::store::{Object, ObjectStore, PieceCursor, StoreConfig, StoreError};
 use bytes::Bytes;
 use ionet::{
@@ -144,6 +146,26 @@ impl PathCounters {
 
     fn snapshot(&self) -> PathStats {
         PathStats { reads: load(&self.reads), writes: load(&self.writes), bytes: load(&self.bytes) }
+    }
+}
+
+/// `statvfs` of `dir` in bytes; zeros (and a warning) if it fails, so the counters still reach
+/// `stripefs servers`.
+fn disk_space(dir: &std::path::Path) -> DiskSpace {
+    match nix::sys::statvfs::statvfs(dir) {
+        Ok(v) => {
+            let unit = v.fragment_size();
+            let bytes = |blocks: u64| blocks.saturating_mul(unit);
+            DiskSpace {
+                total: bytes(v.blocks()),
+                free: bytes(v.blocks_free()),
+                avail: bytes(v.blocks_available()),
+            }
+        }
+        Err(e) => {
+            warn!(dir = %dir.display(), error = %e, "statvfs of the data directory failed");
+            DiskSpace::default()
+        }
     }
 }
 
@@ -306,6 +328,7 @@ impl Shared {
                 beyond_map: load(&s.beyond_map),
                 no_fallocate: load(&s.no_fallocate),
             },
+            disk: disk_space(&self.cfg.data_dir),
         }
     }
 
