@@ -39,8 +39,11 @@ enum Cmd {
         /// The path.
         path: String,
     },
-    /// Remove a file or an empty directory.
+    /// Remove files and empty directories (with -r, directories and what is below them).
     Rm {
+        /// Remove directories and everything below them.
+        #[arg(short, long)]
+        recursive: bool,
         /// The paths.
         #[arg(required = true)]
         paths: Vec<String>,
@@ -91,7 +94,7 @@ fn main() -> ExitCode {
         Cmd::Cp(a) => cli::cmds::cp(cluster, a),
         Cmd::Ls(a) => cli::cmds::ls(cluster, a),
         Cmd::Stat { path } => cli::cmds::stat(cluster, &path),
-        Cmd::Rm { paths } => cli::cmds::rm(cluster, &paths),
+        Cmd::Rm { recursive, paths } => cli::cmds::rm(cluster, recursive, &paths),
         Cmd::Mv { src, dst } => cli::cmds::mv(cluster, &src, &dst),
         Cmd::Mkdir { parents, paths } => cli::cmds::mkdir(cluster, parents, &paths),
         Cmd::Getstripe { path } => cli::cmds::getstripe(cluster, &path),

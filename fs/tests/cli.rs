@@ -91,6 +91,18 @@ fn client_commands() {
     assert!(!rm.status.success(), "a non-empty directory is not removed");
     assert!(String::from_utf8_lossy(&rm.stderr).contains("ENOTEMPTY"));
     ok(&cl, &["rm", "sfs:/a/b/f.bin", "sfs:/a/b", "sfs:/a", "sfs:/one"]);
+    // rm -r: a tree of directories and files goes; the root stays.
+    ok(&cl, &["mkdir", "-p", "sfs:/t/u/v", "sfs:/t/w"]);
+    for f in ["sfs:/t/x", "sfs:/t/u/y", "sfs:/t/u/v/z", "sfs:/t/w/q"] {
+        ok(&cl, &["cp", src.to_str().unwrap(), f]);
+    }
+    ok(&cl, &["rm", "-r", "sfs:/t"]);
+    assert!(ok(&cl, &["df"]).ends_with("files: 0, directories: 1, io servers: 3\n"));
+    let root = sfs(&cl, &["rm", "-r", "sfs:/"]);
+    assert!(
+        !root.status.success()
+            && String::from_utf8_lossy(&root.stderr).contains("refusing to remove the root")
+    );
     assert_eq!(ok(&cl, &["ls", "sfs:/"]), "");
     // Failures name the path, and say each cause once.
     for cmd in

@@ -8,7 +8,7 @@ use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use stripefs::capability::Rights;
-use stripefs::proto::{DiskSpace, FileKind, LayoutSpec, Timestamp};
+use stripefs::proto::{DiskSpace, FileKind, Handle, LayoutSpec, Timestamp};
 use stripefs::{Client, CreateOptions, Errno, FsError};
 
 /// Bytes moved per call by `cp`: 16 MiB, i.e. 4 MiB per server of a 4-server file.
@@ -312,15 +312,60 @@ pub fn stat(cluster: Option<PathBuf>, path: &str) -> Result<()> {
 }
 
 /// `stripefs rm`.
-pub fn rm(cluster: Option<PathBuf>, paths: &[String]) -> Result<()> {
+pub fn rm(cluster: Option<PathBuf>, recursive: bool, paths: &[String]) -> Result<()> {
     let c = client(cluster)?;
     for p in paths {
         let p = any_path(p);
-        match c.stat(p).with_context(|| p.to_string())?.attr.kind {
+        let st = c.stat(p).with_context(|| p.to_string())?;
+        if recursive && st.attr.kind == FileKind::Dir {
+            if st.handle == Handle::ROOT {
+                bail!("{p}: refusing to remove the root");
+            }
+            remove_below(&c, st.handle, p)?;
+        }
+        match st.attr.kind {
             FileKind::Dir => c.rmdir(p),
             FileKind::File => c.unlink(p),
         }
         .with_context(|| p.to_string())?;
+    }
+    Ok(())
+}
+
+/// Removes everything below directory `dir` (at `path`), depth first with an explicit stack,
+/// so a deep tree cannot overflow ours.
+fn remove_below(c: &Client, dir: Handle, path: &str) -> Result<()> {
+    /// A directory to empty, and (once emptied) to remove from its parent.
+    struct Todo {
+        dir: Handle,
+        path: String,
+        /// Parent and name; `None` for the top, which the caller removes.
+        entry: Option<(Handle, String)>,
+        emptied: bool,
+    }
+    let mut stack =
+        vec![Todo { dir, path: path.trim_end_matches('/').to_string(), entry: None, emptied: false }];
+    while let Some(mut t) = stack.pop() {
+        if t.emptied {
+            if let Some((parent, name)) = &t.entry {
+                c.rmdir_in(*parent, name).with_context(|| t.path.clone())?;
+            }
+            continue;
+        }
+        let entries = c.readdir_handle(t.dir).with_context(|| t.path.clone())?;
+        let (dir, path) = (t.dir, t.path.clone());
+        t.emptied = true;
+        stack.push(t);
+        for e in entries {
+            let name = e.name.to_string();
+            let child = format!("{path}/{name}");
+            match e.kind {
+                FileKind::Dir => {
+                    stack.push(Todo { dir: e.handle, path: child, entry: Some((dir, name)), emptied: false })
+                }
+                FileKind::File => c.unlink_in(dir, &name).with_context(|| child)?,
+            }
+        }
     }
     Ok(())
 }
