@@ -70,7 +70,7 @@ impl Source {
         Ok((Source::Local(f), meta.len()))
     }
 
-    /// Reads the next bytes at `off` (at most `buf`'s capacity); 0 at the end.
+    /// Reads the next chunk at `off` (at most [`CP_CHUNK`] bytes) into `buf`; 0 at the end.
     fn read(&mut self, off: u64, size: u64, mut buf: BytesMut) -> Result<(BytesMut, usize)> {
         buf.resize(CP_CHUNK, 0);
         match self {
