@@ -189,3 +189,25 @@ fn demo_runs_and_cleans_up() {
     let dir = text.split("data in ").nth(1).and_then(|s| s.lines().next()).expect("data dir named");
     assert!(!Path::new(dir.trim()).exists(), "the demo removes its data directory");
 }
+
+/// `df` and `servers` with an io server down: the others are shown, the dead one is named as
+/// unreachable, and the command fails instead of reporting a smaller file system.
+#[test]
+fn df_and_servers_name_an_unreachable_io_server() {
+    let mut tc = TestCluster::start("tcp", 3);
+    tc.cluster.kill_io(1);
+    let cl = tc.cluster.config_path().to_owned();
+    for cmd in ["df", "servers"] {
+        let out = sfs(&cl, &[cmd]);
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!out.status.success(), "{cmd}: {stdout}");
+        assert!(stderr.contains("1 io server(s) did not answer"), "{cmd}: {stderr}");
+        let unreachable: Vec<&str> = stdout.lines().filter(|l| l.contains("unreachable")).collect();
+        assert_eq!(unreachable.len(), 1, "{cmd}: {stdout}");
+        assert!(
+            unreachable[0].starts_with('1') || unreachable[0].starts_with("io server 1"),
+            "{cmd}: {stdout}"
+        );
+        assert!(!stdout.contains("total"), "no sum without every server: {stdout}");
+    }
+}
