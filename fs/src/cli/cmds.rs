@@ -474,13 +474,8 @@ pub fn df(cluster: Option<PathBuf>) -> Result<()> {
     let c = client(cluster)?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{:<10} {:>12} {:>12} {:>12} {:>5}", "io server", "size", "used", "avail", "use%")?;
-    let row = |out: &mut std::io::StdoutLock<'_>, name: &str, d: DiskSpace| {
-        let used = d.total.saturating_sub(d.free);
-        // As df: used over what a writer could have, used + available.
-        let pct = (used as f64 * 100.0 / (used + d.avail).max(1) as f64).ceil();
-        let h = |b: u64| HumanBytes(b).to_string();
-        writeln!(out, "{name:<10} {:>12} {:>12} {:>12} {pct:>4}%", h(d.total), h(used), h(d.avail))
-    };
+    let row =
+        |out: &mut std::io::StdoutLock<'_>, name: &str, d: DiskSpace| writeln!(out, "{}", df_row(name, d));
     let mut failed = 0;
     let mut total = DiskSpace::default();
     for (i, st) in c.server_stats().into_iter().enumerate() {
@@ -502,6 +497,17 @@ pub fn df(cluster: Option<PathBuf>) -> Result<()> {
     let fs = c.statfs()?;
     writeln!(out, "files: {}, directories: {}, io servers: {}", fs.files, fs.dirs, fs.io_servers)?;
     Ok(())
+}
+
+/// One line of `df`: size, used, available and use% of `d`.
+fn df_row(name: &str, d: DiskSpace) -> String {
+    // A server's figures as the sum takes them (avail <= free <= total), whatever it sent.
+    let d = DiskSpace::default().plus(d);
+    let used = d.total - d.free;
+    // As df: used over what a writer could have, used + available.
+    let pct = (used as f64 * 100.0 / used.saturating_add(d.avail).max(1) as f64).ceil();
+    let h = |b: u64| HumanBytes(b).to_string();
+    format!("{name:<10} {:>12} {:>12} {:>12} {pct:>4}%", h(d.total), h(used), h(d.avail))
 }
 
 /// `setstripe` options.
@@ -582,6 +588,22 @@ mod tests {
         }
         let last = Timestamp { secs: RFC3339_END - 1, nsecs: 0 };
         assert!(time(last).starts_with("9999-12-31T23:59:59"), "{}", time(last));
+    }
+
+    #[test]
+    fn a_df_row_is_consistent_whatever_a_server_sent() {
+        let gib = 1 << 30;
+        let row = df_row("0", DiskSpace { total: 4 * gib, free: 3 * gib, avail: 2 * gib });
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["0", "4.00", "GiB", "1.00", "GiB", "2.00", "GiB", "34%"]
+        );
+        // Nonsense (free and avail over the size, sums that would overflow) prints, clamped.
+        let row = df_row("1", DiskSpace { total: u64::MAX, free: 0, avail: u64::MAX });
+        assert!(row.ends_with(" 100%"), "{row}");
+        let row = df_row("2", DiskSpace { total: 10, free: 20, avail: 30 });
+        assert!(row.ends_with("   0%"), "{row}");
+        assert!(df_row("3", DiskSpace::default()).ends_with("   0%"));
     }
 
     #[test]
