@@ -48,6 +48,11 @@ fn base_name(p: &str) -> &str {
     p.trim_end_matches('/').rsplit('/').next().unwrap_or(p)
 }
 
+/// `name` inside stripefs directory `dir`.
+fn sfs_join(dir: &str, name: &str) -> String {
+    format!("{}/{name}", dir.trim_end_matches('/'))
+}
+
 /// Where `cp` reads from.
 enum Source {
     Local(std::fs::File),
@@ -99,7 +104,7 @@ impl Sink {
     /// Creates (or truncates) `arg`; a directory there takes the source's base name. Refuses
     /// to copy a stripefs file onto itself, which would truncate it first.
     fn create(c: &Client, arg: &str, src: &str, spec: LayoutSpec) -> Result<(Sink, String)> {
-        let src_name = base_name(sfs_path(src).unwrap_or(src));
+        let src_name = base_name(any_path(src));
         let Some(dst) = sfs_path(arg) else {
             let mut dst = PathBuf::from(arg);
             if dst.is_dir() {
@@ -111,7 +116,7 @@ impl Sink {
         let mut dst = dst.to_string();
         let existing = match c.stat(&dst) {
             Ok(st) if st.attr.kind == FileKind::Dir => {
-                dst = format!("{}/{}", dst.trim_end_matches('/'), src_name);
+                dst = sfs_join(&dst, src_name);
                 c.stat(&dst).ok()
             }
             r => r.ok(),
@@ -119,7 +124,7 @@ impl Sink {
         if let (Some(st), Some(sp)) = (&existing, sfs_path(src))
             && c.stat(sp).is_ok_and(|s| s.handle == st.handle)
         {
-            bail!("{} and {dst} are the same file", sfs_path(src).unwrap_or(src));
+            bail!("{sp} and {dst} are the same file");
         }
         let f = match c.create(&dst, CreateOptions { mode: 0o644, layout: Some(spec) }) {
             Ok(f) => f,
@@ -168,7 +173,6 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
         bail!("one side of cp must be a stripefs path (sfs:/…)");
     }
     let c = client(cluster)?;
-    let name = |arg: &str| sfs_path(arg).unwrap_or(arg).to_string();
     let (mut src, size) = Source::open(&c, &a.src)?;
     let spec = LayoutSpec { base: None, pcount: a.stripe_count, ssize: a.stripe_size };
     let (mut sink, dst) = Sink::create(&c, &a.dst, &a.src, spec)?;
@@ -176,7 +180,7 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
     let mut buf = stripefs::buf::aligned_zeroed(CP_CHUNK);
     let mut off = 0u64;
     loop {
-        let (b, n) = src.read(off, size, buf).with_context(|| format!("reading {}", name(&a.src)))?;
+        let (b, n) = src.read(off, size, buf).with_context(|| format!("reading {}", any_path(&a.src)))?;
         if n == 0 {
             break;
         }
@@ -234,7 +238,7 @@ pub fn ls(cluster: Option<PathBuf>, a: LsArgs) -> Result<()> {
             let s = match c.stat_handle(h) {
                 Ok(s) => s,
                 Err(FsError::Remote { code: Errno::ENOENT, .. }) => continue,
-                Err(e) => return Err(e).with_context(|| format!("{}/{name}", path.trim_end_matches('/'))),
+                Err(e) => return Err(e).with_context(|| sfs_join(path, &name)),
             };
             let layout =
                 s.layout.map(|l| format!("  [{}x{}@{}]", l.pcount, l.ssize, l.base)).unwrap_or_default();
@@ -378,7 +382,7 @@ pub fn mv(cluster: Option<PathBuf>, src: &str, dst: &str) -> Result<()> {
     if let Ok(st) = c.stat(&dst)
         && st.attr.kind == FileKind::Dir
     {
-        dst = format!("{}/{}", dst.trim_end_matches('/'), base_name(src));
+        dst = sfs_join(&dst, base_name(src));
     }
     c.rename(src, &dst).with_context(|| format!("{src} → {dst}"))?;
     Ok(())
@@ -474,14 +478,12 @@ pub fn df(cluster: Option<PathBuf>) -> Result<()> {
     let c = client(cluster)?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{:<10} {:>12} {:>12} {:>12} {:>5}", "io server", "size", "used", "avail", "use%")?;
-    let row =
-        |out: &mut std::io::StdoutLock<'_>, name: &str, d: DiskSpace| writeln!(out, "{}", df_row(name, d));
     let mut failed = 0;
     let mut total = DiskSpace::default();
     for (i, st) in c.server_stats().into_iter().enumerate() {
         match st {
             Ok(s) => {
-                row(&mut out, &i.to_string(), s.disk)?;
+                writeln!(out, "{}", df_row(&i.to_string(), s.disk))?;
                 total = total.plus(s.disk);
             }
             Err(e) => {
@@ -493,7 +495,7 @@ pub fn df(cluster: Option<PathBuf>) -> Result<()> {
     if failed > 0 {
         bail!("{failed} io server(s) did not answer");
     }
-    row(&mut out, "total", total)?;
+    writeln!(out, "{}", df_row("total", total))?;
     let fs = c.statfs()?;
     writeln!(out, "files: {}, directories: {}, io servers: {}", fs.files, fs.dirs, fs.io_servers)?;
     Ok(())

@@ -102,17 +102,17 @@ impl PairedReference {
         let mut procs = Procs(Vec::with_capacity(n + 1));
         let mut addrs = Vec::with_capacity(n);
         for _ in 0..n {
-            let mut server = Command::new(perf)
-                .args([
-                    "server",
-                    "--listen",
-                    &format!("{scheme}://127.0.0.1:0"),
-                    "--wait",
-                    wait.server.name(),
-                ])
-                .args(args(server_cpu))
-                .stdin(Stdio::null())
-                .spawn_reporting(perf, "server")?;
+            let mut cmd = Command::new(perf);
+            cmd.args([
+                "server",
+                "--listen",
+                &format!("{scheme}://127.0.0.1:0"),
+                "--wait",
+                wait.server.name(),
+            ])
+            .args(args(server_cpu))
+            .stdin(Stdio::null());
+            let mut server = spawn_reporting(&mut cmd, perf, "server")?;
             let addr = match server.stdout.take().map(|o| first_line(BufReader::new(o), timeout)) {
                 Some(Ok(Some(line))) => line.strip_prefix("LISTEN ").map(|a| a.trim().to_string()),
                 _ => None,
@@ -120,13 +120,13 @@ impl PairedReference {
             procs.0.push(server);
             addrs.push(addr.ok_or_else(|| anyhow!("the ionet-perf server did not print its address"))?);
         }
-        let mut client = Command::new(perf)
-            .args(["client", "--connect", &addrs.join(","), "--test", test, "--sizes", &REF_SIZE.to_string()])
+        let mut cmd = Command::new(perf);
+        cmd.args(["client", "--connect", &addrs.join(","), "--test", test, "--sizes", &REF_SIZE.to_string()])
             .args(["--window", &window.to_string(), "--iters", &(ITERS / n).max(1).to_string()])
             .args(["--sl", "bulk", "--wait", wait.client.name(), "--on-demand"])
             .args(args(client_cpu))
-            .stdin(Stdio::piped())
-            .spawn_reporting(perf, "client")?;
+            .stdin(Stdio::piped());
+        let mut client = spawn_reporting(&mut cmd, perf, "client")?;
         let pipes = (client.stdin.take(), client.stdout.take());
         procs.0.push(client);
         let (Some(stdin), Some(out)) = pipes else { bail!("no pipes to the ionet-perf client") };
@@ -184,17 +184,11 @@ impl PairedReference {
 }
 
 /// Starts an ionet-perf process whose stdout the caller reads (its stderr goes to ours).
-trait SpawnReporting {
-    fn spawn_reporting(&mut self, perf: &Path, role: &str) -> Result<Child>;
-}
-
-impl SpawnReporting for Command {
-    fn spawn_reporting(&mut self, perf: &Path, role: &str) -> Result<Child> {
-        self.stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("starting {} {role}", perf.display()))
-    }
+fn spawn_reporting(cmd: &mut Command, perf: &Path, role: &str) -> Result<Child> {
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {} {role}", perf.display()))
 }
 
 /// Child processes, stopped when dropped, the last started first.
