@@ -234,12 +234,7 @@ pub fn ls(cluster: Option<PathBuf>, a: LsArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     for (name, h) in entries {
         if a.long {
-            // Removed since the listing: skip it, as `ls` does.
-            let s = match c.stat_handle(h) {
-                Ok(s) => s,
-                Err(FsError::Remote { code: Errno::ENOENT, .. }) => continue,
-                Err(e) => return Err(e).with_context(|| sfs_join(path, &name)),
-            };
+            let s = c.stat_handle(h).with_context(|| sfs_join(path, &name))?;
             let layout =
                 s.layout.map(|l| format!("  [{}x{}@{}]", l.pcount, l.ssize, l.base)).unwrap_or_default();
             writeln!(
