@@ -40,9 +40,9 @@ fn errno(e: &FsError) -> fuser::Errno {
 }
 
 fn time(t: Timestamp) -> SystemTime {
-    // Replies carry validated nanoseconds; `checked_add` still keeps any value from panicking.
-    let d = u64::try_from(t.secs).map(|s| Duration::new(s, t.nsecs.min(999_999_999)));
-    d.ok().and_then(|d| UNIX_EPOCH.checked_add(d)).unwrap_or(UNIX_EPOCH)
+    // Cannot overflow: decoding refuses replies whose nanoseconds reach a second
+    // (`Attr::validate`), and any non-negative i64 of seconds fits a `SystemTime`.
+    if t.secs >= 0 { UNIX_EPOCH + Duration::new(t.secs as u64, t.nsecs) } else { UNIX_EPOCH }
 }
 
 fn stamp(t: TimeOrNow) -> Timestamp {
