@@ -30,6 +30,7 @@ use crate::proto::{
 };
 use bytes::{Bytes, BytesMut};
 use ionet::{Completion, Endpoint, OpBuf, OpId, Payload, PeerId, RecvBuf, SendBuf, ServiceLevel, WaitMode};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -52,6 +53,9 @@ pub const DEFAULT_READ_REQUEST_BYTES: u64 = 1 << 20;
 /// +3 to +14 % (BENCHMARKS.md, E1). Over tcp the client's CPU is busy sending or receiving
 /// the data, and polling longer gained nothing there.
 pub const DEFAULT_RDMA_SPIN_BUDGET: Duration = Duration::from_millis(2);
+
+/// Most symbolic links one path walk follows before it fails with `ELOOP` (Linux's limit).
+pub const MAX_SYMLINK_FOLLOWS: usize = 40;
 
 /// The largest data payload of one request to one server, by direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,7 +205,8 @@ impl Default for CreateOptions {
 pub struct Stat {
     /// The handle.
     pub handle: Handle,
-    /// Attributes; for files `size` is the logical size (max over io servers).
+    /// Attributes; for files `size` is the logical size (max over io servers), for symbolic
+    /// links the target's length.
     pub attr: Attr,
     /// A file's layout.
     pub layout: Option<Layout>,
@@ -353,10 +358,10 @@ impl Client {
         }
     }
 
-    /// Attributes with a file's logical size, and its layout.
+    /// Attributes with a file's logical size, and its layout (of a symbolic link itself).
     pub fn stat_handle(&self, h: Handle) -> FsResult<Stat> {
         let attr = self.getattr(h)?;
-        if attr.kind == FileKind::Dir {
+        if attr.kind != FileKind::File {
             return Ok(Stat { handle: h, attr, layout: None });
         }
         let f = self.open_handle(h, Rights::READ)?;
@@ -430,7 +435,33 @@ impl Client {
         self.done(MetaRequest::Rmdir { parent, name: Self::name(name)? })
     }
 
-    /// Removes a file (and its objects on the io servers).
+    /// Creates a symbolic link `name` in `parent` pointing at `target` (stored as given: it
+    /// need not exist, and it may be relative to `parent`).
+    pub fn symlink_in(&self, parent: Handle, name: &str, target: &str) -> FsResult<(Handle, Attr)> {
+        let target = proto::LinkTarget::new(target)
+            .map_err(|_| FsError::code(Errno::ENAMETOOLONG, "symbolic link target too long"))?;
+        let req = MetaRequest::Symlink {
+            parent,
+            name: Self::name(name)?,
+            target,
+            uid: self.inner.opts.uid,
+            gid: self.inner.opts.gid,
+        };
+        match self.meta_call(req)? {
+            MetaReply::Entry { handle, attr } => Ok((handle, attr)),
+            r => Self::unexpected(r),
+        }
+    }
+
+    /// A symbolic link's target (`EINVAL` for anything else).
+    pub fn readlink_handle(&self, h: Handle) -> FsResult<String> {
+        match self.meta_call(MetaRequest::Readlink { handle: h })? {
+            MetaReply::Link(t) => Ok(t.into_string()),
+            r => Self::unexpected(r),
+        }
+    }
+
+    /// Removes a file (and its objects on the io servers) or a symbolic link.
     pub fn unlink_in(&self, parent: Handle, name: &str) -> FsResult<()> {
         self.done(MetaRequest::Unlink { parent, name: Self::name(name)? })
     }
@@ -495,51 +526,101 @@ impl Client {
     }
 
     // ---------------------------------------------------------------------------------------
-    // Path-level calls. Paths are absolute or root-relative; `.` is skipped, `..` is refused.
+    // Path-level calls. Paths are absolute or root-relative. Symbolic links are followed in
+    // every component but the last of a path that names an entry to create, remove, rename or
+    // read as a link; an absolute target starts again at the stripefs root (a link made through
+    // a FUSE mount that points outside it cannot be followed here). `..` is the directory the
+    // walk came from, never above the root.
     // ---------------------------------------------------------------------------------------
 
-    fn components(path: &str) -> FsResult<Vec<&str>> {
-        let mut out = Vec::new();
-        for c in path.split('/') {
-            match c {
-                "" | "." => {}
-                ".." => return Err(FsError::code(Errno::EINVAL, "'..' in a stripefs path")),
-                c => out.push(c),
-            }
-        }
-        Ok(out)
+    fn components(path: &str) -> VecDeque<String> {
+        path.split('/').filter(|c| !c.is_empty() && *c != ".").map(str::to_owned).collect()
     }
 
-    /// The handle a path names.
-    pub fn resolve(&self, path: &str) -> FsResult<Handle> {
-        let mut h = Handle::ROOT;
-        for c in Self::components(path)? {
-            h = self.lookup(h, c)?.0;
+    /// Walks `todo` from `stack`'s last directory, following symbolic links (the last
+    /// component's too when `follow_last`); returns the handle reached.
+    fn walk(&self, mut todo: VecDeque<String>, follow_last: bool) -> FsResult<Handle> {
+        let mut stack = vec![Handle::ROOT];
+        let mut follows = 0;
+        while let Some(c) = todo.pop_front() {
+            let dir = *stack.last().unwrap_or(&Handle::ROOT);
+            if c == ".." {
+                if stack.len() > 1 {
+                    stack.pop();
+                }
+                continue;
+            }
+            let (h, attr) = self.lookup(dir, &c)?;
+            let last = todo.is_empty();
+            match attr.kind {
+                FileKind::Symlink if follow_last || !last => {
+                    follows += 1;
+                    if follows > MAX_SYMLINK_FOLLOWS {
+                        return Err(FsError::code(
+                            Errno::ELOOP,
+                            format!("more than {MAX_SYMLINK_FOLLOWS} symbolic links"),
+                        ));
+                    }
+                    let target = self.readlink_handle(h)?;
+                    if target.starts_with('/') {
+                        stack.truncate(1);
+                    }
+                    for t in Self::components(&target).into_iter().rev() {
+                        todo.push_front(t);
+                    }
+                }
+                FileKind::File | FileKind::Symlink if !last => {
+                    return Err(FsError::code(Errno::ENOTDIR, format!("{c} is not a directory")));
+                }
+                _ => stack.push(h),
+            }
         }
-        Ok(h)
+        Ok(*stack.last().unwrap_or(&Handle::ROOT))
+    }
+
+    /// The handle a path names, following symbolic links.
+    pub fn resolve(&self, path: &str) -> FsResult<Handle> {
+        self.walk(Self::components(path), true)
+    }
+
+    /// The handle a path names; a symbolic link in the last component is not followed.
+    pub fn resolve_nofollow(&self, path: &str) -> FsResult<Handle> {
+        self.walk(Self::components(path), false)
     }
 
     /// The parent directory of a path and the last component.
-    fn parent_of<'p>(&self, path: &'p str) -> FsResult<(Handle, &'p str)> {
-        let comps = Self::components(path)?;
-        let (last, dirs) =
-            comps.split_last().ok_or_else(|| FsError::code(Errno::EINVAL, "the root has no name"))?;
-        let mut h = Handle::ROOT;
-        for c in dirs {
-            h = self.lookup(h, c)?.0;
-        }
-        Ok((h, last))
+    fn parent_of(&self, path: &str) -> FsResult<(Handle, String)> {
+        let mut comps = Self::components(path);
+        let last = comps.pop_back().ok_or_else(|| FsError::code(Errno::EINVAL, "the root has no name"))?;
+        Ok((self.walk(comps, true)?, last))
     }
 
-    /// `stat`: attributes, logical size, layout.
+    /// `stat`: attributes, logical size, layout (of what a symbolic link points at).
     pub fn stat(&self, path: &str) -> FsResult<Stat> {
         self.stat_handle(self.resolve(path)?)
+    }
+
+    /// `lstat`: as [`Client::stat`], but of a symbolic link itself.
+    pub fn lstat(&self, path: &str) -> FsResult<Stat> {
+        self.stat_handle(self.resolve_nofollow(path)?)
+    }
+
+    /// Creates a symbolic link at `link` pointing at `target` (the order of `ln -s` and
+    /// `std::os::unix::fs::symlink`).
+    pub fn symlink(&self, target: &str, link: &str) -> FsResult<Handle> {
+        let (p, name) = self.parent_of(link)?;
+        Ok(self.symlink_in(p, &name, target)?.0)
+    }
+
+    /// The target of the symbolic link at `path`.
+    pub fn readlink(&self, path: &str) -> FsResult<String> {
+        self.readlink_handle(self.resolve_nofollow(path)?)
     }
 
     /// Creates and opens a file.
     pub fn create(&self, path: &str, opts: CreateOptions) -> FsResult<File> {
         let (p, name) = self.parent_of(path)?;
-        self.create_in(p, name, opts)
+        self.create_in(p, &name, opts)
     }
 
     /// Opens a file.
@@ -550,26 +631,26 @@ impl Client {
     /// Creates a directory.
     pub fn mkdir(&self, path: &str, mode: u32) -> FsResult<Handle> {
         let (p, name) = self.parent_of(path)?;
-        Ok(self.mkdir_in(p, name, mode)?.0)
+        Ok(self.mkdir_in(p, &name, mode)?.0)
     }
 
     /// Removes an empty directory.
     pub fn rmdir(&self, path: &str) -> FsResult<()> {
         let (p, name) = self.parent_of(path)?;
-        self.rmdir_in(p, name)
+        self.rmdir_in(p, &name)
     }
 
     /// Removes a file.
     pub fn unlink(&self, path: &str) -> FsResult<()> {
         let (p, name) = self.parent_of(path)?;
-        self.unlink_in(p, name)
+        self.unlink_in(p, &name)
     }
 
     /// Renames `from` to `to`.
     pub fn rename(&self, from: &str, to: &str) -> FsResult<()> {
         let (sp, sn) = self.parent_of(from)?;
         let (dp, dn) = self.parent_of(to)?;
-        self.rename_in(sp, sn, dp, dn)
+        self.rename_in(sp, &sn, dp, &dn)
     }
 
     /// The entries of a directory.

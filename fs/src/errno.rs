@@ -60,6 +60,7 @@ codes! {
     ENAMETOOLONG = 36, "file name too long";
     ENOSYS = 38, "function not implemented";
     ENOTEMPTY = 39, "directory not empty";
+    ELOOP = 40, "too many levels of symbolic links";
     EPROTO = 71, "protocol error";
     EOVERFLOW = 75, "value too large for defined data type";
     EMSGSIZE = 90, "message too long";

@@ -64,7 +64,7 @@ fn file_attr(h: Handle, a: &Attr) -> FileAttr {
         mtime: time(a.mtime),
         ctime: time(a.ctime),
         crtime: time(a.ctime),
-        kind: if a.kind == FileKind::Dir { FileType::Directory } else { FileType::RegularFile },
+        kind: file_type(a.kind),
         perm: (a.mode & 0o7777) as u16,
         nlink: a.nlink,
         uid: a.uid,
@@ -72,6 +72,14 @@ fn file_attr(h: Handle, a: &Attr) -> FileAttr {
         rdev: 0,
         blksize: 65536,
         flags: 0,
+    }
+}
+
+fn file_type(k: FileKind) -> FileType {
+    match k {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
     }
 }
 
@@ -101,7 +109,9 @@ impl StripeFuse {
     }
 
     fn entry(&self, r: FsResult<(Handle, Attr)>, reply: ReplyEntry) {
-        match r.and_then(|(h, a)| if a.kind == FileKind::Dir { Ok(file_attr(h, &a)) } else { self.attr(h) }) {
+        // Only a regular file's size needs the io servers.
+        match r.and_then(|(h, a)| if a.kind == FileKind::File { self.attr(h) } else { Ok(file_attr(h, &a)) })
+        {
             Ok(a) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -156,6 +166,25 @@ impl Filesystem for StripeFuse {
     fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let _ = req;
         self.entry(name(n).and_then(|n| self.client.mkdir_in(Handle(parent.0), n, mode & !umask)), reply);
+    }
+
+    fn symlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, target: &Path, reply: ReplyEntry) {
+        let target =
+            target.to_str().ok_or_else(|| FsError::code(crate::Errno::EINVAL, "link targets are UTF-8"));
+        let r = name(n).and_then(|n| target.and_then(|t| self.client.symlink_in(Handle(parent.0), n, t)));
+        self.entry(r, reply);
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.client.readlink_handle(Handle(ino.0)) {
+            Ok(t) => reply.data(t.as_bytes()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
+        // No hard links, as in PVFS: a file has exactly one name (its record keeps one parent).
+        reply.error(fuser::Errno::EPERM);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
@@ -282,10 +311,9 @@ impl Filesystem for StripeFuse {
         };
         let dots =
             [(ino.0, FileType::Directory, ".".to_string()), (ino.0, FileType::Directory, "..".to_string())];
-        let all = dots.into_iter().chain(entries.into_iter().map(|e| {
-            let kind = if e.kind == FileKind::Dir { FileType::Directory } else { FileType::RegularFile };
-            (e.handle.0, kind, e.name.to_string())
-        }));
+        let all = dots
+            .into_iter()
+            .chain(entries.into_iter().map(|e| (e.handle.0, file_type(e.kind), e.name.to_string())));
         for (i, (ino, kind, n)) in all.enumerate().skip(offset as usize) {
             if reply.add(INodeNo(ino), i as u64 + 1, kind, n) {
                 break;

@@ -34,12 +34,33 @@ enum Cmd {
     Cp(cli::cmds::CpArgs),
     /// List a directory.
     Ls(cli::cmds::LsArgs),
-    /// Attributes, logical size and layout of a path.
+    /// Attributes, logical size and layout of a path (of a symbolic link itself, and its
+    /// target, unless -L).
     Stat {
+        /// Follow a symbolic link in the last component.
+        #[arg(short = 'L', long)]
+        dereference: bool,
         /// The path.
         path: String,
     },
-    /// Remove files and empty directories (with -r, directories and what is below them).
+    /// Create a symbolic link LINK pointing at TARGET (stripefs, like PVFS, has no hard links).
+    Ln {
+        /// Make a symbolic link (required: there are no hard links).
+        #[arg(short, long)]
+        symbolic: bool,
+        /// What the link points at, stored as given (absolute targets start at the stripefs
+        /// root when stripefs follows them, at the mount's host root through a FUSE mount).
+        target: String,
+        /// The link to create.
+        link: String,
+    },
+    /// Print a symbolic link's target.
+    Readlink {
+        /// The link.
+        path: String,
+    },
+    /// Remove files, symbolic links and empty directories (with -r, directories and what is
+    /// below them; links are removed, never followed).
     Rm {
         /// Remove directories and everything below them.
         #[arg(short, long)]
@@ -93,7 +114,9 @@ fn main() -> ExitCode {
         Cmd::Serve(a) => cli::serve::run(a, cluster),
         Cmd::Cp(a) => cli::cmds::cp(cluster, a),
         Cmd::Ls(a) => cli::cmds::ls(cluster, a),
-        Cmd::Stat { path } => cli::cmds::stat(cluster, &path),
+        Cmd::Stat { dereference, path } => cli::cmds::stat(cluster, &path, dereference),
+        Cmd::Ln { symbolic, target, link } => cli::cmds::ln(cluster, symbolic, &target, &link),
+        Cmd::Readlink { path } => cli::cmds::readlink(cluster, &path),
         Cmd::Rm { recursive, paths } => cli::cmds::rm(cluster, recursive, &paths),
         Cmd::Mv { src, dst } => cli::cmds::mv(cluster, &src, &dst),
         Cmd::Mkdir { parents, paths } => cli::cmds::mkdir(cluster, parents, &paths),

@@ -10,6 +10,8 @@
 //! * `dirents`: (directory handle, name) → handle; the key order is the readdir order.
 //! * `orphans`: handle → layout of files removed from the namespace whose objects may still exist
 //!   on the io servers.
+//! * `symlinks`: handle → target of a symbolic link (kept apart from `inodes` so the inode record
+//!   keeps its format; a link has no layout and no objects).
 //!
 //! # Operations that fan out to the io servers
 //! The meta server (on the network) drives them in two steps, so nothing is lost or leaked if it
@@ -29,7 +31,8 @@
 use crate::errno::Errno;
 use crate::layout::{Layout, LayoutError};
 use crate::proto::{
-    Attr, DirEntry, FileKind, FsStats, Handle, LayoutSpec, MAX_READDIR, Name, SetAttr, Timestamp,
+    Attr, DirEntry, FileKind, FsStats, Handle, LayoutSpec, MAX_LINK_TARGET, MAX_READDIR, Name, SetAttr,
+    Timestamp,
 };
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -47,6 +50,7 @@ const SUPER: TableDefinition<&str, u64> = TableDefinition::new("super");
 const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
 const DIRENTS: TableDefinition<(u64, &str), u64> = TableDefinition::new("dirents");
 const ORPHANS: TableDefinition<u64, &[u8]> = TableDefinition::new("orphans");
+const SYMLINKS: TableDefinition<u64, &str> = TableDefinition::new("symlinks");
 
 const K_FORMAT: &str = "format";
 const K_NEXT_HANDLE: &str = "next_handle";
@@ -107,6 +111,10 @@ pub enum MetaError {
     /// A non-directory was required.
     #[error("is a directory")]
     IsDir,
+    /// A symbolic link where a file was required (an open by handle: links are followed by the
+    /// client, as `open` with `O_NOFOLLOW` refuses them).
+    #[error("is a symbolic link")]
+    IsLink,
     /// Directory not empty.
     #[error("directory not empty")]
     NotEmpty,
@@ -119,6 +127,9 @@ pub enum MetaError {
     /// Another invalid argument (e.g. moving a directory into itself).
     #[error("invalid argument: {0}")]
     Invalid(&'static str),
+    /// A symbolic link target longer than [`MAX_LINK_TARGET`].
+    #[error("symbolic link target longer than {MAX_LINK_TARGET} bytes")]
+    TargetTooLong,
     /// The entry is being created by another request.
     #[error("entry is being created")]
     Busy,
@@ -147,8 +158,9 @@ impl MetaError {
             MetaError::Exists => Errno::EEXIST,
             MetaError::NotDir => Errno::ENOTDIR,
             MetaError::IsDir => Errno::EISDIR,
+            MetaError::IsLink => Errno::ELOOP,
             MetaError::NotEmpty => Errno::ENOTEMPTY,
-            MetaError::Name(NameError::TooLong) => Errno::ENAMETOOLONG,
+            MetaError::Name(NameError::TooLong) | MetaError::TargetTooLong => Errno::ENAMETOOLONG,
             MetaError::Name(_) | MetaError::Layout(_) | MetaError::Invalid(_) => Errno::EINVAL,
             MetaError::Busy => Errno::EBUSY,
             MetaError::ServerCountChanged { .. } | MetaError::Corrupt(_) | MetaError::Store(_) => Errno::EIO,
@@ -298,6 +310,7 @@ struct Tx<'t> {
     inodes: Tbl<'t, u64, &'static [u8]>,
     dirents: Tbl<'t, (u64, &'static str), u64>,
     orphans: Tbl<'t, u64, &'static [u8]>,
+    links: Tbl<'t, u64, &'static str>,
 }
 
 fn encode_rec<T: Serialize>(v: &T) -> Vec<u8> {
@@ -364,12 +377,15 @@ impl Tx<'_> {
         self.put_inode(h, &d)
     }
 
-    /// Removes a file or empty directory record; files go to `orphans`.
+    /// Removes a file, symbolic link or empty directory record; files go to `orphans`.
     fn drop_inode(&mut self, h: u64, i: &Inode) -> Result<Option<Objects>, MetaError> {
         self.inodes.remove(h)?;
         if i.is_dir() {
             self.bump(K_DIRS, -1)?;
             return Ok(None);
+        }
+        if i.attr.kind == FileKind::Symlink {
+            self.links.remove(h)?;
         }
         if i.state == State::Committed {
             self.bump(K_FILES, -1)?;
@@ -453,6 +469,7 @@ impl MetaStore {
                 inodes: txn.open_table(INODES)?,
                 dirents: txn.open_table(DIRENTS)?,
                 orphans: txn.open_table(ORPHANS)?,
+                links: txn.open_table(SYMLINKS)?,
             };
             f(&mut tx)?
         };
@@ -495,13 +512,68 @@ impl MetaStore {
         Ok(self.read_inode(h)?.attr)
     }
 
-    /// Attributes and layout for an open; directories are refused.
+    /// Attributes and layout for an open; directories and symbolic links are refused.
     pub fn open_file(&self, h: Handle) -> Result<OpenFile, MetaError> {
         let i = self.read_inode(h)?;
-        match i.layout {
-            Some(layout) if !i.is_dir() => Ok(OpenFile { attr: i.attr, layout }),
+        match (i.attr.kind, i.layout) {
+            (FileKind::File, Some(layout)) => Ok(OpenFile { attr: i.attr, layout }),
+            (FileKind::Symlink, _) => Err(MetaError::IsLink),
             _ => Err(MetaError::IsDir),
         }
+    }
+
+    /// Creates a symbolic link to `target` (any non-empty path text without NUL, stored as
+    /// given). Its mode is `0o777` and its size the target's length, as on Linux.
+    pub fn symlink(
+        &self,
+        parent: Handle,
+        name: &str,
+        target: &str,
+        owner: Perm,
+    ) -> Result<(Handle, Attr), MetaError> {
+        validate_name(name)?;
+        if target.is_empty() || target.contains('\0') {
+            return Err(MetaError::Invalid("symbolic link target empty or with NUL"));
+        }
+        if target.len() > MAX_LINK_TARGET {
+            return Err(MetaError::TargetTooLong);
+        }
+        self.write(|tx| {
+            dir_inode(&tx.inodes, parent.0)?;
+            if get_entry(&tx.dirents, parent.0, name)?.is_some() {
+                return Err(MetaError::Exists);
+            }
+            let h = counter(&tx.sup, K_NEXT_HANDLE)?;
+            tx.sup.insert(K_NEXT_HANDLE, h + 1)?;
+            let now = Timestamp::now();
+            let mut attr = new_attr(FileKind::Symlink, Perm { mode: 0o777, ..owner }, now);
+            attr.size = target.len() as u64;
+            let ino = Inode {
+                attr: attr.clone(),
+                parent: parent.0,
+                layout: None,
+                default: None,
+                state: State::Committed,
+            };
+            tx.put_inode(h, &ino)?;
+            tx.links.insert(h, target)?;
+            tx.dirents.insert((parent.0, name), h)?;
+            tx.bump(K_FILES, 1)?;
+            tx.touch_dir(parent.0, now)?;
+            Ok((Handle(h), attr))
+        })
+    }
+
+    /// A symbolic link's target; anything else is `EINVAL`, as `readlink(2)` answers.
+    pub fn readlink(&self, h: Handle) -> Result<String, MetaError> {
+        let i = self.read_inode(h)?;
+        if i.attr.kind != FileKind::Symlink {
+            return Err(MetaError::Invalid("not a symbolic link"));
+        }
+        let r = self.db.begin_read()?;
+        let t = r.open_table(SYMLINKS)?;
+        let target = t.get(h.0)?.ok_or(MetaError::Corrupt(h.0))?;
+        Ok(target.value().to_owned())
     }
 
     /// Fills unset fields of `spec` from the filesystem defaults, picking a round-robin base.
@@ -653,9 +725,9 @@ impl MetaStore {
         })
     }
 
-    /// Removes a file from the namespace. Its objects are recorded as an orphan and returned:
-    /// remove them on the io servers, then [`MetaStore::forget_orphan`].
-    pub fn unlink(&self, parent: Handle, name: &str) -> Result<Objects, MetaError> {
+    /// Removes a file or symbolic link from the namespace. A file's objects are recorded as an
+    /// orphan and returned: remove them on the io servers, then [`MetaStore::forget_orphan`].
+    pub fn unlink(&self, parent: Handle, name: &str) -> Result<Option<Objects>, MetaError> {
         validate_name(name)?;
         self.write(|tx| {
             dir_inode(&tx.inodes, parent.0)?;
@@ -665,7 +737,10 @@ impl MetaStore {
                 return Err(MetaError::IsDir);
             }
             tx.dirents.remove((parent.0, name))?;
-            let objs = tx.drop_inode(h, &i)?.ok_or(MetaError::Corrupt(h))?;
+            let objs = tx.drop_inode(h, &i)?;
+            if objs.is_none() && i.attr.kind == FileKind::File {
+                return Err(MetaError::Corrupt(h));
+            }
             tx.touch_dir(parent.0, Timestamp::now())?;
             Ok(objs)
         })
@@ -783,14 +858,20 @@ impl MetaStore {
             let now = Timestamp::now();
             let mut truncate = None;
             if let Some(size) = set.size {
-                if i.is_dir() {
-                    return Err(MetaError::IsDir);
+                match i.attr.kind {
+                    FileKind::Dir => return Err(MetaError::IsDir),
+                    FileKind::Symlink => return Err(MetaError::Invalid("cannot truncate a symbolic link")),
+                    FileKind::File => {}
                 }
                 i.attr.size = size;
                 i.attr.mtime = now;
                 truncate = i.layout.map(|l| (l, size));
             }
             if let Some(m) = set.mode {
+                if i.attr.kind == FileKind::Symlink {
+                    // A link's mode means nothing (Linux's are all 0777 and lchmod fails).
+                    return Err(MetaError::Invalid("a symbolic link has no mode to change"));
+                }
                 i.attr.mode = m & 0o7777;
             }
             if let Some(u) = set.uid {
@@ -1106,7 +1187,7 @@ mod tests {
         assert!(matches!(m.rmdir(dir, "f"), Err(MetaError::NotDir)));
         assert_eq!(m.unlink(R, "d").unwrap_err().errno(), Errno::EISDIR);
         let objs = m.unlink(dir, "f").unwrap();
-        assert_eq!(objs, Objects { handle: f.handle, layout: f.layout });
+        assert_eq!(objs, Some(Objects { handle: f.handle, layout: f.layout }));
         assert!(matches!(m.unlink(dir, "f"), Err(MetaError::NotFound)));
         assert!(matches!(m.getattr(f.handle), Err(MetaError::NotFound)));
         m.rmdir(R, "d").unwrap();
@@ -1227,6 +1308,71 @@ mod tests {
         assert_eq!(names(&m, R), ["empty", "f", "full"]);
         assert_eq!(m.resolve("/empty/sub").unwrap(), sub);
         assert_eq!(m.statfs().unwrap().dirs, 4);
+    }
+
+    #[test]
+    fn symbolic_links_are_records_without_objects() {
+        let d = tempfile::tempdir().unwrap();
+        let m = store(&d);
+        let (dir, _) = m.mkdir(R, "dir", P).unwrap();
+        let f = mkfile(&m, dir, "f");
+        let (l, a) = m.symlink(R, "l", "dir/f", P).unwrap();
+        assert_eq!((a.kind, a.mode, a.size, a.nlink, a.uid, a.gid), (FileKind::Symlink, 0o777, 5, 1, 10, 20));
+        assert_eq!(m.lookup(R, "l").unwrap(), (l, a.clone()));
+        assert_eq!(m.readlink(l).unwrap(), "dir/f");
+        let kinds: Vec<_> =
+            m.readdir(R, None, 10).unwrap().0.into_iter().map(|e| (e.name.into_string(), e.kind)).collect();
+        assert_eq!(kinds, [("dir".to_string(), FileKind::Dir), ("l".to_string(), FileKind::Symlink)]);
+        assert_eq!((m.statfs().unwrap().files, m.statfs().unwrap().dirs), (2, 2));
+        // What a link is not.
+        assert_eq!(m.open_file(l).unwrap_err().errno(), Errno::ELOOP);
+        assert_eq!(m.readlink(f.handle).unwrap_err().errno(), Errno::EINVAL);
+        assert_eq!(m.readlink(dir).unwrap_err().errno(), Errno::EINVAL);
+        assert_eq!(
+            m.setattr(l, &SetAttr { size: Some(0), ..Default::default() }).unwrap_err().errno(),
+            Errno::EINVAL
+        );
+        assert_eq!(
+            m.setattr(l, &SetAttr { mode: Some(0o600), ..Default::default() }).unwrap_err().errno(),
+            Errno::EINVAL
+        );
+        assert_eq!(m.getattr(l).unwrap(), a);
+        let t = Timestamp { secs: 5, nsecs: 6 };
+        assert_eq!(m.setattr(l, &SetAttr { mtime: Some(t), ..Default::default() }).unwrap().attr.mtime, t);
+        assert_eq!(m.rmdir(R, "l").unwrap_err().errno(), Errno::ENOTDIR);
+        // Bad links are refused and leave nothing.
+        assert_eq!(m.symlink(R, "l", "x", P).unwrap_err().errno(), Errno::EEXIST);
+        assert_eq!(m.symlink(R, "e", "", P).unwrap_err().errno(), Errno::EINVAL);
+        assert_eq!(m.symlink(R, "n", "a\0b", P).unwrap_err().errno(), Errno::EINVAL);
+        assert_eq!(m.symlink(R, "..", "x", P).unwrap_err().errno(), Errno::EINVAL);
+        assert_eq!(m.symlink(f.handle, "x", "x", P).unwrap_err().errno(), Errno::ENOTDIR);
+        let long = "t".repeat(MAX_LINK_TARGET + 1);
+        assert_eq!(m.symlink(R, "long", &long, P).unwrap_err().errno(), Errno::ENAMETOOLONG);
+        let (longest, _) = m.symlink(R, "longest", &long[1..], P).unwrap();
+        assert_eq!(m.readlink(longest).unwrap(), long[1..]);
+        assert_eq!(names(&m, R), ["dir", "l", "longest"]);
+        // Renamed, it keeps its target; replaced or unlinked, it leaves no orphan and no target.
+        assert_eq!(m.rename(R, "l", dir, "l2").unwrap(), None);
+        assert_eq!(m.readlink(l).unwrap(), "dir/f");
+        let g = mkfile(&m, R, "g");
+        assert_eq!(m.rename(R, "g", dir, "l2").unwrap(), None);
+        assert_eq!(m.lookup(dir, "l2").unwrap().0, g.handle);
+        assert!(matches!(m.readlink(l), Err(MetaError::NotFound)));
+        assert_eq!(m.unlink(R, "longest").unwrap(), None);
+        assert!(matches!(m.readlink(longest), Err(MetaError::NotFound)));
+        assert!(m.orphans().unwrap().is_empty());
+        let r = m.db.begin_read().unwrap();
+        assert!(r.open_table(SYMLINKS).unwrap().is_empty().unwrap(), "no target outlives its link");
+        assert_eq!(m.statfs().unwrap().files, 2);
+    }
+
+    #[test]
+    fn symbolic_links_survive_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let l = store(&d).symlink(R, "l", "/some/where", P).unwrap().0;
+        let m = store(&d);
+        assert_eq!(m.readlink(l).unwrap(), "/some/where");
+        assert_eq!(m.lookup(R, "l").unwrap().1.kind, FileKind::Symlink);
     }
 
     #[test]

@@ -26,8 +26,9 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::Deref;
 
-/// Protocol version this build speaks (2: io servers' counters carry their disk space).
-pub const PROTO_VERSION: u16 = 2;
+/// Protocol version this build speaks (2: io servers' counters carry their disk space;
+/// 3: symbolic links).
+pub const PROTO_VERSION: u16 = 3;
 
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"STFS";
@@ -49,6 +50,9 @@ pub const MAX_READDIR: usize = 256;
 /// Longest name on the wire. Longer than `NAME_MAX` (255) on purpose: a 300-byte name still
 /// decodes, so the meta server can answer `ENAMETOOLONG` instead of a protocol error.
 pub const MAX_NAME_WIRE: usize = 1024;
+
+/// Longest symbolic link target, in bytes (Linux's `PATH_MAX`, terminating NUL included).
+pub const MAX_LINK_TARGET: usize = 4095;
 
 /// Longest error text in an error reply.
 pub const MAX_ERROR_TEXT: usize = 256;
@@ -332,17 +336,31 @@ impl<'de, const N: usize> Deserialize<'de> for BoundedString<N> {
 /// file-name rules).
 pub type Name = BoundedString<MAX_NAME_WIRE>;
 
+/// A symbolic link's target as carried on the wire and stored: any path text of 1 to
+/// [`MAX_LINK_TARGET`] bytes without NUL; nothing is checked against the namespace.
+pub type LinkTarget = BoundedString<MAX_LINK_TARGET>;
+
+fn target_ok(t: &LinkTarget) -> Result<(), ProtoError> {
+    if t.is_empty() || t.contains('\0') {
+        return Err(ProtoError::Invalid("link target"));
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Shared types
 // ---------------------------------------------------------------------------------------------
 
-/// File or directory.
+/// File, directory or symbolic link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum FileKind {
     /// A regular, striped file.
     File,
     /// A directory.
     Dir,
+    /// A symbolic link: its target is kept by the meta server ([`MetaRequest::Readlink`]),
+    /// it has no objects on the io servers.
+    Symlink,
 }
 
 /// A point in time: seconds and nanoseconds since the Unix epoch.
@@ -487,7 +505,7 @@ pub struct DirEntry {
 /// Namespace-wide counters from the meta server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct FsStats {
-    /// Regular files.
+    /// Regular files and symbolic links.
     pub files: u64,
     /// Directories (the root included).
     pub dirs: u64,
@@ -708,6 +726,24 @@ pub enum MetaRequest {
         /// The default new files and subdirectories inherit.
         spec: Option<LayoutSpec>,
     },
+    /// Create a symbolic link → [`MetaReply::Entry`].
+    Symlink {
+        /// Directory.
+        parent: Handle,
+        /// New name.
+        name: Name,
+        /// What the link points at (stored as given).
+        target: LinkTarget,
+        /// Owner.
+        uid: u32,
+        /// Group.
+        gid: u32,
+    },
+    /// A symbolic link's target → [`MetaReply::Link`].
+    Readlink {
+        /// The link.
+        handle: Handle,
+    },
 }
 
 /// Meta server → client.
@@ -751,6 +787,8 @@ pub enum MetaReply {
         /// A directory's default layout.
         default: Option<LayoutSpec>,
     },
+    /// A symbolic link's target.
+    Link(LinkTarget),
     /// Failure.
     Error(ErrorReply),
 }
@@ -975,6 +1013,10 @@ impl Message for MetaRequest {
             | MetaRequest::Rmdir { name, .. }
             | MetaRequest::Unlink { name, .. }
             | MetaRequest::Mkdir { name, .. } => name_ok(name)?,
+            MetaRequest::Symlink { name, target, .. } => {
+                name_ok(name)?;
+                target_ok(target)?;
+            }
             MetaRequest::Create { name, layout, .. } => {
                 name_ok(name)?;
                 layout.iter().try_for_each(LayoutSpec::validate)?;
@@ -1012,6 +1054,7 @@ impl Message for MetaReply {
                 }
                 default.iter().try_for_each(LayoutSpec::validate)?;
             }
+            MetaReply::Link(target) => target_ok(target)?,
             _ => {}
         }
         Ok(())
@@ -1163,6 +1206,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
     let key = crate::capability::CapabilityKey::new(b"sample-cluster-key-0123").expect("valid key");
     let cap = key.mint(Handle(0x1234), Rights::READ_WRITE, 2_000_000_000, 9);
     let name = |s: &str| Name::new(s).expect("short name");
+    let link = |s: &str| LinkTarget::new(s).expect("short target");
     let t = Timestamp { secs: 1_700_000_000, nsecs: 5 };
     let attr = Attr {
         kind: FileKind::File,
@@ -1219,6 +1263,17 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ("meta_readdir", MetaRequest::Readdir { dir: Handle::ROOT, after: Some(name("m")), max: 100 }),
         ("meta_getstripe", MetaRequest::GetStripe { handle: Handle(7) }),
         ("meta_setstripe", MetaRequest::SetStripe { dir: Handle::ROOT, spec: Some(spec) }),
+        (
+            "meta_symlink",
+            MetaRequest::Symlink {
+                parent: Handle::ROOT,
+                name: name("l"),
+                target: link("../d/f"),
+                uid: 0,
+                gid: 0,
+            },
+        ),
+        ("meta_readlink", MetaRequest::Readlink { handle: Handle(7) }),
     ];
     let entries = BoundedVec::new(vec![DirEntry { name: name("x"), handle: Handle(3), kind: FileKind::Dir }])
         .expect("one entry");
@@ -1230,6 +1285,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ("metarep_done", MetaReply::Done),
         ("metarep_dir", MetaReply::Dir { entries, more: true }),
         ("metarep_stripe", MetaReply::Stripe { layout: Some(layout), default: Some(spec) }),
+        ("metarep_link", MetaReply::Link(link("/d/f"))),
         ("metarep_error", MetaReply::Error(ErrorReply::new(Errno::ENOENT, "no such entry"))),
     ];
     let list = Descriptor::list(vec![Extent::new(0, 4096), Extent::new(65536, 100)]).expect("two pieces");
@@ -1486,6 +1542,25 @@ mod tests {
             assert!(encode(&Envelope::new(1, MetaReply::Attr(a))).is_err());
         }
         assert!(encode(&Envelope::new(1, MetaReply::Attr(attr_with(&|_| {})))).is_ok());
+        // A link target is non-empty and has no NUL, in a request and in a reply.
+        for t in ["", "a\0b"] {
+            let target = LinkTarget::new(t).unwrap();
+            let r = MetaRequest::Symlink {
+                parent: Handle::ROOT,
+                name: Name::new("l").unwrap(),
+                target: target.clone(),
+                uid: 0,
+                gid: 0,
+            };
+            assert_eq!(encode(&Envelope::new(1, r)).unwrap_err(), ProtoError::Invalid("link target"));
+            assert_eq!(
+                encode(&Envelope::new(1, MetaReply::Link(target))).unwrap_err(),
+                ProtoError::Invalid("link target")
+            );
+        }
+        assert!(LinkTarget::new("t".repeat(MAX_LINK_TARGET + 1)).is_err());
+        let longest = MetaReply::Link(LinkTarget::new("t".repeat(MAX_LINK_TARGET)).unwrap());
+        assert!(encode(&Envelope::new(1, longest)).is_ok());
     }
 
     #[test]

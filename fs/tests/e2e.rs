@@ -95,6 +95,64 @@ pub fn namespace_and_data(scheme: &str) {
     assert_eq!((fs.files, fs.dirs, fs.io_servers), (0, 1, 4));
 }
 
+pub fn symbolic_links(scheme: &str) {
+    let tc = TestCluster::start(scheme, 2);
+    let c = tc.client();
+    c.mkdir("/d", 0o755).unwrap();
+    c.mkdir("/d/e", 0o755).unwrap();
+    let data = pattern(100_000, 3);
+    let f = c.create("/d/e/f", CreateOptions::default()).unwrap();
+    f.write_at(0, &data).unwrap();
+    // Relative (to the link's directory, `..` included), absolute, and in the middle of a path.
+    c.symlink("e/f", "/d/rel").unwrap();
+    c.symlink("/d/e", "/abs").unwrap();
+    c.symlink("../e/./f", "/d/e/up").unwrap();
+    for p in ["/d/rel", "/abs/f", "/d/e/up", "/abs/up", "/d/e/../rel", "/../d/rel"] {
+        let g = c.open(p, Rights::READ).unwrap_or_else(|e| panic!("{p}: {e}"));
+        assert_eq!(g.handle(), f.handle(), "{p}");
+        assert_eq!(read_all(&g, 0, data.len()).0, &data[..], "{p}");
+        assert_eq!(c.stat(p).unwrap().attr.size, data.len() as u64, "{p}: stat follows");
+    }
+    let l = c.lstat("/d/rel").unwrap();
+    assert_eq!((l.attr.kind, l.attr.size, l.attr.mode, l.layout), (FileKind::Symlink, 3, 0o777, None));
+    assert_eq!(c.readlink("/d/rel").unwrap(), "e/f");
+    assert_eq!(c.readlink("/abs").unwrap(), "/d/e");
+    assert_eq!(code(c.readlink("/d/e/f")), Errno::EINVAL);
+    assert_eq!(code(c.open_handle(l.handle, Rights::READ)), Errno::ELOOP, "a link is not opened itself");
+    let names = |p: &str| -> Vec<(String, FileKind)> {
+        c.readdir(p).unwrap().into_iter().map(|e| (e.name.to_string(), e.kind)).collect()
+    };
+    assert_eq!(names("/abs"), [("f".into(), FileKind::File), ("up".into(), FileKind::Symlink)]);
+    // Creating, truncating and renaming through links act on what they point at.
+    c.create("/abs/new", CreateOptions::default()).unwrap();
+    assert_eq!(names("/d/e").len(), 3);
+    c.truncate("/d/rel", 10).unwrap();
+    assert_eq!(f.size().unwrap(), 10);
+    c.rename("/abs/new", "/abs/newer").unwrap();
+    assert_eq!(c.stat("/d/e/newer").unwrap().attr.kind, FileKind::File);
+    // Dangling links, loops, files in the middle of a path.
+    c.symlink("nowhere", "/dangling").unwrap();
+    assert_eq!(code(c.stat("/dangling")), Errno::ENOENT);
+    assert_eq!(c.lstat("/dangling").unwrap().attr.kind, FileKind::Symlink);
+    c.symlink("/loop2", "/loop1").unwrap();
+    c.symlink("loop1", "/loop2").unwrap();
+    assert_eq!(code(c.open("/loop1", Rights::READ)), Errno::ELOOP);
+    assert_eq!(code(c.stat("/loop2/x")), Errno::ELOOP);
+    assert_eq!(code(c.stat("/d/e/f/x")), Errno::ENOTDIR);
+    assert_eq!(code(c.symlink("x", "/d/rel")), Errno::EEXIST);
+    assert_eq!(code(c.symlink(&"t".repeat(5000), "/long")), Errno::ENAMETOOLONG);
+    // A link is renamed and removed itself; what it points at stays.
+    c.rename("/d/rel", "/d/rel2").unwrap();
+    assert_eq!(c.readlink("/d/rel2").unwrap(), "e/f");
+    for l in ["/abs", "/d/rel2", "/dangling", "/loop1", "/loop2", "/d/e/up"] {
+        c.unlink(l).unwrap();
+    }
+    assert_eq!(names("/d/e"), [("f".into(), FileKind::File), ("newer".into(), FileKind::File)]);
+    assert_eq!(read_all(&f, 0, 10).0, &data[..10]);
+    let fs = c.statfs().unwrap();
+    assert_eq!((fs.files, fs.dirs), (2, 3));
+}
+
 pub fn sparse_files_and_holes(scheme: &str) {
     let tc = TestCluster::start(scheme, 4);
     let c = tc.client();
@@ -909,6 +967,7 @@ macro_rules! transports {
             const S: &str = stringify!($scheme);
             #[test] fn namespace_and_data() { super::namespace_and_data(S) }
             #[test] fn sparse_files_and_holes() { super::sparse_files_and_holes(S) }
+            #[test] fn symbolic_links() { super::symbolic_links(S) }
             #[test] fn read_into_shows_no_earlier_bytes() { super::read_into_shows_no_earlier_bytes(S) }
             #[test] fn list_io_matches_contiguous() { super::list_io_matches_contiguous(S) }
             #[test] fn eight_clients_interleaved_strided() { super::eight_clients_interleaved_strided(S) }

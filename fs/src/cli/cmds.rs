@@ -1,4 +1,5 @@
-//! Client commands: cp, ls, stat, rm, mv, mkdir, getstripe, setstripe, servers, df, mount.
+//! Client commands: cp, ls, stat, ln, readlink, rm, mv, mkdir, getstripe, setstripe, servers, df,
+//! mount.
 
 use super::{any_path, load_cluster, sfs_path};
 use anyhow::{Context, Result, bail};
@@ -229,7 +230,8 @@ pub fn ls(cluster: Option<PathBuf>, a: LsArgs) -> Result<()> {
             .map(|e| (e.name.to_string(), e.handle))
             .collect()
     } else {
-        vec![(base_name(path).to_string(), st.handle)]
+        // A link to a file is listed as the link, as `ls -l` does.
+        vec![(base_name(path).to_string(), c.resolve_nofollow(path).with_context(|| path.to_string())?)]
     };
     let mut out = std::io::stdout().lock();
     for (name, h) in entries {
@@ -237,9 +239,15 @@ pub fn ls(cluster: Option<PathBuf>, a: LsArgs) -> Result<()> {
             let s = c.stat_handle(h).with_context(|| sfs_join(path, &name))?;
             let layout =
                 s.layout.map(|l| format!("  [{}x{}@{}]", l.pcount, l.ssize, l.base)).unwrap_or_default();
+            let target = match s.attr.kind {
+                FileKind::Symlink => {
+                    format!(" -> {}", c.readlink_handle(h).with_context(|| sfs_join(path, &name))?)
+                }
+                _ => String::new(),
+            };
             writeln!(
                 out,
-                "{} {:>5} {:>5} {:>14} {name}{layout}",
+                "{} {:>5} {:>5} {:>14} {name}{target}{layout}",
                 mode_string(s.attr.kind, s.attr.mode),
                 s.attr.uid,
                 s.attr.gid,
@@ -252,10 +260,15 @@ pub fn ls(cluster: Option<PathBuf>, a: LsArgs) -> Result<()> {
     Ok(())
 }
 
-/// `ls -l`'s mode column: `drwxr-xr-x`, `-rw-r--r--` (with setuid, setgid and sticky bits).
+/// `ls -l`'s mode column: `drwxr-xr-x`, `-rw-r--r--`, `lrwxrwxrwx` (with setuid, setgid and
+/// sticky bits).
 fn mode_string(kind: FileKind, mode: u32) -> String {
     let mut s = String::with_capacity(10);
-    s.push(if kind == FileKind::Dir { 'd' } else { '-' });
+    s.push(match kind {
+        FileKind::Dir => 'd',
+        FileKind::Symlink => 'l',
+        FileKind::File => '-',
+    });
     // (read, write, execute, special bit, its letter) for user, group and other.
     for (shift, special, letter) in [(6, 0o4000, 's'), (3, 0o2000, 's'), (0, 0o1000, 't')] {
         let bits = (mode >> shift) & 7;
@@ -288,13 +301,17 @@ fn time(t: Timestamp) -> String {
     }
 }
 
-/// `stripefs stat`.
-pub fn stat(cluster: Option<PathBuf>, path: &str) -> Result<()> {
+/// `stripefs stat`: of a symbolic link itself unless `dereference`, as coreutils' `stat`.
+pub fn stat(cluster: Option<PathBuf>, path: &str, dereference: bool) -> Result<()> {
     let c = client(cluster)?;
-    let s = c.stat(any_path(path)).with_context(|| any_path(path).to_string())?;
+    let p = any_path(path);
+    let s = if dereference { c.stat(p) } else { c.lstat(p) }.with_context(|| p.to_string())?;
     println!("  path: {path}");
     println!("handle: {}", s.handle);
     println!("  kind: {:?}", s.attr.kind);
+    if s.attr.kind == FileKind::Symlink {
+        println!("target: {}", c.readlink_handle(s.handle).with_context(|| p.to_string())?);
+    }
     println!("  mode: {:04o}  uid {}  gid {}  nlink {}", s.attr.mode, s.attr.uid, s.attr.gid, s.attr.nlink);
     println!("  size: {}", s.attr.size);
     println!(
@@ -310,12 +327,32 @@ pub fn stat(cluster: Option<PathBuf>, path: &str) -> Result<()> {
     Ok(())
 }
 
-/// `stripefs rm`.
+/// `stripefs ln -s`.
+pub fn ln(cluster: Option<PathBuf>, symbolic: bool, target: &str, link: &str) -> Result<()> {
+    if !symbolic {
+        bail!("{link}: stripefs has no hard links (as PVFS); use ln -s for a symbolic link");
+    }
+    let c = client(cluster)?;
+    let link = any_path(link);
+    c.symlink(target, link).with_context(|| link.to_string())?;
+    Ok(())
+}
+
+/// `stripefs readlink`.
+pub fn readlink(cluster: Option<PathBuf>, path: &str) -> Result<()> {
+    let c = client(cluster)?;
+    let p = any_path(path);
+    println!("{}", c.readlink(p).with_context(|| p.to_string())?);
+    Ok(())
+}
+
+/// `stripefs rm`: a symbolic link is removed itself, never followed (`rm -r` of a link to a
+/// directory leaves the directory alone).
 pub fn rm(cluster: Option<PathBuf>, recursive: bool, paths: &[String]) -> Result<()> {
     let c = client(cluster)?;
     for p in paths {
         let p = any_path(p);
-        let st = c.stat(p).with_context(|| p.to_string())?;
+        let st = c.lstat(p).with_context(|| p.to_string())?;
         if recursive && st.attr.kind == FileKind::Dir {
             if st.handle == Handle::ROOT {
                 bail!("{p}: refusing to remove the root");
@@ -324,7 +361,7 @@ pub fn rm(cluster: Option<PathBuf>, recursive: bool, paths: &[String]) -> Result
         }
         match st.attr.kind {
             FileKind::Dir => c.rmdir(p),
-            FileKind::File => c.unlink(p),
+            FileKind::File | FileKind::Symlink => c.unlink(p),
         }
         .with_context(|| p.to_string())?;
     }
@@ -362,7 +399,7 @@ fn remove_below(c: &Client, dir: Handle, path: &str) -> Result<()> {
                 FileKind::Dir => {
                     stack.push(Todo { dir: e.handle, path: child, entry: Some((dir, name)), emptied: false })
                 }
-                FileKind::File => c.unlink_in(dir, &name).with_context(|| child)?,
+                FileKind::File | FileKind::Symlink => c.unlink_in(dir, &name).with_context(|| child)?,
             }
         }
     }

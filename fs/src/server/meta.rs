@@ -4,7 +4,7 @@
 //! * **create**: the store records a *pending* entry; `CreateObject` goes to every server of the
 //!   layout at once; if all succeed the entry is committed and the client gets its capability,
 //!   otherwise the objects that were made are removed and the create is aborted.
-//! * **unlink / rename over a file**: the store moves the file to its orphan table in the same
+//! * **unlink / rename over a file** (a symbolic link has no objects; only its record goes): the store moves the file to its orphan table in the same
 //!   transaction that removes the name; `RemoveObject` goes to every server; when all are gone
 //!   (or already missing) the orphan is forgotten, otherwise a janitor thread retries.
 //! * **truncate** (`Setattr` with a size): the store records the size; each server gets
@@ -218,7 +218,9 @@ impl Shared {
                 .map(|(handle, attr)| MetaReply::Entry { handle, attr }),
             MetaRequest::Rmdir { parent, name } => s.rmdir(parent, &name).map(|()| MetaReply::Done),
             MetaRequest::Unlink { parent, name } => s.unlink(parent, &name).map(|objs| {
-                self.remove_objects(objs);
+                if let Some(objs) = objs {
+                    self.remove_objects(objs);
+                }
                 MetaReply::Done
             }),
             MetaRequest::Rename { src_parent, src_name, dst_parent, dst_name } => {
@@ -239,6 +241,13 @@ impl Shared {
                 s.getstripe(handle).map(|st| MetaReply::Stripe { layout: st.layout, default: st.default })
             }
             MetaRequest::SetStripe { dir, spec } => s.setstripe(dir, spec).map(|()| MetaReply::Done),
+            MetaRequest::Symlink { parent, name, target, uid, gid } => s
+                .symlink(parent, &name, &target, Perm { mode: 0o777, uid, gid })
+                .map(|(handle, attr)| MetaReply::Entry { handle, attr }),
+            MetaRequest::Readlink { handle } => s.readlink(handle).and_then(|t| {
+                // Stored targets passed the same bound on the way in.
+                Ok(MetaReply::Link(proto::LinkTarget::new(t).map_err(|_| MetaError::Corrupt(handle.0))?))
+            }),
         };
         r.unwrap_or_else(meta_err)
     }
