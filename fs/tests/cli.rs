@@ -130,6 +130,49 @@ fn client_commands() {
 }
 
 #[test]
+fn symbolic_link_commands() {
+    let tc = TestCluster::start("tcp", 2);
+    let cl = tc.cluster.config_path().to_owned();
+    let src = tc.dir.path().join("in.bin");
+    std::fs::write(&src, pattern(300_000, 2)).unwrap();
+    ok(&cl, &["mkdir", "-p", "sfs:/d/e"]);
+    ok(&cl, &["cp", src.to_str().unwrap(), "sfs:/d/e/f"]);
+    ok(&cl, &["ln", "-s", "e/f", "sfs:/d/lf"]);
+    ok(&cl, &["ln", "-s", "/d/e", "sfs:/le"]);
+    assert_eq!(ok(&cl, &["readlink", "sfs:/d/lf"]), "e/f\n");
+    // ls -l shows a link as a link, with its target; ls of a link to a directory lists it.
+    let long = ok(&cl, &["ls", "-l", "sfs:/d"]);
+    let row = long.lines().find(|l| l.contains("lf")).unwrap();
+    assert!(row.starts_with("lrwxrwxrwx ") && row.ends_with(" 3 lf -> e/f"), "{long}");
+    assert!(ok(&cl, &["ls", "-l", "sfs:/d/lf"]).starts_with("lrwxrwxrwx "));
+    assert_eq!(ok(&cl, &["ls", "sfs:/le"]), "f\n");
+    // stat shows the link and its target; -L what it points at.
+    let st = ok(&cl, &["stat", "sfs:/d/lf"]);
+    assert!(st.contains("kind: Symlink") && st.contains("target: e/f") && st.contains("size: 3"), "{st}");
+    assert!(ok(&cl, &["stat", "-L", "sfs:/d/lf"]).contains("size: 300000"));
+    // cp reads through a link and writes through a link to a directory.
+    let back = tc.dir.path().join("out.bin");
+    ok(&cl, &["cp", "sfs:/d/lf", back.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&src).unwrap());
+    ok(&cl, &["cp", src.to_str().unwrap(), "sfs:/le/g"]);
+    assert_eq!(ok(&cl, &["ls", "sfs:/d/e"]), "f\ng\n");
+    // No hard links; a failure names the path.
+    let err = |args: &[&str]| {
+        let out = sfs(&cl, args);
+        assert!(!out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(err(&["ln", "sfs:/d/e/f", "sfs:/hard"]).contains("no hard links"));
+    assert!(err(&["ln", "-s", "x", "sfs:/d/lf"]).starts_with("stripefs: /d/lf: EEXIST"));
+    assert!(err(&["readlink", "sfs:/d/e/f"]).starts_with("stripefs: /d/e/f: EINVAL"));
+    // rm and rm -r remove a link, never what it points at.
+    ok(&cl, &["rm", "-r", "sfs:/le"]);
+    ok(&cl, &["rm", "sfs:/d/lf"]);
+    assert_eq!(ok(&cl, &["ls", "sfs:/"]), "d\n");
+    assert_eq!(ok(&cl, &["ls", "sfs:/d/e"]), "f\ng\n");
+}
+
+#[test]
 fn serve_runs_a_local_cluster_from_flags() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");

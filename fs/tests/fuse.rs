@@ -1,5 +1,5 @@
-//! The FUSE mount, used through ordinary tools: `cp` a file in, `cmp` it back, `ls`, `rm`,
-//! unmount. Needs /dev/fuse (skipped with a printed reason where it is missing).
+//! The FUSE mount, used through ordinary tools: `cp` a file in, `cmp` it back, `ls`, `ln -s`,
+//! `rm`, unmount. Needs /dev/fuse (skipped with a printed reason where it is missing).
 #![cfg(feature = "fuse")]
 
 mod common;
@@ -88,6 +88,20 @@ fn mount_cp_cmp_ls_rm_umount() {
     run(Command::new("mv").arg(&inside).arg(mnt.join("d/moved.bin")));
     run(Command::new("truncate").arg("-s").arg("1000").arg(mnt.join("d/moved.bin")));
     assert_eq!(std::fs::metadata(mnt.join("d/moved.bin")).unwrap().len(), 1000);
+    // Symbolic links: made with ln -s, read back by the kernel and the library, followed by
+    // cat (relative and through a linked directory), removed with rm; hard links refused.
+    run(Command::new("ln").arg("-s").arg("moved.bin").arg(mnt.join("d/link")));
+    run(Command::new("ln").arg("-s").arg("d").arg(mnt.join("dl")));
+    assert_eq!(std::fs::read_link(mnt.join("d/link")).unwrap(), Path::new("moved.bin"));
+    assert!(std::fs::symlink_metadata(mnt.join("dl")).unwrap().file_type().is_symlink());
+    assert_eq!(c.readlink("/d/link").unwrap(), "moved.bin");
+    let cat = run(Command::new("cat").arg(mnt.join("dl/link")));
+    assert_eq!(cat.stdout, &pattern(3 * 1024 * 1024 + 4321, 9)[..1000]);
+    let ls = run(Command::new("ls").arg("-l").arg(mnt.join("d")));
+    assert!(String::from_utf8_lossy(&ls.stdout).contains("link -> moved.bin"), "{ls:?}");
+    let hard = Command::new("ln").arg(mnt.join("d/moved.bin")).arg(mnt.join("hard")).output().unwrap();
+    assert!(!hard.status.success() && !mnt.join("hard").exists());
+    run(Command::new("rm").arg(mnt.join("dl")).arg(mnt.join("d/link")));
     run(Command::new("rm").arg(mnt.join("d/moved.bin")));
     run(Command::new("rmdir").arg(mnt.join("d")));
     assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0);
