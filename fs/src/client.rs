@@ -26,12 +26,12 @@ use crate::layout::{Extent, Layout, ListIo, ServerPieces, View};
 use crate::net::{FsError, FsResult, TAG_IO, TAG_META};
 use crate::proto::{
     self, Attr, Descriptor, DirEntry, Envelope, FileKind, FsStats, Handle, IoReply, IoRequest, LayoutSpec,
-    MetaReply, MetaRequest, Name, ProtoError, SetAttr,
+    MetaReply, MetaRequest, Name, ProtoError, SetAttr, Timestamp,
 };
 use bytes::{Bytes, BytesMut};
 use ionet::{Completion, Endpoint, OpBuf, OpId, Payload, PeerId, RecvBuf, SendBuf, ServiceLevel, WaitMode};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::debug;
@@ -409,6 +409,7 @@ impl Client {
                     rights,
                     cap: Mutex::new(cap),
                     view: Mutex::new(None),
+                    written: AtomicBool::new(false),
                 })
             }
             r => Self::unexpected(r),
@@ -751,6 +752,12 @@ impl ErrorOf for IoReply {
 }
 
 /// An open file: handle, layout, capability, and an optional view.
+///
+/// Data goes straight to the io servers, which keep no times; the file's modification time is
+/// the meta server's. A `File` that wrote records the time on the meta server at its next
+/// [`File::sync`] or [`File::record_mtime`] (the FUSE mount calls it when a written file is
+/// closed, as NFS clients do), so `stat` shows the write without a meta server round trip per
+/// write.
 #[derive(Debug)]
 pub struct File {
     client: Client,
@@ -760,6 +767,8 @@ pub struct File {
     rights: Rights,
     cap: Mutex<Capability>,
     view: Mutex<Option<View>>,
+    /// Written since the modification time was last recorded.
+    written: AtomicBool,
 }
 
 impl File {
@@ -832,13 +841,28 @@ impl File {
         Ok(self.layout.logical_size(&self.local_sizes()?))
     }
 
-    /// Makes everything written so far durable on every server (fsync).
+    /// Makes everything written so far durable on every server (fsync), and records the
+    /// writes' modification time ([`File::record_mtime`]).
     pub fn sync(&self) -> FsResult<()> {
         self.with_cap(|cap| {
             let reqs = (0..self.layout.pcount)
                 .map(|p| (self.server(p), IoRequest::Sync { cap: cap.clone() }))
                 .collect();
             self.client.io_small(reqs).into_iter().try_for_each(|r| r.map(|_| ()))
+        })?;
+        self.record_mtime()
+    }
+
+    /// If this `File` wrote since the last call, sets the file's modification (and change)
+    /// time on the meta server to now; otherwise does nothing.
+    pub fn record_mtime(&self) -> FsResult<()> {
+        if !self.written.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let set = SetAttr { mtime: Some(Timestamp::now()), ..Default::default() };
+        self.client.setattr(self.handle, set).map(|_| ()).inspect_err(|_| {
+            // Still unrecorded: the next call tries again.
+            self.written.store(true, Ordering::Release);
         })
     }
 
@@ -905,6 +929,8 @@ impl File {
 
     /// Writes every batch's segments of `data`, all servers at once.
     fn write_batches(&self, batches: &[Batch], data: &Bytes) -> FsResult<u64> {
+        // Before anything is sent: a write that fails part way may still have changed bytes.
+        self.written.store(true, Ordering::Release);
         self.with_cap(|cap| {
             let c = &self.client;
             let posted: Vec<FsResult<(OpId, u64, u64)>> = batches

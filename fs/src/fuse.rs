@@ -269,16 +269,15 @@ impl Filesystem for StripeFuse {
         }
     }
 
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lo: fuser::LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        // No client-side data to flush: every write already reached the io servers.
-        reply.ok();
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lo: fuser::LockOwner, reply: ReplyEmpty) {
+        // No client-side data to flush (every write already reached the io servers), but the
+        // writes' modification time goes to the meta server now: `close` waits for a flush, so
+        // a `utimes` after it (tar, cp -p, rsync -t) comes later and wins.
+        let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
+        match f.record_mtime() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn release(

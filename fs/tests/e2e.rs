@@ -9,7 +9,7 @@ use common::{TestCluster, pattern};
 use std::time::Duration;
 use stripefs::capability::Rights;
 use stripefs::layout::Extent;
-use stripefs::proto::{FileKind, Handle, LayoutSpec, ServerStats};
+use stripefs::proto::{FileKind, Handle, LayoutSpec, ServerStats, SetAttr, Timestamp};
 use stripefs::{CreateOptions, Errno, FsError};
 
 fn code<T: std::fmt::Debug>(r: Result<T, FsError>) -> Errno {
@@ -179,6 +179,38 @@ pub fn sparse_files_and_holes(scheme: &str) {
 
 /// `read_into` lands each read in a buffer the client keeps between calls: a later read of
 /// holes and of bytes past the end must not show what an earlier read left there.
+pub fn a_writers_sync_records_the_modification_time(scheme: &str) {
+    let tc = TestCluster::start(scheme, 2);
+    let c = tc.client();
+    let f = c.create("/f", CreateOptions::default()).unwrap();
+    let created = c.stat("/f").unwrap().attr.mtime;
+    let past = Timestamp { secs: 1_000_000, nsecs: 7 };
+    let set_past = || c.setattr(f.handle(), SetAttr { mtime: Some(past), ..Default::default() }).unwrap();
+    set_past();
+    // Nothing written: sync and record_mtime leave an explicit time alone.
+    f.sync().unwrap();
+    f.record_mtime().unwrap();
+    assert_eq!(c.stat("/f").unwrap().attr.mtime, past);
+    // Written: not at each write, but at the writer's sync or record_mtime, then once.
+    f.write_at(0, &Bytes::from_static(b"data")).unwrap();
+    assert_eq!(c.stat("/f").unwrap().attr.mtime, past);
+    f.sync().unwrap();
+    let synced = c.stat("/f").unwrap().attr;
+    assert!(synced.mtime > created && synced.ctime >= synced.mtime, "{synced:?}");
+    set_past();
+    f.record_mtime().unwrap();
+    assert_eq!(c.stat("/f").unwrap().attr.mtime, past, "recorded once per batch of writes");
+    f.write_list(&[Extent::new(0, 2)], &[Extent::new(100, 2)], &Bytes::from_static(b"xy")).unwrap();
+    f.record_mtime().unwrap();
+    assert!(c.stat("/f").unwrap().attr.mtime > synced.mtime);
+    // A reader never changes it.
+    set_past();
+    let r = c.open("/f", Rights::READ).unwrap();
+    read_all(&r, 0, 10);
+    r.record_mtime().unwrap();
+    assert_eq!(c.stat("/f").unwrap().attr.mtime, past);
+}
+
 pub fn read_into_shows_no_earlier_bytes(scheme: &str) {
     let tc = TestCluster::start(scheme, 3);
     let c = tc.client();
@@ -971,6 +1003,7 @@ macro_rules! transports {
             #[test] fn namespace_and_data() { super::namespace_and_data(S) }
             #[test] fn sparse_files_and_holes() { super::sparse_files_and_holes(S) }
             #[test] fn symbolic_links() { super::symbolic_links(S) }
+            #[test] fn a_writers_sync_records_the_modification_time() { super::a_writers_sync_records_the_modification_time(S) }
             #[test] fn read_into_shows_no_earlier_bytes() { super::read_into_shows_no_earlier_bytes(S) }
             #[test] fn list_io_matches_contiguous() { super::list_io_matches_contiguous(S) }
             #[test] fn eight_clients_interleaved_strided() { super::eight_clients_interleaved_strided(S) }

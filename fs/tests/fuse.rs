@@ -83,6 +83,20 @@ fn mount_cp_cmp_ls_rm_umount() {
     assert!(vfs.blocks() > 0 && vfs.blocks_available() <= vfs.blocks_free(), "{vfs:?}");
     assert_eq!(vfs.files(), 2, "the root and copy.bin");
     assert_eq!(c.stat("/copy.bin").unwrap().attr.size, 3 * 1024 * 1024 + 4321);
+    // Modification times: set by touch -d, kept by cp -p, and a write through the mount is
+    // recorded when the file is closed.
+    let year = |p: &Path| {
+        let m = std::fs::metadata(p).unwrap().modified().unwrap();
+        1970 + m.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / 31_556_952
+    };
+    run(Command::new("touch").arg("-d").arg("2001-02-03 04:05:06").arg(&inside));
+    assert_eq!(year(&inside), 2001);
+    run(Command::new("sh").arg("-c").arg(format!("echo more >> '{}'", inside.display())));
+    assert!(year(&inside) >= 2026, "an append is a modification");
+    run(Command::new("touch").arg("-d").arg("2002-02-03 04:05:06").arg(&src));
+    run(Command::new("cp").arg("-p").arg(&src).arg(mnt.join("kept.bin")));
+    assert_eq!(year(&mnt.join("kept.bin")), 2002);
+    run(Command::new("rm").arg(mnt.join("kept.bin")));
     // Directories, rename and truncate through the kernel.
     run(Command::new("mkdir").arg(mnt.join("d")));
     run(Command::new("mv").arg(&inside).arg(mnt.join("d/moved.bin")));
