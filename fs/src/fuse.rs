@@ -31,7 +31,44 @@ const STATFS_BLOCK: u32 = 4096;
 pub struct StripeFuse {
     client: Client,
     files: Mutex<HashMap<u64, Arc<File>>>,
+    dirs: Listings<DirItem>,
     next_fh: AtomicU64,
+}
+
+/// One entry of a listing, `.` and `..` included.
+type DirItem = (u64, FileType, String);
+
+/// Open directories' listings. The kernel reads a directory in many calls, each from an
+/// offset; listing the whole directory again for each made reading a large one quadratic.
+#[derive(Debug)]
+struct Listings<T>(Mutex<HashMap<u64, Arc<Vec<T>>>>);
+
+impl<T> Listings<T> {
+    fn new() -> Self {
+        Listings(Mutex::new(HashMap::new()))
+    }
+
+    /// The listing of open directory `fh`: made by `list` at offset 0 (the first call, or a
+    /// rewind), kept for later offsets, so it is a snapshot of the directory as reading began.
+    fn get(&self, fh: u64, offset: u64, list: impl FnOnce() -> FsResult<Vec<T>>) -> FsResult<Arc<Vec<T>>> {
+        if offset != 0
+            && let Some(items) = lock(&self.0).get(&fh).cloned()
+        {
+            return Ok(items);
+        }
+        let items = Arc::new(list()?);
+        lock(&self.0).insert(fh, items.clone());
+        Ok(items)
+    }
+
+    /// Drops a closed directory's listing.
+    fn forget(&self, fh: u64) {
+        lock(&self.0).remove(&fh);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn errno(e: &FsError) -> fuser::Errno {
@@ -90,7 +127,12 @@ fn name(n: &OsStr) -> FsResult<&str> {
 impl StripeFuse {
     /// A file system serving `client`'s cluster.
     pub fn new(client: Client) -> Self {
-        StripeFuse { client, files: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1) }
+        StripeFuse {
+            client,
+            files: Mutex::new(HashMap::new()),
+            dirs: Listings::new(),
+            next_fh: AtomicU64::new(1),
+        }
     }
 
     fn attr(&self, h: Handle) -> FsResult<FileAttr> {
@@ -100,12 +142,23 @@ impl StripeFuse {
 
     fn remember(&self, f: File) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.files.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, Arc::new(f));
+        lock(&self.files).insert(fh, Arc::new(f));
         FileHandle(fh)
     }
 
     fn file(&self, fh: FileHandle) -> Option<Arc<File>> {
-        self.files.lock().unwrap_or_else(|p| p.into_inner()).get(&fh.0).cloned()
+        lock(&self.files).get(&fh.0).cloned()
+    }
+
+    /// The directory's entries, read from the meta server.
+    fn listing(&self, ino: INodeNo) -> FsResult<Vec<DirItem>> {
+        let entries = self.client.readdir_handle(Handle(ino.0))?;
+        let dots =
+            [(ino.0, FileType::Directory, ".".to_string()), (ino.0, FileType::Directory, "..".to_string())];
+        Ok(dots
+            .into_iter()
+            .chain(entries.into_iter().map(|e| (e.handle.0, file_type(e.kind), e.name.to_string())))
+            .collect())
     }
 
     fn entry(&self, r: FsResult<(Handle, Attr)>, reply: ReplyEntry) {
@@ -290,7 +343,7 @@ impl Filesystem for StripeFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.files.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh.0);
+        lock(&self.files).remove(&fh.0);
         reply.ok();
     }
 
@@ -302,22 +355,32 @@ impl Filesystem for StripeFuse {
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let h = Handle(ino.0);
-        let entries = match self.client.readdir_handle(h) {
-            Ok(e) => e,
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.opened(FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed)), FopenFlags::empty());
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let items = match self.dirs.get(fh.0, offset, || self.listing(ino)) {
+            Ok(items) => items,
             Err(e) => return reply.error(errno(&e)),
         };
-        let dots =
-            [(ino.0, FileType::Directory, ".".to_string()), (ino.0, FileType::Directory, "..".to_string())];
-        let all = dots
-            .into_iter()
-            .chain(entries.into_iter().map(|e| (e.handle.0, file_type(e.kind), e.name.to_string())));
-        for (i, (ino, kind, n)) in all.enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(ino), i as u64 + 1, kind, n) {
+        for (i, (ino, kind, n)) in items.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), i as u64 + 1, *kind, n) {
                 break;
             }
         }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.dirs.forget(fh.0);
         reply.ok();
     }
 
@@ -385,4 +448,34 @@ pub fn mount(client: Client, mountpoint: &Path, threads: usize) -> std::io::Resu
         }
     });
     session.run()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_directory_is_listed_once_per_pass() {
+        let l = Listings::new();
+        let calls = Cell::new(0);
+        let list = |v: u32| {
+            let calls = &calls;
+            move || {
+                calls.set(calls.get() + 1);
+                Ok(vec![v, v + 1])
+            }
+        };
+        assert_eq!(*l.get(7, 0, list(10)).unwrap(), [10, 11]);
+        assert_eq!(*l.get(7, 1, list(20)).unwrap(), [10, 11], "later offsets continue the snapshot");
+        assert_eq!(*l.get(7, 2, list(20)).unwrap(), [10, 11]);
+        assert_eq!(calls.get(), 1);
+        assert_eq!(*l.get(8, 1, list(30)).unwrap(), [30, 31], "another open directory has its own");
+        assert_eq!(*l.get(7, 0, list(40)).unwrap(), [40, 41], "a rewind lists again");
+        l.forget(7);
+        assert_eq!(*l.get(7, 1, list(50)).unwrap(), [50, 51], "a closed directory's listing is gone");
+        let failed: FsResult<Vec<u32>> = Err(FsError::code(crate::Errno::EIO, "down"));
+        assert!(l.get(9, 0, || failed).is_err());
+        assert_eq!(*l.get(7, 1, list(60)).unwrap(), [50, 51], "a failed listing leaves the others");
+    }
 }

@@ -97,6 +97,18 @@ fn mount_cp_cmp_ls_rm_umount() {
     run(Command::new("cp").arg("-p").arg(&src).arg(mnt.join("kept.bin")));
     assert_eq!(year(&mnt.join("kept.bin")), 2002);
     run(Command::new("rm").arg(mnt.join("kept.bin")));
+    // A directory larger than a meta server page and a kernel readdir buffer lists whole.
+    c.mkdir("/many", 0o755).unwrap();
+    let want: Vec<String> = (0..600).map(|i| format!("entry-with-a-longer-name-{i:04}")).collect();
+    for n in &want {
+        c.mkdir(&format!("/many/{n}"), 0o755).unwrap();
+    }
+    let ls = run(Command::new("ls").arg("-f").arg(mnt.join("many")));
+    let mut got: Vec<String> = String::from_utf8_lossy(&ls.stdout).lines().map(str::to_owned).collect();
+    got.sort();
+    assert_eq!(got[..2], [".", ".."]);
+    assert_eq!(got[2..], want[..]);
+    run(Command::new("rm").arg("-r").arg(mnt.join("many")));
     // Directories, rename and truncate through the kernel.
     run(Command::new("mkdir").arg(mnt.join("d")));
     run(Command::new("mv").arg(&inside).arg(mnt.join("d/moved.bin")));
