@@ -538,8 +538,9 @@ impl Client {
         path.split('/').filter(|c| !c.is_empty() && *c != ".").map(str::to_owned).collect()
     }
 
-    /// Walks `todo` from `stack`'s last directory, following symbolic links (the last
-    /// component's too when `follow_last`); returns the handle reached.
+    /// Walks the components `todo` from the root, following symbolic links (the last
+    /// component's too when `follow_last`); returns the handle reached. `stack` holds the
+    /// directories walked through, so `..` goes back the way the walk came.
     fn walk(&self, mut todo: VecDeque<String>, follow_last: bool) -> FsResult<Handle> {
         let mut stack = vec![Handle::ROOT];
         let mut follows = 0;
