@@ -82,9 +82,10 @@ pub struct ClientOptions {
     /// How long adaptive waits poll before sleeping (default: [`DEFAULT_RDMA_SPIN_BUDGET`]
     /// over softib and ib, the transport's default over tcp).
     pub spin_budget: Option<Duration>,
-    /// Owner of new files and directories.
+    /// Owner of new files, directories and links (default: this process's effective uid, as
+    /// a local file system would record).
     pub uid: u32,
-    /// Group of new files and directories.
+    /// Their group (default: this process's effective gid).
     pub gid: u32,
     /// The communication manager's table for this client's endpoint (default: the
     /// transport's, with `IONET_INLINE_MAX` / `IONET_FAST_MAX` applied); benchmarks force a
@@ -107,8 +108,8 @@ impl Default for ClientOptions {
             read_request_bytes: None,
             wait_mode: WaitMode::Adaptive,
             spin_budget: None,
-            uid: 0,
-            gid: 0,
+            uid: nix::unistd::geteuid().as_raw(),
+            gid: nix::unistd::getegid().as_raw(),
             policy: None,
             ib: None,
             tcp_congestion: crate::net::tcp_congestion(),

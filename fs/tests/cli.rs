@@ -172,6 +172,52 @@ fn symbolic_link_commands() {
     assert_eq!(ok(&cl, &["ls", "sfs:/d/e"]), "f\ng\n");
 }
 
+/// What a user creates is theirs: the client records its effective uid and gid.
+#[test]
+fn new_entries_belong_to_the_user_who_made_them() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: switching to another user needs root");
+        return;
+    }
+    let tc = TestCluster::start("tcp", 1);
+    let cl = tc.cluster.config_path().to_owned();
+    let src = tc.dir.path().join("in.bin");
+    std::fs::write(&src, b"mine").unwrap();
+    // The cluster file and the source must be readable by the other user.
+    for p in [tc.dir.path(), cl.parent().unwrap()] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    for p in [&cl, &src] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    }
+    // The cluster key stays private (0600), handed to that user.
+    let key = cl.parent().unwrap().join("cluster.key");
+    std::os::unix::fs::chown(&key, Some(4321), Some(8765)).unwrap();
+    let as_user = |args: &[&str]| {
+        let out = Command::new("setpriv")
+            .args([
+                "--reuid=4321",
+                "--regid=8765",
+                "--clear-groups",
+                env!("CARGO_BIN_EXE_stripefs"),
+                "--cluster",
+            ])
+            .arg(&cl)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    as_user(&["mkdir", "sfs:/d"]);
+    as_user(&["cp", src.to_str().unwrap(), "sfs:/d/f"]);
+    as_user(&["ln", "-s", "f", "sfs:/d/l"]);
+    let c = tc.client();
+    for p in ["/d", "/d/f", "/d/l"] {
+        let a = c.lstat(p).unwrap().attr;
+        assert_eq!((a.uid, a.gid), (4321, 8765), "{p}");
+    }
+}
+
 #[test]
 fn serve_runs_a_local_cluster_from_flags() {
     let dir = tempfile::tempdir().unwrap();
