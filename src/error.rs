@@ -86,7 +86,13 @@ pub enum Error {
     Closed,
     /// An operating-system error.
     #[error("I/O error: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
+}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Error::Io(e)
+    }
 }
 
 impl Error {
@@ -154,7 +160,7 @@ impl From<Error> for io::Error {
 pub enum ProtocolError {
     /// A frame failed to decode.
     #[error("malformed frame: {0}")]
-    Wire(#[from] WireError),
+    Wire(WireError),
     /// A frame arrived that is not valid in the current state (e.g. data for an unknown
     /// transfer, a second handshake).
     #[error("unexpected {what}")]
@@ -168,6 +174,12 @@ pub enum ProtocolError {
     /// The handshake was malformed or carried an incompatible version.
     #[error("bad handshake: {0}")]
     Handshake(String),
+}
+
+impl From<WireError> for ProtocolError {
+    fn from(e: WireError) -> Self {
+        ProtocolError::Wire(e)
+    }
 }
 
 /// Why a one-sided access was refused by its target.
@@ -203,5 +215,24 @@ impl AccessError {
             3 => AccessError::NoPermission,
             _ => return None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn an_error_says_its_cause_once() {
+        // The cause is in the message and not handed on as `source()` as well, so a chain
+        // reporter (anyhow's `{:#}`) does not print it twice.
+        let e = Error::from(io::Error::from_raw_os_error(libc::ENOENT));
+        assert_eq!(e.to_string(), "I/O error: No such file or directory (os error 2)");
+        assert!(e.source().is_none());
+        let w = WireError::UnknownKind(200);
+        let p = ProtocolError::from(w.clone());
+        assert_eq!(p.to_string(), format!("malformed frame: {w}"));
+        assert!(p.source().is_none());
     }
 }

@@ -74,13 +74,12 @@ impl LocalClusterOptions {
 #[non_exhaustive]
 pub enum ClusterError {
     /// Spawning or talking to a child failed.
-    #[error("{what}: {source}")]
+    #[error("{what}: {error}")]
     Io {
         /// What was being done.
         what: String,
         /// The OS error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A server exited or printed something else instead of its address.
     #[error("{what} did not start: {detail}")]
@@ -97,7 +96,7 @@ pub enum ClusterError {
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClusterError {
     let what = what.into();
-    move |source| ClusterError::Io { what, source }
+    move |error| ClusterError::Io { what, error }
 }
 
 /// One running server process.

@@ -55,13 +55,12 @@ const MAX_KEY_FILE_BYTES: u64 = 4096;
 #[non_exhaustive]
 pub enum ConfigError {
     /// Reading a file failed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The OS error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Over [`MAX_CONFIG_BYTES`] (or a key file over its limit).
     #[error("{what} is larger than {max} bytes")]
@@ -75,13 +74,12 @@ pub enum ConfigError {
     #[error("cluster file: {0}")]
     Toml(String),
     /// An address that does not parse.
-    #[error("{field}: {source}")]
+    #[error("{field}: {error}")]
     Address {
         /// Which setting.
         field: String,
         /// Why.
-        #[source]
-        source: AddrError,
+        error: AddrError,
     },
     /// An address whose scheme differs from the transport.
     #[error("{field}: address {addr} does not use transport {transport}")]
@@ -199,8 +197,7 @@ fn parse_scheme(s: &str) -> Result<Scheme, ConfigError> {
 
 fn parse_addr(field: String, s: &str, transport: Scheme) -> Result<Address, ConfigError> {
     let full = if s.contains("://") { s.to_owned() } else { format!("{transport}://{s}") };
-    let addr: Address =
-        full.parse().map_err(|source| ConfigError::Address { field: field.clone(), source })?;
+    let addr: Address = full.parse().map_err(|error| ConfigError::Address { field: field.clone(), error })?;
     if addr.scheme() != transport {
         return Err(ConfigError::SchemeMismatch { field, addr: s.to_owned(), transport });
     }
@@ -377,7 +374,7 @@ impl ClusterConfig {
 }
 
 fn read_bounded(path: &Path, max: u64, what: &'static str) -> Result<Vec<u8>, ConfigError> {
-    let io = |source| ConfigError::Io { path: path.to_owned(), source };
+    let io = |error| ConfigError::Io { path: path.to_owned(), error };
     let f = std::fs::File::open(path).map_err(io)?;
     let mut buf = Vec::new();
     f.take(max + 1).read_to_end(&mut buf).map_err(io)?;

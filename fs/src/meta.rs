@@ -120,10 +120,10 @@ pub enum MetaError {
     NotEmpty,
     /// The name breaks the rules.
     #[error("invalid name: {0}")]
-    Name(#[from] NameError),
+    Name(NameError),
     /// A bad layout request.
     #[error("invalid layout: {0}")]
-    Layout(#[from] LayoutError),
+    Layout(LayoutError),
     /// Another invalid argument (e.g. moving a directory into itself).
     #[error("invalid argument: {0}")]
     Invalid(&'static str),
@@ -148,6 +148,18 @@ pub enum MetaError {
     /// The store failed (boxed: redb's error is large and this path is cold).
     #[error("metadata store: {0}")]
     Store(Box<redb::Error>),
+}
+
+impl From<NameError> for MetaError {
+    fn from(e: NameError) -> Self {
+        MetaError::Name(e)
+    }
+}
+
+impl From<LayoutError> for MetaError {
+    fn from(e: LayoutError) -> Self {
+        MetaError::Layout(e)
+    }
 }
 
 impl MetaError {

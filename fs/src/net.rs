@@ -89,10 +89,10 @@ pub enum FsError {
     },
     /// The transport failed: peer lost, timeout, authentication, ….
     #[error("transport: {0}")]
-    Net(#[from] ionet::Error),
+    Net(ionet::Error),
     /// A peer sent a message that does not decode, or we could not encode ours.
     #[error("protocol: {0}")]
-    Proto(#[from] ProtoError),
+    Proto(ProtoError),
     /// A reply that does not answer the request (wrong kind or id).
     #[error("unexpected reply: {0}")]
     UnexpectedReply(String),
@@ -108,6 +108,18 @@ pub enum FsError {
     /// A local OS error.
     #[error(transparent)]
     Io(#[from] io::Error),
+}
+
+impl From<ionet::Error> for FsError {
+    fn from(e: ionet::Error) -> Self {
+        FsError::Net(e)
+    }
+}
+
+impl From<ProtoError> for FsError {
+    fn from(e: ProtoError) -> Self {
+        FsError::Proto(e)
+    }
 }
 
 impl From<DecodeError> for FsError {
@@ -190,6 +202,52 @@ pub fn random_bytes(n: usize) -> io::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error with its `source()` chain, as `anyhow`'s `{:#}` prints it.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut s = e.to_string();
+        let mut next = e.source();
+        while let Some(c) = next {
+            s = format!("{s}: {c}");
+            next = c.source();
+        }
+        s
+    }
+
+    #[test]
+    fn an_error_chain_says_each_cause_once() {
+        let refused = || io::Error::from_raw_os_error(libc::ECONNREFUSED);
+        let cases: Vec<(Box<dyn std::error::Error>, &str)> = vec![
+            (
+                Box::new(FsError::Net(ionet::Error::from(refused()))),
+                "transport: I/O error: Connection refused (os error 111)",
+            ),
+            (Box::new(FsError::from(ProtoError::Malformed("x".into()))), "protocol: malformed body: x"),
+            (
+                Box::new(crate::server::ServerError::from(ionet::Error::from(refused()))),
+                "transport: I/O error: Connection refused (os error 111)",
+            ),
+            (
+                Box::new(crate::store::StoreError::Io {
+                    op: "write",
+                    handle: crate::proto::Handle(2),
+                    error: refused(),
+                }),
+                "write 0x2: Connection refused (os error 111)",
+            ),
+            (
+                Box::new(crate::meta::MetaError::from(crate::meta::NameError::Slash)),
+                "invalid name: name contains '/'",
+            ),
+            (
+                Box::new(crate::config::ConfigError::Io { path: "/c.toml".into(), error: refused() }),
+                "/c.toml: Connection refused (os error 111)",
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(chain(&*e), want);
+        }
+    }
 
     #[test]
     fn clients_use_reno_unless_the_environment_names_another_or_the_kernels() {

@@ -166,7 +166,6 @@ pub struct DecodeError {
     /// The request id from the header, if it could be read.
     pub id: Option<u64>,
     /// What went wrong.
-    #[source]
     pub error: ProtoError,
 }
 

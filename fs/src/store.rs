@@ -111,7 +111,7 @@ impl Object {
         let m = self.file.metadata().map_err(|source| StoreError::Io {
             op: "stat",
             handle: self.handle,
-            source,
+            error: source,
         })?;
         Ok(m.len())
     }
@@ -137,7 +137,7 @@ impl Object {
         let m = unsafe { ionet::FileMap::new(&self.file, len) }.map_err(|source| StoreError::Io {
             op: "mmap",
             handle: self.handle,
-            source,
+            error: source,
         })?;
         *slot = Some(m.clone());
         Ok(Some(m))
@@ -156,7 +156,7 @@ impl Object {
             off as i64,
             len as i64,
         );
-        r.map_err(|e| StoreError::Io { op: "fallocate", handle: self.handle, source: io::Error::from(e) })?;
+        r.map_err(|e| StoreError::Io { op: "fallocate", handle: self.handle, error: io::Error::from(e) })?;
         insert_extent(&mut lock(&self.allocated), off, end);
         Ok(())
     }
@@ -167,7 +167,7 @@ impl Object {
         self.file.set_len(size).map_err(|source| StoreError::Io {
             op: "truncate",
             handle: self.handle,
-            source,
+            error: source,
         })?;
         // Drop the mapping too (no region is alive under the exclusive gate): an InfiniBand
         // endpoint keeps registrations of mapped pages cached across requests, and a device's
@@ -216,15 +216,14 @@ pub enum StoreError {
     #[error("offset beyond the largest object size")]
     TooLarge,
     /// The OS refused.
-    #[error("{op} {handle}: {source}")]
+    #[error("{op} {handle}: {error}")]
     Io {
         /// What was being done.
         op: &'static str,
         /// On which object.
         handle: Handle,
         /// The OS error.
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
 }
 
@@ -234,7 +233,7 @@ impl StoreError {
         match self {
             StoreError::NotFound(_) => Errno::ENOENT,
             StoreError::TooLarge => Errno::EFBIG,
-            StoreError::Io { source, .. } => Errno::from_io(source),
+            StoreError::Io { error, .. } => Errno::from_io(error),
         }
     }
 }
@@ -394,7 +393,7 @@ impl ObjectStore {
         let f = match OpenOptions::new().read(true).write(true).open(self.path_of(h)) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::NotFound(h)),
-            Err(source) => return Err(StoreError::Io { op: "open", handle: h, source }),
+            Err(source) => return Err(StoreError::Io { op: "open", handle: h, error: source }),
         };
         let mut c = self.cache();
         // Another thread may have opened it meanwhile: share theirs.
@@ -410,7 +409,7 @@ impl ObjectStore {
     /// new subdirectories are fsynced. Idempotent, so the meta server can retry; returns whether
     /// the object is new.
     pub fn create(&self, h: Handle) -> Result<bool, StoreError> {
-        let io = |op| move |source| StoreError::Io { op, handle: h, source };
+        let io = |op| move |source| StoreError::Io { op, handle: h, error: source };
         let path = self.path_of(h);
         let leaf = path.parent().unwrap_or(&self.root);
         let mid = leaf.parent().unwrap_or(&self.root);
@@ -462,10 +461,10 @@ impl ObjectStore {
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::NotFound(h)),
-            Err(source) => return Err(StoreError::Io { op: "remove", handle: h, source }),
+            Err(source) => return Err(StoreError::Io { op: "remove", handle: h, error: source }),
         }
         if let Some(dir) = path.parent() {
-            fsync_dir(dir).map_err(|source| StoreError::Io { op: "fsync dir", handle: h, source })?;
+            fsync_dir(dir).map_err(|source| StoreError::Io { op: "fsync dir", handle: h, error: source })?;
         }
         debug!(handle = %h, "object removed");
         Ok(())
@@ -486,7 +485,11 @@ impl ObjectStore {
 
     /// fsync: data and metadata of `h` reach the disk.
     pub fn sync(&self, h: Handle) -> Result<(), StoreError> {
-        self.object(h)?.file.sync_all().map_err(|source| StoreError::Io { op: "fsync", handle: h, source })
+        self.object(h)?.file.sync_all().map_err(|source| StoreError::Io {
+            op: "fsync",
+            handle: h,
+            error: source,
+        })
     }
 
     /// Fills `buf` with the next `buf.len()` bytes of the stream (fewer only if the cursor runs
@@ -503,7 +506,11 @@ impl ObjectStore {
         while let Some(p) = cursor.next_piece((buf.len() - at) as u64) {
             // p.len <= buf.len() - at, so it fits in usize.
             let dst = &mut buf[at..at + p.len as usize];
-            read_full_at(f, dst, p.off).map_err(|source| StoreError::Io { op: "read", handle: h, source })?;
+            read_full_at(f, dst, p.off).map_err(|source| StoreError::Io {
+                op: "read",
+                handle: h,
+                error: source,
+            })?;
             at += dst.len();
         }
         Ok(at)
@@ -530,7 +537,7 @@ impl ObjectStore {
             let src = &data[at..at + p.len as usize];
             f.write_all_at(src, p.off).map_err(|source| {
                 warn!(handle = %h, off = p.off, len = p.len, error = %source, "write failed");
-                StoreError::Io { op: "write", handle: h, source }
+                StoreError::Io { op: "write", handle: h, error: source }
             })?;
             at += src.len();
         }
@@ -706,9 +713,9 @@ mod tests {
 
     #[test]
     fn enospc_maps_to_its_code() {
-        let e = StoreError::Io { op: "write", handle: H, source: io::Error::from_raw_os_error(libc::ENOSPC) };
+        let e = StoreError::Io { op: "write", handle: H, error: io::Error::from_raw_os_error(libc::ENOSPC) };
         assert_eq!(e.errno(), Errno::ENOSPC);
-        let e = StoreError::Io { op: "write", handle: H, source: io::Error::from_raw_os_error(libc::EIO) };
+        let e = StoreError::Io { op: "write", handle: H, error: io::Error::from_raw_os_error(libc::EIO) };
         assert_eq!(e.errno(), Errno::EIO);
     }
 

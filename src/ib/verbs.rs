@@ -138,7 +138,13 @@ pub enum VerbsError {
     Unsupported(String),
     /// An operating-system or driver error.
     #[error("verbs I/O error: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
+}
+
+impl From<io::Error> for VerbsError {
+    fn from(e: io::Error) -> Self {
+        VerbsError::Io(e)
+    }
 }
 
 impl From<VerbsError> for Error {
@@ -163,7 +169,6 @@ pub struct PostError {
     /// Index of the first work request that was not posted.
     pub index: usize,
     /// Why.
-    #[source]
     pub error: VerbsError,
 }
 

@@ -127,7 +127,7 @@ pub enum RegError {
     OutOfMemory,
     /// Any other failure (bad address, device error). Not retried.
     #[error("registration failed: {0}")]
-    Failed(#[source] Error),
+    Failed(Error),
 }
 
 /// The device side of the cache: something that can register and deregister memory.

@@ -29,24 +29,10 @@ pub fn load_cluster(arg: Option<PathBuf>) -> Result<ClusterConfig> {
     })
 }
 
-/// An error and its causes on one line, `outer: cause: …`, leaving out a cause whose text the
-/// message before it already contains (errors such as `protocol: {0}` print their source
-/// themselves, so `{:#}` would say it twice).
+/// An error and its contexts on one line, `outer: cause: …`. Each library error says its
+/// cause in its own message and does not hand it on as `source()`, so nothing is said twice.
 pub fn error_line(e: &anyhow::Error) -> String {
-    let mut line = String::new();
-    let mut last = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if !last.is_empty() && last.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-        last = text;
-    }
-    line
+    format!("{e:#}")
 }
 
 /// A stripefs path from `sfs:/x` or `/x`; `None` for anything else.

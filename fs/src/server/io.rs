@@ -529,8 +529,8 @@ impl Shared {
             match obj.allocate(p.off, p.len) {
                 Ok(()) => {}
                 // No fallocate here (a file system without it, or not a regular file).
-                Err(StoreError::Io { source, .. })
-                    if matches!(source.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENODEV)) =>
+                Err(StoreError::Io { error, .. })
+                    if matches!(error.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENODEV)) =>
                 {
                     return Mapped::Declined(Fallback::NoFallocate);
                 }

@@ -32,7 +32,7 @@ const POLL: Duration = Duration::from_millis(200);
 pub enum ServerError {
     /// The transport refused (bind failed, transport not available, …).
     #[error("transport: {0}")]
-    Net(#[from] ionet::Error),
+    Net(ionet::Error),
     /// The metadata store.
     #[error(transparent)]
     Meta(#[from] crate::meta::MetaError),
@@ -48,6 +48,12 @@ pub enum ServerError {
     /// A setting that does not make sense.
     #[error("invalid setting: {0}")]
     Invalid(String),
+}
+
+impl From<ionet::Error> for ServerError {
+    fn from(e: ionet::Error) -> Self {
+        ServerError::Net(e)
+    }
 }
 
 /// Encodes `body` as the reply to request `id` and sends it; an unencodable reply becomes an
