@@ -29,8 +29,8 @@ enum Cmd {
     Demo(cli::demo::DemoArgs),
     /// Run servers: one io server (--io I), the meta server (--meta), or a whole local cluster.
     Serve(cli::serve::ServeArgs),
-    /// Copy a file between the local file system and stripefs (sfs:/path), either way, or
-    /// within stripefs.
+    /// Copy a file (with -r, a directory tree) between the local file system and stripefs
+    /// (sfs:/path), either way, or within stripefs.
     Cp(cli::cmds::CpArgs),
     /// List a directory.
     Ls(cli::cmds::LsArgs),

@@ -172,6 +172,58 @@ fn symbolic_link_commands() {
     assert_eq!(ok(&cl, &["ls", "sfs:/d/e"]), "f\ng\n");
 }
 
+#[test]
+fn cp_r_copies_a_tree_both_ways_and_within() {
+    use std::os::unix::fs::symlink;
+    let tc = TestCluster::start("tcp", 2);
+    let cl = tc.cluster.config_path().to_owned();
+    // A local tree: files (one of several chunks), an empty directory, links to a file and a
+    // directory, and a dangling link.
+    let top = tc.dir.path().join("tree");
+    std::fs::create_dir_all(top.join("sub/empty")).unwrap();
+    std::fs::write(top.join("a.bin"), pattern(20_000_000, 5)).unwrap();
+    std::fs::write(top.join("sub/b.txt"), b"bee").unwrap();
+    symlink("a.bin", top.join("la")).unwrap();
+    symlink("sub", top.join("ls")).unwrap();
+    symlink("nowhere", top.join("dangling")).unwrap();
+    let t = top.to_str().unwrap();
+    let plain = sfs(&cl, &["cp", t, "sfs:/"]);
+    assert!(!plain.status.success() && String::from_utf8_lossy(&plain.stderr).contains("cp -r"));
+    // In, into an existing directory (keeping the name).
+    ok(&cl, &["cp", "-r", t, "sfs:/"]);
+    assert_eq!(ok(&cl, &["ls", "sfs:/tree"]), "a.bin\ndangling\nla\nls\nsub\n");
+    assert_eq!(ok(&cl, &["readlink", "sfs:/tree/la"]), "a.bin\n");
+    assert_eq!(ok(&cl, &["readlink", "sfs:/tree/dangling"]), "nowhere\n");
+    assert_eq!(ok(&cl, &["ls", "sfs:/tree/sub"]), "b.txt\nempty\n");
+    assert!(ok(&cl, &["stat", "sfs:/tree/la"]).contains("kind: Symlink"), "a link stays a link");
+    // Within stripefs, to a new name, then out again.
+    ok(&cl, &["cp", "-r", "sfs:/tree", "sfs:/copy"]);
+    let back = tc.dir.path().join("back");
+    ok(&cl, &["cp", "-r", "sfs:/copy", back.to_str().unwrap()]);
+    let same = |rel: &str| {
+        let (a, b) = (top.join(rel), back.join(rel));
+        let (ma, mb) = (std::fs::symlink_metadata(&a).unwrap(), std::fs::symlink_metadata(&b).unwrap());
+        assert_eq!(ma.file_type(), mb.file_type(), "{rel}");
+        if ma.file_type().is_symlink() {
+            assert_eq!(std::fs::read_link(&a).unwrap(), std::fs::read_link(&b).unwrap(), "{rel}");
+        } else if ma.is_file() {
+            assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(), "{rel}");
+        }
+    };
+    for rel in ["a.bin", "sub", "sub/b.txt", "sub/empty", "la", "ls", "dangling"] {
+        same(rel);
+    }
+    assert_eq!(std::fs::read_dir(&back).unwrap().count(), 5);
+    // Copying again into the same tree replaces the files' contents.
+    std::fs::write(top.join("sub/b.txt"), b"wasp").unwrap();
+    std::fs::remove_file(top.join("la")).unwrap();
+    std::fs::remove_file(top.join("ls")).unwrap();
+    std::fs::remove_file(top.join("dangling")).unwrap();
+    ok(&cl, &["cp", "-r", t, "sfs:/"]);
+    ok(&cl, &["cp", "sfs:/tree/sub/b.txt", back.join("b2").to_str().unwrap()]);
+    assert_eq!(std::fs::read(back.join("b2")).unwrap(), b"wasp");
+}
+
 /// What a user creates is theirs: the client records its effective uid and gid.
 #[test]
 fn new_entries_belong_to_the_user_who_made_them() {

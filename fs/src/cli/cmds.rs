@@ -33,6 +33,9 @@ pub struct CpArgs {
     /// Stripe count of a new stripefs file.
     #[arg(long)]
     stripe_count: Option<u32>,
+    /// Copy a directory and everything below it (links inside it as links).
+    #[arg(short, long)]
+    recursive: bool,
 }
 
 fn bar(len: u64) -> ProgressBar {
@@ -54,6 +57,120 @@ fn sfs_join(dir: &str, name: &str) -> String {
     format!("{}/{name}", dir.trim_end_matches('/'))
 }
 
+/// A path on either side of a copy: local, or in stripefs (`sfs:/…`).
+#[derive(Debug, Clone)]
+enum Loc {
+    Local(PathBuf),
+    Sfs(String),
+}
+
+/// What a copy finds at a path (a symbolic link itself, not what it points at).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Node {
+    File(u64),
+    Dir,
+    Link(String),
+}
+
+impl Loc {
+    fn parse(arg: &str) -> Loc {
+        match sfs_path(arg) {
+            Some(p) => Loc::Sfs(p.to_string()),
+            None => Loc::Local(PathBuf::from(arg)),
+        }
+    }
+
+    fn join(&self, name: &str) -> Loc {
+        match self {
+            Loc::Local(p) => Loc::Local(p.join(name)),
+            Loc::Sfs(p) => Loc::Sfs(sfs_join(p, name)),
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Loc::Local(p) => p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            Loc::Sfs(p) => base_name(p).to_string(),
+        }
+    }
+
+    fn show(&self) -> String {
+        match self {
+            Loc::Local(p) => p.display().to_string(),
+            Loc::Sfs(p) => p.clone(),
+        }
+    }
+
+    /// What is at this path, following a link in the last component when `follow`; `None`
+    /// when nothing is.
+    fn node(&self, c: &Client, follow: bool) -> Result<Option<Node>> {
+        match self {
+            Loc::Local(p) => {
+                let m = if follow { std::fs::metadata(p) } else { std::fs::symlink_metadata(p) };
+                let m = match m {
+                    Ok(m) => m,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(e).context(self.show()),
+                };
+                Ok(Some(if m.is_dir() {
+                    Node::Dir
+                } else if m.file_type().is_symlink() {
+                    let t = std::fs::read_link(p).with_context(|| self.show())?;
+                    let t =
+                        t.to_str().with_context(|| format!("{}: link target is not UTF-8", self.show()))?;
+                    Node::Link(t.to_string())
+                } else {
+                    Node::File(m.len())
+                }))
+            }
+            Loc::Sfs(p) => {
+                let st = match if follow { c.stat(p) } else { c.lstat(p) } {
+                    Ok(st) => st,
+                    Err(e) if e.errno() == Errno::ENOENT => return Ok(None),
+                    Err(e) => return Err(e).context(p.clone()),
+                };
+                Ok(Some(match st.attr.kind {
+                    FileKind::Dir => Node::Dir,
+                    FileKind::File => Node::File(st.attr.size),
+                    FileKind::Symlink => Node::Link(c.readlink_handle(st.handle).with_context(|| p.clone())?),
+                }))
+            }
+        }
+    }
+
+    /// The names in a directory, sorted.
+    fn list(&self, c: &Client) -> Result<Vec<String>> {
+        let mut names: Vec<String> = match self {
+            Loc::Local(p) => std::fs::read_dir(p)
+                .and_then(|rd| rd.map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned())).collect())
+                .with_context(|| self.show())?,
+            Loc::Sfs(p) => {
+                c.readdir(p).with_context(|| p.clone())?.into_iter().map(|e| e.name.into_string()).collect()
+            }
+        };
+        names.sort();
+        Ok(names)
+    }
+
+    /// Makes this directory; one already there is fine, as `cp -r` into an existing tree.
+    fn mkdir(&self, c: &Client) -> Result<()> {
+        if let Some(Node::Dir) = self.node(c, true)? {
+            return Ok(());
+        }
+        match self {
+            Loc::Local(p) => std::fs::create_dir(p).with_context(|| self.show()),
+            Loc::Sfs(p) => c.mkdir(p, 0o755).map(|_| ()).with_context(|| p.clone()),
+        }
+    }
+
+    fn symlink(&self, c: &Client, target: &str) -> Result<()> {
+        match self {
+            Loc::Local(p) => std::os::unix::fs::symlink(target, p).with_context(|| self.show()),
+            Loc::Sfs(p) => c.symlink(target, p).map(|_| ()).with_context(|| p.clone()),
+        }
+    }
+}
+
 /// Where `cp` reads from.
 enum Source {
     Local(std::fs::File),
@@ -61,19 +178,12 @@ enum Source {
 }
 
 impl Source {
-    /// Opens `arg` (a local path or `sfs:/…`); returns it with its size.
-    fn open(c: &Client, arg: &str) -> Result<(Source, u64)> {
-        if let Some(p) = sfs_path(arg) {
-            let f = c.open(p, Rights::READ).with_context(|| p.to_string())?;
-            let size = f.size().with_context(|| p.to_string())?;
-            return Ok((Source::Sfs(Box::new(f)), size));
-        }
-        let f = std::fs::File::open(arg).with_context(|| arg.to_string())?;
-        let meta = f.metadata().with_context(|| arg.to_string())?;
-        if meta.is_dir() {
-            bail!("{arg}: is a directory (cp copies one file)");
-        }
-        Ok((Source::Local(f), meta.len()))
+    /// Opens the file at `loc` (following links).
+    fn open(c: &Client, loc: &Loc) -> Result<Source> {
+        Ok(match loc {
+            Loc::Sfs(p) => Source::Sfs(Box::new(c.open(p, Rights::READ).with_context(|| p.clone())?)),
+            Loc::Local(p) => Source::Local(std::fs::File::open(p).with_context(|| loc.show())?),
+        })
     }
 
     /// Reads the next chunk at `off` (at most [`CP_CHUNK`] bytes) into `buf`; 0 at the end.
@@ -102,41 +212,28 @@ enum Sink {
 }
 
 impl Sink {
-    /// Creates (or truncates) `arg`; a directory there takes the source's base name. Refuses
-    /// to copy a stripefs file onto itself, which would truncate it first.
-    fn create(c: &Client, arg: &str, src: &str, spec: LayoutSpec) -> Result<(Sink, String)> {
-        let src_name = base_name(any_path(src));
-        let Some(dst) = sfs_path(arg) else {
-            let mut dst = PathBuf::from(arg);
-            if dst.is_dir() {
-                dst = dst.join(src_name);
-            }
-            let f = std::fs::File::create(&dst).with_context(|| dst.display().to_string())?;
-            return Ok((Sink::Local(f), dst.display().to_string()));
+    /// Creates (or truncates) the file at `dst`. Refuses to copy a stripefs file onto itself,
+    /// which would truncate it first.
+    fn create(c: &Client, dst: &Loc, src: &Loc, spec: LayoutSpec) -> Result<Sink> {
+        let dst = match dst {
+            Loc::Local(p) => return Ok(Sink::Local(std::fs::File::create(p).with_context(|| dst.show())?)),
+            Loc::Sfs(p) => p,
         };
-        let mut dst = dst.to_string();
-        let existing = match c.stat(&dst) {
-            Ok(st) if st.attr.kind == FileKind::Dir => {
-                dst = sfs_join(&dst, src_name);
-                c.stat(&dst).ok()
-            }
-            r => r.ok(),
-        };
-        if let (Some(st), Some(sp)) = (&existing, sfs_path(src))
-            && c.stat(sp).is_ok_and(|s| s.handle == st.handle)
+        if let (Ok(d), Loc::Sfs(sp)) = (c.stat(dst), src)
+            && c.stat(sp).is_ok_and(|s| s.handle == d.handle)
         {
             bail!("{sp} and {dst} are the same file");
         }
-        let f = match c.create(&dst, CreateOptions { mode: 0o644, layout: Some(spec) }) {
+        let f = match c.create(dst, CreateOptions { mode: 0o644, layout: Some(spec) }) {
             Ok(f) => f,
             Err(FsError::Remote { code: Errno::EEXIST, .. }) => {
-                let f = c.open(&dst, Rights::READ_WRITE).with_context(|| dst.clone())?;
+                let f = c.open(dst, Rights::READ_WRITE).with_context(|| dst.clone())?;
                 f.truncate(0).with_context(|| dst.clone())?;
                 f
             }
-            Err(e) => return Err(e).context(dst),
+            Err(e) => return Err(e).context(dst.clone()),
         };
-        Ok((Sink::Sfs(Box::new(f)), dst))
+        Ok(Sink::Sfs(Box::new(f)))
     }
 
     /// Writes `buf[..n]` at `off` and gives the buffer back for the next chunk.
@@ -167,30 +264,103 @@ impl Sink {
     }
 }
 
+/// One file's bytes from `src` to `dst` through `buf`, advancing `pb`.
+fn copy_file(
+    c: &Client,
+    src: &Loc,
+    size: u64,
+    dst: &Loc,
+    spec: LayoutSpec,
+    mut buf: BytesMut,
+    pb: &ProgressBar,
+) -> Result<BytesMut> {
+    let mut from = Source::open(c, src)?;
+    let mut sink = Sink::create(c, dst, src, spec)?;
+    let mut off = 0u64;
+    loop {
+        let (b, n) = from.read(off, size, buf).with_context(|| format!("reading {}", src.show()))?;
+        if n == 0 {
+            buf = b;
+            break;
+        }
+        buf = sink.write(off, b, n).with_context(|| format!("writing {}", dst.show()))?;
+        off += n as u64;
+        pb.inc(n as u64);
+    }
+    sink.sync().with_context(|| format!("syncing {}", dst.show()))?;
+    Ok(buf)
+}
+
+/// A source tree, parents before their entries: paths relative to its top, and what each is.
+fn walk_tree(c: &Client, top: &Loc) -> Result<Vec<(Vec<String>, Node)>> {
+    let mut out = Vec::new();
+    let mut todo = vec![Vec::<String>::new()];
+    while let Some(rel) = todo.pop() {
+        let dir = rel.iter().fold(top.clone(), |l, n| l.join(n));
+        for name in dir.list(c)? {
+            let at = dir.join(&name);
+            let node = at.node(c, false)?.with_context(|| format!("{}: removed while copying", at.show()))?;
+            let mut path = rel.clone();
+            path.push(name);
+            if node == Node::Dir {
+                todo.push(path.clone());
+            }
+            out.push((path, node));
+        }
+    }
+    // Sorted by path, every directory comes before what is in it.
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
 /// `stripefs cp`: local → stripefs, stripefs → local, or stripefs → stripefs, through one
-/// reused buffer of [`CP_CHUNK`] bytes.
+/// reused buffer of [`CP_CHUNK`] bytes. With `-r`, a directory and everything below it: links
+/// inside the tree are copied as links (links named on the command line are followed).
 pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
     if sfs_path(&a.src).is_none() && sfs_path(&a.dst).is_none() {
         bail!("one side of cp must be a stripefs path (sfs:/…)");
     }
     let c = client(cluster)?;
-    let (mut src, size) = Source::open(&c, &a.src)?;
+    let (src, mut dst) = (Loc::parse(&a.src), Loc::parse(&a.dst));
     let spec = LayoutSpec { base: None, pcount: a.stripe_count, ssize: a.stripe_size };
-    let (mut sink, dst) = Sink::create(&c, &a.dst, &a.src, spec)?;
-    let pb = bar(size);
-    let mut buf = stripefs::buf::aligned_zeroed(CP_CHUNK);
-    let mut off = 0u64;
-    loop {
-        let (b, n) = src.read(off, size, buf).with_context(|| format!("reading {}", any_path(&a.src)))?;
-        if n == 0 {
-            break;
-        }
-        buf = sink.write(off, b, n).with_context(|| format!("writing {dst}"))?;
-        off += n as u64;
-        pb.set_position(off);
+    let Some(top) = src.node(&c, true)? else {
+        let missing = match src {
+            Loc::Sfs(_) => Errno::ENOENT.to_string(),
+            Loc::Local(_) => std::io::Error::from_raw_os_error(libc::ENOENT).to_string(),
+        };
+        bail!("{}: {missing}", src.show());
+    };
+    // Into an existing directory: keep the source's name.
+    if let Some(Node::Dir) = dst.node(&c, true)? {
+        dst = dst.join(&src.name());
     }
-    sink.sync().with_context(|| format!("syncing {dst}"))?;
-    pb.finish_and_clear();
+    let buf = stripefs::buf::aligned_zeroed(CP_CHUNK);
+    match top {
+        Node::File(size) => {
+            let pb = bar(size);
+            copy_file(&c, &src, size, &dst, spec, buf, &pb)?;
+            pb.finish_and_clear();
+        }
+        Node::Dir if !a.recursive => bail!("{}: is a directory (cp -r copies a tree)", src.show()),
+        Node::Dir => {
+            let tree = walk_tree(&c, &src)?;
+            let total = tree.iter().map(|(_, n)| if let Node::File(s) = n { *s } else { 0 }).sum();
+            let pb = bar(total);
+            dst.mkdir(&c)?;
+            let mut buf = buf;
+            for (rel, node) in tree {
+                let (from, to) =
+                    rel.iter().fold((src.clone(), dst.clone()), |(f, t), n| (f.join(n), t.join(n)));
+                match node {
+                    Node::Dir => to.mkdir(&c)?,
+                    Node::Link(target) => to.symlink(&c, &target)?,
+                    Node::File(size) => buf = copy_file(&c, &from, size, &to, spec, buf, &pb)?,
+                }
+            }
+            pb.finish_and_clear();
+        }
+        Node::Link(_) => bail!("{}: a link that was not followed", src.show()),
+    }
     Ok(())
 }
 
