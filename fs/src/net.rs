@@ -38,25 +38,24 @@ pub fn endpoint_config(key: &[u8], wait_mode: WaitMode, progress_thread: bool) -
         .progress_thread(progress_thread)
 }
 
-/// Environment variable naming the congestion control of a stripefs client's TCP connections
-/// (what it sends: requests and the data of writes): unset or empty for
-/// [`DEFAULT_CLIENT_TCP_CONGESTION`], `system` for the kernel's, or a name the kernel knows.
-/// Servers always keep the kernel's.
+/// Environment variable naming the congestion control of stripefs's TCP connections, clients'
+/// and servers' alike: unset or empty for [`DEFAULT_TCP_CONGESTION`], `system` for the
+/// kernel's, or a name the kernel knows.
 pub const TCP_CONGESTION_ENV: &str = "STRIPEFS_TCP_CONGESTION";
 
-/// Congestion control of a client's TCP connections unless [`TCP_CONGESTION_ENV`] says
-/// otherwise: reno. A client sends bursts (a request and its payload to each of several io
-/// servers in turn); a pacing algorithm such as BBR, many kernels' default, spreads each burst
-/// at its estimate of the path's rate and can leave the client waiting on its own sockets. On
-/// this project's BBR machine reno made a client's writes up to 1.5× as fast, depending on the
-/// minute, and never slower; its reads, whose data comes on the servers' side of each
-/// connection (which keeps the kernel's), moved within the machine's noise (BENCHMARKS.md,
-/// E1, *Clients and reno*). Reno is built into every Linux kernel and allowed to every
-/// process; on a WAN with a large bandwidth-delay product set `system` or `cubic`.
-pub const DEFAULT_CLIENT_TCP_CONGESTION: &str = "reno";
+/// Congestion control of stripefs's TCP connections unless [`TCP_CONGESTION_ENV`] says
+/// otherwise: reno. Both ends send bursts (a client a request and its payload to each of
+/// several io servers in turn; an io server a read's data); a pacing algorithm such as BBR,
+/// many kernels' default, spreads each burst at its estimate of the path's rate and leaves the
+/// other end polling an empty socket. On this project's BBR machine reno made a client's
+/// writes up to 1.5× as fast, and on the io servers E1's reads 1.4× as fast (BENCHMARKS.md,
+/// E1, *Clients and reno* and *io servers on reno*). Reno is built into every Linux kernel and
+/// allowed to every process; on a WAN with a large bandwidth-delay product set `system` or
+/// `cubic`.
+pub const DEFAULT_TCP_CONGESTION: &str = "reno";
 
-/// The congestion control a client's connections ask for: [`TCP_CONGESTION_ENV`]'s, else
-/// [`DEFAULT_CLIENT_TCP_CONGESTION`]; `None` for the kernel's.
+/// The congestion control stripefs's connections ask for: [`TCP_CONGESTION_ENV`]'s, else
+/// [`DEFAULT_TCP_CONGESTION`]; `None` for the kernel's.
 pub fn tcp_congestion() -> Option<String> {
     congestion_from(std::env::var(TCP_CONGESTION_ENV).ok().as_deref())
 }
@@ -64,7 +63,7 @@ pub fn tcp_congestion() -> Option<String> {
 fn congestion_from(var: Option<&str>) -> Option<String> {
     match var.map(str::trim) {
         Some("system") => None,
-        Some("") | None => Some(DEFAULT_CLIENT_TCP_CONGESTION.to_string()),
+        Some("") | None => Some(DEFAULT_TCP_CONGESTION.to_string()),
         Some(name) => Some(name.to_string()),
     }
 }
@@ -250,14 +249,22 @@ mod tests {
     }
 
     #[test]
-    fn clients_use_reno_unless_the_environment_names_another_or_the_kernels() {
-        assert_eq!(congestion_from(None).as_deref(), Some("reno"), "the clients' default");
+    fn connections_use_reno_unless_the_environment_names_another_or_the_kernels() {
+        assert_eq!(congestion_from(None).as_deref(), Some("reno"), "the default");
         assert_eq!(congestion_from(Some("")).as_deref(), Some("reno"));
         assert_eq!(congestion_from(Some("system")), None, "the kernel's");
         assert_eq!(congestion_from(Some("reno")).as_deref(), Some("reno"));
         assert_eq!(congestion_from(Some(" cubic ")).as_deref(), Some("cubic"));
         let cfg = endpoint_config(b"key", WaitMode::Block, false);
-        assert_eq!(cfg.get_tcp_congestion(), None, "servers keep the kernel's");
+        assert_eq!(cfg.get_tcp_congestion(), None, "set by each kind of endpoint from its config");
+        let want = tcp_congestion();
+        let io = crate::server::io::IoServerConfig::new("tcp://127.0.0.1:0".parse().unwrap(), "/d", b"key");
+        assert_eq!(io.tcp_congestion, want, "io servers use the same as clients");
+        let cluster = crate::config::ClusterConfig::parse(
+            "meta = \"tcp://127.0.0.1:3000\"\nio_servers = [\"127.0.0.1:7000\"]\ncluster_key = \"00112233445566778899aabbccddeeff\"\n",
+        )
+        .unwrap();
+        assert_eq!(crate::server::meta::MetaServerConfig::new(cluster, b"key").tcp_congestion, want);
     }
 
     #[test]

@@ -962,13 +962,48 @@ pub fn a_clients_adaptive_waits_poll_for_its_transports_budget(scheme: &str) {
     // setting is the endpoint's.
     let want = stripefs::net::tcp_congestion();
     if std::env::var_os(stripefs::net::TCP_CONGESTION_ENV).is_none() {
-        assert_eq!(want.as_deref(), Some(stripefs::net::DEFAULT_CLIENT_TCP_CONGESTION));
+        assert_eq!(want.as_deref(), Some(stripefs::net::DEFAULT_TCP_CONGESTION));
     }
     assert_eq!(c.endpoint().config().get_tcp_congestion(), want.as_deref());
     for cc in [None, Some("cubic".to_string())] {
         let opts = stripefs::ClientOptions { tcp_congestion: cc.clone(), ..Default::default() };
         let c = stripefs::Client::connect_with(tc.cluster.config(), opts).unwrap();
         assert_eq!(c.endpoint().config().get_tcp_congestion(), cc.as_deref());
+    }
+}
+
+/// io servers send reads' data, so their connections take the same congestion control as the
+/// clients': reno by default, `STRIPEFS_TCP_CONGESTION` when set. Checked on the sockets
+/// themselves with `ss`, the server side of each connection to the io server's port.
+#[test]
+fn io_servers_use_the_configured_congestion_control() {
+    let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control");
+    if std::process::Command::new("ss").arg("-V").output().is_err()
+        || !available.is_ok_and(|a| a.split_whitespace().any(|c| c == "cubic"))
+    {
+        eprintln!("skipped: needs ss and the cubic congestion control");
+        return;
+    }
+    let server_side = |tc: &TestCluster| -> String {
+        let c = tc.client();
+        let f = c.create("/f", CreateOptions::default()).unwrap();
+        f.write_at(0, &pattern(1 << 20, 1)).unwrap();
+        let port = tc.cluster.config().io_servers[0].to_string().rsplit(':').next().unwrap().to_string();
+        let out = std::process::Command::new("ss")
+            .args(["-tinH", "state", "established", &format!("( sport = :{port} )")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let cubic = TestCluster::start_with("tcp", 1, |o| {
+        o.io_env.push((stripefs::net::TCP_CONGESTION_ENV.into(), "cubic".into()))
+    });
+    let ss = server_side(&cubic);
+    assert!(ss.contains("cubic") && !ss.contains("bbr") && !ss.contains("reno"), "{ss}");
+    if std::env::var_os(stripefs::net::TCP_CONGESTION_ENV).is_none() {
+        let ss = server_side(&TestCluster::start("tcp", 1));
+        assert!(ss.contains(" reno ") || ss.trim_start().starts_with("reno"), "{ss}");
+        assert!(!ss.contains("bbr") && !ss.contains("cubic"), "{ss}");
     }
 }
 

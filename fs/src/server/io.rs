@@ -69,6 +69,10 @@ pub struct IoServerConfig {
     /// Move data straight between the network and mapped object files (default true); off,
     /// every unit is staged in a buffer and `pread`/`pwrite`.
     pub mapped: bool,
+    /// Congestion control of the server's TCP connections, which carry reads' data; `None`
+    /// keeps the kernel's (default: [`crate::net::tcp_congestion`], reno unless
+    /// `STRIPEFS_TCP_CONGESTION` says otherwise).
+    pub tcp_congestion: Option<String>,
 }
 
 /// Default transfer unit of the io servers: 1 MiB.
@@ -102,6 +106,7 @@ impl IoServerConfig {
             transfer_timeout: Duration::from_secs(60),
             ib: None,
             mapped: true,
+            tcp_congestion: crate::net::tcp_congestion(),
         }
     }
 }
@@ -210,6 +215,9 @@ impl IoServer {
             crate::net::endpoint_config(&cfg.key, cfg.wait_mode, false).spin_budget(cfg.spin_budget);
         if let Some(ib) = &cfg.ib {
             ep_cfg = ep_cfg.ib(ib.clone());
+        }
+        if let Some(cc) = &cfg.tcp_congestion {
+            ep_cfg = ep_cfg.tcp_congestion(cc.clone());
         }
         let ep = Endpoint::bind(&cfg.listen, ep_cfg)?;
         info!(addr = ?ep.local_addr(), dir = %cfg.data_dir.display(), tu = cfg.transfer_unit, "io server listening");

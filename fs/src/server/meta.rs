@@ -52,6 +52,9 @@ pub struct MetaServerConfig {
     pub io_timeout: Duration,
     /// Pause between janitor passes over orphans and stale creates.
     pub janitor_interval: Duration,
+    /// Congestion control of the server's TCP connections (to clients and to io servers);
+    /// `None` keeps the kernel's (default: [`crate::net::tcp_congestion`]).
+    pub tcp_congestion: Option<String>,
 }
 
 impl MetaServerConfig {
@@ -67,6 +70,7 @@ impl MetaServerConfig {
             wait_mode: WaitMode::Adaptive,
             io_timeout: Duration::from_secs(20),
             janitor_interval: Duration::from_secs(1),
+            tcp_congestion: crate::net::tcp_congestion(),
         }
     }
 }
@@ -105,10 +109,14 @@ impl MetaServer {
         let store = MetaStore::open(&cfg.db_path, MetaConfig::from_cluster(&cfg.cluster))?;
         let stale_creates = store.pending_creates()?;
         // The serving endpoint is progressed by its workers (see `spawn_workers`).
-        let ep_cfg = crate::net::endpoint_config(&cfg.key, cfg.wait_mode, false);
+        let cc = |c: ionet::Config| match &cfg.tcp_congestion {
+            Some(cc) => c.tcp_congestion(cc.clone()),
+            None => c,
+        };
+        let ep_cfg = cc(crate::net::endpoint_config(&cfg.key, cfg.wait_mode, false));
         // Its own progress thread: a connection to an io server that dies while idle is noticed
         // then, so the next fan-out after a restart redials instead of failing on a dead socket.
-        let io_ep = Endpoint::client(crate::net::endpoint_config(&cfg.key, cfg.wait_mode, true))?;
+        let io_ep = Endpoint::client(cc(crate::net::endpoint_config(&cfg.key, cfg.wait_mode, true)))?;
         let io = cfg.cluster.io_servers.iter().map(|a| io_ep.connect(a)).collect::<Result<Vec<_>, _>>()?;
         let ep = Endpoint::bind(&cfg.listen, ep_cfg)?;
         info!(addr = ?ep.local_addr(), db = %cfg.db_path.display(), io_servers = io.len(), "meta server listening");

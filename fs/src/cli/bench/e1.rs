@@ -668,8 +668,8 @@ pub fn render(s: &Samples, prefix: &str, mib_per_server: u64) -> Result<Report> 
                 " TCP congestion control: the kernel's default.".to_string()
             } else {
                 format!(
-                    " TCP congestion control: `{cc}` for the clients' connections and both sides of the reference's \
-                     (stripefs clients' default, or `STRIPEFS_TCP_CONGESTION`), the kernel's for the servers'."
+                    " TCP congestion control: `{cc}` on every connection, the clients', the servers' and both sides \
+                     of the reference's (stripefs's default, or `STRIPEFS_TCP_CONGESTION`)."
                 )
             }
         });
