@@ -1147,7 +1147,7 @@ mod tests {
         assert!(!cell("region_bytes=2097152 pinned").contains("take turns"));
         assert!(
             cell("region_bytes=2097152 tcp_congestion=reno")
-                .contains("TCP congestion control: `reno` for the clients'")
+                .contains("TCP congestion control: `reno` on every connection, the clients', the servers'")
         );
         assert!(cell("region_bytes=2097152 tcp_congestion=system").contains("the kernel's default"));
         assert!(!cell("region_bytes=2097152").contains("congestion"));
