@@ -376,6 +376,16 @@ impl Tx<'_> {
         Ok(())
     }
 
+    /// Allocates the next handle (never reused), stores `ino` under it and enters it as `name`
+    /// in its parent, whose name the caller has found free.
+    fn add_entry(&mut self, name: &str, ino: &Inode) -> Result<u64, MetaError> {
+        let h = counter(&self.sup, K_NEXT_HANDLE)?;
+        self.sup.insert(K_NEXT_HANDLE, h + 1)?;
+        self.put_inode(h, ino)?;
+        self.dirents.insert((ino.parent, name), h)?;
+        Ok(h)
+    }
+
     fn bump(&mut self, k: &str, delta: i64) -> Result<u64, MetaError> {
         let v = counter(&self.sup, k)?.saturating_add_signed(delta);
         self.sup.insert(k, v)?;
@@ -544,7 +554,7 @@ impl MetaStore {
         owner: Perm,
     ) -> Result<(Handle, Attr), MetaError> {
         validate_name(name)?;
-        if target.is_empty() || target.contains('\0') {
+        if !crate::proto::link_target_ok(target) {
             return Err(MetaError::Invalid("symbolic link target empty or with NUL"));
         }
         if target.len() > MAX_LINK_TARGET {
@@ -555,8 +565,6 @@ impl MetaStore {
             if get_entry(&tx.dirents, parent.0, name)?.is_some() {
                 return Err(MetaError::Exists);
             }
-            let h = counter(&tx.sup, K_NEXT_HANDLE)?;
-            tx.sup.insert(K_NEXT_HANDLE, h + 1)?;
             let now = Timestamp::now();
             let mut attr = new_attr(FileKind::Symlink, Perm { mode: 0o777, ..owner }, now);
             attr.size = target.len() as u64;
@@ -567,9 +575,8 @@ impl MetaStore {
                 default: None,
                 state: State::Committed,
             };
-            tx.put_inode(h, &ino)?;
+            let h = tx.add_entry(name, &ino)?;
             tx.links.insert(h, target)?;
-            tx.dirents.insert((parent.0, name), h)?;
             tx.bump(K_FILES, 1)?;
             tx.touch_dir(parent.0, now)?;
             Ok((Handle(h), attr))
@@ -626,8 +633,6 @@ impl MetaStore {
             }
             let merged = spec.unwrap_or_default().or(dir.default.unwrap_or_default());
             let layout = self.resolve_layout(tx, merged)?;
-            let h = counter(&tx.sup, K_NEXT_HANDLE)?;
-            tx.sup.insert(K_NEXT_HANDLE, h + 1)?;
             let now = Timestamp::now();
             let attr = new_attr(FileKind::File, perm, now);
             let ino = Inode {
@@ -637,8 +642,7 @@ impl MetaStore {
                 default: None,
                 state: State::Pending,
             };
-            tx.put_inode(h, &ino)?;
-            tx.dirents.insert((parent.0, name), h)?;
+            let h = tx.add_entry(name, &ino)?;
             Ok(Created { handle: Handle(h), attr, layout })
         })?;
         debug!(handle = %out.handle, ?out.layout, "create pending");
@@ -699,8 +703,6 @@ impl MetaStore {
             if get_entry(&tx.dirents, parent.0, name)?.is_some() {
                 return Err(MetaError::Exists);
             }
-            let h = counter(&tx.sup, K_NEXT_HANDLE)?;
-            tx.sup.insert(K_NEXT_HANDLE, h + 1)?;
             let now = Timestamp::now();
             let attr = new_attr(FileKind::Dir, perm, now);
             let ino = Inode {
@@ -710,8 +712,7 @@ impl MetaStore {
                 default: dir.default,
                 state: State::Committed,
             };
-            tx.put_inode(h, &ino)?;
-            tx.dirents.insert((parent.0, name), h)?;
+            let h = tx.add_entry(name, &ino)?;
             tx.bump(K_DIRS, 1)?;
             tx.touch_dir(parent.0, now)?;
             Ok((Handle(h), attr))

@@ -339,8 +339,14 @@ pub type Name = BoundedString<MAX_NAME_WIRE>;
 /// [`MAX_LINK_TARGET`] bytes without NUL; nothing is checked against the namespace.
 pub type LinkTarget = BoundedString<MAX_LINK_TARGET>;
 
+/// The rule for a link target beyond its length (which [`LinkTarget`] bounds): not empty, no NUL.
+/// The meta server applies it to what it stores, decoding to what a peer sends.
+pub fn link_target_ok(t: &str) -> bool {
+    !t.is_empty() && !t.contains('\0')
+}
+
 fn target_ok(t: &LinkTarget) -> Result<(), ProtoError> {
-    if t.is_empty() || t.contains('\0') {
+    if !link_target_ok(t) {
         return Err(ProtoError::Invalid("link target"));
     }
     Ok(())
