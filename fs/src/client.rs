@@ -232,15 +232,13 @@ impl Client {
     /// Connects with explicit options.
     pub fn connect_with(cfg: &ClusterConfig, opts: ClientOptions) -> FsResult<Client> {
         let key = cfg.cluster_key()?;
-        let mut ep_cfg = crate::net::endpoint_config(&key, opts.wait_mode, false)
-            .spin_budget(opts.spin_budget_for(cfg.transport));
+        let mut ep_cfg =
+            crate::net::endpoint_config(&key, opts.wait_mode, false, opts.tcp_congestion.as_deref())
+                .spin_budget(opts.spin_budget_for(cfg.transport));
         if let Some(p) = &opts.policy {
             ep_cfg = ep_cfg.policy(p.clone());
         }
         ep_cfg = ep_cfg.ib(opts.ib.clone().unwrap_or_else(default_ib_config));
-        if let Some(cc) = &opts.tcp_congestion {
-            ep_cfg = ep_cfg.tcp_congestion(cc.clone());
-        }
         let ep = Endpoint::client(ep_cfg)?;
         let meta = ep.connect(&cfg.meta)?;
         let io = cfg.io_servers.iter().map(|a| ep.connect(a)).collect::<Result<Vec<_>, _>>()?;

@@ -29,13 +29,23 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const SLOW_RATE: u64 = 10_000_000;
 
 /// The ionet configuration every stripefs endpoint uses: the cluster key authenticates every
-/// connection, headers may be as large as the largest protocol message.
-pub fn endpoint_config(key: &[u8], wait_mode: WaitMode, progress_thread: bool) -> Config {
-    Config::default()
+/// connection, headers may be as large as the largest protocol message, and TCP connections
+/// ask for `tcp_congestion` (`None`: the kernel's; see [`tcp_congestion`]).
+pub fn endpoint_config(
+    key: &[u8],
+    wait_mode: WaitMode,
+    progress_thread: bool,
+    tcp_congestion: Option<&str>,
+) -> Config {
+    let cfg = Config::default()
         .cluster_key(key.to_vec())
         .max_header(proto::MAX_MESSAGE)
         .wait_mode(wait_mode)
-        .progress_thread(progress_thread)
+        .progress_thread(progress_thread);
+    match tcp_congestion {
+        Some(cc) => cfg.tcp_congestion(cc),
+        None => cfg,
+    }
 }
 
 /// Environment variable naming the congestion control of stripefs's TCP connections, clients'
@@ -255,8 +265,10 @@ mod tests {
         assert_eq!(congestion_from(Some("system")), None, "the kernel's");
         assert_eq!(congestion_from(Some("reno")).as_deref(), Some("reno"));
         assert_eq!(congestion_from(Some(" cubic ")).as_deref(), Some("cubic"));
-        let cfg = endpoint_config(b"key", WaitMode::Block, false);
+        let cfg = endpoint_config(b"key", WaitMode::Block, false, None);
         assert_eq!(cfg.get_tcp_congestion(), None, "set by each kind of endpoint from its config");
+        let cfg = endpoint_config(b"key", WaitMode::Block, false, Some("cubic"));
+        assert_eq!(cfg.get_tcp_congestion(), Some("cubic"));
         let want = tcp_congestion();
         let io = crate::server::io::IoServerConfig::new("tcp://127.0.0.1:0".parse().unwrap(), "/d", b"key");
         assert_eq!(io.tcp_congestion, want, "io servers use the same as clients");

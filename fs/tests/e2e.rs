@@ -439,7 +439,7 @@ pub fn forged_and_expired_capabilities_are_refused(scheme: &str) {
     f.write_all_at(0, b"top secret").unwrap();
     let h = f.handle();
     let key = tc.key();
-    let ep = ionet::Endpoint::client(endpoint_config(&key, ionet::WaitMode::Block, false)).unwrap();
+    let ep = ionet::Endpoint::client(endpoint_config(&key, ionet::WaitMode::Block, false, None)).unwrap();
     let peer = ep.connect(&tc.cluster.config().io_servers[0]).unwrap();
     let call = |header: Vec<u8>| -> IoReply {
         let op = ep
@@ -527,7 +527,8 @@ pub fn bad_names_are_refused(scheme: &str) {
     // The meta server answers garbage with a typed error and keeps serving the connection.
     let key = tc.key();
     let ep =
-        ionet::Endpoint::client(stripefs::net::endpoint_config(&key, ionet::WaitMode::Block, false)).unwrap();
+        ionet::Endpoint::client(stripefs::net::endpoint_config(&key, ionet::WaitMode::Block, false, None))
+            .unwrap();
     let meta = ep.connect(&tc.cluster.config().meta).unwrap();
     let op = ep
         .request(

@@ -101,7 +101,8 @@ fn capabilities_are_bound_to_handle_and_rights(scheme: &str) {
     let theirs = c.create("/theirs", CreateOptions::default()).unwrap();
     theirs.write_all_at(0, b"their data").unwrap();
     let key = CapabilityKey::new(&tc.key()).unwrap();
-    let ep = ionet::Endpoint::client(endpoint_config(&tc.key(), ionet::WaitMode::Block, false)).unwrap();
+    let ep =
+        ionet::Endpoint::client(endpoint_config(&tc.key(), ionet::WaitMode::Block, false, None)).unwrap();
     let peer = ep.connect(&tc.cluster.config().io_servers[0]).unwrap();
     let good = key.mint(mine.handle(), Rights::READ, unix_now() + 60, 1);
     assert!(matches!(io_call(&ep, peer, IoRequest::GetSize { cap: good.clone() }), IoReply::Size(_)));
@@ -147,6 +148,7 @@ fn no_key_no_service(scheme: &str) {
         b"not-the-cluster-key-at-all!",
         ionet::WaitMode::Block,
         false,
+        None,
     ))
     .unwrap();
     let cfg = tc.cluster.config();

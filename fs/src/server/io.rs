@@ -212,12 +212,10 @@ impl IoServer {
         let key = CapabilityKey::new(&cfg.key)?;
         let store = ObjectStore::open(&cfg.data_dir, StoreConfig { max_open: cfg.max_open })?;
         let mut ep_cfg =
-            crate::net::endpoint_config(&cfg.key, cfg.wait_mode, false).spin_budget(cfg.spin_budget);
+            crate::net::endpoint_config(&cfg.key, cfg.wait_mode, false, cfg.tcp_congestion.as_deref())
+                .spin_budget(cfg.spin_budget);
         if let Some(ib) = &cfg.ib {
             ep_cfg = ep_cfg.ib(ib.clone());
-        }
-        if let Some(cc) = &cfg.tcp_congestion {
-            ep_cfg = ep_cfg.tcp_congestion(cc.clone());
         }
         let ep = Endpoint::bind(&cfg.listen, ep_cfg)?;
         info!(addr = ?ep.local_addr(), dir = %cfg.data_dir.display(), tu = cfg.transfer_unit, "io server listening");

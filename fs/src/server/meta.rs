@@ -109,14 +109,11 @@ impl MetaServer {
         let store = MetaStore::open(&cfg.db_path, MetaConfig::from_cluster(&cfg.cluster))?;
         let stale_creates = store.pending_creates()?;
         // The serving endpoint is progressed by its workers (see `spawn_workers`).
-        let cc = |c: ionet::Config| match &cfg.tcp_congestion {
-            Some(cc) => c.tcp_congestion(cc.clone()),
-            None => c,
-        };
-        let ep_cfg = cc(crate::net::endpoint_config(&cfg.key, cfg.wait_mode, false));
+        let cc = cfg.tcp_congestion.as_deref();
+        let ep_cfg = crate::net::endpoint_config(&cfg.key, cfg.wait_mode, false, cc);
         // Its own progress thread: a connection to an io server that dies while idle is noticed
         // then, so the next fan-out after a restart redials instead of failing on a dead socket.
-        let io_ep = Endpoint::client(cc(crate::net::endpoint_config(&cfg.key, cfg.wait_mode, true)))?;
+        let io_ep = Endpoint::client(crate::net::endpoint_config(&cfg.key, cfg.wait_mode, true, cc))?;
         let io = cfg.cluster.io_servers.iter().map(|a| io_ep.connect(a)).collect::<Result<Vec<_>, _>>()?;
         let ep = Endpoint::bind(&cfg.listen, ep_cfg)?;
         info!(addr = ?ep.local_addr(), db = %cfg.db_path.display(), io_servers = io.len(), "meta server listening");
