@@ -8,7 +8,7 @@
 use crate::capability::Rights;
 use crate::client::{Client, CreateOptions, File};
 use crate::proto::{Attr, FileKind, Handle, SetAttr, Timestamp};
-use crate::{FsError, FsResult};
+use crate::{FsError, FsResult, lock};
 use fuser::{
     FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, MountOption, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
@@ -65,10 +65,6 @@ impl<T> Listings<T> {
     fn forget(&self, fh: u64) {
         lock(&self.0).remove(&fh);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn errno(e: &FsError) -> fuser::Errno {

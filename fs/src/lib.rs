@@ -68,6 +68,12 @@ pub mod server;
 pub mod store;
 
 pub use client::{Client, ClientOptions, CreateOptions, File, Stat};
+
+/// Locks `m`, taking a poisoned lock as it is: for maps and caches whose every critical section
+/// leaves them consistent, so a panic elsewhere loses nothing.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 pub use errno::Errno;
 pub use net::{FsError, FsResult};
 pub use proto::Handle;

@@ -23,6 +23,8 @@
 
 use crate::errno::Errno;
 use crate::layout::Piece;
+// Every critical section here leaves its data consistent, so a poisoned lock is usable.
+use crate::lock;
 use crate::proto::Handle;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -73,11 +75,6 @@ impl std::fmt::Debug for Object {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Object").field("handle", &self.handle).finish()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section here leaves its data consistent, so a poisoned lock is usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Object {
