@@ -3194,8 +3194,10 @@ fn stream_frames(op: OpId, sl: ServiceLevel, len: usize, chunk: usize) -> impl I
 
 /// A non-blocking listening socket on `sa`. Accepted connections start with the listener's
 /// congestion control: set only on each accepted socket, they would start under the kernel's
-/// and switch at the handshake, and a pacing one (BBR) leaves its socket paced under the next
-/// (`sk_pacing_status` stays set), which halved an io server's pushes on this machine.
+/// and switch at the handshake. A socket that started under BBR here stayed slow after
+/// switching to reno (likely the kernel's internal pacing, which BBR turns on and nothing turns
+/// off): stripefs's E1 reads gained 16 % from reno set per accepted socket, 1.4× from reno
+/// set on the listener (BENCHMARKS.md, *io servers on reno*).
 fn listener_socket(sa: SocketAddr, cfg: &Config) -> io::Result<Socket> {
     let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
     sock.set_reuse_address(true)?;
