@@ -698,8 +698,6 @@ impl<'a> Iterator for Segments<'a> {
     }
 }
 
-/// Calls `f` on each contiguous piece of bytes `[offset, offset + len)` of the concatenated
-/// segments, in order.
 /// The writable rest of the segment holding logical `offset`, or `None` past the end.
 fn segment_at<'a>(segs: impl Iterator<Item = &'a mut [u8]>, mut offset: usize) -> Option<&'a mut [u8]> {
     for seg in segs {
@@ -711,6 +709,33 @@ fn segment_at<'a>(segs: impl Iterator<Item = &'a mut [u8]>, mut offset: usize) -
     None
 }
 
+/// Calls `f` on each writable piece of logical `[offset, offset + len)` of the concatenated
+/// segments, in order, while `f` returns true.
+fn for_each_piece_mut<'a>(
+    segs: impl Iterator<Item = &'a mut [u8]>,
+    mut offset: usize,
+    mut len: usize,
+    mut f: impl FnMut(&'a mut [u8]) -> bool,
+) {
+    for seg in segs {
+        if len == 0 {
+            break;
+        }
+        if offset >= seg.len() {
+            offset -= seg.len();
+            continue;
+        }
+        let n = (seg.len() - offset).min(len);
+        if !f(&mut seg[offset..offset + n]) {
+            break;
+        }
+        len -= n;
+        offset = 0;
+    }
+}
+
+/// Calls `f` on each contiguous piece of bytes `[offset, offset + len)` of the concatenated
+/// segments, in order.
 fn for_each_piece<'a>(
     segs: impl Iterator<Item = &'a [u8]>,
     mut offset: usize,
@@ -821,6 +846,23 @@ impl RecvBuf {
             RecvBuf::Registered(r) => r.get_mut(offset..).filter(|s| !s.is_empty()),
             RecvBuf::List(l) => segment_at(l.iter_mut().map(|b| &mut b[..]), offset),
             RecvBuf::Mapped(l) => segment_at(l.iter_mut().map(|r| &mut r[..]), offset),
+        }
+    }
+
+    /// Calls `f` on each writable piece of logical `[offset, offset + len)`, in order, while
+    /// it returns true: the destinations of one vectored socket read across a scatter list's
+    /// segments.
+    pub(crate) fn for_each_slice_mut<'a>(
+        &'a mut self,
+        offset: usize,
+        len: usize,
+        f: impl FnMut(&'a mut [u8]) -> bool,
+    ) {
+        match self {
+            RecvBuf::Mut(b) => for_each_piece_mut(std::iter::once(&mut b[..]), offset, len, f),
+            RecvBuf::List(l) => for_each_piece_mut(l.iter_mut().map(|b| &mut b[..]), offset, len, f),
+            RecvBuf::Registered(r) => for_each_piece_mut(std::iter::once(&mut r[..]), offset, len, f),
+            RecvBuf::Mapped(l) => for_each_piece_mut(l.iter_mut().map(|r| &mut r[..]), offset, len, f),
         }
     }
 
