@@ -3382,7 +3382,7 @@ struct RecvIov<'a> {
 /// Where the next `max` bytes of a sink go, for a direct socket read: every piece of a scatter
 /// list up to `MAX_IOV`, so one `recvmsg` takes as much as a contiguous buffer would. A striped
 /// read's destination is a list of stripe-sized pieces, and one `recv` per piece held stripefs
-/// reads from 2–4 io servers 4–9 % lower (BENCHMARKS.md, E1). Nothing for sinks that are not
+/// reads from 2–4 io servers 3–9 % lower (BENCHMARKS.md, E1). Nothing for sinks that are not
 /// plain memory.
 fn sink_slices<'a>(
     sink: &'a mut Sink,
