@@ -709,28 +709,45 @@ fn segment_at<'a>(segs: impl Iterator<Item = &'a mut [u8]>, mut offset: usize) -
     None
 }
 
+/// Logical `[offset, offset + len)` of concatenated segments, walked segment by segment.
+struct Window {
+    offset: usize,
+    len: usize,
+}
+
+impl Window {
+    /// The range of a segment of `seg_len` bytes that the window covers (empty while the window
+    /// has not begun), or `None` once all of it has been handed out.
+    fn next(&mut self, seg_len: usize) -> Option<std::ops::Range<usize>> {
+        if self.len == 0 {
+            return None;
+        }
+        if self.offset >= seg_len {
+            self.offset -= seg_len;
+            return Some(0..0);
+        }
+        let start = self.offset;
+        let n = (seg_len - start).min(self.len);
+        self.len -= n;
+        self.offset = 0;
+        Some(start..start + n)
+    }
+}
+
 /// Calls `f` on each writable piece of logical `[offset, offset + len)` of the concatenated
 /// segments, in order, while `f` returns true.
 fn for_each_piece_mut<'a>(
     segs: impl Iterator<Item = &'a mut [u8]>,
-    mut offset: usize,
-    mut len: usize,
+    offset: usize,
+    len: usize,
     mut f: impl FnMut(&'a mut [u8]) -> bool,
 ) {
+    let mut w = Window { offset, len };
     for seg in segs {
-        if len == 0 {
+        let Some(r) = w.next(seg.len()) else { break };
+        if !r.is_empty() && !f(&mut seg[r]) {
             break;
         }
-        if offset >= seg.len() {
-            offset -= seg.len();
-            continue;
-        }
-        let n = (seg.len() - offset).min(len);
-        if !f(&mut seg[offset..offset + n]) {
-            break;
-        }
-        len -= n;
-        offset = 0;
     }
 }
 
@@ -738,40 +755,25 @@ fn for_each_piece_mut<'a>(
 /// segments, in order.
 fn for_each_piece<'a>(
     segs: impl Iterator<Item = &'a [u8]>,
-    mut offset: usize,
-    mut len: usize,
+    offset: usize,
+    len: usize,
     mut f: impl FnMut(&'a [u8]),
 ) {
+    let mut w = Window { offset, len };
     for seg in segs {
-        if len == 0 {
-            break;
+        let Some(r) = w.next(seg.len()) else { break };
+        if !r.is_empty() {
+            f(&seg[r]);
         }
-        if offset >= seg.len() {
-            offset -= seg.len();
-            continue;
-        }
-        let n = (seg.len() - offset).min(len);
-        f(&seg[offset..offset + n]);
-        len -= n;
-        offset = 0;
     }
 }
 
-fn copy_out_segments<'a>(segs: impl Iterator<Item = &'a [u8]>, mut offset: usize, dst: &mut [u8]) -> usize {
+fn copy_out_segments<'a>(segs: impl Iterator<Item = &'a [u8]>, offset: usize, dst: &mut [u8]) -> usize {
     let mut done = 0;
-    for seg in segs {
-        if done == dst.len() {
-            break;
-        }
-        if offset >= seg.len() {
-            offset -= seg.len();
-            continue;
-        }
-        let n = (seg.len() - offset).min(dst.len() - done);
-        crate::copy::copy_bytes(&mut dst[done..done + n], &seg[offset..offset + n]);
-        done += n;
-        offset = 0;
-    }
+    for_each_piece(segs, offset, dst.len(), |piece| {
+        crate::copy::copy_bytes(&mut dst[done..done + piece.len()], piece);
+        done += piece.len();
+    });
     done
 }
 
@@ -1130,6 +1132,30 @@ mod tests {
         let mut pieces = Vec::new();
         r.for_each_slice(1, 4, |p| pieces.push(p.to_vec()));
         assert_eq!(pieces, [b"b".to_vec(), b"cde".to_vec()]);
+    }
+
+    #[test]
+    fn writable_pieces_cover_the_window_and_stop_when_told() {
+        let mut r = RecvBuf::List(vec![
+            BytesMut::zeroed(2),
+            BytesMut::new(),
+            BytesMut::zeroed(4),
+            BytesMut::zeroed(3),
+        ]);
+        let mut lens = Vec::new();
+        r.for_each_slice_mut(1, 6, |p| {
+            p.fill(b'x');
+            lens.push(p.len());
+            true
+        });
+        assert_eq!(lens, [1, 4, 1], "[1, 7) across segments of 2, 0, 4 and 3");
+        assert_eq!(&r.to_bytes(9)[..], b"\0xxxxxx\0\0");
+        let mut seen = 0;
+        r.for_each_slice_mut(0, 9, |_| {
+            seen += 1;
+            seen < 2
+        });
+        assert_eq!(seen, 2, "no piece after the callback says stop");
     }
 
     #[test]
