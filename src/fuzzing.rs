@@ -16,11 +16,14 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use bytes::{Bytes, BytesMut};
+
+use crate::buf::RecvBuf;
 use crate::config::Config;
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Direction, Endpoint, Request};
 use crate::expose::MemHandle;
 use crate::tcp::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
-use crate::types::{ServiceLevel, WaitMode};
+use crate::types::{OpId, ServiceLevel, WaitMode};
 use crate::wire::{self, HEADER_LEN, Header, Kind, Limits};
 
 /// Limits a default endpoint applies.
@@ -104,16 +107,58 @@ fn session_server() -> SocketAddr {
         let addr = ep.local_addr().expect("bound").resolve().expect("ip address")[0];
         let drain = ep.clone();
         std::thread::spawn(move || {
+            let mut pulls: Vec<(Request, OpId)> = Vec::new();
             loop {
                 while let Ok(Some(_)) = drain.recv_unexpected(Some(Duration::ZERO)) {}
-                // Dropping a request unanswered sends the client an error reply.
-                while let Ok(Some(_)) = drain.next_request(Some(Duration::ZERO)) {}
+                // A small OUT payload is pulled into a scatter list, so hostile pulled and
+                // streamed bytes reach the multi-piece direct reads; dropping any other request
+                // unanswered sends the client an error reply.
+                while let Ok(Some(req)) = drain.next_request(Some(Duration::ZERO)) {
+                    if let Some(op) = pull_in_pieces(&req) {
+                        pulls.push((req, op));
+                    }
+                }
+                // Answer each pull once it is over, done or failed (a completion taken by
+                // `wait_any` below leaves `test` nothing to find: over as well).
+                for (req, op) in std::mem::take(&mut pulls) {
+                    match drain.test(op) {
+                        Ok(None) => pulls.push((req, op)),
+                        _ => {
+                            let _ = req.reply(Bytes::new());
+                        }
+                    }
+                }
                 while let Ok(Some(_)) = drain.wait_any(Some(Duration::from_millis(1))) {}
             }
         });
         (ep, addr)
     });
     *addr
+}
+
+/// The largest OUT payload the [`tcp_session`] server pulls (in uneven pieces); larger ones get
+/// an error reply.
+const SESSION_PULL_MAX: u64 = 256 << 10;
+
+/// Pulls a request's whole OUT payload, up to [`SESSION_PULL_MAX`], into a list of three uneven
+/// pieces.
+fn pull_in_pieces(req: &Request) -> Option<OpId> {
+    let n = req.payload_len();
+    if req.direction() != Direction::Out || n == 0 || n > SESSION_PULL_MAX {
+        return None;
+    }
+    let n = n as usize;
+    let cuts = [n / 5, n / 2, n];
+    let mut at = 0;
+    let list: Vec<BytesMut> = cuts
+        .iter()
+        .map(|&end| {
+            let piece = BytesMut::zeroed(end - at);
+            at = end;
+            piece
+        })
+        .collect();
+    req.pull_into(RecvBuf::List(list), 0).ok()
 }
 
 /// Frames after an honest keyless handshake, on a live server: the whole TCP receive path

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use ionet::expose::MemHandle;
 use ionet::ib::verbs::{Gid, QpEndpointInfo};
-use ionet::wire::{FLAG_ABORT, FLAG_INLINE_DATA, FLAG_PAYLOAD_OUT, FLAG_STREAMED, Header, Kind};
+use ionet::wire::{FLAG_ABORT, FLAG_INLINE_DATA, FLAG_PAYLOAD_OUT, FLAG_STREAMED, HEADER_LEN, Header, Kind};
 use ionet::{Access, ServiceLevel};
 
 const LIMITS: ionet::wire::Limits =
@@ -231,6 +231,23 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         b"",
     ));
     s.push(("tcp_session", "stream_stopped".into(), session));
+    // A streamed request the server pulls into a scatter list, whose first STREAM frame claims
+    // 20 000 bytes and brings 3 000 before the client's EOF: a direct read across pieces.
+    let big = |id: u64| {
+        frame(
+            Kind::Request,
+            |h| {
+                (h.a, h.b, h.aux, h.c) = (3, id, 3, 40_000);
+                h.flags = FLAG_PAYLOAD_OUT | FLAG_STREAMED;
+            },
+            b"hdr",
+        )
+    };
+    let mut session = big(9);
+    let mut first = frame(Kind::Stream, |h| (h.b, h.c) = (9, 0), &[4u8; 20_000]);
+    first.truncate(HEADER_LEN + 3000);
+    session.extend(first);
+    s.push(("tcp_session", "stream_into_pieces".into(), session));
     s.push((
         "tcp_session",
         "put".into(),
