@@ -206,21 +206,21 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     ));
     s.push(("tcp_session", "client_frames".into(), session));
     // A streamed request: its payload follows in two STREAM frames; and one the client stops.
-    let streamed = |id: u64| {
+    let streamed = |id: u64, len: u64| {
         frame(
             Kind::Request,
             |h| {
-                (h.a, h.b, h.aux, h.c) = (3, id, 3, 2000);
+                (h.a, h.b, h.aux, h.c) = (3, id, 3, len);
                 h.flags = FLAG_PAYLOAD_OUT | FLAG_STREAMED;
             },
             b"hdr",
         )
     };
-    let mut session = streamed(7);
+    let mut session = streamed(7, 2000);
     session.extend(frame(Kind::Stream, |h| (h.b, h.c) = (7, 0), &[1u8; 1000]));
     session.extend(frame(Kind::Stream, |h| (h.b, h.c) = (7, 1000), &[2u8; 1000]));
     s.push(("tcp_session", "streamed_request".into(), session));
-    let mut session = streamed(8);
+    let mut session = streamed(8, 2000);
     session.extend(frame(Kind::Stream, |h| (h.b, h.c) = (8, 0), &[3u8; 500]));
     session.extend(frame(
         Kind::Stream,
@@ -233,17 +233,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     s.push(("tcp_session", "stream_stopped".into(), session));
     // A streamed request the server pulls into a scatter list, whose first STREAM frame claims
     // 20 000 bytes and brings 3 000 before the client's EOF: a direct read across pieces.
-    let big = |id: u64| {
-        frame(
-            Kind::Request,
-            |h| {
-                (h.a, h.b, h.aux, h.c) = (3, id, 3, 40_000);
-                h.flags = FLAG_PAYLOAD_OUT | FLAG_STREAMED;
-            },
-            b"hdr",
-        )
-    };
-    let mut session = big(9);
+    let mut session = streamed(9, 40_000);
     let mut first = frame(Kind::Stream, |h| (h.b, h.c) = (9, 0), &[4u8; 20_000]);
     first.truncate(HEADER_LEN + 3000);
     session.extend(first);
