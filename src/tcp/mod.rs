@@ -180,6 +180,26 @@ struct Op {
     expect: u64,
 }
 
+impl Op {
+    /// A fresh op: nothing queued, moved or decided yet.
+    fn new(kind: OpKind, peer: PeerId, tag: Tag, sl: ServiceLevel, buf: OpBuf, st: OpSt) -> Op {
+        Op {
+            kind,
+            peer,
+            tag,
+            sl,
+            buf,
+            st,
+            frames: 0,
+            outcome: None,
+            mech: None,
+            reply: None,
+            moved: 0,
+            expect: 0,
+        }
+    }
+}
+
 /// Server-side state of a request taken from a client.
 struct ServerReq {
     sl: ServiceLevel,
@@ -1044,23 +1064,7 @@ impl State {
         buf: OpBuf,
         st: OpSt,
     ) {
-        self.ops.insert(
-            op,
-            Op {
-                kind,
-                peer,
-                tag,
-                sl,
-                buf,
-                st,
-                frames: 0,
-                outcome: None,
-                mech: None,
-                reply: None,
-                moved: 0,
-                expect: 0,
-            },
-        );
+        self.ops.insert(op, Op::new(kind, peer, tag, sl, buf, st));
     }
 
     // ----------------------------------------------------------------------------------------
@@ -2344,25 +2348,21 @@ impl State {
                 let remaining = total - *got;
                 // Once a body is read directly, its tail is too: staging the tail would also stage
                 // the start of whatever follows.
-                let mut dst = RecvIov::default();
+                let mut dst = RecvIov::new();
                 if remaining >= DIRECT_READ_MIN || *bulk {
                     sink_slices(sink, *got, remaining, ops, &mut dst);
                 }
                 // Record whether the socket was drained: a short read means nothing more was
                 // there; a full one means there may be more.
-                let r = match dst.want {
-                    0 => None,
-                    want => Some(recv_vec_now(sock, &mut dst.v).map(|n| {
+                let r = match dst.iter().map(|s| s.len()).sum::<usize>() {
+                    0 => fill(sock, rxbuf, rx_start, rx_end, usize::MAX).map(|(n, room)| {
+                        *drained = n < room;
+                        (n, false)
+                    }),
+                    want => recv_vec_now(sock, &mut dst).map(|n| {
                         *drained = n < want;
                         *bulk = true;
                         (n, true)
-                    })),
-                };
-                let r = match r {
-                    Some(r) => r,
-                    None => fill(sock, rxbuf, rx_start, rx_end, usize::MAX).map(|(n, room)| {
-                        *drained = n < room;
-                        (n, false)
                     }),
                 };
                 match r {
@@ -3372,17 +3372,13 @@ fn sink_write(
 }
 
 /// The destinations of one direct socket read: iovecs inline on the stack up to 16, at most
-/// `MAX_IOV`, and the bytes they hold.
-#[derive(Default)]
-struct RecvIov<'a> {
-    v: smallvec::SmallVec<[IoSliceMut<'a>; 16]>,
-    want: usize,
-}
+/// `MAX_IOV`.
+type RecvIov<'a> = smallvec::SmallVec<[IoSliceMut<'a>; 16]>;
 
 /// Where the next `max` bytes of a sink go, for a direct socket read: every piece of a scatter
 /// list up to `MAX_IOV`, so one `recvmsg` takes as much as a contiguous buffer would. A striped
 /// read's destination is a list of stripe-sized pieces, and one `recv` per piece held stripefs
-/// reads from 2–4 io servers 3–9 % lower (BENCHMARKS.md, E1). Nothing for sinks that are not
+/// reads from 2–4 io servers 2–9 % lower (BENCHMARKS.md, E1). Nothing for sinks that are not
 /// plain memory.
 fn sink_slices<'a>(
     sink: &'a mut Sink,
@@ -3392,9 +3388,8 @@ fn sink_slices<'a>(
     out: &mut RecvIov<'a>,
 ) {
     let mut push = |s: &'a mut [u8]| {
-        out.want += s.len();
-        out.v.push(IoSliceMut::new(s));
-        out.v.len() < MAX_IOV
+        out.push(IoSliceMut::new(s));
+        out.len() < MAX_IOV
     };
     match sink {
         Sink::Vec(v) => {
@@ -3510,24 +3505,23 @@ mod recv_tests {
     use bytes::BytesMut;
     use std::io::Write;
 
+    /// Bytes the iovecs of one read hold.
+    fn bytes(iov: &RecvIov<'_>) -> usize {
+        iov.iter().map(|s| s.len()).sum()
+    }
+
     /// A receive op whose buffer is a scatter list of `n` segments of `seg` bytes each.
     fn list_op(n: usize, seg: usize) -> (OpId, FxHashMap<OpId, Op>) {
         let id = OpId(7);
         let list = (0..n).map(|_| BytesMut::zeroed(seg)).collect();
-        let op = Op {
-            kind: OpKind::Recv,
-            peer: PeerId(0),
-            tag: 0,
-            sl: ServiceLevel::Bulk,
-            buf: OpBuf::Recv(RecvBuf::List(list)),
-            st: OpSt::Receiving,
-            frames: 0,
-            outcome: None,
-            mech: None,
-            reply: None,
-            moved: 0,
-            expect: 0,
-        };
+        let op = Op::new(
+            OpKind::Recv,
+            PeerId(0),
+            0,
+            ServiceLevel::Bulk,
+            OpBuf::Recv(RecvBuf::List(list)),
+            OpSt::Receiving,
+        );
         let mut ops = FxHashMap::default();
         ops.insert(id, op);
         (id, ops)
@@ -3547,11 +3541,11 @@ mod recv_tests {
         let mut probe = vec![0u8; data.len()];
         while rustix::net::recv(&rx, &mut probe, RecvFlags::PEEK).unwrap().0 < data.len() {}
         let got = {
-            let mut iov = RecvIov::default();
+            let mut iov = RecvIov::new();
             sink_slices(&mut sink, at, data.len(), &mut ops, &mut iov);
-            assert_eq!(iov.v.len(), n, "one iovec per segment from the one holding the offset");
-            assert_eq!(iov.want, data.len());
-            recv_vec_now(&rx, &mut iov.v).unwrap()
+            assert_eq!(iov.len(), n, "one iovec per segment from the one holding the offset");
+            assert_eq!(bytes(&iov), data.len());
+            recv_vec_now(&rx, &mut iov).unwrap()
         };
         assert_eq!(got, data.len(), "one call read across every segment");
         let Some(Op { buf: OpBuf::Recv(RecvBuf::List(l)), .. }) = ops.get(&id) else { panic!() };
@@ -3564,14 +3558,14 @@ mod recv_tests {
     fn a_direct_read_takes_at_most_max_iov_segments_and_stops_at_the_limit() {
         let (id, mut ops) = list_op(MAX_IOV + 8, 16);
         let mut sink = Sink::Op { op: id, base: 0 };
-        let mut iov = RecvIov::default();
+        let mut iov = RecvIov::new();
         sink_slices(&mut sink, 0, usize::MAX, &mut ops, &mut iov);
-        assert_eq!((iov.v.len(), iov.want), (MAX_IOV, MAX_IOV * 16));
+        assert_eq!((iov.len(), bytes(&iov)), (MAX_IOV, MAX_IOV * 16));
         let (id, mut ops) = list_op(8, 16);
         let mut sink = Sink::Op { op: id, base: 0 };
-        let mut iov = RecvIov::default();
+        let mut iov = RecvIov::new();
         sink_slices(&mut sink, 20, 30, &mut ops, &mut iov);
-        let lens: Vec<usize> = iov.v.iter().map(|s| s.len()).collect();
+        let lens: Vec<usize> = iov.iter().map(|s| s.len()).collect();
         assert_eq!(lens, [12, 16, 2], "[20, 50) across segments of 16");
     }
 }

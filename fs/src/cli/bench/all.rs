@@ -130,20 +130,24 @@ pub fn targets(all: &Samples) -> String {
     // over the cell's footprint, (read cells) against ionet-perf's reads from N servers, and
     // each cell against the one of those two that moves its bytes its way.
     for t_ in ["tcp", "softib"] {
-        for (which, cell, against) in [
-            (Some(e1::Reference::Peak), "cell", "the ionet-perf run beside it"),
-            (Some(e1::Reference::Footprint), "cell", "ionet-perf over the cell's footprint, beside it,"),
-            (Some(e1::Reference::Reads), "read cell", "ionet-perf's reads from as many servers, beside it,"),
+        for (cells, cell, against) in [
+            (e1::cell_ratios(all, e1::Reference::Peak, t_), "cell", "the ionet-perf run beside it"),
             (
-                None,
+                e1::cell_ratios(all, e1::Reference::Footprint, t_),
+                "cell",
+                "ionet-perf over the cell's footprint, beside it,",
+            ),
+            (
+                e1::cell_ratios(all, e1::Reference::Reads, t_),
+                "read cell",
+                "ionet-perf's reads from as many servers, beside it,",
+            ),
+            (
+                e1::same_transfer_ratios(all, t_),
                 "cell",
                 "ionet-perf moving its bytes the way it does (writes: over the footprint; reads: from as many servers), beside it,",
             ),
         ] {
-            let cells = match which {
-                Some(which) => e1::cell_ratios(all, which, t_),
-                None => e1::same_transfer_ratios(all, t_),
-            };
             let Some(low) = cells.iter().min_by(|a, b| a.ratio.total_cmp(&b.ratio)) else { continue };
             let met = cells.iter().filter(|c| c.ratio >= e1::TARGET).count();
             row(
