@@ -38,6 +38,8 @@ pub struct Config {
     pub(crate) cluster_key: Option<Vec<u8>>,
     pub(crate) connect_timeout: Duration,
     pub(crate) handshake_timeout: Duration,
+    pub(crate) max_handshaking: usize,
+    pub(crate) handshakes_per_source: usize,
     pub(crate) socket_buffer: Option<usize>,
     pub(crate) tcp_congestion: Option<String>,
     pub(crate) stream_requests: bool,
@@ -249,6 +251,8 @@ impl std::fmt::Debug for Config {
             .field("unexpected_per_peer", &self.unexpected_per_peer)
             .field("requests_per_peer", &self.requests_per_peer)
             .field("max_peers", &self.max_peers)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .field("handshake_limits", &(self.max_handshaking, self.handshakes_per_source))
             .field("cluster_key", &self.cluster_key.as_ref().map(|_| "<set>"))
             .finish_non_exhaustive()
     }
@@ -270,7 +274,9 @@ impl Default for Config {
             max_peers: 1024,
             cluster_key: None,
             connect_timeout: Duration::from_secs(10),
-            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(5),
+            max_handshaking: 128,
+            handshakes_per_source: 32,
             socket_buffer: None,
             tcp_congestion: None,
             stream_requests: true,
@@ -372,15 +378,34 @@ impl Config {
         self
     }
 
-    /// Time allowed to establish a connection (default 10 s).
+    /// Time a dialled connection may take to be established by the kernel (TCP's three-way
+    /// handshake; default 10 s). The handshake that follows has [`Config::handshake_timeout`].
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self
     }
 
-    /// Time a new connection may take to complete its handshake (default 10 s).
+    /// Time a connection may take to complete the ionet handshake (hello, authentication),
+    /// counted from when it was accepted or, when dialled, from when it was established
+    /// (default 5 s). It is the one deadline for unauthenticated connections on a listener:
+    /// a socket that sends nothing, or trickles, holds its slot this long at most.
     pub fn handshake_timeout(mut self, d: Duration) -> Self {
         self.handshake_timeout = d;
+        self
+    }
+
+    /// Accepted connections in their handshake at once, in all (default 128), and silent ones
+    /// from one IP address (default 32). At a limit a new connection is still admitted and an
+    /// older one shed instead: at the per-address limit that address's oldest connection that
+    /// has sent nothing; at the total one that has sent nothing, oldest first, else the oldest.
+    /// A client sends its hello at once, so a flood of idle sockets sheds its own sockets and
+    /// cannot lock clients out, while a host opening many connections at once that all talk is
+    /// held to the total only. The client of a shed connection fails with
+    /// [`Error::PeerLost`](crate::Error::PeerLost), saying the server refused it during the
+    /// handshake.
+    pub fn handshake_limits(mut self, total: usize, per_source: usize) -> Self {
+        self.max_handshaking = total;
+        self.handshakes_per_source = per_source;
         self
     }
 
@@ -495,6 +520,9 @@ impl Config {
         }
         if self.unexpected_per_peer == 0 || self.requests_per_peer == 0 || self.max_peers == 0 {
             return Err(Error::misuse("per-peer queue limits and max_peers must be at least 1"));
+        }
+        if self.max_handshaking == 0 || self.handshakes_per_source == 0 {
+            return Err(Error::misuse("handshake limits must be at least 1"));
         }
         if let Some(k) = &self.cluster_key
             && k.len() < MIN_CLUSTER_KEY_LEN

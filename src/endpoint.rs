@@ -1043,6 +1043,7 @@ impl Endpoint {
             pending_ops: pending,
             counters: core.counters.snapshot(),
             rdma: None,
+            gauges: Default::default(),
         };
         if let Some(b) = self.inner.backend.get() {
             b.info(&mut info);

@@ -47,6 +47,29 @@ pub struct Info {
     pub counters: CounterSnapshot,
     /// The InfiniBand engine's resources in use right now, where the transport has them.
     pub rdma: Option<RdmaInfo>,
+    /// What the endpoint holds for its peers right now.
+    pub gauges: Gauges,
+}
+
+/// What an endpoint holds for its peers at one instant. Each is bounded by a [`Config`]
+/// setting, so operators and tests read here that a hostile or careless peer cannot grow them.
+///
+/// [`Config`]: crate::Config
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Gauges {
+    /// Peer records held, connected or not.
+    pub peers: usize,
+    /// Accepted connections still in their handshake.
+    pub handshakes: usize,
+    /// Bytes queued towards peers that the transport allocated for what they asked (get
+    /// responses, acknowledgements, the frames that carry pull data), all peers together.
+    pub transmit_bytes: usize,
+    /// Early eager, unexpected and request bytes buffered from peers, all peers together.
+    pub buffered_bytes: usize,
+    /// Peers whose connections are not being read because their transmit backlog is at its
+    /// bound.
+    pub peers_paused: usize,
 }
 
 /// Resources of the InfiniBand engine in use at one instant (gauges), and the provider's

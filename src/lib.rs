@@ -68,6 +68,7 @@
 #![warn(missing_debug_implementations)]
 
 pub mod addr;
+mod admission;
 pub mod buf;
 pub mod comm;
 pub mod config;
@@ -102,5 +103,5 @@ pub use endpoint::{
 pub use error::{AccessError, Error, ProtocolError, Result};
 pub use expose::MemHandle;
 pub use filemap::{FileMap, FileMapError, FileRegion, FileRegionMut, Turn};
-pub use info::{CounterSnapshot, Info, RegcacheInfo};
+pub use info::{CounterSnapshot, Gauges, Info, RegcacheInfo};
 pub use types::{Access, OpId, PeerId, ServiceLevel, Tag, WaitMode};

@@ -95,6 +95,25 @@ pub(crate) fn unadvise_huge_pages(addr: usize, len: usize) {
     let _ = (addr, len);
 }
 
+/// Has a listening socket hand connections to `accept` only once data arrived on them, or
+/// `secs` seconds passed (`TCP_DEFER_ACCEPT`; Linux), best effort.
+pub(crate) fn defer_accept(sock: &impl std::os::fd::AsRawFd, secs: i32) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setsockopt reads exactly `size_of::<c_int>()` bytes from a live local integer
+    // and changes only the socket's accept behaviour; an error (not a TCP socket) is ignored.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&secs as *const i32).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (sock, secs);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,6 +25,28 @@ pub const READY_OK: u32 = 0;
 pub const READY_AUTH_FAILED: u32 = 1;
 /// READY status: refused for limits (too many peers).
 pub const READY_REFUSED: u32 = 2;
+/// READY status: shed to make room for newer connections (the server's limits on connections
+/// in their handshake). Sent in place of whatever the server would have sent next.
+pub const READY_BUSY: u32 = 3;
+
+/// The READY frame that tells a client its connection is being shed ([`READY_BUSY`]).
+pub fn busy_frame(sl: ServiceLevel) -> Header {
+    let mut h = Header::new(Kind::Ready, sl);
+    h.aux = READY_BUSY;
+    h
+}
+
+/// Why a server refused a connection, from the status of its READY frame (not [`READY_OK`]).
+pub fn refusal(status: u32) -> String {
+    match status {
+        READY_AUTH_FAILED => "the server refused our cluster key".into(),
+        READY_REFUSED => "the server refused the connection: it has as many peers as it admits".into(),
+        READY_BUSY => "the server refused the connection during the handshake: it has too many \
+                       connections in their handshake (try again)"
+            .into(),
+        s => format!("the server refused the connection during the handshake (status {s})"),
+    }
+}
 
 /// Limits a side announces in its hello.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -40,6 +40,7 @@ use rustix::net::{RecvAncillaryBuffer, RecvFlags, SendAncillaryBuffer, SendFlags
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 
 use crate::addr::{Address, Scheme};
+use crate::admission::{self, Admission};
 use crate::buf::{BufPool, OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism, Policy};
 use crate::config::Config;
@@ -77,8 +78,9 @@ const MAX_IOV: usize = 64;
 const SMALL_FRAME: usize = 256;
 /// What an unmatched rendezvous announcement costs against the peer's early-data budget.
 const RTS_COST: usize = 64;
-/// Connections still in their handshake, at most.
-const MAX_HANDSHAKING: usize = 128;
+/// Connections accepted per progress round. Under a flood of connections the listener never
+/// runs dry; the bound lets every round read and write the connections already accepted.
+const ACCEPTS_PER_ROUND: usize = 32;
 /// Busy-poll rounds between epoll checks when reading sockets directly.
 const SPIN_EPOLL_EVERY: u32 = 16;
 /// Busy-poll rounds per `progress` call when nothing happens.
@@ -87,7 +89,7 @@ const SPIN_ROUNDS_PER_CALL: u32 = 8;
 const SPIN_CALLS_BEFORE_YIELD: u32 = 2;
 /// Direct socket polling only pays with few connections.
 const SPIN_DIRECT_MAX_CONNS: usize = 4;
-/// How often handshake timeouts are checked.
+/// How often handshake and connect deadlines are checked.
 const TIMER_PERIOD: Duration = Duration::from_millis(50);
 /// Longest one blocking `recv` of a direct wait lasts (`SO_RCVTIMEO`; the kernel rounds it up to
 /// whole ticks, so a little more): what bounds the delay of anything a direct wait cannot see.
@@ -402,6 +404,8 @@ struct State {
     s: Settings,
     listener: Option<TcpListener>,
     conns: FxHashMap<Token, Conn>,
+    /// Accepted connections still in their handshake.
+    admission: Admission<Token>,
     next_token: usize,
     peers: Vec<Peer>,
     by_eid: HashMap<u64, PeerId>,
@@ -429,6 +433,8 @@ struct State {
     scratch_tokens: Vec<Token>,
     /// A driver is blocked in a direct wait (its connection's staging buffer is lent out).
     in_direct: bool,
+    /// The listener may hold connections not accepted yet (see [`ACCEPTS_PER_ROUND`]).
+    accept_more: bool,
     /// The last direct wait timed out: epoll until a socket event shows the connection busy.
     direct_idle: bool,
     /// Progress rounds left without direct waits (see [`DIRECT_HOLDOFF`]).
@@ -492,6 +498,11 @@ impl TcpBackend {
             s: settings,
             listener,
             conns: FxHashMap::default(),
+            admission: Admission::new(admission::Limits {
+                deadline: cfg.handshake_timeout,
+                total: cfg.max_handshaking,
+                per_source: cfg.handshakes_per_source,
+            }),
             next_token: FIRST_CONN,
             peers: Vec::new(),
             by_eid: HashMap::new(),
@@ -513,6 +524,7 @@ impl TcpBackend {
             events: 0,
             scratch_tokens: Vec::new(),
             in_direct: false,
+            accept_more: false,
             direct_idle: false,
             direct_holdoff: 0,
             direct_rounds: 0,
@@ -634,7 +646,7 @@ impl Backend for TcpBackend {
             st.flush_ready();
             // Connections queued for reading outside a round (one unstalled by a post) are
             // read now: epoll has no new edge for them.
-            if !st.done.is_empty() || !st.read_ready.is_empty() {
+            if !st.done.is_empty() || !st.read_ready.is_empty() || st.accept_more {
                 timeout = Duration::ZERO;
             }
             if self.woken.load(Ordering::Relaxed) && self.woken.swap(false, Ordering::Relaxed) {
@@ -675,6 +687,9 @@ impl Backend for TcpBackend {
         if !poller.events.is_empty() {
             // Sockets are busy again: direct waits may pay.
             st.direct_idle = false;
+        }
+        if st.accept_more {
+            st.accept(&self.registry);
         }
         for ev in poller.events.iter() {
             match ev.token() {
@@ -755,6 +770,9 @@ impl Backend for TcpBackend {
         info.pool = self.pool.stats();
         info.exposures = st.exposures.len();
         info.peers_connected = st.peers.iter().filter(|p| p.conns.iter().any(Option::is_some)).count();
+        info.gauges.peers = st.peers.len();
+        info.gauges.handshakes = st.admission.len();
+        info.gauges.buffered_bytes = st.peers.iter().map(|p| p.buffered).sum();
     }
 
     fn shutdown(&self) {
@@ -803,7 +821,10 @@ impl TcpBackend {
             let mut guard = self.lock();
             let st = &mut *guard;
             st.spin_rounds = st.spin_rounds.wrapping_add(1);
-            if st.spin_rounds.is_multiple_of(SPIN_EPOLL_EVERY) || st.conns.len() > SPIN_DIRECT_MAX_CONNS {
+            if st.spin_rounds.is_multiple_of(SPIN_EPOLL_EVERY)
+                || st.conns.len() > SPIN_DIRECT_MAX_CONNS
+                || st.accept_more
+            {
                 return false;
             }
             let before = st.events;
@@ -1877,13 +1898,12 @@ impl State {
     // ----------------------------------------------------------------------------------------
 
     fn accept(&mut self, registry: &Registry) {
-        loop {
+        self.accept_more = false;
+        for _ in 0..ACCEPTS_PER_ROUND {
             let Some(l) = &self.listener else { return };
             match l.accept() {
                 Ok((mut sock, remote)) => {
-                    let handshaking = self.conns.values().filter(|c| !c.is_ready()).count();
-                    if self.closed || handshaking >= MAX_HANDSHAKING {
-                        tracing::debug!(%remote, "refusing connection: too many handshakes in progress");
+                    if self.closed {
                         continue;
                     }
                     let _ = sock.set_nodelay(true);
@@ -1903,7 +1923,21 @@ impl State {
                     let mut c =
                         Conn::new(sock, remote, ServiceLevel::Normal, Phase::ServerWaitHello(Box::new(hs)));
                     c.writable = true;
+                    // A client sends its hello as soon as it is connected, so it is usually
+                    // here already: read it now, so that shedding below tells this connection
+                    // from the silent ones.
+                    let heard = match c.fill(usize::MAX) {
+                        Ok((0, _)) => continue, // closed already; dropping `c` closes our side
+                        Ok(_) => true,
+                        Err(_) => false,
+                    };
                     self.conns.insert(t, c);
+                    for v in self.admission.admit(Instant::now(), t, remote.ip()) {
+                        self.shed(v);
+                    }
+                    if heard {
+                        self.admission.heard(t);
+                    }
                     self.read_ready.push_back(t);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -1914,6 +1948,19 @@ impl State {
                 }
             }
         }
+        // Not drained: epoll reports no new edge for what is left, so the next round goes on.
+        self.accept_more = true;
+    }
+
+    /// Drops an accepted connection to make room for newer ones, telling the client why when
+    /// no other frame of ours is half written on it.
+    fn shed(&mut self, t: Token) {
+        let Some(c) = self.conns.get(&t) else { return };
+        tracing::debug!(remote = %c.remote, "shedding a connection in its handshake: handshake limits reached");
+        if c.hs_tx.front().is_none_or(|f| f.sent == 0) {
+            let _ = send_one_now(&c.sock, &handshake::busy_frame(c.sl).encode());
+        }
+        self.close_conn(t);
     }
 
     fn on_writable(&mut self, t: Token) {
@@ -1930,6 +1977,8 @@ impl State {
             }
             let sock = SockRef::from(&c.sock);
             let _ = sock.set_tcp_nodelay(true);
+            // From here the handshake deadline applies.
+            c.since = Instant::now();
             let key = self.s.cfg.cluster_key.clone();
             let mine = HelloInfo::new(
                 self.s.endpoint_id,
@@ -1952,7 +2001,16 @@ impl State {
 
     /// A connection failed: for a ready or dialled connection the whole peer is lost.
     fn conn_failed(&mut self, t: Token, why: Loss) {
-        let peer = self.conns.get(&t).and_then(|c| c.peer);
+        let Some(c) = self.conns.get(&t) else { return };
+        let peer = c.peer;
+        // A server that closes a connection in our handshake refused it (limits, or a key we
+        // do not have); say so rather than report a bare end of file.
+        let why = match why {
+            Loss::Lost(r) if matches!(c.phase, Phase::ClientWaitAck(_) | Phase::ClientWaitReady(_)) => {
+                Loss::Lost(format!("the server closed the connection during the handshake ({r})"))
+            }
+            why => why,
+        };
         match peer {
             Some(p) => self.fail_peer(p, why),
             None => self.close_conn(t),
@@ -1963,6 +2021,7 @@ impl State {
     /// its queued frames referenced.
     fn close_conn(&mut self, t: Token) {
         self.write_ready.remove(&t);
+        self.admission.finished(t);
         let Some(c) = self.conns.remove(&t) else { return };
         self.wake_direct_reader(&c);
         for f in c.hs_tx.into_iter().chain(c.tx) {
@@ -1974,6 +2033,13 @@ impl State {
 
     /// Fails every operation on a peer once, frees what it held, closes its connections.
     fn fail_peer(&mut self, peer: PeerId, why: Loss) {
+        // Name the peer's address in what the application sees.
+        let addr = self.peers.get(peer.0 as usize).and_then(|p| p.dial.or(p.remote));
+        let why = match (why, addr.map(|a| a.to_string())) {
+            (Loss::Lost(r), Some(a)) if !r.contains(&a) => Loss::Lost(format!("{a}: {r}")),
+            (Loss::Auth(r), Some(a)) if !r.contains(&a) => Loss::Auth(format!("{a}: {r}")),
+            (why, _) => why,
+        };
         let (err, reason) = match why {
             Loss::Lost(r) => (Error::PeerLost { peer, reason: r.clone() }, r),
             Loss::Auth(r) => {
@@ -2008,6 +2074,7 @@ impl State {
                 self.wake_direct_reader(&c);
             }
             self.write_ready.remove(&t);
+            self.admission.finished(t);
         }
         let (posted, _early) = self.matcher.drop_peer(peer);
         drop(posted);
@@ -2042,16 +2109,27 @@ impl State {
             return;
         }
         self.last_timers = now;
-        let limit = self.s.cfg.handshake_timeout.max(self.s.cfg.connect_timeout);
-        let expired: Vec<Token> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| !c.is_ready() && now.duration_since(c.since) > limit)
-            .map(|(t, _)| *t)
-            .collect();
-        for t in expired {
+        for t in self.admission.expired(now) {
             tracing::debug!(token = t.0, "handshake timed out");
             self.conn_failed(t, Loss::Lost("connection handshake timed out".into()));
+        }
+        // Dialled connections: the kernel's connect, then our handshake.
+        let (connect, handshake) = (self.s.cfg.connect_timeout, self.s.cfg.handshake_timeout);
+        let expired: Vec<(Token, &'static str)> = self
+            .conns
+            .iter()
+            .filter_map(|(t, c)| match c.phase {
+                Phase::Connecting if now.duration_since(c.since) > connect => Some((*t, "connect timed out")),
+                Phase::ClientWaitAck(_) | Phase::ClientWaitReady(_)
+                    if now.duration_since(c.since) > handshake =>
+                {
+                    Some((*t, "the server did not complete the handshake in time"))
+                }
+                _ => None,
+            })
+            .collect();
+        for (t, why) in expired {
+            self.conn_failed(t, Loss::Lost(why.into()));
         }
     }
 
@@ -2284,6 +2362,9 @@ impl State {
                             // A short read drained the socket: anything arriving later raises a
                             // new edge, so skip the read that would only say EAGAIN.
                             c.drained = n < room;
+                            if !c.is_ready() {
+                                self.admission.heard(t);
+                            }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                             c.readable = false;
@@ -3135,9 +3216,13 @@ impl State {
                 let Some(c) = self.conns.get_mut(&t) else { return };
                 c.peer = Some(peer);
                 c.phase = Phase::Ready;
+                self.admission.finished(t);
                 self.write_ready.insert(t);
                 Counters::add(&self.core.counters.connections, 1);
                 tracing::debug!(%peer, %remote, %sl, "connection accepted");
+            }
+            Phase::ClientWaitAck(_) if h.kind == Kind::Ready && h.aux != handshake::READY_OK => {
+                self.conn_failed(t, Loss::Lost(handshake::refusal(h.aux)))
             }
             Phase::ClientWaitAck(mut hs) => match hs.on_hello_ack(&h, &body) {
                 Ok((auth, auth_body)) => {
@@ -3167,9 +3252,9 @@ impl State {
                         self.write_ready.insert(t);
                     }
                     handshake::READY_AUTH_FAILED => {
-                        self.conn_failed(t, Loss::Auth("the server refused our cluster key".into()))
+                        self.conn_failed(t, Loss::Auth(handshake::refusal(h.aux)))
                     }
-                    _ => self.conn_failed(t, Loss::Lost("the server refused the connection (limits)".into())),
+                    status => self.conn_failed(t, Loss::Lost(handshake::refusal(status))),
                 }
             }
             Phase::Connecting | Phase::Ready | Phase::Closing => {
@@ -3198,11 +3283,18 @@ fn stream_frames(op: OpId, sl: ServiceLevel, len: usize, chunk: usize) -> impl I
 /// switching to reno (likely the kernel's internal pacing, which BBR turns on and nothing turns
 /// off): stripefs's E1 reads gained 16 % from reno set per accepted socket, 1.4× from reno
 /// set on the listener (BENCHMARKS.md, *io servers on reno*).
-fn listener_socket(sa: SocketAddr, cfg: &Config) -> io::Result<Socket> {
+///
+/// Connections are handed to `accept` only once their first bytes arrived
+/// (`TCP_DEFER_ACCEPT`): a client sends its hello at once, while a socket that stays silent
+/// waits in the kernel and reaches us later than every client that talks. Handshake admission
+/// then sheds silent connections first, so a flood of them cannot crowd out a client whose
+/// hello has not been read yet. (Shared by the InfiniBand side channel.)
+pub(crate) fn listener_socket(sa: SocketAddr, cfg: &Config) -> io::Result<Socket> {
     let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
     sock.set_reuse_address(true)?;
     sock.set_nonblocking(true)?;
     sock.bind(&sa.into())?;
+    crate::util::defer_accept(&sock, 1);
     if let Some(cc) = &cfg.tcp_congestion
         && let Err(e) = SockRef::from(&sock).set_tcp_congestion(cc.as_bytes())
     {

@@ -136,6 +136,7 @@ struct WInfo {
     peers_connected: usize,
     exposures: usize,
     pending_ops: usize,
+    gauges: [usize; 5],
     counters: Vec<(String, u64)>,
     rdma: Option<([usize; 9], [u64; 14])>,
 }
@@ -244,6 +245,10 @@ fn wire_info(i: &Info) -> WInfo {
         peers_connected: i.peers_connected,
         exposures: i.exposures,
         pending_ops: i.pending_ops,
+        gauges: {
+            let g = i.gauges;
+            [g.peers, g.handshakes, g.transmit_bytes, g.buffered_bytes, g.peers_paused]
+        },
         counters: i.counters.fields().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
         rdma: i.rdma.map(|r| {
             let p = r.provider;
@@ -321,6 +326,11 @@ fn from_wire_info(w: WInfo) -> Info {
         peers_connected: w.peers_connected,
         exposures: w.exposures,
         pending_ops: w.pending_ops,
+        gauges: {
+            let mut g = ionet::Gauges::default();
+            [g.peers, g.handshakes, g.transmit_bytes, g.buffered_bytes, g.peers_paused] = w.gauges;
+            g
+        },
         counters,
         rdma: w.rdma.map(|(g, p)| ionet::info::RdmaInfo {
             queue_pairs: g[0],

@@ -60,9 +60,9 @@ use mio::net::TcpListener;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use rustc_hash::FxHashMap;
-use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::addr::{Address, Scheme};
+use crate::admission::{self, Admission};
 use crate::buf::{BufPool, OpBuf, RegisteredBuf};
 use crate::comm::{BulkScheduler, Mechanism, Policy};
 use crate::config::Config;
@@ -93,6 +93,9 @@ pub(crate) fn fuzz_decoders(data: &[u8]) {
 }
 
 const LISTENER: Token = Token(0);
+/// Side channels accepted per progress round. Under a flood of connections the listener never
+/// runs dry; the bound lets every round serve the channels and queue pairs already there.
+const ACCEPTS_PER_ROUND: usize = 32;
 const WAKER: Token = Token(1);
 const CHANNEL: Token = Token(2);
 const FIRST_SIDE: usize = 3;
@@ -109,7 +112,6 @@ const SPIN_SIDE_EVERY: u32 = 32;
 /// away — free of system calls.
 const SPIN_ROUNDS_BEFORE_YIELD: u32 = 8;
 /// Handshakes in progress, at most.
-const MAX_HANDSHAKING: usize = 128;
 /// What an unmatched rendezvous announcement costs against the peer's early-data budget.
 const RDV_COST: usize = 64;
 
@@ -561,6 +563,8 @@ pub(crate) struct State<V: Verbs> {
     pub core: Arc<Core>,
     pub listener: Option<TcpListener>,
     pub sides: HashMap<Token, Side>,
+    /// Accepted side channels still in their handshake.
+    pub admission: Admission<Token>,
     pub next_token: usize,
     pub conns: Vec<Option<Conn<V>>>,
     pub conn_gen: Vec<u8>,
@@ -588,6 +592,8 @@ pub(crate) struct State<V: Verbs> {
     pub idle_rounds: u32,
     pub last_timers: Instant,
     pub closed: bool,
+    /// The listener may hold side channels not accepted yet (see [`ACCEPTS_PER_ROUND`]).
+    pub accept_more: bool,
     pub registry: Registry,
     pub wcs: Vec<WorkCompletion>,
     /// Invalidates this endpoint's cached registrations of a file mapping before it is unmapped
@@ -675,12 +681,7 @@ impl<V: Verbs> IbBackend<V> {
         let mut local = None;
         if let Some(addr) = bind {
             let sa = *addr.resolve()?.first().ok_or_else(|| Error::misuse("no address to bind"))?;
-            let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
-            sock.set_reuse_address(true)?;
-            sock.set_nonblocking(true)?;
-            sock.bind(&sa.into())?;
-            sock.listen(1024)?;
-            let mut l = TcpListener::from_std(sock.into());
+            let mut l = TcpListener::from_std(crate::tcp::listener_socket(sa, cfg)?.into());
             registry.register(&mut l, LISTENER, Interest::READABLE)?;
             local = Some(Address::new(scheme, addr.host().clone(), l.local_addr()?.port()));
             listener = Some(l);
@@ -708,6 +709,11 @@ impl<V: Verbs> IbBackend<V> {
             core: core.clone(),
             listener,
             sides: HashMap::new(),
+            admission: Admission::new(admission::Limits {
+                deadline: cfg.handshake_timeout,
+                total: cfg.max_handshaking,
+                per_source: cfg.handshakes_per_source,
+            }),
             next_token: FIRST_SIDE,
             conns: Vec::new(),
             conn_gen: Vec::new(),
@@ -737,6 +743,7 @@ impl<V: Verbs> IbBackend<V> {
             idle_rounds: 0,
             last_timers: Instant::now(),
             closed: false,
+            accept_more: false,
             registry: registry.try_clone()?,
             wcs: vec![WorkCompletion::default(); CQ_BATCH],
             _unmap_hook: unmap_hook,
@@ -837,7 +844,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
         let st = &mut *guard;
         st.rounds = st.rounds.wrapping_add(1);
         let progressed = self.round(st);
-        let look_at_sides = !timeout.is_zero() || st.rounds.is_multiple_of(SPIN_SIDE_EVERY);
+        let look_at_sides = !timeout.is_zero() || st.rounds.is_multiple_of(SPIN_SIDE_EVERY) || st.accept_more;
         if progressed || !look_at_sides {
             st.timers(timeout.is_zero());
             let yield_cpu = st.idle_spin(timeout, progressed);
@@ -849,7 +856,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
         }
         // Nothing on the CQ: arm it, look once more (a completion may have slipped in before
         // arming), then sleep in epoll on the channel and the side channels.
-        let mut timeout = timeout;
+        let mut timeout = if st.accept_more { Duration::ZERO } else { timeout };
         if !timeout.is_zero() {
             self.dev.cq.req_notify(false)?;
             if self.round(st) {
@@ -881,6 +888,9 @@ impl<V: Verbs> Backend for IbBackend<V> {
                 CHANNEL => while let Ok(Some(_)) = self.dev.ch.get_event() {},
                 t => st.side_event(t, ev.is_writable()),
             }
+        }
+        if st.accept_more {
+            st.accept();
         }
         let had_events = !poller.events.is_empty();
         drop(pg);
@@ -975,6 +985,9 @@ impl<V: Verbs> Backend for IbBackend<V> {
         info.pool = self.pool.stats();
         info.exposures = st.exposures.len();
         info.peers_connected = st.peers.iter().filter(|p| p.conns.iter().any(Option::is_some)).count();
+        info.gauges.peers = st.peers.len();
+        info.gauges.handshakes = st.admission.len();
+        info.gauges.buffered_bytes = st.peers.iter().map(|p| p.buffered).sum();
         let (max_entries, max_bytes) = (st.s.cfg.ib.regcache_entries, st.s.cfg.ib.regcache_bytes as u64);
         let provider = self.dev.ctx.counters();
         let zones = st.zones.as_ref().map(|z| (z.zones.stats().held_bytes, z.zones.waiting()));
@@ -1303,6 +1316,13 @@ impl<V: Verbs> State<V> {
     // ----------------------------------------------------------------------------------------
 
     pub(crate) fn fail_peer(&mut self, peer: PeerId, why: Loss) {
+        // Name the peer's address in what the application sees.
+        let addr = self.peers.get(peer.0 as usize).and_then(|p| p.dial.or(p.remote));
+        let why = match (why, addr.map(|a| a.to_string())) {
+            (Loss::Lost(r), Some(a)) if !r.contains(&a) => Loss::Lost(format!("{a}: {r}")),
+            (Loss::Auth(r), Some(a)) if !r.contains(&a) => Loss::Auth(format!("{a}: {r}")),
+            (why, _) => why,
+        };
         let (err, reason) = match why {
             Loss::Lost(r) => (Error::PeerLost { peer, reason: r.clone() }, r),
             Loss::Auth(r) => {
@@ -1329,6 +1349,7 @@ impl<V: Verbs> State<V> {
         let sides: Vec<Token> =
             self.sides.iter().filter(|(_, s)| s.peer == Some(peer)).map(|(t, _)| *t).collect();
         for t in sides {
+            self.admission.finished(t);
             if let Some(mut s) = self.sides.remove(&t) {
                 let _ = self.registry.deregister(&mut s.framed.sock);
             }
@@ -1453,17 +1474,28 @@ impl<V: Verbs> State<V> {
             return;
         }
         self.last_timers = now;
-        let limit = self.s.cfg.handshake_timeout.max(self.s.cfg.connect_timeout);
-        let expired: Vec<Token> = self
+        for t in self.admission.expired(now) {
+            self.side_failed(t, Loss::Lost("connection handshake timed out".into()));
+        }
+        // Dialled side channels: the kernel's connect, then our handshake.
+        let (connect, handshake) = (self.s.cfg.connect_timeout, self.s.cfg.handshake_timeout);
+        let expired: Vec<(Token, &'static str)> = self
             .sides
             .iter()
-            .filter(|(_, s)| {
-                !matches!(s.phase, SidePhase::Established) && now.duration_since(s.since) > limit
+            .filter_map(|(t, s)| match s.phase {
+                SidePhase::Connecting if now.duration_since(s.since) > connect => {
+                    Some((*t, "connect timed out"))
+                }
+                SidePhase::ClientWaitAck(_) | SidePhase::ClientWaitReady(_) | SidePhase::ClientWaitInfo
+                    if now.duration_since(s.since) > handshake =>
+                {
+                    Some((*t, "the server did not complete the handshake in time"))
+                }
+                _ => None,
             })
-            .map(|(t, _)| *t)
             .collect();
-        for t in expired {
-            self.side_failed(t, Loss::Lost("connection handshake timed out".into()));
+        for (t, why) in expired {
+            self.side_failed(t, Loss::Lost(why.into()));
         }
         // Cancelled transfers the peer did not finish within the grace period: tear down.
         let overdue: Vec<PeerId> = self

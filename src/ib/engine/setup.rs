@@ -20,7 +20,7 @@ use crate::wire::{Header, Kind};
 
 use super::reg::{DmaRegion, register_region};
 use super::side::{Framed, IbInfo};
-use super::{Conn, Layout, Loss, MAX_HANDSHAKING, Side, SidePhase, State, WR_RECV, wr_id};
+use super::{Conn, Layout, Loss, Side, SidePhase, State, WR_RECV, wr_id};
 
 impl<V: Verbs> State<V> {
     /// The connection for (peer, class): existing (ready or being set up), newly dialled, or for
@@ -199,14 +199,12 @@ impl<V: Verbs> State<V> {
     }
 
     pub(crate) fn accept(&mut self) {
-        loop {
+        self.accept_more = false;
+        for _ in 0..super::ACCEPTS_PER_ROUND {
             let Some(l) = &self.listener else { return };
             match l.accept() {
                 Ok((mut sock, remote)) => {
-                    let handshaking =
-                        self.sides.values().filter(|s| !matches!(s.phase, SidePhase::Established)).count();
-                    if self.closed || handshaking >= MAX_HANDSHAKING {
-                        tracing::debug!(%remote, "refusing side channel: too many handshakes in progress");
+                    if self.closed {
                         continue;
                     }
                     let _ = sock.set_nodelay(true);
@@ -235,6 +233,11 @@ impl<V: Verbs> State<V> {
                             since: Instant::now(),
                         },
                     );
+                    for v in self.admission.admit(Instant::now(), t, remote.ip()) {
+                        self.shed(v);
+                    }
+                    // A client sends its hello as soon as it is connected: reading it now tells
+                    // this channel from silent ones if a later accept has to shed.
                     self.side_event(t, false);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -245,10 +248,39 @@ impl<V: Verbs> State<V> {
                 }
             }
         }
+        // Not drained: epoll reports no new edge for what is left, so the next round goes on.
+        self.accept_more = true;
+    }
+
+    /// Drops an accepted side channel to make room for newer ones, telling the client why when
+    /// nothing else of ours is half written on it.
+    fn shed(&mut self, t: Token) {
+        self.admission.finished(t);
+        let Some(mut s) = self.sides.remove(&t) else { return };
+        tracing::debug!(remote = %s.remote, "shedding a side channel in its handshake: handshake limits reached");
+        if s.framed.flushed() {
+            let _ = s.framed.send(&handshake::busy_frame(s.sl), &[]);
+        }
+        let _ = self.registry.deregister(&mut s.framed.sock);
     }
 
     pub(crate) fn side_failed(&mut self, t: Token, why: Loss) {
-        let peer = self.sides.get(&t).and_then(|s| s.peer);
+        self.admission.finished(t);
+        let Some(s) = self.sides.get(&t) else { return };
+        let peer = s.peer;
+        // A server that closes a channel in our handshake refused it (limits, or a key we do
+        // not have); say so rather than report a bare end of file.
+        let why = match why {
+            Loss::Lost(r)
+                if matches!(
+                    s.phase,
+                    SidePhase::ClientWaitAck(_) | SidePhase::ClientWaitReady(_) | SidePhase::ClientWaitInfo
+                ) =>
+            {
+                Loss::Lost(format!("the server closed the connection during the handshake ({r})"))
+            }
+            why => why,
+        };
         match peer {
             Some(p) => self.fail_peer(p, why),
             None => {
@@ -289,6 +321,8 @@ impl<V: Verbs> State<V> {
             );
             let (hs, (h, body)) = ClientHandshake::start(s.sl, mine, key);
             s.phase = SidePhase::ClientWaitAck(Box::new(hs));
+            // From here the handshake deadline applies.
+            s.since = Instant::now();
             if let Err(e) = s.framed.send(&h, &body) {
                 self.side_failed(t, Loss::Lost(format!("side channel: {e}")));
                 return;
@@ -314,6 +348,7 @@ impl<V: Verbs> State<V> {
             }
             match s.framed.recv() {
                 Ok(Some((h, body))) => {
+                    self.admission.heard(t);
                     if !self.side_frame(t, h, body) {
                         return;
                     }
@@ -431,12 +466,17 @@ impl<V: Verbs> State<V> {
                 }
                 let cid = s.conn;
                 s.phase = SidePhase::Established;
+                self.admission.finished(t);
                 if let Some(c) = cid.and_then(|cid| self.conn_mut(cid)) {
                     c.ready = true;
                     tracing::debug!(peer = %c.peer, sl = %c.sl, "queue pair ready (server)");
                 }
                 Counters::add(&self.core.counters.connections, 1);
                 true
+            }
+            SidePhase::ClientWaitAck(_) if h.kind == Kind::Ready && h.aux != handshake::READY_OK => {
+                self.side_failed(t, Loss::Lost(handshake::refusal(h.aux)));
+                false
             }
             SidePhase::ClientWaitAck(mut hs) => match hs.on_hello_ack(&h, &body) {
                 Ok((auth, auth_body)) => {
@@ -460,11 +500,11 @@ impl<V: Verbs> State<V> {
                 match h.aux {
                     handshake::READY_OK => {}
                     handshake::READY_AUTH_FAILED => {
-                        self.side_failed(t, Loss::Auth("the server refused our cluster key".into()));
+                        self.side_failed(t, Loss::Auth(handshake::refusal(h.aux)));
                         return false;
                     }
-                    _ => {
-                        self.side_failed(t, Loss::Lost("the server refused the connection (limits)".into()));
+                    status => {
+                        self.side_failed(t, Loss::Lost(handshake::refusal(status)));
                         return false;
                     }
                 }
