@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod harness;
+pub mod moved;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,6 +16,9 @@ use bytes::{Bytes, BytesMut};
 use ionet::{Access, AccessError, Direction, MemHandle, RecvBuf, ServiceLevel, WaitMode};
 
 pub use harness::*;
+// For `suite!`; binaries that only borrow the harness leave these unused.
+#[allow(unused_imports)]
+pub use moved::*;
 
 pub const T: Duration = Duration::from_secs(20);
 
@@ -61,6 +65,10 @@ macro_rules! transport_suite {
                 batched_sends_keep_order_and_complete,
                 pushed_reads_then_replies_never_lose_a_frame,
                 one_way_streams_keep_flowing,
+                received_len_is_the_message_length,
+                get_len_is_the_requested_length,
+                pull_len_is_the_bytes_pulled,
+                pushed_len_is_the_extent_written,
             );
         }
     };
