@@ -325,6 +325,7 @@ pub struct Config {
     zone_bytes_per_class: Option<usize>,
     cancel_grace_ms: Option<u64>,
     faults: Option<FaultSpec>,
+    stream_requests: Option<bool>,
 }
 
 fn wait_mode_code(m: WaitMode) -> u8 {
@@ -423,6 +424,11 @@ impl Config {
         self.faults = Some(f);
         self
     }
+    /// TCP: OUT payloads stream behind their requests (on) or wait for the server's pulls.
+    pub fn stream_requests(mut self, on: bool) -> Self {
+        self.stream_requests = Some(on);
+        self
+    }
 
     /// The ionet configuration this describes, for `scheme`.
     pub fn to_ionet(&self, scheme: ionet::Scheme) -> ionet::Config {
@@ -445,6 +451,9 @@ impl Config {
         }
         if let Some(k) = &self.cluster_key {
             c = c.cluster_key(k.clone());
+        }
+        if let Some(on) = self.stream_requests {
+            c = c.stream_requests(on);
         }
         if let Some(p) = &self.policy {
             let mut pol = ionet::Policy::for_scheme(scheme);

@@ -4,7 +4,8 @@
 //! looks right whenever the two are equal.
 //!
 //! The sizes hit each mechanism on both transports: empty, tiny, inline (InfiniBand) and eager
-//! (TCP), fast RDMA (InfiniBand) and rendezvous (TCP), and server-based RDMA.
+//! (TCP), fast RDMA (InfiniBand) and rendezvous (TCP), and server-based RDMA. Receive buffers
+//! start out filled with [`FILL`], so a transport that writes past what it counts shows.
 
 use bytes::{Bytes, BytesMut};
 use ionet::{Access, Direction, OpBuf, ServiceLevel};
@@ -13,6 +14,9 @@ use super::*;
 
 /// Data sizes of every class.
 const SIZES: [usize; 7] = [0, 1, 100, 4 * 1024, 60 * 1024, 100_000, 1 << 20];
+
+/// What a receive buffer holds before the operation.
+const FILL: u8 = 0xA5;
 
 /// Where a receiving caller keeps its bytes.
 #[derive(Debug, Clone, Copy)]
@@ -23,19 +27,27 @@ enum Kind {
     Pool,
     /// A three-piece scatter list, cut off the data's natural boundaries.
     List,
+    /// A scatter list of more pieces than InfiniBand registers one by one (it stages them).
+    Pieces,
 }
 
-const KINDS: [Kind; 3] = [Kind::Mut, Kind::Pool, Kind::List];
+const KINDS: [Kind; 4] = [Kind::Mut, Kind::Pool, Kind::List, Kind::Pieces];
 
-/// A zeroed receive buffer of `cap` bytes.
+/// A receive buffer of `cap` bytes of [`FILL`].
 fn rbuf(kind: Kind, cap: usize) -> RBuf {
+    let filled = |n| BytesMut::from(&vec![FILL; n][..]);
+    let list = |lens: Vec<usize>| RBuf::List(lens.into_iter().filter(|&n| n > 0).map(filled).collect());
     match kind {
-        Kind::Mut => RBuf::Mut(BytesMut::zeroed(cap)),
-        Kind::Pool => RBuf::pool(cap),
+        Kind::Mut => RBuf::Mut(filled(cap)),
+        Kind::Pool => RBuf::Pool(filled(cap)),
         Kind::List => {
             let a = cap / 3;
             let b = (cap - a).min(7);
-            RBuf::List([a, b, cap - a - b].into_iter().filter(|&n| n > 0).map(BytesMut::zeroed).collect())
+            list(vec![a, b, cap - a - b])
+        }
+        Kind::Pieces => {
+            let n = cap.min(150);
+            list((0..n).map(|i| cap / n + usize::from(i < cap % n)).collect())
         }
     }
 }
@@ -45,8 +57,8 @@ fn roomy(len: usize) -> usize {
     len + len / 2 + 100
 }
 
-/// Asserts that `c` moved exactly `want` into a zeroed `cap`-byte buffer: `len()` counts it,
-/// `data()` is it, and nothing past it was written.
+/// Asserts that `c` moved exactly `want` into a `cap`-byte buffer of [`FILL`]: `len()` counts
+/// it, `data()` is it, and nothing past it was written.
 fn assert_moved(c: &Completion, want: &[u8], cap: usize, what: &str) {
     assert_eq!(c.len(), want.len(), "{what}: len()");
     let data = c.data().unwrap_or_else(|| panic!("{what}: no receive buffer back"));
@@ -54,7 +66,7 @@ fn assert_moved(c: &Completion, want: &[u8], cap: usize, what: &str) {
     let OpBuf::Recv(r) = &c.buf else { panic!("{what}: no receive buffer back") };
     assert_eq!(r.capacity(), cap, "{what}: the buffer comes back whole");
     let all = r.to_bytes(cap);
-    assert!(all[want.len()..].iter().all(|&b| b == 0), "{what}: bytes written past len()");
+    assert!(all[want.len()..].iter().all(|&b| b == FILL), "{what}: bytes written past len()");
 }
 
 /// Receives: the count is the message's length, whatever room the buffer had.
@@ -102,9 +114,16 @@ pub fn get_len_is_the_requested_length(net: &Net) {
 }
 
 /// Pulls: each pull counts the bytes it pulled (its buffer's length); the client's request
-/// counts its whole OUT payload, also when the server pulls only part of it.
+/// counts its whole OUT payload, also when the server pulls only part of it. Over TCP both
+/// with the payload streamed behind the request and waiting for the pulls.
 pub fn pull_len_is_the_bytes_pulled(net: &Net) {
-    let (srv, cli, p) = pair(net, Config::default(), Config::default());
+    for streamed in [true, false] {
+        pulls_with(net, Config::default().stream_requests(streamed));
+    }
+}
+
+fn pulls_with(net: &Net, cli_cfg: Config) {
+    let (srv, cli, p) = pair(net, Config::default(), cli_cfg);
     let srv2 = srv.clone();
     let requests = SIZES.len() * KINDS.len() + SIZES.len();
     let server = std::thread::spawn(move || {
@@ -131,7 +150,7 @@ pub fn pull_len_is_the_bytes_pulled(net: &Net) {
         }
     });
     for len in SIZES {
-        let cases = KINDS.iter().enumerate().map(|(k, _)| (k as u8, 1u8)).chain([(0, 0)]);
+        let cases = (0..KINDS.len()).map(|k| (k as u8, 1u8)).chain([(0, 0)]);
         for (kind, whole) in cases {
             let data = Bytes::from(pattern(len, len as u64));
             let payload = Payload::Out(data.into());
@@ -192,7 +211,7 @@ pub fn pushed_len_is_the_extent_written(net: &Net) {
         let src = pattern(cap, cap as u64);
         for pushes in plans(cap) {
             let end = pushes.iter().filter(|p| p.1 > 0).map(|&(off, n)| off + n).max().unwrap_or(0);
-            let mut want = vec![0u8; end];
+            let mut want = vec![FILL; end];
             for &(off, n) in &pushes {
                 want[off..off + n].copy_from_slice(&src[off..off + n]);
             }
