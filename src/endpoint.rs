@@ -71,7 +71,7 @@ pub struct Completion {
     pub peer: PeerId,
     /// Its tag (0 for one-sided operations).
     pub tag: Tag,
-    /// Bytes moved (received, sent, pulled or pushed), or why it failed.
+    /// The bytes moved (see [`Completion::len`]), or why it failed.
     pub result: Result<usize>,
     /// The buffer the operation carried (always returned, also on error).
     pub buf: OpBuf,
@@ -100,7 +100,19 @@ impl Completion {
         }
     }
 
-    /// Bytes moved (0 on error).
+    /// The bytes the operation moved (0 on error), the same on every transport, mechanism and
+    /// buffer kind:
+    ///
+    /// - send, put, push: the bytes sent, written or pushed;
+    /// - receive: the message's length (the buffer may be larger);
+    /// - get: the requested length (the local buffer's);
+    /// - pull: the bytes pulled (the buffer's length);
+    /// - request with an IN payload: the end of the furthest byte the server pushed, so pushes
+    ///   at 0..1000 and 5000..6000 count 6000 (the server may write in any order and leave
+    ///   holes; the bytes in them, and past the end, are the buffer's as the caller passed it);
+    /// - request with an OUT payload: its whole length, however much of it the server pulled
+    ///   (small payloads travel whole with the request); the server's reply says what it used;
+    /// - request without payload, reply: 0.
     pub fn len(&self) -> usize {
         *self.result.as_ref().unwrap_or(&0)
     }
@@ -110,7 +122,9 @@ impl Completion {
         self.len() == 0
     }
 
-    /// The received bytes of a single-buffer receive, as `Bytes` (copies for lists).
+    /// The first [`len`](Completion::len) bytes of the receive buffer (a receive, get, pull or
+    /// read request), as `Bytes`: exactly the bytes the operation brought, holes between a
+    /// read's pushes included. Copies them; `None` for operations without a receive buffer.
     pub fn data(&self) -> Option<Bytes> {
         match &self.buf {
             OpBuf::Recv(RecvBuf::Mut(b)) => Some(Bytes::copy_from_slice(&b[..self.len().min(b.len())])),

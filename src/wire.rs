@@ -71,6 +71,9 @@ pub enum Kind {
     /// Server writes into the client's IN buffer. b = request id, c = offset.
     Push = 9,
     /// Server ends a request. b = request id, aux = status (0 = ok); payload = reply header.
+    /// InfiniBand: a = end of the furthest byte pushed into the request's IN buffer (its
+    /// client cannot see RDMA writes); with `FLAG_RDV_HEADER`, c = message id and the payload
+    /// is the header's segment list.
     Reply = 10,
     /// Emulated RDMA write. a = op id, b = key, c = address.
     Put = 11,

@@ -31,7 +31,9 @@ enum Kind {
     Pieces,
 }
 
-const KINDS: [Kind; 4] = [Kind::Mut, Kind::Pool, Kind::List, Kind::Pieces];
+/// `Pieces` first: the pool buffer its bytes are staged in was last a `Pool` case's buffer, so
+/// a stage that does not start from the caller's bytes shows in the holes between pushes.
+const KINDS: [Kind; 4] = [Kind::Pieces, Kind::Mut, Kind::List, Kind::Pool];
 
 /// A receive buffer of `cap` bytes of [`FILL`].
 fn rbuf(kind: Kind, cap: usize) -> RBuf {
@@ -146,7 +148,7 @@ fn pulls_with(net: &Net, cli_cfg: Config) {
                 let what = format!("{kind:?} pull of {n} B at {off} of {len}");
                 assert_moved(&wait_ok(&srv2, op), &want[off..off + n], n, &what);
             }
-            wait_ok(&srv2, req.reply(Bytes::from_static(b"ok")).unwrap());
+            assert_eq!(wait_ok(&srv2, req.reply(Bytes::from_static(b"ok")).unwrap()).len(), 0, "reply");
         }
     });
     for len in SIZES {
@@ -166,7 +168,9 @@ fn pulls_with(net: &Net, cli_cfg: Config) {
 /// Pushes: the client's request counts up to the end of the furthest byte the server pushed
 /// (holes between pushes keep the caller's bytes), so `data()` is what the server wrote.
 pub fn pushed_len_is_the_extent_written(net: &Net) {
-    let (srv, cli, p) = pair(net, Config::default(), Config::default());
+    // Room for reply headers too large for a message (InfiniBand fetches them with RDMA).
+    let cfg = || Config::default().max_header(BIG_REPLY);
+    let (srv, cli, p) = pair(net, cfg(), cfg());
     // IN buffers of every class: inline (InfiniBand) / eager (TCP), fast RDMA, server-based
     // RDMA, and one larger than the largest push.
     let caps = [4 * 1024, 64 * 1024, 1 << 20, 3 << 19];
@@ -179,14 +183,24 @@ pub fn pushed_len_is_the_extent_written(net: &Net) {
         v.extend([vec![(0, q), (4 * q, q)], vec![(4 * q, q), (0, q)], vec![(4 * q, q)], vec![(cap - q, q)]]);
         v
     };
-    let requests: usize = caps.iter().map(|&c| plans(c).len() * KINDS.len()).sum();
+    // (buffer, pushes, kind, large reply header): every plan into every kind, then pushes with
+    // a hole answered with a large header.
+    let mut cases = Vec::new();
+    for cap in caps {
+        for pushes in plans(cap) {
+            cases.extend(KINDS.map(|kind| (cap, pushes.clone(), kind, false)));
+        }
+        cases.push((cap, vec![(0, cap / 8), (cap / 2, cap / 8)], Kind::Mut, true));
+    }
+    let requests = cases.len();
     let srv2 = srv.clone();
     let server = std::thread::spawn(move || {
+        let mut srcs = std::collections::HashMap::new();
         for _ in 0..requests {
             let req = srv2.next_request(Some(T)).unwrap().expect("request");
             assert_eq!(req.direction(), Direction::In);
             let cap = req.payload_len() as usize;
-            let src = pattern(cap, cap as u64);
+            let src = &*srcs.entry(cap).or_insert_with(|| pattern(cap, cap as u64));
             let pushes: Vec<(usize, usize)> = req
                 .header()
                 .chunks_exact(16)
@@ -204,31 +218,40 @@ pub fn pushed_len_is_the_extent_written(net: &Net) {
             for (op, (off, n)) in ops.into_iter().zip(pushes) {
                 assert_eq!(wait_ok(&srv2, op).len(), n, "push of {n} B at {off} into {cap}");
             }
-            wait_ok(&srv2, req.reply(Bytes::from_static(b"done")).unwrap());
+            let big = req.tag() == 3;
+            assert_eq!(
+                wait_ok(&srv2, req.reply(reply_header(big)).unwrap()).len(),
+                0,
+                "a reply moves no payload"
+            );
         }
     });
-    for cap in caps {
-        let src = pattern(cap, cap as u64);
-        for pushes in plans(cap) {
-            let end = pushes.iter().filter(|p| p.1 > 0).map(|&(off, n)| off + n).max().unwrap_or(0);
-            let mut want = vec![FILL; end];
-            for &(off, n) in &pushes {
-                want[off..off + n].copy_from_slice(&src[off..off + n]);
-            }
-            let header: Vec<u8> = pushes
-                .iter()
-                .flat_map(|&(off, n)| [(off as u64).to_le_bytes(), (n as u64).to_le_bytes()])
-                .flatten()
-                .collect();
-            for kind in KINDS {
-                let what = format!("{kind:?} read into {cap} B, pushes {pushes:?}");
-                let payload = Payload::In(rbuf(kind, cap));
-                let op = cli.request(p, 2, header.clone(), payload, ServiceLevel::Normal).unwrap();
-                let c = wait_ok(&cli, op);
-                assert_eq!(c.reply.as_deref(), Some(&b"done"[..]), "{what}");
-                assert_moved(&c, &want, cap, &what);
-            }
+    let mut srcs = std::collections::HashMap::new();
+    for (cap, pushes, kind, big) in cases {
+        let src = &*srcs.entry(cap).or_insert_with(|| pattern(cap, cap as u64));
+        let end = pushes.iter().filter(|p| p.1 > 0).map(|&(off, n)| off + n).max().unwrap_or(0);
+        let mut want = vec![FILL; end];
+        for &(off, n) in &pushes {
+            want[off..off + n].copy_from_slice(&src[off..off + n]);
         }
+        let header: Vec<u8> = pushes
+            .iter()
+            .flat_map(|&(off, n)| [(off as u64).to_le_bytes(), (n as u64).to_le_bytes()])
+            .flatten()
+            .collect();
+        let what = format!("{kind:?} read into {cap} B, pushes {pushes:?}, large reply: {big}");
+        let payload = Payload::In(rbuf(kind, cap));
+        let tag = if big { 3 } else { 2 };
+        let c = wait_ok(&cli, cli.request(p, tag, header, payload, ServiceLevel::Normal).unwrap());
+        assert!(c.reply.as_ref() == Some(&reply_header(big)), "{what}: reply header");
+        assert_moved(&c, &want, cap, &what);
     }
     server.join().unwrap();
+}
+
+/// A reply header larger than a fast-RDMA ring slot.
+const BIG_REPLY: usize = 100 << 10;
+
+fn reply_header(big: bool) -> Bytes {
+    if big { Bytes::from(vec![b'd'; BIG_REPLY]) } else { Bytes::from_static(b"done") }
 }

@@ -277,7 +277,8 @@ pub(crate) struct Op {
     pub outcome: Option<Result<usize>>,
     pub mech: Option<Mechanism>,
     pub reply: Option<Bytes>,
-    /// Bytes moved (pushed into an IN buffer, read by the server…).
+    /// A request's progress: its whole OUT payload when it went with the request, or the end
+    /// of the furthest byte pushed into its IN buffer in a PUSH message.
     pub moved: usize,
     /// Registrations held for the peer's RDMA into or out of `buf` (or the request header).
     pub regs: Vec<RegRef>,
@@ -309,6 +310,9 @@ pub(crate) struct SReq {
     pub xfers: u32,
     /// A reply posted while transfers were still running.
     pub deferred_reply: Option<(OpId, Bytes, u32)>,
+    /// End of the furthest byte pushed so far (by pushes that finished, or went out as
+    /// messages): the reply tells the client, whose RDMA-written buffer cannot tell it.
+    pub pushed: u64,
 }
 
 /// A peer.
@@ -546,14 +550,15 @@ pub(crate) enum Local {
 pub(crate) enum XferThen {
     /// Complete the op with the bytes moved.
     CompleteOp(OpId),
-    /// A pull or push of a request: complete the op; the request's reply may then go.
-    ReqOp { op: OpId, peer: PeerId, req: u64 },
+    /// A pull or push of a request: complete the op; the request's reply may then go. `end`:
+    /// where a push's bytes end in the client's buffer (0 for a pull).
+    ReqOp { op: OpId, peer: PeerId, req: u64, end: u64 },
     /// A rendezvous receive: send FIN for `msg`, complete the op.
     RecvDone { op: OpId, msg: u64 },
     /// A fetched request header: deliver the request (then FIN).
     RequestHeader { pending: Box<recv::PendingRequest> },
-    /// A fetched reply header: complete the request op (then FIN).
-    ReplyHeader { op: OpId, status: u32, msg: u64 },
+    /// A fetched reply header: complete the request op (then FIN); `pushed` as the reply said.
+    ReplyHeader { op: OpId, status: u32, msg: u64, pushed: u64 },
 }
 
 pub(crate) struct State<V: Verbs> {

@@ -117,6 +117,25 @@ pub fn segments_len(n: usize) -> usize {
 /// Decodes a segment list from the front of `bytes`; returns it and the rest. The segments'
 /// total must equal `total` (a peer cannot make us read or write beyond what it announced).
 pub fn decode_segments(bytes: &[u8], total: u64) -> Result<(Vec<Segment>, &[u8]), MsgError> {
+    let (segs, sum, rest) = decode_list(bytes)?;
+    if sum != total {
+        return Err(MsgError::Segments("segments do not add up to the announced length"));
+    }
+    Ok((segs, rest))
+}
+
+/// Decodes a segment list whose total nothing else announces (a reply header's): its total is
+/// the length, and must not exceed `max`. Returns the list, its total and the rest.
+pub fn decode_segments_within(bytes: &[u8], max: u64) -> Result<(Vec<Segment>, u64, &[u8]), MsgError> {
+    let (segs, sum, rest) = decode_list(bytes)?;
+    if sum > max {
+        return Err(MsgError::Segments("segments exceed the length limit"));
+    }
+    Ok((segs, sum, rest))
+}
+
+/// A segment list, its total and the rest of `bytes`.
+fn decode_list(bytes: &[u8]) -> Result<(Vec<Segment>, u64, &[u8]), MsgError> {
     let n = bytes.get(..4).ok_or(MsgError::Truncated { need: 4, have: bytes.len() })?;
     let n = u32::from_le_bytes([n[0], n[1], n[2], n[3]]) as usize;
     if n == 0 || n > MAX_SEGMENTS {
@@ -137,10 +156,7 @@ pub fn decode_segments(bytes: &[u8], total: u64) -> Result<(Vec<Segment>, &[u8])
         sum = sum.checked_add(u64::from(len)).ok_or(MsgError::Segments("total overflows"))?;
         segs.push(Segment { addr, len, rkey });
     }
-    if sum != total {
-        return Err(MsgError::Segments("segments do not add up to the announced length"));
-    }
-    Ok((segs, &bytes[need..]))
+    Ok((segs, sum, &bytes[need..]))
 }
 
 /// The pieces of `segs` covering logical `[offset, offset + len)`, in order, as
@@ -197,6 +213,9 @@ mod tests {
         assert_eq!(got, segs);
         assert_eq!(rest, b"tail");
         assert!(decode_segments(&v, 151).is_err(), "total must match");
+        let (got, total, rest) = decode_segments_within(&v, 150).unwrap();
+        assert_eq!((got.len(), total, rest), (2, 150, &b"tail"[..]));
+        assert!(decode_segments_within(&v, 149).is_err(), "total within the limit");
         assert!(decode_segments(&v[..20], 150).is_err());
         assert!(decode_segments(&[0, 0, 0, 0], 0).is_err(), "empty list");
         let mut bad = Vec::new();
@@ -220,6 +239,7 @@ mod tests {
         fn decoders_are_total(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300), total in 0u64..10_000) {
             let _ = decode(&bytes);
             let _ = decode_segments(&bytes, total);
+            let _ = decode_segments_within(&bytes, total);
         }
     }
 }

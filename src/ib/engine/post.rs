@@ -332,13 +332,14 @@ impl<V: Verbs> State<V> {
         let total: usize = pieces.iter().map(|p| p.1).sum();
         let mut staged = self.pool.alloc(total.max(1))?;
         staged.set_len(total)?;
-        if purpose == For::PeerRead
-            && let Some(o) = self.ops.get(&op)
-            && let OpBuf::Send(s) = &o.buf
-        {
-            s.copy_out(0, &mut staged);
-            self.count_copy(total);
-        }
+        // A read starts from the caller's bytes too: the server may push only some of them,
+        // and the holes it leaves must read as the caller left them, not as the pool did.
+        let filled = match self.ops.get(&op).map(|o| &o.buf) {
+            Some(OpBuf::Send(s)) if purpose == For::PeerRead => s.copy_out(0, &mut staged),
+            Some(OpBuf::Recv(r)) if purpose == For::PeerWrite => r.copy_out(0, &mut staged),
+            _ => 0,
+        };
+        self.count_copy(filled);
         let (regs, segs) = self.acquire_all(&[(staged.addr(), total)], true)?;
         if let Some(o) = self.ops.get_mut(&op) {
             o.regs.extend(regs);
@@ -690,7 +691,7 @@ impl<V: Verbs> State<V> {
             offset,
             Local::Op { op, base: 0 },
             len,
-            XferThen::ReqOp { op, peer, req },
+            XferThen::ReqOp { op, peer, req, end: 0 },
         );
         Ok(())
     }
@@ -736,6 +737,12 @@ impl<V: Verbs> State<V> {
             if let Some(o) = self.ops.get_mut(&op) {
                 o.mech = Some(mech);
             }
+            // The message goes before the reply on this connection: these bytes count.
+            if len > 0
+                && let Some(r) = self.sreqs.get_mut(&(peer, req))
+            {
+                r.pushed = r.pushed.max(offset + len as u64);
+            }
             let via = if mech == Mechanism::Inline { Via::Send } else { Via::Ring };
             self.enqueue(
                 cid,
@@ -769,7 +776,7 @@ impl<V: Verbs> State<V> {
             offset,
             Local::Op { op, base: 0 },
             len,
-            XferThen::ReqOp { op, peer, req },
+            XferThen::ReqOp { op, peer, req, end: offset + len as u64 },
         );
         Ok(())
     }
@@ -819,6 +826,7 @@ impl<V: Verbs> State<V> {
         let mut h = Header::new(Kind::Reply, r.sl);
         h.b = req;
         h.aux = status;
+        h.a = r.pushed;
         let caps = self.caps(r.conn);
         let payload = if MSG_HDR + header.len() > caps.slot {
             match self.register_header(op, &header) {
@@ -827,9 +835,9 @@ impl<V: Verbs> State<V> {
                     self.next_msg += 1;
                     let mut v = Vec::new();
                     msg::encode_segments(&mut v, &segs);
+                    // The header's length is its segments' total.
                     h.flags |= FLAG_RDV_HEADER;
                     h.c = msg_id;
-                    h.a = header.len() as u64;
                     // The registration and the bytes stay until the client's FIN.
                     let (regs, keep) = self
                         .ops

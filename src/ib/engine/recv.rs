@@ -346,7 +346,9 @@ impl<V: Verbs> State<V> {
                             } else if o.moved == 0 && len > 0 {
                                 o.mech = Some(Mechanism::Inline);
                             }
-                            o.moved += len;
+                            if len > 0 {
+                                o.moved = o.moved.max(h.c as usize + len);
+                            }
                         }
                         Ok(Outcome::Done)
                     }
@@ -549,6 +551,7 @@ impl<V: Verbs> State<V> {
                 cancelled: false,
                 xfers: 0,
                 deferred_reply: None,
+                pushed: 0,
             },
         );
         self.events += 1;
@@ -563,25 +566,39 @@ impl<V: Verbs> State<V> {
         });
     }
 
-    fn on_reply(&mut self, cid: u32, peer: PeerId, h: &Header, body: Vec<u8>) -> Result<(), Loss> {
+    /// A REPLY: b = request id, aux = status, a = end of the furthest byte the server pushed
+    /// into the request's IN buffer; with `FLAG_RDV_HEADER`, c = message id and the payload is
+    /// the header's segment list.
+    pub(crate) fn on_reply(&mut self, cid: u32, peer: PeerId, h: &Header, body: Vec<u8>) -> Result<(), Loss> {
         let op = OpId(h.b);
-        let known = matches!(self.ops.get(&op), Some(o) if o.peer == peer && o.kind == OpKind::Request
-            && matches!(o.st, OpSt::WaitReply | OpSt::Cancelling { .. }));
-        if !known {
-            if self.peers[peer.0 as usize].cancelled_reqs.remove(&h.b) {
-                return Ok(());
+        let room = match self.ops.get(&op) {
+            Some(o)
+                if o.peer == peer
+                    && o.kind == OpKind::Request
+                    && matches!(o.st, OpSt::WaitReply | OpSt::Cancelling { .. }) =>
+            {
+                match &o.buf {
+                    OpBuf::Recv(b) => b.capacity() as u64,
+                    _ => 0,
+                }
             }
-            return Err(unexpected(format!("REPLY for unknown request {}", h.b)));
+            _ => {
+                if self.peers[peer.0 as usize].cancelled_reqs.remove(&h.b) {
+                    return Ok(());
+                }
+                return Err(unexpected(format!("REPLY for unknown request {}", h.b)));
+            }
+        };
+        if h.a > room {
+            return Err(unexpected("REPLY claims pushes beyond the request's buffer".into()));
         }
         if h.flags & FLAG_RDV_HEADER != 0 {
-            if h.a > self.s.cfg.max_header as u64 {
-                return Err(Loss::Protocol(ProtocolError::FlowControl("reply header over our limit".into())));
-            }
-            let (segs, rest) = msg::decode_segments(&body, h.a).map_err(|e| unexpected(e.to_string()))?;
+            let (segs, n, rest) = msg::decode_segments_within(&body, self.s.cfg.max_header as u64)
+                .map_err(|e| unexpected(e.to_string()))?;
             if !rest.is_empty() {
                 return Err(unexpected("trailing bytes after a reply's segment list".into()));
             }
-            let n = h.a as usize;
+            let n = n as usize;
             self.start_xfer(
                 peer,
                 cid,
@@ -590,16 +607,18 @@ impl<V: Verbs> State<V> {
                 0,
                 Local::Vec(vec![0; n]),
                 n,
-                XferThen::ReplyHeader { op, status: h.aux, msg: h.c },
+                XferThen::ReplyHeader { op, status: h.aux, msg: h.c, pushed: h.a },
             );
             return Ok(());
         }
-        self.complete_request(op, h.aux, Bytes::from(body));
+        self.complete_request(op, h.aux, Bytes::from(body), h.a);
         Ok(())
     }
 
-    /// A reply arrived (header in hand): the request op completes.
-    pub(crate) fn complete_request(&mut self, op: OpId, st: u32, header: Bytes) {
+    /// A reply arrived (header in hand): the request op completes. A read counts the bytes
+    /// up to the end of the furthest one pushed (`pushed`, as the server reports it, or as its
+    /// PUSH messages showed), so `Completion::data` is exactly what the server wrote.
+    pub(crate) fn complete_request(&mut self, op: OpId, st: u32, header: Bytes, pushed: u64) {
         Counters::add(&self.core.counters.msgs_received, 1);
         let Some(o) = self.ops.get_mut(&op) else { return };
         if matches!(o.st, OpSt::Cancelling { .. }) {
@@ -609,27 +628,22 @@ impl<V: Verbs> State<V> {
             self.complete(op, Err(Error::Cancelled));
             return;
         }
-        let moved = o.moved;
-        // A read staged through a pool buffer: copy into the caller's buffer.
+        let moved = match &o.buf {
+            OpBuf::Recv(_) => o.moved.max(pushed as usize),
+            OpBuf::Send(s) => s.len(),
+            OpBuf::None => 0,
+        };
+        // A read staged through a pool buffer: copy what was pushed into the caller's buffer.
         let mut copied = 0;
         if st == status::OK
             && let (OpBuf::Recv(user), Some(staged)) = (&mut o.buf, o.stage_in.as_ref())
         {
-            copied = user.capacity().min(staged.len());
+            copied = moved.min(staged.len());
             user.copy_in(0, &staged[..copied]);
         }
         let r = match st {
             status::OK => {
                 o.reply = Some(header);
-                let moved = if o.mech == Some(Mechanism::ServerRdma) {
-                    match &o.buf {
-                        OpBuf::Recv(b) => b.capacity(),
-                        OpBuf::Send(s) => s.len(),
-                        OpBuf::None => 0,
-                    }
-                } else {
-                    moved
-                };
                 Ok(moved)
             }
             status::DROPPED => Err(Error::Remote("the server dropped the request".into())),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::*;
-use crate::buf::SendBuf;
+use crate::buf::{RecvBuf, SendBuf};
 use crate::wire::{Header, Kind};
 
 fn backend() -> IbBackend<crate::ib::soft::SoftContext> {
@@ -45,4 +45,36 @@ fn fin_only_from_the_peer_it_belongs_to() {
     assert!(st.fin_wait.is_empty());
     assert_eq!(st.done.len(), 1);
     assert!(matches!(st.done[0].result, Ok(4)));
+}
+
+/// A reply says how far the server pushed into the request's IN buffer (the client cannot see
+/// RDMA writes): the read counts that, and a claim beyond the buffer is a protocol error.
+#[test]
+fn reply_counts_the_pushed_extent_within_the_buffer() {
+    let be = backend();
+    let mut st = be.lock();
+    let peer = st.new_peer(None, None);
+    let reply = |op: OpId, pushed| {
+        let mut h = Header::new(Kind::Reply, ServiceLevel::Normal);
+        h.b = op.0;
+        h.a = pushed;
+        h
+    };
+    let read = |st: &mut State<_>, op| {
+        let buf = OpBuf::Recv(RecvBuf::Mut(bytes::BytesMut::zeroed(100)));
+        st.insert_op(op, OpKind::Request, peer, 1, ServiceLevel::Normal, buf, OpSt::WaitReply);
+    };
+    read(&mut st, OpId(1));
+    assert!(matches!(st.on_reply(0, peer, &reply(OpId(1), 101), Vec::new()), Err(Loss::Protocol(_))));
+    assert!(st.done.is_empty(), "not completed by the bad reply");
+    read(&mut st, OpId(2));
+    assert!(st.on_reply(0, peer, &reply(OpId(2), 60), Vec::new()).is_ok());
+    assert_eq!(st.done.len(), 1);
+    assert!(matches!(st.done[0].result, Ok(60)), "{:?}", st.done[0].result);
+    // A write has no room to push into.
+    let buf = OpBuf::Send(SendBuf::Bytes(Bytes::from_static(b"payload")));
+    st.insert_op(OpId(3), OpKind::Request, peer, 1, ServiceLevel::Normal, buf, OpSt::WaitReply);
+    assert!(matches!(st.on_reply(0, peer, &reply(OpId(3), 1), Vec::new()), Err(Loss::Protocol(_))));
+    assert!(st.on_reply(0, peer, &reply(OpId(3), 0), Vec::new()).is_ok());
+    assert!(matches!(st.done[1].result, Ok(7)), "a write counts its payload: {:?}", st.done[1].result);
 }

@@ -471,7 +471,10 @@ impl<V: Verbs> State<V> {
         let ok = failed.is_none();
         match then {
             XferThen::CompleteOp(op) => self.complete(op, failed.map_or(Ok(total), Err)),
-            XferThen::ReqOp { op, peer, req } => {
+            XferThen::ReqOp { op, peer, req, end } => {
+                if ok && let Some(r) = self.sreqs.get_mut(&(peer, req)) {
+                    r.pushed = r.pushed.max(end);
+                }
                 self.complete(op, failed.map_or(Ok(total), Err));
                 self.xfer_finished_for_req(peer, req);
             }
@@ -485,10 +488,10 @@ impl<V: Verbs> State<V> {
                     self.deliver_request(*pending, bytes::Bytes::from(v));
                 }
             }
-            XferThen::ReplyHeader { op, status, msg } => {
+            XferThen::ReplyHeader { op, status, msg, pushed } => {
                 self.send_fin(conn, msg, super::FIN_OK, 0);
                 match (ok, local) {
-                    (true, Local::Vec(v)) => self.complete_request(op, status, bytes::Bytes::from(v)),
+                    (true, Local::Vec(v)) => self.complete_request(op, status, bytes::Bytes::from(v), pushed),
                     _ => self.complete(op, Err(Error::Remote("could not read the reply header".into()))),
                 }
             }
