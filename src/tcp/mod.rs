@@ -176,7 +176,8 @@ struct Op {
     outcome: Option<Result<usize>>,
     mech: Option<Mechanism>,
     reply: Option<Bytes>,
-    /// Bytes moved so far (pushes into a request's IN buffer, pulls from its OUT buffer).
+    /// Bytes moved so far: the end of the furthest byte pushed into a request's IN buffer, or
+    /// the bytes of its OUT payload sent or pulled.
     moved: usize,
     /// Length this op expects from the wire (rendezvous total, get / pull length).
     expect: u64,
@@ -2644,8 +2645,11 @@ impl State {
                             self.protocol_error(t, unexpected("PUSH outside the request's buffer".into()));
                             return;
                         }
-                        if let Some(o) = self.ops.get_mut(&op) {
-                            o.moved += len;
+                        // A read counts up to its furthest pushed byte (pushes may leave holes).
+                        if len > 0
+                            && let Some(o) = self.ops.get_mut(&op)
+                        {
+                            o.moved = o.moved.max(h.c as usize + len);
                         }
                         Sink::Op { op, base: h.c as usize }
                     }
@@ -3102,7 +3106,12 @@ impl State {
                 match self.ops.get_mut(&op) {
                     Some(o) if o.peer == peer && o.kind == OpKind::Request && o.st == OpSt::WaitReply => {
                         Counters::add(&self.core.counters.msgs_received, 1);
-                        let moved = o.moved;
+                        // A write counts its whole payload however much the server pulled, as it
+                        // must when the payload went inline or streamed.
+                        let moved = match &o.buf {
+                            OpBuf::Send(s) => s.len(),
+                            _ => o.moved,
+                        };
                         if matches!(o.buf, OpBuf::Recv(_)) {
                             // A read: the server's pushes were eager or rendezvous by size.
                             let eager = self.s.eager_limit;
