@@ -87,6 +87,8 @@ pub(crate) fn fuzz_decoders(data: &[u8]) {
     if let Ok((_, h, payload)) = msg::decode(data) {
         let _ = msg::decode_segments(payload, h.c);
         let _ = msg::decode_segments(payload, u64::from(h.aux));
+        // A reply header's list: its total is its length.
+        let _ = msg::decode_segments_within(payload, h.a);
     }
     let _ = side::IbInfo::decode(data);
     let _ = QpEndpointInfo::decode(data);
