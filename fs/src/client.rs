@@ -491,7 +491,15 @@ impl Client {
         max: u32,
     ) -> FsResult<(Vec<DirEntry>, bool)> {
         let after = after.map(Self::name).transpose()?;
+        let cursor = after.clone();
         match self.meta_call(MetaRequest::Readdir { dir, after, max: max.max(1) })? {
+            // The decoder checked the page's own names and order; a page must also start past
+            // its cursor, or pages could repeat a name (or never end).
+            MetaReply::Dir { entries, .. }
+                if cursor.zip(entries.first()).is_some_and(|(c, e)| e.name.as_str() <= c.as_str()) =>
+            {
+                Err(ProtoError::Invalid(proto::DIR_ENTRY_ORDER).into())
+            }
             MetaReply::Dir { entries, more } => Ok((entries.into_inner(), more)),
             r => Self::unexpected(r),
         }

@@ -40,8 +40,8 @@ use std::ops::Bound;
 use std::path::Path;
 use tracing::{debug, info, warn};
 
-/// Longest file name, in bytes.
-pub const NAME_MAX: usize = 255;
+// The name rule lives with the protocol: clients apply it to every name a server sends.
+pub use crate::proto::{NAME_MAX, NameError, validate_name};
 
 /// Deepest directory chain followed when checking a rename for cycles.
 const MAX_DEPTH: u32 = 1 << 16;
@@ -61,39 +61,6 @@ const K_SERVERS: &str = "io_servers";
 
 /// On-disk format version; bumped on incompatible record changes.
 const FORMAT: u64 = 1;
-
-/// Why a name is refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum NameError {
-    /// The empty string.
-    #[error("empty name")]
-    Empty,
-    /// `.` or `..`.
-    #[error("'.' and '..' are not names")]
-    Dot,
-    /// Contains `/`.
-    #[error("name contains '/'")]
-    Slash,
-    /// Contains NUL.
-    #[error("name contains NUL")]
-    Nul,
-    /// Longer than [`NAME_MAX`] bytes.
-    #[error("name longer than {NAME_MAX} bytes")]
-    TooLong,
-}
-
-/// Checks a single path component.
-pub fn validate_name(name: &str) -> Result<(), NameError> {
-    match name {
-        "" => Err(NameError::Empty),
-        "." | ".." => Err(NameError::Dot),
-        _ if name.len() > NAME_MAX => Err(NameError::TooLong),
-        _ if name.contains('/') => Err(NameError::Slash),
-        _ if name.contains('\0') => Err(NameError::Nul),
-        _ => Ok(()),
-    }
-}
 
 /// Why a meta operation failed.
 #[derive(Debug, thiserror::Error)]

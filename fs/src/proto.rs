@@ -335,6 +335,43 @@ impl<'de, const N: usize> Deserialize<'de> for BoundedString<N> {
 /// file-name rules).
 pub type Name = BoundedString<MAX_NAME_WIRE>;
 
+/// Longest file name, in bytes.
+pub const NAME_MAX: usize = 255;
+
+/// Why a name is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NameError {
+    /// The empty string.
+    #[error("empty name")]
+    Empty,
+    /// `.` or `..`.
+    #[error("'.' and '..' are not names")]
+    Dot,
+    /// Contains `/`.
+    #[error("name contains '/'")]
+    Slash,
+    /// Contains NUL.
+    #[error("name contains NUL")]
+    Nul,
+    /// Longer than [`NAME_MAX`] bytes.
+    #[error("name longer than {NAME_MAX} bytes")]
+    TooLong,
+}
+
+/// Checks a single path component: the meta server applies it to every name it stores, and a
+/// client's decoder to every name a server lists.
+pub fn validate_name(name: &str) -> Result<(), NameError> {
+    match name {
+        "" => Err(NameError::Empty),
+        "." | ".." => Err(NameError::Dot),
+        _ if name.len() > NAME_MAX => Err(NameError::TooLong),
+        _ if name.contains('/') => Err(NameError::Slash),
+        _ if name.contains('\0') => Err(NameError::Nul),
+        _ => Ok(()),
+    }
+}
+
 /// A symbolic link's target as carried on the wire and stored: any path text of 1 to
 /// [`MAX_LINK_TARGET`] bytes without NUL; nothing is checked against the namespace.
 pub type LinkTarget = BoundedString<MAX_LINK_TARGET>;
@@ -1060,11 +1097,28 @@ impl Message for MetaReply {
                 default.iter().try_for_each(LayoutSpec::validate)?;
             }
             MetaReply::Link(target) => target_ok(target)?,
+            MetaReply::Dir { entries, .. } => dir_entries_ok(entries)?,
             _ => {}
         }
         Ok(())
     }
 }
+
+/// A readdir page names each entry by one path component, once, in name order. Clients join
+/// these names to remote and local paths (`cp -r`, FUSE, `ls`): a `..`, a `/` or a repeated
+/// name would let whoever answers steer where a client reads and writes.
+fn dir_entries_ok(entries: &[DirEntry]) -> Result<(), ProtoError> {
+    if entries.iter().any(|e| validate_name(&e.name).is_err()) {
+        return Err(ProtoError::Invalid("directory entry name"));
+    }
+    if entries.windows(2).any(|w| w[0].name.as_str() >= w[1].name.as_str()) {
+        return Err(ProtoError::Invalid(DIR_ENTRY_ORDER));
+    }
+    Ok(())
+}
+
+/// What a readdir answer that repeats a name or is out of order is refused as.
+pub(crate) const DIR_ENTRY_ORDER: &str = "directory entry order (a name repeated or out of order)";
 
 impl Reply for MetaReply {
     fn from_error(e: ErrorReply) -> Self {
@@ -1479,9 +1533,13 @@ mod tests {
 
     #[test]
     fn largest_replies_fit_in_a_message() {
-        let name = Name::new("n".repeat(crate::meta::NAME_MAX)).unwrap();
-        let entry = DirEntry { name, handle: Handle(u64::MAX), kind: FileKind::File };
-        let entries = BoundedVec::new(vec![entry; MAX_READDIR]).unwrap();
+        // Names of the longest length, distinct and in order as a page must be.
+        let entry = |i: usize| DirEntry {
+            name: Name::new(format!("{i:0>width$}", width = NAME_MAX)).unwrap(),
+            handle: Handle(u64::MAX),
+            kind: FileKind::File,
+        };
+        let entries = BoundedVec::new((0..MAX_READDIR).map(entry).collect()).unwrap();
         let b = encode(&Envelope::new(u64::MAX, MetaReply::Dir { entries, more: true })).unwrap();
         assert!(b.len() <= MAX_MESSAGE, "{}", b.len());
         let pieces = vec![Extent::new(u64::MAX / 2, 1); MAX_PIECES];

@@ -1,13 +1,14 @@
 //! Client commands: cp, ls, stat, ln, readlink, rm, mv, mkdir, getstripe, setstripe, servers, df,
 //! mount.
 
+use super::dest::LocalDir;
 use super::{any_path, load_cluster, sfs_path};
 use anyhow::{Context, Result, bail};
 use bytes::BytesMut;
 use clap::Args;
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use stripefs::capability::Rights;
 use stripefs::proto::{DiskSpace, FileKind, Handle, LayoutSpec, Timestamp};
 use stripefs::{Client, CreateOptions, Errno, FsError};
@@ -212,11 +213,11 @@ enum Sink {
 }
 
 impl Sink {
-    /// Creates (or truncates) the file at `dst`. Refuses to copy a stripefs file onto itself,
-    /// which would truncate it first.
+    /// Creates (or truncates) the file at `dst`; a local one never through a symbolic link.
+    /// Refuses to copy a stripefs file onto itself, which would truncate it first.
     fn create(c: &Client, dst: &Loc, src: &Loc, spec: LayoutSpec) -> Result<Sink> {
         let dst = match dst {
-            Loc::Local(p) => return Ok(Sink::Local(std::fs::File::create(p).with_context(|| dst.show())?)),
+            Loc::Local(p) => return Ok(Sink::Local(create_local(p)?)),
             Loc::Sfs(p) => p,
         };
         if let (Ok(d), Loc::Sfs(sp)) = (c.stat(dst), src)
@@ -264,18 +265,33 @@ impl Sink {
     }
 }
 
-/// One file's bytes from `src` to `dst` through `buf`, advancing `pb`.
+/// A local file for `cp` to write: in the directory as named, the file itself never through
+/// a symbolic link.
+fn create_local(p: &Path) -> Result<std::fs::File> {
+    let name = p
+        .file_name()
+        .and_then(|n| n.to_str())
+        .with_context(|| format!("{}: not a file name", p.display()))?;
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    Ok(LocalDir::open(dir)?.create_file(name)?)
+}
+
+/// One file's bytes from `src` to the sink `create` makes (once `src` opened), through `buf`,
+/// advancing `pb`.
 fn copy_file(
     c: &Client,
     src: &Loc,
     size: u64,
     dst: &Loc,
-    spec: LayoutSpec,
+    create: impl FnOnce() -> Result<Sink>,
     mut buf: BytesMut,
     pb: &ProgressBar,
 ) -> Result<BytesMut> {
     let mut from = Source::open(c, src)?;
-    let mut sink = Sink::create(c, dst, src, spec)?;
+    let mut sink = create()?;
     let mut off = 0u64;
     loop {
         let (b, n) = from.read(off, size, buf).with_context(|| format!("reading {}", src.show()))?;
@@ -338,7 +354,7 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
     match top {
         Node::File(size) => {
             let pb = bar(size);
-            copy_file(&c, &src, size, &dst, spec, buf, &pb)?;
+            copy_file(&c, &src, size, &dst, || Sink::create(&c, &dst, &src, spec), buf, &pb)?;
             pb.finish_and_clear();
         }
         Node::Dir if !a.recursive => bail!("{}: is a directory (cp -r copies a tree)", src.show()),
@@ -351,10 +367,29 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
             for (rel, node) in tree {
                 let (from, to) =
                     rel.iter().fold((src.clone(), dst.clone()), |(f, t), n| (f.join(n), t.join(n)));
+                let Loc::Local(top) = &dst else {
+                    match node {
+                        Node::Dir => to.mkdir(&c)?,
+                        Node::Link(target) => to.symlink(&c, &target)?,
+                        Node::File(size) => {
+                            let create = || Sink::create(&c, &to, &from, spec);
+                            buf = copy_file(&c, &from, size, &to, create, buf, &pb)?;
+                        }
+                    }
+                    continue;
+                };
+                // Locally, each entry is made in its directory opened component by component
+                // from the top, following no link: not one the copy made (a link's target is
+                // the source's to choose), not one that was there.
+                let (name, parents) = rel.split_last().context("an entry without a name")?;
+                let dir = LocalDir::open(top)?.below(parents)?;
                 match node {
-                    Node::Dir => to.mkdir(&c)?,
-                    Node::Link(target) => to.symlink(&c, &target)?,
-                    Node::File(size) => buf = copy_file(&c, &from, size, &to, spec, buf, &pb)?,
+                    Node::Dir => dir.mkdir(name)?,
+                    Node::Link(target) => dir.symlink(&target, name)?,
+                    Node::File(size) => {
+                        let create = || Ok(Sink::Local(dir.create_file(name)?));
+                        buf = copy_file(&c, &from, size, &to, create, buf, &pb)?;
+                    }
                 }
             }
             pb.finish_and_clear();

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod cmds;
 pub mod demo;
+mod dest;
 pub mod serve;
 
 use anyhow::{Context, Result};

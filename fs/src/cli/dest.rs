@@ -1,0 +1,143 @@
+//! Local destinations of `cp`: every file, directory and link a copy makes is created by one
+//! name relative to a directory it holds open, and no symbolic link on the way or at the
+//! destination is followed. The tree being copied comes from a server; a link it made earlier
+//! in the copy, or one already in the destination, must not carry a write elsewhere.
+
+use nix::errno::Errno;
+use nix::fcntl::{AT_FDCWD, AtFlags, OFlag, openat};
+use nix::sys::stat::{Mode, SFlag, fstatat, mkdirat};
+use std::fs::File;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+/// A local directory held open.
+pub struct LocalDir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl LocalDir {
+    /// The directory at `path`, as the user named it (links in it are followed: the user chose
+    /// them).
+    pub fn open(path: &Path) -> io::Result<LocalDir> {
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        let fd = openat(AT_FDCWD, path, flags, Mode::empty()).map_err(|e| err(path, e))?;
+        Ok(LocalDir { fd, path: path.to_owned() })
+    }
+
+    /// The directory `rel` below this one, each component a directory and not a link.
+    pub fn below(self, rel: &[String]) -> io::Result<LocalDir> {
+        rel.iter().try_fold(self, |d, name| d.subdir(name))
+    }
+
+    fn subdir(&self, name: &str) -> io::Result<LocalDir> {
+        let at = self.at(name)?;
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        match openat(&self.fd, name, flags, Mode::empty()) {
+            Ok(fd) => Ok(LocalDir { fd, path: at }),
+            Err(e) => Err(self.refuse_link(name, e)),
+        }
+    }
+
+    /// Makes directory `name`; an existing directory (not a link to one) is fine, as when
+    /// copying into an existing tree.
+    pub fn mkdir(&self, name: &str) -> io::Result<()> {
+        let at = self.at(name)?;
+        match mkdirat(&self.fd, name, Mode::from_bits_truncate(0o777)) {
+            Ok(()) => Ok(()),
+            Err(Errno::EEXIST) => self.subdir(name).map(drop),
+            Err(e) => Err(err(&at, e)),
+        }
+    }
+
+    /// Opens file `name` for writing, empty: created, or an existing regular file truncated.
+    /// A link there is refused, not followed; so is anything but a regular file (opening a
+    /// FIFO does not block: the open is non-blocking, the type checked before any write).
+    pub fn create_file(&self, name: &str) -> io::Result<File> {
+        let at = self.at(name)?;
+        let flags =
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let fd = openat(&self.fd, name, flags, Mode::from_bits_truncate(0o666))
+            .map_err(|e| self.refuse_link(name, e))?;
+        let f = File::from(fd);
+        if !f.metadata()?.file_type().is_file() {
+            return Err(io::Error::other(format!("{}: not a regular file", at.display())));
+        }
+        f.set_len(0).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", at.display())))?;
+        Ok(f)
+    }
+
+    /// Makes link `name` pointing at `target` (which is stored, never followed here).
+    pub fn symlink(&self, target: &str, name: &str) -> io::Result<()> {
+        let at = self.at(name)?;
+        nix::unistd::symlinkat(target, &self.fd, name).map_err(|e| err(&at, e))
+    }
+
+    /// The path of `name` here, for messages; `name` must be one component.
+    fn at(&self, name: &str) -> io::Result<PathBuf> {
+        stripefs::proto::validate_name(name).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("{}: {name:?}: {e}", self.path.display()))
+        })?;
+        Ok(self.path.join(name))
+    }
+
+    /// The error for a failed open of `name`: one that is a link says so.
+    fn refuse_link(&self, name: &str, e: Errno) -> io::Error {
+        let at = self.path.join(name);
+        let is_link = fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK);
+        if is_link {
+            io::Error::other(format!(
+                "{}: is a symbolic link; cp does not write through links in its destination",
+                at.display()
+            ))
+        } else {
+            err(&at, e)
+        }
+    }
+}
+
+fn err(path: &Path, e: Errno) -> io::Error {
+    let e = io::Error::from(e);
+    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    #[test]
+    fn links_are_never_followed_below_the_top() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (top, victim) = (tmp.path().join("top"), tmp.path().join("victim"));
+        std::fs::create_dir_all(&top).unwrap();
+        std::fs::create_dir_all(&victim).unwrap();
+        std::os::unix::fs::symlink(&victim, top.join("ld")).unwrap();
+        std::os::unix::fs::symlink(victim.join("f"), top.join("lf")).unwrap();
+        let d = LocalDir::open(&top).unwrap();
+        assert!(d.mkdir("ld").unwrap_err().to_string().contains("symbolic link"));
+        assert!(d.create_file("lf").unwrap_err().to_string().contains("symbolic link"));
+        assert!(LocalDir::open(&top).unwrap().below(&["ld".into()]).is_err());
+        for bad in ["..", ".", "", "a/b", "/abs", "a\0b"] {
+            assert_eq!(d.create_file(bad).unwrap_err().kind(), io::ErrorKind::InvalidInput, "{bad:?}");
+        }
+        assert!(!victim.join("f").exists());
+        // A FIFO is refused without blocking: no reader (ENXIO), or a reader and not a file.
+        nix::unistd::mkfifo(&top.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(d.create_file("fifo").is_err());
+        let _reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(top.join("fifo"))
+            .unwrap();
+        assert!(d.create_file("fifo").unwrap_err().to_string().contains("not a regular file"));
+        // Directories nest; a file there is truncated.
+        d.mkdir("sub").unwrap();
+        d.mkdir("sub").unwrap();
+        std::fs::write(top.join("sub/f"), b"old").unwrap();
+        LocalDir::open(&top).unwrap().below(&["sub".into()]).unwrap().create_file("f").unwrap();
+        assert_eq!(std::fs::read(top.join("sub/f")).unwrap(), b"");
+    }
+}
