@@ -139,18 +139,7 @@ pub fn ensure_key(dir: &Path) -> Result<PathBuf, ClusterError> {
 /// also when the file existed with looser permissions: anyone who reads the key is a member
 /// of the cluster.
 pub fn write_key(path: &Path, key: &[u8]) -> Result<(), ClusterError> {
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .and_then(|mut f| {
-            f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-            f.write_all((crate::config::encode_key_hex(key) + "\n").as_bytes())
-        })
+    crate::private::write_file(path, (crate::config::encode_key_hex(key) + "\n").as_bytes())
         .map_err(io_err(format!("writing {}", path.display())))
 }
 
@@ -158,7 +147,7 @@ impl LocalCluster {
     /// Starts the io servers, then the meta server, and writes the cluster file.
     pub fn start(opts: LocalClusterOptions) -> Result<LocalCluster, ClusterError> {
         let dir = &opts.data_dir;
-        std::fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        crate::private::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
         let key_path = ensure_key(dir)?;
         let any = |host: &str| -> Result<Address, ClusterError> {
             let s = format!("{}://{}:0", opts.scheme, host);
@@ -211,7 +200,7 @@ impl LocalCluster {
     fn write_config(&self) -> Result<(), ClusterError> {
         let text = self.cfg.to_toml();
         let tmp = self.config_path.with_extension("toml.tmp");
-        std::fs::write(&tmp, text).map_err(io_err("writing the cluster file"))?;
+        crate::private::write_file(&tmp, text.as_bytes()).map_err(io_err("writing the cluster file"))?;
         std::fs::rename(&tmp, &self.config_path).map_err(io_err("writing the cluster file"))
     }
 

@@ -63,6 +63,7 @@ pub mod fuse;
 pub mod layout;
 pub mod meta;
 pub mod net;
+pub mod private;
 pub mod proto;
 pub mod server;
 pub mod store;

@@ -413,6 +413,11 @@ impl MetaStore {
         }
         Layout { base: 0, pcount: cfg.default_pcount.unwrap_or(cfg.n_servers), ssize: cfg.default_ssize }
             .validate(cfg.n_servers)?;
+        // Created private before redb opens it (redb initializes an empty file), or tightened:
+        // the database is the whole namespace.
+        let io = |e| MetaError::Store(Box::new(redb::Error::Io(e)));
+        crate::private::options().write(true).create(true).truncate(false).open(path).map_err(io)?;
+        crate::private::tighten(path, "meta database").map_err(io)?;
         let db = Database::create(path)?;
         let store = MetaStore { db, cfg };
         store.write(|tx| {

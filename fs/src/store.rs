@@ -345,7 +345,7 @@ impl ObjectStore {
     /// Opens (creating) the data directory `root`.
     pub fn open(root: impl Into<PathBuf>, cfg: StoreConfig) -> io::Result<Self> {
         let root = root.into();
-        std::fs::create_dir_all(&root)?;
+        crate::private::own_dir(&root)?;
         Ok(ObjectStore {
             root,
             cache: Mutex::new(FdCache {
@@ -412,8 +412,9 @@ impl ObjectStore {
         let mid = leaf.parent().unwrap_or(&self.root);
         let new_mid = !mid.exists();
         let new_leaf = !leaf.exists();
-        std::fs::create_dir_all(leaf).map_err(io("mkdir"))?;
-        let (f, created) = match OpenOptions::new().read(true).write(true).create_new(true).open(&path) {
+        crate::private::create_dir_all(leaf).map_err(io("mkdir"))?;
+        let (f, created) = match crate::private::options().read(true).write(true).create_new(true).open(&path)
+        {
             Ok(f) => (f, true),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 (OpenOptions::new().read(true).write(true).open(&path).map_err(io("open"))?, false)

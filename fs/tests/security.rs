@@ -178,3 +178,47 @@ macro_rules! transports {
 }
 
 transports!(tcp, softib);
+
+/// Every directory and file under `root` (not following links), with its permission bits.
+fn modes_under(root: &std::path::Path) -> Vec<(std::path::PathBuf, u32)> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                todo.push(p.clone());
+            }
+            out.push((p, m.permissions().mode() & 0o7777));
+        }
+    }
+    out
+}
+
+/// Under the usual umask (022) everything the servers and the launcher create — data
+/// directories, object files, the meta database, the cluster file and key — is private to the
+/// user that runs them: a file's bytes are in an io server's object, the namespace in the
+/// meta database.
+#[test]
+fn data_directories_and_files_are_private_under_umask_022() {
+    // Process-wide, inherited by the servers this test starts; 022 is what most systems give.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    let tc = TestCluster::start_with("tcp", 2, |o| o.data_dir = o.data_dir.join("data"));
+    let c = tc.client();
+    c.mkdir("/d", 0o755).unwrap();
+    let f = c.create("/d/secret", CreateOptions::default()).unwrap();
+    f.write_all_at(0, &pattern(200_000, 9)).unwrap();
+    f.sync().unwrap();
+    let data = tc.dir.path().join("data");
+    let mut all = vec![(data.clone(), std::fs::metadata(&data).unwrap().permissions().mode() & 0o7777)];
+    all.extend(modes_under(&data));
+    let objects =
+        all.iter().filter(|(p, _)| p.starts_with(data.join("io0")) || p.starts_with(data.join("io1")));
+    assert!(objects.count() >= 3, "no object files found: {all:?}");
+    assert!(all.iter().any(|(p, _)| p.ends_with("meta.redb")), "{all:?}");
+    assert!(all.iter().any(|(p, _)| p.ends_with("cluster.toml")), "{all:?}");
+    let open: Vec<String> =
+        all.iter().filter(|(_, m)| m & 0o077 != 0).map(|(p, m)| format!("{} {m:o}", p.display())).collect();
+    assert!(open.is_empty(), "readable by group or others: {open:?}");
+}

@@ -187,7 +187,7 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>) -> Result<()> {
         Some(c) => {
             let dir =
                 a.data_dir.clone().or(c.data_dir.clone()).unwrap_or_else(|| PathBuf::from("stripefs-data"));
-            std::fs::create_dir_all(&dir)?;
+            stripefs::private::create_dir_all(&dir)?;
             let key = match &c.key {
                 KeySource::Inline(k) => k.clone(),
                 KeySource::File(_) => c.cluster_key()?,

@@ -104,7 +104,7 @@ impl MetaServer {
     pub fn start(cfg: MetaServerConfig) -> Result<ServerHandle, ServerError> {
         let key = CapabilityKey::new(&cfg.key)?;
         if let Some(dir) = cfg.db_path.parent() {
-            std::fs::create_dir_all(dir)?;
+            crate::private::create_dir_all(dir)?;
         }
         let store = MetaStore::open(&cfg.db_path, MetaConfig::from_cluster(&cfg.cluster))?;
         let stale_creates = store.pending_creates()?;

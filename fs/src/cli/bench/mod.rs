@@ -200,7 +200,7 @@ impl Ctx {
     pub fn new(c: Common) -> Result<Ctx> {
         let exe = std::env::current_exe()?;
         let root = c.data_dir.clone().unwrap_or_else(util::default_data_root);
-        std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+        stripefs::private::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
         let data = tempfile::Builder::new().prefix("stripefs-bench-").tempdir_in(&root)?;
         CLEANUP.lock().unwrap_or_else(|p| p.into_inner()).push(data.path().to_owned());
         let _ = ctrlc::set_handler(|| cleanup_and_exit(130, "interrupted"));
