@@ -82,6 +82,7 @@ pub mod flowctl;
 pub mod fuzzing;
 pub mod ib;
 pub mod info;
+pub mod key_file;
 #[cfg(all(loom, test))]
 mod loom;
 pub mod matching;

@@ -47,9 +47,6 @@ pub const MIN_TRANSFER_UNIT: u64 = 4 * 1024;
 /// Largest transfer unit accepted.
 pub const MAX_TRANSFER_UNIT: u64 = 64 * 1024 * 1024;
 
-/// Largest key file read (a 1024-byte key in hex plus whitespace).
-const MAX_KEY_FILE_BYTES: u64 = 4096;
-
 /// Why a cluster file was rejected.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -205,23 +202,36 @@ fn parse_addr(field: String, s: &str, transport: Scheme) -> Result<Address, Conf
 }
 
 /// Decodes a hex key (surrounding whitespace ignored) and checks its length.
+/// The rule is ionet's, so every tool reads keys alike.
 pub fn decode_key_hex(text: &str) -> Result<Vec<u8>, ConfigError> {
-    let t = text.trim();
-    if !t.len().is_multiple_of(2) {
-        return Err(ConfigError::Key("odd number of hex digits".into()));
-    }
-    let key = (0..t.len())
-        .step_by(2)
-        .map(|i| {
-            t.get(i..i + 2)
-                .and_then(|d| u8::from_str_radix(d, 16).ok())
-                .ok_or_else(|| ConfigError::Key(format!("not hex at character {i}")))
-        })
-        .collect::<Result<Vec<u8>, _>>()?;
-    if !(MIN_KEY_LEN..=MAX_KEY_LEN).contains(&key.len()) {
-        return Err(ConfigError::Key(format!("{} bytes, need {MIN_KEY_LEN}..={MAX_KEY_LEN}", key.len())));
-    }
+    let key = ionet::key_file::parse_key_hex(text).map_err(ConfigError::Key)?;
+    // ionet's bounds are the capability key's: checked here so a change to either shows.
+    debug_assert!((MIN_KEY_LEN..=MAX_KEY_LEN).contains(&key.len()));
     Ok(key)
+}
+
+/// Reads a cluster key file by ionet's rules: hex text, owner-only. A file group or others
+/// could read is tightened, with a warning: the key may have leaked. One they could write, or
+/// another user's, is refused.
+pub fn read_key_file(path: &Path) -> Result<Vec<u8>, ConfigError> {
+    use ionet::key_file::{KeyFileError, MAX_KEY_FILE_BYTES};
+    match ionet::key_file::read_key_file(path) {
+        Ok(k) => {
+            if let Some(mode) = k.loose_mode {
+                tracing::warn!(
+                    "cluster key file {} was mode {mode:o}, readable beyond its owner; set to owner-only \
+                     (the key may have leaked: consider a new one)",
+                    path.display()
+                );
+            }
+            Ok(k.key)
+        }
+        Err(KeyFileError::Io { path, error }) => Err(ConfigError::Io { path, error }),
+        Err(KeyFileError::TooLarge { .. }) => {
+            Err(ConfigError::TooLarge { what: "key file", max: MAX_KEY_FILE_BYTES })
+        }
+        Err(e) => Err(ConfigError::Key(e.to_string())),
+    }
 }
 
 /// Encodes a key as lowercase hex.
@@ -320,12 +330,7 @@ impl ClusterConfig {
     pub fn cluster_key(&self) -> Result<Vec<u8>, ConfigError> {
         match &self.key {
             KeySource::Inline(k) => Ok(k.clone()),
-            KeySource::File(p) => {
-                let raw = read_bounded(p, MAX_KEY_FILE_BYTES, "key file")?;
-                let text = String::from_utf8(raw)
-                    .map_err(|_| ConfigError::Key("key file is not hex text".into()))?;
-                decode_key_hex(&text)
-            }
+            KeySource::File(p) => read_key_file(p),
         }
     }
 

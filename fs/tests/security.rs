@@ -222,3 +222,47 @@ fn data_directories_and_files_are_private_under_umask_022() {
         all.iter().filter(|(_, m)| m & 0o077 != 0).map(|(p, m)| format!("{} {m:o}", p.display())).collect();
     assert!(open.is_empty(), "readable by group or others: {open:?}");
 }
+
+/// A key file that group or others can read is tightened to owner-only when stripefs reads
+/// it, with a warning naming the file and its old mode (the key may have leaked); one they
+/// can write (anyone could have replaced the key) is refused and left as it is.
+#[test]
+fn a_loose_key_file_is_tightened_and_a_writable_one_refused() {
+    let tc = TestCluster::start("tcp", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("loose.key");
+    std::fs::copy(tc.dir.path().join("cluster.key"), &key_file).unwrap();
+    let cfg = tc.cluster.config();
+    let cluster = dir.path().join("cluster.toml");
+    std::fs::write(
+        &cluster,
+        format!(
+            "transport = \"tcp\"\nmeta = \"{}\"\nio_servers = [\"{}\"]\ncluster_key_file = \"loose.key\"\n",
+            cfg.meta, cfg.io_servers[0]
+        ),
+    )
+    .unwrap();
+    let ls = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_stripefs"))
+            .arg("--cluster")
+            .arg(&cluster)
+            .args(["ls", "sfs:/"])
+            .output()
+            .unwrap()
+    };
+    let mode = || std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o7777;
+
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = ls();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(mode(), 0o600, "the key file was left readable by others");
+    assert!(err.contains(&key_file.display().to_string()) && err.contains("644"), "no warning: {err}");
+
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = ls();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a world-writable key file was used: {err}");
+    assert!(err.contains(&key_file.display().to_string()) && err.contains("write"), "{err}");
+    assert_eq!(mode(), 0o666);
+}

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 use stripefs::cluster::{LocalCluster, LocalClusterOptions};
-use stripefs::config::{ClusterConfig, KeySource, decode_key_hex};
+use stripefs::config::{ClusterConfig, KeySource, read_key_file};
 use stripefs::server::io::{IoServer, IoServerConfig};
 use stripefs::server::meta::{MetaServer, MetaServerConfig};
 
@@ -155,9 +155,7 @@ fn run_io(a: &ServeArgs, i: u32, cfg: Option<&ClusterConfig>) -> Result<()> {
         (None, None) => bail!("--io needs --data-dir or a cluster file"),
     };
     let key = match (&a.key_file, cfg) {
-        (Some(k), _) => {
-            decode_key_hex(&std::fs::read_to_string(k).with_context(|| format!("{}", k.display()))?)?
-        }
+        (Some(k), _) => read_key_file(k)?,
         (None, Some(c)) => c.cluster_key()?,
         (None, None) => bail!("--io needs --key-file or a cluster file"),
     };
