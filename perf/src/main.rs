@@ -16,7 +16,7 @@ mod stats;
 mod tuning;
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -125,6 +125,10 @@ enum Cmd {
         wait: WaitMode,
         #[command(flatten)]
         knobs: Knobs,
+        /// File holding the cluster key in hex (stripefs's format and rules): only clients with
+        /// the same key connect.
+        #[arg(long)]
+        key_file: Option<PathBuf>,
     },
     /// Serve `qos` sessions on an ionet address (prints `LISTEN <addr>`).
     QosServer {
@@ -165,6 +169,9 @@ enum Cmd {
         sl: ServiceLevel,
         #[command(flatten)]
         knobs: Knobs,
+        /// File holding the cluster key in hex, as the server's `--key-file`.
+        #[arg(long)]
+        key_file: Option<PathBuf>,
         /// Append per-run rows to this CSV file.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -347,6 +354,52 @@ fn with_congestion(cfg: Config, cc: Option<&str>) -> Config {
     }
 }
 
+/// The cluster key in `path` by ionet's key-file rules (a file others could read is tightened,
+/// with a warning).
+fn load_key(path: Option<&Path>) -> Result<Option<Vec<u8>>, BoxErr> {
+    let Some(p) = path else { return Ok(None) };
+    let k = ionet::key_file::read_key_file(p)?;
+    if let Some(mode) = k.loose_mode {
+        eprintln!(
+            "ionet-perf: warning: key file {} was mode {mode:o}, readable beyond its owner; set to \
+             owner-only (the key may have leaked: consider a new one)",
+            p.display()
+        );
+    }
+    Ok(Some(k.key))
+}
+
+/// `cfg` with the cluster key, if there is one.
+fn with_key(cfg: Config, key: Option<Vec<u8>>) -> Config {
+    match key {
+        Some(k) => cfg.cluster_key(k),
+        None => cfg,
+    }
+}
+
+/// What to say about a server listening at `addr`: nothing with a key or on loopback only;
+/// otherwise that anyone who reaches it is served.
+fn exposure_warning(addr: &ionet::Address, keyed: bool) -> Option<String> {
+    let loopback = addr.resolve().is_ok_and(|v| !v.is_empty() && v.iter().all(|a| a.ip().is_loopback()));
+    (!keyed && !loopback).then(|| {
+        format!(
+            "ionet-perf: warning: listening on {addr} without a cluster key: anyone who can reach \
+             this port can connect, send and receive messages, and read and write the memory the \
+             server exposes; pass --key-file, or listen on a loopback address"
+        )
+    })
+}
+
+/// Binds a server endpoint, warning on stderr if it is reachable without a key.
+fn bind_server(listen: &str, cfg: Config, keyed: bool) -> Result<Endpoint, BoxErr> {
+    let ep = Endpoint::bind(listen, cfg)?;
+    let addr = ep.local_addr().ok_or("no local address")?;
+    if let Some(w) = exposure_warning(&addr, keyed) {
+        eprintln!("{w}");
+    }
+    Ok(ep)
+}
+
 fn run_cli(cli: Cli) -> Result<(), BoxErr> {
     pin(cli.cpu)?;
     let cc = cli.tcp_congestion.as_deref();
@@ -358,10 +411,13 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
             eprintln!("nothing to do: try `ionet-perf selftest` or `ionet-perf --help`");
             Ok(())
         }
-        Some(Cmd::Server { listen, wait, knobs }) => {
+        Some(Cmd::Server { listen, wait, knobs, key_file }) => {
             procs::exit_with_parent();
             let scheme = listen.parse::<ionet::Address>()?.scheme();
-            let ep = Endpoint::bind(listen.as_str(), with_congestion(knobs.tuning(wait).config(scheme), cc))?;
+            let key = load_key(key_file.as_deref())?;
+            let keyed = key.is_some();
+            let cfg = with_key(with_congestion(knobs.tuning(wait).config(scheme), cc), key);
+            let ep = bind_server(listen.as_str(), cfg, keyed)?;
             println!("LISTEN {}", ep.local_addr().ok_or("no local address")?);
             std::io::stdout().flush()?;
             over_ionet::serve(&ep)?;
@@ -369,7 +425,7 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
         }
         Some(Cmd::QosServer { listen, wait }) => {
             procs::exit_with_parent();
-            let ep = Endpoint::bind(listen.as_str(), Config::default().wait_mode(wait))?;
+            let ep = bind_server(listen.as_str(), Config::default().wait_mode(wait), false)?;
             println!("LISTEN {}", ep.local_addr().ok_or("no local address")?);
             std::io::stdout().flush()?;
             qos::serve(&ep)?;
@@ -393,14 +449,15 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
             }
             Ok(())
         }
-        Some(Cmd::Client { run, wait, verify, pool, sl, knobs, csv, on_demand }) => {
+        Some(Cmd::Client { run, wait, verify, pool, sl, knobs, key_file, csv, on_demand }) => {
             let connect = &run.connect;
             let addrs: Vec<&str> = connect.split(',').map(str::trim).collect();
             if addrs.len() > 1 && run.test != Test::Read {
                 return Err("several servers only with --test read".into());
             }
             let scheme = addrs[0].parse::<ionet::Address>()?.scheme();
-            let ep = Endpoint::client(with_congestion(knobs.tuning(wait).config(scheme), cc))?;
+            let key = load_key(key_file.as_deref())?;
+            let ep = Endpoint::client(with_key(with_congestion(knobs.tuning(wait).config(scheme), cc), key))?;
             let peers = addrs.iter().map(|a| ep.connect(*a)).collect::<Result<Vec<_>, _>>()?;
             let mut w = csv_writer(csv.as_ref())?;
             let bufs = if pool { "pool" } else { "heap" };

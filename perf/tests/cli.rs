@@ -1,0 +1,96 @@
+//! `ionet-perf server` and `client` with a cluster key file, and the warning a server gives
+//! when it listens beyond loopback without one.
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+
+const PERF: &str = env!("CARGO_BIN_EXE_ionet-perf");
+
+/// A server started with `args`; it exits when dropped (its stdin closes).
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let mut child = Command::new(PERF)
+            .arg("server")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("LISTEN ")
+            .unwrap_or_else(|| panic!("no LISTEN line: {line:?}"))
+            .to_string();
+        Server { child, addr }
+    }
+
+    /// Stops the server and returns what it wrote to stderr.
+    fn stop(mut self) -> String {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut err = String::new();
+        self.child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        err
+    }
+}
+
+fn write_key(path: &Path, hex: &str) {
+    std::fs::write(path, format!("{hex}\n")).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+fn client(addr: &str, key: Option<&Path>) -> Output {
+    let mut c = Command::new(PERF);
+    c.args(["client", "--connect", addr, "--test", "lat", "--sizes", "8", "--iters", "10", "--runs", "1"]);
+    if let Some(k) = key {
+        c.arg("--key-file").arg(k);
+    }
+    c.stdin(Stdio::null()).output().unwrap()
+}
+
+/// Listening on every interface without a key warns, naming the risk; on loopback, or with a
+/// key, it does not.
+#[test]
+fn server_warns_when_listening_beyond_loopback_without_a_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("k");
+    write_key(&key, "00112233445566778899aabbccddeeff");
+    let open = Server::start(&["--listen", "tcp://0.0.0.0:0"]).stop();
+    assert!(open.contains("without a cluster key") && open.contains("anyone"), "no warning: {open:?}");
+    assert!(open.contains("0.0.0.0"), "the warning names the address: {open:?}");
+    let lo = Server::start(&["--listen", "tcp://127.0.0.1:0"]).stop();
+    assert!(!lo.contains("warning"), "{lo:?}");
+    let keyed = Server::start(&["--listen", "tcp://0.0.0.0:0", "--key-file", key.to_str().unwrap()]).stop();
+    assert!(!keyed.contains("warning"), "{keyed:?}");
+}
+
+/// A client with the server's key file runs; one with another key, or none, fails to
+/// authenticate.
+#[test]
+fn client_and_server_share_a_key_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (k1, k2) = (dir.path().join("k1"), dir.path().join("k2"));
+    write_key(&k1, "00112233445566778899aabbccddeeff");
+    write_key(&k2, "ffeeddccbbaa99887766554433221100");
+    let s = Server::start(&["--listen", "tcp://127.0.0.1:0", "--key-file", k1.to_str().unwrap()]);
+    let same = client(&s.addr, Some(&k1));
+    assert!(same.status.success(), "{}", String::from_utf8_lossy(&same.stderr));
+    for (what, key) in [("another key", Some(k2.as_path())), ("no key", None)] {
+        let out = client(&s.addr, key);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: the client ran");
+        assert!(err.contains("authentication failed"), "{what}: {err}");
+    }
+    s.stop();
+}
