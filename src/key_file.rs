@@ -5,13 +5,14 @@
 //! The key admits a peer to a cluster ([`Config::cluster_key`](crate::Config::cluster_key)).
 //! A file group or others can read is tightened to owner-only and reported
 //! ([`KeyFile::loose_mode`]) so the caller can warn that the key may have leaked. A file group
-//! or others can write, or owned by a user other than this process's (or root), is refused:
-//! someone else could have chosen the key.
+//! or others can write is refused: anyone could have chosen the key. The owner is not checked:
+//! whoever owns the file can read the key, so is a member already (root hands a key to a
+//! service user this way).
 
 use crate::config::MIN_CLUSTER_KEY_LEN;
 use std::fmt;
 use std::io::{self, Read};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// Longest key, in bytes.
@@ -46,16 +47,6 @@ pub enum KeyFileError {
         path: PathBuf,
         /// The cause.
         error: io::Error,
-    },
-    /// Owned by another user.
-    #[error("{}: owned by uid {owner}, not by this user (uid {me}) or root; refusing a key someone else controls", path.display())]
-    Owner {
-        /// The file.
-        path: PathBuf,
-        /// Its owner.
-        owner: u32,
-        /// This process's effective uid.
-        me: u32,
     },
     /// Group or others may write it.
     #[error("{}: mode {mode:o} lets group or others write it; refusing a key anyone could have replaced", path.display())]
@@ -101,17 +92,13 @@ pub fn parse_key_hex(text: &str) -> Result<Vec<u8>, String> {
     Ok(key)
 }
 
-/// Reads the key in `path`, tightening the file to owner-only if group or others can read it;
-/// refuses a file others can write or that another user owns.
+/// Reads the key in `path`, tightening the file to owner-only if group or others can read it
+/// (failing if this process may not); refuses a file group or others can write.
 pub fn read_key_file(path: &Path) -> Result<KeyFile, KeyFileError> {
     let io = |error| KeyFileError::Io { path: path.to_owned(), error };
     let f = std::fs::File::open(path).map_err(io)?;
     // Checked and changed through the open file: what is read is what was checked.
     let meta = f.metadata().map_err(io)?;
-    let (owner, me) = (meta.uid(), rustix::process::geteuid().as_raw());
-    if owner != me && owner != 0 {
-        return Err(KeyFileError::Owner { path: path.to_owned(), owner, me });
-    }
     let mode = meta.permissions().mode() & 0o7777;
     if mode & 0o022 != 0 {
         return Err(KeyFileError::Writable { path: path.to_owned(), mode });

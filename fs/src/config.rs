@@ -211,8 +211,8 @@ pub fn decode_key_hex(text: &str) -> Result<Vec<u8>, ConfigError> {
 }
 
 /// Reads a cluster key file by ionet's rules: hex text, owner-only. A file group or others
-/// could read is tightened, with a warning: the key may have leaked. One they could write, or
-/// another user's, is refused.
+/// could read is tightened, with a warning: the key may have leaked. One they could write is
+/// refused.
 pub fn read_key_file(path: &Path) -> Result<Vec<u8>, ConfigError> {
     use ionet::key_file::{KeyFileError, MAX_KEY_FILE_BYTES};
     match ionet::key_file::read_key_file(path) {
