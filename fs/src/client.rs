@@ -153,6 +153,9 @@ struct Inner {
     ep: Endpoint,
     meta: PeerId,
     io: Vec<PeerId>,
+    /// How errors name the meta server and each io server (role and address).
+    meta_name: String,
+    io_names: Vec<String>,
     next_id: AtomicU64,
     opts: ClientOptions,
     limits: RequestLimits,
@@ -244,11 +247,14 @@ impl Client {
         let io = cfg.io_servers.iter().map(|a| ep.connect(a)).collect::<Result<Vec<_>, _>>()?;
         let info = ep.info();
         let limits = opts.request_limits(info.scheme, info.max_message as u64);
+        let io_names = cfg.io_servers.iter().enumerate().map(|(i, a)| crate::net::io_server_name(i, a));
         Ok(Client {
             inner: Arc::new(Inner {
                 ep,
                 meta,
                 io,
+                meta_name: crate::net::meta_server_name(&cfg.meta),
+                io_names: io_names.collect(),
                 next_id: AtomicU64::new(1),
                 opts,
                 limits,
@@ -315,9 +321,19 @@ impl Client {
     fn meta_call(&self, req: MetaRequest) -> FsResult<MetaReply> {
         let id = self.id();
         let bytes = proto::encode(&Envelope::new(id, req))?;
-        let op = self.post(self.inner.meta, TAG_META, bytes, Payload::None, ServiceLevel::Control, 0)?;
-        let c = self.inner.ep.wait(op)?;
-        Self::reply::<MetaReply>(&c, id)
+        (|| {
+            let op = self.post(self.inner.meta, TAG_META, bytes, Payload::None, ServiceLevel::Control, 0)?;
+            let c = self.inner.ep.wait(op)?;
+            Self::reply::<MetaReply>(&c, id)
+        })()
+        .map_err(|e| e.at(|| self.inner.meta_name.clone()))
+    }
+
+    /// Names io server `server` in a transport failure of a request to it.
+    fn at_io(&self, server: usize) -> impl FnOnce(FsError) -> FsError + '_ {
+        move |e| {
+            e.at(|| self.inner.io_names.get(server).cloned().unwrap_or_else(|| format!("io server {server}")))
+        }
     }
 
     fn name(s: &str) -> FsResult<Name> {
@@ -688,22 +704,27 @@ impl Client {
 
     /// Sends a small request (no payload) to each listed absolute server at once.
     fn io_small(&self, reqs: Vec<(usize, IoRequest)>) -> Vec<FsResult<IoReply>> {
-        let posted: Vec<FsResult<(OpId, u64)>> = reqs
+        let posted: Vec<(usize, FsResult<(OpId, u64)>)> = reqs
             .into_iter()
             .map(|(server, req)| {
-                let peer =
-                    *self.inner.io.get(server).ok_or_else(|| FsError::Invalid("server index".into()))?;
-                let id = self.id();
-                let bytes = proto::encode(&Envelope::new(id, req))?;
-                Ok((self.post(peer, TAG_IO, bytes, Payload::None, ServiceLevel::Control, 0)?, id))
+                let r = (|| {
+                    let peer =
+                        *self.inner.io.get(server).ok_or_else(|| FsError::Invalid("server index".into()))?;
+                    let id = self.id();
+                    let bytes = proto::encode(&Envelope::new(id, req))?;
+                    Ok((self.post(peer, TAG_IO, bytes, Payload::None, ServiceLevel::Control, 0)?, id))
+                })();
+                (server, r)
             })
             .collect();
         posted
             .into_iter()
-            .map(|p| {
-                let (op, id) = p?;
-                let c = self.inner.ep.wait(op)?;
-                Self::reply::<IoReply>(&c, id)
+            .map(|(server, p)| {
+                p.and_then(|(op, id)| {
+                    let c = self.inner.ep.wait(op)?;
+                    Self::reply::<IoReply>(&c, id)
+                })
+                .map_err(self.at_io(server))
             })
             .collect()
     }
@@ -944,7 +965,8 @@ impl File {
             let posted: Vec<FsResult<(OpId, u64, u64)>> = batches
                 .iter()
                 .map(|b| {
-                    let peer = c.inner.io[b.server];
+                    let peer =
+                        *c.inner.io.get(b.server).ok_or_else(|| FsError::Invalid("server index".into()))?;
                     let id = c.id();
                     let req = IoRequest::Write { cap: cap.clone(), desc: b.desc.clone() };
                     let header = proto::encode(&Envelope::new(id, req))?;
@@ -953,23 +975,25 @@ impl File {
                         .iter()
                         .map(|s| data.slice(s.off as usize..(s.off + s.len) as usize))
                         .collect();
-                    let op = c.post(
-                        peer,
-                        TAG_IO,
-                        header,
-                        Payload::Out(SendBuf::List(list)),
-                        ServiceLevel::Bulk,
-                        b.bytes,
-                    )?;
+                    let op = c
+                        .post(
+                            peer,
+                            TAG_IO,
+                            header,
+                            Payload::Out(SendBuf::List(list)),
+                            ServiceLevel::Bulk,
+                            b.bytes,
+                        )
+                        .map_err(c.at_io(b.server))?;
                     Ok((op, id, b.bytes))
                 })
                 .collect();
             let mut first_err = None;
             let mut total = 0u64;
-            for p in posted {
+            for (b, p) in batches.iter().zip(posted) {
                 let r = p.and_then(|(op, id, want)| {
-                    let comp = c.wait_io(op)?;
-                    match Client::reply::<IoReply>(&comp, id)? {
+                    let comp = c.wait_io(op).map_err(c.at_io(b.server))?;
+                    match Client::reply::<IoReply>(&comp, id).map_err(c.at_io(b.server))? {
                         IoReply::Written { bytes } if bytes == want => Ok(bytes),
                         r => Err(FsError::UnexpectedReply(format!("{r:?} for a {want}-byte write"))),
                     }
@@ -1033,16 +1057,12 @@ impl File {
                 let id = c.id();
                 let req = IoRequest::Read { cap: cap.clone(), desc: b.desc.clone() };
                 let header = proto::encode(&Envelope::new(id, req))?;
+                let peer =
+                    *c.inner.io.get(b.server).ok_or_else(|| FsError::Invalid("server index".into()))?;
                 let list = split.take(i);
-                let peer = c.inner.io[b.server];
-                let op = c.post(
-                    peer,
-                    TAG_IO,
-                    header,
-                    Payload::In(RecvBuf::List(list)),
-                    ServiceLevel::Bulk,
-                    b.bytes,
-                )?;
+                let op = c
+                    .post(peer, TAG_IO, header, Payload::In(RecvBuf::List(list)), ServiceLevel::Bulk, b.bytes)
+                    .map_err(c.at_io(b.server))?;
                 Ok((op, id))
             })();
             posted.push(r);
@@ -1050,12 +1070,13 @@ impl File {
         let mut first_err = None;
         let mut sizes = Vec::with_capacity(batches.len());
         for (i, p) in posted.into_iter().enumerate() {
+            let server = batches[i].server;
             let r = p.and_then(|(op, id)| {
-                let mut comp = c.wait_io(op)?;
+                let mut comp = c.wait_io(op).map_err(c.at_io(server))?;
                 if let OpBuf::Recv(RecvBuf::List(v)) = std::mem::take(&mut comp.buf) {
                     split.put_back(i, v);
                 }
-                match Client::reply::<IoReply>(&comp, id)? {
+                match Client::reply::<IoReply>(&comp, id).map_err(c.at_io(server))? {
                     IoReply::Read { bytes, local_size } if bytes == batches[i].bytes => Ok(local_size),
                     r => Err(FsError::UnexpectedReply(format!("{r:?} for a {}-byte read", batches[i].bytes))),
                 }

@@ -99,6 +99,15 @@ pub enum FsError {
     /// The transport failed: peer lost, timeout, authentication, ….
     #[error("transport: {0}")]
     Net(ionet::Error),
+    /// A request to this server failed in the transport: the server could not be reached,
+    /// was lost during the request, or did not answer in time.
+    #[error("{server}: {}", net_cause(error))]
+    Server {
+        /// Which server, by role and address: `io server 2 (tcp://10.0.0.3:7000)`.
+        server: String,
+        /// What went wrong.
+        error: ionet::Error,
+    },
     /// A peer sent a message that does not decode, or we could not encode ours.
     #[error("protocol: {0}")]
     Proto(ProtoError),
@@ -143,17 +152,45 @@ impl FsError {
         FsError::Remote { code, message: message.into() }
     }
 
+    /// This error, with a transport failure attributed to `server` (see [`io_server_name`]
+    /// and [`meta_server_name`]); other errors are returned as they are.
+    pub fn at(self, server: impl FnOnce() -> String) -> Self {
+        match self {
+            FsError::Net(error) => FsError::Server { server: server(), error },
+            e => e,
+        }
+    }
+
     /// The POSIX code for this error. A lost or unreachable server is `ENOTCONN`, a deadline
     /// `ETIMEDOUT`, anything else the transport reports `EIO`.
     pub fn errno(&self) -> Errno {
         match self {
             FsError::Remote { code, .. } => *code,
-            FsError::Net(e) => net_errno(e),
+            FsError::Net(e) | FsError::Server { error: e, .. } => net_errno(e),
             FsError::Proto(e) => e.errno(),
             FsError::UnexpectedReply(_) => Errno::EPROTO,
             FsError::Invalid(_) | FsError::Layout(_) | FsError::Config(_) => Errno::EINVAL,
             FsError::Io(e) => Errno::from_io(e),
         }
+    }
+}
+
+/// How errors name io server `index` at `addr`.
+pub fn io_server_name(index: usize, addr: &ionet::Address) -> String {
+    format!("io server {index} ({addr})")
+}
+
+/// How errors name the meta server at `addr`.
+pub fn meta_server_name(addr: &ionet::Address) -> String {
+    format!("meta server ({addr})")
+}
+
+/// The cause of a transport failure, said once: a lost peer's reason without the transport's
+/// peer number (the caller names the server).
+fn net_cause(e: &ionet::Error) -> String {
+    match e {
+        ionet::Error::PeerLost { reason, .. } => reason.clone(),
+        e => e.to_string(),
     }
 }
 
@@ -287,6 +324,22 @@ mod tests {
         let e: io::Error = FsError::code(Errno::ENOENT, "gone").into();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
         assert_eq!(io_timeout(Duration::from_secs(1), 20_000_000), Duration::from_secs(3));
+    }
+
+    #[test]
+    fn a_transport_failure_names_the_server_and_says_the_cause_once() {
+        let addr: ionet::Address = "tcp://127.0.0.1:7012".parse().unwrap();
+        let reason = "connect to 127.0.0.1:7012: Connection refused (os error 111)".to_string();
+        let lost = FsError::Net(ionet::Error::PeerLost { peer: dummy_peer(), reason: reason.clone() });
+        let e = lost.at(|| io_server_name(2, &addr));
+        assert_eq!(e.to_string(), format!("io server 2 (tcp://127.0.0.1:7012): {reason}"));
+        assert_eq!(e.errno(), Errno::ENOTCONN);
+        let e = FsError::Net(ionet::Error::Timeout).at(|| meta_server_name(&addr));
+        assert_eq!(e.to_string(), "meta server (tcp://127.0.0.1:7012): operation timed out");
+        assert_eq!(e.errno(), Errno::ETIMEDOUT);
+        // A server's own refusal already comes from that server: left as it is.
+        let e = FsError::code(Errno::ENOSPC, "").at(|| unreachable!("not a transport failure"));
+        assert!(matches!(e, FsError::Remote { code: Errno::ENOSPC, .. }));
     }
 
     #[test]

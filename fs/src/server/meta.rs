@@ -299,6 +299,14 @@ impl Shared {
         }
     }
 
+    /// How errors name io server `server`.
+    fn io_name(&self, server: usize) -> String {
+        match self.cfg.cluster.io_servers.get(server) {
+            Some(a) => crate::net::io_server_name(server, a),
+            None => format!("io server {server}"),
+        }
+    }
+
     fn lock_janitor(&self) -> std::sync::MutexGuard<'_, Janitor> {
         self.janitor.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -375,38 +383,43 @@ impl Shared {
     ) -> Vec<Result<IoReply, FsError>> {
         let n = self.io.len() as u32;
         let deadline = Instant::now() + self.cfg.io_timeout;
-        let posted: Vec<Result<(ionet::OpId, PeerId), FsError>> = pnums
+        let posted: Vec<(usize, Result<ionet::OpId, FsError>)> = pnums
             .iter()
             .map(|&p| {
                 let server = layout.server(p, n) as usize;
-                let peer = *self.io.get(server).ok_or_else(|| FsError::Invalid("server index".into()))?;
-                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                let bytes = proto::encode(&Envelope::new(id, make(p)))?;
-                let op = self.io_ep.request(
-                    peer,
-                    TAG_IO,
-                    Bytes::from(bytes),
-                    Payload::None,
-                    ServiceLevel::Control,
-                )?;
-                self.io_ep.set_deadline(op, deadline)?;
-                Ok((op, peer))
+                let op = (|| {
+                    let peer = *self.io.get(server).ok_or_else(|| FsError::Invalid("server index".into()))?;
+                    let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                    let bytes = proto::encode(&Envelope::new(id, make(p)))?;
+                    let op = self.io_ep.request(
+                        peer,
+                        TAG_IO,
+                        Bytes::from(bytes),
+                        Payload::None,
+                        ServiceLevel::Control,
+                    )?;
+                    self.io_ep.set_deadline(op, deadline)?;
+                    Ok(op)
+                })();
+                (server, op)
             })
             .collect();
         posted
             .into_iter()
-            .map(|posted| {
-                let (op, _peer) = posted?;
-                let c = self.io_ep.wait(op)?;
-                c.result?;
-                let reply = c.reply.ok_or_else(|| FsError::UnexpectedReply("no reply header".into()))?;
-                match proto::decode::<IoReply>(&reply)?.body {
-                    IoReply::Error(e) => {
-                        debug!(handle = %h, code = %e.code, "io server refused");
-                        Err(FsError::Remote { code: e.code, message: e.message.into_string() })
+            .map(|(server, posted)| {
+                (|| {
+                    let c = self.io_ep.wait(posted?)?;
+                    c.result?;
+                    let reply = c.reply.ok_or_else(|| FsError::UnexpectedReply("no reply header".into()))?;
+                    match proto::decode::<IoReply>(&reply)?.body {
+                        IoReply::Error(e) => {
+                            debug!(handle = %h, code = %e.code, "io server refused");
+                            Err(FsError::Remote { code: e.code, message: e.message.into_string() })
+                        }
+                        r => Ok(r),
                     }
-                    r => Ok(r),
-                }
+                })()
+                .map_err(|e| e.at(|| self.io_name(server)))
             })
             .collect()
     }
