@@ -216,6 +216,16 @@ pub struct Stat {
     pub layout: Option<Layout>,
 }
 
+/// A file whose logical size could not be learnt (see [`Client::stat_entry`]).
+#[derive(Debug)]
+pub struct SizeUnknown {
+    /// What the meta server knows. `attr.size` is the size it records (the last truncate),
+    /// not the logical size.
+    pub stat: Stat,
+    /// Why the size is unknown (an io server that did not answer is named in it).
+    pub error: FsError,
+}
+
 /// One request to one io server, ready to post.
 #[derive(Debug)]
 struct Batch {
@@ -375,13 +385,23 @@ impl Client {
 
     /// Attributes with a file's logical size, and its layout (of a symbolic link itself).
     pub fn stat_handle(&self, h: Handle) -> FsResult<Stat> {
+        self.stat_entry(h)?.map_err(|u| u.error)
+    }
+
+    /// As [`Client::stat_handle`], for listings: when the meta server answers but an io server
+    /// of a file's layout does not (or fails), the file's size cannot be known, and the inner
+    /// `Err` has what the meta server knows ([`SizeUnknown`]) instead of failing the entry.
+    pub fn stat_entry(&self, h: Handle) -> FsResult<Result<Stat, SizeUnknown>> {
         let attr = self.getattr(h)?;
         if attr.kind != FileKind::File {
-            return Ok(Stat { handle: h, attr, layout: None });
+            return Ok(Ok(Stat { handle: h, attr, layout: None }));
         }
         let f = self.open_handle(h, Rights::READ)?;
-        let size = f.size()?;
-        Ok(Stat { handle: h, attr: Attr { size, ..f.attr.clone() }, layout: Some(f.layout) })
+        let stat = Stat { handle: h, attr: f.attr.clone(), layout: Some(f.layout) };
+        Ok(match f.size() {
+            Ok(size) => Ok(Stat { attr: Attr { size, ..stat.attr }, ..stat }),
+            Err(error) => Err(SizeUnknown { stat, error }),
+        })
     }
 
     /// Changes attributes; a size truncates (or extends with a hole).
@@ -628,6 +648,21 @@ impl Client {
     /// `lstat`: as [`Client::stat`], but of a symbolic link itself.
     pub fn lstat(&self, path: &str) -> FsResult<Stat> {
         self.stat_handle(self.resolve_nofollow(path)?)
+    }
+
+    /// The handle and attributes of what a path names, from the meta server alone: no io
+    /// server is asked, so a file's `size` is the one the meta server records (the last
+    /// truncate), not its logical size. For name-only work (`rm`, `mv`, is it a directory?),
+    /// which must not fail because an io server is down.
+    pub fn attr(&self, path: &str) -> FsResult<(Handle, Attr)> {
+        let h = self.resolve(path)?;
+        Ok((h, self.getattr(h)?))
+    }
+
+    /// As [`Client::attr`], of a symbolic link itself.
+    pub fn lattr(&self, path: &str) -> FsResult<(Handle, Attr)> {
+        let h = self.resolve_nofollow(path)?;
+        Ok((h, self.getattr(h)?))
     }
 
     /// Creates a symbolic link at `link` pointing at `target` (the order of `ln -s` and

@@ -10,11 +10,18 @@ mod common;
 use common::{TestCluster, pattern};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 use stripefs::proto::LayoutSpec;
 use stripefs::{Client, CreateOptions};
 
 fn sfs(cluster: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_stripefs")).arg("--cluster").arg(cluster).args(args).output().unwrap()
+}
+
+fn ok(cluster: &Path, args: &[&str]) -> String {
+    let out = sfs(cluster, args);
+    assert!(out.status.success(), "stripefs {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// `stripefs args` fails; its standard error.
@@ -73,4 +80,52 @@ fn errors_name_the_dead_io_server() {
     assert_eq!(e.errno(), stripefs::Errno::ENOTCONN, "{e}");
     let e = c.truncate("/wide", 10).unwrap_err();
     assert!(e.to_string().contains(&format!("io server 2 ({dead}): ")), "{e}");
+}
+
+/// Name-only operations never need an io server: with one dead, `ls`, `mkdir`, `mv` and `rm`
+/// (of any file: the objects on the dead server are removed once it is back) keep working,
+/// `stat` of a file on live servers too, and `ls -l` lists every entry, with `?` for a size
+/// that cannot be known.
+#[test]
+fn names_and_live_files_keep_working() {
+    let (mut tc, cl, dead) = cluster_without_io_2();
+    assert_eq!(ok(&cl, &["ls", "sfs:/"]), "on0\non1\non2\npair\nwide\n");
+    let out = sfs(&cl, &["ls", "-l", "sfs:/"]);
+    let (long, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let sizes: Vec<(String, String)> = long
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[4].to_string(), f[3].to_string())
+        })
+        .collect();
+    let want = [("on0", "300000"), ("on1", "300000"), ("on2", "?"), ("pair", "300000"), ("wide", "?")];
+    assert_eq!(sizes, want.map(|(n, s)| (n.to_string(), s.to_string())), "{long}{err}");
+    assert!(err.contains("/on2") && err.contains("/wide"), "{err}");
+    assert!(err.contains(&format!("io server 2 ({dead})")), "{err}");
+    assert!(!out.status.success(), "as ls, an entry it could not fully read makes the status 1");
+    for f in ["on0", "on1", "pair"] {
+        let st = ok(&cl, &["stat", &format!("sfs:/{f}")]);
+        assert!(st.contains(&format!("size: {LEN}")), "{st}");
+    }
+    ok(&cl, &["mkdir", "sfs:/d"]);
+    ok(&cl, &["mkdir", "-p", "sfs:/d/e/f"]);
+    ok(&cl, &["mv", "sfs:/on1", "sfs:/d"]);
+    assert_eq!(ok(&cl, &["ls", "sfs:/d"]), "e\non1\n");
+    // rm: the names go at once, whichever servers hold the data.
+    let c = tc.client();
+    let handles: Vec<_> = ["on2", "wide"].map(|n| c.lookup(stripefs::Handle::ROOT, n).unwrap().0).into();
+    ok(&cl, &["rm", "sfs:/on0", "sfs:/on2", "sfs:/wide"]);
+    assert_eq!(ok(&cl, &["ls", "sfs:/"]), "d\npair\n");
+    // The dead server's objects of the removed files wait for it; once it is back, the meta
+    // server removes them.
+    let cfg = tc.cluster.config().clone();
+    let store2 = || stripefs::store::ObjectStore::open(cfg.io_data_dir(2), Default::default()).unwrap();
+    assert!(handles.iter().all(|h| store2().exists(*h)), "removed later, not lost");
+    tc.cluster.restart_io(2).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while handles.iter().any(|h| store2().exists(*h)) {
+        assert!(Instant::now() < deadline, "the dead server's orphans were never removed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -423,13 +423,16 @@ pub struct LsArgs {
     long: bool,
 }
 
-/// `stripefs ls`.
+/// `stripefs ls`. Names come from the meta server alone. With `-l`, a file whose size cannot
+/// be known (an io server of its layout is down) is listed with `?` for its size and the reason
+/// on standard error, and the exit status is 1 once everything is listed, as `ls` does for an
+/// entry it cannot read.
 pub fn ls(cluster: Option<PathBuf>, a: LsArgs) -> Result<()> {
     let c = client(cluster)?;
     let path = any_path(&a.path);
-    let st = c.stat(path).with_context(|| path.to_string())?;
-    let entries = if st.attr.kind == FileKind::Dir {
-        c.readdir_handle(st.handle)
+    let (handle, attr) = c.attr(path).with_context(|| path.to_string())?;
+    let entries = if attr.kind == FileKind::Dir {
+        c.readdir_handle(handle)
             .with_context(|| path.to_string())?
             .into_iter()
             .map(|e| (e.name.to_string(), e.handle))
@@ -439,9 +442,21 @@ pub fn ls(cluster: Option<PathBuf>, a: LsArgs) -> Result<()> {
         vec![(base_name(path).to_string(), c.resolve_nofollow(path).with_context(|| path.to_string())?)]
     };
     let mut out = std::io::stdout().lock();
+    let mut unknown = 0;
     for (name, h) in entries {
         if a.long {
-            let s = c.stat_handle(h).with_context(|| sfs_join(path, &name))?;
+            let (s, size) = match c.stat_entry(h).with_context(|| sfs_join(path, &name))? {
+                Ok(s) => {
+                    let size = s.attr.size.to_string();
+                    (s, size)
+                }
+                Err(u) => {
+                    out.flush()?;
+                    eprintln!("stripefs: {}: size unknown: {}", sfs_join(path, &name), u.error);
+                    unknown += 1;
+                    (u.stat, "?".to_string())
+                }
+            };
             let layout =
                 s.layout.map(|l| format!("  [{}x{}@{}]", l.pcount, l.ssize, l.base)).unwrap_or_default();
             let target = match s.attr.kind {
@@ -456,11 +471,14 @@ pub fn ls(cluster: Option<PathBuf>, a: LsArgs) -> Result<()> {
                 mode_string(s.attr.kind, s.attr.mode),
                 s.attr.uid,
                 s.attr.gid,
-                s.attr.size
+                size
             )?;
         } else {
             writeln!(out, "{name}")?;
         }
+    }
+    if unknown > 0 {
+        bail!("{path}: {unknown} size(s) unknown");
     }
     Ok(())
 }
@@ -557,14 +575,15 @@ pub fn rm(cluster: Option<PathBuf>, recursive: bool, paths: &[String]) -> Result
     let c = client(cluster)?;
     for p in paths {
         let p = any_path(p);
-        let st = c.lstat(p).with_context(|| p.to_string())?;
-        if recursive && st.attr.kind == FileKind::Dir {
-            if st.handle == Handle::ROOT {
+        // Names only: removing a file never waits for its io servers.
+        let (handle, attr) = c.lattr(p).with_context(|| p.to_string())?;
+        if recursive && attr.kind == FileKind::Dir {
+            if handle == Handle::ROOT {
                 bail!("{p}: refusing to remove the root");
             }
-            remove_below(&c, st.handle, p)?;
+            remove_below(&c, handle, p)?;
         }
-        match st.attr.kind {
+        match attr.kind {
             FileKind::Dir => c.rmdir(p),
             FileKind::File | FileKind::Symlink => c.unlink(p),
         }
@@ -616,8 +635,8 @@ fn remove_below(c: &Client, dir: Handle, path: &str) -> Result<()> {
 pub fn mv(cluster: Option<PathBuf>, src: &str, dst: &str) -> Result<()> {
     let c = client(cluster)?;
     let (src, mut dst) = (any_path(src), any_path(dst).to_string());
-    if let Ok(st) = c.stat(&dst)
-        && st.attr.kind == FileKind::Dir
+    if let Ok((_, attr)) = c.attr(&dst)
+        && attr.kind == FileKind::Dir
     {
         dst = sfs_join(&dst, base_name(src));
     }
@@ -773,9 +792,9 @@ pub fn setstripe(cluster: Option<PathBuf>, a: SetstripeArgs) -> Result<()> {
     let c = client(cluster)?;
     let path = any_path(&a.path);
     let spec = LayoutSpec { base: a.base, pcount: a.stripe_count, ssize: a.stripe_size };
-    match c.stat(path) {
-        Ok(st) if st.attr.kind == FileKind::Dir => {
-            c.setstripe_handle(st.handle, if a.clear { None } else { Some(spec) })
+    match c.attr(path) {
+        Ok((handle, attr)) if attr.kind == FileKind::Dir => {
+            c.setstripe_handle(handle, if a.clear { None } else { Some(spec) })
                 .with_context(|| path.to_string())?;
         }
         Ok(_) => bail!("{path} exists: a file's layout is fixed at creation"),
