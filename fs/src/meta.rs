@@ -43,6 +43,18 @@ use tracing::{debug, info, warn};
 // The name rule lives with the protocol: clients apply it to every name a server sends.
 pub use crate::proto::{NAME_MAX, NameError, validate_name};
 
+/// The base of a new layout of `pcount` of `n` servers, for the round-robin rotation at `next`:
+/// the first base from `next`'s on whose servers (`base`, `base + 1`, … modulo `n`) are none of
+/// `avoid`, and how many bases were skipped to reach it. When no base avoids them (the stripe
+/// count is over the servers left), `next`'s own base: the create is tried there and fails
+/// naming a server it needs.
+fn pick_base(next: u64, n: u32, pcount: u32, avoid: &[u32]) -> (u32, u64) {
+    let n64 = u64::from(n.max(1));
+    let at = |skip: u64| ((next % n64 + skip) % n64) as u32;
+    let clear = |base: u32| (0..pcount.min(n)).all(|p| !avoid.contains(&((base + p) % n.max(1))));
+    (0..n64).find(|&skip| clear(at(skip))).map_or((at(0), 0), |skip| (at(skip), skip))
+}
+
 /// Deepest directory chain followed when checking a rename for cycles.
 const MAX_DEPTH: u32 = 1 << 16;
 
@@ -567,22 +579,21 @@ impl MetaStore {
         Ok(target.value().to_owned())
     }
 
-    /// Fills unset fields of `spec` from the filesystem defaults, picking a round-robin base.
-    fn resolve_layout(&self, tx: &mut Tx<'_>, spec: LayoutSpec) -> Result<Layout, MetaError> {
+    /// Fills unset fields of `spec` from the filesystem defaults, picking a round-robin base
+    /// whose servers avoid `avoid` if one does (see [`pick_base`]).
+    fn resolve_layout(&self, tx: &mut Tx<'_>, spec: LayoutSpec, avoid: &[u32]) -> Result<Layout, MetaError> {
         let n = self.cfg.n_servers;
+        let pcount = spec.pcount.or(self.cfg.default_pcount).unwrap_or(n);
         let base = match spec.base {
             Some(b) => b,
             None => {
                 let next = counter(&tx.sup, K_NEXT_BASE)?;
-                tx.sup.insert(K_NEXT_BASE, next.wrapping_add(1))?;
-                (next % u64::from(n)) as u32
+                let (base, skipped) = pick_base(next, n, pcount, avoid);
+                tx.sup.insert(K_NEXT_BASE, next.wrapping_add(skipped).wrapping_add(1))?;
+                base
             }
         };
-        let layout = Layout {
-            base,
-            pcount: spec.pcount.or(self.cfg.default_pcount).unwrap_or(n),
-            ssize: spec.ssize.unwrap_or(self.cfg.default_ssize),
-        };
+        let layout = Layout { base, pcount, ssize: spec.ssize.unwrap_or(self.cfg.default_ssize) };
         layout.validate(n)?;
         Ok(layout)
     }
@@ -597,6 +608,19 @@ impl MetaStore {
         perm: Perm,
         spec: Option<LayoutSpec>,
     ) -> Result<Created, MetaError> {
+        self.create_avoiding(parent, name, perm, spec, &[])
+    }
+
+    /// As [`MetaStore::create`], placing a layout whose base is not given on servers other
+    /// than `avoid` (io servers known to be down) when the stripe count leaves a choice.
+    pub fn create_avoiding(
+        &self,
+        parent: Handle,
+        name: &str,
+        perm: Perm,
+        spec: Option<LayoutSpec>,
+        avoid: &[u32],
+    ) -> Result<Created, MetaError> {
         validate_name(name)?;
         let out = self.write(|tx| {
             let dir = dir_inode(&tx.inodes, parent.0)?;
@@ -604,7 +628,7 @@ impl MetaStore {
                 return Err(MetaError::Exists);
             }
             let merged = spec.unwrap_or_default().or(dir.default.unwrap_or_default());
-            let layout = self.resolve_layout(tx, merged)?;
+            let layout = self.resolve_layout(tx, merged, avoid)?;
             let now = Timestamp::now();
             let attr = new_attr(FileKind::File, perm, now);
             let ino = Inode {
@@ -1104,6 +1128,40 @@ mod tests {
         let spec = LayoutSpec { base: Some(3), pcount: Some(2), ssize: Some(4096) };
         assert_eq!(mkfile_spec(&m, R, "h", spec).layout, Layout { base: 3, pcount: 2, ssize: 4096 });
         assert_eq!(mkfile(&m, R, "i").layout.base, 2);
+    }
+
+    #[test]
+    fn new_layouts_avoid_servers_known_down_while_the_stripe_count_allows() {
+        // No server down: the plain rotation.
+        assert_eq!(pick_base(5, 4, 2, &[]), (1, 0));
+        // Server 2 down, 4 servers: single-server files skip it…
+        assert_eq!(pick_base(2, 4, 1, &[2]), (3, 1));
+        assert_eq!(pick_base(6, 4, 1, &[2]), (3, 1));
+        // …two-server files need a window without it: 3,0 or 0,1.
+        assert_eq!(pick_base(1, 4, 2, &[2]), (3, 2));
+        assert_eq!(pick_base(0, 4, 2, &[2]), (0, 0));
+        assert_eq!(pick_base(0, 4, 3, &[2]), (3, 3));
+        // Every server, or more than are up: the rotation's base, to be tried.
+        assert_eq!(pick_base(1, 4, 4, &[2]), (1, 0));
+        assert_eq!(pick_base(1, 4, 2, &[0, 2]), (1, 0));
+        // Nonsense counts are for `validate` to refuse, not a panic here.
+        assert_eq!(pick_base(1, 4, 9, &[2]), (1, 0));
+        assert_eq!(pick_base(1, 0, 1, &[0]), (0, 0));
+
+        // In the store: the rotation goes on after the base chosen.
+        let d = tempfile::tempdir().unwrap();
+        let m = store(&d);
+        let one = LayoutSpec { pcount: Some(1), ..Default::default() };
+        let bases: Vec<u32> = (0..6)
+            .map(|i| {
+                let c = m.create_avoiding(R, &format!("f{i}"), P, Some(one), &[1]).unwrap();
+                c.layout.base
+            })
+            .collect();
+        assert_eq!(bases, [0, 2, 3, 0, 2, 3]);
+        // An explicit base is kept even on a server to avoid (the create then fails there).
+        let forced = LayoutSpec { base: Some(1), ..one };
+        assert_eq!(m.create_avoiding(R, "g", P, Some(forced), &[1]).unwrap().layout.base, 1);
     }
 
     fn mkfile_spec(m: &MetaStore, parent: Handle, name: &str, spec: LayoutSpec) -> Created {

@@ -129,3 +129,54 @@ fn names_and_live_files_keep_working() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// The io servers of `path`'s layout, from `stripefs getstripe`.
+fn servers_of(cl: &Path, path: &str) -> Vec<u32> {
+    let out = ok(cl, &["getstripe", path]);
+    let list = out.split("servers [").nth(1).and_then(|l| l.split(']').next()).expect("a server list");
+    list.split(", ").map(|s| s.parse().unwrap()).collect()
+}
+
+/// New files go to live io servers: the first create that meets the dead server is placed again
+/// on live ones, and so is every later one; a layout that cannot avoid it (every server, or an
+/// explicit base on it) fails naming it. Once it is back, new files use it again.
+#[test]
+fn new_files_go_to_live_io_servers() {
+    let (mut tc, cl, dead) = cluster_without_io_2();
+    let src = tc.dir.path().join("in.bin");
+    std::fs::write(&src, pattern(LEN, 9)).unwrap();
+    let src = src.to_str().unwrap();
+    // Round robin would put one of three single-server files on io server 2.
+    for k in 0..3 {
+        let to = format!("sfs:/n{k}");
+        ok(&cl, &["cp", "--stripe-count", "1", src, &to]);
+        let on = servers_of(&cl, &to);
+        assert!(on.len() == 1 && on[0] != 2, "{to} on {on:?}");
+        let back = tc.dir.path().join(format!("n{k}.bin"));
+        ok(&cl, &["cp", &to, back.to_str().unwrap()]);
+        assert_eq!(std::fs::read(&back).unwrap(), &pattern(LEN, 9)[..]);
+    }
+    ok(&cl, &["cp", "--stripe-count", "2", src, "sfs:/p"]);
+    assert_eq!(servers_of(&cl, "sfs:/p"), [0, 1]);
+    for args in [&["cp", src, "sfs:/all"][..], &["setstripe", "-c", "1", "-i", "2", "sfs:/forced"]] {
+        let err = fails(&cl, args);
+        assert!(err.contains(&format!("io server 2 ({dead}): ")), "{args:?}: {err}");
+    }
+    assert_eq!(
+        ok(&cl, &["ls", "sfs:/"]),
+        "n0\nn1\nn2\non0\non1\non2\np\npair\nwide\n",
+        "no trace of failed creates"
+    );
+    tc.cluster.restart_io(2).unwrap();
+    ok(&cl, &["cp", src, "sfs:/all"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for k in 0.. {
+        let to = format!("sfs:/back{k}");
+        ok(&cl, &["cp", "--stripe-count", "1", src, &to]);
+        if servers_of(&cl, &to) == [2] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "new files never went to the restarted server again");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

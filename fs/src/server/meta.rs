@@ -11,10 +11,16 @@
 //!   `TruncateObject` with its [`Layout::local_size`](crate::layout::Layout::local_size).
 //! * At start-up, creates left pending by a crash and orphans are handed to the janitor, which
 //!   retries until the io servers answer.
+//! * **io servers that are down** (see `liveness`): every request's outcome tells whether its
+//!   server answered. New files are placed on servers that are up while the stripe count leaves
+//!   a choice (a create that meets a newly dead server is placed once more without it), removals
+//!   leave a down server's objects to the janitor instead of waiting for it, and the janitor pings
+//!   down servers every pass. Namespace requests never touch an io server.
 //!
 //! The meta server's requests to io servers carry an `ADMIN` capability it mints itself; clients
 //! are never granted `ADMIN`.
 
+use super::liveness::{Change, Liveness};
 use super::{ServerError, ServerHandle, send_reply, spawn_workers};
 use crate::capability::{Capability, CapabilityKey, Rights, expiry_after, unix_now};
 use crate::config::ClusterConfig;
@@ -93,6 +99,17 @@ struct Shared {
     nonce: AtomicU64,
     next_id: AtomicU64,
     janitor: Mutex<Janitor>,
+    /// Which io servers answer (see [`Liveness`]).
+    live: Mutex<Liveness>,
+}
+
+/// A create whose objects could not all be made.
+#[derive(Debug)]
+struct CreateFailed {
+    /// The first failure (a transport failure names the io server).
+    error: ErrorReply,
+    /// The create was aborted: its name is free again.
+    aborted: bool,
 }
 
 /// The meta server.
@@ -121,6 +138,7 @@ impl MetaServer {
         let nonce = u64::from_le_bytes(seed.try_into().unwrap_or([0; 8]));
         let stop = Arc::new(AtomicBool::new(false));
         let workers = cfg.workers;
+        let live = Mutex::new(Liveness::new(io.len()));
         let shared = Arc::new(Shared {
             ep: ep.clone(),
             store,
@@ -131,6 +149,7 @@ impl MetaServer {
             nonce: AtomicU64::new(nonce),
             next_id: AtomicU64::new(1),
             janitor: Mutex::new(Janitor { stale_creates }),
+            live,
         });
         let s2 = shared.clone();
         let mut threads = spawn_workers("meta", &ep, workers, &stop, move |req| s2.handle(req))?;
@@ -257,6 +276,11 @@ impl Shared {
         r.unwrap_or_else(meta_err)
     }
 
+    /// Creates a file: the store records it pending and picks its layout (on io servers known
+    /// to be up, while the stripe count leaves a choice), its objects are made on every server
+    /// of the layout, then it is committed. A create that fails because a server it was placed
+    /// on turned out to be down is placed once more without it; if no placement avoids the
+    /// servers that are down, the first failure (naming the server) is the answer.
     fn create(
         &self,
         parent: Handle,
@@ -265,38 +289,78 @@ impl Shared {
         spec: Option<proto::LayoutSpec>,
         rights: Rights,
     ) -> MetaReply {
-        let c = match self.store.create(parent, name, perm, spec) {
-            Ok(c) => c,
-            Err(e) => return meta_err(e),
-        };
-        let h = c.handle;
-        let results =
-            self.fanout(h, c.layout, |_| IoRequest::CreateObject { cap: self.mint(h, Rights::ADMIN) });
-        let first_err = results.iter().find_map(|r| r.as_ref().err().map(fs_err));
-        if let Some(err) = first_err {
-            warn!(handle = %h, error = %err.message, "create failed on an io server; cleaning up");
-            // Remove what was made; whatever cannot be removed now is left to the janitor.
-            let made: Vec<u32> =
-                results.iter().enumerate().filter(|(_, r)| r.is_ok()).map(|(p, _)| p as u32).collect();
-            let left = self.remove_on(h, c.layout, &made);
-            if left.is_empty() {
-                if let Err(e) = self.store.abort_create(h) {
-                    warn!(handle = %h, error = %e, "abort_create failed");
+        let mut first_err = None;
+        for _ in 0..2 {
+            let down = self.lock_live().down();
+            let c = match self.store.create_avoiding(parent, name, perm, spec, &down) {
+                Ok(c) => c,
+                Err(e) => return first_err.map_or_else(|| meta_err(e), MetaReply::Error),
+            };
+            let servers: Vec<u32> = c.layout.servers(self.io.len() as u32).collect();
+            if first_err.is_some() && servers.iter().any(|s| down.contains(s)) {
+                // Placed again on a server that just failed: no placement avoids it.
+                if let Err(e) = self.store.abort_create(c.handle) {
+                    warn!(handle = %c.handle, error = %e, "abort_create failed");
                 }
-            } else {
-                self.lock_janitor().stale_creates.push(Objects { handle: h, layout: c.layout });
+                break;
             }
-            return MetaReply::Error(err);
+            let failed = match self.make_objects(&c) {
+                Ok(()) => return self.commit(c, rights),
+                Err(f) => f,
+            };
+            // Worth another placement only if a server of this one is down now and was not
+            // known to be before, and the failed create left its name free.
+            let live = self.lock_live();
+            let newly_down = servers.iter().any(|&s| !down.contains(&s) && live.is_down(s as usize));
+            drop(live);
+            first_err.get_or_insert(failed.error);
+            if !(newly_down && failed.aborted) {
+                break;
+            }
         }
-        if let Err(e) = self.store.commit_create(h) {
+        MetaReply::Error(first_err.unwrap_or_else(|| ErrorReply::new(Errno::EIO, "create failed")))
+    }
+
+    /// Makes a created file visible and opens it for the client.
+    fn commit(&self, c: crate::meta::Created, rights: Rights) -> MetaReply {
+        if let Err(e) = self.store.commit_create(c.handle) {
             return meta_err(e);
         }
         MetaReply::Opened {
-            handle: h,
+            handle: c.handle,
             attr: c.attr,
             layout: c.layout,
-            cap: self.mint(h, Self::client_rights(rights)),
+            cap: self.mint(c.handle, Self::client_rights(rights)),
         }
+    }
+
+    /// `CreateObject` on every server of a pending create's layout. On failure, removes what
+    /// was made and aborts the create, or leaves both to the janitor.
+    fn make_objects(&self, c: &crate::meta::Created) -> Result<(), CreateFailed> {
+        let h = c.handle;
+        let results =
+            self.fanout(h, c.layout, |_| IoRequest::CreateObject { cap: self.mint(h, Rights::ADMIN) });
+        let Some(error) = results.iter().find_map(|r| r.as_ref().err().map(fs_err)) else {
+            return Ok(());
+        };
+        warn!(handle = %h, error = %error.message, "create failed on an io server; cleaning up");
+        // Remove what was made; whatever cannot be removed now is left to the janitor.
+        let made: Vec<u32> =
+            results.iter().enumerate().filter(|(_, r)| r.is_ok()).map(|(p, _)| p as u32).collect();
+        let left = self.remove_on(h, c.layout, &made);
+        if left.is_empty() {
+            match self.store.abort_create(h) {
+                Ok(_) => return Err(CreateFailed { error, aborted: true }),
+                Err(e) => warn!(handle = %h, error = %e, "abort_create failed"),
+            }
+        } else {
+            self.lock_janitor().stale_creates.push(Objects { handle: h, layout: c.layout });
+        }
+        Err(CreateFailed { error, aborted: false })
+    }
+
+    fn lock_live(&self) -> std::sync::MutexGuard<'_, Liveness> {
+        crate::lock(&self.live)
     }
 
     /// How errors name io server `server`.
@@ -324,19 +388,34 @@ impl Shared {
     }
 
     /// `RemoveObject` on relative servers `pnums`; returns those where it failed (a missing
-    /// object counts as removed).
+    /// object counts as removed). Servers known to be down are not waited for: theirs are
+    /// returned as failed at once, for the janitor.
     fn remove_on(&self, h: Handle, layout: Layout, pnums: &[u32]) -> Vec<u32> {
+        let n = self.io.len() as u32;
+        let (skip, ask): (Vec<u32>, Vec<u32>) = {
+            let live = self.lock_live();
+            pnums.iter().partition(|&&p| live.is_down(layout.server(p, n) as usize))
+        };
         let results = self
-            .fanout_some(h, layout, pnums, |_| IoRequest::RemoveObject { cap: self.mint(h, Rights::ADMIN) });
-        pnums
-            .iter()
+            .fanout_some(h, layout, &ask, |_| IoRequest::RemoveObject { cap: self.mint(h, Rights::ADMIN) });
+        ask.iter()
             .zip(results)
             .filter(|(_, r)| !matches!(r, Ok(_) | Err(FsError::Remote { code: Errno::ENOENT, .. })))
             .map(|(p, _)| *p)
+            .chain(skip)
             .collect()
     }
 
+    /// Pings every io server known to be down, so one that is back is known up again.
+    fn probe_down(&self) {
+        let down = self.lock_live().down();
+        if !down.is_empty() {
+            self.call(down.into_iter().map(|s| (s as usize, IoRequest::Ping)).collect());
+        }
+    }
+
     fn janitor_pass(&self) {
+        self.probe_down();
         let stale = std::mem::take(&mut self.lock_janitor().stale_creates);
         for objs in stale {
             let all: Vec<u32> = (0..objs.layout.pcount).collect();
@@ -382,15 +461,25 @@ impl Shared {
         make: impl Fn(u32) -> IoRequest,
     ) -> Vec<Result<IoReply, FsError>> {
         let n = self.io.len() as u32;
+        let results = self.call(pnums.iter().map(|&p| (layout.server(p, n) as usize, make(p))).collect());
+        for e in results.iter().filter_map(|r| r.as_ref().err()) {
+            debug!(handle = %h, error = %e, "io server request failed");
+        }
+        results
+    }
+
+    /// Sends each request to its (absolute) io server at once; one result per request, in
+    /// order. Records which servers answered (see [`Liveness`]); a transport failure names
+    /// the server.
+    fn call(&self, reqs: Vec<(usize, IoRequest)>) -> Vec<Result<IoReply, FsError>> {
         let deadline = Instant::now() + self.cfg.io_timeout;
-        let posted: Vec<(usize, Result<ionet::OpId, FsError>)> = pnums
-            .iter()
-            .map(|&p| {
-                let server = layout.server(p, n) as usize;
+        let posted: Vec<(usize, Result<ionet::OpId, FsError>)> = reqs
+            .into_iter()
+            .map(|(server, req)| {
                 let op = (|| {
                     let peer = *self.io.get(server).ok_or_else(|| FsError::Invalid("server index".into()))?;
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                    let bytes = proto::encode(&Envelope::new(id, make(p)))?;
+                    let bytes = proto::encode(&Envelope::new(id, req))?;
                     let op = self.io_ep.request(
                         peer,
                         TAG_IO,
@@ -407,20 +496,34 @@ impl Shared {
         posted
             .into_iter()
             .map(|(server, posted)| {
-                (|| {
+                let r = (|| {
                     let c = self.io_ep.wait(posted?)?;
                     c.result?;
                     let reply = c.reply.ok_or_else(|| FsError::UnexpectedReply("no reply header".into()))?;
                     match proto::decode::<IoReply>(&reply)?.body {
                         IoReply::Error(e) => {
-                            debug!(handle = %h, code = %e.code, "io server refused");
                             Err(FsError::Remote { code: e.code, message: e.message.into_string() })
                         }
                         r => Ok(r),
                     }
                 })()
-                .map_err(|e| e.at(|| self.io_name(server)))
+                .map_err(|e| e.at(|| self.io_name(server)));
+                self.note(server, &r);
+                r
             })
             .collect()
+    }
+
+    /// Records whether `server` answered a request, logging a change once.
+    fn note(&self, server: usize, r: &Result<IoReply, FsError>) {
+        let answered = !matches!(r, Err(FsError::Server { .. }));
+        match self.lock_live().record(server, answered) {
+            Some(Change::Down) => {
+                let cause = r.as_ref().err().map(ToString::to_string).unwrap_or_default();
+                warn!(%cause, "io server down: new files avoid it, its removals wait for it");
+            }
+            Some(Change::Up) => info!(server = %self.io_name(server), "io server answers again"),
+            None => {}
+        }
     }
 }

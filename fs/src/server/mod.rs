@@ -12,6 +12,7 @@
 //! store is touched, and data moves through a bounded number of transfer-unit buffers.
 
 pub mod io;
+mod liveness;
 pub mod meta;
 
 use crate::proto::{self, Envelope, ErrorReply, Reply};
