@@ -99,6 +99,24 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClusterErro
     move |error| ClusterError::Io { what, error }
 }
 
+/// A server of a local cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ServerId {
+    /// The meta server.
+    Meta,
+    /// Io server `i`.
+    Io(usize),
+}
+
+impl std::fmt::Display for ServerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServerId::Meta => f.write_str("meta server"),
+            ServerId::Io(i) => write!(f, "io server {i}"),
+        }
+    }
+}
+
 /// One running server process.
 #[derive(Debug)]
 struct Proc {
@@ -337,6 +355,36 @@ impl LocalCluster {
             }
         }
         None
+    }
+
+    /// The servers that have exited since they were started, with how they ended (without
+    /// waiting). Each is reported once: from then on it counts as stopped until
+    /// [`LocalCluster::restart`].
+    pub fn reap_exited(&mut self) -> Vec<(ServerId, std::process::ExitStatus)> {
+        let mut out = Vec::new();
+        let procs = std::iter::once((ServerId::Meta, &mut self.meta))
+            .chain(self.io.iter_mut().enumerate().map(|(i, p)| (ServerId::Io(i), p)));
+        for (id, slot) in procs {
+            if let Some(p) = slot
+                && let Ok(Some(status)) = p.child.try_wait()
+            {
+                *slot = None;
+                out.push((id, status));
+            }
+        }
+        out
+    }
+
+    /// Starts a server again on its address and data (killing it first if it runs).
+    pub fn restart(&mut self, id: ServerId) -> Result<(), ClusterError> {
+        match id {
+            ServerId::Meta => self.restart_meta(),
+            ServerId::Io(i) if i < self.io.len() => self.restart_io(i),
+            ServerId::Io(_) => {
+                let detail = format!("the cluster has {} io servers", self.io.len());
+                Err(ClusterError::Start { what: id.to_string(), detail })
+            }
+        }
     }
 
     /// Kills every server.

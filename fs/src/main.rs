@@ -27,7 +27,8 @@ enum Cmd {
     /// Start 1 meta + 4 io servers locally, write and read back a file over each transport,
     /// print a side-by-side table, clean up.
     Demo(cli::demo::DemoArgs),
-    /// Run servers: one io server (--io I), the meta server (--meta), or a whole local cluster.
+    /// Run servers: one io server (--io I), the meta server (--meta), or a whole local cluster
+    /// (which starts a server that dies again).
     Serve(cli::serve::ServeArgs),
     /// Copy a file (with -r, a directory tree) between the local file system and stripefs
     /// (sfs:/path), either way, or within stripefs.

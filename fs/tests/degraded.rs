@@ -8,8 +8,9 @@
 mod common;
 
 use common::{TestCluster, pattern};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use stripefs::proto::LayoutSpec;
 use stripefs::{Client, CreateOptions};
@@ -179,4 +180,88 @@ fn new_files_go_to_live_io_servers() {
         assert!(Instant::now() < deadline, "new files never went to the restarted server again");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// A `stripefs serve` launcher, killed (with its servers, which exit with it) when dropped.
+struct Launcher(Child);
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The pids of `parent`'s child processes whose command line has `arg` then `value`.
+fn children_with(parent: u32, arg: &str, value: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{parent}/task")).into_iter().flatten().flatten() {
+        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        pids.extend(list.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+    }
+    pids.retain(|p| {
+        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+        args.windows(2).any(|w| w[0] == arg.as_bytes() && w[1] == value.as_bytes())
+    });
+    pids
+}
+
+/// `stripefs serve --io-servers 3`: an io server killed with SIGKILL is started again, and the
+/// cluster serves as before (files striped over every server are written and read back).
+#[test]
+fn the_launcher_restarts_a_dead_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let err = std::fs::File::create(dir.path().join("launcher.err")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .args(["serve", "--io-servers", "3", "--workers", "2", "--data-dir"])
+        .arg(&data)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(err)
+        .spawn()
+        .unwrap();
+    let mut launcher = Launcher(child);
+    let stdout = launcher.0.stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    assert!(lines.any(|l| l.is_ok_and(|l| l.starts_with("Ctrl-C stops it"))), "the cluster did not start");
+    let cfg = stripefs::config::ClusterConfig::load(&data.join("cluster.toml")).unwrap();
+    let pid = launcher.0.id();
+    let before = children_with(pid, "--io", "1");
+    assert_eq!(before.len(), 1, "one io server 1");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(before[0] as i32), nix::sys::signal::SIGKILL).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(Some(status)) = launcher.0.try_wait() {
+            let log = std::fs::read_to_string(dir.path().join("launcher.err")).unwrap_or_default();
+            panic!("the launcher exited ({status}): {log}");
+        }
+        let now = children_with(pid, "--io", "1");
+        let replaced = now.len() == 1 && now[0] != before[0];
+        if replaced && client_of(&cfg).ping_all().iter().all(Result::is_ok) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "io server 1 never came back");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let c = client_of(&cfg);
+    let layout = LayoutSpec { base: Some(0), pcount: Some(3), ssize: Some(16384) };
+    let f = c.create("/after", CreateOptions { mode: 0o644, layout: Some(layout) }).unwrap();
+    let d = pattern(LEN, 3);
+    f.write_at(0, &d).unwrap();
+    let (back, n) = f.read_at(0, bytes::BytesMut::zeroed(LEN)).unwrap();
+    assert_eq!((n, &back[..]), (LEN, &d[..]));
+    // Ctrl-C still stops the whole cluster.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGINT).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while launcher.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "Ctrl-C did not stop the launcher");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn client_of(cfg: &stripefs::config::ClusterConfig) -> Client {
+    let opts = stripefs::ClientOptions { timeout: Duration::from_secs(10), ..Default::default() };
+    Client::connect_with(cfg, opts).unwrap()
 }

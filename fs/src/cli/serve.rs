@@ -3,11 +3,12 @@
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ionet::{Address, Scheme, WaitMode};
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::mpsc;
-use std::time::Duration;
-use stripefs::cluster::{LocalCluster, LocalClusterOptions};
+use std::time::{Duration, Instant};
+use stripefs::cluster::{LocalCluster, LocalClusterOptions, ServerId};
 use stripefs::config::{ClusterConfig, KeySource, read_key_file};
 use stripefs::server::io::{IoServer, IoServerConfig};
 use stripefs::server::meta::{MetaServer, MetaServerConfig};
@@ -230,20 +231,147 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>) -> Result<()> {
     );
     println!("cluster file: {}", path.display());
     println!("use it with: export STRIPEFS_CLUSTER={}", path.display());
-    println!("Ctrl-C stops it.");
+    println!("Ctrl-C stops it; a server that dies is started again.");
     let (tx, rx) = mpsc::channel();
     let _ = ctrlc::set_handler(move || {
         let _ = tx.send(());
     });
+    let mut restarts = Restarts::new(Instant::now());
     loop {
         if rx.recv_timeout(Duration::from_millis(300)).is_ok() {
             break;
         }
-        if let Some(msg) = c.exited() {
-            eprintln!("stripefs: {msg}; stopping the cluster");
-            break;
+        let now = Instant::now();
+        for (id, status) in c.reap_exited() {
+            let delay = restarts.failed(id, now, restarts.ran(id, now));
+            eprintln!("stripefs: {id} exited ({status}); starting it again in {delay:.1?}");
+        }
+        for id in restarts.due(Instant::now()) {
+            match c.restart(id) {
+                Ok(()) => {
+                    restarts.started(id, Instant::now());
+                    eprintln!("stripefs: {id} started again");
+                }
+                Err(e) => {
+                    let delay = restarts.failed(id, Instant::now(), Duration::ZERO);
+                    eprintln!("stripefs: starting {id} again failed: {e}; next try in {delay:.1?}");
+                }
+            }
         }
     }
     c.stop();
     Ok(())
+}
+
+/// Delay before the first restart of a server that died.
+const RESTART_DELAY: Duration = Duration::from_millis(500);
+
+/// Longest delay between restarts of a server that keeps dying.
+const RESTART_MAX_DELAY: Duration = Duration::from_secs(30);
+
+/// A server that ran this long before it died is not in a crash loop: its next restart is
+/// again after [`RESTART_DELAY`].
+const STABLE_RUN: Duration = Duration::from_secs(60);
+
+/// When the launcher starts a dead server again (sans-IO: times are passed in). The first
+/// restart comes after [`RESTART_DELAY`]; each further death after a short run (or a start
+/// that failed) doubles the delay, up to [`RESTART_MAX_DELAY`], so a server that cannot start
+/// (its port taken, its disk gone) is retried without spinning; a run of [`STABLE_RUN`] resets
+/// it. The rest of the cluster serves meanwhile.
+#[derive(Debug)]
+struct Restarts {
+    /// When the cluster started: every server's start until it is restarted.
+    start: Instant,
+    servers: HashMap<ServerId, Track>,
+}
+
+#[derive(Debug)]
+struct Track {
+    /// Its last successful start.
+    since: Instant,
+    /// Deaths after short runs in a row.
+    streak: u32,
+    /// When to start it again, while it is dead.
+    due: Option<Instant>,
+}
+
+impl Restarts {
+    fn new(start: Instant) -> Self {
+        Restarts { start, servers: HashMap::new() }
+    }
+
+    fn track(&mut self, id: ServerId) -> &mut Track {
+        let since = self.start;
+        self.servers.entry(id).or_insert(Track { since, streak: 0, due: None })
+    }
+
+    /// How long `id` has run since its last start.
+    fn ran(&self, id: ServerId, now: Instant) -> Duration {
+        now.saturating_duration_since(self.servers.get(&id).map_or(self.start, |t| t.since))
+    }
+
+    /// `id` died after running `ran` (zero: it failed to start); returns the delay before it
+    /// is started again.
+    fn failed(&mut self, id: ServerId, now: Instant, ran: Duration) -> Duration {
+        let t = self.track(id);
+        if ran >= STABLE_RUN {
+            t.streak = 0;
+        }
+        let delay = RESTART_DELAY.saturating_mul(1 << t.streak.min(16)).min(RESTART_MAX_DELAY);
+        t.streak = t.streak.saturating_add(1);
+        t.due = Some(now + delay);
+        delay
+    }
+
+    /// `id` was started again at `now`.
+    fn started(&mut self, id: ServerId, now: Instant) {
+        let t = self.track(id);
+        t.since = now;
+        t.due = None;
+    }
+
+    /// The dead servers whose restart is due at `now`, in order.
+    fn due(&self, now: Instant) -> Vec<ServerId> {
+        let mut v: Vec<ServerId> =
+            self.servers.iter().filter(|(_, t)| t.due.is_some_and(|d| d <= now)).map(|(id, _)| *id).collect();
+        v.sort();
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_server_is_restarted_with_a_delay_that_doubles_while_it_keeps_dying() {
+        let t0 = Instant::now();
+        let mut r = Restarts::new(t0);
+        let io1 = ServerId::Io(1);
+        assert!(r.due(t0 + Duration::from_secs(3600)).is_empty(), "nothing is due while all run");
+        // Dies 10 s after the cluster started: restarted after the first delay.
+        let died = t0 + Duration::from_secs(10);
+        assert_eq!(r.failed(io1, died, r.ran(io1, died)), RESTART_DELAY);
+        assert!(r.due(died).is_empty());
+        assert_eq!(r.due(died + RESTART_DELAY), [io1]);
+        // A crash loop: each short run doubles the delay, up to the cap.
+        let mut now = died + RESTART_DELAY;
+        let mut delays = Vec::new();
+        for _ in 0..8 {
+            r.started(io1, now);
+            assert!(r.due(now + Duration::from_secs(3600)).is_empty(), "running again");
+            now += Duration::from_secs(1);
+            delays.push(r.failed(io1, now, r.ran(io1, now)).as_millis());
+        }
+        assert_eq!(delays, [1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]);
+        // A start that fails counts as a short run.
+        assert_eq!(r.failed(io1, now, Duration::ZERO), RESTART_MAX_DELAY);
+        // After a long run the next death starts over.
+        r.started(io1, now);
+        now += STABLE_RUN;
+        assert_eq!(r.failed(io1, now, r.ran(io1, now)), RESTART_DELAY);
+        // Servers are tracked apart.
+        assert_eq!(r.failed(ServerId::Meta, now, r.ran(ServerId::Meta, now)), RESTART_DELAY);
+        assert_eq!(r.due(now + RESTART_DELAY), [ServerId::Meta, io1]);
+    }
 }
