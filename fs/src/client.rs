@@ -908,13 +908,35 @@ impl File {
     /// Makes everything written so far durable on every server (fsync), and records the
     /// writes' modification time ([`File::record_mtime`]).
     pub fn sync(&self) -> FsResult<()> {
-        self.with_cap(|cap| {
-            let reqs = (0..self.layout.pcount)
-                .map(|p| (self.server(p), IoRequest::Sync { cap: cap.clone() }))
-                .collect();
-            self.client.io_small(reqs).into_iter().try_for_each(|r| r.map(|_| ()))
-        })?;
+        self.sync_pnums(&(0..self.layout.pcount).collect::<Vec<_>>())?;
         self.record_mtime()
+    }
+
+    /// Makes the bytes written to `[off, off + len)` durable: syncs the servers holding them
+    /// and no others (what an `O_DSYNC` write through the FUSE mount needs). Records no time.
+    pub fn sync_range(&self, off: u64, len: u64) -> FsResult<()> {
+        let end = off.saturating_add(len);
+        let mut pnums = Vec::new();
+        let mut at = off;
+        // Consecutive stripe units cycle through the servers, so this takes at most `pcount`
+        // steps.
+        while at < end && pnums.len() < self.layout.pcount as usize {
+            let m = self.layout.map(at);
+            if !pnums.contains(&m.pnum) {
+                pnums.push(m.pnum);
+            }
+            at = at.saturating_add(m.run_len);
+        }
+        self.sync_pnums(&pnums)
+    }
+
+    /// fsync of this file's object on the servers of relative numbers `pnums`, all at once.
+    fn sync_pnums(&self, pnums: &[u32]) -> FsResult<()> {
+        self.with_cap(|cap| {
+            let reqs =
+                pnums.iter().map(|&p| (self.server(p), IoRequest::Sync { cap: cap.clone() })).collect();
+            self.client.io_small(reqs).into_iter().try_for_each(|r| r.map(|_| ()))
+        })
     }
 
     /// If this `File` wrote since the last call, sets the file's modification (and change)

@@ -4,6 +4,11 @@
 //! with `FOPEN_DIRECT_IO`, so the kernel keeps no page cache of their data and every read and
 //! write goes to the io servers — the PVFS semantics of the library, unchanged. Attributes and
 //! entries are cached by the kernel for one second.
+//!
+//! Durability follows the open flags: a write to a file opened with `O_SYNC` or `O_DSYNC` (or
+//! one carrying `RWF_SYNC`/`RWF_DSYNC`, which the kernel passes in the write's flags) is
+//! acknowledged only after the io servers holding its bytes fsynced them; `fsync` and
+//! `fdatasync` sync every io server of the file.
 
 use crate::capability::Rights;
 use crate::client::{Client, CreateOptions, File};
@@ -30,9 +35,41 @@ const STATFS_BLOCK: u32 = 4096;
 #[derive(Debug)]
 pub struct StripeFuse {
     client: Client,
-    files: Mutex<HashMap<u64, Arc<File>>>,
+    files: Mutex<HashMap<u64, Open>>,
     dirs: Listings<DirItem>,
     next_fh: AtomicU64,
+}
+
+/// An open file and the flags it was opened with.
+#[derive(Debug, Clone)]
+struct Open {
+    file: Arc<File>,
+    flags: i32,
+}
+
+/// What a write with open (or write) `flags` must make durable before it is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriteSync {
+    /// Nothing: the data reached the io servers.
+    None,
+    /// `O_DSYNC`: the data, and what is needed to read it back (the size, kept by the io
+    /// servers with the data).
+    Data,
+    /// `O_SYNC`: that, and the file's other metadata (its modification time).
+    File,
+}
+
+impl WriteSync {
+    fn of(flags: i32) -> WriteSync {
+        // O_SYNC is O_DSYNC plus a bit of its own.
+        if flags & libc::O_SYNC == libc::O_SYNC {
+            WriteSync::File
+        } else if flags & libc::O_DSYNC != 0 {
+            WriteSync::Data
+        } else {
+            WriteSync::None
+        }
+    }
 }
 
 /// One entry of a listing, `.` and `..` included.
@@ -136,14 +173,30 @@ impl StripeFuse {
         Ok(file_attr(h, &st.attr))
     }
 
-    fn remember(&self, f: File) -> FileHandle {
+    fn remember(&self, f: File, flags: i32) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        lock(&self.files).insert(fh, Arc::new(f));
+        lock(&self.files).insert(fh, Open { file: Arc::new(f), flags });
         FileHandle(fh)
     }
 
-    fn file(&self, fh: FileHandle) -> Option<Arc<File>> {
+    fn open_file(&self, fh: FileHandle) -> Option<Open> {
         lock(&self.files).get(&fh.0).cloned()
+    }
+
+    fn file(&self, fh: FileHandle) -> Option<Arc<File>> {
+        self.open_file(fh).map(|o| o.file)
+    }
+
+    /// Writes `data` at `offset`, then makes it as durable as `sync` asks before returning.
+    fn write_synced(f: &File, offset: u64, data: &[u8], sync: WriteSync) -> FsResult<usize> {
+        let n = f.write_all_at(offset, data)?;
+        if sync != WriteSync::None {
+            f.sync_range(offset, n as u64)?;
+        }
+        if sync == WriteSync::File {
+            f.record_mtime()?;
+        }
+        Ok(n)
     }
 
     /// The directory's entries, read from the meta server.
@@ -274,9 +327,9 @@ impl Filesystem for StripeFuse {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.client.open_handle(Handle(ino.0), Rights::READ_WRITE) {
-            Ok(f) => reply.opened(self.remember(f), FopenFlags::FOPEN_DIRECT_IO),
+            Ok(f) => reply.opened(self.remember(f, flags.0), FopenFlags::FOPEN_DIRECT_IO),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -307,12 +360,15 @@ impl Filesystem for StripeFuse {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
-        let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
-        match f.write_all_at(offset, data) {
+        let Some(o) = self.open_file(fh) else { return reply.error(fuser::Errno::EBADF) };
+        // The write's flags are the file's plus RWF_SYNC / RWF_DSYNC of this write (kernels
+        // before 5.x pass only the file's); the open's flags are kept in case they are absent.
+        let sync = WriteSync::of(o.flags | flags.0);
+        match Self::write_synced(&o.file, offset, data, sync) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
         }
@@ -416,14 +472,14 @@ impl Filesystem for StripeFuse {
         n: &OsStr,
         mode: u32,
         umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         let opts = CreateOptions { mode: mode & !umask & 0o7777, layout: None };
         match name(n).and_then(|n| self.client.create_in(Handle(parent.0), n, opts)) {
             Ok(f) => {
                 let a = file_attr(f.handle(), f.attr());
-                reply.created(&TTL, &a, Generation(0), self.remember(f), FopenFlags::FOPEN_DIRECT_IO);
+                reply.created(&TTL, &a, Generation(0), self.remember(f, flags), FopenFlags::FOPEN_DIRECT_IO);
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -450,6 +506,15 @@ pub fn mount(client: Client, mountpoint: &Path, threads: usize) -> std::io::Resu
 mod tests {
     use super::*;
     use std::cell::Cell;
+
+    #[test]
+    fn sync_and_dsync_flags_ask_for_durable_writes() {
+        assert_eq!(WriteSync::of(libc::O_WRONLY), WriteSync::None);
+        assert_eq!(WriteSync::of(libc::O_RDWR | libc::O_DIRECT | libc::O_APPEND), WriteSync::None);
+        assert_eq!(WriteSync::of(libc::O_WRONLY | libc::O_DSYNC), WriteSync::Data);
+        assert_eq!(WriteSync::of(libc::O_WRONLY | libc::O_SYNC), WriteSync::File);
+        assert_eq!(WriteSync::of(libc::O_DSYNC | libc::O_SYNC), WriteSync::File);
+    }
 
     #[test]
     fn a_directory_is_listed_once_per_pass() {

@@ -36,13 +36,13 @@ fn run(cmd: &mut Command) -> std::process::Output {
     out
 }
 
-#[test]
-fn mount_cp_cmp_ls_rm_umount() {
+/// `stripefs mount` of `tc`'s cluster on `<tc.dir>/mnt`, once the mount is there; `None` (with
+/// the reason printed) where FUSE is not available.
+fn mount(tc: &TestCluster) -> Option<Mount> {
     if !Path::new("/dev/fuse").exists() {
         eprintln!("skipped: /dev/fuse is missing");
-        return;
+        return None;
     }
-    let tc = TestCluster::start("tcp", 3);
     let mnt = tc.dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
@@ -62,6 +62,14 @@ fn mount_cp_cmp_ls_rm_umount() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    Some(m)
+}
+
+#[test]
+fn mount_cp_cmp_ls_rm_umount() {
+    let tc = TestCluster::start("tcp", 3);
+    let Some(mut m) = mount(&tc) else { return };
+    let mnt = m.dir.clone();
     // A file of several stripes and a partial last stripe.
     let src = tc.dir.path().join("src.bin");
     std::fs::write(&src, pattern(3 * 1024 * 1024 + 4321, 9)).unwrap();
@@ -143,4 +151,108 @@ fn mount_cp_cmp_ls_rm_umount() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(!mounted(&mnt));
+}
+
+/// Syncs each io server has served so far (by absolute server number).
+fn syncs(c: &stripefs::Client) -> Vec<u64> {
+    c.server_stats().into_iter().map(|s| s.expect("io server answers").syncs).collect()
+}
+
+/// Writes `len`-byte blocks one after another through `f`, checking after each that the io
+/// server holding it synced since the write began: the write was acknowledged only after its
+/// data was made durable.
+fn each_write_is_synced(
+    c: &stripefs::Client,
+    path: &str,
+    f: &std::fs::File,
+    blocks: u64,
+    len: usize,
+    how: &str,
+) {
+    use std::os::unix::fs::FileExt;
+    let layout = c.open(path, stripefs::capability::Rights::READ).unwrap().layout();
+    let n = c.io_servers();
+    for i in 0..blocks {
+        let off = i * len as u64;
+        let before = syncs(c);
+        f.write_all_at(&pattern(len, i)[..], off).unwrap();
+        let after = syncs(c);
+        let (server, _) = layout.locate(off, n);
+        assert!(
+            after[server as usize] > before[server as usize],
+            "{how}: write {i} (at {off}, on io server {server}) was acknowledged without a sync there: \
+             {before:?} -> {after:?}"
+        );
+    }
+}
+
+/// `O_SYNC` and `O_DSYNC` opens, writes carrying `RWF_DSYNC`, `fsync` and `fdatasync` through
+/// the mount reach the io servers as syncs before they return; plain writes do not sync.
+/// Observed through the io servers' sync counters (each counts an `fsync` of an object that
+/// succeeded), not through timing.
+#[test]
+fn synchronous_writes_and_fsync_reach_the_io_servers() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tc = TestCluster::start("tcp", 3);
+    let Some(m) = mount(&tc) else { return };
+    let c = tc.client();
+    let open = |name: &str, flags: i32| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .custom_flags(flags)
+            .open(m.dir.join(name))
+            .unwrap()
+    };
+    // Small writes, as `dd oflag=sync bs=4k` makes: every one is synced where it landed.
+    let f = open("osync.bin", libc::O_SYNC);
+    each_write_is_synced(&c, "/osync.bin", &f, 24, 4096, "O_SYNC");
+    drop(f);
+    // The flags also hold on a file opened again (FUSE open, not create).
+    let f = open("osync.bin", libc::O_DSYNC);
+    each_write_is_synced(&c, "/osync.bin", &f, 24, 4096, "O_DSYNC reopened");
+    drop(f);
+    let f = open("odsync.bin", libc::O_DSYNC | libc::O_DIRECT);
+    each_write_is_synced(&c, "/odsync.bin", &f, 8, 65536 + 4096, "O_DSYNC|O_DIRECT");
+    drop(f);
+
+    // Plain writes are not synced (the counters tell synced writes apart), ...
+    let f = open("plain.bin", 0);
+    let before = syncs(&c);
+    use std::os::unix::fs::FileExt;
+    for i in 0..8u64 {
+        f.write_all_at(&pattern(4096, i)[..], i * 65536).unwrap();
+    }
+    assert_eq!(syncs(&c), before, "plain writes do not sync");
+    // ... one carrying RWF_DSYNC is, ...
+    let data = pattern(4096, 99);
+    let iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
+    let before = syncs(&c);
+    use std::os::fd::AsRawFd;
+    // SAFETY: one iovec over `data`, which outlives the call; `f` is an open descriptor.
+    let n = unsafe { libc::pwritev2(f.as_raw_fd(), &iov, 1, 0, libc::RWF_DSYNC) };
+    assert_eq!(n, 4096, "pwritev2: {}", std::io::Error::last_os_error());
+    let layout = c.open("/plain.bin", stripefs::capability::Rights::READ).unwrap().layout();
+    let (server, _) = layout.locate(0, c.io_servers());
+    assert!(syncs(&c)[server as usize] > before[server as usize], "RWF_DSYNC write was not synced");
+    // ... and fsync and fdatasync sync every io server of the file.
+    for (how, r) in [("fsync", 0), ("fdatasync", 1)] {
+        f.write_all_at(b"more", 4).unwrap();
+        let before = syncs(&c);
+        if r == 0 {
+            f.sync_all().unwrap()
+        } else {
+            f.sync_data().unwrap()
+        }
+        let after = syncs(&c);
+        for s in layout.servers(c.io_servers()) {
+            assert!(after[s as usize] > before[s as usize], "{how} did not sync io server {s}");
+        }
+    }
+    // What was written reads back (the syncs did not disturb the data).
+    let back = std::fs::read(m.dir.join("osync.bin")).unwrap();
+    assert_eq!(back.len(), 24 * 4096);
+    for i in 0..24 {
+        assert_eq!(&back[i * 4096..(i + 1) * 4096], &pattern(4096, i as u64)[..], "block {i}");
+    }
 }
