@@ -6,7 +6,7 @@
 mod common;
 
 use bytes::BytesMut;
-use common::{TestCluster, pattern};
+use common::{TestCluster, on_private_mount, pattern};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -30,18 +30,6 @@ fn cannot_mount(fstype: &str) -> Option<String> {
     }
 }
 
-/// The command prefix that runs an io server with a fresh `fstype` mounted on `dir`: `unshare`
-/// execs `sh` in a new mount namespace, which mounts and execs the server, so the server is the
-/// very process the launcher watches and the mount dies with it.
-fn on_private_mount(fstype: &str, options: &str, dir: &Path) -> Vec<String> {
-    let script = r#"mkdir -p "$0" && mount -t "$1" -o "$2" stripefs-test "$0" && shift 2 && exec "$@""#;
-    ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
-        .into_iter()
-        .map(String::from)
-        .chain([dir.display().to_string(), fstype.into(), options.into()])
-        .collect()
-}
-
 /// The `fstype` mounts named `stripefs-test` on `dir` that process `pid` sees.
 fn test_mounts(pid: &str, dir: &Path, fstype: &str) -> usize {
     let mounts = std::fs::read_to_string(format!("/proc/{pid}/mounts")).expect("mount table");
@@ -54,7 +42,7 @@ fn start_on(scheme: &str, fstype: &str, options: &str, io_args: &[&str]) -> Test
     let mut data_dir = PathBuf::new();
     let tc = TestCluster::start_with(scheme, 1, |o| {
         data_dir = o.data_dir.join("io0");
-        o.io_prefix = Some(vec![on_private_mount(fstype, options, &data_dir)]);
+        o.io_prefix = Some(vec![on_private_mount(fstype, options, "stripefs-test", &data_dir)]);
         o.io_args = io_args.iter().map(|s| s.to_string()).collect();
     });
     assert_eq!(tc.cluster.config().io_data_dir(0), data_dir);

@@ -4,6 +4,8 @@
 
 use bytes::Bytes;
 use ionet::Scheme;
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 use stripefs::cluster::{LocalCluster, LocalClusterOptions};
 use stripefs::{Client, ClientOptions};
@@ -65,4 +67,58 @@ pub fn pattern(len: usize, seed: u64) -> Bytes {
         })
         .collect::<Vec<u8>>()
         .into()
+}
+
+/// The command prefix that runs a server with `source` (a device name, or an image file with
+/// `options` containing `loop`) mounted as `fstype` on `dir`: `unshare` execs `sh` in a new mount
+/// namespace, which mounts and execs the server, so the server is the very process the launcher
+/// watches and the mount (and a loop device) goes with it, even if the test dies.
+pub fn on_private_mount(fstype: &str, options: &str, source: &str, dir: &Path) -> Vec<String> {
+    let script = r#"mkdir -p "$0" && mount -t "$1" -o "$2" "$3" "$0" && shift 3 && exec "$@""#;
+    ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+        .into_iter()
+        .map(String::from)
+        .chain([dir.display().to_string(), fstype.into(), options.into(), source.into()])
+        .collect()
+}
+
+/// Makes a `size`-byte `fstype` image file at `image` with `mkfs.<fstype>` and `mkfs_args`;
+/// why not, if it cannot (no such mkfs here).
+pub fn make_image(fstype: &str, image: &Path, size: u64, mkfs_args: &[&str]) -> Result<(), String> {
+    std::fs::File::create(image).and_then(|f| f.set_len(size)).map_err(|e| format!("image file: {e}"))?;
+    let mkfs = format!("mkfs.{fstype}");
+    match Command::new(&mkfs).args(mkfs_args).arg(image).output() {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!("{mkfs} failed: {}", String::from_utf8_lossy(&o.stderr).trim())),
+        Err(e) => Err(format!("cannot run {mkfs}: {e}")),
+    }
+}
+
+/// Runs `sh -c script` with the image `image` (an `fstype`) mounted (loop) at `$0` in a
+/// private mount namespace, `args` following as `$1`…; its output, or why it failed (mounting
+/// not permitted, no loop devices, no such file system in the kernel).
+pub fn with_image_mounted(
+    fstype: &str,
+    image: &Path,
+    script: &str,
+    args: &[&str],
+) -> Result<Vec<u8>, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let full = format!(r#"mount -t "{fstype}" -o loop "{}" "$0" || exit 97; {script}"#, image.display());
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &full])
+        .arg(dir.path())
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run unshare: {e}"))?;
+    if out.status.success() {
+        Ok(out.stdout)
+    } else if out.status.code() == Some(97) {
+        Err(format!("cannot mount a {fstype} image: {}", String::from_utf8_lossy(&out.stderr).trim()))
+    } else {
+        Err(format!(
+            "{script:?} on the {fstype} image failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
 }
