@@ -15,11 +15,19 @@
 //! # Mapped data path
 //! An [`Object`] can also be mapped ([`Object::map_covering`]), so the io server receives into
 //! and sends from the file's own pages and the transport's copy is the only one (no staging
-//! buffer, no `pread`/`pwrite`). Two rules keep a mapping safe to touch: bytes are written
+//! buffer, no `pread`/`pwrite`). Three rules keep a mapping safe to touch: bytes are written
 //! through it only after [`Object::allocate`] has reserved their space (a full disk is then
-//! `ENOSPC` from `fallocate`, not a `SIGBUS`), and transfers hold the object's gate shared
-//! ([`Object::transfer`]) while truncation and removal take it exclusively, so the file never
-//! shrinks under a live region.
+//! `ENOSPC` from `fallocate`, not a `SIGBUS`); a write extends the file only just ahead of its
+//! data ([`Object::begin_write`]), since a store past the end faults; and transfers hold the
+//! object's gate shared ([`Object::transfer`]) while truncation and removal take it
+//! exclusively, so the file never shrinks under a live region.
+//!
+//! # Size
+//! An object's size is the end of the data that landed, never of space reserved for data still
+//! on the wire: `fallocate` keeps the size (`FALLOC_FL_KEEP_SIZE`), a mapped write lengthens the
+//! file one transfer unit at a time and reports each unit's end only once its data arrived, and
+//! a write that fails part way (the client died, a pull timed out, the disk filled) is cut back
+//! to what landed ([`ledger`]). `pwrite`s set the size as they land.
 
 use crate::errno::Errno;
 use crate::layout::Piece;
@@ -34,6 +42,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use tracing::{debug, warn};
+
+mod ledger;
+use ledger::Ledger;
 
 /// Largest local file offset: `off_t` is signed.
 pub const MAX_OBJECT_SIZE: u64 = i64::MAX as u64;
@@ -67,8 +78,10 @@ pub struct Object {
     file: File,
     gate: RwLock<()>,
     map: Mutex<Option<Arc<ionet::FileMap>>>,
-    /// Byte ranges known to be allocated (sorted, merged).
+    /// Byte ranges known to be allocated (sorted, merged), past the end too.
     allocated: Mutex<Vec<(u64, u64)>>,
+    /// The size as data lands, and the file's length.
+    ledger: Mutex<Ledger>,
 }
 
 impl std::fmt::Debug for Object {
@@ -78,14 +91,16 @@ impl std::fmt::Debug for Object {
 }
 
 impl Object {
-    fn new(handle: Handle, file: File) -> Self {
-        Object {
+    fn new(handle: Handle, file: File) -> Result<Self, StoreError> {
+        let len = file.metadata().map_err(|error| StoreError::Io { op: "stat", handle, error })?.len();
+        Ok(Object {
             handle,
             file,
             gate: RwLock::new(()),
             map: Mutex::new(None),
             allocated: Mutex::new(Vec::new()),
-        }
+            ledger: Mutex::new(Ledger::new(len)),
+        })
     }
 
     /// The open file.
@@ -103,14 +118,24 @@ impl Object {
         self.gate.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The local size.
+    /// The local size: the end of the data that landed (the file can be longer while a mapped
+    /// write is running).
     pub fn size(&self) -> Result<u64, StoreError> {
-        let m = self.file.metadata().map_err(|source| StoreError::Io {
-            op: "stat",
-            handle: self.handle,
-            error: source,
-        })?;
-        Ok(m.len())
+        Ok(lock(&self.ledger).landed())
+    }
+
+    fn set_file_len(&self, op: &'static str, len: u64) -> io::Result<()> {
+        self.file.set_len(len).inspect_err(|e| {
+            warn!(handle = %self.handle, len, error = %e, "{op}: setting the length failed");
+        })
+    }
+
+    /// Starts a mapped write whose pieces end at `end` (allocate them after this, inside
+    /// [`Object::transfer`]). Dropping the returned [`Writing`] without
+    /// [`finishing`](Writing::finish) it counts as a failed write.
+    pub fn begin_write(&self, end: u64) -> Writing<'_> {
+        let id = lock(&self.ledger).begin(end);
+        Writing { obj: self, id, failed: true }
     }
 
     /// A mapping of at least `[0, end)`, or `None` when `end` is past [`MAX_MAPPED`].
@@ -140,8 +165,9 @@ impl Object {
         Ok(Some(m))
     }
 
-    /// Reserves disk space for `[off, off + len)` (extending the file as a write would), so
-    /// stores through the mapping cannot fault on a full disk. Remembers what it reserved.
+    /// Reserves disk space for `[off, off + len)` without changing the size (the space past the
+    /// end waits for [`Writing::extend`]), so stores through the mapping cannot fault on a full
+    /// disk. Remembers what it reserved.
     pub fn allocate(&self, off: u64, len: u64) -> Result<(), StoreError> {
         let end = off.checked_add(len).filter(|&e| e <= MAX_OBJECT_SIZE).ok_or(StoreError::TooLarge)?;
         if len == 0 || covered(&lock(&self.allocated), off, end) {
@@ -149,7 +175,7 @@ impl Object {
         }
         let r = nix::fcntl::fallocate(
             self.file.as_fd(),
-            nix::fcntl::FallocateFlags::empty(),
+            nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
             off as i64,
             len as i64,
         );
@@ -166,16 +192,70 @@ impl Object {
             handle: self.handle,
             error: source,
         })?;
+        lock(&self.ledger).reset(size);
         // Drop the mapping too (no region is alive under the exclusive gate): an InfiniBand
         // endpoint keeps registrations of mapped pages cached across requests, and a device's
         // pins must not outlive the pages a shrink frees. The next transfer maps afresh.
         *lock(&self.map) = None;
+        self.forget_allocated_from(size);
+        Ok(())
+    }
+
+    /// The file was cut to `size`: nothing past it is allocated any more.
+    fn forget_allocated_from(&self, size: u64) {
         let mut a = lock(&self.allocated);
         a.retain(|e| e.0 < size);
         if let Some(last) = a.last_mut() {
             last.1 = last.1.min(size);
         }
-        Ok(())
+    }
+}
+
+/// A mapped write in progress on an [`Object`] (from [`Object::begin_write`]): lengthens the
+/// file ahead of the data and records what landed; when it ends, the file is cut back to the
+/// landed data (and what other writes still need).
+#[derive(Debug)]
+pub struct Writing<'a> {
+    obj: &'a Object,
+    id: u64,
+    failed: bool,
+}
+
+impl Writing<'_> {
+    /// Makes the file at least `end` long, before data is stored up to `end` through a mapping.
+    pub fn extend(&self, end: u64) -> Result<(), StoreError> {
+        let o = self.obj;
+        lock(&o.ledger).extend(end, |n| o.set_file_len("extend", n)).map_err(|error| StoreError::Io {
+            op: "extend",
+            handle: o.handle,
+            error,
+        })
+    }
+
+    /// Every byte of this write before `end` is in the file.
+    pub fn landed(&self, end: u64) {
+        lock(&self.obj.ledger).land(end);
+    }
+
+    /// Ends the write: `complete` if all its data landed (or it reserved nothing).
+    pub fn finish(mut self, complete: bool) {
+        self.failed = !complete;
+    }
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        let o = self.obj;
+        let mut ledger = lock(&o.ledger);
+        match ledger.end(self.id, self.failed, |n| o.set_file_len("cut back", n)) {
+            Ok(Some(len)) => {
+                debug!(handle = %o.handle, len, failed = self.failed, "object cut back to its landed data");
+                o.forget_allocated_from(len);
+            }
+            Ok(None) => {}
+            // Logged by set_file_len; the size reported stays the landed data's.
+            Err(_) => {}
+        }
     }
 }
 
@@ -397,7 +477,7 @@ impl ObjectStore {
         if let Some(o) = c.get(h) {
             return Ok(o);
         }
-        let o = Arc::new(Object::new(h, f));
+        let o = Arc::new(Object::new(h, f)?);
         c.insert(h, o.clone());
         Ok(o)
     }
@@ -434,7 +514,7 @@ impl ObjectStore {
         }
         let mut c = self.cache();
         if c.get(h).is_none() {
-            c.insert(h, Arc::new(Object::new(h, f)));
+            c.insert(h, Arc::new(Object::new(h, f)?));
         }
         Ok(created)
     }
@@ -533,10 +613,16 @@ impl ObjectStore {
                 return Err(StoreError::TooLarge);
             }
             let src = &data[at..at + p.len as usize];
-            f.write_all_at(src, p.off).map_err(|source| {
+            let end = p.off + p.len;
+            if let Err(source) = f.write_all_at(src, p.off) {
                 warn!(handle = %h, off = p.off, len = p.len, error = %source, "write failed");
-                StoreError::Io { op: "write", handle: h, error: source }
-            })?;
+                // Part of the piece may have landed (and lengthened the file).
+                if let Ok(m) = f.metadata() {
+                    lock(&o.ledger).written(m.len().min(end));
+                }
+                return Err(StoreError::Io { op: "write", handle: h, error: source });
+            }
+            lock(&o.ledger).written(end);
             at += src.len();
         }
         Ok(at)

@@ -158,12 +158,117 @@ fn acknowledged_sync_survives_a_power_cut(scheme: &str) {
     assert_eq!(bad, None, "the synced object differs after the power cut from byte {bad:?} on");
 }
 
+/// Size of the file [`killed_client_mid_write_leaves_only_landed_bytes`] copies: four of
+/// `stripefs cp`'s 16 MiB chunks.
+const COPIED: usize = 64 << 20;
+
+/// `stripefs cp` of a new file, SIGKILLed as soon as the file has a size (so, most likely, in
+/// the middle of a write request): afterwards no io server's object may hold a byte that did not
+/// come from the source. Each object must be a prefix of that server's share of the source
+/// (objects read straight from the servers' data directories), the logical size at most the
+/// source's, and every byte of the file below it the source's or, where a server fell behind
+/// the others, a hole past that server's end. With one server the file is a prefix of the
+/// source outright.
+fn killed_client_mid_write_leaves_only_landed_bytes(scheme: &str, pcount: u32) {
+    let tc = TestCluster::start(scheme, 4);
+    let src = tc.dir.path().join("src.bin");
+    let data = pattern(COPIED, 11);
+    std::fs::write(&src, &data).unwrap();
+    let c = tc.client();
+    let mut cp = std::process::Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .arg("--cluster")
+        .arg(tc.cluster.config_path())
+        .args(["cp", "--stripe-count", &pcount.to_string(), "--stripe-size", "65536"])
+        .arg(&src)
+        .arg("sfs:/copy")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let errors =
+        |c: &stripefs::Client| -> u64 { c.server_stats().into_iter().map(|s| s.unwrap().errors).sum() };
+    let errors0 = errors(&c);
+    let t = Instant::now();
+    let live = |cp: &mut std::process::Child| {
+        assert!(t.elapsed() < BOUND, "the copy never started");
+        assert!(cp.try_wait().unwrap().is_none(), "cp finished before it could be killed");
+    };
+    let f = loop {
+        if let Ok(f) = c.open("/copy", Rights::READ) {
+            break f;
+        }
+        live(&mut cp);
+    };
+    // Only the io servers' sizes from here: the kill should come while data is on the wire.
+    let seen = loop {
+        match f.size() {
+            Ok(n) if n > 0 => break n,
+            _ => live(&mut cp),
+        }
+    };
+    cp.kill().unwrap();
+    cp.wait().unwrap();
+    // The servers serving the killed client's requests fail them; wait for that (bounded: a kill
+    // that fell between two requests leaves nothing to fail).
+    let t = Instant::now();
+    while errors(&c) == errors0 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let failed = errors(&c) - errors0;
+    let size = f.size().unwrap();
+    eprintln!(
+        "{scheme}, {pcount} server(s): killed at {seen} bytes; size {size}; {failed} request(s) failed"
+    );
+    assert!(size as usize <= data.len(), "size {size} past the source's {}", data.len());
+    let layout = f.layout();
+    let store = stripefs::store::ObjectStore::open(tc.dir.path().join("paths"), Default::default()).unwrap();
+    let mut local_sizes = Vec::new();
+    for pnum in 0..layout.pcount {
+        let server = layout.server(pnum, 4);
+        let dir = tc.cluster.config().io_data_dir(server);
+        let rel = store.path_of(f.handle()).strip_prefix(store.root()).unwrap().to_owned();
+        let object = std::fs::read(dir.join(rel)).unwrap();
+        for (local, got) in object.iter().enumerate() {
+            let at = layout.logical_offset(pnum, local as u64).unwrap() as usize;
+            assert!(
+                data.get(at) == Some(got),
+                "io server {server}: local byte {local} of {} (file offset {at}) is not the source's",
+                object.len()
+            );
+        }
+        local_sizes.push(object.len() as u64);
+    }
+    assert_eq!(layout.logical_size(&local_sizes), size, "the size is what the objects hold");
+    let (back, n) = f.read_at(0, BytesMut::zeroed(size as usize)).unwrap();
+    assert_eq!(n, size as usize);
+    for (at, (&got, &want)) in back.iter().zip(&data[..]).enumerate() {
+        if got != want {
+            let (pnum, local) = (layout.map(at as u64).pnum, layout.map(at as u64).local_off);
+            assert!(
+                got == 0 && local >= local_sizes[pnum as usize],
+                "file byte {at} is neither the source's nor a hole past its server's end"
+            );
+        }
+    }
+    if pcount == 1 {
+        assert!(back[..] == data[..back.len()], "one server: the file is a prefix of the source");
+    }
+}
+
 macro_rules! transports {
     ($($scheme:ident),*) => {$(
         mod $scheme {
             #[test]
             fn killed_io_server_mid_write_keeps_every_synced_write() {
                 super::killed_io_server_mid_write_keeps_every_synced_write(stringify!($scheme))
+            }
+            #[test]
+            fn killed_client_mid_write_on_one_server_leaves_only_landed_bytes() {
+                super::killed_client_mid_write_leaves_only_landed_bytes(stringify!($scheme), 1)
+            }
+            #[test]
+            fn killed_client_mid_striped_write_leaves_only_landed_bytes() {
+                super::killed_client_mid_write_leaves_only_landed_bytes(stringify!($scheme), 4)
             }
             #[test]
             fn acknowledged_sync_survives_a_power_cut() {

@@ -10,8 +10,10 @@
 //!   to `pipeline_depth` pushes in flight, so disk reads overlap the network.
 //! * **Mapped** (the default, [`IoServerConfig::mapped`]): the same pipelines move units straight
 //!   between the network and the object file's pages ([`ionet::FileMap`]): writes reserve the
-//!   descriptor's space first (`fallocate`, so a full disk fails the request before a byte moves)
-//!   and pull into the file's regions; reads push from them, with zeros past the local end. The
+//!   descriptor's space first (`fallocate` keeping the size, so a full disk fails the request
+//!   before a byte moves), lengthen the file just ahead of each unit they pull into the file's
+//!   regions, and count a unit into the object's size only once it landed (a failed write is
+//!   cut back to what landed); reads push from them, with zeros past the local end. The
 //!   transport's copy is the only one. Descriptors whose pieces are out of order, offsets past
 //!   the mapping limit and file systems without `fallocate` fall back to the copying path.
 //!   [`ServerStats`] counts the requests each path took and the fallbacks by reason, so tests
@@ -27,7 +29,7 @@ use crate::layout::Piece;
 use crate::proto::{
     self, Descriptor, DiskSpace, ErrorReply, Fallbacks, IoReply, IoRequest, PathStats, ServerStats,
 };
-use crate::store::{Object, ObjectStore, PieceCursor, StoreConfig, StoreError};
+use crate::store::{Object, ObjectStore, PieceCursor, StoreConfig, StoreError, Writing};
 use bytes::Bytes;
 use ionet::{
     Address, Direction, Endpoint, FileMapError, OpBuf, OpId, RecvBuf, RegisteredBuf, Request, SendBuf, Turn,
@@ -530,6 +532,9 @@ impl Shared {
             }
         }
         let _transfer = obj.transfer();
+        // Ends (cutting the file back to what landed, unless finished complete) before the
+        // transfer guard is released.
+        let writing = obj.begin_write(end);
         // Reserve every piece first: a full disk fails the request before any byte moves.
         for p in desc.pieces() {
             match obj.allocate(p.off, p.len) {
@@ -538,6 +543,7 @@ impl Shared {
                 Err(StoreError::Io { error, .. })
                     if matches!(error.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENODEV)) =>
                 {
+                    writing.finish(true);
                     return Mapped::Declined(Fallback::NoFallocate);
                 }
                 Err(e) => return Mapped::Ran(Err(e.into())),
@@ -548,10 +554,12 @@ impl Shared {
             Ok(None) => return Mapped::Declined(Fallback::BeyondMap),
             Err(e) => return Mapped::Ran(Err(e.into())),
         };
-        Mapped::Ran(self.mapped_pipeline(&map, true, desc, total, |pieces, off, turn| {
+        let r = self.mapped_pipeline(&map, Some(&writing), desc, total, |pieces, off, turn| {
             let regions = map.regions_mut_in(pieces.iter().copied(), turn)?;
             Ok(req.pull_into(regions, off))
-        }))
+        });
+        writing.finish(r.is_ok());
+        Mapped::Ran(r)
     }
 
     /// The read pipeline over the object's mapping: bytes past the local end go out as zeros.
@@ -567,7 +575,7 @@ impl Shared {
             Ok(None) => return Mapped::Declined(Fallback::BeyondMap),
             Err(e) => return Mapped::Ran(Err(e.into())),
         };
-        Mapped::Ran(self.mapped_pipeline(&map, false, desc, total, |pieces, off, turn| {
+        Mapped::Ran(self.mapped_pipeline(&map, None, desc, total, |pieces, off, turn| {
             let inside: Vec<(u64, usize)> =
                 pieces.iter().filter(|p| p.0 < size).map(|&(o, n)| (o, n.min((size - o) as usize))).collect();
             let mut regions = map.regions_in(inside, turn)?.into_iter();
@@ -587,11 +595,13 @@ impl Shared {
     /// through the turn when given, and posts its pull or push), `pipeline_depth` deep. A unit
     /// whose bytes another request has leased waits for it, up to the transfer timeout: first
     /// for this request's own units in flight, then, holding nothing, in a turn on the map, so
-    /// requests that arrive later over the same bytes do not overtake it.
+    /// requests that arrive later over the same bytes do not overtake it. A write (`writing`)
+    /// lengthens the file to each unit before its pull and records each unit that landed, in
+    /// order, until one fails.
     fn mapped_pipeline(
         &self,
         map: &Arc<ionet::FileMap>,
-        write: bool,
+        writing: Option<&Writing<'_>>,
         desc: &Descriptor,
         total: u64,
         mut start: impl FnMut(&[(u64, usize)], u64, Option<&Turn>) -> Result<ionet::Result<OpId>, FileMapError>,
@@ -599,7 +609,8 @@ impl Shared {
         let tu = self.cfg.transfer_unit as u64;
         let depth = self.cfg.pipeline_depth.max(2);
         let mut cursor = PieceCursor::new(desc.pieces());
-        let mut inflight: VecDeque<OpId> = VecDeque::new();
+        // (op, end of its unit's pieces)
+        let mut inflight: VecDeque<(OpId, u64)> = VecDeque::new();
         let mut unit: Vec<(u64, usize)> = Vec::new();
         let mut off = 0u64;
         let mut fail: Option<Fail> = None;
@@ -611,10 +622,17 @@ impl Shared {
                 if unit.is_empty() {
                     unit_pieces(&mut cursor, n, &mut unit);
                 }
+                let unit_end = unit.iter().map(|&(o, len)| o + len as u64).max().unwrap_or(0);
+                if let Some(w) = writing
+                    && let Err(e) = w.extend(unit_end)
+                {
+                    fail = Some(e.into());
+                    continue;
+                }
                 match start(&unit, off, turn.as_ref()) {
                     Ok(Ok(op)) => {
                         self.deadline(op);
-                        inflight.push_back(op);
+                        inflight.push_back((op, unit_end));
                         off += n;
                         unit.clear();
                         busy_since = None;
@@ -624,7 +642,7 @@ impl Shared {
                     Ok(Err(e)) => fail = Some(e.into()),
                     Err(FileMapError::Busy { .. }) if inflight.is_empty() => {
                         // Nothing of ours is leased now, so queueing cannot wait on ourselves.
-                        turn.get_or_insert_with(|| map.take_turn(&unit, write));
+                        turn.get_or_insert_with(|| map.take_turn(&unit, writing.is_some()));
                         let since = *busy_since.get_or_insert_with(Instant::now);
                         if since.elapsed() > self.cfg.transfer_timeout {
                             fail = Some(Fail(Errno::EIO, "object range stayed busy".into()));
@@ -638,19 +656,26 @@ impl Shared {
                     Err(e) => fail = Some(Fail(Errno::EIO, e.to_string())),
                 }
             }
-            let Some(op) = inflight.pop_front() else { break };
+            let Some((op, unit_end)) = inflight.pop_front() else { break };
             match self.ep.wait(op) {
-                Ok(c) => {
-                    if let Err(e) = c.result {
+                Ok(c) => match c.result {
+                    // Waited for in order: every earlier unit of this request landed too.
+                    Ok(_) if fail.is_none() => {
+                        if let Some(w) = writing {
+                            w.landed(unit_end);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
                         fail.get_or_insert(e.into());
                     }
-                }
+                },
                 Err(e) => {
                     // The regions must not outlive the transfer guard: end every op first.
-                    for &op in &inflight {
+                    for &(op, _) in &inflight {
                         let _ = self.ep.cancel(op);
                     }
-                    for op in inflight.drain(..) {
+                    for (op, _) in inflight.drain(..) {
                         let _ = self.ep.wait(op);
                     }
                     return Err(e.into());
