@@ -282,6 +282,50 @@ fn insert_extent(extents: &mut Vec<(u64, u64)>, off: u64, end: u64) {
     }
 }
 
+/// The file system holding an object directory, as `statfs` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileSystem {
+    /// Its usual name (`"unknown"` for a type this list does not name).
+    pub name: &'static str,
+    /// Its `f_type` (the superblock magic).
+    pub magic: u64,
+}
+
+impl FileSystem {
+    /// The file system holding `dir`.
+    pub fn of(dir: &Path) -> io::Result<FileSystem> {
+        use nix::sys::statfs as fs;
+        let t = fs::statfs(dir).map_err(io::Error::from)?.filesystem_type();
+        let name = match t {
+            fs::EXT4_SUPER_MAGIC => "ext2/ext3/ext4",
+            fs::TMPFS_MAGIC => "tmpfs",
+            fs::XFS_SUPER_MAGIC => "xfs",
+            fs::BTRFS_SUPER_MAGIC => "btrfs",
+            fs::F2FS_SUPER_MAGIC => "f2fs",
+            fs::NFS_SUPER_MAGIC => "nfs",
+            fs::OVERLAYFS_SUPER_MAGIC => "overlayfs",
+            fs::FUSE_SUPER_MAGIC => "fuse",
+            _ if t.0 as u64 == 0x2fc1_2fc1 => "zfs",
+            _ if t.0 as u64 == 0xca45_1a4e => "bcachefs",
+            _ if t.0 as u64 == 0x8584_58f6 => "ramfs",
+            _ => "unknown",
+        };
+        Ok(FileSystem { name, magic: t.0 as u64 })
+    }
+
+    /// True if stores through a mapping into space reserved with `fallocate` cannot fail for
+    /// lack of space: the file system rewrites allocated blocks in place. ext4 and tmpfs do. A
+    /// copy-on-write file system (btrfs, XFS with reflink, ZFS, bcachefs) allocates anew on
+    /// every rewrite, so a store into a full one faults (`SIGBUS`) whatever was reserved; XFS is
+    /// left out as it cannot be told apart from XFS with reflink (the default of `mkfs.xfs`)
+    /// without an XFS-specific ioctl. Everything not known to be safe counts as unsafe.
+    pub fn rewrites_in_place(&self) -> bool {
+        [nix::sys::statfs::EXT4_SUPER_MAGIC, nix::sys::statfs::TMPFS_MAGIC]
+            .iter()
+            .any(|m| m.0 as u64 == self.magic)
+    }
+}
+
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -793,6 +837,25 @@ mod tests {
         let s0 = ObjectStore::open(d.path(), StoreConfig { max_open: 0 }).unwrap();
         assert_eq!(s0.size(Handle(3)).unwrap(), 1);
         assert_eq!(s0.open_files(), 0);
+    }
+
+    #[test]
+    fn only_file_systems_known_to_rewrite_in_place_are_trusted_with_mapped_writes() {
+        let proc = FileSystem::of(Path::new("/proc")).unwrap();
+        assert_eq!(proc.name, "unknown");
+        assert!(!proc.rewrites_in_place());
+        let named = |magic: u64| FileSystem { name: "", magic };
+        assert!(named(0xef53).rewrites_in_place(), "ext4");
+        assert!(named(0x0102_1994).rewrites_in_place(), "tmpfs");
+        for (fs, magic) in
+            [("btrfs", 0x9123_683e), ("xfs", 0x5846_5342), ("zfs", 0x2fc1_2fc1), ("ramfs", 0x8584_58f6)]
+        {
+            assert!(!named(magic).rewrites_in_place(), "{fs}");
+        }
+        if Path::new("/dev/shm").is_dir() {
+            assert_eq!(FileSystem::of(Path::new("/dev/shm")).unwrap().name, "tmpfs");
+        }
+        assert!(FileSystem::of(Path::new("/no/such/dir")).is_err());
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! io servers on real small file systems: the server's data directory is a 4 MiB tmpfs (a disk
-//! that really fills up) or a ramfs (a file system without `fallocate`), mounted in a mount
-//! namespace of the server's own (`unshare --mount`), so the mount goes away with the server
-//! even if the test dies. Skipped, with the reason printed, where mounting is not permitted.
+//! that really fills up), a ramfs (a file system without `fallocate`) or a 40 MiB btrfs image on
+//! a loop device (copy-on-write), mounted in a mount namespace of the server's own
+//! (`unshare --mount`), so the mount goes away with the server even if the test dies. Skipped,
+//! with the reason printed, where mounting is not permitted.
 
 mod common;
 
 use bytes::BytesMut;
-use common::{TestCluster, on_private_mount, pattern};
+use common::{TestCluster, make_image, on_private_mount, pattern, with_image_mounted};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -126,8 +127,11 @@ fn write_past_a_full_disk(scheme: &str, copy: bool) {
     assert_eq!((took2.writes - took1.writes, idle2), (3, Default::default()));
 }
 
-/// A file system without `fallocate` (ramfs): a mapping io server copies the writes (counted as
-/// fallbacks), still maps the reads, and stores the right bytes.
+/// A file system without `fallocate` (ramfs): a mapping io server copies the writes, still maps
+/// the reads, and stores the right bytes. ramfs is not on the list of file systems that
+/// rewrite in place, so the server copies every write from the start rather than falling back
+/// request by request (the `no_fallocate` fallback is for the odd object without `fallocate`
+/// on a listed one; `tests/e2e.rs` makes one from `/dev/full`).
 fn objects_without_fallocate_are_written_by_copying(scheme: &str) {
     if let Some(why) = cannot_mount("ramfs") {
         eprintln!("skipped: {why}");
@@ -140,7 +144,7 @@ fn objects_without_fallocate_are_written_by_copying(scheme: &str) {
     f.write_at(0, &data).unwrap();
     f.write_at(3 << 20, &data.slice(..1000)).unwrap();
     let s = io_stats(&c);
-    assert_eq!(s.fallbacks.no_fallocate, 2);
+    assert_eq!(s.fallbacks.no_fallocate, 0);
     assert_eq!((s.copied.writes, s.copied.bytes, s.mapped.writes), (2, (1 << 20) + 1000, 0));
     assert_eq!(read_back(&f, 0, data.len()), &data[..]);
     assert!(read_back(&f, 1 << 20, 2 << 20).iter().all(|&b| b == 0), "the hole reads as zeros");
@@ -151,6 +155,83 @@ fn objects_without_fallocate_are_written_by_copying(scheme: &str) {
     assert_eq!((s2.mapped.reads, s2.copied.reads, s2.fallbacks), (reads, 0, s.fallbacks));
 }
 
+/// Size of the btrfs image of [`copy_on_write_file_systems_take_the_copying_path`].
+const BTRFS_IMAGE: u64 = 40 << 20;
+
+/// A copy-on-write file system (btrfs on a loop device, `mkfs.btrfs --mixed` for a small one):
+/// a rewrite needs new space however much `fallocate` reserved, so a store through a mapping
+/// into a full btrfs faults. The io server must copy every write there (reads may stay mapped),
+/// and writes into the full disk — new data, and rewrites of data already there — must fail
+/// with `ENOSPC` while the server lives on. Needs root, loop devices, btrfs in the kernel and
+/// `mkfs.btrfs` (btrfs-progs); skipped with the reason printed otherwise.
+fn copy_on_write_file_systems_take_the_copying_path(scheme: &str) {
+    let probe = tempfile::tempdir().unwrap();
+    let probe_img = probe.path().join("probe.img");
+    if let Err(why) = make_image("btrfs", &probe_img, BTRFS_IMAGE, &["-q", "--mixed"])
+        .and_then(|()| with_image_mounted("btrfs", &probe_img, "true", &[]))
+    {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let mut data_dir = PathBuf::new();
+    let mut tc = TestCluster::start_with(scheme, 1, |o| {
+        data_dir = o.data_dir.join("io0");
+        let image = o.data_dir.join("io0.img");
+        make_image("btrfs", &image, BTRFS_IMAGE, &["-q", "--mixed"]).unwrap();
+        o.io_prefix = Some(vec![on_private_mount("btrfs", "loop", &image.display().to_string(), &data_dir)]);
+    });
+    let c = tc.client();
+    let s0 = io_stats(&c);
+    let f = c.create("/kept", one_server()).unwrap();
+    let first = pattern(8 << 20, 1);
+    f.write_at(0, &first).unwrap();
+    assert_eq!(read_back(&f, 0, first.len()), &first[..]);
+    let s1 = io_stats(&c);
+    assert_eq!(
+        (s1.mapped.writes, s1.copied.writes - s0.copied.writes, s1.copied.bytes),
+        (0, 1, first.len() as u64),
+        "btrfs: the write was copied, not mapped"
+    );
+    assert!(s1.mapped.reads > 0, "reads stay mapped");
+    assert_eq!(s1.fallbacks, s0.fallbacks, "not a per-request fallback");
+    // Fill the disk to the last few KiB, in ever smaller writes, each refused with ENOSPC in
+    // the end.
+    let g = c.create("/filler", one_server()).unwrap();
+    let filler = pattern(1 << 20, 2);
+    let mut off = 0u64;
+    for chunk in [1 << 20, 64 << 10, 4 << 10] {
+        for _ in 0..=BTRFS_IMAGE / chunk {
+            match g.write_at(off, &filler.slice(..chunk as usize)) {
+                Ok(_) => off += chunk,
+                Err(e) if e.errno() == Errno::ENOSPC => break,
+                Err(e) => {
+                    std::thread::sleep(Duration::from_millis(500));
+                    panic!("{e} instead of ENOSPC at {off}; io server: {:?}", tc.cluster.exited());
+                }
+            }
+        }
+        assert_eq!(tc.cluster.exited(), None, "the io server survived the full disk");
+    }
+    assert!(off < BTRFS_IMAGE, "the disk filled up after {off} bytes");
+    // Rewriting what is there needs new space on a copy-on-write file system: ENOSPC or done,
+    // never a dead server, on every offset of the file.
+    let second = pattern(first.len(), 3);
+    for (i, r) in [(0, 1 << 20), (3 << 20, 4096), (5 << 20, 3 << 20)].into_iter().enumerate() {
+        match f.write_at(r.0, &second.slice(r.0 as usize..(r.0 + r.1) as usize)) {
+            Ok(_) => {}
+            Err(e) => assert_eq!(e.errno(), Errno::ENOSPC, "rewrite {i} into the full disk: {e}"),
+        }
+        assert_eq!(tc.cluster.exited(), None, "the io server survived rewrite {i} into the full disk");
+    }
+    // Freeing space makes rewrites work again, and they read back.
+    c.unlink("/filler").unwrap();
+    f.write_at(0, &second).unwrap();
+    assert_eq!(read_back(&f, 0, second.len()), &second[..]);
+    let s2 = io_stats(&c);
+    assert_eq!(s2.mapped.writes, 0, "no write was ever mapped on btrfs");
+    assert_eq!(tc.cluster.exited(), None);
+}
+
 macro_rules! transports {
     ($($scheme:ident),*) => {$(
         mod $scheme {
@@ -158,6 +239,7 @@ macro_rules! transports {
             #[test] fn mapped_write_past_a_full_disk() { super::write_past_a_full_disk(S, false) }
             #[test] fn copying_write_past_a_full_disk() { super::write_past_a_full_disk(S, true) }
             #[test] fn objects_without_fallocate_are_written_by_copying() { super::objects_without_fallocate_are_written_by_copying(S) }
+            #[test] fn copy_on_write_file_systems_take_the_copying_path() { super::copy_on_write_file_systems_take_the_copying_path(S) }
         }
     )*};
 }

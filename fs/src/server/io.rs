@@ -16,6 +16,10 @@
 //!   cut back to what landed); reads push from them, with zeros past the local end. The
 //!   transport's copy is the only one. Descriptors whose pieces are out of order, offsets past
 //!   the mapping limit and file systems without `fallocate` fall back to the copying path.
+//!   Writes map only on file systems known to rewrite allocated blocks in place
+//!   ([`FileSystem::rewrites_in_place`]: ext4, tmpfs), checked once at start; on others (btrfs,
+//!   XFS, ZFS, …) a store into a full disk would fault however much was reserved, so every
+//!   write is copied there (and reads stay mapped).
 //!   [`ServerStats`] counts the requests each path took and the fallbacks by reason, so tests
 //!   and benchmarks can tell which one ran.
 //! * On a disk error (`ENOSPC`, `EIO`, …) the server stops pulling, lets the outstanding pulls
@@ -29,7 +33,7 @@ use crate::layout::Piece;
 use crate::proto::{
     self, Descriptor, DiskSpace, ErrorReply, Fallbacks, IoReply, IoRequest, PathStats, ServerStats,
 };
-use crate::store::{Object, ObjectStore, PieceCursor, StoreConfig, StoreError, Writing};
+use crate::store::{FileSystem, Object, ObjectStore, PieceCursor, StoreConfig, StoreError, Writing};
 use bytes::Bytes;
 use ionet::{
     Address, Direction, Endpoint, FileMapError, OpBuf, OpId, RecvBuf, RegisteredBuf, Request, SendBuf, Turn,
@@ -198,7 +202,29 @@ struct Shared {
     store: ObjectStore,
     key: CapabilityKey,
     cfg: IoServerConfig,
+    /// Writes may take the mapped path (mapping on, and the data directory's file system
+    /// rewrites in place).
+    mapped_writes: bool,
     stats: Stats,
+}
+
+/// Whether a mapping io server may write through mappings into `dir`; says why not if not.
+fn mapped_writes_safe(dir: &std::path::Path) -> bool {
+    match FileSystem::of(dir) {
+        Ok(fs) if fs.rewrites_in_place() => true,
+        Ok(fs) => {
+            info!(
+                dir = %dir.display(), fs = fs.name, magic = format_args!("{:#x}", fs.magic),
+                "not a file system known to rewrite in place (ext4, tmpfs): writes are copied, \
+                 since a store through a mapping could fault on a full disk"
+            );
+            false
+        }
+        Err(e) => {
+            warn!(dir = %dir.display(), error = %e, "statfs of the data directory failed: writes are copied");
+            false
+        }
+    }
 }
 
 /// An io server.
@@ -223,7 +249,9 @@ impl IoServer {
         info!(addr = ?ep.local_addr(), dir = %cfg.data_dir.display(), tu = cfg.transfer_unit, "io server listening");
         let stop = Arc::new(AtomicBool::new(false));
         let workers = cfg.workers;
-        let shared = Arc::new(Shared { ep: ep.clone(), store, key, cfg, stats: Stats::default() });
+        let mapped_writes = cfg.mapped && mapped_writes_safe(&cfg.data_dir);
+        let shared =
+            Arc::new(Shared { ep: ep.clone(), store, key, cfg, mapped_writes, stats: Stats::default() });
         let threads = spawn_workers("io", &ep, workers, &stop, move |req| shared.handle(req))?;
         Ok(ServerHandle::new(ep, stop, threads))
     }
@@ -340,9 +368,9 @@ impl Shared {
         }
     }
 
-    /// Sends a request with data down the mapped path if this server maps and the request
-    /// allows it, else down the copying one; counts which path took it (and why it fell back).
-    /// A request without data takes neither.
+    /// Sends a request with data down the mapped path if this server maps (writes only where
+    /// the file system allows) and the request allows it, else down the copying one; counts
+    /// which path took it (and why it fell back). A request without data takes neither.
     fn route(
         &self,
         dir: Direction,
@@ -353,7 +381,7 @@ impl Shared {
         if total == 0 {
             return Ok(());
         }
-        if self.cfg.mapped {
+        if self.cfg.mapped && (dir == Direction::In || self.mapped_writes) {
             match mapped()? {
                 Mapped::Ran(r) => return self.stats.mapped.took(dir, total, r),
                 Mapped::Declined(why) => {
