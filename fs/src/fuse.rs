@@ -365,8 +365,8 @@ impl Filesystem for StripeFuse {
         reply: ReplyWrite,
     ) {
         let Some(o) = self.open_file(fh) else { return reply.error(fuser::Errno::EBADF) };
-        // The write's flags are the file's plus RWF_SYNC / RWF_DSYNC of this write (kernels
-        // before 5.x pass only the file's); the open's flags are kept in case they are absent.
+        // The write's flags are the file's, plus RWF_SYNC / RWF_DSYNC of this write on kernels
+        // that pass them; the open's flags are kept too, in case a kernel passes none.
         let sync = WriteSync::of(o.flags | flags.0);
         match Self::write_synced(&o.file, offset, data, sync) {
             Ok(n) => reply.written(n as u32),
