@@ -642,6 +642,8 @@ impl Shared {
         let mut unit: Vec<(u64, usize)> = Vec::new();
         let mut off = 0u64;
         let mut fail: Option<Fail> = None;
+        // No unit of this request failed in transit yet: every unit waited for so far landed.
+        let mut intact = true;
         let mut busy_since: Option<Instant> = None;
         let mut turn: Option<Turn> = None;
         loop {
@@ -688,13 +690,14 @@ impl Shared {
             match self.ep.wait(op) {
                 Ok(c) => match c.result {
                     // Waited for in order: every earlier unit of this request landed too.
-                    Ok(_) if fail.is_none() => {
+                    Ok(_) if intact => {
                         if let Some(w) = writing {
                             w.landed(unit_end);
                         }
                     }
                     Ok(_) => {}
                     Err(e) => {
+                        intact = false;
                         fail.get_or_insert(e.into());
                     }
                 },
