@@ -203,6 +203,54 @@ pub(crate) enum Cmd {
     Reply { peer: PeerId, req: u64, sl: ServiceLevel, header: Bytes, status: u32 },
 }
 
+impl Cmd {
+    /// The peer the command addresses.
+    pub(crate) fn peer(&self) -> PeerId {
+        match self {
+            Cmd::Send { peer, .. }
+            | Cmd::Recv { peer, .. }
+            | Cmd::Put { peer, .. }
+            | Cmd::Get { peer, .. }
+            | Cmd::Request { peer, .. }
+            | Cmd::Pull { peer, .. }
+            | Cmd::Push { peer, .. }
+            | Cmd::Reply { peer, .. } => *peer,
+        }
+    }
+
+    /// What its completion needs if it fails as posted: its kind, peer, tag and buffer.
+    pub(crate) fn into_parts(self) -> (OpKind, PeerId, Tag, OpBuf) {
+        match self {
+            Cmd::Send { peer, tag, buf, unexpected, .. } => {
+                (if unexpected { OpKind::SendUnexpected } else { OpKind::Send }, peer, tag, OpBuf::Send(buf))
+            }
+            Cmd::Recv { peer, tag, buf } => (OpKind::Recv, peer, tag, OpBuf::Recv(buf)),
+            Cmd::Put { peer, local, .. } => (OpKind::Put, peer, 0, OpBuf::Send(local)),
+            Cmd::Get { peer, local, .. } => (OpKind::Get, peer, 0, OpBuf::Recv(local)),
+            Cmd::Request { peer, tag, payload, .. } => {
+                let buf = match payload {
+                    Payload::None => OpBuf::None,
+                    Payload::Out(b) => OpBuf::Send(b),
+                    Payload::In(b) => OpBuf::Recv(b),
+                };
+                (OpKind::Request, peer, tag, buf)
+            }
+            Cmd::Pull { peer, buf, .. } => (OpKind::Pull, peer, 0, OpBuf::Recv(buf)),
+            Cmd::Push { peer, buf, .. } => (OpKind::Push, peer, 0, OpBuf::Send(buf)),
+            Cmd::Reply { peer, .. } => (OpKind::Reply, peer, 0, OpBuf::None),
+        }
+    }
+
+    /// The error of an operation addressed to a peer the endpoint has forgotten: lost, like
+    /// any operation on a peer that is gone.
+    pub(crate) fn forgotten(peer: PeerId) -> Error {
+        Error::PeerLost {
+            peer,
+            reason: "the peer disconnected and was forgotten; it gets a new id if it connects again".into(),
+        }
+    }
+}
+
 /// The contract every transport implements.
 ///
 /// * `post` either returns `Err` (the op never existed; its buffers are dropped) or takes the

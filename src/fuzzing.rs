@@ -222,5 +222,5 @@ pub fn ib_message(data: &[u8]) {
 /// Ids for benchmarks of the sans-IO matcher (`benches/matching.rs`): peer and operation ids
 /// are otherwise only minted by an endpoint.
 pub fn ids(peer: u32, op: u64) -> (crate::types::PeerId, crate::types::OpId) {
-    (crate::types::PeerId(peer), crate::types::OpId(op))
+    (crate::types::PeerId(u64::from(peer)), crate::types::OpId(op))
 }

@@ -86,6 +86,7 @@ pub mod key_file;
 #[cfg(all(loom, test))]
 mod loom;
 pub mod matching;
+mod peers;
 pub mod regcache;
 pub mod sched;
 mod sync;

@@ -61,14 +61,18 @@ impl fmt::Display for ServiceLevel {
     }
 }
 
-/// A peer known to an endpoint. Stable for the endpoint's lifetime: a peer that reconnects
-/// (same endpoint id) gets the same `PeerId`.
+/// A peer known to an endpoint. A peer the application connected to keeps its id for the
+/// endpoint's lifetime, across reconnections. A peer that connected to us keeps its id while
+/// it is connected (a reconnection that overlaps the old connection keeps it too); once its
+/// connections are gone and none of its unexpected messages wait to be read, it is forgotten,
+/// operations naming the old id fail with [`crate::Error::PeerLost`], and if it connects again
+/// it gets a new id. Ids are never reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PeerId(pub(crate) u32);
+pub struct PeerId(pub(crate) u64);
 
 impl PeerId {
-    /// The raw index (for logs and tables).
-    pub fn as_u32(self) -> u32 {
+    /// The raw value (for logs and tables).
+    pub fn as_u64(self) -> u64 {
         self.0
     }
 }

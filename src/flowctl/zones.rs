@@ -476,7 +476,7 @@ mod tests {
     const M: usize = 1 << 20;
 
     fn p(n: u32) -> PeerId {
-        PeerId(n)
+        PeerId(u64::from(n))
     }
 
     fn granted<T: std::fmt::Debug>(a: Alloc<T>) -> Grant<T> {
@@ -667,7 +667,7 @@ mod tests {
             // Per well-behaved client: grants others got since its request began waiting.
             let mut waiting_since: [Option<Vec<u32>>; 4] = Default::default();
             let deliver = |g: Grant<u32>, held: &mut Vec<Grant<u32>>, waiting_since: &mut [Option<Vec<u32>>; 4]| {
-                let c = g.client.as_u32();
+                let c = g.client.as_u64() as u32;
                 if c != 0 {
                     waiting_since[c as usize] = None;
                 }
@@ -682,7 +682,7 @@ mod tests {
                 match e {
                     Ev::Ask(c, s) => {
                         let busy = c != 0
-                            && (waiting_since[c as usize].is_some() || held.iter().any(|g| g.client.as_u32() == c));
+                            && (waiting_since[c as usize].is_some() || held.iter().any(|g| g.client.as_u64() as u32 == c));
                         if !busy {
                             match z.alloc(p(c), sizes[s], c).unwrap() {
                                 Alloc::Granted(g) => deliver(g, &mut held, &mut waiting_since),
@@ -701,7 +701,7 @@ mod tests {
                         }
                     }
                     Ev::Kill(c) => {
-                        held.retain(|g| g.client.as_u32() != c);
+                        held.retain(|g| g.client.as_u64() as u32 != c);
                         z.release_client(p(c));
                         waiting_since[c as usize] = None;
                         prop_assert_eq!(z.held_by(p(c)), 0);

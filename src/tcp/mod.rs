@@ -51,6 +51,7 @@ use crate::error::{AccessError, Error, ProtocolError, Result};
 use crate::expose::{ExposureTable, MemHandle};
 use crate::info::{Counters, Info};
 use crate::matching::{Arrival, Matcher};
+use crate::peers::PeerTable;
 use crate::sched::SendScheduler;
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{
@@ -241,6 +242,10 @@ enum RndvIn {
 }
 
 struct Peer {
+    /// The endpoint id it announced, for a peer that connected to us: such a record is
+    /// forgotten once its connections are gone and nothing of it is queued for the application.
+    /// `None` for a peer the application connected to, whose record lives with the endpoint.
+    eid: Option<u64>,
     dial: Option<SocketAddr>,
     remote: Option<SocketAddr>,
     conns: [Option<Token>; ServiceLevel::COUNT],
@@ -253,6 +258,10 @@ struct Peer {
     buffered: usize,
     unexpected: usize,
     requests: usize,
+    /// Of those, unexpected messages handed to the application's queue and not yet taken, and
+    /// their bytes: they outlive the connection, so they stay counted when it is lost.
+    queued_unexpected: usize,
+    queued_bytes: usize,
     /// Lost and not dialable: ops fail at once until it reconnects.
     lost: Option<String>,
     /// Requests this side cancelled: late frames for them are discarded.
@@ -408,8 +417,11 @@ struct State {
     /// Accepted connections still in their handshake.
     admission: Admission<Token>,
     next_token: usize,
-    peers: Vec<Peer>,
+    peers: PeerTable<Peer>,
+    /// Peers that connected to us, by the endpoint id they announced.
     by_eid: HashMap<u64, PeerId>,
+    /// Peers the application connected to, by address.
+    by_dial: HashMap<SocketAddr, PeerId>,
     matcher: Matcher<(), Early>,
     ops: FxHashMap<OpId, Op>,
     exposures: ExposureTable,
@@ -505,8 +517,9 @@ impl TcpBackend {
                 per_source: cfg.handshakes_per_source,
             }),
             next_token: FIRST_CONN,
-            peers: Vec::new(),
+            peers: PeerTable::default(),
             by_eid: HashMap::new(),
+            by_dial: HashMap::new(),
             matcher: Matcher::new(),
             ops: FxHashMap::default(),
             exposures: ExposureTable::default(),
@@ -573,18 +586,20 @@ impl Backend for TcpBackend {
     fn connect(&self, addr: &Address) -> Result<PeerId> {
         let sa = *addr.resolve()?.first().ok_or_else(|| Error::misuse("address resolves to nothing"))?;
         let mut st = self.lock();
-        if let Some(i) = st.peers.iter().position(|p| p.dial == Some(sa)) {
-            return Ok(PeerId(i as u32));
+        if let Some(&p) = st.by_dial.get(&sa) {
+            return Ok(p);
         }
         if st.peers.len() >= st.s.cfg.max_peers {
             return Err(Error::Exhausted(format!("max_peers ({}) reached", st.s.cfg.max_peers)));
         }
-        Ok(st.new_peer(Some(sa), Some(sa)))
+        let p = st.new_peer(None, Some(sa), Some(sa));
+        st.by_dial.insert(sa, p);
+        Ok(p)
     }
 
     fn peer_addr(&self, peer: PeerId) -> Option<Address> {
         let st = self.lock();
-        let p = st.peers.get(peer.0 as usize)?;
+        let p = st.peers.get(peer)?;
         p.dial.or(p.remote).map(|sa| Address::from_socket(Scheme::Tcp, sa))
     }
 
@@ -732,10 +747,13 @@ impl Backend for TcpBackend {
 
     fn unexpected_taken(&self, peer: PeerId, bytes: usize) {
         let mut st = self.lock();
-        if let Some(p) = st.peers.get_mut(peer.0 as usize) {
+        if let Some(p) = st.peers.get_mut(peer) {
             p.buffered = p.buffered.saturating_sub(bytes);
             p.unexpected = p.unexpected.saturating_sub(1);
+            p.queued_bytes = p.queued_bytes.saturating_sub(bytes);
+            p.queued_unexpected = p.queued_unexpected.saturating_sub(1);
         }
+        st.forget_if_gone(peer);
         st.unstall(peer);
         st.flush_ready();
         self.deliver(st);
@@ -770,10 +788,10 @@ impl Backend for TcpBackend {
         info.policy = st.s.policy.clone();
         info.pool = self.pool.stats();
         info.exposures = st.exposures.len();
-        info.peers_connected = st.peers.iter().filter(|p| p.conns.iter().any(Option::is_some)).count();
+        info.peers_connected = st.peers.iter().filter(|(_, p)| p.conns.iter().any(Option::is_some)).count();
         info.gauges.peers = st.peers.len();
         info.gauges.handshakes = st.admission.len();
-        info.gauges.buffered_bytes = st.peers.iter().map(|p| p.buffered).sum();
+        info.gauges.buffered_bytes = st.peers.iter().map(|(_, p)| p.buffered).sum();
     }
 
     fn shutdown(&self) {
@@ -969,9 +987,9 @@ impl State {
         }
     }
 
-    fn new_peer(&mut self, dial: Option<SocketAddr>, remote: Option<SocketAddr>) -> PeerId {
-        let id = PeerId(self.peers.len() as u32);
-        self.peers.push(Peer {
+    fn new_peer(&mut self, eid: Option<u64>, dial: Option<SocketAddr>, remote: Option<SocketAddr>) -> PeerId {
+        self.peers.insert(|_| Peer {
+            eid,
             dial,
             remote,
             conns: [None; ServiceLevel::COUNT],
@@ -981,15 +999,35 @@ impl State {
             buffered: 0,
             unexpected: 0,
             requests: 0,
+            queued_unexpected: 0,
+            queued_bytes: 0,
             lost: None,
             cancelled_reqs: HashSet::new(),
             stalled: Vec::new(),
-        });
-        id
+        })
     }
 
     fn peer(&self, peer: PeerId) -> Result<&Peer> {
-        self.peers.get(peer.0 as usize).ok_or_else(|| Error::misuse(format!("unknown {peer}")))
+        self.peers.get(peer).ok_or_else(|| Cmd::forgotten(peer))
+    }
+
+    /// Forgets a peer that connected to us once nothing of it is left: no connection (its
+    /// handshake-time record would be rebuilt by a reconnect anyway) and no unexpected message
+    /// still queued for the application. Otherwise records of peers that come and go, each
+    /// with a fresh endpoint id, would pile up forever.
+    fn forget_if_gone(&mut self, peer: PeerId) {
+        let Some(p) = self.peers.get(peer) else { return };
+        let Some(eid) = p.eid else { return };
+        if p.conns.iter().any(Option::is_some) || p.queued_unexpected > 0 {
+            return;
+        }
+        if self.conns.values().any(|c| c.peer == Some(peer)) {
+            return;
+        }
+        self.peers.remove(peer);
+        if self.by_eid.get(&eid) == Some(&peer) {
+            self.by_eid.remove(&eid);
+        }
     }
 
     /// The STREAM frame size for request payloads to `p`, if they stream to it at all (it
@@ -1094,6 +1132,11 @@ impl State {
     // ----------------------------------------------------------------------------------------
 
     fn post(&mut self, registry: &Registry, op: OpId, cmd: Cmd) -> Result<()> {
+        if self.peers.get(cmd.peer()).is_none() {
+            let (kind, peer, tag, buf) = cmd.into_parts();
+            self.fail_new(op, kind, peer, tag, buf, Cmd::forgotten(peer));
+            return Ok(());
+        }
         match cmd {
             Cmd::Send { peer, tag, sl, buf, unexpected } => {
                 self.post_send(registry, op, peer, tag, sl, buf, unexpected)
@@ -1161,7 +1204,7 @@ impl State {
         c.peer = Some(peer);
         c.readable = false;
         self.conns.insert(t, c);
-        self.peers[peer.0 as usize].conns[sl.index()] = Some(t);
+        self.peers[peer].conns[sl.index()] = Some(t);
         tracing::debug!(%peer, %sa, %sl, "dialling");
         Ok(t)
     }
@@ -1333,7 +1376,7 @@ impl State {
     fn match_early(&mut self, op: OpId, peer: PeerId, early: Early) {
         match early {
             Early::Eager { data, sl } => {
-                let p = &mut self.peers[peer.0 as usize];
+                let p = &mut self.peers[peer];
                 p.buffered = p.buffered.saturating_sub(data.len());
                 Counters::add(&self.core.counters.host_copies, 1);
                 Counters::add(&self.core.counters.host_copy_bytes, data.len() as u64);
@@ -1354,7 +1397,7 @@ impl State {
                 self.complete(op, r);
             }
             Early::Rts { msg, total, token } => {
-                let p = &mut self.peers[peer.0 as usize];
+                let p = &mut self.peers[peer];
                 p.buffered = p.buffered.saturating_sub(RTS_COST);
                 self.accept_rts(op, peer, msg, total, token);
             }
@@ -1738,7 +1781,7 @@ impl State {
     }
 
     fn release_request_budget(&mut self, peer: PeerId, cost: usize) {
-        if let Some(p) = self.peers.get_mut(peer.0 as usize) {
+        if let Some(p) = self.peers.get_mut(peer) {
             p.buffered = p.buffered.saturating_sub(cost);
             p.requests = p.requests.saturating_sub(1);
         }
@@ -1770,13 +1813,13 @@ impl State {
             }
             OpSt::WaitReply => {
                 if kind == OpKind::Request {
-                    if let Some(p) = self.peers.get_mut(peer.0 as usize) {
+                    if let Some(p) = self.peers.get_mut(peer) {
                         p.cancelled_reqs.insert(op.0);
                     }
                     self.redirect_sinks_to_discard(op);
                     // What of a streamed payload is not on its way yet stays here.
                     self.truncate_stream(op, peer, sl);
-                    if let Some(t) = self.peers.get(peer.0 as usize).and_then(|p| p.conns[sl.index()]) {
+                    if let Some(t) = self.peers.get(peer).and_then(|p| p.conns[sl.index()]) {
                         let mut h = Header::new(Kind::CancelRequest, sl);
                         h.b = op.0;
                         self.queue(t, Frame::new(h, Bytes::new(), None, OnDone::Nothing));
@@ -1818,7 +1861,7 @@ impl State {
     /// (copied, so the op need not hold its buffer for it), and an abort at the cut tells the
     /// server that nothing more comes.
     fn truncate_stream(&mut self, op: OpId, peer: PeerId, sl: ServiceLevel) {
-        let Some(t) = self.peers.get(peer.0 as usize).and_then(|p| p.conns[sl.index()]) else { return };
+        let Some(t) = self.peers.get(peer).and_then(|p| p.conns[sl.index()]) else { return };
         let State { conns, ops, .. } = self;
         let (Some(c), Some(o)) = (conns.get_mut(&t), ops.get_mut(&op)) else { return };
         let ours = |f: &Frame| f.hdr[3] == Kind::Stream as u8 && f.op_part.is_some_and(|p| p.0 == op);
@@ -1861,7 +1904,7 @@ impl State {
     /// Requests posted while their connection was still being set up were queued before we knew
     /// whether the server reads streams: now that it says it does, their payloads stream too.
     fn stream_queued_requests(&mut self, t: Token, peer: PeerId) {
-        let Some(chunk) = self.peers.get(peer.0 as usize).and_then(|p| self.stream_chunk(p)) else { return };
+        let Some(chunk) = self.peers.get(peer).and_then(|p| self.stream_chunk(p)) else { return };
         let State { conns, ops, .. } = self;
         let Some(c) = conns.get_mut(&t) else { return };
         if !c.tx.iter().any(|f| f.hdr[3] == Kind::Request as u8) {
@@ -2035,7 +2078,7 @@ impl State {
     /// Fails every operation on a peer once, frees what it held, closes its connections.
     fn fail_peer(&mut self, peer: PeerId, why: Loss) {
         // Name the peer's address in what the application sees.
-        let addr = self.peers.get(peer.0 as usize).and_then(|p| p.dial.or(p.remote));
+        let addr = self.peers.get(peer).and_then(|p| p.dial.or(p.remote));
         let why = match (why, addr.map(|a| a.to_string())) {
             (Loss::Lost(r), Some(a)) if !r.contains(&a) => Loss::Lost(format!("{a}: {r}")),
             (Loss::Auth(r), Some(a)) if !r.contains(&a) => Loss::Auth(format!("{a}: {r}")),
@@ -2055,12 +2098,13 @@ impl State {
         };
         tracing::debug!(%peer, %reason, "peer lost");
         Counters::add(&self.core.counters.peers_lost, 1);
-        let Some(p) = self.peers.get_mut(peer.0 as usize) else { return };
+        let Some(p) = self.peers.get_mut(peer) else { return };
         let tokens: Vec<Token> = p.conns.iter_mut().filter_map(Option::take).collect();
         let dialable = p.dial.is_some();
         p.lost = (!dialable).then(|| reason.clone());
-        p.buffered = 0;
-        p.unexpected = 0;
+        // What the application's queue still holds of this peer stays counted against it.
+        p.buffered = p.queued_bytes;
+        p.unexpected = p.queued_unexpected;
         p.requests = 0;
         p.stalled.clear();
         p.cancelled_reqs.clear();
@@ -2096,6 +2140,7 @@ impl State {
                 self.deliver_op(op);
             }
         }
+        self.forget_if_gone(peer);
     }
 
     fn timers(&mut self, polling: bool) {
@@ -2543,14 +2588,14 @@ impl State {
                 }
             },
             Kind::Unexpected => {
-                if self.peers[peer.0 as usize].unexpected >= self.s.cfg.unexpected_per_peer {
+                if self.peers[peer].unexpected >= self.s.cfg.unexpected_per_peer {
                     self.stall(peer, t, h);
                     return;
                 }
                 if !self.reserve(peer, t, h, len) {
                     return;
                 }
-                self.peers[peer.0 as usize].unexpected += 1;
+                self.peers[peer].unexpected += 1;
                 Sink::Vec(vec![0; len])
             }
             Kind::Rts => {
@@ -2594,14 +2639,14 @@ impl State {
                 }
             },
             Kind::Request => {
-                if self.peers[peer.0 as usize].requests >= self.s.cfg.requests_per_peer {
+                if self.peers[peer].requests >= self.s.cfg.requests_per_peer {
                     self.stall(peer, t, h);
                     return;
                 }
                 if !self.reserve(peer, t, h, len) {
                     return;
                 }
-                self.peers[peer.0 as usize].requests += 1;
+                self.peers[peer].requests += 1;
                 Sink::Vec(vec![0; len])
             }
             Kind::Pull => {
@@ -2653,7 +2698,7 @@ impl State {
                         }
                         Sink::Op { op, base: h.c as usize }
                     }
-                    _ if self.peers[peer.0 as usize].cancelled_reqs.contains(&h.b) => Sink::Discard,
+                    _ if self.peers[peer].cancelled_reqs.contains(&h.b) => Sink::Discard,
                     _ => {
                         self.protocol_error(t, unexpected(format!("PUSH for unknown request {}", h.b)));
                         return;
@@ -2898,7 +2943,7 @@ impl State {
     /// Reserves `cost` bytes of the peer's budget for buffering, or stalls the connection.
     fn reserve(&mut self, peer: PeerId, t: Token, h: Header, cost: usize) -> bool {
         let budget = self.s.cfg.early_bytes_per_peer;
-        let p = &mut self.peers[peer.0 as usize];
+        let p = &mut self.peers[peer];
         if p.buffered + cost > budget && p.buffered > 0 {
             self.stall(peer, t, h);
             return false;
@@ -2911,7 +2956,7 @@ impl State {
         tracing::trace!(%peer, kind = ?h.kind, "back-pressure: pausing reads");
         Counters::add(&self.core.counters.backpressure_pauses, 1);
         self.set_rx(t, Rx::Stalled(h));
-        let p = &mut self.peers[peer.0 as usize];
+        let p = &mut self.peers[peer];
         if !p.stalled.contains(&t) {
             p.stalled.push(t);
         }
@@ -2919,7 +2964,7 @@ impl State {
 
     /// Re-evaluates stalled frames of a peer after it consumed something.
     fn unstall(&mut self, peer: PeerId) {
-        let Some(p) = self.peers.get_mut(peer.0 as usize) else { return };
+        let Some(p) = self.peers.get_mut(peer) else { return };
         if p.stalled.is_empty() {
             return;
         }
@@ -2987,7 +3032,7 @@ impl State {
                 matches!(o.buf, OpBuf::Send(_))
                     && h.c.checked_add(u64::from(h.aux)).is_some_and(|e| e <= total)
             }
-            _ if self.peers[peer.0 as usize].cancelled_reqs.contains(&h.b) => false,
+            _ if self.peers[peer].cancelled_reqs.contains(&h.b) => false,
             _ => {
                 self.protocol_error(t, unexpected(format!("PULL for unknown request {}", h.b)));
                 return;
@@ -3053,6 +3098,9 @@ impl State {
             (Kind::Unexpected, Sink::Vec(v)) => {
                 Counters::add(&self.core.counters.msgs_received, 1);
                 self.events += 1;
+                let p = &mut self.peers[peer];
+                p.queued_unexpected += 1;
+                p.queued_bytes += v.len();
                 self.core.push_unexpected(Unexpected { peer, tag: h.a, sl: h.sl, data: Bytes::from(v) });
             }
             (Kind::Request, Sink::Vec(v)) => {
@@ -3134,7 +3182,7 @@ impl State {
                         }
                         self.complete(op, r);
                     }
-                    _ if self.peers[peer.0 as usize].cancelled_reqs.remove(&h.b) => {}
+                    _ if self.peers[peer].cancelled_reqs.remove(&h.b) => {}
                     _ => self.protocol_error(t, unexpected(format!("REPLY for unknown request {}", h.b))),
                 }
             }
@@ -3171,11 +3219,10 @@ impl State {
                 let verdict = hs.on_auth(&h, &body);
                 let status = match &verdict {
                     Ok(()) => {
-                        let known = self.by_eid.get(&client.endpoint_id).copied();
-                        let live = self.peers.iter().filter(|p| p.conns.iter().any(Option::is_some)).count();
-                        if known.is_none()
-                            && (live >= self.s.cfg.max_peers || self.peers.len() >= u32::MAX as usize)
-                        {
+                        // Records of peers that left are forgotten, so the records held are
+                        // the peers that are here (or whose messages still wait to be read).
+                        let known = self.by_eid.contains_key(&client.endpoint_id);
+                        if !known && self.peers.len() >= self.s.cfg.max_peers {
                             handshake::READY_REFUSED
                         } else {
                             handshake::READY_OK
@@ -3199,23 +3246,24 @@ impl State {
                 let remote = c.remote;
                 let sl = c.sl;
                 c.hs_tx.push_back(Frame::new(rh, Bytes::from(rb), None, OnDone::Nothing));
+                // A newer connection for the same class replaces a stale one (and may take the
+                // stale peer's record with it: it is then made anew below).
+                if let Some(&old_peer) = self.by_eid.get(&client.endpoint_id)
+                    && self.peers.get(old_peer).and_then(|p| p.conns[sl.index()]).is_some_and(|old| old != t)
+                {
+                    self.fail_peer(old_peer, Loss::Lost("superseded by a new connection".into()));
+                }
                 let peer = match self.by_eid.get(&client.endpoint_id) {
                     Some(&p) => p,
                     None => {
                         let dial = (client.listen_port != 0)
                             .then(|| SocketAddr::new(remote.ip(), client.listen_port));
-                        let p = self.new_peer(dial, Some(remote));
+                        let p = self.new_peer(Some(client.endpoint_id), dial, Some(remote));
                         self.by_eid.insert(client.endpoint_id, p);
                         p
                     }
                 };
-                // A newer connection for the same class replaces a stale one.
-                if let Some(old) = self.peers[peer.0 as usize].conns[sl.index()]
-                    && old != t
-                {
-                    self.fail_peer(peer, Loss::Lost("superseded by a new connection".into()));
-                }
-                let p = &mut self.peers[peer.0 as usize];
+                let p = &mut self.peers[peer];
                 p.lost = None;
                 p.remote = Some(remote);
                 p.eager_limit = (client.eager_limit as usize).min(self.s.eager_limit);
@@ -3252,7 +3300,7 @@ impl State {
                         let server = *hs.server().expect("hello-ack seen before ready");
                         let Some(peer) = c.peer else { return };
                         c.phase = Phase::Ready;
-                        let p = &mut self.peers[peer.0 as usize];
+                        let p = &mut self.peers[peer];
                         p.eager_limit = (server.eager_limit as usize).min(self.s.eager_limit);
                         p.max_message = server.max_message;
                         p.streams = server.streams;

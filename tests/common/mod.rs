@@ -94,11 +94,16 @@ pub fn heap_serves_large_blocks() {
 /// Plays a keyless client's side of the TCP handshake on a raw socket: HELLO, then AUTH once
 /// the server's HELLO_ACK is in, then the server's READY.
 pub fn raw_hello(sock: &mut std::net::TcpStream) {
+    raw_hello_as(sock, 42)
+}
+
+/// [`raw_hello`] as the endpoint with id `eid`.
+pub fn raw_hello_as(sock: &mut std::net::TcpStream, eid: u64) {
     use ionet::ServiceLevel;
     use ionet::wire::{Header, Kind};
     use std::io::{Read, Write};
     let mut h = Header::new(Kind::Hello, ServiceLevel::Normal);
-    h.a = 42;
+    h.a = eid;
     h.len = 46;
     sock.write_all(&h.encode()).unwrap();
     sock.write_all(&[0u8; 46]).unwrap();
@@ -109,7 +114,7 @@ pub fn raw_hello(sock: &mut std::net::TcpStream) {
     let mut body = vec![0u8; ack.len as usize];
     sock.read_exact(&mut body).unwrap();
     let mut auth = Header::new(Kind::Auth, ServiceLevel::Normal);
-    auth.a = 42;
+    auth.a = eid;
     sock.write_all(&auth.encode()).unwrap();
     let mut ready = [0u8; 40];
     sock.read_exact(&mut ready).unwrap();

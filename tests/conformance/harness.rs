@@ -39,7 +39,7 @@ impl std::fmt::Display for OpId {
 
 /// A peer of one endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct PeerId(pub u32);
+pub struct PeerId(pub u64);
 
 impl std::fmt::Display for PeerId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -55,7 +55,7 @@ impl From<ionet::OpId> for OpId {
 
 impl From<ionet::PeerId> for PeerId {
     fn from(p: ionet::PeerId) -> Self {
-        PeerId(p.as_u32())
+        PeerId(p.as_u64())
     }
 }
 
@@ -804,7 +804,7 @@ pub(crate) mod ids {
     use std::sync::Mutex;
 
     static OPS: Mutex<Option<HashMap<u64, ionet::OpId>>> = Mutex::new(None);
-    static PEERS: Mutex<Option<HashMap<u32, ionet::PeerId>>> = Mutex::new(None);
+    static PEERS: Mutex<Option<HashMap<u64, ionet::PeerId>>> = Mutex::new(None);
 
     pub fn op(o: ionet::OpId) -> super::OpId {
         OPS.lock().unwrap().get_or_insert_with(HashMap::new).insert(o.as_u64(), o);
@@ -812,7 +812,7 @@ pub(crate) mod ids {
     }
 
     pub fn peer(p: ionet::PeerId) -> super::PeerId {
-        PEERS.lock().unwrap().get_or_insert_with(HashMap::new).insert(p.as_u32(), p);
+        PEERS.lock().unwrap().get_or_insert_with(HashMap::new).insert(p.as_u64(), p);
         p.into()
     }
 

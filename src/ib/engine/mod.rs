@@ -73,6 +73,7 @@ use crate::flowctl::{Credits, RingReceiver, RingSender};
 use crate::ib::verbs::*;
 use crate::info::{Counters, Info, RdmaInfo, RegcacheInfo};
 use crate::matching::Matcher;
+use crate::peers::PeerTable;
 use crate::regcache::{RegCache, RegCacheConfig, RegRef};
 use crate::tcp::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
@@ -319,12 +320,20 @@ pub(crate) struct SReq {
 
 /// A peer.
 pub(crate) struct Peer {
+    /// The endpoint id it announced, for a peer that connected to us: such a record is
+    /// forgotten once its connections are gone and nothing of it is queued for the application.
+    /// `None` for a peer the application connected to, whose record lives with the endpoint.
+    pub eid: Option<u64>,
     pub dial: Option<SocketAddr>,
     pub remote: Option<SocketAddr>,
     pub conns: [Option<u32>; ServiceLevel::COUNT],
     pub buffered: usize,
     pub unexpected: usize,
     pub requests: usize,
+    /// Of those, unexpected messages handed to the application's queue and not yet taken, and
+    /// their bytes: they outlive the connection, so they stay counted when it is lost.
+    pub queued_unexpected: usize,
+    pub queued_bytes: usize,
     pub lost: Option<String>,
     pub cancelled_reqs: std::collections::HashSet<u64>,
     /// Connections with held messages (back-pressure).
@@ -576,8 +585,11 @@ pub(crate) struct State<V: Verbs> {
     pub conns: Vec<Option<Conn<V>>>,
     pub conn_gen: Vec<u8>,
     pub free_conns: Vec<u32>,
-    pub peers: Vec<Peer>,
+    pub peers: PeerTable<Peer>,
+    /// Peers that connected to us, by the endpoint id they announced.
     pub by_eid: HashMap<u64, PeerId>,
+    /// Peers the application connected to, by address.
+    pub by_dial: HashMap<SocketAddr, PeerId>,
     pub matcher: Matcher<(), Early>,
     pub ops: FxHashMap<OpId, Op>,
     pub exposures: HashMap<u64, Exposed<V>>,
@@ -725,7 +737,8 @@ impl<V: Verbs> IbBackend<V> {
             conns: Vec::new(),
             conn_gen: Vec::new(),
             free_conns: Vec::new(),
-            peers: Vec::new(),
+            peers: PeerTable::default(),
+            by_dial: HashMap::new(),
             by_eid: HashMap::new(),
             matcher: Matcher::new(),
             ops: FxHashMap::default(),
@@ -810,18 +823,20 @@ impl<V: Verbs> Backend for IbBackend<V> {
     fn connect(&self, addr: &Address) -> Result<PeerId> {
         let sa = *addr.resolve()?.first().ok_or_else(|| Error::misuse("address resolves to nothing"))?;
         let mut st = self.lock();
-        if let Some(i) = st.peers.iter().position(|p| p.dial == Some(sa)) {
-            return Ok(PeerId(i as u32));
+        if let Some(&p) = st.by_dial.get(&sa) {
+            return Ok(p);
         }
         if st.peers.len() >= st.s.cfg.max_peers {
             return Err(Error::Exhausted(format!("max_peers ({}) reached", st.s.cfg.max_peers)));
         }
-        Ok(st.new_peer(Some(sa), Some(sa)))
+        let p = st.new_peer(None, Some(sa), Some(sa));
+        st.by_dial.insert(sa, p);
+        Ok(p)
     }
 
     fn peer_addr(&self, peer: PeerId) -> Option<Address> {
         let st = self.lock();
-        let p = st.peers.get(peer.0 as usize)?;
+        let p = st.peers.get(peer)?;
         p.dial.or(p.remote).map(|sa| Address::from_socket(self.scheme, sa))
     }
 
@@ -917,10 +932,13 @@ impl<V: Verbs> Backend for IbBackend<V> {
 
     fn unexpected_taken(&self, peer: PeerId, bytes: usize) {
         let mut st = self.lock();
-        if let Some(p) = st.peers.get_mut(peer.0 as usize) {
+        if let Some(p) = st.peers.get_mut(peer) {
             p.buffered = p.buffered.saturating_sub(bytes);
             p.unexpected = p.unexpected.saturating_sub(1);
+            p.queued_bytes = p.queued_bytes.saturating_sub(bytes);
+            p.queued_unexpected = p.queued_unexpected.saturating_sub(1);
         }
+        st.forget_if_gone(peer);
         st.unstall(peer);
         st.pump_all();
         self.deliver(st);
@@ -991,10 +1009,10 @@ impl<V: Verbs> Backend for IbBackend<V> {
         info.fast_slots = Some((u32::from(st.s.n_ring), st.s.slot_size as usize));
         info.pool = self.pool.stats();
         info.exposures = st.exposures.len();
-        info.peers_connected = st.peers.iter().filter(|p| p.conns.iter().any(Option::is_some)).count();
+        info.peers_connected = st.peers.iter().filter(|(_, p)| p.conns.iter().any(Option::is_some)).count();
         info.gauges.peers = st.peers.len();
         info.gauges.handshakes = st.admission.len();
-        info.gauges.buffered_bytes = st.peers.iter().map(|p| p.buffered).sum();
+        info.gauges.buffered_bytes = st.peers.iter().map(|(_, p)| p.buffered).sum();
         let (max_entries, max_bytes) = (st.s.cfg.ib.regcache_entries, st.s.cfg.ib.regcache_bytes as u64);
         let provider = self.dev.ctx.counters();
         let zones = st.zones.as_ref().map(|z| (z.zones.stats().held_bytes, z.zones.waiting()));
@@ -1029,7 +1047,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
     fn shutdown(&self) {
         let mut st = self.lock();
         st.closed = true;
-        let peers: Vec<PeerId> = (0..st.peers.len() as u32).map(PeerId).collect();
+        let peers = st.peers.ids();
         for p in peers {
             st.fail_peer(p, Loss::Lost("endpoint closed".into()));
         }
@@ -1040,24 +1058,50 @@ impl<V: Verbs> Backend for IbBackend<V> {
 }
 
 impl<V: Verbs> State<V> {
-    pub(crate) fn new_peer(&mut self, dial: Option<SocketAddr>, remote: Option<SocketAddr>) -> PeerId {
-        let id = PeerId(self.peers.len() as u32);
-        self.peers.push(Peer {
+    pub(crate) fn new_peer(
+        &mut self,
+        eid: Option<u64>,
+        dial: Option<SocketAddr>,
+        remote: Option<SocketAddr>,
+    ) -> PeerId {
+        self.peers.insert(|_| Peer {
+            eid,
             dial,
             remote,
             conns: [None; ServiceLevel::COUNT],
             buffered: 0,
             unexpected: 0,
             requests: 0,
+            queued_unexpected: 0,
+            queued_bytes: 0,
             lost: None,
             cancelled_reqs: Default::default(),
             stalled: Vec::new(),
-        });
-        id
+        })
     }
 
     pub(crate) fn peer(&self, peer: PeerId) -> Result<&Peer> {
-        self.peers.get(peer.0 as usize).ok_or_else(|| Error::misuse(format!("unknown {peer}")))
+        self.peers.get(peer).ok_or_else(|| Cmd::forgotten(peer))
+    }
+
+    /// Forgets a peer that connected to us once nothing of it is left: no connection or side
+    /// channel, and no unexpected message still queued for the application. Otherwise records
+    /// of peers that come and go, each with a fresh endpoint id, would pile up forever.
+    pub(crate) fn forget_if_gone(&mut self, peer: PeerId) {
+        let Some(p) = self.peers.get(peer) else { return };
+        let Some(eid) = p.eid else { return };
+        if p.conns.iter().any(Option::is_some) || p.queued_unexpected > 0 {
+            return;
+        }
+        if self.sides.values().any(|s| s.peer == Some(peer))
+            || self.conns.iter().flatten().any(|c| c.peer == peer)
+        {
+            return;
+        }
+        self.peers.remove(peer);
+        if self.by_eid.get(&eid) == Some(&peer) {
+            self.by_eid.remove(&eid);
+        }
     }
 
     pub(crate) fn conn(&self, id: u32) -> Option<&Conn<V>> {
@@ -1324,7 +1368,7 @@ impl<V: Verbs> State<V> {
 
     pub(crate) fn fail_peer(&mut self, peer: PeerId, why: Loss) {
         // Name the peer's address in what the application sees.
-        let addr = self.peers.get(peer.0 as usize).and_then(|p| p.dial.or(p.remote));
+        let addr = self.peers.get(peer).and_then(|p| p.dial.or(p.remote));
         let why = match (why, addr.map(|a| a.to_string())) {
             (Loss::Lost(r), Some(a)) if !r.contains(&a) => Loss::Lost(format!("{a}: {r}")),
             (Loss::Auth(r), Some(a)) if !r.contains(&a) => Loss::Auth(format!("{a}: {r}")),
@@ -1342,13 +1386,14 @@ impl<V: Verbs> State<V> {
                 (Error::Protocol { peer: Some(peer), reason: p }, r)
             }
         };
-        let Some(p) = self.peers.get_mut(peer.0 as usize) else { return };
+        let Some(p) = self.peers.get_mut(peer) else { return };
         tracing::debug!(%peer, %reason, "peer lost");
         Counters::add(&self.core.counters.peers_lost, 1);
         let conn_ids: Vec<u32> = p.conns.iter_mut().filter_map(Option::take).collect();
         p.lost = p.dial.is_none().then(|| reason.clone());
-        p.buffered = 0;
-        p.unexpected = 0;
+        // What the application's queue still holds of this peer stays counted against it.
+        p.buffered = p.queued_bytes;
+        p.unexpected = p.queued_unexpected;
         p.requests = 0;
         p.stalled.clear();
         p.cancelled_reqs.clear();
@@ -1459,6 +1504,7 @@ impl<V: Verbs> State<V> {
             let (x, off, len) = g.token;
             self.zone_granted(x, g.client, off, len, g.buf, g.len);
         }
+        self.forget_if_gone(peer);
     }
 
     /// Counts a busy-poll round (`timeout` zero) that found nothing; true when the driver

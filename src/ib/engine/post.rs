@@ -33,6 +33,11 @@ enum For {
 
 impl<V: Verbs> State<V> {
     pub(crate) fn post(&mut self, op: OpId, cmd: Cmd) -> Result<()> {
+        if self.peers.get(cmd.peer()).is_none() {
+            let (kind, peer, tag, buf) = cmd.into_parts();
+            self.fail_new(op, kind, peer, tag, buf, Cmd::forgotten(peer));
+            return Ok(());
+        }
         match cmd {
             Cmd::Send { peer, tag, sl, buf, unexpected } => {
                 self.post_send(op, peer, tag, sl, buf, unexpected)
@@ -417,7 +422,7 @@ impl<V: Verbs> State<V> {
     pub(crate) fn match_early(&mut self, op: OpId, peer: PeerId, early: Early) {
         match early {
             Early::Eager { data, sl, mech } => {
-                let p = &mut self.peers[peer.0 as usize];
+                let p = &mut self.peers[peer];
                 p.buffered = p.buffered.saturating_sub(data.len());
                 Counters::add(&self.core.counters.msgs_received, 1);
                 let Some(o) = self.ops.get_mut(&op) else { return };
@@ -439,7 +444,7 @@ impl<V: Verbs> State<V> {
                 self.complete(op, r);
             }
             Early::Rdv { msg, total, segs, conn, withdrawn } => {
-                let p = &mut self.peers[peer.0 as usize];
+                let p = &mut self.peers[peer];
                 p.buffered = p.buffered.saturating_sub(super::RDV_COST);
                 if withdrawn {
                     // The sender cancelled this message; the receive it matches says so.
@@ -870,7 +875,7 @@ impl<V: Verbs> State<V> {
     }
 
     pub(crate) fn release_request_budget(&mut self, peer: PeerId, cost: usize) {
-        if let Some(p) = self.peers.get_mut(peer.0 as usize) {
+        if let Some(p) = self.peers.get_mut(peer) {
             p.buffered = p.buffered.saturating_sub(cost);
             p.requests = p.requests.saturating_sub(1);
         }
@@ -983,7 +988,7 @@ impl<V: Verbs> State<V> {
                 }
             }
             OpSt::WaitReply if kind == OpKind::Request => {
-                if let Some(p) = self.peers.get_mut(peer.0 as usize) {
+                if let Some(p) = self.peers.get_mut(peer) {
                     p.cancelled_reqs.insert(op.0);
                 }
                 if let Some(cid) = conn {

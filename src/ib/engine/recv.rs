@@ -127,7 +127,7 @@ impl<V: Verbs> State<V> {
                     c.held.push_back(loc);
                 }
                 Counters::add(&self.core.counters.backpressure_pauses, 1);
-                if let Some(p) = self.peers.get_mut(peer.0 as usize)
+                if let Some(p) = self.peers.get_mut(peer)
                     && !p.stalled.contains(&cid)
                 {
                     p.stalled.push(cid);
@@ -162,7 +162,7 @@ impl<V: Verbs> State<V> {
 
     /// Re-tries held messages of a peer after it consumed something.
     pub(crate) fn unstall(&mut self, peer: PeerId) {
-        let Some(p) = self.peers.get_mut(peer.0 as usize) else { return };
+        let Some(p) = self.peers.get_mut(peer) else { return };
         if p.stalled.is_empty() {
             return;
         }
@@ -182,7 +182,7 @@ impl<V: Verbs> State<V> {
                         self.release_loc(cid, loc);
                     }
                     Ok(Outcome::Hold) => {
-                        if let Some(p) = self.peers.get_mut(peer.0 as usize)
+                        if let Some(p) = self.peers.get_mut(peer)
                             && !p.stalled.contains(&cid)
                         {
                             p.stalled.push(cid);
@@ -225,7 +225,7 @@ impl<V: Verbs> State<V> {
 
     fn reserve(&mut self, peer: PeerId, cost: usize) -> bool {
         let budget = self.s.cfg.early_bytes_per_peer;
-        let p = &mut self.peers[peer.0 as usize];
+        let p = &mut self.peers[peer];
         if p.buffered + cost > budget && p.buffered > 0 {
             return false;
         }
@@ -270,16 +270,17 @@ impl<V: Verbs> State<V> {
                 Ok(Outcome::Done)
             }
             Kind::Unexpected => {
-                if self.peers[peer.0 as usize].unexpected >= self.s.cfg.unexpected_per_peer
-                    || !self.reserve(peer, len)
-                {
+                if self.peers[peer].unexpected >= self.s.cfg.unexpected_per_peer || !self.reserve(peer, len) {
                     return Ok(Outcome::Hold);
                 }
-                self.peers[peer.0 as usize].unexpected += 1;
+                self.peers[peer].unexpected += 1;
                 Counters::add(&self.core.counters.msgs_received, 1);
                 let data = Bytes::from(self.payload(cid, loc, &h));
                 self.count_copy(len);
                 self.events += 1;
+                let p = &mut self.peers[peer];
+                p.queued_unexpected += 1;
+                p.queued_bytes += data.len();
                 self.core.push_unexpected(Unexpected { peer, tag: h.a, sl: h.sl, data });
                 Ok(Outcome::Done)
             }
@@ -307,12 +308,10 @@ impl<V: Verbs> State<V> {
                 Ok(Outcome::Done)
             }
             Kind::Request => {
-                if self.peers[peer.0 as usize].requests >= self.s.cfg.requests_per_peer
-                    || !self.reserve(peer, len)
-                {
+                if self.peers[peer].requests >= self.s.cfg.requests_per_peer || !self.reserve(peer, len) {
                     return Ok(Outcome::Hold);
                 }
-                self.peers[peer.0 as usize].requests += 1;
+                self.peers[peer].requests += 1;
                 Counters::add(&self.core.counters.msgs_received, 1);
                 let body = Bytes::from(self.payload(cid, loc, &h));
                 let via = if via_ring { Mechanism::FastRdma } else { Mechanism::Inline };
@@ -353,7 +352,7 @@ impl<V: Verbs> State<V> {
                         Ok(Outcome::Done)
                     }
                     Some(o) if matches!(o.st, OpSt::Cancelling { .. }) => Ok(Outcome::Done),
-                    _ if self.peers[peer.0 as usize].cancelled_reqs.contains(&h.b) => Ok(Outcome::Done),
+                    _ if self.peers[peer].cancelled_reqs.contains(&h.b) => Ok(Outcome::Done),
                     _ => Err(unexpected(format!("PUSH for unknown request {}", h.b))),
                 }
             }
@@ -583,7 +582,7 @@ impl<V: Verbs> State<V> {
                 }
             }
             _ => {
-                if self.peers[peer.0 as usize].cancelled_reqs.remove(&h.b) {
+                if self.peers[peer].cancelled_reqs.remove(&h.b) {
                     return Ok(());
                 }
                 return Err(unexpected(format!("REPLY for unknown request {}", h.b)));
@@ -624,7 +623,7 @@ impl<V: Verbs> State<V> {
         if matches!(o.st, OpSt::Cancelling { .. }) {
             // The server is done with our memory: the cancelled op can go.
             o.st = OpSt::Finishing;
-            self.peers[o.peer.0 as usize].cancelled_reqs.remove(&op.0);
+            self.peers[o.peer].cancelled_reqs.remove(&op.0);
             self.complete(op, Err(Error::Cancelled));
             return;
         }

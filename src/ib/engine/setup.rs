@@ -71,7 +71,7 @@ impl<V: Verbs> State<V> {
                 since: Instant::now(),
             },
         );
-        self.peers[peer.0 as usize].conns[sl.index()] = Some(cid);
+        self.peers[peer].conns[sl.index()] = Some(cid);
         tracing::debug!(%peer, %sa, %sl, "dialling");
         Ok(cid)
     }
@@ -384,10 +384,11 @@ impl<V: Verbs> State<V> {
             },
             SidePhase::ServerWaitAuth(mut hs, client) => {
                 let verdict = hs.on_auth(&h, &body);
-                let known = self.by_eid.get(&client.endpoint_id).copied();
-                let live = self.peers.iter().filter(|p| p.conns.iter().any(Option::is_some)).count();
+                // Records of peers that left are forgotten, so the records held are the peers
+                // that are here (or whose messages still wait to be read).
+                let known = self.by_eid.contains_key(&client.endpoint_id);
                 let status = match &verdict {
-                    Ok(()) if known.is_none() && live >= self.s.cfg.max_peers => handshake::READY_REFUSED,
+                    Ok(()) if !known && self.peers.len() >= self.s.cfg.max_peers => handshake::READY_REFUSED,
                     Ok(()) => handshake::READY_OK,
                     Err(_) => handshake::READY_AUTH_FAILED,
                 };
@@ -422,19 +423,23 @@ impl<V: Verbs> State<V> {
                 };
                 let remote_addr = s.remote;
                 let sl = s.sl;
+                // A newer connection for the same class replaces a stale one (and may take the
+                // stale peer's record with it: it is then made anew below).
+                if let Some(&old) = self.by_eid.get(&client.endpoint_id)
+                    && self.peers.get(old).is_some_and(|p| p.conns[sl.index()].is_some())
+                {
+                    self.fail_peer(old, Loss::Lost("superseded by a new connection".into()));
+                }
                 let peer = match self.by_eid.get(&client.endpoint_id) {
                     Some(&p) => p,
                     None => {
                         let dial = (client.listen_port != 0)
                             .then(|| SocketAddr::new(remote_addr.ip(), client.listen_port));
-                        let p = self.new_peer(dial, Some(remote_addr));
+                        let p = self.new_peer(Some(client.endpoint_id), dial, Some(remote_addr));
                         self.by_eid.insert(client.endpoint_id, p);
                         p
                     }
                 };
-                if self.peers[peer.0 as usize].conns[sl.index()].is_some() {
-                    self.fail_peer(peer, Loss::Lost("superseded by a new connection".into()));
-                }
                 let cid = match self
                     .create_conn(peer, sl)
                     .and_then(|cid| self.bring_up(cid, remote_info).map(|_| cid))
@@ -443,10 +448,11 @@ impl<V: Verbs> State<V> {
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot set up a queue pair for a client");
                         self.side_failed(t, Loss::Lost(format!("queue pair set-up: {e}")));
+                        self.forget_if_gone(peer);
                         return false;
                     }
                 };
-                let p = &mut self.peers[peer.0 as usize];
+                let p = &mut self.peers[peer];
                 p.lost = None;
                 p.remote = Some(remote_addr);
                 p.conns[sl.index()] = Some(cid);

@@ -21,8 +21,8 @@ fn backend() -> IbBackend<crate::ib::soft::SoftContext> {
 fn fin_only_from_the_peer_it_belongs_to() {
     let be = backend();
     let mut st = be.lock();
-    let a = st.new_peer(None, None);
-    let b = st.new_peer(None, None);
+    let a = st.new_peer(None, None, None);
+    let b = st.new_peer(None, None, None);
     let op = OpId(1);
     let buf = OpBuf::Send(SendBuf::Bytes(Bytes::from_static(b"data")));
     st.insert_op(op, OpKind::Send, a, 5, ServiceLevel::Normal, buf, OpSt::WaitFin { msg: 7 });
@@ -53,7 +53,7 @@ fn fin_only_from_the_peer_it_belongs_to() {
 fn reply_counts_the_pushed_extent_within_the_buffer() {
     let be = backend();
     let mut st = be.lock();
-    let peer = st.new_peer(None, None);
+    let peer = st.new_peer(None, None, None);
     let reply = |op: OpId, pushed| {
         let mut h = Header::new(Kind::Reply, ServiceLevel::Normal);
         h.b = op.0;
