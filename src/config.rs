@@ -40,6 +40,8 @@ pub struct Config {
     pub(crate) handshake_timeout: Duration,
     pub(crate) max_handshaking: usize,
     pub(crate) handshakes_per_source: usize,
+    pub(crate) transmit_bytes_per_peer: usize,
+    pub(crate) stall_timeout: Duration,
     pub(crate) socket_buffer: Option<usize>,
     pub(crate) tcp_congestion: Option<String>,
     pub(crate) stream_requests: bool,
@@ -253,6 +255,8 @@ impl std::fmt::Debug for Config {
             .field("max_peers", &self.max_peers)
             .field("handshake_timeout", &self.handshake_timeout)
             .field("handshake_limits", &(self.max_handshaking, self.handshakes_per_source))
+            .field("transmit_bytes_per_peer", &self.transmit_bytes_per_peer)
+            .field("stall_timeout", &self.stall_timeout)
             .field("cluster_key", &self.cluster_key.as_ref().map(|_| "<set>"))
             .finish_non_exhaustive()
     }
@@ -277,6 +281,8 @@ impl Default for Config {
             handshake_timeout: Duration::from_secs(5),
             max_handshaking: 128,
             handshakes_per_source: 32,
+            transmit_bytes_per_peer: 4 << 20,
+            stall_timeout: Duration::from_secs(30),
             socket_buffer: None,
             tcp_congestion: None,
             stream_requests: true,
@@ -409,6 +415,26 @@ impl Config {
         self
     }
 
+    /// Bytes the transport may hold queued towards one peer for what that peer asked of it
+    /// (default 4 MiB): `get` responses, acknowledgements, pull data and the frames that
+    /// carry them. At the bound the endpoint stops reading that peer's connections, so a peer
+    /// that sends requests but does not read the answers makes it allocate nothing more; it
+    /// reads again once the backlog is written below the bound. Data of the application's own
+    /// sends is the application's memory and is not counted.
+    pub fn transmit_bytes_per_peer(mut self, n: usize) -> Self {
+        self.transmit_bytes_per_peer = n;
+        self
+    }
+
+    /// How long a peer may leave its transmit backlog at the bound without reading any of it
+    /// (default 30 s). Then it is dropped: its operations fail with
+    /// [`Error::PeerLost`](crate::Error::PeerLost) and what it held is freed. Other peers are
+    /// not affected.
+    pub fn stall_timeout(mut self, d: Duration) -> Self {
+        self.stall_timeout = d;
+        self
+    }
+
     /// Kernel socket send and receive buffer size. Default: unset, so the kernel sizes them
     /// itself (receive autotuning up to `net.ipv4.tcp_rmem`'s maximum, 32 MiB on stock
     /// kernels), as iperf3 does; on loopback that streamed 1 MiB messages ~15 % faster than
@@ -523,6 +549,9 @@ impl Config {
         }
         if self.max_handshaking == 0 || self.handshakes_per_source == 0 {
             return Err(Error::misuse("handshake limits must be at least 1"));
+        }
+        if self.transmit_bytes_per_peer == 0 {
+            return Err(Error::misuse("transmit_bytes_per_peer must be at least 1"));
         }
         if let Some(k) = &self.cluster_key
             && k.len() < MIN_CLUSTER_KEY_LEN

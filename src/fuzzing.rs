@@ -97,14 +97,37 @@ pub fn ib_side(data: &[u8]) {
     }
 }
 
+/// Bytes the [`tcp_session`] server exposes for reading and writing.
+const SESSION_EXPOSED: usize = 64 << 10;
+
+/// The [`tcp_session`] server: its address and its exposure.
+struct Session {
+    addr: SocketAddr,
+    exposed: MemHandle,
+}
+
 /// A TCP server endpoint for [`tcp_session`], shared by every run in the process, with a
-/// thread that takes whatever it delivers (so nothing accumulates between runs).
-fn session_server() -> SocketAddr {
-    static SERVER: OnceLock<(Endpoint, SocketAddr)> = OnceLock::new();
-    let (_, addr) = SERVER.get_or_init(|| {
-        let cfg = Config::default().progress_thread(true).wait_mode(WaitMode::Block);
+/// thread that takes whatever it delivers (so nothing accumulates between runs). Its socket
+/// buffers and transmit bound are small and its stall timeout short, so a few gets from a
+/// client that does not read hold it at the bound: paused, read again as the client reads, or
+/// the client dropped.
+fn session_server() -> &'static Session {
+    static SERVER: OnceLock<(Endpoint, Session)> = OnceLock::new();
+    let (_, session) = SERVER.get_or_init(|| {
+        let cfg = Config::default()
+            .progress_thread(true)
+            .wait_mode(WaitMode::Block)
+            .socket_buffer(16 << 10)
+            .transmit_bytes_per_peer(64 << 10)
+            .stall_timeout(Duration::from_millis(100));
         let ep = Endpoint::bind("tcp://127.0.0.1:0", cfg).expect("fuzz server binds");
         let addr = ep.local_addr().expect("bound").resolve().expect("ip address")[0];
+        let exposure = ep
+            .expose(ep.alloc(SESSION_EXPOSED).expect("pool buffer"), crate::types::Access::READ_WRITE)
+            .expect("exposure");
+        let exposed = exposure.handle();
+        // Lives as long as the process: the exposure stays registered.
+        std::mem::forget(exposure);
         let drain = ep.clone();
         std::thread::spawn(move || {
             let mut pulls: Vec<(Request, OpId)> = Vec::new();
@@ -131,9 +154,28 @@ fn session_server() -> SocketAddr {
                 while let Ok(Some(_)) = drain.wait_any(Some(Duration::from_millis(1))) {}
             }
         });
-        (ep, addr)
+        (ep, Session { addr, exposed })
     });
-    *addr
+    session
+}
+
+/// The input with its PUT and GET frames whose key has the top bit clear aimed at the server's
+/// exposure (its key, its address plus the frame's offset modulo its length; the length as
+/// the input has it), so hostile one-sided accesses reach real memory, in bounds and beyond.
+/// Frames are followed as long as their headers decode; the rest goes as it is.
+fn aim_at_exposure(data: &[u8], x: &MemHandle) -> Vec<u8> {
+    let mut out = data.to_vec();
+    let mut at = 0;
+    while let Some(raw) = out.get(at..at + HEADER_LEN) {
+        let Ok(mut h) = Header::decode(raw) else { break };
+        if matches!(h.kind, Kind::Put | Kind::Get) && h.b >> 63 == 0 {
+            h.b = x.key;
+            h.c = x.addr + h.c % SESSION_EXPOSED as u64;
+            out[at..at + HEADER_LEN].copy_from_slice(&h.encode());
+        }
+        at += HEADER_LEN + h.len as usize;
+    }
+    out
 }
 
 /// The largest OUT payload the [`tcp_session`] server pulls (in uneven pieces); larger ones get
@@ -162,15 +204,23 @@ fn pull_in_pieces(req: &Request) -> Option<OpId> {
 }
 
 /// Frames after an honest keyless handshake, on a live server: the whole TCP receive path
-/// (rendezvous, requests, pulls and pushes, put/get against the exposure table) sees them.
-/// The run ends when the server has read everything and closed or answered EOF, so each input
-/// is processed completely before the next. A panic on the server's progress thread aborts the
+/// (rendezvous, requests, pulls and pushes, put/get against a live exposure) sees them. The
+/// client reads nothing until it has written everything, through a small receive buffer, so
+/// answers back up at the server (see [`session_server`]). The run ends when the server has
+/// read everything and closed or answered EOF, or dropped the client, so each input is
+/// processed completely before the next. A panic on the server's progress thread aborts the
 /// fuzzer like one here.
 pub fn tcp_session(data: &[u8]) {
     // One endpoint id for every run: each connection supersedes the last instead of adding a
     // peer to the server's table.
     const EID: u64 = 0x1f0e_d00d;
-    let Ok(mut s) = TcpStream::connect(session_server()) else { return };
+    let session = session_server();
+    let Ok(sock) = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None) else { return };
+    let _ = sock.set_recv_buffer_size(8 << 10);
+    if sock.connect(&session.addr.into()).is_err() {
+        return;
+    }
+    let mut s = TcpStream::from(sock);
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
     let _ = s.set_nodelay(true);
     let mut hello = Header::new(Kind::Hello, ServiceLevel::Normal);
@@ -188,7 +238,7 @@ pub fn tcp_session(data: &[u8]) {
     if s.write_all(&auth.encode()).is_err() || read_frame(&mut s).map(|h| h.kind) != Some(Kind::Ready) {
         return;
     }
-    let _ = s.write_all(data);
+    let _ = s.write_all(&aim_at_exposure(data, &session.exposed));
     let _ = s.shutdown(Shutdown::Write);
     // Whatever the server answers, until it closes (on a protocol error or on our EOF).
     let mut sink = [0u8; 4096];

@@ -251,6 +251,21 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             b"1234",
         ),
     ));
+    // Gets of the server's whole exposure (a key with the top bit clear is aimed at it) that the
+    // client reads only after writing them all: the answers hold the server at its transmit
+    // bound until the client reads.
+    let mut session = Vec::new();
+    for i in 0..48 {
+        session.extend(frame(
+            Kind::Get,
+            |h| {
+                (h.a, h.b, h.c) = (100 + i, 1, 0);
+                h.aux = 64 << 10;
+            },
+            b"",
+        ));
+    }
+    s.push(("tcp_session", "gets_unread".into(), session));
     let mh = MemHandle {
         addr: 0x7f00_0000_1000,
         len: 4096,

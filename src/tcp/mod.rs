@@ -79,6 +79,9 @@ const MAX_IOV: usize = 64;
 const SMALL_FRAME: usize = 256;
 /// What an unmatched rendezvous announcement costs against the peer's early-data budget.
 const RTS_COST: usize = 64;
+/// What a queued frame costs beyond the bytes it carries (the frame and its queue slot),
+/// charged against the transmit bound of the peer it answers.
+const FRAME_COST: usize = 128;
 /// Connections accepted per progress round. Under a flood of connections the listener never
 /// runs dry; the bound lets every round read and write the connections already accepted.
 const ACCEPTS_PER_ROUND: usize = 32;
@@ -268,6 +271,10 @@ struct Peer {
     cancelled_reqs: HashSet<u64>,
     /// Connections whose reader is stalled on this peer's budget.
     stalled: Vec<Token>,
+    /// Bytes queued in answer to this peer (see [`Frame::charge`]).
+    tx_bytes: usize,
+    /// At the transmit bound: its connections are not read. Holds when its backlog last moved.
+    tx_paused: Option<Instant>,
 }
 
 enum Sink {
@@ -319,11 +326,14 @@ struct Frame {
     prefix: Bytes,
     op_part: Option<(OpId, usize, usize)>,
     done: OnDone,
+    /// Bytes charged to the transmit bound of the peer this frame answers (0: the
+    /// application's own traffic, bounded by what it posts).
+    charge: usize,
 }
 
 impl Frame {
     fn new(h: Header, prefix: Bytes, op_part: Option<(OpId, usize, usize)>, done: OnDone) -> Frame {
-        Frame { hdr: h.encode(), sent: 0, prefix, op_part, done }
+        Frame { hdr: h.encode(), sent: 0, prefix, op_part, done, charge: 0 }
     }
     fn total(&self) -> usize {
         HEADER_LEN + self.prefix.len() + self.op_part.map_or(0, |p| p.2)
@@ -439,6 +449,8 @@ struct State {
     spin_rounds: u32,
     /// Busy-poll `progress` calls in a row that moved nothing.
     idle_calls: u32,
+    /// Peers whose connections are not read for their transmit backlog.
+    tx_paused: Vec<PeerId>,
     timer_rounds: u32,
     /// Unexpected messages and requests handed to the core (progress made).
     events: u64,
@@ -534,6 +546,7 @@ impl TcpBackend {
             last_timers: Instant::now(),
             spin_rounds: 0,
             idle_calls: 0,
+            tx_paused: Vec::new(),
             timer_rounds: 0,
             events: 0,
             scratch_tokens: Vec::new(),
@@ -792,6 +805,8 @@ impl Backend for TcpBackend {
         info.gauges.peers = st.peers.len();
         info.gauges.handshakes = st.admission.len();
         info.gauges.buffered_bytes = st.peers.iter().map(|(_, p)| p.buffered).sum();
+        info.gauges.transmit_bytes = st.peers.iter().map(|(_, p)| p.tx_bytes).sum();
+        info.gauges.peers_paused = st.tx_paused.len();
     }
 
     fn shutdown(&self) {
@@ -927,6 +942,7 @@ impl State {
             return None;
         }
         if self.direct_idle
+            || !self.tx_paused.is_empty()
             || self.conns.len() != 1
             || !self.write_ready.is_empty()
             || !self.read_ready.is_empty()
@@ -1004,6 +1020,8 @@ impl State {
             lost: None,
             cancelled_reqs: HashSet::new(),
             stalled: Vec::new(),
+            tx_bytes: 0,
+            tx_paused: None,
         })
     }
 
@@ -1219,6 +1237,47 @@ impl State {
             c.tx.push_back(f);
             if c.writable && c.is_ready() {
                 self.write_ready.insert(t);
+            }
+        }
+    }
+
+    /// Queues a frame sent in answer to `peer` (a get response, an acknowledgement, pull
+    /// data): what it costs counts against the peer's transmit bound, and at the bound the
+    /// peer's connections are no longer read, so a peer that asks without reading the answers
+    /// cannot make us queue more.
+    fn queue_answer(&mut self, t: Token, peer: PeerId, mut f: Frame) {
+        f.charge = FRAME_COST + f.prefix.len();
+        let Some(p) = self.peers.get_mut(peer) else { return };
+        p.tx_bytes += f.charge;
+        if p.tx_bytes >= self.s.cfg.transmit_bytes_per_peer && p.tx_paused.is_none() {
+            tracing::debug!(%peer, bytes = p.tx_bytes, "transmit bound reached: pausing reads");
+            Counters::add(&self.core.counters.backpressure_pauses, 1);
+            p.tx_paused = Some(Instant::now());
+            self.tx_paused.push(peer);
+        }
+        self.queue(t, f);
+    }
+
+    /// Answers to `peer` of `bytes` left the queue (written, or dropped with the connection).
+    /// Below half the bound its connections are read again; any progress restarts the stall
+    /// clock.
+    fn uncharge(&mut self, peer: PeerId, bytes: usize) {
+        let Some(p) = self.peers.get_mut(peer) else { return };
+        p.tx_bytes = p.tx_bytes.saturating_sub(bytes);
+        if p.tx_paused.is_none() {
+            return;
+        }
+        if p.tx_bytes >= self.s.cfg.transmit_bytes_per_peer / 2 {
+            p.tx_paused = Some(Instant::now());
+            return;
+        }
+        p.tx_paused = None;
+        self.tx_paused.retain(|q| *q != peer);
+        for t in p.conns.iter().flatten() {
+            if let Some(c) = self.conns.get_mut(t) {
+                c.readable = true;
+                c.drained = false;
+                self.read_ready.push_back(*t);
             }
         }
     }
@@ -2068,10 +2127,17 @@ impl State {
         self.admission.finished(t);
         let Some(c) = self.conns.remove(&t) else { return };
         self.wake_direct_reader(&c);
+        let mut charged = 0;
         for f in c.hs_tx.into_iter().chain(c.tx) {
+            charged += f.charge;
             if let Some((op, _, _)) = f.op_part {
                 self.release_frame(op);
             }
+        }
+        if let Some(p) = c.peer
+            && charged > 0
+        {
+            self.uncharge(p, charged);
         }
     }
 
@@ -2108,6 +2174,10 @@ impl State {
         p.requests = 0;
         p.stalled.clear();
         p.cancelled_reqs.clear();
+        // Its connections and their queues go below.
+        p.tx_bytes = 0;
+        p.tx_paused = None;
+        self.tx_paused.retain(|q| *q != peer);
         // Connections of this peer that are not (yet) in its table: handshakes in progress.
         let mut all: Vec<Token> =
             self.conns.iter().filter(|(_, c)| c.peer == Some(peer)).map(|(t, _)| *t).collect();
@@ -2155,6 +2225,22 @@ impl State {
             return;
         }
         self.last_timers = now;
+        let stall = self.s.cfg.stall_timeout;
+        let stalled: Vec<PeerId> = self
+            .tx_paused
+            .iter()
+            .copied()
+            .filter(|p| {
+                self.peers.get(*p).and_then(|p| p.tx_paused).is_some_and(|at| now.duration_since(at) >= stall)
+            })
+            .collect();
+        for p in stalled {
+            let bytes = self.peers.get(p).map_or(0, |p| p.tx_bytes);
+            let why = format!(
+                "it read none of the {bytes} bytes answering it that were queued at the transmit bound for {stall:?} (transmit_bytes_per_peer, stall_timeout)"
+            );
+            self.fail_peer(p, Loss::Lost(why));
+        }
         for t in self.admission.expired(now) {
             tracing::debug!(token = t.0, "handshake timed out");
             self.conn_failed(t, Loss::Lost("connection handshake timed out".into()));
@@ -2286,7 +2372,8 @@ impl State {
 
     fn advance_tx(&mut self, t: Token, hs: bool, mut n: usize) {
         let mut finished = Vec::new();
-        {
+        let mut charged = 0;
+        let peer = {
             let Some(c) = self.conns.get_mut(&t) else { return };
             let q = if hs { &mut c.hs_tx } else { &mut c.tx };
             while n > 0 {
@@ -2295,6 +2382,7 @@ impl State {
                 if n >= left {
                     n -= left;
                     if let Some(f) = q.pop_front() {
+                        charged += f.charge;
                         finished.push(f.done);
                     }
                 } else {
@@ -2302,6 +2390,12 @@ impl State {
                     n = 0;
                 }
             }
+            c.peer
+        };
+        if let Some(p) = peer
+            && (charged > 0 || !self.tx_paused.is_empty())
+        {
+            self.uncharge(p, charged);
         }
         for d in finished {
             match d {
@@ -2365,6 +2459,12 @@ impl State {
             }
             match &mut c.rx {
                 Rx::Stalled(_) => return false,
+                // At the peer's transmit bound: read nothing more until its answers drain.
+                Rx::Header
+                    if c.peer.and_then(|p| self.peers.get(p)).is_some_and(|p| p.tx_paused.is_some()) =>
+                {
+                    return false;
+                }
                 Rx::Header => {
                     if c.rx_end - c.rx_start < HEADER_LEN && c.drained && !c.hup {
                         c.drained = false;
@@ -3041,15 +3141,16 @@ impl State {
         if !ok {
             resp.flags = FLAG_ABORT;
             resp.aux = 1;
-            self.queue(t, Frame::new(resp, Bytes::new(), None, OnDone::Nothing));
+            self.queue_answer(t, peer, Frame::new(resp, Bytes::new(), None, OnDone::Nothing));
             return;
         }
         resp.len = h.aux;
         if let Some(o) = self.ops.get_mut(&op) {
             o.moved += h.aux as usize;
         }
-        self.queue(
+        self.queue_answer(
             t,
+            peer,
             Frame::new(resp, Bytes::new(), Some((op, h.c as usize, h.aux as usize)), OnDone::Release(op)),
         );
     }
@@ -3062,13 +3163,13 @@ impl State {
                 // The exposure may be revoked before this is written: send a snapshot.
                 let data = Bytes::copy_from_slice(bytes);
                 resp.len = data.len() as u32;
-                self.queue(t, Frame::new(resp, data, None, OnDone::Nothing));
+                self.queue_answer(t, peer, Frame::new(resp, data, None, OnDone::Nothing));
             }
             Err(e) => {
                 tracing::debug!(%peer, error = %e, "get refused");
                 Counters::add(&self.core.counters.access_denied, 1);
                 resp.aux = u32::from(e.code());
-                self.queue(t, Frame::new(resp, Bytes::new(), None, OnDone::Nothing));
+                self.queue_answer(t, peer, Frame::new(resp, Bytes::new(), None, OnDone::Nothing));
             }
         }
     }
@@ -3195,7 +3296,7 @@ impl State {
                 let mut ack = Header::new(Kind::PutAck, h.sl);
                 ack.a = h.a;
                 ack.aux = denied.map_or(0, |d| u32::from(d.code()));
-                self.queue(t, Frame::new(ack, Bytes::new(), None, OnDone::Nothing));
+                self.queue_answer(t, peer, Frame::new(ack, Bytes::new(), None, OnDone::Nothing));
             }
             _ => {}
         }
