@@ -186,10 +186,16 @@ pub fn meta_server_name(addr: &ionet::Address) -> String {
 }
 
 /// The cause of a transport failure, said once: a lost peer's reason without the transport's
-/// peer number (the caller names the server).
+/// peer number, nor the peer's address that ionet puts first (the caller names the server).
 fn net_cause(e: &ionet::Error) -> String {
     match e {
-        ionet::Error::PeerLost { reason, .. } => reason.clone(),
+        ionet::Error::PeerLost { reason, .. } => {
+            let unaddressed = reason
+                .split_once(": ")
+                .filter(|(addr, _)| addr.parse::<std::net::SocketAddr>().is_ok())
+                .map(|(_, rest)| rest);
+            unaddressed.unwrap_or(reason).to_string()
+        }
         e => e.to_string(),
     }
 }
@@ -333,6 +339,16 @@ mod tests {
         let lost = FsError::Net(ionet::Error::PeerLost { peer: dummy_peer(), reason: reason.clone() });
         let e = lost.at(|| io_server_name(2, &addr));
         assert_eq!(e.to_string(), format!("io server 2 (tcp://127.0.0.1:7012): {reason}"));
+        // The transport names the peer's address first; the server's name says it already.
+        let shed = "the server refused the connection during the handshake: it has too many connections in their handshake (try again)";
+        let lost = FsError::Net(ionet::Error::PeerLost {
+            peer: dummy_peer(),
+            reason: format!("127.0.0.1:7012: {shed}"),
+        });
+        assert_eq!(
+            lost.at(|| io_server_name(2, &addr)).to_string(),
+            format!("io server 2 (tcp://127.0.0.1:7012): {shed}")
+        );
         assert_eq!(e.errno(), Errno::ENOTCONN);
         let e = FsError::Net(ionet::Error::Timeout).at(|| meta_server_name(&addr));
         assert_eq!(e.to_string(), "meta server (tcp://127.0.0.1:7012): operation timed out");

@@ -168,11 +168,122 @@ fn no_key_no_service(scheme: &str) {
     assert!(n == data.len() && b[..] == data[..]);
 }
 
+/// Idle sockets that never send a byte, 200 at every server, each replaced as soon as the
+/// server drops it, do not lock users out: `ls`, `cp` in and out, and `stat` all work while
+/// they are held.
+fn idle_sockets_do_not_lock_users_out(scheme: &str) {
+    use std::io::{ErrorKind, Read};
+    use std::net::TcpStream;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let tc = TestCluster::start(scheme, 2);
+    let cfg = tc.cluster.config().clone();
+    let cl = tc.cluster.config_path().to_owned();
+    let stop = Arc::new(AtomicBool::new(false));
+    let floods: Vec<_> = std::iter::once(&cfg.meta)
+        .chain(&cfg.io_servers)
+        .map(|addr| {
+            let sa = addr.resolve().unwrap()[0];
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let open = || {
+                    let s = TcpStream::connect(sa).ok()?;
+                    s.set_nonblocking(true).ok()?;
+                    Some(s)
+                };
+                let mut socks: Vec<TcpStream> = (0..200).filter_map(|_| open()).collect();
+                assert_eq!(socks.len(), 200, "{sa} refused idle connections");
+                let mut b = [0u8; 64];
+                while !stop.load(Ordering::Relaxed) {
+                    for s in socks.iter_mut() {
+                        if !matches!(s.read(&mut b), Err(e) if e.kind() == ErrorKind::WouldBlock)
+                            && let Some(fresh) = open()
+                        {
+                            *s = fresh;
+                        }
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            })
+        })
+        .collect();
+    // Long enough for the servers to take the silent sockets in (they are handed over once
+    // the kernel gives up waiting for their first bytes) and shed them for newer ones.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let sfs = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_stripefs"))
+            .arg("--cluster")
+            .arg(&cl)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "stripefs {args:?} failed under the flood: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let src = tc.dir.path().join("in.bin");
+    std::fs::write(&src, pattern(300_000, 7)).unwrap();
+    for i in 0..5 {
+        let name = format!("sfs:/f{i}");
+        sfs(&["cp", src.to_str().unwrap(), &name]);
+        assert!(sfs(&["ls", "sfs:/"]).contains(&format!("f{i}")));
+        assert!(sfs(&["stat", &name]).contains("size: 300000"));
+        let back = tc.dir.path().join("out.bin");
+        sfs(&["cp", &name, back.to_str().unwrap()]);
+        assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&src).unwrap());
+    }
+    stop.store(true, Ordering::Relaxed);
+    for f in floods {
+        f.join().unwrap();
+    }
+}
+
+/// A server that closes connections during the handshake (as one does that sheds them) gives
+/// the user an error naming the server by role and address and saying where it failed.
+fn a_refused_handshake_names_the_server(scheme: &str) {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let fake = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            // Take the hello, then hang up without an answer.
+            let mut b = [0u8; 86];
+            let _ = s.read_exact(&mut b);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = stripefs::config::ClusterConfig::parse(&format!(
+        "transport = \"{scheme}\"\nmeta = \"{scheme}://{fake}\"\nio_servers = [\"{scheme}://{fake}\"]\ncluster_key = \"{}\"\n",
+        "ab".repeat(32)
+    ))
+    .unwrap();
+    cfg.data_dir = Some(dir.path().to_owned());
+    let file = dir.path().join("cluster.toml");
+    std::fs::write(&file, cfg.to_toml()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .arg("--cluster")
+        .arg(&file)
+        .args(["ls", "sfs:/"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains(&format!("meta server ({scheme}://{fake})")), "{err}");
+    assert!(err.contains("during the handshake"), "{err}");
+    assert!(!err.contains("PeerId"), "{err}");
+}
+
 macro_rules! transports {
     ($($scheme:ident),*) => {$(
         mod $scheme {
             #[test] fn capabilities_are_bound_to_handle_and_rights() { super::capabilities_are_bound_to_handle_and_rights(stringify!($scheme)) }
             #[test] fn no_key_no_service() { super::no_key_no_service(stringify!($scheme)) }
+            #[test] fn idle_sockets_do_not_lock_users_out() { super::idle_sockets_do_not_lock_users_out(stringify!($scheme)) }
+            #[test] fn a_refused_handshake_names_the_server() { super::a_refused_handshake_names_the_server(stringify!($scheme)) }
         }
     )*};
 }
