@@ -297,7 +297,12 @@ fn vanished_peer_while_sending() {
     // The client keeps its id for the server (it dialled it); the server knows the client
     // that came back under a new one.
     assert_ne!(u.peer, sp, "a forgotten peer's id came back");
-    expect_lost(&srv, srv.recv(sp, 3, BytesMut::zeroed(8)).unwrap(), sp, "the forgotten id after the reconnection");
+    expect_lost(
+        &srv,
+        srv.recv(sp, 3, BytesMut::zeroed(8)).unwrap(),
+        sp,
+        "the forgotten id after the reconnection",
+    );
     let sp = u.peer;
     let data = pattern(1 << 20, 2);
     let rs = srv.recv(sp, 3, BytesMut::zeroed(1 << 20)).unwrap();

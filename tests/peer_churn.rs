@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use ionet::*;
 
 mod common;
-use common::raw_hello_as;
+use common::{raw_hello_as, vm_rss_kib};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -19,18 +19,6 @@ fn handshake_and_leave(sa: SocketAddr, eid: u64) {
     let mut s = TcpStream::connect(sa).unwrap();
     s.set_read_timeout(Some(T)).unwrap();
     raw_hello_as(&mut s, eid);
-}
-
-fn rss_kib() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .unwrap()
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 /// Waits until the server holds `n` peer records.
@@ -53,11 +41,11 @@ fn connect_close_churn_leaves_no_peer_records() {
         handshake_and_leave(sa, eid);
     }
     wait_for_peers(&srv, 0);
-    let before = rss_kib();
+    let before = vm_rss_kib();
     for eid in 10_001..=30_000 {
         handshake_and_leave(sa, eid);
     }
     wait_for_peers(&srv, 0);
-    let grown = rss_kib().saturating_sub(before);
+    let grown = vm_rss_kib().saturating_sub(before);
     assert!(grown < 2048, "20 000 departed peers grew the process by {grown} KiB");
 }

@@ -14,23 +14,11 @@ use ionet::wire::{Header, Kind};
 use ionet::*;
 
 mod common;
-use common::raw_hello_as;
+use common::{raw_hello_as, vm_rss_kib};
 
 const T: Duration = Duration::from_secs(30);
 const BOUND: usize = 1 << 20;
 const EXPOSED: usize = 64 * 1024;
-
-fn rss_kib() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .unwrap()
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .unwrap()
-}
 
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -53,7 +41,7 @@ fn a_peer_that_does_not_read_its_answers_is_bounded_then_dropped() {
     let sa = srv.local_addr().unwrap().resolve().unwrap()[0];
     let mem = srv.expose(srv.alloc(EXPOSED).unwrap(), Access::READ | Access::WRITE).unwrap();
     let h = mem.handle();
-    let baseline = rss_kib();
+    let baseline = vm_rss_kib();
 
     // The hostile peer: 4000 GETs of the whole 64 KiB exposure (250 MiB of answers) and as many
     // PUTs, none of the answers ever read. Its socket's receive buffer is kept small so the
@@ -116,7 +104,7 @@ fn a_peer_that_does_not_read_its_answers_is_bounded_then_dropped() {
     wait_until("the server never paused the peer that does not read", || srv.info().gauges.peers_paused == 1);
     let g = srv.info().gauges;
     assert!(g.transmit_bytes <= BOUND + EXPOSED + 1024, "{} bytes queued", g.transmit_bytes);
-    let grown = rss_kib().saturating_sub(baseline);
+    let grown = vm_rss_kib().saturating_sub(baseline);
     assert!(grown < 32 * 1024, "the server grew by {grown} KiB for a peer bounded at 1 MiB");
 
     // After the stall timeout the hostile peer is dropped and what it held is returned.

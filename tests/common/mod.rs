@@ -15,6 +15,11 @@ pub fn vm_pin_kib() -> u64 {
     status_kib("VmPin:")
 }
 
+/// This process's resident memory (`VmRSS`), in KiB. Process-wide, as [`vm_locked_kib`].
+pub fn vm_rss_kib() -> u64 {
+    status_kib("VmRSS:")
+}
+
 /// Memory held by software-provider registrations however they pin it (`VmLck` + `VmPin`).
 pub fn vm_held_kib() -> u64 {
     vm_locked_kib() + vm_pin_kib()
