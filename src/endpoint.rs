@@ -109,7 +109,11 @@ impl Completion {
     /// - pull: the bytes pulled (the buffer's length);
     /// - request with an IN payload: the end of the furthest byte the server pushed, so pushes
     ///   at 0..1000 and 5000..6000 count 6000 (the server may write in any order and leave
-    ///   holes; the bytes in them, and past the end, are the buffer's as the caller passed it);
+    ///   holes). Past the end the buffer is as the caller passed it, and so are the holes,
+    ///   except where InfiniBand staged the read through its pool because it could not
+    ///   register the buffer (scatter lists of many pieces): there the holes are unspecified,
+    ///   since the server's RDMA writes are invisible to the client and keeping them would mean
+    ///   copying the whole buffer in before every such read;
     /// - request with an OUT payload: its whole length, however much of it the server pulled
     ///   (small payloads travel whole with the request); the server's reply says what it used;
     /// - request without payload, reply: 0.

@@ -337,11 +337,8 @@ impl<V: Verbs> State<V> {
         let total: usize = pieces.iter().map(|p| p.1).sum();
         let mut staged = self.pool.alloc(total.max(1))?;
         staged.set_len(total)?;
-        // A read starts from the caller's bytes too: the server may push only some of them,
-        // and the holes it leaves must read as the caller left them, not as the pool did.
         let filled = match self.ops.get(&op).map(|o| &o.buf) {
             Some(OpBuf::Send(s)) if purpose == For::PeerRead => s.copy_out(0, &mut staged),
-            Some(OpBuf::Recv(r)) if purpose == For::PeerWrite => r.copy_out(0, &mut staged),
             _ => 0,
         };
         self.count_copy(filled);
