@@ -624,8 +624,8 @@ impl Shared {
     /// whose bytes another request has leased waits for it, up to the transfer timeout: first
     /// for this request's own units in flight, then, holding nothing, in a turn on the map, so
     /// requests that arrive later over the same bytes do not overtake it. A write (`writing`)
-    /// lengthens the file to each unit before its pull and records each unit that landed, in
-    /// order, until one fails.
+    /// makes sure the file covers each unit before its pull (the first lengthens it to the
+    /// write's end) and records each unit that landed, in order, until one fails.
     fn mapped_pipeline(
         &self,
         map: &Arc<ionet::FileMap>,

@@ -2,11 +2,13 @@
 //! length).
 //!
 //! A mapped write cannot store past the end of the file (the page would fault with `SIGBUS`), so
-//! it extends the file one transfer unit ahead of its data. The bytes in that stretch have not
-//! landed: if the write fails there (the client died, a pull timed out), the file must not keep
-//! them. So the ledger keeps two sizes: `len`, the file's length as last set, and `landed`, the
-//! end of the data that arrived, which is the size the io server reports. When a write ends,
-//! the file is cut back to what the data and the writes still running need.
+//! before its first store past the end it lengthens the file to the write's end, once: growing
+//! it a transfer unit at a time made the `fsync` after a 64 MiB write per server take 0.20 s
+//! instead of 0.14. The bytes past what arrived have not landed: if the write fails (the client
+//! died, a pull timed out, the disk filled), the file must not keep them. So the ledger keeps two
+//! sizes: `len`, the file's length as last set, and `landed`, the end of the data that arrived,
+//! which is the size the io server reports. When a write ends, the file is cut back to what the
+//! data and the writes still running need.
 
 use std::io;
 
@@ -43,11 +45,13 @@ impl Ledger {
         self.next_id
     }
 
-    /// Makes the file at least `end` long (before data is stored up to `end` through a mapping).
+    /// Makes the file at least `end` long (before data is stored up to `end` through a mapping):
+    /// as long as the longest write in flight, so one length change serves a whole write.
     pub(crate) fn extend(&mut self, end: u64, set_len: impl FnOnce(u64) -> io::Result<()>) -> io::Result<()> {
         if end > self.len {
-            set_len(end)?;
-            self.len = end;
+            let to = self.writes.iter().map(|w| w.1).fold(end, u64::max);
+            set_len(to)?;
+            self.len = to;
         }
         Ok(())
     }
@@ -114,14 +118,14 @@ mod tests {
     }
 
     #[test]
-    fn a_write_extends_unit_by_unit_and_reports_only_what_landed() {
+    fn a_write_extends_to_its_end_once_and_reports_only_what_landed() {
         let mut l = Ledger::new(100);
         let mut calls = Vec::new();
         let w = l.begin(400);
         l.extend(200, rec(&mut calls)).unwrap();
         l.extend(300, rec(&mut calls)).unwrap();
         l.extend(150, rec(&mut calls)).unwrap();
-        assert_eq!(calls, [200, 300], "only growth sets the length");
+        assert_eq!(calls, [400], "one length change for the whole write");
         assert_eq!(l.landed(), 100, "nothing landed yet");
         l.land(200);
         assert_eq!(l.landed(), 200);
@@ -129,7 +133,7 @@ mod tests {
         l.land(300);
         l.land(400);
         assert_eq!(l.end(w, false, rec(&mut calls)).unwrap(), None, "a whole write keeps its length");
-        assert_eq!((l.landed(), calls.len()), (400, 3));
+        assert_eq!((l.landed(), calls.len()), (400, 1));
     }
 
     #[test]
@@ -156,10 +160,11 @@ mod tests {
         let b = l.begin(3000);
         l.extend(2100, rec(&mut calls)).unwrap(); // b's first unit, at 2000..2100
         l.extend(2200, rec(&mut calls)).unwrap();
+        assert_eq!(calls, [3000], "as long as the longest write in flight");
         l.land(2100);
         // a fails having landed nothing: b's reservation and landed data stay.
         assert_eq!(l.end(a, true, rec(&mut calls)).unwrap(), None);
-        assert_eq!((l.landed(), calls.len()), (2100, 2));
+        assert_eq!((l.landed(), calls.len()), (2100, 1));
         // b fails too, as the last write: cut to the landed data, the reservations freed.
         assert_eq!(l.end(b, true, rec(&mut calls)).unwrap(), Some(2100));
         assert_eq!(calls.last(), Some(&2100));
