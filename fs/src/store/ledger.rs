@@ -3,8 +3,8 @@
 //!
 //! A mapped write cannot store past the end of the file (the page would fault with `SIGBUS`), so
 //! before its first store past the end it lengthens the file to the write's end, once: growing
-//! it a transfer unit at a time made the `fsync` after a 64 MiB write per server take 0.20 s
-//! instead of 0.14. The bytes past what arrived have not landed: if the write fails (the client
+//! it a transfer unit at a time made the `fsync` that follows the write markedly slower on
+//! ext4. The bytes past what arrived have not landed: if the write fails (the client
 //! died, a pull timed out, the disk filled), the file must not keep them. So the ledger keeps two
 //! sizes: `len`, the file's length as last set, and `landed`, the end of the data that arrived,
 //! which is the size the io server reports. When a write ends, the file is cut back to what the
