@@ -22,7 +22,7 @@ use crate::buf::RecvBuf;
 use crate::config::Config;
 use crate::endpoint::{Direction, Endpoint, Request};
 use crate::expose::MemHandle;
-use crate::tcp::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
+use crate::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
 use crate::types::{OpId, ServiceLevel, WaitMode};
 use crate::wire::{self, HEADER_LEN, Header, Kind, Limits};
 

@@ -80,6 +80,7 @@ pub mod filemap;
 pub mod flowctl;
 #[doc(hidden)]
 pub mod fuzzing;
+pub(crate) mod handshake;
 pub mod ib;
 pub mod info;
 pub mod key_file;

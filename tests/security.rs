@@ -14,9 +14,9 @@ use ionet::*;
 
 const T: Duration = Duration::from_secs(20);
 const KEY: &[u8] = b"security-test-cluster-key-0123456789";
-/// HELLO_ACK flag: the sender has a cluster key (`tcp::handshake::HS_HAS_KEY`).
+/// HELLO_ACK flag: the sender has a cluster key (`handshake::HS_HAS_KEY`).
 const HS_HAS_KEY: u32 = 1;
-/// READY statuses (`tcp::handshake`).
+/// READY statuses (`handshake`).
 const READY_OK: u32 = 0;
 
 fn keyed(scheme: &str) -> Endpoint {

@@ -18,8 +18,6 @@
 //! * On connection loss every operation on the peer fails once with `PeerLost`; the next use
 //!   reconnects.
 
-pub(crate) mod handshake;
-
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem;
@@ -49,6 +47,7 @@ use crate::endpoint::{
 };
 use crate::error::{AccessError, Error, ProtocolError, Result};
 use crate::expose::{ExposureTable, MemHandle};
+use crate::handshake::{self, ClientHandshake, HelloInfo, ServerHandshake};
 use crate::info::{Counters, Info};
 use crate::matching::{Arrival, Matcher};
 use crate::peers::PeerTable;
@@ -58,7 +57,6 @@ use crate::wire::{
     self, FLAG_ABORT, FLAG_INLINE_DATA, FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, FLAG_STREAMED, HEADER_LEN, Header,
     Kind, Limits,
 };
-use handshake::{ClientHandshake, HelloInfo, ServerHandshake};
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -503,7 +501,7 @@ impl TcpBackend {
         let mut local = None;
         if let Some(addr) = bind {
             let sa = *addr.resolve()?.first().ok_or_else(|| Error::misuse("no address to bind"))?;
-            let mut l = TcpListener::from_std(listener_socket(sa, cfg)?.into());
+            let mut l = TcpListener::from_std(admission::listener_socket(sa, cfg)?.into());
             registry.register(&mut l, LISTENER, Interest::READABLE)?;
             let real = l.local_addr()?;
             local = Some(Address::new(Scheme::Tcp, addr.host().clone(), real.port()));
@@ -3435,33 +3433,6 @@ fn stream_frames(op: OpId, sl: ServiceLevel, len: usize, chunk: usize) -> impl I
     })
 }
 
-/// A non-blocking listening socket on `sa`. Accepted connections start with the listener's
-/// congestion control: set only on each accepted socket, they would start under the kernel's
-/// and switch at the handshake. A socket that started under BBR here stayed slow after
-/// switching to reno (likely the kernel's internal pacing, which BBR turns on and nothing turns
-/// off): stripefs's E1 reads gained 16 % from reno set per accepted socket, 1.4× from reno
-/// set on the listener (BENCHMARKS.md, *io servers on reno*).
-///
-/// Connections are handed to `accept` only once their first bytes arrived
-/// (`TCP_DEFER_ACCEPT`): a client sends its hello at once, while a socket that stays silent
-/// waits in the kernel and reaches us later than every client that talks. Handshake admission
-/// then sheds silent connections first, so a flood of them cannot crowd out a client whose
-/// hello has not been read yet. (Shared by the InfiniBand side channel.)
-pub(crate) fn listener_socket(sa: SocketAddr, cfg: &Config) -> io::Result<Socket> {
-    let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
-    sock.set_reuse_address(true)?;
-    sock.set_nonblocking(true)?;
-    sock.bind(&sa.into())?;
-    crate::util::defer_accept(&sock, 1);
-    if let Some(cc) = &cfg.tcp_congestion
-        && let Err(e) = SockRef::from(&sock).set_tcp_congestion(cc.as_bytes())
-    {
-        tracing::warn!(congestion = %cc, error = %e, "TCP congestion control refused; keeping the kernel's");
-    }
-    sock.listen(1024)?;
-    Ok(sock)
-}
-
 /// Socket options for a class: no Nagle delay, buffers (when configured; else the kernel's
 /// autotuning), congestion control (when configured), DSCP and `SO_PRIORITY`.
 fn tune(sock: &SockRef<'_>, cfg: &Config, sl: ServiceLevel, v4: bool) {
@@ -3703,9 +3674,10 @@ mod tune_tests {
             String::from_utf8(name).unwrap().trim_end_matches('\0').to_string()
         };
         let sa: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let plain = std::net::TcpListener::from(listener_socket(sa, &Config::default()).unwrap());
+        let plain =
+            std::net::TcpListener::from(crate::admission::listener_socket(sa, &Config::default()).unwrap());
         let set = std::net::TcpListener::from(
-            listener_socket(sa, &Config::default().tcp_congestion(&*other)).unwrap(),
+            crate::admission::listener_socket(sa, &Config::default().tcp_congestion(&*other)).unwrap(),
         );
         for (l, want) in [(&plain, &default), (&set, &other)] {
             let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();

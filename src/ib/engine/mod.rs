@@ -70,12 +70,12 @@ use crate::endpoint::{Backend, Cmd, Completion, Core, Direction, OpKind};
 use crate::error::{Error, ProtocolError, Result};
 use crate::expose::MemHandle;
 use crate::flowctl::{Credits, RingReceiver, RingSender};
+use crate::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
 use crate::ib::verbs::*;
 use crate::info::{Counters, Info, RdmaInfo, RegcacheInfo};
 use crate::matching::Matcher;
 use crate::peers::PeerTable;
 use crate::regcache::{RegCache, RegCacheConfig, RegRef};
-use crate::tcp::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
 
 use reg::{Cache, DmaRegion, PoolReg, VerbsRegistrar};
@@ -700,7 +700,7 @@ impl<V: Verbs> IbBackend<V> {
         let mut local = None;
         if let Some(addr) = bind {
             let sa = *addr.resolve()?.first().ok_or_else(|| Error::misuse("no address to bind"))?;
-            let mut l = TcpListener::from_std(crate::tcp::listener_socket(sa, cfg)?.into());
+            let mut l = TcpListener::from_std(crate::admission::listener_socket(sa, cfg)?.into());
             registry.register(&mut l, LISTENER, Interest::READABLE)?;
             local = Some(Address::new(scheme, addr.host().clone(), l.local_addr()?.port()));
             listener = Some(l);

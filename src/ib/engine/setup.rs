@@ -12,9 +12,9 @@ use socket2::{Domain, Protocol, SockRef, Socket, Type};
 
 use crate::error::{Error, ProtocolError, Result};
 use crate::flowctl::{CreditConfig, Credits, RingConfig, RingReceiver, RingSender};
+use crate::handshake::{self, ClientHandshake, HelloInfo, ServerHandshake};
 use crate::ib::verbs::*;
 use crate::info::Counters;
-use crate::tcp::handshake::{self, ClientHandshake, HelloInfo, ServerHandshake};
 use crate::types::{PeerId, ServiceLevel};
 use crate::wire::{Header, Kind};
 
