@@ -10,7 +10,7 @@
 //! network layer uses [`unix_now`].
 
 use crate::errno::Errno;
-use crate::proto::Handle;
+use crate::handle::Handle;
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;

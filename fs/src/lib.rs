@@ -60,6 +60,7 @@ pub mod config;
 pub mod errno;
 #[cfg(feature = "fuse")]
 pub mod fuse;
+mod handle;
 pub mod layout;
 pub mod meta;
 pub mod net;
@@ -76,8 +77,8 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 pub use errno::Errno;
+pub use handle::Handle;
 pub use net::{FsError, FsResult};
-pub use proto::Handle;
 
 #[cfg(test)]
 mod tests {

@@ -64,27 +64,7 @@ pub const MAX_IO_BYTES: u64 = 1 << 30;
 /// Most view blocks a strided descriptor may span: bounds the server's work expanding it.
 pub const MAX_VIEW_BLOCKS: u64 = 1 << 20;
 
-/// A file or directory handle: allocated by the meta server, never reused.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Handle(pub u64);
-
-impl Handle {
-    /// The root directory.
-    pub const ROOT: Handle = Handle(1);
-}
-
-impl fmt::Debug for Handle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Handle({:#x})", self.0)
-    }
-}
-
-impl fmt::Display for Handle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#x}", self.0)
-    }
-}
+pub use crate::handle::Handle;
 
 /// Why a message was refused. Every variant is caused by the peer's bytes (or, for
 /// [`ProtoError::Encode`], by a message we refuse to send).
