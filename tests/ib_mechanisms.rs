@@ -380,3 +380,35 @@ fn forced_mechanism_hands_on_what_it_cannot_carry() {
         assert_eq!(cli.info().counters.peers_lost + srv.info().counters.peers_lost, 0, "{force:?} {len}");
     }
 }
+
+/// A read into a scatter list too fragmented to register is staged through a pool buffer: the
+/// engine copies only what the server pushed back into it, never the whole list (a stage filled
+/// from the caller's buffer first cost a second copy of every byte of every such read).
+#[test]
+fn a_staged_read_copies_only_what_was_pushed() {
+    let srv = Endpoint::bind("softib://127.0.0.1:0", Config::default().progress_thread(true)).unwrap();
+    let cli = Endpoint::client(Config::default()).unwrap();
+    let p = cli.connect(srv.local_addr().unwrap()).unwrap();
+    const PIECES: usize = 256;
+    const PIECE: usize = 4096;
+    const PUSHED: usize = 100_000;
+    let data = pattern(PUSHED, 3);
+    let d2 = data.clone();
+    let server = std::thread::spawn(move || {
+        let req = srv.next_request(Some(T)).unwrap().expect("a request");
+        srv.wait(req.push_from(Bytes::from(d2), 0).unwrap()).unwrap().ok().unwrap();
+        srv.wait(req.reply(Bytes::new()).unwrap()).unwrap().ok().unwrap();
+    });
+    let list = RecvBuf::List((0..PIECES).map(|_| BytesMut::zeroed(PIECE)).collect());
+    let before = cli.info().counters.host_copy_bytes;
+    let c = wait_ok(&cli, cli.request(p, 1, Bytes::new(), Payload::In(list), ServiceLevel::Normal).unwrap());
+    let copied = cli.info().counters.host_copy_bytes - before;
+    server.join().unwrap();
+    assert_eq!(c.len(), PUSHED);
+    assert!(c.data().unwrap()[..] == data[..], "the pushed bytes arrived");
+    assert!(
+        copied <= PUSHED as u64,
+        "the client copied {copied} bytes for a {PUSHED}-byte read into a {} B list",
+        PIECES * PIECE
+    );
+}
