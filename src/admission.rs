@@ -29,6 +29,36 @@ use socket2::{Domain, Protocol, SockRef, Socket, Type};
 
 use crate::config::Config;
 
+/// Connections accepted per progress round. Under a flood of connections the listener never
+/// runs dry; the bound lets every round serve the connections already accepted.
+pub(crate) const ACCEPTS_PER_ROUND: usize = 32;
+
+/// Where a connection we dialled is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialled {
+    /// Waiting for the kernel's connect.
+    Connecting,
+    /// Connected, in our handshake.
+    Handshaking,
+}
+
+/// Why a dialled connection at `stage` since `since` has run out of time, if it has: the
+/// kernel's connect has `connect_timeout`, the handshake after it `handshake_timeout`.
+pub(crate) fn dialled_overdue(
+    stage: Dialled,
+    since: Instant,
+    now: Instant,
+    cfg: &Config,
+) -> Option<&'static str> {
+    match stage {
+        Dialled::Connecting if now.duration_since(since) > cfg.connect_timeout => Some("connect timed out"),
+        Dialled::Handshaking if now.duration_since(since) > cfg.handshake_timeout => {
+            Some("the server did not complete the handshake in time")
+        }
+        _ => None,
+    }
+}
+
 /// How far a connection got: shedding takes the least advanced first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Stage {

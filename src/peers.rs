@@ -5,6 +5,7 @@
 //! generation, so an id the application still holds for a forgotten peer never reaches the
 //! record of a later peer in the same slot: it finds nothing and the operation fails.
 
+use std::net::SocketAddr;
 use std::ops::{Index, IndexMut};
 
 use crate::types::PeerId;
@@ -92,6 +93,15 @@ impl<P> PeerTable<P> {
     }
 }
 
+/// A lost peer's reason as the application sees it: the peer's address first, unless the
+/// reason names it already.
+pub(crate) fn addressed(addr: Option<SocketAddr>, reason: String) -> String {
+    match addr.map(|a| a.to_string()) {
+        Some(a) if !reason.contains(&a) => format!("{a}: {reason}"),
+        _ => reason,
+    }
+}
+
 /// For ids taken from the transport's own tables (connections, operations), which never
 /// outlive their peer's record. Ids from the application go through [`PeerTable::get`].
 impl<P> Index<PeerId> for PeerTable<P> {
@@ -130,6 +140,17 @@ mod tests {
             v.sort();
             v
         });
+    }
+
+    #[test]
+    fn a_reason_names_the_peer_once() {
+        let a: SocketAddr = "10.0.0.1:7000".parse().unwrap();
+        assert_eq!(addressed(Some(a), "closed".into()), "10.0.0.1:7000: closed");
+        assert_eq!(
+            addressed(Some(a), "connect to 10.0.0.1:7000: refused".into()),
+            "connect to 10.0.0.1:7000: refused"
+        );
+        assert_eq!(addressed(None, "closed".into()), "closed");
     }
 
     #[test]

@@ -38,7 +38,7 @@ use rustix::net::{RecvAncillaryBuffer, RecvFlags, SendAncillaryBuffer, SendFlags
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 
 use crate::addr::{Address, Scheme};
-use crate::admission::{self, Admission};
+use crate::admission::{self, Admission, Dialled};
 use crate::buf::{BufPool, OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism, Policy};
 use crate::config::Config;
@@ -50,7 +50,7 @@ use crate::expose::{ExposureTable, MemHandle};
 use crate::handshake::{self, ClientHandshake, HelloInfo, ServerHandshake};
 use crate::info::{Counters, Info};
 use crate::matching::{Arrival, Matcher};
-use crate::peers::PeerTable;
+use crate::peers::{PeerTable, addressed};
 use crate::sched::SendScheduler;
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{
@@ -80,9 +80,6 @@ const RTS_COST: usize = 64;
 /// What a queued frame costs beyond the bytes it carries (the frame and its queue slot),
 /// charged against the transmit bound of the peer it answers.
 const FRAME_COST: usize = 128;
-/// Connections accepted per progress round. Under a flood of connections the listener never
-/// runs dry; the bound lets every round read and write the connections already accepted.
-const ACCEPTS_PER_ROUND: usize = 32;
 /// Busy-poll rounds between epoll checks when reading sockets directly.
 const SPIN_EPOLL_EVERY: u32 = 16;
 /// Busy-poll rounds per `progress` call when nothing happens.
@@ -456,7 +453,7 @@ struct State {
     scratch_tokens: Vec<Token>,
     /// A driver is blocked in a direct wait (its connection's staging buffer is lent out).
     in_direct: bool,
-    /// The listener may hold connections not accepted yet (see [`ACCEPTS_PER_ROUND`]).
+    /// The listener may hold connections not accepted yet (see [`admission::ACCEPTS_PER_ROUND`]).
     accept_more: bool,
     /// The last direct wait timed out: epoll until a socket event shows the connection busy.
     direct_idle: bool,
@@ -2000,7 +1997,7 @@ impl State {
 
     fn accept(&mut self, registry: &Registry) {
         self.accept_more = false;
-        for _ in 0..ACCEPTS_PER_ROUND {
+        for _ in 0..admission::ACCEPTS_PER_ROUND {
             let Some(l) = &self.listener else { return };
             match l.accept() {
                 Ok((mut sock, remote)) => {
@@ -2143,10 +2140,10 @@ impl State {
     fn fail_peer(&mut self, peer: PeerId, why: Loss) {
         // Name the peer's address in what the application sees.
         let addr = self.peers.get(peer).and_then(|p| p.dial.or(p.remote));
-        let why = match (why, addr.map(|a| a.to_string())) {
-            (Loss::Lost(r), Some(a)) if !r.contains(&a) => Loss::Lost(format!("{a}: {r}")),
-            (Loss::Auth(r), Some(a)) if !r.contains(&a) => Loss::Auth(format!("{a}: {r}")),
-            (why, _) => why,
+        let why = match why {
+            Loss::Lost(r) => Loss::Lost(addressed(addr, r)),
+            Loss::Auth(r) => Loss::Auth(addressed(addr, r)),
+            why => why,
         };
         let (err, reason) = match why {
             Loss::Lost(r) => (Error::PeerLost { peer, reason: r.clone() }, r),
@@ -2243,19 +2240,16 @@ impl State {
             tracing::debug!(token = t.0, "handshake timed out");
             self.conn_failed(t, Loss::Lost("connection handshake timed out".into()));
         }
-        // Dialled connections: the kernel's connect, then our handshake.
-        let (connect, handshake) = (self.s.cfg.connect_timeout, self.s.cfg.handshake_timeout);
         let expired: Vec<(Token, &'static str)> = self
             .conns
             .iter()
-            .filter_map(|(t, c)| match c.phase {
-                Phase::Connecting if now.duration_since(c.since) > connect => Some((*t, "connect timed out")),
-                Phase::ClientWaitAck(_) | Phase::ClientWaitReady(_)
-                    if now.duration_since(c.since) > handshake =>
-                {
-                    Some((*t, "the server did not complete the handshake in time"))
-                }
-                _ => None,
+            .filter_map(|(t, c)| {
+                let stage = match c.phase {
+                    Phase::Connecting => Dialled::Connecting,
+                    Phase::ClientWaitAck(_) | Phase::ClientWaitReady(_) => Dialled::Handshaking,
+                    _ => return None,
+                };
+                admission::dialled_overdue(stage, c.since, now, &self.s.cfg).map(|why| (*t, why))
             })
             .collect();
         for (t, why) in expired {
@@ -2459,7 +2453,8 @@ impl State {
                 Rx::Stalled(_) => return false,
                 // At the peer's transmit bound: read nothing more until its answers drain.
                 Rx::Header
-                    if c.peer.and_then(|p| self.peers.get(p)).is_some_and(|p| p.tx_paused.is_some()) =>
+                    if !self.tx_paused.is_empty()
+                        && c.peer.and_then(|p| self.peers.get(p)).is_some_and(|p| p.tx_paused.is_some()) =>
                 {
                     return false;
                 }

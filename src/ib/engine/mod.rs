@@ -62,7 +62,7 @@ use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use rustc_hash::FxHashMap;
 
 use crate::addr::{Address, Scheme};
-use crate::admission::{self, Admission};
+use crate::admission::{self, Admission, Dialled};
 use crate::buf::{BufPool, OpBuf, RegisteredBuf};
 use crate::comm::{BulkScheduler, Mechanism, Policy};
 use crate::config::Config;
@@ -74,7 +74,7 @@ use crate::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
 use crate::ib::verbs::*;
 use crate::info::{Counters, Info, RdmaInfo, RegcacheInfo};
 use crate::matching::Matcher;
-use crate::peers::PeerTable;
+use crate::peers::{PeerTable, addressed};
 use crate::regcache::{RegCache, RegCacheConfig, RegRef};
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
 
@@ -96,9 +96,6 @@ pub(crate) fn fuzz_decoders(data: &[u8]) {
 }
 
 const LISTENER: Token = Token(0);
-/// Side channels accepted per progress round. Under a flood of connections the listener never
-/// runs dry; the bound lets every round serve the channels and queue pairs already there.
-const ACCEPTS_PER_ROUND: usize = 32;
 const WAKER: Token = Token(1);
 const CHANNEL: Token = Token(2);
 const FIRST_SIDE: usize = 3;
@@ -611,7 +608,8 @@ pub(crate) struct State<V: Verbs> {
     pub idle_rounds: u32,
     pub last_timers: Instant,
     pub closed: bool,
-    /// The listener may hold side channels not accepted yet (see [`ACCEPTS_PER_ROUND`]).
+    /// The listener may hold side channels not accepted yet (see
+    /// [`admission::ACCEPTS_PER_ROUND`]).
     pub accept_more: bool,
     pub registry: Registry,
     pub wcs: Vec<WorkCompletion>,
@@ -1369,10 +1367,10 @@ impl<V: Verbs> State<V> {
     pub(crate) fn fail_peer(&mut self, peer: PeerId, why: Loss) {
         // Name the peer's address in what the application sees.
         let addr = self.peers.get(peer).and_then(|p| p.dial.or(p.remote));
-        let why = match (why, addr.map(|a| a.to_string())) {
-            (Loss::Lost(r), Some(a)) if !r.contains(&a) => Loss::Lost(format!("{a}: {r}")),
-            (Loss::Auth(r), Some(a)) if !r.contains(&a) => Loss::Auth(format!("{a}: {r}")),
-            (why, _) => why,
+        let why = match why {
+            Loss::Lost(r) => Loss::Lost(addressed(addr, r)),
+            Loss::Auth(r) => Loss::Auth(addressed(addr, r)),
+            why => why,
         };
         let (err, reason) = match why {
             Loss::Lost(r) => (Error::PeerLost { peer, reason: r.clone() }, r),
@@ -1530,21 +1528,18 @@ impl<V: Verbs> State<V> {
         for t in self.admission.expired(now) {
             self.side_failed(t, Loss::Lost("connection handshake timed out".into()));
         }
-        // Dialled side channels: the kernel's connect, then our handshake.
-        let (connect, handshake) = (self.s.cfg.connect_timeout, self.s.cfg.handshake_timeout);
         let expired: Vec<(Token, &'static str)> = self
             .sides
             .iter()
-            .filter_map(|(t, s)| match s.phase {
-                SidePhase::Connecting if now.duration_since(s.since) > connect => {
-                    Some((*t, "connect timed out"))
-                }
-                SidePhase::ClientWaitAck(_) | SidePhase::ClientWaitReady(_) | SidePhase::ClientWaitInfo
-                    if now.duration_since(s.since) > handshake =>
-                {
-                    Some((*t, "the server did not complete the handshake in time"))
-                }
-                _ => None,
+            .filter_map(|(t, s)| {
+                let stage = match s.phase {
+                    SidePhase::Connecting => Dialled::Connecting,
+                    SidePhase::ClientWaitAck(_)
+                    | SidePhase::ClientWaitReady(_)
+                    | SidePhase::ClientWaitInfo => Dialled::Handshaking,
+                    _ => return None,
+                };
+                admission::dialled_overdue(stage, s.since, now, &self.s.cfg).map(|why| (*t, why))
             })
             .collect();
         for (t, why) in expired {

@@ -200,7 +200,7 @@ impl<V: Verbs> State<V> {
 
     pub(crate) fn accept(&mut self) {
         self.accept_more = false;
-        for _ in 0..super::ACCEPTS_PER_ROUND {
+        for _ in 0..crate::admission::ACCEPTS_PER_ROUND {
             let Some(l) = &self.listener else { return };
             match l.accept() {
                 Ok((mut sock, remote)) => {
