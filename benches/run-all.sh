@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The transport A/B benchmark suite in one command (issue 7): builds the release binaries,
+# The transport A/B benchmark suite in one command: builds the release binaries,
 # runs the criterion micro-benchmarks and `stripefs bench all` (ionet-perf ab / calibrate / qos,
 # E1-E5, CPU), writes CSV, Markdown and SVG plots under benchmarks/, and regenerates the suite's
-# sections of BENCHMARKS.md (between its "GENERATED" markers; text around them is kept).
+# summary of BENCHMARKS.md (between its "GENERATED" markers; text around them is kept) and
+# benchmarks/REPORT.md, every table of the run.
 #
 #   benches/run-all.sh                # everything, BENCHMARKS.md updated
 #   benches/run-all.sh --quick        # smoke check: short runs, output in target/bench-quick,

@@ -100,7 +100,7 @@ enum Cmd {
     /// number of files and directories.
     Df,
     /// The transport A/B benchmark suite: E1–E5, CPU, and `all` (with ionet-perf's ab,
-    /// calibrate and qos) writing CSV, Markdown, SVG plots and BENCHMARKS.md sections.
+    /// calibrate and qos) writing CSV, Markdown, SVG plots and the BENCHMARKS.md summary.
     Bench(cli::bench::BenchArgs),
     /// Mount stripefs with FUSE (feature `fuse`).
     Mount(cli::cmds::MountArgs),

@@ -102,7 +102,7 @@ fn e5_registrations_with_and_without_allocation_hints() {
 fn all_writes_report_and_splices_benchmarks_md() {
     let d = tempfile::tempdir().unwrap();
     let doc = d.path().join("BENCHMARKS.md");
-    std::fs::write(&doc, "# Benchmarks\n\nHand-written intro.\n\n<!-- BEGIN GENERATED: bench-e4 -->\nold\n<!-- END GENERATED: bench-e4 -->\nReading kept.\n").unwrap();
+    std::fs::write(&doc, "# Benchmarks\n\nHand-written intro.\n\n<!-- BEGIN GENERATED: bench-summary -->\nold\n<!-- END GENERATED: bench-summary -->\nReading kept.\n").unwrap();
     // Quick runs never touch BENCHMARKS.md.
     let out = d.path().join("benchmarks");
     let o = Command::new(env!("CARGO_BIN_EXE_stripefs"))
@@ -114,7 +114,8 @@ fn all_writes_report_and_splices_benchmarks_md() {
         .unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("refused with --quick"));
-    // A (tiny, single-run) real run updates the E4 section and the summary, keeping the rest.
+    // A (tiny, single-run) real run updates the summary, keeping the rest; the E4 tables go
+    // to the report, not to the user's page.
     let mut args = vec!["all", "--only", "e4", "--transports", "tcp", "--runs", "1", "--update"];
     let docs = doc.to_string_lossy().into_owned();
     args.push(&docs);
@@ -130,11 +131,13 @@ fn all_writes_report_and_splices_benchmarks_md() {
     ok(&o);
     let text = std::fs::read_to_string(&doc).unwrap();
     assert!(text.starts_with("# Benchmarks\n\nHand-written intro.\n"));
-    assert!(text.contains("<!-- END GENERATED: bench-e4 -->\nReading kept.\n"));
+    assert!(text.contains("<!-- END GENERATED: bench-summary -->\nReading kept.\n"));
     assert!(!text.contains("\nold\n"));
-    assert!(text.contains("### E4: tiled access with and without list I/O"));
-    assert!(text.contains("![e4.svg](benchmarks/plots/e4.svg)"), "plot links relative to the document");
-    assert!(text.contains("<!-- BEGIN GENERATED: bench-summary -->"));
+    assert!(!text.contains("### E4: tiled access"), "the page carries the summary only");
+    assert!(text.contains("[benchmarks/REPORT.md](benchmarks/REPORT.md)"), "links relative to the document");
+    let report = std::fs::read_to_string(out.join("REPORT.md")).unwrap();
+    assert!(report.contains("### E4: tiled access with and without list I/O"));
+    assert!(report.contains("![e4.svg](benchmarks/plots/e4.svg)"), "plot links relative to the document");
     assert!(text.contains("Machine: "));
     assert!(text.contains("Command: `stripefs bench all --only e4"));
     assert!(

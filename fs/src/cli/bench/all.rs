@@ -1,8 +1,10 @@
 //! `stripefs bench all`: every experiment in one run — `ionet-perf ab`, `calibrate` and `qos`
 //! (transport-only, in child processes) and E1–E5 and CPU (here) — then a report: each
 //! experiment's CSV, Markdown and plots in the output directory, `REPORT.md` with all of them,
-//! and with `--update FILE` the generated sections of `BENCHMARKS.md` replaced in place
-//! (between `<!-- BEGIN GENERATED: bench-<id> -->` markers; the text around them is kept).
+//! and with `--update FILE` the summary of `BENCHMARKS.md` replaced in place (between
+//! `<!-- BEGIN GENERATED: bench-summary -->` markers; the text around them is kept): the machine,
+//! the targets, the headline plots and where every table is. The tables themselves go to
+//! `REPORT.md` and one Markdown file per step beside the CSVs, so the user's page stays short.
 
 use super::{Common, Ctx, Report, cpu, e1, e2, e3, e5, tiles, util};
 use anyhow::{Context, Result, bail};
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 /// `all` options.
 #[derive(Args, Debug, Clone)]
 pub struct AllArgs {
-    /// Regenerate the suite's sections of this Markdown file (BENCHMARKS.md). Refused with
+    /// Regenerate the summary of this Markdown file (BENCHMARKS.md). Refused with
     /// --quick: quick figures are not for publication.
     #[arg(long)]
     pub update: Option<PathBuf>,
@@ -87,9 +89,9 @@ fn run_perf(c: &Common, mode: &str, extra: &[&str], out: &Path, prefix: &str) ->
     Ok(Report { samples, md, plots: Vec::new() })
 }
 
-/// The headline figures the issues set targets for, from everything measured.
+/// The headline figures the project set targets for, from everything measured.
 pub fn targets(all: &Samples) -> String {
-    let mut t = Table::new(["target (issue)", "measured (median of runs, min–max)", "met?"]);
+    let mut t = Table::new(["target", "measured (median of runs, min–max)", "met?"]);
     let mib = (1u64 << 20) as f64;
     let ratio = |a: Option<Summary>, b: Option<Summary>| match (a, b) {
         (Some(a), Some(b)) => Some(a.ratio_to(&b)),
@@ -112,20 +114,20 @@ pub fn targets(all: &Samples) -> String {
             r.map_or("–".into(), |r| if ok(r) { "yes".into() } else { "no".into() }),
         ]);
     };
-    // Issue 5: 1 MiB bandwidth softib ≥ 1.5 × tcp, from registered pool buffers on both sides
+    // 1 MiB bandwidth softib ≥ 1.5 × tcp, from registered pool buffers on both sides
     // (how RDMA bandwidth is measured: `Endpoint::alloc`, BMI_memalloc) and from plain heap memory.
     for (series, buffers) in [("ionet-pool", "pool buffers"), ("ionet", "heap buffers")] {
         let sb = all.get("ab", "softib", series, "bandwidth", mib);
         let tb = all.get("ab", "tcp", series, "bandwidth", mib);
         let r = ratio(sb, tb);
         row(
-            &format!("ionet-perf 1 MiB bandwidth ({buffers}), softib:// ≥ 1.5 × tcp:// (5)"),
+            &format!("ionet-perf 1 MiB bandwidth ({buffers}), softib:// ≥ 1.5 × tcp://"),
             r,
             &|r| r >= 1.5,
             shown(sb, tb, "GB/s", times(r)),
         );
     }
-    // Issue 6: every E1 cell ≥ 0.8 × the ionet-perf run beside it, on the same transport; and,
+    // Every E1 cell ≥ 0.8 × the ionet-perf run beside it, on the same transport; and,
     // to tell stripefs's cost from its workload's and its transport's, against the same stream
     // over the cell's footprint, (read cells) against ionet-perf's reads from N servers, and
     // each cell against the one of those two that moves its bytes its way.
@@ -151,7 +153,7 @@ pub fn targets(all: &Samples) -> String {
             let Some(low) = cells.iter().min_by(|a, b| a.ratio.total_cmp(&b.ratio)) else { continue };
             let met = cells.iter().filter(|c| c.ratio >= e1::TARGET).count();
             row(
-                &format!("stripefs E1, every {cell} ≥ {} × {against} on {t_}:// (6)", e1::TARGET),
+                &format!("stripefs E1, every {cell} ≥ {} × {against} on {t_}://", e1::TARGET),
                 Some(low.ratio),
                 &|r| r >= e1::TARGET,
                 format!(
@@ -165,7 +167,7 @@ pub fn targets(all: &Samples) -> String {
             );
         }
     }
-    // Issue 5: client CPU of server-based RDMA ≤ 10 % of TCP's.
+    // Client CPU of server-based RDMA ≤ 10 % of TCP's.
     for op in ["write", "read"] {
         for w in ["block", "adaptive"] {
             let pick = |t_: &str, se: &str| {
@@ -193,7 +195,7 @@ pub fn targets(all: &Samples) -> String {
                 let r = ratio(a, b);
                 row(
                     &format!(
-                        "client CPU per GB, 1 MiB {op}s{pooled}, server-based RDMA ≤ 10 % of TCP's, client wait {w} (5)"
+                        "client CPU per GB, 1 MiB {op}s{pooled}, server-based RDMA ≤ 10 % of TCP's, client wait {w}"
                     ),
                     r,
                     &|r| r <= 0.10,
@@ -228,9 +230,7 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
     }
     if let Some(f) = &a.update {
         let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-        for id in STEPS.iter().map(|s| s.0).chain(["summary", "micro"]) {
-            doc::splice(&text, &format!("bench-{id}"), "")?;
-        }
+        doc::splice(&text, "bench-summary", "")?;
     }
     let mut ctx = Ctx::new(c.clone())?;
     ctx.link_prefix = prefix.clone();
@@ -243,6 +243,7 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
     let mut all = Samples::new();
     let mut failed: Vec<String> = Vec::new();
     let mut durations: Vec<(String, f64)> = Vec::new();
+    let mut plots: Vec<String> = Vec::new();
     for (id, title) in STEPS {
         if !wanted(id) {
             continue;
@@ -269,6 +270,7 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
                     ctx.emit(id, &rep)?;
                 }
                 all.extend(rep.samples.rows().iter().cloned());
+                plots.extend(rep.plots.iter().map(|p| p.0.clone()));
                 let alone = match id {
                     "ab" | "calibrate" | "qos" => format!("ionet-perf {id} --transports {}", transports(&c)),
                     _ => format!("stripefs bench {id} --transports {}", transports(&c)),
@@ -330,9 +332,22 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
     }
     let tt = targets(&all);
     if tt.lines().count() > 2 {
-        summary.push_str("Targets set by the issues:\n\n");
+        summary.push_str("Targets:\n\n");
         summary.push_str(&tt);
     }
+    // The headline plots drawn here; every other plot and every table is in the report.
+    let headline = |p: &&String| p.starts_with("ab-") || p.starts_with("e1-") || p.as_str() == "cpu.svg";
+    if plots.iter().any(|p| headline(&p)) {
+        summary.push('\n');
+        for p in plots.iter().filter(headline) {
+            summary.push_str(&super::image(&prefix, p));
+        }
+    }
+    let report_link = format!("{}REPORT.md", prefix.trim_end_matches("plots/"));
+    summary.push_str(&format!(
+        "\nEvery step's tables, plots and the command for it alone: [{report_link}]({report_link}); \
+         raw samples beside it.\n"
+    ));
     summary.push_str("\nTime per step:\n\n");
     summary.push_str(&d.render());
     let mut report = format!("## Transport A/B benchmark suite\n\n{summary}\n");
@@ -348,9 +363,6 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
     if let Some(f) = &a.update {
         let mut text = std::fs::read_to_string(f)?;
         text = doc::splice(&text, "bench-summary", &summary)?;
-        for (id, body) in &sections {
-            text = doc::splice(&text, id, body)?;
-        }
         let tmp = f.with_extension("md.tmp");
         std::fs::write(&tmp, text)?;
         std::fs::rename(&tmp, f)?;
@@ -437,18 +449,18 @@ mod tests {
                 .wait("block"),
         );
         let t = targets(&s);
-        assert!(t.contains("| ionet-perf 1 MiB bandwidth (heap buffers), softib:// ≥ 1.5 × tcp:// (5) | 3.00 / 1.00 GB/s = 3.00× | yes |"), "{t}");
-        assert!(t.contains("| ionet-perf 1 MiB bandwidth (pool buffers), softib:// ≥ 1.5 × tcp:// (5) | 4.00 / 2.00 GB/s = 2.00× | yes |"), "{t}");
+        assert!(t.contains("| ionet-perf 1 MiB bandwidth (heap buffers), softib:// ≥ 1.5 × tcp:// | 3.00 / 1.00 GB/s = 3.00× | yes |"), "{t}");
+        assert!(t.contains("| ionet-perf 1 MiB bandwidth (pool buffers), softib:// ≥ 1.5 × tcp:// | 4.00 / 2.00 GB/s = 2.00× | yes |"), "{t}");
         assert!(
-            t.contains("| stripefs E1, every cell ≥ 0.8 × the ionet-perf run beside it on tcp:// (6) | 1 of 2 cells; lowest 0.70× (1 io servers × 1 clients, write) | no |"),
+            t.contains("| stripefs E1, every cell ≥ 0.8 × the ionet-perf run beside it on tcp:// | 1 of 2 cells; lowest 0.70× (1 io servers × 1 clients, write) | no |"),
             "{t}"
         );
         assert!(
-            t.contains("| stripefs E1, every read cell ≥ 0.8 × ionet-perf's reads from as many servers, beside it, on tcp:// (6) | 1 of 1 cells; lowest 0.90× (1 io servers × 1 clients, read) | yes |"),
+            t.contains("| stripefs E1, every read cell ≥ 0.8 × ionet-perf's reads from as many servers, beside it, on tcp:// | 1 of 1 cells; lowest 0.90× (1 io servers × 1 clients, read) | yes |"),
             "{t}"
         );
         assert!(
-            t.contains("| stripefs E1, every cell ≥ 0.8 × ionet-perf moving its bytes the way it does (writes: over the footprint; reads: from as many servers), beside it, on tcp:// (6) | 2 of 2 cells; lowest 0.90× (1 io servers × 1 clients, read) | yes |"),
+            t.contains("| stripefs E1, every cell ≥ 0.8 × ionet-perf moving its bytes the way it does (writes: over the footprint; reads: from as many servers), beside it, on tcp:// | 2 of 2 cells; lowest 0.90× (1 io servers × 1 clients, read) | yes |"),
             "{t}"
         );
         assert!(t.contains("= 5.0 % | yes |"), "{t}");
