@@ -180,7 +180,7 @@ impl<K: Copy + Eq + Hash + Ord> Admission<K> {
 /// and switch at the handshake. A socket that started under BBR here stayed slow after
 /// switching to reno (likely the kernel's internal pacing, which BBR turns on and nothing turns
 /// off): stripefs's E1 reads gained 16 % from reno set per accepted socket, 1.4× from reno
-/// set on the listener (BENCHMARKS.md, *io servers on reno*).
+/// set on the listener (`benchmarks/journal/e1-io-servers-on-reno-and-listeners-that-set-it.md`).
 ///
 /// Connections are handed to `accept` only once their first bytes arrived
 /// (`TCP_DEFER_ACCEPT`): a client sends its hello at once, while a socket that stays silent

@@ -29,7 +29,7 @@ pub fn aligned_zeroed(len: usize) -> BytesMut {
 /// Buffers kept for reads that land in a temporary first ([`crate::File::read_into`]): a
 /// fresh multi-MiB buffer per call costs more than the read (the allocator hands large blocks
 /// back to the kernel, so each call faults in and zeroes new pages: an 8 MiB `read_into` took
-/// 5.2–6.7 ms against `read_at`'s 2.5–2.8 ms on the reference VM, see BENCHMARKS.md). Bounded
+/// 5.2–6.7 ms against `read_at`'s 2.5–2.8 ms on the reference VM, `benchmarks/journal/huge-pages-for-client-buffers.md`). Bounded
 /// in count and bytes; a buffer larger than the bound is not kept. With `cache_foreign`, kept
 /// buffers also keep their registrations cached, which is that option's point.
 #[derive(Debug, Default)]

@@ -38,7 +38,8 @@ use tracing::debug;
 
 /// Default cap on the data of one read request to one server over `tcp://`. A read with more
 /// for one server goes as several requests, all posted at once. Over tcp this raised E1's
-/// reading cells by about 0.05 of the reference (BENCHMARKS.md, E1); over softib, where a
+/// reading cells by about 0.05 of the reference (`benchmarks/journal/e1-readings.md`); over
+/// softib, where a
 /// read is one RDMA write per request, it lowered them by 0.05–0.14, so there a read stays one
 /// request per server. Writes stay whole on every transport: split, each server gets several
 /// write streams per client at once and serves them one by one while their data waits in its
@@ -50,7 +51,7 @@ pub const DEFAULT_READ_REQUEST_BYTES: u64 = 1 << 20;
 /// do (the io servers move the data), and a call takes longer than 100 µs from a few hundred
 /// KiB on, so the client slept through each call and paid a wake-up (about 50 µs here) for
 /// its reply. E1 over softib, three alternated pairs of full grids: geometric-mean bandwidth
-/// +3 to +14 % (BENCHMARKS.md, E1). Over tcp the client's CPU is busy sending or receiving
+/// +3 to +14 % (`benchmarks/journal/e1-clients-poll-for-2-ms-over-softib-and-ib.md`). Over tcp the client's CPU is busy sending or receiving
 /// the data, and polling longer gained nothing there.
 pub const DEFAULT_RDMA_SPIN_BUDGET: Duration = Duration::from_millis(2);
 

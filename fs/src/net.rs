@@ -58,8 +58,8 @@ pub const TCP_CONGESTION_ENV: &str = "STRIPEFS_TCP_CONGESTION";
 /// several io servers in turn; an io server a read's data); a pacing algorithm such as BBR,
 /// many kernels' default, spreads each burst at its estimate of the path's rate and leaves the
 /// other end polling an empty socket. On this project's BBR machine reno made a client's
-/// writes up to 1.5× as fast, and on the io servers E1's reads 1.4× as fast (BENCHMARKS.md,
-/// E1, *Clients and reno* and *io servers on reno*). Reno is built into every Linux kernel and
+/// writes up to 1.5× as fast, and on the io servers E1's reads 1.4× as fast
+/// (`benchmarks/journal/e1-clients-and-reno.md`, `e1-io-servers-on-reno-and-listeners-that-set-it.md`). Reno is built into every Linux kernel and
 /// allowed to every process; on a WAN with a large bandwidth-delay product set `system` or
 /// `cubic`.
 pub const DEFAULT_TCP_CONGESTION: &str = "reno";

@@ -3594,8 +3594,8 @@ type RecvIov<'a> = smallvec::SmallVec<[IoSliceMut<'a>; 16]>;
 /// Where the next `max` bytes of a sink go, for a direct socket read: every piece of a scatter
 /// list up to `MAX_IOV`, so one `recvmsg` takes as much as a contiguous buffer would. A striped
 /// read's destination is a list of stripe-sized pieces, and one `recv` per piece held stripefs
-/// reads from 2–4 io servers 2–9 % lower (BENCHMARKS.md, E1). Nothing for sinks that are not
-/// plain memory.
+/// reads from 2–4 io servers 2–9 % lower (`benchmarks/journal/e1-striped-reads-take-one-recvmsg-
+/// per-body.md`). Nothing for sinks that are not plain memory.
 fn sink_slices<'a>(
     sink: &'a mut Sink,
     at: usize,

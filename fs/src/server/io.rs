@@ -92,7 +92,8 @@ pub const DEFAULT_PIPELINE_DEPTH: usize = 4;
 /// transfer between its requests, 0.4–1.1 ms here. With 100 µs it is asleep when the next
 /// request arrives: the request waits for a wake-up, and meanwhile the sender's CPU also runs
 /// the receive side of the stream (a reader inside `recvmsg` would take that over). E1 with
-/// 2 ms against 100 µs (BENCHMARKS.md, E1): over softib 7–16 % more bandwidth, over tcp the
+/// 2 ms against 100 µs (`benchmarks/journal/e1-io-servers-poll-for-2-ms-after-their-last-work.md`):
+/// over softib 7–16 % more bandwidth, over tcp the
 /// same within this machine's noise (geometric-mean ratios +0.03 writing, +0.02 reading).
 pub const DEFAULT_SPIN_BUDGET: Duration = Duration::from_millis(2);
 

@@ -25,11 +25,12 @@ pub const REF_SIZE: u64 = 1 << 20;
 /// alike (4 MiB in flight). With more the stream gets slower and its speed follows the cache:
 /// at 16 (`ionet-perf ab`'s window) its receiver cycles through 16 MiB of buffers and its
 /// sender through as much, about the 32 MiB L3 that the host shares with its other tenants, and
-/// draws ran at 3.7–4.4 GB/s in minutes when 4 in flight streamed 5.0–6.1 (BENCHMARKS.md, E1).
+/// draws ran at 3.7–4.4 GB/s in minutes when 4 in flight streamed 5.0–6.1
+/// (`benchmarks/journal/e1-a-read-fans-in.md`).
 pub const WINDOW: usize = 4;
 /// Requests outstanding at each server in a [`Pattern::Reads`] draw: where reads from N servers
 /// run fastest here. From two servers, five alternations: 6.5–7.1 GB/s with one outstanding
-/// at each, 4.3–7.2 with two, 4.5–5.2 with four (BENCHMARKS.md, E1, *A read fans in*).
+/// at each, 4.3–7.2 with two, 4.5–5.2 with four (`benchmarks/journal/e1-a-read-fans-in.md`).
 pub const READ_WINDOW: usize = 1;
 /// Messages per draw: 512 MiB, about 0.1 s at this machine's 5 GB/s.
 const ITERS: usize = 512;
