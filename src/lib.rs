@@ -87,7 +87,7 @@ pub mod key_file;
 #[cfg(all(loom, test))]
 mod loom;
 pub mod matching;
-mod peers;
+mod core;
 pub mod regcache;
 pub mod sched;
 mod sync;

@@ -50,7 +50,8 @@ use crate::expose::{ExposureTable, MemHandle};
 use crate::handshake::{self, ClientHandshake, HelloInfo, ServerHandshake};
 use crate::info::{Counters, Info};
 use crate::matching::{Arrival, Matcher};
-use crate::peers::{PeerTable, addressed};
+use crate::core::peers::PeerTable;
+use crate::core::loss::addressed;
 use crate::sched::SendScheduler;
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{

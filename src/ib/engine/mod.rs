@@ -74,7 +74,8 @@ use crate::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
 use crate::ib::verbs::*;
 use crate::info::{Counters, Info, RdmaInfo, RegcacheInfo};
 use crate::matching::Matcher;
-use crate::peers::{PeerTable, addressed};
+use crate::core::peers::PeerTable;
+use crate::core::loss::addressed;
 use crate::regcache::{RegCache, RegCacheConfig, RegRef};
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
 

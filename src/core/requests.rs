@@ -1,0 +1,241 @@
+//! The server side of requests: each open request a client sent, until it is answered, and
+//! the checks every pull, push and reply passes before a driver moves a byte.
+//!
+//! A request costs its client budget (see [`Budget::admit_request`](super::peers::Budget))
+//! from its arrival until its reply is posted. Pulls and pushes must stay inside the payload
+//! the client announced, in the direction it announced; a request the client cancelled fails
+//! them with [`Error::PeerCancelled`] without touching the wire.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+
+use crate::buf::{OpBuf, RecvBuf};
+use crate::comm::Mechanism;
+use crate::core::ops::{OpExtra, OpState, OpTable};
+use crate::endpoint::{Completion, Direction, OpKind};
+use crate::error::{Error, ProtocolError, Result};
+use crate::info::Counters;
+use crate::types::{OpId, PeerId, ServiceLevel};
+use crate::wire::{FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT};
+
+/// An open request, with the driver's extra `X`.
+#[derive(Debug)]
+pub(crate) struct Req<X> {
+    pub sl: ServiceLevel,
+    pub dir: Direction,
+    /// Length of its payload.
+    pub len: u64,
+    /// The OUT payload when it came with the request.
+    pub inline: Option<Bytes>,
+    /// How the inline payload came.
+    pub inline_mech: Mechanism,
+    /// What it costs its client's budget until answered.
+    pub cost: usize,
+    /// The client cancelled it: pulls, pushes and the reply fail with `PeerCancelled`.
+    pub cancelled: bool,
+    pub x: X,
+}
+
+impl<X: Default> Req<X> {
+    pub(crate) fn new(sl: ServiceLevel, dir: Direction, len: u64, cost: usize) -> Req<X> {
+        Req {
+            sl,
+            dir,
+            len,
+            inline: None,
+            inline_mech: Mechanism::Inline,
+            cost,
+            cancelled: false,
+            x: X::default(),
+        }
+    }
+}
+
+/// The open requests, by (client, request id): ids are the client's choice, so the map keeps
+/// the standard library's DoS-resistant hasher.
+#[derive(Debug)]
+pub(crate) struct Requests<X> {
+    open: HashMap<(PeerId, u64), Req<X>>,
+}
+
+impl<X> Default for Requests<X> {
+    fn default() -> Self {
+        Requests { open: HashMap::new() }
+    }
+}
+
+fn not_open(peer: PeerId, req: u64) -> Error {
+    Error::misuse(format!("no open request {req} from {peer}"))
+}
+
+impl<X> Requests<X> {
+    /// Opens a request; false if the client already has one open under this id (a protocol
+    /// error of the client's).
+    pub(crate) fn open(&mut self, peer: PeerId, req: u64, r: Req<X>) -> bool {
+        match self.open.entry((peer, req)) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(r);
+                true
+            }
+        }
+    }
+
+    pub(crate) fn contains(&self, peer: PeerId, req: u64) -> bool {
+        self.open.contains_key(&(peer, req))
+    }
+
+    /// The open request, or the misuse error of naming one that is not.
+    pub(crate) fn get(&self, peer: PeerId, req: u64) -> Result<&Req<X>> {
+        self.open.get(&(peer, req)).ok_or_else(|| not_open(peer, req))
+    }
+
+    pub(crate) fn get_mut(&mut self, peer: PeerId, req: u64) -> Option<&mut Req<X>> {
+        self.open.get_mut(&(peer, req))
+    }
+
+    /// Closes a request (answered); the misuse error if it is not open.
+    pub(crate) fn close(&mut self, peer: PeerId, req: u64) -> Result<Req<X>> {
+        self.open.remove(&(peer, req)).ok_or_else(|| not_open(peer, req))
+    }
+
+    /// The client cancelled request `req` (unknown ids are ignored: it may be answered already).
+    pub(crate) fn cancelled_by_client(&mut self, peer: PeerId, req: u64) {
+        if let Some(r) = self.open.get_mut(&(peer, req)) {
+            r.cancelled = true;
+        }
+    }
+
+    /// Forgets every request of a lost client.
+    pub(crate) fn drop_peer(&mut self, peer: PeerId) {
+        self.open.retain(|(p, _), _| *p != peer);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.open.len()
+    }
+
+    /// The request a push of `len` bytes at `offset` may go into: open, with an IN payload
+    /// that covers the range.
+    pub(crate) fn check_push(&self, peer: PeerId, req: u64, offset: u64, len: usize) -> Result<&Req<X>> {
+        let r = self.get(peer, req)?;
+        if r.dir != Direction::In || !within(offset, len, r.len) {
+            return Err(Error::misuse("push outside the request's IN payload"));
+        }
+        Ok(r)
+    }
+
+    /// The request a pull of `len` bytes at `offset` may come from: open, with an OUT payload
+    /// that covers the range.
+    pub(crate) fn check_pull(&self, peer: PeerId, req: u64, offset: u64, len: usize) -> Result<&Req<X>> {
+        let r = self.get(peer, req)?;
+        if r.dir != Direction::Out || !within(offset, len, r.len) {
+            return Err(Error::misuse("pull outside the request's OUT payload"));
+        }
+        Ok(r)
+    }
+
+    /// The first step of every pull: the checks, then a cancelled request fails the pull and
+    /// an inline payload serves it at once (a copy). `Some(buf)` when the driver must move
+    /// the bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start_pull<S: OpState, Y: OpExtra>(
+        &self,
+        ops: &mut OpTable<S, Y>,
+        counters: &Counters,
+        op: OpId,
+        peer: PeerId,
+        req: u64,
+        offset: u64,
+        mut buf: RecvBuf,
+    ) -> Result<Option<RecvBuf>> {
+        let len = buf.capacity();
+        let r = self.check_pull(peer, req, offset, len)?;
+        if r.cancelled {
+            ops.fail_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Error::PeerCancelled);
+            return Ok(None);
+        }
+        let Some(inline) = &r.inline else { return Ok(Some(buf)) };
+        let start = offset as usize;
+        buf.copy_in(0, &inline[start..start + len]);
+        if len > 0 {
+            Counters::add(&counters.host_copies, 1);
+            Counters::add(&counters.host_copy_bytes, len as u64);
+        }
+        let mut c = Completion::new(op, OpKind::Pull, peer, 0);
+        c.result = Ok(len);
+        c.buf = OpBuf::Recv(buf);
+        c.mechanism = Some(r.inline_mech);
+        ops.push_completion(c);
+        Ok(None)
+    }
+}
+
+/// `[offset, offset + len)` lies within `[0, total)`.
+fn within(offset: u64, len: usize, total: u64) -> bool {
+    offset.checked_add(len as u64).is_some_and(|end| end <= total)
+}
+
+/// The direction of a request's payload from its header's flags: one direction at most, and
+/// none only for a request without payload.
+pub(crate) fn direction(flags: u8, len: u64) -> std::result::Result<Direction, ProtocolError> {
+    let out = flags & FLAG_PAYLOAD_OUT != 0;
+    let inn = flags & FLAG_PAYLOAD_IN != 0;
+    match (out, inn) {
+        (true, false) => Ok(Direction::Out),
+        (false, true) => Ok(Direction::In),
+        (false, false) if len == 0 => Ok(Direction::None),
+        _ => Err(ProtocolError::Unexpected {
+            what: format!(
+                "request of {len} payload bytes with direction flags {:#x}",
+                flags & (FLAG_PAYLOAD_OUT | FLAG_PAYLOAD_IN)
+            ),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reqs() -> Requests<()> {
+        let mut r = Requests::default();
+        assert!(r.open(PeerId(1), 9, Req::new(ServiceLevel::Normal, Direction::Out, 100, 64)));
+        assert!(r.open(PeerId(1), 10, Req::new(ServiceLevel::Normal, Direction::In, 100, 64)));
+        r
+    }
+
+    #[test]
+    fn pulls_and_pushes_stay_inside_the_announced_payload_and_direction() {
+        let r = reqs();
+        assert!(r.check_pull(PeerId(1), 9, 0, 100).is_ok());
+        assert!(r.check_pull(PeerId(1), 9, 99, 1).is_ok());
+        assert!(matches!(r.check_pull(PeerId(1), 9, 1, 100), Err(Error::Misuse(_))));
+        assert!(matches!(r.check_pull(PeerId(1), 9, u64::MAX, 2), Err(Error::Misuse(_))));
+        assert!(matches!(r.check_pull(PeerId(1), 10, 0, 1), Err(Error::Misuse(_))));
+        assert!(matches!(r.check_push(PeerId(1), 9, 0, 1), Err(Error::Misuse(_))));
+        assert!(r.check_push(PeerId(1), 10, 100, 0).is_ok());
+        assert!(matches!(r.check_push(PeerId(2), 10, 0, 1), Err(Error::Misuse(_))));
+    }
+
+    #[test]
+    fn a_request_id_is_open_once_per_client() {
+        let mut r = reqs();
+        assert!(!r.open(PeerId(1), 9, Req::new(ServiceLevel::Normal, Direction::None, 0, 0)));
+        assert!(r.open(PeerId(2), 9, Req::new(ServiceLevel::Normal, Direction::None, 0, 0)));
+        assert_eq!(r.close(PeerId(1), 9).map(|q| q.len).ok(), Some(100));
+        assert!(r.close(PeerId(1), 9).is_err());
+        r.drop_peer(PeerId(1));
+        assert_eq!(r.len(), 1);
+    }
+
+    #[test]
+    fn a_request_announces_one_direction_at_most() {
+        assert_eq!(direction(FLAG_PAYLOAD_OUT, 5).ok(), Some(Direction::Out));
+        assert_eq!(direction(FLAG_PAYLOAD_IN, 5).ok(), Some(Direction::In));
+        assert_eq!(direction(0, 0).ok(), Some(Direction::None));
+        assert!(direction(0, 5).is_err());
+        assert!(direction(FLAG_PAYLOAD_OUT | FLAG_PAYLOAD_IN, 5).is_err());
+    }
+}
