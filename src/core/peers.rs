@@ -230,7 +230,13 @@ impl<C, D> Default for Peers<C, D> {
 }
 
 impl<C: Copy + PartialEq, D> Peers<C, D> {
-    fn insert(&mut self, eid: Option<u64>, dial: Option<SocketAddr>, remote: Option<SocketAddr>, d: D) -> PeerId {
+    fn insert(
+        &mut self,
+        eid: Option<u64>,
+        dial: Option<SocketAddr>,
+        remote: Option<SocketAddr>,
+        d: D,
+    ) -> PeerId {
         self.table.insert(|_| Peer {
             eid,
             dial,
@@ -246,7 +252,12 @@ impl<C: Copy + PartialEq, D> Peers<C, D> {
 
     /// The peer the application names by `addr`: the same record for the same address, a new
     /// one (within `max_peers`) otherwise.
-    pub(crate) fn dialled(&mut self, addr: SocketAddr, max_peers: usize, d: impl FnOnce() -> D) -> Result<PeerId> {
+    pub(crate) fn dialled(
+        &mut self,
+        addr: SocketAddr,
+        max_peers: usize,
+        d: impl FnOnce() -> D,
+    ) -> Result<PeerId> {
         if let Some(&p) = self.by_dial.get(&addr) {
             return Ok(p);
         }
@@ -258,6 +269,13 @@ impl<C: Copy + PartialEq, D> Peers<C, D> {
         Ok(p)
     }
 
+    /// Whether a peer announcing endpoint id `eid` may connect: it has a record already, or
+    /// there is room for one within `max_peers`. Records of peers that left are forgotten, so
+    /// the records held are the peers that are here (or whose messages still wait to be read).
+    pub(crate) fn admits(&self, eid: u64, max_peers: usize) -> bool {
+        self.by_eid.contains_key(&eid) || self.table.len() < max_peers
+    }
+
     /// The peer whose older connection of class `sl` a new connection from endpoint `eid`
     /// replaces (the old peer is to be failed; its record may go with it).
     pub(crate) fn superseded(&self, eid: u64, sl: ServiceLevel, new: C) -> Option<PeerId> {
@@ -267,7 +285,13 @@ impl<C: Copy + PartialEq, D> Peers<C, D> {
 
     /// The peer behind an authenticated connection from endpoint `eid` at `remote`, which
     /// listens on `listen_port` (0: it does not): its record, made anew if it has none.
-    pub(crate) fn accepted(&mut self, eid: u64, remote: SocketAddr, listen_port: u16, d: impl FnOnce() -> D) -> PeerId {
+    pub(crate) fn accepted(
+        &mut self,
+        eid: u64,
+        remote: SocketAddr,
+        listen_port: u16,
+        d: impl FnOnce() -> D,
+    ) -> PeerId {
         let peer = match self.by_eid.get(&eid) {
             Some(&p) => p,
             None => {

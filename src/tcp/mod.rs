@@ -42,6 +42,10 @@ use crate::admission::{self, Admission, Dialled};
 use crate::buf::{BufPool, OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism, Policy};
 use crate::config::Config;
+use crate::core::loss::Loss;
+use crate::core::ops::{self, OpState, OpTable};
+use crate::core::peers::{self, Peers};
+use crate::core::requests::{self, Req, Requests};
 use crate::endpoint::{
     Backend, Cmd, Completion, Core, Direction, OpKind, Payload, RequestMeta, Unexpected, status,
 };
@@ -50,8 +54,6 @@ use crate::expose::{ExposureTable, MemHandle};
 use crate::handshake::{self, ClientHandshake, HelloInfo, ServerHandshake};
 use crate::info::{Counters, Info};
 use crate::matching::{Arrival, Matcher};
-use crate::core::peers::PeerTable;
-use crate::core::loss::addressed;
 use crate::sched::SendScheduler;
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{
@@ -164,55 +166,17 @@ enum OpSt {
     Finishing,
 }
 
-struct Op {
-    kind: OpKind,
-    peer: PeerId,
-    tag: Tag,
-    sl: ServiceLevel,
-    buf: OpBuf,
-    st: OpSt,
-    /// Queued frames whose bodies reference `buf`.
-    frames: u32,
-    outcome: Option<Result<usize>>,
-    mech: Option<Mechanism>,
-    reply: Option<Bytes>,
-    /// Bytes moved so far: the end of the furthest byte pushed into a request's IN buffer, or
-    /// the bytes of its OUT payload sent or pulled.
-    moved: usize,
-    /// Length this op expects from the wire (rendezvous total, get / pull length).
-    expect: u64,
-}
-
-impl Op {
-    /// A fresh op: nothing queued, moved or decided yet.
-    fn new(kind: OpKind, peer: PeerId, tag: Tag, sl: ServiceLevel, buf: OpBuf, st: OpSt) -> Op {
-        Op {
-            kind,
-            peer,
-            tag,
-            sl,
-            buf,
-            st,
-            frames: 0,
-            outcome: None,
-            mech: None,
-            reply: None,
-            moved: 0,
-            expect: 0,
-        }
-    }
-}
-
-/// Server-side state of a request taken from a client.
-struct ServerReq {
-    sl: ServiceLevel,
-    dir: Direction,
-    len: u64,
-    inline: Option<Bytes>,
-    cost: usize,
-    cancelled: bool,
+/// What the TCP backend keeps of an open request beyond the shared record.
+#[derive(Debug, Default)]
+struct TcpReq {
     /// The OUT payload streams behind the request (see [`StreamIn`]).
     streamed: bool,
+}
+
+type Op = ops::Op<OpSt, ()>;
+
+impl OpState for OpSt {
+    const FINISHING: Self = OpSt::Finishing;
 }
 
 /// A streamed request payload on its way in. Its bytes arrive in order; each goes into the
@@ -240,38 +204,20 @@ enum RndvIn {
     Discard,
 }
 
-struct Peer {
-    /// The endpoint id it announced, for a peer that connected to us: such a record is
-    /// forgotten once its connections are gone and nothing of it is queued for the application.
-    /// `None` for a peer the application connected to, whose record lives with the endpoint.
-    eid: Option<u64>,
-    dial: Option<SocketAddr>,
-    remote: Option<SocketAddr>,
-    conns: [Option<Token>; ServiceLevel::COUNT],
+/// What the TCP backend keeps of a peer beyond the shared record.
+struct TcpPeer {
     /// Negotiated: the peer's eager limit and largest message.
     eager_limit: usize,
     max_message: u64,
     /// The peer reads STREAM frames (announced in its hello).
     streams: bool,
-    /// Early eager bytes, unexpected bytes and request bytes held for this peer.
-    buffered: usize,
-    unexpected: usize,
-    requests: usize,
-    /// Of those, unexpected messages handed to the application's queue and not yet taken, and
-    /// their bytes: they outlive the connection, so they stay counted when it is lost.
-    queued_unexpected: usize,
-    queued_bytes: usize,
-    /// Lost and not dialable: ops fail at once until it reconnects.
-    lost: Option<String>,
-    /// Requests this side cancelled: late frames for them are discarded.
-    cancelled_reqs: HashSet<u64>,
-    /// Connections whose reader is stalled on this peer's budget.
-    stalled: Vec<Token>,
     /// Bytes queued in answer to this peer (see [`Frame::charge`]).
     tx_bytes: usize,
     /// At the transmit bound: its connections are not read. Holds when its backlog last moved.
     tx_paused: Option<Instant>,
 }
+
+type Peer = peers::Peer<Token, TcpPeer>;
 
 enum Sink {
     Discard,
@@ -423,15 +369,11 @@ struct State {
     /// Accepted connections still in their handshake.
     admission: Admission<Token>,
     next_token: usize,
-    peers: PeerTable<Peer>,
-    /// Peers that connected to us, by the endpoint id they announced.
-    by_eid: HashMap<u64, PeerId>,
-    /// Peers the application connected to, by address.
-    by_dial: HashMap<SocketAddr, PeerId>,
+    peers: Peers<Token, TcpPeer>,
     matcher: Matcher<(), Early>,
-    ops: FxHashMap<OpId, Op>,
+    ops: OpTable<OpSt, ()>,
     exposures: ExposureTable,
-    sreqs: HashMap<(PeerId, u64), ServerReq>,
+    sreqs: Requests<TcpReq>,
     /// Streamed payloads still arriving, by (peer, request id).
     streams: HashMap<(PeerId, u64), StreamIn>,
     rndv_in: HashMap<(PeerId, u64), RndvIn>,
@@ -439,7 +381,6 @@ struct State {
     read_ready: VecDeque<Token>,
     write_ready: FxHashSet<Token>,
     sched: SendScheduler,
-    done: Vec<Completion>,
     next_msg: u64,
     last_timers: Instant,
     spin_rounds: u32,
@@ -464,13 +405,6 @@ struct State {
     direct_rounds: u32,
     closed: bool,
     core: Arc<Core>,
-}
-
-/// Why a peer is being failed.
-enum Loss {
-    Lost(String),
-    Auth(String),
-    Protocol(ProtocolError),
 }
 
 impl TcpBackend {
@@ -525,19 +459,16 @@ impl TcpBackend {
                 per_source: cfg.handshakes_per_source,
             }),
             next_token: FIRST_CONN,
-            peers: PeerTable::default(),
-            by_eid: HashMap::new(),
-            by_dial: HashMap::new(),
+            peers: Peers::default(),
             matcher: Matcher::new(),
-            ops: FxHashMap::default(),
+            ops: OpTable::default(),
             exposures: ExposureTable::default(),
-            sreqs: HashMap::new(),
+            sreqs: Requests::default(),
             streams: HashMap::new(),
             rndv_in: HashMap::new(),
             rndv_out: FxHashMap::default(),
             read_ready: VecDeque::new(),
             write_ready: FxHashSet::default(),
-            done: Vec::new(),
             next_msg: 1,
             last_timers: Instant::now(),
             spin_rounds: 0,
@@ -577,9 +508,7 @@ impl TcpBackend {
     #[inline]
     fn deliver(&self, mut st: MutexGuard<'_, State>) {
         // Lock order is backend state, then core; the core never calls back into a backend.
-        if !st.done.is_empty() {
-            self.core.complete_all(st.done.drain(..));
-        }
+        st.ops.hand_over(&self.core, |()| {});
     }
 }
 
@@ -595,15 +524,9 @@ impl Backend for TcpBackend {
     fn connect(&self, addr: &Address) -> Result<PeerId> {
         let sa = *addr.resolve()?.first().ok_or_else(|| Error::misuse("address resolves to nothing"))?;
         let mut st = self.lock();
-        if let Some(&p) = st.by_dial.get(&sa) {
-            return Ok(p);
-        }
-        if st.peers.len() >= st.s.cfg.max_peers {
-            return Err(Error::Exhausted(format!("max_peers ({}) reached", st.s.cfg.max_peers)));
-        }
-        let p = st.new_peer(None, Some(sa), Some(sa));
-        st.by_dial.insert(sa, p);
-        Ok(p)
+        let d = st.new_tcp_peer();
+        let max = st.s.cfg.max_peers;
+        st.peers.dialled(sa, max, || d)
     }
 
     fn peer_addr(&self, peer: PeerId) -> Option<Address> {
@@ -671,7 +594,7 @@ impl Backend for TcpBackend {
             st.flush_ready();
             // Connections queued for reading outside a round (one unstalled by a post) are
             // read now: epoll has no new edge for them.
-            if !st.done.is_empty() || !st.read_ready.is_empty() || st.accept_more {
+            if st.ops.done_len() > 0 || !st.read_ready.is_empty() || st.accept_more {
                 timeout = Duration::ZERO;
             }
             if self.woken.load(Ordering::Relaxed) && self.woken.swap(false, Ordering::Relaxed) {
@@ -756,12 +679,7 @@ impl Backend for TcpBackend {
 
     fn unexpected_taken(&self, peer: PeerId, bytes: usize) {
         let mut st = self.lock();
-        if let Some(p) = st.peers.get_mut(peer) {
-            p.buffered = p.buffered.saturating_sub(bytes);
-            p.unexpected = p.unexpected.saturating_sub(1);
-            p.queued_bytes = p.queued_bytes.saturating_sub(bytes);
-            p.queued_unexpected = p.queued_unexpected.saturating_sub(1);
-        }
+        st.peers.unexpected_taken(peer, bytes);
         st.forget_if_gone(peer);
         st.unstall(peer);
         st.flush_ready();
@@ -800,8 +718,8 @@ impl Backend for TcpBackend {
         info.peers_connected = st.peers.iter().filter(|(_, p)| p.conns.iter().any(Option::is_some)).count();
         info.gauges.peers = st.peers.len();
         info.gauges.handshakes = st.admission.len();
-        info.gauges.buffered_bytes = st.peers.iter().map(|(_, p)| p.buffered).sum();
-        info.gauges.transmit_bytes = st.peers.iter().map(|(_, p)| p.tx_bytes).sum();
+        info.gauges.buffered_bytes = st.peers.buffered();
+        info.gauges.transmit_bytes = st.peers.iter().map(|(_, p)| p.d.tx_bytes).sum();
         info.gauges.peers_paused = st.tx_paused.len();
     }
 
@@ -867,7 +785,7 @@ impl TcpBackend {
             }
             st.run_reads();
             st.flush_ready();
-            let progressed = !st.done.is_empty() || st.events != before;
+            let progressed = st.ops.done_len() > 0 || st.events != before;
             self.deliver(guard);
             if progressed {
                 break;
@@ -942,7 +860,7 @@ impl State {
             || self.conns.len() != 1
             || !self.write_ready.is_empty()
             || !self.read_ready.is_empty()
-            || !self.done.is_empty()
+            || self.ops.done_len() > 0
         {
             return None;
         }
@@ -999,132 +917,45 @@ impl State {
         }
     }
 
-    fn new_peer(&mut self, eid: Option<u64>, dial: Option<SocketAddr>, remote: Option<SocketAddr>) -> PeerId {
-        self.peers.insert(|_| Peer {
-            eid,
-            dial,
-            remote,
-            conns: [None; ServiceLevel::COUNT],
+    fn new_tcp_peer(&self) -> TcpPeer {
+        TcpPeer {
             eager_limit: self.s.eager_limit,
             max_message: self.s.limits.message,
             streams: false,
-            buffered: 0,
-            unexpected: 0,
-            requests: 0,
-            queued_unexpected: 0,
-            queued_bytes: 0,
-            lost: None,
-            cancelled_reqs: HashSet::new(),
-            stalled: Vec::new(),
             tx_bytes: 0,
             tx_paused: None,
-        })
+        }
     }
 
     fn peer(&self, peer: PeerId) -> Result<&Peer> {
-        self.peers.get(peer).ok_or_else(|| Cmd::forgotten(peer))
+        self.peers.require(peer)
     }
 
-    /// Forgets a peer that connected to us once nothing of it is left: no connection (its
-    /// handshake-time record would be rebuilt by a reconnect anyway) and no unexpected message
-    /// still queued for the application. Otherwise records of peers that come and go, each
-    /// with a fresh endpoint id, would pile up forever.
+    /// Forgets a peer that connected to us once nothing of it is left (see
+    /// [`Peers::forget_if_gone`]); a connection still in its handshake counts.
     fn forget_if_gone(&mut self, peer: PeerId) {
-        let Some(p) = self.peers.get(peer) else { return };
-        let Some(eid) = p.eid else { return };
-        if p.conns.iter().any(Option::is_some) || p.queued_unexpected > 0 {
-            return;
-        }
-        if self.conns.values().any(|c| c.peer == Some(peer)) {
-            return;
-        }
-        self.peers.remove(peer);
-        if self.by_eid.get(&eid) == Some(&peer) {
-            self.by_eid.remove(&eid);
-        }
+        let conns = &self.conns;
+        self.peers.forget_if_gone(peer, || conns.values().any(|c| c.peer == Some(peer)));
     }
 
     /// The STREAM frame size for request payloads to `p`, if they stream to it at all (it
     /// reads streams and [`Config::stream_requests`] is on).
     fn stream_chunk(&self, p: &Peer) -> Option<usize> {
-        (self.s.cfg.stream_requests && p.streams)
-            .then(|| (p.max_message.min(STREAM_CHUNK as u64) as usize).max(1))
+        (self.s.cfg.stream_requests && p.d.streams)
+            .then(|| (p.d.max_message.min(STREAM_CHUNK as u64) as usize).max(1))
     }
 
     fn complete(&mut self, op: OpId, result: Result<usize>) {
-        let std::collections::hash_map::Entry::Occupied(mut e) = self.ops.entry(op) else { return };
-        let o = e.get_mut();
-        if o.outcome.is_none() {
-            o.outcome = Some(result);
-        }
-        o.st = OpSt::Finishing;
-        if o.frames == 0 {
-            let o = e.remove();
-            self.push_done(op, o);
-        }
-    }
-
-    fn deliver_op(&mut self, op: OpId) {
-        if let Some(o) = self.ops.remove(&op) {
-            self.push_done(op, o);
-        }
-    }
-
-    /// Turns a finished op into its completion, built in place.
-    fn push_done(&mut self, op: OpId, o: Op) {
-        let result = o.outcome.unwrap_or(Ok(0));
-        if let (Ok(n), Some(m)) = (&result, o.mech) {
-            self.core.counters.mechanism(m);
-            match o.kind {
-                OpKind::Recv | OpKind::Get | OpKind::Pull => {
-                    Counters::add(&self.core.counters.bytes_received, *n as u64)
-                }
-                OpKind::Send | OpKind::SendUnexpected | OpKind::Put | OpKind::Push => {
-                    Counters::add(&self.core.counters.bytes_sent, *n as u64)
-                }
-                _ => {}
-            }
-        }
-        self.done.push(Completion {
-            op,
-            kind: o.kind,
-            peer: o.peer,
-            tag: o.tag,
-            result,
-            buf: o.buf,
-            reply: o.reply,
-            mechanism: o.mech,
-        });
+        self.ops.complete(op, result);
     }
 
     fn release_frame(&mut self, op: OpId) {
-        if let Some(o) = self.ops.get_mut(&op) {
-            o.frames = o.frames.saturating_sub(1);
-            if o.frames == 0 && o.outcome.is_some() {
-                self.deliver_op(op);
-            }
-        }
+        self.ops.release_ref(op);
     }
 
     /// Completes a new op at once with an error (it was taken by `post`, so it must complete).
     fn fail_new(&mut self, op: OpId, kind: OpKind, peer: PeerId, tag: Tag, buf: OpBuf, e: Error) {
-        self.done_new(op, kind, peer, tag, buf, Err(e));
-    }
-
-    /// An operation that completes as it is posted: its completion goes straight out.
-    fn done_new(
-        &mut self,
-        op: OpId,
-        kind: OpKind,
-        peer: PeerId,
-        tag: Tag,
-        buf: OpBuf,
-        result: Result<usize>,
-    ) {
-        let mut c = Completion::new(op, kind, peer, tag);
-        c.result = result;
-        c.buf = buf;
-        self.done.push(c);
+        self.ops.fail_new(op, kind, peer, tag, buf, e);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1137,8 +968,8 @@ impl State {
         sl: ServiceLevel,
         buf: OpBuf,
         st: OpSt,
-    ) {
-        self.ops.insert(op, Op::new(kind, peer, tag, sl, buf, st));
+    ) -> &mut Op {
+        self.ops.insert(op, kind, peer, tag, sl, buf, st)
     }
 
     // ----------------------------------------------------------------------------------------
@@ -1174,7 +1005,7 @@ impl State {
     }
 
     fn check_len(&self, peer: PeerId, len: usize) -> Result<()> {
-        let max = self.peer(peer)?.max_message.min(self.s.limits.message);
+        let max = self.peer(peer)?.d.max_message.min(self.s.limits.message);
         if len as u64 > max {
             return Err(Error::TooLarge { len: len as u64, max });
         }
@@ -1227,7 +1058,7 @@ impl State {
         if let Some((op, _, _)) = f.op_part
             && let Some(o) = self.ops.get_mut(&op)
         {
-            o.frames += 1;
+            o.refs += 1;
         }
         if let Some(c) = self.conns.get_mut(&t) {
             c.tx.push_back(f);
@@ -1244,11 +1075,11 @@ impl State {
     fn queue_answer(&mut self, t: Token, peer: PeerId, mut f: Frame) {
         f.charge = FRAME_COST + f.prefix.len();
         let Some(p) = self.peers.get_mut(peer) else { return };
-        p.tx_bytes += f.charge;
-        if p.tx_bytes >= self.s.cfg.transmit_bytes_per_peer && p.tx_paused.is_none() {
-            tracing::debug!(%peer, bytes = p.tx_bytes, "transmit bound reached: pausing reads");
+        p.d.tx_bytes += f.charge;
+        if p.d.tx_bytes >= self.s.cfg.transmit_bytes_per_peer && p.d.tx_paused.is_none() {
+            tracing::debug!(%peer, bytes = p.d.tx_bytes, "transmit bound reached: pausing reads");
             Counters::add(&self.core.counters.backpressure_pauses, 1);
-            p.tx_paused = Some(Instant::now());
+            p.d.tx_paused = Some(Instant::now());
             self.tx_paused.push(peer);
         }
         self.queue(t, f);
@@ -1259,15 +1090,15 @@ impl State {
     /// clock.
     fn uncharge(&mut self, peer: PeerId, bytes: usize) {
         let Some(p) = self.peers.get_mut(peer) else { return };
-        p.tx_bytes = p.tx_bytes.saturating_sub(bytes);
-        if p.tx_paused.is_none() {
+        p.d.tx_bytes = p.d.tx_bytes.saturating_sub(bytes);
+        if p.d.tx_paused.is_none() {
             return;
         }
-        if p.tx_bytes >= self.s.cfg.transmit_bytes_per_peer / 2 {
-            p.tx_paused = Some(Instant::now());
+        if p.d.tx_bytes >= self.s.cfg.transmit_bytes_per_peer / 2 {
+            p.d.tx_paused = Some(Instant::now());
             return;
         }
-        p.tx_paused = None;
+        p.d.tx_paused = None;
         self.tx_paused.retain(|q| *q != peer);
         for t in p.conns.iter().flatten() {
             if let Some(c) = self.conns.get_mut(t) {
@@ -1291,7 +1122,7 @@ impl State {
     ) -> Result<()> {
         let len = buf.len();
         self.check_len(peer, len)?;
-        let eager_max = self.peer(peer)?.eager_limit.min(self.s.eager_limit);
+        let eager_max = self.peer(peer)?.d.eager_limit.min(self.s.eager_limit);
         if unexpected && len > eager_max {
             return Err(Error::TooLarge { len: len as u64, max: eager_max as u64 });
         }
@@ -1321,9 +1152,7 @@ impl State {
             // completes here, without entering the op table or the send queue.
             let sent = match self.write_now(t, &hdr, &buf) {
                 WriteNow::All => {
-                    self.core.counters.mechanism(Mechanism::Inline);
-                    Counters::add(&self.core.counters.bytes_sent, len as u64);
-                    self.done.push(Completion {
+                    self.ops.push_completion(Completion {
                         op,
                         kind,
                         peer,
@@ -1431,8 +1260,7 @@ impl State {
     fn match_early(&mut self, op: OpId, peer: PeerId, early: Early) {
         match early {
             Early::Eager { data, sl } => {
-                let p = &mut self.peers[peer];
-                p.buffered = p.buffered.saturating_sub(data.len());
+                self.peers[peer].budget.release(data.len());
                 Counters::add(&self.core.counters.host_copies, 1);
                 Counters::add(&self.core.counters.host_copy_bytes, data.len() as u64);
                 let Some(o) = self.ops.get_mut(&op) else { return };
@@ -1452,8 +1280,7 @@ impl State {
                 self.complete(op, r);
             }
             Early::Rts { msg, total, token } => {
-                let p = &mut self.peers[peer];
-                p.buffered = p.buffered.saturating_sub(RTS_COST);
+                self.peers[peer].budget.release(RTS_COST);
                 self.accept_rts(op, peer, msg, total, token);
             }
         }
@@ -1586,7 +1413,7 @@ impl State {
                 return Ok(());
             }
         };
-        let eager_max = self.peer(peer)?.eager_limit.min(self.s.eager_limit);
+        let eager_max = self.peer(peer)?.d.eager_limit.min(self.s.eager_limit);
         let inline = dir == Direction::Out
             && len <= eager_max
             && self.s.policy.choose(len, sl, Conditions::idle(false)) == Mechanism::Inline;
@@ -1639,12 +1466,6 @@ impl State {
         Ok(())
     }
 
-    fn server_req(&self, peer: PeerId, req: u64) -> std::result::Result<&ServerReq, Error> {
-        self.sreqs
-            .get(&(peer, req))
-            .ok_or_else(|| Error::misuse(format!("no open request {req} from {peer}")))
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn post_pull(
         &mut self,
@@ -1654,32 +1475,17 @@ impl State {
         req: u64,
         sl: ServiceLevel,
         offset: u64,
-        mut buf: RecvBuf,
+        buf: RecvBuf,
     ) -> Result<()> {
-        let r = self.server_req(peer, req)?;
-        let len = buf.capacity();
-        if r.dir != Direction::Out || offset.checked_add(len as u64).is_none_or(|e| e > r.len) {
-            return Err(Error::misuse("pull outside the request's OUT payload"));
-        }
-        if r.cancelled {
-            self.fail_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Error::PeerCancelled);
+        let Some(buf) =
+            self.sreqs.start_pull(&mut self.ops, &self.core.counters, op, peer, req, offset, buf)?
+        else {
             return Ok(());
-        }
-        if r.streamed {
+        };
+        if self.sreqs.get(peer, req)?.x.streamed {
             return self.post_stream_pull(op, peer, req, sl, offset, buf);
         }
-        if let Some(inline) = &r.inline {
-            let start = offset as usize;
-            buf.copy_in(0, &inline[start..start + len]);
-            let mut c = Completion::new(op, OpKind::Pull, peer, 0);
-            c.result = Ok(len);
-            c.buf = OpBuf::Recv(buf);
-            c.mechanism = Some(Mechanism::Inline);
-            Counters::add(&self.core.counters.host_copies, 1);
-            Counters::add(&self.core.counters.host_copy_bytes, len as u64);
-            self.done.push(c);
-            return Ok(());
-        }
+        let len = buf.capacity();
         let t = match self.conn_for(registry, peer, sl) {
             Ok(t) => t,
             Err(e) => {
@@ -1687,11 +1493,9 @@ impl State {
                 return Ok(());
             }
         };
-        self.insert_op(op, OpKind::Pull, peer, 0, sl, OpBuf::Recv(buf), OpSt::WaitPullData);
-        if let Some(o) = self.ops.get_mut(&op) {
-            o.mech = Some(Mechanism::ServerRdma);
-            o.expect = len as u64;
-        }
+        let o = self.insert_op(op, OpKind::Pull, peer, 0, sl, OpBuf::Recv(buf), OpSt::WaitPullData);
+        o.mech = Some(Mechanism::ServerRdma);
+        o.expect = len as u64;
         let mut h = Header::new(Kind::Pull, sl);
         h.a = op.0;
         h.b = req;
@@ -1728,7 +1532,7 @@ impl State {
             return Err(Error::misuse("pull overlaps bytes already routed or another pull"));
         }
         if len == 0 {
-            self.done_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Ok(0));
+            self.ops.done_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Ok(0));
             return Ok(());
         }
         let waiting_here = s.stalled.is_some() && offset <= s.routed && s.routed < end;
@@ -1757,12 +1561,8 @@ impl State {
         offset: u64,
         buf: SendBuf,
     ) -> Result<()> {
-        let r = self.server_req(peer, req)?;
         let len = buf.len();
-        if r.dir != Direction::In || offset.checked_add(len as u64).is_none_or(|e| e > r.len) {
-            return Err(Error::misuse("push outside the request's IN payload"));
-        }
-        if r.cancelled {
+        if self.sreqs.check_push(peer, req, offset, len)?.cancelled {
             self.fail_new(op, OpKind::Push, peer, 0, OpBuf::Send(buf), Error::PeerCancelled);
             return Ok(());
         }
@@ -1804,9 +1604,7 @@ impl State {
         if header.len() > self.s.cfg.max_header {
             return Err(Error::TooLarge { len: header.len() as u64, max: self.s.cfg.max_header as u64 });
         }
-        let Some(r) = self.sreqs.remove(&(peer, req)) else {
-            return Err(Error::misuse(format!("no open request {req} from {peer}")));
-        };
+        let r = self.sreqs.close(peer, req)?;
         self.release_request_budget(peer, r.cost);
         if let Some(s) = self.streams.get_mut(&(peer, req)) {
             // Answered: what no pull takes now goes into the void, and the connection goes on.
@@ -1837,8 +1635,7 @@ impl State {
 
     fn release_request_budget(&mut self, peer: PeerId, cost: usize) {
         if let Some(p) = self.peers.get_mut(peer) {
-            p.buffered = p.buffered.saturating_sub(cost);
-            p.requests = p.requests.saturating_sub(1);
+            p.budget.request_done(cost);
         }
         self.unstall(peer);
     }
@@ -1930,7 +1727,7 @@ impl State {
                 kept.push_back(f);
                 continue;
             };
-            o.frames = o.frames.saturating_sub(1);
+            o.refs = o.refs.saturating_sub(1);
             if f.sent > 0 {
                 // Partly written: the rest must follow (the stream is framed).
                 let mut copy = Vec::with_capacity(n);
@@ -1951,8 +1748,8 @@ impl State {
             }
         }
         c.tx = kept;
-        if o.frames == 0 && o.outcome.is_some() {
-            self.deliver_op(op);
+        if o.refs == 0 && o.outcome.is_some() {
+            self.ops.deliver(op);
         }
     }
 
@@ -1986,7 +1783,7 @@ impl State {
             o.moved = len;
             for f in stream_frames(op, h.sl, len, chunk) {
                 out.push_back(f);
-                o.frames += 1;
+                o.refs += 1;
             }
         }
         c.tx = out;
@@ -2139,40 +1936,13 @@ impl State {
 
     /// Fails every operation on a peer once, frees what it held, closes its connections.
     fn fail_peer(&mut self, peer: PeerId, why: Loss) {
-        // Name the peer's address in what the application sees.
-        let addr = self.peers.get(peer).and_then(|p| p.dial.or(p.remote));
-        let why = match why {
-            Loss::Lost(r) => Loss::Lost(addressed(addr, r)),
-            Loss::Auth(r) => Loss::Auth(addressed(addr, r)),
-            why => why,
-        };
-        let (err, reason) = match why {
-            Loss::Lost(r) => (Error::PeerLost { peer, reason: r.clone() }, r),
-            Loss::Auth(r) => {
-                Counters::add(&self.core.counters.auth_failures, 1);
-                (Error::Auth(r.clone()), format!("authentication failed: {r}"))
-            }
-            Loss::Protocol(p) => {
-                Counters::add(&self.core.counters.protocol_errors, 1);
-                let r = p.to_string();
-                (Error::Protocol { peer: Some(peer), reason: p }, r)
-            }
-        };
-        tracing::debug!(%peer, %reason, "peer lost");
-        Counters::add(&self.core.counters.peers_lost, 1);
         let Some(p) = self.peers.get_mut(peer) else { return };
-        let tokens: Vec<Token> = p.conns.iter_mut().filter_map(Option::take).collect();
-        let dialable = p.dial.is_some();
-        p.lost = (!dialable).then(|| reason.clone());
-        // What the application's queue still holds of this peer stays counted against it.
-        p.buffered = p.queued_bytes;
-        p.unexpected = p.queued_unexpected;
-        p.requests = 0;
-        p.stalled.clear();
-        p.cancelled_reqs.clear();
+        let (err, reason) = why.into_error(peer, p.addr(), &self.core.counters);
+        tracing::debug!(%peer, %reason, "peer lost");
         // Its connections and their queues go below.
-        p.tx_bytes = 0;
-        p.tx_paused = None;
+        p.d.tx_bytes = 0;
+        p.d.tx_paused = None;
+        let tokens = self.peers.lose(peer, &reason);
         self.tx_paused.retain(|q| *q != peer);
         // Connections of this peer that are not (yet) in its table: handshakes in progress.
         let mut all: Vec<Token> =
@@ -2190,22 +1960,12 @@ impl State {
         let (posted, _early) = self.matcher.drop_peer(peer);
         drop(posted);
         self.rndv_in.retain(|(p, _), _| *p != peer);
-        let ops: Vec<OpId> = self.ops.iter().filter(|(_, o)| o.peer == peer).map(|(id, _)| *id).collect();
-        self.rndv_out.retain(|_, op| !ops.contains(op));
-        self.sreqs.retain(|(p, _), _| *p != peer);
+        let ops = self.ops.of_peer(peer);
+        self.rndv_out.retain(|_, op| ops.binary_search(op).is_err());
+        self.sreqs.drop_peer(peer);
         self.streams.retain(|(p, _), _| *p != peer);
         self.core.forget_peer(peer);
-        let mut ops = ops;
-        ops.sort();
-        for op in ops {
-            if let Some(o) = self.ops.get_mut(&op) {
-                o.frames = 0;
-                if !matches!(o.outcome, Some(Err(_))) {
-                    o.outcome = Some(Err(err.duplicate()));
-                }
-                self.deliver_op(op);
-            }
-        }
+        self.ops.fail_peer(peer, &err);
         self.forget_if_gone(peer);
     }
 
@@ -2227,11 +1987,14 @@ impl State {
             .iter()
             .copied()
             .filter(|p| {
-                self.peers.get(*p).and_then(|p| p.tx_paused).is_some_and(|at| now.duration_since(at) >= stall)
+                self.peers
+                    .get(*p)
+                    .and_then(|p| p.d.tx_paused)
+                    .is_some_and(|at| now.duration_since(at) >= stall)
             })
             .collect();
         for p in stalled {
-            let bytes = self.peers.get(p).map_or(0, |p| p.tx_bytes);
+            let bytes = self.peers.get(p).map_or(0, |p| p.d.tx_bytes);
             let why = format!(
                 "it read none of the {bytes} bytes answering it that were queued at the transmit bound for {stall:?} (transmit_bytes_per_peer, stall_timeout)"
             );
@@ -2395,7 +2158,7 @@ impl State {
                 OnDone::Nothing => {}
                 OnDone::Complete(op) => {
                     if let Some(o) = self.ops.get_mut(&op) {
-                        o.frames = o.frames.saturating_sub(1);
+                        o.refs = o.refs.saturating_sub(1);
                         let len = o.buf.send_len();
                         self.complete(op, Ok(len));
                     }
@@ -2455,7 +2218,9 @@ impl State {
                 // At the peer's transmit bound: read nothing more until its answers drain.
                 Rx::Header
                     if !self.tx_paused.is_empty()
-                        && c.peer.and_then(|p| self.peers.get(p)).is_some_and(|p| p.tx_paused.is_some()) =>
+                        && c.peer
+                            .and_then(|p| self.peers.get(p))
+                            .is_some_and(|p| p.d.tx_paused.is_some()) =>
                 {
                     return false;
                 }
@@ -2682,14 +2447,11 @@ impl State {
                 }
             },
             Kind::Unexpected => {
-                if self.peers[peer].unexpected >= self.s.cfg.unexpected_per_peer {
+                let (max, limit) = (self.s.cfg.unexpected_per_peer, self.s.cfg.early_bytes_per_peer);
+                if !self.peers[peer].budget.admit_unexpected(len, max, limit) {
                     self.stall(peer, t, h);
                     return;
                 }
-                if !self.reserve(peer, t, h, len) {
-                    return;
-                }
-                self.peers[peer].unexpected += 1;
                 Sink::Vec(vec![0; len])
             }
             Kind::Rts => {
@@ -2733,14 +2495,11 @@ impl State {
                 }
             },
             Kind::Request => {
-                if self.peers[peer].requests >= self.s.cfg.requests_per_peer {
+                let (max, limit) = (self.s.cfg.requests_per_peer, self.s.cfg.early_bytes_per_peer);
+                if !self.peers[peer].budget.admit_request(len, max, limit) {
                     self.stall(peer, t, h);
                     return;
                 }
-                if !self.reserve(peer, t, h, len) {
-                    return;
-                }
-                self.peers[peer].requests += 1;
                 Sink::Vec(vec![0; len])
             }
             Kind::Pull => {
@@ -2850,9 +2609,7 @@ impl State {
                 }
             }
             Kind::CancelRequest => {
-                if let Some(r) = self.sreqs.get_mut(&(peer, h.b)) {
-                    r.cancelled = true;
-                }
+                self.sreqs.cancelled_by_client(peer, h.b);
                 return self.finish_header_only(t);
             }
             Kind::Bye => {
@@ -2885,21 +2642,19 @@ impl State {
         if c.rx_end - c.rx_start < len {
             return false;
         }
-        let std::collections::hash_map::Entry::Occupied(e) = ops.entry(op) else { return false };
-        match &e.get().buf {
+        let Some(o) = ops.get_mut(&op) else { return false };
+        match &o.buf {
             OpBuf::Recv(b) if b.capacity() >= len => {}
             _ => return false,
         }
-        let mut o = e.remove();
         if let OpBuf::Recv(b) = &mut o.buf {
             b.copy_in(0, &c.rxbuf[c.rx_start..c.rx_start + len]);
         }
         c.rx_start += len;
         o.sl = h.sl;
         o.mech = Some(Mechanism::Inline);
-        o.outcome = Some(Ok(len));
         Counters::add(&self.core.counters.msgs_received, 1);
-        self.push_done(op, o);
+        self.ops.complete(op, Ok(len));
         true
     }
 
@@ -3036,13 +2791,10 @@ impl State {
 
     /// Reserves `cost` bytes of the peer's budget for buffering, or stalls the connection.
     fn reserve(&mut self, peer: PeerId, t: Token, h: Header, cost: usize) -> bool {
-        let budget = self.s.cfg.early_bytes_per_peer;
-        let p = &mut self.peers[peer];
-        if p.buffered + cost > budget && p.buffered > 0 {
+        if !self.peers[peer].budget.reserve(cost, self.s.cfg.early_bytes_per_peer) {
             self.stall(peer, t, h);
             return false;
         }
-        p.buffered += cost;
         true
     }
 
@@ -3050,10 +2802,7 @@ impl State {
         tracing::trace!(%peer, kind = ?h.kind, "back-pressure: pausing reads");
         Counters::add(&self.core.counters.backpressure_pauses, 1);
         self.set_rx(t, Rx::Stalled(h));
-        let p = &mut self.peers[peer];
-        if !p.stalled.contains(&t) {
-            p.stalled.push(t);
-        }
+        self.peers[peer].stall(t);
     }
 
     /// Re-evaluates stalled frames of a peer after it consumed something.
@@ -3193,9 +2942,7 @@ impl State {
             (Kind::Unexpected, Sink::Vec(v)) => {
                 Counters::add(&self.core.counters.msgs_received, 1);
                 self.events += 1;
-                let p = &mut self.peers[peer];
-                p.queued_unexpected += 1;
-                p.queued_bytes += v.len();
+                self.peers[peer].budget.queued(v.len());
                 self.core.push_unexpected(Unexpected { peer, tag: h.a, sl: h.sl, data: Bytes::from(v) });
             }
             (Kind::Request, Sink::Vec(v)) => {
@@ -3203,23 +2950,18 @@ impl State {
                 let cost = v.len();
                 let mut all = Bytes::from(v);
                 let header = all.split_to(h.aux as usize);
-                let dir = if h.flags & FLAG_PAYLOAD_OUT != 0 {
-                    Direction::Out
-                } else if h.flags & FLAG_PAYLOAD_IN != 0 {
-                    Direction::In
-                } else {
-                    Direction::None
+                let dir = match requests::direction(h.flags, h.c) {
+                    Ok(dir) => dir,
+                    Err(e) => return self.protocol_error(t, e),
                 };
-                let inline = (h.flags & FLAG_INLINE_DATA != 0).then_some(all);
                 let streamed = h.flags & FLAG_STREAMED != 0;
-                if self.sreqs.contains_key(&(peer, h.b)) || self.streams.contains_key(&(peer, h.b)) {
+                let mut r: Req<TcpReq> = Req::new(h.sl, dir, h.c, cost);
+                r.inline = (h.flags & FLAG_INLINE_DATA != 0).then_some(all);
+                r.x.streamed = streamed;
+                if self.streams.contains_key(&(peer, h.b)) || !self.sreqs.open(peer, h.b, r) {
                     self.protocol_error(t, unexpected(format!("request id {} reused while open", h.b)));
                     return;
                 }
-                self.sreqs.insert(
-                    (peer, h.b),
-                    ServerReq { sl: h.sl, dir, len: h.c, inline, cost, cancelled: false, streamed },
-                );
                 if streamed {
                     self.streams.insert(
                         (peer, h.b),
@@ -3271,7 +3013,7 @@ impl State {
                             _ => Err(Error::Remote(String::from_utf8_lossy(&hdr).into_owned())),
                         };
                         // Answered before all of a streamed payload went out: the rest stays.
-                        if o.frames > 0 {
+                        if o.refs > 0 {
                             let sl = o.sl;
                             self.truncate_stream(op, peer, sl);
                         }
@@ -3313,16 +3055,10 @@ impl State {
             Phase::ServerWaitAuth(mut hs, client) => {
                 let verdict = hs.on_auth(&h, &body);
                 let status = match &verdict {
-                    Ok(()) => {
-                        // Records of peers that left are forgotten, so the records held are
-                        // the peers that are here (or whose messages still wait to be read).
-                        let known = self.by_eid.contains_key(&client.endpoint_id);
-                        if !known && self.peers.len() >= self.s.cfg.max_peers {
-                            handshake::READY_REFUSED
-                        } else {
-                            handshake::READY_OK
-                        }
+                    Ok(()) if self.peers.admits(client.endpoint_id, self.s.cfg.max_peers) => {
+                        handshake::READY_OK
                     }
+                    Ok(()) => handshake::READY_REFUSED,
                     Err(_) => handshake::READY_AUTH_FAILED,
                 };
                 let (rh, rb) = hs.ready(status);
@@ -3343,27 +3079,15 @@ impl State {
                 c.hs_tx.push_back(Frame::new(rh, Bytes::from(rb), None, OnDone::Nothing));
                 // A newer connection for the same class replaces a stale one (and may take the
                 // stale peer's record with it: it is then made anew below).
-                if let Some(&old_peer) = self.by_eid.get(&client.endpoint_id)
-                    && self.peers.get(old_peer).and_then(|p| p.conns[sl.index()]).is_some_and(|old| old != t)
-                {
+                if let Some(old_peer) = self.peers.superseded(client.endpoint_id, sl, t) {
                     self.fail_peer(old_peer, Loss::Lost("superseded by a new connection".into()));
                 }
-                let peer = match self.by_eid.get(&client.endpoint_id) {
-                    Some(&p) => p,
-                    None => {
-                        let dial = (client.listen_port != 0)
-                            .then(|| SocketAddr::new(remote.ip(), client.listen_port));
-                        let p = self.new_peer(Some(client.endpoint_id), dial, Some(remote));
-                        self.by_eid.insert(client.endpoint_id, p);
-                        p
-                    }
-                };
+                let d = self.new_tcp_peer();
+                let peer = self.peers.accepted(client.endpoint_id, remote, client.listen_port, || d);
                 let p = &mut self.peers[peer];
-                p.lost = None;
-                p.remote = Some(remote);
-                p.eager_limit = (client.eager_limit as usize).min(self.s.eager_limit);
-                p.max_message = client.max_message;
-                p.streams = client.streams;
+                p.d.eager_limit = (client.eager_limit as usize).min(self.s.eager_limit);
+                p.d.max_message = client.max_message;
+                p.d.streams = client.streams;
                 p.conns[sl.index()] = Some(t);
                 let Some(c) = self.conns.get_mut(&t) else { return };
                 c.peer = Some(peer);
@@ -3396,9 +3120,9 @@ impl State {
                         let Some(peer) = c.peer else { return };
                         c.phase = Phase::Ready;
                         let p = &mut self.peers[peer];
-                        p.eager_limit = (server.eager_limit as usize).min(self.s.eager_limit);
-                        p.max_message = server.max_message;
-                        p.streams = server.streams;
+                        p.d.eager_limit = (server.eager_limit as usize).min(self.s.eager_limit);
+                        p.d.max_message = server.max_message;
+                        p.d.streams = server.streams;
                         p.lost = None;
                         self.stream_queued_requests(t, peer);
                         self.write_ready.insert(t);
@@ -3564,7 +3288,7 @@ fn sink_write(
     sink: &mut Sink,
     at: usize,
     data: &[u8],
-    ops: &mut FxHashMap<OpId, Op>,
+    ops: &mut OpTable<OpSt, ()>,
     exposures: &mut ExposureTable,
 ) {
     match sink {
@@ -3601,7 +3325,7 @@ fn sink_slices<'a>(
     sink: &'a mut Sink,
     at: usize,
     max: usize,
-    ops: &'a mut FxHashMap<OpId, Op>,
+    ops: &'a mut OpTable<OpSt, ()>,
     out: &mut RecvIov<'a>,
 ) {
     let mut push = |s: &'a mut [u8]| {
@@ -3729,10 +3453,12 @@ mod recv_tests {
     }
 
     /// A receive op whose buffer is a scatter list of `n` segments of `seg` bytes each.
-    fn list_op(n: usize, seg: usize) -> (OpId, FxHashMap<OpId, Op>) {
+    fn list_op(n: usize, seg: usize) -> (OpId, OpTable<OpSt, ()>) {
         let id = OpId(7);
         let list = (0..n).map(|_| BytesMut::zeroed(seg)).collect();
-        let op = Op::new(
+        let mut ops = OpTable::default();
+        ops.insert(
+            id,
             OpKind::Recv,
             PeerId(0),
             0,
@@ -3740,8 +3466,6 @@ mod recv_tests {
             OpBuf::Recv(RecvBuf::List(list)),
             OpSt::Receiving,
         );
-        let mut ops = FxHashMap::default();
-        ops.insert(id, op);
         (id, ops)
     }
 

@@ -66,6 +66,8 @@ use crate::admission::{self, Admission, Dialled};
 use crate::buf::{BufPool, OpBuf, RegisteredBuf};
 use crate::comm::{BulkScheduler, Mechanism, Policy};
 use crate::config::Config;
+use crate::core::loss::addressed;
+use crate::core::peers::PeerTable;
 use crate::endpoint::{Backend, Cmd, Completion, Core, Direction, OpKind};
 use crate::error::{Error, ProtocolError, Result};
 use crate::expose::MemHandle;
@@ -74,8 +76,6 @@ use crate::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
 use crate::ib::verbs::*;
 use crate::info::{Counters, Info, RdmaInfo, RegcacheInfo};
 use crate::matching::Matcher;
-use crate::core::peers::PeerTable;
-use crate::core::loss::addressed;
 use crate::regcache::{RegCache, RegCacheConfig, RegRef};
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
 
