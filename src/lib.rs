@@ -73,6 +73,7 @@ pub mod buf;
 pub mod comm;
 pub mod config;
 pub mod copy;
+mod core;
 mod endpoint;
 pub mod error;
 pub mod expose;
@@ -87,7 +88,6 @@ pub mod key_file;
 #[cfg(all(loom, test))]
 mod loom;
 pub mod matching;
-mod core;
 pub mod regcache;
 pub mod sched;
 mod sync;

@@ -21,7 +21,12 @@ impl Loss {
     /// The error the peer's operations fail with, naming its address (`addr`) unless the
     /// reason does already, and the reason as logged and kept for a peer that cannot be
     /// dialled again. Counts the loss by its cause.
-    pub(crate) fn into_error(self, peer: PeerId, addr: Option<SocketAddr>, counters: &Counters) -> (Error, String) {
+    pub(crate) fn into_error(
+        self,
+        peer: PeerId,
+        addr: Option<SocketAddr>,
+        counters: &Counters,
+    ) -> (Error, String) {
         Counters::add(&counters.peers_lost, 1);
         match self {
             Loss::Lost(r) => {

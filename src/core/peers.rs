@@ -230,7 +230,13 @@ impl<C, D> Default for Peers<C, D> {
 }
 
 impl<C: Copy + PartialEq, D> Peers<C, D> {
-    fn insert(&mut self, eid: Option<u64>, dial: Option<SocketAddr>, remote: Option<SocketAddr>, d: D) -> PeerId {
+    fn insert(
+        &mut self,
+        eid: Option<u64>,
+        dial: Option<SocketAddr>,
+        remote: Option<SocketAddr>,
+        d: D,
+    ) -> PeerId {
         self.table.insert(|_| Peer {
             eid,
             dial,
@@ -246,7 +252,12 @@ impl<C: Copy + PartialEq, D> Peers<C, D> {
 
     /// The peer the application names by `addr`: the same record for the same address, a new
     /// one (within `max_peers`) otherwise.
-    pub(crate) fn dialled(&mut self, addr: SocketAddr, max_peers: usize, d: impl FnOnce() -> D) -> Result<PeerId> {
+    pub(crate) fn dialled(
+        &mut self,
+        addr: SocketAddr,
+        max_peers: usize,
+        d: impl FnOnce() -> D,
+    ) -> Result<PeerId> {
         if let Some(&p) = self.by_dial.get(&addr) {
             return Ok(p);
         }
@@ -267,7 +278,13 @@ impl<C: Copy + PartialEq, D> Peers<C, D> {
 
     /// The peer behind an authenticated connection from endpoint `eid` at `remote`, which
     /// listens on `listen_port` (0: it does not): its record, made anew if it has none.
-    pub(crate) fn accepted(&mut self, eid: u64, remote: SocketAddr, listen_port: u16, d: impl FnOnce() -> D) -> PeerId {
+    pub(crate) fn accepted(
+        &mut self,
+        eid: u64,
+        remote: SocketAddr,
+        listen_port: u16,
+        d: impl FnOnce() -> D,
+    ) -> PeerId {
         let peer = match self.by_eid.get(&eid) {
             Some(&p) => p,
             None => {
