@@ -243,13 +243,25 @@ impl<S: OpState, X: OpExtra> OpTable<S, X> {
         self.done.clear();
     }
 
-    /// Hands this round's completions to the endpoint: first every retired extra to the
-    /// driver (so registrations end before buffers return), then the completions, counted.
-    #[inline]
-    pub(crate) fn hand_over(&mut self, core: &Core, mut retire: impl FnMut(X)) {
+    /// The completions waiting to leave, in order.
+    #[cfg(test)]
+    pub(crate) fn done(&self) -> &[Completion] {
+        &self.done
+    }
+
+    /// Gives every retired extra back to the driver (see [`OpExtra::must_retire`]); for a
+    /// driver that drops its completions instead of handing them over.
+    pub(crate) fn retire(&mut self, mut retire: impl FnMut(X)) {
         for x in self.retired.drain(..) {
             retire(x);
         }
+    }
+
+    /// Hands this round's completions to the endpoint: first every retired extra to the
+    /// driver (so registrations end before buffers return), then the completions, counted.
+    #[inline]
+    pub(crate) fn hand_over(&mut self, core: &Core, retire: impl FnMut(X)) {
+        self.retire(retire);
         if self.done.is_empty() {
             return;
         }

@@ -66,7 +66,10 @@ use crate::admission::{self, Admission, Dialled};
 use crate::buf::{BufPool, OpBuf, RegisteredBuf};
 use crate::comm::{BulkScheduler, Mechanism, Policy};
 use crate::config::Config;
-use crate::endpoint::{Backend, Cmd, Completion, Core, Direction, OpKind};
+use crate::core::loss::addressed;
+use crate::core::ops::{OpExtra, OpState, OpTable};
+use crate::core::peers::PeerTable;
+use crate::endpoint::{Backend, Cmd, Core, Direction};
 use crate::error::{Error, ProtocolError, Result};
 use crate::expose::MemHandle;
 use crate::flowctl::{Credits, RingReceiver, RingSender};
@@ -74,10 +77,8 @@ use crate::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
 use crate::ib::verbs::*;
 use crate::info::{Counters, Info, RdmaInfo, RegcacheInfo};
 use crate::matching::Matcher;
-use crate::core::peers::PeerTable;
-use crate::core::loss::addressed;
 use crate::regcache::{RegCache, RegCacheConfig, RegRef};
-use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
+use crate::types::{Access, OpId, PeerId, ServiceLevel};
 
 use reg::{Cache, DmaRegion, PoolReg, VerbsRegistrar};
 use side::{Framed, IbInfo};
@@ -266,21 +267,19 @@ pub(crate) enum OpSt {
     Finishing,
 }
 
-pub(crate) struct Op {
-    pub kind: OpKind,
-    pub peer: PeerId,
-    pub tag: Tag,
-    pub sl: ServiceLevel,
-    pub buf: OpBuf,
-    pub st: OpSt,
-    /// Work requests or queued messages that still reference `buf`.
-    pub refs: u32,
-    pub outcome: Option<Result<usize>>,
-    pub mech: Option<Mechanism>,
-    pub reply: Option<Bytes>,
-    /// A request's progress: its whole OUT payload when it went with the request, or the end
-    /// of the furthest byte pushed into its IN buffer in a PUSH message.
-    pub moved: usize,
+impl OpState for OpSt {
+    const FINISHING: Self = OpSt::Finishing;
+
+    /// A cancelled operation whose memory the peer may still access is delivered only when
+    /// the peer lets go (its reply or FIN) or the grace ends.
+    fn holds(self) -> bool {
+        matches!(self, OpSt::Cancelling { .. })
+    }
+}
+
+/// The engine's part of an operation.
+#[derive(Default)]
+pub(crate) struct IbOp {
     /// Registrations held for the peer's RDMA into or out of `buf` (or the request header).
     pub regs: Vec<RegRef>,
     /// The connection the op's data moves on.
@@ -294,6 +293,32 @@ pub(crate) struct Op {
     /// Stretches of `buf` in file mappings, registered for server-side units to use directly.
     pub direct: Vec<xfer::DirectRun>,
 }
+
+impl OpExtra for IbOp {
+    /// Registrations end before the buffer goes back: after that no peer touches it.
+    fn must_retire(&self) -> bool {
+        !self.regs.is_empty() || !self.direct.is_empty()
+    }
+}
+
+impl IbOp {
+    /// Gives a delivered op's registrations back to the cache, then drops the pool buffers it
+    /// kept.
+    fn retire<V: Verbs>(self, cache: &Cache<V>) {
+        let IbOp { regs, direct, keep, stage_in, .. } = self;
+        if !regs.is_empty() || !direct.is_empty() {
+            let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+            for r in regs.into_iter().chain(direct.into_iter().map(|d| d.reg)) {
+                let _ = c.release(r);
+            }
+        }
+        drop(keep);
+        drop(stage_in);
+    }
+}
+
+/// The engine's operation table.
+pub(crate) type Ops = OpTable<OpSt, IbOp>;
 
 /// Server-side state of a request.
 pub(crate) struct SReq {
@@ -589,7 +614,7 @@ pub(crate) struct State<V: Verbs> {
     /// Peers the application connected to, by address.
     pub by_dial: HashMap<SocketAddr, PeerId>,
     pub matcher: Matcher<(), Early>,
-    pub ops: FxHashMap<OpId, Op>,
+    pub ops: Ops,
     pub exposures: HashMap<u64, Exposed<V>>,
     pub sreqs: HashMap<(PeerId, u64), SReq>,
     /// Rendezvous sends and fetched headers waiting for the peer's FIN, by message id.
@@ -602,7 +627,6 @@ pub(crate) struct State<V: Verbs> {
     pub pool: BufPool,
     pub next_msg: u64,
     pub next_xfer: u64,
-    pub done: Vec<Completion>,
     pub events: u64,
     pub rounds: u32,
     /// Busy-poll rounds in a row that found nothing to do.
@@ -740,7 +764,7 @@ impl<V: Verbs> IbBackend<V> {
             by_dial: HashMap::new(),
             by_eid: HashMap::new(),
             matcher: Matcher::new(),
-            ops: FxHashMap::default(),
+            ops: OpTable::default(),
             exposures: HashMap::new(),
             sreqs: HashMap::new(),
             fin_wait: FxHashMap::default(),
@@ -756,7 +780,6 @@ impl<V: Verbs> IbBackend<V> {
             pool: pool.clone(),
             next_msg: 1,
             next_xfer: 1,
-            done: Vec::new(),
             events: 0,
             rounds: 0,
             idle_rounds: 0,
@@ -796,17 +819,15 @@ impl<V: Verbs> IbBackend<V> {
     }
 
     fn deliver(&self, mut st: MutexGuard<'_, State<V>>) {
-        if !st.done.is_empty() {
-            self.core.complete_all(st.done.drain(..));
-        }
+        st.ops.hand_over(&self.core, |x| x.retire(&self.cache));
     }
 
     /// One round: completions, then side channels when `side` is set.
     fn round(&self, st: &mut State<V>) -> bool {
-        let before = (st.events, st.done.len());
+        let before = (st.events, st.ops.done_len());
         st.poll_cq();
         st.pump_all();
-        st.events != before.0 || st.done.len() != before.1
+        st.events != before.0 || st.ops.done_len() != before.1
     }
 }
 
@@ -1052,7 +1073,8 @@ impl<V: Verbs> Backend for IbBackend<V> {
         }
         st.sides.clear();
         st.listener = None;
-        st.done.clear();
+        st.ops.retire(|x| x.retire(&self.cache));
+        st.ops.clear_done();
     }
 }
 
@@ -1109,106 +1131,6 @@ impl<V: Verbs> State<V> {
 
     pub(crate) fn conn_mut(&mut self, id: u32) -> Option<&mut Conn<V>> {
         self.conns.get_mut(id as usize).and_then(Option::as_mut)
-    }
-
-    // ----------------------------------------------------------------------------------------
-    // Operations
-    // ----------------------------------------------------------------------------------------
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn insert_op(
-        &mut self,
-        op: OpId,
-        kind: OpKind,
-        peer: PeerId,
-        tag: Tag,
-        sl: ServiceLevel,
-        buf: OpBuf,
-        st: OpSt,
-    ) {
-        self.ops.insert(
-            op,
-            Op {
-                kind,
-                peer,
-                tag,
-                sl,
-                buf,
-                st,
-                refs: 0,
-                outcome: None,
-                mech: None,
-                reply: None,
-                moved: 0,
-                regs: Vec::new(),
-                conn: None,
-                keep: Vec::new(),
-                stage_in: None,
-                direct: Vec::new(),
-            },
-        );
-    }
-
-    /// Records an op's outcome; it is delivered once nothing references its buffer.
-    pub(crate) fn complete(&mut self, op: OpId, result: Result<usize>) {
-        let Some(o) = self.ops.get_mut(&op) else { return };
-        if o.outcome.is_none() {
-            o.outcome = Some(result);
-        }
-        if !matches!(o.st, OpSt::Cancelling { .. }) {
-            o.st = OpSt::Finishing;
-        }
-        if o.refs == 0 && !matches!(o.st, OpSt::Cancelling { .. }) {
-            self.deliver_op(op);
-        }
-    }
-
-    pub(crate) fn deliver_op(&mut self, op: OpId) {
-        let Some(mut o) = self.ops.remove(&op) else { return };
-        // Registrations end before the buffer goes back: after this no peer touches it.
-        if !o.regs.is_empty() || !o.direct.is_empty() {
-            let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            for r in o.regs.drain(..).chain(o.direct.drain(..).map(|d| d.reg)) {
-                let _ = c.release(r);
-            }
-        }
-        let mut c = Completion::new(op, o.kind, o.peer, o.tag);
-        c.result = o.outcome.unwrap_or(Ok(0));
-        c.buf = o.buf;
-        c.reply = o.reply;
-        c.mechanism = o.mech;
-        if let (Ok(n), Some(m)) = (&c.result, c.mechanism) {
-            self.core.counters.mechanism(m);
-            match c.kind {
-                OpKind::Recv | OpKind::Get | OpKind::Pull => {
-                    Counters::add(&self.core.counters.bytes_received, *n as u64)
-                }
-                OpKind::Send | OpKind::SendUnexpected | OpKind::Put | OpKind::Push => {
-                    Counters::add(&self.core.counters.bytes_sent, *n as u64)
-                }
-                _ => {}
-            }
-        }
-        drop(std::mem::take(&mut o.keep));
-        drop(o.stage_in.take());
-        self.done.push(c);
-    }
-
-    /// Drops one reference to an op's buffer.
-    pub(crate) fn release_ref(&mut self, op: OpId) {
-        if let Some(o) = self.ops.get_mut(&op) {
-            o.refs = o.refs.saturating_sub(1);
-            if o.refs == 0 && o.outcome.is_some() && !matches!(o.st, OpSt::Cancelling { .. }) {
-                self.deliver_op(op);
-            }
-        }
-    }
-
-    pub(crate) fn fail_new(&mut self, op: OpId, kind: OpKind, peer: PeerId, tag: Tag, buf: OpBuf, e: Error) {
-        let mut c = Completion::new(op, kind, peer, tag);
-        c.result = Err(e);
-        c.buf = buf;
-        self.done.push(c);
     }
 
     // ----------------------------------------------------------------------------------------
@@ -1353,10 +1275,10 @@ impl<V: Verbs> State<V> {
                     OpBuf::Send(s) => s.len(),
                     _ => 0,
                 });
-                self.release_ref(op);
-                self.complete(op, Ok(n));
+                self.ops.release_ref(op);
+                self.ops.complete(op, Ok(n));
             }
-            Then::Release(op) => self.release_ref(op),
+            Then::Release(op) => self.ops.release_ref(op),
             Then::CompleteAtPost(_) | Then::Nothing => {}
         }
     }
@@ -1478,8 +1400,7 @@ impl<V: Verbs> State<V> {
                 }
             }
         }
-        let mut ops: Vec<OpId> = self.ops.iter().filter(|(_, o)| o.peer == peer).map(|(id, _)| *id).collect();
-        ops.sort();
+        let ops = self.ops.of_peer(peer);
         let fins: Vec<u64> = self
             .fin_wait
             .iter()
@@ -1489,16 +1410,7 @@ impl<V: Verbs> State<V> {
         for m in fins {
             self.fin_wait.remove(&m);
         }
-        for op in ops {
-            if let Some(o) = self.ops.get_mut(&op) {
-                o.refs = 0;
-                o.st = OpSt::Finishing;
-                if !matches!(o.outcome, Some(Err(_))) {
-                    o.outcome = Some(Err(err.duplicate()));
-                }
-                self.deliver_op(op);
-            }
-        }
+        self.ops.fail_peer(peer, &err);
         for g in grants {
             let (x, off, len) = g.token;
             self.zone_granted(x, g.client, off, len, g.buf, g.len);
@@ -1549,9 +1461,9 @@ impl<V: Verbs> State<V> {
         // Cancelled transfers the peer did not finish within the grace period: tear down.
         let overdue: Vec<PeerId> = self
             .ops
-            .values()
-            .filter(|o| matches!(o.st, OpSt::Cancelling { until } if until <= now))
-            .map(|o| o.peer)
+            .iter()
+            .filter(|(_, o)| matches!(o.st, OpSt::Cancelling { until } if until <= now))
+            .map(|(_, o)| o.peer)
             .collect();
         for p in overdue {
             self.fail_peer(p, Loss::Lost("cancelled transfer not released by the peer in time".into()));

@@ -252,10 +252,11 @@ impl<V: Verbs> State<V> {
                         o.mech = Some(if via_ring { Mechanism::FastRdma } else { Mechanism::Inline });
                     }
                     if len > cap {
-                        self.complete(op, Err(Error::Truncated { len: len as u64, capacity: cap as u64 }));
+                        self.ops
+                            .complete(op, Err(Error::Truncated { len: len as u64, capacity: cap as u64 }));
                     } else {
                         self.copy_payload_into(cid, loc, len, op, 0);
-                        self.complete(op, Ok(len));
+                        self.ops.complete(op, Ok(len));
                     }
                     return Ok(Outcome::Done);
                 }
@@ -417,7 +418,7 @@ impl<V: Verbs> State<V> {
                     super::FIN_TRUNCATED => Err(Error::Truncated { len: n as u64, capacity: h.c }),
                     _ => Err(Error::PeerCancelled),
                 };
-                self.complete(op, r);
+                self.ops.complete(op, r);
             }
             Some(FinWait::Header { regs, keep, .. }) => {
                 let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -624,7 +625,7 @@ impl<V: Verbs> State<V> {
             // The server is done with our memory: the cancelled op can go.
             o.st = OpSt::Finishing;
             self.peers[o.peer].cancelled_reqs.remove(&op.0);
-            self.complete(op, Err(Error::Cancelled));
+            self.ops.complete(op, Err(Error::Cancelled));
             return;
         }
         let moved = match &o.buf {
@@ -635,7 +636,7 @@ impl<V: Verbs> State<V> {
         // A read staged through a pool buffer: copy what was pushed into the caller's buffer.
         let mut copied = 0;
         if st == status::OK
-            && let (OpBuf::Recv(user), Some(staged)) = (&mut o.buf, o.stage_in.as_ref())
+            && let (OpBuf::Recv(user), Some(staged)) = (&mut o.buf, o.x.stage_in.as_ref())
         {
             copied = moved.min(staged.len());
             user.copy_in(0, &staged[..copied]);
@@ -649,6 +650,6 @@ impl<V: Verbs> State<V> {
             _ => Err(Error::Remote(String::from_utf8_lossy(&header).into_owned())),
         };
         self.count_copy(copied);
-        self.complete(op, r);
+        self.ops.complete(op, r);
     }
 }
