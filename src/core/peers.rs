@@ -269,6 +269,12 @@ impl<C: Copy + PartialEq, D> Peers<C, D> {
         Ok(p)
     }
 
+    /// A peer that connected to us announcing endpoint id `eid` has a record (a connection
+    /// from it takes no new slot of `max_peers`).
+    pub(crate) fn knows(&self, eid: u64) -> bool {
+        self.by_eid.contains_key(&eid)
+    }
+
     /// The peer whose older connection of class `sl` a new connection from endpoint `eid`
     /// replaces (the old peer is to be failed; its record may go with it).
     pub(crate) fn superseded(&self, eid: u64, sl: ServiceLevel, new: C) -> Option<PeerId> {

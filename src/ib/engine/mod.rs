@@ -68,7 +68,7 @@ use crate::comm::{BulkScheduler, Mechanism, Policy};
 use crate::config::Config;
 use crate::core::loss::addressed;
 use crate::core::ops::{OpExtra, OpState, OpTable};
-use crate::core::peers::PeerTable;
+use crate::core::peers::Peers;
 use crate::endpoint::{Backend, Cmd, Core, Direction};
 use crate::error::{Error, ProtocolError, Result};
 use crate::expose::MemHandle;
@@ -341,28 +341,6 @@ pub(crate) struct SReq {
     pub pushed: u64,
 }
 
-/// A peer.
-pub(crate) struct Peer {
-    /// The endpoint id it announced, for a peer that connected to us: such a record is
-    /// forgotten once its connections are gone and nothing of it is queued for the application.
-    /// `None` for a peer the application connected to, whose record lives with the endpoint.
-    pub eid: Option<u64>,
-    pub dial: Option<SocketAddr>,
-    pub remote: Option<SocketAddr>,
-    pub conns: [Option<u32>; ServiceLevel::COUNT],
-    pub buffered: usize,
-    pub unexpected: usize,
-    pub requests: usize,
-    /// Of those, unexpected messages handed to the application's queue and not yet taken, and
-    /// their bytes: they outlive the connection, so they stay counted when it is lost.
-    pub queued_unexpected: usize,
-    pub queued_bytes: usize,
-    pub lost: Option<String>,
-    pub cancelled_reqs: std::collections::HashSet<u64>,
-    /// Connections with held messages (back-pressure).
-    pub stalled: Vec<u32>,
-}
-
 /// A message waiting to be transmitted on a connection.
 pub(crate) struct OutMsg {
     pub via: Via,
@@ -608,11 +586,8 @@ pub(crate) struct State<V: Verbs> {
     pub conns: Vec<Option<Conn<V>>>,
     pub conn_gen: Vec<u8>,
     pub free_conns: Vec<u32>,
-    pub peers: PeerTable<Peer>,
-    /// Peers that connected to us, by the endpoint id they announced.
-    pub by_eid: HashMap<u64, PeerId>,
-    /// Peers the application connected to, by address.
-    pub by_dial: HashMap<SocketAddr, PeerId>,
+    /// The peers, each with its connections by class.
+    pub peers: Peers<u32, ()>,
     pub matcher: Matcher<(), Early>,
     pub ops: Ops,
     pub exposures: HashMap<u64, Exposed<V>>,
@@ -760,9 +735,7 @@ impl<V: Verbs> IbBackend<V> {
             conns: Vec::new(),
             conn_gen: Vec::new(),
             free_conns: Vec::new(),
-            peers: PeerTable::default(),
-            by_dial: HashMap::new(),
-            by_eid: HashMap::new(),
+            peers: Peers::default(),
             matcher: Matcher::new(),
             ops: OpTable::default(),
             exposures: HashMap::new(),
@@ -843,21 +816,13 @@ impl<V: Verbs> Backend for IbBackend<V> {
     fn connect(&self, addr: &Address) -> Result<PeerId> {
         let sa = *addr.resolve()?.first().ok_or_else(|| Error::misuse("address resolves to nothing"))?;
         let mut st = self.lock();
-        if let Some(&p) = st.by_dial.get(&sa) {
-            return Ok(p);
-        }
-        if st.peers.len() >= st.s.cfg.max_peers {
-            return Err(Error::Exhausted(format!("max_peers ({}) reached", st.s.cfg.max_peers)));
-        }
-        let p = st.new_peer(None, Some(sa), Some(sa));
-        st.by_dial.insert(sa, p);
-        Ok(p)
+        let max_peers = st.s.cfg.max_peers;
+        st.peers.dialled(sa, max_peers, || ())
     }
 
     fn peer_addr(&self, peer: PeerId) -> Option<Address> {
         let st = self.lock();
-        let p = st.peers.get(peer)?;
-        p.dial.or(p.remote).map(|sa| Address::from_socket(self.scheme, sa))
+        st.peers.get(peer)?.addr().map(|sa| Address::from_socket(self.scheme, sa))
     }
 
     fn post(&self, op: OpId, cmd: Cmd) -> Result<()> {
@@ -952,12 +917,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
 
     fn unexpected_taken(&self, peer: PeerId, bytes: usize) {
         let mut st = self.lock();
-        if let Some(p) = st.peers.get_mut(peer) {
-            p.buffered = p.buffered.saturating_sub(bytes);
-            p.unexpected = p.unexpected.saturating_sub(1);
-            p.queued_bytes = p.queued_bytes.saturating_sub(bytes);
-            p.queued_unexpected = p.queued_unexpected.saturating_sub(1);
-        }
+        st.peers.unexpected_taken(peer, bytes);
         st.forget_if_gone(peer);
         st.unstall(peer);
         st.pump_all();
@@ -1032,7 +992,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
         info.peers_connected = st.peers.iter().filter(|(_, p)| p.conns.iter().any(Option::is_some)).count();
         info.gauges.peers = st.peers.len();
         info.gauges.handshakes = st.admission.len();
-        info.gauges.buffered_bytes = st.peers.iter().map(|(_, p)| p.buffered).sum();
+        info.gauges.buffered_bytes = st.peers.buffered();
         let (max_entries, max_bytes) = (st.s.cfg.ib.regcache_entries, st.s.cfg.ib.regcache_bytes as u64);
         let provider = self.dev.ctx.counters();
         let zones = st.zones.as_ref().map(|z| (z.zones.stats().held_bytes, z.zones.waiting()));
@@ -1079,50 +1039,14 @@ impl<V: Verbs> Backend for IbBackend<V> {
 }
 
 impl<V: Verbs> State<V> {
-    pub(crate) fn new_peer(
-        &mut self,
-        eid: Option<u64>,
-        dial: Option<SocketAddr>,
-        remote: Option<SocketAddr>,
-    ) -> PeerId {
-        self.peers.insert(|_| Peer {
-            eid,
-            dial,
-            remote,
-            conns: [None; ServiceLevel::COUNT],
-            buffered: 0,
-            unexpected: 0,
-            requests: 0,
-            queued_unexpected: 0,
-            queued_bytes: 0,
-            lost: None,
-            cancelled_reqs: Default::default(),
-            stalled: Vec::new(),
-        })
-    }
-
-    pub(crate) fn peer(&self, peer: PeerId) -> Result<&Peer> {
-        self.peers.get(peer).ok_or_else(|| Cmd::forgotten(peer))
-    }
-
-    /// Forgets a peer that connected to us once nothing of it is left: no connection or side
-    /// channel, and no unexpected message still queued for the application. Otherwise records
-    /// of peers that come and go, each with a fresh endpoint id, would pile up forever.
+    /// Forgets a peer that connected to us once nothing of it is left (see
+    /// [`Peers::forget_if_gone`]); a side channel still in its handshake, or a queue pair still
+    /// being set up, keeps it.
     pub(crate) fn forget_if_gone(&mut self, peer: PeerId) {
-        let Some(p) = self.peers.get(peer) else { return };
-        let Some(eid) = p.eid else { return };
-        if p.conns.iter().any(Option::is_some) || p.queued_unexpected > 0 {
-            return;
-        }
-        if self.sides.values().any(|s| s.peer == Some(peer))
-            || self.conns.iter().flatten().any(|c| c.peer == peer)
-        {
-            return;
-        }
-        self.peers.remove(peer);
-        if self.by_eid.get(&eid) == Some(&peer) {
-            self.by_eid.remove(&eid);
-        }
+        let (sides, conns) = (&self.sides, &self.conns);
+        self.peers.forget_if_gone(peer, || {
+            sides.values().any(|s| s.peer == Some(peer)) || conns.iter().flatten().any(|c| c.peer == peer)
+        });
     }
 
     pub(crate) fn conn(&self, id: u32) -> Option<&Conn<V>> {
@@ -1289,7 +1213,7 @@ impl<V: Verbs> State<V> {
 
     pub(crate) fn fail_peer(&mut self, peer: PeerId, why: Loss) {
         // Name the peer's address in what the application sees.
-        let addr = self.peers.get(peer).and_then(|p| p.dial.or(p.remote));
+        let addr = self.peers.get(peer).and_then(|p| p.addr());
         let why = match why {
             Loss::Lost(r) => Loss::Lost(addressed(addr, r)),
             Loss::Auth(r) => Loss::Auth(addressed(addr, r)),
@@ -1307,17 +1231,13 @@ impl<V: Verbs> State<V> {
                 (Error::Protocol { peer: Some(peer), reason: p }, r)
             }
         };
-        let Some(p) = self.peers.get_mut(peer) else { return };
+        if self.peers.get(peer).is_none() {
+            return;
+        }
         tracing::debug!(%peer, %reason, "peer lost");
         Counters::add(&self.core.counters.peers_lost, 1);
-        let conn_ids: Vec<u32> = p.conns.iter_mut().filter_map(Option::take).collect();
-        p.lost = p.dial.is_none().then(|| reason.clone());
         // What the application's queue still holds of this peer stays counted against it.
-        p.buffered = p.queued_bytes;
-        p.unexpected = p.queued_unexpected;
-        p.requests = 0;
-        p.stalled.clear();
-        p.cancelled_reqs.clear();
+        let conn_ids = self.peers.lose(peer, &reason);
         // Side channels of this peer (also those still in their handshake).
         let sides: Vec<Token> =
             self.sides.iter().filter(|(_, s)| s.peer == Some(peer)).map(|(t, _)| *t).collect();

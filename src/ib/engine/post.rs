@@ -402,7 +402,7 @@ impl<V: Verbs> State<V> {
     }
 
     fn post_recv(&mut self, op: OpId, peer: PeerId, tag: Tag, buf: RecvBuf) -> Result<()> {
-        let p = self.peer(peer)?;
+        let p = self.peers.require(peer)?;
         if let Some(reason) = p.lost.clone() {
             self.ops.fail_new(
                 op,
@@ -426,8 +426,7 @@ impl<V: Verbs> State<V> {
     pub(crate) fn match_early(&mut self, op: OpId, peer: PeerId, early: Early) {
         match early {
             Early::Eager { data, sl, mech } => {
-                let p = &mut self.peers[peer];
-                p.buffered = p.buffered.saturating_sub(data.len());
+                self.peers[peer].budget.release(data.len());
                 Counters::add(&self.core.counters.msgs_received, 1);
                 let Some(o) = self.ops.get_mut(&op) else { return };
                 o.sl = sl;
@@ -448,8 +447,7 @@ impl<V: Verbs> State<V> {
                 self.ops.complete(op, r);
             }
             Early::Rdv { msg, total, segs, conn, withdrawn } => {
-                let p = &mut self.peers[peer];
-                p.buffered = p.buffered.saturating_sub(super::RDV_COST);
+                self.peers[peer].budget.release(super::RDV_COST);
                 if withdrawn {
                     // The sender cancelled this message; the receive it matches says so.
                     self.ops.complete(op, Err(Error::PeerCancelled));
@@ -879,8 +877,7 @@ impl<V: Verbs> State<V> {
 
     pub(crate) fn release_request_budget(&mut self, peer: PeerId, cost: usize) {
         if let Some(p) = self.peers.get_mut(peer) {
-            p.buffered = p.buffered.saturating_sub(cost);
-            p.requests = p.requests.saturating_sub(1);
+            p.budget.request_done(cost);
         }
         self.unstall(peer);
     }

@@ -127,10 +127,8 @@ impl<V: Verbs> State<V> {
                     c.held.push_back(loc);
                 }
                 Counters::add(&self.core.counters.backpressure_pauses, 1);
-                if let Some(p) = self.peers.get_mut(peer)
-                    && !p.stalled.contains(&cid)
-                {
-                    p.stalled.push(cid);
+                if let Some(p) = self.peers.get_mut(peer) {
+                    p.stall(cid);
                 }
             }
             Err(loss) => self.fail_peer(peer, loss),
@@ -182,10 +180,8 @@ impl<V: Verbs> State<V> {
                         self.release_loc(cid, loc);
                     }
                     Ok(Outcome::Hold) => {
-                        if let Some(p) = self.peers.get_mut(peer)
-                            && !p.stalled.contains(&cid)
-                        {
-                            p.stalled.push(cid);
+                        if let Some(p) = self.peers.get_mut(peer) {
+                            p.stall(cid);
                         }
                         break;
                     }
@@ -223,16 +219,6 @@ impl<V: Verbs> State<V> {
         self.count_copy(len);
     }
 
-    fn reserve(&mut self, peer: PeerId, cost: usize) -> bool {
-        let budget = self.s.cfg.early_bytes_per_peer;
-        let p = &mut self.peers[peer];
-        if p.buffered + cost > budget && p.buffered > 0 {
-            return false;
-        }
-        p.buffered += cost;
-        true
-    }
-
     fn process(&mut self, cid: u32, loc: Held, h: Header) -> Result<Outcome, Loss> {
         let Some(c) = self.conn(cid) else { return Ok(Outcome::Done) };
         let peer = c.peer;
@@ -260,7 +246,7 @@ impl<V: Verbs> State<V> {
                     }
                     return Ok(Outcome::Done);
                 }
-                if !self.reserve(peer, len) {
+                if !self.peers[peer].budget.reserve(len, self.s.cfg.early_bytes_per_peer) {
                     return Ok(Outcome::Hold);
                 }
                 // Out of the receive buffer now (its credit goes back), into the receive later.
@@ -271,17 +257,15 @@ impl<V: Verbs> State<V> {
                 Ok(Outcome::Done)
             }
             Kind::Unexpected => {
-                if self.peers[peer].unexpected >= self.s.cfg.unexpected_per_peer || !self.reserve(peer, len) {
+                let (max, limit) = (self.s.cfg.unexpected_per_peer, self.s.cfg.early_bytes_per_peer);
+                if !self.peers[peer].budget.admit_unexpected(len, max, limit) {
                     return Ok(Outcome::Hold);
                 }
-                self.peers[peer].unexpected += 1;
                 Counters::add(&self.core.counters.msgs_received, 1);
                 let data = Bytes::from(self.payload(cid, loc, &h));
                 self.count_copy(len);
                 self.events += 1;
-                let p = &mut self.peers[peer];
-                p.queued_unexpected += 1;
-                p.queued_bytes += data.len();
+                self.peers[peer].budget.queued(data.len());
                 self.core.push_unexpected(Unexpected { peer, tag: h.a, sl: h.sl, data });
                 Ok(Outcome::Done)
             }
@@ -298,7 +282,7 @@ impl<V: Verbs> State<V> {
                     self.start_rdv_recv(op, cid, h.b, h.c, segs);
                     return Ok(Outcome::Done);
                 }
-                if !self.reserve(peer, super::RDV_COST) {
+                if !self.peers[peer].budget.reserve(super::RDV_COST, self.s.cfg.early_bytes_per_peer) {
                     return Ok(Outcome::Hold);
                 }
                 self.matcher.queue_early(
@@ -309,10 +293,10 @@ impl<V: Verbs> State<V> {
                 Ok(Outcome::Done)
             }
             Kind::Request => {
-                if self.peers[peer].requests >= self.s.cfg.requests_per_peer || !self.reserve(peer, len) {
+                let (max, limit) = (self.s.cfg.requests_per_peer, self.s.cfg.early_bytes_per_peer);
+                if !self.peers[peer].budget.admit_request(len, max, limit) {
                     return Ok(Outcome::Hold);
                 }
-                self.peers[peer].requests += 1;
                 Counters::add(&self.core.counters.msgs_received, 1);
                 let body = Bytes::from(self.payload(cid, loc, &h));
                 let via = if via_ring { Mechanism::FastRdma } else { Mechanism::Inline };

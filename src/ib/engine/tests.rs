@@ -15,6 +15,10 @@ fn backend() -> IbBackend<crate::ib::soft::SoftContext> {
     IbBackend::new(Scheme::SoftIb, ctx, None, &Config::default(), Arc::new(Core::default())).expect("engine")
 }
 
+fn peer(st: &mut State<crate::ib::soft::SoftContext>, port: u16) -> PeerId {
+    st.peers.dialled(([127, 0, 0, 1], port).into(), 16, || ()).expect("peer")
+}
+
 /// A FIN is accepted only from the peer the rendezvous message went to: another peer must not
 /// be able to hand a send buffer back to its user (or release a reply header) while the real
 /// receiver may still be reading it.
@@ -22,8 +26,8 @@ fn backend() -> IbBackend<crate::ib::soft::SoftContext> {
 fn fin_only_from_the_peer_it_belongs_to() {
     let be = backend();
     let mut st = be.lock();
-    let a = st.new_peer(None, None, None);
-    let b = st.new_peer(None, None, None);
+    let a = peer(&mut st, 1);
+    let b = peer(&mut st, 2);
     let op = OpId(1);
     let buf = OpBuf::Send(SendBuf::Bytes(Bytes::from_static(b"data")));
     st.ops.insert(op, OpKind::Send, a, 5, ServiceLevel::Normal, buf, OpSt::WaitFin { msg: 7 });
@@ -54,7 +58,7 @@ fn fin_only_from_the_peer_it_belongs_to() {
 fn reply_counts_the_pushed_extent_within_the_buffer() {
     let be = backend();
     let mut st = be.lock();
-    let peer = st.new_peer(None, None, None);
+    let peer = peer(&mut st, 1);
     let reply = |op: OpId, pushed| {
         let mut h = Header::new(Kind::Reply, ServiceLevel::Normal);
         h.b = op.0;
