@@ -66,11 +66,12 @@ use crate::admission::{self, Admission, Dialled};
 use crate::buf::{BufPool, OpBuf, RegisteredBuf};
 use crate::comm::{BulkScheduler, Mechanism, Policy};
 use crate::config::Config;
-use crate::core::loss::addressed;
+use crate::core::loss::Loss;
 use crate::core::ops::{OpExtra, OpState, OpTable};
 use crate::core::peers::Peers;
-use crate::endpoint::{Backend, Cmd, Core, Direction};
-use crate::error::{Error, ProtocolError, Result};
+use crate::core::requests::Requests;
+use crate::endpoint::{Backend, Cmd, Core};
+use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::flowctl::{Credits, RingReceiver, RingSender};
 use crate::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
@@ -320,18 +321,13 @@ impl IbOp {
 /// The engine's operation table.
 pub(crate) type Ops = OpTable<OpSt, IbOp>;
 
-/// Server-side state of a request.
-pub(crate) struct SReq {
-    pub sl: ServiceLevel,
+/// The engine's part of an open request (server side).
+#[derive(Default)]
+pub(crate) struct IbReq {
+    /// The connection it came on: its pulls, pushes and reply go there.
     pub conn: u32,
-    pub dir: Direction,
-    pub len: u64,
-    pub inline: Option<Bytes>,
-    /// How the inline data came (inline or fast RDMA).
-    pub inline_mech: Mechanism,
+    /// The client's registered payload, for the server's RDMA.
     pub segs: Vec<msg::Segment>,
-    pub cost: usize,
-    pub cancelled: bool,
     /// Pulls and pushes not finished: the reply waits for them.
     pub xfers: u32,
     /// A reply posted while transfers were still running.
@@ -526,13 +522,6 @@ pub(crate) struct Side {
     pub since: Instant,
 }
 
-/// Why a peer is failed.
-pub(crate) enum Loss {
-    Lost(String),
-    Auth(String),
-    Protocol(ProtocolError),
-}
-
 /// A transfer moved by RDMA in units.
 pub(crate) struct Xfer {
     pub peer: PeerId,
@@ -591,7 +580,7 @@ pub(crate) struct State<V: Verbs> {
     pub matcher: Matcher<(), Early>,
     pub ops: Ops,
     pub exposures: HashMap<u64, Exposed<V>>,
-    pub sreqs: HashMap<(PeerId, u64), SReq>,
+    pub sreqs: Requests<IbReq>,
     /// Rendezvous sends and fetched headers waiting for the peer's FIN, by message id.
     pub fin_wait: FxHashMap<u64, FinWait>,
     pub xfers: FxHashMap<u64, Xfer>,
@@ -739,7 +728,7 @@ impl<V: Verbs> IbBackend<V> {
             matcher: Matcher::new(),
             ops: OpTable::default(),
             exposures: HashMap::new(),
-            sreqs: HashMap::new(),
+            sreqs: Requests::default(),
             fin_wait: FxHashMap::default(),
             xfers: FxHashMap::default(),
             bulk: BulkScheduler::new(
@@ -1212,30 +1201,10 @@ impl<V: Verbs> State<V> {
     // ----------------------------------------------------------------------------------------
 
     pub(crate) fn fail_peer(&mut self, peer: PeerId, why: Loss) {
-        // Name the peer's address in what the application sees.
-        let addr = self.peers.get(peer).and_then(|p| p.addr());
-        let why = match why {
-            Loss::Lost(r) => Loss::Lost(addressed(addr, r)),
-            Loss::Auth(r) => Loss::Auth(addressed(addr, r)),
-            why => why,
-        };
-        let (err, reason) = match why {
-            Loss::Lost(r) => (Error::PeerLost { peer, reason: r.clone() }, r),
-            Loss::Auth(r) => {
-                Counters::add(&self.core.counters.auth_failures, 1);
-                (Error::Auth(r.clone()), format!("authentication failed: {r}"))
-            }
-            Loss::Protocol(p) => {
-                Counters::add(&self.core.counters.protocol_errors, 1);
-                let r = p.to_string();
-                (Error::Protocol { peer: Some(peer), reason: p }, r)
-            }
-        };
-        if self.peers.get(peer).is_none() {
-            return;
-        }
+        // Only a known peer is lost (and counted); the error names its address.
+        let Some(p) = self.peers.get(peer) else { return };
+        let (err, reason) = why.into_error(peer, p.addr(), &self.core.counters);
         tracing::debug!(%peer, %reason, "peer lost");
-        Counters::add(&self.core.counters.peers_lost, 1);
         // What the application's queue still holds of this peer stays counted against it.
         let conn_ids = self.peers.lose(peer, &reason);
         // Side channels of this peer (also those still in their handshake).
@@ -1282,7 +1251,7 @@ impl<V: Verbs> State<V> {
             }
         }
         let (_posted, _early) = self.matcher.drop_peer(peer);
-        self.sreqs.retain(|(p, _), _| *p != peer);
+        self.sreqs.drop_peer(peer);
         self.core.forget_peer(peer);
         let xfers: Vec<u64> = self.xfers.iter().filter(|(_, x)| x.peer == peer).map(|(k, _)| *k).collect();
         for x in xfers {

@@ -4,7 +4,7 @@ use bytes::Bytes;
 
 use crate::buf::{OpBuf, RecvBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism};
-use crate::endpoint::{Cmd, Completion, Direction, OpKind, Payload as UserPayload};
+use crate::endpoint::{Cmd, Direction, OpKind, Payload as UserPayload};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::flowctl::Transmit;
@@ -18,7 +18,7 @@ use crate::wire::{
 
 use super::msg::{self, MSG_HDR, Prefix, Segment};
 use super::{
-    Early, FinWait, Local, MsgCaps, OpSt, OutMsg, Payload, SReq, SqDone, SqEntry, State, Then, Via, WR_SEND,
+    Early, FinWait, Local, MsgCaps, OpSt, OutMsg, Payload, SqDone, SqEntry, State, Then, Via, WR_SEND,
     XferThen, wr_id,
 };
 
@@ -638,12 +638,6 @@ impl<V: Verbs> State<V> {
         Ok(segs)
     }
 
-    fn sreq(&self, peer: PeerId, req: u64) -> Result<&SReq> {
-        self.sreqs
-            .get(&(peer, req))
-            .ok_or_else(|| Error::misuse(format!("no open request {req} from {peer}")))
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn post_pull(
         &mut self,
@@ -652,33 +646,17 @@ impl<V: Verbs> State<V> {
         req: u64,
         sl: ServiceLevel,
         offset: u64,
-        mut buf: RecvBuf,
+        buf: RecvBuf,
     ) -> Result<()> {
-        let r = self.sreq(peer, req)?;
+        let Some(buf) =
+            self.sreqs.start_pull(&mut self.ops, &self.core.counters, op, peer, req, offset, buf)?
+        else {
+            return Ok(());
+        };
         let len = buf.capacity();
-        if r.dir != Direction::Out || offset.checked_add(len as u64).is_none_or(|e| e > r.len) {
-            return Err(Error::misuse("pull outside the request's OUT payload"));
-        }
-        if r.cancelled {
-            self.ops.fail_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Error::PeerCancelled);
-            return Ok(());
-        }
-        if let Some(inline) = &r.inline {
-            let start = offset as usize;
-            buf.copy_in(0, &inline[start..start + len]);
-            let mech = r.inline_mech;
-            let mut c = Completion::new(op, OpKind::Pull, peer, 0);
-            c.result = Ok(len);
-            c.buf = OpBuf::Recv(buf);
-            c.mechanism = Some(mech);
-            self.count_copy(len);
-            self.ops.push_completion(c);
-            return Ok(());
-        }
-        let (cid, segs) = (r.conn, r.segs.clone());
-        if let Some(r) = self.sreqs.get_mut(&(peer, req)) {
-            r.xfers += 1;
-        }
+        let Some(r) = self.sreqs.get_mut(peer, req) else { unreachable!("checked by start_pull") };
+        r.x.xfers += 1;
+        let (cid, segs) = (r.x.conn, r.x.segs.clone());
         self.ops.insert(op, OpKind::Pull, peer, 0, sl, OpBuf::Recv(buf), OpSt::Moving);
         if let Some(o) = self.ops.get_mut(&op) {
             o.mech = Some(Mechanism::ServerRdma);
@@ -712,16 +690,13 @@ impl<V: Verbs> State<V> {
         offset: u64,
         buf: SendBuf,
     ) -> Result<()> {
-        let r = self.sreq(peer, req)?;
         let len = buf.len();
-        if r.dir != Direction::In || offset.checked_add(len as u64).is_none_or(|e| e > r.len) {
-            return Err(Error::misuse("push outside the request's IN payload"));
-        }
+        let r = self.sreqs.check_push(peer, req, offset, len)?;
         if r.cancelled {
             self.ops.fail_new(op, OpKind::Push, peer, 0, OpBuf::Send(buf), Error::PeerCancelled);
             return Ok(());
         }
-        let (cid, segs, rsl) = (r.conn, r.segs.clone(), r.sl);
+        let (cid, segs, rsl) = (r.x.conn, r.x.segs.clone(), r.sl);
         self.ops.insert(op, OpKind::Push, peer, 0, sl, OpBuf::Send(buf), OpSt::Sending);
         if segs.is_empty() {
             // The client did not register its buffer (small read): a PUSH message.
@@ -745,9 +720,9 @@ impl<V: Verbs> State<V> {
             }
             // The message goes before the reply on this connection: these bytes count.
             if len > 0
-                && let Some(r) = self.sreqs.get_mut(&(peer, req))
+                && let Some(r) = self.sreqs.get_mut(peer, req)
             {
-                r.pushed = r.pushed.max(offset + len as u64);
+                r.x.pushed = r.x.pushed.max(offset + len as u64);
             }
             let via = if mech == Mechanism::Inline { Via::Send } else { Via::Ring };
             self.enqueue(
@@ -762,8 +737,8 @@ impl<V: Verbs> State<V> {
             );
             return Ok(());
         }
-        if let Some(r) = self.sreqs.get_mut(&(peer, req)) {
-            r.xfers += 1;
+        if let Some(r) = self.sreqs.get_mut(peer, req) {
+            r.x.xfers += 1;
         }
         if let Some(o) = self.ops.get_mut(&op) {
             o.mech = Some(Mechanism::ServerRdma);
@@ -800,11 +775,11 @@ impl<V: Verbs> State<V> {
         if header.len() > self.s.cfg.max_header {
             return Err(Error::TooLarge { len: header.len() as u64, max: self.s.cfg.max_header as u64 });
         }
-        let r = self.sreq(peer, req)?;
+        let r = self.sreqs.get(peer, req)?;
         let _ = sl;
-        let (cancelled, cost, rsl, xfers) = (r.cancelled, r.cost, r.sl, r.xfers);
+        let (cancelled, cost, rsl, xfers) = (r.cancelled, r.cost, r.sl, r.x.xfers);
         if cancelled {
-            self.sreqs.remove(&(peer, req));
+            let _ = self.sreqs.close(peer, req);
             self.release_request_budget(peer, cost);
             self.ops.fail_new(op, OpKind::Reply, peer, 0, OpBuf::None, Error::PeerCancelled);
             return Ok(());
@@ -812,8 +787,8 @@ impl<V: Verbs> State<V> {
         self.ops.insert(op, OpKind::Reply, peer, 0, rsl, OpBuf::None, OpSt::Sending);
         if xfers > 0 {
             // Pulls or pushes still move: the reply must not overtake them.
-            if let Some(r) = self.sreqs.get_mut(&(peer, req)) {
-                r.deferred_reply = Some((op, header, status));
+            if let Some(r) = self.sreqs.get_mut(peer, req) {
+                r.x.deferred_reply = Some((op, header, status));
             }
             return Ok(());
         }
@@ -823,7 +798,7 @@ impl<V: Verbs> State<V> {
 
     /// Sends a reply now (its request's transfers are done).
     pub(crate) fn send_reply(&mut self, op: OpId, peer: PeerId, req: u64, header: Bytes, status: u32) {
-        let Some(r) = self.sreqs.remove(&(peer, req)) else {
+        let Ok(r) = self.sreqs.close(peer, req) else {
             self.ops.complete(op, Err(Error::misuse("request vanished")));
             return;
         };
@@ -832,8 +807,8 @@ impl<V: Verbs> State<V> {
         let mut h = Header::new(Kind::Reply, r.sl);
         h.b = req;
         h.aux = status;
-        h.a = r.pushed;
-        let caps = self.caps(r.conn);
+        h.a = r.x.pushed;
+        let caps = self.caps(r.x.conn);
         let payload = if MSG_HDR + header.len() > caps.slot {
             match self.register_header(op, &header) {
                 Ok(segs) => {
@@ -864,7 +839,7 @@ impl<V: Verbs> State<V> {
         h.len = payload.len() as u32;
         let via = if MSG_HDR + payload.len() <= caps.recv { Via::Send } else { Via::Ring };
         self.enqueue(
-            r.conn,
+            r.x.conn,
             OutMsg {
                 via,
                 header: h,
@@ -884,10 +859,10 @@ impl<V: Verbs> State<V> {
 
     /// A pull or push of a request finished: a deferred reply may go now.
     pub(crate) fn xfer_finished_for_req(&mut self, peer: PeerId, req: u64) {
-        let Some(r) = self.sreqs.get_mut(&(peer, req)) else { return };
-        r.xfers = r.xfers.saturating_sub(1);
-        if r.xfers == 0
-            && let Some((op, header, status)) = r.deferred_reply.take()
+        let Some(r) = self.sreqs.get_mut(peer, req) else { return };
+        r.x.xfers = r.x.xfers.saturating_sub(1);
+        if r.x.xfers == 0
+            && let Some((op, header, status)) = r.x.deferred_reply.take()
         {
             self.send_reply(op, peer, req, header, status);
         }

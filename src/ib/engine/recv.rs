@@ -4,18 +4,17 @@ use bytes::Bytes;
 
 use crate::buf::OpBuf;
 use crate::comm::Mechanism;
+use crate::core::requests::{Req, direction};
 use crate::endpoint::{Direction, OpKind, RequestMeta, Unexpected, status};
 use crate::error::{Error, ProtocolError};
 use crate::ib::verbs::*;
 use crate::info::Counters;
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
-use crate::wire::{
-    FLAG_INLINE_DATA, FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind,
-};
+use crate::wire::{FLAG_INLINE_DATA, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind};
 
 use super::msg::{self, MSG_HDR, Segment};
 use super::setup::post_recv;
-use super::{Early, FinWait, Held, Local, Loss, OpSt, SReq, State, XferThen};
+use super::{Early, FinWait, Held, IbReq, Local, Loss, OpSt, State, XferThen};
 
 /// A request whose header is being fetched by RDMA before it is delivered.
 pub(crate) struct PendingRequest {
@@ -363,9 +362,7 @@ impl<V: Verbs> State<V> {
                 Ok(Outcome::Done)
             }
             Kind::CancelRequest => {
-                if let Some(r) = self.sreqs.get_mut(&(peer, h.b)) {
-                    r.cancelled = true;
-                }
+                self.sreqs.cancelled_by_client(peer, h.b);
                 Ok(Outcome::Done)
             }
             other => Err(unexpected(format!("{other:?} message over InfiniBand"))),
@@ -429,14 +426,7 @@ impl<V: Verbs> State<V> {
         if u64::from(h.aux) > max_header || h.c > self.s.max_message as u64 {
             return Err(Loss::Protocol(ProtocolError::FlowControl("request larger than our limits".into())));
         }
-        let out = h.flags & FLAG_PAYLOAD_OUT != 0;
-        let inn = h.flags & FLAG_PAYLOAD_IN != 0;
-        let dir = match (out, inn) {
-            (true, false) => Direction::Out,
-            (false, true) => Direction::In,
-            (false, false) if h.c == 0 => Direction::None,
-            _ => return Err(unexpected("request direction".into())),
-        };
+        let dir = direction(h.flags, h.c).map_err(Loss::Protocol)?;
         let mut rest = &body[..];
         let at = |rest: &[u8]| body.len() - rest.len();
         let mut hdr_segs = None;
@@ -517,27 +507,14 @@ impl<V: Verbs> State<V> {
     }
 
     pub(crate) fn deliver_request(&mut self, p: PendingRequest, header: Bytes) {
-        if self.sreqs.contains_key(&(p.peer, p.id)) {
+        let mut r = Req::new(p.sl, p.dir, p.len, p.cost);
+        r.inline = p.inline;
+        r.inline_mech = p.inline_mech;
+        r.x = IbReq { conn: p.cid, segs: p.segs, ..IbReq::default() };
+        if !self.sreqs.open(p.peer, p.id, r) {
             self.fail_peer(p.peer, unexpected(format!("request id {} reused while open", p.id)));
             return;
         }
-        self.sreqs.insert(
-            (p.peer, p.id),
-            SReq {
-                sl: p.sl,
-                conn: p.cid,
-                dir: p.dir,
-                len: p.len,
-                inline: p.inline,
-                inline_mech: p.inline_mech,
-                segs: p.segs,
-                cost: p.cost,
-                cancelled: false,
-                xfers: 0,
-                deferred_reply: None,
-                pushed: 0,
-            },
-        );
         self.events += 1;
         self.core.push_request(RequestMeta {
             peer: p.peer,
