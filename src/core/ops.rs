@@ -130,20 +130,8 @@ impl<S: OpState, X: OpExtra> OpTable<S, X> {
         self.ops.get_mut(op)
     }
 
-    pub(crate) fn contains_key(&self, op: &OpId) -> bool {
-        self.ops.contains_key(op)
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.ops.len()
-    }
-
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&OpId, &Op<S, X>)> {
         self.ops.iter()
-    }
-
-    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut Op<S, X>> {
-        self.ops.values_mut()
     }
 
     /// The operations on `peer`, in the order they were posted.
@@ -243,13 +231,25 @@ impl<S: OpState, X: OpExtra> OpTable<S, X> {
         self.done.clear();
     }
 
-    /// Hands this round's completions to the endpoint: first every retired extra to the
-    /// driver (so registrations end before buffers return), then the completions, counted.
-    #[inline]
-    pub(crate) fn hand_over(&mut self, core: &Core, mut retire: impl FnMut(X)) {
+    /// The completions waiting to leave, in order.
+    #[cfg(test)]
+    pub(crate) fn done(&self) -> &[Completion] {
+        &self.done
+    }
+
+    /// Gives every retired extra back to the driver (see [`OpExtra::must_retire`]); for a
+    /// driver that drops its completions instead of handing them over.
+    pub(crate) fn retire(&mut self, mut retire: impl FnMut(X)) {
         for x in self.retired.drain(..) {
             retire(x);
         }
+    }
+
+    /// Hands this round's completions to the endpoint: first every retired extra to the
+    /// driver (so registrations end before buffers return), then the completions, counted.
+    #[inline]
+    pub(crate) fn hand_over(&mut self, core: &Core, retire: impl FnMut(X)) {
+        self.retire(retire);
         if self.done.is_empty() {
             return;
         }
@@ -341,7 +341,7 @@ mod tests {
         t.release_ref(OpId(1));
         assert_eq!(done_ids(&t), [1]);
         assert!(matches!(t.done[0].result, Ok(10)));
-        assert_eq!(t.len(), 0);
+        assert!(t.get(&OpId(1)).is_none());
     }
 
     #[test]
@@ -370,7 +370,7 @@ mod tests {
         assert_eq!(done_ids(&t), [3, 4, 7]);
         assert!(matches!(t.done[1].result, Err(Error::Timeout)));
         assert!(matches!(t.done[0].result, Err(Error::PeerLost { .. })));
-        assert!(t.contains_key(&OpId(5)));
+        assert!(t.get(&OpId(5)).is_some());
     }
 
     #[test]

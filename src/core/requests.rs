@@ -82,10 +82,6 @@ impl<X> Requests<X> {
         }
     }
 
-    pub(crate) fn contains(&self, peer: PeerId, req: u64) -> bool {
-        self.open.contains_key(&(peer, req))
-    }
-
     /// The open request, or the misuse error of naming one that is not.
     pub(crate) fn get(&self, peer: PeerId, req: u64) -> Result<&Req<X>> {
         self.open.get(&(peer, req)).ok_or_else(|| not_open(peer, req))

@@ -66,10 +66,12 @@ use crate::admission::{self, Admission, Dialled};
 use crate::buf::{BufPool, OpBuf, RegisteredBuf};
 use crate::comm::{BulkScheduler, Mechanism, Policy};
 use crate::config::Config;
-use crate::core::loss::addressed;
-use crate::core::peers::PeerTable;
-use crate::endpoint::{Backend, Cmd, Completion, Core, Direction, OpKind};
-use crate::error::{Error, ProtocolError, Result};
+use crate::core::loss::Loss;
+use crate::core::ops::{OpExtra, OpState, OpTable};
+use crate::core::peers::Peers;
+use crate::core::requests::Requests;
+use crate::endpoint::{Backend, Cmd, Core};
+use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::flowctl::{Credits, RingReceiver, RingSender};
 use crate::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
@@ -77,7 +79,7 @@ use crate::ib::verbs::*;
 use crate::info::{Counters, Info, RdmaInfo, RegcacheInfo};
 use crate::matching::Matcher;
 use crate::regcache::{RegCache, RegCacheConfig, RegRef};
-use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
+use crate::types::{Access, OpId, PeerId, ServiceLevel};
 
 use reg::{Cache, DmaRegion, PoolReg, VerbsRegistrar};
 use side::{Framed, IbInfo};
@@ -266,21 +268,19 @@ pub(crate) enum OpSt {
     Finishing,
 }
 
-pub(crate) struct Op {
-    pub kind: OpKind,
-    pub peer: PeerId,
-    pub tag: Tag,
-    pub sl: ServiceLevel,
-    pub buf: OpBuf,
-    pub st: OpSt,
-    /// Work requests or queued messages that still reference `buf`.
-    pub refs: u32,
-    pub outcome: Option<Result<usize>>,
-    pub mech: Option<Mechanism>,
-    pub reply: Option<Bytes>,
-    /// A request's progress: its whole OUT payload when it went with the request, or the end
-    /// of the furthest byte pushed into its IN buffer in a PUSH message.
-    pub moved: usize,
+impl OpState for OpSt {
+    const FINISHING: Self = OpSt::Finishing;
+
+    /// A cancelled operation whose memory the peer may still access is delivered only when
+    /// the peer lets go (its reply or FIN) or the grace ends.
+    fn holds(self) -> bool {
+        matches!(self, OpSt::Cancelling { .. })
+    }
+}
+
+/// The engine's part of an operation.
+#[derive(Default)]
+pub(crate) struct IbOp {
     /// Registrations held for the peer's RDMA into or out of `buf` (or the request header).
     pub regs: Vec<RegRef>,
     /// The connection the op's data moves on.
@@ -295,18 +295,39 @@ pub(crate) struct Op {
     pub direct: Vec<xfer::DirectRun>,
 }
 
-/// Server-side state of a request.
-pub(crate) struct SReq {
-    pub sl: ServiceLevel,
+impl OpExtra for IbOp {
+    /// Registrations end before the buffer goes back: after that no peer touches it.
+    fn must_retire(&self) -> bool {
+        !self.regs.is_empty() || !self.direct.is_empty()
+    }
+}
+
+impl IbOp {
+    /// Gives a delivered op's registrations back to the cache, then drops the pool buffers it
+    /// kept.
+    fn retire<V: Verbs>(self, cache: &Cache<V>) {
+        let IbOp { regs, direct, keep, stage_in, .. } = self;
+        if !regs.is_empty() || !direct.is_empty() {
+            let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+            for r in regs.into_iter().chain(direct.into_iter().map(|d| d.reg)) {
+                let _ = c.release(r);
+            }
+        }
+        drop(keep);
+        drop(stage_in);
+    }
+}
+
+/// The engine's operation table.
+pub(crate) type Ops = OpTable<OpSt, IbOp>;
+
+/// The engine's part of an open request (server side).
+#[derive(Default)]
+pub(crate) struct IbReq {
+    /// The connection it came on: its pulls, pushes and reply go there.
     pub conn: u32,
-    pub dir: Direction,
-    pub len: u64,
-    pub inline: Option<Bytes>,
-    /// How the inline data came (inline or fast RDMA).
-    pub inline_mech: Mechanism,
+    /// The client's registered payload, for the server's RDMA.
     pub segs: Vec<msg::Segment>,
-    pub cost: usize,
-    pub cancelled: bool,
     /// Pulls and pushes not finished: the reply waits for them.
     pub xfers: u32,
     /// A reply posted while transfers were still running.
@@ -314,28 +335,6 @@ pub(crate) struct SReq {
     /// End of the furthest byte pushed so far (by pushes that finished, or went out as
     /// messages): the reply tells the client, whose RDMA-written buffer cannot tell it.
     pub pushed: u64,
-}
-
-/// A peer.
-pub(crate) struct Peer {
-    /// The endpoint id it announced, for a peer that connected to us: such a record is
-    /// forgotten once its connections are gone and nothing of it is queued for the application.
-    /// `None` for a peer the application connected to, whose record lives with the endpoint.
-    pub eid: Option<u64>,
-    pub dial: Option<SocketAddr>,
-    pub remote: Option<SocketAddr>,
-    pub conns: [Option<u32>; ServiceLevel::COUNT],
-    pub buffered: usize,
-    pub unexpected: usize,
-    pub requests: usize,
-    /// Of those, unexpected messages handed to the application's queue and not yet taken, and
-    /// their bytes: they outlive the connection, so they stay counted when it is lost.
-    pub queued_unexpected: usize,
-    pub queued_bytes: usize,
-    pub lost: Option<String>,
-    pub cancelled_reqs: std::collections::HashSet<u64>,
-    /// Connections with held messages (back-pressure).
-    pub stalled: Vec<u32>,
 }
 
 /// A message waiting to be transmitted on a connection.
@@ -523,13 +522,6 @@ pub(crate) struct Side {
     pub since: Instant,
 }
 
-/// Why a peer is failed.
-pub(crate) enum Loss {
-    Lost(String),
-    Auth(String),
-    Protocol(ProtocolError),
-}
-
 /// A transfer moved by RDMA in units.
 pub(crate) struct Xfer {
     pub peer: PeerId,
@@ -583,15 +575,12 @@ pub(crate) struct State<V: Verbs> {
     pub conns: Vec<Option<Conn<V>>>,
     pub conn_gen: Vec<u8>,
     pub free_conns: Vec<u32>,
-    pub peers: PeerTable<Peer>,
-    /// Peers that connected to us, by the endpoint id they announced.
-    pub by_eid: HashMap<u64, PeerId>,
-    /// Peers the application connected to, by address.
-    pub by_dial: HashMap<SocketAddr, PeerId>,
+    /// The peers, each with its connections by class.
+    pub peers: Peers<u32, ()>,
     pub matcher: Matcher<(), Early>,
-    pub ops: FxHashMap<OpId, Op>,
+    pub ops: Ops,
     pub exposures: HashMap<u64, Exposed<V>>,
-    pub sreqs: HashMap<(PeerId, u64), SReq>,
+    pub sreqs: Requests<IbReq>,
     /// Rendezvous sends and fetched headers waiting for the peer's FIN, by message id.
     pub fin_wait: FxHashMap<u64, FinWait>,
     pub xfers: FxHashMap<u64, Xfer>,
@@ -602,7 +591,6 @@ pub(crate) struct State<V: Verbs> {
     pub pool: BufPool,
     pub next_msg: u64,
     pub next_xfer: u64,
-    pub done: Vec<Completion>,
     pub events: u64,
     pub rounds: u32,
     /// Busy-poll rounds in a row that found nothing to do.
@@ -736,13 +724,11 @@ impl<V: Verbs> IbBackend<V> {
             conns: Vec::new(),
             conn_gen: Vec::new(),
             free_conns: Vec::new(),
-            peers: PeerTable::default(),
-            by_dial: HashMap::new(),
-            by_eid: HashMap::new(),
+            peers: Peers::default(),
             matcher: Matcher::new(),
-            ops: FxHashMap::default(),
+            ops: OpTable::default(),
             exposures: HashMap::new(),
-            sreqs: HashMap::new(),
+            sreqs: Requests::default(),
             fin_wait: FxHashMap::default(),
             xfers: FxHashMap::default(),
             bulk: BulkScheduler::new(
@@ -756,7 +742,6 @@ impl<V: Verbs> IbBackend<V> {
             pool: pool.clone(),
             next_msg: 1,
             next_xfer: 1,
-            done: Vec::new(),
             events: 0,
             rounds: 0,
             idle_rounds: 0,
@@ -796,17 +781,15 @@ impl<V: Verbs> IbBackend<V> {
     }
 
     fn deliver(&self, mut st: MutexGuard<'_, State<V>>) {
-        if !st.done.is_empty() {
-            self.core.complete_all(st.done.drain(..));
-        }
+        st.ops.hand_over(&self.core, |x| x.retire(&self.cache));
     }
 
     /// One round: completions, then side channels when `side` is set.
     fn round(&self, st: &mut State<V>) -> bool {
-        let before = (st.events, st.done.len());
+        let before = (st.events, st.ops.done_len());
         st.poll_cq();
         st.pump_all();
-        st.events != before.0 || st.done.len() != before.1
+        st.events != before.0 || st.ops.done_len() != before.1
     }
 }
 
@@ -822,21 +805,13 @@ impl<V: Verbs> Backend for IbBackend<V> {
     fn connect(&self, addr: &Address) -> Result<PeerId> {
         let sa = *addr.resolve()?.first().ok_or_else(|| Error::misuse("address resolves to nothing"))?;
         let mut st = self.lock();
-        if let Some(&p) = st.by_dial.get(&sa) {
-            return Ok(p);
-        }
-        if st.peers.len() >= st.s.cfg.max_peers {
-            return Err(Error::Exhausted(format!("max_peers ({}) reached", st.s.cfg.max_peers)));
-        }
-        let p = st.new_peer(None, Some(sa), Some(sa));
-        st.by_dial.insert(sa, p);
-        Ok(p)
+        let max_peers = st.s.cfg.max_peers;
+        st.peers.dialled(sa, max_peers, || ())
     }
 
     fn peer_addr(&self, peer: PeerId) -> Option<Address> {
         let st = self.lock();
-        let p = st.peers.get(peer)?;
-        p.dial.or(p.remote).map(|sa| Address::from_socket(self.scheme, sa))
+        st.peers.get(peer)?.addr().map(|sa| Address::from_socket(self.scheme, sa))
     }
 
     fn post(&self, op: OpId, cmd: Cmd) -> Result<()> {
@@ -931,12 +906,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
 
     fn unexpected_taken(&self, peer: PeerId, bytes: usize) {
         let mut st = self.lock();
-        if let Some(p) = st.peers.get_mut(peer) {
-            p.buffered = p.buffered.saturating_sub(bytes);
-            p.unexpected = p.unexpected.saturating_sub(1);
-            p.queued_bytes = p.queued_bytes.saturating_sub(bytes);
-            p.queued_unexpected = p.queued_unexpected.saturating_sub(1);
-        }
+        st.peers.unexpected_taken(peer, bytes);
         st.forget_if_gone(peer);
         st.unstall(peer);
         st.pump_all();
@@ -1011,7 +981,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
         info.peers_connected = st.peers.iter().filter(|(_, p)| p.conns.iter().any(Option::is_some)).count();
         info.gauges.peers = st.peers.len();
         info.gauges.handshakes = st.admission.len();
-        info.gauges.buffered_bytes = st.peers.iter().map(|(_, p)| p.buffered).sum();
+        info.gauges.buffered_bytes = st.peers.buffered();
         let (max_entries, max_bytes) = (st.s.cfg.ib.regcache_entries, st.s.cfg.ib.regcache_bytes as u64);
         let provider = self.dev.ctx.counters();
         let zones = st.zones.as_ref().map(|z| (z.zones.stats().held_bytes, z.zones.waiting()));
@@ -1052,55 +1022,20 @@ impl<V: Verbs> Backend for IbBackend<V> {
         }
         st.sides.clear();
         st.listener = None;
-        st.done.clear();
+        st.ops.retire(|x| x.retire(&self.cache));
+        st.ops.clear_done();
     }
 }
 
 impl<V: Verbs> State<V> {
-    pub(crate) fn new_peer(
-        &mut self,
-        eid: Option<u64>,
-        dial: Option<SocketAddr>,
-        remote: Option<SocketAddr>,
-    ) -> PeerId {
-        self.peers.insert(|_| Peer {
-            eid,
-            dial,
-            remote,
-            conns: [None; ServiceLevel::COUNT],
-            buffered: 0,
-            unexpected: 0,
-            requests: 0,
-            queued_unexpected: 0,
-            queued_bytes: 0,
-            lost: None,
-            cancelled_reqs: Default::default(),
-            stalled: Vec::new(),
-        })
-    }
-
-    pub(crate) fn peer(&self, peer: PeerId) -> Result<&Peer> {
-        self.peers.get(peer).ok_or_else(|| Cmd::forgotten(peer))
-    }
-
-    /// Forgets a peer that connected to us once nothing of it is left: no connection or side
-    /// channel, and no unexpected message still queued for the application. Otherwise records
-    /// of peers that come and go, each with a fresh endpoint id, would pile up forever.
+    /// Forgets a peer that connected to us once nothing of it is left (see
+    /// [`Peers::forget_if_gone`]); a side channel still in its handshake, or a queue pair still
+    /// being set up, keeps it.
     pub(crate) fn forget_if_gone(&mut self, peer: PeerId) {
-        let Some(p) = self.peers.get(peer) else { return };
-        let Some(eid) = p.eid else { return };
-        if p.conns.iter().any(Option::is_some) || p.queued_unexpected > 0 {
-            return;
-        }
-        if self.sides.values().any(|s| s.peer == Some(peer))
-            || self.conns.iter().flatten().any(|c| c.peer == peer)
-        {
-            return;
-        }
-        self.peers.remove(peer);
-        if self.by_eid.get(&eid) == Some(&peer) {
-            self.by_eid.remove(&eid);
-        }
+        let (sides, conns) = (&self.sides, &self.conns);
+        self.peers.forget_if_gone(peer, || {
+            sides.values().any(|s| s.peer == Some(peer)) || conns.iter().flatten().any(|c| c.peer == peer)
+        });
     }
 
     pub(crate) fn conn(&self, id: u32) -> Option<&Conn<V>> {
@@ -1109,106 +1044,6 @@ impl<V: Verbs> State<V> {
 
     pub(crate) fn conn_mut(&mut self, id: u32) -> Option<&mut Conn<V>> {
         self.conns.get_mut(id as usize).and_then(Option::as_mut)
-    }
-
-    // ----------------------------------------------------------------------------------------
-    // Operations
-    // ----------------------------------------------------------------------------------------
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn insert_op(
-        &mut self,
-        op: OpId,
-        kind: OpKind,
-        peer: PeerId,
-        tag: Tag,
-        sl: ServiceLevel,
-        buf: OpBuf,
-        st: OpSt,
-    ) {
-        self.ops.insert(
-            op,
-            Op {
-                kind,
-                peer,
-                tag,
-                sl,
-                buf,
-                st,
-                refs: 0,
-                outcome: None,
-                mech: None,
-                reply: None,
-                moved: 0,
-                regs: Vec::new(),
-                conn: None,
-                keep: Vec::new(),
-                stage_in: None,
-                direct: Vec::new(),
-            },
-        );
-    }
-
-    /// Records an op's outcome; it is delivered once nothing references its buffer.
-    pub(crate) fn complete(&mut self, op: OpId, result: Result<usize>) {
-        let Some(o) = self.ops.get_mut(&op) else { return };
-        if o.outcome.is_none() {
-            o.outcome = Some(result);
-        }
-        if !matches!(o.st, OpSt::Cancelling { .. }) {
-            o.st = OpSt::Finishing;
-        }
-        if o.refs == 0 && !matches!(o.st, OpSt::Cancelling { .. }) {
-            self.deliver_op(op);
-        }
-    }
-
-    pub(crate) fn deliver_op(&mut self, op: OpId) {
-        let Some(mut o) = self.ops.remove(&op) else { return };
-        // Registrations end before the buffer goes back: after this no peer touches it.
-        if !o.regs.is_empty() || !o.direct.is_empty() {
-            let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            for r in o.regs.drain(..).chain(o.direct.drain(..).map(|d| d.reg)) {
-                let _ = c.release(r);
-            }
-        }
-        let mut c = Completion::new(op, o.kind, o.peer, o.tag);
-        c.result = o.outcome.unwrap_or(Ok(0));
-        c.buf = o.buf;
-        c.reply = o.reply;
-        c.mechanism = o.mech;
-        if let (Ok(n), Some(m)) = (&c.result, c.mechanism) {
-            self.core.counters.mechanism(m);
-            match c.kind {
-                OpKind::Recv | OpKind::Get | OpKind::Pull => {
-                    Counters::add(&self.core.counters.bytes_received, *n as u64)
-                }
-                OpKind::Send | OpKind::SendUnexpected | OpKind::Put | OpKind::Push => {
-                    Counters::add(&self.core.counters.bytes_sent, *n as u64)
-                }
-                _ => {}
-            }
-        }
-        drop(std::mem::take(&mut o.keep));
-        drop(o.stage_in.take());
-        self.done.push(c);
-    }
-
-    /// Drops one reference to an op's buffer.
-    pub(crate) fn release_ref(&mut self, op: OpId) {
-        if let Some(o) = self.ops.get_mut(&op) {
-            o.refs = o.refs.saturating_sub(1);
-            if o.refs == 0 && o.outcome.is_some() && !matches!(o.st, OpSt::Cancelling { .. }) {
-                self.deliver_op(op);
-            }
-        }
-    }
-
-    pub(crate) fn fail_new(&mut self, op: OpId, kind: OpKind, peer: PeerId, tag: Tag, buf: OpBuf, e: Error) {
-        let mut c = Completion::new(op, kind, peer, tag);
-        c.result = Err(e);
-        c.buf = buf;
-        self.done.push(c);
     }
 
     // ----------------------------------------------------------------------------------------
@@ -1353,10 +1188,10 @@ impl<V: Verbs> State<V> {
                     OpBuf::Send(s) => s.len(),
                     _ => 0,
                 });
-                self.release_ref(op);
-                self.complete(op, Ok(n));
+                self.ops.release_ref(op);
+                self.ops.complete(op, Ok(n));
             }
-            Then::Release(op) => self.release_ref(op),
+            Then::Release(op) => self.ops.release_ref(op),
             Then::CompleteAtPost(_) | Then::Nothing => {}
         }
     }
@@ -1366,36 +1201,12 @@ impl<V: Verbs> State<V> {
     // ----------------------------------------------------------------------------------------
 
     pub(crate) fn fail_peer(&mut self, peer: PeerId, why: Loss) {
-        // Name the peer's address in what the application sees.
-        let addr = self.peers.get(peer).and_then(|p| p.dial.or(p.remote));
-        let why = match why {
-            Loss::Lost(r) => Loss::Lost(addressed(addr, r)),
-            Loss::Auth(r) => Loss::Auth(addressed(addr, r)),
-            why => why,
-        };
-        let (err, reason) = match why {
-            Loss::Lost(r) => (Error::PeerLost { peer, reason: r.clone() }, r),
-            Loss::Auth(r) => {
-                Counters::add(&self.core.counters.auth_failures, 1);
-                (Error::Auth(r.clone()), format!("authentication failed: {r}"))
-            }
-            Loss::Protocol(p) => {
-                Counters::add(&self.core.counters.protocol_errors, 1);
-                let r = p.to_string();
-                (Error::Protocol { peer: Some(peer), reason: p }, r)
-            }
-        };
-        let Some(p) = self.peers.get_mut(peer) else { return };
+        // Only a known peer is lost (and counted); the error names its address.
+        let Some(p) = self.peers.get(peer) else { return };
+        let (err, reason) = why.into_error(peer, p.addr(), &self.core.counters);
         tracing::debug!(%peer, %reason, "peer lost");
-        Counters::add(&self.core.counters.peers_lost, 1);
-        let conn_ids: Vec<u32> = p.conns.iter_mut().filter_map(Option::take).collect();
-        p.lost = p.dial.is_none().then(|| reason.clone());
         // What the application's queue still holds of this peer stays counted against it.
-        p.buffered = p.queued_bytes;
-        p.unexpected = p.queued_unexpected;
-        p.requests = 0;
-        p.stalled.clear();
-        p.cancelled_reqs.clear();
+        let conn_ids = self.peers.lose(peer, &reason);
         // Side channels of this peer (also those still in their handshake).
         let sides: Vec<Token> =
             self.sides.iter().filter(|(_, s)| s.peer == Some(peer)).map(|(t, _)| *t).collect();
@@ -1440,7 +1251,7 @@ impl<V: Verbs> State<V> {
             }
         }
         let (_posted, _early) = self.matcher.drop_peer(peer);
-        self.sreqs.retain(|(p, _), _| *p != peer);
+        self.sreqs.drop_peer(peer);
         self.core.forget_peer(peer);
         let xfers: Vec<u64> = self.xfers.iter().filter(|(_, x)| x.peer == peer).map(|(k, _)| *k).collect();
         for x in xfers {
@@ -1478,8 +1289,7 @@ impl<V: Verbs> State<V> {
                 }
             }
         }
-        let mut ops: Vec<OpId> = self.ops.iter().filter(|(_, o)| o.peer == peer).map(|(id, _)| *id).collect();
-        ops.sort();
+        let ops = self.ops.of_peer(peer);
         let fins: Vec<u64> = self
             .fin_wait
             .iter()
@@ -1489,16 +1299,7 @@ impl<V: Verbs> State<V> {
         for m in fins {
             self.fin_wait.remove(&m);
         }
-        for op in ops {
-            if let Some(o) = self.ops.get_mut(&op) {
-                o.refs = 0;
-                o.st = OpSt::Finishing;
-                if !matches!(o.outcome, Some(Err(_))) {
-                    o.outcome = Some(Err(err.duplicate()));
-                }
-                self.deliver_op(op);
-            }
-        }
+        self.ops.fail_peer(peer, &err);
         for g in grants {
             let (x, off, len) = g.token;
             self.zone_granted(x, g.client, off, len, g.buf, g.len);
@@ -1549,9 +1350,9 @@ impl<V: Verbs> State<V> {
         // Cancelled transfers the peer did not finish within the grace period: tear down.
         let overdue: Vec<PeerId> = self
             .ops
-            .values()
-            .filter(|o| matches!(o.st, OpSt::Cancelling { until } if until <= now))
-            .map(|o| o.peer)
+            .iter()
+            .filter(|(_, o)| matches!(o.st, OpSt::Cancelling { until } if until <= now))
+            .map(|(_, o)| o.peer)
             .collect();
         for p in overdue {
             self.fail_peer(p, Loss::Lost("cancelled transfer not released by the peer in time".into()));

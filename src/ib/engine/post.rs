@@ -4,7 +4,7 @@ use bytes::Bytes;
 
 use crate::buf::{OpBuf, RecvBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism};
-use crate::endpoint::{Cmd, Completion, Direction, OpKind, Payload as UserPayload};
+use crate::endpoint::{Cmd, Direction, OpKind, Payload as UserPayload};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::flowctl::Transmit;
@@ -18,7 +18,7 @@ use crate::wire::{
 
 use super::msg::{self, MSG_HDR, Prefix, Segment};
 use super::{
-    Early, FinWait, Local, MsgCaps, OpSt, OutMsg, Payload, SReq, SqDone, SqEntry, State, Then, Via, WR_SEND,
+    Early, FinWait, Local, MsgCaps, OpSt, OutMsg, Payload, SqDone, SqEntry, State, Then, Via, WR_SEND,
     XferThen, wr_id,
 };
 
@@ -35,7 +35,7 @@ impl<V: Verbs> State<V> {
     pub(crate) fn post(&mut self, op: OpId, cmd: Cmd) -> Result<()> {
         if self.peers.get(cmd.peer()).is_none() {
             let (kind, peer, tag, buf) = cmd.into_parts();
-            self.fail_new(op, kind, peer, tag, buf, Cmd::forgotten(peer));
+            self.ops.fail_new(op, kind, peer, tag, buf, Cmd::forgotten(peer));
             return Ok(());
         }
         match cmd {
@@ -131,7 +131,7 @@ impl<V: Verbs> State<V> {
                 Cmd::Send { peer, tag, buf, unexpected: true, .. } if buf.len() > eager => {
                     // Checked when posted against our own slots; the peer's are smaller.
                     let e = Error::TooLarge { len: buf.len() as u64, max: eager as u64 };
-                    self.fail_new(op, OpKind::SendUnexpected, peer, tag, OpBuf::Send(buf), e);
+                    self.ops.fail_new(op, OpKind::SendUnexpected, peer, tag, OpBuf::Send(buf), e);
                     continue;
                 }
                 cmd => cmd,
@@ -145,7 +145,7 @@ impl<V: Verbs> State<V> {
             };
             if let Err(e) = self.post(op, cmd) {
                 // Not expected (checked when posted), but the op exists: it completes.
-                self.fail_new(op, kind, peer, tag, OpBuf::None, e);
+                self.ops.fail_new(op, kind, peer, tag, OpBuf::None, e);
             }
         }
     }
@@ -162,7 +162,7 @@ impl<V: Verbs> State<V> {
         match cmd {
             Cmd::Send { peer, tag, buf, unexpected, .. } => {
                 let kind = if unexpected { OpKind::SendUnexpected } else { OpKind::Send };
-                self.fail_new(op, kind, peer, tag, OpBuf::Send(buf), why);
+                self.ops.fail_new(op, kind, peer, tag, OpBuf::Send(buf), why);
             }
             Cmd::Request { peer, tag, payload, .. } => {
                 let buf = match payload {
@@ -170,7 +170,7 @@ impl<V: Verbs> State<V> {
                     UserPayload::Out(b) => OpBuf::Send(b),
                     UserPayload::In(b) => OpBuf::Recv(b),
                 };
-                self.fail_new(op, OpKind::Request, peer, tag, buf, why);
+                self.ops.fail_new(op, OpKind::Request, peer, tag, buf, why);
             }
             _ => {}
         }
@@ -209,7 +209,7 @@ impl<V: Verbs> State<V> {
         let cid = match self.conn_for(peer, sl) {
             Ok(c) => c,
             Err(e) => {
-                self.fail_new(op, kind, peer, tag, OpBuf::Send(buf), e);
+                self.ops.fail_new(op, kind, peer, tag, OpBuf::Send(buf), e);
                 return Ok(());
             }
         };
@@ -230,13 +230,13 @@ impl<V: Verbs> State<V> {
             // Nobody will post a receive to pull it: it fits a ring slot (eager limit).
             mech = Mechanism::FastRdma;
         }
-        self.insert_op(op, kind, peer, tag, sl, OpBuf::Send(buf), OpSt::Sending);
+        self.ops.insert(op, kind, peer, tag, sl, OpBuf::Send(buf), OpSt::Sending);
         Counters::add(&self.core.counters.msgs_sent, 1);
         let mut h = Header::new(if unexpected { Kind::Unexpected } else { Kind::Eager }, sl);
         h.a = tag;
         if let Some(o) = self.ops.get_mut(&op) {
             o.mech = Some(mech);
-            o.conn = Some(cid);
+            o.x.conn = Some(cid);
         }
         match mech {
             Mechanism::Inline | Mechanism::FastRdma => {
@@ -255,7 +255,7 @@ impl<V: Verbs> State<V> {
                 let segs = match self.register_op_buf(op, For::PeerRead) {
                     Ok(s) => s,
                     Err(e) => {
-                        self.complete(op, Err(e));
+                        self.ops.complete(op, Err(e));
                         return Ok(());
                     }
                 };
@@ -321,7 +321,7 @@ impl<V: Verbs> State<V> {
             match self.acquire_all_in(&pieces, false, parent) {
                 Ok((regs, segs)) => {
                     if let Some(o) = self.ops.get_mut(&op) {
-                        o.regs.extend(regs);
+                        o.x.regs.extend(regs);
                     }
                     return Ok(segs);
                 }
@@ -329,7 +329,7 @@ impl<V: Verbs> State<V> {
             }
         } else if owned && let Ok((regs, segs)) = self.acquire_all(&pieces, true) {
             if let Some(o) = self.ops.get_mut(&op) {
-                o.regs.extend(regs);
+                o.x.regs.extend(regs);
             }
             return Ok(segs);
         }
@@ -344,10 +344,10 @@ impl<V: Verbs> State<V> {
         self.count_copy(filled);
         let (regs, segs) = self.acquire_all(&[(staged.addr(), total)], true)?;
         if let Some(o) = self.ops.get_mut(&op) {
-            o.regs.extend(regs);
+            o.x.regs.extend(regs);
             match purpose {
-                For::PeerRead => o.keep.push(staged),
-                For::PeerWrite => o.stage_in = Some(staged),
+                For::PeerRead => o.x.keep.push(staged),
+                For::PeerWrite => o.x.stage_in = Some(staged),
             }
         }
         Ok(segs)
@@ -402,12 +402,19 @@ impl<V: Verbs> State<V> {
     }
 
     fn post_recv(&mut self, op: OpId, peer: PeerId, tag: Tag, buf: RecvBuf) -> Result<()> {
-        let p = self.peer(peer)?;
+        let p = self.peers.require(peer)?;
         if let Some(reason) = p.lost.clone() {
-            self.fail_new(op, OpKind::Recv, peer, tag, OpBuf::Recv(buf), Error::PeerLost { peer, reason });
+            self.ops.fail_new(
+                op,
+                OpKind::Recv,
+                peer,
+                tag,
+                OpBuf::Recv(buf),
+                Error::PeerLost { peer, reason },
+            );
             return Ok(());
         }
-        self.insert_op(op, OpKind::Recv, peer, tag, ServiceLevel::Normal, OpBuf::Recv(buf), OpSt::Posted);
+        self.ops.insert(op, OpKind::Recv, peer, tag, ServiceLevel::Normal, OpBuf::Recv(buf), OpSt::Posted);
         if let Err((op, (), early)) = self.matcher.post(peer, tag, op, ()) {
             self.match_early(op, peer, early);
         }
@@ -419,8 +426,7 @@ impl<V: Verbs> State<V> {
     pub(crate) fn match_early(&mut self, op: OpId, peer: PeerId, early: Early) {
         match early {
             Early::Eager { data, sl, mech } => {
-                let p = &mut self.peers[peer];
-                p.buffered = p.buffered.saturating_sub(data.len());
+                self.peers[peer].budget.release(data.len());
                 Counters::add(&self.core.counters.msgs_received, 1);
                 let Some(o) = self.ops.get_mut(&op) else { return };
                 o.sl = sl;
@@ -438,14 +444,13 @@ impl<V: Verbs> State<V> {
                     _ => Ok(0),
                 };
                 self.count_copy(copied);
-                self.complete(op, r);
+                self.ops.complete(op, r);
             }
             Early::Rdv { msg, total, segs, conn, withdrawn } => {
-                let p = &mut self.peers[peer];
-                p.buffered = p.buffered.saturating_sub(super::RDV_COST);
+                self.peers[peer].budget.release(super::RDV_COST);
                 if withdrawn {
                     // The sender cancelled this message; the receive it matches says so.
-                    self.complete(op, Err(Error::PeerCancelled));
+                    self.ops.complete(op, Err(Error::PeerCancelled));
                     return;
                 }
                 self.start_rdv_recv(op, conn, msg, total, segs);
@@ -464,11 +469,11 @@ impl<V: Verbs> State<V> {
         let Some(o) = self.ops.get_mut(&op) else { return };
         o.sl = sl;
         o.mech = Some(Mechanism::ServerRdma);
-        o.conn = Some(cid);
+        o.x.conn = Some(cid);
         if total > cap {
             // Tell the sender it can let go, then fail the receive.
             self.send_fin(cid, msg_id, super::FIN_TRUNCATED, cap);
-            self.complete(op, Err(Error::Truncated { len: total, capacity: cap }));
+            self.ops.complete(op, Err(Error::Truncated { len: total, capacity: cap }));
             return;
         }
         o.st = OpSt::Moving;
@@ -527,7 +532,7 @@ impl<V: Verbs> State<V> {
         let cid = match self.conn_for(peer, sl) {
             Ok(c) => c,
             Err(e) => {
-                self.fail_new(op, OpKind::Request, peer, tag, split(payload).0, e);
+                self.ops.fail_new(op, OpKind::Request, peer, tag, split(payload).0, e);
                 return Ok(());
             }
         };
@@ -539,7 +544,7 @@ impl<V: Verbs> State<V> {
         let Cmd::Request { header, payload, .. } = cmd else { unreachable!("held and returned as it was") };
         let (buf, dir) = split(payload);
         let caps = self.caps(cid);
-        self.insert_op(op, OpKind::Request, peer, tag, sl, buf, OpSt::WaitReply);
+        self.ops.insert(op, OpKind::Request, peer, tag, sl, buf, OpSt::WaitReply);
         Counters::add(&self.core.counters.msgs_sent, 1);
         let mut h = Header::new(Kind::Request, sl);
         h.a = tag;
@@ -569,7 +574,7 @@ impl<V: Verbs> State<V> {
             let segs = match self.register_op_buf(op, purpose) {
                 Ok(s) => s,
                 Err(e) => {
-                    self.complete(op, Err(e));
+                    self.ops.complete(op, Err(e));
                     return Ok(());
                 }
             };
@@ -586,7 +591,7 @@ impl<V: Verbs> State<V> {
                 Ok(s) => s,
                 Err(e) => {
                     // The op exists (and may hold its payload's registrations): it completes.
-                    self.complete(op, Err(e));
+                    self.ops.complete(op, Err(e));
                     return Ok(());
                 }
             };
@@ -610,7 +615,7 @@ impl<V: Verbs> State<V> {
         let via = if total <= caps.recv && !data_by_ring { Via::Send } else { Via::Ring };
         if let Some(o) = self.ops.get_mut(&op) {
             o.mech = mech;
-            o.conn = Some(cid);
+            o.x.conn = Some(cid);
             if inline_len > 0 {
                 o.moved = len;
             }
@@ -627,16 +632,10 @@ impl<V: Verbs> State<V> {
         staged.copy_from_slice(header);
         let (regs, segs) = self.acquire_all(&[(staged.addr(), header.len())], true)?;
         if let Some(o) = self.ops.get_mut(&op) {
-            o.regs.extend(regs);
-            o.keep.push(staged);
+            o.x.regs.extend(regs);
+            o.x.keep.push(staged);
         }
         Ok(segs)
-    }
-
-    fn sreq(&self, peer: PeerId, req: u64) -> Result<&SReq> {
-        self.sreqs
-            .get(&(peer, req))
-            .ok_or_else(|| Error::misuse(format!("no open request {req} from {peer}")))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -647,42 +646,25 @@ impl<V: Verbs> State<V> {
         req: u64,
         sl: ServiceLevel,
         offset: u64,
-        mut buf: RecvBuf,
+        buf: RecvBuf,
     ) -> Result<()> {
-        let r = self.sreq(peer, req)?;
+        let Some(buf) =
+            self.sreqs.start_pull(&mut self.ops, &self.core.counters, op, peer, req, offset, buf)?
+        else {
+            return Ok(());
+        };
         let len = buf.capacity();
-        if r.dir != Direction::Out || offset.checked_add(len as u64).is_none_or(|e| e > r.len) {
-            return Err(Error::misuse("pull outside the request's OUT payload"));
-        }
-        if r.cancelled {
-            self.fail_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Error::PeerCancelled);
-            return Ok(());
-        }
-        if let Some(inline) = &r.inline {
-            let start = offset as usize;
-            buf.copy_in(0, &inline[start..start + len]);
-            let mech = r.inline_mech;
-            let mut c = Completion::new(op, OpKind::Pull, peer, 0);
-            c.result = Ok(len);
-            c.buf = OpBuf::Recv(buf);
-            c.mechanism = Some(mech);
-            self.core.counters.mechanism(mech);
-            self.count_copy(len);
-            self.done.push(c);
-            return Ok(());
-        }
-        let (cid, segs) = (r.conn, r.segs.clone());
-        if let Some(r) = self.sreqs.get_mut(&(peer, req)) {
-            r.xfers += 1;
-        }
-        self.insert_op(op, OpKind::Pull, peer, 0, sl, OpBuf::Recv(buf), OpSt::Moving);
+        let Some(r) = self.sreqs.get_mut(peer, req) else { unreachable!("checked by start_pull") };
+        r.x.xfers += 1;
+        let (cid, segs) = (r.x.conn, r.x.segs.clone());
+        self.ops.insert(op, OpKind::Pull, peer, 0, sl, OpBuf::Recv(buf), OpSt::Moving);
         if let Some(o) = self.ops.get_mut(&op) {
             o.mech = Some(Mechanism::ServerRdma);
-            o.conn = Some(cid);
+            o.x.conn = Some(cid);
         }
         if len == 0 {
             self.xfer_finished_for_req(peer, req);
-            self.complete(op, Ok(0));
+            self.ops.complete(op, Ok(0));
             return Ok(());
         }
         self.start_xfer(
@@ -708,17 +690,14 @@ impl<V: Verbs> State<V> {
         offset: u64,
         buf: SendBuf,
     ) -> Result<()> {
-        let r = self.sreq(peer, req)?;
         let len = buf.len();
-        if r.dir != Direction::In || offset.checked_add(len as u64).is_none_or(|e| e > r.len) {
-            return Err(Error::misuse("push outside the request's IN payload"));
-        }
+        let r = self.sreqs.check_push(peer, req, offset, len)?;
         if r.cancelled {
-            self.fail_new(op, OpKind::Push, peer, 0, OpBuf::Send(buf), Error::PeerCancelled);
+            self.ops.fail_new(op, OpKind::Push, peer, 0, OpBuf::Send(buf), Error::PeerCancelled);
             return Ok(());
         }
-        let (cid, segs, rsl) = (r.conn, r.segs.clone(), r.sl);
-        self.insert_op(op, OpKind::Push, peer, 0, sl, OpBuf::Send(buf), OpSt::Sending);
+        let (cid, segs, rsl) = (r.x.conn, r.x.segs.clone(), r.sl);
+        self.ops.insert(op, OpKind::Push, peer, 0, sl, OpBuf::Send(buf), OpSt::Sending);
         if segs.is_empty() {
             // The client did not register its buffer (small read): a PUSH message.
             let mech = match self.mechanism(cid, len, rsl, 0) {
@@ -726,7 +705,7 @@ impl<V: Verbs> State<V> {
                 m => m,
             };
             if len > self.caps(cid).slot_payload_max() {
-                self.complete(
+                self.ops.complete(
                     op,
                     Err(Error::misuse("push larger than a message into an unregistered buffer")),
                 );
@@ -741,9 +720,9 @@ impl<V: Verbs> State<V> {
             }
             // The message goes before the reply on this connection: these bytes count.
             if len > 0
-                && let Some(r) = self.sreqs.get_mut(&(peer, req))
+                && let Some(r) = self.sreqs.get_mut(peer, req)
             {
-                r.pushed = r.pushed.max(offset + len as u64);
+                r.x.pushed = r.x.pushed.max(offset + len as u64);
             }
             let via = if mech == Mechanism::Inline { Via::Send } else { Via::Ring };
             self.enqueue(
@@ -758,16 +737,16 @@ impl<V: Verbs> State<V> {
             );
             return Ok(());
         }
-        if let Some(r) = self.sreqs.get_mut(&(peer, req)) {
-            r.xfers += 1;
+        if let Some(r) = self.sreqs.get_mut(peer, req) {
+            r.x.xfers += 1;
         }
         if let Some(o) = self.ops.get_mut(&op) {
             o.mech = Some(Mechanism::ServerRdma);
-            o.conn = Some(cid);
+            o.x.conn = Some(cid);
         }
         if len == 0 {
             self.xfer_finished_for_req(peer, req);
-            self.complete(op, Ok(0));
+            self.ops.complete(op, Ok(0));
             return Ok(());
         }
         self.start_xfer(
@@ -796,20 +775,20 @@ impl<V: Verbs> State<V> {
         if header.len() > self.s.cfg.max_header {
             return Err(Error::TooLarge { len: header.len() as u64, max: self.s.cfg.max_header as u64 });
         }
-        let r = self.sreq(peer, req)?;
+        let r = self.sreqs.get(peer, req)?;
         let _ = sl;
-        let (cancelled, cost, rsl, xfers) = (r.cancelled, r.cost, r.sl, r.xfers);
+        let (cancelled, cost, rsl, xfers) = (r.cancelled, r.cost, r.sl, r.x.xfers);
         if cancelled {
-            self.sreqs.remove(&(peer, req));
+            let _ = self.sreqs.close(peer, req);
             self.release_request_budget(peer, cost);
-            self.fail_new(op, OpKind::Reply, peer, 0, OpBuf::None, Error::PeerCancelled);
+            self.ops.fail_new(op, OpKind::Reply, peer, 0, OpBuf::None, Error::PeerCancelled);
             return Ok(());
         }
-        self.insert_op(op, OpKind::Reply, peer, 0, rsl, OpBuf::None, OpSt::Sending);
+        self.ops.insert(op, OpKind::Reply, peer, 0, rsl, OpBuf::None, OpSt::Sending);
         if xfers > 0 {
             // Pulls or pushes still move: the reply must not overtake them.
-            if let Some(r) = self.sreqs.get_mut(&(peer, req)) {
-                r.deferred_reply = Some((op, header, status));
+            if let Some(r) = self.sreqs.get_mut(peer, req) {
+                r.x.deferred_reply = Some((op, header, status));
             }
             return Ok(());
         }
@@ -819,8 +798,8 @@ impl<V: Verbs> State<V> {
 
     /// Sends a reply now (its request's transfers are done).
     pub(crate) fn send_reply(&mut self, op: OpId, peer: PeerId, req: u64, header: Bytes, status: u32) {
-        let Some(r) = self.sreqs.remove(&(peer, req)) else {
-            self.complete(op, Err(Error::misuse("request vanished")));
+        let Ok(r) = self.sreqs.close(peer, req) else {
+            self.ops.complete(op, Err(Error::misuse("request vanished")));
             return;
         };
         self.release_request_budget(peer, r.cost);
@@ -828,8 +807,8 @@ impl<V: Verbs> State<V> {
         let mut h = Header::new(Kind::Reply, r.sl);
         h.b = req;
         h.aux = status;
-        h.a = r.pushed;
-        let caps = self.caps(r.conn);
+        h.a = r.x.pushed;
+        let caps = self.caps(r.x.conn);
         let payload = if MSG_HDR + header.len() > caps.slot {
             match self.register_header(op, &header) {
                 Ok(segs) => {
@@ -844,13 +823,13 @@ impl<V: Verbs> State<V> {
                     let (regs, keep) = self
                         .ops
                         .get_mut(&op)
-                        .map(|o| (std::mem::take(&mut o.regs), std::mem::take(&mut o.keep)))
+                        .map(|o| (std::mem::take(&mut o.x.regs), std::mem::take(&mut o.x.keep)))
                         .unwrap_or_default();
                     self.fin_wait.insert(msg_id, FinWait::Header { peer, regs, keep });
                     Bytes::from(v)
                 }
                 Err(e) => {
-                    self.complete(op, Err(e));
+                    self.ops.complete(op, Err(e));
                     return;
                 }
             }
@@ -860,7 +839,7 @@ impl<V: Verbs> State<V> {
         h.len = payload.len() as u32;
         let via = if MSG_HDR + payload.len() <= caps.recv { Via::Send } else { Via::Ring };
         self.enqueue(
-            r.conn,
+            r.x.conn,
             OutMsg {
                 via,
                 header: h,
@@ -873,18 +852,17 @@ impl<V: Verbs> State<V> {
 
     pub(crate) fn release_request_budget(&mut self, peer: PeerId, cost: usize) {
         if let Some(p) = self.peers.get_mut(peer) {
-            p.buffered = p.buffered.saturating_sub(cost);
-            p.requests = p.requests.saturating_sub(1);
+            p.budget.request_done(cost);
         }
         self.unstall(peer);
     }
 
     /// A pull or push of a request finished: a deferred reply may go now.
     pub(crate) fn xfer_finished_for_req(&mut self, peer: PeerId, req: u64) {
-        let Some(r) = self.sreqs.get_mut(&(peer, req)) else { return };
-        r.xfers = r.xfers.saturating_sub(1);
-        if r.xfers == 0
-            && let Some((op, header, status)) = r.deferred_reply.take()
+        let Some(r) = self.sreqs.get_mut(peer, req) else { return };
+        r.x.xfers = r.x.xfers.saturating_sub(1);
+        if r.x.xfers == 0
+            && let Some((op, header, status)) = r.x.deferred_reply.take()
         {
             self.send_reply(op, peer, req, header, status);
         }
@@ -913,17 +891,17 @@ impl<V: Verbs> State<V> {
         let cid = match self.conn_for(peer, sl) {
             Ok(c) => c,
             Err(e) => {
-                self.fail_new(op, kind, peer, 0, buf, e);
+                self.ops.fail_new(op, kind, peer, 0, buf, e);
                 return Ok(());
             }
         };
-        self.insert_op(op, kind, peer, 0, sl, buf, OpSt::Moving);
+        self.ops.insert(op, kind, peer, 0, sl, buf, OpSt::Moving);
         if let Some(o) = self.ops.get_mut(&op) {
             o.mech = Some(Mechanism::ServerRdma);
-            o.conn = Some(cid);
+            o.x.conn = Some(cid);
         }
         if len == 0 {
-            self.complete(op, Ok(0));
+            self.ops.complete(op, Ok(0));
             return Ok(());
         }
         let remote_segs = vec![Segment {
@@ -953,11 +931,11 @@ impl<V: Verbs> State<V> {
             self.fail_waiting_post(op, why);
             return;
         };
-        let (peer, tag, st, kind, sl, conn) = (o.peer, o.tag, o.st, o.kind, o.sl, o.conn);
+        let (peer, tag, st, kind, sl, conn) = (o.peer, o.tag, o.st, o.kind, o.sl, o.x.conn);
         match st {
             OpSt::Posted => {
                 self.matcher.cancel_posted(peer, tag, op);
-                self.complete(op, Err(why));
+                self.ops.complete(op, Err(why));
             }
             OpSt::WaitFin { msg } => {
                 // The receiver may be reading our buffer right now: keep the registration and
@@ -1002,7 +980,7 @@ impl<V: Verbs> State<V> {
                         },
                     );
                 }
-                let registered = self.ops.get(&op).is_some_and(|o| !o.regs.is_empty());
+                let registered = self.ops.get(&op).is_some_and(|o| !o.x.regs.is_empty());
                 if registered {
                     // The server may be reading or writing our buffer: wait for its reply.
                     let until = std::time::Instant::now() + self.s.cfg.ib.cancel_grace;
@@ -1011,7 +989,7 @@ impl<V: Verbs> State<V> {
                         o.st = OpSt::Cancelling { until };
                     }
                 } else {
-                    self.complete(op, Err(why));
+                    self.ops.complete(op, Err(why));
                 }
             }
             OpSt::Moving => {
@@ -1021,7 +999,7 @@ impl<V: Verbs> State<V> {
                     o.outcome = Some(Err(why));
                 }
                 self.abort_xfers_of(op);
-                self.complete(op, Err(Error::Cancelled));
+                self.ops.complete(op, Err(Error::Cancelled));
             }
             OpSt::WaitReply | OpSt::Sending | OpSt::Finishing | OpSt::Cancelling { .. } => {}
         }
@@ -1161,7 +1139,7 @@ impl<V: Verbs> State<V> {
             );
             r.map(|r| {
                 if let Some(o) = self.ops.get_mut(&op) {
-                    o.regs.push(r);
+                    o.x.regs.push(r);
                 }
                 (addr, len, lkey)
             })
@@ -1268,8 +1246,8 @@ impl<V: Verbs> State<V> {
                 Some(OpBuf::Send(s)) => s.len(),
                 _ => 0,
             };
-            self.release_ref(op);
-            self.complete(op, Ok(n));
+            self.ops.release_ref(op);
+            self.ops.complete(op, Ok(n));
         }
     }
 }
@@ -1285,12 +1263,7 @@ fn trailing_op(p: &Payload) -> Option<(OpId, usize, usize)> {
 
 /// Copies a payload into registered memory at `off`; returns the bytes copied from op
 /// buffers (what counts as a host copy of user data).
-fn write_payload(
-    mem: &super::DmaRegion,
-    off: usize,
-    p: &Payload,
-    ops: &rustc_hash::FxHashMap<OpId, super::Op>,
-) -> usize {
+fn write_payload(mem: &super::DmaRegion, off: usize, p: &Payload, ops: &super::Ops) -> usize {
     match p {
         Payload::None => 0,
         Payload::Bytes(b) => {

@@ -4,18 +4,17 @@ use bytes::Bytes;
 
 use crate::buf::OpBuf;
 use crate::comm::Mechanism;
+use crate::core::requests::{Req, direction};
 use crate::endpoint::{Direction, OpKind, RequestMeta, Unexpected, status};
 use crate::error::{Error, ProtocolError};
 use crate::ib::verbs::*;
 use crate::info::Counters;
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
-use crate::wire::{
-    FLAG_INLINE_DATA, FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind,
-};
+use crate::wire::{FLAG_INLINE_DATA, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind};
 
 use super::msg::{self, MSG_HDR, Segment};
 use super::setup::post_recv;
-use super::{Early, FinWait, Held, Local, Loss, OpSt, SReq, State, XferThen};
+use super::{Early, FinWait, Held, IbReq, Local, Loss, OpSt, State, XferThen};
 
 /// A request whose header is being fetched by RDMA before it is delivered.
 pub(crate) struct PendingRequest {
@@ -127,10 +126,8 @@ impl<V: Verbs> State<V> {
                     c.held.push_back(loc);
                 }
                 Counters::add(&self.core.counters.backpressure_pauses, 1);
-                if let Some(p) = self.peers.get_mut(peer)
-                    && !p.stalled.contains(&cid)
-                {
-                    p.stalled.push(cid);
+                if let Some(p) = self.peers.get_mut(peer) {
+                    p.stall(cid);
                 }
             }
             Err(loss) => self.fail_peer(peer, loss),
@@ -182,10 +179,8 @@ impl<V: Verbs> State<V> {
                         self.release_loc(cid, loc);
                     }
                     Ok(Outcome::Hold) => {
-                        if let Some(p) = self.peers.get_mut(peer)
-                            && !p.stalled.contains(&cid)
-                        {
-                            p.stalled.push(cid);
+                        if let Some(p) = self.peers.get_mut(peer) {
+                            p.stall(cid);
                         }
                         break;
                     }
@@ -223,16 +218,6 @@ impl<V: Verbs> State<V> {
         self.count_copy(len);
     }
 
-    fn reserve(&mut self, peer: PeerId, cost: usize) -> bool {
-        let budget = self.s.cfg.early_bytes_per_peer;
-        let p = &mut self.peers[peer];
-        if p.buffered + cost > budget && p.buffered > 0 {
-            return false;
-        }
-        p.buffered += cost;
-        true
-    }
-
     fn process(&mut self, cid: u32, loc: Held, h: Header) -> Result<Outcome, Loss> {
         let Some(c) = self.conn(cid) else { return Ok(Outcome::Done) };
         let peer = c.peer;
@@ -252,14 +237,15 @@ impl<V: Verbs> State<V> {
                         o.mech = Some(if via_ring { Mechanism::FastRdma } else { Mechanism::Inline });
                     }
                     if len > cap {
-                        self.complete(op, Err(Error::Truncated { len: len as u64, capacity: cap as u64 }));
+                        self.ops
+                            .complete(op, Err(Error::Truncated { len: len as u64, capacity: cap as u64 }));
                     } else {
                         self.copy_payload_into(cid, loc, len, op, 0);
-                        self.complete(op, Ok(len));
+                        self.ops.complete(op, Ok(len));
                     }
                     return Ok(Outcome::Done);
                 }
-                if !self.reserve(peer, len) {
+                if !self.peers[peer].budget.reserve(len, self.s.cfg.early_bytes_per_peer) {
                     return Ok(Outcome::Hold);
                 }
                 // Out of the receive buffer now (its credit goes back), into the receive later.
@@ -270,17 +256,15 @@ impl<V: Verbs> State<V> {
                 Ok(Outcome::Done)
             }
             Kind::Unexpected => {
-                if self.peers[peer].unexpected >= self.s.cfg.unexpected_per_peer || !self.reserve(peer, len) {
+                let (max, limit) = (self.s.cfg.unexpected_per_peer, self.s.cfg.early_bytes_per_peer);
+                if !self.peers[peer].budget.admit_unexpected(len, max, limit) {
                     return Ok(Outcome::Hold);
                 }
-                self.peers[peer].unexpected += 1;
                 Counters::add(&self.core.counters.msgs_received, 1);
                 let data = Bytes::from(self.payload(cid, loc, &h));
                 self.count_copy(len);
                 self.events += 1;
-                let p = &mut self.peers[peer];
-                p.queued_unexpected += 1;
-                p.queued_bytes += data.len();
+                self.peers[peer].budget.queued(data.len());
                 self.core.push_unexpected(Unexpected { peer, tag: h.a, sl: h.sl, data });
                 Ok(Outcome::Done)
             }
@@ -297,7 +281,7 @@ impl<V: Verbs> State<V> {
                     self.start_rdv_recv(op, cid, h.b, h.c, segs);
                     return Ok(Outcome::Done);
                 }
-                if !self.reserve(peer, super::RDV_COST) {
+                if !self.peers[peer].budget.reserve(super::RDV_COST, self.s.cfg.early_bytes_per_peer) {
                     return Ok(Outcome::Hold);
                 }
                 self.matcher.queue_early(
@@ -308,10 +292,10 @@ impl<V: Verbs> State<V> {
                 Ok(Outcome::Done)
             }
             Kind::Request => {
-                if self.peers[peer].requests >= self.s.cfg.requests_per_peer || !self.reserve(peer, len) {
+                let (max, limit) = (self.s.cfg.requests_per_peer, self.s.cfg.early_bytes_per_peer);
+                if !self.peers[peer].budget.admit_request(len, max, limit) {
                     return Ok(Outcome::Hold);
                 }
-                self.peers[peer].requests += 1;
                 Counters::add(&self.core.counters.msgs_received, 1);
                 let body = Bytes::from(self.payload(cid, loc, &h));
                 let via = if via_ring { Mechanism::FastRdma } else { Mechanism::Inline };
@@ -378,9 +362,7 @@ impl<V: Verbs> State<V> {
                 Ok(Outcome::Done)
             }
             Kind::CancelRequest => {
-                if let Some(r) = self.sreqs.get_mut(&(peer, h.b)) {
-                    r.cancelled = true;
-                }
+                self.sreqs.cancelled_by_client(peer, h.b);
                 Ok(Outcome::Done)
             }
             other => Err(unexpected(format!("{other:?} message over InfiniBand"))),
@@ -417,7 +399,7 @@ impl<V: Verbs> State<V> {
                     super::FIN_TRUNCATED => Err(Error::Truncated { len: n as u64, capacity: h.c }),
                     _ => Err(Error::PeerCancelled),
                 };
-                self.complete(op, r);
+                self.ops.complete(op, r);
             }
             Some(FinWait::Header { regs, keep, .. }) => {
                 let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -444,14 +426,7 @@ impl<V: Verbs> State<V> {
         if u64::from(h.aux) > max_header || h.c > self.s.max_message as u64 {
             return Err(Loss::Protocol(ProtocolError::FlowControl("request larger than our limits".into())));
         }
-        let out = h.flags & FLAG_PAYLOAD_OUT != 0;
-        let inn = h.flags & FLAG_PAYLOAD_IN != 0;
-        let dir = match (out, inn) {
-            (true, false) => Direction::Out,
-            (false, true) => Direction::In,
-            (false, false) if h.c == 0 => Direction::None,
-            _ => return Err(unexpected("request direction".into())),
-        };
+        let dir = direction(h.flags, h.c).map_err(Loss::Protocol)?;
         let mut rest = &body[..];
         let at = |rest: &[u8]| body.len() - rest.len();
         let mut hdr_segs = None;
@@ -532,27 +507,14 @@ impl<V: Verbs> State<V> {
     }
 
     pub(crate) fn deliver_request(&mut self, p: PendingRequest, header: Bytes) {
-        if self.sreqs.contains_key(&(p.peer, p.id)) {
+        let mut r = Req::new(p.sl, p.dir, p.len, p.cost);
+        r.inline = p.inline;
+        r.inline_mech = p.inline_mech;
+        r.x = IbReq { conn: p.cid, segs: p.segs, ..IbReq::default() };
+        if !self.sreqs.open(p.peer, p.id, r) {
             self.fail_peer(p.peer, unexpected(format!("request id {} reused while open", p.id)));
             return;
         }
-        self.sreqs.insert(
-            (p.peer, p.id),
-            SReq {
-                sl: p.sl,
-                conn: p.cid,
-                dir: p.dir,
-                len: p.len,
-                inline: p.inline,
-                inline_mech: p.inline_mech,
-                segs: p.segs,
-                cost: p.cost,
-                cancelled: false,
-                xfers: 0,
-                deferred_reply: None,
-                pushed: 0,
-            },
-        );
         self.events += 1;
         self.core.push_request(RequestMeta {
             peer: p.peer,
@@ -624,7 +586,7 @@ impl<V: Verbs> State<V> {
             // The server is done with our memory: the cancelled op can go.
             o.st = OpSt::Finishing;
             self.peers[o.peer].cancelled_reqs.remove(&op.0);
-            self.complete(op, Err(Error::Cancelled));
+            self.ops.complete(op, Err(Error::Cancelled));
             return;
         }
         let moved = match &o.buf {
@@ -635,7 +597,7 @@ impl<V: Verbs> State<V> {
         // A read staged through a pool buffer: copy what was pushed into the caller's buffer.
         let mut copied = 0;
         if st == status::OK
-            && let (OpBuf::Recv(user), Some(staged)) = (&mut o.buf, o.stage_in.as_ref())
+            && let (OpBuf::Recv(user), Some(staged)) = (&mut o.buf, o.x.stage_in.as_ref())
         {
             copied = moved.min(staged.len());
             user.copy_in(0, &staged[..copied]);
@@ -649,6 +611,6 @@ impl<V: Verbs> State<V> {
             _ => Err(Error::Remote(String::from_utf8_lossy(&header).into_owned())),
         };
         self.count_copy(copied);
-        self.complete(op, r);
+        self.ops.complete(op, r);
     }
 }

@@ -22,11 +22,14 @@ use super::reg::{DmaRegion, register_region};
 use super::side::{Framed, IbInfo};
 use super::{Conn, Layout, Loss, Side, SidePhase, State, WR_RECV, wr_id};
 
+/// No connection: connection ids are 20 bits (see `wr_id`).
+const NO_CONN: u32 = u32::MAX;
+
 impl<V: Verbs> State<V> {
     /// The connection for (peer, class): existing (ready or being set up), newly dialled, or for
     /// a peer we cannot dial, any of its connections.
     pub(crate) fn conn_for(&mut self, peer: PeerId, sl: ServiceLevel) -> Result<u32> {
-        let p = self.peer(peer)?;
+        let p = self.peers.require(peer)?;
         if let Some(reason) = &p.lost {
             return Err(Error::PeerLost { peer, reason: reason.clone() });
         }
@@ -384,12 +387,11 @@ impl<V: Verbs> State<V> {
             },
             SidePhase::ServerWaitAuth(mut hs, client) => {
                 let verdict = hs.on_auth(&h, &body);
-                // Records of peers that left are forgotten, so the records held are the peers
-                // that are here (or whose messages still wait to be read).
-                let known = self.by_eid.contains_key(&client.endpoint_id);
                 let status = match &verdict {
-                    Ok(()) if !known && self.peers.len() >= self.s.cfg.max_peers => handshake::READY_REFUSED,
-                    Ok(()) => handshake::READY_OK,
+                    Ok(()) if self.peers.admits(client.endpoint_id, self.s.cfg.max_peers) => {
+                        handshake::READY_OK
+                    }
+                    Ok(()) => handshake::READY_REFUSED,
                     Err(_) => handshake::READY_AUTH_FAILED,
                 };
                 let (rh, rb) = hs.ready(status);
@@ -424,22 +426,12 @@ impl<V: Verbs> State<V> {
                 let remote_addr = s.remote;
                 let sl = s.sl;
                 // A newer connection for the same class replaces a stale one (and may take the
-                // stale peer's record with it: it is then made anew below).
-                if let Some(&old) = self.by_eid.get(&client.endpoint_id)
-                    && self.peers.get(old).is_some_and(|p| p.conns[sl.index()].is_some())
-                {
+                // stale peer's record with it: it is then made anew below). The new queue pair
+                // does not exist yet, so any connection of the class is the stale one.
+                if let Some(old) = self.peers.superseded(client.endpoint_id, sl, NO_CONN) {
                     self.fail_peer(old, Loss::Lost("superseded by a new connection".into()));
                 }
-                let peer = match self.by_eid.get(&client.endpoint_id) {
-                    Some(&p) => p,
-                    None => {
-                        let dial = (client.listen_port != 0)
-                            .then(|| SocketAddr::new(remote_addr.ip(), client.listen_port));
-                        let p = self.new_peer(Some(client.endpoint_id), dial, Some(remote_addr));
-                        self.by_eid.insert(client.endpoint_id, p);
-                        p
-                    }
-                };
+                let peer = self.peers.accepted(client.endpoint_id, remote_addr, client.listen_port, || ());
                 let cid = match self
                     .create_conn(peer, sl)
                     .and_then(|cid| self.bring_up(cid, remote_info).map(|_| cid))
@@ -452,10 +444,7 @@ impl<V: Verbs> State<V> {
                         return false;
                     }
                 };
-                let p = &mut self.peers[peer];
-                p.lost = None;
-                p.remote = Some(remote_addr);
-                p.conns[sl.index()] = Some(cid);
+                self.peers[peer].conns[sl.index()] = Some(cid);
                 let info = self.local_info(cid).expect("just created");
                 let Some(s) = self.sides.get_mut(&t) else { return false };
                 s.peer = Some(peer);

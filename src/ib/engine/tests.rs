@@ -7,11 +7,16 @@ use bytes::Bytes;
 
 use super::*;
 use crate::buf::{RecvBuf, SendBuf};
+use crate::endpoint::OpKind;
 use crate::wire::{Header, Kind};
 
 fn backend() -> IbBackend<crate::ib::soft::SoftContext> {
     let ctx = crate::ib::soft::SoftProvider::new(Default::default()).open(None).expect("softib");
     IbBackend::new(Scheme::SoftIb, ctx, None, &Config::default(), Arc::new(Core::default())).expect("engine")
+}
+
+fn peer(st: &mut State<crate::ib::soft::SoftContext>, port: u16) -> PeerId {
+    st.peers.dialled(([127, 0, 0, 1], port).into(), 16, || ()).expect("peer")
 }
 
 /// A FIN is accepted only from the peer the rendezvous message went to: another peer must not
@@ -21,11 +26,11 @@ fn backend() -> IbBackend<crate::ib::soft::SoftContext> {
 fn fin_only_from_the_peer_it_belongs_to() {
     let be = backend();
     let mut st = be.lock();
-    let a = st.new_peer(None, None, None);
-    let b = st.new_peer(None, None, None);
+    let a = peer(&mut st, 1);
+    let b = peer(&mut st, 2);
     let op = OpId(1);
     let buf = OpBuf::Send(SendBuf::Bytes(Bytes::from_static(b"data")));
-    st.insert_op(op, OpKind::Send, a, 5, ServiceLevel::Normal, buf, OpSt::WaitFin { msg: 7 });
+    st.ops.insert(op, OpKind::Send, a, 5, ServiceLevel::Normal, buf, OpSt::WaitFin { msg: 7 });
     st.fin_wait.insert(7, FinWait::Send(op));
     st.fin_wait.insert(8, FinWait::Header { peer: a, regs: Vec::new(), keep: Vec::new() });
     let fin = |msg| {
@@ -38,13 +43,13 @@ fn fin_only_from_the_peer_it_belongs_to() {
         assert!(matches!(st.on_fin(b, &fin(msg)), Err(Loss::Protocol(_))), "FIN {msg} from another peer");
         assert!(st.fin_wait.contains_key(&msg), "FIN {msg} still awaited");
     }
-    assert!(st.done.is_empty(), "the send did not complete");
+    assert!(st.ops.done().is_empty(), "the send did not complete");
     for msg in [7, 8] {
         assert!(st.on_fin(a, &fin(msg)).is_ok(), "FIN {msg} from its peer");
     }
     assert!(st.fin_wait.is_empty());
-    assert_eq!(st.done.len(), 1);
-    assert!(matches!(st.done[0].result, Ok(4)));
+    assert_eq!(st.ops.done().len(), 1);
+    assert!(matches!(st.ops.done()[0].result, Ok(4)));
 }
 
 /// A reply says how far the server pushed into the request's IN buffer (the client cannot see
@@ -53,7 +58,7 @@ fn fin_only_from_the_peer_it_belongs_to() {
 fn reply_counts_the_pushed_extent_within_the_buffer() {
     let be = backend();
     let mut st = be.lock();
-    let peer = st.new_peer(None, None, None);
+    let peer = peer(&mut st, 1);
     let reply = |op: OpId, pushed| {
         let mut h = Header::new(Kind::Reply, ServiceLevel::Normal);
         h.b = op.0;
@@ -62,19 +67,23 @@ fn reply_counts_the_pushed_extent_within_the_buffer() {
     };
     let read = |st: &mut State<_>, op| {
         let buf = OpBuf::Recv(RecvBuf::Mut(bytes::BytesMut::zeroed(100)));
-        st.insert_op(op, OpKind::Request, peer, 1, ServiceLevel::Normal, buf, OpSt::WaitReply);
+        st.ops.insert(op, OpKind::Request, peer, 1, ServiceLevel::Normal, buf, OpSt::WaitReply);
     };
     read(&mut st, OpId(1));
     assert!(matches!(st.on_reply(0, peer, &reply(OpId(1), 101), Vec::new()), Err(Loss::Protocol(_))));
-    assert!(st.done.is_empty(), "not completed by the bad reply");
+    assert!(st.ops.done().is_empty(), "not completed by the bad reply");
     read(&mut st, OpId(2));
     assert!(st.on_reply(0, peer, &reply(OpId(2), 60), Vec::new()).is_ok());
-    assert_eq!(st.done.len(), 1);
-    assert!(matches!(st.done[0].result, Ok(60)), "{:?}", st.done[0].result);
+    assert_eq!(st.ops.done().len(), 1);
+    assert!(matches!(st.ops.done()[0].result, Ok(60)), "{:?}", st.ops.done()[0].result);
     // A write has no room to push into.
     let buf = OpBuf::Send(SendBuf::Bytes(Bytes::from_static(b"payload")));
-    st.insert_op(OpId(3), OpKind::Request, peer, 1, ServiceLevel::Normal, buf, OpSt::WaitReply);
+    st.ops.insert(OpId(3), OpKind::Request, peer, 1, ServiceLevel::Normal, buf, OpSt::WaitReply);
     assert!(matches!(st.on_reply(0, peer, &reply(OpId(3), 1), Vec::new()), Err(Loss::Protocol(_))));
     assert!(st.on_reply(0, peer, &reply(OpId(3), 0), Vec::new()).is_ok());
-    assert!(matches!(st.done[1].result, Ok(7)), "a write counts its payload: {:?}", st.done[1].result);
+    assert!(
+        matches!(st.ops.done()[1].result, Ok(7)),
+        "a write counts its payload: {:?}",
+        st.ops.done()[1].result
+    );
 }

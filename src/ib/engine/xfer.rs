@@ -124,7 +124,7 @@ impl<V: Verbs> State<V> {
             && let Some(o) = self.ops.get_mut(op)
         {
             o.refs += 1;
-            if o.direct.is_empty() {
+            if o.x.direct.is_empty() {
                 self.register_mapped(*op);
             }
         }
@@ -180,11 +180,12 @@ impl<V: Verbs> State<V> {
             OpBuf::Recv(RecvBuf::Registered(b)) | OpBuf::Send(SendBuf::Registered(b)) => {
                 (at + len <= b.len() && b.is_registered()).then(|| ((b.addr() + at) as u64, b.keys().lkey))
             }
-            _ => o
-                .direct
-                .iter()
-                .find(|r| r.off <= at && at + len <= r.off + r.len)
-                .map(|r| (r.addr + (at - r.off) as u64, r.lkey)),
+            _ => {
+                o.x.direct
+                    .iter()
+                    .find(|r| r.off <= at && at + len <= r.off + r.len)
+                    .map(|r| (r.addr + (at - r.off) as u64, r.lkey))
+            }
         }
     }
 
@@ -241,7 +242,7 @@ impl<V: Verbs> State<V> {
             }
         }
         if let Some(o) = self.ops.get_mut(&op) {
-            o.direct = direct;
+            o.x.direct = direct;
         }
     }
 
@@ -466,22 +467,22 @@ impl<V: Verbs> State<V> {
         self.bulk.remove(&x);
         let Xfer { conn, local, total, failed, then, .. } = xf;
         if let Local::Op { op, .. } = &local {
-            self.release_ref(*op);
+            self.ops.release_ref(*op);
         }
         let ok = failed.is_none();
         match then {
-            XferThen::CompleteOp(op) => self.complete(op, failed.map_or(Ok(total), Err)),
+            XferThen::CompleteOp(op) => self.ops.complete(op, failed.map_or(Ok(total), Err)),
             XferThen::ReqOp { op, peer, req, end } => {
-                if ok && let Some(r) = self.sreqs.get_mut(&(peer, req)) {
-                    r.pushed = r.pushed.max(end);
+                if ok && let Some(r) = self.sreqs.get_mut(peer, req) {
+                    r.x.pushed = r.x.pushed.max(end);
                 }
-                self.complete(op, failed.map_or(Ok(total), Err));
+                self.ops.complete(op, failed.map_or(Ok(total), Err));
                 self.xfer_finished_for_req(peer, req);
             }
             XferThen::RecvDone { op, msg } => {
                 let st = if ok { super::FIN_OK } else { super::FIN_CANCELLED };
                 self.send_fin(conn, msg, st, 0);
-                self.complete(op, failed.map_or(Ok(total), Err));
+                self.ops.complete(op, failed.map_or(Ok(total), Err));
             }
             XferThen::RequestHeader { pending } => {
                 if ok && let Local::Vec(v) = local {
@@ -492,7 +493,7 @@ impl<V: Verbs> State<V> {
                 self.send_fin(conn, msg, super::FIN_OK, 0);
                 match (ok, local) {
                     (true, Local::Vec(v)) => self.complete_request(op, status, bytes::Bytes::from(v), pushed),
-                    _ => self.complete(op, Err(Error::Remote("could not read the reply header".into()))),
+                    _ => self.ops.complete(op, Err(Error::Remote("could not read the reply header".into()))),
                 }
             }
         }
@@ -501,14 +502,7 @@ impl<V: Verbs> State<V> {
 
 /// Copies `len` bytes at `off` of a transfer's local side into zone memory at `zoff`, piece by
 /// piece straight from the caller's buffer (no intermediate copy).
-fn stage_out(
-    local: &Local,
-    ops: &rustc_hash::FxHashMap<OpId, super::Op>,
-    off: usize,
-    len: usize,
-    mem: &DmaRegion,
-    zoff: usize,
-) {
+fn stage_out(local: &Local, ops: &super::Ops, off: usize, len: usize, mem: &DmaRegion, zoff: usize) {
     let mut at = zoff;
     let mut put = |piece: &[u8]| {
         mem.write_at(at, piece);
@@ -531,14 +525,7 @@ fn stage_out(
 
 /// Copies `len` bytes of zone memory at `zoff` to `off` of a transfer's local side, straight
 /// into the caller's buffer.
-fn stage_in(
-    local: &mut Local,
-    ops: &mut rustc_hash::FxHashMap<OpId, super::Op>,
-    off: usize,
-    len: usize,
-    mem: &DmaRegion,
-    zoff: usize,
-) {
+fn stage_in(local: &mut Local, ops: &mut super::Ops, off: usize, len: usize, mem: &DmaRegion, zoff: usize) {
     match local {
         Local::Op { op, base } => {
             if let Some(OpBuf::Recv(r)) = ops.get_mut(op).map(|o| &mut o.buf) {
