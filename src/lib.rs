@@ -90,6 +90,7 @@ mod loom;
 pub mod matching;
 pub mod regcache;
 pub mod sched;
+mod sockets;
 mod sync;
 mod tcp;
 pub mod types;

@@ -7,8 +7,9 @@ use std::time::Instant;
 
 use mio::Interest;
 use mio::Token;
-use mio::net::TcpStream;
-use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use socket2::SockRef;
+
+use crate::sockets;
 
 use crate::error::{Error, ProtocolError, Result};
 use crate::flowctl::{CreditConfig, Credits, RingConfig, RingReceiver, RingSender};
@@ -46,16 +47,9 @@ impl<V: Verbs> State<V> {
     }
 
     fn dial(&mut self, peer: PeerId, sa: SocketAddr, sl: ServiceLevel) -> Result<u32> {
-        let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
-        sock.set_nonblocking(true)?;
-        let _ = sock.set_tcp_nodelay(true);
-        match sock.connect(&sa.into()) {
-            Ok(()) => {}
-            Err(e)
-                if e.raw_os_error() == Some(libc::EINPROGRESS) || e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(Error::PeerLost { peer, reason: format!("connect to {sa}: {e}") }),
-        }
-        let mut stream = TcpStream::from_std(sock.into());
+        let mut stream = sockets::dial(peer, sa, |s| {
+            let _ = s.set_tcp_nodelay(true);
+        })?;
         let t = Token(self.next_token);
         self.next_token += 1;
         self.registry.register(&mut stream, t, Interest::READABLE | Interest::WRITABLE)?;
@@ -202,57 +196,44 @@ impl<V: Verbs> State<V> {
     }
 
     pub(crate) fn accept(&mut self) {
-        self.accept_more = false;
-        for _ in 0..crate::admission::ACCEPTS_PER_ROUND {
-            let Some(l) = &self.listener else { return };
-            match l.accept() {
-                Ok((mut sock, remote)) => {
-                    if self.closed {
-                        continue;
-                    }
-                    let _ = sock.set_nodelay(true);
-                    let t = Token(self.next_token);
-                    self.next_token += 1;
-                    if self.registry.register(&mut sock, t, Interest::READABLE | Interest::WRITABLE).is_err()
-                    {
-                        continue;
-                    }
-                    let hs = ServerHandshake::new(
-                        self.s.endpoint_id,
-                        self.s.listen_port,
-                        self.s.eager_limit as u32,
-                        self.s.max_message as u64,
-                        self.s.cfg.cluster_key.clone(),
-                    );
-                    self.sides.insert(
-                        t,
-                        Side {
-                            framed: Framed::new(sock),
-                            phase: SidePhase::ServerWaitHello(Box::new(hs)),
-                            peer: None,
-                            sl: ServiceLevel::Normal,
-                            conn: None,
-                            remote,
-                            since: Instant::now(),
-                        },
-                    );
-                    for v in self.admission.admit(Instant::now(), t, remote.ip()) {
-                        self.shed(v);
-                    }
-                    // A client sends its hello as soon as it is connected: reading it now tells
-                    // this channel from silent ones if a later accept has to shed.
-                    self.side_event(t, false);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    return;
-                }
+        let Some(l) = &self.listener else { return };
+        let (accepted, more) = sockets::accept_round(l);
+        self.accept_more = more;
+        for (mut sock, remote) in accepted {
+            if self.closed {
+                continue;
             }
+            let t = Token(self.next_token);
+            self.next_token += 1;
+            if self.registry.register(&mut sock, t, Interest::READABLE | Interest::WRITABLE).is_err() {
+                continue;
+            }
+            let hs = ServerHandshake::new(
+                self.s.endpoint_id,
+                self.s.listen_port,
+                self.s.eager_limit as u32,
+                self.s.max_message as u64,
+                self.s.cfg.cluster_key.clone(),
+            );
+            self.sides.insert(
+                t,
+                Side {
+                    framed: Framed::new(sock),
+                    phase: SidePhase::ServerWaitHello(Box::new(hs)),
+                    peer: None,
+                    sl: ServiceLevel::Normal,
+                    conn: None,
+                    remote,
+                    since: Instant::now(),
+                },
+            );
+            for v in self.admission.admit(Instant::now(), t, remote.ip()) {
+                self.shed(v);
+            }
+            // A client sends its hello as soon as it is connected: reading it now tells this
+            // channel from silent ones if a later accept has to shed.
+            self.side_event(t, false);
         }
-        // Not drained: epoll reports no new edge for what is left, so the next round goes on.
-        self.accept_more = true;
     }
 
     /// Drops an accepted side channel to make room for newer ones, telling the client why when
