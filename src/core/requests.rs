@@ -13,11 +13,11 @@ use bytes::Bytes;
 use crate::buf::{OpBuf, RecvBuf};
 use crate::comm::Mechanism;
 use crate::core::ops::{OpExtra, OpState, OpTable};
-use crate::endpoint::{Completion, Direction, OpKind};
+use crate::endpoint::{Completion, Direction, OpKind, Payload};
 use crate::error::{Error, ProtocolError, Result};
 use crate::info::Counters;
-use crate::types::{OpId, PeerId, ServiceLevel};
-use crate::wire::{FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT};
+use crate::types::{OpId, PeerId, ServiceLevel, Tag};
+use crate::wire::{FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, Header, Kind};
 
 /// An open request, with the driver's extra `X`.
 #[derive(Debug)]
@@ -168,6 +168,56 @@ impl<X> Requests<X> {
     }
 }
 
+/// A request's or reply's header must fit within `max_header` bytes (what the peer agreed to
+/// buffer).
+pub(crate) fn check_header(header: &Bytes, max_header: usize) -> Result<()> {
+    if header.len() > max_header {
+        return Err(Error::TooLarge { len: header.len() as u64, max: max_header as u64 });
+    }
+    Ok(())
+}
+
+/// The length of a request's payload.
+pub(crate) fn payload_len(payload: &Payload) -> usize {
+    match payload {
+        Payload::None => 0,
+        Payload::Out(b) => b.len(),
+        Payload::In(b) => b.capacity(),
+    }
+}
+
+/// A request's payload as the operation's buffer and the payload's direction.
+pub(crate) fn split_payload(payload: Payload) -> (OpBuf, Direction) {
+    match payload {
+        Payload::None => (OpBuf::None, Direction::None),
+        Payload::Out(b) => (OpBuf::Send(b), Direction::Out),
+        Payload::In(b) => (OpBuf::Recv(b), Direction::In),
+    }
+}
+
+/// The wire header of request `op` with a `header_len`-byte header and a `len`-byte payload
+/// going in direction `dir` (the inverse of [`direction`]).
+pub(crate) fn request_header(
+    sl: ServiceLevel,
+    tag: Tag,
+    op: OpId,
+    len: usize,
+    header_len: usize,
+    dir: Direction,
+) -> Header {
+    let mut h = Header::new(Kind::Request, sl);
+    h.a = tag;
+    h.b = op.0;
+    h.c = len as u64;
+    h.aux = header_len as u32;
+    h.flags = match dir {
+        Direction::None => 0,
+        Direction::Out => FLAG_PAYLOAD_OUT,
+        Direction::In => FLAG_PAYLOAD_IN,
+    };
+    h
+}
+
 /// `[offset, offset + len)` lies within `[0, total)`.
 fn within(offset: u64, len: usize, total: u64) -> bool {
     offset.checked_add(len as u64).is_some_and(|end| end <= total)
@@ -224,6 +274,16 @@ mod tests {
         assert!(r.close(PeerId(1), 9).is_err());
         r.drop_peer(PeerId(1));
         assert_eq!(r.len(), 1);
+    }
+
+    #[test]
+    fn a_request_header_says_the_direction_its_server_reads_back() {
+        for dir in [Direction::None, Direction::Out, Direction::In] {
+            let len = if dir == Direction::None { 0 } else { 9 };
+            let h = request_header(ServiceLevel::Bulk, 5, OpId(7), len, 3, dir);
+            assert_eq!((h.a, h.b, h.c, h.aux), (5, 7, len as u64, 3));
+            assert_eq!(direction(h.flags, h.c).ok(), Some(dir));
+        }
     }
 
     #[test]

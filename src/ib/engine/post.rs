@@ -4,6 +4,7 @@ use bytes::Bytes;
 
 use crate::buf::{OpBuf, RecvBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism};
+use crate::core::requests;
 use crate::endpoint::{Cmd, Direction, OpKind, Payload as UserPayload};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
@@ -12,9 +13,7 @@ use crate::ib::verbs::*;
 use crate::info::Counters;
 use crate::regcache::{Origin, RegRef, Span};
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
-use crate::wire::{
-    FLAG_INLINE_DATA, FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind,
-};
+use crate::wire::{FLAG_INLINE_DATA, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind};
 
 use super::msg::{self, MSG_HDR, Prefix, Segment};
 use super::{
@@ -515,24 +514,13 @@ impl<V: Verbs> State<V> {
         header: Bytes,
         payload: UserPayload,
     ) -> Result<()> {
-        if header.len() > self.s.cfg.max_header {
-            return Err(Error::TooLarge { len: header.len() as u64, max: self.s.cfg.max_header as u64 });
-        }
-        let len = match &payload {
-            UserPayload::None => 0,
-            UserPayload::Out(b) => b.len(),
-            UserPayload::In(b) => b.capacity(),
-        };
+        requests::check_header(&header, self.s.cfg.max_header)?;
+        let len = requests::payload_len(&payload);
         self.check_len(len)?;
-        let split = |payload| match payload {
-            UserPayload::None => (OpBuf::None, Direction::None),
-            UserPayload::Out(b) => (OpBuf::Send(b), Direction::Out),
-            UserPayload::In(b) => (OpBuf::Recv(b), Direction::In),
-        };
         let cid = match self.conn_for(peer, sl) {
             Ok(c) => c,
             Err(e) => {
-                self.ops.fail_new(op, OpKind::Request, peer, tag, split(payload).0, e);
+                self.ops.fail_new(op, OpKind::Request, peer, tag, requests::split_payload(payload).0, e);
                 return Ok(());
             }
         };
@@ -542,20 +530,11 @@ impl<V: Verbs> State<V> {
             return Ok(());
         };
         let Cmd::Request { header, payload, .. } = cmd else { unreachable!("held and returned as it was") };
-        let (buf, dir) = split(payload);
+        let (buf, dir) = requests::split_payload(payload);
         let caps = self.caps(cid);
         self.ops.insert(op, OpKind::Request, peer, tag, sl, buf, OpSt::WaitReply);
         Counters::add(&self.core.counters.msgs_sent, 1);
-        let mut h = Header::new(Kind::Request, sl);
-        h.a = tag;
-        h.b = op.0;
-        h.c = len as u64;
-        h.aux = header.len() as u32;
-        h.flags = match dir {
-            Direction::None => 0,
-            Direction::Out => FLAG_PAYLOAD_OUT,
-            Direction::In => FLAG_PAYLOAD_IN,
-        };
+        let mut h = requests::request_header(sl, tag, op, len, header.len(), dir);
         let mut parts = Vec::new();
         // Where the payload goes: with the request (inline or fast RDMA: the data follows the
         // header in the message), or registered for the server's RDMA. The header rides in
@@ -772,9 +751,7 @@ impl<V: Verbs> State<V> {
         header: Bytes,
         status: u32,
     ) -> Result<()> {
-        if header.len() > self.s.cfg.max_header {
-            return Err(Error::TooLarge { len: header.len() as u64, max: self.s.cfg.max_header as u64 });
-        }
+        requests::check_header(&header, self.s.cfg.max_header)?;
         let r = self.sreqs.get(peer, req)?;
         let _ = sl;
         let (cancelled, cost, rsl, xfers) = (r.cancelled, r.cost, r.sl, r.x.xfers);
