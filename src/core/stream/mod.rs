@@ -12,7 +12,7 @@
 //!
 //! What the driver must do in turn is queued as [`Action`]s (dial, close, read a link again).
 //! No socket, poller or clock is touched here, so two sessions joined by in-memory byte queues
-//! on a virtual clock can run the whole protocol.
+//! on a virtual clock run the whole protocol (see the `pair` tests).
 //!
 //! * [`link`] — one link's framing state (receive state machine, staging buffer, frame queues).
 //! * [`post`] — the application's operations, turned into frames.
@@ -32,6 +32,8 @@ mod stream_in;
 mod teardown;
 mod transmit;
 
+#[cfg(test)]
+mod pair;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
