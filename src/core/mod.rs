@@ -19,3 +19,4 @@ pub(crate) mod loss;
 pub(crate) mod ops;
 pub(crate) mod peers;
 pub(crate) mod requests;
+pub(crate) mod stream;

@@ -259,6 +259,12 @@ impl<S: OpState, X: OpExtra> OpTable<S, X> {
         core.complete_all(self.done.drain(..));
     }
 
+    /// Takes the completions waiting to leave, without an endpoint to hand them to.
+    #[cfg(test)]
+    pub(crate) fn take_done(&mut self) -> Vec<Completion> {
+        self.done.drain(..).collect()
+    }
+
     fn push_done(&mut self, op: OpId, o: Op<S, X>) {
         if o.x.must_retire() {
             self.retired.push(o.x);

@@ -1,0 +1,231 @@
+//! The connection handshake on each link: a link we dial says hello once connected, a link
+//! we accept waits for the hello, under admission's limits, until its handshake is done.
+
+use std::collections::VecDeque;
+use std::mem;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::core::loss::Loss;
+use crate::error::ProtocolError;
+use crate::handshake::{self, ClientHandshake, HelloInfo, ServerHandshake};
+use crate::info::Counters;
+use crate::types::{OpId, PeerId, ServiceLevel};
+use crate::wire::{FLAG_INLINE_DATA, FLAG_PAYLOAD_OUT, FLAG_STREAMED, Header, Kind};
+
+use super::link::{Frame, Link, OnDone, Phase};
+use super::post::stream_frames;
+use super::{Action, LinkId, OpSt, Session};
+
+impl Session {
+    /// The driver accepted a link from `remote`; it may read the first bytes into it
+    /// ([`Session::recv_buffers`], [`Session::received`]) before [`Session::admit`] counts it.
+    pub(crate) fn accepted(&mut self, link: LinkId, remote: SocketAddr) {
+        let key = self.s.cfg.cluster_key.clone();
+        let hs = ServerHandshake::new(
+            self.s.endpoint_id,
+            self.s.listen_port,
+            self.s.eager_limit as u32,
+            self.s.limits.message,
+            key,
+        );
+        let mut c = Link::new(remote, ServiceLevel::Normal, Phase::ServerWaitHello(Box::new(hs)), None);
+        c.writable = true;
+        self.links.insert(link, c);
+    }
+
+    /// Admits an accepted link to its handshake at `now` (`heard`: its first bytes are in),
+    /// shedding older ones to make room if the limits say so.
+    pub(crate) fn admit(&mut self, now: Instant, link: LinkId) {
+        let Some(c) = self.links.get_mut(&link) else { return };
+        c.since = Some(now);
+        let (remote, heard) = (c.remote, c.staged() > 0);
+        for v in self.admission.admit(now, link, remote.ip()) {
+            self.shed(v);
+        }
+        if heard {
+            self.admission.heard(link);
+        }
+    }
+
+    /// Drops an accepted link to make room for newer ones, telling the client why when no other
+    /// frame of ours is half written on it.
+    fn shed(&mut self, link: LinkId) {
+        let Some(c) = self.links.get(&link) else { return };
+        tracing::debug!(remote = %c.remote, "shedding a connection in its handshake: handshake limits reached");
+        let farewell =
+            c.hs_tx.front().is_none_or(|f| f.sent == 0).then(|| handshake::busy_frame(c.sl).encode());
+        self.close_link(link, farewell);
+    }
+
+    /// The driver started dialling `link` at `now`: the connect deadline runs from here.
+    pub(crate) fn dial_started(&mut self, now: Instant, link: LinkId) {
+        if let Some(c) = self.links.get_mut(&link) {
+            c.since = Some(now);
+        }
+    }
+
+    /// A dialled link is connected at `now`: it says hello.
+    pub(crate) fn link_up(&mut self, now: Instant, link: LinkId) {
+        let Some(c) = self.links.get_mut(&link) else { return };
+        if !matches!(c.phase, Phase::Connecting) {
+            return;
+        }
+        // From here the handshake deadline applies.
+        c.since = Some(now);
+        let key = self.s.cfg.cluster_key.clone();
+        let mine = HelloInfo::new(
+            self.s.endpoint_id,
+            self.s.listen_port,
+            self.s.eager_limit as u32,
+            self.s.limits.message,
+            key.is_some(),
+        );
+        let (hs, (h, body)) = ClientHandshake::start(c.sl, mine, key);
+        c.hs_tx.push_back(Frame::new(h, Bytes::from(body), None, OnDone::Nothing));
+        c.phase = Phase::ClientWaitAck(Box::new(hs));
+        if c.writable {
+            self.write_ready.insert(link);
+        }
+        self.act(Action::Resume { link });
+        Counters::add(&self.core.counters.connections, 1);
+    }
+
+    /// Requests posted while their link was still being set up were queued before we knew
+    /// whether the server reads streams: now that it says it does, their payloads stream too.
+    pub(super) fn stream_queued_requests(&mut self, link: LinkId, peer: PeerId) {
+        let Some(chunk) = self.peers.get(peer).and_then(|p| self.stream_chunk(p)) else { return };
+        let Session { links, ops, .. } = self;
+        let Some(c) = links.get_mut(&link) else { return };
+        if !c.tx.iter().any(|f| f.hdr[3] == Kind::Request as u8) {
+            return;
+        }
+        let mut out = VecDeque::with_capacity(c.tx.len());
+        for mut f in c.tx.drain(..) {
+            let h = Header::decode(&f.hdr).ok().filter(|h| {
+                h.kind == Kind::Request
+                    && f.sent == 0
+                    && h.flags & (FLAG_PAYLOAD_OUT | FLAG_INLINE_DATA | FLAG_STREAMED) == FLAG_PAYLOAD_OUT
+                    && h.c > 0
+            });
+            let o =
+                h.and_then(|h| ops.get_mut(&OpId(h.b)).filter(|o| o.st == OpSt::WaitReply).map(|o| (h, o)));
+            let Some((mut h, o)) = o else {
+                out.push_back(f);
+                continue;
+            };
+            h.flags |= FLAG_STREAMED;
+            f.hdr = h.encode();
+            out.push_back(f);
+            let (op, len) = (OpId(h.b), h.c as usize);
+            o.moved = len;
+            for f in stream_frames(op, h.sl, len, chunk) {
+                out.push_back(f);
+                o.refs += 1;
+            }
+        }
+        c.tx = out;
+    }
+
+    pub(super) fn on_handshake(&mut self, link: LinkId, h: Header, body: Vec<u8>) {
+        let Some(c) = self.links.get_mut(&link) else { return };
+        let phase = mem::replace(&mut c.phase, Phase::Closing);
+        match phase {
+            Phase::ServerWaitHello(mut hs) => match hs.on_hello(&h, &body) {
+                Ok((client, (ack, ack_body))) => {
+                    c.sl = h.sl;
+                    self.actions.push_back(Action::Classify { link, sl: h.sl });
+                    c.hs_tx.push_back(Frame::new(ack, Bytes::from(ack_body), None, OnDone::Nothing));
+                    c.phase = Phase::ServerWaitAuth(hs, client);
+                    self.write_ready.insert(link);
+                }
+                Err(e) => self.protocol_error(link, ProtocolError::Handshake(e.to_string())),
+            },
+            Phase::ServerWaitAuth(mut hs, client) => {
+                let verdict = hs.on_auth(&h, &body);
+                let status = match &verdict {
+                    Ok(()) if self.peers.admits(client.endpoint_id, self.s.cfg.max_peers) => {
+                        handshake::READY_OK
+                    }
+                    Ok(()) => handshake::READY_REFUSED,
+                    Err(_) => handshake::READY_AUTH_FAILED,
+                };
+                let (rh, rb) = hs.ready(status);
+                let Some(c) = self.links.get_mut(&link) else { return };
+                if status != handshake::READY_OK {
+                    if let Err(e) = verdict {
+                        tracing::warn!(remote = %c.remote, error = %e, "refusing connection: authentication failed");
+                        Counters::add(&self.core.counters.auth_failures, 1);
+                    }
+                    c.hs_tx.push_back(Frame::new(rh, Bytes::from(rb), None, OnDone::Close));
+                    c.phase = Phase::Closing;
+                    self.write_ready.insert(link);
+                    return;
+                }
+                let remote = c.remote;
+                let sl = c.sl;
+                c.hs_tx.push_back(Frame::new(rh, Bytes::from(rb), None, OnDone::Nothing));
+                // A newer connection for the same class replaces a stale one (and may take the
+                // stale peer's record with it: it is then made anew below).
+                if let Some(old_peer) = self.peers.superseded(client.endpoint_id, sl, link) {
+                    self.fail_peer(old_peer, Loss::Lost("superseded by a new connection".into()));
+                }
+                let d = self.new_peer_ext();
+                let peer = self.peers.accepted(client.endpoint_id, remote, client.listen_port, || d);
+                let p = &mut self.peers[peer];
+                p.d.eager_limit = (client.eager_limit as usize).min(self.s.eager_limit);
+                p.d.max_message = client.max_message;
+                p.d.streams = client.streams;
+                p.conns[sl.index()] = Some(link);
+                let Some(c) = self.links.get_mut(&link) else { return };
+                c.peer = Some(peer);
+                c.phase = Phase::Ready;
+                self.admission.finished(link);
+                self.write_ready.insert(link);
+                Counters::add(&self.core.counters.connections, 1);
+                tracing::debug!(%peer, %remote, %sl, "connection accepted");
+            }
+            Phase::ClientWaitAck(_) if h.kind == Kind::Ready && h.aux != handshake::READY_OK => {
+                self.fail_link(link, Loss::Lost(handshake::refusal(h.aux)))
+            }
+            Phase::ClientWaitAck(mut hs) => match hs.on_hello_ack(&h, &body) {
+                Ok((auth, auth_body)) => {
+                    c.hs_tx.push_back(Frame::new(auth, Bytes::from(auth_body), None, OnDone::Nothing));
+                    c.phase = Phase::ClientWaitReady(hs);
+                    self.write_ready.insert(link);
+                }
+                Err(handshake::HandshakeError::Auth(e)) => self.fail_link(link, Loss::Auth(e.into())),
+                Err(e) => self.protocol_error(link, ProtocolError::Handshake(e.to_string())),
+            },
+            Phase::ClientWaitReady(hs) => {
+                if h.kind != Kind::Ready {
+                    self.protocol_error(link, ProtocolError::Handshake("expected READY".into()));
+                    return;
+                }
+                match h.aux {
+                    handshake::READY_OK => {
+                        let server = *hs.server().expect("hello-ack seen before ready");
+                        let Some(peer) = c.peer else { return };
+                        c.phase = Phase::Ready;
+                        let p = &mut self.peers[peer];
+                        p.d.eager_limit = (server.eager_limit as usize).min(self.s.eager_limit);
+                        p.d.max_message = server.max_message;
+                        p.d.streams = server.streams;
+                        p.lost = None;
+                        self.stream_queued_requests(link, peer);
+                        self.write_ready.insert(link);
+                    }
+                    handshake::READY_AUTH_FAILED => {
+                        self.fail_link(link, Loss::Auth(handshake::refusal(h.aux)))
+                    }
+                    status => self.fail_link(link, Loss::Lost(handshake::refusal(status))),
+                }
+            }
+            Phase::Connecting | Phase::Ready | Phase::Closing => {
+                self.protocol_error(link, ProtocolError::Handshake("unexpected handshake frame".into()))
+            }
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! The TCP driver's sockets: one per link, its readiness as the driver knows it, and the
+//! system calls that move bytes, none of which ever blocks (a socket set up for direct waits is
+//! in blocking mode, so every other call passes `MSG_DONTWAIT`).
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use mio::net::TcpStream;
+use rustix::net::{RecvAncillaryBuffer, RecvFlags, SendAncillaryBuffer, SendFlags};
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+
+use crate::config::Config;
+use crate::core::stream::IoVec;
+use crate::types::ServiceLevel;
+
+/// Frames up to this size are written from one stack buffer: `send` takes a plain buffer
+/// where `sendmsg` first copies in a message header and an iovec array.
+const SMALL_WRITE: usize = 256;
+
+/// A link's socket and what the driver knows of it.
+pub(crate) struct Sock {
+    /// Shared so a driver can block in `recv` on it without holding the state lock (see
+    /// [`super::TcpBackend::direct_wait`]); registered with epoll by fd.
+    pub stream: Arc<TcpStream>,
+    pub remote: SocketAddr,
+    /// Dialled and not connected yet.
+    pub connecting: bool,
+    pub readable: bool,
+    /// The last read was short: the socket had nothing more at that moment.
+    pub drained: bool,
+    /// `drained` was set by a direct wait for the turn about to run, so it can be trusted.
+    pub drained_fresh: bool,
+    /// Set up for direct waits (blocking mode, receive timeout): `None` = not tried yet.
+    pub direct: Option<bool>,
+    /// epoll reported the peer's FIN (or an error): a short read no longer means drained, the
+    /// EOF behind it must be read, or no later edge would ever report it.
+    pub hup: bool,
+}
+
+impl Sock {
+    pub(crate) fn new(stream: TcpStream, remote: SocketAddr, connecting: bool) -> Sock {
+        Sock {
+            stream: Arc::new(stream),
+            remote,
+            connecting,
+            readable: !connecting,
+            drained: false,
+            drained_fresh: false,
+            direct: None,
+            hup: false,
+        }
+    }
+}
+
+/// A non-blocking socket connecting to `sa`, tuned for class `sl`.
+pub(crate) fn dial(sa: SocketAddr, cfg: &Config, sl: ServiceLevel) -> io::Result<TcpStream> {
+    let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
+    tune(&SockRef::from(&sock), cfg, sl, sa.is_ipv4());
+    sock.set_nonblocking(true)?;
+    match sock.connect(&sa.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) || e.kind() == io::ErrorKind::WouldBlock => {}
+        Err(e) => return Err(e),
+    }
+    Ok(TcpStream::from_std(sock.into()))
+}
+
+/// Socket options for a class: no Nagle delay, buffers (when configured; else the kernel's
+/// autotuning), congestion control (when configured), DSCP and `SO_PRIORITY`.
+pub(crate) fn tune(sock: &SockRef<'_>, cfg: &Config, sl: ServiceLevel, v4: bool) {
+    let _ = sock.set_tcp_nodelay(true);
+    if let Some(n) = cfg.socket_buffer {
+        let _ = sock.set_send_buffer_size(n);
+        let _ = sock.set_recv_buffer_size(n);
+    }
+    if let Some(cc) = &cfg.tcp_congestion
+        && let Err(e) = sock.set_tcp_congestion(cc.as_bytes())
+    {
+        // The connection still works under the kernel's default; say why it is not the one asked for.
+        tracing::warn!(congestion = %cc, error = %e, "TCP congestion control refused; keeping the kernel's");
+    }
+    let tos = u32::from(cfg.dscp[sl.index()]) << 2;
+    let _ = if v4 { sock.set_tos_v4(tos) } else { sock.set_tclass_v6(tos) };
+    let _ = sock.set_priority(u32::from(cfg.so_priority[sl.index()]));
+}
+
+thread_local! {
+    /// Bytes this thread moved through sockets. A progress round compares it before and after,
+    /// to tell an adaptive waiter whether the round did work.
+
+    static MOVED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+pub(crate) fn note_moved(n: usize) -> usize {
+    MOVED.with(|m| m.set(m.get().wrapping_add(n as u64)));
+    n
+}
+
+pub(crate) fn moved() -> u64 {
+    MOVED.with(std::cell::Cell::get)
+}
+
+/// Receives what is there now, whatever the socket's blocking mode (a socket used for direct
+/// waits is left in blocking mode).
+pub(crate) fn recv_now(sock: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    Ok(note_moved(rustix::net::recv(sock, buf, RecvFlags::DONTWAIT)?.0))
+}
+
+/// [`recv_now`] into several buffers at once (one `recv` when there is one).
+pub(crate) fn recv_vec_now(sock: &TcpStream, iov: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+    if let [one] = iov {
+        return recv_now(sock, one);
+    }
+    let r = rustix::net::recvmsg(sock, iov, &mut RecvAncillaryBuffer::default(), RecvFlags::DONTWAIT)?;
+    Ok(note_moved(r.bytes))
+}
+
+/// Like [`send_now`] for one contiguous buffer.
+pub(crate) fn send_one_now(sock: &TcpStream, buf: &[u8]) -> io::Result<usize> {
+    Ok(note_moved(rustix::net::send(sock, buf, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)?))
+}
+
+/// Writes what fits now, whatever the socket's blocking mode; never raises `SIGPIPE`. A small
+/// gather list is copied into one buffer first.
+pub(crate) fn send_now(sock: &TcpStream, iov: &IoVec<'_>) -> io::Result<usize> {
+    let slices = iov.slices();
+    if let [one] = slices {
+        return send_one_now(sock, one);
+    }
+    if iov.bytes() <= SMALL_WRITE {
+        let mut one = [0u8; SMALL_WRITE];
+        let mut n = 0;
+        for s in slices {
+            one[n..n + s.len()].copy_from_slice(s);
+            n += s.len();
+        }
+        return send_one_now(sock, &one[..n]);
+    }
+    send_vec_now(sock, slices)
+}
+
+fn send_vec_now(sock: &TcpStream, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+    let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+    Ok(note_moved(rustix::net::sendmsg(sock, iov, &mut SendAncillaryBuffer::default(), flags)?))
+}
+
+#[cfg(test)]
+mod tune_tests {
+    use super::*;
+
+    /// A connected loopback pair of std sockets.
+    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        (a, l.accept().unwrap().0)
+    }
+
+    #[test]
+    fn socket_buffers_are_left_to_the_kernel_unless_configured() {
+        let (untouched, _p1) = pair();
+        let (auto, _p2) = pair();
+        let (fixed, _p3) = pair();
+        let sizes = |s: &std::net::TcpStream| {
+            let r = SockRef::from(s);
+            (r.recv_buffer_size().unwrap(), r.send_buffer_size().unwrap())
+        };
+        let default = sizes(&untouched);
+        tune(&SockRef::from(&auto), &Config::default(), ServiceLevel::Bulk, true);
+        // Setting a buffer size at all locks it (no autotuning); the default must not.
+        assert_eq!(sizes(&auto), default);
+        tune(&SockRef::from(&fixed), &Config::default().socket_buffer(256 << 10), ServiceLevel::Bulk, true);
+        let (rcv, snd) = sizes(&fixed);
+        assert!(rcv != default.0 && snd != default.1, "fixed {:?}, default {default:?}", (rcv, snd));
+    }
+
+    /// The congestion control is the kernel's unless configured; a configured one is set on the
+    /// socket, and one the kernel refuses leaves the kernel's in place.
+    #[test]
+    fn accepted_connections_start_with_the_configured_congestion_control() {
+        // Only meaningful with one other than the kernel's default to ask for.
+        let read = |f: &str| std::fs::read_to_string(format!("/proc/sys/net/ipv4/{f}")).unwrap_or_default();
+        let default = read("tcp_congestion_control").trim().to_string();
+        let Some(other) = read("tcp_allowed_congestion_control")
+            .split_whitespace()
+            .find(|c| *c != default)
+            .map(str::to_string)
+        else {
+            eprintln!("skipped: no congestion control other than the kernel's ({default}) is allowed");
+            return;
+        };
+        let cc = |s: &std::net::TcpStream| {
+            let name = SockRef::from(s).tcp_congestion().unwrap();
+            String::from_utf8(name).unwrap().trim_end_matches('\0').to_string()
+        };
+        let sa: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let plain =
+            std::net::TcpListener::from(crate::admission::listener_socket(sa, &Config::default()).unwrap());
+        let set = std::net::TcpListener::from(
+            crate::admission::listener_socket(sa, &Config::default().tcp_congestion(&*other)).unwrap(),
+        );
+        for (l, want) in [(&plain, &default), (&set, &other)] {
+            let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let accepted = loop {
+                match l.accept() {
+                    Ok((a, _)) => break a,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                    Err(e) => panic!("{e}"),
+                }
+            };
+            assert_eq!(&cc(&accepted), want, "as accepted, before any tuning");
+        }
+    }
+
+    #[test]
+    fn congestion_control_is_the_kernels_unless_configured() {
+        let cc =
+            |s: &std::net::TcpStream| String::from_utf8(SockRef::from(s).tcp_congestion().unwrap()).unwrap();
+        let (untouched, _p1) = pair();
+        let kernels = cc(&untouched);
+        let (plain, _p2) = pair();
+        tune(&SockRef::from(&plain), &Config::default(), ServiceLevel::Bulk, true);
+        assert_eq!(cc(&plain), kernels);
+        // reno is always built in and always allowed, so it is never refused; pick the one of
+        // reno and cubic that is not the kernel's default, so the test sees a change.
+        let want = if kernels.trim_end_matches('\0') == "reno" { "cubic" } else { "reno" };
+        let (set, _p3) = pair();
+        tune(&SockRef::from(&set), &Config::default().tcp_congestion(want), ServiceLevel::Bulk, true);
+        let got = cc(&set);
+        if want == "reno" || got.trim_end_matches('\0') == want {
+            assert_eq!(got.trim_end_matches('\0'), want);
+        }
+        let (refused, _p4) = pair();
+        tune(
+            &SockRef::from(&refused),
+            &Config::default().tcp_congestion("no-such-cc"),
+            ServiceLevel::Bulk,
+            true,
+        );
+        assert_eq!(cc(&refused), kernels, "a refused name keeps the kernel's choice");
+    }
+}
+
+#[cfg(test)]
+mod recv_tests {
+    use super::*;
+    use crate::buf::{OpBuf, RecvBuf};
+    use crate::core::ops::OpTable;
+    use crate::core::stream::link::{Sink, sink_slices};
+    use crate::core::stream::{OpSt, RecvIov};
+    use crate::endpoint::OpKind;
+    use crate::types::{OpId, PeerId};
+    use bytes::BytesMut;
+    use std::io::Write;
+
+    #[test]
+    fn a_direct_read_fills_every_segment_of_a_scatter_list_in_one_call() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut tx = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let rx = TcpStream::from_std(l.accept().unwrap().0);
+        let (seg, n, at) = (4096, 4, 1000);
+        let data: Vec<u8> = (0..seg * n - at).map(|i| (i % 251) as u8).collect();
+        tx.write_all(&data).unwrap();
+        let id = OpId(7);
+        let list = (0..n).map(|_| BytesMut::zeroed(seg)).collect();
+        let mut ops: OpTable<OpSt, ()> = OpTable::default();
+        ops.insert(
+            id,
+            OpKind::Recv,
+            PeerId(0),
+            0,
+            ServiceLevel::Bulk,
+            OpBuf::Recv(RecvBuf::List(list)),
+            OpSt::Receiving,
+        );
+        let mut sink = Sink::Op { op: id, base: 0 };
+        // Everything sent is readable once a blocking peek sees the last byte.
+        let mut probe = vec![0u8; data.len()];
+        while rustix::net::recv(&rx, &mut probe, RecvFlags::PEEK).unwrap().0 < data.len() {}
+        let got = {
+            let mut iov = RecvIov::new();
+            sink_slices(&mut sink, at, data.len(), &mut ops, &mut iov);
+            assert_eq!(iov.len(), n, "one iovec per segment from the one holding the offset");
+            recv_vec_now(&rx, &mut iov).unwrap()
+        };
+        assert_eq!(got, data.len(), "one call read across every segment");
+    }
+}
