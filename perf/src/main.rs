@@ -85,7 +85,7 @@ struct RunArgs {
     /// worth of memory, as ionet's does).
     #[arg(long, default_value_t = 64)]
     window: usize,
-    /// Memory each side cycles its streamed messages through (`k`/`m` suffixes; ionet only):
+    /// Memory each side cycles its streamed messages through (binary units: `64k`, `32m`; ionet only):
     /// by default a window's worth, the cache-resident peak; an application's working set
     /// (say a file system's regions and files) shows what its cache misses cost the stream.
     #[arg(long, value_parser = parse_one_size, default_value = "0")]
@@ -253,7 +253,7 @@ struct Knobs {
     /// Force one mechanism instead of the communication manager's choice.
     #[arg(long)]
     mechanism: Option<Mechanism>,
-    /// Inline limit for every service level (bytes; `k`/`m` suffixes).
+    /// Inline limit for every service level (bytes, or binary units: `4k`).
     #[arg(long, value_parser = parse_one_size)]
     inline_max: Option<usize>,
     /// Fast-RDMA limit for every service level.
@@ -307,8 +307,9 @@ fn parse_sl(s: &str) -> Result<ServiceLevel, String> {
         .ok_or_else(|| format!("unknown service level {s}"))
 }
 
+/// A size on the command line, in the syntax `stripefs` takes too.
 fn parse_one_size(s: &str) -> Result<usize, String> {
-    ionet::comm::parse_size(s).ok_or_else(|| format!("bad size {s:?}"))
+    benchkit::units::parse_size_usize(s)
 }
 
 fn parse_scheme(s: &str) -> Result<Scheme, String> {
@@ -322,7 +323,7 @@ fn parse_scheme(s: &str) -> Result<Scheme, String> {
 
 /// `8,4k,1m` or `1:16m` (powers of two).
 fn parse_sizes(s: &str) -> Result<Vec<usize>, String> {
-    let size = |t: &str| ionet::comm::parse_size(t).ok_or_else(|| format!("bad size {t:?}"));
+    let size = parse_one_size;
     if let Some((a, b)) = s.split_once(':') {
         let (mut x, hi) = (size(a)?.max(1), size(b)?);
         let mut v = Vec::new();

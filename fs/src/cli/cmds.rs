@@ -28,8 +28,8 @@ pub struct CpArgs {
     /// Destination: a local path or sfs:/path (a directory keeps the source's name). At least
     /// one side is a stripefs path.
     dst: String,
-    /// Stripe size of a new stripefs file.
-    #[arg(long)]
+    /// Stripe size of a new stripefs file (bytes, or with a binary unit: 64k, 1M).
+    #[arg(long, value_parser = benchkit::units::parse_size)]
     stripe_size: Option<u64>,
     /// Stripe count of a new stripefs file.
     #[arg(long)]
@@ -773,8 +773,8 @@ fn df_row(name: &str, d: DiskSpace) -> String {
 pub struct SetstripeArgs {
     /// A directory, or a file to create.
     path: String,
-    /// Stripe size in bytes.
-    #[arg(short = 'S', long)]
+    /// Stripe size (bytes, or with a binary unit: 64k, 1M).
+    #[arg(short = 'S', long, value_parser = benchkit::units::parse_size)]
     stripe_size: Option<u64>,
     /// Number of io servers.
     #[arg(short = 'c', long)]
