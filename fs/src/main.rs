@@ -99,6 +99,13 @@ enum Cmd {
     /// Size, used and available space of each io server's file system and their sum, and the
     /// number of files and directories.
     Df,
+    /// Whether every server of the cluster is up: the meta server and each io server with its
+    /// version, uptime, requests served and in flight, and the space of its data directory.
+    /// Exits 1 if any server is down, naming it.
+    Status {
+        #[command(flatten)]
+        out: cli::Output,
+    },
     /// The transport A/B benchmark suite: E1–E5, CPU, and `all` (with ionet-perf's ab,
     /// calibrate and qos) writing CSV, Markdown, SVG plots and the BENCHMARKS.md summary.
     Bench(cli::bench::BenchArgs),
@@ -125,6 +132,7 @@ fn main() -> ExitCode {
         Cmd::Setstripe(a) => cli::cmds::setstripe(cluster, a),
         Cmd::Servers => cli::cmds::servers(cluster),
         Cmd::Df => cli::cmds::df(cluster),
+        Cmd::Status { out } => cli::status::status(cluster, out),
         Cmd::Bench(a) => cli::bench::run(a),
         Cmd::Mount(a) => cli::cmds::mount(cluster, a),
     };

@@ -352,3 +352,63 @@ fn df_and_servers_name_an_unreachable_io_server() {
         assert!(!stdout.contains("total"), "no sum without every server: {stdout}");
     }
 }
+
+fn json(cluster: &Path, args: &[&str]) -> serde_json::Value {
+    let out = ok(cluster, args);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("stripefs {args:?}: not JSON ({e}): {out}"))
+}
+
+/// `status`: with every server up it lists each and exits 0, its JSON saying the same figures;
+/// with an io server killed it still lists all, says which is down (role and address) and
+/// exits 1, in text and in JSON.
+#[test]
+fn status_reports_every_server_and_names_a_dead_one() {
+    let mut tc = TestCluster::start("tcp", 3);
+    let cl = tc.cluster.config_path().to_owned();
+    let text = ok(&cl, &["status", "--bytes"]);
+    let rows: Vec<&str> = text.lines().collect();
+    assert_eq!(rows.len(), 5, "a header, the meta server, 3 io servers: {text}");
+    let j = json(&cl, &["status", "--json"]);
+    assert_eq!(j["healthy"], true, "{j}");
+    let servers = j["servers"].as_array().unwrap();
+    assert_eq!(servers.len(), 4, "{j}");
+    for (s, row) in servers.iter().zip(&rows[1..]) {
+        assert_eq!(s["state"], "up", "{j}");
+        assert_eq!(s["version"], env!("CARGO_PKG_VERSION"));
+        assert!(s["requests"].as_u64().unwrap() >= 1 && s["uptime_ns"].as_u64().unwrap() > 0, "{j}");
+        let (total, avail) = (s["disk"]["total"].as_u64().unwrap(), s["disk"]["avail"].as_u64().unwrap());
+        assert!(total > 0 && avail <= total, "{j}");
+        // The same server, the same version and size in the table (free space moves).
+        let f: Vec<&str> = row.split_whitespace().collect();
+        let label = match s["index"].as_u64() {
+            Some(i) => format!("io {i}"),
+            None => "meta".to_string(),
+        };
+        assert!(row.starts_with(&label) && row.contains(s["address"].as_str().unwrap()), "{row}");
+        assert_eq!(f.last().unwrap().parse::<u64>().unwrap(), total, "{row}");
+        assert!(row.contains(" up ") && row.contains(env!("CARGO_PKG_VERSION")), "{row}");
+    }
+    let human = ok(&cl, &["status"]);
+    assert!(human.lines().nth(1).unwrap().ends_with("iB"), "sizes in binary units: {human}");
+
+    tc.cluster.kill_io(1);
+    let dead = tc.cluster.config().io_servers[1].to_string();
+    let out = sfs(&cl, &["status"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{stdout}");
+    assert!(stderr.contains(&format!("1 of 4 servers down: io server 1 ({dead})")), "{stderr}");
+    let down: Vec<&str> = stdout.lines().filter(|l| l.contains(" down ")).collect();
+    assert_eq!(down.len(), 1, "{stdout}");
+    assert!(down[0].starts_with("io 1") && down[0].contains(&dead), "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| l.contains(" up ")).count(), 3, "the others: {stdout}");
+    let out = sfs(&cl, &["status", "--json"]);
+    assert!(!out.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON document even then");
+    assert_eq!(j["healthy"], false);
+    let s = &j["servers"][2];
+    assert_eq!(
+        (s["role"].as_str(), s["index"].as_u64(), s["state"].as_str()),
+        (Some("io"), Some(1), Some("down"))
+    );
+    assert!(s["error"].as_str().unwrap().contains(&dead) && s["disk"].is_null(), "{j}");
+}
