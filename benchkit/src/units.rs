@@ -34,7 +34,7 @@ pub fn parse_size_u32(s: &str) -> Result<u32, String> {
     u32::try_from(n).map_err(|_| format!("size {s:?} is too large (at most 4 GiB - 1)"))
 }
 
-/// A byte count for people, in binary units as `ls -lh` and `df -h` write it: bytes below
+/// A byte count for people, in binary units: bytes below
 /// 1 KiB (`1023 B`), then one decimal below 10 (`1.5 MiB`) and whole units from 10 on
 /// (`15 MiB`, `1023 KiB`), rounded to the nearest; a value that rounds to 1024 of a unit is
 /// written in the next (`1048575` is `1.0 MiB`).

@@ -107,14 +107,14 @@ fn uptime(ns: u64) -> String {
 pub fn table(r: &StatusReport, out: Output) -> String {
     let aw = r.servers.iter().map(|s| s.address.len()).max().unwrap_or(0).max("address".len());
     let mut t = format!(
-        "{:<6} {:<aw$} {:<7} {:<8} {:>14} {:>9} {:>9} {:>7} {:>10} {:>10}\n",
-        "role", "address", "state", "version", "uptime", "requests", "in flight", "errors", "free", "total"
+        "{:<6} {:<aw$} {:<7} {:<8} {:>14} {:>10} {:>10} {:>7} {:>10} {:>10}\n",
+        "role", "address", "state", "version", "uptime", "requests", "in flight", "errors", "avail", "total"
     );
     for s in &r.servers {
         t.push_str(&format!("{:<6} {:<aw$} {:<7} ", s.label(), s.address, s.state));
         match (&s.version, &s.disk) {
             (Some(v), Some(d)) => t.push_str(&format!(
-                "{v:<8} {:>14} {:>9} {:>9} {:>7} {:>10} {:>10}\n",
+                "{v:<8} {:>14} {:>10} {:>10} {:>7} {:>10} {:>10}\n",
                 uptime(s.uptime_ns.unwrap_or(0)),
                 s.requests.unwrap_or(0),
                 s.in_flight.unwrap_or(0),
