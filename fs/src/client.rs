@@ -227,6 +227,44 @@ pub struct SizeUnknown {
     pub error: FsError,
 }
 
+/// What [`Client::status`] learnt of one server.
+#[derive(Debug)]
+pub enum ServerState {
+    /// It answered with its status.
+    Up(proto::ServerStatus),
+    /// It answered, but not with a status: a server of another protocol version (the error
+    /// says which it speaks) or one that refused the request. It is reachable; its figures are
+    /// unknown.
+    Unknown(FsError),
+    /// It could not be reached, was lost, or did not answer in time (the error names it).
+    Down(FsError),
+}
+
+impl ServerState {
+    /// Sorts a status request's outcome: only a transport failure means the server is down.
+    pub fn of(r: FsResult<proto::ServerStatus>) -> ServerState {
+        match r {
+            Ok(s) => ServerState::Up(s),
+            Err(e @ (FsError::Server { .. } | FsError::Net(_))) => ServerState::Down(e),
+            Err(e) => ServerState::Unknown(e),
+        }
+    }
+
+    /// Whether the server could not be reached.
+    pub fn is_down(&self) -> bool {
+        matches!(self, ServerState::Down(_))
+    }
+}
+
+/// The status of every server of the cluster ([`Client::status`]).
+#[derive(Debug)]
+pub struct ClusterStatus {
+    /// The meta server.
+    pub meta: ServerState,
+    /// The io servers, in the cluster file's order.
+    pub io: Vec<ServerState>,
+}
+
 /// One request to one io server, ready to post.
 #[derive(Debug)]
 struct Batch {
@@ -782,6 +820,28 @@ impl Client {
                 r => Err(FsError::UnexpectedReply(format!("{r:?}"))),
             })
             .collect()
+    }
+
+    /// Every server's version, uptime, load and space: the io servers' requests are posted
+    /// together, then the meta server is asked. A server that is down, or answers without a
+    /// status (another protocol version), is reported as such; this never fails.
+    pub fn status(&self) -> ClusterStatus {
+        let reqs = (0..self.inner.io.len()).map(|s| (s, IoRequest::Status)).collect();
+        let io = self
+            .io_small(reqs)
+            .into_iter()
+            .map(|r| {
+                ServerState::of(r.and_then(|r| match r {
+                    IoReply::Status(s) => Ok(s),
+                    r => Err(FsError::UnexpectedReply(format!("{r:?}"))),
+                }))
+            })
+            .collect();
+        let meta = ServerState::of(self.meta_call(MetaRequest::Status).and_then(|r| match r {
+            MetaReply::Status(s) => Ok(s),
+            r => Self::unexpected(r),
+        }));
+        ClusterStatus { meta, io }
     }
 
     /// The cluster's space: the sum over io servers of the file systems holding their objects

@@ -69,7 +69,7 @@ pub mod proto;
 pub mod server;
 pub mod store;
 
-pub use client::{Client, ClientOptions, CreateOptions, File, SizeUnknown, Stat};
+pub use client::{Client, ClientOptions, ClusterStatus, CreateOptions, File, ServerState, SizeUnknown, Stat};
 
 /// Locks `m`, taking a poisoned lock as it is: for maps and caches whose every critical section
 /// leaves them consistent, so a panic elsewhere loses nothing.

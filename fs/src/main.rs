@@ -43,6 +43,8 @@ enum Cmd {
         dereference: bool,
         /// The path.
         path: String,
+        #[command(flatten)]
+        out: cli::Output,
     },
     /// Create a symbolic link LINK pointing at TARGET (stripefs, like PVFS, has no hard links).
     Ln {
@@ -90,15 +92,31 @@ enum Cmd {
     Getstripe {
         /// The path.
         path: String,
+        #[command(flatten)]
+        out: cli::Output,
     },
     /// Set a directory's default layout, or create an empty file with a layout.
     Setstripe(cli::cmds::SetstripeArgs),
     /// Each io server's counters: requests, bytes, errors, and the data path (mapped or
     /// copying, with the reasons for copying) they took.
-    Servers,
+    Servers {
+        /// Print one JSON document instead of text (see the README's Scripting section).
+        #[arg(long)]
+        json: bool,
+    },
     /// Size, used and available space of each io server's file system and their sum, and the
     /// number of files and directories.
-    Df,
+    Df {
+        #[command(flatten)]
+        out: cli::Output,
+    },
+    /// Whether every server of the cluster is up: the meta server and each io server with its
+    /// version, uptime, requests served and in flight, and the space of its data directory.
+    /// Exits 1 if any server is down, naming it.
+    Status {
+        #[command(flatten)]
+        out: cli::Output,
+    },
     /// The transport A/B benchmark suite: E1–E5, CPU, and `all` (with ionet-perf's ab,
     /// calibrate and qos) writing CSV, Markdown, SVG plots and the BENCHMARKS.md summary.
     Bench(cli::bench::BenchArgs),
@@ -115,16 +133,17 @@ fn main() -> ExitCode {
         Cmd::Serve(a) => cli::serve::run(a, cluster),
         Cmd::Cp(a) => cli::cmds::cp(cluster, a),
         Cmd::Ls(a) => cli::cmds::ls(cluster, a),
-        Cmd::Stat { dereference, path } => cli::cmds::stat(cluster, &path, dereference),
+        Cmd::Stat { dereference, path, out } => cli::cmds::stat(cluster, &path, dereference, out),
         Cmd::Ln { symbolic, target, link } => cli::cmds::ln(cluster, symbolic, &target, &link),
         Cmd::Readlink { path } => cli::cmds::readlink(cluster, &path),
         Cmd::Rm { recursive, paths } => cli::cmds::rm(cluster, recursive, &paths),
         Cmd::Mv { src, dst } => cli::cmds::mv(cluster, &src, &dst),
         Cmd::Mkdir { parents, paths } => cli::cmds::mkdir(cluster, parents, &paths),
-        Cmd::Getstripe { path } => cli::cmds::getstripe(cluster, &path),
+        Cmd::Getstripe { path, out } => cli::cmds::getstripe(cluster, &path, out),
         Cmd::Setstripe(a) => cli::cmds::setstripe(cluster, a),
-        Cmd::Servers => cli::cmds::servers(cluster),
-        Cmd::Df => cli::cmds::df(cluster),
+        Cmd::Servers { json } => cli::cmds::servers(cluster, json),
+        Cmd::Df { out } => cli::cmds::df(cluster, out),
+        Cmd::Status { out } => cli::status::status(cluster, out),
         Cmd::Bench(a) => cli::bench::run(a),
         Cmd::Mount(a) => cli::cmds::mount(cluster, a),
     };

@@ -27,8 +27,8 @@ use std::marker::PhantomData;
 use std::ops::Deref;
 
 /// Protocol version this build speaks (2: io servers' counters carry their disk space;
-/// 3: symbolic links).
-pub const PROTO_VERSION: u16 = 3;
+/// 3: symbolic links; 4: status requests to every server).
+pub const PROTO_VERSION: u16 = 4;
 
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"STFS";
@@ -56,6 +56,9 @@ pub const MAX_LINK_TARGET: usize = 4095;
 
 /// Longest error text in an error reply.
 pub const MAX_ERROR_TEXT: usize = 256;
+
+/// Longest software version in a status reply.
+pub const MAX_VERSION_TEXT: usize = 64;
 
 /// Most data bytes one read or write request may move. The server streams it in transfer units,
 /// so this bounds work per request, not memory.
@@ -591,6 +594,24 @@ impl DiskSpace {
     }
 }
 
+/// What a server says about itself ([`MetaRequest::Status`], [`IoRequest::Status`]): cheap to
+/// gather, for an operator's `stripefs status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerStatus {
+    /// The server's software version (its package version, `0.1.0`).
+    pub version: BoundedString<MAX_VERSION_TEXT>,
+    /// Time since the server started, in nanoseconds.
+    pub uptime_ns: u64,
+    /// Requests received since it started, this one included.
+    pub requests: u64,
+    /// Other requests being served while this one was answered.
+    pub in_flight: u64,
+    /// Requests answered with an error since it started.
+    pub errors: u64,
+    /// The file system holding its data directory (objects, or the meta server's database).
+    pub disk: DiskSpace,
+}
+
 /// What one data path of an io server moved. A request is counted by the path that took it,
 /// whatever its outcome; its bytes only if it succeeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -766,6 +787,8 @@ pub enum MetaRequest {
         /// The link.
         handle: Handle,
     },
+    /// The server's version, uptime, load and space → [`MetaReply::Status`].
+    Status,
 }
 
 /// Meta server → client.
@@ -813,6 +836,8 @@ pub enum MetaReply {
     Link(LinkTarget),
     /// Failure.
     Error(ErrorReply),
+    /// The meta server's status.
+    Status(ServerStatus),
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -946,6 +971,8 @@ pub enum IoRequest {
     },
     /// Server counters → [`IoReply::Stats`].
     Stats,
+    /// The server's version, uptime, load and space → [`IoReply::Status`].
+    Status,
 }
 
 impl IoRequest {
@@ -959,7 +986,7 @@ impl IoRequest {
             | IoRequest::Read { cap, .. }
             | IoRequest::Write { cap, .. }
             | IoRequest::Sync { cap } => Some(cap),
-            IoRequest::Ping | IoRequest::Stats => None,
+            IoRequest::Ping | IoRequest::Stats | IoRequest::Status => None,
         }
     }
 
@@ -971,7 +998,7 @@ impl IoRequest {
             | IoRequest::TruncateObject { .. } => Rights::ADMIN,
             IoRequest::GetSize { .. } | IoRequest::Read { .. } => Rights::READ,
             IoRequest::Write { .. } | IoRequest::Sync { .. } => Rights::WRITE,
-            IoRequest::Ping | IoRequest::Stats => Rights::NONE,
+            IoRequest::Ping | IoRequest::Stats | IoRequest::Status => Rights::NONE,
         }
     }
 }
@@ -1001,6 +1028,8 @@ pub enum IoReply {
     Stats(ServerStats),
     /// Failure.
     Error(ErrorReply),
+    /// The io server's status.
+    Status(ServerStatus),
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1260,6 +1289,14 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
     };
     let layout = Layout { base: 1, pcount: 4, ssize: 65536 };
     let spec = LayoutSpec { base: None, pcount: Some(2), ssize: Some(1 << 20) };
+    let status = ServerStatus {
+        version: BoundedString::truncating("0.1.0"),
+        uptime_ns: 3_600_000_000_000,
+        requests: 42,
+        in_flight: 1,
+        errors: 2,
+        disk: DiskSpace { total: 1 << 40, free: 1 << 39, avail: 1 << 38 },
+    };
     let meta_req = vec![
         ("meta_statfs", MetaRequest::Statfs),
         ("meta_lookup", MetaRequest::Lookup { parent: Handle::ROOT, name: name("a.txt") }),
@@ -1313,6 +1350,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
             },
         ),
         ("meta_readlink", MetaRequest::Readlink { handle: Handle(7) }),
+        ("meta_status", MetaRequest::Status),
     ];
     let entries = BoundedVec::new(vec![DirEntry { name: name("x"), handle: Handle(3), kind: FileKind::Dir }])
         .expect("one entry");
@@ -1326,6 +1364,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ("metarep_stripe", MetaReply::Stripe { layout: Some(layout), default: Some(spec) }),
         ("metarep_link", MetaReply::Link(link("/d/f"))),
         ("metarep_error", MetaReply::Error(ErrorReply::new(Errno::ENOENT, "no such entry"))),
+        ("metarep_status", MetaReply::Status(status.clone())),
     ];
     let list = Descriptor::list(vec![Extent::new(0, 4096), Extent::new(65536, 100)]).expect("two pieces");
     let strided = Descriptor::Strided {
@@ -1347,6 +1386,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ("io_write_strided", IoRequest::Write { cap: cap.clone(), desc: strided }),
         ("io_sync", IoRequest::Sync { cap }),
         ("io_stats", IoRequest::Stats),
+        ("io_status", IoRequest::Status),
     ];
     let io_rep = vec![
         ("iorep_pong", IoReply::Pong),
@@ -1367,6 +1407,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
             }),
         ),
         ("iorep_error", IoReply::Error(ErrorReply::new(Errno::ENOSPC, "disk full"))),
+        ("iorep_status", IoReply::Status(status)),
     ];
     let mut out = Vec::new();
     let mut id = 0u64;

@@ -25,8 +25,9 @@ fn client_commands() {
     let src = tc.dir.path().join("in.bin");
     std::fs::write(&src, pattern(5_000_000, 1)).unwrap();
     ok(&cl, &["mkdir", "-p", "sfs:/a/b"]);
-    ok(&cl, &["setstripe", "-c", "2", "-S", "131072", "sfs:/a/b"]);
-    assert!(ok(&cl, &["getstripe", "sfs:/a/b"]).contains("pcount 2 ssize 131072"));
+    ok(&cl, &["setstripe", "-c", "2", "-S", "128k", "sfs:/a/b"]);
+    assert!(ok(&cl, &["getstripe", "sfs:/a/b"]).contains("pcount 2 ssize 128 KiB"));
+    assert!(ok(&cl, &["getstripe", "--bytes", "sfs:/a/b"]).contains("pcount 2 ssize 131072"));
     ok(&cl, &["cp", src.to_str().unwrap(), "sfs:/a/b/f.bin"]);
     // df: a row per io server, their sum, the meta server's counts (root, a, b; one file).
     let df = ok(&cl, &["df"]);
@@ -35,11 +36,15 @@ fn client_commands() {
     assert!(rows[0].starts_with("io server") && rows[4].starts_with("total"), "{df}");
     assert!((1..4).all(|i| rows[i].starts_with(&(i - 1).to_string())), "{df}");
     assert_eq!(rows[5], "files: 1, directories: 3, io servers: 3");
-    let stat = ok(&cl, &["stat", "sfs:/a/b/f.bin"]);
+    let stat = ok(&cl, &["stat", "--bytes", "sfs:/a/b/f.bin"]);
     assert!(stat.contains("size: 5000000") && stat.contains("pcount 2 ssize 131072"), "{stat}");
+    let stat = ok(&cl, &["stat", "sfs:/a/b/f.bin"]);
+    assert!(stat.contains("size: 4.8 MiB") && stat.contains("pcount 2 ssize 128 KiB"), "{stat}");
     assert_eq!(ok(&cl, &["ls", "sfs:/a/b"]), "f.bin\n");
+    let long = ok(&cl, &["ls", "-l", "--bytes", "sfs:/a/b"]);
+    assert!(long.starts_with("-rw-r--r-- ") && long.contains(" 5000000 f.bin  [2x131072@"), "{long}");
     let long = ok(&cl, &["ls", "-l", "sfs:/a/b"]);
-    assert!(long.starts_with("-rw-r--r-- ") && long.contains("5000000 f.bin"), "{long}");
+    assert!(long.contains(" 4.8 MiB f.bin  [2x128KiB@"), "{long}");
     assert!(ok(&cl, &["ls", "-l", "sfs:/a"]).starts_with("drwxr-xr-x "));
     // The 5 MB copy-in went to two of the three io servers (stripe count 2), all of it over
     // their mapped path.
@@ -66,7 +71,7 @@ fn client_commands() {
     std::fs::write(&src, pattern(3_000_000, 7)).unwrap();
     ok(&cl, &["cp", src.to_str().unwrap(), "sfs:/a/b/f.bin"]);
     ok(&cl, &["cp", "sfs:/a/b/f.bin", "sfs:/a/g.bin"]);
-    assert!(ok(&cl, &["stat", "sfs:/a/g.bin"]).contains("size: 3000000"));
+    assert!(ok(&cl, &["stat", "--bytes", "sfs:/a/g.bin"]).contains("size: 3000000"));
     assert!(ok(&cl, &["getstripe", "sfs:/a/g.bin"]).contains("pcount 3"), "a new file's own layout");
     let same = sfs(&cl, &["cp", "sfs:/a/g.bin", "sfs:/a"]);
     assert!(!same.status.success());
@@ -141,7 +146,7 @@ fn symbolic_link_commands() {
     ok(&cl, &["ln", "-s", "/d/e", "sfs:/le"]);
     assert_eq!(ok(&cl, &["readlink", "sfs:/d/lf"]), "e/f\n");
     // ls -l shows a link as a link, with its target; ls of a link to a directory lists it.
-    let long = ok(&cl, &["ls", "-l", "sfs:/d"]);
+    let long = ok(&cl, &["ls", "-l", "--bytes", "sfs:/d"]);
     let row = long.lines().find(|l| l.contains("lf")).unwrap();
     assert!(row.starts_with("lrwxrwxrwx ") && row.ends_with(" 3 lf -> e/f"), "{long}");
     assert!(ok(&cl, &["ls", "-l", "sfs:/d/lf"]).starts_with("lrwxrwxrwx "));
@@ -149,7 +154,7 @@ fn symbolic_link_commands() {
     // stat shows the link and its target; -L what it points at.
     let st = ok(&cl, &["stat", "sfs:/d/lf"]);
     assert!(st.contains("kind: Symlink") && st.contains("target: e/f") && st.contains("size: 3"), "{st}");
-    assert!(ok(&cl, &["stat", "-L", "sfs:/d/lf"]).contains("size: 300000"));
+    assert!(ok(&cl, &["stat", "-L", "--bytes", "sfs:/d/lf"]).contains("size: 300000"));
     // cp reads through a link and writes through a link to a directory.
     let back = tc.dir.path().join("out.bin");
     ok(&cl, &["cp", "sfs:/d/lf", back.to_str().unwrap()]);
@@ -351,4 +356,184 @@ fn df_and_servers_name_an_unreachable_io_server() {
         );
         assert!(!stdout.contains("total"), "no sum without every server: {stdout}");
     }
+}
+
+fn json(cluster: &Path, args: &[&str]) -> serde_json::Value {
+    let out = ok(cluster, args);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("stripefs {args:?}: not JSON ({e}): {out}"))
+}
+
+/// `status`: with every server up it lists each and exits 0, its JSON saying the same figures;
+/// with an io server killed it still lists all, says which is down (role and address) and
+/// exits 1, in text and in JSON.
+#[test]
+fn status_reports_every_server_and_names_a_dead_one() {
+    let mut tc = TestCluster::start("tcp", 3);
+    let cl = tc.cluster.config_path().to_owned();
+    let text = ok(&cl, &["status", "--bytes"]);
+    let rows: Vec<&str> = text.lines().collect();
+    assert_eq!(rows.len(), 5, "a header, the meta server, 3 io servers: {text}");
+    let j = json(&cl, &["status", "--json"]);
+    assert_eq!(j["healthy"], true, "{j}");
+    let servers = j["servers"].as_array().unwrap();
+    assert_eq!(servers.len(), 4, "{j}");
+    for (s, row) in servers.iter().zip(&rows[1..]) {
+        assert_eq!(s["state"], "up", "{j}");
+        assert_eq!(s["version"], env!("CARGO_PKG_VERSION"));
+        assert!(s["requests"].as_u64().unwrap() >= 1 && s["uptime_ns"].as_u64().unwrap() > 0, "{j}");
+        let (total, avail) = (s["disk"]["total"].as_u64().unwrap(), s["disk"]["avail"].as_u64().unwrap());
+        assert!(total > 0 && avail <= total, "{j}");
+        // The same server, the same version and size in the table (free space moves).
+        let f: Vec<&str> = row.split_whitespace().collect();
+        let label = match s["index"].as_u64() {
+            Some(i) => format!("io {i}"),
+            None => "meta".to_string(),
+        };
+        assert!(row.starts_with(&label) && row.contains(s["address"].as_str().unwrap()), "{row}");
+        assert_eq!(f.last().unwrap().parse::<u64>().unwrap(), total, "{row}");
+        assert!(row.contains(" up ") && row.contains(env!("CARGO_PKG_VERSION")), "{row}");
+    }
+    let human = ok(&cl, &["status"]);
+    assert!(human.lines().nth(1).unwrap().ends_with("iB"), "sizes in binary units: {human}");
+
+    tc.cluster.kill_io(1);
+    let dead = tc.cluster.config().io_servers[1].to_string();
+    let out = sfs(&cl, &["status"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{stdout}");
+    assert!(stderr.contains(&format!("1 of 4 servers down: io server 1 ({dead})")), "{stderr}");
+    let down: Vec<&str> = stdout.lines().filter(|l| l.contains(" down ")).collect();
+    assert_eq!(down.len(), 1, "{stdout}");
+    assert!(down[0].starts_with("io 1") && down[0].contains(&dead), "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| l.contains(" up ")).count(), 3, "the others: {stdout}");
+    let out = sfs(&cl, &["status", "--json"]);
+    assert!(!out.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON document even then");
+    assert_eq!(j["healthy"], false);
+    let s = &j["servers"][2];
+    assert_eq!(
+        (s["role"].as_str(), s["index"].as_u64(), s["state"].as_str()),
+        (Some("io"), Some(1), Some("down"))
+    );
+    assert!(s["error"].as_str().unwrap().contains(&dead) && s["disk"].is_null(), "{j}");
+}
+
+/// Whitespace-separated fields of the line of `text` that contains `key`.
+fn fields_of<'a>(text: &'a str, key: &str) -> Vec<&'a str> {
+    let line = text.lines().find(|l| l.contains(key)).unwrap_or_else(|| panic!("no {key:?} in {text}"));
+    line.split_whitespace().collect()
+}
+
+/// `--json` of ls, stat, getstripe, servers and df: each prints one JSON document whose
+/// figures are the text's (`--bytes`); sizes given with units arrive as bytes; junk sizes are
+/// refused.
+#[test]
+fn json_output_parses_and_matches_the_text() {
+    let tc = TestCluster::start("tcp", 2);
+    let cl = tc.cluster.config_path().to_owned();
+    let src = tc.dir.path().join("in.bin");
+    std::fs::write(&src, pattern(1_500_000, 3)).unwrap();
+    ok(&cl, &["mkdir", "sfs:/d"]);
+    ok(&cl, &["setstripe", "-S", "64k", "sfs:/d"]);
+    ok(&cl, &["setstripe", "-S", "1M", "-c", "2", "sfs:/d/f"]);
+    ok(&cl, &["cp", src.to_str().unwrap(), "sfs:/d/g"]);
+    ok(&cl, &["ln", "-s", "g", "sfs:/d/l"]);
+
+    // getstripe: a file's layout, a directory's default.
+    let j = json(&cl, &["getstripe", "--json", "sfs:/d/f"]);
+    assert_eq!(j["layout"]["stripe_size"], 1_048_576, "{j}");
+    assert_eq!((j["layout"]["pcount"].as_u64(), j["default"].is_null()), (Some(2), true), "{j}");
+    let text = ok(&cl, &["getstripe", "--bytes", "sfs:/d/f"]);
+    let servers = j["layout"]["servers"].as_array().unwrap();
+    let want = format!(
+        "base {} pcount 2 ssize 1048576 servers [{}, {}]",
+        j["layout"]["base"], servers[0], servers[1]
+    );
+    assert_eq!(text.trim(), want);
+    assert!(ok(&cl, &["getstripe", "sfs:/d/f"]).contains("ssize 1.0 MiB"));
+    let j = json(&cl, &["getstripe", "--json", "sfs:/d"]);
+    assert!(j["layout"].is_null() && j["default"]["base"].is_null(), "{j}");
+    assert_eq!(j["default"]["stripe_size"], 65536, "{j}");
+
+    // ls: every entry with its attributes, as -l shows them.
+    let j = json(&cl, &["ls", "--json", "sfs:/d"]);
+    let text = ok(&cl, &["ls", "-l", "--bytes", "sfs:/d"]);
+    let entries = j["entries"].as_array().unwrap();
+    let names: Vec<&str> = entries.iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["f", "g", "l"], "{j}");
+    for e in entries {
+        let name = e["name"].as_str().unwrap();
+        let f = fields_of(&text, &format!(" {name}"));
+        assert_eq!(f[4], name, "{text}");
+        assert_eq!(
+            (f[1], f[2], f[3]),
+            (&*e["uid"].to_string(), &*e["gid"].to_string(), &*e["size"].to_string())
+        );
+        if let Some(l) = e["layout"].as_object() {
+            let shown = format!("[{}x{}@{}]", l["pcount"], l["stripe_size"], l["base"]);
+            assert_eq!(f.last().copied(), Some(shown.as_str()), "{text}");
+        }
+    }
+    assert_eq!((entries[1]["kind"].as_str(), entries[1]["size"].as_u64()), (Some("file"), Some(1_500_000)));
+    assert_eq!(entries[1]["layout"]["stripe_size"], 65536, "the directory's default: {j}");
+    assert_eq!((entries[2]["kind"].as_str(), entries[2]["target"].as_str()), (Some("symlink"), Some("g")));
+    assert_eq!(entries[0]["mode"], 0o644);
+    assert!(ok(&cl, &["ls", "-l", "sfs:/d"]).contains(" 1.4 MiB g  [2x64KiB@"));
+
+    // stat: the same figures and times as the text.
+    let j = json(&cl, &["stat", "--json", "sfs:/d/g"]);
+    let text = ok(&cl, &["stat", "--bytes", "sfs:/d/g"]);
+    assert_eq!(j["path"], "/d/g");
+    assert!(text.contains(&format!("size: {}", j["size"])) && j["size"] == 1_500_000, "{text}{j}");
+    assert!(text.contains(&format!("handle: {:#x}", j["handle"].as_u64().unwrap())), "{text}{j}");
+    for t in ["atime", "mtime", "ctime"] {
+        let date = j[t].as_str().unwrap();
+        assert!(date.ends_with('Z') && text.contains(&format!("{t}: {date}")), "{text}{j}");
+    }
+    assert!(text.contains("ssize 65536") && j["layout"]["stripe_size"] == 65536, "{text}");
+    let j = json(&cl, &["stat", "--json", "-L", "sfs:/d/l"]);
+    assert_eq!((j["kind"].as_str(), j["size"].as_u64()), (Some("file"), Some(1_500_000)));
+
+    // servers: the counters the text shows.
+    let j = json(&cl, &["servers", "--json"]);
+    let text = ok(&cl, &["servers"]);
+    let io = j["io_servers"].as_array().unwrap();
+    assert_eq!(io.len(), 2);
+    let written: u64 = io.iter().map(|s| s["bytes_written"].as_u64().unwrap()).sum();
+    assert_eq!(written, 1_500_000, "{j}");
+    for (i, s) in io.iter().enumerate() {
+        assert_eq!((s["index"].as_u64(), s["state"].as_str()), (Some(i as u64), Some("up")));
+        assert_eq!(s["address"], tc.cluster.config().io_servers[i].to_string());
+        let block = text.split(&format!("io server {i}:")).nth(1).unwrap();
+        let line = format!("bytes: {} read, {} written;", s["bytes_read"], s["bytes_written"]);
+        assert!(block.lines().any(|l| l.trim().starts_with(&line)), "{line} in {text}");
+    }
+
+    // df: per server and in total, the sizes of the text.
+    let j = json(&cl, &["df", "--json"]);
+    let text = ok(&cl, &["df", "--bytes"]);
+    assert_eq!((j["files"].as_u64(), j["directories"].as_u64()), (Some(3), Some(2)), "{j}");
+    for (i, s) in j["io_servers"].as_array().unwrap().iter().enumerate() {
+        let f: Vec<&str> = text.lines().nth(i + 1).unwrap().split_whitespace().collect();
+        assert_eq!(f[1], s["total"].to_string(), "{text}{j}");
+    }
+    let f = fields_of(&text, "total");
+    assert_eq!(f[1], j["total"]["total"].to_string(), "{text}{j}");
+    assert!(j["total"]["use_percent"].as_u64().unwrap() <= 100);
+    assert!(ok(&cl, &["df"]).lines().nth(1).unwrap().contains("iB"), "binary units by default");
+
+    // Junk sizes are refused before anything is done.
+    for args in [
+        &["setstripe", "-S", "12q", "sfs:/x"][..],
+        &["setstripe", "-S", "", "sfs:/x"],
+        &["cp", "--stripe-size", "1 ton", src.to_str().unwrap(), "sfs:/x"],
+    ] {
+        let out = sfs(&cl, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("invalid size"), "{args:?}: {err}");
+        assert!(err.contains(&format!("{:?}", args[2])), "the input is quoted: {err}");
+    }
+    let out = sfs(&cl, &["setstripe", "-S", "99999999999999999999", "sfs:/x"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("too large"));
+    assert!(!ok(&cl, &["ls", "sfs:/"]).contains('x'), "nothing was made");
 }

@@ -91,7 +91,7 @@ fn errors_name_the_dead_io_server() {
 fn names_and_live_files_keep_working() {
     let (mut tc, cl, dead) = cluster_without_io_2();
     assert_eq!(ok(&cl, &["ls", "sfs:/"]), "on0\non1\non2\npair\nwide\n");
-    let out = sfs(&cl, &["ls", "-l", "sfs:/"]);
+    let out = sfs(&cl, &["ls", "-l", "--bytes", "sfs:/"]);
     let (long, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let sizes: Vec<(String, String)> = long
         .lines()
@@ -106,7 +106,7 @@ fn names_and_live_files_keep_working() {
     assert!(err.contains(&format!("io server 2 ({dead})")), "{err}");
     assert!(!out.status.success(), "as ls, an entry it could not fully read makes the status 1");
     for f in ["on0", "on1", "pair"] {
-        let st = ok(&cl, &["stat", &format!("sfs:/{f}")]);
+        let st = ok(&cl, &["stat", "--bytes", &format!("sfs:/{f}")]);
         assert!(st.contains(&format!("size: {LEN}")), "{st}");
     }
     ok(&cl, &["mkdir", "sfs:/d"]);

@@ -230,7 +230,7 @@ fn idle_sockets_do_not_lock_users_out(scheme: &str) {
         let name = format!("sfs:/f{i}");
         sfs(&["cp", src.to_str().unwrap(), &name]);
         assert!(sfs(&["ls", "sfs:/"]).contains(&format!("f{i}")));
-        assert!(sfs(&["stat", &name]).contains("size: 300000"));
+        assert!(sfs(&["stat", "--bytes", &name]).contains("size: 300000"));
         let back = tc.dir.path().join("out.bin");
         sfs(&["cp", &name, back.to_str().unwrap()]);
         assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&src).unwrap());

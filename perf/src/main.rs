@@ -85,7 +85,7 @@ struct RunArgs {
     /// worth of memory, as ionet's does).
     #[arg(long, default_value_t = 64)]
     window: usize,
-    /// Memory each side cycles its streamed messages through (`k`/`m` suffixes; ionet only):
+    /// Memory each side cycles its streamed messages through (binary units: `64k`, `32m`; ionet only):
     /// by default a window's worth, the cache-resident peak; an application's working set
     /// (say a file system's regions and files) shows what its cache misses cost the stream.
     #[arg(long, value_parser = parse_one_size, default_value = "0")]
@@ -93,6 +93,10 @@ struct RunArgs {
     /// Repeated runs per size (the median and spread are reported).
     #[arg(long, default_value_t = 5)]
     runs: usize,
+    /// Print the results as one JSON document instead of the table: per size, each figure's
+    /// median, min and max with its unit (not with `--on-demand`, which has its own lines).
+    #[arg(long)]
+    json: bool,
 }
 
 impl RunArgs {
@@ -253,7 +257,7 @@ struct Knobs {
     /// Force one mechanism instead of the communication manager's choice.
     #[arg(long)]
     mechanism: Option<Mechanism>,
-    /// Inline limit for every service level (bytes; `k`/`m` suffixes).
+    /// Inline limit for every service level (bytes, or binary units: `4k`).
     #[arg(long, value_parser = parse_one_size)]
     inline_max: Option<usize>,
     /// Fast-RDMA limit for every service level.
@@ -307,8 +311,9 @@ fn parse_sl(s: &str) -> Result<ServiceLevel, String> {
         .ok_or_else(|| format!("unknown service level {s}"))
 }
 
+/// A size on the command line, in the syntax `stripefs` takes too.
 fn parse_one_size(s: &str) -> Result<usize, String> {
-    ionet::comm::parse_size(s).ok_or_else(|| format!("bad size {s:?}"))
+    benchkit::units::parse_size_usize(s)
 }
 
 fn parse_scheme(s: &str) -> Result<Scheme, String> {
@@ -322,7 +327,7 @@ fn parse_scheme(s: &str) -> Result<Scheme, String> {
 
 /// `8,4k,1m` or `1:16m` (powers of two).
 fn parse_sizes(s: &str) -> Result<Vec<usize>, String> {
-    let size = |t: &str| ionet::comm::parse_size(t).ok_or_else(|| format!("bad size {t:?}"));
+    let size = parse_one_size;
     if let Some((a, b)) = s.split_once(':') {
         let (mut x, hi) = (size(a)?.max(1), size(b)?);
         let mut v = Vec::new();
@@ -441,11 +446,18 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
         }
         Some(Cmd::RawClient { run, spin }) => {
             let mut c = raw::RawClient::connect(&run.connect)?;
-            println!("# raw {} {:?} spin={spin} runs={}", run.connect, run.test, run.runs);
+            if !run.json {
+                println!("# raw {} {:?} spin={spin} runs={}", run.connect, run.test, run.runs);
+            }
+            let mut results = Vec::new();
             for size in parse_sizes(&run.sizes)? {
                 let p = Params { spin, ..run.params(size) };
                 let rs = (0..run.runs).map(|_| c.run(&p, None)).collect::<Result<Vec<_>, _>>()?;
-                println!("{}", describe(run.test, size, &rs));
+                report(&run, size, &rs, &mut results);
+            }
+            if run.json {
+                let extra = serde_json::json!({ "implementation": "raw", "spin": spin });
+                print_results(&run, extra, results)?;
             }
             Ok(())
         }
@@ -461,14 +473,16 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
             let peers = addrs.iter().map(|a| ep.connect(*a)).collect::<Result<Vec<_>, _>>()?;
             let mut w = csv_writer(csv.as_ref())?;
             let bufs = if pool { "pool" } else { "heap" };
-            println!(
-                "# {} {:?} wait={} sl={} buffers={bufs} runs={}",
-                connect,
-                run.test,
-                wait.name(),
-                sl,
-                run.runs
-            );
+            if !run.json || on_demand {
+                println!(
+                    "# {} {:?} wait={} sl={} buffers={bufs} runs={}",
+                    connect,
+                    run.test,
+                    wait.name(),
+                    sl,
+                    run.runs
+                );
+            }
             let sizes = parse_sizes(&run.sizes)?;
             if on_demand {
                 let ps: Vec<Params> =
@@ -478,6 +492,7 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
                     write_row(&mut w, "client", "ionet", wait.name(), res, r)
                 });
             }
+            let mut results = Vec::new();
             for size in sizes {
                 let p = Params { sl, verify, pool, ..run.params(size) };
                 let mut rs = Vec::new();
@@ -486,7 +501,16 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
                     write_row(&mut w, "client", "ionet", wait.name(), &res, r)?;
                     rs.push(res);
                 }
-                println!("{}", describe(run.test, size, &rs));
+                report(&run, size, &rs, &mut results);
+            }
+            if run.json {
+                let extra = serde_json::json!({
+                    "implementation": "ionet",
+                    "wait": wait.name(),
+                    "service_level": sl.to_string(),
+                    "buffers": bufs,
+                });
+                print_results(&run, extra, results)?;
             }
             Ok(())
         }
@@ -647,22 +671,87 @@ fn write_row(
     Ok(())
 }
 
-fn describe(test: Test, size: usize, rs: &[RunResult]) -> String {
+/// One figure measured at one size, over the runs.
+struct Figure {
+    /// Its name in JSON.
+    key: &'static str,
+    /// What precedes it in the table.
+    label: &'static str,
+    unit: &'static str,
+    /// Decimals in the table.
+    decimals: usize,
+    summary: Summary,
+}
+
+/// What a test measures at one size: the figures the table and the JSON both show.
+fn figures(test: Test, rs: &[RunResult]) -> Vec<Figure> {
+    let of = |key, label, unit, decimals, xs: Vec<f64>| Figure {
+        key,
+        label,
+        unit,
+        decimals,
+        summary: Summary::of(&xs),
+    };
     match test {
-        Test::Lat => {
-            let s = Summary::of(&rs.iter().filter_map(|r| r.rtt_p50).collect::<Vec<_>>());
-            format!("{size:>10} B  RTT p50 {}", s.show("µs", 2))
-        }
+        Test::Lat => vec![of("rtt_p50", "RTT p50 ", "µs", 2, rs.iter().filter_map(|r| r.rtt_p50).collect())],
         Test::Msgrate => {
-            let s = Summary::of(&rs.iter().map(|r| r.msg_rate() / 1e6).collect::<Vec<_>>());
-            format!("{size:>10} B  {}", s.show("Mmsg/s", 3))
+            vec![of("message_rate", "", "Mmsg/s", 3, rs.iter().map(|r| r.msg_rate() / 1e6).collect())]
         }
-        _ => {
-            let s = Summary::of(&rs.iter().map(|r| r.gbps()).collect::<Vec<_>>());
-            let c = Summary::of(&rs.iter().map(|r| r.client_cpu_per_gb()).collect::<Vec<_>>());
-            format!("{size:>10} B  {}  client CPU {}", s.show("GB/s", 3), c.show("s/GB", 3))
-        }
+        _ => vec![
+            of("bandwidth", "", "GB/s", 3, rs.iter().map(|r| r.gbps()).collect()),
+            of("client_cpu", "client CPU ", "s/GB", 3, rs.iter().map(|r| r.client_cpu_per_gb()).collect()),
+        ],
     }
+}
+
+/// A size's line in the table.
+fn describe(test: Test, size: usize, rs: &[RunResult]) -> String {
+    let parts: Vec<String> = figures(test, rs)
+        .iter()
+        .map(|f| format!("{}{}", f.label, f.summary.show(f.unit, f.decimals)))
+        .collect();
+    format!("{size:>10} B  {}", parts.join("  "))
+}
+
+/// A size's object in `--json`: `{"size": 4096, "bandwidth": {"unit": "GB/s", "median": …,
+/// "min": …, "max": …}, …}`.
+fn size_json(test: Test, size: usize, rs: &[RunResult]) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    m.insert("size".into(), size.into());
+    for f in figures(test, rs) {
+        let s = f.summary;
+        let v = serde_json::json!({ "unit": f.unit, "median": s.median, "min": s.min, "max": s.max });
+        m.insert(f.key.into(), v);
+    }
+    m.into()
+}
+
+/// Prints a size's line, or keeps its JSON object for the end.
+fn report(run: &RunArgs, size: usize, rs: &[RunResult], results: &mut Vec<serde_json::Value>) {
+    if run.json {
+        results.push(size_json(run.test, size, rs));
+    } else {
+        println!("{}", describe(run.test, size, rs));
+    }
+}
+
+/// The one JSON document of a `client` or `raw-client` run with `--json`.
+fn print_results(
+    run: &RunArgs,
+    extra: serde_json::Value,
+    results: Vec<serde_json::Value>,
+) -> Result<(), BoxErr> {
+    let mut doc = serde_json::json!({
+        "test": format!("{:?}", run.test).to_lowercase(),
+        "connect": run.connect,
+        "runs": run.runs,
+    });
+    if let (Some(d), serde_json::Value::Object(e)) = (doc.as_object_mut(), extra) {
+        d.extend(e);
+        d.insert("results".into(), results.into());
+    }
+    println!("{}", serde_json::to_string_pretty(&doc)?);
+    Ok(())
 }
 
 /// CPUs for the comparison: client and server apart, as on two hosts.

@@ -94,3 +94,43 @@ fn client_and_server_share_a_key_file() {
     }
     s.stop();
 }
+
+/// `client --json`: one document, an object per size with each figure's median, min and max
+/// and its unit, instead of the table; sizes take binary units, junk is refused.
+#[test]
+fn client_json_prints_one_object_per_size() {
+    let s = Server::start(&["--listen", "tcp://127.0.0.1:0"]);
+    let run = |test: &str, sizes: &str| {
+        Command::new(PERF)
+            .args(["client", "--connect", &s.addr, "--test", test, "--sizes", sizes])
+            .args(["--iters", "20", "--runs", "3", "--json"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = run("lat", "8,1k");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!((j["test"].as_str(), j["runs"].as_u64()), (Some("lat"), Some(3)), "{j}");
+    assert_eq!(j["implementation"], "ionet");
+    let results = j["results"].as_array().unwrap();
+    let sizes: Vec<u64> = results.iter().map(|r| r["size"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, [8, 1024]);
+    for r in results {
+        let f = &r["rtt_p50"];
+        assert_eq!(f["unit"], "µs");
+        let (min, median, max) =
+            (f["min"].as_f64().unwrap(), f["median"].as_f64().unwrap(), f["max"].as_f64().unwrap());
+        assert!(0.0 < min && min <= median && median <= max, "{r}");
+    }
+    let out = run("bw", "64k");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    let r = &j["results"][0];
+    assert_eq!((r["size"].as_u64(), r["bandwidth"]["unit"].as_str()), (Some(65536), Some("GB/s")), "{j}");
+    assert_eq!(r["client_cpu"]["unit"], "s/GB");
+    let out = run("lat", "8,12q");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("invalid size \"12q\""), "{err}");
+    s.stop();
+}

@@ -2,22 +2,32 @@
 //! mount.
 
 use super::dest::LocalDir;
-use super::{any_path, load_cluster, sfs_path};
+use super::{Output, any_path, load_cluster, print_json, sfs_path};
 use anyhow::{Context, Result, bail};
 use bytes::BytesMut;
 use clap::Args;
-use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use stripefs::capability::Rights;
-use stripefs::proto::{DiskSpace, FileKind, Handle, LayoutSpec, Timestamp};
-use stripefs::{Client, CreateOptions, Errno, FsError};
+use stripefs::config::ClusterConfig;
+use stripefs::layout::Layout;
+use stripefs::proto::{DiskSpace, FileKind, Handle, LayoutSpec, ServerStats, Timestamp};
+use stripefs::{Client, CreateOptions, Errno, FsError, Stat};
 
 /// Bytes moved per call by `cp`: 16 MiB, i.e. 4 MiB per server of a 4-server file.
 const CP_CHUNK: usize = 16 << 20;
 
 fn client(cluster: Option<PathBuf>) -> Result<Client> {
     Ok(Client::connect(&load_cluster(cluster)?)?)
+}
+
+/// The cluster file and a client of it (for commands that name servers by address).
+fn cluster_and_client(cluster: Option<PathBuf>) -> Result<(ClusterConfig, Client)> {
+    let cfg = load_cluster(cluster)?;
+    let c = Client::connect(&cfg)?;
+    Ok((cfg, c))
 }
 
 /// `cp` options.
@@ -28,8 +38,8 @@ pub struct CpArgs {
     /// Destination: a local path or sfs:/path (a directory keeps the source's name). At least
     /// one side is a stripefs path.
     dst: String,
-    /// Stripe size of a new stripefs file.
-    #[arg(long)]
+    /// Stripe size of a new stripefs file (bytes, or with a binary unit: 64k, 1M).
+    #[arg(long, value_parser = benchkit::units::parse_size)]
     stripe_size: Option<u64>,
     /// Stripe count of a new stripefs file.
     #[arg(long)]
@@ -421,12 +431,102 @@ pub struct LsArgs {
     /// Long listing: kind, mode, size, layout.
     #[arg(short, long)]
     long: bool,
+    #[command(flatten)]
+    out: Output,
+}
+
+/// A file's layout in JSON.
+#[derive(Debug, Serialize)]
+struct LayoutJson {
+    base: u32,
+    pcount: u32,
+    stripe_size: u64,
+    /// The io servers holding its stripes, in stripe order.
+    servers: Vec<u32>,
+}
+
+impl LayoutJson {
+    fn of(l: &Layout, io_servers: u32) -> Self {
+        LayoutJson {
+            base: l.base,
+            pcount: l.pcount,
+            stripe_size: l.ssize,
+            servers: l.servers(io_servers).collect(),
+        }
+    }
+}
+
+/// What `stat` and `ls -l` know of an entry, in JSON.
+#[derive(Debug, Serialize)]
+struct NodeJson {
+    handle: u64,
+    /// `file`, `dir` or `symlink`.
+    kind: &'static str,
+    /// Permission bits (with setuid, setgid, sticky), as an integer: 0o644 is 420.
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    nlink: u32,
+    /// Logical size in bytes; `null` if it could not be learnt (`size_error` says why).
+    size: Option<u64>,
+    size_error: Option<String>,
+    atime: Option<String>,
+    mtime: Option<String>,
+    ctime: Option<String>,
+    /// A symbolic link's target.
+    target: Option<String>,
+    /// A file's layout.
+    layout: Option<LayoutJson>,
+}
+
+fn kind_name(k: FileKind) -> &'static str {
+    match k {
+        FileKind::File => "file",
+        FileKind::Dir => "dir",
+        FileKind::Symlink => "symlink",
+    }
+}
+
+impl NodeJson {
+    fn of(s: &Stat, size: Result<u64, String>, target: Option<String>, io_servers: u32) -> Self {
+        let a = &s.attr;
+        NodeJson {
+            handle: s.handle.0,
+            kind: kind_name(a.kind),
+            mode: a.mode,
+            uid: a.uid,
+            gid: a.gid,
+            nlink: a.nlink,
+            size: size.as_ref().ok().copied(),
+            size_error: size.err(),
+            atime: rfc3339(a.atime),
+            mtime: rfc3339(a.mtime),
+            ctime: rfc3339(a.ctime),
+            target,
+            layout: s.layout.as_ref().map(|l| LayoutJson::of(l, io_servers)),
+        }
+    }
+}
+
+/// One entry of `ls --json`.
+#[derive(Debug, Serialize)]
+struct LsEntryJson {
+    name: String,
+    #[serde(flatten)]
+    node: NodeJson,
+}
+
+/// `ls --json`.
+#[derive(Debug, Serialize)]
+struct LsJson {
+    path: String,
+    entries: Vec<LsEntryJson>,
 }
 
 /// `stripefs ls`. Names come from the meta server alone. With `-l`, a file whose size cannot
 /// be known (an io server of its layout is down) is listed with `?` for its size and the reason
 /// on standard error, and the exit status is 1 once everything is listed, as `ls` does for an
-/// entry it cannot read.
+/// entry it cannot read. `--json` lists what `-l` does, as one document.
 pub fn ls(cluster: Option<PathBuf>, a: LsArgs) -> Result<()> {
     let c = client(cluster)?;
     let path = any_path(&a.path);
@@ -443,28 +543,37 @@ pub fn ls(cluster: Option<PathBuf>, a: LsArgs) -> Result<()> {
     };
     let mut out = std::io::stdout().lock();
     let mut unknown = 0;
+    let mut json = Vec::new();
     for (name, h) in entries {
-        if a.long {
+        if a.long || a.out.json {
             let (s, size) = match c.stat_entry(h).with_context(|| sfs_join(path, &name))? {
                 Ok(s) => {
-                    let size = s.attr.size.to_string();
-                    (s, size)
+                    let size = s.attr.size;
+                    (s, Ok(size))
                 }
                 Err(u) => {
-                    out.flush()?;
-                    eprintln!("stripefs: {}: size unknown: {}", sfs_join(path, &name), u.error);
+                    if !a.out.json {
+                        out.flush()?;
+                        eprintln!("stripefs: {}: size unknown: {}", sfs_join(path, &name), u.error);
+                    }
                     unknown += 1;
-                    (u.stat, "?".to_string())
+                    (u.stat, Err(u.error.to_string()))
                 }
             };
-            let layout =
-                s.layout.map(|l| format!("  [{}x{}@{}]", l.pcount, l.ssize, l.base)).unwrap_or_default();
             let target = match s.attr.kind {
-                FileKind::Symlink => {
-                    format!(" -> {}", c.readlink_handle(h).with_context(|| sfs_join(path, &name))?)
-                }
-                _ => String::new(),
+                FileKind::Symlink => Some(c.readlink_handle(h).with_context(|| sfs_join(path, &name))?),
+                _ => None,
             };
+            if a.out.json {
+                json.push(LsEntryJson { name, node: NodeJson::of(&s, size, target, c.io_servers()) });
+                continue;
+            }
+            let layout = s
+                .layout
+                .map(|l| format!("  [{}x{}@{}]", l.pcount, a.out.size(l.ssize).replace(' ', ""), l.base))
+                .unwrap_or_default();
+            let target = target.map(|t| format!(" -> {t}")).unwrap_or_default();
+            let size = size.map(|n| a.out.size(n)).unwrap_or_else(|_| "?".into());
             writeln!(
                 out,
                 "{} {:>5} {:>5} {:>14} {name}{target}{layout}",
@@ -476,6 +585,10 @@ pub fn ls(cluster: Option<PathBuf>, a: LsArgs) -> Result<()> {
         } else {
             writeln!(out, "{name}")?;
         }
+    }
+    if a.out.json {
+        drop(out);
+        print_json(&LsJson { path: path.to_string(), entries: json })?;
     }
     if unknown > 0 {
         bail!("{path}: {unknown} size(s) unknown");
@@ -511,32 +624,58 @@ fn mode_string(kind: FileKind, mode: u32) -> String {
 /// panics before 1970.
 const RFC3339_END: i64 = 253_402_300_800;
 
-/// A timestamp as an RFC 3339 UTC date with nanoseconds, the epoch seconds beside it; only the
-/// seconds where no date can be written (the server sends the value, so it may be anything).
-fn time(t: Timestamp) -> String {
-    let raw = format!("{}.{:09}", t.secs, t.nsecs);
+/// A timestamp as an RFC 3339 UTC date with nanoseconds; `None` where it cannot be written
+/// that way here (before 1970, from year 10000, nanoseconds out of range: the server sends the
+/// value, so it may be anything).
+fn rfc3339(t: Timestamp) -> Option<String> {
     match u64::try_from(t.secs) {
         Ok(secs) if t.secs < RFC3339_END && t.nsecs < 1_000_000_000 => {
             let at = std::time::UNIX_EPOCH + std::time::Duration::new(secs, t.nsecs);
-            format!("{}  ({raw})", humantime::format_rfc3339_nanos(at))
+            Some(humantime::format_rfc3339_nanos(at).to_string())
         }
-        _ => raw,
+        _ => None,
     }
 }
 
+/// A timestamp as an RFC 3339 UTC date with nanoseconds, the epoch seconds beside it; only the
+/// seconds where no date can be written.
+fn time(t: Timestamp) -> String {
+    let raw = format!("{}.{:09}", t.secs, t.nsecs);
+    match rfc3339(t) {
+        Some(date) => format!("{date}  ({raw})"),
+        None => raw,
+    }
+}
+
+/// `stat --json`.
+#[derive(Debug, Serialize)]
+struct StatJson {
+    path: String,
+    #[serde(flatten)]
+    node: NodeJson,
+}
+
 /// `stripefs stat`: of a symbolic link itself unless `dereference`, as coreutils' `stat`.
-pub fn stat(cluster: Option<PathBuf>, path: &str, dereference: bool) -> Result<()> {
+pub fn stat(cluster: Option<PathBuf>, path: &str, dereference: bool, out: Output) -> Result<()> {
     let c = client(cluster)?;
     let p = any_path(path);
     let s = if dereference { c.stat(p) } else { c.lstat(p) }.with_context(|| p.to_string())?;
+    let target = match s.attr.kind {
+        FileKind::Symlink => Some(c.readlink_handle(s.handle).with_context(|| p.to_string())?),
+        _ => None,
+    };
+    if out.json {
+        let node = NodeJson::of(&s, Ok(s.attr.size), target, c.io_servers());
+        return print_json(&StatJson { path: p.to_string(), node });
+    }
     println!("  path: {path}");
     println!("handle: {}", s.handle);
     println!("  kind: {:?}", s.attr.kind);
-    if s.attr.kind == FileKind::Symlink {
-        println!("target: {}", c.readlink_handle(s.handle).with_context(|| p.to_string())?);
+    if let Some(t) = target {
+        println!("target: {t}");
     }
     println!("  mode: {:04o}  uid {}  gid {}  nlink {}", s.attr.mode, s.attr.uid, s.attr.gid, s.attr.nlink);
-    println!("  size: {}", s.attr.size);
+    println!("  size: {}", out.size(s.attr.size));
     println!(
         " atime: {}\n mtime: {}\n ctime: {}",
         time(s.attr.atime),
@@ -545,7 +684,12 @@ pub fn stat(cluster: Option<PathBuf>, path: &str, dereference: bool) -> Result<(
     );
     if let Some(l) = s.layout {
         let servers: Vec<_> = l.servers(c.io_servers()).collect();
-        println!("layout: base {} pcount {} ssize {} servers {servers:?}", l.base, l.pcount, l.ssize);
+        println!(
+            "layout: base {} pcount {} ssize {} servers {servers:?}",
+            l.base,
+            l.pcount,
+            out.size(l.ssize)
+        );
     }
     Ok(())
 }
@@ -666,106 +810,208 @@ pub fn mkdir(cluster: Option<PathBuf>, parents: bool, paths: &[String]) -> Resul
     Ok(())
 }
 
-fn show_spec(s: &LayoutSpec) -> String {
+fn show_spec(s: &LayoutSpec, out: Output) -> String {
     let f = |v: Option<String>| v.unwrap_or_else(|| "default".into());
     format!(
         "base {} pcount {} ssize {}",
         f(s.base.map(|b| b.to_string())),
         f(s.pcount.map(|b| b.to_string())),
-        f(s.ssize.map(|b| b.to_string()))
+        f(s.ssize.map(|b| out.size(b)))
     )
 }
 
+/// A directory's default layout in JSON: `null` fields are inherited.
+#[derive(Debug, Serialize)]
+struct SpecJson {
+    base: Option<u32>,
+    pcount: Option<u32>,
+    stripe_size: Option<u64>,
+}
+
+/// `getstripe --json`: a file has a `layout`, a directory may have a `default`.
+#[derive(Debug, Serialize)]
+struct GetstripeJson {
+    path: String,
+    layout: Option<LayoutJson>,
+    default: Option<SpecJson>,
+}
+
 /// `stripefs getstripe`.
-pub fn getstripe(cluster: Option<PathBuf>, path: &str) -> Result<()> {
+pub fn getstripe(cluster: Option<PathBuf>, path: &str, out: Output) -> Result<()> {
     let c = client(cluster)?;
     let (layout, default) = c.getstripe(any_path(path)).with_context(|| any_path(path).to_string())?;
+    if out.json {
+        return print_json(&GetstripeJson {
+            path: any_path(path).to_string(),
+            layout: layout.as_ref().map(|l| LayoutJson::of(l, c.io_servers())),
+            default: default.map(|s| SpecJson { base: s.base, pcount: s.pcount, stripe_size: s.ssize }),
+        });
+    }
     if let Some(l) = layout {
         let servers: Vec<_> = l.servers(c.io_servers()).collect();
-        println!("base {} pcount {} ssize {} servers {servers:?}", l.base, l.pcount, l.ssize);
+        println!("base {} pcount {} ssize {} servers {servers:?}", l.base, l.pcount, out.size(l.ssize));
     } else {
         match default {
-            Some(s) => println!("default: {}", show_spec(&s)),
+            Some(s) => println!("default: {}", show_spec(&s, out)),
             None => println!("default: inherited (filesystem defaults)"),
         }
     }
     Ok(())
 }
 
+/// An io server in `servers --json` and `df --json`: who it is and whether it answered.
+#[derive(Debug, Serialize)]
+struct IoServerJson<T> {
+    index: usize,
+    address: String,
+    /// `up`, or `down` (did not answer; `error` says why and the figures are absent).
+    state: &'static str,
+    error: Option<String>,
+    #[serde(flatten)]
+    figures: Option<T>,
+}
+
+impl<T> IoServerJson<T> {
+    fn of(index: usize, cfg: &ClusterConfig, r: Result<T, FsError>) -> Self {
+        let address = cfg.io_servers.get(index).map(|a| a.to_string()).unwrap_or_default();
+        match r {
+            Ok(figures) => IoServerJson { index, address, state: "up", error: None, figures: Some(figures) },
+            Err(e) => {
+                IoServerJson { index, address, state: "down", error: Some(e.to_string()), figures: None }
+            }
+        }
+    }
+}
+
+/// `servers --json`.
+#[derive(Debug, Serialize)]
+struct ServersJson {
+    io_servers: Vec<IoServerJson<ServerStats>>,
+}
+
 /// `stripefs servers`: one block per io server. An unreachable server is reported and makes
 /// the command fail after the others are shown.
-pub fn servers(cluster: Option<PathBuf>) -> Result<()> {
-    let c = client(cluster)?;
-    let mut failed = 0;
-    for (i, st) in c.server_stats().into_iter().enumerate() {
-        let s = match st {
-            Ok(s) => s,
-            Err(e) => {
-                println!("io server {i}: unreachable: {e}");
-                failed += 1;
-                continue;
+pub fn servers(cluster: Option<PathBuf>, json: bool) -> Result<()> {
+    let (cfg, c) = cluster_and_client(cluster)?;
+    let stats = c.server_stats();
+    let failed = stats.iter().filter(|s| s.is_err()).count();
+    if json {
+        let io_servers = stats.into_iter().enumerate().map(|(i, s)| IoServerJson::of(i, &cfg, s)).collect();
+        print_json(&ServersJson { io_servers })?;
+    } else {
+        for (i, st) in stats.into_iter().enumerate() {
+            let s = match st {
+                Ok(s) => s,
+                Err(e) => {
+                    println!("io server {i}: unreachable: {e}");
+                    continue;
+                }
+            };
+            let f = s.fallbacks;
+            println!("io server {i}:");
+            println!(
+                "  requests: {} reads, {} writes, {} syncs, {} errors",
+                s.reads, s.writes, s.syncs, s.errors
+            );
+            println!(
+                "  bytes: {} read, {} written; open files: {}",
+                s.bytes_read, s.bytes_written, s.open_files
+            );
+            for (name, p) in [("mapped", s.mapped), ("copied", s.copied)] {
+                println!("  {name}: {} reads, {} writes, {} bytes", p.reads, p.writes, p.bytes);
             }
-        };
-        let f = s.fallbacks;
-        println!("io server {i}:");
-        println!(
-            "  requests: {} reads, {} writes, {} syncs, {} errors",
-            s.reads, s.writes, s.syncs, s.errors
-        );
-        println!("  bytes: {} read, {} written; open files: {}", s.bytes_read, s.bytes_written, s.open_files);
-        for (name, p) in [("mapped", s.mapped), ("copied", s.copied)] {
-            println!("  {name}: {} reads, {} writes, {} bytes", p.reads, p.writes, p.bytes);
+            println!(
+                "  copied instead of mapped: {} unordered, {} beyond the map, {} without fallocate",
+                f.unordered, f.beyond_map, f.no_fallocate
+            );
         }
-        println!(
-            "  copied instead of mapped: {} unordered, {} beyond the map, {} without fallocate",
-            f.unordered, f.beyond_map, f.no_fallocate
-        );
     }
     if failed > 0 {
         bail!("{failed} io server(s) did not answer");
     }
     Ok(())
+}
+
+/// What `df` shows of a file system, in bytes: its size, used, available and use%.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+struct DfFigures {
+    total: u64,
+    used: u64,
+    avail: u64,
+    /// Used over what a writer could have (used + available), in percent, rounded up.
+    use_percent: u64,
+}
+
+impl DfFigures {
+    fn of(d: DiskSpace) -> Self {
+        // A server's figures as the sum takes them (avail <= free <= total), whatever it sent.
+        let d = DiskSpace::default().plus(d);
+        let used = d.total - d.free;
+        let pct = (used as f64 * 100.0 / used.saturating_add(d.avail).max(1) as f64).ceil();
+        DfFigures { total: d.total, used, avail: d.avail, use_percent: pct as u64 }
+    }
+}
+
+/// `df --json`. `total` and the counts are `null` unless every io server answered.
+#[derive(Debug, Serialize)]
+struct DfJson {
+    io_servers: Vec<IoServerJson<DfFigures>>,
+    total: Option<DfFigures>,
+    files: Option<u64>,
+    directories: Option<u64>,
 }
 
 /// `stripefs df`: each io server's file system (size, used, available) and the sum, as a
 /// mount's `statfs` reports it, then the meta server's counts. An unreachable server is
 /// reported and makes the command fail after the others are shown.
-pub fn df(cluster: Option<PathBuf>) -> Result<()> {
-    let c = client(cluster)?;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{:<10} {:>12} {:>12} {:>12} {:>5}", "io server", "size", "used", "avail", "use%")?;
-    let mut failed = 0;
-    let mut total = DiskSpace::default();
-    for (i, st) in c.server_stats().into_iter().enumerate() {
-        match st {
-            Ok(s) => {
-                writeln!(out, "{}", df_row(&i.to_string(), s.disk))?;
-                total = total.plus(s.disk);
+pub fn df(cluster: Option<PathBuf>, o: Output) -> Result<()> {
+    let (cfg, c) = cluster_and_client(cluster)?;
+    let stats = c.server_stats();
+    let failed = stats.iter().filter(|s| s.is_err()).count();
+    let total = stats.iter().flatten().fold(DiskSpace::default(), |t, s| t.plus(s.disk));
+    let fs = if failed == 0 { Some(c.statfs()?) } else { None };
+    if o.json {
+        let io_servers = stats
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| IoServerJson::of(i, &cfg, s.map(|s| DfFigures::of(s.disk))))
+            .collect();
+        print_json(&DfJson {
+            io_servers,
+            total: fs.map(|_| DfFigures::of(total)),
+            files: fs.map(|f| f.files),
+            directories: fs.map(|f| f.dirs),
+        })?;
+    } else {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{:<10} {:>12} {:>12} {:>12} {:>5}", "io server", "size", "used", "avail", "use%")?;
+        for (i, st) in stats.into_iter().enumerate() {
+            match st {
+                Ok(s) => writeln!(out, "{}", df_row(&i.to_string(), s.disk, o))?,
+                Err(e) => writeln!(out, "{i:<10} unreachable: {e}")?,
             }
-            Err(e) => {
-                writeln!(out, "{i:<10} unreachable: {e}")?;
-                failed += 1;
-            }
+        }
+        if let Some(fs) = fs {
+            writeln!(out, "{}", df_row("total", total, o))?;
+            writeln!(out, "files: {}, directories: {}, io servers: {}", fs.files, fs.dirs, fs.io_servers)?;
         }
     }
     if failed > 0 {
         bail!("{failed} io server(s) did not answer");
     }
-    writeln!(out, "{}", df_row("total", total))?;
-    let fs = c.statfs()?;
-    writeln!(out, "files: {}, directories: {}, io servers: {}", fs.files, fs.dirs, fs.io_servers)?;
     Ok(())
 }
 
 /// One line of `df`: size, used, available and use% of `d`.
-fn df_row(name: &str, d: DiskSpace) -> String {
-    // A server's figures as the sum takes them (avail <= free <= total), whatever it sent.
-    let d = DiskSpace::default().plus(d);
-    let used = d.total - d.free;
-    // As df: used over what a writer could have, used + available.
-    let pct = (used as f64 * 100.0 / used.saturating_add(d.avail).max(1) as f64).ceil();
-    let h = |b: u64| HumanBytes(b).to_string();
-    format!("{name:<10} {:>12} {:>12} {:>12} {pct:>4}%", h(d.total), h(used), h(d.avail))
+fn df_row(name: &str, d: DiskSpace, o: Output) -> String {
+    let f = DfFigures::of(d);
+    format!(
+        "{name:<10} {:>12} {:>12} {:>12} {:>4}%",
+        o.size(f.total),
+        o.size(f.used),
+        o.size(f.avail),
+        f.use_percent
+    )
 }
 
 /// `setstripe` options.
@@ -773,8 +1019,8 @@ fn df_row(name: &str, d: DiskSpace) -> String {
 pub struct SetstripeArgs {
     /// A directory, or a file to create.
     path: String,
-    /// Stripe size in bytes.
-    #[arg(short = 'S', long)]
+    /// Stripe size (bytes, or with a binary unit: 64k, 1M).
+    #[arg(short = 'S', long, value_parser = benchkit::units::parse_size)]
     stripe_size: Option<u64>,
     /// Number of io servers.
     #[arg(short = 'c', long)]
@@ -851,17 +1097,80 @@ mod tests {
     #[test]
     fn a_df_row_is_consistent_whatever_a_server_sent() {
         let gib = 1 << 30;
-        let row = df_row("0", DiskSpace { total: 4 * gib, free: 3 * gib, avail: 2 * gib });
+        let o = Output::default();
+        let row = df_row("0", DiskSpace { total: 4 * gib, free: 3 * gib, avail: 2 * gib }, o);
         assert_eq!(
             row.split_whitespace().collect::<Vec<_>>(),
-            ["0", "4.00", "GiB", "1.00", "GiB", "2.00", "GiB", "34%"]
+            ["0", "4.0", "GiB", "1.0", "GiB", "2.0", "GiB", "34%"]
+        );
+        let exact = Output { bytes: true, ..o };
+        let row = df_row("0", DiskSpace { total: 4 * gib, free: 3 * gib, avail: 2 * gib }, exact);
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["0", "4294967296", "1073741824", "2147483648", "34%"]
         );
         // Nonsense (free and avail over the size, sums that would overflow) prints, clamped.
-        let row = df_row("1", DiskSpace { total: u64::MAX, free: 0, avail: u64::MAX });
+        let row = df_row("1", DiskSpace { total: u64::MAX, free: 0, avail: u64::MAX }, o);
         assert!(row.ends_with(" 100%"), "{row}");
-        let row = df_row("2", DiskSpace { total: 10, free: 20, avail: 30 });
+        let row = df_row("2", DiskSpace { total: 10, free: 20, avail: 30 }, o);
         assert!(row.ends_with("   0%"), "{row}");
-        assert!(df_row("3", DiskSpace::default()).ends_with("   0%"));
+        assert!(df_row("3", DiskSpace::default(), o).ends_with("   0%"));
+    }
+
+    /// `servers --json` carries the io server's counters under their wire names: a renamed
+    /// counter would change what scripts read, so the names are pinned here (and documented
+    /// in the README).
+    #[test]
+    fn servers_json_fields_are_the_documented_ones() {
+        let up = IoServerJson {
+            index: 0,
+            address: "tcp://h:1".into(),
+            state: "up",
+            error: None,
+            figures: Some(ServerStats::default()),
+        };
+        let v = serde_json::to_value(up).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "address",
+                "bytes_read",
+                "bytes_written",
+                "copied",
+                "disk",
+                "error",
+                "errors",
+                "fallbacks",
+                "index",
+                "mapped",
+                "open_files",
+                "reads",
+                "state",
+                "syncs",
+                "writes"
+            ]
+        );
+        let inner = |k: &str| -> Vec<String> { v[k].as_object().unwrap().keys().cloned().collect() };
+        assert_eq!(inner("mapped"), ["bytes", "reads", "writes"]);
+        assert_eq!(inner("fallbacks"), ["beyond_map", "no_fallocate", "unordered"]);
+        assert_eq!(inner("disk"), ["avail", "free", "total"]);
+        let down: IoServerJson<ServerStats> = IoServerJson {
+            index: 1,
+            address: "a".into(),
+            state: "down",
+            error: Some("e".into()),
+            figures: None,
+        };
+        let v = serde_json::to_value(down).unwrap();
+        assert_eq!(v.as_object().unwrap().len(), 4, "a down server: who, and why: {v}");
+    }
+
+    #[test]
+    fn times_are_rfc3339_or_null() {
+        let t = Timestamp { secs: 1_795_826_762, nsecs: 5 };
+        assert_eq!(rfc3339(t).as_deref(), Some("2026-11-28T00:46:02.000000005Z"));
+        assert_eq!(rfc3339(Timestamp { secs: -1, nsecs: 0 }), None);
     }
 
     #[test]

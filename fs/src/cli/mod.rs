@@ -5,6 +5,7 @@ pub mod cmds;
 pub mod demo;
 mod dest;
 pub mod serve;
+pub mod status;
 
 use anyhow::{Context, Result};
 use std::path::PathBuf;
@@ -15,6 +16,34 @@ pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// How a command prints: for people, with sizes in binary units (`1.5 MiB`); with `--bytes`,
+/// sizes as exact byte counts; with `--json`, one JSON document (sizes always in bytes).
+#[derive(clap::Args, Debug, Clone, Copy, Default)]
+pub struct Output {
+    /// Print one JSON document instead of text (sizes in bytes, times as RFC 3339 strings,
+    /// durations in nanoseconds; see the README's Scripting section).
+    #[arg(long)]
+    pub json: bool,
+    /// Print sizes as exact byte counts instead of binary units (1.5 MiB = 1572864 bytes).
+    #[arg(long)]
+    pub bytes: bool,
+}
+
+impl Output {
+    /// A size as this output writes it: `1.5 MiB`, or `1572864` with `--bytes`.
+    pub fn size(&self, bytes: u64) -> String {
+        if self.bytes { bytes.to_string() } else { benchkit::units::human(bytes) }
+    }
+}
+
+/// Prints `v` as one JSON document on standard output.
+pub fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, v).context("writing JSON")?;
+    std::io::Write::write_all(&mut out, b"\n")?;
+    Ok(())
 }
 
 /// The cluster file to use.

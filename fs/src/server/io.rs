@@ -26,13 +26,11 @@
 //!   finish and replies with the error: ionet discards what was never pulled, so the
 //!   connection stays in step (the equivalent of PVFS1's drain-and-discard).
 
-use super::{ServerError, ServerHandle, send_reply, spawn_workers};
+use super::{Load, ServerError, ServerHandle, disk_space, send_reply, spawn_workers};
 use crate::capability::{CapabilityKey, unix_now};
 use crate::errno::Errno;
 use crate::layout::Piece;
-use crate::proto::{
-    self, Descriptor, DiskSpace, ErrorReply, Fallbacks, IoReply, IoRequest, PathStats, ServerStats,
-};
+use crate::proto::{self, Descriptor, ErrorReply, Fallbacks, IoReply, IoRequest, PathStats, ServerStats};
 use crate::store::{FileSystem, Object, ObjectStore, PieceCursor, StoreConfig, StoreError, Writing};
 use bytes::Bytes;
 use ionet::{
@@ -125,7 +123,6 @@ struct Stats {
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
     syncs: AtomicU64,
-    errors: AtomicU64,
     mapped: PathCounters,
     copied: PathCounters,
     unordered: AtomicU64,
@@ -161,26 +158,6 @@ impl PathCounters {
     }
 }
 
-/// `statvfs` of `dir` in bytes; zeros (and a warning) if it fails, so the counters still reach
-/// `stripefs servers`.
-fn disk_space(dir: &std::path::Path) -> DiskSpace {
-    match nix::sys::statvfs::statvfs(dir) {
-        Ok(v) => {
-            let unit = v.fragment_size();
-            let bytes = |blocks: u64| blocks.saturating_mul(unit);
-            DiskSpace {
-                total: bytes(v.blocks()),
-                free: bytes(v.blocks_free()),
-                avail: bytes(v.blocks_available()),
-            }
-        }
-        Err(e) => {
-            warn!(dir = %dir.display(), error = %e, "statvfs of the data directory failed");
-            DiskSpace::default()
-        }
-    }
-}
-
 /// What the mapped path did with a request.
 enum Mapped {
     /// It ran; the request's result.
@@ -207,6 +184,8 @@ struct Shared {
     /// rewrites in place).
     mapped_writes: bool,
     stats: Stats,
+    /// Requests received, in flight and failed, and the start time.
+    load: Load,
 }
 
 /// Whether a mapping io server may write through mappings into `dir`; says why not if not.
@@ -251,8 +230,15 @@ impl IoServer {
         let stop = Arc::new(AtomicBool::new(false));
         let workers = cfg.workers;
         let mapped_writes = cfg.mapped && mapped_writes_safe(&cfg.data_dir);
-        let shared =
-            Arc::new(Shared { ep: ep.clone(), store, key, cfg, mapped_writes, stats: Stats::default() });
+        let shared = Arc::new(Shared {
+            ep: ep.clone(),
+            store,
+            key,
+            cfg,
+            mapped_writes,
+            stats: Stats::default(),
+            load: Load::new(),
+        });
         let threads = spawn_workers("io", &ep, workers, &stop, move |req| shared.handle(req))?;
         Ok(ServerHandle::new(ep, stop, threads))
     }
@@ -275,11 +261,12 @@ impl From<ionet::Error> for Fail {
 
 impl Shared {
     fn handle(&self, req: Request) {
+        let _serving = self.load.begin();
         let env = match proto::decode::<IoRequest>(req.header()) {
             Ok(env) => env,
             Err(e) => {
                 debug!(error = %e, peer = %req.peer(), "undecodable io request");
-                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                self.load.failed();
                 let reply: proto::Envelope<IoReply> = proto::error_reply(&e);
                 send_reply(&self.ep, req, reply.id, reply.body);
                 return;
@@ -290,7 +277,7 @@ impl Shared {
         let reply = match self.serve(&req, env.body) {
             Ok(r) => r,
             Err(Fail(code, msg)) => {
-                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                self.load.failed();
                 debug!(%code, %msg, "io request failed");
                 IoReply::Error(ErrorReply::new(code, msg))
             }
@@ -312,6 +299,7 @@ impl Shared {
         Ok(match body {
             IoRequest::Ping => IoReply::Pong,
             IoRequest::Stats => IoReply::Stats(self.snapshot()),
+            IoRequest::Status => IoReply::Status(self.load.status(&self.cfg.data_dir)),
             IoRequest::CreateObject { cap } => {
                 s.create(cap.handle)?;
                 IoReply::Done
@@ -356,7 +344,7 @@ impl Shared {
             bytes_read: load(&s.bytes_read),
             bytes_written: load(&s.bytes_written),
             syncs: load(&s.syncs),
-            errors: load(&s.errors),
+            errors: self.load.errors(),
             open_files: self.store.open_files() as u64,
             mapped: s.mapped.snapshot(),
             copied: s.copied.snapshot(),

@@ -21,7 +21,7 @@
 //! are never granted `ADMIN`.
 
 use super::liveness::{Change, Liveness};
-use super::{ServerError, ServerHandle, send_reply, spawn_workers};
+use super::{Load, ServerError, ServerHandle, send_reply, spawn_workers};
 use crate::capability::{Capability, CapabilityKey, Rights, expiry_after, unix_now};
 use crate::config::ClusterConfig;
 use crate::errno::Errno;
@@ -101,6 +101,8 @@ struct Shared {
     janitor: Mutex<Janitor>,
     /// Which io servers answer (see [`Liveness`]).
     live: Mutex<Liveness>,
+    /// Requests received, in flight and failed, and the start time.
+    load: Load,
 }
 
 /// A create whose objects could not all be made.
@@ -150,6 +152,7 @@ impl MetaServer {
             next_id: AtomicU64::new(1),
             janitor: Mutex::new(Janitor { stale_creates }),
             live,
+            load: Load::new(),
         });
         let s2 = shared.clone();
         let mut threads = spawn_workers("meta", &ep, workers, &stop, move |req| s2.handle(req))?;
@@ -177,10 +180,12 @@ fn fs_err(e: &FsError) -> ErrorReply {
 
 impl Shared {
     fn handle(&self, req: Request) {
+        let _serving = self.load.begin();
         let env = match proto::decode::<MetaRequest>(req.header()) {
             Ok(env) => env,
             Err(e) => {
                 debug!(error = %e, peer = %req.peer(), "undecodable meta request");
+                self.load.failed();
                 let reply: Envelope<MetaReply> = proto::error_reply(&e);
                 send_reply(&self.ep, req, reply.id, reply.body);
                 return;
@@ -191,6 +196,9 @@ impl Shared {
         } else {
             self.serve(env.body)
         };
+        if matches!(reply, MetaReply::Error(_)) {
+            self.load.failed();
+        }
         send_reply(&self.ep, req, env.id, reply);
     }
 
@@ -209,6 +217,11 @@ impl Shared {
         let s = &self.store;
         let r = match body {
             MetaRequest::Statfs => s.statfs().map(MetaReply::Statfs),
+            MetaRequest::Status => {
+                // The database's directory: where the meta server's data grows.
+                let dir = self.cfg.db_path.parent().filter(|d| !d.as_os_str().is_empty());
+                Ok(MetaReply::Status(self.load.status(dir.unwrap_or(std::path::Path::new(".")))))
+            }
             MetaRequest::Lookup { parent, name } => {
                 s.lookup(parent, &name).map(|(handle, attr)| MetaReply::Entry { handle, attr })
             }

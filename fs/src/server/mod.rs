@@ -15,13 +15,13 @@ pub mod io;
 mod liveness;
 pub mod meta;
 
-use crate::proto::{self, Envelope, ErrorReply, Reply};
+use crate::proto::{self, BoundedString, DiskSpace, Envelope, ErrorReply, Reply, ServerStatus};
 use bytes::Bytes;
 use ionet::{Endpoint, Request};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 /// How long a worker waits in `next_request` before checking for shutdown.
@@ -78,6 +78,86 @@ pub(crate) fn send_reply<R: Reply>(ep: &Endpoint, req: Request, id: u64, body: R
             }
         }
         Err(e) => debug!(error = %e, "reply not posted"),
+    }
+}
+
+/// `statvfs` of `dir` in bytes; zeros (and a warning) if it fails, so the counters still reach
+/// `stripefs servers` and `stripefs status`.
+pub(crate) fn disk_space(dir: &std::path::Path) -> DiskSpace {
+    match nix::sys::statvfs::statvfs(dir) {
+        Ok(v) => {
+            let unit = v.fragment_size();
+            let bytes = |blocks: u64| blocks.saturating_mul(unit);
+            DiskSpace {
+                total: bytes(v.blocks()),
+                free: bytes(v.blocks_free()),
+                avail: bytes(v.blocks_available()),
+            }
+        }
+        Err(e) => {
+            warn!(dir = %dir.display(), error = %e, "statvfs of the data directory failed");
+            DiskSpace::default()
+        }
+    }
+}
+
+/// What a server reports about its load in [`ServerStatus`]: when it started and the requests
+/// it received, is serving and failed. Counting costs two atomic additions per request.
+#[derive(Debug)]
+pub(crate) struct Load {
+    started: Instant,
+    requests: AtomicU64,
+    in_flight: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// A request being served: counted in flight until dropped.
+pub(crate) struct Serving<'a>(&'a Load);
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Load {
+    pub(crate) fn new() -> Self {
+        Load {
+            started: Instant::now(),
+            requests: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        }
+    }
+
+    /// A request arrived; it is in flight until the guard goes.
+    pub(crate) fn begin(&self) -> Serving<'_> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        Serving(self)
+    }
+
+    /// A request was answered with an error.
+    pub(crate) fn failed(&self) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests answered with an error so far.
+    pub(crate) fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+
+    /// The status of a server keeping its data in `dir`, answered from inside a request (which
+    /// is not counted in flight).
+    pub(crate) fn status(&self, dir: &std::path::Path) -> ServerStatus {
+        ServerStatus {
+            version: BoundedString::truncating(env!("CARGO_PKG_VERSION")),
+            uptime_ns: u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX),
+            requests: self.requests.load(Ordering::Relaxed),
+            in_flight: self.in_flight.load(Ordering::Relaxed).saturating_sub(1),
+            errors: self.errors(),
+            disk: disk_space(dir),
+        }
     }
 }
 

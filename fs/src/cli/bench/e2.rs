@@ -27,8 +27,8 @@ pub const RECV_SIZE: u32 = 72 * 1024;
 /// E2 options.
 #[derive(Args, Debug, Clone)]
 pub struct E2Args {
-    /// Write sizes (bytes; default powers of two 128 B – 64 KiB).
-    #[arg(long, value_delimiter = ',')]
+    /// Write sizes (bytes or binary units: 128,4k; default powers of two 128 B – 64 KiB).
+    #[arg(long, value_delimiter = ',', value_parser = benchkit::units::parse_size_usize)]
     pub sizes: Vec<usize>,
     /// How the client waits.
     #[arg(long, default_value = "adaptive")]

@@ -19,11 +19,11 @@ const EXP: &str = "e3";
 /// E3 options.
 #[derive(Args, Debug, Clone)]
 pub struct E3Args {
-    /// Bytes moved per operation.
-    #[arg(long, default_value_t = 32 << 20)]
+    /// Bytes moved per operation (binary units allowed: 32M).
+    #[arg(long, default_value = "32M", value_parser = benchkit::units::parse_size)]
     pub bytes: u64,
-    /// Transfer units (bytes; default powers of two 64 KiB – 32 MiB).
-    #[arg(long, value_delimiter = ',')]
+    /// Transfer units (bytes or binary units: 64k,1M; default powers of two 64 KiB – 32 MiB).
+    #[arg(long, value_delimiter = ',', value_parser = benchkit::units::parse_size)]
     pub units: Vec<u64>,
 }
 
