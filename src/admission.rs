@@ -17,15 +17,13 @@
 //!   talking while silent ones remain.
 //!
 //! Time is passed in; the driver owns the sockets and closes what it is told to. The listening
-//! socket they arrive on ([`listener_socket`]) is set up here too.
+//! socket they arrive on is set up with `TCP_DEFER_ACCEPT` so that silent connections reach
+//! admission last (see `sockets::listener_socket`).
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
-
-use socket2::{Domain, Protocol, SockRef, Socket, Type};
 
 use crate::config::Config;
 
@@ -173,34 +171,6 @@ impl<K: Copy + Eq + Hash + Ord> Admission<K> {
             }
         }
     }
-}
-
-/// A non-blocking listening socket on `sa`. Accepted connections start with the listener's
-/// congestion control: set only on each accepted socket, they would start under the kernel's
-/// and switch at the handshake. A socket that started under BBR here stayed slow after
-/// switching to reno (likely the kernel's internal pacing, which BBR turns on and nothing turns
-/// off): stripefs's E1 reads gained 16 % from reno set per accepted socket, 1.4× from reno
-/// set on the listener (`benchmarks/journal/e1-io-servers-on-reno-and-listeners-that-set-it.md`).
-///
-/// Connections are handed to `accept` only once their first bytes arrived
-/// (`TCP_DEFER_ACCEPT`): a client sends its hello at once, while a socket that stays silent
-/// waits in the kernel and reaches us later than every client that talks. Handshake admission
-/// then sheds silent connections first, so a flood of them cannot crowd out a client whose
-/// hello has not been read yet. The TCP transport and the InfiniBand side
-/// channel listen on it.
-pub(crate) fn listener_socket(sa: SocketAddr, cfg: &Config) -> io::Result<Socket> {
-    let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
-    sock.set_reuse_address(true)?;
-    sock.set_nonblocking(true)?;
-    sock.bind(&sa.into())?;
-    crate::util::defer_accept(&sock, 1);
-    if let Some(cc) = &cfg.tcp_congestion
-        && let Err(e) = SockRef::from(&sock).set_tcp_congestion(cc.as_bytes())
-    {
-        tracing::warn!(congestion = %cc, error = %e, "TCP congestion control refused; keeping the kernel's");
-    }
-    sock.listen(1024)?;
-    Ok(sock)
 }
 
 #[cfg(test)]

@@ -5,25 +5,53 @@ use std::io;
 use std::net::SocketAddr;
 
 use mio::net::{TcpListener, TcpStream};
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+
+use crate::config::Config;
 
 use crate::admission::ACCEPTS_PER_ROUND;
-use crate::error::{Error, Result};
-use crate::types::PeerId;
 
-/// Starts a non-blocking connect to `sa` for `peer`; `tune` sets socket options before the
-/// connect (those that shape the handshake, such as buffer sizes, must be set first). The
-/// connection completes (or fails) later, reported by the poller as writable.
-pub(crate) fn dial(peer: PeerId, sa: SocketAddr, tune: impl FnOnce(&Socket)) -> Result<TcpStream> {
+/// Starts a non-blocking connect to `sa`; `tune` sets socket options before the connect
+/// (those that shape the handshake, such as buffer sizes, must be set first). The connection
+/// completes (or fails) later, reported by the poller as writable.
+pub(crate) fn dial(sa: SocketAddr, tune: impl FnOnce(&Socket)) -> io::Result<TcpStream> {
     let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
     tune(&sock);
     sock.set_nonblocking(true)?;
     match sock.connect(&sa.into()) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) || e.kind() == io::ErrorKind::WouldBlock => {}
-        Err(e) => return Err(Error::PeerLost { peer, reason: format!("connect to {sa}: {e}") }),
+        Err(e) => return Err(e),
     }
     Ok(TcpStream::from_std(sock.into()))
+}
+
+/// A non-blocking listening socket on `sa`. Accepted connections start with the listener's
+/// congestion control: set only on each accepted socket, they would start under the kernel's
+/// and switch at the handshake. A socket that started under BBR here stayed slow after
+/// switching to reno (likely the kernel's internal pacing, which BBR turns on and nothing turns
+/// off): stripefs's E1 reads gained 16 % from reno set per accepted socket, 1.4× from reno
+/// set on the listener (`benchmarks/journal/e1-io-servers-on-reno-and-listeners-that-set-it.md`).
+///
+/// Connections are handed to `accept` only once their first bytes arrived
+/// (`TCP_DEFER_ACCEPT`): a client sends its hello at once, while a socket that stays silent
+/// waits in the kernel and reaches us later than every client that talks. Handshake admission
+/// then sheds silent connections first, so a flood of them cannot crowd out a client whose
+/// hello has not been read yet. The TCP transport and the InfiniBand side
+/// channel listen on it.
+pub(crate) fn listener_socket(sa: SocketAddr, cfg: &Config) -> io::Result<Socket> {
+    let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
+    sock.set_reuse_address(true)?;
+    sock.set_nonblocking(true)?;
+    sock.bind(&sa.into())?;
+    crate::util::defer_accept(&sock, 1);
+    if let Some(cc) = &cfg.tcp_congestion
+        && let Err(e) = SockRef::from(&sock).set_tcp_congestion(cc.as_bytes())
+    {
+        tracing::warn!(congestion = %cc, error = %e, "TCP congestion control refused; keeping the kernel's");
+    }
+    sock.listen(1024)?;
+    Ok(sock)
 }
 
 /// Accepts what the listener holds, at most [`ACCEPTS_PER_ROUND`] connections: an unbounded

@@ -38,7 +38,6 @@ use rustc_hash::FxHashMap;
 use socket2::SockRef;
 
 use crate::addr::{Address, Scheme};
-use crate::admission;
 use crate::buf::{BufPool, RegisteredBuf};
 use crate::config::Config;
 use crate::core::stream::{Action, IoVec, LinkId, RecvInto, Session, Settings};
@@ -46,6 +45,7 @@ use crate::endpoint::{Backend, Cmd, Core};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::info::{Counters, Info};
+use crate::sockets;
 use crate::types::{Access, OpId, PeerId};
 
 use sock::{Sock, moved, recv_now, recv_vec_now, send_now, send_one_now, tune};
@@ -112,7 +112,7 @@ struct State {
     turn: Vec<LinkId>,
     /// A driver is blocked in a direct wait (its link's staging buffer is lent out).
     in_direct: bool,
-    /// The listener may hold connections not accepted yet (see [`admission::ACCEPTS_PER_ROUND`]).
+    /// The listener may hold connections not accepted yet (see [`crate::admission::ACCEPTS_PER_ROUND`]).
     accept_more: bool,
     /// The last direct wait timed out: epoll until a socket event shows the connection busy.
     direct_idle: bool,
@@ -133,7 +133,7 @@ impl TcpBackend {
         let mut local = None;
         if let Some(addr) = bind {
             let sa = *addr.resolve()?.first().ok_or_else(|| Error::misuse("no address to bind"))?;
-            let mut l = TcpListener::from_std(admission::listener_socket(sa, cfg)?.into());
+            let mut l = TcpListener::from_std(sockets::listener_socket(sa, cfg)?.into());
             registry.register(&mut l, LISTENER, Interest::READABLE)?;
             let real = l.local_addr()?;
             local = Some(Address::new(Scheme::Tcp, addr.host().clone(), real.port()));
@@ -480,10 +480,17 @@ impl State {
     fn apply(&mut self, a: Action, registry: &Registry) {
         match a {
             Action::Dial { link, addr, sl } => {
-                let r = sock::dial(addr, &self.cfg, sl).and_then(|mut stream| {
-                    registry.register(&mut stream, token(link), Interest::READABLE | Interest::WRITABLE)?;
-                    Ok(stream)
-                });
+                let cfg = &self.cfg;
+                let r = sockets::dial(addr, |s| tune(&SockRef::from(s), cfg, sl, addr.is_ipv4())).and_then(
+                    |mut stream| {
+                        registry.register(
+                            &mut stream,
+                            token(link),
+                            Interest::READABLE | Interest::WRITABLE,
+                        )?;
+                        Ok(stream)
+                    },
+                );
                 match r {
                     Ok(stream) => {
                         self.socks.insert(link, Sock::new(stream, addr, true));
@@ -519,56 +526,40 @@ impl State {
     }
 
     fn accept(&mut self, registry: &Registry) {
-        self.accept_more = false;
-        for _ in 0..admission::ACCEPTS_PER_ROUND {
-            let Some(l) = &self.listener else { return };
-            match l.accept() {
-                Ok((mut stream, remote)) => {
-                    if self.closed {
-                        continue;
-                    }
-                    let _ = stream.set_nodelay(true);
-                    let link = self.session.new_link_id();
-                    if registry
-                        .register(&mut stream, token(link), Interest::READABLE | Interest::WRITABLE)
-                        .is_err()
-                    {
-                        continue;
-                    }
-                    let s = Sock::new(stream, remote, false);
-                    self.session.accepted(link, remote);
-                    // A client sends its hello as soon as it is connected, so it is usually
-                    // here already: read it now, so that shedding tells this connection from
-                    // the silent ones.
-                    let first = match self.session.recv_buffers(link) {
-                        RecvInto::Staging(buf) => recv_now(&s.stream, buf),
-                        _ => Err(io::ErrorKind::WouldBlock.into()),
-                    };
-                    match first {
-                        Ok(0) => {
-                            // Closed already; dropping `s` closes our side.
-                            self.session.link_failed(link, "connection closed by peer".into());
-                            self.apply_actions(registry);
-                            continue;
-                        }
-                        Ok(n) => self.session.received(link, n),
-                        Err(_) => self.session.received(link, 0),
-                    }
-                    self.socks.insert(link, s);
-                    self.session.admit(Instant::now(), link);
-                    self.apply_actions(registry);
-                    self.read_ready.push_back(link);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    return;
-                }
+        let Some(l) = &self.listener else { return };
+        let (accepted, more) = sockets::accept_round(l);
+        self.accept_more = more;
+        for (mut stream, remote) in accepted {
+            if self.closed {
+                continue;
             }
+            let link = self.session.new_link_id();
+            if registry.register(&mut stream, token(link), Interest::READABLE | Interest::WRITABLE).is_err() {
+                continue;
+            }
+            let s = Sock::new(stream, remote, false);
+            self.session.accepted(link, remote);
+            // A client sends its hello as soon as it is connected, so it is usually here
+            // already: read it now, so that shedding tells this connection from the silent ones.
+            let first = match self.session.recv_buffers(link) {
+                RecvInto::Staging(buf) => recv_now(&s.stream, buf),
+                _ => Err(io::ErrorKind::WouldBlock.into()),
+            };
+            match first {
+                Ok(0) => {
+                    // Closed already; dropping `s` closes our side.
+                    self.session.link_failed(link, "connection closed by peer".into());
+                    self.apply_actions(registry);
+                    continue;
+                }
+                Ok(n) => self.session.received(link, n),
+                Err(_) => self.session.received(link, 0),
+            }
+            self.socks.insert(link, s);
+            self.session.admit(Instant::now(), link);
+            self.apply_actions(registry);
+            self.read_ready.push_back(link);
         }
-        // Not drained: epoll reports no new edge for what is left, so the next round goes on.
-        self.accept_more = true;
     }
 
     fn on_writable(&mut self, link: LinkId) {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use mio::net::TcpStream;
 use rustix::net::{RecvAncillaryBuffer, RecvFlags, SendAncillaryBuffer, SendFlags};
-use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use socket2::SockRef;
 
 use crate::config::Config;
 use crate::core::stream::IoVec;
@@ -51,19 +51,6 @@ impl Sock {
             hup: false,
         }
     }
-}
-
-/// A non-blocking socket connecting to `sa`, tuned for class `sl`.
-pub(crate) fn dial(sa: SocketAddr, cfg: &Config, sl: ServiceLevel) -> io::Result<TcpStream> {
-    let sock = Socket::new(Domain::for_address(sa), Type::STREAM, Some(Protocol::TCP))?;
-    tune(&SockRef::from(&sock), cfg, sl, sa.is_ipv4());
-    sock.set_nonblocking(true)?;
-    match sock.connect(&sa.into()) {
-        Ok(()) => {}
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) || e.kind() == io::ErrorKind::WouldBlock => {}
-        Err(e) => return Err(e),
-    }
-    Ok(TcpStream::from_std(sock.into()))
 }
 
 /// Socket options for a class: no Nagle delay, buffers (when configured; else the kernel's
@@ -195,9 +182,9 @@ mod tune_tests {
         };
         let sa: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let plain =
-            std::net::TcpListener::from(crate::admission::listener_socket(sa, &Config::default()).unwrap());
+            std::net::TcpListener::from(crate::sockets::listener_socket(sa, &Config::default()).unwrap());
         let set = std::net::TcpListener::from(
-            crate::admission::listener_socket(sa, &Config::default().tcp_congestion(&*other)).unwrap(),
+            crate::sockets::listener_socket(sa, &Config::default().tcp_congestion(&*other)).unwrap(),
         );
         for (l, want) in [(&plain, &default), (&set, &other)] {
             let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();

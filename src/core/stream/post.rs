@@ -7,14 +7,13 @@ use bytes::Bytes;
 
 use crate::buf::{OpBuf, RecvBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism};
+use crate::core::requests;
 use crate::endpoint::{Cmd, Completion, Direction, OpKind, Payload};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::info::Counters;
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
-use crate::wire::{
-    FLAG_INLINE_DATA, FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, FLAG_STREAMED, HEADER_LEN, Header, Kind,
-};
+use crate::wire::{FLAG_INLINE_DATA, FLAG_STREAMED, HEADER_LEN, Header, Kind};
 
 use super::link::{Frame, IoVec, Link, OnDone, Phase};
 use super::{Action, CTS_TRUNCATED, Early, FRAME_COST, LinkId, MAX_IOV, OpSt, RTS_COST, RndvIn, Session};
@@ -453,20 +452,9 @@ impl Session {
         header: Bytes,
         payload: Payload,
     ) -> Result<()> {
-        if header.len() > self.s.cfg.max_header {
-            return Err(Error::TooLarge { len: header.len() as u64, max: self.s.cfg.max_header as u64 });
-        }
-        let (buf, dir, len) = match payload {
-            Payload::None => (OpBuf::None, Direction::None, 0),
-            Payload::Out(b) => {
-                let n = b.len();
-                (OpBuf::Send(b), Direction::Out, n)
-            }
-            Payload::In(b) => {
-                let n = b.capacity();
-                (OpBuf::Recv(b), Direction::In, n)
-            }
-        };
+        requests::check_header(&header, self.s.cfg.max_header)?;
+        let len = requests::payload_len(&payload);
+        let (buf, dir) = requests::split_payload(payload);
         self.check_len(peer, len)?;
         let link = match self.link_for(peer, sl) {
             Ok(link) => link,
@@ -494,16 +482,7 @@ impl Session {
             }
         }
         Counters::add(&self.core.counters.msgs_sent, 1);
-        let mut h = Header::new(Kind::Request, sl);
-        h.a = tag;
-        h.b = op.0;
-        h.c = len as u64;
-        h.aux = header.len() as u32;
-        h.flags = match dir {
-            Direction::None => 0,
-            Direction::Out => FLAG_PAYLOAD_OUT,
-            Direction::In => FLAG_PAYLOAD_IN,
-        };
+        let mut h = requests::request_header(sl, tag, op, len, header.len(), dir);
         let op_part = if inline && len > 0 {
             h.flags |= FLAG_INLINE_DATA;
             Some((op, 0, len))
@@ -615,9 +594,7 @@ impl Session {
         header: Bytes,
         status: u32,
     ) -> Result<()> {
-        if header.len() > self.s.cfg.max_header {
-            return Err(Error::TooLarge { len: header.len() as u64, max: self.s.cfg.max_header as u64 });
-        }
+        requests::check_header(&header, self.s.cfg.max_header)?;
         let r = self.sreqs.close(peer, req)?;
         self.release_request_budget(peer, r.cost);
         if let Some(s) = self.streams.get_mut(&(peer, req)) {

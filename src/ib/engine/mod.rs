@@ -687,7 +687,7 @@ impl<V: Verbs> IbBackend<V> {
         let mut local = None;
         if let Some(addr) = bind {
             let sa = *addr.resolve()?.first().ok_or_else(|| Error::misuse("no address to bind"))?;
-            let mut l = TcpListener::from_std(crate::admission::listener_socket(sa, cfg)?.into());
+            let mut l = TcpListener::from_std(crate::sockets::listener_socket(sa, cfg)?.into());
             registry.register(&mut l, LISTENER, Interest::READABLE)?;
             local = Some(Address::new(scheme, addr.host().clone(), l.local_addr()?.port()));
             listener = Some(l);

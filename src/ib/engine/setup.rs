@@ -47,9 +47,10 @@ impl<V: Verbs> State<V> {
     }
 
     fn dial(&mut self, peer: PeerId, sa: SocketAddr, sl: ServiceLevel) -> Result<u32> {
-        let mut stream = sockets::dial(peer, sa, |s| {
+        let mut stream = sockets::dial(sa, |s| {
             let _ = s.set_tcp_nodelay(true);
-        })?;
+        })
+        .map_err(|e| Error::PeerLost { peer, reason: format!("connect to {sa}: {e}") })?;
         let t = Token(self.next_token);
         self.next_token += 1;
         self.registry.register(&mut stream, t, Interest::READABLE | Interest::WRITABLE)?;
