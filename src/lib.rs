@@ -69,8 +69,10 @@
 
 pub mod addr;
 mod admission;
+mod backend;
 pub mod buf;
 pub mod comm;
+mod completions;
 pub mod config;
 pub mod copy;
 mod endpoint;
@@ -87,6 +89,7 @@ pub mod key_file;
 #[cfg(all(loom, test))]
 mod loom;
 pub mod matching;
+mod op;
 mod peers;
 pub mod regcache;
 pub mod sched;
@@ -100,11 +103,10 @@ pub use addr::{Address, Scheme};
 pub use buf::{BUF_ALIGN, BufPool, MemKeys, OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 pub use comm::{Mechanism, Policy, Thresholds};
 pub use config::{Config, IbConfig};
-pub use endpoint::{
-    Completion, Direction, Endpoint, Exposure, OpKind, Payload, Request, ToAddress, Unexpected,
-};
+pub use endpoint::{Endpoint, Exposure, Request, ToAddress};
 pub use error::{AccessError, Error, ProtocolError, Result};
 pub use expose::MemHandle;
 pub use filemap::{FileMap, FileMapError, FileRegion, FileRegionMut, Turn};
 pub use info::{CounterSnapshot, Gauges, Info, RegcacheInfo};
+pub use op::{Completion, Direction, OpKind, Payload, Unexpected};
 pub use types::{Access, OpId, PeerId, ServiceLevel, Tag, WaitMode};

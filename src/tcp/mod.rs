@@ -39,17 +39,17 @@ use socket2::{Domain, Protocol, SockRef, Socket, Type};
 
 use crate::addr::{Address, Scheme};
 use crate::admission::{self, Admission, Dialled};
+use crate::backend::{Backend, Cmd};
 use crate::buf::{BufPool, OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism, Policy};
+use crate::completions::Completions as Core;
 use crate::config::Config;
-use crate::endpoint::{
-    Backend, Cmd, Completion, Core, Direction, OpKind, Payload, RequestMeta, Unexpected, status,
-};
 use crate::error::{AccessError, Error, ProtocolError, Result};
 use crate::expose::{ExposureTable, MemHandle};
 use crate::handshake::{self, ClientHandshake, HelloInfo, ServerHandshake};
 use crate::info::{Counters, Info};
 use crate::matching::{Arrival, Matcher};
+use crate::op::{Completion, Direction, OpKind, Payload, RequestMeta, Unexpected, status};
 use crate::peers::{PeerTable, addressed};
 use crate::sched::SendScheduler;
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};

@@ -2,14 +2,15 @@
 
 use bytes::Bytes;
 
+use crate::backend::Cmd;
 use crate::buf::{OpBuf, RecvBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism};
-use crate::endpoint::{Cmd, Completion, Direction, OpKind, Payload as UserPayload};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::flowctl::Transmit;
 use crate::ib::verbs::*;
 use crate::info::Counters;
+use crate::op::{Completion, Direction, OpKind, Payload as UserPayload};
 use crate::regcache::{Origin, RegRef, Span};
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{

@@ -4,10 +4,10 @@ use bytes::Bytes;
 
 use crate::buf::OpBuf;
 use crate::comm::Mechanism;
-use crate::endpoint::{Direction, OpKind, RequestMeta, Unexpected, status};
 use crate::error::{Error, ProtocolError};
 use crate::ib::verbs::*;
 use crate::info::Counters;
+use crate::op::{Direction, OpKind, RequestMeta, Unexpected, status};
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{
     FLAG_INLINE_DATA, FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind,
