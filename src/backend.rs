@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::addr::{Address, Scheme};
-use crate::buf::{OpBuf, RecvBuf, RegisteredBuf, SendBuf};
+use crate::buffers::buf::{OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 #[cfg(doc)]
 use crate::completions::Completions;
 use crate::error::{Error, Result};

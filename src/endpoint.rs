@@ -23,7 +23,7 @@ use bytes::Bytes;
 
 use crate::addr::{Address, Scheme};
 use crate::backend::{Backend, Cmd};
-use crate::buf::{RecvBuf, RegisteredBuf, SendBuf};
+use crate::buffers::buf::{RecvBuf, RegisteredBuf, SendBuf};
 use crate::completions::{CompletionState, Completions, DRIVING, RequestHook, Sleeper, Slot, Want};
 use crate::config::Config;
 use crate::error::{Error, Result};

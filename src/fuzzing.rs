@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::buf::RecvBuf;
+use crate::buffers::buf::RecvBuf;
 use crate::config::Config;
 use crate::endpoint::{Endpoint, Request};
 use crate::expose::MemHandle;

@@ -70,15 +70,13 @@
 pub mod addr;
 mod admission;
 mod backend;
-pub mod buf;
+mod buffers;
 pub mod comm;
 mod completions;
 pub mod config;
-pub mod copy;
 mod endpoint;
 pub mod error;
 pub mod expose;
-pub mod filemap;
 pub mod flowctl;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -98,6 +96,8 @@ mod tcp;
 pub mod types;
 mod util;
 pub mod wire;
+
+pub use buffers::{buf, copy, filemap};
 
 pub use addr::{Address, Scheme};
 pub use buf::{BUF_ALIGN, BufPool, MemKeys, OpBuf, RecvBuf, RegisteredBuf, SendBuf};

@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use crate::buf::{OpBuf, RecvBuf, SendBuf};
+use crate::buffers::buf::{OpBuf, RecvBuf, SendBuf};
 use crate::comm::Mechanism;
 #[cfg(doc)]
 use crate::endpoint::{Endpoint, Request};

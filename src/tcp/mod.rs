@@ -40,7 +40,7 @@ use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use crate::addr::{Address, Scheme};
 use crate::admission::{self, Admission, Dialled};
 use crate::backend::{Backend, Cmd};
-use crate::buf::{BufPool, OpBuf, RecvBuf, RegisteredBuf, SendBuf};
+use crate::buffers::buf::{BufPool, OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism, Policy};
 use crate::completions::Completions as Core;
 use crate::config::Config;

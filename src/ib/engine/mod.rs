@@ -64,7 +64,7 @@ use rustc_hash::FxHashMap;
 use crate::addr::{Address, Scheme};
 use crate::admission::{self, Admission, Dialled};
 use crate::backend::{Backend, Cmd};
-use crate::buf::{BufPool, OpBuf, RegisteredBuf};
+use crate::buffers::buf::{BufPool, OpBuf, RegisteredBuf};
 use crate::comm::{BulkScheduler, Mechanism, Policy};
 use crate::completions::Completions as Core;
 use crate::config::Config;

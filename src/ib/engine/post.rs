@@ -3,7 +3,7 @@
 use bytes::Bytes;
 
 use crate::backend::Cmd;
-use crate::buf::{OpBuf, RecvBuf, SendBuf};
+use crate::buffers::buf::{OpBuf, RecvBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;

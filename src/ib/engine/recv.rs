@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 
-use crate::buf::OpBuf;
+use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
 use crate::error::{Error, ProtocolError};
 use crate::ib::verbs::*;

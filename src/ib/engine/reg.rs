@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use crate::buf::{MemKeys, PoolRegistrar, RegisteredBuf};
+use crate::buffers::buf::{MemKeys, PoolRegistrar, RegisteredBuf};
 use crate::error::{Error, Result};
 use crate::ib::verbs::{AccessFlags, MemoryRegion, Verbs, VerbsError};
 use crate::regcache::{Origin, RegCache, RegError, RegRef, Registrar};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::*;
-use crate::buf::{RecvBuf, SendBuf};
+use crate::buffers::buf::{RecvBuf, SendBuf};
 use crate::wire::{Header, Kind};
 
 fn backend() -> IbBackend<crate::ib::soft::SoftContext> {

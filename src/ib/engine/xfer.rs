@@ -1,7 +1,7 @@
 //! Server-based RDMA: transfers cut into units by the bulk scheduler and moved with
 //! RDMA_READ / RDMA_WRITE, straight to or from registered buffers, or through zone buffers.
 
-use crate::buf::{OpBuf, RecvBuf, RegisteredBuf, SendBuf};
+use crate::buffers::buf::{OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 use crate::error::{Error, Result};
 use crate::flowctl::{Alloc, BufferZones, ZoneBuf, ZoneConfig};
 use crate::ib::verbs::*;
