@@ -174,6 +174,8 @@ impl IbConfig {
     }
 
     /// Software provider only: a pin budget in bytes, to exercise registration failures.
+    #[cfg(feature = "soft-faults")]
+    #[doc(hidden)]
     pub fn soft_pin_budget(mut self, bytes: Option<u64>) -> Self {
         self.soft_pin_budget = bytes;
         self
@@ -181,6 +183,8 @@ impl IbConfig {
 
     /// Software provider, tests only: faults every queue pair of the endpoint starts with
     /// ([`SoftConfig::faults`](crate::ib::soft::SoftConfig::faults); default none).
+    #[cfg(feature = "soft-faults")]
+    #[doc(hidden)]
     pub fn soft_faults(mut self, plan: FaultPlan) -> Self {
         self.soft_faults = plan;
         self
@@ -188,6 +192,8 @@ impl IbConfig {
 
     /// Software provider, tests only: a hook that receives the endpoint's device context, to
     /// inject faults into its live queue pairs and read the provider's counters.
+    #[cfg(feature = "soft-faults")]
+    #[doc(hidden)]
     pub fn soft_hook(mut self, hook: SoftHook) -> Self {
         self.soft_hook = Some(hook);
         self

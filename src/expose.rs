@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::buf::RegisteredBuf;
+use crate::buffers::buf::RegisteredBuf;
 use crate::error::AccessError;
 use crate::types::Access;
 

@@ -18,11 +18,12 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::buf::RecvBuf;
+use crate::buffers::buf::RecvBuf;
 use crate::config::Config;
-use crate::endpoint::{Direction, Endpoint, Request};
+use crate::endpoint::{Endpoint, Request};
 use crate::expose::MemHandle;
 use crate::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
+use crate::op::Direction;
 use crate::types::{OpId, ServiceLevel, WaitMode};
 use crate::wire::{self, HEADER_LEN, Header, Kind, Limits};
 

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::addr::{Address, Scheme};
-use crate::buf::PoolStats;
+use crate::buffers::buf::PoolStats;
 use crate::comm::{Mechanism, Policy};
 use crate::ib::verbs::VerbsCounters;
 use crate::types::WaitMode;

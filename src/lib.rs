@@ -69,15 +69,15 @@
 
 pub mod addr;
 mod admission;
-pub mod buf;
+mod backend;
+mod buffers;
 pub mod comm;
+mod completions;
 pub mod config;
-pub mod copy;
 mod core;
 mod endpoint;
 pub mod error;
 pub mod expose;
-pub mod filemap;
 pub mod flowctl;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -88,6 +88,7 @@ pub mod key_file;
 #[cfg(all(loom, test))]
 mod loom;
 pub mod matching;
+mod op;
 pub mod regcache;
 pub mod sched;
 mod sockets;
@@ -97,15 +98,16 @@ pub mod types;
 mod util;
 pub mod wire;
 
+pub use buffers::{buf, copy, filemap};
+
 pub use addr::{Address, Scheme};
 pub use buf::{BUF_ALIGN, BufPool, MemKeys, OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 pub use comm::{Mechanism, Policy, Thresholds};
 pub use config::{Config, IbConfig};
-pub use endpoint::{
-    Completion, Direction, Endpoint, Exposure, OpKind, Payload, Request, ToAddress, Unexpected,
-};
+pub use endpoint::{Endpoint, Exposure, Request, ToAddress};
 pub use error::{AccessError, Error, ProtocolError, Result};
 pub use expose::MemHandle;
 pub use filemap::{FileMap, FileMapError, FileRegion, FileRegionMut, Turn};
 pub use info::{CounterSnapshot, Gauges, Info, RegcacheInfo};
+pub use op::{Completion, Direction, OpKind, Payload, Unexpected};
 pub use types::{Access, OpId, PeerId, ServiceLevel, Tag, WaitMode};

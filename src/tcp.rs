@@ -38,10 +38,11 @@ use rustc_hash::FxHashMap;
 use socket2::SockRef;
 
 use crate::addr::{Address, Scheme};
-use crate::buf::{BufPool, RegisteredBuf};
+use crate::backend::{Backend, Cmd};
+use crate::buffers::buf::{BufPool, RegisteredBuf};
+use crate::completions::Completions;
 use crate::config::Config;
 use crate::core::stream::{Action, IoVec, LinkId, RecvInto, Session, Settings};
-use crate::endpoint::{Backend, Cmd, Core};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::info::{Counters, Info};
@@ -79,7 +80,7 @@ fn link_of(t: Token) -> LinkId {
 
 /// The TCP backend.
 pub(crate) struct TcpBackend {
-    core: Arc<Core>,
+    core: Arc<Completions>,
     poller: Mutex<Poller>,
     registry: Registry,
     waker: Waker,
@@ -125,7 +126,7 @@ struct State {
 }
 
 impl TcpBackend {
-    pub(crate) fn new(bind: Option<&Address>, cfg: &Config, core: Arc<Core>) -> Result<TcpBackend> {
+    pub(crate) fn new(bind: Option<&Address>, cfg: &Config, core: Arc<Completions>) -> Result<TcpBackend> {
         let poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
         let waker = Waker::new(&registry, WAKER)?;

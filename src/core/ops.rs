@@ -16,11 +16,12 @@ use std::collections::hash_map::Entry;
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
 
-use crate::buf::OpBuf;
+use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
-use crate::endpoint::{Completion, Core, OpKind};
+use crate::completions::Completions;
 use crate::error::{Error, Result};
 use crate::info::Counters;
+use crate::op::{Completion, OpKind};
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
 
 /// A driver's state of an operation (where in its protocol it is).
@@ -248,7 +249,7 @@ impl<S: OpState, X: OpExtra> OpTable<S, X> {
     /// Hands this round's completions to the endpoint: first every retired extra to the
     /// driver (so registrations end before buffers return), then the completions, counted.
     #[inline]
-    pub(crate) fn hand_over(&mut self, core: &Core, retire: impl FnMut(X)) {
+    pub(crate) fn hand_over(&mut self, core: &Completions, retire: impl FnMut(X)) {
         self.retire(retire);
         if self.done.is_empty() {
             return;

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::ops::{Index, IndexMut};
 
-use crate::endpoint::Cmd;
+use crate::backend::Cmd;
 use crate::error::{Error, Result};
 use crate::types::{PeerId, ServiceLevel};
 

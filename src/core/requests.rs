@@ -10,12 +10,12 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use crate::buf::{OpBuf, RecvBuf};
+use crate::buffers::buf::{OpBuf, RecvBuf};
 use crate::comm::Mechanism;
 use crate::core::ops::{OpExtra, OpState, OpTable};
-use crate::endpoint::{Completion, Direction, OpKind, Payload};
 use crate::error::{Error, ProtocolError, Result};
 use crate::info::Counters;
+use crate::op::{Completion, Direction, OpKind, Payload};
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, Header, Kind};
 

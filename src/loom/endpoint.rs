@@ -1,10 +1,10 @@
-//! loom models of the endpoint's completion core: the completion table, the one-driver rule,
+//! loom models of the endpoint's completion queue: the completion table, the one-driver rule,
 //! the sleepers who wait for the driver, and the wake-ups between them — the real
 //! [`Endpoint::wait_until`] loop over a stand-in backend.
 //!
 //! The stand-in behaves as the real backends do where it matters: `progress` blocks (as epoll
 //! does) until the network delivers something or [`Backend::wake`] is called; it records
-//! completions under its own lock, which it takes before the core's; a send completes inside
+//! completions under its own lock, which it takes before the queue's; a send completes inside
 //! `post` (TCP's write-at-once path) and `cancel` completes an unmatched receive at once.
 //!
 //! loom does not model time: `Condvar::wait_timeout` waits for a notification, and the
@@ -32,7 +32,7 @@ struct NetState {
 
 #[derive(Debug)]
 struct Net {
-    core: Arc<Core>,
+    completions: Arc<Completions>,
     st: Mutex<NetState>,
     cv: Condvar,
     /// Threads inside `progress` (the endpoint promises at most one).
@@ -79,7 +79,7 @@ impl Backend for Stand {
                 // Written at once: completes before `post` returns, recorded under our lock.
                 let mut c = Completion::new(op, OpKind::Send, peer, tag);
                 c.result = Ok(buf.len());
-                self.0.core.complete(c);
+                self.0.completions.complete(c);
             }
             _ => return Err(Error::misuse("not modelled")),
         }
@@ -91,7 +91,7 @@ impl Backend for Stand {
             let (op, peer, tag) = st.posted.remove(i);
             let mut c = Completion::new(op, OpKind::Recv, peer, tag);
             c.result = Err(why);
-            self.0.core.complete(c);
+            self.0.completions.complete(c);
         }
     }
     fn progress(&self, timeout: Duration) -> Result<bool> {
@@ -110,7 +110,7 @@ impl Backend for Stand {
                         c
                     })
                     .collect();
-                self.0.core.complete_all(done);
+                self.0.completions.complete_all(done);
                 worked = true;
                 break;
             }
@@ -136,7 +136,7 @@ impl Backend for Stand {
 fn endpoint() -> (Endpoint, Arc<Net>) {
     let ep = Endpoint::new(Config::default().wait_mode(WaitMode::Block));
     let net = Arc::new(Net {
-        core: ep.inner.core.clone(),
+        completions: ep.inner.completions.clone(),
         st: Mutex::new(NetState::default()),
         cv: Condvar::new(),
         driving: AtomicUsize::new(0),
@@ -151,7 +151,7 @@ fn recv(ep: &Endpoint) -> OpId {
 
 /// Nothing left behind: every op was completed and taken exactly once.
 fn assert_drained(ep: &Endpoint) {
-    let st = ep.inner.core.lock();
+    let st = ep.inner.completions.lock();
     assert!(st.ops.is_empty(), "ops never completed or never taken: {:?}", st.ops);
     assert_eq!(st.done, 0, "completions counted but not in the table");
     assert!(!st.driving);

@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::buf::{BufPool, MemKeys, PoolRegistrar};
+use crate::buffers::buf::{BufPool, MemKeys, PoolRegistrar};
 use crate::error::{Error, Result};
 use crate::sync::Mutex;
 
@@ -50,7 +50,7 @@ impl Device {
     }
 }
 
-fn take(pool: &BufPool, dev: &Device, len: usize) -> Option<crate::buf::RegisteredBuf> {
+fn take(pool: &BufPool, dev: &Device, len: usize) -> Option<crate::buffers::buf::RegisteredBuf> {
     match pool.alloc(len) {
         Ok(b) => {
             assert!(b.is_registered());
@@ -64,7 +64,7 @@ fn take(pool: &BufPool, dev: &Device, len: usize) -> Option<crate::buf::Register
     }
 }
 
-fn give(dev: &Device, b: crate::buf::RegisteredBuf) {
+fn give(dev: &Device, b: crate::buffers::buf::RegisteredBuf) {
     dev.out.lock().unwrap().remove(&b.addr());
     drop(b);
 }

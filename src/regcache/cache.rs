@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::{Origin, RegCacheConfig, RegCacheError, RegError, RegRef, RegStats, Registrar, Span};
-use crate::buf::MemKeys;
+use crate::buffers::buf::MemKeys;
 use crate::error::Result;
 use crate::types::Access;
 

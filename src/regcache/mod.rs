@@ -69,7 +69,7 @@ mod tests;
 
 pub use cache::RegCache;
 
-use crate::buf::MemKeys;
+use crate::buffers::buf::MemKeys;
 use crate::error::{Error, Result};
 use crate::types::Access;
 

@@ -231,11 +231,11 @@ mod tune_tests {
 #[cfg(test)]
 mod recv_tests {
     use super::*;
-    use crate::buf::{OpBuf, RecvBuf};
+    use crate::buffers::buf::{OpBuf, RecvBuf};
     use crate::core::ops::OpTable;
     use crate::core::stream::link::{Sink, sink_slices};
     use crate::core::stream::{OpSt, RecvIov};
-    use crate::endpoint::OpKind;
+    use crate::op::OpKind;
     use crate::types::{OpId, PeerId};
     use bytes::BytesMut;
     use std::io::Write;

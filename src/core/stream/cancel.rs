@@ -5,9 +5,9 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
-use crate::buf::OpBuf;
-use crate::endpoint::OpKind;
+use crate::buffers::buf::OpBuf;
 use crate::error::Error;
+use crate::op::OpKind;
 use crate::types::{OpId, PeerId, ServiceLevel};
 use crate::wire::{FLAG_ABORT, Header, Kind};
 

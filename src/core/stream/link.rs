@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::buf::OpBuf;
+use crate::buffers::buf::OpBuf;
 use crate::core::ops::OpTable;
 use crate::error::AccessError;
 use crate::expose::ExposureTable;
@@ -292,7 +292,7 @@ pub(crate) fn sink_write(
 ) {
     match sink {
         Sink::Discard => {}
-        Sink::Vec(v) => crate::copy::copy_bytes(&mut v[at..at + data.len()], data),
+        Sink::Vec(v) => crate::buffers::copy::copy_bytes(&mut v[at..at + data.len()], data),
         Sink::Op { op, base } => {
             if let Some(Op { buf: OpBuf::Recv(b), .. }) = ops.get_mut(op) {
                 b.copy_in(*base + at, data);
@@ -304,7 +304,7 @@ pub(crate) fn sink_write(
             }
             // Re-validated per chunk: the owner may have revoked it between reads.
             match exposures.validate(*key, *addr + at as u64, data.len() as u64, Access::WRITE) {
-                Ok(dst) => crate::copy::copy_bytes(dst, data),
+                Ok(dst) => crate::buffers::copy::copy_bytes(dst, data),
                 Err(e) => *denied = Some(e),
             }
         }
@@ -342,8 +342,8 @@ pub(crate) fn sink_slices<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::buf::RecvBuf;
-    use crate::endpoint::OpKind;
+    use crate::buffers::buf::RecvBuf;
+    use crate::op::OpKind;
     use bytes::BytesMut;
 
     /// Bytes the iovecs of one read hold.

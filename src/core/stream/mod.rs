@@ -47,16 +47,17 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::addr::Scheme;
 use crate::admission::{self, Admission};
-use crate::buf::OpBuf;
+use crate::buffers::buf::OpBuf;
 use crate::comm::Policy;
+use crate::completions::Completions;
 use crate::config::Config;
 use crate::core::ops::{self, OpState, OpTable};
 use crate::core::peers::{self, Peers};
 use crate::core::requests::Requests;
-use crate::endpoint::{Core, OpKind, RequestMeta, Unexpected};
 use crate::error::{Error, Result};
 use crate::expose::ExposureTable;
 use crate::matching::Matcher;
+use crate::op::{OpKind, RequestMeta, Unexpected};
 use crate::sched::SendScheduler;
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{HEADER_LEN, Limits};
@@ -248,12 +249,12 @@ pub(crate) struct Session {
     eager_now: Option<EagerNow>,
     actions: VecDeque<Action>,
     delivered: Vec<Delivery>,
-    core: Arc<Core>,
+    core: Arc<Completions>,
 }
 
 impl Session {
     /// A session with no links; `core` counts what it does.
-    pub(crate) fn new(now: Instant, s: Settings, core: Arc<Core>) -> Session {
+    pub(crate) fn new(now: Instant, s: Settings, core: Arc<Completions>) -> Session {
         let cfg = &s.cfg;
         Session {
             sched: SendScheduler::new(cfg.sched_weights),
@@ -348,7 +349,7 @@ impl Session {
     /// Hands what arrived to the endpoint: messages and requests first, then this round's
     /// completions.
     #[inline]
-    pub(crate) fn hand_over(&mut self, core: &Core) {
+    pub(crate) fn hand_over(&mut self, core: &Completions) {
         self.settle_eager();
         if !self.delivered.is_empty() {
             self.hand_over_deliveries(core);
@@ -356,7 +357,7 @@ impl Session {
         self.ops.hand_over(core, |()| {});
     }
 
-    fn hand_over_deliveries(&mut self, core: &Core) {
+    fn hand_over_deliveries(&mut self, core: &Completions) {
         for d in self.delivered.drain(..) {
             match d {
                 Delivery::Unexpected(u) => core.push_unexpected(u),

@@ -11,11 +11,13 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
-use crate::buf::{OpBuf, RecvBuf, SendBuf};
+use crate::backend::Cmd;
+use crate::buffers::buf::{OpBuf, RecvBuf, SendBuf};
 use crate::comm::Mechanism;
+use crate::completions::Completions;
 use crate::config::Config;
-use crate::endpoint::{Cmd, Completion, Core, Direction, Payload, RequestMeta, Unexpected, status};
 use crate::error::Error;
+use crate::op::{Completion, Direction, Payload, RequestMeta, Unexpected, status};
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
 
 use super::link::RecvInto;
@@ -35,7 +37,7 @@ struct End {
 
 impl End {
     fn new(now: Instant, cfg: &Config, id: u64, listen_port: u16) -> End {
-        let core = Arc::new(Core::default());
+        let core = Arc::new(Completions::default());
         End {
             s: Session::new(now, Settings::new(cfg, id, listen_port), core),
             done: Vec::new(),
@@ -619,7 +621,7 @@ fn a_peer_that_reads_no_answers_is_paused_at_the_transmit_bound_then_dropped() {
     let mut p = Pair::with(Config::default(), server);
     p.capacity = 16 << 10;
     let srv = p.connect();
-    let pool = crate::buf::BufPool::new(1 << 20, 1 << 20);
+    let pool = crate::buffers::buf::BufPool::new(1 << 20, 1 << 20);
     let exposed = p.server.s.exposures.insert(pool.alloc(32 << 10).unwrap(), crate::types::Access::READ, 0);
     let hello = p.post(true, send(srv, 0, b"hi".to_vec()));
     p.drive();

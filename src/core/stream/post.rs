@@ -5,13 +5,14 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 
-use crate::buf::{OpBuf, RecvBuf, SendBuf};
+use crate::backend::Cmd;
+use crate::buffers::buf::{OpBuf, RecvBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism};
 use crate::core::requests;
-use crate::endpoint::{Cmd, Completion, Direction, OpKind, Payload};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::info::Counters;
+use crate::op::{Completion, Direction, OpKind, Payload};
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{FLAG_INLINE_DATA, FLAG_STREAMED, HEADER_LEN, Header, Kind};
 

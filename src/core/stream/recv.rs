@@ -6,14 +6,14 @@ use std::mem;
 
 use bytes::Bytes;
 
-use crate::buf::OpBuf;
+use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
 use crate::core::loss::Loss;
 use crate::core::requests::{self, Req};
-use crate::endpoint::{OpKind, RequestMeta, Unexpected, status};
 use crate::error::{AccessError, Error, ProtocolError};
 use crate::info::Counters;
 use crate::matching::Arrival;
+use crate::op::{OpKind, RequestMeta, Unexpected, status};
 use crate::types::{Access, OpId, PeerId};
 use crate::wire::{self, FLAG_ABORT, FLAG_INLINE_DATA, FLAG_STREAMED, HEADER_LEN, Header, Kind, Limits};
 

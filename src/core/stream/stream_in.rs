@@ -3,10 +3,10 @@
 
 use std::mem;
 
-use crate::buf::{OpBuf, RecvBuf};
+use crate::buffers::buf::{OpBuf, RecvBuf};
 use crate::comm::Mechanism;
-use crate::endpoint::OpKind;
 use crate::error::{Error, Result};
+use crate::op::OpKind;
 use crate::types::{OpId, PeerId, ServiceLevel};
 use crate::wire::{FLAG_ABORT, Header, Kind};
 

@@ -63,14 +63,15 @@ use rustc_hash::FxHashMap;
 
 use crate::addr::{Address, Scheme};
 use crate::admission::{self, Admission, Dialled};
-use crate::buf::{BufPool, OpBuf, RegisteredBuf};
+use crate::backend::{Backend, Cmd};
+use crate::buffers::buf::{BufPool, OpBuf, RegisteredBuf};
 use crate::comm::{BulkScheduler, Mechanism, Policy};
+use crate::completions::Completions;
 use crate::config::Config;
 use crate::core::loss::Loss;
 use crate::core::ops::{OpExtra, OpState, OpTable};
 use crate::core::peers::Peers;
 use crate::core::requests::Requests;
-use crate::endpoint::{Backend, Cmd, Core};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::flowctl::{Credits, RingReceiver, RingSender};
@@ -153,7 +154,7 @@ pub(crate) fn make_backend(
     scheme: Scheme,
     bind: Option<&Address>,
     cfg: &Config,
-    core: Arc<Core>,
+    core: Arc<Completions>,
 ) -> Result<Box<dyn Backend>> {
     match scheme {
         Scheme::SoftIb => {
@@ -172,13 +173,13 @@ pub(crate) fn make_backend(
 }
 
 #[cfg(feature = "verbs")]
-fn open_hw(bind: Option<&Address>, cfg: &Config, core: Arc<Core>) -> Result<Box<dyn Backend>> {
+fn open_hw(bind: Option<&Address>, cfg: &Config, core: Arc<Completions>) -> Result<Box<dyn Backend>> {
     let ctx = crate::ib::hw::HwProvider.open(None)?;
     Ok(Box::new(IbBackend::new(Scheme::Ib, ctx, bind, cfg, core)?))
 }
 
 #[cfg(not(feature = "verbs"))]
-fn open_hw(_bind: Option<&Address>, _cfg: &Config, _core: Arc<Core>) -> Result<Box<dyn Backend>> {
+fn open_hw(_bind: Option<&Address>, _cfg: &Config, _core: Arc<Completions>) -> Result<Box<dyn Backend>> {
     Err(Error::Unsupported(
         "ib:// needs the hardware provider: build with `--features verbs` (or use softib://, the software \
          provider)"
@@ -194,7 +195,7 @@ struct Poller {
 /// The engine.
 pub(crate) struct IbBackend<V: Verbs> {
     scheme: Scheme,
-    core: Arc<Core>,
+    core: Arc<Completions>,
     dev: Arc<Dev<V>>,
     cache: Cache<V>,
     poller: Mutex<Poller>,
@@ -566,7 +567,7 @@ pub(crate) struct State<V: Verbs> {
     pub s: Settings,
     pub dev: Arc<Dev<V>>,
     pub cache: Cache<V>,
-    pub core: Arc<Core>,
+    pub core: Arc<Completions>,
     pub listener: Option<TcpListener>,
     pub sides: HashMap<Token, Side>,
     /// Accepted side channels still in their handshake.
@@ -604,7 +605,7 @@ pub(crate) struct State<V: Verbs> {
     pub wcs: Vec<WorkCompletion>,
     /// Invalidates this endpoint's cached registrations of a file mapping before it is unmapped
     /// (held here; the process-wide list only has a weak reference).
-    pub _unmap_hook: crate::filemap::UnmapHook,
+    pub _unmap_hook: crate::buffers::filemap::UnmapHook,
     /// File-map stretches staged once (registered when they come back).
     pub mapped_seen: xfer::SeenOnce,
 }
@@ -629,7 +630,7 @@ impl<V: Verbs> IbBackend<V> {
         ctx: V,
         bind: Option<&Address>,
         cfg: &Config,
-        core: Arc<Core>,
+        core: Arc<Completions>,
     ) -> Result<Self> {
         let port = ctx.port_attr(1)?;
         if port.state != PortState::Active {
@@ -649,7 +650,7 @@ impl<V: Verbs> IbBackend<V> {
             .cache_foreign(cfg.ib.cache_foreign)
             .access(Access::READ_WRITE);
         let cache: Cache<V> = Arc::new(Mutex::new(RegCache::new(VerbsRegistrar::new(dev.clone()), rc_cfg)?));
-        let unmap_hook: crate::filemap::UnmapHook = {
+        let unmap_hook: crate::buffers::filemap::UnmapHook = {
             let weak = Arc::downgrade(&cache);
             Arc::new(move |addr, len| {
                 if let Some(c) = weak.upgrade() {
@@ -657,7 +658,7 @@ impl<V: Verbs> IbBackend<V> {
                 }
             })
         };
-        crate::filemap::watch_unmaps(&unmap_hook);
+        crate::buffers::filemap::watch_unmaps(&unmap_hook);
         let pool = BufPool::with_registrar(
             cfg.pool_max_bytes,
             cfg.pool_cached_bytes,

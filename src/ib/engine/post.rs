@@ -2,15 +2,16 @@
 
 use bytes::Bytes;
 
-use crate::buf::{OpBuf, RecvBuf, SendBuf};
+use crate::backend::Cmd;
+use crate::buffers::buf::{OpBuf, RecvBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism};
 use crate::core::requests;
-use crate::endpoint::{Cmd, Direction, OpKind, Payload as UserPayload};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::flowctl::Transmit;
 use crate::ib::verbs::*;
 use crate::info::Counters;
+use crate::op::{Direction, OpKind, Payload as UserPayload};
 use crate::regcache::{Origin, RegRef, Span};
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{FLAG_INLINE_DATA, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind};

@@ -2,13 +2,13 @@
 
 use bytes::Bytes;
 
-use crate::buf::OpBuf;
+use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
 use crate::core::requests::{Req, direction};
-use crate::endpoint::{Direction, OpKind, RequestMeta, Unexpected, status};
 use crate::error::{Error, ProtocolError};
 use crate::ib::verbs::*;
 use crate::info::Counters;
+use crate::op::{Direction, OpKind, RequestMeta, Unexpected, status};
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{FLAG_INLINE_DATA, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind};
 

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use crate::buf::{MemKeys, PoolRegistrar, RegisteredBuf};
+use crate::buffers::buf::{MemKeys, PoolRegistrar, RegisteredBuf};
 use crate::error::{Error, Result};
 use crate::ib::verbs::{AccessFlags, MemoryRegion, Verbs, VerbsError};
 use crate::regcache::{Origin, RegCache, RegError, RegRef, Registrar};
@@ -96,7 +96,7 @@ impl DmaRegion {
 /// # Safety
 /// As for `ptr::copy_nonoverlapping`: both ranges valid for `n` bytes and disjoint.
 unsafe fn copy_raw(src: *const u8, dst: *mut u8, n: usize) {
-    if !crate::copy::aliases(dst as usize, src as usize, n) {
+    if !crate::buffers::copy::aliases(dst as usize, src as usize, n) {
         // SAFETY: the caller's contract.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
         return;

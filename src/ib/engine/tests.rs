@@ -6,13 +6,14 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::*;
-use crate::buf::{RecvBuf, SendBuf};
-use crate::endpoint::OpKind;
+use crate::buffers::buf::{RecvBuf, SendBuf};
+use crate::op::OpKind;
 use crate::wire::{Header, Kind};
 
 fn backend() -> IbBackend<crate::ib::soft::SoftContext> {
     let ctx = crate::ib::soft::SoftProvider::new(Default::default()).open(None).expect("softib");
-    IbBackend::new(Scheme::SoftIb, ctx, None, &Config::default(), Arc::new(Core::default())).expect("engine")
+    IbBackend::new(Scheme::SoftIb, ctx, None, &Config::default(), Arc::new(Completions::default()))
+        .expect("engine")
 }
 
 fn peer(st: &mut State<crate::ib::soft::SoftContext>, port: u16) -> PeerId {

@@ -1,7 +1,7 @@
 //! Server-based RDMA: transfers cut into units by the bulk scheduler and moved with
 //! RDMA_READ / RDMA_WRITE, straight to or from registered buffers, or through zone buffers.
 
-use crate::buf::{OpBuf, RecvBuf, RegisteredBuf, SendBuf};
+use crate::buffers::buf::{OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 use crate::error::{Error, Result};
 use crate::flowctl::{Alloc, BufferZones, ZoneBuf, ZoneConfig};
 use crate::ib::verbs::*;
@@ -210,7 +210,7 @@ impl<V: Verbs> State<V> {
             OpBuf::Send(s) => s.for_each_slice(0, s.len(), &mut add),
             OpBuf::Recv(r) => r.for_each_slice(0, r.capacity(), &mut add),
         }
-        runs.retain(|&(_, addr, len)| len > 0 && crate::filemap::is_mapped(addr, len));
+        runs.retain(|&(_, addr, len)| len > 0 && crate::buffers::filemap::is_mapped(addr, len));
         if runs.is_empty() {
             return;
         }

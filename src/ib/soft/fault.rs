@@ -72,7 +72,7 @@ impl FaultPlan {
 /// Test hook: hands a test the software device context an endpoint opens, so it can inject
 /// faults into the queue pairs that endpoint creates ([`SoftContext::set_qp_faults`]) and read
 /// the provider's view of them. Given to an endpoint with
-/// [`IbConfig::soft_hook`](crate::IbConfig::soft_hook); for tests only.
+/// `IbConfig::soft_hook` (cargo feature `soft-faults`); for tests only.
 #[derive(Clone, Default)]
 pub struct SoftHook {
     ctx: Arc<Mutex<Option<SoftContext>>>,

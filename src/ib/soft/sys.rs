@@ -320,7 +320,7 @@ const STAGE_CHUNK: usize = 256 << 10;
 /// Whether the kernel copy of one piece (`local` ↔ `remote`, `len` bytes) would hit the
 /// aliasing penalty and is long enough to be worth staging. The kernel's `process_vm_writev` /
 /// `readv` copies run `rep movsb`, with the same trap as user-space copies (see
-/// [`crate::copy`]): measured here, 512 KiB at 2.3 GB/s for distances 1–31 against 10 GB/s
+/// [`crate::buffers::copy`]): measured here, 512 KiB at 2.3 GB/s for distances 1–31 against 10 GB/s
 /// otherwise. Page-aligned data pushed into a `malloc`ed buffer (an RDMA write from a zone
 /// buffer or a mapped file into a client's heap buffer) lands exactly there; an HCA's DMA
 /// engine has no such cost, so the provider routes those copies around it.
@@ -329,7 +329,7 @@ fn needs_staging(dir: Dir, local: u64, remote: u64, len: u64) -> bool {
         Dir::Write => (remote, local),
         Dir::Read => (local, remote),
     };
-    len >= STAGE_MIN && crate::copy::aliases(dst as usize, src as usize, len as usize)
+    len >= STAGE_MIN && crate::buffers::copy::aliases(dst as usize, src as usize, len as usize)
 }
 
 thread_local! {
@@ -511,7 +511,7 @@ mod tests {
         // Equal page offsets, far-apart offsets and short pieces go direct.
         assert!(!needs_staging(Dir::Write, page + 16, page + 8192 + 16, 64 << 10));
         assert!(!needs_staging(Dir::Write, page, page + 2048, 64 << 10));
-        assert!(!needs_staging(Dir::Write, page, page + crate::copy::ALIAS_WINDOW as u64, 64 << 10));
+        assert!(!needs_staging(Dir::Write, page, page + crate::buffers::copy::ALIAS_WINDOW as u64, 64 << 10));
         assert!(!needs_staging(Dir::Write, page, page + 16, STAGE_MIN - 1));
         assert!(needs_staging(Dir::Write, page, page + 1, STAGE_MIN));
     }

@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
+use crate::buffers::filemap::FileRegionMut;
 use crate::error::{Error, Result};
-use crate::filemap::FileRegionMut;
 use crate::sync::Mutex;
 
 /// Smallest pool size class.
@@ -771,7 +771,7 @@ fn for_each_piece<'a>(
 fn copy_out_segments<'a>(segs: impl Iterator<Item = &'a [u8]>, offset: usize, dst: &mut [u8]) -> usize {
     let mut done = 0;
     for_each_piece(segs, offset, dst.len(), |piece| {
-        crate::copy::copy_bytes(&mut dst[done..done + piece.len()], piece);
+        crate::buffers::copy::copy_bytes(&mut dst[done..done + piece.len()], piece);
         done += piece.len();
     });
     done
@@ -815,7 +815,7 @@ pub enum RecvBuf {
     /// A registered pool buffer (zero-copy on InfiniBand).
     Registered(RegisteredBuf),
     /// Regions of mapped files, filled in order: a storage server receiving straight into
-    /// its files' pages ([`crate::filemap`]).
+    /// its files' pages ([`crate::buffers::filemap`]).
     Mapped(Vec<FileRegionMut>),
 }
 
@@ -880,7 +880,7 @@ impl RecvBuf {
                 return;
             }
             let n = (seg.len() - offset).min(src.len() - done);
-            crate::copy::copy_bytes(&mut seg[offset..offset + n], &src[done..done + n]);
+            crate::buffers::copy::copy_bytes(&mut seg[offset..offset + n], &src[done..done + n]);
             done += n;
             offset = 0;
         };

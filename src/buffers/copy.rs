@@ -22,7 +22,7 @@ pub(crate) fn aliases(dst: usize, src: usize, len: usize) -> bool {
 
 /// `dst.copy_from_slice(src)` (same panics), in 64-byte blocks when the distance between the
 /// two would make `memcpy` crawl. For applications too: copying out of a page-aligned buffer
-/// ([`crate::buf::bulk_zeroed`], [`crate::Endpoint::alloc`]) into a `Vec` is the slow case.
+/// ([`super::buf::bulk_zeroed`], [`crate::Endpoint::alloc`]) into a `Vec` is the slow case.
 pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
     if !aliases(dst.as_ptr() as usize, src.as_ptr() as usize, dst.len()) || dst.len() != src.len() {
         dst.copy_from_slice(src);

@@ -1,0 +1,115 @@
+//! The crate-private contract between the endpoint and a transport: the commands an
+//! endpoint hands a backend and the [`Backend`] trait every transport implements. Backends
+//! depend on this module and on [`crate::completions`], never on the endpoint itself.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::addr::{Address, Scheme};
+use crate::buffers::buf::{OpBuf, RecvBuf, RegisteredBuf, SendBuf};
+#[cfg(doc)]
+use crate::completions::Completions;
+use crate::error::{Error, Result};
+use crate::expose::MemHandle;
+use crate::info::Info;
+use crate::op::{OpKind, Payload};
+use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
+
+/// A command handed to a backend, carrying its buffers.
+#[derive(Debug)]
+pub(crate) enum Cmd {
+    Send { peer: PeerId, tag: Tag, sl: ServiceLevel, buf: SendBuf, unexpected: bool },
+    Recv { peer: PeerId, tag: Tag, buf: RecvBuf },
+    Put { peer: PeerId, sl: ServiceLevel, local: SendBuf, remote: MemHandle },
+    Get { peer: PeerId, sl: ServiceLevel, local: RecvBuf, remote: MemHandle },
+    Request { peer: PeerId, tag: Tag, sl: ServiceLevel, header: Bytes, payload: Payload },
+    Pull { peer: PeerId, req: u64, sl: ServiceLevel, offset: u64, buf: RecvBuf },
+    Push { peer: PeerId, req: u64, sl: ServiceLevel, offset: u64, buf: SendBuf },
+    Reply { peer: PeerId, req: u64, sl: ServiceLevel, header: Bytes, status: u32 },
+}
+
+impl Cmd {
+    /// The peer the command addresses.
+    pub(crate) fn peer(&self) -> PeerId {
+        match self {
+            Cmd::Send { peer, .. }
+            | Cmd::Recv { peer, .. }
+            | Cmd::Put { peer, .. }
+            | Cmd::Get { peer, .. }
+            | Cmd::Request { peer, .. }
+            | Cmd::Pull { peer, .. }
+            | Cmd::Push { peer, .. }
+            | Cmd::Reply { peer, .. } => *peer,
+        }
+    }
+
+    /// What its completion needs if it fails as posted: its kind, peer, tag and buffer.
+    pub(crate) fn into_parts(self) -> (OpKind, PeerId, Tag, OpBuf) {
+        match self {
+            Cmd::Send { peer, tag, buf, unexpected, .. } => {
+                (if unexpected { OpKind::SendUnexpected } else { OpKind::Send }, peer, tag, OpBuf::Send(buf))
+            }
+            Cmd::Recv { peer, tag, buf } => (OpKind::Recv, peer, tag, OpBuf::Recv(buf)),
+            Cmd::Put { peer, local, .. } => (OpKind::Put, peer, 0, OpBuf::Send(local)),
+            Cmd::Get { peer, local, .. } => (OpKind::Get, peer, 0, OpBuf::Recv(local)),
+            Cmd::Request { peer, tag, payload, .. } => {
+                let buf = match payload {
+                    Payload::None => OpBuf::None,
+                    Payload::Out(b) => OpBuf::Send(b),
+                    Payload::In(b) => OpBuf::Recv(b),
+                };
+                (OpKind::Request, peer, tag, buf)
+            }
+            Cmd::Pull { peer, buf, .. } => (OpKind::Pull, peer, 0, OpBuf::Recv(buf)),
+            Cmd::Push { peer, buf, .. } => (OpKind::Push, peer, 0, OpBuf::Send(buf)),
+            Cmd::Reply { peer, .. } => (OpKind::Reply, peer, 0, OpBuf::None),
+        }
+    }
+
+    /// The error of an operation addressed to a peer the endpoint has forgotten: lost, like
+    /// any operation on a peer that is gone.
+    pub(crate) fn forgotten(peer: PeerId) -> Error {
+        Error::PeerLost {
+            peer,
+            reason: "the peer disconnected and was forgotten; it gets a new id if it connects again".into(),
+        }
+    }
+}
+
+/// The contract every transport implements.
+///
+/// * `post` either returns `Err` (the op never existed; its buffers are dropped) or takes the
+///   op and later calls [`Completions::complete`] for it exactly once — possibly before `post`
+///   returns.
+/// * `cancel` asks for an op to end with the given error; if it already completed, nothing
+///   happens. An unmatched receive ends at once; an in-flight transfer is aborted cleanly or its
+///   connection is failed.
+/// * `progress` moves bytes, waiting at most `timeout` (zero = poll) for something to happen,
+///   and says whether the round did work (moved bytes or completed something): an adaptive
+///   waiter keeps spinning while rounds do. Only one thread calls it at a time. `wake` makes a
+///   blocked `progress` return early.
+/// * A lost peer fails every op addressed to it once with [`Error::PeerLost`] and frees its
+///   buffers, credits, exposures' in-flight accesses and registrations.
+pub(crate) trait Backend: Send + Sync {
+    fn scheme(&self) -> Scheme;
+    fn local_addr(&self) -> Option<Address>;
+    fn connect(&self, addr: &Address) -> Result<PeerId>;
+    fn peer_addr(&self, peer: PeerId) -> Option<Address>;
+    fn post(&self, op: OpId, cmd: Cmd) -> Result<()>;
+    fn cancel(&self, op: OpId, why: Error);
+    fn progress(&self, timeout: Duration) -> Result<bool>;
+    fn wake(&self);
+    /// The application took an unexpected message of `bytes` from `peer` off the queue.
+    fn unexpected_taken(&self, peer: PeerId, bytes: usize);
+    fn alloc(&self, len: usize) -> Result<RegisteredBuf>;
+    fn expose(&self, buf: RegisteredBuf, access: Access) -> Result<MemHandle>;
+    fn revoke(&self, key: u64) -> Result<RegisteredBuf>;
+    fn with_exposed(&self, key: u64, f: &mut dyn FnMut(&mut [u8])) -> Result<()>;
+    fn info(&self, info: &mut Info);
+    /// Drops cached registrations overlapping `[addr, addr + len)`; how many.
+    fn invalidate(&self, _addr: usize, _len: usize) -> usize {
+        0
+    }
+    fn shutdown(&self);
+}
