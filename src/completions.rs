@@ -12,8 +12,6 @@ use std::time::Instant;
 
 use rustc_hash::FxHashMap as HashMap;
 
-#[cfg(doc)]
-use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::info::Counters;
 use crate::op::{Completion, RequestMeta, Unexpected};
@@ -87,11 +85,12 @@ pub(crate) struct Completions {
     /// in the backend: the endpoint call that caused it wakes the backend on its way out.
     pub(crate) kick: AtomicBool,
     pub(crate) counters: Counters,
-    /// Called whenever a request is queued for `next_request` (see [`Endpoint::on_request`]).
+    /// Called whenever a request is queued for `next_request` (see
+    /// [`Endpoint::on_request`](crate::Endpoint::on_request)).
     pub(crate) request_hook: OnceLock<RequestHook>,
 }
 
-/// The callback of [`Endpoint::on_request`].
+/// The callback of [`Endpoint::on_request`](crate::Endpoint::on_request).
 pub(crate) struct RequestHook(pub(crate) Box<dyn Fn() + Send + Sync>);
 
 impl fmt::Debug for RequestHook {
@@ -197,14 +196,14 @@ impl Completions {
     }
 
     /// A completion, message or request was queued: if a driver may be blocked in the backend
-    /// and this is not it, ask for a wake-up (see [`Endpoint::kick_driver`]).
+    /// and this is not it, ask for a wake-up (see [`Endpoint::kick_driver`](crate::Endpoint::kick_driver)).
     fn note_queued(&self, st: &CompletionState) {
         if st.driving && !DRIVING.with(Cell::get) {
             self.kick.store(true, Ordering::Release);
         }
     }
 
-    /// Queues an unexpected message for [`Endpoint::recv_unexpected`].
+    /// Queues an unexpected message for [`Endpoint::recv_unexpected`](crate::Endpoint::recv_unexpected).
     pub(crate) fn push_unexpected(&self, u: Unexpected) {
         let mut st = self.lock();
         st.unexpected.push_back(u);
@@ -212,7 +211,7 @@ impl Completions {
         st.wake(|w| w == Want::Unexpected);
     }
 
-    /// Queues an incoming request for [`Endpoint::next_request`].
+    /// Queues an incoming request for [`Endpoint::next_request`](crate::Endpoint::next_request).
     pub(crate) fn push_request(&self, r: RequestMeta) {
         {
             let mut st = self.lock();

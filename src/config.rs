@@ -413,7 +413,7 @@ impl Config {
     /// A client sends its hello at once, so a flood of idle sockets sheds its own sockets and
     /// cannot lock clients out, while a host opening many connections at once that all talk is
     /// held to the total only. The client of a shed connection fails with
-    /// [`Error::PeerLost`](crate::Error::PeerLost), saying the server refused it during the
+    /// [`Error::PeerLost`], saying the server refused it during the
     /// handshake.
     pub fn handshake_limits(mut self, total: usize, per_source: usize) -> Self {
         self.max_handshaking = total;
@@ -434,7 +434,7 @@ impl Config {
 
     /// How long a peer may leave its transmit backlog at the bound without reading any of it
     /// (default 30 s). Then it is dropped: its operations fail with
-    /// [`Error::PeerLost`](crate::Error::PeerLost) and what it held is freed. Other peers are
+    /// [`Error::PeerLost`] and what it held is freed. Other peers are
     /// not affected.
     pub fn stall_timeout(mut self, d: Duration) -> Self {
         self.stall_timeout = d;

@@ -207,7 +207,7 @@ fn pull_in_pieces(req: &Request) -> Option<OpId> {
 /// Frames after an honest keyless handshake, on a live server: the whole TCP receive path
 /// (rendezvous, requests, pulls and pushes, put/get against a live exposure) sees them. The
 /// client reads nothing until it has written everything, through a small receive buffer, so
-/// answers back up at the server (see [`session_server`]). The run ends when the server has
+/// answers back up at the server (see `session_server`). The run ends when the server has
 /// read everything and closed or answered EOF, or dropped the client, so each input is
 /// processed completely before the next. A panic on the server's progress thread aborts the
 /// fuzzer like one here.

@@ -6,31 +6,29 @@ use bytes::Bytes;
 
 use crate::buffers::buf::{OpBuf, RecvBuf, SendBuf};
 use crate::comm::Mechanism;
-#[cfg(doc)]
-use crate::endpoint::{Endpoint, Request};
 use crate::error::Result;
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
 
 /// What kind of operation completed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OpKind {
-    /// [`Endpoint::send`].
+    /// [`Endpoint::send`](crate::Endpoint::send).
     Send,
-    /// [`Endpoint::send_unexpected`].
+    /// [`Endpoint::send_unexpected`](crate::Endpoint::send_unexpected).
     SendUnexpected,
-    /// [`Endpoint::recv`].
+    /// [`Endpoint::recv`](crate::Endpoint::recv).
     Recv,
-    /// [`Endpoint::put`].
+    /// [`Endpoint::put`](crate::Endpoint::put).
     Put,
-    /// [`Endpoint::get`].
+    /// [`Endpoint::get`](crate::Endpoint::get).
     Get,
-    /// [`Endpoint::request`] (client side).
+    /// [`Endpoint::request`](crate::Endpoint::request) (client side).
     Request,
-    /// [`Request::pull_into`] (server side).
+    /// [`Request::pull_into`](crate::Request::pull_into) (server side).
     Pull,
-    /// [`Request::push_from`] (server side).
+    /// [`Request::push_from`](crate::Request::push_from) (server side).
     Push,
-    /// [`Request::reply`] (server side).
+    /// [`Request::reply`](crate::Request::reply) (server side).
     Reply,
 }
 
@@ -112,7 +110,7 @@ impl Completion {
     }
 }
 
-/// An unexpected message (sent with [`Endpoint::send_unexpected`]).
+/// An unexpected message (sent with [`Endpoint::send_unexpected`](crate::Endpoint::send_unexpected)).
 #[derive(Debug, Clone)]
 pub struct Unexpected {
     /// Sender.
