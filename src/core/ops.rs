@@ -30,6 +30,10 @@ pub(crate) trait OpState: Copy {
     /// references to its buffer to go.
     const FINISHING: Self;
 
+    /// The state of a client's request that waits for its reply (pushes into its IN buffer
+    /// and pulls of its OUT payload are served in this state).
+    const AWAITING_REPLY: Self;
+
     /// The driver holds the operation back even without references: its outcome is recorded
     /// but it is not delivered until the driver calls [`OpTable::deliver`].
     fn holds(self) -> bool {
@@ -133,6 +137,16 @@ impl<S: OpState, X: OpExtra> OpTable<S, X> {
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&OpId, &Op<S, X>)> {
         self.ops.iter()
+    }
+
+    /// Request `op` of ours to `peer`, if it is one waiting for its reply.
+    pub(crate) fn awaiting_reply(&mut self, op: OpId, peer: PeerId) -> Option<&mut Op<S, X>>
+    where
+        S: PartialEq,
+    {
+        self.ops
+            .get_mut(&op)
+            .filter(|o| o.peer == peer && o.kind == OpKind::Request && o.st == S::AWAITING_REPLY)
     }
 
     /// The operations on `peer`, in the order they were posted.
@@ -309,6 +323,7 @@ mod tests {
 
     impl OpState for St {
         const FINISHING: Self = St::Finishing;
+        const AWAITING_REPLY: Self = St::Moving;
         fn holds(self) -> bool {
             self == St::Cancelling
         }

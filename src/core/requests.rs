@@ -6,7 +6,7 @@
 //! the client announced, in the direction it announced; a request the client cancelled fails
 //! them with [`Error::PeerCancelled`] without touching the wire.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
 
@@ -218,6 +218,47 @@ pub(crate) fn request_header(
     h
 }
 
+/// Where the bytes of a PUSH go on the client.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum PushInto {
+    /// Into this request's IN buffer, at the PUSH's offset.
+    Op(OpId),
+    /// Nowhere: the request was cancelled here and the server had not heard yet.
+    Discard,
+}
+
+/// Client side: checks a PUSH of `len` bytes at `offset` from `peer` into request `req`. The
+/// request must wait for its reply and the range lie within its IN buffer; a request this side
+/// cancelled takes nothing. Records how far the request's bytes reach (pushes may leave holes;
+/// a read counts up to its furthest byte).
+pub(crate) fn incoming_push<S: OpState + PartialEq, X: OpExtra>(
+    ops: &mut OpTable<S, X>,
+    cancelled: &HashSet<u64>,
+    peer: PeerId,
+    req: u64,
+    offset: u64,
+    len: usize,
+) -> std::result::Result<PushInto, ProtocolError> {
+    let op = OpId(req);
+    if let Some(o) = ops.awaiting_reply(op, peer) {
+        let cap = match &o.buf {
+            OpBuf::Recv(b) => b.capacity(),
+            _ => 0,
+        };
+        if !within(offset, len, cap as u64) {
+            return Err(ProtocolError::Unexpected { what: "PUSH outside the request's buffer".into() });
+        }
+        if len > 0 {
+            o.moved = o.moved.max(offset as usize + len);
+        }
+        return Ok(PushInto::Op(op));
+    }
+    if ops.get(&op).is_some_and(|o| o.peer == peer && o.st.holds()) || cancelled.contains(&req) {
+        return Ok(PushInto::Discard);
+    }
+    Err(ProtocolError::Unexpected { what: format!("PUSH for unknown request {req}") })
+}
+
 /// `[offset, offset + len)` lies within `[0, total)`.
 fn within(offset: u64, len: usize, total: u64) -> bool {
     offset.checked_add(len as u64).is_some_and(|end| end <= total)
@@ -284,6 +325,40 @@ mod tests {
             assert_eq!((h.a, h.b, h.c, h.aux), (5, 7, len as u64, 3));
             assert_eq!(direction(h.flags, h.c).ok(), Some(dir));
         }
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum St {
+        WaitReply,
+        Cancelling,
+        Finishing,
+    }
+
+    impl OpState for St {
+        const FINISHING: Self = St::Finishing;
+        const AWAITING_REPLY: Self = St::WaitReply;
+        fn holds(self) -> bool {
+            self == St::Cancelling
+        }
+    }
+
+    #[test]
+    fn a_push_lands_only_inside_a_waiting_requests_buffer_from_its_server() {
+        let mut ops: OpTable<St, ()> = OpTable::default();
+        let buf = OpBuf::Recv(RecvBuf::from(bytes::BytesMut::zeroed(100)));
+        ops.insert(OpId(4), OpKind::Request, PeerId(1), 0, ServiceLevel::Normal, buf, St::WaitReply);
+        ops.insert(OpId(5), OpKind::Request, PeerId(1), 0, ServiceLevel::Normal, OpBuf::None, St::Cancelling);
+        let none = HashSet::new();
+        assert_eq!(incoming_push(&mut ops, &none, PeerId(1), 4, 60, 40), Ok(PushInto::Op(OpId(4))));
+        assert_eq!(incoming_push(&mut ops, &none, PeerId(1), 4, 0, 10), Ok(PushInto::Op(OpId(4))));
+        assert_eq!(ops.get(&OpId(4)).map(|o| o.moved), Some(100), "the furthest byte counts");
+        assert!(incoming_push(&mut ops, &none, PeerId(1), 4, 61, 40).is_err(), "past the buffer");
+        assert!(incoming_push(&mut ops, &none, PeerId(1), 4, u64::MAX, 2).is_err(), "overflow");
+        assert!(incoming_push(&mut ops, &none, PeerId(2), 4, 0, 1).is_err(), "another peer");
+        assert_eq!(incoming_push(&mut ops, &none, PeerId(1), 5, 0, 1), Ok(PushInto::Discard));
+        assert!(incoming_push(&mut ops, &none, PeerId(1), 6, 0, 1).is_err(), "unknown request");
+        let cancelled: HashSet<u64> = [6].into();
+        assert_eq!(incoming_push(&mut ops, &cancelled, PeerId(1), 6, 0, 1), Ok(PushInto::Discard));
     }
 
     #[test]

@@ -184,6 +184,7 @@ pub(crate) enum OpSt {
 
 impl OpState for OpSt {
     const FINISHING: Self = OpSt::Finishing;
+    const AWAITING_REPLY: Self = OpSt::WaitReply;
 }
 
 type Op = ops::Op<OpSt, ()>;

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
 use crate::core::loss::Loss;
-use crate::core::requests::{self, Req};
+use crate::core::requests::{self, PushInto, Req};
 use crate::error::{AccessError, Error, ProtocolError};
 use crate::info::Counters;
 use crate::matching::Arrival;
@@ -357,28 +357,12 @@ impl Session {
                 }
             }
             Kind::Push => {
-                let op = OpId(h.b);
-                match self.ops.get(&op) {
-                    Some(o) if o.peer == peer && o.kind == OpKind::Request && o.st == OpSt::WaitReply => {
-                        let cap = match &o.buf {
-                            OpBuf::Recv(b) => b.capacity() as u64,
-                            _ => 0,
-                        };
-                        if h.c.checked_add(u64::from(h.len)).is_none_or(|e| e > cap) {
-                            self.protocol_error(link, unexpected("PUSH outside the request's buffer".into()));
-                            return;
-                        }
-                        // A read counts up to its furthest pushed byte (pushes may leave holes).
-                        if len > 0
-                            && let Some(o) = self.ops.get_mut(&op)
-                        {
-                            o.moved = o.moved.max(h.c as usize + len);
-                        }
-                        Sink::Op { op, base: h.c as usize }
-                    }
-                    _ if self.peers[peer].cancelled_reqs.contains(&h.b) => Sink::Discard,
-                    _ => {
-                        self.protocol_error(link, unexpected(format!("PUSH for unknown request {}", h.b)));
+                let cancelled = &self.peers[peer].cancelled_reqs;
+                match requests::incoming_push(&mut self.ops, cancelled, peer, h.b, h.c, len) {
+                    Ok(PushInto::Op(op)) => Sink::Op { op, base: h.c as usize },
+                    Ok(PushInto::Discard) => Sink::Discard,
+                    Err(e) => {
+                        self.protocol_error(link, e);
                         return;
                     }
                 }
@@ -574,8 +558,8 @@ impl Session {
         let mut resp = Header::new(Kind::PullData, h.sl);
         resp.a = h.a;
         resp.b = h.b;
-        let ok = match self.ops.get(&op) {
-            Some(o) if o.peer == peer && o.kind == OpKind::Request && o.st == OpSt::WaitReply => {
+        let ok = match self.ops.awaiting_reply(op, peer) {
+            Some(o) => {
                 let total = o.buf.send_len() as u64;
                 matches!(o.buf, OpBuf::Send(_))
                     && h.c.checked_add(u64::from(h.aux)).is_some_and(|e| e <= total)
@@ -698,8 +682,8 @@ impl Session {
             }
             (Kind::Reply, Sink::Vec(v)) => {
                 let op = OpId(h.b);
-                match self.ops.get_mut(&op) {
-                    Some(o) if o.peer == peer && o.kind == OpKind::Request && o.st == OpSt::WaitReply => {
+                match self.ops.awaiting_reply(op, peer) {
+                    Some(o) => {
                         Counters::add(&self.core.counters.msgs_received, 1);
                         // A write counts its whole payload however much the server pulled, as it
                         // must when the payload went inline or streamed.

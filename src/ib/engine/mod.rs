@@ -269,6 +269,7 @@ pub(crate) enum OpSt {
 
 impl OpState for OpSt {
     const FINISHING: Self = OpSt::Finishing;
+    const AWAITING_REPLY: Self = OpSt::WaitReply;
 
     /// A cancelled operation whose memory the peer may still access is delivered only when
     /// the peer lets go (its reply or FIN) or the grace ends.

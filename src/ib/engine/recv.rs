@@ -4,7 +4,7 @@ use bytes::Bytes;
 
 use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
-use crate::core::requests::{Req, direction};
+use crate::core::requests::{self, PushInto, Req, direction};
 use crate::error::{Error, ProtocolError};
 use crate::ib::verbs::*;
 use crate::info::Counters;
@@ -310,34 +310,24 @@ impl<V: Verbs> State<V> {
                 Ok(Outcome::Done)
             }
             Kind::Push => {
-                let op = OpId(h.b);
-                match self.ops.get(&op) {
-                    Some(o) if o.peer == peer && o.kind == OpKind::Request && o.st == OpSt::WaitReply => {
-                        let cap = match &o.buf {
-                            OpBuf::Recv(b) => b.capacity() as u64,
-                            _ => 0,
-                        };
-                        if h.c.checked_add(u64::from(h.len)).is_none_or(|e| e > cap) {
-                            return Err(unexpected("PUSH outside the request's buffer".into()));
-                        }
+                let first = self.ops.get(&OpId(h.b)).is_some_and(|o| o.moved == 0);
+                let cancelled = &self.peers[peer].cancelled_reqs;
+                match requests::incoming_push(&mut self.ops, cancelled, peer, h.b, h.c, len) {
+                    Ok(PushInto::Op(op)) => {
                         self.copy_payload_into(cid, loc, len, op, h.c as usize);
                         if let Some(o) = self.ops.get_mut(&op) {
                             // The read's mechanism is how its data came: any fast-RDMA push
                             // makes it fast RDMA.
                             if via_ring {
                                 o.mech = Some(Mechanism::FastRdma);
-                            } else if o.moved == 0 && len > 0 {
+                            } else if first && len > 0 {
                                 o.mech = Some(Mechanism::Inline);
-                            }
-                            if len > 0 {
-                                o.moved = o.moved.max(h.c as usize + len);
                             }
                         }
                         Ok(Outcome::Done)
                     }
-                    Some(o) if matches!(o.st, OpSt::Cancelling { .. }) => Ok(Outcome::Done),
-                    _ if self.peers[peer].cancelled_reqs.contains(&h.b) => Ok(Outcome::Done),
-                    _ => Err(unexpected(format!("PUSH for unknown request {}", h.b))),
+                    Ok(PushInto::Discard) => Ok(Outcome::Done),
+                    Err(e) => Err(Loss::Protocol(e)),
                 }
             }
             Kind::Fin => {
