@@ -299,6 +299,31 @@ impl ServerHandshake {
     }
 
     /// A READY frame with a status.
+    /// The server's answer to the client's AUTH: `READY_OK` when the client proved its key and
+    /// `admitted` says there is room for it, `READY_REFUSED` when there is none, and
+    /// `READY_AUTH_FAILED` (logged with the client's address `remote`, counted) when the proof
+    /// failed. Returns the status and the READY frame to send.
+    pub(crate) fn answer_auth(
+        &mut self,
+        h: &Header,
+        payload: &[u8],
+        admitted: impl FnOnce() -> bool,
+        remote: std::net::SocketAddr,
+        counters: &crate::info::Counters,
+    ) -> (u32, Header, Vec<u8>) {
+        let status = match self.on_auth(h, payload) {
+            Ok(()) if admitted() => READY_OK,
+            Ok(()) => READY_REFUSED,
+            Err(e) => {
+                tracing::warn!(%remote, error = %e, "refusing connection: authentication failed");
+                crate::info::Counters::add(&counters.auth_failures, 1);
+                READY_AUTH_FAILED
+            }
+        };
+        let (rh, rb) = self.ready(status);
+        (status, rh, rb)
+    }
+
     pub fn ready(&self, status: u32) -> (Header, Vec<u8>) {
         let sl = self.state.as_ref().map_or(ServiceLevel::Control, |s| s.0);
         frame(Kind::Ready, sl, self.mine_template.0, status, Vec::new())

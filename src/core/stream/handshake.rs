@@ -144,21 +144,16 @@ impl Session {
                 Err(e) => self.protocol_error(link, ProtocolError::Handshake(e.to_string())),
             },
             Phase::ServerWaitAuth(mut hs, client) => {
-                let verdict = hs.on_auth(&h, &body);
-                let status = match &verdict {
-                    Ok(()) if self.peers.admits(client.endpoint_id, self.s.cfg.max_peers) => {
-                        handshake::READY_OK
-                    }
-                    Ok(()) => handshake::READY_REFUSED,
-                    Err(_) => handshake::READY_AUTH_FAILED,
-                };
-                let (rh, rb) = hs.ready(status);
+                let (peers, max) = (&self.peers, self.s.cfg.max_peers);
+                let (status, rh, rb) = hs.answer_auth(
+                    &h,
+                    &body,
+                    || peers.admits(client.endpoint_id, max),
+                    c.remote,
+                    &self.core.counters,
+                );
                 let Some(c) = self.links.get_mut(&link) else { return };
                 if status != handshake::READY_OK {
-                    if let Err(e) = verdict {
-                        tracing::warn!(remote = %c.remote, error = %e, "refusing connection: authentication failed");
-                        Counters::add(&self.core.counters.auth_failures, 1);
-                    }
                     c.hs_tx.push_back(Frame::new(rh, Bytes::from(rb), None, OnDone::Close));
                     c.phase = Phase::Closing;
                     self.write_ready.insert(link);

@@ -368,21 +368,16 @@ impl<V: Verbs> State<V> {
                 }
             },
             SidePhase::ServerWaitAuth(mut hs, client) => {
-                let verdict = hs.on_auth(&h, &body);
-                let status = match &verdict {
-                    Ok(()) if self.peers.admits(client.endpoint_id, self.s.cfg.max_peers) => {
-                        handshake::READY_OK
-                    }
-                    Ok(()) => handshake::READY_REFUSED,
-                    Err(_) => handshake::READY_AUTH_FAILED,
-                };
-                let (rh, rb) = hs.ready(status);
+                let (peers, max) = (&self.peers, self.s.cfg.max_peers);
+                let (status, rh, rb) = hs.answer_auth(
+                    &h,
+                    &body,
+                    || peers.admits(client.endpoint_id, max),
+                    s.remote,
+                    &self.core.counters,
+                );
                 let Some(s) = self.sides.get_mut(&t) else { return false };
                 if status != handshake::READY_OK {
-                    if let Err(e) = verdict {
-                        tracing::warn!(remote = %s.remote, error = %e, "refusing side channel: authentication failed");
-                        Counters::add(&self.core.counters.auth_failures, 1);
-                    }
                     let _ = s.framed.send(&rh, &rb);
                     s.phase = SidePhase::Closing;
                     // Back to the loop, which closes the channel once the refusal is written:
