@@ -41,7 +41,7 @@ use crate::addr::{Address, Scheme};
 use crate::admission;
 use crate::buf::{BufPool, RegisteredBuf};
 use crate::config::Config;
-use crate::core::stream::{Action, IoVec, LinkId, RecvInto, Session, Settings};
+use crate::core::stream::{Action, EagerNow, IoVec, LinkId, RecvInto, Session, Settings};
 use crate::endpoint::{Backend, Cmd, Core};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
@@ -210,7 +210,13 @@ impl Backend for TcpBackend {
         if st.closed {
             return Err(Error::Closed);
         }
-        let r = st.session.post(op, cmd);
+        let r = match st.session.eager_now(&cmd) {
+            Some(e) => {
+                st.write_eager(op, cmd, e);
+                Ok(())
+            }
+            None => st.session.post(op, cmd),
+        };
         st.apply_actions(&self.registry);
         let was_direct = st.in_direct;
         if !st.read_ready.is_empty() && !was_direct {
@@ -623,6 +629,20 @@ impl State {
         }
         turn.clear();
         self.turn = turn;
+    }
+
+    /// Writes a fast-path eager send (see [`EagerNow`]) in one system call; what did not go
+    /// (nothing, on a refusal or an error) is queued and left to the ordinary write path.
+    fn write_eager(&mut self, op: OpId, cmd: Cmd, e: EagerNow) {
+        let n = match self.socks.get(&e.link) {
+            Some(s) => {
+                let mut iov = IoVec::default();
+                e.slices(&cmd, &mut iov);
+                send_now(&s.stream, &iov).unwrap_or(0)
+            }
+            None => 0,
+        };
+        self.session.eager_written(op, cmd, e, n);
     }
 
     /// Writes up to `quantum` bytes from one connection.

@@ -102,7 +102,7 @@ impl Session {
             }
             Rx::Stalled(_) | Rx::Stream { .. } => false,
         };
-        if !(c.is_ready() && c.staged() == 0 && rx_small && !self.has_tx(link, c)) {
+        if !(c.is_ready() && c.staged() == 0 && rx_small && !c.has_frames()) {
             return None;
         }
         Some(if c.bulk { HEADER_LEN } else { RX_BUF })
