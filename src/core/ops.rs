@@ -263,10 +263,16 @@ impl<S: OpState, X: OpExtra> OpTable<S, X> {
     /// driver (so registrations end before buffers return), then the completions, counted.
     #[inline]
     pub(crate) fn hand_over(&mut self, core: &Core, retire: impl FnMut(X)) {
-        self.retire(retire);
-        if self.done.is_empty() {
-            return;
+        // Inline up to here: most rounds have nothing to hand over.
+        if !self.retired.is_empty() {
+            self.retire(retire);
         }
+        if !self.done.is_empty() {
+            self.hand_over_done(core);
+        }
+    }
+
+    fn hand_over_done(&mut self, core: &Core) {
         for c in &self.done {
             count(&core.counters, c);
         }
