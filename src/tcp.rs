@@ -48,7 +48,7 @@ use crate::expose::MemHandle;
 use crate::info::{Counters, Info};
 use crate::types::{Access, OpId, PeerId};
 
-use sock::{Sock, moved, recv_now, recv_vec_now, send_now, send_one_now, tune};
+use sock::{Sock, moved, recv_now, recv_vec_now, send_now, send_one_now, send_pair_now, tune};
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -638,9 +638,14 @@ impl State {
     fn write_eager(&mut self, op: OpId, cmd: Cmd, e: EagerNow) {
         let n = match self.socks.get(&e.link) {
             Some(s) => {
-                let mut iov = IoVec::default();
-                e.slices(&cmd, &mut iov);
-                send_now(&s.stream, &iov).unwrap_or(0)
+                let r = if let Some(payload) = e.contiguous(&cmd) {
+                    send_pair_now(&s.stream, e.header(), payload)
+                } else {
+                    let mut iov = IoVec::default();
+                    e.slices(&cmd, &mut iov);
+                    send_now(&s.stream, &iov)
+                };
+                r.unwrap_or(0)
             }
             None => 0,
         };

@@ -29,6 +29,19 @@ pub(crate) struct EagerNow {
 }
 
 impl EagerNow {
+    /// The frame's header.
+    pub(crate) fn header(&self) -> &[u8] {
+        &self.hdr
+    }
+
+    /// `cmd`'s send buffer, when it is one contiguous piece (most are).
+    pub(crate) fn contiguous<'a>(&self, cmd: &'a Cmd) -> Option<&'a [u8]> {
+        match cmd {
+            Cmd::Send { buf: SendBuf::Bytes(b), .. } => Some(b),
+            _ => None,
+        }
+    }
+
     /// The frame's bytes: the header, then `cmd`'s send buffer.
     pub(crate) fn slices<'a>(&'a self, cmd: &'a Cmd, iov: &mut IoVec<'a>) {
         iov.push(&self.hdr);
