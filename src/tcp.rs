@@ -42,14 +42,14 @@ use crate::backend::{Backend, Cmd};
 use crate::buffers::buf::{BufPool, RegisteredBuf};
 use crate::completions::Completions;
 use crate::config::Config;
-use crate::core::stream::{Action, IoVec, LinkId, RecvInto, Session, Settings};
+use crate::core::stream::{Action, EagerNow, IoVec, LinkId, RecvInto, Session, Settings};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::info::{Counters, Info};
 use crate::sockets;
 use crate::types::{Access, OpId, PeerId};
 
-use sock::{Sock, moved, recv_now, recv_vec_now, send_now, send_one_now, tune};
+use sock::{Sock, moved, recv_now, recv_vec_now, send_now, send_one_now, send_pair_now, tune};
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -179,7 +179,9 @@ impl TcpBackend {
     }
 
     /// Hands what the session gathered under the state lock to the core, and unlocks.
-    #[inline]
+    // Inlined into every caller: usually it finds nothing to hand over, and a call costs more
+    // than the checks.
+    #[inline(always)]
     fn deliver(&self, mut st: MutexGuard<'_, State>) {
         // Lock order is backend state, then core; the core never calls back into a backend.
         st.session.hand_over(&self.core);
@@ -211,7 +213,13 @@ impl Backend for TcpBackend {
         if st.closed {
             return Err(Error::Closed);
         }
-        let r = st.session.post(op, cmd);
+        let r = match st.session.eager_now(&cmd) {
+            Some(e) => {
+                st.write_eager(op, cmd, e);
+                Ok(())
+            }
+            None => st.session.post(op, cmd),
+        };
         st.apply_actions(&self.registry);
         let was_direct = st.in_direct;
         if !st.read_ready.is_empty() && !was_direct {
@@ -615,6 +623,25 @@ impl State {
         }
         turn.clear();
         self.turn = turn;
+    }
+
+    /// Writes a fast-path eager send (see [`EagerNow`]) in one system call; what did not go
+    /// (nothing, on a refusal or an error) is queued and left to the ordinary write path.
+    fn write_eager(&mut self, op: OpId, cmd: Cmd, e: EagerNow) {
+        let n = match self.socks.get(&e.link) {
+            Some(s) => {
+                let r = if let Some(payload) = e.contiguous(&cmd) {
+                    send_pair_now(&s.stream, e.header(), payload)
+                } else {
+                    let mut iov = IoVec::default();
+                    e.slices(&cmd, &mut iov);
+                    send_now(&s.stream, &iov)
+                };
+                r.unwrap_or(0)
+            }
+            None => 0,
+        };
+        self.session.eager_written(op, cmd, e, n);
     }
 
     /// Writes up to `quantum` bytes from one connection.

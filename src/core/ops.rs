@@ -159,19 +159,33 @@ impl<S: OpState, X: OpExtra> OpTable<S, X> {
     /// Records an operation's outcome (the first one stands); delivers it now unless
     /// something still references its buffer or the driver holds it.
     pub(crate) fn complete(&mut self, op: OpId, result: Result<usize>) {
-        let Entry::Occupied(mut e) = self.ops.entry(op) else { return };
+        self.complete_with(op, |_| Some(result));
+    }
+
+    /// [`OpTable::complete`] for an operation whose outcome depends on the operation itself,
+    /// in one lookup: `f` may change it and returns its outcome, or `None` to leave it as it
+    /// is. Returns whether it had an outcome.
+    #[inline]
+    pub(crate) fn complete_with(
+        &mut self,
+        op: OpId,
+        f: impl FnOnce(&mut Op<S, X>) -> Option<Result<usize>>,
+    ) -> bool {
+        let Entry::Occupied(mut e) = self.ops.entry(op) else { return false };
         let o = e.get_mut();
+        let Some(result) = f(o) else { return false };
         if o.outcome.is_none() {
             o.outcome = Some(result);
         }
         if o.st.holds() {
-            return;
+            return true;
         }
         o.st = S::FINISHING;
         if o.refs == 0 {
             let o = e.remove();
             self.push_done(op, o);
         }
+        true
     }
 
     /// One reference to an operation's buffer went; a finished operation with none left is
@@ -264,10 +278,16 @@ impl<S: OpState, X: OpExtra> OpTable<S, X> {
     /// driver (so registrations end before buffers return), then the completions, counted.
     #[inline]
     pub(crate) fn hand_over(&mut self, core: &Completions, retire: impl FnMut(X)) {
-        self.retire(retire);
-        if self.done.is_empty() {
-            return;
+        // Inline up to here: most rounds have nothing to hand over.
+        if !self.retired.is_empty() {
+            self.retire(retire);
         }
+        if !self.done.is_empty() {
+            self.hand_over_done(core);
+        }
+    }
+
+    fn hand_over_done(&mut self, core: &Completions) {
         for c in &self.done {
             count(&core.counters, c);
         }

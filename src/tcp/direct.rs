@@ -47,17 +47,19 @@ impl TcpBackend {
         let DirectWait { link, sock, mut buf, want } = d;
         let r = rustix::net::recv(&*sock, &mut buf[..want], RecvFlags::empty());
         self.blocked.store(false, Ordering::Release);
-        let mut st = self.lock();
+        let mut guard = self.lock();
+        let st = &mut *guard;
         st.in_direct = false;
         let n = match r {
             Ok((n, _)) => n,
             Err(_) => 0,
         };
-        // Closed meanwhile (by another thread): the bytes go with it.
-        if !st.session.return_staging(link, buf, n) || !st.socks.contains_key(&link) {
-            self.deliver(st);
+        let returned = st.session.return_staging(link, buf, n);
+        let Some(s) = st.socks.get_mut(&link).filter(|_| returned) else {
+            // Closed meanwhile (by another thread): the bytes go with it.
+            self.deliver(guard);
             return Ok(());
-        }
+        };
         match r {
             Ok((0, _)) => st.session.link_failed(link, "connection closed by peer".into()),
             Ok((n, _)) => {
@@ -65,11 +67,9 @@ impl TcpBackend {
                 // A FIN behind these bytes is not lost to the `drained` shortcut: this `recv`
                 // consumed no epoll edge, so the next epoll round reports it (setting `hup`),
                 // and the next direct wait, if any, reads the EOF itself.
-                if let Some(s) = st.socks.get_mut(&link) {
-                    s.drained = n < want;
-                    s.drained_fresh = true;
-                    s.readable = true;
-                }
+                s.drained = n < want;
+                s.drained_fresh = true;
+                s.readable = true;
                 st.read_ready.push_back(link);
                 st.run_reads(&self.registry);
             }
@@ -80,7 +80,7 @@ impl TcpBackend {
         }
         st.apply_actions(&self.registry);
         st.flush_ready(&self.registry);
-        self.deliver(st);
+        self.deliver(guard);
         Ok(())
     }
 }
@@ -108,7 +108,6 @@ impl State {
             return None;
         }
         let (&link, s) = self.socks.iter_mut().next()?;
-        let want = self.session.direct_read_len(link)?;
         if s.direct.is_none() {
             // Once per connection: blocking mode with a receive timeout. Every other read and
             // write on it passes MSG_DONTWAIT, so nothing else ever blocks.
@@ -120,9 +119,9 @@ impl State {
         if s.direct != Some(true) {
             return None;
         }
-        let sock = s.stream.clone();
+        let (buf, want) = self.session.lend_for_direct_read(link)?;
         self.in_direct = true;
-        Some(DirectWait { link, sock, buf: self.session.lend_staging(link), want })
+        Some(DirectWait { link, sock: s.stream.clone(), buf, want })
     }
 
     /// Another thread called in while a driver was in a direct wait: if it left work only an

@@ -127,6 +127,18 @@ pub(crate) fn send_now(sock: &TcpStream, iov: &IoVec<'_>) -> io::Result<usize> {
     send_vec_now(sock, slices)
 }
 
+/// [`send_now`] for two pieces (a header and a payload), without building a gather list.
+pub(crate) fn send_pair_now(sock: &TcpStream, a: &[u8], b: &[u8]) -> io::Result<usize> {
+    let n = a.len() + b.len();
+    if n <= SMALL_WRITE {
+        let mut one = [0u8; SMALL_WRITE];
+        one[..a.len()].copy_from_slice(a);
+        one[a.len()..n].copy_from_slice(b);
+        return send_one_now(sock, &one[..n]);
+    }
+    send_vec_now(sock, &[IoSlice::new(a), IoSlice::new(b)])
+}
+
 fn send_vec_now(sock: &TcpStream, iov: &[IoSlice<'_>]) -> io::Result<usize> {
     let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
     Ok(note_moved(rustix::net::sendmsg(sock, iov, &mut SendAncillaryBuffer::default(), flags)?))

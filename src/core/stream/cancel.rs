@@ -18,7 +18,6 @@ impl Session {
     /// Cancels an op of the application: it completes with `why` unless its bytes are on the
     /// wire already (then it completes when they are written).
     pub(crate) fn cancel(&mut self, op: OpId, why: Error) {
-        self.settle_eager();
         let Some(o) = self.ops.get(&op) else { return };
         let (peer, st, kind, sl, tag) = (o.peer, o.st, o.kind, o.sl, o.tag);
         match st {

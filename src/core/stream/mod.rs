@@ -65,7 +65,7 @@ use crate::wire::{HEADER_LEN, Limits};
 #[cfg(test)]
 pub(crate) use link::RecvIov;
 pub(crate) use link::{IoVec, Link, MAX_IOV, RecvInto};
-use post::EagerNow;
+pub(crate) use post::EagerNow;
 use stream_in::StreamIn;
 
 /// Receive staging buffer per link: small frames are parsed from it with one read.
@@ -245,9 +245,6 @@ pub(crate) struct Session {
     pub(crate) tx_paused: Vec<PeerId>,
     /// Unexpected messages and requests delivered (progress made).
     pub(crate) events: u64,
-    /// An eager send posted on an idle link, to be written by the driver before anything else
-    /// touches that link (see [`Session::transmit`]).
-    eager_now: Option<EagerNow>,
     actions: VecDeque<Action>,
     delivered: Vec<Delivery>,
     core: Arc<Completions>,
@@ -280,7 +277,6 @@ impl Session {
             last_timers: now,
             tx_paused: Vec::new(),
             events: 0,
-            eager_now: None,
             actions: VecDeque::new(),
             delivered: Vec::new(),
             core,
@@ -318,13 +314,12 @@ impl Session {
     /// Whether only one link is open, established, with nothing to send: what a driver blocked
     /// reading that link alone can serve.
     pub(crate) fn lone_quiet_link(&self) -> bool {
-        self.links.len() == 1 && self.links.iter().all(|(l, c)| c.is_ready() && !self.has_tx(*l, c))
+        self.links.len() == 1 && self.links.values().all(|c| c.is_ready() && !c.has_frames())
     }
 
     /// The application took an unexpected message of `bytes` from `peer`: its budget may let
     /// stalled links go on.
     pub(crate) fn unexpected_taken(&mut self, peer: PeerId, bytes: usize) {
-        self.settle_eager();
         self.peers.unexpected_taken(peer, bytes);
         self.forget_if_gone(peer);
         self.unstall(peer);
@@ -351,7 +346,6 @@ impl Session {
     /// completions.
     #[inline]
     pub(crate) fn hand_over(&mut self, core: &Completions) {
-        self.settle_eager();
         if !self.delivered.is_empty() {
             self.hand_over_deliveries(core);
         }

@@ -48,7 +48,6 @@ impl End {
     }
 
     fn collect(&mut self) {
-        self.s.settle_eager();
         self.done.extend(self.s.ops.take_done());
         for d in self.s.delivered.drain(..) {
             match d {
@@ -119,6 +118,28 @@ impl Pair {
         self.next_op += 1;
         let op = OpId(self.next_op);
         let end = if client { &mut self.client } else { &mut self.server };
+        // An eager send on an idle link goes out at once, as the TCP driver sends it: as much
+        // as the link takes now, the rest queued.
+        if let Some(e) = end.s.eager_now(&cmd) {
+            let n = match self.wires.iter_mut().find(|w| if client { w.client } else { w.server } == e.link) {
+                Some(w) if !(w.client_closed || w.server_closed) => {
+                    let q = if client { &mut w.up } else { &mut w.down };
+                    let room = self.capacity.saturating_sub(q.len()).min(self.chunk);
+                    let mut iov = IoVec::default();
+                    e.slices(&cmd, &mut iov);
+                    let mut n = 0;
+                    for s in iov.slices() {
+                        let take = s.len().min(room - n);
+                        q.extend(&s[..take]);
+                        n += take;
+                    }
+                    n
+                }
+                _ => 0,
+            };
+            end.s.eager_written(op, cmd, e, n);
+            return op;
+        }
         end.s.post(op, cmd).expect("posted");
         op
     }

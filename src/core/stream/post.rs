@@ -19,27 +19,42 @@ use crate::wire::{FLAG_INLINE_DATA, FLAG_STREAMED, HEADER_LEN, Header, Kind};
 use super::link::{Frame, IoVec, Link, OnDone, Phase};
 use super::{Action, CTS_TRUNCATED, Early, FRAME_COST, LinkId, MAX_IOV, OpSt, RTS_COST, RndvIn, Session};
 
-/// An eager send posted on an idle link that takes bytes: the driver writes it at once (it
-/// calls [`Session::transmit`] for the link before it lets go of the session), and if the link
-/// takes it whole the op completes without entering the op table or the link's queue. Anything
-/// else that touches the link or the op first files it as an ordinary queued frame
-/// ([`Session::settle_eager`]).
-pub(super) struct EagerNow {
+/// An eager send that an idle link may take whole at once (BMI's "completed immediately"): the
+/// link and the frame's header. The driver writes the header and the send buffer itself, with
+/// the session out of the way, and reports what went with [`Session::eager_written`]: a send
+/// taken whole completes without entering the op table or the link's queue.
+pub(crate) struct EagerNow {
     pub link: LinkId,
-    op: OpId,
-    kind: OpKind,
-    peer: PeerId,
-    tag: Tag,
-    sl: ServiceLevel,
-    buf: SendBuf,
     hdr: [u8; HEADER_LEN],
+}
+
+impl EagerNow {
+    /// The frame's header.
+    pub(crate) fn header(&self) -> &[u8] {
+        &self.hdr
+    }
+
+    /// `cmd`'s send buffer, when it is one contiguous piece (most are).
+    pub(crate) fn contiguous<'a>(&self, cmd: &'a Cmd) -> Option<&'a [u8]> {
+        match cmd {
+            Cmd::Send { buf: SendBuf::Bytes(b), .. } => Some(b),
+            _ => None,
+        }
+    }
+
+    /// The frame's bytes: the header, then `cmd`'s send buffer.
+    pub(crate) fn slices<'a>(&'a self, cmd: &'a Cmd, iov: &mut IoVec<'a>) {
+        iov.push(&self.hdr);
+        if let Cmd::Send { buf, .. } = cmd {
+            buf.for_each_slice(0, buf.len(), |s| iov.push(s));
+        }
+    }
 }
 
 impl Session {
     /// Takes an operation of the application. Errors are the caller's (the op was not taken);
     /// an op taken always completes, through [`Session::hand_over`].
     pub(crate) fn post(&mut self, op: OpId, cmd: Cmd) -> Result<()> {
-        self.settle_eager();
         if self.peers.get(cmd.peer()).is_none() {
             let (kind, peer, tag, buf) = cmd.into_parts();
             self.fail_new(op, kind, peer, tag, buf, Cmd::forgotten(peer));
@@ -104,9 +119,6 @@ impl Session {
     }
 
     pub(super) fn queue(&mut self, link: LinkId, f: Frame) {
-        if self.eager_now.is_some() {
-            self.settle_eager();
-        }
         if let Some((op, _, _)) = f.op_part
             && let Some(o) = self.ops.get_mut(&op)
         {
@@ -197,11 +209,6 @@ impl Session {
             let mut h = Header::new(if unexpected { Kind::Unexpected } else { Kind::Eager }, sl);
             h.a = tag;
             h.len = len as u32;
-            if self.idle_for_eager(link, &buf) {
-                // Fast path: see [`EagerNow`].
-                self.eager_now = Some(EagerNow { link, op, kind, peer, tag, sl, buf, hdr: h.encode() });
-                return Ok(());
-            }
             self.insert_op(op, kind, peer, tag, sl, OpBuf::Send(buf), OpSt::Writing);
             if let Some(o) = self.ops.get_mut(&op) {
                 o.mech = Some(mech);
@@ -229,80 +236,80 @@ impl Session {
         Ok(())
     }
 
-    /// Whether an eager send of `buf` on `link` may take the fast path: sends are not batched,
-    /// the link is established, takes bytes and has nothing queued, and the frame fits one
-    /// write.
-    fn idle_for_eager(&self, link: LinkId, buf: &SendBuf) -> bool {
-        if self.s.cfg.batch_sends || self.eager_now.is_some() {
-            return false;
+    /// Whether `cmd` may take the fast path (see [`EagerNow`]): an eager send on an established
+    /// link that takes bytes and has nothing queued, sends not batched, the frame fitting one
+    /// write. Anything else, and every error, is left to [`Session::post`].
+    #[inline]
+    pub(crate) fn eager_now(&self, cmd: &Cmd) -> Option<EagerNow> {
+        let Cmd::Send { peer, tag, sl, buf, unexpected } = cmd else { return None };
+        if self.s.cfg.batch_sends {
+            return None;
         }
-        let Some(c) = self.links.get(&link) else { return false };
+        let p = self.peers.get(*peer)?;
+        let len = buf.len();
+        let eager_max = p.d.eager_limit.min(self.s.eager_limit);
+        if p.lost.is_some() || len as u64 > p.d.max_message.min(self.s.limits.message) || len > eager_max {
+            return None;
+        }
+        if !*unexpected
+            && !matches!(
+                self.s.policy.choose(len, *sl, Conditions::idle(false)),
+                Mechanism::Inline | Mechanism::FastRdma
+            )
+        {
+            return None;
+        }
+        let link = p.conns[sl.index()]?;
+        let c = self.links.get(&link)?;
         if !(c.is_ready() && c.writable && c.tx.is_empty() && c.hs_tx.is_empty()) {
-            return false;
+            return None;
         }
-        match buf {
-            SendBuf::Bytes(_) => true,
-            _ => {
-                let mut segs = 0;
-                buf.for_each_slice(0, buf.len(), |_| segs += 1);
-                segs < MAX_IOV
+        if !matches!(buf, SendBuf::Bytes(_)) {
+            let mut segs = 0;
+            buf.for_each_slice(0, len, |_| segs += 1);
+            if segs >= MAX_IOV {
+                return None;
             }
         }
+        let mut h = Header::new(if *unexpected { Kind::Unexpected } else { Kind::Eager }, *sl);
+        h.a = *tag;
+        h.len = len as u32;
+        Some(EagerNow { link, hdr: h.encode() })
     }
 
-    /// The fast-path send's bytes not yet sent, from `sent` on.
-    pub(super) fn eager_unsent<'a>(&'a self, link: LinkId, iov: &mut IoVec<'a>) -> bool {
-        let Some(e) = self.eager_now.as_ref().filter(|e| e.link == link) else { return false };
-        iov.push(&e.hdr);
-        e.buf.for_each_slice(0, e.buf.len(), |s| iov.push(s));
-        true
-    }
-
-    /// The driver wrote `n` bytes of the fast-path send: all of it completes the op at once
-    /// (true); less files it as a queued frame with the rest to go.
-    pub(super) fn eager_sent(&mut self, n: usize) -> bool {
-        let Some(e) = self.eager_now.take() else { return false };
-        let len = e.buf.len();
+    /// The driver wrote `n` bytes of the fast-path send `e` of `cmd` (0 when the link refused
+    /// or failed). All of it completes the op at once; less files it as an ordinary queued
+    /// frame with the rest to go, which the ordinary write path sends (or fails).
+    pub(crate) fn eager_written(&mut self, op: OpId, cmd: Cmd, e: EagerNow, n: usize) {
+        let Cmd::Send { peer, tag, sl, buf, unexpected } = cmd else { return };
+        let kind = if unexpected { OpKind::SendUnexpected } else { OpKind::Send };
+        let len = buf.len();
+        Counters::add(&self.core.counters.msgs_sent, 1);
         if n >= HEADER_LEN + len {
             self.ops.push_completion(Completion {
-                op: e.op,
-                kind: e.kind,
-                peer: e.peer,
-                tag: e.tag,
+                op,
+                kind,
+                peer,
+                tag,
                 result: Ok(len),
-                buf: OpBuf::Send(e.buf),
+                buf: OpBuf::Send(buf),
                 reply: None,
                 mechanism: Some(Mechanism::Inline),
             });
-            return true;
+            return;
         }
-        self.file_eager(e, n);
-        false
-    }
-
-    /// Files a pending fast-path send as an ordinary queued frame (see [`EagerNow`]).
-    #[inline]
-    pub(crate) fn settle_eager(&mut self) {
-        if let Some(e) = self.eager_now.take() {
-            self.file_eager(e, 0);
-        }
-    }
-
-    fn file_eager(&mut self, e: EagerNow, sent: usize) {
-        let EagerNow { link, op, kind, peer, tag, sl, buf, hdr } = e;
-        let len = buf.len();
         let o = self.insert_op(op, kind, peer, tag, sl, OpBuf::Send(buf), OpSt::Writing);
         o.mech = Some(Mechanism::Inline);
         o.expect = len as u64;
         let f = Frame {
-            hdr,
-            sent,
+            hdr: e.hdr,
+            sent: n,
             prefix: Bytes::new(),
             op_part: Some((op, 0, len)),
             done: OnDone::Complete(op),
             charge: 0,
         };
-        self.queue(link, f);
+        self.queue(e.link, f);
     }
 
     fn post_recv(&mut self, op: OpId, peer: PeerId, tag: Tag, buf: RecvBuf) -> Result<()> {

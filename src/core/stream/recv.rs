@@ -89,12 +89,13 @@ impl Session {
         }
     }
 
-    /// Whether a driver may block reading `link` alone, straight into its staging buffer, and
-    /// how many bytes at most: it is established with nothing staged or to send, and what it
-    /// reads next is small (a large remainder is read straight into its destination instead;
-    /// after one, a header is read alone).
-    pub(crate) fn direct_read_len(&self, link: LinkId) -> Option<usize> {
-        let c = self.links.get(&link)?;
+    /// If a driver may block reading `link` alone, straight into its staging buffer, lends it
+    /// that (empty) buffer and says how many bytes to read at most: the link is established
+    /// with nothing staged or to send, and what it reads next is small (a large remainder is
+    /// read straight into its destination instead; after one, a header is read alone). Give the
+    /// buffer back with [`Session::return_staging`].
+    pub(crate) fn lend_for_direct_read(&mut self, link: LinkId) -> Option<(Box<[u8]>, usize)> {
+        let c = self.links.get_mut(&link)?;
         let rx_small = match &c.rx {
             Rx::Header => true,
             Rx::Payload { hdr, got, .. } => {
@@ -102,18 +103,13 @@ impl Session {
             }
             Rx::Stalled(_) | Rx::Stream { .. } => false,
         };
-        if !(c.is_ready() && c.staged() == 0 && rx_small && !self.has_tx(link, c)) {
+        if !(c.is_ready() && c.staged() == 0 && rx_small && !c.has_frames()) {
             return None;
         }
-        Some(if c.bulk { HEADER_LEN } else { RX_BUF })
-    }
-
-    /// Lends `link`'s (empty) staging buffer to a driver that blocks reading into it.
-    pub(crate) fn lend_staging(&mut self, link: LinkId) -> Box<[u8]> {
-        let Some(c) = self.links.get_mut(&link) else { return Box::default() };
+        let want = if c.bulk { HEADER_LEN } else { RX_BUF };
         c.rx_start = 0;
         c.rx_end = 0;
-        mem::take(&mut c.rxbuf)
+        Some((mem::take(&mut c.rxbuf), want))
     }
 
     /// The staging buffer comes back with `n` bytes read into it; false if the link is gone.
@@ -444,9 +440,9 @@ impl Session {
 
     /// A matched eager message whose payload is already wholly staged (the usual case for small
     /// messages) is copied and completed at once, without going through the payload state. The
-    /// op leaves the table in one lookup (a matched receive has no frames in flight) instead of
-    /// one each for its capacity, its buffer and its completion. A message that is not all
-    /// staged, or does not fit (truncation), is left to the general path.
+    /// op is found, filled and completed in one lookup instead of one each for its capacity, its
+    /// buffer and its completion. A message that is not all staged, or does not fit
+    /// (truncation), is left to the general path.
     fn eager_from_staging(&mut self, link: LinkId, op: OpId, h: &Header) -> bool {
         let len = h.len as usize;
         let Session { links, ops, .. } = self;
@@ -454,20 +450,21 @@ impl Session {
         if c.rx_end - c.rx_start < len {
             return false;
         }
-        let Some(o) = ops.get_mut(&op) else { return false };
-        match &o.buf {
-            OpBuf::Recv(b) if b.capacity() >= len => {}
-            _ => return false,
-        }
-        if let OpBuf::Recv(b) = &mut o.buf {
+        let done = ops.complete_with(op, |o| {
+            let OpBuf::Recv(b) = &mut o.buf else { return None };
+            if b.capacity() < len {
+                return None;
+            }
             b.copy_in(0, &c.rxbuf[c.rx_start..c.rx_start + len]);
+            o.sl = h.sl;
+            o.mech = Some(Mechanism::Inline);
+            Some(Ok(len))
+        });
+        if done {
+            c.rx_start += len;
+            Counters::add(&self.core.counters.msgs_received, 1);
         }
-        c.rx_start += len;
-        o.sl = h.sl;
-        o.mech = Some(Mechanism::Inline);
-        Counters::add(&self.core.counters.msgs_received, 1);
-        self.ops.complete(op, Ok(len));
-        true
+        done
     }
 
     pub(super) fn finish_header_only(&mut self, link: LinkId) {

@@ -19,7 +19,6 @@ impl Session {
     }
 
     pub(super) fn fail_link(&mut self, link: LinkId, why: Loss) {
-        self.settle_eager();
         let Some(c) = self.links.get(&link) else { return };
         let peer = c.peer;
         // A server that closes a link in our handshake refused it (limits, or a key we do not
@@ -49,9 +48,6 @@ impl Session {
     /// Closes a link (the driver closes its stream, sending `farewell` first when given) and
     /// releases the buffers its queued frames referenced.
     pub(super) fn close_link(&mut self, link: LinkId, farewell: Option<[u8; crate::wire::HEADER_LEN]>) {
-        if self.eager_now.as_ref().is_some_and(|e| e.link == link) {
-            self.settle_eager();
-        }
         self.write_ready.remove(&link);
         self.admission.finished(link);
         let Some(c) = self.links.remove(&link) else { return };
@@ -72,7 +68,6 @@ impl Session {
 
     /// Fails every operation on a peer once, frees what it held, closes its links.
     pub(super) fn fail_peer(&mut self, peer: PeerId, why: Loss) {
-        self.settle_eager();
         let Some(p) = self.peers.get_mut(peer) else { return };
         let (err, reason) = why.into_error(peer, p.addr(), &self.core.counters);
         tracing::debug!(%peer, %reason, "peer lost");
@@ -121,7 +116,6 @@ impl Session {
         if now.saturating_duration_since(self.last_timers) < TIMER_PERIOD {
             return;
         }
-        self.settle_eager();
         self.last_timers = now;
         for c in self.links.values_mut() {
             // A dial the driver never dated is dated now.

@@ -3,7 +3,7 @@
 
 use crate::types::ServiceLevel;
 
-use super::link::{IoVec, Link, OnDone};
+use super::link::{IoVec, OnDone};
 use super::{LinkId, Session};
 
 /// Bytes one link may write per turn while several classes compete.
@@ -13,16 +13,15 @@ impl Session {
     /// Whether any link has frames to send and takes bytes.
     #[inline]
     pub(crate) fn wants_transmit(&self) -> bool {
-        !self.write_ready.is_empty() || self.eager_now.is_some()
+        !self.write_ready.is_empty()
     }
 
     /// The one link that wants to transmit, if exactly one does (the common case, which needs
     /// no scheduling).
     #[inline]
     pub(crate) fn lone_transmit(&self) -> Option<LinkId> {
-        match (&self.eager_now, self.write_ready.len()) {
-            (Some(e), 0) => Some(e.link),
-            (None, 1) => self.write_ready.iter().next().copied(),
+        match self.write_ready.len() {
+            1 => self.write_ready.iter().next().copied(),
             _ => None,
         }
     }
@@ -31,14 +30,11 @@ impl Session {
     /// and returns how many bytes each may write, or `None` when nothing is left to write.
     pub(crate) fn transmit_turn(&mut self, turn: &mut Vec<LinkId>) -> Option<usize> {
         turn.clear();
-        if let Some(e) = &self.eager_now {
-            self.write_ready.insert(e.link);
-        }
         // One pass: which classes have a link that takes bytes with something to send.
         let mut backlog = [false; ServiceLevel::COUNT];
-        let Session { write_ready, links, eager_now, .. } = self;
+        let Session { write_ready, links, .. } = self;
         write_ready.retain(|l| match links.get(l) {
-            Some(c) if c.writable && (c.has_frames() || eager_now.as_ref().is_some_and(|e| e.link == *l)) => {
+            Some(c) if c.writable && c.has_frames() => {
                 backlog[c.sl.index()] = true;
                 true
             }
@@ -51,10 +47,6 @@ impl Session {
         Some(quantum)
     }
 
-    pub(super) fn has_tx(&self, link: LinkId, c: &Link) -> bool {
-        c.has_frames() || self.eager_now.as_ref().is_some_and(|e| e.link == link)
-    }
-
     /// Lends the bytes `link` sends next (at most [`super::MAX_IOV`] pieces): false when it has
     /// nothing to send or does not take bytes. Answer with [`Session::transmitted`] or
     /// [`Session::transmit_blocked`].
@@ -63,9 +55,6 @@ impl Session {
         let Some(c) = self.links.get(&link) else { return false };
         if !c.writable {
             return false;
-        }
-        if self.eager_unsent(link, iov) {
-            return true;
         }
         let q = if !c.hs_tx.is_empty() {
             &c.hs_tx
@@ -87,11 +76,6 @@ impl Session {
     /// to send.
     #[inline]
     pub(crate) fn transmitted(&mut self, link: LinkId, n: usize) -> bool {
-        if self.eager_now.as_ref().is_some_and(|e| e.link == link) {
-            // Sent whole, nothing is queued behind it (it needs an idle link); sent in part,
-            // the rest was queued.
-            return !self.eager_sent(n);
-        }
         self.advance_tx(link, n);
         match self.links.get(&link) {
             Some(c) if c.has_frames() => true,
@@ -104,9 +88,6 @@ impl Session {
 
     /// The link takes no bytes now; [`Session::link_writable`] says when it does again.
     pub(crate) fn transmit_blocked(&mut self, link: LinkId) {
-        if self.eager_now.as_ref().is_some_and(|e| e.link == link) {
-            self.settle_eager();
-        }
         if let Some(c) = self.links.get_mut(&link) {
             c.writable = false;
         }
