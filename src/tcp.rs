@@ -34,7 +34,6 @@ use std::time::{Duration, Instant};
 use mio::net::TcpListener;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
-use rustc_hash::FxHashMap;
 use socket2::SockRef;
 
 use crate::addr::{Address, Scheme};
@@ -42,7 +41,7 @@ use crate::backend::{Backend, Cmd};
 use crate::buffers::buf::{BufPool, RegisteredBuf};
 use crate::completions::Completions;
 use crate::config::Config;
-use crate::core::stream::{Action, EagerNow, IoVec, LinkId, RecvInto, Session, Settings};
+use crate::core::stream::{Action, EagerNow, IoVec, LinkId, RecvInto, Session, Settings, Slots};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::info::{Counters, Info};
@@ -103,7 +102,7 @@ struct Poller {
 struct State {
     session: Session,
     listener: Option<TcpListener>,
-    socks: FxHashMap<LinkId, Sock>,
+    socks: Slots<Sock>,
     read_ready: VecDeque<LinkId>,
     spin_rounds: u32,
     /// Busy-poll `progress` calls in a row that moved nothing.
@@ -145,7 +144,7 @@ impl TcpBackend {
         let st = State {
             session: Session::new(Instant::now(), settings, core.clone()),
             listener,
-            socks: FxHashMap::default(),
+            socks: Slots::default(),
             read_ready: VecDeque::new(),
             spin_rounds: 0,
             idle_calls: 0,
@@ -411,7 +410,7 @@ impl Backend for TcpBackend {
     fn shutdown(&self) {
         let mut st = self.lock();
         st.closed = true;
-        for (_, s) in st.socks.drain() {
+        for s in st.socks.drain() {
             let _ = self.registry.deregister(&mut SourceFd(&s.stream.as_raw_fd()));
         }
         if let Some(mut l) = st.listener.take() {
@@ -458,7 +457,7 @@ impl TcpBackend {
                 return false;
             }
             let before = st.session.events;
-            for (&link, s) in st.socks.iter_mut() {
+            for (link, s) in st.socks.iter_mut() {
                 // A connection in a stream waits for a pull, which resumes it explicitly.
                 if st.session.may_read(link) {
                     s.readable = true;

@@ -107,7 +107,7 @@ impl State {
         if self.direct_rounds > DIRECT_EPOLL_EVERY {
             return None;
         }
-        let (&link, s) = self.socks.iter_mut().next()?;
+        let (link, s) = self.socks.iter_mut().next()?;
         if s.direct.is_none() {
             // Once per connection: blocking mode with a receive timeout. Every other read and
             // write on it passes MSG_DONTWAIT, so nothing else ever blocks.

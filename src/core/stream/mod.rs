@@ -28,6 +28,7 @@ mod handshake;
 pub(crate) mod link;
 mod post;
 mod recv;
+mod slots;
 mod stream_in;
 mod teardown;
 mod transmit;
@@ -66,6 +67,7 @@ use crate::wire::{HEADER_LEN, Limits};
 pub(crate) use link::RecvIov;
 pub(crate) use link::{IoVec, Link, MAX_IOV, RecvInto};
 pub(crate) use post::EagerNow;
+pub(crate) use slots::Slots;
 use stream_in::StreamIn;
 
 /// Receive staging buffer per link: small frames are parsed from it with one read.
@@ -223,8 +225,8 @@ type Peer = peers::Peer<LinkId, PeerExt>;
 /// The protocol state of one endpoint.
 pub(crate) struct Session {
     pub(crate) s: Settings,
-    links: FxHashMap<LinkId, Link>,
-    next_link: u64,
+    links: Slots<Link>,
+
     /// Accepted links still in their handshake.
     pub(crate) admission: Admission<LinkId>,
     pub(crate) peers: Peers<LinkId, PeerExt>,
@@ -262,8 +264,7 @@ impl Session {
                 per_source: cfg.handshakes_per_source,
             }),
             s,
-            links: FxHashMap::default(),
-            next_link: 0,
+            links: Slots::default(),
             peers: Peers::default(),
             matcher: Matcher::new(),
             ops: OpTable::default(),
@@ -289,9 +290,11 @@ impl Session {
 
     /// A new link id, for a link the driver accepted.
     pub(crate) fn new_link_id(&mut self) -> LinkId {
-        let id = LinkId(self.next_link);
-        self.next_link += 1;
-        id
+        if self.actions.is_empty() {
+            // The driver has carried out every close: their slots may take new links.
+            self.links.release();
+        }
+        self.links.allocate()
     }
 
     /// The peer the application names by `addr`.

@@ -79,7 +79,7 @@ impl Session {
         self.tx_paused.retain(|q| *q != peer);
         // Links of this peer that are not (yet) in its table: handshakes in progress.
         let mut all: Vec<LinkId> =
-            self.links.iter().filter(|(_, c)| c.peer == Some(peer)).map(|(link, _)| *link).collect();
+            self.links.iter().filter(|(_, c)| c.peer == Some(peer)).map(|(link, _)| link).collect();
         all.extend(links);
         all.sort();
         all.dedup();
@@ -154,7 +154,7 @@ impl Session {
                     _ => return None,
                 };
                 let since = c.since?;
-                admission::dialled_overdue(stage, since, now, &self.s.cfg).map(|why| (*link, why))
+                admission::dialled_overdue(stage, since, now, &self.s.cfg).map(|why| (link, why))
             })
             .collect();
         for (link, why) in expired {
