@@ -6,7 +6,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use ionet::flowctl::{CreditConfig, Credits, RingConfig, RingReceiver, RingSender, Transmit};
+use ionet::internals::flowctl::{CreditConfig, Credits, RingConfig, RingReceiver, RingSender, Transmit};
 
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("flowctl");

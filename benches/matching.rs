@@ -6,8 +6,8 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use ionet::fuzzing::ids;
-use ionet::matching::{Arrival, Matcher};
+use ionet::internals::fuzzing::ids;
+use ionet::internals::matching::{Arrival, Matcher};
 use ionet::types::{OpId, PeerId};
 
 fn peer(p: u32) -> PeerId {

@@ -6,7 +6,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ionet::MemKeys;
-use ionet::regcache::{Origin, RegCache, RegCacheConfig, RegError, Registrar};
+use ionet::internals::regcache::{Origin, RegCache, RegCacheConfig, RegError, Registrar};
 use ionet::types::Access;
 
 /// Registers nothing; hands out distinct keys.

@@ -6,7 +6,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ionet::ServiceLevel;
-use ionet::wire::{Header, Kind, Limits};
+use ionet::internals::wire::{Header, Kind, Limits};
 
 fn header() -> Header {
     let mut h = Header::new(Kind::Eager, ServiceLevel::Normal);

@@ -31,6 +31,26 @@ impl Scheme {
     }
 }
 
+/// Parses a scheme name as it appears before `://`: `tcp`, `softib` or `ib`, in any case.
+///
+/// ```
+/// use ionet::Scheme;
+/// assert_eq!("softib".parse::<Scheme>().unwrap(), Scheme::SoftIb);
+/// assert!("udp".parse::<Scheme>().is_err());
+/// ```
+impl FromStr for Scheme {
+    type Err = AddrError;
+
+    fn from_str(s: &str) -> Result<Self, AddrError> {
+        match s.to_ascii_lowercase().as_str() {
+            "tcp" => Ok(Scheme::Tcp),
+            "softib" => Ok(Scheme::SoftIb),
+            "ib" => Ok(Scheme::Ib),
+            _ => Err(AddrError::UnknownScheme(s.to_string())),
+        }
+    }
+}
+
 impl fmt::Display for Scheme {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -179,12 +199,7 @@ impl FromStr for Address {
 
     fn from_str(s: &str) -> Result<Self, AddrError> {
         let (scheme, rest) = s.split_once("://").ok_or_else(|| AddrError::MissingScheme(s.to_string()))?;
-        let scheme = match scheme.to_ascii_lowercase().as_str() {
-            "tcp" => Scheme::Tcp,
-            "softib" => Scheme::SoftIb,
-            "ib" => Scheme::Ib,
-            other => return Err(AddrError::UnknownScheme(other.to_string())),
-        };
+        let scheme: Scheme = scheme.parse()?;
         let (host, port) = if let Some(after) = rest.strip_prefix('[') {
             let (inside, tail) = after.split_once(']').ok_or_else(|| AddrError::BadIpv6(s.to_string()))?;
             let ip: std::net::Ipv6Addr = inside.parse().map_err(|_| AddrError::BadIpv6(s.to_string()))?;

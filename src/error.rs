@@ -8,7 +8,7 @@ use std::io;
 
 use crate::addr::AddrError;
 use crate::types::PeerId;
-use crate::wire::WireError;
+pub use crate::wire::WireError;
 
 /// The result type used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -130,6 +130,18 @@ impl RegcacheInfo {
     }
 }
 
+impl CounterSnapshot {
+    /// The transfers moved by `m`: [`mech_inline`](Self::mech_inline),
+    /// [`mech_fast_rdma`](Self::mech_fast_rdma) or [`mech_server_rdma`](Self::mech_server_rdma).
+    pub fn by_mechanism(&self, m: Mechanism) -> u64 {
+        match m {
+            Mechanism::Inline => self.mech_inline,
+            Mechanism::FastRdma => self.mech_fast_rdma,
+            Mechanism::ServerRdma => self.mech_server_rdma,
+        }
+    }
+}
+
 macro_rules! counters {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
         /// Live counters, updated with relaxed atomics.

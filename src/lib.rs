@@ -64,6 +64,7 @@
 //!
 //! See `examples/pingpong.rs` and `examples/kv.rs` for complete programs, and the
 //! `ionet-perf` tool for measurements.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 
@@ -78,27 +79,59 @@ mod core;
 mod endpoint;
 pub mod error;
 pub mod expose;
-pub mod flowctl;
-#[doc(hidden)]
-pub mod fuzzing;
+mod flowctl;
+mod fuzzing;
 pub(crate) mod handshake;
 pub mod ib;
 pub mod info;
 pub mod key_file;
 #[cfg(all(loom, test))]
 mod loom;
-pub mod matching;
+mod matching;
 mod op;
-pub mod regcache;
-pub mod sched;
+mod regcache;
+mod sched;
 mod sockets;
 mod sync;
 mod tcp;
 pub mod types;
 mod util;
-pub mod wire;
+mod wire;
 
 pub use buffers::{buf, copy, filemap};
+
+/// The building blocks under the endpoint — frame codec, tag matching, flow control,
+/// registration cache, send scheduler — and the fuzzing entry points, for this repository's
+/// benchmarks, fuzz targets and tests.
+///
+/// Not part of the supported API: anything here may change or go away in any release.
+#[doc(hidden)]
+pub mod internals {
+    /// Credit-based flow control over pre-posted buffers and the fast-RDMA ring.
+    pub mod flowctl {
+        pub use crate::flowctl::*;
+    }
+    /// Entry points of the fuzz targets.
+    pub mod fuzzing {
+        pub use crate::fuzzing::*;
+    }
+    /// Tag matching with early arrivals.
+    pub mod matching {
+        pub use crate::matching::*;
+    }
+    /// The pin-down (registration) cache.
+    pub mod regcache {
+        pub use crate::regcache::*;
+    }
+    /// The weighted send scheduler between service levels.
+    pub mod sched {
+        pub use crate::sched::*;
+    }
+    /// The frame header codec and its validation.
+    pub mod wire {
+        pub use crate::wire::*;
+    }
+}
 
 pub use addr::{Address, Scheme};
 pub use buf::{BUF_ALIGN, BufPool, MemKeys, OpBuf, RecvBuf, RegisteredBuf, SendBuf};

@@ -11,6 +11,7 @@ use crate::types::{OpId, PeerId, ServiceLevel, Tag};
 
 /// What kind of operation completed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum OpKind {
     /// [`Endpoint::send`](crate::Endpoint::send).
     Send,
@@ -34,6 +35,7 @@ pub enum OpKind {
 
 /// The outcome of an operation, with its buffer handed back.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Completion {
     /// The operation.
     pub op: OpId,

@@ -6,11 +6,13 @@ use std::path::PathBuf;
 
 use ionet::expose::MemHandle;
 use ionet::ib::verbs::{Gid, QpEndpointInfo};
-use ionet::wire::{FLAG_ABORT, FLAG_INLINE_DATA, FLAG_PAYLOAD_OUT, FLAG_STREAMED, HEADER_LEN, Header, Kind};
+use ionet::internals::wire::{
+    FLAG_ABORT, FLAG_INLINE_DATA, FLAG_PAYLOAD_OUT, FLAG_STREAMED, HEADER_LEN, Header, Kind,
+};
 use ionet::{Access, ServiceLevel};
 
-const LIMITS: ionet::wire::Limits =
-    ionet::wire::Limits { eager: 16384, chunk: 1 << 20, header: 65536, message: 64 << 20 };
+const LIMITS: ionet::internals::wire::Limits =
+    ionet::internals::wire::Limits { eager: 16384, chunk: 1 << 20, header: 65536, message: 64 << 20 };
 
 fn dir(target: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus").join(target)
@@ -287,12 +289,12 @@ fn corpora_replay_through_the_decoders() {
     }
     let mut replayed = 0;
     for (target, f) in [
-        ("wire_frames", ionet::fuzzing::wire as fn(&[u8])),
-        ("handshake", ionet::fuzzing::handshake),
-        ("mem_handle", ionet::fuzzing::mem_handle),
-        ("ib_message", ionet::fuzzing::ib_message),
-        ("ib_side", ionet::fuzzing::ib_side),
-        ("tcp_session", ionet::fuzzing::tcp_session),
+        ("wire_frames", ionet::internals::fuzzing::wire as fn(&[u8])),
+        ("handshake", ionet::internals::fuzzing::handshake),
+        ("mem_handle", ionet::internals::fuzzing::mem_handle),
+        ("ib_message", ionet::internals::fuzzing::ib_message),
+        ("ib_side", ionet::internals::fuzzing::ib_side),
+        ("tcp_session", ionet::internals::fuzzing::tcp_session),
     ] {
         let entries = std::fs::read_dir(dir(target)).unwrap_or_else(|e| panic!("corpus {target}: {e}"));
         let mut n = 0;
@@ -322,7 +324,9 @@ fn seeds_are_valid_inputs() {
             "mem_handle" => assert!(MemHandle::from_bytes(&bytes).is_ok(), "{name}"),
             "ib_message" if name.ends_with("_info") => {}
             "ib_message" => assert!(Header::decode(&bytes[8..]).is_ok(), "{name}"),
-            "ib_side" | "tcp_session" => assert!(ionet::wire::scan_stream(&bytes, &LIMITS).is_ok(), "{name}"),
+            "ib_side" | "tcp_session" => {
+                assert!(ionet::internals::wire::scan_stream(&bytes, &LIMITS).is_ok(), "{name}")
+            }
             _ => unreachable!(),
         }
     }

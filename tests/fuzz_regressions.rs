@@ -4,7 +4,7 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
 
-use ionet::wire::{HEADER_LEN, Header, Kind};
+use ionet::internals::wire::{HEADER_LEN, Header, Kind};
 use ionet::*;
 
 const T: Duration = Duration::from_secs(20);

@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ionet::wire::{HEADER_LEN, Header, Kind};
+use ionet::internals::wire::{HEADER_LEN, Header, Kind};
 use ionet::*;
 use socket2::{Domain, Socket, Type};
 

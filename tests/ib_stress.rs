@@ -212,11 +212,7 @@ fn thirty_two_busy_clients_never_meet_rnr() {
     assert!(s.counters.credit_msgs > 0 || clients.iter().any(|c| c.info().counters.credit_msgs > 0));
     assert!(total_wrs > (CLIENTS * ROUNDS * 4) as u64, "{total_wrs} work requests");
     for m in [Mechanism::Inline, Mechanism::FastRdma, Mechanism::ServerRdma] {
-        let n = match m {
-            Mechanism::Inline => s.counters.mech_inline,
-            Mechanism::FastRdma => s.counters.mech_fast_rdma,
-            Mechanism::ServerRdma => s.counters.mech_server_rdma,
-        };
+        let n = s.counters.by_mechanism(m);
         assert!(n > 0, "the server moved nothing by {m:?}");
     }
 }

@@ -6,7 +6,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ionet::wire::{Header, Kind};
+use ionet::internals::wire::{Header, Kind};
 use ionet::*;
 
 mod common;

@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use ionet::wire::{FLAG_INLINE_DATA, FLAG_PAYLOAD_OUT, HEADER_LEN, Header, Kind};
+use ionet::internals::wire::{FLAG_INLINE_DATA, FLAG_PAYLOAD_OUT, HEADER_LEN, Header, Kind};
 use ionet::*;
 
 const T: Duration = Duration::from_secs(20);

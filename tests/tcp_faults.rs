@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use common::{raw_hello, read_until_closed};
-use ionet::wire::{Header, Kind};
+use ionet::internals::wire::{Header, Kind};
 use ionet::*;
 
 mod common;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use common::{raw_hello, read_until_closed};
-use ionet::wire::{FLAG_ABORT, FLAG_PAYLOAD_OUT, FLAG_STREAMED, HEADER_LEN, Header, Kind};
+use ionet::internals::wire::{FLAG_ABORT, FLAG_PAYLOAD_OUT, FLAG_STREAMED, HEADER_LEN, Header, Kind};
 use ionet::*;
 
 mod common;

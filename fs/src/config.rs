@@ -184,12 +184,7 @@ struct RawConfig {
 }
 
 fn parse_scheme(s: &str) -> Result<Scheme, ConfigError> {
-    match s.to_ascii_lowercase().as_str() {
-        "tcp" => Ok(Scheme::Tcp),
-        "softib" => Ok(Scheme::SoftIb),
-        "ib" => Ok(Scheme::Ib),
-        _ => Err(ConfigError::UnknownTransport(s.to_owned())),
-    }
+    s.parse().map_err(|_| ConfigError::UnknownTransport(s.to_owned()))
 }
 
 fn parse_addr(field: String, s: &str, transport: Scheme) -> Result<Address, ConfigError> {

@@ -48,6 +48,7 @@
 //!   [`proto::Descriptor::List`] (or the O(1) [`proto::Descriptor::Strided`] for a view) and
 //!   move the data from/to `segments` of the user buffer, in order, with no per-piece headers.
 //!   Logical size = [`layout::Layout::logical_size`] over every server's `GetSize`.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
@@ -59,6 +60,7 @@ pub mod cluster;
 pub mod config;
 pub mod errno;
 #[cfg(feature = "fuse")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fuse")))]
 pub mod fuse;
 mod handle;
 pub mod layout;

@@ -27,7 +27,7 @@
 //! on the wire: `fallocate` keeps the size (`FALLOC_FL_KEEP_SIZE`), a mapped write lengthens the
 //! file to its end before its first store past it and reports each unit's end only once its
 //! data arrived, and a write that fails part way (the client died, a pull timed out, the disk
-//! filled) is cut back to what landed ([`ledger`]). `pwrite`s set the size as they land.
+//! filled) is cut back to what landed (`ledger`). `pwrite`s set the size as they land.
 
 use crate::errno::Errno;
 use crate::layout::Piece;

@@ -1,6 +1,6 @@
-//! ionet: InfiniBand engine messages, segment lists, queue-pair and IB_INFO records, through `ionet::fuzzing::ib_message` (no panic, bounded allocation).
+//! ionet: InfiniBand engine messages, segment lists, queue-pair and IB_INFO records, through `ionet::internals::fuzzing::ib_message` (no panic, bounded allocation).
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    ionet::fuzzing::ib_message(data);
+    ionet::internals::fuzzing::ib_message(data);
 });

@@ -1,6 +1,6 @@
-//! ionet: a whole InfiniBand side-channel conversation (handshake, then IB_INFO), through `ionet::fuzzing::ib_side` (no panic, bounded allocation).
+//! ionet: a whole InfiniBand side-channel conversation (handshake, then IB_INFO), through `ionet::internals::fuzzing::ib_side` (no panic, bounded allocation).
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    ionet::fuzzing::ib_side(data);
+    ionet::internals::fuzzing::ib_side(data);
 });

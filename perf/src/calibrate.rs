@@ -70,11 +70,7 @@ fn mechanisms_all() -> impl Iterator<Item = Mechanism> {
 }
 
 fn counter(c: &ionet::CounterSnapshot, m: Mechanism) -> u64 {
-    match m {
-        Mechanism::Inline => c.mech_inline,
-        Mechanism::FastRdma => c.mech_fast_rdma,
-        Mechanism::ServerRdma => c.mech_server_rdma,
-    }
+    c.by_mechanism(m)
 }
 
 /// Runs the sweep.

@@ -317,12 +317,7 @@ fn parse_one_size(s: &str) -> Result<usize, String> {
 }
 
 fn parse_scheme(s: &str) -> Result<Scheme, String> {
-    match s {
-        "tcp" => Ok(Scheme::Tcp),
-        "softib" => Ok(Scheme::SoftIb),
-        "ib" => Ok(Scheme::Ib),
-        _ => Err(format!("unknown transport {s} (tcp, softib, ib)")),
-    }
+    s.parse().map_err(|e: ionet::addr::AddrError| e.to_string())
 }
 
 /// `8,4k,1m` or `1:16m` (powers of two).

@@ -32,7 +32,7 @@ pub const DEFAULT_MAX_QUEUED: usize = 1024;
 /// peer's advertisement.
 ///
 /// ```
-/// use ionet::flowctl::CreditConfig;
+/// use ionet::internals::flowctl::CreditConfig;
 /// let cfg = CreditConfig::default().recv_buffers(32).watermark(24);
 /// assert!(cfg.validate().is_ok());
 /// assert_eq!(CreditConfig::default().effective_watermark(), 16);

@@ -47,7 +47,7 @@ pub fn decode_imm(imm: u32) -> (u16, u32) {
 /// Geometry of the ring a side offers its peer, and when it returns slots explicitly.
 ///
 /// ```
-/// use ionet::flowctl::RingConfig;
+/// use ionet::internals::flowctl::RingConfig;
 /// assert!(RingConfig::default().slots(64).slot_size(16 << 10).validate().is_ok());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]

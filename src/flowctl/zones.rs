@@ -35,7 +35,7 @@ pub const DEFAULT_MAX_WAITING: usize = 4096;
 /// Zone geometry and limits.
 ///
 /// ```
-/// use ionet::flowctl::ZoneConfig;
+/// use ionet::internals::flowctl::ZoneConfig;
 /// let cfg = ZoneConfig::default().classes(&[(64 << 10, 16), (2 << 20, 2)]);
 /// assert!(cfg.validate().is_ok());
 /// assert_eq!(cfg.total_bytes(), 16 * (64 << 10) + 2 * (2 << 20));

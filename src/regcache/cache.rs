@@ -41,13 +41,13 @@ struct Slot<H> {
     entry: Option<Entry<H>>,
 }
 
-/// The pin-down cache. See the [module documentation](super) for the policy.
+/// The pin-down cache. See the [module documentation](crate::internals::regcache) for the policy.
 ///
 /// # Examples
 ///
 /// ```
 /// use ionet::MemKeys;
-/// use ionet::regcache::{Origin, RegCache, RegCacheConfig, RegError, Registrar};
+/// use ionet::internals::regcache::{Origin, RegCache, RegCacheConfig, RegError, Registrar};
 /// use ionet::types::Access;
 ///
 /// /// A registrar that pretends to register (a verbs provider in the engine).

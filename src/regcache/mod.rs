@@ -202,7 +202,7 @@ impl From<RegCacheError> for Error {
 /// Limits and policy of a [`RegCache`]. Chained setters, then [`RegCacheConfig::validate`]:
 ///
 /// ```
-/// use ionet::regcache::RegCacheConfig;
+/// use ionet::internals::regcache::RegCacheConfig;
 /// let cfg = RegCacheConfig::default().max_entries(64).max_pinned_bytes(64 << 20);
 /// assert!(cfg.validate().is_ok());
 /// ```

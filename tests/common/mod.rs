@@ -105,7 +105,7 @@ pub fn raw_hello(sock: &mut std::net::TcpStream) {
 /// [`raw_hello`] as the endpoint with id `eid`.
 pub fn raw_hello_as(sock: &mut std::net::TcpStream, eid: u64) {
     use ionet::ServiceLevel;
-    use ionet::wire::{Header, Kind};
+    use ionet::internals::wire::{Header, Kind};
     use std::io::{Read, Write};
     let mut h = Header::new(Kind::Hello, ServiceLevel::Normal);
     h.a = eid;

@@ -107,15 +107,6 @@ fn prefaulted(len: usize) -> BytesMut {
     b
 }
 
-fn scheme_of(s: &str) -> Result<Scheme> {
-    Ok(match s {
-        "tcp" => Scheme::Tcp,
-        "softib" => Scheme::SoftIb,
-        "ib" => Scheme::Ib,
-        _ => bail!("unknown transport {s}"),
-    })
-}
-
 /// Runs the demo.
 pub fn run(a: DemoArgs) -> Result<()> {
     let started = Instant::now();
@@ -143,7 +134,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mut rbuf = Some(prefaulted(size));
     let mut cols = Vec::new();
     for t in &a.transports {
-        let scheme = scheme_of(t)?;
+        let scheme: Scheme = t.parse()?;
         let col = match probe(scheme) {
             Err(reason) => Column::Unavailable(reason),
             Ok(()) => {

@@ -80,15 +80,6 @@ fn wait_mode(s: &str) -> WaitMode {
     }
 }
 
-fn scheme(s: &str) -> Result<Scheme> {
-    Ok(match s {
-        "tcp" => Scheme::Tcp,
-        "softib" => Scheme::SoftIb,
-        "ib" => Scheme::Ib,
-        _ => bail!("unknown transport {s}"),
-    })
-}
-
 fn announce(addr: Option<Address>) -> Result<()> {
     let addr = addr.context("server has no address")?;
     let mut out = std::io::stdout().lock();
@@ -202,7 +193,7 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>) -> Result<()> {
         }
         None => {
             let dir = a.data_dir.clone().unwrap_or_else(|| PathBuf::from("stripefs-data"));
-            let mut o = LocalClusterOptions::new(exe, scheme(&a.transport)?, a.io_servers, dir);
+            let mut o = LocalClusterOptions::new(exe, a.transport.parse::<Scheme>()?, a.io_servers, dir);
             if let Some(h) = &a.listen {
                 o.host = h.clone();
             }

@@ -17,12 +17,7 @@ pub struct TestCluster {
 }
 
 pub fn scheme(s: &str) -> Scheme {
-    match s {
-        "tcp" => Scheme::Tcp,
-        "softib" => Scheme::SoftIb,
-        "ib" => Scheme::Ib,
-        _ => panic!("unknown scheme {s}"),
-    }
+    s.parse().unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub fn options(scheme_name: &str, n: u32, dir: &std::path::Path) -> LocalClusterOptions {

@@ -162,11 +162,7 @@ pub fn run(ctx: &Ctx, a: &CpuArgs) -> Result<Report> {
                         let server_cpu = (benchkit::cpu::procs_cpu(&io_pids) - sc).as_secs_f64();
                         let i1 = ep.info();
                         let (c1, device) = (i1.counters, (device_ns(&i1) - d0) as f64 / 1e9);
-                        let forced = match mech {
-                            Mechanism::Inline => c1.mech_inline - c0.mech_inline,
-                            Mechanism::FastRdma => c1.mech_fast_rdma - c0.mech_fast_rdma,
-                            Mechanism::ServerRdma => c1.mech_server_rdma - c0.mech_server_rdma,
-                        };
+                        let forced = c1.by_mechanism(mech) - c0.by_mechanism(mech);
                         if forced < ops {
                             bail!("cpu {scheme}: only {forced} of {ops} {op}s took {}", mech.name_on(scheme));
                         }

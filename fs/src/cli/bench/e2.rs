@@ -98,11 +98,7 @@ impl AsRef<[u8]> for Pooled {
 }
 
 fn counter(c: &ionet::CounterSnapshot, m: Mechanism) -> u64 {
-    match m {
-        Mechanism::Inline => c.mech_inline,
-        Mechanism::FastRdma => c.mech_fast_rdma,
-        Mechanism::ServerRdma => c.mech_server_rdma,
-    }
+    c.by_mechanism(m)
 }
 
 /// Runs E2.

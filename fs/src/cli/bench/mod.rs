@@ -102,7 +102,7 @@ enum BenchCmd {
 #[derive(Args, Debug, Clone)]
 pub struct Common {
     /// Transports to compare.
-    #[arg(long, value_delimiter = ',', default_value = "tcp,softib", value_parser = parse_scheme)]
+    #[arg(long, value_delimiter = ',', default_value = "tcp,softib", value_parser = clap::value_parser!(Scheme))]
     pub transports: Vec<Scheme>,
     /// Repeated runs per point (median and min–max are reported).
     #[arg(long, default_value_t = 5)]
@@ -124,15 +124,6 @@ pub struct Common {
     /// The ionet-perf binary (default: next to this one).
     #[arg(long)]
     pub ionet_perf: Option<PathBuf>,
-}
-
-fn parse_scheme(s: &str) -> Result<Scheme, String> {
-    match s {
-        "tcp" => Ok(Scheme::Tcp),
-        "softib" => Ok(Scheme::SoftIb),
-        "ib" => Ok(Scheme::Ib),
-        _ => Err(format!("unknown transport {s} (tcp, softib, ib)")),
-    }
 }
 
 impl Common {
