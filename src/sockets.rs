@@ -1,10 +1,14 @@
-//! The TCP sockets both drivers open: non-blocking dials and bounded accept rounds. The TCP
-//! backend carries its messages on them; the InfiniBand engine its side channels.
+//! The TCP sockets both drivers open (listeners, non-blocking dials, bounded accept rounds)
+//! and the poller wait they share. The TCP backend carries its messages on these sockets; the
+//! InfiniBand engine its side channels.
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Poll};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 
 use crate::config::Config;
@@ -75,6 +79,34 @@ pub(crate) fn accept_round(listener: &TcpListener) -> (Vec<(TcpStream, SocketAdd
         }
     }
     (got, true)
+}
+
+/// One wait in the poller, at most `timeout`. While it may block, `blocked` is up, so that a
+/// thread posting meanwhile writes its frames itself rather than leave them to a driver asleep
+/// here; `pending` is asked once the flag is up, for work posted just before it, and then the
+/// wait does not block. An interrupted wait is an early return, not an error.
+pub(crate) fn wait(
+    poll: &mut Poll,
+    events: &mut Events,
+    mut timeout: Duration,
+    blocked: &AtomicBool,
+    pending: impl FnOnce() -> bool,
+) -> io::Result<()> {
+    let blocking = !timeout.is_zero();
+    if blocking {
+        blocked.store(true, Ordering::Release);
+        if pending() {
+            timeout = Duration::ZERO;
+        }
+    }
+    let r = poll.poll(events, Some(timeout));
+    if blocking {
+        blocked.store(false, Ordering::Release);
+    }
+    match r {
+        Err(e) if e.kind() != io::ErrorKind::Interrupted => Err(e),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

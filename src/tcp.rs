@@ -292,23 +292,10 @@ impl Backend for TcpBackend {
             return self.direct_wait(d).map(|()| moved() != before);
         }
         let poller = &mut *guard;
-        let blocking = !timeout.is_zero();
-        if blocking {
-            self.blocked.store(true, Ordering::Release);
-            // A post may have queued frames between our flush and the flag: look once more.
-            if self.lock().session.wants_transmit() {
-                timeout = Duration::ZERO;
-            }
-        }
-        let r = poller.poll.poll(&mut poller.events, Some(timeout));
-        if blocking {
-            self.blocked.store(false, Ordering::Release);
-        }
-        match r {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
-        }
+        // A post may have queued frames between our flush and the flag: the wait looks once more.
+        sockets::wait(&mut poller.poll, &mut poller.events, timeout, &self.blocked, || {
+            self.lock().session.wants_transmit()
+        })?;
         let mut guard_st = self.lock();
         let st = &mut *guard_st;
         st.direct_rounds = 0;

@@ -2,7 +2,6 @@
 //! the [`Backend`] methods the endpoint calls.
 
 use std::collections::{HashMap, VecDeque};
-use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -30,6 +29,7 @@ use crate::ib::verbs::*;
 use crate::info::{Counters, Info, RdmaInfo, RegcacheInfo};
 use crate::matching::Matcher;
 use crate::regcache::{RegCache, RegCacheConfig};
+use crate::sockets;
 use crate::types::{Access, OpId, PeerId, ServiceLevel};
 
 use super::reg::{Cache, PoolReg, VerbsRegistrar};
@@ -275,19 +275,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
         self.deliver(guard);
         let mut pg = self.poller.lock().unwrap_or_else(|p| p.into_inner());
         let poller = &mut *pg;
-        let blocking = !timeout.is_zero();
-        if blocking {
-            self.blocked.store(true, Ordering::Release);
-        }
-        let r = poller.poll.poll(&mut poller.events, Some(timeout));
-        if blocking {
-            self.blocked.store(false, Ordering::Release);
-        }
-        match r {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
-        }
+        sockets::wait(&mut poller.poll, &mut poller.events, timeout, &self.blocked, || false)?;
         let mut guard = self.lock();
         let st = &mut *guard;
         for ev in poller.events.iter() {
