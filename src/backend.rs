@@ -19,41 +19,117 @@ use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
 /// A command handed to a backend, carrying its buffers.
 #[derive(Debug)]
 pub(crate) enum Cmd {
-    Send { peer: PeerId, tag: Tag, sl: ServiceLevel, buf: SendBuf, unexpected: bool },
-    Recv { peer: PeerId, tag: Tag, buf: RecvBuf },
-    Put { peer: PeerId, sl: ServiceLevel, local: SendBuf, remote: MemHandle },
-    Get { peer: PeerId, sl: ServiceLevel, local: RecvBuf, remote: MemHandle },
-    Request { peer: PeerId, tag: Tag, sl: ServiceLevel, header: Bytes, payload: Payload },
-    Pull { peer: PeerId, req: u64, sl: ServiceLevel, offset: u64, buf: RecvBuf },
-    Push { peer: PeerId, req: u64, sl: ServiceLevel, offset: u64, buf: SendBuf },
-    Reply { peer: PeerId, req: u64, sl: ServiceLevel, header: Bytes, status: u32 },
+    Send(SendCmd),
+    Recv(RecvCmd),
+    Put(PutCmd),
+    Get(GetCmd),
+    Request(RequestCmd),
+    Pull(PullCmd),
+    Push(PushCmd),
+    Reply(ReplyCmd),
+}
+
+/// [`Cmd::Send`]: a tagged message (`unexpected`: for `recv_unexpected`).
+#[derive(Debug)]
+pub(crate) struct SendCmd {
+    pub peer: PeerId,
+    pub tag: Tag,
+    pub sl: ServiceLevel,
+    pub buf: SendBuf,
+    pub unexpected: bool,
+}
+
+/// [`Cmd::Recv`]: a receive matched by peer and tag.
+#[derive(Debug)]
+pub(crate) struct RecvCmd {
+    pub peer: PeerId,
+    pub tag: Tag,
+    pub buf: RecvBuf,
+}
+
+/// [`Cmd::Put`]: `local` written into the peer's exposed memory.
+#[derive(Debug)]
+pub(crate) struct PutCmd {
+    pub peer: PeerId,
+    pub sl: ServiceLevel,
+    pub local: SendBuf,
+    pub remote: MemHandle,
+}
+
+/// [`Cmd::Get`]: the peer's exposed memory read into `local`.
+#[derive(Debug)]
+pub(crate) struct GetCmd {
+    pub peer: PeerId,
+    pub sl: ServiceLevel,
+    pub local: RecvBuf,
+    pub remote: MemHandle,
+}
+
+/// [`Cmd::Request`]: a request with its header and payload (client side).
+#[derive(Debug)]
+pub(crate) struct RequestCmd {
+    pub peer: PeerId,
+    pub tag: Tag,
+    pub sl: ServiceLevel,
+    pub header: Bytes,
+    pub payload: Payload,
+}
+
+/// [`Cmd::Pull`]: part of request `req`'s OUT payload into `buf` (server side).
+#[derive(Debug)]
+pub(crate) struct PullCmd {
+    pub peer: PeerId,
+    pub req: u64,
+    pub sl: ServiceLevel,
+    pub offset: u64,
+    pub buf: RecvBuf,
+}
+
+/// [`Cmd::Push`]: `buf` into request `req`'s IN payload at `offset` (server side).
+#[derive(Debug)]
+pub(crate) struct PushCmd {
+    pub peer: PeerId,
+    pub req: u64,
+    pub sl: ServiceLevel,
+    pub offset: u64,
+    pub buf: SendBuf,
+}
+
+/// [`Cmd::Reply`]: the answer to request `req` (server side).
+#[derive(Debug)]
+pub(crate) struct ReplyCmd {
+    pub peer: PeerId,
+    pub req: u64,
+    pub sl: ServiceLevel,
+    pub header: Bytes,
+    pub status: u32,
 }
 
 impl Cmd {
     /// The peer the command addresses.
     pub(crate) fn peer(&self) -> PeerId {
         match self {
-            Cmd::Send { peer, .. }
-            | Cmd::Recv { peer, .. }
-            | Cmd::Put { peer, .. }
-            | Cmd::Get { peer, .. }
-            | Cmd::Request { peer, .. }
-            | Cmd::Pull { peer, .. }
-            | Cmd::Push { peer, .. }
-            | Cmd::Reply { peer, .. } => *peer,
+            Cmd::Send(SendCmd { peer, .. })
+            | Cmd::Recv(RecvCmd { peer, .. })
+            | Cmd::Put(PutCmd { peer, .. })
+            | Cmd::Get(GetCmd { peer, .. })
+            | Cmd::Request(RequestCmd { peer, .. })
+            | Cmd::Pull(PullCmd { peer, .. })
+            | Cmd::Push(PushCmd { peer, .. })
+            | Cmd::Reply(ReplyCmd { peer, .. }) => *peer,
         }
     }
 
     /// What its completion needs if it fails as posted: its kind, peer, tag and buffer.
     pub(crate) fn into_parts(self) -> (OpKind, PeerId, Tag, OpBuf) {
         match self {
-            Cmd::Send { peer, tag, buf, unexpected, .. } => {
+            Cmd::Send(SendCmd { peer, tag, buf, unexpected, .. }) => {
                 (if unexpected { OpKind::SendUnexpected } else { OpKind::Send }, peer, tag, OpBuf::Send(buf))
             }
-            Cmd::Recv { peer, tag, buf } => (OpKind::Recv, peer, tag, OpBuf::Recv(buf)),
-            Cmd::Put { peer, local, .. } => (OpKind::Put, peer, 0, OpBuf::Send(local)),
-            Cmd::Get { peer, local, .. } => (OpKind::Get, peer, 0, OpBuf::Recv(local)),
-            Cmd::Request { peer, tag, payload, .. } => {
+            Cmd::Recv(RecvCmd { peer, tag, buf }) => (OpKind::Recv, peer, tag, OpBuf::Recv(buf)),
+            Cmd::Put(PutCmd { peer, local, .. }) => (OpKind::Put, peer, 0, OpBuf::Send(local)),
+            Cmd::Get(GetCmd { peer, local, .. }) => (OpKind::Get, peer, 0, OpBuf::Recv(local)),
+            Cmd::Request(RequestCmd { peer, tag, payload, .. }) => {
                 let buf = match payload {
                     Payload::None => OpBuf::None,
                     Payload::Out(b) => OpBuf::Send(b),
@@ -61,9 +137,9 @@ impl Cmd {
                 };
                 (OpKind::Request, peer, tag, buf)
             }
-            Cmd::Pull { peer, buf, .. } => (OpKind::Pull, peer, 0, OpBuf::Recv(buf)),
-            Cmd::Push { peer, buf, .. } => (OpKind::Push, peer, 0, OpBuf::Send(buf)),
-            Cmd::Reply { peer, .. } => (OpKind::Reply, peer, 0, OpBuf::None),
+            Cmd::Pull(PullCmd { peer, buf, .. }) => (OpKind::Pull, peer, 0, OpBuf::Recv(buf)),
+            Cmd::Push(PushCmd { peer, buf, .. }) => (OpKind::Push, peer, 0, OpBuf::Send(buf)),
+            Cmd::Reply(ReplyCmd { peer, .. }) => (OpKind::Reply, peer, 0, OpBuf::None),
         }
     }
 

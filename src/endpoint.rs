@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::addr::{Address, Scheme};
-use crate::backend::{Backend, Cmd};
+use crate::backend::{
+    Backend, Cmd, GetCmd, PullCmd, PushCmd, PutCmd, RecvCmd, ReplyCmd, RequestCmd, SendCmd,
+};
 use crate::buffers::buf::{RecvBuf, RegisteredBuf, SendBuf};
 use crate::completions::{CompletionState, Completions, DRIVING, RequestHook, Sleeper, Slot, Want};
 use crate::config::Config;
@@ -227,7 +229,7 @@ impl Endpoint {
     /// # Errors
     /// [`Error::TooLarge`] above `max_message`; unknown peer. On error the buffer is dropped.
     pub fn send(&self, peer: PeerId, tag: Tag, buf: impl Into<SendBuf>, sl: ServiceLevel) -> Result<OpId> {
-        self.post(Cmd::Send { peer, tag, sl, buf: buf.into(), unexpected: false })
+        self.post(Cmd::Send(SendCmd { peer, tag, sl, buf: buf.into(), unexpected: false }))
     }
 
     /// Sends a message no receive will be posted for; the peer gets it from
@@ -239,14 +241,14 @@ impl Endpoint {
         buf: impl Into<SendBuf>,
         sl: ServiceLevel,
     ) -> Result<OpId> {
-        self.post(Cmd::Send { peer, tag, sl, buf: buf.into(), unexpected: true })
+        self.post(Cmd::Send(SendCmd { peer, tag, sl, buf: buf.into(), unexpected: true }))
     }
 
     /// Posts a receive for the next message from `peer` with `tag`. `buf` is a `BytesMut`
     /// (its current length is the capacity), a `Vec<BytesMut>` scatter list, or a
     /// [`RegisteredBuf`]. A larger message fails the receive with [`Error::Truncated`].
     pub fn recv(&self, peer: PeerId, tag: Tag, buf: impl Into<RecvBuf>) -> Result<OpId> {
-        self.post(Cmd::Recv { peer, tag, buf: buf.into() })
+        self.post(Cmd::Recv(RecvCmd { peer, tag, buf: buf.into() }))
     }
 
     /// Writes `local` into the peer's exposed memory `remote` (RDMA write; emulated and
@@ -258,7 +260,7 @@ impl Endpoint {
         remote: MemHandle,
         sl: ServiceLevel,
     ) -> Result<OpId> {
-        self.post(Cmd::Put { peer, sl, local: local.into(), remote })
+        self.post(Cmd::Put(PutCmd { peer, sl, local: local.into(), remote }))
     }
 
     /// Reads the peer's exposed memory `remote` into `local` (RDMA read).
@@ -269,7 +271,7 @@ impl Endpoint {
         remote: MemHandle,
         sl: ServiceLevel,
     ) -> Result<OpId> {
-        self.post(Cmd::Get { peer, sl, local: local.into(), remote })
+        self.post(Cmd::Get(GetCmd { peer, sl, local: local.into(), remote }))
     }
 
     /// Sends a request with a header and an optional payload. The server sees it through
@@ -284,7 +286,7 @@ impl Endpoint {
         payload: Payload,
         sl: ServiceLevel,
     ) -> Result<OpId> {
-        self.post(Cmd::Request { peer, tag, sl, header: header.into(), payload })
+        self.post(Cmd::Request(RequestCmd { peer, tag, sl, header: header.into(), payload }))
     }
 
     /// Sets or moves an operation's deadline: if it has not completed by `at`, it is cancelled
@@ -773,7 +775,13 @@ impl Request {
             return Err(Error::misuse("pull_into on a request without an OUT payload"));
         }
         check_range(offset, buf.capacity() as u64, self.meta.len)?;
-        self.ep.post(Cmd::Pull { peer: self.meta.peer, req: self.meta.id, sl: self.meta.sl, offset, buf })
+        self.ep.post(Cmd::Pull(PullCmd {
+            peer: self.meta.peer,
+            req: self.meta.id,
+            sl: self.meta.sl,
+            offset,
+            buf,
+        }))
     }
 
     /// Pushes `buf` into the client's IN buffer at `offset`.
@@ -783,32 +791,38 @@ impl Request {
             return Err(Error::misuse("push_from on a request without an IN payload"));
         }
         check_range(offset, buf.len() as u64, self.meta.len)?;
-        self.ep.post(Cmd::Push { peer: self.meta.peer, req: self.meta.id, sl: self.meta.sl, offset, buf })
+        self.ep.post(Cmd::Push(PushCmd {
+            peer: self.meta.peer,
+            req: self.meta.id,
+            sl: self.meta.sl,
+            offset,
+            buf,
+        }))
     }
 
     /// Ends the request with a reply header; the client's request op completes with it.
     pub fn reply(mut self, header: impl Into<Bytes>) -> Result<OpId> {
         self.answered = true;
-        self.ep.post(Cmd::Reply {
+        self.ep.post(Cmd::Reply(ReplyCmd {
             peer: self.meta.peer,
             req: self.meta.id,
             sl: self.meta.sl,
             header: header.into(),
             status: status::OK,
-        })
+        }))
     }
 
     /// Ends the request with a transport-level failure; the client's op fails with
     /// [`Error::Remote`] carrying `reason`.
     pub fn reply_error(mut self, reason: &str) -> Result<OpId> {
         self.answered = true;
-        self.ep.post(Cmd::Reply {
+        self.ep.post(Cmd::Reply(ReplyCmd {
             peer: self.meta.peer,
             req: self.meta.id,
             sl: self.meta.sl,
             header: Bytes::copy_from_slice(reason.as_bytes()),
             status: status::ERROR,
-        })
+        }))
     }
 }
 
@@ -823,13 +837,13 @@ impl Drop for Request {
     fn drop(&mut self) {
         if !self.answered {
             let _ = self.ep.post_detached(
-                Cmd::Reply {
+                Cmd::Reply(ReplyCmd {
                     peer: self.meta.peer,
                     req: self.meta.id,
                     sl: self.meta.sl,
                     header: Bytes::new(),
                     status: status::DROPPED,
-                },
+                }),
                 true,
             );
         }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use loom::sync::atomic::AtomicUsize;
 
 use super::*;
+use crate::backend::{RecvCmd, SendCmd};
 use crate::error::Error;
 
 /// What the stand-in network knows.
@@ -74,8 +75,8 @@ impl Backend for Stand {
     fn post(&self, op: OpId, cmd: Cmd) -> Result<()> {
         let mut st = self.0.lock();
         match cmd {
-            Cmd::Recv { peer, tag, .. } => st.posted.push((op, peer, tag)),
-            Cmd::Send { peer, tag, buf, .. } => {
+            Cmd::Recv(RecvCmd { peer, tag, .. }) => st.posted.push((op, peer, tag)),
+            Cmd::Send(SendCmd { peer, tag, buf, .. }) => {
                 // Written at once: completes before `post` returns, recorded under our lock.
                 let mut c = Completion::new(op, OpKind::Send, peer, tag);
                 c.result = Ok(buf.len());

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
-use crate::backend::Cmd;
+use crate::backend::{Cmd, GetCmd, PullCmd, PushCmd, RecvCmd, ReplyCmd, RequestCmd, SendCmd};
 use crate::buffers::buf::{OpBuf, RecvBuf, SendBuf};
 use crate::comm::Mechanism;
 use crate::completions::Completions;
@@ -364,11 +364,11 @@ fn fill(bufs: &mut [&mut [u8]], q: &mut VecDeque<u8>, chunk: usize) -> usize {
 }
 
 fn send(peer: PeerId, tag: Tag, data: Vec<u8>) -> Cmd {
-    Cmd::Send { peer, tag, sl: ServiceLevel::Normal, buf: SendBuf::from(data), unexpected: false }
+    Cmd::Send(SendCmd { peer, tag, sl: ServiceLevel::Normal, buf: SendBuf::from(data), unexpected: false })
 }
 
 fn recv(peer: PeerId, tag: Tag, cap: usize) -> Cmd {
-    Cmd::Recv { peer, tag, buf: RecvBuf::from(BytesMut::zeroed(cap)) }
+    Cmd::Recv(RecvCmd { peer, tag, buf: RecvBuf::from(BytesMut::zeroed(cap)) })
 }
 
 fn bytes_of(c: &Completion) -> Vec<u8> {
@@ -491,13 +491,13 @@ fn request_out(cfg: Config, len: usize) -> (Option<Mechanism>, Vec<u8>) {
     let data = pattern(len, 3);
     let req = p.post(
         true,
-        Cmd::Request {
+        Cmd::Request(RequestCmd {
             peer: srv,
             tag: 1,
             sl: ServiceLevel::Bulk,
             header: Bytes::from_static(b"write"),
             payload: Payload::Out(SendBuf::from(data.clone())),
-        },
+        }),
     );
     p.drive();
     let meta = p.server.requests.pop_front().expect("the request arrived");
@@ -507,26 +507,26 @@ fn request_out(cfg: Config, len: usize) -> (Option<Mechanism>, Vec<u8>) {
     for (off, n) in [(0, half), (half, len - half)] {
         let pull = p.post(
             false,
-            Cmd::Pull {
+            Cmd::Pull(PullCmd {
                 peer: meta.peer,
                 req: meta.id,
                 sl: meta.sl,
                 offset: off as u64,
                 buf: RecvBuf::from(BytesMut::zeroed(n)),
-            },
+            }),
         );
         p.drive();
         got.extend(bytes_of(&p.take(false, pull)));
     }
     let reply = p.post(
         false,
-        Cmd::Reply {
+        Cmd::Reply(ReplyCmd {
             peer: meta.peer,
             req: meta.id,
             sl: meta.sl,
             header: Bytes::from_static(b"ok"),
             status: status::OK,
-        },
+        }),
     );
     p.drive();
     assert!(p.take(false, reply).result.is_ok());
@@ -552,13 +552,13 @@ fn a_request_in_payload_is_pushed_into_the_clients_buffer() {
     let len = 200_000;
     let req = p.post(
         true,
-        Cmd::Request {
+        Cmd::Request(RequestCmd {
             peer: srv,
             tag: 2,
             sl: ServiceLevel::Normal,
             header: Bytes::from_static(b"read"),
             payload: Payload::In(RecvBuf::from(BytesMut::zeroed(len))),
-        },
+        }),
     );
     p.drive();
     let meta = p.server.requests.pop_front().expect("the request arrived");
@@ -566,11 +566,23 @@ fn a_request_in_payload_is_pushed_into_the_clients_buffer() {
     let data = pattern(len, 9);
     let push = p.post(
         false,
-        Cmd::Push { peer: meta.peer, req: meta.id, sl: meta.sl, offset: 0, buf: SendBuf::from(data.clone()) },
+        Cmd::Push(PushCmd {
+            peer: meta.peer,
+            req: meta.id,
+            sl: meta.sl,
+            offset: 0,
+            buf: SendBuf::from(data.clone()),
+        }),
     );
     let reply = p.post(
         false,
-        Cmd::Reply { peer: meta.peer, req: meta.id, sl: meta.sl, header: Bytes::new(), status: status::OK },
+        Cmd::Reply(ReplyCmd {
+            peer: meta.peer,
+            req: meta.id,
+            sl: meta.sl,
+            header: Bytes::new(),
+            status: status::OK,
+        }),
     );
     p.drive();
     assert!(p.take(false, push).result.is_ok() && p.take(false, reply).result.is_ok());
@@ -609,13 +621,13 @@ fn unexpected_messages_past_the_budget_stop_reading_until_taken() {
     p.chunk = 150;
     let srv = p.connect();
     for i in 0..10u8 {
-        let cmd = Cmd::Send {
+        let cmd = Cmd::Send(SendCmd {
             peer: srv,
             tag: 0,
             sl: ServiceLevel::Normal,
             buf: SendBuf::from(vec![i; 100]),
             unexpected: true,
-        };
+        });
         p.post(true, cmd);
     }
     p.drive();
@@ -651,7 +663,9 @@ fn a_peer_that_reads_no_answers_is_paused_at_the_transmit_bound_then_dropped() {
     let mut gets = Vec::new();
     for _ in 0..8 {
         let local = RecvBuf::from(BytesMut::zeroed(32 << 10));
-        gets.push(p.post(true, Cmd::Get { peer: srv, sl: ServiceLevel::Normal, local, remote: exposed }));
+        gets.push(
+            p.post(true, Cmd::Get(GetCmd { peer: srv, sl: ServiceLevel::Normal, local, remote: exposed })),
+        );
     }
     p.drive();
     assert_eq!(p.server.s.tx_paused.len(), 1, "paused at the bound");

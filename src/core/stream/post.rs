@@ -5,15 +5,14 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 
-use crate::backend::Cmd;
-use crate::buffers::buf::{OpBuf, RecvBuf, SendBuf};
+use crate::backend::{Cmd, GetCmd, PullCmd, PushCmd, PutCmd, RecvCmd, ReplyCmd, RequestCmd, SendCmd};
+use crate::buffers::buf::{OpBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism};
 use crate::core::requests;
 use crate::error::{Error, Result};
-use crate::expose::MemHandle;
 use crate::info::Counters;
-use crate::op::{Completion, Direction, OpKind, Payload};
-use crate::types::{OpId, PeerId, ServiceLevel, Tag};
+use crate::op::{Completion, Direction, OpKind};
+use crate::types::{OpId, PeerId, ServiceLevel};
 use crate::wire::{FLAG_INLINE_DATA, FLAG_STREAMED, HEADER_LEN, Header, Kind};
 
 use super::link::{Frame, IoVec, Link, OnDone, Phase};
@@ -37,7 +36,7 @@ impl EagerNow {
     /// `cmd`'s send buffer, when it is one contiguous piece (most are).
     pub(crate) fn contiguous<'a>(&self, cmd: &'a Cmd) -> Option<&'a [u8]> {
         match cmd {
-            Cmd::Send { buf: SendBuf::Bytes(b), .. } => Some(b),
+            Cmd::Send(SendCmd { buf: SendBuf::Bytes(b), .. }) => Some(b),
             _ => None,
         }
     }
@@ -45,7 +44,7 @@ impl EagerNow {
     /// The frame's bytes: the header, then `cmd`'s send buffer.
     pub(crate) fn slices<'a>(&'a self, cmd: &'a Cmd, iov: &mut IoVec<'a>) {
         iov.push(&self.hdr);
-        if let Cmd::Send { buf, .. } = cmd {
+        if let Cmd::Send(SendCmd { buf, .. }) = cmd {
             buf.for_each_slice(0, buf.len(), |s| iov.push(s));
         }
     }
@@ -61,20 +60,14 @@ impl Session {
             return Ok(());
         }
         match cmd {
-            Cmd::Send { peer, tag, sl, buf, unexpected } => {
-                self.post_send(op, peer, tag, sl, buf, unexpected)
-            }
-            Cmd::Recv { peer, tag, buf } => self.post_recv(op, peer, tag, buf),
-            Cmd::Put { peer, sl, local, remote } => self.post_put(op, peer, sl, local, remote),
-            Cmd::Get { peer, sl, local, remote } => self.post_get(op, peer, sl, local, remote),
-            Cmd::Request { peer, tag, sl, header, payload } => {
-                self.post_request(op, peer, tag, sl, header, payload)
-            }
-            Cmd::Pull { peer, req, sl, offset, buf } => self.post_pull(op, peer, req, sl, offset, buf),
-            Cmd::Push { peer, req, sl, offset, buf } => self.post_push(op, peer, req, sl, offset, buf),
-            Cmd::Reply { peer, req, sl, header, status } => {
-                self.post_reply(op, peer, req, sl, header, status)
-            }
+            Cmd::Send(c) => self.post_send(op, c),
+            Cmd::Recv(c) => self.post_recv(op, c),
+            Cmd::Put(c) => self.post_put(op, c),
+            Cmd::Get(c) => self.post_get(op, c),
+            Cmd::Request(c) => self.post_request(op, c),
+            Cmd::Pull(c) => self.post_pull(op, c),
+            Cmd::Push(c) => self.post_push(op, c),
+            Cmd::Reply(c) => self.post_reply(op, c),
         }
     }
 
@@ -172,16 +165,8 @@ impl Session {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn post_send(
-        &mut self,
-        op: OpId,
-        peer: PeerId,
-        tag: Tag,
-        sl: ServiceLevel,
-        buf: SendBuf,
-        unexpected: bool,
-    ) -> Result<()> {
+    fn post_send(&mut self, op: OpId, c: SendCmd) -> Result<()> {
+        let SendCmd { peer, tag, sl, buf, unexpected } = c;
         let len = buf.len();
         self.check_len(peer, len)?;
         let eager_max = self.peer(peer)?.d.eager_limit.min(self.s.eager_limit);
@@ -241,7 +226,7 @@ impl Session {
     /// write. Anything else, and every error, is left to [`Session::post`].
     #[inline]
     pub(crate) fn eager_now(&self, cmd: &Cmd) -> Option<EagerNow> {
-        let Cmd::Send { peer, tag, sl, buf, unexpected } = cmd else { return None };
+        let Cmd::Send(SendCmd { peer, tag, sl, buf, unexpected }) = cmd else { return None };
         if self.s.cfg.batch_sends {
             return None;
         }
@@ -281,7 +266,7 @@ impl Session {
     /// or failed). All of it completes the op at once; less files it as an ordinary queued
     /// frame with the rest to go, which the ordinary write path sends (or fails).
     pub(crate) fn eager_written(&mut self, op: OpId, cmd: Cmd, e: EagerNow, n: usize) {
-        let Cmd::Send { peer, tag, sl, buf, unexpected } = cmd else { return };
+        let Cmd::Send(SendCmd { peer, tag, sl, buf, unexpected }) = cmd else { return };
         let kind = if unexpected { OpKind::SendUnexpected } else { OpKind::Send };
         let len = buf.len();
         Counters::add(&self.core.counters.msgs_sent, 1);
@@ -312,7 +297,8 @@ impl Session {
         self.queue(e.link, f);
     }
 
-    fn post_recv(&mut self, op: OpId, peer: PeerId, tag: Tag, buf: RecvBuf) -> Result<()> {
+    fn post_recv(&mut self, op: OpId, c: RecvCmd) -> Result<()> {
+        let RecvCmd { peer, tag, buf } = c;
         let p = self.peer(peer)?;
         if let Some(reason) = p.lost.clone() {
             self.fail_new(op, OpKind::Recv, peer, tag, OpBuf::Recv(buf), Error::PeerLost { peer, reason });
@@ -383,14 +369,8 @@ impl Session {
         self.queue(link, Frame::new(h, Bytes::new(), None, OnDone::Nothing));
     }
 
-    fn post_put(
-        &mut self,
-        op: OpId,
-        peer: PeerId,
-        sl: ServiceLevel,
-        local: SendBuf,
-        remote: MemHandle,
-    ) -> Result<()> {
+    fn post_put(&mut self, op: OpId, c: PutCmd) -> Result<()> {
+        let PutCmd { peer, sl, local, remote } = c;
         let len = local.len();
         if len as u64 > remote.len {
             return Err(Error::misuse(format!("put of {len} bytes into a {}-byte handle", remote.len)));
@@ -416,14 +396,8 @@ impl Session {
         Ok(())
     }
 
-    fn post_get(
-        &mut self,
-        op: OpId,
-        peer: PeerId,
-        sl: ServiceLevel,
-        local: RecvBuf,
-        remote: MemHandle,
-    ) -> Result<()> {
+    fn post_get(&mut self, op: OpId, c: GetCmd) -> Result<()> {
+        let GetCmd { peer, sl, local, remote } = c;
         let len = local.capacity();
         if len as u64 > remote.len {
             return Err(Error::misuse(format!("get of {len} bytes from a {}-byte handle", remote.len)));
@@ -450,16 +424,8 @@ impl Session {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn post_request(
-        &mut self,
-        op: OpId,
-        peer: PeerId,
-        tag: Tag,
-        sl: ServiceLevel,
-        header: Bytes,
-        payload: Payload,
-    ) -> Result<()> {
+    fn post_request(&mut self, op: OpId, c: RequestCmd) -> Result<()> {
+        let RequestCmd { peer, tag, sl, header, payload } = c;
         requests::check_header(&header, self.s.cfg.max_header)?;
         let len = requests::payload_len(&payload);
         let (buf, dir) = requests::split_payload(payload);
@@ -515,16 +481,8 @@ impl Session {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn post_pull(
-        &mut self,
-        op: OpId,
-        peer: PeerId,
-        req: u64,
-        sl: ServiceLevel,
-        offset: u64,
-        buf: RecvBuf,
-    ) -> Result<()> {
+    fn post_pull(&mut self, op: OpId, c: PullCmd) -> Result<()> {
+        let PullCmd { peer, req, sl, offset, buf } = c;
         let Some(buf) =
             self.sreqs.start_pull(&mut self.ops, &self.core.counters, op, peer, req, offset, buf)?
         else {
@@ -553,16 +511,8 @@ impl Session {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn post_push(
-        &mut self,
-        op: OpId,
-        peer: PeerId,
-        req: u64,
-        sl: ServiceLevel,
-        offset: u64,
-        buf: SendBuf,
-    ) -> Result<()> {
+    fn post_push(&mut self, op: OpId, c: PushCmd) -> Result<()> {
+        let PushCmd { peer, req, sl, offset, buf } = c;
         let len = buf.len();
         if self.sreqs.check_push(peer, req, offset, len)?.cancelled {
             self.fail_new(op, OpKind::Push, peer, 0, OpBuf::Send(buf), Error::PeerCancelled);
@@ -592,16 +542,8 @@ impl Session {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn post_reply(
-        &mut self,
-        op: OpId,
-        peer: PeerId,
-        req: u64,
-        sl: ServiceLevel,
-        header: Bytes,
-        status: u32,
-    ) -> Result<()> {
+    fn post_reply(&mut self, op: OpId, c: ReplyCmd) -> Result<()> {
+        let ReplyCmd { peer, req, sl, header, status } = c;
         requests::check_header(&header, self.s.cfg.max_header)?;
         let r = self.sreqs.close(peer, req)?;
         self.release_request_budget(peer, r.cost);

@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 
-use crate::backend::Cmd;
+use crate::backend::{Cmd, GetCmd, PullCmd, PushCmd, PutCmd, RecvCmd, ReplyCmd, RequestCmd, SendCmd};
 use crate::buffers::buf::{OpBuf, RecvBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism};
 use crate::core::requests;
@@ -12,7 +12,7 @@ use crate::ib::verbs::*;
 use crate::info::Counters;
 use crate::op::{Direction, OpKind, Payload as UserPayload};
 use crate::regcache::{Origin, RegRef, Span};
-use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag};
+use crate::types::{Access, OpId, PeerId, ServiceLevel};
 use crate::wire::{FLAG_INLINE_DATA, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind};
 
 use super::msg::{self, MSG_HDR, Segment};
@@ -35,24 +35,18 @@ impl<V: Verbs> State<V> {
             return Ok(());
         }
         match cmd {
-            Cmd::Send { peer, tag, sl, buf, unexpected } => {
-                self.post_send(op, peer, tag, sl, buf, unexpected)
-            }
-            Cmd::Recv { peer, tag, buf } => self.post_recv(op, peer, tag, buf),
-            Cmd::Put { peer, sl, local, remote } => {
+            Cmd::Send(c) => self.post_send(op, c),
+            Cmd::Recv(c) => self.post_recv(op, c),
+            Cmd::Put(PutCmd { peer, sl, local, remote }) => {
                 self.post_one_sided(op, peer, sl, OpBuf::Send(local), remote, false)
             }
-            Cmd::Get { peer, sl, local, remote } => {
+            Cmd::Get(GetCmd { peer, sl, local, remote }) => {
                 self.post_one_sided(op, peer, sl, OpBuf::Recv(local), remote, true)
             }
-            Cmd::Request { peer, tag, sl, header, payload } => {
-                self.post_request(op, peer, tag, sl, header, payload)
-            }
-            Cmd::Pull { peer, req, sl, offset, buf } => self.post_pull(op, peer, req, sl, offset, buf),
-            Cmd::Push { peer, req, sl, offset, buf } => self.post_push(op, peer, req, sl, offset, buf),
-            Cmd::Reply { peer, req, sl, header, status } => {
-                self.post_reply(op, peer, req, sl, header, status)
-            }
+            Cmd::Request(c) => self.post_request(op, c),
+            Cmd::Pull(c) => self.post_pull(op, c),
+            Cmd::Push(c) => self.post_push(op, c),
+            Cmd::Reply(c) => self.post_reply(op, c),
         }
     }
 
@@ -124,7 +118,7 @@ impl<V: Verbs> State<V> {
         let eager = self.caps(cid).slot_payload_max();
         for (op, cmd) in waiting {
             let cmd = match cmd {
-                Cmd::Send { peer, tag, buf, unexpected: true, .. } if buf.len() > eager => {
+                Cmd::Send(SendCmd { peer, tag, buf, unexpected: true, .. }) if buf.len() > eager => {
                     // Checked when posted against our own slots; the peer's are smaller.
                     let e = Error::TooLarge { len: buf.len() as u64, max: eager as u64 };
                     self.ops.fail_new(op, OpKind::SendUnexpected, peer, tag, OpBuf::Send(buf), e);
@@ -133,10 +127,10 @@ impl<V: Verbs> State<V> {
                 cmd => cmd,
             };
             let (peer, tag, kind) = match &cmd {
-                Cmd::Send { peer, tag, unexpected, .. } => {
+                Cmd::Send(SendCmd { peer, tag, unexpected, .. }) => {
                     (*peer, *tag, if *unexpected { OpKind::SendUnexpected } else { OpKind::Send })
                 }
-                Cmd::Request { peer, tag, .. } => (*peer, *tag, OpKind::Request),
+                Cmd::Request(RequestCmd { peer, tag, .. }) => (*peer, *tag, OpKind::Request),
                 _ => continue,
             };
             if let Err(e) = self.post(op, cmd) {
@@ -156,11 +150,11 @@ impl<V: Verbs> State<V> {
         });
         let Some((op, cmd)) = found else { return false };
         match cmd {
-            Cmd::Send { peer, tag, buf, unexpected, .. } => {
+            Cmd::Send(SendCmd { peer, tag, buf, unexpected, .. }) => {
                 let kind = if unexpected { OpKind::SendUnexpected } else { OpKind::Send };
                 self.ops.fail_new(op, kind, peer, tag, OpBuf::Send(buf), why);
             }
-            Cmd::Request { peer, tag, payload, .. } => {
+            Cmd::Request(RequestCmd { peer, tag, payload, .. }) => {
                 let buf = match payload {
                     UserPayload::None => OpBuf::None,
                     UserPayload::Out(b) => OpBuf::Send(b),
@@ -186,16 +180,8 @@ impl<V: Verbs> State<V> {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn post_send(
-        &mut self,
-        op: OpId,
-        peer: PeerId,
-        tag: Tag,
-        sl: ServiceLevel,
-        buf: SendBuf,
-        unexpected: bool,
-    ) -> Result<()> {
+    fn post_send(&mut self, op: OpId, c: SendCmd) -> Result<()> {
+        let SendCmd { peer, tag, sl, buf, unexpected } = c;
         let len = buf.len();
         self.check_len(len)?;
         if unexpected && len > self.s.eager_limit {
@@ -209,11 +195,12 @@ impl<V: Verbs> State<V> {
                 return Ok(());
             }
         };
-        let Some(cmd) = self.hold_until_limits_known(cid, op, Cmd::Send { peer, tag, sl, buf, unexpected })
+        let Some(cmd) =
+            self.hold_until_limits_known(cid, op, Cmd::Send(SendCmd { peer, tag, sl, buf, unexpected }))
         else {
             return Ok(());
         };
-        let Cmd::Send { buf, .. } = cmd else { unreachable!("held and returned as it was") };
+        let Cmd::Send(SendCmd { buf, .. }) = cmd else { unreachable!("held and returned as it was") };
         // An unexpected message lands in a ring slot of the peer's: the smaller eager limit.
         let eager = self.caps(cid).slot_payload_max();
         if unexpected && len > eager {
@@ -397,7 +384,8 @@ impl<V: Verbs> State<V> {
         Ok((regs, segs))
     }
 
-    fn post_recv(&mut self, op: OpId, peer: PeerId, tag: Tag, buf: RecvBuf) -> Result<()> {
+    fn post_recv(&mut self, op: OpId, c: RecvCmd) -> Result<()> {
+        let RecvCmd { peer, tag, buf } = c;
         let p = self.peers.require(peer)?;
         if let Some(reason) = p.lost.clone() {
             self.ops.fail_new(
@@ -501,16 +489,8 @@ impl<V: Verbs> State<V> {
         );
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn post_request(
-        &mut self,
-        op: OpId,
-        peer: PeerId,
-        tag: Tag,
-        sl: ServiceLevel,
-        header: Bytes,
-        payload: UserPayload,
-    ) -> Result<()> {
+    fn post_request(&mut self, op: OpId, c: RequestCmd) -> Result<()> {
+        let RequestCmd { peer, tag, sl, header, payload } = c;
         requests::check_header(&header, self.s.cfg.max_header)?;
         let len = requests::payload_len(&payload);
         self.check_len(len)?;
@@ -521,12 +501,16 @@ impl<V: Verbs> State<V> {
                 return Ok(());
             }
         };
-        let Some(cmd) =
-            self.hold_until_limits_known(cid, op, Cmd::Request { peer, tag, sl, header, payload })
-        else {
+        let Some(cmd) = self.hold_until_limits_known(
+            cid,
+            op,
+            Cmd::Request(RequestCmd { peer, tag, sl, header, payload }),
+        ) else {
             return Ok(());
         };
-        let Cmd::Request { header, payload, .. } = cmd else { unreachable!("held and returned as it was") };
+        let Cmd::Request(RequestCmd { header, payload, .. }) = cmd else {
+            unreachable!("held and returned as it was")
+        };
         let (buf, dir) = requests::split_payload(payload);
         let caps = self.caps(cid);
         self.ops.insert(op, OpKind::Request, peer, tag, sl, buf, OpSt::WaitReply);
@@ -614,16 +598,8 @@ impl<V: Verbs> State<V> {
         Ok(segs)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn post_pull(
-        &mut self,
-        op: OpId,
-        peer: PeerId,
-        req: u64,
-        sl: ServiceLevel,
-        offset: u64,
-        buf: RecvBuf,
-    ) -> Result<()> {
+    fn post_pull(&mut self, op: OpId, c: PullCmd) -> Result<()> {
+        let PullCmd { peer, req, sl, offset, buf } = c;
         let Some(buf) =
             self.sreqs.start_pull(&mut self.ops, &self.core.counters, op, peer, req, offset, buf)?
         else {
@@ -656,16 +632,8 @@ impl<V: Verbs> State<V> {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn post_push(
-        &mut self,
-        op: OpId,
-        peer: PeerId,
-        req: u64,
-        sl: ServiceLevel,
-        offset: u64,
-        buf: SendBuf,
-    ) -> Result<()> {
+    fn post_push(&mut self, op: OpId, c: PushCmd) -> Result<()> {
+        let PushCmd { peer, req, sl, offset, buf } = c;
         let len = buf.len();
         let r = self.sreqs.check_push(peer, req, offset, len)?;
         if r.cancelled {
@@ -738,16 +706,8 @@ impl<V: Verbs> State<V> {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn post_reply(
-        &mut self,
-        op: OpId,
-        peer: PeerId,
-        req: u64,
-        sl: ServiceLevel,
-        header: Bytes,
-        status: u32,
-    ) -> Result<()> {
+    fn post_reply(&mut self, op: OpId, c: ReplyCmd) -> Result<()> {
+        let ReplyCmd { peer, req, sl, header, status } = c;
         requests::check_header(&header, self.s.cfg.max_header)?;
         let r = self.sreqs.get(peer, req)?;
         let _ = sl;
