@@ -68,7 +68,7 @@ pub struct E1Args {
     /// MiB per client per io server (the papers: 2).
     #[arg(long, default_value_t = 2)]
     pub mib_per_server: u64,
-    /// Stripe size in bytes (default: the file system's, 64 KiB; paper 003 used 16 KiB; binary units allowed: 16k).
+    /// Stripe size in bytes (default: the file system's, 64 KiB; binary units allowed: 16k).
     #[arg(long, value_parser = benchkit::units::parse_size)]
     pub stripe_size: Option<u64>,
     /// Blocks per cell (default: 15, or `--runs` if more; `--runs` in a smoke check). A block's
