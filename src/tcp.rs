@@ -41,7 +41,7 @@ use crate::backend::{Backend, Cmd};
 use crate::buffers::buf::{BufPool, RegisteredBuf};
 use crate::completions::Completions;
 use crate::config::Config;
-use crate::core::stream::{Action, EagerNow, IoVec, LinkId, RecvInto, Session, Settings, Slots};
+use crate::core::stream::{Action, EagerNow, IoVec, LinkId, RecvInto, Session, Settings, Slab};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::info::{Counters, Info};
@@ -102,7 +102,7 @@ struct Poller {
 struct State {
     session: Session,
     listener: Option<TcpListener>,
-    socks: Slots<Sock>,
+    socks: Slab<LinkId, Sock>,
     read_ready: VecDeque<LinkId>,
     spin_rounds: u32,
     /// Busy-poll `progress` calls in a row that moved nothing.
@@ -144,7 +144,7 @@ impl TcpBackend {
         let st = State {
             session: Session::new(Instant::now(), settings, core.clone()),
             listener,
-            socks: Slots::default(),
+            socks: Slab::default(),
             read_ready: VecDeque::new(),
             spin_rounds: 0,
             idle_calls: 0,
@@ -312,7 +312,7 @@ impl Backend for TcpBackend {
                 WAKER => {}
                 t => {
                     let link = link_of(t);
-                    let Some(s) = st.socks.get_mut(&link) else { continue };
+                    let Some(s) = st.socks.get_mut(link) else { continue };
                     if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                         s.readable = true;
                         s.hup |= ev.is_read_closed() || ev.is_error();
@@ -495,19 +495,19 @@ impl State {
                 }
             }
             Action::Classify { link, sl } => {
-                if let Some(s) = self.socks.get(&link) {
+                if let Some(s) = self.socks.get(link) {
                     tune(&SockRef::from(&*s.stream), &self.cfg, sl, s.remote.is_ipv4());
                 }
             }
             Action::Resume { link } => {
-                if let Some(s) = self.socks.get_mut(&link) {
+                if let Some(s) = self.socks.get_mut(link) {
                     s.readable = true;
                     s.drained = false;
                     self.read_ready.push_back(link);
                 }
             }
             Action::Close { link, farewell } => {
-                let Some(s) = self.socks.remove(&link) else { return };
+                let Some(s) = self.socks.remove(link) else { return };
                 if let Some(f) = farewell {
                     let _ = send_one_now(&s.stream, &f);
                 }
@@ -558,7 +558,7 @@ impl State {
     }
 
     fn on_writable(&mut self, link: LinkId) {
-        let Some(s) = self.socks.get_mut(&link) else { return };
+        let Some(s) = self.socks.get_mut(link) else { return };
         if s.connecting {
             match s.stream.take_error() {
                 Ok(None) if s.stream.peer_addr().is_ok() => {}
@@ -614,7 +614,7 @@ impl State {
     /// Writes a fast-path eager send (see [`EagerNow`]) in one system call; what did not go
     /// (nothing, on a refusal or an error) is queued and left to the ordinary write path.
     fn write_eager(&mut self, op: OpId, cmd: Cmd, e: EagerNow) {
-        let n = match self.socks.get(&e.link) {
+        let n = match self.socks.get(e.link) {
             Some(s) => {
                 let r = if let Some(payload) = e.contiguous(&cmd) {
                     send_pair_now(&s.stream, e.header(), payload)
@@ -634,7 +634,7 @@ impl State {
     fn write_link(&mut self, link: LinkId, quantum: usize) {
         let mut written_total = 0;
         loop {
-            let Some(s) = self.socks.get(&link) else {
+            let Some(s) = self.socks.get(link) else {
                 // Not dialled yet, or closing: nothing can go.
                 self.session.transmit_blocked(link);
                 return;
@@ -704,7 +704,7 @@ impl State {
     fn read_link(&mut self, link: LinkId) -> bool {
         let mut budget = READ_QUANTUM;
         let State { socks, session, .. } = self;
-        let Some(s) = socks.get_mut(&link) else { return false };
+        let Some(s) = socks.get_mut(link) else { return false };
         // `drained` describes the last read of this turn only: whatever raised this turn may
         // have brought new bytes — unless the turn was raised by a direct wait's read, which
         // is this turn's read.

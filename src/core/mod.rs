@@ -19,4 +19,5 @@ pub(crate) mod loss;
 pub(crate) mod ops;
 pub(crate) mod peers;
 pub(crate) mod requests;
+pub(crate) mod slab;
 pub(crate) mod stream;

@@ -55,7 +55,7 @@ impl TcpBackend {
             Err(_) => 0,
         };
         let returned = st.session.return_staging(link, buf, n);
-        let Some(s) = st.socks.get_mut(&link).filter(|_| returned) else {
+        let Some(s) = st.socks.get_mut(link).filter(|_| returned) else {
             // Closed meanwhile (by another thread): the bytes go with it.
             self.deliver(guard);
             return Ok(());

@@ -88,7 +88,7 @@ impl Session {
     pub(super) fn truncate_stream(&mut self, op: OpId, peer: PeerId, sl: ServiceLevel) {
         let Some(link) = self.peers.get(peer).and_then(|p| p.conns[sl.index()]) else { return };
         let Session { links, ops, .. } = self;
-        let (Some(c), Some(o)) = (links.get_mut(&link), ops.get_mut(&op)) else { return };
+        let (Some(c), Some(o)) = (links.get_mut(link), ops.get_mut(&op)) else { return };
         let ours = |f: &Frame| f.hdr[3] == Kind::Stream as u8 && f.op_part.is_some_and(|p| p.0 == op);
         if !c.tx.iter().any(ours) {
             return;

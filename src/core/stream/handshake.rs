@@ -39,7 +39,7 @@ impl Session {
     /// Admits an accepted link to its handshake at `now` (`heard`: its first bytes are in),
     /// shedding older ones to make room if the limits say so.
     pub(crate) fn admit(&mut self, now: Instant, link: LinkId) {
-        let Some(c) = self.links.get_mut(&link) else { return };
+        let Some(c) = self.links.get_mut(link) else { return };
         c.since = Some(now);
         let (remote, heard) = (c.remote, c.staged() > 0);
         for v in self.admission.admit(now, link, remote.ip()) {
@@ -53,7 +53,7 @@ impl Session {
     /// Drops an accepted link to make room for newer ones, telling the client why when no other
     /// frame of ours is half written on it.
     fn shed(&mut self, link: LinkId) {
-        let Some(c) = self.links.get(&link) else { return };
+        let Some(c) = self.links.get(link) else { return };
         tracing::debug!(remote = %c.remote, "shedding a connection in its handshake: handshake limits reached");
         let farewell =
             c.hs_tx.front().is_none_or(|f| f.sent == 0).then(|| handshake::busy_frame(c.sl).encode());
@@ -62,14 +62,14 @@ impl Session {
 
     /// The driver started dialling `link` at `now`: the connect deadline runs from here.
     pub(crate) fn dial_started(&mut self, now: Instant, link: LinkId) {
-        if let Some(c) = self.links.get_mut(&link) {
+        if let Some(c) = self.links.get_mut(link) {
             c.since = Some(now);
         }
     }
 
     /// A dialled link is connected at `now`: it says hello.
     pub(crate) fn link_up(&mut self, now: Instant, link: LinkId) {
-        let Some(c) = self.links.get_mut(&link) else { return };
+        let Some(c) = self.links.get_mut(link) else { return };
         if !matches!(c.phase, Phase::Connecting) {
             return;
         }
@@ -98,7 +98,7 @@ impl Session {
     pub(super) fn stream_queued_requests(&mut self, link: LinkId, peer: PeerId) {
         let Some(chunk) = self.peers.get(peer).and_then(|p| self.stream_chunk(p)) else { return };
         let Session { links, ops, .. } = self;
-        let Some(c) = links.get_mut(&link) else { return };
+        let Some(c) = links.get_mut(link) else { return };
         if !c.tx.iter().any(|f| f.hdr[3] == Kind::Request as u8) {
             return;
         }
@@ -130,7 +130,7 @@ impl Session {
     }
 
     pub(super) fn on_handshake(&mut self, link: LinkId, h: Header, body: Vec<u8>) {
-        let Some(c) = self.links.get_mut(&link) else { return };
+        let Some(c) = self.links.get_mut(link) else { return };
         let phase = mem::replace(&mut c.phase, Phase::Closing);
         match phase {
             Phase::ServerWaitHello(mut hs) => match hs.on_hello(&h, &body) {
@@ -152,7 +152,7 @@ impl Session {
                     c.remote,
                     &self.core.counters,
                 );
-                let Some(c) = self.links.get_mut(&link) else { return };
+                let Some(c) = self.links.get_mut(link) else { return };
                 if status != handshake::READY_OK {
                     c.hs_tx.push_back(Frame::new(rh, Bytes::from(rb), None, OnDone::Close));
                     c.phase = Phase::Closing;
@@ -174,7 +174,7 @@ impl Session {
                 p.d.max_message = client.max_message;
                 p.d.streams = client.streams;
                 p.conns[sl.index()] = Some(link);
-                let Some(c) = self.links.get_mut(&link) else { return };
+                let Some(c) = self.links.get_mut(link) else { return };
                 c.peer = Some(peer);
                 c.phase = Phase::Ready;
                 self.admission.finished(link);

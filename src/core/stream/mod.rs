@@ -28,7 +28,6 @@ mod handshake;
 pub(crate) mod link;
 mod post;
 mod recv;
-mod slots;
 mod stream_in;
 mod teardown;
 mod transmit;
@@ -55,6 +54,8 @@ use crate::config::Config;
 use crate::core::ops::{self, OpState, OpTable};
 use crate::core::peers::{self, Peers};
 use crate::core::requests::Requests;
+pub(crate) use crate::core::slab::Slab;
+use crate::core::slab::{SlabId, pack, unpack};
 use crate::error::{Error, Result};
 use crate::expose::ExposureTable;
 use crate::matching::Matcher;
@@ -67,7 +68,6 @@ use crate::wire::{HEADER_LEN, Limits};
 pub(crate) use link::RecvIov;
 pub(crate) use link::{IoVec, Link, MAX_IOV, RecvInto};
 pub(crate) use post::EagerNow;
-pub(crate) use slots::Slots;
 use stream_in::StreamIn;
 
 /// Receive staging buffer per link: small frames are parsed from it with one read.
@@ -91,6 +91,20 @@ const CTS_TRUNCATED: u32 = 1;
 /// numbers links; a driver maps each to its own handle one to one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct LinkId(pub(crate) u64);
+
+/// A link id is a slot of the session's link table and the slot's generation (see
+/// [`crate::core::slab`]).
+impl SlabId for LinkId {
+    fn from_parts(index: u32, generation: u32) -> Self {
+        LinkId(pack(index, generation))
+    }
+    fn index(self) -> usize {
+        unpack(self.0).0
+    }
+    fn generation(self) -> u32 {
+        unpack(self.0).1
+    }
+}
 
 /// What the driver must do for the session.
 #[derive(Debug, PartialEq, Eq)]
@@ -225,7 +239,7 @@ type Peer = peers::Peer<LinkId, PeerExt>;
 /// The protocol state of one endpoint.
 pub(crate) struct Session {
     pub(crate) s: Settings,
-    links: Slots<Link>,
+    links: Slab<LinkId, Link>,
 
     /// Accepted links still in their handshake.
     pub(crate) admission: Admission<LinkId>,
@@ -264,7 +278,7 @@ impl Session {
                 per_source: cfg.handshakes_per_source,
             }),
             s,
-            links: Slots::default(),
+            links: Slab::default(),
             peers: Peers::default(),
             matcher: Matcher::new(),
             ops: OpTable::default(),
@@ -311,7 +325,7 @@ impl Session {
     /// Whether busy-polling may read `link` on its own initiative: it is established and not
     /// waiting for a pull or the peer's budget (those say when to read it again).
     pub(crate) fn may_read(&self, link: LinkId) -> bool {
-        self.links.get(&link).is_some_and(|c| c.is_ready() && c.rx.may_read())
+        self.links.get(link).is_some_and(|c| c.is_ready() && c.rx.may_read())
     }
 
     /// Whether only one link is open, established, with nothing to send: what a driver blocked

@@ -117,7 +117,7 @@ impl Session {
         {
             o.refs += 1;
         }
-        if let Some(c) = self.links.get_mut(&link) {
+        if let Some(c) = self.links.get_mut(link) {
             c.tx.push_back(f);
             if c.writable && c.is_ready() {
                 self.write_ready.insert(link);
@@ -159,7 +159,7 @@ impl Session {
         p.d.tx_moved_at = None;
         self.tx_paused.retain(|q| *q != peer);
         for link in p.conns.iter().flatten() {
-            if self.links.contains_key(link) {
+            if self.links.contains_key(*link) {
                 self.actions.push_back(Action::Resume { link: *link });
             }
         }
@@ -245,7 +245,7 @@ impl Session {
             return None;
         }
         let link = p.conns[sl.index()]?;
-        let c = self.links.get(&link)?;
+        let c = self.links.get(link)?;
         if !(c.is_ready() && c.writable && c.tx.is_empty() && c.hs_tx.is_empty()) {
             return None;
         }
@@ -351,7 +351,7 @@ impl Session {
             OpBuf::Recv(b) => b.capacity() as u64,
             _ => 0,
         };
-        let sl = self.links.get(&link).map_or(ServiceLevel::Normal, |c| c.sl);
+        let sl = self.links.get(link).map_or(ServiceLevel::Normal, |c| c.sl);
         o.sl = sl;
         o.mech = Some(Mechanism::ServerRdma);
         let mut h = Header::new(Kind::Cts, sl);

@@ -47,14 +47,14 @@ impl Session {
         match self.consume_staged(link) {
             Need::Paused => RecvInto::Paused,
             Need::Staging(max) => {
-                let Some(c) = self.links.get_mut(&link) else { return RecvInto::Paused };
+                let Some(c) = self.links.get_mut(link) else { return RecvInto::Paused };
                 let (from, to) = c.staging_room(max);
                 c.lent = Lent::Staging;
                 RecvInto::Staging(&mut c.rxbuf[from..to])
             }
             Need::Sink(remaining) => {
                 let Session { links, ops, .. } = self;
-                let Some(c) = links.get_mut(&link) else { return RecvInto::Paused };
+                let Some(c) = links.get_mut(link) else { return RecvInto::Paused };
                 c.lent = Lent::Sink;
                 let Rx::Payload { sink, got, .. } = &mut c.rx else { return RecvInto::Paused };
                 let mut dst = RecvIov::new();
@@ -68,7 +68,7 @@ impl Session {
     /// driver reports that with [`Session::link_failed`]).
     #[inline]
     pub(crate) fn received(&mut self, link: LinkId, n: usize) {
-        let Some(c) = self.links.get_mut(&link) else { return };
+        let Some(c) = self.links.get_mut(link) else { return };
         match mem::replace(&mut c.lent, Lent::Nothing) {
             Lent::Staging => {
                 c.rx_end += n;
@@ -95,7 +95,7 @@ impl Session {
     /// read straight into its destination instead; after one, a header is read alone). Give the
     /// buffer back with [`Session::return_staging`].
     pub(crate) fn lend_for_direct_read(&mut self, link: LinkId) -> Option<(Box<[u8]>, usize)> {
-        let c = self.links.get_mut(&link)?;
+        let c = self.links.get_mut(link)?;
         let rx_small = match &c.rx {
             Rx::Header => true,
             Rx::Payload { hdr, got, .. } => {
@@ -114,7 +114,7 @@ impl Session {
 
     /// The staging buffer comes back with `n` bytes read into it; false if the link is gone.
     pub(crate) fn return_staging(&mut self, link: LinkId, buf: Box<[u8]>, n: usize) -> bool {
-        let Some(c) = self.links.get_mut(&link) else { return false };
+        let Some(c) = self.links.get_mut(link) else { return false };
         c.rxbuf = buf;
         c.rx_end = n;
         true
@@ -122,7 +122,7 @@ impl Session {
 
     fn consume_staged(&mut self, link: LinkId) -> Need {
         loop {
-            let Some(c) = self.links.get_mut(&link) else { return Need::Paused };
+            let Some(c) = self.links.get_mut(link) else { return Need::Paused };
             match &mut c.rx {
                 Rx::Stalled(_) => return Need::Paused,
                 // At the peer's transmit bound: read nothing more until its answers drain.
@@ -178,7 +178,7 @@ impl Session {
     /// Moves staged payload bytes into the frame's sink.
     fn feed_staged(&mut self, link: LinkId) -> Fed {
         let Session { links, ops, exposures, .. } = self;
-        let Some(c) = links.get_mut(&link) else { return Fed::Complete };
+        let Some(c) = links.get_mut(link) else { return Fed::Complete };
         let Rx::Payload { hdr, sink, got } = &mut c.rx else { return Fed::Complete };
         let total = hdr.len as usize;
         let avail = c.rx_end - c.rx_start;
@@ -203,7 +203,7 @@ impl Session {
     }
 
     fn finish_payload(&mut self, link: LinkId) {
-        if let Some(c) = self.links.get_mut(&link)
+        if let Some(c) = self.links.get_mut(link)
             && let Rx::Payload { hdr, sink, .. } = mem::replace(&mut c.rx, Rx::Header)
         {
             self.on_payload(link, hdr, sink);
@@ -211,14 +211,14 @@ impl Session {
     }
 
     pub(super) fn set_rx(&mut self, link: LinkId, rx: Rx) {
-        if let Some(c) = self.links.get_mut(&link) {
+        if let Some(c) = self.links.get_mut(link) {
             c.rx = rx;
         }
     }
 
     /// Decides where a frame's payload goes (or handles a payload-less frame).
     fn on_header(&mut self, link: LinkId, h: Header) {
-        let Some(c) = self.links.get(&link) else { return };
+        let Some(c) = self.links.get(link) else { return };
         if !c.is_ready() {
             if !h.kind.is_handshake() {
                 self.protocol_error(
@@ -446,7 +446,7 @@ impl Session {
     fn eager_from_staging(&mut self, link: LinkId, op: OpId, h: &Header) -> bool {
         let len = h.len as usize;
         let Session { links, ops, .. } = self;
-        let Some(c) = links.get_mut(&link) else { return false };
+        let Some(c) = links.get_mut(link) else { return false };
         if c.rx_end - c.rx_start < len {
             return false;
         }
@@ -472,7 +472,7 @@ impl Session {
     }
 
     fn finish_empty(&mut self, link: LinkId) {
-        if let Some(c) = self.links.get_mut(&link)
+        if let Some(c) = self.links.get_mut(link)
             && let Rx::Payload { hdr, sink, .. } = mem::replace(&mut c.rx, Rx::Header)
         {
             self.on_payload(link, hdr, sink);
@@ -509,7 +509,7 @@ impl Session {
             return;
         }
         for link in mem::take(&mut p.stalled) {
-            if let Some(c) = self.links.get_mut(&link)
+            if let Some(c) = self.links.get_mut(link)
                 && let Rx::Stalled(h) = c.rx
             {
                 c.rx = Rx::Header;
@@ -605,7 +605,7 @@ impl Session {
 
     /// A frame's payload is complete.
     pub(super) fn on_payload(&mut self, link: LinkId, h: Header, sink: Sink) {
-        let Some(c) = self.links.get(&link) else { return };
+        let Some(c) = self.links.get(link) else { return };
         if !c.is_ready() {
             let Sink::Vec(body) = sink else { return };
             self.on_handshake(link, h, body);

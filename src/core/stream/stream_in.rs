@@ -114,7 +114,7 @@ impl Session {
     /// byte, or into the void once nobody will pull it. If neither, the connection waits (its
     /// bytes stay in the socket) until a pull or the answer comes: returns false.
     pub(super) fn stream_route(&mut self, link: LinkId, req: u64, left: u32) -> bool {
-        let Some(c) = self.links.get(&link) else { return false };
+        let Some(c) = self.links.get(link) else { return false };
         let (Some(peer), sl) = (c.peer, c.sl) else { return false };
         let Some(s) = self.streams.get_mut(&(peer, req)) else {
             self.protocol_error(link, unexpected(format!("STREAM for unknown request {req}")));
@@ -174,7 +174,7 @@ impl Session {
     /// A connection that waited inside a stream may go on: read it again.
     pub(super) fn stream_unstall(&mut self, key: (PeerId, u64)) {
         let Some(link) = self.streams.get_mut(&key).and_then(|s| s.stalled.take()) else { return };
-        if self.links.contains_key(&link) {
+        if self.links.contains_key(link) {
             // Bytes may have been waiting on the link all along, with no new event to come.
             self.act(Action::Resume { link });
         }

@@ -19,7 +19,7 @@ impl Session {
     }
 
     pub(super) fn fail_link(&mut self, link: LinkId, why: Loss) {
-        let Some(c) = self.links.get(&link) else { return };
+        let Some(c) = self.links.get(link) else { return };
         let peer = c.peer;
         // A server that closes a link in our handshake refused it (limits, or a key we do not
         // have); say so rather than report a bare end of file.
@@ -37,7 +37,7 @@ impl Session {
 
     pub(super) fn protocol_error(&mut self, link: LinkId, e: ProtocolError) {
         tracing::debug!(link = link.0, error = %e, "protocol violation; closing connection");
-        if self.links.get(&link).and_then(|c| c.peer).is_some() {
+        if self.links.get(link).and_then(|c| c.peer).is_some() {
             self.fail_link(link, Loss::Protocol(e));
         } else {
             Counters::add(&self.core.counters.protocol_errors, 1);
@@ -50,7 +50,7 @@ impl Session {
     pub(super) fn close_link(&mut self, link: LinkId, farewell: Option<[u8; crate::wire::HEADER_LEN]>) {
         self.write_ready.remove(&link);
         self.admission.finished(link);
-        let Some(c) = self.links.remove(&link) else { return };
+        let Some(c) = self.links.remove(link) else { return };
         self.act(Action::Close { link, farewell });
         let mut charged = 0;
         for f in c.hs_tx.into_iter().chain(c.tx) {
@@ -84,7 +84,7 @@ impl Session {
         all.sort();
         all.dedup();
         for link in all {
-            if self.links.remove(&link).is_some() {
+            if self.links.remove(link).is_some() {
                 self.act(Action::Close { link, farewell: None });
             }
             self.write_ready.remove(&link);

@@ -33,7 +33,7 @@ impl Session {
         // One pass: which classes have a link that takes bytes with something to send.
         let mut backlog = [false; ServiceLevel::COUNT];
         let Session { write_ready, links, .. } = self;
-        write_ready.retain(|l| match links.get(l) {
+        write_ready.retain(|l| match links.get(*l) {
             Some(c) if c.writable && c.has_frames() => {
                 backlog[c.sl.index()] = true;
                 true
@@ -43,7 +43,7 @@ impl Session {
         let sl = self.sched.next(backlog)?;
         // Several classes compete: each turn writes a quantum. Alone, a class may write all.
         let quantum = if backlog.iter().filter(|b| **b).count() > 1 { CONTENDED_QUANTUM } else { usize::MAX };
-        turn.extend(self.write_ready.iter().filter(|l| self.links.get(l).is_some_and(|c| c.sl == sl)));
+        turn.extend(self.write_ready.iter().filter(|l| self.links.get(**l).is_some_and(|c| c.sl == sl)));
         Some(quantum)
     }
 
@@ -52,7 +52,7 @@ impl Session {
     /// [`Session::transmit_blocked`].
     #[inline]
     pub(crate) fn transmit<'a>(&'a self, link: LinkId, iov: &mut IoVec<'a>) -> bool {
-        let Some(c) = self.links.get(&link) else { return false };
+        let Some(c) = self.links.get(link) else { return false };
         if !c.writable {
             return false;
         }
@@ -77,7 +77,7 @@ impl Session {
     #[inline]
     pub(crate) fn transmitted(&mut self, link: LinkId, n: usize) -> bool {
         self.advance_tx(link, n);
-        match self.links.get(&link) {
+        match self.links.get(link) {
             Some(c) if c.has_frames() => true,
             _ => {
                 self.write_ready.remove(&link);
@@ -88,7 +88,7 @@ impl Session {
 
     /// The link takes no bytes now; [`Session::link_writable`] says when it does again.
     pub(crate) fn transmit_blocked(&mut self, link: LinkId) {
-        if let Some(c) = self.links.get_mut(&link) {
+        if let Some(c) = self.links.get_mut(link) {
             c.writable = false;
         }
         self.write_ready.remove(&link);
@@ -96,7 +96,7 @@ impl Session {
 
     /// The link takes bytes again (or for the first time).
     pub(crate) fn link_writable(&mut self, link: LinkId) {
-        let Some(c) = self.links.get_mut(&link) else { return };
+        let Some(c) = self.links.get_mut(link) else { return };
         c.writable = true;
         if c.has_frames() {
             self.write_ready.insert(link);
@@ -107,7 +107,7 @@ impl Session {
         let mut finished = Vec::new();
         let mut charged = 0;
         let peer = {
-            let Some(c) = self.links.get_mut(&link) else { return };
+            let Some(c) = self.links.get_mut(link) else { return };
             let hs = !c.hs_tx.is_empty();
             let q = if hs { &mut c.hs_tx } else { &mut c.tx };
             while n > 0 {
