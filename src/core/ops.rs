@@ -331,11 +331,12 @@ fn count(counters: &Counters, c: &Completion) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
+    /// A driver's op states as the core sees them, for the core's own tests.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    enum St {
+    pub(crate) enum St {
         Moving,
         Cancelling,
         Finishing,

@@ -285,6 +285,7 @@ pub(crate) fn direction(flags: u8, len: u64) -> std::result::Result<Direction, P
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::ops::tests::St;
 
     fn reqs() -> Requests<()> {
         let mut r = Requests::default();
@@ -327,26 +328,11 @@ mod tests {
         }
     }
 
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    enum St {
-        WaitReply,
-        Cancelling,
-        Finishing,
-    }
-
-    impl OpState for St {
-        const FINISHING: Self = St::Finishing;
-        const AWAITING_REPLY: Self = St::WaitReply;
-        fn holds(self) -> bool {
-            self == St::Cancelling
-        }
-    }
-
     #[test]
     fn a_push_lands_only_inside_a_waiting_requests_buffer_from_its_server() {
         let mut ops: OpTable<St, ()> = OpTable::default();
         let buf = OpBuf::Recv(RecvBuf::from(bytes::BytesMut::zeroed(100)));
-        ops.insert(OpId(4), OpKind::Request, PeerId(1), 0, ServiceLevel::Normal, buf, St::WaitReply);
+        ops.insert(OpId(4), OpKind::Request, PeerId(1), 0, ServiceLevel::Normal, buf, St::Moving);
         ops.insert(OpId(5), OpKind::Request, PeerId(1), 0, ServiceLevel::Normal, OpBuf::None, St::Cancelling);
         let none = HashSet::new();
         assert_eq!(incoming_push(&mut ops, &none, PeerId(1), 4, 60, 40), Ok(PushInto::Op(OpId(4))));

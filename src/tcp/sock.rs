@@ -243,13 +243,9 @@ mod tune_tests {
 #[cfg(test)]
 mod recv_tests {
     use super::*;
-    use crate::buffers::buf::{OpBuf, RecvBuf};
-    use crate::core::ops::OpTable;
+    use crate::core::stream::RecvIov;
+    use crate::core::stream::link::tests::list_op;
     use crate::core::stream::link::{Sink, sink_slices};
-    use crate::core::stream::{OpSt, RecvIov};
-    use crate::op::OpKind;
-    use crate::types::{OpId, PeerId};
-    use bytes::BytesMut;
     use std::io::Write;
 
     #[test]
@@ -260,18 +256,7 @@ mod recv_tests {
         let (seg, n, at) = (4096, 4, 1000);
         let data: Vec<u8> = (0..seg * n - at).map(|i| (i % 251) as u8).collect();
         tx.write_all(&data).unwrap();
-        let id = OpId(7);
-        let list = (0..n).map(|_| BytesMut::zeroed(seg)).collect();
-        let mut ops: OpTable<OpSt, ()> = OpTable::default();
-        ops.insert(
-            id,
-            OpKind::Recv,
-            PeerId(0),
-            0,
-            ServiceLevel::Bulk,
-            OpBuf::Recv(RecvBuf::List(list)),
-            OpSt::Receiving,
-        );
+        let (id, mut ops) = list_op(n, seg);
         let mut sink = Sink::Op { op: id, base: 0 };
         // Everything sent is readable once a blocking peek sees the last byte.
         let mut probe = vec![0u8; data.len()];

@@ -340,7 +340,7 @@ pub(crate) fn sink_slices<'a>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::buffers::buf::RecvBuf;
     use crate::op::OpKind;
