@@ -237,6 +237,15 @@ impl Counters {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Counts one CPU copy of `n` payload bytes by a transport (none for zero bytes).
+    #[inline]
+    pub(crate) fn copied(&self, n: usize) {
+        if n > 0 {
+            Self::add(&self.host_copies, 1);
+            Self::add(&self.host_copy_bytes, n as u64);
+        }
+    }
+
     /// Counts one transfer by mechanism.
     pub fn mechanism(&self, m: Mechanism) {
         let c = match m {

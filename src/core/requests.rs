@@ -155,10 +155,7 @@ impl<X> Requests<X> {
         let Some(inline) = &r.inline else { return Ok(Some(buf)) };
         let start = offset as usize;
         buf.copy_in(0, &inline[start..start + len]);
-        if len > 0 {
-            Counters::add(&counters.host_copies, 1);
-            Counters::add(&counters.host_copy_bytes, len as u64);
-        }
+        counters.copied(len);
         let mut c = Completion::new(op, OpKind::Pull, peer, 0);
         c.result = Ok(len);
         c.buf = OpBuf::Recv(buf);

@@ -319,8 +319,7 @@ impl Session {
         match early {
             Early::Eager { data, sl } => {
                 self.peers[peer].budget.release(data.len());
-                Counters::add(&self.core.counters.host_copies, 1);
-                Counters::add(&self.core.counters.host_copy_bytes, data.len() as u64);
+                self.core.counters.copied(data.len());
                 let Some(o) = self.ops.get_mut(&op) else { return };
                 o.sl = sl;
                 o.mech = Some(Mechanism::Inline);

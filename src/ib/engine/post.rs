@@ -50,14 +50,6 @@ impl<V: Verbs> State<V> {
         }
     }
 
-    /// Counts one CPU copy of `n` payload bytes by the engine (none for zero bytes).
-    pub(crate) fn count_copy(&self, n: usize) {
-        if n > 0 {
-            Counters::add(&self.core.counters.host_copies, 1);
-            Counters::add(&self.core.counters.host_copy_bytes, n as u64);
-        }
-    }
-
     fn check_len(&self, len: usize) -> Result<()> {
         if len > self.s.max_message {
             return Err(Error::TooLarge { len: len as u64, max: self.s.max_message as u64 });
@@ -324,7 +316,7 @@ impl<V: Verbs> State<V> {
             Some(OpBuf::Send(s)) if purpose == For::PeerRead => s.copy_out(0, &mut staged),
             _ => 0,
         };
-        self.count_copy(filled);
+        self.core.counters.copied(filled);
         let (regs, segs) = self.acquire_all(&[(staged.addr(), total)], true)?;
         if let Some(o) = self.ops.get_mut(&op) {
             o.x.regs.extend(regs);
@@ -427,7 +419,7 @@ impl<V: Verbs> State<V> {
                     }
                     _ => Ok(0),
                 };
-                self.count_copy(copied);
+                self.core.counters.copied(copied);
                 self.ops.complete(op, r);
             }
             Early::Rdv { msg, total, segs, conn, withdrawn } => {

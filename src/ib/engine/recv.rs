@@ -215,7 +215,7 @@ impl<V: Verbs> State<V> {
                 done += n;
             }
         }
-        self.count_copy(len);
+        self.core.counters.copied(len);
     }
 
     fn process(&mut self, cid: u32, loc: Held, h: Header) -> Result<Outcome, Loss> {
@@ -250,7 +250,7 @@ impl<V: Verbs> State<V> {
                 }
                 // Out of the receive buffer now (its credit goes back), into the receive later.
                 let data = Bytes::from(self.payload(cid, loc, &h));
-                self.count_copy(len);
+                self.core.counters.copied(len);
                 let mech = if via_ring { Mechanism::FastRdma } else { Mechanism::Inline };
                 self.matcher.queue_early(peer, h.a, Early::Eager { data, sl: h.sl, mech });
                 Ok(Outcome::Done)
@@ -262,7 +262,7 @@ impl<V: Verbs> State<V> {
                 }
                 Counters::add(&self.core.counters.msgs_received, 1);
                 let data = Bytes::from(self.payload(cid, loc, &h));
-                self.count_copy(len);
+                self.core.counters.copied(len);
                 self.events += 1;
                 self.peers[peer].budget.queued(data.len());
                 self.core.push_unexpected(Unexpected { peer, tag: h.a, sl: h.sl, data });
@@ -445,7 +445,7 @@ impl<V: Verbs> State<V> {
             }
             let start = at(rest);
             rest = &rest[n..];
-            self.count_copy(n);
+            self.core.counters.copied(n);
             Some(body.slice(start..start + n))
         } else {
             None
@@ -600,7 +600,7 @@ impl<V: Verbs> State<V> {
             status::DROPPED => Err(Error::Remote("the server dropped the request".into())),
             _ => Err(Error::Remote(String::from_utf8_lossy(&header).into_owned())),
         };
-        self.count_copy(copied);
+        self.core.counters.copied(copied);
         self.ops.complete(op, r);
     }
 }

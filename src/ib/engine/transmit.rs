@@ -241,7 +241,7 @@ impl<V: Verbs> State<V> {
             done: SqDone::Then(then_final),
         });
         let peer = c.peer;
-        self.count_copy(copied);
+        self.core.counters.copied(copied);
         if let Err(e) = posted {
             tracing::debug!(error = %e.error, "post_send failed");
             self.fail_peer(peer, super::Loss::Lost(format!("post_send: {}", e.error)));

@@ -337,7 +337,7 @@ impl<V: Verbs> State<V> {
                     let local = &self.xfers[&x].local;
                     stage_out(local, &self.ops, off, len, &z.mem, zoff);
                     if matches!(local, Local::Op { .. }) {
-                        self.count_copy(len);
+                        self.core.counters.copied(len);
                     }
                 }
                 (z.mem.addr() + zoff as u64, z.mr.lkey())
@@ -421,7 +421,7 @@ impl<V: Verbs> State<V> {
                     stage_in(&mut xf.local, ops, off, len, &z.mem, z.zones.offset(zb));
                     // Payload, not a fetched header.
                     if matches!(xf.local, Local::Op { .. }) {
-                        self.count_copy(len);
+                        self.core.counters.copied(len);
                     }
                 }
             }
