@@ -2,6 +2,7 @@
 //! endpoint hands a backend and the [`Backend`] trait every transport implements. Backends
 //! depend on this module and on [`crate::completions`], never on the endpoint itself.
 
+use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -165,6 +166,8 @@ impl Cmd {
 ///   and says whether the round did work (moved bytes or completed something): an adaptive
 ///   waiter keeps spinning while rounds do. Only one thread calls it at a time. `wake` makes a
 ///   blocked `progress` return early.
+/// * Instead of blocking in `progress`, a caller may sleep on `event_fd`: `arm` prepares that
+///   (or says work is due), `poll_events` is the round it runs when the descriptor is readable.
 /// * A lost peer fails every op addressed to it once with [`Error::PeerLost`] and frees its
 ///   buffers, credits, exposures' in-flight accesses and registrations.
 pub(crate) trait Backend: Send + Sync {
@@ -176,6 +179,21 @@ pub(crate) trait Backend: Send + Sync {
     fn cancel(&self, op: OpId, why: Error);
     fn progress(&self, timeout: Duration) -> Result<bool>;
     fn wake(&self);
+    /// The descriptor that is readable while `progress` has events to collect: the backend's
+    /// epoll instance, which lists its sockets, completion channel and `wake`'s eventfd.
+    fn event_fd(&self) -> BorrowedFd<'_>;
+    /// Prepares for a caller to sleep on [`Backend::event_fd`]: writes what is queued, asks
+    /// for completion-channel events, and until the next round makes posts act as they do
+    /// while a driver sleeps (write at once; wake). False: work is due already (run
+    /// `poll_events` first). True: every later event makes the descriptor readable.
+    fn arm(&self) -> Result<bool>;
+    /// One non-blocking round that collects what the descriptor reported (no direct socket
+    /// reads that bypass epoll, no giving up the CPU), ending an `arm`.
+    fn poll_events(&self) -> Result<bool>;
+    /// Whether a timer runs (a handshake, a stalled transmission, a transfer cancelled within
+    /// its grace period): an armed caller must then run a round within the timer period even
+    /// if nothing else happens.
+    fn timers_pending(&self) -> bool;
     /// The application took an unexpected message of `bytes` from `peer` off the queue.
     fn unexpected_taken(&self, peer: PeerId, bytes: usize);
     fn alloc(&self, len: usize) -> Result<RegisteredBuf>;

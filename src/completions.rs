@@ -8,6 +8,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
+use std::task::Waker;
 use std::time::Instant;
 
 use rustc_hash::FxHashMap as HashMap;
@@ -15,6 +16,7 @@ use rustc_hash::FxHashMap as HashMap;
 use crate::error::{Error, Result};
 use crate::info::Counters;
 use crate::op::{Completion, RequestMeta, Unexpected};
+use crate::readiness::WaitSet;
 use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard};
 use crate::types::{OpId, PeerId};
 
@@ -40,6 +42,21 @@ pub(crate) struct CompletionState {
     pub(crate) unexpected: VecDeque<Unexpected>,
     pub(crate) requests: VecDeque<RequestMeta>,
     pub(crate) driving: bool,
+    /// A caller armed the endpoint's file descriptor and may be asleep on it: whatever is
+    /// queued now must make the descriptor readable (see [`Completions::note_queued`]).
+    pub(crate) armed: bool,
+    /// Completions, messages and requests queued so far, and how many of them had been when
+    /// the last non-blocking round ended: `arm` refuses to arm while they differ, as the
+    /// caller may not have looked at what came since.
+    pub(crate) queued: u64,
+    pub(crate) seen: u64,
+    /// Tasks waiting for one operation's completion (the async API), woken when it completes.
+    pub(crate) wakers: HashMap<OpId, Waker>,
+    /// Tasks waiting for a request, all woken when one is queued (a woken task that finds the
+    /// queue empty registers again; waking one only would lose the request if it was dropped).
+    pub(crate) request_wakers: Vec<Waker>,
+    /// Tasks waiting for an unexpected message, likewise.
+    pub(crate) unexpected_wakers: Vec<Waker>,
     /// Threads asleep while another drives, each on a condition variable of its own with what
     /// it waits for, so an event wakes only the thread it concerns: a wake-up costs a futex
     /// call and a context switch, and the thread woken for nothing pays both again to sleep.
@@ -88,6 +105,8 @@ pub(crate) struct Completions {
     /// Called whenever a request is queued for `next_request` (see
     /// [`Endpoint::on_request`](crate::Endpoint::on_request)).
     pub(crate) request_hook: OnceLock<RequestHook>,
+    /// The descriptor event loops wait on (set by the endpoint when it is made).
+    pub(crate) waitset: OnceLock<WaitSet>,
 }
 
 /// The callback of [`Endpoint::on_request`](crate::Endpoint::on_request).
@@ -190,16 +209,51 @@ impl Completions {
         if let Some(d) = deadline {
             st.deadlines.remove(&(d, op));
         }
+        if let Some(w) = st.wakers.remove(&op) {
+            w.wake();
+        }
         if !detached {
             self.note_queued(st);
         }
     }
 
     /// A completion, message or request was queued: if a driver may be blocked in the backend
-    /// and this is not it, ask for a wake-up (see [`Endpoint::kick_driver`](crate::Endpoint::kick_driver)).
-    fn note_queued(&self, st: &CompletionState) {
+    /// and this is not it, ask for a wake-up (see [`Endpoint::kick_driver`](crate::Endpoint::kick_driver));
+    /// if a caller sleeps on the armed descriptor, make it readable.
+    fn note_queued(&self, st: &mut CompletionState) {
+        st.queued = st.queued.wrapping_add(1);
         if st.driving && !DRIVING.with(Cell::get) {
             self.kick.store(true, Ordering::Release);
+        }
+        self.notify_armed(st);
+    }
+
+    /// Makes the armed descriptor readable (once per arming).
+    pub(crate) fn notify_armed(&self, st: &mut CompletionState) {
+        if st.armed {
+            st.armed = false;
+            if let Some(w) = self.waitset.get() {
+                w.notify();
+            }
+        }
+    }
+
+    /// Stops tracking `op`: its completion, now or later, is dropped (its buffers with it). The
+    /// operation still completes exactly once inside the endpoint; nobody reaps it. Returns
+    /// false if `op` is unknown (never posted, or already reaped).
+    pub(crate) fn detach(&self, op: OpId) -> bool {
+        let mut st = self.lock();
+        st.wakers.remove(&op);
+        match st.ops.get_mut(&op) {
+            Some(Slot::Pending { detached, .. }) => {
+                *detached = true;
+                true
+            }
+            Some(Slot::Done(_)) => {
+                let _ = Self::take(&mut st, op);
+                true
+            }
+            None => false,
         }
     }
 
@@ -207,8 +261,9 @@ impl Completions {
     pub(crate) fn push_unexpected(&self, u: Unexpected) {
         let mut st = self.lock();
         st.unexpected.push_back(u);
-        self.note_queued(&st);
+        self.note_queued(&mut st);
         st.wake(|w| w == Want::Unexpected);
+        st.unexpected_wakers.drain(..).for_each(Waker::wake);
     }
 
     /// Queues an incoming request for [`Endpoint::next_request`](crate::Endpoint::next_request).
@@ -216,8 +271,9 @@ impl Completions {
         {
             let mut st = self.lock();
             st.requests.push_back(r);
-            self.note_queued(&st);
+            self.note_queued(&mut st);
             st.wake(|w| w == Want::Request);
+            st.request_wakers.drain(..).for_each(Waker::wake);
         }
         if let Some(h) = self.request_hook.get() {
             (h.0)();

@@ -12,8 +12,15 @@
 //! the transport. At most one thread drives at a time; the others wait on a condition variable
 //! (or spin, in [`WaitMode::Spin`]) and are woken whenever a round of progress completes
 //! anything. With [`Config::progress_thread`] a background thread drives instead.
+//!
+//! # Event loops
+//!
+//! An application with its own event loop waits on the endpoint's descriptor ([`AsFd`])
+//! instead, with [`Endpoint::try_progress`] and [`Endpoint::arm`] — see [`Endpoint::arm`] for
+//! the protocol. The `tokio` feature builds an async API on it.
 
 use std::fmt;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
@@ -34,11 +41,15 @@ use crate::info::{Counters, Info};
 #[cfg(test)]
 use crate::op::OpKind;
 use crate::op::{Completion, Direction, Payload, RequestMeta, Unexpected, status};
+use crate::readiness::WaitSet;
 use crate::sync::{AtomicBool, Condvar, Mutex, MutexGuard};
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag, WaitMode};
 
 /// Longest a driver blocks in one round, so deadlines and shutdown are noticed.
 const MAX_BLOCK: Duration = Duration::from_millis(200);
+/// How soon an armed descriptor becomes readable while the transport runs timers (handshakes,
+/// stalled transmissions, cancelled transfers): the period at which they are checked.
+const TIMER_TICK: Duration = Duration::from_millis(50);
 
 /// Anything that names an address: `&str`, `String`, `Address`.
 pub trait ToAddress {
@@ -73,6 +84,10 @@ struct Inner {
     init: Mutex<()>,
     stop: Arc<AtomicBool>,
     progress: Mutex<Option<JoinHandle<()>>>,
+    /// [`Endpoint::arm`] was called: a transport made later is added to the wait set at once.
+    fd_used: AtomicBool,
+    /// The transport's descriptor is in the wait set.
+    fd_registered: AtomicBool,
 }
 
 impl Drop for Inner {
@@ -100,6 +115,27 @@ impl fmt::Debug for Endpoint {
     }
 }
 
+/// The endpoint's event descriptor, for an application's own event loop: see
+/// [`Endpoint::arm`]. Readable when progress is due; never read from or written to it.
+impl AsFd for Endpoint {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self.inner.completions.waitset.get() {
+            Some(ws) => ws.as_fd(),
+            None => unreachable!("every public constructor makes the wait set"),
+        }
+    }
+}
+
+/// What [`Endpoint::arm`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Arm {
+    /// Nothing is due: sleep until the descriptor is readable.
+    Armed,
+    /// Progress is due already: run [`Endpoint::try_progress`] instead of sleeping.
+    Busy,
+}
+
 impl Endpoint {
     /// A server endpoint listening on `addr` (port 0 picks a free port; see
     /// [`Endpoint::local_addr`]).
@@ -110,6 +146,7 @@ impl Endpoint {
         let addr = addr.to_address()?;
         cfg.validate()?;
         let ep = Endpoint::new(cfg);
+        ep.make_wait_set()?;
         let backend = make_backend(&addr, Some(&addr), &ep.inner.cfg, ep.inner.completions.clone())?;
         let _ = ep.inner.backend.set(backend);
         ep.start_progress_thread();
@@ -120,7 +157,14 @@ impl Endpoint {
     /// [`Endpoint::connect`].
     pub fn client(cfg: Config) -> Result<Endpoint> {
         cfg.validate()?;
-        Ok(Endpoint::new(cfg))
+        let ep = Endpoint::new(cfg);
+        ep.make_wait_set()?;
+        Ok(ep)
+    }
+
+    fn make_wait_set(&self) -> Result<()> {
+        let _ = self.inner.completions.waitset.set(WaitSet::new()?);
+        Ok(())
     }
 
     fn new(cfg: Config) -> Endpoint {
@@ -132,6 +176,8 @@ impl Endpoint {
                 init: Mutex::new(()),
                 stop: Arc::new(AtomicBool::new(false)),
                 progress: Mutex::new(None),
+                fd_used: AtomicBool::new(false),
+                fd_registered: AtomicBool::new(false),
             }),
         }
     }
@@ -185,6 +231,10 @@ impl Endpoint {
             }
         }
         let b = self.backend()?;
+        // After the transport is set, so that this or a concurrent `arm` adds it (see there).
+        if self.inner.fd_used.load(Ordering::SeqCst) {
+            self.register_event_fd(b)?;
+        }
         if b.scheme() != addr.scheme() {
             return Err(Error::Unsupported(format!(
                 "this endpoint speaks {}; use another endpoint for {}",
@@ -301,6 +351,8 @@ impl Endpoint {
                     st.deadlines.remove(&(old, op));
                 }
                 st.deadlines.insert((at, op));
+                // An armed caller's timer was set for the deadlines known then.
+                self.inner.completions.notify_armed(st);
                 let driving = st.driving;
                 drop(guard);
                 if driving && let Some(b) = self.inner.backend.get() {
@@ -337,6 +389,143 @@ impl Endpoint {
         if kick.load(Ordering::Relaxed) && kick.swap(false, Ordering::AcqRel) {
             b.wake();
         }
+    }
+
+    /// Stops tracking an operation nobody will collect: its completion, now or later, is
+    /// dropped with its buffers. The operation is not cancelled (see [`Endpoint::cancel`]) and
+    /// still completes exactly once inside the endpoint; a detached reply or send finishes in
+    /// the background.
+    ///
+    /// # Errors
+    /// [`Error::Misuse`] if `op` is not pending or unreaped.
+    pub fn detach(&self, op: OpId) -> Result<()> {
+        if self.inner.completions.detach(op) {
+            Ok(())
+        } else {
+            Err(Error::misuse(format!("{op} is not a pending operation (already reaped?)")))
+        }
+    }
+
+    /// One round of progress that never blocks, for an application that waits on the
+    /// endpoint's descriptor ([`AsFd`]) in its own event loop: it collects what made the
+    /// descriptor readable, moves bytes, expires deadlines, and returns whether it moved or
+    /// completed anything. If another thread is driving progress at that moment, it returns
+    /// `false` at once (that thread does the work). See [`Endpoint::arm`].
+    pub fn try_progress(&self) -> Result<bool> {
+        let completions = &self.inner.completions;
+        if let Some(ws) = completions.waitset.get() {
+            // First, so that whatever happens from now on makes the descriptor readable again.
+            ws.clear()?;
+        }
+        let mut st = completions.lock();
+        st.armed = false;
+        let Some(backend) = self.inner.backend.get() else {
+            st.seen = st.queued;
+            return Ok(false);
+        };
+        if st.driving {
+            st.seen = st.queued;
+            return Ok(false);
+        }
+        let deadlines = !st.deadlines.is_empty();
+        st.driving = true;
+        drop(st);
+        let guard = DriveGuard::start(completions);
+        let r = backend.poll_events();
+        if deadlines {
+            self.expire(&**backend);
+        }
+        let mut st = guard.finish();
+        st.seen = st.queued;
+        Completions::hand_over(&st);
+        r
+    }
+
+    /// Prepares the endpoint's descriptor ([`AsFd`]) for the caller to sleep on it: with
+    /// [`Arm::Armed`], the descriptor becomes readable as soon as progress is due — bytes or a
+    /// connection arrived, a socket became writable, a completion, request or unexpected
+    /// message was queued by another thread, a deadline passed, a transport timer is due. With
+    /// [`Arm::Busy`], something is due already: call [`Endpoint::try_progress`] and look at
+    /// completions again instead of sleeping.
+    ///
+    /// The protocol, as with UCX's `ucp_worker_arm`:
+    ///
+    /// ```no_run
+    /// # use std::os::fd::AsFd;
+    /// # fn run(ep: &ionet::Endpoint, op: ionet::OpId) -> ionet::Result<()> {
+    /// use ionet::Arm;
+    /// loop {
+    ///     ep.try_progress()?;
+    ///     if let Some(c) = ep.test(op)? {
+    ///         // ... use the completion
+    ///         break;
+    ///     }
+    ///     if ep.arm()? == Arm::Armed {
+    ///         // Sleep until the descriptor is readable: poll(2), epoll, mio, tokio's AsyncFd.
+    ///         # let _ = ep.as_fd();
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// No wake-up is lost: anything queued after the last [`Endpoint::try_progress`] makes
+    /// `arm` answer [`Arm::Busy`] or, once armed, makes the descriptor readable. The
+    /// descriptor is level-triggered in the sense that it stays readable until the next
+    /// `try_progress`; it is an epoll instance, so edge-triggered registration works too. An
+    /// idle endpoint with no deadlines and no connection being set up never wakes its loop.
+    ///
+    /// # Errors
+    /// An error from the transport or the descriptor's system calls.
+    pub fn arm(&self) -> Result<Arm> {
+        let completions = &self.inner.completions;
+        let Some(ws) = completions.waitset.get() else {
+            return Err(Error::misuse("this endpoint has no event descriptor"));
+        };
+        // Before looking for the transport: a concurrent `connect` that makes it either is
+        // seen here or sees this flag and adds the transport itself.
+        self.inner.fd_used.store(true, Ordering::SeqCst);
+        {
+            let st = completions.lock();
+            if st.queued != st.seen {
+                return Ok(Arm::Busy);
+            }
+        }
+        let mut timer = None;
+        if let Some(b) = self.inner.backend.get() {
+            self.register_event_fd(&**b)?;
+            if !b.arm()? {
+                return Ok(Arm::Busy);
+            }
+            if b.timers_pending() {
+                timer = Some(TIMER_TICK);
+            }
+        }
+        let mut st = completions.lock();
+        if st.queued != st.seen {
+            return Ok(Arm::Busy);
+        }
+        if let Some(d) = Completions::next_deadline(&st) {
+            let left = d.saturating_duration_since(Instant::now());
+            timer = Some(timer.map_or(left, |t: Duration| t.min(left)));
+        }
+        // Under the lock, so a deadline set meanwhile either is in this timer or finds the
+        // endpoint armed and notifies.
+        ws.set_timer(timer)?;
+        st.armed = true;
+        Ok(Arm::Armed)
+    }
+
+    fn register_event_fd(&self, b: &dyn Backend) -> Result<()> {
+        if self.inner.fd_registered.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let Some(ws) = self.inner.completions.waitset.get() else { return Ok(()) };
+        let _g = self.inner.init.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.inner.fd_registered.load(Ordering::Acquire) {
+            ws.add_transport(b.event_fd())?;
+            self.inner.fd_registered.store(true, Ordering::Release);
+        }
+        Ok(())
     }
 
     /// Drives progress once without blocking and returns the completion if the operation is
@@ -870,6 +1059,18 @@ macro_rules! unmodelled_backend_methods {
         }
         fn info(&self, _: &mut Info) {}
         fn shutdown(&self) {}
+        fn event_fd(&self) -> BorrowedFd<'_> {
+            unreachable!("not modelled")
+        }
+        fn arm(&self) -> Result<bool> {
+            Err(Error::misuse("not modelled"))
+        }
+        fn poll_events(&self) -> Result<bool> {
+            self.progress(Duration::ZERO)
+        }
+        fn timers_pending(&self) -> bool {
+            false
+        }
     };
 }
 

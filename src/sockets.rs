@@ -4,6 +4,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -79,6 +80,14 @@ pub(crate) fn accept_round(listener: &TcpListener) -> (Vec<(TcpStream, SocketAdd
         }
     }
     (got, true)
+}
+
+/// A duplicate of `poll`'s epoll descriptor: the same epoll instance, owned apart from the
+/// `Poll` so an event loop can wait on it while the driver keeps using the `Poll`.
+pub(crate) fn epoll_fd(poll: &Poll) -> io::Result<OwnedFd> {
+    // SAFETY: `poll` owns this descriptor and outlives the borrow, which ends in this call.
+    let fd = unsafe { BorrowedFd::borrow_raw(poll.as_raw_fd()) };
+    fd.try_clone_to_owned()
 }
 
 /// One wait in the poller, at most `timeout`. While it may block, `blocked` is up, so that a

@@ -26,7 +26,7 @@ mod sock;
 use std::collections::{HashSet, VecDeque};
 use std::io;
 use std::mem;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -91,6 +91,8 @@ pub(crate) struct TcpBackend {
     blocked: AtomicBool,
     /// `wake` was called: a direct wait could not have seen it, so the next rounds use epoll.
     woken: AtomicBool,
+    /// The epoll instance of `poller` (a duplicate descriptor), for event loops to wait on.
+    event_fd: OwnedFd,
 }
 
 struct Poller {
@@ -129,6 +131,7 @@ impl TcpBackend {
         let poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
         let waker = Waker::new(&registry, WAKER)?;
+        let event_fd = sockets::epoll_fd(&poll)?;
         let mut listener = None;
         let mut local = None;
         if let Some(addr) = bind {
@@ -170,6 +173,7 @@ impl TcpBackend {
             local,
             blocked: AtomicBool::new(false),
             woken: AtomicBool::new(false),
+            event_fd,
         })
     }
 
@@ -260,8 +264,117 @@ impl Backend for TcpBackend {
     }
 
     fn progress(&self, timeout: Duration) -> Result<bool> {
+        self.round(timeout, false)
+    }
+
+    fn wake(&self) {
+        self.woken.store(true, Ordering::Relaxed);
+        let _ = self.waker.wake();
+    }
+
+    fn event_fd(&self) -> BorrowedFd<'_> {
+        self.event_fd.as_fd()
+    }
+
+    fn arm(&self) -> Result<bool> {
+        let mut st = self.lock();
+        // Set first, under the state lock: a post from now on writes itself rather than leave
+        // its frames for a round that nobody runs.
+        self.blocked.store(true, Ordering::Release);
+        st.flush_ready(&self.registry);
+        st.apply_actions(&self.registry);
+        let due = st.session.done_len() > 0
+            || !st.read_ready.is_empty()
+            || st.accept_more
+            || st.in_direct
+            || st.session.wants_transmit();
+        self.deliver(st);
+        if due {
+            self.blocked.store(false, Ordering::Release);
+        }
+        Ok(!due)
+    }
+
+    fn poll_events(&self) -> Result<bool> {
+        self.blocked.store(false, Ordering::Release);
+        self.round(Duration::ZERO, true)
+    }
+
+    fn timers_pending(&self) -> bool {
+        self.lock().session.timers_pending()
+    }
+
+    fn unexpected_taken(&self, peer: PeerId, bytes: usize) {
+        let mut st = self.lock();
+        st.session.unexpected_taken(peer, bytes);
+        st.apply_actions(&self.registry);
+        st.flush_ready(&self.registry);
+        self.deliver(st);
+    }
+
+    fn alloc(&self, len: usize) -> Result<RegisteredBuf> {
+        self.pool.alloc(len)
+    }
+
+    fn expose(&self, buf: RegisteredBuf, access: Access) -> Result<MemHandle> {
+        Ok(self.lock().session.exposures.insert(buf, access, 0))
+    }
+
+    fn revoke(&self, key: u64) -> Result<RegisteredBuf> {
+        self.lock()
+            .session
+            .exposures
+            .remove(key)
+            .ok_or_else(|| Error::misuse("unknown or already revoked exposure"))
+    }
+
+    fn with_exposed(&self, key: u64, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        let mut st = self.lock();
+        let b =
+            st.session.exposures.get_mut(key).ok_or_else(|| Error::misuse("unknown or revoked exposure"))?;
+        f(b);
+        Ok(())
+    }
+
+    fn info(&self, info: &mut Info) {
+        let st = self.lock();
+        let s = &st.session;
+        info.scheme = Scheme::Tcp;
+        info.local_addr = self.local.clone();
+        info.endpoint_id = self.endpoint_id;
+        info.eager_limit = s.s.eager_limit;
+        info.max_message = s.s.limits.message as usize;
+        info.policy = s.s.policy.clone();
+        info.pool = self.pool.stats();
+        info.exposures = s.exposures.len();
+        info.peers_connected = s.peers.iter().filter(|(_, p)| p.conns.iter().any(Option::is_some)).count();
+        info.gauges.peers = s.peers.len();
+        info.gauges.handshakes = s.admission.len();
+        info.gauges.buffered_bytes = s.peers.buffered();
+        info.gauges.transmit_bytes = s.peers.iter().map(|(_, p)| p.d.tx_bytes).sum();
+        info.gauges.peers_paused = s.tx_paused.len();
+    }
+
+    fn shutdown(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        for s in st.socks.drain() {
+            let _ = self.registry.deregister(&mut SourceFd(&s.stream.as_raw_fd()));
+        }
+        if let Some(mut l) = st.listener.take() {
+            let _ = self.registry.deregister(&mut l);
+        }
+    }
+}
+
+impl TcpBackend {
+    /// One round of progress, blocking up to `timeout`. `events_only`: the round an armed
+    /// caller runs when the event descriptor is readable, which must collect epoll's events
+    /// (a direct socket read would leave them listed, keeping the descriptor readable) and
+    /// must not give up the CPU (its event loop has other work).
+    fn round(&self, timeout: Duration, events_only: bool) -> Result<bool> {
         let before = moved();
-        if timeout.is_zero() && self.spin_without_epoll() {
+        if timeout.is_zero() && !events_only && self.spin_without_epoll() {
             let worked = moved() != before;
             self.after_spin(worked);
             return Ok(worked);
@@ -332,81 +445,12 @@ impl Backend for TcpBackend {
         st.timers(timeout.is_zero(), &self.registry);
         self.deliver(st);
         let worked = moved() != before;
-        if timeout.is_zero() {
+        if timeout.is_zero() && !events_only {
             self.after_spin(worked);
         }
         Ok(worked)
     }
 
-    fn wake(&self) {
-        self.woken.store(true, Ordering::Relaxed);
-        let _ = self.waker.wake();
-    }
-
-    fn unexpected_taken(&self, peer: PeerId, bytes: usize) {
-        let mut st = self.lock();
-        st.session.unexpected_taken(peer, bytes);
-        st.apply_actions(&self.registry);
-        st.flush_ready(&self.registry);
-        self.deliver(st);
-    }
-
-    fn alloc(&self, len: usize) -> Result<RegisteredBuf> {
-        self.pool.alloc(len)
-    }
-
-    fn expose(&self, buf: RegisteredBuf, access: Access) -> Result<MemHandle> {
-        Ok(self.lock().session.exposures.insert(buf, access, 0))
-    }
-
-    fn revoke(&self, key: u64) -> Result<RegisteredBuf> {
-        self.lock()
-            .session
-            .exposures
-            .remove(key)
-            .ok_or_else(|| Error::misuse("unknown or already revoked exposure"))
-    }
-
-    fn with_exposed(&self, key: u64, f: &mut dyn FnMut(&mut [u8])) -> Result<()> {
-        let mut st = self.lock();
-        let b =
-            st.session.exposures.get_mut(key).ok_or_else(|| Error::misuse("unknown or revoked exposure"))?;
-        f(b);
-        Ok(())
-    }
-
-    fn info(&self, info: &mut Info) {
-        let st = self.lock();
-        let s = &st.session;
-        info.scheme = Scheme::Tcp;
-        info.local_addr = self.local.clone();
-        info.endpoint_id = self.endpoint_id;
-        info.eager_limit = s.s.eager_limit;
-        info.max_message = s.s.limits.message as usize;
-        info.policy = s.s.policy.clone();
-        info.pool = self.pool.stats();
-        info.exposures = s.exposures.len();
-        info.peers_connected = s.peers.iter().filter(|(_, p)| p.conns.iter().any(Option::is_some)).count();
-        info.gauges.peers = s.peers.len();
-        info.gauges.handshakes = s.admission.len();
-        info.gauges.buffered_bytes = s.peers.buffered();
-        info.gauges.transmit_bytes = s.peers.iter().map(|(_, p)| p.d.tx_bytes).sum();
-        info.gauges.peers_paused = s.tx_paused.len();
-    }
-
-    fn shutdown(&self) {
-        let mut st = self.lock();
-        st.closed = true;
-        for s in st.socks.drain() {
-            let _ = self.registry.deregister(&mut SourceFd(&s.stream.as_raw_fd()));
-        }
-        if let Some(mut l) = st.listener.take() {
-            let _ = self.registry.deregister(&mut l);
-        }
-    }
-}
-
-impl TcpBackend {
     /// After a busy-poll call: one that moved nothing after [`SPIN_CALLS_BEFORE_YIELD`] others
     /// like it gives up the CPU, so a thread that shares it (another client, the peer on an
     /// oversubscribed host) can run, as the InfiniBand engine does.

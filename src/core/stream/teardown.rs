@@ -102,6 +102,16 @@ impl Session {
         self.forget_if_gone(peer);
     }
 
+    /// Whether [`Session::handle_timeout`] has anything to check: a peer paused at the
+    /// transmit bound, or a link in its handshake or connect.
+    pub(crate) fn timers_pending(&self) -> bool {
+        !self.tx_paused.is_empty()
+            || self.admission.len() > 0
+            || self.links.values().any(|c| {
+                matches!(c.phase, Phase::Connecting | Phase::ClientWaitAck(_) | Phase::ClientWaitReady(_))
+            })
+    }
+
     /// The time is `now`: stamps what moved since the last reading, and every
     /// [`TIMER_PERIOD`] fails peers stalled at the transmit bound and links past their
     /// handshake or connect deadline.

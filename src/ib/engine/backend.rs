@@ -2,7 +2,7 @@
 //! the [`Backend`] methods the endpoint calls.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -80,6 +80,7 @@ impl<V: Verbs> IbBackend<V> {
         let poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
         let waker = Waker::new(&registry, WAKER)?;
+        let event_fd = crate::sockets::epoll_fd(&poll)?;
         registry.register(&mut SourceFd(&dev.ch.as_raw_fd()), CHANNEL, Interest::READABLE)?;
 
         let mut policy = cfg.policy.clone().unwrap_or_else(|| Policy::for_scheme(scheme));
@@ -179,6 +180,7 @@ impl<V: Verbs> IbBackend<V> {
             local,
             endpoint_id,
             blocked: AtomicBool::new(false),
+            event_fd,
         })
     }
 
@@ -195,6 +197,63 @@ impl<V: Verbs> IbBackend<V> {
 
     fn deliver(&self, mut st: MutexGuard<'_, State<V>>) {
         st.ops.hand_over(&self.core, |x| x.retire(&self.cache));
+    }
+
+    /// One round of progress, blocking up to `timeout`. `events_only`: the round an armed
+    /// caller runs when the event descriptor is readable, which must collect epoll's events
+    /// (the completion channel, side channels) and must not give up the CPU.
+    fn progress_round(&self, timeout: Duration, events_only: bool) -> Result<bool> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        st.rounds = st.rounds.wrapping_add(1);
+        let progressed = self.round(st);
+        let look_at_sides =
+            events_only || !timeout.is_zero() || st.rounds.is_multiple_of(SPIN_SIDE_EVERY) || st.accept_more;
+        if progressed || !look_at_sides {
+            st.timers(timeout.is_zero());
+            let yield_cpu = st.idle_spin(timeout, progressed) && !events_only;
+            self.deliver(guard);
+            if yield_cpu {
+                self.yield_cpu();
+            }
+            return Ok(progressed);
+        }
+        // Nothing on the CQ: arm it, look once more (a completion may have slipped in before
+        // arming), then sleep in epoll on the channel and the side channels.
+        let mut timeout = if st.accept_more { Duration::ZERO } else { timeout };
+        if !timeout.is_zero() {
+            self.dev.cq.req_notify(false)?;
+            if self.round(st) {
+                timeout = Duration::ZERO;
+            }
+        }
+        self.deliver(guard);
+        let mut pg = self.poller.lock().unwrap_or_else(|p| p.into_inner());
+        let poller = &mut *pg;
+        sockets::wait(&mut poller.poll, &mut poller.events, timeout, &self.blocked, || false)?;
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        for ev in poller.events.iter() {
+            match ev.token() {
+                LISTENER => st.accept(),
+                WAKER => {}
+                CHANNEL => while let Ok(Some(_)) = self.dev.ch.get_event() {},
+                t => st.side_event(t, ev.is_writable()),
+            }
+        }
+        if st.accept_more {
+            st.accept();
+        }
+        let had_events = !poller.events.is_empty();
+        drop(pg);
+        let progressed = self.round(st) || had_events;
+        st.timers(false);
+        let yield_cpu = st.idle_spin(timeout, progressed) && !events_only;
+        self.deliver(guard);
+        if yield_cpu {
+            self.yield_cpu();
+        }
+        Ok(progressed)
     }
 
     /// One round: completions, then side channels when `side` is set.
@@ -249,56 +308,38 @@ impl<V: Verbs> Backend for IbBackend<V> {
     }
 
     fn progress(&self, timeout: Duration) -> Result<bool> {
+        self.progress_round(timeout, false)
+    }
+
+    fn event_fd(&self) -> BorrowedFd<'_> {
+        self.event_fd.as_fd()
+    }
+
+    fn arm(&self) -> Result<bool> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        st.rounds = st.rounds.wrapping_add(1);
-        let progressed = self.round(st);
-        let look_at_sides = !timeout.is_zero() || st.rounds.is_multiple_of(SPIN_SIDE_EVERY) || st.accept_more;
-        if progressed || !look_at_sides {
-            st.timers(timeout.is_zero());
-            let yield_cpu = st.idle_spin(timeout, progressed);
-            self.deliver(guard);
-            if yield_cpu {
-                self.yield_cpu();
-            }
-            return Ok(progressed);
-        }
-        // Nothing on the CQ: arm it, look once more (a completion may have slipped in before
-        // arming), then sleep in epoll on the channel and the side channels.
-        let mut timeout = if st.accept_more { Duration::ZERO } else { timeout };
-        if !timeout.is_zero() {
-            self.dev.cq.req_notify(false)?;
-            if self.round(st) {
-                timeout = Duration::ZERO;
-            }
-        }
-        self.deliver(guard);
-        let mut pg = self.poller.lock().unwrap_or_else(|p| p.into_inner());
-        let poller = &mut *pg;
-        sockets::wait(&mut poller.poll, &mut poller.events, timeout, &self.blocked, || false)?;
-        let mut guard = self.lock();
-        let st = &mut *guard;
-        for ev in poller.events.iter() {
-            match ev.token() {
-                LISTENER => st.accept(),
-                WAKER => {}
-                CHANNEL => while let Ok(Some(_)) = self.dev.ch.get_event() {},
-                t => st.side_event(t, ev.is_writable()),
-            }
-        }
         if st.accept_more {
-            st.accept();
+            return Ok(false);
         }
-        let had_events = !poller.events.is_empty();
-        drop(pg);
-        let progressed = self.round(st) || had_events;
-        st.timers(false);
-        let yield_cpu = st.idle_spin(timeout, progressed);
+        // Set under the state lock: a post from now on wakes the descriptor.
+        self.blocked.store(true, Ordering::Release);
+        self.dev.cq.req_notify(false)?;
+        // A completion that arrived before the request for notification raises no event.
+        let due = self.round(st);
         self.deliver(guard);
-        if yield_cpu {
-            self.yield_cpu();
+        if due {
+            self.blocked.store(false, Ordering::Release);
         }
-        Ok(progressed)
+        Ok(!due)
+    }
+
+    fn poll_events(&self) -> Result<bool> {
+        self.blocked.store(false, Ordering::Release);
+        self.progress_round(Duration::ZERO, true)
+    }
+
+    fn timers_pending(&self) -> bool {
+        self.lock().timers_pending()
     }
 
     fn wake(&self) {

@@ -204,6 +204,8 @@ pub(crate) struct IbBackend<V: Verbs> {
     endpoint_id: u64,
     /// A driver is asleep in epoll: posts and completions need a wake-up.
     blocked: AtomicBool,
+    /// The epoll instance of `poller` (a duplicate descriptor), for event loops to wait on.
+    event_fd: std::os::fd::OwnedFd,
 }
 
 /// Derived settings.
@@ -912,6 +914,22 @@ impl<V: Verbs> State<V> {
         }
         self.idle_rounds = self.idle_rounds.saturating_add(1);
         self.idle_rounds >= SPIN_ROUNDS_BEFORE_YIELD
+    }
+
+    /// Whether [`State::timers`] has anything to check: a side channel in its handshake or
+    /// connect, or a transfer cancelled within its grace period.
+    fn timers_pending(&self) -> bool {
+        self.admission.len() > 0
+            || self.sides.values().any(|s| {
+                matches!(
+                    s.phase,
+                    SidePhase::Connecting
+                        | SidePhase::ClientWaitAck(_)
+                        | SidePhase::ClientWaitReady(_)
+                        | SidePhase::ClientWaitInfo
+                )
+            })
+            || self.ops.iter().any(|(_, o)| matches!(o.st, OpSt::Cancelling { .. }))
     }
 
     fn timers(&mut self, polling: bool) {

@@ -1,0 +1,286 @@
+//! The endpoint's event descriptor driven as an application's event loop would drive it:
+//! `try_progress`, look at completions, `arm`, sleep in `poll(2)` until readable. A lost
+//! wake-up shows as a poll that times out while an operation is pending; an idle endpoint
+//! must not wake its loop at all.
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ionet::{Arm, Completion, Config, Endpoint, Error, OpId, Payload, PeerId, ServiceLevel};
+use rustix::event::{PollFd, PollFlags, poll};
+
+/// Far longer than any wake-up takes: a poll that lasts this long missed one.
+const LOST: Duration = Duration::from_secs(10);
+
+fn readable_within(ep: &Endpoint, t: Duration) -> bool {
+    let ts = rustix::time::Timespec { tv_sec: t.as_secs() as i64, tv_nsec: t.subsec_nanos().into() };
+    let mut fds = [PollFd::new(ep, PollFlags::IN)];
+    poll(&mut fds, Some(&ts)).unwrap() > 0
+}
+
+/// Waits for `op` the event-loop way; counts the sleeps.
+fn wait_on_fd(ep: &Endpoint, op: OpId, sleeps: &mut u64) -> Completion {
+    loop {
+        ep.try_progress().unwrap();
+        if let Some(c) = ep.test(op).unwrap() {
+            return c;
+        }
+        if ep.arm().unwrap() == Arm::Armed {
+            assert!(
+                readable_within(ep, LOST),
+                "armed descriptor never became readable while {op} was pending"
+            );
+            *sleeps += 1;
+        }
+    }
+}
+
+/// An echo server driven by blocking calls on its own thread.
+fn echo_server(scheme: &str) -> (Endpoint, std::thread::JoinHandle<()>, Arc<AtomicBool>) {
+    let srv = Endpoint::bind(format!("{scheme}://127.0.0.1:0"), Config::default()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (s, st) = (srv.clone(), stop.clone());
+    let h = std::thread::spawn(move || {
+        while !st.load(Ordering::Relaxed) {
+            if let Some(req) = s.next_request(Some(Duration::from_millis(20))).unwrap() {
+                let h = req.header().clone();
+                let _ = req.reply(h);
+            }
+        }
+    });
+    (srv, h, stop)
+}
+
+fn client_of(srv: &Endpoint, cfg: Config) -> (Endpoint, PeerId) {
+    let cli = Endpoint::client(cfg).unwrap();
+    let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
+    (cli, peer)
+}
+
+fn round_trips_on_the_descriptor(scheme: &str) {
+    let (srv, h, stop) = echo_server(scheme);
+    let (cli, peer) = client_of(&srv, Config::default());
+    let mut sleeps = 0;
+    for i in 0..2000u32 {
+        let op =
+            cli.request(peer, 1, Bytes::from(i.to_le_bytes().to_vec()), Payload::None, ServiceLevel::Normal);
+        let c = wait_on_fd(&cli, op.unwrap(), &mut sleeps);
+        assert_eq!(c.reply.as_deref(), Some(&i.to_le_bytes()[..]));
+    }
+    // Most round trips sleep on the descriptor rather than spin: the loop really waited.
+    assert!(sleeps > 0);
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+}
+
+#[test]
+fn round_trips_wait_on_the_descriptor_over_tcp() {
+    round_trips_on_the_descriptor("tcp");
+}
+
+#[test]
+fn round_trips_wait_on_the_descriptor_over_softib() {
+    round_trips_on_the_descriptor("softib");
+}
+
+/// Completions queued by other threads (their sends complete inside `post`, their waits
+/// drive the transport) must wake the loop that sleeps on the descriptor.
+fn other_threads_wake_the_loop(scheme: &str) {
+    let (srv, h, stop) = echo_server(scheme);
+    let (cli, peer) = client_of(&srv, Config::default());
+    let mut sleeps = 0;
+    for round in 0..200u32 {
+        // The loop's own operation, answered only after another thread's request.
+        let mine = cli.recv(peer, 9, bytes::BytesMut::zeroed(8)).unwrap();
+        let other = {
+            let cli = cli.clone();
+            std::thread::spawn(move || {
+                let op = cli
+                    .request(
+                        peer,
+                        1,
+                        Bytes::from(round.to_le_bytes().to_vec()),
+                        Payload::None,
+                        ServiceLevel::Normal,
+                    )
+                    .unwrap();
+                cli.wait(op).unwrap();
+                // Completes inside `post` or in this thread's wait: either way not in the
+                // loop's rounds.
+                cli.cancel(mine).unwrap();
+            })
+        };
+        let c = wait_on_fd(&cli, mine, &mut sleeps);
+        assert!(matches!(c.result, Err(Error::Cancelled)), "round {round}: {:?}", c.result);
+        other.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+}
+
+#[test]
+fn other_threads_wake_the_loop_over_tcp() {
+    other_threads_wake_the_loop("tcp");
+}
+
+#[test]
+fn other_threads_wake_the_loop_over_softib() {
+    other_threads_wake_the_loop("softib");
+}
+
+#[test]
+fn a_deadline_makes_the_descriptor_readable() {
+    let (srv, h, stop) = echo_server("tcp");
+    let (cli, peer) = client_of(&srv, Config::default());
+    let op = cli.recv(peer, 5, bytes::BytesMut::zeroed(8)).unwrap();
+    cli.set_deadline(op, Instant::now() + Duration::from_millis(30)).unwrap();
+    let mut sleeps = 0;
+    let c = wait_on_fd(&cli, op, &mut sleeps);
+    assert!(matches!(c.result, Err(Error::Timeout)), "{:?}", c.result);
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+}
+
+#[test]
+fn a_deadline_set_while_armed_rearms_the_timer() {
+    let (srv, h, stop) = echo_server("tcp");
+    let (cli, peer) = client_of(&srv, Config::default());
+    let op = cli.recv(peer, 5, bytes::BytesMut::zeroed(8)).unwrap();
+    // Settle: connection set-up done, nothing due.
+    while cli.try_progress().unwrap() || cli.arm().unwrap() == Arm::Busy {}
+    // Armed with no deadline, so no timer: the new deadline must reach the sleeper.
+    cli.set_deadline(op, Instant::now() + Duration::from_millis(30)).unwrap();
+    assert!(readable_within(&cli, LOST), "a deadline set while armed never woke the loop");
+    let mut sleeps = 0;
+    let c = wait_on_fd(&cli, op, &mut sleeps);
+    assert!(matches!(c.result, Err(Error::Timeout)), "{:?}", c.result);
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+}
+
+#[test]
+fn an_idle_armed_endpoint_stays_quiet() {
+    for scheme in ["tcp", "softib"] {
+        let (srv, h, stop) = echo_server(scheme);
+        let (cli, peer) = client_of(&srv, Config::default());
+        // Connected and idle: one finished round trip, then nothing.
+        let op = cli.request(peer, 1, Bytes::from_static(b"x"), Payload::None, ServiceLevel::Normal).unwrap();
+        let mut sleeps = 0;
+        wait_on_fd(&cli, op, &mut sleeps);
+        let mut wakeups = 0;
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_millis(600) {
+            cli.try_progress().unwrap();
+            if cli.arm().unwrap() == Arm::Armed && readable_within(&cli, Duration::from_millis(300)) {
+                wakeups += 1;
+            }
+        }
+        assert!(wakeups <= 1, "{scheme}: an idle endpoint woke its loop {wakeups} times");
+        stop.store(true, Ordering::Relaxed);
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn arm_is_busy_until_the_caller_has_looked() {
+    let (srv, h, stop) = echo_server("tcp");
+    let (cli, peer) = client_of(&srv, Config::default());
+    let op = cli.request(peer, 1, Bytes::from_static(b"x"), Payload::None, ServiceLevel::Normal).unwrap();
+    let mut sleeps = 0;
+    wait_on_fd(&cli, op, &mut sleeps);
+    while cli.try_progress().unwrap() || cli.arm().unwrap() == Arm::Busy {}
+    // Another thread's completion after the last round: the caller has not seen it.
+    let c2 = cli.clone();
+    let other = std::thread::spawn(move || {
+        let op = c2.recv(peer, 3, bytes::BytesMut::zeroed(4)).unwrap();
+        c2.cancel(op).unwrap();
+        op
+    })
+    .join()
+    .unwrap();
+    // Already armed before the cancel: the descriptor must be readable now.
+    assert!(readable_within(&cli, LOST));
+    cli.try_progress().unwrap();
+    assert!(cli.test(other).unwrap().is_some());
+    // And a completion queued between a round and `arm` makes `arm` busy.
+    let op = cli.recv(peer, 3, bytes::BytesMut::zeroed(4)).unwrap();
+    cli.cancel(op).unwrap();
+    assert_eq!(cli.arm().unwrap(), Arm::Busy);
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+}
+
+#[test]
+fn a_client_armed_before_connecting_hears_its_transport() {
+    let (srv, h, stop) = echo_server("tcp");
+    let cli = Endpoint::client(Config::default()).unwrap();
+    cli.try_progress().unwrap();
+    assert_eq!(cli.arm().unwrap(), Arm::Armed);
+    let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
+    let op = cli.request(peer, 1, Bytes::from_static(b"late"), Payload::None, ServiceLevel::Normal).unwrap();
+    let mut sleeps = 0;
+    let c = wait_on_fd(&cli, op, &mut sleeps);
+    assert_eq!(c.reply.as_deref(), Some(&b"late"[..]));
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+}
+
+#[test]
+fn detached_operations_leave_nothing_to_collect() {
+    let (srv, h, stop) = echo_server("tcp");
+    let (cli, peer) = client_of(&srv, Config::default());
+    let ops: Vec<OpId> = (0..50)
+        .map(|_| cli.request(peer, 1, Bytes::from_static(b"d"), Payload::None, ServiceLevel::Normal).unwrap())
+        .collect();
+    for &op in &ops {
+        cli.detach(op).unwrap();
+    }
+    // A request after them, answered in order: by then the detached ones completed too.
+    let last = cli.request(peer, 1, Bytes::from_static(b"z"), Payload::None, ServiceLevel::Normal).unwrap();
+    cli.wait(last).unwrap();
+    assert!(cli.wait_any(Some(Duration::ZERO)).unwrap().is_none(), "a detached completion was delivered");
+    for op in ops {
+        assert!(cli.test(op).is_err(), "{op} is still tracked");
+        assert!(cli.detach(op).is_err());
+    }
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+}
+
+#[test]
+fn the_descriptor_is_stable_and_usable_with_epoll() {
+    use rustix::event::epoll;
+    let (srv, h, stop) = echo_server("tcp");
+    let cli = Endpoint::client(Config::default()).unwrap();
+    let before = cli.as_fd().try_clone_to_owned().unwrap();
+    let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
+    // Edge-triggered, as tokio registers descriptors.
+    let ep = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
+    epoll::add(&ep, &cli, epoll::EventData::new_u64(1), epoll::EventFlags::IN | epoll::EventFlags::ET)
+        .unwrap();
+    for i in 0..200u8 {
+        let op = cli.request(peer, 1, Bytes::from(vec![i]), Payload::None, ServiceLevel::Normal).unwrap();
+        let c = loop {
+            cli.try_progress().unwrap();
+            if let Some(c) = cli.test(op).unwrap() {
+                break c;
+            }
+            if cli.arm().unwrap() == Arm::Armed {
+                let mut evs = Vec::with_capacity(4);
+                let ts = rustix::time::Timespec { tv_sec: LOST.as_secs() as i64, tv_nsec: 0 };
+                epoll::wait(&ep, rustix::buffer::spare_capacity(&mut evs), Some(&ts)).unwrap();
+                assert!(!evs.is_empty(), "edge-triggered wait missed a wake-up for request {i}");
+            }
+        };
+        assert_eq!(c.reply.as_deref(), Some(&[i][..]));
+    }
+    // The same epoll instance before and after the transport was chosen.
+    use std::os::unix::fs::MetadataExt;
+    let ino = |fd: std::os::fd::OwnedFd| std::fs::File::from(fd).metadata().unwrap().ino();
+    assert_eq!(ino(before), ino(cli.as_fd().try_clone_to_owned().unwrap()));
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+}
