@@ -578,6 +578,73 @@ impl Endpoint {
             .map_err(|_| Error::misuse("the endpoint already has a request hook"))
     }
 
+    /// The completion of `op` if it is done; otherwise `cx`'s waker is woken when it is.
+    /// For the async layer: it never drives progress (its driver task does).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn poll_op(
+        &self,
+        op: OpId,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Completion>> {
+        let mut st = self.inner.completions.lock();
+        match Completions::take(&mut st, op) {
+            Some(r) => {
+                st.wakers.remove(&op);
+                std::task::Poll::Ready(r)
+            }
+            None => {
+                match st.wakers.get_mut(&op) {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    Some(w) => w.clone_from(cx.waker()),
+                    None => {
+                        st.wakers.insert(op, cx.waker().clone());
+                    }
+                }
+                std::task::Poll::Pending
+            }
+        }
+    }
+
+    /// The next queued request, or `cx`'s waker is woken when one is queued.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn poll_request(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Request> {
+        let mut st = self.inner.completions.lock();
+        match st.requests.pop_front() {
+            Some(meta) => std::task::Poll::Ready(Request { ep: self.clone(), meta, answered: false }),
+            None => {
+                if !st.request_wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                    st.request_wakers.push(cx.waker().clone());
+                }
+                std::task::Poll::Pending
+            }
+        }
+    }
+
+    /// The next queued unexpected message, or `cx`'s waker is woken when one is queued.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn poll_unexpected(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Unexpected>> {
+        let u = {
+            let mut st = self.inner.completions.lock();
+            match st.unexpected.pop_front() {
+                Some(u) => u,
+                None => {
+                    if !st.unexpected_wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                        st.unexpected_wakers.push(cx.waker().clone());
+                    }
+                    return std::task::Poll::Pending;
+                }
+            }
+        };
+        let r = self.backend().map(|b| {
+            b.unexpected_taken(u.peer, u.data.len());
+            self.kick_driver(b);
+        });
+        std::task::Poll::Ready(r.map(|()| u))
+    }
+
     /// Waits up to `timeout` (forever with `None`) for the next incoming request. A zero
     /// timeout looks once without blocking (driving progress one round if no other thread is).
     pub fn next_request(&self, timeout: Option<Duration>) -> Result<Option<Request>> {

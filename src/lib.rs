@@ -95,6 +95,9 @@ mod sched;
 mod sockets;
 mod sync;
 mod tcp;
+#[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+pub mod tokio;
 pub mod types;
 mod util;
 mod wire;

@@ -284,3 +284,38 @@ fn the_descriptor_is_stable_and_usable_with_epoll() {
     stop.store(true, Ordering::Relaxed);
     h.join().unwrap();
 }
+
+/// A pull that finds its whole payload in the socket already, more than one round reads: the
+/// rest needs another round, and no socket event will come for it (the sender is done).
+#[test]
+fn a_pull_of_a_payload_already_received_finishes_on_the_descriptor() {
+    let len = 5 << 20;
+    let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default()).unwrap();
+    let cli = Endpoint::client(Config::default()).unwrap();
+    let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
+    let payload: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+    let expect = payload.clone();
+    let client = std::thread::spawn(move || {
+        let op =
+            cli.request(peer, 1, Bytes::new(), Payload::Out(Bytes::from(payload).into()), ServiceLevel::Bulk);
+        cli.wait(op.unwrap()).unwrap().ok().unwrap();
+    });
+    let mut sleeps = 0;
+    let req = loop {
+        srv.try_progress().unwrap();
+        if let Some(r) = srv.next_request(Some(Duration::ZERO)).unwrap() {
+            break r;
+        }
+        if srv.arm().unwrap() == Arm::Armed {
+            assert!(readable_within(&srv, LOST));
+        }
+    };
+    // Let the whole payload arrive in the socket before pulling it.
+    std::thread::sleep(Duration::from_millis(300));
+    let op = req.pull_into(bytes::BytesMut::zeroed(len), 0).unwrap();
+    let c = wait_on_fd(&srv, op, &mut sleeps);
+    assert_eq!(c.data().unwrap()[..], expect[..]);
+    let reply = req.reply(Bytes::from_static(b"ok")).unwrap();
+    wait_on_fd(&srv, reply, &mut sleeps);
+    client.join().unwrap();
+}
