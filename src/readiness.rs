@@ -12,6 +12,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rustix::event::epoll::{self, CreateFlags, EventData, EventFlags};
@@ -28,6 +29,12 @@ pub(crate) struct WaitSet {
     epoll: OwnedFd,
     timer: OwnedFd,
     notify: OwnedFd,
+    /// The timer may be set or have expired unread; the notice may be unread. Each is raised
+    /// after its system call, so a flag found down means nothing is left to clear: a round
+    /// of an event loop then costs no system call here (it runs thousands of times a second
+    /// while the loop polls).
+    timer_set: AtomicBool,
+    notified: AtomicBool,
 }
 
 impl WaitSet {
@@ -39,13 +46,20 @@ impl WaitSet {
         // Level-triggered: the set stays readable while an expiry or a notice is unread.
         epoll::add(&epoll, &timer, EventData::new_u64(0), EventFlags::IN)?;
         epoll::add(&epoll, &notify, EventData::new_u64(2), EventFlags::IN)?;
-        Ok(WaitSet { epoll, timer, notify })
+        Ok(WaitSet {
+            epoll,
+            timer,
+            notify,
+            timer_set: AtomicBool::new(false),
+            notified: AtomicBool::new(false),
+        })
     }
 
     /// Makes the set readable until [`WaitSet::clear`].
     pub(crate) fn notify(&self) {
         // Only EAGAIN can fail it (a counter at its maximum), and that is readable anyway.
         let _ = rustix::io::write(&self.notify, &1u64.to_ne_bytes());
+        self.notified.store(true, Ordering::Release);
     }
 
     /// Adds the transport's descriptor (level-triggered: readable while it has events).
@@ -56,6 +70,17 @@ impl WaitSet {
     /// Fires the timer after `after` (`None`: never). A zero duration means "at once", which
     /// `timerfd_settime` would read as "disarm", so it becomes one nanosecond.
     pub(crate) fn set_timer(&self, after: Option<Duration>) -> io::Result<()> {
+        if after.is_none() && !self.timer_set.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.settime(after)?;
+        if after.is_some() {
+            self.timer_set.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    fn settime(&self, after: Option<Duration>) -> io::Result<()> {
         let it_value = match after {
             None => Timespec { tv_sec: 0, tv_nsec: 0 },
             Some(d) => {
@@ -74,13 +99,12 @@ impl WaitSet {
     /// Disarms the timer and consumes an expiry or notice not read yet, so the set is readable
     /// again only for what happens next.
     pub(crate) fn clear(&self) -> io::Result<()> {
-        self.set_timer(None)?;
-        let mut buf = [0u8; 8];
-        for fd in [&self.timer, &self.notify] {
-            match rustix::io::read(fd, &mut buf) {
-                Ok(_) | Err(rustix::io::Errno::AGAIN) => {}
-                Err(e) => return Err(e.into()),
-            }
+        if self.timer_set.load(Ordering::Acquire) && self.timer_set.swap(false, Ordering::AcqRel) {
+            self.settime(None)?;
+            drain(&self.timer)?;
+        }
+        if self.notified.load(Ordering::Acquire) && self.notified.swap(false, Ordering::AcqRel) {
+            drain(&self.notify)?;
         }
         Ok(())
     }
@@ -91,6 +115,15 @@ impl WaitSet {
         let mut fds = [PollFd::new(&self.epoll, PollFlags::IN)];
         let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
         matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+    }
+}
+
+/// Reads a timerfd's or eventfd's count, if any.
+fn drain(fd: &OwnedFd) -> io::Result<()> {
+    let mut buf = [0u8; 8];
+    match rustix::io::read(fd, &mut buf) {
+        Ok(_) | Err(rustix::io::Errno::AGAIN) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
