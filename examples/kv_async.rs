@@ -52,11 +52,10 @@ async fn handle(ep: AsyncEndpoint, store: Store, req: Request) -> ionet::Result<
     Ok(())
 }
 
-/// Serves until the runtime ends: one task per request.
+/// Serves until the endpoint shuts down: one task per request.
 async fn serve(ep: AsyncEndpoint) {
     let store = Store::default();
-    loop {
-        let req = ep.next_request().await;
+    while let Ok(req) = ep.next_request().await {
         let (ep, store) = (ep.clone(), store.clone());
         tokio::spawn(async move {
             if let Err(e) = handle(ep, store, req).await {
@@ -70,7 +69,7 @@ async fn serve(ep: AsyncEndpoint) {
 async fn main() -> ionet::Result<()> {
     let server = AsyncEndpoint::new(Endpoint::bind("tcp://127.0.0.1:0", Config::default())?)?;
     let addr = server.endpoint().local_addr().expect("bound");
-    tokio::spawn(serve(server));
+    let served = tokio::spawn(serve(server.clone()));
 
     let client = AsyncEndpoint::new(Endpoint::client(Config::default())?)?;
     let peer = client.endpoint().connect(&addr)?;
@@ -132,5 +131,7 @@ async fn main() -> ionet::Result<()> {
         ServiceLevel::Control,
     )?;
     println!("GET missing: {}", client.completion(op).await?.result.unwrap_err());
+    server.endpoint().shutdown();
+    served.await.expect("server task");
     Ok(())
 }

@@ -205,5 +205,7 @@ pub(crate) trait Backend: Send + Sync {
     fn invalidate(&self, _addr: usize, _len: usize) -> usize {
         0
     }
+    /// Closes the transport: every pending operation completes once with [`Error::Closed`],
+    /// connections and the listener close, and later posts fail with [`Error::Closed`].
     fn shutdown(&self);
 }

@@ -50,6 +50,9 @@ pub(crate) struct CompletionState {
     /// caller may not have looked at what came since.
     pub(crate) queued: u64,
     pub(crate) seen: u64,
+    /// [`Endpoint::shutdown`](crate::Endpoint::shutdown) was called: waits for requests and
+    /// messages end with [`Error::Closed`] once the queues are empty.
+    pub(crate) closed: bool,
     /// Tasks waiting for one operation's completion (the async API), woken when it completes.
     pub(crate) wakers: HashMap<OpId, Waker>,
     /// Tasks waiting for a request, all woken when one is queued (a woken task that finds the
@@ -226,6 +229,16 @@ impl Completions {
             self.kick.store(true, Ordering::Release);
         }
         self.notify_armed(st);
+    }
+
+    /// Marks the queue closed and wakes everyone who waits on it.
+    pub(crate) fn close(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        Self::wake_all(&st);
+        st.request_wakers.drain(..).for_each(Waker::wake);
+        st.unexpected_wakers.drain(..).for_each(Waker::wake);
+        self.notify_armed(&mut st);
     }
 
     /// Makes the armed descriptor readable (once per arming).

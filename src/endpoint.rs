@@ -222,9 +222,12 @@ impl Endpoint {
     /// Address errors; [`Error::Unsupported`] for a transport other than this endpoint's.
     pub fn connect(&self, addr: impl ToAddress) -> Result<PeerId> {
         let addr = addr.to_address()?;
+        self.check_open()?;
         if self.inner.backend.get().is_none() {
             let _g = self.inner.init.lock().unwrap_or_else(|p| p.into_inner());
             if self.inner.backend.get().is_none() {
+                // Under the lock `shutdown` takes: no transport is made after it.
+                self.check_open()?;
                 let b = make_backend(&addr, None, &self.inner.cfg, self.inner.completions.clone())?;
                 let _ = self.inner.backend.set(b);
                 self.start_progress_thread();
@@ -555,8 +558,14 @@ impl Endpoint {
 
     /// Waits up to `timeout` (forever with `None`) for an unexpected message.
     pub fn recv_unexpected(&self, timeout: Option<Duration>) -> Result<Option<Unexpected>> {
-        let u =
-            self.wait_until(Until::after(timeout), Want::Unexpected, |st| st.unexpected.pop_front(), false)?;
+        let u = self
+            .wait_until(
+                Until::after(timeout),
+                Want::Unexpected,
+                |st| closed_or(st, |st| st.unexpected.pop_front()),
+                false,
+            )?
+            .transpose()?;
         if let Some(u) = &u {
             let b = self.backend()?;
             b.unexpected_taken(u.peer, u.data.len());
@@ -605,12 +614,14 @@ impl Endpoint {
         }
     }
 
-    /// The next queued request, or `cx`'s waker is woken when one is queued.
+    /// The next queued request ([`Error::Closed`] after a shutdown), or `cx`'s waker is
+    /// woken when one is queued.
     #[cfg(feature = "tokio")]
-    pub(crate) fn poll_request(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Request> {
+    pub(crate) fn poll_request(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<Request>> {
         let mut st = self.inner.completions.lock();
         match st.requests.pop_front() {
-            Some(meta) => std::task::Poll::Ready(Request { ep: self.clone(), meta, answered: false }),
+            Some(meta) => std::task::Poll::Ready(Ok(Request { ep: self.clone(), meta, answered: false })),
+            None if st.closed => std::task::Poll::Ready(Err(Error::Closed)),
             None => {
                 if !st.request_wakers.iter().any(|w| w.will_wake(cx.waker())) {
                     st.request_wakers.push(cx.waker().clone());
@@ -630,6 +641,7 @@ impl Endpoint {
             let mut st = self.inner.completions.lock();
             match st.unexpected.pop_front() {
                 Some(u) => u,
+                None if st.closed => return std::task::Poll::Ready(Err(Error::Closed)),
                 None => {
                     if !st.unexpected_wakers.iter().any(|w| w.will_wake(cx.waker())) {
                         st.unexpected_wakers.push(cx.waker().clone());
@@ -648,8 +660,14 @@ impl Endpoint {
     /// Waits up to `timeout` (forever with `None`) for the next incoming request. A zero
     /// timeout looks once without blocking (driving progress one round if no other thread is).
     pub fn next_request(&self, timeout: Option<Duration>) -> Result<Option<Request>> {
-        let meta =
-            self.wait_until(Until::after(timeout), Want::Request, |st| st.requests.pop_front(), false)?;
+        let meta = self
+            .wait_until(
+                Until::after(timeout),
+                Want::Request,
+                |st| closed_or(st, |st| st.requests.pop_front()),
+                false,
+            )?
+            .transpose()?;
         Ok(meta.map(|meta| Request { ep: self.clone(), meta, answered: false }))
     }
 
@@ -865,6 +883,38 @@ impl Endpoint {
     /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.inner.cfg
+    }
+
+    /// Shuts the endpoint down, for every clone: each pending operation completes once with
+    /// [`Error::Closed`] (collect them as usual), connections and the listener close, posts
+    /// and connects fail with [`Error::Closed`], and [`Endpoint::next_request`] and
+    /// [`Endpoint::recv_unexpected`] return what is queued, then [`Error::Closed`]. Requests
+    /// that arrived but were not answered are answered with an error as they are dropped.
+    /// A second call does nothing.
+    pub fn shutdown(&self) {
+        self.inner.stop.store(true, Ordering::Relaxed);
+        self.inner.completions.close();
+        let _g = self.inner.init.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = self.inner.backend.get() {
+            b.shutdown();
+        }
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.inner.completions.lock().closed { Err(Error::Closed) } else { Ok(()) }
+    }
+}
+
+/// What a wait for the queue `take` reads finds: an item, else [`Error::Closed`] once the
+/// endpoint is shut down, else nothing yet.
+fn closed_or<T>(
+    st: &mut CompletionState,
+    take: impl FnOnce(&mut CompletionState) -> Option<T>,
+) -> Option<Result<T>> {
+    match take(st) {
+        Some(x) => Some(Ok(x)),
+        None if st.closed => Some(Err(Error::Closed)),
+        None => None,
     }
 }
 

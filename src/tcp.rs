@@ -358,12 +358,16 @@ impl Backend for TcpBackend {
     fn shutdown(&self) {
         let mut st = self.lock();
         st.closed = true;
+        st.session.close_all();
+        st.apply_actions(&self.registry);
         for s in st.socks.drain() {
             let _ = self.registry.deregister(&mut SourceFd(&s.stream.as_raw_fd()));
         }
         if let Some(mut l) = st.listener.take() {
             let _ = self.registry.deregister(&mut l);
         }
+        st.read_ready.clear();
+        self.deliver(st);
     }
 }
 

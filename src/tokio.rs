@@ -113,13 +113,14 @@ impl AsyncEndpoint {
         OpFuture { ep: self.ep.clone(), op, done: false, _driver: self.driver.clone() }
     }
 
-    /// The next incoming request (servers).
-    pub async fn next_request(&self) -> Request {
+    /// The next incoming request (servers); [`Error::Closed`](crate::Error::Closed) once the
+    /// endpoint is shut down and the queued requests are taken.
+    pub async fn next_request(&self) -> Result<Request> {
         let _driver = self.driver.clone();
         std::future::poll_fn(|cx| self.ep.poll_request(cx)).await
     }
 
-    /// Incoming requests as a stream that never ends (servers).
+    /// Incoming requests as a stream (servers), which ends when the endpoint is shut down.
     pub fn requests(&self) -> Requests {
         Requests { ep: self.ep.clone(), _driver: self.driver.clone() }
     }
@@ -222,8 +223,8 @@ impl Drop for OpFuture {
     }
 }
 
-/// Incoming requests ([`AsyncEndpoint::requests`]): a [`futures_core::Stream`] that never
-/// ends, or call [`Requests::next`].
+/// Incoming requests ([`AsyncEndpoint::requests`]): a [`futures_core::Stream`] that ends when
+/// the endpoint is shut down, or call [`Requests::next`].
 #[derive(Debug)]
 pub struct Requests {
     ep: Endpoint,
@@ -231,9 +232,9 @@ pub struct Requests {
 }
 
 impl Requests {
-    /// The next request.
-    pub async fn next(&mut self) -> Request {
-        std::future::poll_fn(|cx| self.ep.poll_request(cx)).await
+    /// The next request; `None` once the endpoint is shut down.
+    pub async fn next(&mut self) -> Option<Request> {
+        std::future::poll_fn(|cx| self.ep.poll_request(cx).map(Result::ok)).await
     }
 }
 
@@ -241,6 +242,6 @@ impl futures_core::Stream for Requests {
     type Item = Request;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Request>> {
-        self.ep.poll_request(cx).map(Some)
+        self.ep.poll_request(cx).map(Result::ok)
     }
 }

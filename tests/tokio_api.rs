@@ -10,8 +10,7 @@ use ionet::{Config, Endpoint, Error, Payload, PeerId, ServiceLevel, WaitMode};
 /// An async echo server: every request answered from a task of its own with its header.
 fn serve_echo(srv: AsyncEndpoint) {
     tokio::spawn(async move {
-        loop {
-            let req = srv.next_request().await;
+        while let Ok(req) = srv.next_request().await {
             let srv = srv.clone();
             tokio::spawn(async move {
                 let h = req.header().clone();
@@ -108,8 +107,7 @@ async fn payloads_move_both_ways() {
         let (srv, cli, peer) = pair(scheme, Config::default()).await;
         tokio::spawn(async move {
             let mut reqs = srv.requests();
-            loop {
-                let req = reqs.next().await;
+            while let Some(req) = reqs.next().await {
                 let srv = srv.clone();
                 tokio::spawn(async move {
                     let len = req.payload_len() as usize;
@@ -201,7 +199,7 @@ async fn a_dropped_request_leaves_the_connection_usable() {
         let op =
             cli.endpoint().request(peer, 1, Bytes::from_static(b"slow"), Payload::None, ServiceLevel::Normal);
         let f = cli.completion(op.unwrap());
-        let req = srv.next_request().await;
+        let req = srv.next_request().await.unwrap();
         drop(f);
         // Answer anyway, then serve normally.
         let late = req.reply(Bytes::from_static(b"late")).unwrap();
@@ -220,4 +218,34 @@ async fn a_deadline_ends_a_pending_future() {
     cli.endpoint().set_deadline(op, std::time::Instant::now() + Duration::from_millis(20)).unwrap();
     let c = tokio::time::timeout(Duration::from_secs(10), cli.completion(op)).await.expect("deadline missed");
     assert!(matches!(c.unwrap().result, Err(Error::Timeout)));
+}
+
+/// Shutting an endpoint down ends its request stream and fails what is pending with Closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_the_request_stream_and_pending_futures() {
+    for scheme in ["tcp", "softib"] {
+        let (srv, cli, peer) = pair(scheme, Config::default()).await;
+        let s2 = srv.clone();
+        let server = tokio::spawn(async move {
+            let mut reqs = s2.requests();
+            let mut n = 0;
+            while let Some(req) = reqs.next().await {
+                n += 1;
+                drop(req);
+            }
+            n
+        });
+        let op =
+            cli.endpoint().request(peer, 1, Bytes::from_static(b"x"), Payload::None, ServiceLevel::Normal);
+        let c = cli.completion(op.unwrap()).await.unwrap();
+        assert!(matches!(c.result, Err(Error::Remote(_))), "{scheme}: an unanswered request: {:?}", c.result);
+        let pending = cli.endpoint().recv(peer, 9, BytesMut::zeroed(4)).unwrap();
+        let pending = cli.completion(pending);
+        srv.endpoint().shutdown();
+        cli.endpoint().shutdown();
+        assert_eq!(server.await.unwrap(), 1, "{scheme}");
+        let c =
+            tokio::time::timeout(Duration::from_secs(10), pending).await.expect("never completed").unwrap();
+        assert!(matches!(c.result, Err(Error::Closed)), "{scheme}: {:?}", c.result);
+    }
 }

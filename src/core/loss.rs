@@ -15,6 +15,8 @@ pub(crate) enum Loss {
     Auth(String),
     /// It broke the protocol.
     Protocol(ProtocolError),
+    /// This endpoint shut down: not the peer's doing, so not counted as a loss.
+    Closed,
 }
 
 impl Loss {
@@ -27,8 +29,11 @@ impl Loss {
         addr: Option<SocketAddr>,
         counters: &Counters,
     ) -> (Error, String) {
-        Counters::add(&counters.peers_lost, 1);
+        if !matches!(self, Loss::Closed) {
+            Counters::add(&counters.peers_lost, 1);
+        }
         match self {
+            Loss::Closed => (Error::Closed, "the endpoint shut down".into()),
             Loss::Lost(r) => {
                 let r = addressed(addr, r);
                 (Error::PeerLost { peer, reason: r.clone() }, r)

@@ -255,11 +255,6 @@ impl<S: OpState, X: OpExtra> OpTable<S, X> {
         self.done.len()
     }
 
-    /// Drops completions not handed over (the endpoint is closing).
-    pub(crate) fn clear_done(&mut self) {
-        self.done.clear();
-    }
-
     /// The completions waiting to leave, in order.
     #[cfg(test)]
     pub(crate) fn done(&self) -> &[Completion] {

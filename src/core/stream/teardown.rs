@@ -102,6 +102,19 @@ impl Session {
         self.forget_if_gone(peer);
     }
 
+    /// The endpoint shuts down: every peer's operations fail once with [`Error::Closed`]
+    /// (unmatched receives, requests waiting for replies, transfers under way), and every link
+    /// closes, those still in their handshake too.
+    pub(crate) fn close_all(&mut self) {
+        for p in self.peers.ids() {
+            self.fail_peer(p, Loss::Closed);
+        }
+        let links: Vec<LinkId> = self.links.iter().map(|(link, _)| link).collect();
+        for link in links {
+            self.close_link(link, None);
+        }
+    }
+
     /// Whether [`Session::handle_timeout`] has anything to check: a peer paused at the
     /// transmit bound, or a link in its handshake or connect.
     pub(crate) fn timers_pending(&self) -> bool {

@@ -460,11 +460,10 @@ impl<V: Verbs> Backend for IbBackend<V> {
         st.closed = true;
         let peers = st.peers.ids();
         for p in peers {
-            st.fail_peer(p, Loss::Lost("endpoint closed".into()));
+            st.fail_peer(p, Loss::Closed);
         }
         st.sides.clear();
         st.listener = None;
-        st.ops.retire(|x| x.retire(&self.cache));
-        st.ops.clear_done();
+        self.deliver(st);
     }
 }
