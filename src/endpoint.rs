@@ -1118,6 +1118,20 @@ impl Request {
         }))
     }
 
+    /// Ends the request with a failure the application numbers: the client's op fails with
+    /// [`Error::RemoteStatus`] carrying `status` and `reason` (an errno, an HTTP-like code),
+    /// so a client can act on the kind of failure without parsing text.
+    pub fn reply_status(mut self, status: u16, reason: &str) -> Result<OpId> {
+        self.answered = true;
+        self.ep.post(Cmd::Reply(ReplyCmd {
+            peer: self.meta.peer,
+            req: self.meta.id,
+            sl: self.meta.sl,
+            header: Bytes::copy_from_slice(reason.as_bytes()),
+            status: status::APP + u32::from(status),
+        }))
+    }
+
     /// Ends the request with a transport-level failure; the client's op fails with
     /// [`Error::Remote`] carrying `reason`.
     pub fn reply_error(mut self, reason: &str) -> Result<OpId> {

@@ -75,6 +75,15 @@ pub enum Error {
     /// The peer processed the request and reported a failure.
     #[error("peer reported failure: {0}")]
     Remote(String),
+    /// The peer processed the request and reported a failure with an application status
+    /// (see [`Request::reply_status`](crate::Request::reply_status)).
+    #[error("peer reported failure {status}: {reason}")]
+    RemoteStatus {
+        /// The application's status code.
+        status: u16,
+        /// The message it gave.
+        reason: String,
+    },
     /// A configured resource limit was reached (connections, buffers, queue depth).
     #[error("resource limit reached: {0}")]
     Exhausted(String),
@@ -110,6 +119,7 @@ impl Error {
                 | Error::PeerCancelled
                 | Error::Auth(_)
                 | Error::Remote(_)
+                | Error::RemoteStatus { .. }
         )
     }
 
@@ -129,6 +139,9 @@ impl Error {
             Error::Auth(s) => Error::Auth(s.clone()),
             Error::RemoteAccess(a) => Error::RemoteAccess(*a),
             Error::Remote(s) => Error::Remote(s.clone()),
+            Error::RemoteStatus { status, reason } => {
+                Error::RemoteStatus { status: *status, reason: reason.clone() }
+            }
             Error::Exhausted(s) => Error::Exhausted(s.clone()),
             Error::Unsupported(s) => Error::Unsupported(s.clone()),
             Error::Closed => Error::Closed,

@@ -149,11 +149,26 @@ pub enum Direction {
 
 /// Reply status codes on the wire.
 pub(crate) mod status {
+    use crate::error::Error;
+
     pub const OK: u32 = 0;
     /// The server dropped the request without replying.
     pub const DROPPED: u32 = 1;
     /// The server replied with an error message as the header.
     pub const ERROR: u32 = 2;
+    /// An application's status `s` travels as `APP + s` (with its message as the header).
+    pub const APP: u32 = 1 << 16;
+
+    /// The error a client's request fails with for a reply of status `st` (not [`OK`]) and
+    /// header `header`, on every transport.
+    pub fn error(st: u32, header: &[u8]) -> Error {
+        let reason = || String::from_utf8_lossy(header).into_owned();
+        match st {
+            DROPPED => Error::Remote("the server dropped the request".into()),
+            s if s >= APP => Error::RemoteStatus { status: (s - APP) as u16, reason: reason() },
+            _ => Error::Remote(reason()),
+        }
+    }
 }
 
 /// What a backend knows about an incoming request.

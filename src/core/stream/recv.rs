@@ -700,8 +700,7 @@ impl Session {
                                 o.reply = Some(hdr);
                                 Ok(moved)
                             }
-                            status::DROPPED => Err(Error::Remote("the server dropped the request".into())),
-                            _ => Err(Error::Remote(String::from_utf8_lossy(&hdr).into_owned())),
+                            st => Err(status::error(st, &hdr)),
                         };
                         // Answered before all of a streamed payload went out: the rest stays.
                         if o.refs > 0 {

@@ -597,8 +597,7 @@ impl<V: Verbs> State<V> {
                 o.reply = Some(header);
                 Ok(moved)
             }
-            status::DROPPED => Err(Error::Remote("the server dropped the request".into())),
-            _ => Err(Error::Remote(String::from_utf8_lossy(&header).into_owned())),
+            st => Err(status::error(st, &header)),
         };
         self.core.counters.copied(copied);
         self.ops.complete(op, r);
