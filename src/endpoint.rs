@@ -216,7 +216,10 @@ impl Endpoint {
     }
 
     /// Looks up a peer and returns its id. Connections are opened lazily, one per service
-    /// level, on first use; the address is resolved now.
+    /// level, on first use; the address is resolved now. A peer that refuses the connection,
+    /// or does not answer within [`Config::connect_timeout`], fails the first
+    /// operation (and every other one queued for it) with [`Error::PeerLost`], its reason
+    /// naming the address and the cause ("connection refused").
     ///
     /// # Errors
     /// Address errors; [`Error::Unsupported`] for a transport other than this endpoint's.
