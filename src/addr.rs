@@ -11,6 +11,7 @@ use std::str::FromStr;
 
 /// Which transport an address selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Scheme {
     /// Kernel TCP sockets (`tcp://`).
     Tcp,

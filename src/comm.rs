@@ -19,6 +19,7 @@ use crate::types::ServiceLevel;
 
 /// How a transfer's bytes move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Mechanism {
     /// Data travels with the message header (IB: SEND from a bounce buffer; TCP: eager).
     Inline,

@@ -150,6 +150,7 @@ macro_rules! counters {
 
         /// A copy of [`Counters`] at one instant.
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        #[non_exhaustive]
         pub struct CounterSnapshot { $($(#[$doc])* pub $name: u64,)* }
 
         impl Counters {
@@ -160,6 +161,11 @@ macro_rules! counters {
         }
 
         impl CounterSnapshot {
+            /// What each counter added since `earlier` (a snapshot of the same endpoint).
+            pub fn since(&self, earlier: &CounterSnapshot) -> CounterSnapshot {
+                CounterSnapshot { $($name: self.$name.saturating_sub(earlier.$name),)* }
+            }
+
             /// Every counter by name, in declaration order (for reports and for carrying a
             /// snapshot across a process boundary).
             pub fn fields(&self) -> Vec<(&'static str, u64)> {

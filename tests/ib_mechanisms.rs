@@ -254,6 +254,7 @@ fn run(force: Option<Mechanism>) {
                 (Mechanism::FastRdma, Mem::Pool) => (Some(0), some(1)),
                 (Mechanism::ServerRdma, Mem::User) => (Some(0), None),
                 (Mechanism::ServerRdma, Mem::Pool) => (Some(0), Some(0)),
+                (other, _) => unreachable!("a mechanism this test does not know: {other:?}"),
             };
             check(&format!("{ctx}: sender"), &dc, m, len, sender);
             check(&format!("{ctx}: receiver"), &ds, m, len, receiver);
@@ -270,6 +271,7 @@ fn run(force: Option<Mechanism>) {
                     assert_eq!(ds.provider.rdma_read_bytes, len as u64, "{ctx}: receiver read it all");
                     assert_eq!(dc.provider.rdma_write_bytes, 0, "{ctx}");
                 }
+                other => unreachable!("a mechanism this test does not know: {other:?}"),
             }
 
             // Request write: the client offers the data, the server pulls it.
@@ -290,6 +292,7 @@ fn run(force: Option<Mechanism>) {
                 (Mechanism::FastRdma, Mem::Pool) => (Some(0), some(2)),
                 (Mechanism::ServerRdma, Mem::User) => (Some(0), None),
                 (Mechanism::ServerRdma, Mem::Pool) => (Some(0), Some(0)),
+                (other, _) => unreachable!("a mechanism this test does not know: {other:?}"),
             };
             check(&format!("{ctx}: write client"), &dc, m, len, client);
             check(&format!("{ctx}: write server"), &ds, m, len, server);
@@ -310,6 +313,7 @@ fn run(force: Option<Mechanism>) {
                 (Mechanism::FastRdma, Mem::Pool) => (some(1), Some(0)),
                 (Mechanism::ServerRdma, Mem::User) => (Some(0), None),
                 (Mechanism::ServerRdma, Mem::Pool) => (Some(0), Some(0)),
+                (other, _) => unreachable!("a mechanism this test does not know: {other:?}"),
             };
             // A read moves no data for 0 bytes: the server pushes nothing.
             if len > 0 {

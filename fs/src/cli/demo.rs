@@ -216,12 +216,7 @@ fn run_one(
     }
     let info = ep.info();
     let c1 = info.counters;
-    let mechs = CounterSnapshot {
-        mech_inline: c1.mech_inline - c0.mech_inline,
-        mech_fast_rdma: c1.mech_fast_rdma - c0.mech_fast_rdma,
-        mech_server_rdma: c1.mech_server_rdma - c0.mech_server_rdma,
-        ..Default::default()
-    };
+    let mechs = c1.since(&c0);
     let stats: u64 = client.server_stats().into_iter().filter_map(|s| s.ok()).map(|s| s.bytes_written).sum();
     if stats < data.len() as u64 {
         bail!("io servers report {stats} bytes written, expected at least {}", data.len());
