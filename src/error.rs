@@ -81,6 +81,10 @@ pub enum Error {
     /// The feature or transport is not available in this build or on this machine.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The RDMA device, port or GID selected (by [`crate::IbConfig`], `IONET_IB_DEVICE` or the
+    /// address) does not exist or cannot carry traffic.
+    #[error(transparent)]
+    Fabric(crate::ib::verbs::FabricError),
     /// The endpoint was shut down.
     #[error("endpoint closed")]
     Closed,
@@ -131,6 +135,7 @@ impl Error {
             Error::Remote(s) => Error::Remote(s.clone()),
             Error::Exhausted(s) => Error::Exhausted(s.clone()),
             Error::Unsupported(s) => Error::Unsupported(s.clone()),
+            Error::Fabric(f) => Error::Fabric(f.clone()),
             Error::Closed => Error::Closed,
             Error::Io(e) => Error::Io(io::Error::new(e.kind(), e.to_string())),
         }
@@ -147,6 +152,7 @@ impl From<Error> for io::Error {
             Error::Misuse(_) | Error::TooLarge { .. } => io::ErrorKind::InvalidInput,
             Error::Protocol { .. } | Error::Truncated { .. } => io::ErrorKind::InvalidData,
             Error::Unsupported(_) => io::ErrorKind::Unsupported,
+            Error::Fabric(_) => io::ErrorKind::NotFound,
             Error::Exhausted(_) => io::ErrorKind::OutOfMemory,
             _ => io::ErrorKind::Other,
         };

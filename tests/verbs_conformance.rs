@@ -5,12 +5,15 @@
 //! - `soft_inproc::*`: B is a second software context in this process;
 //! - `soft_xproc::*`: B lives in a child process (this test binary re-executed as the ignored
 //!   `agent_main` test) and the two processes move data with `process_vm_*`;
+//! - `soft_roce_inproc::*` / `soft_roce_xproc::*`: the same with the software ports presenting
+//!   an Ethernet link layer and a RoCE GID table, so every test also runs over global routes;
 //! - `hw_conformance`: both sides on the hardware provider when an RDMA device exists; otherwise
 //!   it prints why it was skipped.
 //!
 //! Tests assert behaviour only; waits are bounded by [`TIMEOUT`] so a broken provider fails
 //! instead of hanging, and no test asserts how long anything took.
 
+use std::cell::Cell;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -18,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ionet::ib::soft::{FaultPlan, SoftConfig, SoftContext, SoftProvider};
+use ionet::ib::soft::{FaultPlan, SoftConfig, SoftContext, SoftPort, SoftProvider};
 use ionet::ib::verbs::*;
 
 /// Upper bound on any wait: only reached when something is broken.
@@ -40,13 +43,29 @@ trait TestProvider: Verbs {
     fn open_ctx() -> Self;
 }
 
+thread_local! {
+    /// This test's software contexts present an Ethernet (RoCE) port.
+    static ROCE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with this thread's software contexts (and its agents') on RoCE ports.
+fn over_roce(f: impl FnOnce()) {
+    ROCE.set(true);
+    f();
+    ROCE.set(false);
+}
+
 impl TestProvider for SoftContext {
     const NAME: &'static str = "soft";
     fn inject(&self, qpn: u32, plan: FaultPlan) -> bool {
         self.set_qp_faults(qpn, plan).is_ok()
     }
     fn open_ctx() -> Self {
-        SoftProvider::new(SoftConfig::default()).open(None).expect("open softib")
+        let mut cfg = SoftConfig::default();
+        if ROCE.get() {
+            cfg.ports = vec![SoftPort::ethernet()];
+        }
+        SoftProvider::new(cfg).open(None).expect("open softib")
     }
 }
 
@@ -89,6 +108,8 @@ struct Side<V: Verbs> {
     mr: V::Mr,
     extra: Vec<V::Mr>,
     psn: u32,
+    /// The source GID of routes through port 1 (RoCE ports), as the engine picks it.
+    route: Option<GidEntry>,
     // Last: the registrations above are dropped (deregistered) before the memory is freed.
     buf: Vec<u8>,
 }
@@ -140,7 +161,8 @@ impl<V: TestProvider> Side<V> {
         let mut buf = vec![0u8; BUF];
         let mr = register(&ctx, &pd, &mut buf, 0, BUF, AccessFlags::ALL);
         let psn = 0x1234 + qp.qp_num() % 1000;
-        Side { ctx, pd, ch, cq, qp, mr, extra: Vec::new(), psn, buf }
+        let route = default_route(&ctx, 1, IpFamily::V4).expect("a route through port 1");
+        Side { ctx, pd, ch, cq, qp, mr, extra: Vec::new(), psn, route, buf }
     }
 
     fn new_qp(&mut self) {
@@ -164,7 +186,11 @@ impl<V: TestProvider> Side<V> {
     }
 
     fn local_info(&self) -> QpEndpointInfo {
-        QpEndpointInfo::local(&self.qp, &self.ctx.port_attr(1).expect("port"), self.psn)
+        let mut info = QpEndpointInfo::local(&self.qp, &self.ctx.port_attr(1).expect("port"), self.psn);
+        if let Some(e) = self.route {
+            info.gid = e.gid;
+        }
+        info
     }
 
     fn bring_up(&mut self, remote: QpEndpointInfo, p: Params) {
@@ -173,6 +199,7 @@ impl<V: TestProvider> Side<V> {
             min_rnr_timer: p.min_rnr_timer,
             retry_cnt: p.retry_cnt,
             timeout: p.timeout,
+            gid_index: self.route.map(|e| e.index),
             ..ConnParams::default()
         };
         bring_up(&self.qp, &self.local_info(), &remote, &cp).expect("bring_up");
@@ -290,6 +317,7 @@ impl Agent {
         let mut child = Command::new(exe)
             .args(["agent_main", "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
             .env("IONET_VERBS_AGENT", provider)
+            .env("IONET_SOFTIB_LINK_LAYER", if ROCE.get() { "ethernet" } else { "infiniband" })
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -937,6 +965,66 @@ fn state_machine<V: TestProvider>(p: &mut Pair<V>) {
     assert_eq!(p.a.qp.state(), QpState::Err);
 }
 
+/// Routes a port refuses, each with a typed error naming the cause, before the QP leaves
+/// INIT: a GID index past the table, a port that does not exist, no GRH on an Ethernet (RoCE)
+/// port, a path MTU above the port's active MTU. A valid route then connects.
+fn route_checks<V: TestProvider>(p: &mut Pair<V>) {
+    let a = &p.a;
+    let port = a.ctx.port_attr(1).expect("port 1");
+    if ROCE.get() {
+        assert_eq!(port.link_layer, LinkLayer::Ethernet, "the RoCE variant runs on an Ethernet port");
+    }
+    let remote = p.b.info();
+    let init =
+        InitAttr { port_num: 1, pkey_index: 0, access: AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE };
+    a.qp.modify(&QpTransition::Init(init)).expect("INIT");
+    let rtr = |port_num, gid_index, path_mtu| {
+        QpTransition::Rtr(RtrAttr {
+            remote,
+            path_mtu,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 1,
+            sl: 0,
+            port_num,
+            gid_index,
+            traffic_class: 0,
+        })
+    };
+    let ok_gid = a.route.map(|e| e.index);
+    if let Ok(past) = u8::try_from(port.gid_tbl_len) {
+        match a.qp.modify(&rtr(1, Some(past), Mtu::Mtu256)) {
+            Err(VerbsError::Fabric(FabricError::NoSuchGid { port: 1, index, .. })) => {
+                assert_eq!(index, u32::from(past))
+            }
+            other => panic!("GID index {past} past a table of {}: {other:?}", port.gid_tbl_len),
+        }
+    }
+    let ports = a.ctx.attr().phys_port_cnt;
+    match a.qp.modify(&rtr(ports + 1, ok_gid, Mtu::Mtu256)) {
+        Err(VerbsError::Fabric(FabricError::NoSuchPort { port, .. })) => assert_eq!(port, ports + 1),
+        other => panic!("port {}: {other:?}", ports + 1),
+    }
+    if port.link_layer == LinkLayer::Ethernet {
+        match a.qp.modify(&rtr(1, None, Mtu::Mtu256)) {
+            Err(e @ VerbsError::Fabric(FabricError::GrhRequired { port: 1, .. })) => {
+                assert!(e.to_string().contains("GRH"), "{e}")
+            }
+            other => panic!("RoCE without a GRH: {other:?}"),
+        }
+    }
+    if port.active_mtu < Mtu::Mtu4096 {
+        match a.qp.modify(&rtr(1, ok_gid, Mtu::Mtu4096)) {
+            Err(VerbsError::Fabric(FabricError::MtuAbovePort { requested: 4096, active, .. })) => {
+                assert_eq!(active, port.active_mtu.bytes())
+            }
+            other => panic!("path MTU 4096 on a port of {:?}: {other:?}", port.active_mtu),
+        }
+    }
+    assert_eq!(a.qp.state(), QpState::Init, "refused transitions leave the QP where it was");
+    // The same QP then connects on a valid route and carries data.
+    data_paths(p);
+}
+
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
         mod soft_inproc {
@@ -944,6 +1032,16 @@ macro_rules! suite {
         }
         mod soft_xproc {
             $(#[test] fn $name() { super::$name(&mut super::Pair::<ionet::ib::soft::SoftContext>::xproc()); })*
+        }
+        mod soft_roce_inproc {
+            $(#[test] fn $name() {
+                super::over_roce(|| super::$name(&mut super::Pair::<ionet::ib::soft::SoftContext>::inproc()));
+            })*
+        }
+        mod soft_roce_xproc {
+            $(#[test] fn $name() {
+                super::over_roce(|| super::$name(&mut super::Pair::<ionet::ib::soft::SoftContext>::xproc()));
+            })*
         }
         /// The whole suite on the hardware provider, or a printed reason why not.
         #[test]
@@ -995,4 +1093,5 @@ suite!(
     peer_vanishes,
     channel_wakeup,
     state_machine,
+    route_checks,
 );

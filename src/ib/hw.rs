@@ -125,10 +125,13 @@ impl Provider for HwProvider {
 
     fn open(&self, device: Option<&str>) -> VerbsResult<HwContext> {
         let list = DeviceList::get()?;
-        let dev = list
-            .devices()
-            .find(|&d| device.is_none_or(|n| device_info(d).name == n))
-            .ok_or_else(|| VerbsError::UnknownDevice(device.unwrap_or_default().to_string()))?;
+        let dev =
+            list.devices().find(|&d| device.is_none_or(|n| device_info(d).name == n)).ok_or_else(|| {
+                FabricError::NoSuchDevice {
+                    name: device.unwrap_or_default().to_string(),
+                    available: list.devices().map(|d| device_info(d).name).collect(),
+                }
+            })?;
         let info = device_info(dev);
         // SAFETY: `dev` is a live entry of `list`; the context outlives the list.
         let ctx = unsafe { ffi::ibv_open_device(dev) };
@@ -764,6 +767,7 @@ impl QueuePair for HwQp {
                     a.ah_attr.grh.dgid.raw = r.remote.gid.0;
                     a.ah_attr.grh.sgid_index = gid_index;
                     a.ah_attr.grh.hop_limit = 64;
+                    a.ah_attr.grh.traffic_class = r.traffic_class;
                 }
                 mask = mask
                     | M::IBV_QP_AV
@@ -793,6 +797,9 @@ impl QueuePair for HwQp {
         let from = self.state();
         if !t.allowed_from(from) {
             return Err(VerbsError::InvalidTransition { from, to: t.target() });
+        }
+        if let QpTransition::Rtr(r) = t {
+            check_route(&HwContext { inner: Arc::clone(&self.inner.pd.ctx) }, r)?;
         }
         // SAFETY: live QP; `a` is fully initialised for the fields `mask` selects.
         let rc = unsafe { ffi::ibv_modify_qp(self.inner.qp, &mut a, mask.0 as i32) };
@@ -900,6 +907,19 @@ impl QueuePair for HwQp {
     }
 }
 
+impl HwContext {
+    /// Ports are numbered 1..=phys_port_cnt; ibv_query_port(3) only says EINVAL otherwise.
+    fn check_port(&self, port: u8) -> VerbsResult<()> {
+        let ports = self.inner.attr.phys_port_cnt;
+        if port == 0 || port > ports {
+            return Err(
+                FabricError::NoSuchPort { device: self.inner.device.name.clone(), port, ports }.into()
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Verbs for HwContext {
     type Pd = HwPd;
     type Mr = HwMr;
@@ -917,6 +937,7 @@ impl Verbs for HwContext {
     }
 
     fn port_attr(&self, port: u8) -> VerbsResult<PortAttr> {
+        self.check_port(port)?;
         // SAFETY: an all-zero ibv_port_attr is a valid value.
         let mut a: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
         // SAFETY: live context; the exported ibv_query_port fills the leading, compatible part
@@ -951,7 +972,51 @@ impl Verbs for HwContext {
             gid: Gid(unsafe { gid.raw }),
             max_msg_sz: a.max_msg_sz,
             link_layer,
+            gid_tbl_len: u32::try_from(a.gid_tbl_len).unwrap_or(0),
         })
+    }
+
+    fn gid_entry(&self, port: u8, index: u32) -> VerbsResult<GidEntry> {
+        self.check_port(port)?;
+        let missing = |reason: String| FabricError::NoSuchGid {
+            device: self.inner.device.name.clone(),
+            port,
+            index,
+            reason,
+        };
+        let Ok(index8) = u8::try_from(index) else {
+            return Err(missing("GID indices of a route are 8 bits".into()).into());
+        };
+        // SAFETY: an all-zero entry is a valid value (a union of byte arrays and integers).
+        let mut e: ffi::ibv_gid_entry = unsafe { std::mem::zeroed() };
+        // SAFETY: live context; `e` is a valid out-pointer of the size passed (the extensible
+        // form of ibv_query_gid_ex, which the inline wrapper in verbs.h calls the same way).
+        let rc = unsafe {
+            ffi::_ibv_query_gid_ex(
+                self.inner.ctx,
+                u32::from(port),
+                index,
+                &mut e,
+                0,
+                size_of::<ffi::ibv_gid_entry>(),
+            )
+        };
+        match rc {
+            0 => {}
+            // ibv_query_gid_ex(3): ENODATA for an empty entry; EINVAL for an index past the
+            // table (the kernel checks it against gid_tbl_len).
+            libc::ENODATA => return Err(missing("the entry is empty".into()).into()),
+            libc::EINVAL => return Err(missing("past the port's GID table".into()).into()),
+            rc => errno_ret("ibv_query_gid_ex", rc)?,
+        }
+        // enum ibv_gid_type: IB 0, RoCE v1 1, RoCE v2 2.
+        let gid_type = match e.gid_type {
+            1 => GidType::RoceV1,
+            2 => GidType::RoceV2,
+            _ => GidType::Ib,
+        };
+        // SAFETY: every bit pattern of the union is a valid `raw` array.
+        Ok(GidEntry { index: index8, gid: Gid(unsafe { e.gid.raw }), gid_type })
     }
 
     fn alloc_pd(&self) -> VerbsResult<HwPd> {

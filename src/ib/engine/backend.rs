@@ -40,14 +40,12 @@ impl<V: Verbs> IbBackend<V> {
     pub(crate) fn new(
         scheme: Scheme,
         ctx: V,
+        sel: &super::route::Selection,
         bind: Option<&Address>,
         cfg: &Config,
         core: Arc<Completions>,
     ) -> Result<Self> {
-        let port = ctx.port_attr(1)?;
-        if port.state != PortState::Active {
-            return Err(Error::Unsupported(format!("port 1 of {} is not active", ctx.device().name)));
-        }
+        let port = super::route::PortRoute::open(&ctx, sel)?;
         let pd = ctx.alloc_pd()?;
         let ch = ctx.create_comp_channel()?;
         let attr = ctx.attr().clone();

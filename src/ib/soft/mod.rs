@@ -70,6 +70,7 @@
 mod fault;
 mod peer;
 mod pin;
+mod port;
 mod qp;
 mod ring;
 mod shm;
@@ -87,6 +88,7 @@ use std::time::Instant;
 
 pub use fault::{FaultPlan, SoftHook};
 use peer::{Peer, SoftGid, lid_for};
+pub use port::SoftPort;
 use qp::QpInner;
 pub use qp::SoftQp;
 use ring::{CqRing, RecvRing, recv_ring_bytes};
@@ -123,6 +125,8 @@ pub struct SoftConfig {
     /// How registrations pin memory (default: [`PinMethod::Auto`], or `IONET_SOFTIB_PIN` =
     /// `auto` | `io_uring` | `mlock`).
     pub pin: PinMethod,
+    /// The device's ports, numbered from 1 (default: one port, [`SoftPort::from_env`]).
+    pub ports: Vec<SoftPort>,
 }
 
 /// How the software provider pins registered memory.
@@ -194,6 +198,7 @@ impl Default for SoftConfig {
             max_inline_data: 256,
             arena_bytes: 256 << 20,
             pin: PinMethod::from_env(),
+            ports: vec![SoftPort::from_env()],
         }
     }
 }
@@ -228,7 +233,10 @@ impl Provider for SoftProvider {
     fn open(&self, device: Option<&str>) -> VerbsResult<SoftContext> {
         match device {
             None | Some(DEVICE_NAME) => SoftContext::open(self.cfg.clone()),
-            Some(other) => Err(VerbsError::UnknownDevice(other.into())),
+            Some(other) => {
+                Err(FabricError::NoSuchDevice { name: other.into(), available: vec![DEVICE_NAME.into()] }
+                    .into())
+            }
         }
     }
 }
@@ -414,6 +422,10 @@ impl CtxInner {
     fn bump(&self, c: &AtomicU64, n: u64) {
         c.fetch_add(n, Relaxed);
     }
+
+    fn ports(&self) -> port::Ports<'_> {
+        port::Ports { device: &self.device.name, ports: &self.cfg.ports, gid: self.gid, lid: self.lid }
+    }
 }
 
 static NEXT_CTX: AtomicU32 = AtomicU32::new(0);
@@ -443,6 +455,12 @@ impl SoftContext {
         if cfg.max_qp == 0 || cfg.max_qp > 1024 || cfg.max_mr == 0 || cfg.max_mr > 65536 || cfg.max_sge > 64 {
             return Err(VerbsError::InvalidArgument(
                 "softib: max_qp must be 1..=1024, max_mr 1..=65536, max_sge <= 64".into(),
+            ));
+        }
+        if cfg.ports.is_empty() || cfg.ports.len() > 255 || cfg.ports.iter().any(|p| p.gid_types.len() > 256)
+        {
+            return Err(VerbsError::InvalidArgument(
+                "softib: 1..=255 ports, each with at most 256 GID table entries".into(),
             ));
         }
         sys::allow_ptrace_by_any();
@@ -491,7 +509,7 @@ impl SoftContext {
             max_srq_wr: cfg.max_qp_wr,
             max_srq_sge: cfg.max_sge,
             max_inline_data: cfg.max_inline_data,
-            phys_port_cnt: 1,
+            phys_port_cnt: cfg.ports.len() as u8,
         };
         let mut arena = std::collections::BTreeMap::new();
         arena.insert(0, caps.arena);
@@ -881,18 +899,11 @@ impl Verbs for SoftContext {
     }
 
     fn port_attr(&self, port: u8) -> VerbsResult<PortAttr> {
-        if port != 1 {
-            return Err(VerbsError::InvalidArgument(format!("softib has one port (1), not {port}")));
-        }
-        Ok(PortAttr {
-            state: PortState::Active,
-            max_mtu: Mtu::Mtu4096,
-            active_mtu: Mtu::Mtu4096,
-            lid: self.inner.lid,
-            gid: self.inner.gid,
-            max_msg_sz: 1 << 31,
-            link_layer: LinkLayer::InfiniBand,
-        })
+        self.inner.ports().attr(port)
+    }
+
+    fn gid_entry(&self, port: u8, index: u32) -> VerbsResult<GidEntry> {
+        self.inner.ports().gid_entry(port, index)
     }
 
     fn alloc_pd(&self) -> VerbsResult<SoftPd> {

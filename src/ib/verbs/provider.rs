@@ -6,8 +6,8 @@ use std::fmt;
 use std::os::fd::{AsFd, AsRawFd};
 
 use super::{
-    AccessFlags, DeviceAttr, DeviceInfo, PortAttr, PostError, QpCap, QpInit, QpState, QpTransition, RecvWr,
-    SendFlags, SendOp, SendWr, SrqAttr, VerbsError, VerbsResult, WorkCompletion,
+    AccessFlags, DeviceAttr, DeviceInfo, GidEntry, PortAttr, PostError, QpCap, QpInit, QpState, QpTransition,
+    RecvWr, SendFlags, SendOp, SendWr, SrqAttr, VerbsError, VerbsResult, WorkCompletion,
 };
 
 /// Counters a provider keeps (monotonic unless noted).
@@ -63,7 +63,8 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// Opens a device by name, or the first one.
     ///
     /// # Errors
-    /// [`VerbsError::NoDevice`], [`VerbsError::UnknownDevice`], or the OS error.
+    /// [`VerbsError::NoDevice`],
+    /// [`FabricError::NoSuchDevice`](super::FabricError::NoSuchDevice), or the OS error.
     fn open(&self, device: Option<&str>) -> VerbsResult<Self::Context>;
 }
 
@@ -94,8 +95,16 @@ pub trait Verbs: Send + Sync + fmt::Debug + Sized + 'static {
     /// Port attributes (ports are numbered from 1).
     ///
     /// # Errors
-    /// An invalid port, or the driver's error.
+    /// [`FabricError::NoSuchPort`](super::FabricError::NoSuchPort), or the driver's error.
     fn port_attr(&self, port: u8) -> VerbsResult<PortAttr>;
+
+    /// Entry `index` of the port's GID table, with its type.
+    ///
+    /// # Errors
+    /// [`FabricError::NoSuchGid`](super::FabricError::NoSuchGid) for an index past the table
+    /// or an empty entry, [`FabricError::NoSuchPort`](super::FabricError::NoSuchPort), or the
+    /// driver's error.
+    fn gid_entry(&self, port: u8, index: u32) -> VerbsResult<GidEntry>;
 
     /// Allocates a protection domain.
     ///
