@@ -726,7 +726,10 @@ fn rnr_then_flush<V: TestProvider>(p: &mut Pair<V>) {
     assert!(a.poll_n(1, QUIET).is_empty(), "each work request completes exactly once");
     assert_eq!(a.qp.state(), QpState::Err);
     if V::NAME == "soft" {
-        assert_eq!(a.ctx.counters().rnr_retries - rnr_before, 2, "rnr_retry = 2 retries");
+        // Providers that count RNR retries per context count these; others say None.
+        if let (Some(after), Some(before)) = (a.ctx.counters().rnr_retries, rnr_before) {
+            assert_eq!(after - before, 2, "rnr_retry = 2 retries");
+        }
     }
     // Posting on a QP in ERR completes at once with a flush.
     a.post(5, SendOp::Send, &s, SendFlags::NONE).unwrap();

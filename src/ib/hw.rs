@@ -32,6 +32,8 @@ use ibverbs_sys as ffi;
 
 use crate::ib::verbs::*;
 
+mod counters;
+
 const PROVIDER: &str = "ib";
 
 fn no_device(reason: String) -> VerbsError {
@@ -100,6 +102,15 @@ impl Drop for DeviceList {
     }
 }
 
+/// The device's sysfs directory (`/sys/class/infiniband/<name>`), as libibverbs found it.
+fn ibdev_path(dev: *mut ffi::ibv_device) -> std::path::PathBuf {
+    // SAFETY: `dev` is a live entry of a device list; `ibdev_path` is a NUL-terminated array
+    // inside it (copied out before the list is freed).
+    let raw = unsafe { &(*dev).ibdev_path };
+    let bytes: Vec<u8> = raw.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    std::path::PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(bytes))
+}
+
 fn device_info(dev: *mut ffi::ibv_device) -> DeviceInfo {
     // SAFETY: `dev` is a live entry of a device list; the name is a NUL-terminated string
     // owned by the library (copied out before the list is freed).
@@ -141,6 +152,7 @@ impl Provider for HwProvider {
         let mut c = CtxInner::empty();
         c.ctx = ctx;
         c.device = info;
+        c.sysfs = ibdev_path(dev);
         c.attr = query_device(&c)?;
         let mut inner = Arc::new(c);
         let probe = probe_inline(&inner);
@@ -155,6 +167,8 @@ struct CtxInner {
     ctx: *mut ffi::ibv_context,
     device: DeviceInfo,
     attr: DeviceAttr,
+    /// The device's sysfs directory, where the kernel publishes its port counters.
+    sysfs: std::path::PathBuf,
     /// lkey → (addr, len) of live registrations, to validate inline SGEs.
     mrs: RwLock<HashMap<u32, (u64, u64)>>,
     registrations: AtomicU64,
@@ -177,6 +191,7 @@ impl CtxInner {
             ctx: ptr::null_mut(),
             device: DeviceInfo { name: String::new(), guid: 0 },
             attr: DeviceAttr::default(),
+            sysfs: std::path::PathBuf::new(),
             mrs: RwLock::new(HashMap::new()),
             registrations: AtomicU64::new(0),
             deregistrations: AtomicU64::new(0),
@@ -1155,24 +1170,12 @@ impl Verbs for HwContext {
     }
 
     fn counters(&self) -> VerbsCounters {
-        let c = &self.inner;
-        VerbsCounters {
-            registrations: c.registrations.load(Relaxed),
-            deregistrations: c.deregistrations.load(Relaxed),
-            registered_bytes: c.registered_bytes.load(Relaxed),
-            pinned_bytes: c.pinned_bytes.load(Relaxed),
-            reg_ns: c.reg_ns.load(Relaxed),
-            dereg_ns: c.dereg_ns.load(Relaxed),
-            // The HCA does its work without host CPU.
-            device_ns: 0,
-            send_wrs_posted: c.send_wrs.load(Relaxed),
-            recv_wrs_posted: c.recv_wrs.load(Relaxed),
-            completions: c.completions.load(Relaxed),
-            rdma_write_bytes: c.write_bytes.load(Relaxed),
-            rdma_read_bytes: c.read_bytes.load(Relaxed),
-            send_bytes: c.send_bytes.load(Relaxed),
-            rnr_retries: 0,
-        }
+        counters::snapshot(&self.inner)
+    }
+
+    fn port_counters(&self, port: u8) -> VerbsResult<PortCounters> {
+        self.check_port(port)?;
+        Ok(counters::read_port(&counters::port_dir(&self.inner.sysfs, port)))
     }
 }
 

@@ -396,9 +396,8 @@ impl<V: Verbs> Backend for IbBackend<V> {
             fin_waits: st.fin_wait.len(),
             open_requests: st.sreqs.len(),
             provider,
+            port: self.dev.ctx.port_counters(self.dev.port.num).unwrap_or_default(),
         });
-        // The provider sees every RNR retry of our queue pairs; the engine itself never does.
-        info.counters.rnr_retries = provider.rnr_retries;
         drop(st);
         let rs = self.cache.lock().unwrap_or_else(|p| p.into_inner()).stats();
         info.regcache = Some(RegcacheInfo {

@@ -694,6 +694,13 @@ impl<V: Verbs> State<V> {
         if wc.status != WcStatus::Success {
             if wc.status != WcStatus::WrFlushErr {
                 tracing::debug!(status = ?wc.status, conn = cid, "work request failed");
+                let c = &self.core.counters;
+                Counters::add(&c.wc_errors, 1);
+                match wc.status {
+                    WcStatus::RnrRetryExcErr => Counters::add(&c.wc_rnr_retry_exceeded, 1),
+                    WcStatus::RetryExcErr => Counters::add(&c.wc_retry_exceeded, 1),
+                    _ => {}
+                }
             }
             self.on_wc_error(cid, kind, idx, wc.status);
             return;

@@ -257,6 +257,7 @@ struct Counters {
     rdma_read_bytes: AtomicU64,
     send_bytes: AtomicU64,
     rnr_retries: AtomicU64,
+    transport_retries: AtomicU64,
 }
 
 /// Owner-side bookkeeping of table slots and the ring arena.
@@ -1116,15 +1117,28 @@ impl Verbs for SoftContext {
             pinned_bytes: c.pinned_bytes.load(Relaxed),
             reg_ns: c.reg_ns.load(Relaxed),
             dereg_ns: c.dereg_ns.load(Relaxed),
-            device_ns: c.device_ns.load(Relaxed),
+            device_ns: Some(c.device_ns.load(Relaxed)),
             send_wrs_posted: c.send_wrs_posted.load(Relaxed),
             recv_wrs_posted: c.recv_wrs_posted.load(Relaxed),
             completions: c.completions.load(Relaxed),
             rdma_write_bytes: c.rdma_write_bytes.load(Relaxed),
             rdma_read_bytes: c.rdma_read_bytes.load(Relaxed),
             send_bytes: c.send_bytes.load(Relaxed),
-            rnr_retries: c.rnr_retries.load(Relaxed),
+            rnr_retries: Some(c.rnr_retries.load(Relaxed)),
         }
+    }
+
+    /// A software port carries this context's queue pairs only: its RNR and transport retries
+    /// are the context's. Nothing is ever received out of sequence, in error or discarded, but
+    /// no counter is kept for it, so those are `None`.
+    fn port_counters(&self, port: u8) -> VerbsResult<PortCounters> {
+        self.inner.ports().port(port)?;
+        let c = &self.inner.counters;
+        Ok(PortCounters {
+            rnr_nak_retries: Some(c.rnr_retries.load(Relaxed)),
+            ack_timeouts: Some(c.transport_retries.load(Relaxed)),
+            ..PortCounters::default()
+        })
     }
 }
 

@@ -457,6 +457,7 @@ impl QpInner {
         let Some(rts) = ss.rts else { return Done(WcStatus::RetryExcErr, 0) };
         if ss.head_retry < u32::from(rts.retry_cnt) {
             ss.head_retry += 1;
+            self.ctx.bump(&self.ctx.counters.transport_retries, 1);
             Retry(now + ack_timeout(rts.timeout).max(Duration::from_micros(100)))
         } else {
             Done(WcStatus::RetryExcErr, 0)
