@@ -75,8 +75,11 @@ impl TestProvider for ionet::ib::hw::HwContext {
     fn inject(&self, _: u32, _: FaultPlan) -> bool {
         false
     }
+    /// The device `IONET_IB_DEVICE` names (its name; the suite uses port 1), else the first.
     fn open_ctx() -> Self {
-        ionet::ib::hw::HwProvider::new().open(None).expect("open RDMA device")
+        let dev = std::env::var("IONET_IB_DEVICE").ok().filter(|v| !v.is_empty());
+        let name = dev.as_deref().map(|v| v.split(':').next().unwrap_or(v));
+        ionet::ib::hw::HwProvider::new().open(name).expect("open RDMA device")
     }
 }
 
