@@ -291,7 +291,8 @@ impl IbConfig {
 
     /// Retries after a receiver-not-ready NAK before `RnrRetryExcErr` (0..=7; default 7 =
     /// forever). Credit flow control means the engine never causes an RNR; a peer that does
-    /// is counted in `Counters::rnr_failures` when the retries run out.
+    /// is counted in [`crate::info::CounterSnapshot::wc_rnr_retry_exceeded`] when the retries
+    /// run out.
     pub fn rnr_retry(mut self, n: u8) -> Self {
         self.rnr_retry = n;
         self

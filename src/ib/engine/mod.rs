@@ -5,6 +5,9 @@
 //! One RC queue pair per (peer, service-level class), opened lazily; its service level is the
 //! class's IB SL. A TCP side channel ([`side`]) carries the authenticated handshake and the
 //! queue-pair exchange, then stays open so a dead peer is noticed promptly.
+//! The device, port and source GID come from the selection [`route`] checks when the endpoint
+//! opens; a queue pair on a RoCE port routes with a GRH to the GID its peer sent, marked with
+//! the class's DSCP, at the smaller of the two ports' MTUs.
 //!
 //! # Memory per connection
 //!
