@@ -37,7 +37,7 @@
 //! | `ibv_open_device` | — | NULL, `errno` | `VerbsError::Io` naming the call; unknown names are [`FabricError::NoSuchDevice`] listing those present |
 //! | `ibv_query_device` | `max_qp`, `max_qp_wr`, `max_sge`, `max_cq(e)`, `max_mr(_size)`, `max_pd`, `max_qp_rd_atom`, `max_srq(_wr, _sge)`, `phys_port_cnt` | errno value | no device attribute gives the inline limit: a probe QP measures it |
 //! | `ibv_query_port` | `state`, `max_mtu`, `active_mtu`, `gid_tbl_len`, `max_msg_sz`, `lid`, `link_layer` | errno value (`EINVAL` for a bad port) | the exported symbol fills the compatible leading part of `ibv_port_attr`, which holds every field read; ports outside `1..=phys_port_cnt` are refused first with [`FabricError::NoSuchPort`] |
-//! | `_ibv_query_gid_ex` (behind the inline `ibv_query_gid_ex`) | `gid`, `gid_type`, flags 0 | errno value: `ENODATA` empty entry, `EINVAL` past the table | [`FabricError::NoSuchGid`] naming the cause; also used for the port's GID 0 in place of `ibv_query_gid`, whose -1 says nothing |
+//! | `_ibv_query_gid_ex` (behind the inline `ibv_query_gid_ex`) | `gid`, `gid_type`, flags 0 | errno value: `ENODATA` an empty entry; `EINVAL` past the table (and any failure of the sysfs fallback on kernels without the ioctl) | the index is checked against `gid_tbl_len` first; [`FabricError::NoSuchGid`] naming the cause; also used for the port's GID 0 in place of `ibv_query_gid`, whose -1 says nothing |
 //! | `ibv_alloc_pd` / `ibv_dealloc_pd` | — | NULL + `errno` / errno value (`EBUSY` while in use) | dealloc only after every MR, QP and SRQ of the PD (they hold it) |
 //! | `ibv_reg_mr` / `ibv_dereg_mr` | `access` = `ibv_access_flags` bits; `REMOTE_WRITE` needs `LOCAL_WRITE` (else `EINVAL`) | NULL + `errno` (`ENOMEM`, `EPERM`, `EAGAIN` when memory cannot be pinned) / errno value | pinning failures are [`VerbsError::PinLimit`] so the cache can release and retry; flags checked first |
 //! | `ibv_create_comp_channel` / `ibv_destroy_comp_channel` | `fd` made `O_NONBLOCK` (the documented way to poll it) | NULL + `errno` / errno value (`EBUSY` with CQs attached) | CQs hold their channel |
@@ -914,6 +914,12 @@ impl Verbs for HwContext {
             index,
             reason,
         };
+        // Checked here so the answer does not depend on the kernel: its ioctl says EINVAL past
+        // the table, the sysfs fallback of older kernels EINVAL for any failure.
+        let len = self.port_attr(port)?.gid_tbl_len;
+        if index >= len {
+            return Err(missing(format!("the table has {len} entries")).into());
+        }
         let Ok(index8) = u8::try_from(index) else {
             return Err(missing("GID indices of a route are 8 bits".into()).into());
         };
