@@ -18,7 +18,9 @@
 //! - **Completions** land in the target's CQ ring; the target is woken (its completion channel's
 //!   eventfd is signalled) only when it armed the CQ.
 //! - **Connection bring-up** uses exactly the QPN, PSN, LID and GID a real HCA needs; the GID
-//!   names the target context (pid, memfd, random token) and PSNs are checked.
+//!   names the target context (pid, memfd, random token) and PSNs are checked. Ports
+//!   ([`SoftPort`]) present InfiniBand or Ethernet (RoCE: no LID, a GRH required) with a GID
+//!   table and an active MTU, and refuse the routes an HCA refuses.
 //! - **Registration pins memory** as `ibv_reg_mr` does, with a long-term page pin
 //!   (`pin_user_pages(FOLL_LONGTERM)`, reached through an io_uring fixed-buffer slot and
 //!   counted in `VmPin`), or with `mlock` (reference-counted per page, counted in `VmLck`) where
