@@ -191,6 +191,47 @@ mod tests {
         }
     }
 
+    fn soft(ports: Vec<crate::ib::soft::SoftPort>) -> crate::ib::soft::SoftContext {
+        let cfg = crate::ib::soft::SoftConfig { ports, ..Default::default() };
+        crate::ib::soft::SoftProvider::new(cfg).open(None).unwrap()
+    }
+
+    #[test]
+    fn routes_per_port_and_peer() {
+        use crate::ib::soft::SoftPort;
+        let v4: SocketAddr = "10.0.0.2:7000".parse().unwrap();
+        let v6: SocketAddr = "[2001:db8::2]:7000".parse().unwrap();
+        let sel = |port, gid_index| Selection { device: None, port, gid_index };
+        let ctx = soft(vec![SoftPort::infiniband(), SoftPort::ethernet()]);
+        // InfiniBand: LID routing, the port's GID 0 goes to the peer.
+        let ib = PortRoute::open(&ctx, &sel(1, None)).unwrap();
+        let r = ib.route(v4);
+        assert_eq!((r.gid_index, r.gid), (None, ib.attr.gid));
+        // Ethernet: the RoCE v2 entry (index 1) for either family (software GIDs are IPv6).
+        let eth = PortRoute::open(&ctx, &sel(2, None)).unwrap();
+        assert_eq!(eth.route(v4).gid_index, Some(1));
+        assert_eq!(eth.route(v6).gid_index, Some(1));
+        // A configured index wins.
+        let fixed = PortRoute::open(&ctx, &sel(2, Some(0))).unwrap();
+        assert_eq!(fixed.route(v4).gid_index, Some(0));
+        // What the peer said about its port: same link layer, the smaller MTU; a GID that
+        // cannot be a destination is the peer's protocol error.
+        let r = eth.route(v4);
+        let peer_gid = eth.attr.gid;
+        assert_eq!(eth.agree(&r, LinkLayer::Ethernet, Mtu::Mtu4096, &peer_gid).unwrap(), Mtu::Mtu1024);
+        assert_eq!(eth.agree(&r, LinkLayer::Ethernet, Mtu::Mtu512, &peer_gid).unwrap(), Mtu::Mtu512);
+        assert!(matches!(
+            eth.agree(&r, LinkLayer::InfiniBand, Mtu::Mtu1024, &peer_gid),
+            Err(Error::Fabric(FabricError::LinkLayerMismatch { .. }))
+        ));
+        assert!(matches!(
+            eth.agree(&r, LinkLayer::Ethernet, Mtu::Mtu1024, &Gid::default()),
+            Err(Error::Protocol { .. })
+        ));
+        // On InfiniBand without a GRH the GID is not a destination: a zero one is harmless.
+        assert!(ib.agree(&ib.route(v4), LinkLayer::InfiniBand, Mtu::Mtu4096, &Gid::default()).is_ok());
+    }
+
     #[test]
     fn roce_gid_choice_follows_the_side_channel_family() {
         let table = [
