@@ -161,6 +161,7 @@ fn link_layers_that_differ_fail_the_connection() {
         other => panic!("{other:?}"),
     }
     assert_eq!(srv.info().counters.connections, 0);
+    assert_eq!(srv.info().rdma.unwrap().queue_pairs, 0, "the refused client's queue pair is gone");
     let ok = Endpoint::client(cfg(vec![SoftPort::ethernet()])).unwrap();
     round_trip(&ok, &srv, 100);
 }
@@ -213,6 +214,10 @@ fn bad_port_descriptions_from_a_peer_are_protocol_errors() {
         let errors = srv.info().counters.protocol_errors;
         assert!(errors > i as u64, "{what}: not counted as a protocol error ({errors})");
     }
+    // Nothing of a refused client stays behind: no queue pair, no registered memory.
+    let rdma = srv.info().rdma.unwrap();
+    assert_eq!(rdma.queue_pairs, 0, "a refused client's queue pair was left behind");
+    assert_eq!(srv.info().counters.connections, 0);
     // The server still serves a well-behaved client.
     let cli = Endpoint::client(cfg(vec![SoftPort::ethernet()])).unwrap();
     round_trip(&cli, &srv, 100);

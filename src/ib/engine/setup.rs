@@ -149,6 +149,15 @@ impl<V: Verbs> State<V> {
         Ok(id)
     }
 
+    /// Destroys connection `cid` that no peer record holds (its queue pair first, so no DMA
+    /// reaches its memory afterwards).
+    fn discard_conn(&mut self, cid: u32) {
+        if let Some(c) = self.conns.get_mut(cid as usize).and_then(Option::take) {
+            drop(c);
+            self.free_conns.push(cid);
+        }
+    }
+
     /// Our side of connection `cid`, whose side channel connects to `peer` (its IP family
     /// picks the RoCE GID).
     fn local_info(&self, cid: u32, peer: SocketAddr) -> Option<IbInfo> {
@@ -431,10 +440,14 @@ impl<V: Verbs> State<V> {
                     self.fail_peer(old, Loss::Lost("superseded by a new connection".into()));
                 }
                 let peer = self.peers.accepted(client.endpoint_id, remote_addr, client.listen_port, || ());
-                let cid = match self
-                    .create_conn(peer, sl)
-                    .and_then(|cid| self.bring_up(cid, remote_info, remote_addr).map(|_| cid))
-                {
+                let up = self.create_conn(peer, sl).and_then(|cid| {
+                    // Not yet the peer's connection: a refused one is destroyed here, or its
+                    // queue pair and registered memory would outlive the refusal.
+                    self.bring_up(cid, remote_info, remote_addr)
+                        .map(|_| cid)
+                        .inspect_err(|_| self.discard_conn(cid))
+                });
+                let cid = match up {
                     Ok(cid) => cid,
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot set up a queue pair for a client");
