@@ -41,6 +41,10 @@ trait TestProvider: Verbs {
     fn inject(&self, qpn: u32, plan: FaultPlan) -> bool;
     /// Opens a context for a test side.
     fn open_ctx() -> Self;
+    /// The port the tests connect through.
+    fn port() -> u8 {
+        1
+    }
 }
 
 thread_local! {
@@ -75,11 +79,16 @@ impl TestProvider for ionet::ib::hw::HwContext {
     fn inject(&self, _: u32, _: FaultPlan) -> bool {
         false
     }
-    /// The device `IONET_IB_DEVICE` names (its name; the suite uses port 1), else the first.
+    /// The device `IONET_IB_DEVICE` (`name[:port]`) names, else the first.
     fn open_ctx() -> Self {
         let dev = std::env::var("IONET_IB_DEVICE").ok().filter(|v| !v.is_empty());
         let name = dev.as_deref().map(|v| v.split(':').next().unwrap_or(v));
         ionet::ib::hw::HwProvider::new().open(name).expect("open RDMA device")
+    }
+    /// The port `IONET_IB_DEVICE` names, else 1.
+    fn port() -> u8 {
+        let dev = std::env::var("IONET_IB_DEVICE").unwrap_or_default();
+        dev.split_once(':').map_or(1, |(_, p)| p.parse().expect("IONET_IB_DEVICE=name:port"))
     }
 }
 
@@ -164,7 +173,7 @@ impl<V: TestProvider> Side<V> {
         let mut buf = vec![0u8; BUF];
         let mr = register(&ctx, &pd, &mut buf, 0, BUF, AccessFlags::ALL);
         let psn = 0x1234 + qp.qp_num() % 1000;
-        let route = default_route(&ctx, 1, IpFamily::V4).expect("a route through port 1");
+        let route = default_route(&ctx, V::port(), IpFamily::V4).expect("a route through the port");
         Side { ctx, pd, ch, cq, qp, mr, extra: Vec::new(), psn, route, buf }
     }
 
@@ -189,7 +198,8 @@ impl<V: TestProvider> Side<V> {
     }
 
     fn local_info(&self) -> QpEndpointInfo {
-        let mut info = QpEndpointInfo::local(&self.qp, &self.ctx.port_attr(1).expect("port"), self.psn);
+        let mut info =
+            QpEndpointInfo::local(&self.qp, &self.ctx.port_attr(V::port()).expect("port"), self.psn);
         if let Some(e) = self.route {
             info.gid = e.gid;
         }
@@ -203,6 +213,7 @@ impl<V: TestProvider> Side<V> {
             retry_cnt: p.retry_cnt,
             timeout: p.timeout,
             gid_index: self.route.map(|e| e.index),
+            port_num: V::port(),
             ..ConnParams::default()
         };
         bring_up(&self.qp, &self.local_info(), &remote, &cp).expect("bring_up");
@@ -976,13 +987,17 @@ fn state_machine<V: TestProvider>(p: &mut Pair<V>) {
 /// port, a path MTU above the port's active MTU. A valid route then connects.
 fn route_checks<V: TestProvider>(p: &mut Pair<V>) {
     let a = &p.a;
-    let port = a.ctx.port_attr(1).expect("port 1");
+    let pn = V::port();
+    let port = a.ctx.port_attr(pn).expect("the test port");
     if ROCE.get() {
         assert_eq!(port.link_layer, LinkLayer::Ethernet, "the RoCE variant runs on an Ethernet port");
     }
     let remote = p.b.info();
-    let init =
-        InitAttr { port_num: 1, pkey_index: 0, access: AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE };
+    let init = InitAttr {
+        port_num: pn,
+        pkey_index: 0,
+        access: AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE,
+    };
     a.qp.modify(&QpTransition::Init(init)).expect("INIT");
     let rtr = |port_num, gid_index, path_mtu| {
         QpTransition::Rtr(RtrAttr {
@@ -998,9 +1013,9 @@ fn route_checks<V: TestProvider>(p: &mut Pair<V>) {
     };
     let ok_gid = a.route.map(|e| e.index);
     if let Ok(past) = u8::try_from(port.gid_tbl_len) {
-        match a.qp.modify(&rtr(1, Some(past), Mtu::Mtu256)) {
-            Err(VerbsError::Fabric(FabricError::NoSuchGid { port: 1, index, .. })) => {
-                assert_eq!(index, u32::from(past))
+        match a.qp.modify(&rtr(pn, Some(past), Mtu::Mtu256)) {
+            Err(VerbsError::Fabric(FabricError::NoSuchGid { port, index, .. })) => {
+                assert_eq!((port, index), (pn, u32::from(past)))
             }
             other => panic!("GID index {past} past a table of {}: {other:?}", port.gid_tbl_len),
         }
@@ -1011,15 +1026,15 @@ fn route_checks<V: TestProvider>(p: &mut Pair<V>) {
         other => panic!("port {}: {other:?}", ports + 1),
     }
     if port.link_layer == LinkLayer::Ethernet {
-        match a.qp.modify(&rtr(1, None, Mtu::Mtu256)) {
-            Err(e @ VerbsError::Fabric(FabricError::GrhRequired { port: 1, .. })) => {
+        match a.qp.modify(&rtr(pn, None, Mtu::Mtu256)) {
+            Err(e @ VerbsError::Fabric(FabricError::GrhRequired { .. })) => {
                 assert!(e.to_string().contains("GRH"), "{e}")
             }
             other => panic!("RoCE without a GRH: {other:?}"),
         }
     }
     if port.active_mtu < Mtu::Mtu4096 {
-        match a.qp.modify(&rtr(1, ok_gid, Mtu::Mtu4096)) {
+        match a.qp.modify(&rtr(pn, ok_gid, Mtu::Mtu4096)) {
             Err(VerbsError::Fabric(FabricError::MtuAbovePort { requested: 4096, active, .. })) => {
                 assert_eq!(active, port.active_mtu.bytes())
             }
