@@ -4,6 +4,12 @@
 //! name, resolved when the address is used. Port 0 means "any free port" when binding.
 //! For the InfiniBand schemes the host:port is the TCP side channel used to exchange queue-pair
 //! information, exactly as BMI-IB does.
+//!
+//! An InfiniBand address may end in a query selecting this endpoint's RDMA device, port and
+//! source GID index: `ib://0.0.0.0:7000?dev=mlx5_0&port=1&gid=3` ([`DeviceSelect`]). It is
+//! read from the address an endpoint binds to and overrides [`crate::IbConfig`] and
+//! `IONET_IB_DEVICE`; on the address of a peer it describes nothing of ours and is ignored
+//! (a client-only endpoint selects its device with [`crate::IbConfig`] or the environment).
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -73,6 +79,72 @@ pub struct Address {
     scheme: Scheme,
     host: Host,
     port: u16,
+    select: Option<Box<DeviceSelect>>,
+}
+
+/// The device selection of an InfiniBand address: `?dev=NAME&port=N&gid=I`, each optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct DeviceSelect {
+    /// RDMA device name (`dev=mlx5_0`).
+    pub device: Option<String>,
+    /// Port, from 1 (`port=1`).
+    pub port: Option<u8>,
+    /// Source GID index (`gid=3`); without it a RoCE port picks a RoCE v2 GID itself.
+    pub gid_index: Option<u8>,
+}
+
+impl DeviceSelect {
+    fn parse(addr: &str, query: &str) -> Result<DeviceSelect, AddrError> {
+        let bad = |reason: String| AddrError::BadQuery { addr: addr.to_string(), reason };
+        let mut d = DeviceSelect::default();
+        for pair in query.split('&') {
+            let (k, v) = pair.split_once('=').ok_or_else(|| bad(format!("{pair:?} is not key=value")))?;
+            let num = |what: &str, lo: u8| -> Result<u8, AddrError> {
+                v.parse::<u8>()
+                    .ok()
+                    .filter(|&n| n >= lo && v.bytes().all(|b| b.is_ascii_digit()))
+                    .ok_or_else(|| bad(format!("{what} {v:?} is not a number in {lo}..=255")))
+            };
+            match k {
+                "dev" if d.device.is_none() => {
+                    let ok = !v.is_empty()
+                        && v.len() <= 64
+                        && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+                    if !ok {
+                        return Err(bad(format!("device name {v:?}: letters, digits, '_', '-', '.' only")));
+                    }
+                    d.device = Some(v.to_string());
+                }
+                "port" if d.port.is_none() => d.port = Some(num("port", 1)?),
+                "gid" if d.gid_index.is_none() => d.gid_index = Some(num("gid index", 0)?),
+                "dev" | "port" | "gid" => return Err(bad(format!("{k} given twice"))),
+                _ => return Err(bad(format!("unknown parameter {k:?}; expected dev, port or gid"))),
+            }
+        }
+        Ok(d)
+    }
+}
+
+impl fmt::Display for DeviceSelect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut sep = '?';
+        let mut put = |f: &mut fmt::Formatter<'_>, k: &str, v: &dyn fmt::Display| {
+            let r = write!(f, "{sep}{k}={v}");
+            sep = '&';
+            r
+        };
+        if let Some(d) = &self.device {
+            put(f, "dev", d)?;
+        }
+        if let Some(p) = self.port {
+            put(f, "port", &p)?;
+        }
+        if let Some(g) = self.gid_index {
+            put(f, "gid", &g)?;
+        }
+        Ok(())
+    }
 }
 
 /// Why an address string was rejected.
@@ -110,6 +182,15 @@ pub enum AddrError {
         /// The offending host text.
         host: String,
     },
+    /// A `?query` that is malformed, names an unknown parameter, or follows a scheme that has
+    /// none (only `ib://` and `softib://` take device selection).
+    #[error("address {addr:?}: {reason}")]
+    BadQuery {
+        /// The whole address.
+        addr: String,
+        /// What is wrong with the query.
+        reason: String,
+    },
     /// Name resolution failed or gave no address.
     #[error("cannot resolve {host:?}: {reason}")]
     Resolve {
@@ -123,12 +204,12 @@ pub enum AddrError {
 impl Address {
     /// Builds an address from its parts.
     pub fn new(scheme: Scheme, host: Host, port: u16) -> Self {
-        Address { scheme, host, port }
+        Address { scheme, host, port, select: None }
     }
 
     /// Builds an address from a socket address.
     pub fn from_socket(scheme: Scheme, sa: SocketAddr) -> Self {
-        Address { scheme, host: Host::Ip(sa.ip()), port: sa.port() }
+        Address { scheme, host: Host::Ip(sa.ip()), port: sa.port(), select: None }
     }
 
     /// The transport this address selects.
@@ -149,6 +230,11 @@ impl Address {
     /// The same host and port under another scheme.
     pub fn with_scheme(&self, scheme: Scheme) -> Self {
         Address { scheme, ..self.clone() }
+    }
+
+    /// The device selection of an InfiniBand address (`?dev=..&port=..&gid=..`), if any.
+    pub fn device_select(&self) -> Option<&DeviceSelect> {
+        self.select.as_deref()
     }
 
     /// The same scheme and host with another port.
@@ -180,6 +266,10 @@ impl fmt::Display for Address {
             Host::Ip(IpAddr::V6(ip)) => write!(f, "{}://[{}]:{}", self.scheme, ip, self.port),
             Host::Ip(IpAddr::V4(ip)) => write!(f, "{}://{}:{}", self.scheme, ip, self.port),
             Host::Name(n) => write!(f, "{}://{}:{}", self.scheme, n, self.port),
+        }?;
+        match &self.select {
+            Some(d) => d.fmt(f),
+            None => Ok(()),
         }
     }
 }
@@ -201,6 +291,16 @@ impl FromStr for Address {
     fn from_str(s: &str) -> Result<Self, AddrError> {
         let (scheme, rest) = s.split_once("://").ok_or_else(|| AddrError::MissingScheme(s.to_string()))?;
         let scheme: Scheme = scheme.parse()?;
+        let (rest, select) = match rest.split_once('?') {
+            None => (rest, None),
+            Some(_) if scheme == Scheme::Tcp => {
+                return Err(AddrError::BadQuery {
+                    addr: s.to_string(),
+                    reason: "tcp:// addresses take no parameters".into(),
+                });
+            }
+            Some((rest, q)) => (rest, Some(Box::new(DeviceSelect::parse(s, q)?))),
+        };
         let (host, port) = if let Some(after) = rest.strip_prefix('[') {
             let (inside, tail) = after.split_once(']').ok_or_else(|| AddrError::BadIpv6(s.to_string()))?;
             let ip: std::net::Ipv6Addr = inside.parse().map_err(|_| AddrError::BadIpv6(s.to_string()))?;
@@ -232,7 +332,7 @@ impl FromStr for Address {
         } else {
             return Err(AddrError::BadPort { addr: s.to_string(), port: port.to_string() });
         };
-        Ok(Address { scheme, host, port })
+        Ok(Address { scheme, host, port, select })
     }
 }
 
@@ -290,6 +390,35 @@ mod tests {
             let e = s.parse::<Address>().unwrap_err();
             assert!(ok(&e), "{s}: unexpected error {e:?}");
             assert!(!e.to_string().is_empty());
+        }
+    }
+
+    #[test]
+    fn device_selection_parses_and_round_trips() {
+        let a: Address = "ib://10.0.0.1:7000?dev=mlx5_0&port=1&gid=3".parse().unwrap();
+        let d = a.device_select().unwrap();
+        assert_eq!((d.device.as_deref(), d.port, d.gid_index), (Some("mlx5_0"), Some(1), Some(3)));
+        assert_eq!(a.port(), 7000);
+        assert_eq!(a.to_string(), "ib://10.0.0.1:7000?dev=mlx5_0&port=1&gid=3");
+        let a: Address = "softib://[::1]:0?gid=0".parse().unwrap();
+        assert_eq!(a.device_select().unwrap().gid_index, Some(0));
+        assert_eq!(a.to_string().parse::<Address>().unwrap(), a);
+        assert!("ib://h:1".parse::<Address>().unwrap().device_select().is_none());
+        for bad in [
+            "tcp://h:1?dev=x",
+            "ib://h:1?dev=",
+            "ib://h:1?dev=a/b",
+            "ib://h:1?port=0",
+            "ib://h:1?port=256",
+            "ib://h:1?gid=-1",
+            "ib://h:1?gid=+1",
+            "ib://h:1?speed=100",
+            "ib://h:1?port=1&port=2",
+            "ib://h:1?dev",
+            "ib://h:1?",
+        ] {
+            let e = bad.parse::<Address>().unwrap_err();
+            assert!(matches!(e, AddrError::BadQuery { .. }), "{bad}: {e:?}");
         }
     }
 

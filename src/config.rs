@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::comm::Policy;
 use crate::error::{Error, Result};
-use crate::ib::soft::{FaultPlan, SoftHook};
+use crate::ib::soft::{FaultPlan, SoftHook, SoftPort};
 use crate::types::{ServiceLevel, WaitMode};
 
 /// Largest eager limit accepted: one eager message is buffered whole when it arrives early.
@@ -76,8 +76,16 @@ pub struct IbConfig {
     pub(crate) soft_pin_budget: Option<u64>,
     pub(crate) soft_faults: FaultPlan,
     pub(crate) soft_hook: Option<SoftHook>,
+    pub(crate) soft_ports: Option<Vec<SoftPort>>,
     pub(crate) list_alloc_hint: bool,
     pub(crate) cache_foreign: bool,
+    pub(crate) device: Option<String>,
+    pub(crate) port: Option<u8>,
+    pub(crate) gid_index: Option<u8>,
+    pub(crate) ack_timeout: u8,
+    pub(crate) retry_count: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) min_rnr_timer: u8,
 }
 
 impl Default for IbConfig {
@@ -99,8 +107,16 @@ impl Default for IbConfig {
             soft_pin_budget: None,
             soft_faults: FaultPlan::none(),
             soft_hook: None,
+            soft_ports: None,
             list_alloc_hint: false,
             cache_foreign: false,
+            device: None,
+            port: None,
+            gid_index: None,
+            ack_timeout: 14,
+            retry_count: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
         }
     }
 }
@@ -199,6 +215,15 @@ impl IbConfig {
         self
     }
 
+    /// Software provider, tests only: the ports the endpoint's device presents (default one,
+    /// [`SoftPort::from_env`]) — an Ethernet port runs the engine's RoCE path.
+    #[cfg(feature = "soft-faults")]
+    #[doc(hidden)]
+    pub fn soft_ports(mut self, ports: Vec<SoftPort>) -> Self {
+        self.soft_ports = Some(ports);
+        self
+    }
+
     /// Treat the pieces of one gather / scatter list as parts of one allocation (default off):
     /// a list buffer that must be registered for the peer's RDMA is then registered as one
     /// region spanning its pieces, so the rows of one array cost one registration instead of
@@ -223,7 +248,76 @@ impl IbConfig {
         self
     }
 
+    /// The RDMA device to open, by name (`mlx5_0`; default: `IONET_IB_DEVICE`, else the first
+    /// device). An `ib://` address's `?dev=` overrides it. `IONET_IB_DEVICE` is `name` or
+    /// `name:port`, like `UCX_NET_DEVICES`, and applies to `ib://` only (`softib://` has one
+    /// device).
+    pub fn device(mut self, name: impl Into<String>) -> Self {
+        self.device = Some(name.into());
+        self
+    }
+
+    /// The port, from 1 (default: the port of `IONET_IB_DEVICE`, else 1). Opening an endpoint
+    /// fails with [`crate::ib::verbs::FabricError::PortNotActive`] when it does not carry
+    /// traffic. An address's `?port=` overrides it.
+    pub fn port(mut self, port: u8) -> Self {
+        self.port = Some(port);
+        self
+    }
+
+    /// The source GID index of every route (default: none — InfiniBand ports route by LID,
+    /// Ethernet (RoCE) ports pick a RoCE v2 GID of the side channel's IP family, then one of
+    /// the other family, then a RoCE v1 GID, as `rdma_cm` and UCX do). Opening an endpoint
+    /// fails with [`crate::ib::verbs::FabricError::NoSuchGid`] when the entry does not exist.
+    /// An address's `?gid=` overrides it.
+    pub fn gid_index(mut self, index: u8) -> Self {
+        self.gid_index = Some(index);
+        self
+    }
+
+    /// Local ACK timeout of every queue pair, encoded as the HCA takes it: 4.096 µs · 2^n
+    /// (0..=31; default 14 ≈ 67 ms; 0 = wait forever on hardware). With `retry_count` it
+    /// bounds how long a dead peer goes unnoticed by the fabric.
+    pub fn ack_timeout(mut self, n: u8) -> Self {
+        self.ack_timeout = n;
+        self
+    }
+
+    /// Transport retries before a work request fails with `RetryExcErr` (0..=7; default 7).
+    pub fn retry_count(mut self, n: u8) -> Self {
+        self.retry_count = n;
+        self
+    }
+
+    /// Retries after a receiver-not-ready NAK before `RnrRetryExcErr` (0..=7; default 7 =
+    /// forever). Credit flow control means the engine never causes an RNR; a peer that does
+    /// is counted in [`crate::info::CounterSnapshot::wc_rnr_retry_exceeded`] when the retries
+    /// run out.
+    pub fn rnr_retry(mut self, n: u8) -> Self {
+        self.rnr_retry = n;
+        self
+    }
+
+    /// The RNR NAK timer this end advertises, IB encoding (0..=31; default 12 = 0.64 ms;
+    /// 1 = 0.01 ms, 31 = 491.52 ms, 0 = 655.36 ms).
+    pub fn min_rnr_timer(mut self, n: u8) -> Self {
+        self.min_rnr_timer = n;
+        self
+    }
+
     fn validate(&self) -> Result<()> {
+        if self.port == Some(0) {
+            return Err(Error::misuse("ib port numbers start at 1"));
+        }
+        if self.device.as_deref() == Some("") {
+            return Err(Error::misuse("ib device name is empty"));
+        }
+        if self.ack_timeout > 31 || self.min_rnr_timer > 31 {
+            return Err(Error::misuse("ib ack_timeout and min_rnr_timer are 5-bit codes (0..=31)"));
+        }
+        if self.retry_count > 7 || self.rnr_retry > 7 {
+            return Err(Error::misuse("ib retry_count and rnr_retry are 3-bit counts (0..=7)"));
+        }
         if !(2..=1024).contains(&self.recv_buffers) {
             return Err(Error::misuse("ib recv_buffers must be in 2..=1024"));
         }
@@ -588,6 +682,18 @@ mod tests {
         assert!(Config::default().dscp(ServiceLevel::Bulk, 64).validate().is_err());
         assert!(Config::default().scheduler_weights([1, 0, 1]).validate().is_err());
         assert!(Config::default().max_message(0).validate().is_err());
+        for bad in [
+            IbConfig::default().port(0),
+            IbConfig::default().ack_timeout(32),
+            IbConfig::default().min_rnr_timer(32),
+            IbConfig::default().retry_count(8),
+            IbConfig::default().rnr_retry(8),
+            IbConfig::default().device(""),
+        ] {
+            assert!(Config::default().ib(bad.clone()).validate().is_err(), "{bad:?}");
+        }
+        let ok = IbConfig::default().device("mlx5_0").port(2).gid_index(3).ack_timeout(31).rnr_retry(7);
+        assert!(Config::default().ib(ok).validate().is_ok());
     }
 
     #[test]

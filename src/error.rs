@@ -90,6 +90,10 @@ pub enum Error {
     /// The feature or transport is not available in this build or on this machine.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The RDMA device, port or GID selected (by [`crate::IbConfig`], `IONET_IB_DEVICE` or the
+    /// address) does not exist or cannot carry traffic.
+    #[error(transparent)]
+    Fabric(crate::ib::verbs::FabricError),
     /// The endpoint was shut down.
     #[error("endpoint closed")]
     Closed,
@@ -144,6 +148,7 @@ impl Error {
             }
             Error::Exhausted(s) => Error::Exhausted(s.clone()),
             Error::Unsupported(s) => Error::Unsupported(s.clone()),
+            Error::Fabric(f) => Error::Fabric(f.clone()),
             Error::Closed => Error::Closed,
             Error::Io(e) => Error::Io(io::Error::new(e.kind(), e.to_string())),
         }
@@ -160,6 +165,7 @@ impl From<Error> for io::Error {
             Error::Misuse(_) | Error::TooLarge { .. } => io::ErrorKind::InvalidInput,
             Error::Protocol { .. } | Error::Truncated { .. } => io::ErrorKind::InvalidData,
             Error::Unsupported(_) => io::ErrorKind::Unsupported,
+            Error::Fabric(_) => io::ErrorKind::NotFound,
             Error::Exhausted(_) => io::ErrorKind::OutOfMemory,
             _ => io::ErrorKind::Other,
         };

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::addr::{Address, Scheme};
 use crate::buffers::buf::PoolStats;
 use crate::comm::{Mechanism, Policy};
-use crate::ib::verbs::VerbsCounters;
+use crate::ib::verbs::{PortCounters, VerbsCounters};
 use crate::types::WaitMode;
 
 /// Limits, policy and counters of an endpoint.
@@ -98,8 +98,11 @@ pub struct RdmaInfo {
     /// Incoming requests open (delivered or being fetched, not yet replied to).
     pub open_requests: usize,
     /// The verbs provider's counters for this endpoint's device context (registrations,
-    /// one-sided bytes, RNR retries...).
+    /// one-sided bytes, RNR retries where measurable...).
     pub provider: VerbsCounters,
+    /// The error and retry counters of the endpoint's port (device-wide; `None` where the
+    /// device does not expose one).
+    pub port: PortCounters,
 }
 
 /// Registration-cache figures.
@@ -224,9 +227,17 @@ counters! {
     ops_cancelled,
     /// Explicit credit messages sent.
     credit_msgs,
-    /// RNR retries observed (InfiniBand: the provider's count for this endpoint's queue pairs;
-    /// with credits it stays 0 in normal operation).
-    rnr_retries,
+    /// InfiniBand work requests that failed because the peer kept answering receiver-not-ready
+    /// past the RNR retry count (`RnrRetryExcErr`), counted by the engine from completions.
+    /// Credits keep it at 0; retries that succeeded are in [`RdmaInfo::provider`] and
+    /// [`RdmaInfo::port`] where the provider can count them.
+    wc_rnr_retry_exceeded,
+    /// InfiniBand work requests that failed after the transport retry count (`RetryExcErr`):
+    /// the peer or the path stopped acknowledging.
+    wc_retry_exceeded,
+    /// InfiniBand work requests that completed with any error status other than a flush
+    /// (those above included); flushes follow a queue pair's first error and are not counted.
+    wc_errors,
     /// Times a busy-polling driver (wait mode `Spin`, or `Adaptive` while spinning) gave up its
     /// CPU with `sched_yield` after rounds that found nothing to do.
     spin_yields,

@@ -137,7 +137,7 @@ pub mod internals {
     }
 }
 
-pub use addr::{Address, Scheme};
+pub use addr::{Address, DeviceSelect, Scheme};
 pub use buf::{BUF_ALIGN, BufPool, MemKeys, OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 pub use comm::{Mechanism, Policy, Thresholds};
 pub use config::{Config, IbConfig};

@@ -266,10 +266,35 @@ fn injected_rnr_is_retried_and_counted() {
         assert!(wait_ok(&srv, r).data().unwrap()[..] == pattern(len, i as u64)[..]);
     }
     let ci = cli.info();
-    assert_eq!(ci.counters.rnr_retries, 4, "every injected RNR was retried once");
-    assert_eq!(ci.rdma.unwrap().provider.rnr_retries, 4);
-    assert_eq!(srv.info().counters.rnr_retries, 0);
+    let rdma = ci.rdma.unwrap();
+    assert_eq!(rdma.provider.rnr_retries, Some(4), "every injected RNR was retried once");
+    assert_eq!(rdma.port.rnr_nak_retries, Some(4), "a software port carries this context only");
+    assert_eq!(srv.info().rdma.unwrap().provider.rnr_retries, Some(0));
+    assert_eq!(ci.counters.wc_rnr_retry_exceeded, 0, "retried within the count");
+    assert_eq!(ci.counters.wc_errors, 0);
     assert_eq!(ci.counters.peers_lost, 0);
+}
+
+/// With `rnr_retry(0)` the first receiver-not-ready fails the send: the connection is lost and
+/// the engine counts the status it saw.
+#[test]
+fn rnr_past_the_retry_count_is_counted_by_the_engine() {
+    let (cli_cfg, hook) = hooked(Config::default().progress_thread(true), IbConfig::default().rnr_retry(0));
+    let (srv, cli, p, _sp) = pair(Config::default().progress_thread(true), cli_cfg);
+    assert_eq!(hook.set_all(&FaultPlan::rnr(1)), 1);
+    // A small send completes once copied out; the failure of its work request then loses the
+    // peer.
+    let _ = cli.send(p, 1, Bytes::from(pattern(100, 1)), ServiceLevel::Normal).unwrap();
+    let deadline = std::time::Instant::now() + T;
+    while cli.info().counters.peers_lost == 0 {
+        assert!(std::time::Instant::now() < deadline, "the connection survived an RNR past its retry count");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let c = cli.info().counters;
+    assert_eq!(c.wc_rnr_retry_exceeded, 1);
+    assert_eq!(c.wc_retry_exceeded, 0);
+    assert_eq!(c.wc_errors, 1, "flushes that follow are not errors of their own");
+    assert_eq!(srv.info().counters.wc_errors, 0);
 }
 
 /// The client's queue pair behaves as if the server vanished while it sends: its send fails
@@ -286,6 +311,9 @@ fn vanished_peer_while_sending() {
     expect_lost(&cli, s, p, "the client's send");
     expect_lost(&cli, rc, p, "the client's receive");
     expect_lost(&srv, rs, sp, "the server's receive");
+    let c = cli.info().counters;
+    assert_eq!(c.wc_retry_exceeded, 1, "the fabric stopped acknowledging: one RetryExcErr");
+    assert_eq!(c.wc_errors, 1);
     nothing_more(&cli, "client");
     nothing_more(&srv, "server");
     idle(&cli, "client");

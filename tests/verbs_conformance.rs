@@ -5,12 +5,15 @@
 //! - `soft_inproc::*`: B is a second software context in this process;
 //! - `soft_xproc::*`: B lives in a child process (this test binary re-executed as the ignored
 //!   `agent_main` test) and the two processes move data with `process_vm_*`;
+//! - `soft_roce_inproc::*` / `soft_roce_xproc::*`: the same with the software ports presenting
+//!   an Ethernet link layer and a RoCE GID table, so every test also runs over global routes;
 //! - `hw_conformance`: both sides on the hardware provider when an RDMA device exists; otherwise
 //!   it prints why it was skipped.
 //!
 //! Tests assert behaviour only; waits are bounded by [`TIMEOUT`] so a broken provider fails
 //! instead of hanging, and no test asserts how long anything took.
 
+use std::cell::Cell;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -18,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ionet::ib::soft::{FaultPlan, SoftConfig, SoftContext, SoftProvider};
+use ionet::ib::soft::{FaultPlan, SoftConfig, SoftContext, SoftPort, SoftProvider};
 use ionet::ib::verbs::*;
 
 /// Upper bound on any wait: only reached when something is broken.
@@ -38,6 +41,22 @@ trait TestProvider: Verbs {
     fn inject(&self, qpn: u32, plan: FaultPlan) -> bool;
     /// Opens a context for a test side.
     fn open_ctx() -> Self;
+    /// The port the tests connect through.
+    fn port() -> u8 {
+        1
+    }
+}
+
+thread_local! {
+    /// This test's software contexts present an Ethernet (RoCE) port.
+    static ROCE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with this thread's software contexts (and its agents') on RoCE ports.
+fn over_roce(f: impl FnOnce()) {
+    ROCE.set(true);
+    f();
+    ROCE.set(false);
 }
 
 impl TestProvider for SoftContext {
@@ -46,7 +65,11 @@ impl TestProvider for SoftContext {
         self.set_qp_faults(qpn, plan).is_ok()
     }
     fn open_ctx() -> Self {
-        SoftProvider::new(SoftConfig::default()).open(None).expect("open softib")
+        let mut cfg = SoftConfig::default();
+        if ROCE.get() {
+            cfg.ports = vec![SoftPort::ethernet()];
+        }
+        SoftProvider::new(cfg).open(None).expect("open softib")
     }
 }
 
@@ -56,8 +79,16 @@ impl TestProvider for ionet::ib::hw::HwContext {
     fn inject(&self, _: u32, _: FaultPlan) -> bool {
         false
     }
+    /// The device `IONET_IB_DEVICE` (`name[:port]`) names, else the first.
     fn open_ctx() -> Self {
-        ionet::ib::hw::HwProvider::new().open(None).expect("open RDMA device")
+        let dev = std::env::var("IONET_IB_DEVICE").ok().filter(|v| !v.is_empty());
+        let name = dev.as_deref().map(|v| v.split(':').next().unwrap_or(v));
+        ionet::ib::hw::HwProvider::new().open(name).expect("open RDMA device")
+    }
+    /// The port `IONET_IB_DEVICE` names, else 1.
+    fn port() -> u8 {
+        let dev = std::env::var("IONET_IB_DEVICE").unwrap_or_default();
+        dev.split_once(':').map_or(1, |(_, p)| p.parse().expect("IONET_IB_DEVICE=name:port"))
     }
 }
 
@@ -89,6 +120,8 @@ struct Side<V: Verbs> {
     mr: V::Mr,
     extra: Vec<V::Mr>,
     psn: u32,
+    /// The source GID of routes through port 1 (RoCE ports), as the engine picks it.
+    route: Option<GidEntry>,
     // Last: the registrations above are dropped (deregistered) before the memory is freed.
     buf: Vec<u8>,
 }
@@ -140,7 +173,8 @@ impl<V: TestProvider> Side<V> {
         let mut buf = vec![0u8; BUF];
         let mr = register(&ctx, &pd, &mut buf, 0, BUF, AccessFlags::ALL);
         let psn = 0x1234 + qp.qp_num() % 1000;
-        Side { ctx, pd, ch, cq, qp, mr, extra: Vec::new(), psn, buf }
+        let route = default_route(&ctx, V::port(), IpFamily::V4).expect("a route through the port");
+        Side { ctx, pd, ch, cq, qp, mr, extra: Vec::new(), psn, route, buf }
     }
 
     fn new_qp(&mut self) {
@@ -164,7 +198,12 @@ impl<V: TestProvider> Side<V> {
     }
 
     fn local_info(&self) -> QpEndpointInfo {
-        QpEndpointInfo::local(&self.qp, &self.ctx.port_attr(1).expect("port"), self.psn)
+        let mut info =
+            QpEndpointInfo::local(&self.qp, &self.ctx.port_attr(V::port()).expect("port"), self.psn);
+        if let Some(e) = self.route {
+            info.gid = e.gid;
+        }
+        info
     }
 
     fn bring_up(&mut self, remote: QpEndpointInfo, p: Params) {
@@ -173,6 +212,8 @@ impl<V: TestProvider> Side<V> {
             min_rnr_timer: p.min_rnr_timer,
             retry_cnt: p.retry_cnt,
             timeout: p.timeout,
+            gid_index: self.route.map(|e| e.index),
+            port_num: V::port(),
             ..ConnParams::default()
         };
         bring_up(&self.qp, &self.local_info(), &remote, &cp).expect("bring_up");
@@ -290,6 +331,7 @@ impl Agent {
         let mut child = Command::new(exe)
             .args(["agent_main", "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
             .env("IONET_VERBS_AGENT", provider)
+            .env("IONET_SOFTIB_LINK_LAYER", if ROCE.get() { "ethernet" } else { "infiniband" })
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -698,7 +740,10 @@ fn rnr_then_flush<V: TestProvider>(p: &mut Pair<V>) {
     assert!(a.poll_n(1, QUIET).is_empty(), "each work request completes exactly once");
     assert_eq!(a.qp.state(), QpState::Err);
     if V::NAME == "soft" {
-        assert_eq!(a.ctx.counters().rnr_retries - rnr_before, 2, "rnr_retry = 2 retries");
+        // Providers that count RNR retries per context count these; others say None.
+        if let (Some(after), Some(before)) = (a.ctx.counters().rnr_retries, rnr_before) {
+            assert_eq!(after - before, 2, "rnr_retry = 2 retries");
+        }
     }
     // Posting on a QP in ERR completes at once with a flush.
     a.post(5, SendOp::Send, &s, SendFlags::NONE).unwrap();
@@ -937,6 +982,70 @@ fn state_machine<V: TestProvider>(p: &mut Pair<V>) {
     assert_eq!(p.a.qp.state(), QpState::Err);
 }
 
+/// Routes a port refuses, each with a typed error naming the cause, before the QP leaves
+/// INIT: a GID index past the table, a port that does not exist, no GRH on an Ethernet (RoCE)
+/// port, a path MTU above the port's active MTU. A valid route then connects.
+fn route_checks<V: TestProvider>(p: &mut Pair<V>) {
+    let a = &p.a;
+    let pn = V::port();
+    let port = a.ctx.port_attr(pn).expect("the test port");
+    if ROCE.get() {
+        assert_eq!(port.link_layer, LinkLayer::Ethernet, "the RoCE variant runs on an Ethernet port");
+    }
+    let remote = p.b.info();
+    let init = InitAttr {
+        port_num: pn,
+        pkey_index: 0,
+        access: AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE,
+    };
+    a.qp.modify(&QpTransition::Init(init)).expect("INIT");
+    let rtr = |port_num, gid_index, path_mtu| {
+        QpTransition::Rtr(RtrAttr {
+            remote,
+            path_mtu,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 1,
+            sl: 0,
+            port_num,
+            gid_index,
+            traffic_class: 0,
+        })
+    };
+    let ok_gid = a.route.map(|e| e.index);
+    if let Ok(past) = u8::try_from(port.gid_tbl_len) {
+        match a.qp.modify(&rtr(pn, Some(past), Mtu::Mtu256)) {
+            Err(VerbsError::Fabric(FabricError::NoSuchGid { port, index, .. })) => {
+                assert_eq!((port, index), (pn, u32::from(past)))
+            }
+            other => panic!("GID index {past} past a table of {}: {other:?}", port.gid_tbl_len),
+        }
+    }
+    let ports = a.ctx.attr().phys_port_cnt;
+    match a.qp.modify(&rtr(ports + 1, ok_gid, Mtu::Mtu256)) {
+        Err(VerbsError::Fabric(FabricError::NoSuchPort { port, .. })) => assert_eq!(port, ports + 1),
+        other => panic!("port {}: {other:?}", ports + 1),
+    }
+    if port.link_layer == LinkLayer::Ethernet {
+        match a.qp.modify(&rtr(pn, None, Mtu::Mtu256)) {
+            Err(e @ VerbsError::Fabric(FabricError::GrhRequired { .. })) => {
+                assert!(e.to_string().contains("GRH"), "{e}")
+            }
+            other => panic!("RoCE without a GRH: {other:?}"),
+        }
+    }
+    if port.active_mtu < Mtu::Mtu4096 {
+        match a.qp.modify(&rtr(pn, ok_gid, Mtu::Mtu4096)) {
+            Err(VerbsError::Fabric(FabricError::MtuAbovePort { requested: 4096, active, .. })) => {
+                assert_eq!(active, port.active_mtu.bytes())
+            }
+            other => panic!("path MTU 4096 on a port of {:?}: {other:?}", port.active_mtu),
+        }
+    }
+    assert_eq!(a.qp.state(), QpState::Init, "refused transitions leave the QP where it was");
+    // The same QP then connects on a valid route and carries data.
+    data_paths(p);
+}
+
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
         mod soft_inproc {
@@ -944,6 +1053,16 @@ macro_rules! suite {
         }
         mod soft_xproc {
             $(#[test] fn $name() { super::$name(&mut super::Pair::<ionet::ib::soft::SoftContext>::xproc()); })*
+        }
+        mod soft_roce_inproc {
+            $(#[test] fn $name() {
+                super::over_roce(|| super::$name(&mut super::Pair::<ionet::ib::soft::SoftContext>::inproc()));
+            })*
+        }
+        mod soft_roce_xproc {
+            $(#[test] fn $name() {
+                super::over_roce(|| super::$name(&mut super::Pair::<ionet::ib::soft::SoftContext>::xproc()));
+            })*
         }
         /// The whole suite on the hardware provider, or a printed reason why not.
         #[test]
@@ -995,4 +1114,5 @@ suite!(
     peer_vanishes,
     channel_wakeup,
     state_machine,
+    route_checks,
 );

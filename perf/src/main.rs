@@ -795,10 +795,31 @@ fn selftest(scheme: Scheme) -> Result<(), BoxErr> {
         let b = over_ionet::run(&ep, peer, &bw, Some(srv.pid()))?;
         println!("{:>10}  {:>19.1} µs  {:>17.3} GB/s", size, l.rtt_p50.unwrap_or(0.0), b.gbps());
     }
-    let c = ep.info().counters;
+    let info = ep.info();
+    let c = info.counters;
+    if let Some(r) = &info.rdma {
+        let shown = |v: Option<u64>| v.map_or("not measured".to_string(), |n| n.to_string());
+        println!(
+            "verbs: RNR retries {}, failed work requests {} (RNR exceeded {}, retries exceeded {}); port: RNR NAK retries {}, ACK timeouts {}, out of sequence {}",
+            shown(r.provider.rnr_retries),
+            c.wc_errors,
+            c.wc_rnr_retry_exceeded,
+            c.wc_retry_exceeded,
+            shown(r.port.rnr_nak_retries),
+            shown(r.port.ack_timeouts),
+            shown(r.port.out_of_sequence),
+        );
+    }
+    if c.wc_errors > 0 || c.peers_lost > 0 || c.protocol_errors > 0 {
+        return Err(format!(
+            "{} failed work requests, {} peers lost, {} protocol errors",
+            c.wc_errors, c.peers_lost, c.protocol_errors
+        )
+        .into());
+    }
     println!(
-        "ok: {} messages sent, {} received; mechanisms: {} inline, {} rendezvous; no errors",
-        c.msgs_sent, c.msgs_received, c.mech_inline, c.mech_server_rdma
+        "ok: {} messages sent, {} received; mechanisms: {} inline, {} fast RDMA, {} rendezvous; no errors",
+        c.msgs_sent, c.msgs_received, c.mech_inline, c.mech_fast_rdma, c.mech_server_rdma
     );
     Ok(())
 }

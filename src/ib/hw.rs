@@ -16,13 +16,54 @@
 //! With no RDMA device (`ibv_get_device_list` returns NULL/`ENOSYS` when the kernel has no RDMA
 //! support, or an empty list) every entry point returns [`VerbsError::NoDevice`], which names
 //! the software provider (`softib://`).
+//!
+//! # Review against rdma-core's documentation
+//!
+//! Every call this provider makes, checked against its man page (rdma-core's
+//! `libibverbs/man/`) and, where the page is silent, `verbs.h`: which attributes it sets or
+//! reads, how the call reports failure, and what is done with that.
+//!
+//! Return conventions differ by call, and each is handled as its page says: **pointer**
+//! returners give NULL and set `errno` (read with `io::Error::last_os_error`); **errno-value**
+//! returners give 0 or a positive errno value and leave `errno` alone (`errno_ret`; the ops of
+//! a missing driver entry are answered with a negative errno value, read the same way);
+//! `ibv_query_gid` and `ibv_close_device` give -1, which is *not* an errno value.
+//!
+//! | call | attributes | failure | here |
+//! |---|---|---|---|
+//! | `ibv_get_device_list` | out: count | NULL, `errno` (`ENOSYS`: no kernel support) | [`VerbsError::NoDevice`]; an empty list too |
+//! | `ibv_get_device_name`, `ibv_get_device_guid` | GUID is big-endian | none | name copied before the list is freed; GUID byte-swapped |
+//! | `ibv_free_device_list` | — | none | once, in `Drop` |
+//! | `ibv_open_device` | — | NULL, `errno` | `VerbsError::Io` naming the call; unknown names are [`FabricError::NoSuchDevice`] listing those present |
+//! | `ibv_query_device` | `max_qp`, `max_qp_wr`, `max_sge`, `max_cq(e)`, `max_mr(_size)`, `max_pd`, `max_qp_rd_atom`, `max_srq(_wr, _sge)`, `phys_port_cnt` | errno value | no device attribute gives the inline limit: a probe QP measures it |
+//! | `ibv_query_port` | `state`, `max_mtu`, `active_mtu`, `gid_tbl_len`, `max_msg_sz`, `lid`, `link_layer` | errno value (`EINVAL` for a bad port) | the exported symbol fills the compatible leading part of `ibv_port_attr`, which holds every field read; ports outside `1..=phys_port_cnt` are refused first with [`FabricError::NoSuchPort`] |
+//! | `_ibv_query_gid_ex` (behind the inline `ibv_query_gid_ex`) | `gid`, `gid_type`, flags 0 | errno value: `ENODATA` an empty entry; `EINVAL` past the table (and any failure of the sysfs fallback on kernels without the ioctl) | the index is checked against `gid_tbl_len` first; [`FabricError::NoSuchGid`] naming the cause; also used for the port's GID 0 in place of `ibv_query_gid`, whose -1 says nothing |
+//! | `ibv_alloc_pd` / `ibv_dealloc_pd` | — | NULL + `errno` / errno value (`EBUSY` while in use) | dealloc only after every MR, QP and SRQ of the PD (they hold it) |
+//! | `ibv_reg_mr` / `ibv_dereg_mr` | `access` = `ibv_access_flags` bits; `REMOTE_WRITE` needs `LOCAL_WRITE` (else `EINVAL`) | NULL + `errno` (`ENOMEM`, `EPERM`, `EAGAIN` when memory cannot be pinned) / errno value | pinning failures are [`VerbsError::PinLimit`] so the cache can release and retry; flags checked first |
+//! | `ibv_create_comp_channel` / `ibv_destroy_comp_channel` | `fd` made `O_NONBLOCK` (the documented way to poll it) | NULL + `errno` / errno value (`EBUSY` with CQs attached) | CQs hold their channel |
+//! | `ibv_create_cq` / `ibv_destroy_cq` | `cqe` (granted size read back), `cq_context` = cookie, `comp_vector` 0 | NULL + `errno` / errno value | events are acknowledged as they are taken, so destroy never waits |
+//! | `ibv_get_cq_event` / `ibv_ack_cq_events` | out: CQ, context | -1 + `errno` (`EAGAIN` on a non-blocking channel with nothing pending) | `EAGAIN` is "no event"; each event acknowledged at once |
+//! | `req_notify_cq` (ops) | `solicited_only` | errno value | refused on a CQ without a channel |
+//! | `poll_cq` (ops) | `wr_id`, `status`, `opcode`, `byte_len`, `imm_data` (network order), `qp_num`, `src_qp`, `vendor_err` | negative on error | `imm_data` byte-swapped (and only with `IBV_WC_WITH_IMM`); a failed completion has valid `wr_id`, `status`, `qp_num` and `vendor_err` only, so its `byte_len` and `src_qp` are reported as 0 and its `opcode` is documented as meaningless |
+//! | `ibv_create_srq` / `ibv_destroy_srq` | `max_wr`, `max_sge` | NULL + `errno` / errno value | — |
+//! | `ibv_create_qp` / `ibv_destroy_qp` | `IBV_QPT_RC`, `send_cq`, `recv_cq`, `srq`, `cap`, `sq_sig_all`; granted `cap` written back | NULL + `errno` / errno value | granted sizes are what [`QueuePair::cap`] reports |
+//! | `ibv_modify_qp` RESET→INIT | `qp_state`, `pkey_index`, `port_num`, `qp_access_flags` with their mask bits | errno value (`EINVAL` for a wrong mask or value) | the RC state machine is checked first ([`VerbsError::InvalidTransition`]) |
+//! | `ibv_modify_qp` INIT→RTR | `path_mtu`, `dest_qp_num`, `rq_psn`, `max_dest_rd_atomic`, `min_rnr_timer`, `ah_attr` (`dlid`, `sl`, `port_num`; with a GID index `is_global`, `grh.dgid`, `grh.sgid_index`, `grh.hop_limit` 64, `grh.traffic_class`) | errno value | [`check_route`] first: the port exists, the GID index names an entry, an Ethernet port gets a GRH (RoCE has no LIDs), the path MTU is at most the port's active MTU — typed errors where the HCA says only `EINVAL` |
+//! | `ibv_modify_qp` RTR→RTS | `sq_psn`, `timeout`, `retry_cnt`, `rnr_retry`, `max_rd_atomic` | errno value | — |
+//! | `ibv_query_qp` | `qp_state` only | errno value | a QP whose state cannot be read is reported as `Err` |
+//! | `post_send` / `post_recv` / `post_srq_recv` (ops) | `wr_id`, `sg_list`, `num_sge`, `opcode`, `send_flags`, `imm_data`, `wr.rdma` | errno value + `bad_wr` | `bad_wr`'s index becomes [`PostError::index`]; SGE counts and inline sizes checked first |
+//! | `ibv_close_device` | — | -1 | logged only (in `Drop`, after every object of the context) |
+//!
+//! Counters (`counters`): what this process counts around these calls, plus the port counters
+//! the kernel publishes in the device's sysfs directory (`ibv_device::ibdev_path`); verbs has
+//! no call for a context's RNR retries or the HCA's busy time, so those are `None`.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::fmt;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
@@ -31,6 +72,12 @@ use std::time::Instant;
 use ibverbs_sys as ffi;
 
 use crate::ib::verbs::*;
+
+mod counters;
+mod cq;
+
+use cq::{ChanInner, CqInner};
+pub use cq::{HwChannel, HwCq};
 
 const PROVIDER: &str = "ib";
 
@@ -100,6 +147,15 @@ impl Drop for DeviceList {
     }
 }
 
+/// The device's sysfs directory (`/sys/class/infiniband/<name>`), as libibverbs found it.
+fn ibdev_path(dev: *mut ffi::ibv_device) -> std::path::PathBuf {
+    // SAFETY: `dev` is a live entry of a device list; `ibdev_path` is a NUL-terminated array
+    // inside it (copied out before the list is freed).
+    let raw = unsafe { &(*dev).ibdev_path };
+    let bytes: Vec<u8> = raw.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    std::path::PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(bytes))
+}
+
 fn device_info(dev: *mut ffi::ibv_device) -> DeviceInfo {
     // SAFETY: `dev` is a live entry of a device list; the name is a NUL-terminated string
     // owned by the library (copied out before the list is freed).
@@ -125,10 +181,13 @@ impl Provider for HwProvider {
 
     fn open(&self, device: Option<&str>) -> VerbsResult<HwContext> {
         let list = DeviceList::get()?;
-        let dev = list
-            .devices()
-            .find(|&d| device.is_none_or(|n| device_info(d).name == n))
-            .ok_or_else(|| VerbsError::UnknownDevice(device.unwrap_or_default().to_string()))?;
+        let dev =
+            list.devices().find(|&d| device.is_none_or(|n| device_info(d).name == n)).ok_or_else(|| {
+                FabricError::NoSuchDevice {
+                    name: device.unwrap_or_default().to_string(),
+                    available: list.devices().map(|d| device_info(d).name).collect(),
+                }
+            })?;
         let info = device_info(dev);
         // SAFETY: `dev` is a live entry of `list`; the context outlives the list.
         let ctx = unsafe { ffi::ibv_open_device(dev) };
@@ -138,6 +197,7 @@ impl Provider for HwProvider {
         let mut c = CtxInner::empty();
         c.ctx = ctx;
         c.device = info;
+        c.sysfs = ibdev_path(dev);
         c.attr = query_device(&c)?;
         let mut inner = Arc::new(c);
         let probe = probe_inline(&inner);
@@ -152,6 +212,8 @@ struct CtxInner {
     ctx: *mut ffi::ibv_context,
     device: DeviceInfo,
     attr: DeviceAttr,
+    /// The device's sysfs directory, where the kernel publishes its port counters.
+    sysfs: std::path::PathBuf,
     /// lkey → (addr, len) of live registrations, to validate inline SGEs.
     mrs: RwLock<HashMap<u32, (u64, u64)>>,
     registrations: AtomicU64,
@@ -174,6 +236,7 @@ impl CtxInner {
             ctx: ptr::null_mut(),
             device: DeviceInfo { name: String::new(), guid: 0 },
             attr: DeviceAttr::default(),
+            sysfs: std::path::PathBuf::new(),
             mrs: RwLock::new(HashMap::new()),
             registrations: AtomicU64::new(0),
             deregistrations: AtomicU64::new(0),
@@ -369,173 +432,6 @@ impl MemoryRegion for HwMr {
     }
     fn deregister(mut self) -> VerbsResult<()> {
         self.release()
-    }
-}
-
-struct ChanInner {
-    _ctx: Arc<CtxInner>,
-    ch: *mut ffi::ibv_comp_channel,
-}
-
-// SAFETY: see `CtxInner`.
-unsafe impl Send for ChanInner {}
-// SAFETY: see `CtxInner`.
-unsafe impl Sync for ChanInner {}
-
-impl Drop for ChanInner {
-    fn drop(&mut self) {
-        // SAFETY: CQs bound to the channel hold an Arc to it, so none is alive.
-        let rc = unsafe { ffi::ibv_destroy_comp_channel(self.ch) };
-        if rc != 0 {
-            tracing::warn!(rc, "ibv_destroy_comp_channel failed");
-        }
-    }
-}
-
-/// A completion channel (its fd is set non-blocking).
-pub struct HwChannel {
-    inner: Arc<ChanInner>,
-}
-
-impl fmt::Debug for HwChannel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HwChannel").field("fd", &self.as_raw_fd()).finish()
-    }
-}
-
-impl AsRawFd for HwChannel {
-    fn as_raw_fd(&self) -> RawFd {
-        // SAFETY: `ch` is live while `self` is.
-        unsafe { (*self.inner.ch).fd }
-    }
-}
-
-impl AsFd for HwChannel {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the descriptor stays open until the channel is destroyed, which cannot
-        // happen while `self` is borrowed.
-        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
-    }
-}
-
-impl CompletionChannel for HwChannel {
-    fn get_event(&self) -> VerbsResult<Option<u64>> {
-        let mut cq: *mut ffi::ibv_cq = ptr::null_mut();
-        let mut cookie: *mut std::ffi::c_void = ptr::null_mut();
-        // SAFETY: live channel with a non-blocking fd; valid out-pointers.
-        let rc = unsafe { ffi::ibv_get_cq_event(self.inner.ch, &mut cq, &mut cookie) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::WouldBlock { Ok(None) } else { Err(e.into()) };
-        }
-        // SAFETY: `cq` was just returned by ibv_get_cq_event and cannot be destroyed before
-        // its events are acknowledged; we acknowledge this one at once.
-        unsafe { ffi::ibv_ack_cq_events(cq, 1) };
-        Ok(Some(cookie as usize as u64))
-    }
-}
-
-struct CqInner {
-    ctx: Arc<CtxInner>,
-    _ch: Option<Arc<ChanInner>>,
-    cq: *mut ffi::ibv_cq,
-    cookie: u64,
-    cap: u32,
-}
-
-// SAFETY: see `CtxInner`.
-unsafe impl Send for CqInner {}
-// SAFETY: see `CtxInner` (poll_cq and req_notify_cq are thread-safe).
-unsafe impl Sync for CqInner {}
-
-impl Drop for CqInner {
-    fn drop(&mut self) {
-        // SAFETY: QPs using this CQ hold an Arc to it; events were acknowledged in get_event.
-        let rc = unsafe { ffi::ibv_destroy_cq(self.cq) };
-        if rc != 0 {
-            tracing::warn!(rc, "ibv_destroy_cq failed");
-        }
-    }
-}
-
-/// A completion queue.
-pub struct HwCq {
-    inner: Arc<CqInner>,
-}
-
-impl fmt::Debug for HwCq {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HwCq").field("cap", &self.inner.cap).finish()
-    }
-}
-
-fn wc_opcode(op: ffi::ibv_wc_opcode::Type) -> WcOpcode {
-    use ffi::ibv_wc_opcode::*;
-    match op {
-        IBV_WC_SEND => WcOpcode::Send,
-        IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
-        IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
-        IBV_WC_RECV => WcOpcode::Recv,
-        IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
-        other => WcOpcode::Other(other),
-    }
-}
-
-impl CompletionQueue for HwCq {
-    fn capacity(&self) -> u32 {
-        self.inner.cap
-    }
-
-    fn cookie(&self) -> u64 {
-        self.inner.cookie
-    }
-
-    fn poll(&self, out: &mut [WorkCompletion]) -> VerbsResult<usize> {
-        let Some(poll_cq) = self.inner.ctx.ops().poll_cq else {
-            return Err(VerbsError::Unsupported("driver has no poll_cq".into()));
-        };
-        let mut raw = [ffi::ibv_wc::default(); 32];
-        let mut done = 0;
-        while done < out.len() {
-            let want = (out.len() - done).min(raw.len()) as i32;
-            // SAFETY: live CQ; `raw` has room for `want` entries.
-            let n = unsafe { poll_cq(self.inner.cq, want, raw.as_mut_ptr()) };
-            if n < 0 {
-                return Err(VerbsError::Io(io::Error::other(format!("poll_cq returned {n}"))));
-            }
-            for (w, o) in raw[..n as usize].iter().zip(&mut out[done..]) {
-                let (status, vendor_err) =
-                    w.error().map_or((WcStatus::Success, 0), |(s, v)| (WcStatus::from_raw(s), v));
-                *o = WorkCompletion {
-                    wr_id: w.wr_id(),
-                    status,
-                    opcode: wc_opcode(w.opcode()),
-                    byte_len: w.len() as u32,
-                    imm_data: w.imm_data().map(u32::from_be),
-                    qp_num: w.qp_num,
-                    src_qp: w.src_qp,
-                    vendor_err,
-                };
-            }
-            done += n as usize;
-            if n < want {
-                break;
-            }
-        }
-        self.inner.ctx.completions.fetch_add(done as u64, Relaxed);
-        Ok(done)
-    }
-
-    fn req_notify(&self, solicited_only: bool) -> VerbsResult<()> {
-        if self.inner._ch.is_none() {
-            return Err(VerbsError::InvalidArgument("req_notify on a CQ without a channel".into()));
-        }
-        let Some(f) = self.inner.ctx.ops().req_notify_cq else {
-            return Err(VerbsError::Unsupported("driver has no req_notify_cq".into()));
-        };
-        // SAFETY: live CQ.
-        let rc = unsafe { f(self.inner.cq, i32::from(solicited_only)) };
-        errno_ret("ibv_req_notify_cq", rc)
     }
 }
 
@@ -764,6 +660,7 @@ impl QueuePair for HwQp {
                     a.ah_attr.grh.dgid.raw = r.remote.gid.0;
                     a.ah_attr.grh.sgid_index = gid_index;
                     a.ah_attr.grh.hop_limit = 64;
+                    a.ah_attr.grh.traffic_class = r.traffic_class;
                 }
                 mask = mask
                     | M::IBV_QP_AV
@@ -793,6 +690,9 @@ impl QueuePair for HwQp {
         let from = self.state();
         if !t.allowed_from(from) {
             return Err(VerbsError::InvalidTransition { from, to: t.target() });
+        }
+        if let QpTransition::Rtr(r) = t {
+            check_route(&HwContext { inner: Arc::clone(&self.inner.pd.ctx) }, r)?;
         }
         // SAFETY: live QP; `a` is fully initialised for the fields `mask` selects.
         let rc = unsafe { ffi::ibv_modify_qp(self.inner.qp, &mut a, mask.0 as i32) };
@@ -900,6 +800,52 @@ impl QueuePair for HwQp {
     }
 }
 
+/// Why a GID table entry could not be read.
+#[derive(Debug)]
+enum GidQuery {
+    /// `ENODATA`: the entry exists but holds no GID.
+    Empty,
+    /// `EINVAL`: the index is past the port's table.
+    PastTable,
+    /// Anything else.
+    Failed(VerbsError),
+}
+
+/// What `_ibv_query_gid_ex`'s return value means (ibv_query_gid_ex(3): 0 or an errno value).
+fn gid_outcome(rc: i32) -> Result<(), GidQuery> {
+    match rc {
+        0 => Ok(()),
+        libc::ENODATA => Err(GidQuery::Empty),
+        libc::EINVAL => Err(GidQuery::PastTable),
+        rc => Err(GidQuery::Failed(errno_ret("ibv_query_gid_ex", rc).expect_err("non-zero"))),
+    }
+}
+
+/// Reads GID table entry `index` of `port`, with its type.
+fn query_gid_ex(ctx: *mut ffi::ibv_context, port: u8, index: u32) -> Result<ffi::ibv_gid_entry, GidQuery> {
+    // SAFETY: an all-zero entry is a valid value (a union of byte arrays and integers).
+    let mut e: ffi::ibv_gid_entry = unsafe { std::mem::zeroed() };
+    // SAFETY: live context; `e` is a valid out-pointer of the size passed (the extensible
+    // entry point the static inline ibv_query_gid_ex of verbs.h calls the same way).
+    let rc = unsafe {
+        ffi::_ibv_query_gid_ex(ctx, u32::from(port), index, &mut e, 0, size_of::<ffi::ibv_gid_entry>())
+    };
+    gid_outcome(rc).map(|()| e)
+}
+
+impl HwContext {
+    /// Ports are numbered 1..=phys_port_cnt; ibv_query_port(3) only says EINVAL otherwise.
+    fn check_port(&self, port: u8) -> VerbsResult<()> {
+        let ports = self.inner.attr.phys_port_cnt;
+        if port == 0 || port > ports {
+            return Err(
+                FabricError::NoSuchPort { device: self.inner.device.name.clone(), port, ports }.into()
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Verbs for HwContext {
     type Pd = HwPd;
     type Mr = HwMr;
@@ -917,17 +863,23 @@ impl Verbs for HwContext {
     }
 
     fn port_attr(&self, port: u8) -> VerbsResult<PortAttr> {
+        self.check_port(port)?;
         // SAFETY: an all-zero ibv_port_attr is a valid value.
         let mut a: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
         // SAFETY: live context; the exported ibv_query_port fills the leading, compatible part
         // of `ibv_port_attr` (its argument type is the opaque compat struct).
         let rc = unsafe { ffi::ibv_query_port(self.inner.ctx, port, (&raw mut a).cast()) };
         errno_ret("ibv_query_port", rc)?;
-        // SAFETY: an all-zero GID is valid.
-        let mut gid: ffi::ibv_gid = unsafe { std::mem::zeroed() };
-        // SAFETY: live context, valid out-pointer.
-        let rc = unsafe { ffi::ibv_query_gid(self.inner.ctx, port, 0, &mut gid) };
-        errno_ret("ibv_query_gid", rc)?;
+        // ibv_query_gid would say -1 (not an errno value) on failure; the _ex form says why,
+        // and an empty entry 0 is a zero GID, as ibv_query_gid reports it.
+        let gid = match query_gid_ex(self.inner.ctx, port, 0) {
+            Ok(e) => {
+                // SAFETY: every bit pattern of the union is a valid `raw` array.
+                Gid(unsafe { e.gid.raw })
+            }
+            Err(GidQuery::Empty | GidQuery::PastTable) => Gid::default(),
+            Err(GidQuery::Failed(e)) => return Err(e),
+        };
         use ffi::ibv_port_state::*;
         let state = match a.state {
             IBV_PORT_DOWN => PortState::Down,
@@ -947,11 +899,44 @@ impl Verbs for HwContext {
             max_mtu: Mtu::from_raw(a.max_mtu).unwrap_or_default(),
             active_mtu: Mtu::from_raw(a.active_mtu).unwrap_or_default(),
             lid: a.lid,
-            // SAFETY: every bit pattern of the union is a valid `raw` array.
-            gid: Gid(unsafe { gid.raw }),
+            gid,
             max_msg_sz: a.max_msg_sz,
             link_layer,
+            gid_tbl_len: u32::try_from(a.gid_tbl_len).unwrap_or(0),
         })
+    }
+
+    fn gid_entry(&self, port: u8, index: u32) -> VerbsResult<GidEntry> {
+        self.check_port(port)?;
+        let missing = |reason: String| FabricError::NoSuchGid {
+            device: self.inner.device.name.clone(),
+            port,
+            index,
+            reason,
+        };
+        // Checked here so the answer does not depend on the kernel: its ioctl says EINVAL past
+        // the table, the sysfs fallback of older kernels EINVAL for any failure.
+        let len = self.port_attr(port)?.gid_tbl_len;
+        if index >= len {
+            return Err(missing(format!("the table has {len} entries")).into());
+        }
+        let Ok(index8) = u8::try_from(index) else {
+            return Err(missing("GID indices of a route are 8 bits".into()).into());
+        };
+        let e = match query_gid_ex(self.inner.ctx, port, index) {
+            Ok(e) => e,
+            Err(GidQuery::Empty) => return Err(missing("the entry is empty".into()).into()),
+            Err(GidQuery::PastTable) => return Err(missing("past the port's GID table".into()).into()),
+            Err(GidQuery::Failed(e)) => return Err(e),
+        };
+        // enum ibv_gid_type: IB 0, RoCE v1 1, RoCE v2 2.
+        let gid_type = match e.gid_type {
+            1 => GidType::RoceV1,
+            2 => GidType::RoceV2,
+            _ => GidType::Ib,
+        };
+        // SAFETY: every bit pattern of the union is a valid `raw` array.
+        Ok(GidEntry { index: index8, gid: Gid(unsafe { e.gid.raw }), gid_type })
     }
 
     fn alloc_pd(&self) -> VerbsResult<HwPd> {
@@ -1090,24 +1075,12 @@ impl Verbs for HwContext {
     }
 
     fn counters(&self) -> VerbsCounters {
-        let c = &self.inner;
-        VerbsCounters {
-            registrations: c.registrations.load(Relaxed),
-            deregistrations: c.deregistrations.load(Relaxed),
-            registered_bytes: c.registered_bytes.load(Relaxed),
-            pinned_bytes: c.pinned_bytes.load(Relaxed),
-            reg_ns: c.reg_ns.load(Relaxed),
-            dereg_ns: c.dereg_ns.load(Relaxed),
-            // The HCA does its work without host CPU.
-            device_ns: 0,
-            send_wrs_posted: c.send_wrs.load(Relaxed),
-            recv_wrs_posted: c.recv_wrs.load(Relaxed),
-            completions: c.completions.load(Relaxed),
-            rdma_write_bytes: c.write_bytes.load(Relaxed),
-            rdma_read_bytes: c.read_bytes.load(Relaxed),
-            send_bytes: c.send_bytes.load(Relaxed),
-            rnr_retries: 0,
-        }
+        counters::snapshot(&self.inner)
+    }
+
+    fn port_counters(&self, port: u8) -> VerbsResult<PortCounters> {
+        self.check_port(port)?;
+        Ok(counters::read_port(&counters::port_dir(&self.inner.sysfs, port)))
     }
 }
 
@@ -1124,6 +1097,21 @@ mod tests {
                 assert!(e.to_string().contains("softib://"), "{e}");
                 assert!(HwProvider::new().open(None).is_err());
             }
+        }
+    }
+
+    /// A failed GID read says why: ibv_query_gid's -1 read as an errno value was EPERM.
+    #[test]
+    fn gid_query_results_name_the_cause() {
+        assert!(gid_outcome(0).is_ok());
+        assert!(matches!(gid_outcome(libc::ENODATA), Err(GidQuery::Empty)));
+        assert!(matches!(gid_outcome(libc::EINVAL), Err(GidQuery::PastTable)));
+        match gid_outcome(libc::EIO) {
+            Err(GidQuery::Failed(VerbsError::Io(e))) => {
+                assert_eq!(e.kind(), io::Error::from_raw_os_error(libc::EIO).kind());
+                assert!(e.to_string().contains("ibv_query_gid_ex"), "{e}");
+            }
+            other => panic!("{other:?}"),
         }
     }
 

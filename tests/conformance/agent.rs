@@ -277,8 +277,9 @@ fn wire_info(i: &Info) -> WInfo {
                     p.rdma_write_bytes,
                     p.rdma_read_bytes,
                     p.send_bytes,
-                    p.rnr_retries,
-                    p.device_ns,
+                    // None travels as u64::MAX, which no counter reaches.
+                    p.rnr_retries.unwrap_or(u64::MAX),
+                    p.device_ns.unwrap_or(u64::MAX),
                 ],
             )
         }),
@@ -355,9 +356,11 @@ fn from_wire_info(w: WInfo) -> Info {
                 rdma_write_bytes: p[9],
                 rdma_read_bytes: p[10],
                 send_bytes: p[11],
-                rnr_retries: p[12],
-                device_ns: p[13],
+                rnr_retries: (p[12] != u64::MAX).then_some(p[12]),
+                device_ns: (p[13] != u64::MAX).then_some(p[13]),
             },
+            // The port's counters stay in the agent's process.
+            port: Default::default(),
         }),
     }
 }

@@ -1,8 +1,15 @@
-//! `verbs-perf`: micro-benchmarks of the software verbs provider, in one run.
+//! `verbs-perf`: micro-benchmarks of a verbs provider, in one run.
 //!
 //! ```text
-//! verbs-perf [--runs N] [--quick] [--no-thp]
+//! verbs-perf [--runs N] [--quick] [--no-thp] [--hw]
 //! ```
+//!
+//! By default the software provider (`softib`) is measured. `--hw` (build with
+//! `--features verbs`) measures the hardware provider instead, like perftest's `ib_write_bw`,
+//! `ib_read_bw` and `ib_send_lat` run against a peer on the same host: both processes open the
+//! device `IONET_IB_DEVICE` names (`name[:port]`; default the first device, port 1) and
+//! connect through the HCA, with a GRH to a RoCE v2 GID on an Ethernet port. The registration
+//! table (the software provider's pinning methods) is skipped then.
 //!
 //! Measures, with a peer in a second process (this binary re-executed with `--peer`):
 //! - RDMA_WRITE and RDMA_READ bandwidth at 64 KiB, 1 MiB and 16 MiB against a single-thread
@@ -30,6 +37,37 @@ use std::time::{Duration, Instant};
 use ionet::ib::soft::{PinMethod, SoftConfig, SoftContext, SoftProvider};
 use ionet::ib::verbs::*;
 
+/// A provider this tool can open a context of.
+trait Open: Verbs {
+    /// Its name in the report.
+    const NAME: &'static str;
+    /// Opens the device to measure; the port to use.
+    fn open_dev() -> Res<(Self, u8)>;
+}
+
+impl Open for SoftContext {
+    const NAME: &'static str = "software provider, `softib`";
+    fn open_dev() -> Res<(Self, u8)> {
+        Ok((SoftProvider::new(SoftConfig::default()).open(None)?, 1))
+    }
+}
+
+#[cfg(feature = "verbs")]
+impl Open for ionet::ib::hw::HwContext {
+    const NAME: &'static str = "hardware provider";
+    fn open_dev() -> Res<(Self, u8)> {
+        // `name[:port]`, as the engine reads it.
+        let sel = std::env::var("IONET_IB_DEVICE").ok().filter(|v| !v.is_empty());
+        let (dev, port) = match sel.as_deref().map(|v| v.split_once(':').unwrap_or((v, "1"))) {
+            Some((d, p)) => {
+                (Some(d.to_string()), p.parse::<u8>().map_err(|_| format!("IONET_IB_DEVICE port {p:?}"))?)
+            }
+            None => (None, 1),
+        };
+        Ok((ionet::ib::hw::HwProvider::new().open(dev.as_deref())?, port))
+    }
+}
+
 const MAX_BW: usize = 16 << 20;
 const PP_LEN: usize = 64;
 const PP_RECVS: u64 = 64;
@@ -37,20 +75,24 @@ const PP_RECVS: u64 = 64;
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// One side: a context with one CQ (on a channel), one RC QP and one registered buffer.
-struct Side {
-    ctx: SoftContext,
-    ch: <SoftContext as Verbs>::Channel,
-    cq: <SoftContext as Verbs>::Cq,
-    qp: <SoftContext as Verbs>::Qp,
-    mr: <SoftContext as Verbs>::Mr,
-    _pd: <SoftContext as Verbs>::Pd,
+struct Side<V: Verbs> {
+    ctx: V,
+    ch: V::Channel,
+    cq: V::Cq,
+    qp: V::Qp,
+    mr: V::Mr,
+    _pd: V::Pd,
     psn: u32,
+    port: u8,
+    /// The source GID of the route (Ethernet ports), as the engine picks it.
+    route: Option<GidEntry>,
     buf: memmap2::MmapMut,
 }
 
-impl Side {
-    fn new(len: usize, psn: u32) -> Res<Side> {
-        let ctx = SoftProvider::new(SoftConfig::default()).open(None)?;
+impl<V: Open> Side<V> {
+    fn new(len: usize, psn: u32) -> Res<Side<V>> {
+        let (ctx, port) = V::open_dev()?;
+        let route = default_route(&ctx, port, IpFamily::V4)?;
         let pd = ctx.alloc_pd()?;
         let ch = ctx.create_comp_channel()?;
         let cq = ctx.create_cq(4096, Some(&ch), 1)?;
@@ -61,11 +103,17 @@ impl Side {
         // SAFETY: `buf` lives in the same `Side` and is dropped after `mr` (field order), and
         // this program only reads or writes it while no work request on it is outstanding.
         let mr = unsafe { ctx.reg_mr(&pd, buf.as_mut_ptr(), buf.len(), AccessFlags::ALL)? };
-        Ok(Side { ctx, ch, cq, qp, mr, _pd: pd, psn, buf })
+        Ok(Side { ctx, ch, cq, qp, mr, _pd: pd, psn, port, route, buf })
     }
+}
 
+impl<V: Verbs> Side<V> {
     fn info(&self) -> Res<QpEndpointInfo> {
-        Ok(QpEndpointInfo::local(&self.qp, &self.ctx.port_attr(1)?, self.psn))
+        let mut info = QpEndpointInfo::local(&self.qp, &self.ctx.port_attr(self.port)?, self.psn);
+        if let Some(e) = self.route {
+            info.gid = e.gid;
+        }
+        Ok(info)
     }
 
     fn sge(&self, off: usize, len: usize) -> Sge {
@@ -159,8 +207,16 @@ fn prefaulted_pages(len: usize, thp: bool) -> memmap2::MmapMut {
     m
 }
 
-fn bring_up_with(side: &Side, remote: &QpEndpointInfo) -> Res<()> {
-    let p = ConnParams { min_rnr_timer: 1, ..ConnParams::default() };
+fn bring_up_with<V: Verbs>(side: &Side<V>, remote: &QpEndpointInfo) -> Res<()> {
+    let active = side.ctx.port_attr(side.port)?.active_mtu;
+    let p = ConnParams {
+        min_rnr_timer: 1,
+        port_num: side.port,
+        gid_index: side.route.map(|e| e.index),
+        // Both ends are on this host's port: its active MTU is the path's.
+        path_mtu: active,
+        ..ConnParams::default()
+    };
     bring_up(&side.qp, &side.info()?, remote, &p)?;
     Ok(())
 }
@@ -176,8 +232,8 @@ fn unhex(s: &str) -> Vec<u8> {
 // ---------------------------------------------------------------------------------------------
 // Peer process
 
-fn peer_main() -> Res<()> {
-    let side = Side::new(MAX_BW, 0x2222)?;
+fn peer_main<V: Open>() -> Res<()> {
+    let side = Side::<V>::new(MAX_BW, 0x2222)?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{} {} {}", hex(&side.info()?.encode()), side.buf.as_ptr() as u64, side.mr.rkey())?;
     out.flush()?;
@@ -303,7 +359,7 @@ fn memcpy_bw(src: &[u8], dst: &mut [u8], size: usize, iters: usize) -> f64 {
     gib_s((size * iters) as u64, t0.elapsed())
 }
 
-fn rdma_bw(side: &Side, op: SendOp, size: usize, iters: usize) -> Res<f64> {
+fn rdma_bw<V: Verbs>(side: &Side<V>, op: SendOp, size: usize, iters: usize) -> Res<f64> {
     const SIGNAL_EVERY: usize = 16;
     let mut outstanding = 0usize;
     let mut wcs = [WorkCompletion::default(); 16];
@@ -331,13 +387,13 @@ fn rdma_bw(side: &Side, op: SendOp, size: usize, iters: usize) -> Res<f64> {
 /// Round trips between two contexts of this process (threads): the provider's own cost, with
 /// no `process_vm_*` system call (same-process copies are `memmove`).
 fn pingpong_inproc(wait: Wait, n: u64) -> Res<f64> {
-    let a = Side::new(1 << 20, 0x3333)?;
+    let a = Side::<SoftContext>::new(1 << 20, 0x3333)?;
     let (tx_info, rx_info) = std::sync::mpsc::channel::<QpEndpointInfo>();
     let (tx_b, rx_b) = std::sync::mpsc::channel::<QpEndpointInfo>();
     let (tx_ready, rx_ready) = std::sync::mpsc::channel::<()>();
     let echo = std::thread::spawn(move || -> Result<(), String> {
         let e = |x: Box<dyn std::error::Error>| x.to_string();
-        let b = Side::new(1 << 20, 0x4444).map_err(e)?;
+        let b = Side::<SoftContext>::new(1 << 20, 0x4444).map_err(e)?;
         tx_b.send(b.info().map_err(e)?).map_err(|x| x.to_string())?;
         let ra = rx_info.recv().map_err(|x| x.to_string())?;
         bring_up_with(&b, &ra).map_err(e)?;
@@ -397,7 +453,7 @@ fn pingpong_inproc(wait: Wait, n: u64) -> Res<f64> {
     Ok(rtt)
 }
 
-fn pingpong(side: &Side, peer: &mut Peer, wait: Wait, n: u64) -> Res<f64> {
+fn pingpong<V: Verbs>(side: &Side<V>, peer: &mut Peer, wait: Wait, n: u64) -> Res<f64> {
     peer.cmd(&format!("pp {} {n}", wait.name()))?;
     let t0 = Instant::now();
     let mut got = 0;
@@ -460,7 +516,7 @@ fn set_fifo(on: bool) {
 }
 
 /// Initiator CPU time per 64 B inline SEND, the peer idle (its receives pre-posted).
-fn send_cost(side: &Side, peer: &mut Peer, n: u64, peer_polls: bool) -> Res<f64> {
+fn send_cost<V: Verbs>(side: &Side<V>, peer: &mut Peer, n: u64, peer_polls: bool) -> Res<f64> {
     peer.cmd(&format!("recvs {n}"))?;
     if peer.line()? != "ok" {
         return Err("peer recvs".into());
@@ -555,11 +611,28 @@ fn fmt_size(s: usize) -> String {
     if s >= 1 << 20 { format!("{} MiB", s >> 20) } else { format!("{} KiB", s >> 10) }
 }
 
-fn main() -> Res<()> {
+fn main() {
     let args: Vec<String> = std::env::args().collect();
+    let r = if args.iter().any(|a| a == "--hw") {
+        #[cfg(feature = "verbs")]
+        let r = run::<ionet::ib::hw::HwContext>(&args);
+        #[cfg(not(feature = "verbs"))]
+        let r: Res<()> = Err("--hw needs the hardware provider: build with `--features verbs`".into());
+        r
+    } else {
+        run::<SoftContext>(&args)
+    };
+    if let Err(e) = r {
+        eprintln!("verbs-perf: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run<V: Open>(args: &[String]) -> Res<()> {
+    let hw = args.iter().any(|a| a == "--hw");
     if args.iter().any(|a| a == "--peer") {
         THP.store(!args.iter().any(|a| a == "--no-thp"), std::sync::atomic::Ordering::Relaxed);
-        return peer_main();
+        return peer_main::<V>();
     }
     let quick = args.iter().any(|a| a == "--quick");
     let thp = !args.iter().any(|a| a == "--no-thp");
@@ -582,13 +655,14 @@ fn main() -> Res<()> {
     let mut child = Command::new(std::env::current_exe()?)
         .arg("--peer")
         .args(if thp { None } else { Some("--no-thp") })
+        .args(if hw { Some("--hw") } else { None })
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
     let tx = child.stdin.take().ok_or("stdin")?;
     let rx = BufReader::new(child.stdout.take().ok_or("stdout")?);
     let mut peer = Peer { child, tx, rx };
-    let side = Side::new(MAX_BW, 0x1111)?;
+    let side = Side::<V>::new(MAX_BW, 0x1111)?;
     let hello = peer.line()?;
     let f: Vec<&str> = hello.split(' ').collect();
     let [info, addr, rkey] = f.as_slice() else { return Err("bad peer hello".into()) };
@@ -632,10 +706,21 @@ fn main() -> Res<()> {
         return Ok(());
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!(
-        "## verbs-perf (software provider, `softib`), {runs} runs per figure, THP {}",
-        if thp { "on" } else { "off" }
-    );
+    println!("## verbs-perf ({}), {runs} runs per figure, THP {}", V::NAME, if thp { "on" } else { "off" });
+    if let Ok(port) = side.ctx.port_attr(side.port) {
+        println!();
+        println!(
+            "Device {}, port {}: {:?} link layer, active MTU {} B, route {}.",
+            side.ctx.device().name,
+            side.port,
+            port.link_layer,
+            port.active_mtu.bytes(),
+            side.route.map_or("by LID".to_string(), |e| format!(
+                "GRH from GID {} ({}, {:?})",
+                e.index, e.gid, e.gid_type
+            ))
+        );
+    }
     println!();
     println!("Cross-process bandwidth, single thread, peer CPU idle (one-sided); buffers pre-faulted.");
     println!();
@@ -719,7 +804,11 @@ fn main() -> Res<()> {
     }
 
     println!();
-    reg_table(runs, scale)?;
+    if hw {
+        println!("Registration table: software provider only (it compares the provider's pinning methods).");
+    } else {
+        reg_table(runs, scale)?;
+    }
     println!();
     println!(
         "Load average at start: {}; at end: {}",
@@ -732,7 +821,15 @@ fn main() -> Res<()> {
             .join(" ")
     );
     let c = side.ctx.counters();
+    let port = side.ctx.port_counters(side.port).unwrap_or_default();
+    let shown = |v: Option<u64>| v.map_or("not exposed".to_string(), |n| n.to_string());
     println!();
+    println!(
+        "Port counters (device-wide, since the driver loaded): RNR NAK retries {}, ACK timeouts {}, out of sequence {}.",
+        shown(port.rnr_nak_retries),
+        shown(port.ack_timeouts),
+        shown(port.out_of_sequence)
+    );
     println!(
         "Counters (initiator): {} registrations ({} ms registering), {:.1} GiB written, {:.1} GiB read one-sided, {} send WRs, {} completions.",
         c.registrations,

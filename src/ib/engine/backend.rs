@@ -40,14 +40,12 @@ impl<V: Verbs> IbBackend<V> {
     pub(crate) fn new(
         scheme: Scheme,
         ctx: V,
+        sel: &super::route::Selection,
         bind: Option<&Address>,
         cfg: &Config,
         core: Arc<Completions>,
     ) -> Result<Self> {
-        let port = ctx.port_attr(1)?;
-        if port.state != PortState::Active {
-            return Err(Error::Unsupported(format!("port 1 of {} is not active", ctx.device().name)));
-        }
+        let port = super::route::PortRoute::open(&ctx, sel)?;
         let pd = ctx.alloc_pd()?;
         let ch = ctx.create_comp_channel()?;
         let attr = ctx.attr().clone();
@@ -439,9 +437,8 @@ impl<V: Verbs> Backend for IbBackend<V> {
             fin_waits: st.fin_wait.len(),
             open_requests: st.sreqs.len(),
             provider,
+            port: self.dev.ctx.port_counters(self.dev.port.num).unwrap_or_default(),
         });
-        // The provider sees every RNR retry of our queue pairs; the engine itself never does.
-        info.counters.rnr_retries = provider.rnr_retries;
         drop(st);
         let rs = self.cache.lock().unwrap_or_else(|p| p.into_inner()).stats();
         info.regcache = Some(RegcacheInfo {

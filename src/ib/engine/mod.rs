@@ -5,6 +5,9 @@
 //! One RC queue pair per (peer, service-level class), opened lazily; its service level is the
 //! class's IB SL. A TCP side channel ([`side`]) carries the authenticated handshake and the
 //! queue-pair exchange, then stays open so a dead peer is noticed promptly.
+//! The device, port and source GID come from the selection [`route`] checks when the endpoint
+//! opens; a queue pair on a RoCE port routes with a GRH to the GID its peer sent, marked with
+//! the class's DSCP, at the smaller of the two ports' MTUs.
 //!
 //! # Memory per connection
 //!
@@ -42,6 +45,7 @@ mod msg;
 mod post;
 mod recv;
 mod reg;
+mod route;
 mod setup;
 mod side;
 #[cfg(test)]
@@ -144,7 +148,7 @@ pub(crate) struct Dev<V: Verbs> {
     pub(crate) pd: V::Pd,
     ch: V::Channel,
     cq: V::Cq,
-    port: PortAttr,
+    port: route::PortRoute,
 }
 
 /// Builds the engine for `softib://` or `ib://`.
@@ -156,28 +160,46 @@ pub(crate) fn make_backend(
 ) -> Result<Box<dyn Backend>> {
     match scheme {
         Scheme::SoftIb => {
+            let sel = route::select(bind.and_then(Address::device_select), &cfg.ib, None)?;
             let mut sc = crate::ib::soft::SoftConfig { max_qp: 1024, ..Default::default() };
             sc.max_pinned_bytes = cfg.ib.soft_pin_budget;
             sc.faults = cfg.ib.soft_faults.clone();
-            let ctx = crate::ib::soft::SoftProvider::new(sc).open(None)?;
+            if let Some(ports) = &cfg.ib.soft_ports {
+                sc.ports = ports.clone();
+            }
+            let ctx = crate::ib::soft::SoftProvider::new(sc).open(sel.device.as_deref())?;
             if let Some(h) = &cfg.ib.soft_hook {
                 h.attach(&ctx);
             }
-            Ok(Box::new(IbBackend::new(scheme, ctx, bind, cfg, core)?))
+            Ok(Box::new(IbBackend::new(scheme, ctx, &sel, bind, cfg, core)?))
         }
-        Scheme::Ib => open_hw(bind, cfg, core),
+        Scheme::Ib => {
+            let env = std::env::var(route::ENV_DEVICE).ok();
+            let sel = route::select(bind.and_then(Address::device_select), &cfg.ib, env.as_deref())?;
+            open_hw(&sel, bind, cfg, core)
+        }
         Scheme::Tcp => Err(Error::misuse("not an InfiniBand address")),
     }
 }
 
 #[cfg(feature = "verbs")]
-fn open_hw(bind: Option<&Address>, cfg: &Config, core: Arc<Completions>) -> Result<Box<dyn Backend>> {
-    let ctx = crate::ib::hw::HwProvider.open(None)?;
-    Ok(Box::new(IbBackend::new(Scheme::Ib, ctx, bind, cfg, core)?))
+fn open_hw(
+    sel: &route::Selection,
+    bind: Option<&Address>,
+    cfg: &Config,
+    core: Arc<Completions>,
+) -> Result<Box<dyn Backend>> {
+    let ctx = crate::ib::hw::HwProvider.open(sel.device.as_deref())?;
+    Ok(Box::new(IbBackend::new(Scheme::Ib, ctx, sel, bind, cfg, core)?))
 }
 
 #[cfg(not(feature = "verbs"))]
-fn open_hw(_bind: Option<&Address>, _cfg: &Config, _core: Arc<Completions>) -> Result<Box<dyn Backend>> {
+fn open_hw(
+    _sel: &route::Selection,
+    _bind: Option<&Address>,
+    _cfg: &Config,
+    _core: Arc<Completions>,
+) -> Result<Box<dyn Backend>> {
     Err(Error::Unsupported(
         "ib:// needs the hardware provider: build with `--features verbs` (or use softib://, the software \
          provider)"
@@ -677,6 +699,13 @@ impl<V: Verbs> State<V> {
         if wc.status != WcStatus::Success {
             if wc.status != WcStatus::WrFlushErr {
                 tracing::debug!(status = ?wc.status, conn = cid, "work request failed");
+                let c = &self.core.counters;
+                Counters::add(&c.wc_errors, 1);
+                match wc.status {
+                    WcStatus::RnrRetryExcErr => Counters::add(&c.wc_rnr_retry_exceeded, 1),
+                    WcStatus::RetryExcErr => Counters::add(&c.wc_retry_exceeded, 1),
+                    _ => {}
+                }
             }
             self.on_wc_error(cid, kind, idx, wc.status);
             return;

@@ -99,7 +99,7 @@ impl<V: Verbs> State<V> {
             &QpInit { send_cq: &self.dev.cq, recv_cq: &self.dev.cq, srq: None, cap, sq_sig_all: false },
         )?;
         let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-        qp.modify(&QpTransition::Init(InitAttr { port_num: 1, pkey_index: 0, access }))?;
+        qp.modify(&QpTransition::Init(InitAttr { port_num: self.dev.port.num, pkey_index: 0, access }))?;
         let ring_cfg = RingConfig::default().slots(s.n_ring).slot_size(s.slot_size);
         let ring_rx = RingReceiver::new(&ring_cfg).map_err(Error::from)?;
         let id = match self.free_conns.pop() {
@@ -149,10 +149,25 @@ impl<V: Verbs> State<V> {
         Ok(id)
     }
 
-    fn local_info(&self, cid: u32) -> Option<IbInfo> {
+    /// Destroys connection `cid` that no peer record holds (its queue pair first, so no DMA
+    /// reaches its memory afterwards).
+    fn discard_conn(&mut self, cid: u32) {
+        if let Some(c) = self.conns.get_mut(cid as usize).and_then(Option::take) {
+            drop(c);
+            self.free_conns.push(cid);
+        }
+    }
+
+    /// Our side of connection `cid`, whose side channel connects to `peer` (its IP family
+    /// picks the RoCE GID).
+    fn local_info(&self, cid: u32, peer: SocketAddr) -> Option<IbInfo> {
         let c = self.conn(cid)?;
+        let port = &self.dev.port;
+        let route = port.route(peer);
         Some(IbInfo {
-            qp: QpEndpointInfo::local(&c.qp, &self.dev.port, c.psn),
+            qp: QpEndpointInfo { qpn: c.qp.qp_num(), psn: c.psn, lid: port.attr.lid, gid: route.gid },
+            link_layer: port.attr.link_layer,
+            mtu: port.attr.active_mtu,
             recv_buffers: self.s.n_recv,
             recv_size: self.s.recv_size,
             ring_addr: c.mem.addr() + c.layout.ring_off(0) as u64,
@@ -162,12 +177,27 @@ impl<V: Verbs> State<V> {
         })
     }
 
-    /// Takes the peer's info: queue pair to RTS, credits and ring sender set up.
-    fn bring_up(&mut self, cid: u32, remote: IbInfo) -> Result<()> {
+    /// Takes the peer's info: queue pair to RTS, credits and ring sender set up. `peer` is
+    /// the side channel's remote address (its IP family picks the RoCE GID, as in
+    /// [`Self::local_info`]).
+    fn bring_up(&mut self, cid: u32, remote: IbInfo, peer: SocketAddr) -> Result<()> {
         let sl = self.conn(cid).map(|c| c.sl).ok_or_else(|| Error::misuse("no connection"))?;
+        let ib = &self.s.cfg.ib;
+        let port = &self.dev.port;
+        let route = port.route(peer);
+        let path_mtu = port.agree(&route, remote.link_layer, remote.mtu, &remote.qp.gid)?;
         let p = ConnParams {
-            sl: self.s.cfg.ib.sl[sl.index()],
-            path_mtu: self.dev.port.active_mtu,
+            port_num: port.num,
+            sl: ib.sl[sl.index()],
+            path_mtu,
+            gid_index: route.gid_index,
+            // The GRH traffic class carries the class's DSCP in its upper six bits, so RoCE
+            // packets are marked as the TCP transport marks its sockets.
+            traffic_class: self.s.cfg.dscp[sl.index()] << 2,
+            timeout: ib.ack_timeout,
+            retry_cnt: ib.retry_count,
+            rnr_retry: ib.rnr_retry,
+            min_rnr_timer: ib.min_rnr_timer,
             ..ConnParams::default()
         };
         let credit_cfg = CreditConfig::default().recv_buffers(self.s.n_recv);
@@ -182,6 +212,7 @@ impl<V: Verbs> State<V> {
             sl: p.sl,
             port_num: p.port_num,
             gid_index: p.gid_index,
+            traffic_class: p.traffic_class,
         }))?;
         c.qp.modify(&QpTransition::Rts(RtsAttr {
             sq_psn: local.psn,
@@ -409,20 +440,24 @@ impl<V: Verbs> State<V> {
                     self.fail_peer(old, Loss::Lost("superseded by a new connection".into()));
                 }
                 let peer = self.peers.accepted(client.endpoint_id, remote_addr, client.listen_port, || ());
-                let cid = match self
-                    .create_conn(peer, sl)
-                    .and_then(|cid| self.bring_up(cid, remote_info).map(|_| cid))
-                {
+                let up = self.create_conn(peer, sl).and_then(|cid| {
+                    // Not yet the peer's connection: a refused one is destroyed here, or its
+                    // queue pair and registered memory would outlive the refusal.
+                    self.bring_up(cid, remote_info, remote_addr)
+                        .map(|_| cid)
+                        .inspect_err(|_| self.discard_conn(cid))
+                });
+                let cid = match up {
                     Ok(cid) => cid,
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot set up a queue pair for a client");
-                        self.side_failed(t, Loss::Lost(format!("queue pair set-up: {e}")));
+                        self.side_failed(t, bring_up_loss("queue pair set-up", e));
                         self.forget_if_gone(peer);
                         return false;
                     }
                 };
                 self.peers[peer].conns[sl.index()] = Some(cid);
-                let info = self.local_info(cid).expect("just created");
+                let info = self.local_info(cid, remote_addr).expect("just created");
                 let Some(s) = self.sides.get_mut(&t) else { return false };
                 s.peer = Some(peer);
                 s.conn = Some(cid);
@@ -480,8 +515,8 @@ impl<V: Verbs> State<V> {
                         return false;
                     }
                 }
-                let sl = s.sl;
-                let Some(info) = s.conn.and_then(|cid| self.local_info(cid)) else {
+                let (sl, remote_addr) = (s.sl, s.remote);
+                let Some(info) = s.conn.and_then(|cid| self.local_info(cid, remote_addr)) else {
                     self.side_failed(t, Loss::Lost("queue pair vanished".into()));
                     return false;
                 };
@@ -503,10 +538,10 @@ impl<V: Verbs> State<V> {
                         return false;
                     }
                 };
-                let sl = s.sl;
+                let (sl, remote_addr) = (s.sl, s.remote);
                 let Some(cid) = s.conn else { return false };
-                if let Err(e) = self.bring_up(cid, remote_info) {
-                    self.side_failed(t, Loss::Lost(format!("queue pair bring-up: {e}")));
+                if let Err(e) = self.bring_up(cid, remote_info, remote_addr) {
+                    self.side_failed(t, bring_up_loss("queue pair bring-up", e));
                     return false;
                 }
                 let Some(s) = self.sides.get_mut(&t) else { return false };
@@ -540,6 +575,16 @@ impl<V: Verbs> State<V> {
                 false
             }
         }
+    }
+}
+
+/// How a failed bring-up ends the connection: a peer whose port description cannot route is a
+/// protocol error; anything else (our device refusing the route) loses the peer with the
+/// reason.
+fn bring_up_loss(what: &str, e: Error) -> Loss {
+    match e {
+        Error::Protocol { reason, .. } => Loss::Protocol(reason),
+        e => Loss::Lost(format!("{what}: {e}")),
     }
 }
 

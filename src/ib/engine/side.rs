@@ -1,7 +1,8 @@
 //! The TCP side channel that sets up each queue pair, as BMI-IB does: the same authenticated
 //! handshake as the TCP backend (`HELLO` → `HELLO_ACK` → `AUTH` → `READY`), then each side
-//! sends an `IB_INFO` frame with its queue-pair address (QPN, PSN, LID, GID) and its receive
-//! geometry (credits, fast-RDMA ring address, key and slots), and the client confirms with
+//! sends an `IB_INFO` frame with its queue-pair address (QPN, PSN, LID, GID), its port (link
+//! layer and active MTU) and its receive geometry (credits, fast-RDMA ring address, key and
+//! slots), and the client confirms with
 //! `IB_READY` once its queue pair can receive. The socket then stays open: its closing is how
 //! a dead peer is noticed even when no work request is outstanding.
 
@@ -9,7 +10,7 @@ use std::io::{self, Read, Write};
 
 use mio::net::TcpStream;
 
-use crate::ib::verbs::QpEndpointInfo;
+use crate::ib::verbs::{LinkLayer, Mtu, QpEndpointInfo};
 use crate::wire::{HEADER_LEN, Header, Limits, MAX_HANDSHAKE_PAYLOAD};
 
 /// What one side tells the other about its queue pair and receive memory.
@@ -25,9 +26,26 @@ pub(crate) struct IbInfo {
     pub ring_rkey: u32,
     pub ring_slots: u16,
     pub slot_size: u32,
+    /// The link layer of the sender's port: both ends must agree.
+    pub link_layer: LinkLayer,
+    /// The active MTU of the sender's port: the path MTU is the smaller of the two.
+    pub mtu: Mtu,
 }
 
-pub(crate) const IB_INFO_LEN: usize = QpEndpointInfo::WIRE_LEN + 28;
+/// Version of the `IB_INFO` body. Version 1 (60 bytes) carried no port description; a peer
+/// that sends it cannot agree on a RoCE route or an MTU, and is refused with a message that
+/// says so rather than a bare length error.
+pub(crate) const IB_INFO_VERSION: u8 = 2;
+const IB_INFO_V1_LEN: usize = QpEndpointInfo::WIRE_LEN + 28;
+pub(crate) const IB_INFO_LEN: usize = IB_INFO_V1_LEN + 4;
+
+fn link_layer_code(l: LinkLayer) -> u8 {
+    match l {
+        LinkLayer::Unspecified => 0,
+        LinkLayer::InfiniBand => 1,
+        LinkLayer::Ethernet => 2,
+    }
+}
 
 impl IbInfo {
     pub(crate) fn encode(&self) -> Vec<u8> {
@@ -41,13 +59,38 @@ impl IbInfo {
         v.extend_from_slice(&self.ring_slots.to_le_bytes());
         v.extend_from_slice(&[0, 0]);
         v.extend_from_slice(&self.slot_size.to_le_bytes());
+        v.extend_from_slice(&[IB_INFO_VERSION, link_layer_code(self.link_layer), self.mtu.as_raw() as u8, 0]);
         v
     }
 
     /// Decodes and range-checks a peer's info. Total: any bytes give a value or an error.
     pub(crate) fn decode(b: &[u8]) -> Result<IbInfo, String> {
+        if b.len() == IB_INFO_V1_LEN {
+            return Err(format!(
+                "the peer sent IB info version 1; this endpoint speaks version {IB_INFO_VERSION} \
+                 (port link layer and MTU): upgrade both ends"
+            ));
+        }
         if b.len() != IB_INFO_LEN {
             return Err(format!("IB info of {} bytes", b.len()));
+        }
+        let tail = &b[IB_INFO_V1_LEN..];
+        if tail[0] != IB_INFO_VERSION {
+            return Err(format!(
+                "the peer sent IB info version {}; this endpoint speaks version {IB_INFO_VERSION}",
+                tail[0]
+            ));
+        }
+        let link_layer = match tail[1] {
+            0 => LinkLayer::Unspecified,
+            1 => LinkLayer::InfiniBand,
+            2 => LinkLayer::Ethernet,
+            n => return Err(format!("unknown link layer {n} in the peer's IB info")),
+        };
+        let mtu = Mtu::from_raw(u32::from(tail[2]))
+            .ok_or_else(|| format!("invalid MTU code {} in IB info", tail[2]))?;
+        if tail[3] != 0 {
+            return Err("reserved IB info bits set".into());
         }
         let qp = QpEndpointInfo::decode(&b[..32]).map_err(|e| e.to_string())?;
         let r = &b[32..];
@@ -64,6 +107,8 @@ impl IbInfo {
             ring_rkey: u32_at(16),
             ring_slots: u16_at(20),
             slot_size: u32_at(24),
+            link_layer,
+            mtu,
         };
         if !(2..=1024).contains(&info.recv_buffers) || !(4096..=1 << 20).contains(&info.recv_size) {
             return Err("peer receive geometry out of range".into());
@@ -195,6 +240,8 @@ mod tests {
             ring_rkey: 0xabcd,
             ring_slots: 8,
             slot_size: 69632,
+            link_layer: LinkLayer::Ethernet,
+            mtu: Mtu::Mtu1024,
         }
     }
 
@@ -203,6 +250,16 @@ mod tests {
         let i = info();
         assert_eq!(IbInfo::decode(&i.encode()), Ok(i));
         assert!(IbInfo::decode(&i.encode()[..59]).is_err());
+        let v1 = IbInfo::decode(&i.encode()[..60]).unwrap_err();
+        assert!(v1.contains("version 1"), "{v1}");
+        for (at, byte, why) in
+            [(60, 3, "version 3"), (61, 9, "link layer"), (62, 0, "MTU"), (62, 6, "MTU"), (63, 1, "reserved")]
+        {
+            let mut raw = i.encode();
+            raw[at] = byte;
+            let e = IbInfo::decode(&raw).unwrap_err();
+            assert!(e.contains(why), "{at}={byte}: {e}");
+        }
         for bad in [
             IbInfo { recv_buffers: 0, ..i },
             IbInfo { recv_size: 100, ..i },

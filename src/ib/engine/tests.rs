@@ -12,8 +12,15 @@ use crate::wire::{Header, Kind};
 
 fn backend() -> IbBackend<crate::ib::soft::SoftContext> {
     let ctx = crate::ib::soft::SoftProvider::new(Default::default()).open(None).expect("softib");
-    IbBackend::new(Scheme::SoftIb, ctx, None, &Config::default(), Arc::new(Completions::default()))
-        .expect("engine")
+    IbBackend::new(
+        Scheme::SoftIb,
+        ctx,
+        &route::select(None, &crate::IbConfig::default(), None).unwrap(),
+        None,
+        &Config::default(),
+        Arc::new(Completions::default()),
+    )
+    .expect("engine")
 }
 
 fn peer(st: &mut State<crate::ib::soft::SoftContext>, port: u16) -> PeerId {

@@ -18,7 +18,9 @@
 //! - **Completions** land in the target's CQ ring; the target is woken (its completion channel's
 //!   eventfd is signalled) only when it armed the CQ.
 //! - **Connection bring-up** uses exactly the QPN, PSN, LID and GID a real HCA needs; the GID
-//!   names the target context (pid, memfd, random token) and PSNs are checked.
+//!   names the target context (pid, memfd, random token) and PSNs are checked. Ports
+//!   ([`SoftPort`]) present InfiniBand or Ethernet (RoCE: no LID, a GRH required) with a GID
+//!   table and an active MTU, and refuse the routes an HCA refuses.
 //! - **Registration pins memory** as `ibv_reg_mr` does, with a long-term page pin
 //!   (`pin_user_pages(FOLL_LONGTERM)`, reached through an io_uring fixed-buffer slot and
 //!   counted in `VmPin`), or with `mlock` (reference-counted per page, counted in `VmLck`) where
@@ -70,6 +72,7 @@
 mod fault;
 mod peer;
 mod pin;
+mod port;
 mod qp;
 mod ring;
 mod shm;
@@ -87,6 +90,7 @@ use std::time::Instant;
 
 pub use fault::{FaultPlan, SoftHook};
 use peer::{Peer, SoftGid, lid_for};
+pub use port::SoftPort;
 use qp::QpInner;
 pub use qp::SoftQp;
 use ring::{CqRing, RecvRing, recv_ring_bytes};
@@ -123,6 +127,8 @@ pub struct SoftConfig {
     /// How registrations pin memory (default: [`PinMethod::Auto`], or `IONET_SOFTIB_PIN` =
     /// `auto` | `io_uring` | `mlock`).
     pub pin: PinMethod,
+    /// The device's ports, numbered from 1 (default: one port, [`SoftPort::from_env`]).
+    pub ports: Vec<SoftPort>,
 }
 
 /// How the software provider pins registered memory.
@@ -194,6 +200,7 @@ impl Default for SoftConfig {
             max_inline_data: 256,
             arena_bytes: 256 << 20,
             pin: PinMethod::from_env(),
+            ports: vec![SoftPort::from_env()],
         }
     }
 }
@@ -228,7 +235,10 @@ impl Provider for SoftProvider {
     fn open(&self, device: Option<&str>) -> VerbsResult<SoftContext> {
         match device {
             None | Some(DEVICE_NAME) => SoftContext::open(self.cfg.clone()),
-            Some(other) => Err(VerbsError::UnknownDevice(other.into())),
+            Some(other) => {
+                Err(FabricError::NoSuchDevice { name: other.into(), available: vec![DEVICE_NAME.into()] }
+                    .into())
+            }
         }
     }
 }
@@ -249,6 +259,7 @@ struct Counters {
     rdma_read_bytes: AtomicU64,
     send_bytes: AtomicU64,
     rnr_retries: AtomicU64,
+    transport_retries: AtomicU64,
 }
 
 /// Owner-side bookkeeping of table slots and the ring arena.
@@ -414,6 +425,10 @@ impl CtxInner {
     fn bump(&self, c: &AtomicU64, n: u64) {
         c.fetch_add(n, Relaxed);
     }
+
+    fn ports(&self) -> port::Ports<'_> {
+        port::Ports { device: &self.device.name, ports: &self.cfg.ports, gid: self.gid, lid: self.lid }
+    }
 }
 
 static NEXT_CTX: AtomicU32 = AtomicU32::new(0);
@@ -443,6 +458,12 @@ impl SoftContext {
         if cfg.max_qp == 0 || cfg.max_qp > 1024 || cfg.max_mr == 0 || cfg.max_mr > 65536 || cfg.max_sge > 64 {
             return Err(VerbsError::InvalidArgument(
                 "softib: max_qp must be 1..=1024, max_mr 1..=65536, max_sge <= 64".into(),
+            ));
+        }
+        if cfg.ports.is_empty() || cfg.ports.len() > 255 || cfg.ports.iter().any(|p| p.gid_types.len() > 256)
+        {
+            return Err(VerbsError::InvalidArgument(
+                "softib: 1..=255 ports, each with at most 256 GID table entries".into(),
             ));
         }
         sys::allow_ptrace_by_any();
@@ -491,7 +512,7 @@ impl SoftContext {
             max_srq_wr: cfg.max_qp_wr,
             max_srq_sge: cfg.max_sge,
             max_inline_data: cfg.max_inline_data,
-            phys_port_cnt: 1,
+            phys_port_cnt: cfg.ports.len() as u8,
         };
         let mut arena = std::collections::BTreeMap::new();
         arena.insert(0, caps.arena);
@@ -881,18 +902,11 @@ impl Verbs for SoftContext {
     }
 
     fn port_attr(&self, port: u8) -> VerbsResult<PortAttr> {
-        if port != 1 {
-            return Err(VerbsError::InvalidArgument(format!("softib has one port (1), not {port}")));
-        }
-        Ok(PortAttr {
-            state: PortState::Active,
-            max_mtu: Mtu::Mtu4096,
-            active_mtu: Mtu::Mtu4096,
-            lid: self.inner.lid,
-            gid: self.inner.gid,
-            max_msg_sz: 1 << 31,
-            link_layer: LinkLayer::InfiniBand,
-        })
+        self.inner.ports().attr(port)
+    }
+
+    fn gid_entry(&self, port: u8, index: u32) -> VerbsResult<GidEntry> {
+        self.inner.ports().gid_entry(port, index)
     }
 
     fn alloc_pd(&self) -> VerbsResult<SoftPd> {
@@ -1105,15 +1119,28 @@ impl Verbs for SoftContext {
             pinned_bytes: c.pinned_bytes.load(Relaxed),
             reg_ns: c.reg_ns.load(Relaxed),
             dereg_ns: c.dereg_ns.load(Relaxed),
-            device_ns: c.device_ns.load(Relaxed),
+            device_ns: Some(c.device_ns.load(Relaxed)),
             send_wrs_posted: c.send_wrs_posted.load(Relaxed),
             recv_wrs_posted: c.recv_wrs_posted.load(Relaxed),
             completions: c.completions.load(Relaxed),
             rdma_write_bytes: c.rdma_write_bytes.load(Relaxed),
             rdma_read_bytes: c.rdma_read_bytes.load(Relaxed),
             send_bytes: c.send_bytes.load(Relaxed),
-            rnr_retries: c.rnr_retries.load(Relaxed),
+            rnr_retries: Some(c.rnr_retries.load(Relaxed)),
         }
+    }
+
+    /// A software port carries this context's queue pairs only: its RNR and transport retries
+    /// are the context's. Nothing is ever received out of sequence, in error or discarded, but
+    /// no counter is kept for it, so those are `None`.
+    fn port_counters(&self, port: u8) -> VerbsResult<PortCounters> {
+        self.inner.ports().port(port)?;
+        let c = &self.inner.counters;
+        Ok(PortCounters {
+            rnr_nak_retries: Some(c.rnr_retries.load(Relaxed)),
+            ack_timeouts: Some(c.transport_retries.load(Relaxed)),
+            ..PortCounters::default()
+        })
     }
 }
 

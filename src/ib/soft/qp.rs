@@ -64,6 +64,7 @@ pub(crate) struct QpInner {
 #[derive(Debug, Clone)]
 struct Conn {
     remote: QpEndpointInfo,
+    path_mtu: Mtu,
     /// `None`: the GID/LID named no reachable context; sends fail with `RetryExcErr`.
     peer: Option<(Arc<Peer>, u64)>,
 }
@@ -456,6 +457,7 @@ impl QpInner {
         let Some(rts) = ss.rts else { return Done(WcStatus::RetryExcErr, 0) };
         if ss.head_retry < u32::from(rts.retry_cnt) {
             ss.head_retry += 1;
+            self.ctx.bump(&self.ctx.counters.transport_retries, 1);
             Retry(now + ack_timeout(rts.timeout).max(Duration::from_micros(100)))
         } else {
             Done(WcStatus::RetryExcErr, 0)
@@ -547,6 +549,22 @@ impl QpInner {
                 self.transport_retry(ss, now)
             };
         };
+        // Packets larger than the receiving port's MTU are dropped on a fabric: the sender
+        // sees no ACK, retries, and fails with RetryExcErr.
+        let peer_mtu = t.port_mtu.load(Acquire);
+        if peer_mtu != 0 && u64::from(conn.path_mtu.bytes()) > peer_mtu {
+            tracing::debug!(
+                qpn = self.qpn,
+                path_mtu = conn.path_mtu.bytes(),
+                peer_mtu,
+                "path MTU above the peer port's"
+            );
+            return if completing_read {
+                Done(WcStatus::RetryExcErr, 0)
+            } else {
+                self.transport_retry(ss, now)
+            };
+        }
         let psn = ss.next_psn;
         if !completing_read && t.expected_psn.load(Acquire) != u64::from(psn) {
             tracing::debug!(qpn = self.qpn, psn, expected = t.expected_psn.load(Relaxed), "PSN mismatch");
@@ -812,27 +830,30 @@ impl QueuePair for SoftQp {
         let bad = |m: String| Err(VerbsError::InvalidArgument(m));
         match *t {
             QpTransition::Init(a) => {
-                if a.port_num != 1 {
-                    return bad(format!("port {} (softib has port 1)", a.port_num));
-                }
+                let port = q.ctx.ports().port(a.port_num)?.active_mtu;
+                e.port_mtu.store(u64::from(port.bytes()), Release);
                 e.access.store(u64::from(a.access.bits()), Release);
                 e.qp_state.store(qps::INIT, SeqCst);
             }
             QpTransition::Rtr(a) => {
-                if a.port_num != 1 || a.sl > 15 || a.min_rnr_timer > 31 || a.remote.qpn > MAX_24BIT {
+                if a.sl > 15 || a.min_rnr_timer > 31 || a.remote.qpn > MAX_24BIT {
                     return bad(format!("RTR attributes {a:?}"));
                 }
+                check_route(&super::SoftContext { inner: Arc::clone(&q.ctx) }, &a)?;
                 if let Some(Conn { peer: Some((p, slot)), .. }) = ss.conn.take() {
                     p.shm.release_slot(slot);
                 }
                 let peer = match q.ctx.peer(&a.remote.gid) {
-                    Ok(p) if p.lid == a.remote.lid => match p.shm.claim_slot(q.ctx.pid, q.ctx.start_time) {
-                        Some(slot) => Some((p, slot)),
-                        None => {
-                            tracing::warn!("peer has no free attach slot; sends will fail");
-                            None
+                    // A global route addresses the peer by GID alone (RoCE has no LIDs).
+                    Ok(p) if a.gid_index.is_some() || p.lid == a.remote.lid => {
+                        match p.shm.claim_slot(q.ctx.pid, q.ctx.start_time) {
+                            Some(slot) => Some((p, slot)),
+                            None => {
+                                tracing::warn!("peer has no free attach slot; sends will fail");
+                                None
+                            }
                         }
-                    },
+                    }
                     Ok(p) => {
                         tracing::debug!(lid = a.remote.lid, actual = p.lid, "LID does not match the GID");
                         None
@@ -846,7 +867,7 @@ impl QueuePair for SoftQp {
                 if let Some((p, _)) = &peer {
                     prefault_remote_cq(p, a.remote.qpn);
                 }
-                ss.conn = Some(Conn { remote: a.remote, peer });
+                ss.conn = Some(Conn { remote: a.remote, path_mtu: a.path_mtu, peer });
                 let token = SoftGid::parse(&a.remote.gid).map_or(0, |g| g.token);
                 e.remote_qpn.store(u64::from(a.remote.qpn), Release);
                 e.remote_token.store(u64::from(token), Release);

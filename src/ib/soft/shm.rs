@@ -86,9 +86,11 @@ shm_struct!(
 shm_struct!(
     /// A queue pair. `life` = generation << 1 | alive. `srq` = SRQ index + 1 (0: own ring at
     /// `rq_off`). `remote_token`/`remote_qpn`: the peer it is connected to (set at RTR).
+    /// `port_mtu`: active MTU in bytes of the port it was initialised on (0: not yet), which
+    /// bounds the path MTU of the QPs sending to it.
     QpEntry {
         life, qp_state, pd, recv_cq, srq, rq_off, remote_qpn, remote_token,
-        expected_psn, min_rnr_timer, access, _p0, _p1, _p2, _p3, _p4,
+        expected_psn, min_rnr_timer, access, port_mtu, _p1, _p2, _p3, _p4,
     }
 );
 

@@ -3,9 +3,9 @@
 
 use std::io;
 
-use super::QpState;
 #[cfg(doc)]
 use super::WcStatus;
+use super::{LinkLayer, PortState, QpState};
 use crate::error::Error;
 
 /// Result of a verbs call.
@@ -24,9 +24,9 @@ pub enum VerbsError {
         /// What the system said (e.g. "ibv_get_device_list: Function not implemented").
         reason: String,
     },
-    /// No device of that name.
-    #[error("no RDMA device named {0:?}")]
-    UnknownDevice(String),
+    /// The device, port, GID or route asked for does not exist or cannot be used.
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
     /// An argument is invalid (never caused by peer data).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -95,9 +95,100 @@ impl From<io::Error> for VerbsError {
     }
 }
 
+/// Why a device, port, GID or route cannot be used: selecting what to open, checking it, and
+/// the attributes of a route that the port refuses. Each names the device and port.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FabricError {
+    /// No device of that name.
+    #[error("no RDMA device named {name:?} (devices present: {})", list(available))]
+    NoSuchDevice {
+        /// The name asked for.
+        name: String,
+        /// The devices the provider lists.
+        available: Vec<String>,
+    },
+    /// The device has no such port.
+    #[error("{device} has no port {port} (its ports are 1..={ports})")]
+    NoSuchPort {
+        /// Device name.
+        device: String,
+        /// The port asked for.
+        port: u8,
+        /// Number of physical ports.
+        ports: u8,
+    },
+    /// The port exists but does not carry traffic.
+    #[error("port {port} of {device} is {state:?}, not Active (link down or no subnet manager?)")]
+    PortNotActive {
+        /// Device name.
+        device: String,
+        /// Port.
+        port: u8,
+        /// Its logical state.
+        state: PortState,
+    },
+    /// The GID index is past the table or names an empty entry.
+    #[error("GID index {index} of port {port} of {device} does not exist: {reason}")]
+    NoSuchGid {
+        /// Device name.
+        device: String,
+        /// Port.
+        port: u8,
+        /// The index asked for.
+        index: u32,
+        /// Past the table (and its size), or an empty entry.
+        reason: String,
+    },
+    /// An Ethernet (RoCE) port whose GID table has no RoCE entry to route with.
+    #[error(
+        "port {port} of {device} has an Ethernet link layer but no usable RoCE GID (no IP address on its netdev?)"
+    )]
+    NoRoceGid {
+        /// Device name.
+        device: String,
+        /// Port.
+        port: u8,
+    },
+    /// A route on an Ethernet (RoCE) port without a global route header: RoCE has no LIDs,
+    /// every packet is addressed by GID.
+    #[error("port {port} of {device} has an Ethernet link layer: the route needs a GRH (a source GID index)")]
+    GrhRequired {
+        /// Device name.
+        device: String,
+        /// Port.
+        port: u8,
+    },
+    /// A path MTU above the port's active MTU.
+    #[error("path MTU {requested} B exceeds the active MTU {active} B of port {port} of {device}")]
+    MtuAbovePort {
+        /// Device name.
+        device: String,
+        /// Port.
+        port: u8,
+        /// Bytes asked for.
+        requested: u32,
+        /// The port's active MTU in bytes.
+        active: u32,
+    },
+    /// The two ends of a connection sit on different link layers (InfiniBand and Ethernet).
+    #[error("link layers differ: this end's port is {local:?}, the peer's is {remote:?}")]
+    LinkLayerMismatch {
+        /// Our port's.
+        local: LinkLayer,
+        /// The peer's.
+        remote: LinkLayer,
+    },
+}
+
+fn list(names: &[String]) -> String {
+    if names.is_empty() { "none".into() } else { names.join(", ") }
+}
+
 impl From<VerbsError> for Error {
     fn from(e: VerbsError) -> Error {
         match e {
+            VerbsError::Fabric(f) => Error::Fabric(f),
             VerbsError::NoDevice { .. } | VerbsError::Unsupported(_) => Error::Unsupported(e.to_string()),
             VerbsError::PinLimit { .. }
             | VerbsError::Exhausted(_)

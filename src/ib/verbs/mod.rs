@@ -19,15 +19,21 @@
 //!                           ├─► ctx.create_cq(n, Some(&ch), cookie) ─► cq
 //!                           ├─► unsafe ctx.reg_mr(&pd, addr, len, access) ─► mr (lkey,rkey)
 //!                           └─► ctx.create_qp(&pd, &QpInit{..})     ─► qp   (state RESET)
+//!  route = default_route(&ctx, 1, IpFamily::V4)?                   // RoCE: a GID entry; IB: None
 //!  local = QpEndpointInfo::local(&qp, &ctx.port_attr(1)?, psn)      // QPN, PSN, LID, GID
+//!          (with route: local.gid = route.gid)
 //!  ── exchange local.encode() over the TCP side channel; QpEndpointInfo::decode(peer bytes) ──
-//!  bring_up(&qp, &local, &remote, &ConnParams::default())           // INIT → RTR → RTS
+//!  bring_up(&qp, &local, &remote, &ConnParams { gid_index: route.map(|e| e.index), .. })
+//!                                                                   // INIT → RTR → RTS
 //!  qp.post_recv(..) first, then the peer may SEND; qp.post_send(..); cq.poll(&mut wcs)
 //! ```
 //!
 //! Exactly the information a real HCA needs crosses the side channel ([`QpEndpointInfo`]:
 //! QP number, starting PSN, LID and GID), so an engine cannot tell the software provider from
-//! hardware. Post receives *before* telling the peer the QP is ready: a SEND that finds no
+//! hardware. On an Ethernet (RoCE) port there are no LIDs: the route needs a GRH from a source
+//! GID index ([`default_route`] picks one as `rdma_cm` does) to the peer's GID, and both
+//! providers refuse a route without one ([`check_route`]). The path MTU must not exceed either
+//! port's active MTU: exchange them too and take the smaller. Post receives *before* telling the peer the QP is ready: a SEND that finds no
 //! receive posted is an RNR (receiver-not-ready) condition, retried `rnr_retry` times.
 //! Receives can be posted from INIT on; to have them in place before RTR, move the QP to INIT
 //! yourself, post, then call [`bring_up`] (which re-applies INIT, an allowed INIT → INIT).

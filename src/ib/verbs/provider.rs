@@ -6,8 +6,8 @@ use std::fmt;
 use std::os::fd::{AsFd, AsRawFd};
 
 use super::{
-    AccessFlags, DeviceAttr, DeviceInfo, PortAttr, PostError, QpCap, QpInit, QpState, QpTransition, RecvWr,
-    SendFlags, SendOp, SendWr, SrqAttr, VerbsError, VerbsResult, WorkCompletion,
+    AccessFlags, DeviceAttr, DeviceInfo, GidEntry, PortAttr, PostError, QpCap, QpInit, QpState, QpTransition,
+    RecvWr, SendFlags, SendOp, SendWr, SrqAttr, VerbsError, VerbsResult, WorkCompletion,
 };
 
 /// Counters a provider keeps (monotonic unless noted).
@@ -27,9 +27,9 @@ pub struct VerbsCounters {
     pub dereg_ns: u64,
     /// Nanoseconds this process's threads spent doing the device's work: executing work
     /// requests (copies, the peer's receive ring and CQ, its wake-up) that an HCA does without
-    /// host CPU. Software provider only (hardware: 0); wall time, so a thread preempted inside
-    /// it is counted too.
-    pub device_ns: u64,
+    /// host CPU. Software provider only; wall time, so a thread preempted inside it is counted
+    /// too. `None` on hardware: the HCA's time is not host time and is not measured.
+    pub device_ns: Option<u64>,
     /// Send work requests posted.
     pub send_wrs_posted: u64,
     /// Receive work requests posted.
@@ -42,8 +42,29 @@ pub struct VerbsCounters {
     pub rdma_read_bytes: u64,
     /// Bytes moved by SEND(_WITH_IMM) this context initiated.
     pub send_bytes: u64,
-    /// RNR retries this context's QPs made (software provider only).
-    pub rnr_retries: u64,
+    /// RNR retries this context's QPs made. `None` where the provider cannot count them per
+    /// context: verbs has no such counter, and an HCA retries without telling the host — see
+    /// [`PortCounters::rnr_nak_retries`] for the port's count.
+    pub rnr_retries: Option<u64>,
+}
+
+/// Error and retry counters of a port, as the device keeps them (the kernel's
+/// `/sys/class/infiniband/<dev>/ports/<port>/{hw_counters,counters}` on hardware). They count
+/// every queue pair on the port, of every process, since the driver loaded: compare two
+/// readings. Each is `None` when the device does not expose it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct PortCounters {
+    /// RNR NAKs received and retried (`hw_counters/rnr_nak_retry_err`).
+    pub rnr_nak_retries: Option<u64>,
+    /// Local ACK timeouts: transport retries of a requester (`hw_counters/local_ack_timeout_err`).
+    pub ack_timeouts: Option<u64>,
+    /// Packets received out of sequence (`hw_counters/out_of_sequence`).
+    pub out_of_sequence: Option<u64>,
+    /// Packets received with errors (`counters/port_rcv_errors`).
+    pub rcv_errors: Option<u64>,
+    /// Outbound packets discarded (`counters/port_xmit_discards`).
+    pub xmit_discards: Option<u64>,
 }
 
 /// A provider: lists and opens devices.
@@ -63,7 +84,8 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// Opens a device by name, or the first one.
     ///
     /// # Errors
-    /// [`VerbsError::NoDevice`], [`VerbsError::UnknownDevice`], or the OS error.
+    /// [`VerbsError::NoDevice`],
+    /// [`FabricError::NoSuchDevice`](super::FabricError::NoSuchDevice), or the OS error.
     fn open(&self, device: Option<&str>) -> VerbsResult<Self::Context>;
 }
 
@@ -94,8 +116,16 @@ pub trait Verbs: Send + Sync + fmt::Debug + Sized + 'static {
     /// Port attributes (ports are numbered from 1).
     ///
     /// # Errors
-    /// An invalid port, or the driver's error.
+    /// [`FabricError::NoSuchPort`](super::FabricError::NoSuchPort), or the driver's error.
     fn port_attr(&self, port: u8) -> VerbsResult<PortAttr>;
+
+    /// Entry `index` of the port's GID table, with its type.
+    ///
+    /// # Errors
+    /// [`FabricError::NoSuchGid`](super::FabricError::NoSuchGid) for an index past the table
+    /// or an empty entry, [`FabricError::NoSuchPort`](super::FabricError::NoSuchPort), or the
+    /// driver's error.
+    fn gid_entry(&self, port: u8, index: u32) -> VerbsResult<GidEntry>;
 
     /// Allocates a protection domain.
     ///
@@ -157,6 +187,12 @@ pub trait Verbs: Send + Sync + fmt::Debug + Sized + 'static {
 
     /// A snapshot of the provider's counters for this context.
     fn counters(&self) -> VerbsCounters;
+
+    /// The port's error and retry counters.
+    ///
+    /// # Errors
+    /// [`FabricError::NoSuchPort`](super::FabricError::NoSuchPort).
+    fn port_counters(&self, port: u8) -> VerbsResult<PortCounters>;
 }
 
 /// A registration.

@@ -4,7 +4,10 @@
 
 use std::fmt;
 
-use super::{AccessFlags, Gid, PortAttr, QueuePair, Verbs, VerbsResult};
+use super::{
+    AccessFlags, FabricError, Gid, GidEntry, IpFamily, LinkLayer, PortAttr, QueuePair, Verbs, VerbsResult,
+    choose_roce_gid,
+};
 
 /// Largest QP number or PSN: both are 24-bit quantities on the wire.
 pub const MAX_24BIT: u32 = (1 << 24) - 1;
@@ -144,6 +147,9 @@ pub struct RtrAttr {
     pub port_num: u8,
     /// Route with a GRH using our GID at this index (required on RoCE); `None`: LID routing.
     pub gid_index: Option<u8>,
+    /// Traffic class of the GRH (with `gid_index` only): on RoCE v2 its upper six bits are the
+    /// packets' IP DSCP, the low two ECN.
+    pub traffic_class: u8,
 }
 
 /// RTR → RTS attributes: how to send.
@@ -289,7 +295,8 @@ impl QpEndpointInfo {
 }
 
 /// Connection parameters for [`bring_up`]. Defaults follow BMI-IB (`timeout` 14 ≈ 67 ms,
-/// `retry_cnt` 7, `rnr_retry` 7 = forever, `min_rnr_timer` 12 = 0.64 ms, MTU 1024).
+/// `retry_cnt` 7, `rnr_retry` 7 = forever, `min_rnr_timer` 12 = 0.64 ms, MTU 1024), with LID
+/// routing (`gid_index: None`), which InfiniBand ports accept and Ethernet (RoCE) ports refuse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnParams {
     /// Port (from 1).
@@ -310,8 +317,10 @@ pub struct ConnParams {
     pub min_rnr_timer: u8,
     /// Outstanding RDMA_READs each way.
     pub max_rd_atomic: u8,
-    /// GID index for GRH routing (required on RoCE).
+    /// GID index for GRH routing (required on RoCE; see [`crate::ib::verbs::choose_roce_gid`]).
     pub gid_index: Option<u8>,
+    /// See [`RtrAttr::traffic_class`].
+    pub traffic_class: u8,
 }
 
 impl Default for ConnParams {
@@ -327,6 +336,7 @@ impl Default for ConnParams {
             min_rnr_timer: 12,
             max_rd_atomic: 4,
             gid_index: None,
+            traffic_class: 0,
         }
     }
 }
@@ -351,6 +361,7 @@ pub fn bring_up<Q: QueuePair + ?Sized>(
         sl: p.sl,
         port_num: p.port_num,
         gid_index: p.gid_index,
+        traffic_class: p.traffic_class,
     }))?;
     qp.modify(&QpTransition::Rts(RtsAttr {
         sq_psn: local.psn,
@@ -359,4 +370,57 @@ pub fn bring_up<Q: QueuePair + ?Sized>(
         rnr_retry: p.rnr_retry,
         max_rd_atomic: p.max_rd_atomic,
     }))
+}
+
+/// The source GID a connection through `port` routes with when none is configured: `None` on
+/// an InfiniBand port (LID routing), the entry [`choose_roce_gid`] picks for `family` on an
+/// Ethernet (RoCE) port. Put its GID in the [`QpEndpointInfo`] the peer gets and its index in
+/// [`ConnParams::gid_index`].
+///
+/// # Errors
+/// [`FabricError::NoRoceGid`] on an Ethernet port whose table has no usable RoCE entry, or
+/// what [`Verbs::port_attr`] reports.
+pub fn default_route<V: Verbs>(ctx: &V, port: u8, family: IpFamily) -> VerbsResult<Option<GidEntry>> {
+    let attr = ctx.port_attr(port)?;
+    if attr.link_layer != LinkLayer::Ethernet {
+        return Ok(None);
+    }
+    let table: Vec<GidEntry> =
+        (0..attr.gid_tbl_len.min(256)).filter_map(|i| ctx.gid_entry(port, i).ok()).collect();
+    match choose_roce_gid(&table, family) {
+        Some(e) => Ok(Some(e)),
+        None => Err(FabricError::NoRoceGid { device: ctx.device().name.clone(), port }.into()),
+    }
+}
+
+/// The checks every provider makes on the route of an INIT → RTR transition before the device
+/// sees it, so that each provider refuses the same routes with the same typed errors (an HCA
+/// says only `EINVAL`): the port exists, a GID index names a non-empty entry, an Ethernet
+/// (RoCE) port gets a GRH, and the path MTU is at most the port's active MTU.
+///
+/// # Errors
+/// [`FabricError::NoSuchPort`], [`FabricError::NoSuchGid`], [`FabricError::GrhRequired`],
+/// [`FabricError::MtuAbovePort`], or the driver's error.
+pub fn check_route<V: Verbs>(ctx: &V, a: &RtrAttr) -> VerbsResult<()> {
+    let port = ctx.port_attr(a.port_num)?;
+    let device = || ctx.device().name.clone();
+    match a.gid_index {
+        Some(i) => {
+            ctx.gid_entry(a.port_num, u32::from(i))?;
+        }
+        None if port.link_layer == LinkLayer::Ethernet => {
+            return Err(FabricError::GrhRequired { device: device(), port: a.port_num }.into());
+        }
+        None => {}
+    }
+    if a.path_mtu > port.active_mtu {
+        return Err(FabricError::MtuAbovePort {
+            device: device(),
+            port: a.port_num,
+            requested: a.path_mtu.bytes(),
+            active: port.active_mtu.bytes(),
+        }
+        .into());
+    }
+    Ok(())
 }

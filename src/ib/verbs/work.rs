@@ -313,7 +313,8 @@ pub struct WorkCompletion {
     /// What completed (valid when `status` is `Success`).
     pub opcode: WcOpcode,
     /// Receive completions: bytes written into the receive buffers (SEND) or by the write
-    /// (RDMA_WRITE_WITH_IMM). RDMA_READ: bytes read. Otherwise 0 on hardware.
+    /// (RDMA_WRITE_WITH_IMM). RDMA_READ: bytes read. Otherwise, and for a failed work
+    /// request, 0 on hardware.
     pub byte_len: u32,
     /// Immediate data (host byte order) for SEND_WITH_IMM / RDMA_WRITE_WITH_IMM receives.
     pub imm_data: Option<u32>,

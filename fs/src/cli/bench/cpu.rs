@@ -198,7 +198,7 @@ pub fn run(ctx: &Ctx, a: &CpuArgs) -> Result<Report> {
 /// Nanoseconds the software provider spent on the device's work in this process (0 on TCP
 /// and on hardware).
 fn device_ns(info: &ionet::Info) -> u64 {
-    info.rdma.as_ref().map_or(0, |r| r.provider.device_ns)
+    info.rdma.as_ref().and_then(|r| r.provider.device_ns).unwrap_or(0)
 }
 
 /// Table and plot.
