@@ -26,7 +26,7 @@ use crate::layout::{Extent, Layout, ListIo, ServerPieces, View};
 use crate::net::{FsError, FsResult, TAG_IO, TAG_META};
 use crate::proto::{
     self, Attr, Descriptor, DirEntry, Envelope, FileKind, FsStats, Handle, IoReply, IoRequest, LayoutSpec,
-    MetaReply, MetaRequest, Name, ProtoError, SetAttr, Timestamp,
+    MetaReply, MetaRequest, Name, ProtoError, SetAttr, SetTime,
 };
 use bytes::{Bytes, BytesMut};
 use ionet::{Completion, Endpoint, OpBuf, OpId, Payload, PeerId, RecvBuf, SendBuf, ServiceLevel, WaitMode};
@@ -88,6 +88,9 @@ pub struct ClientOptions {
     pub uid: u32,
     /// Their group (default: this process's effective gid).
     pub gid: u32,
+    /// Supplementary groups the meta server's permission checks count, with `uid` and `gid`
+    /// (default: this process's).
+    pub groups: Vec<u32>,
     /// The communication manager's table for this client's endpoint (default: the
     /// transport's, with `IONET_INLINE_MAX` / `IONET_FAST_MAX` applied); benchmarks force a
     /// mechanism here.
@@ -111,6 +114,9 @@ impl Default for ClientOptions {
             spin_budget: None,
             uid: nix::unistd::geteuid().as_raw(),
             gid: nix::unistd::getegid().as_raw(),
+            groups: nix::unistd::getgroups()
+                .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+                .unwrap_or_default(),
             policy: None,
             ib: None,
             tcp_congestion: crate::net::tcp_congestion(),
@@ -175,9 +181,14 @@ impl Drop for Inner {
 }
 
 /// A connection to a stripefs cluster. Cheap to clone; usable from many threads.
+///
+/// Its requests carry credentials (from [`ClientOptions`], or [`Client::as_caller`]'s): the
+/// meta server applies the POSIX permission rules to them, and what the client creates is
+/// owned by their user and group.
 #[derive(Debug, Clone)]
 pub struct Client {
     inner: Arc<Inner>,
+    cred: Arc<proto::Cred>,
 }
 
 /// A caller's layout with an impossible field is the caller's error ([`FsError::Layout`],
@@ -297,7 +308,9 @@ impl Client {
         let info = ep.info();
         let limits = opts.request_limits(info.scheme, info.max_message as u64);
         let io_names = cfg.io_servers.iter().enumerate().map(|(i, a)| crate::net::io_server_name(i, a));
+        let cred = Arc::new(proto::Cred::new(opts.uid, opts.gid, opts.groups.clone()));
         Ok(Client {
+            cred,
             inner: Arc::new(Inner {
                 ep,
                 meta,
@@ -310,6 +323,18 @@ impl Client {
                 scratch: Default::default(),
             }),
         })
+    }
+
+    /// This client's connection acting for another caller: its requests carry `cred`, and
+    /// what it creates is owned by `cred`'s user and group (the FUSE mount serves each
+    /// request as the process that made it).
+    pub fn as_caller(&self, cred: proto::Cred) -> Client {
+        Client { inner: self.inner.clone(), cred: Arc::new(cred) }
+    }
+
+    /// The credentials this client's requests carry.
+    pub fn cred(&self) -> &proto::Cred {
+        &self.cred
     }
 
     /// The client's endpoint (for its counters: mechanisms used, registration cache).
@@ -369,7 +394,7 @@ impl Client {
 
     fn meta_call(&self, req: MetaRequest) -> FsResult<MetaReply> {
         let id = self.id();
-        let bytes = proto::encode(&Envelope::new(id, req))?;
+        let bytes = proto::encode(&Envelope::new(id, proto::MetaCall { cred: (*self.cred).clone(), req }))?;
         (|| {
             let op = self.post(self.inner.meta, TAG_META, bytes, Payload::None, ServiceLevel::Control, 0)?;
             let c = self.inner.ep.wait(op)?;
@@ -435,7 +460,8 @@ impl Client {
         if attr.kind != FileKind::File {
             return Ok(Ok(Stat { handle: h, attr, layout: None }));
         }
-        let f = self.open_handle(h, Rights::READ)?;
+        // No rights: a size is an attribute, which needs no permission on the file itself.
+        let f = self.open_handle(h, Rights::NONE)?;
         let stat = Stat { handle: h, attr: f.attr.clone(), layout: Some(f.layout) };
         Ok(match f.size() {
             Ok(size) => Ok(Stat { attr: Attr { size, ..stat.attr }, ..stat }),
@@ -458,8 +484,8 @@ impl Client {
             parent,
             name: Self::name(name)?,
             mode: opts.mode & 0o7777,
-            uid: self.inner.opts.uid,
-            gid: self.inner.opts.gid,
+            uid: self.cred.uid,
+            gid: self.cred.gid,
             layout: opts.layout,
             rights: Rights::READ_WRITE,
         };
@@ -496,8 +522,8 @@ impl Client {
             parent,
             name: Self::name(name)?,
             mode: mode & 0o7777,
-            uid: self.inner.opts.uid,
-            gid: self.inner.opts.gid,
+            uid: self.cred.uid,
+            gid: self.cred.gid,
         };
         match self.meta_call(req)? {
             MetaReply::Entry { handle, attr } => Ok((handle, attr)),
@@ -519,8 +545,8 @@ impl Client {
             parent,
             name: Self::name(name)?,
             target,
-            uid: self.inner.opts.uid,
-            gid: self.inner.opts.gid,
+            uid: self.cred.uid,
+            gid: self.cred.gid,
         };
         match self.meta_call(req)? {
             MetaReply::Entry { handle, attr } => Ok((handle, attr)),
@@ -536,7 +562,43 @@ impl Client {
         }
     }
 
-    /// Removes a file (and its objects on the io servers) or a symbolic link.
+    /// Gives file `h` (not a directory) the further name `name` in `parent`: a hard link.
+    /// Returns its attributes with the raised link count.
+    pub fn link_in(&self, h: Handle, parent: Handle, name: &str) -> FsResult<Attr> {
+        match self.meta_call(MetaRequest::Link { handle: h, parent, name: Self::name(name)? })? {
+            MetaReply::Entry { attr, .. } => Ok(attr),
+            r => Self::unexpected(r),
+        }
+    }
+
+    /// Creates a FIFO, socket or device node (`kind` says which, and a device's number) in
+    /// `parent`: a record on the meta server without objects.
+    pub fn mknod_in(
+        &self,
+        parent: Handle,
+        name: &str,
+        kind: FileKind,
+        mode: u32,
+    ) -> FsResult<(Handle, Attr)> {
+        if !kind.is_special() {
+            return Err(FsError::code(Errno::EINVAL, "mknod makes FIFOs, sockets and device nodes"));
+        }
+        let req = MetaRequest::Mknod {
+            parent,
+            name: Self::name(name)?,
+            kind,
+            mode: mode & 0o7777,
+            uid: self.cred.uid,
+            gid: self.cred.gid,
+        };
+        match self.meta_call(req)? {
+            MetaReply::Entry { handle, attr } => Ok((handle, attr)),
+            r => Self::unexpected(r),
+        }
+    }
+
+    /// Removes a name of a file (with the last, its objects on the io servers), a symbolic
+    /// link or a special file.
     pub fn unlink_in(&self, parent: Handle, name: &str) -> FsResult<()> {
         self.done(MetaRequest::Unlink { parent, name: Self::name(name)? })
     }
@@ -653,7 +715,7 @@ impl Client {
                         todo.push_front(t);
                     }
                 }
-                FileKind::File | FileKind::Symlink if !last => {
+                k if k != FileKind::Dir && !last => {
                     return Err(FsError::code(Errno::ENOTDIR, format!("{c} is not a directory")));
                 }
                 _ => stack.push(h),
@@ -709,6 +771,14 @@ impl Client {
     pub fn symlink(&self, target: &str, link: &str) -> FsResult<Handle> {
         let (p, name) = self.parent_of(link)?;
         Ok(self.symlink_in(p, &name, target)?.0)
+    }
+
+    /// `link(2)`: a further name `new` for what `existing` names (a symbolic link itself,
+    /// not what it points at, as Linux does). Returns the new link count.
+    pub fn link(&self, existing: &str, new: &str) -> FsResult<u32> {
+        let h = self.resolve_nofollow(existing)?;
+        let (p, name) = self.parent_of(new)?;
+        Ok(self.link_in(h, p, &name)?.nlink)
     }
 
     /// The target of the symbolic link at `path`.
@@ -1006,7 +1076,7 @@ impl File {
         if !self.written.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
-        let set = SetAttr { mtime: Some(Timestamp::now()), ..Default::default() };
+        let set = SetAttr { mtime: Some(SetTime::Now), wrote: true, ..Default::default() };
         self.client.setattr(self.handle, set).map(|_| ()).inspect_err(|_| {
             // Still unrecorded: the next call tries again.
             self.written.store(true, Ordering::Release);

@@ -27,8 +27,9 @@ use std::marker::PhantomData;
 use std::ops::Deref;
 
 /// Protocol version this build speaks (2: io servers' counters carry their disk space;
-/// 3: symbolic links; 4: status requests to every server).
-pub const PROTO_VERSION: u16 = 4;
+/// 3: symbolic links; 4: status requests to every server; 5: callers' credentials, hard
+/// links, special files, times set to the server's clock).
+pub const PROTO_VERSION: u16 = 5;
 
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"STFS";
@@ -162,6 +163,11 @@ pub struct DecodeError {
 pub struct BoundedVec<T, const N: usize>(Vec<T>);
 
 impl<T, const N: usize> BoundedVec<T, N> {
+    /// No elements.
+    pub const fn empty() -> Self {
+        BoundedVec(Vec::new())
+    }
+
     /// Wraps `v`, refusing more than `N` elements.
     pub fn new(v: Vec<T>) -> Result<Self, ProtoError> {
         if v.len() > N {
@@ -376,7 +382,10 @@ fn target_ok(t: &LinkTarget) -> Result<(), ProtoError> {
 // Shared types
 // ---------------------------------------------------------------------------------------------
 
-/// File, directory or symbolic link.
+/// File, directory, symbolic link or special file.
+///
+/// New kinds are only ever appended: the meta server stores records with this type, and a
+/// record written before a kind existed must decode the same afterwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum FileKind {
     /// A regular, striped file.
@@ -386,6 +395,30 @@ pub enum FileKind {
     /// A symbolic link: its target is kept by the meta server ([`MetaRequest::Readlink`]),
     /// it has no objects on the io servers.
     Symlink,
+    /// A named pipe (FIFO). Special files are records only: no objects, no data; the kernel of
+    /// the machine that opens one provides its behaviour.
+    Fifo,
+    /// A UNIX domain socket's name.
+    Socket,
+    /// A character device node, with its device number (`rdev`).
+    CharDev(u32),
+    /// A block device node, with its device number (`rdev`).
+    BlockDev(u32),
+}
+
+impl FileKind {
+    /// A FIFO, socket or device node: made by [`MetaRequest::Mknod`], a record without objects.
+    pub fn is_special(self) -> bool {
+        matches!(self, FileKind::Fifo | FileKind::Socket | FileKind::CharDev(_) | FileKind::BlockDev(_))
+    }
+
+    /// The device number of a device node (0 for anything else).
+    pub fn rdev(self) -> u32 {
+        match self {
+            FileKind::CharDev(d) | FileKind::BlockDev(d) => d,
+            _ => 0,
+        }
+    }
 }
 
 /// A point in time: seconds and nanoseconds since the Unix epoch.
@@ -426,7 +459,7 @@ pub struct Attr {
     /// For files: the size the meta server last recorded (set on truncate). The authoritative
     /// logical size is the max over io servers ([`Layout::logical_size`]).
     pub size: u64,
-    /// Link count (files 1; directories 2, as no hard links exist).
+    /// Link count: a file's names; a directory's 2 plus its subdirectories.
     pub nlink: u32,
     /// Last access.
     pub atime: Timestamp,
@@ -447,7 +480,20 @@ impl Attr {
     }
 }
 
-/// Attribute changes; `None` leaves a field alone.
+/// A time to set: the meta server's clock, or a given time.
+///
+/// The two are told apart because POSIX lets whoever may write a file set its times to now
+/// (`utimensat` with `UTIME_NOW` or a null `times`), but only its owner set other times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SetTime {
+    /// The meta server's current time.
+    Now,
+    /// This time.
+    At(Timestamp),
+}
+
+/// Attribute changes; `None` leaves a field alone. The change time becomes the server's
+/// current time whatever changes.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SetAttr {
     /// New permission bits.
@@ -457,12 +503,19 @@ pub struct SetAttr {
     /// New group.
     pub gid: Option<u32>,
     /// New access time.
-    pub atime: Option<Timestamp>,
+    pub atime: Option<SetTime>,
     /// New modification time.
-    pub mtime: Option<Timestamp>,
+    pub mtime: Option<SetTime>,
     /// New logical size (truncate): the meta server records it and fans out per-server
     /// truncates ([`Layout::local_sizes`]).
     pub size: Option<u64>,
+    /// The caller changes the file through a descriptor it opened for writing (`ftruncate`,
+    /// `open` with `O_TRUNC`): that open already passed the write permission check, which the
+    /// file's mode may no longer allow (a file created read-only and written at once).
+    pub opened_for_write: bool,
+    /// The caller wrote the file's data: as on a local file system, the set-user-ID bit and a
+    /// set-group-ID bit with group execute are cleared unless the caller is root.
+    pub wrote: bool,
 }
 
 impl SetAttr {
@@ -470,7 +523,54 @@ impl SetAttr {
         if self.mode.is_some_and(|m| m > 0o7777) {
             return Err(ProtoError::Invalid("mode"));
         }
-        self.atime.iter().chain(self.mtime.iter()).try_for_each(Timestamp::validate)
+        [self.atime, self.mtime].iter().flatten().try_for_each(|t| match t {
+            SetTime::Now => Ok(()),
+            SetTime::At(t) => t.validate(),
+        })
+    }
+}
+
+/// Most supplementary groups a request carries ([`Cred::groups`]); a caller in more groups is
+/// checked with the first ones (it may be refused what another of its groups would allow).
+pub const MAX_GROUPS: usize = 256;
+
+/// Who asks: the caller's effective user and group ids and its supplementary groups.
+///
+/// The meta server applies the POSIX permission rules with them (owner, group, other, root
+/// may do anything). They are the client's word, as `AUTH_SYS` credentials are to an NFS
+/// server: every peer holds the cluster key, so the rules keep users from each other's
+/// mistakes and make the library and the CLI behave as a local file system, but they are
+/// no boundary against a peer that lies.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Cred {
+    /// Effective (file system) user id; 0 is root.
+    pub uid: u32,
+    /// Effective group id.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: BoundedVec<u32, MAX_GROUPS>,
+}
+
+impl Cred {
+    /// Root: every check passes.
+    pub fn root() -> Cred {
+        Cred::default()
+    }
+
+    /// `uid` and `gid` with the supplementary `groups` (beyond [`MAX_GROUPS`] dropped).
+    pub fn new(uid: u32, gid: u32, mut groups: Vec<u32>) -> Cred {
+        groups.truncate(MAX_GROUPS);
+        Cred { uid, gid, groups: BoundedVec(groups) }
+    }
+
+    /// Whether the caller is root.
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    /// Whether the caller is in group `gid` (its effective group or a supplementary one).
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
     }
 }
 
@@ -789,6 +889,41 @@ pub enum MetaRequest {
     },
     /// The server's version, uptime, load and space → [`MetaReply::Status`].
     Status,
+    /// A new name for an existing file, symbolic link or special file (a hard link; not a
+    /// directory) → [`MetaReply::Entry`] with its link count raised.
+    Link {
+        /// The file.
+        handle: Handle,
+        /// Directory of the new name.
+        parent: Handle,
+        /// New name.
+        name: Name,
+    },
+    /// Create a FIFO, socket or device node → [`MetaReply::Entry`].
+    Mknod {
+        /// Directory.
+        parent: Handle,
+        /// New name.
+        name: Name,
+        /// What to make: a special kind only ([`FileKind::is_special`]).
+        kind: FileKind,
+        /// Permission bits.
+        mode: u32,
+        /// Owner.
+        uid: u32,
+        /// Group.
+        gid: u32,
+    },
+}
+
+/// A meta request with the credentials of the caller it is made for: what travels to the meta
+/// server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaCall {
+    /// Who asks.
+    pub cred: Cred,
+    /// What it asks.
+    pub req: MetaRequest,
 }
 
 /// Meta server → client.
@@ -996,9 +1131,13 @@ impl IoRequest {
             IoRequest::CreateObject { .. }
             | IoRequest::RemoveObject { .. }
             | IoRequest::TruncateObject { .. } => Rights::ADMIN,
-            IoRequest::GetSize { .. } | IoRequest::Read { .. } => Rights::READ,
+            IoRequest::Read { .. } => Rights::READ,
             IoRequest::Write { .. } | IoRequest::Sync { .. } => Rights::WRITE,
-            IoRequest::Ping | IoRequest::Stats | IoRequest::Status => Rights::NONE,
+            // A size is an attribute: whoever may stat a file may learn it, and a capability
+            // for the file (even one granting nothing else) shows the meta server let them.
+            IoRequest::GetSize { .. } | IoRequest::Ping | IoRequest::Stats | IoRequest::Status => {
+                Rights::NONE
+            }
         }
     }
 }
@@ -1056,14 +1195,27 @@ fn name_ok(n: &Name) -> Result<(), ProtoError> {
     Ok(())
 }
 
-impl Message for MetaRequest {
+impl Message for MetaCall {
     const KIND: u8 = 1;
+    fn validate(&self) -> Result<(), ProtoError> {
+        self.req.validate()
+    }
+}
+
+impl MetaRequest {
     fn validate(&self) -> Result<(), ProtoError> {
         match self {
             MetaRequest::Lookup { name, .. }
             | MetaRequest::Rmdir { name, .. }
             | MetaRequest::Unlink { name, .. }
+            | MetaRequest::Link { name, .. }
             | MetaRequest::Mkdir { name, .. } => name_ok(name)?,
+            MetaRequest::Mknod { name, kind, .. } => {
+                name_ok(name)?;
+                if !kind.is_special() {
+                    return Err(ProtoError::Invalid("mknod of a kind that is not special"));
+                }
+            }
             MetaRequest::Symlink { name, target, .. } => {
                 name_ok(name)?;
                 target_ok(target)?;
@@ -1082,7 +1234,11 @@ impl Message for MetaRequest {
             _ => {}
         }
         match self {
-            MetaRequest::Create { mode, .. } | MetaRequest::Mkdir { mode, .. } if *mode > 0o7777 => {
+            MetaRequest::Create { mode, .. }
+            | MetaRequest::Mkdir { mode, .. }
+            | MetaRequest::Mknod { mode, .. }
+                if *mode > 0o7777 =>
+            {
                 Err(ProtoError::Invalid("mode"))
             }
             _ => Ok(()),
@@ -1262,7 +1418,7 @@ pub fn fuzz_one(data: &[u8]) {
             }
         }
     }
-    check::<MetaRequest, MetaReply>(data);
+    check::<MetaCall, MetaReply>(data);
     check::<MetaReply, MetaReply>(data);
     check::<IoRequest, IoReply>(data);
     check::<IoReply, IoReply>(data);
@@ -1309,6 +1465,19 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
             },
         ),
         (
+            "meta_setattr_times",
+            MetaRequest::Setattr {
+                handle: Handle(7),
+                set: SetAttr {
+                    atime: Some(SetTime::Now),
+                    mtime: Some(SetTime::At(t)),
+                    opened_for_write: true,
+                    wrote: true,
+                    ..Default::default()
+                },
+            },
+        ),
+        (
             "meta_create",
             MetaRequest::Create {
                 parent: Handle::ROOT,
@@ -1351,7 +1520,31 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ),
         ("meta_readlink", MetaRequest::Readlink { handle: Handle(7) }),
         ("meta_status", MetaRequest::Status),
+        ("meta_link", MetaRequest::Link { handle: Handle(7), parent: Handle(9), name: name("l2") }),
+        (
+            "meta_mknod_fifo",
+            MetaRequest::Mknod {
+                parent: Handle::ROOT,
+                name: name("p"),
+                kind: FileKind::Fifo,
+                mode: 0o644,
+                uid: 1,
+                gid: 2,
+            },
+        ),
+        (
+            "meta_mknod_chr",
+            MetaRequest::Mknod {
+                parent: Handle::ROOT,
+                name: name("c"),
+                kind: FileKind::CharDev(0x0103),
+                mode: 0o600,
+                uid: 0,
+                gid: 0,
+            },
+        ),
     ];
+    let cred = Cred::new(1000, 100, vec![4, 24, 27]);
     let entries = BoundedVec::new(vec![DirEntry { name: name("x"), handle: Handle(3), kind: FileKind::Dir }])
         .expect("one entry");
     let meta_rep = vec![
@@ -1414,9 +1607,9 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
     let mut push = |name, bytes: Result<Vec<u8>, ProtoError>| {
         out.push((name, bytes.expect("samples encode")));
     };
-    for (n, m) in meta_req {
+    for (n, req) in meta_req {
         id += 1;
-        push(n, encode(&Envelope::new(id, m)));
+        push(n, encode(&Envelope::new(id, MetaCall { cred: cred.clone(), req })));
     }
     for (n, m) in meta_rep {
         id += 1;
@@ -1446,13 +1639,17 @@ mod tests {
         )
     }
 
+    fn root(req: MetaRequest) -> MetaCall {
+        MetaCall { cred: Cred::root(), req }
+    }
+
     #[test]
     fn every_sample_round_trips() {
         let samples = sample_messages();
         assert!(samples.len() >= 39);
         for (name, bytes) in &samples {
             assert_eq!(&bytes[0..4], &MAGIC, "{name}");
-            let ok = decode::<MetaRequest>(bytes).is_ok() as u8
+            let ok = decode::<MetaCall>(bytes).is_ok() as u8
                 + decode::<MetaReply>(bytes).is_ok() as u8
                 + decode::<IoRequest>(bytes).is_ok() as u8
                 + decode::<IoReply>(bytes).is_ok() as u8;
@@ -1463,9 +1660,9 @@ mod tests {
 
     #[test]
     fn unknown_version_is_a_typed_error_with_the_id() {
-        let mut b = encode(&Envelope::new(77, MetaRequest::Statfs)).unwrap();
+        let mut b = encode(&Envelope::new(77, root(MetaRequest::Statfs))).unwrap();
         b[4] = 9;
-        let e = decode::<MetaRequest>(&b).unwrap_err();
+        let e = decode::<MetaCall>(&b).unwrap_err();
         assert_eq!(e, DecodeError { id: Some(77), error: ProtoError::UnknownVersion { got: 9 } });
         assert_eq!(e.error.errno(), Errno::EPROTONOSUPPORT);
         let reply: Envelope<MetaReply> = error_reply(&e);
@@ -1538,16 +1735,18 @@ mod tests {
     #[test]
     fn long_strings_are_refused() {
         let ok = Name::new("n".repeat(MAX_NAME_WIRE)).unwrap();
-        assert!(encode(&Envelope::new(1, MetaRequest::Lookup { parent: Handle::ROOT, name: ok })).is_ok());
+        assert!(
+            encode(&Envelope::new(1, root(MetaRequest::Lookup { parent: Handle::ROOT, name: ok }))).is_ok()
+        );
         assert!(Name::new("n".repeat(MAX_NAME_WIRE + 1)).is_err());
         let over =
             MetaRequest::Lookup { parent: Handle::ROOT, name: BoundedString("n".repeat(MAX_NAME_WIRE + 1)) };
         let mut b = MAGIC.to_vec();
         b.extend_from_slice(&PROTO_VERSION.to_le_bytes());
-        b.push(MetaRequest::KIND);
+        b.push(MetaCall::KIND);
         b.extend_from_slice(&3u64.to_le_bytes());
-        let b = postcard::to_extend(&over, b).unwrap();
-        assert!(matches!(decode::<MetaRequest>(&b).unwrap_err().error, ProtoError::Malformed(_)));
+        let b = postcard::to_extend(&root(over), b).unwrap();
+        assert!(matches!(decode::<MetaCall>(&b).unwrap_err().error, ProtoError::Malformed(_)));
         let e = ErrorReply::new(Errno::EIO, "é".repeat(MAX_ERROR_TEXT));
         assert!(e.message.len() <= MAX_ERROR_TEXT);
     }
@@ -1593,9 +1792,10 @@ mod tests {
         assert!(encode(&Envelope::new(1, IoRequest::Write { cap: cap(), desc: d })).is_err());
         let d = Descriptor::list(vec![Extent::new(0, MAX_IO_BYTES), Extent::new(0, 1)]).unwrap();
         assert!(encode(&Envelope::new(1, IoRequest::Write { cap: cap(), desc: d })).is_err());
-        let set = SetAttr { atime: Some(Timestamp { secs: 0, nsecs: 1_000_000_000 }), ..Default::default() };
-        assert!(encode(&Envelope::new(1, MetaRequest::Setattr { handle: Handle(2), set })).is_err());
-        let r = MetaRequest::Readdir { dir: Handle::ROOT, after: None, max: 0 };
+        let bad_time = SetTime::At(Timestamp { secs: 0, nsecs: 1_000_000_000 });
+        let set = SetAttr { atime: Some(bad_time), ..Default::default() };
+        assert!(encode(&Envelope::new(1, root(MetaRequest::Setattr { handle: Handle(2), set }))).is_err());
+        let r = root(MetaRequest::Readdir { dir: Handle::ROOT, after: None, max: 0 });
         assert_eq!(encode(&Envelope::new(1, r)).unwrap_err().errno(), Errno::EINVAL);
         // Replies' attributes too: a time past a second's nanoseconds, a mode with type bits.
         let attr_with = |f: &dyn Fn(&mut Attr)| {
@@ -1629,13 +1829,13 @@ mod tests {
         // A link target is non-empty and has no NUL, in a request and in a reply.
         for t in ["", "a\0b"] {
             let target = LinkTarget::new(t).unwrap();
-            let r = MetaRequest::Symlink {
+            let r = root(MetaRequest::Symlink {
                 parent: Handle::ROOT,
                 name: Name::new("l").unwrap(),
                 target: target.clone(),
                 uid: 0,
                 gid: 0,
-            };
+            });
             assert_eq!(encode(&Envelope::new(1, r)).unwrap_err(), ProtoError::Invalid("link target"));
             assert_eq!(
                 encode(&Envelope::new(1, MetaReply::Link(target))).unwrap_err(),

@@ -185,7 +185,13 @@ pub fn a_writers_sync_records_the_modification_time(scheme: &str) {
     let f = c.create("/f", CreateOptions::default()).unwrap();
     let created = c.stat("/f").unwrap().attr.mtime;
     let past = Timestamp { secs: 1_000_000, nsecs: 7 };
-    let set_past = || c.setattr(f.handle(), SetAttr { mtime: Some(past), ..Default::default() }).unwrap();
+    let set_past = || {
+        c.setattr(
+            f.handle(),
+            SetAttr { mtime: Some(stripefs::proto::SetTime::At(past)), ..Default::default() },
+        )
+        .unwrap()
+    };
     set_past();
     // Nothing written: sync and record_mtime leave an explicit time alone.
     f.sync().unwrap();
