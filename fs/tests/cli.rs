@@ -162,13 +162,20 @@ fn symbolic_link_commands() {
     assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&src).unwrap());
     ok(&cl, &["cp", src.to_str().unwrap(), "sfs:/le/g"]);
     assert_eq!(ok(&cl, &["ls", "sfs:/d/e"]), "f\ng\n");
-    // No hard links; a failure names the path.
+    // Hard links: a further name of one file; a failure names the path.
     let err = |args: &[&str]| {
         let out = sfs(&cl, args);
         assert!(!out.status.success(), "{args:?}");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
-    assert!(err(&["ln", "sfs:/d/e/f", "sfs:/hard"]).contains("no hard links"));
+    ok(&cl, &["ln", "sfs:/d/e/f", "sfs:/hard"]);
+    let nlink = |p: &str| {
+        serde_json::from_str::<serde_json::Value>(&ok(&cl, &["stat", "--json", p])).unwrap()["nlink"].as_u64()
+    };
+    assert_eq!((nlink("sfs:/hard"), nlink("sfs:/d/e/f")), (Some(2), Some(2)));
+    ok(&cl, &["rm", "sfs:/hard"]);
+    assert_eq!(nlink("sfs:/d/e/f"), Some(1));
+    assert!(err(&["ln", "sfs:/d", "sfs:/hard"]).starts_with("stripefs: /hard: EPERM"));
     assert!(err(&["ln", "-s", "x", "sfs:/d/lf"]).starts_with("stripefs: /d/lf: EEXIST"));
     assert!(err(&["readlink", "sfs:/d/e/f"]).starts_with("stripefs: /d/e/f: EINVAL"));
     // rm and rm -r remove a link, never what it points at.

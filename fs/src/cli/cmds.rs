@@ -705,12 +705,13 @@ pub fn stat(cluster: Option<PathBuf>, path: &str, dereference: bool, out: Output
 
 /// `stripefs ln -s`.
 pub fn ln(cluster: Option<PathBuf>, symbolic: bool, target: &str, link: &str) -> Result<()> {
-    if !symbolic {
-        bail!("{link}: stripefs has no hard links (as PVFS); use ln -s for a symbolic link");
-    }
     let c = client(cluster)?;
     let link = any_path(link);
-    c.symlink(target, link).with_context(|| link.to_string())?;
+    if symbolic {
+        c.symlink(target, link).with_context(|| link.to_string())?;
+    } else {
+        c.link(any_path(target), link).with_context(|| link.to_string())?;
+    }
     Ok(())
 }
 
