@@ -381,3 +381,50 @@ fn permissions_apply_to_each_caller() {
     ok(4001, "rmdir tmp/d");
     drop(m);
 }
+
+/// A file whose last name is removed while it is open keeps its data until the last close
+/// (also when the name is replaced by a rename), then goes; its link count reads 0 meanwhile.
+#[test]
+fn an_unlinked_open_file_lives_until_its_last_close() {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::MetadataExt;
+    let tc = TestCluster::start("tcp", 2);
+    let Some(m) = mount(&tc) else { return };
+    let c = tc.client();
+    let path = m.dir.join("tmp.bin");
+    let mut f = std::fs::OpenOptions::new().create_new(true).read(true).write(true).open(&path).unwrap();
+    f.write_all(b"before").unwrap();
+    let again = std::fs::File::open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(!path.exists());
+    assert_eq!(f.metadata().unwrap().nlink(), 0);
+    f.write_all(b" and after").unwrap();
+    let mut back = String::new();
+    f.rewind().unwrap();
+    f.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "before and after");
+    drop(f);
+    // Still open once: the data is still there.
+    let mut back = String::new();
+    (&again).read_to_string(&mut back).unwrap();
+    assert_eq!(back, "before and after");
+    drop(again);
+    // Replaced by a rename while open: the same.
+    let other = m.dir.join("other");
+    std::fs::write(&other, b"new").unwrap();
+    std::fs::write(&path, b"old").unwrap();
+    let held = std::fs::File::open(&path).unwrap();
+    std::fs::rename(&other, &path).unwrap();
+    let mut back = String::new();
+    (&held).read_to_string(&mut back).unwrap();
+    assert_eq!((back.as_str(), std::fs::read(&path).unwrap()), ("old", b"new".to_vec()));
+    drop(held);
+    std::fs::remove_file(&path).unwrap();
+    // After the last close nothing is left: no file, no hidden name.
+    let t = Instant::now();
+    while c.statfs().unwrap().files != 0 {
+        assert!(t.elapsed() < Duration::from_secs(20), "files left: {:?}", c.readdir("/.stripefs-open"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(c.readdir("/.stripefs-open").unwrap().is_empty());
+}

@@ -34,7 +34,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tracing::debug;
+use tracing::{debug, warn};
+
+mod unlinked;
 
 const TTL: Duration = Duration::from_secs(1);
 /// The block size `statfs` counts space in (and suggests for I/O).
@@ -47,6 +49,12 @@ pub struct StripeFuse {
     files: Mutex<HashMap<u64, Open>>,
     dirs: Listings<DirItem>,
     next_fh: AtomicU64,
+    /// Files held open, and hidden names of those unlinked meanwhile (see `unlinked`).
+    opened: unlinked::Opened,
+    /// The directory of hidden names, once looked up or made.
+    hidden_dir: Mutex<Option<Handle>>,
+    /// This host's name, for hidden names.
+    host: String,
 }
 
 /// An open file and the flags it was opened with.
@@ -225,6 +233,88 @@ impl StripeFuse {
             files: Mutex::new(HashMap::new()),
             dirs: Listings::new(),
             next_fh: AtomicU64::new(1),
+            opened: unlinked::Opened::default(),
+            hidden_dir: Mutex::new(None),
+            host: unlinked::host(),
+        }
+    }
+
+    /// The directory of hidden names, made (0700, the mounting user's) if `create`.
+    fn hidden_dir(&self, create: bool) -> FsResult<Handle> {
+        let mut dir = lock(&self.hidden_dir);
+        if let Some(h) = *dir {
+            return Ok(h);
+        }
+        let h = match self.client.lookup(Handle::ROOT, unlinked::DIR) {
+            Ok((h, _)) => h,
+            Err(e) if e.errno() == crate::Errno::ENOENT && create => {
+                match self.client.mkdir_in(Handle::ROOT, unlinked::DIR, 0o700) {
+                    Ok((h, _)) => h,
+                    // Another mount made it meanwhile.
+                    Err(e) if e.errno() == crate::Errno::EEXIST => {
+                        self.client.lookup(Handle::ROOT, unlinked::DIR)?.0
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        *dir = Some(h);
+        Ok(h)
+    }
+
+    /// Before `c` removes or replaces `name` in `parent`: if that is the last name of a file
+    /// this mount holds open, gives the file a hidden name so its data outlives the removal
+    /// until the last close. Returns the file so a failed removal can undo it.
+    fn keep_if_open(&self, c: &Client, parent: Handle, name: &str) -> Option<Handle> {
+        if !self.opened.any() {
+            return None;
+        }
+        let (h, a) = c.lookup(parent, name).ok()?;
+        if a.kind != FileKind::File || a.nlink > 1 || !self.opened.needs_hiding(h) {
+            return None;
+        }
+        let hidden = unlinked::hidden_name(&self.host, std::process::id(), h);
+        let linked = self.hidden_dir(true).and_then(|dir| self.client.link_in(h, dir, &hidden));
+        match linked {
+            Ok(_) => {
+                self.opened.hide(h, hidden);
+                Some(h)
+            }
+            Err(e) => {
+                warn!(handle = %h, error = %e, "cannot keep an open file's data past its unlink");
+                None
+            }
+        }
+    }
+
+    /// Undoes [`StripeFuse::keep_if_open`] after the removal it was made for failed.
+    fn undo_keep(&self, kept: Option<Handle>) {
+        if let Some(h) = kept
+            && let Some(hidden) = self.opened.unhide(h)
+        {
+            self.drop_hidden(h, &hidden);
+        }
+    }
+
+    /// Removes `h`'s hidden name (its last close, or the removal it was made for failed).
+    fn drop_hidden(&self, h: Handle, hidden: &str) {
+        let r = self.hidden_dir(false).and_then(|dir| self.client.unlink_in(dir, hidden));
+        if let Err(e) = r {
+            warn!(handle = %h, name = hidden, error = %e, "cannot remove a hidden name");
+        }
+    }
+
+    /// Removes the hidden names that mounts on this host which are no longer running left.
+    fn drop_stale_hidden(&self) {
+        let Ok(dir) = self.hidden_dir(false) else { return };
+        let Ok(entries) = self.client.readdir_handle(dir) else { return };
+        let names: Vec<String> = entries.into_iter().map(|e| e.name.into_string()).collect();
+        for n in unlinked::stale(&names, &self.host, |pid| Path::new(&format!("/proc/{pid}")).exists()) {
+            debug!(name = n, "removing a hidden name left by a mount that is gone");
+            if let Err(e) = self.client.unlink_in(dir, n) {
+                warn!(name = n, error = %e, "cannot remove a stale hidden name");
+            }
         }
     }
 
@@ -235,11 +325,17 @@ impl StripeFuse {
 
     fn attr(&self, h: Handle) -> FsResult<FileAttr> {
         let st = self.client.stat_handle(h)?;
-        Ok(file_attr(h, &st.attr))
+        let mut a = file_attr(h, &st.attr);
+        if self.opened.is_hidden(h) {
+            // Unlinked while open: its hidden name is not one the caller gave it.
+            a.nlink = a.nlink.saturating_sub(1);
+        }
+        Ok(a)
     }
 
     fn remember(&self, f: File, flags: i32) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.opened.opened(f.handle());
         lock(&self.files).insert(fh, Open { file: Arc::new(f), flags });
         FileHandle(fh)
     }
@@ -383,7 +479,12 @@ impl Filesystem for StripeFuse {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        match name(n).and_then(|n| self.as_caller(req).unlink_in(Handle(parent.0), n)) {
+        let c = self.as_caller(req);
+        let r = name(n).and_then(|n| {
+            let kept = self.keep_if_open(&c, Handle(parent.0), n);
+            c.unlink_in(Handle(parent.0), n).inspect_err(|_| self.undo_keep(kept))
+        });
+        match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -413,7 +514,10 @@ impl Filesystem for StripeFuse {
         }
         let c = self.as_caller(req);
         let r = name(n).and_then(|a| {
-            name(newname).and_then(|b| c.rename_in(Handle(parent.0), a, Handle(newparent.0), b))
+            name(newname).and_then(|b| {
+                let kept = self.keep_if_open(&c, Handle(newparent.0), b);
+                c.rename_in(Handle(parent.0), a, Handle(newparent.0), b).inspect_err(|_| self.undo_keep(kept))
+            })
         });
         match r {
             Ok(()) => reply.ok(),
@@ -489,7 +593,13 @@ impl Filesystem for StripeFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        lock(&self.files).remove(&fh.0);
+        let closed = lock(&self.files).remove(&fh.0);
+        if let Some(o) = closed {
+            let h = o.file.handle();
+            if let Some(hidden) = self.opened.closed(h) {
+                self.drop_hidden(h, &hidden);
+            }
+        }
         reply.ok();
     }
 
@@ -613,7 +723,9 @@ pub fn mount(client: Client, mountpoint: &Path, opts: MountOptions) -> std::io::
         cfg.acl = SessionACL::All;
     }
     cfg.n_threads = Some(opts.threads.max(1));
-    let mut session = fuser::Session::new(StripeFuse::new(client), mountpoint, &cfg)?;
+    let fs = StripeFuse::new(client);
+    fs.drop_stale_hidden();
+    let mut session = fuser::Session::new(fs, mountpoint, &cfg)?;
     let mut unmounter = session.unmount_callable();
     let _ = ctrlc::set_handler(move || {
         if let Err(e) = unmounter.unmount() {
