@@ -1028,10 +1028,10 @@ impl MetaStore {
         Ok((out, false))
     }
 
-    /// Changes attributes, as `cred` may (see [`access::setattr`]). A size change on a file
-    /// is recorded and returned with the layout so the caller truncates each object to
-    /// [`Layout::local_size`]; on a directory it is refused. A size change sets the
-    /// modification time, and any change the change time.
+    /// Changes attributes, as `cred` may (the rules are in the store's `access` module). A
+    /// size change on a file is recorded and returned with the layout so the caller truncates
+    /// each object to [`Layout::local_size`]; on a directory it is refused. A size change sets
+    /// the modification time, and any change the change time.
     pub fn setattr(&self, cred: &Cred, h: Handle, set: &SetAttr) -> Result<SetattrOutcome, MetaError> {
         self.write(|tx| {
             let mut i = live_inode(&tx.inodes, h.0)?;
