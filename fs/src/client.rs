@@ -1076,7 +1076,8 @@ impl File {
         if !self.written.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
-        let set = SetAttr { mtime: Some(SetTime::Now), wrote: true, ..Default::default() };
+        let set =
+            SetAttr { mtime: Some(SetTime::Now), wrote: true, opened_for_write: true, ..Default::default() };
         self.client.setattr(self.handle, set).map(|_| ()).inspect_err(|_| {
             // Still unrecorded: the next call tries again.
             self.written.store(true, Ordering::Release);

@@ -80,7 +80,7 @@ pub fn new_owner(dir: &Attr, kind: FileKind, mode: u32, gid: u32, cred: &Cred) -
 /// * owner: root only, or the owner "changing" it to itself (`EPERM`);
 /// * group: root, or the owner to a group it is in (`EPERM`);
 /// * times: to given times the owner or root (`EPERM`); to now also whoever may write it
-///   (`EACCES`);
+///   (`EACCES`) or writes through a descriptor opened for writing;
 /// * size: write permission, unless the caller truncates through a descriptor it opened for
 ///   writing (`EACCES`);
 /// * a change of owner or group clears the set-user-ID bit of a non-directory and its
@@ -114,7 +114,9 @@ pub fn setattr(a: &Attr, cred: &Cred, set: &SetAttr) -> Result<u32, MetaError> {
     if times.iter().any(|t| matches!(t, Some(SetTime::At(_)))) && !owns(a, cred) {
         return Err(MetaError::NotPermitted("only the owner or root sets times other than now"));
     }
-    if times.iter().any(|t| matches!(t, Some(SetTime::Now))) && !owns(a, cred) {
+    // Through a descriptor opened for writing the open was the check (a write's time, an
+    // ftruncate), whatever the mode became since.
+    if times.iter().any(|t| matches!(t, Some(SetTime::Now))) && !owns(a, cred) && !set.opened_for_write {
         check(a, cred, WRITE)?;
     }
     if set.size.is_some() && !set.opened_for_write {
@@ -234,5 +236,19 @@ mod tests {
             crate::Errno::EACCES
         );
         assert!(setattr(&ro, &owner, &set(&|s| (s.size, s.opened_for_write) = (Some(0), true))).is_ok());
+    }
+
+    #[test]
+    fn a_writer_records_its_write_whatever_the_mode_became() {
+        // Opened for writing while the mode allowed it, written, then the owner made the file
+        // read-only: the writer's close still records the modification time.
+        let ro = attr(FileKind::File, 0o444, 10, 20);
+        let writer = user(11, 11, &[]);
+        let close =
+            SetAttr { mtime: Some(SetTime::Now), wrote: true, opened_for_write: true, ..Default::default() };
+        assert_eq!(setattr(&ro, &writer, &close).unwrap(), 0o444);
+        // Without a descriptor open for writing, setting times to now needs write permission.
+        let touch = SetAttr { mtime: Some(SetTime::Now), ..Default::default() };
+        assert_eq!(setattr(&ro, &writer, &touch).unwrap_err().errno(), crate::Errno::EACCES);
     }
 }

@@ -346,8 +346,9 @@ pub struct SetAttr {
     /// truncates ([`Layout::local_sizes`]).
     pub size: Option<u64>,
     /// The caller changes the file through a descriptor it opened for writing (`ftruncate`,
-    /// `open` with `O_TRUNC`): that open already passed the write permission check, which the
-    /// file's mode may no longer allow (a file created read-only and written at once).
+    /// `open` with `O_TRUNC`, a write's modification time): that open already passed the write
+    /// permission check, which the file's mode may no longer allow (a file created read-only
+    /// and written at once).
     pub opened_for_write: bool,
     /// The caller wrote the file's data: as on a local file system, the set-user-ID bit and a
     /// set-group-ID bit with group execute are cleared unless the caller is root.
