@@ -58,19 +58,25 @@ pub fn may_remove(dir: &Attr, victim: &Attr, cred: &Cred) -> Result<(), MetaErro
     Ok(())
 }
 
-/// The owner, group and mode of a new entry of `kind` asked for with `mode`, `uid` and `gid`
-/// in directory `dir` by `cred`. As on Linux: in a set-group-ID directory the entry takes
-/// the directory's group and a new directory keeps the bit; a caller that is not root and not
-/// in the new file's group does not get a set-group-ID bit on it.
-pub fn new_owner(dir: &Attr, kind: FileKind, mode: u32, gid: u32, cred: &Cred) -> (u32, u32) {
+/// The mode, owner and group of a new entry of `kind` asked for with `mode`, `uid` and `gid`
+/// in directory `dir` by `cred`. Only root makes entries for someone else: anyone else's are
+/// their own, in the group asked for if they are in it, else in their own. As on Linux: in a
+/// set-group-ID directory the entry takes the directory's group and a new directory keeps the
+/// bit; a caller that is not root and not in the new file's group does not get a set-group-ID
+/// bit on it.
+pub fn new_owner(dir: &Attr, kind: FileKind, mode: u32, uid: u32, gid: u32, cred: &Cred) -> (u32, u32, u32) {
     let mut mode = mode & 0o7777;
+    let (uid, gid) = match cred.is_root() {
+        true => (uid, gid),
+        false => (cred.uid, if cred.in_group(gid) { gid } else { cred.gid }),
+    };
     let gid = if dir.mode & S_ISGID != 0 { dir.gid } else { gid };
     if dir.mode & S_ISGID != 0 && kind == FileKind::Dir {
         mode |= S_ISGID;
     } else if kind != FileKind::Dir && !cred.is_root() && !cred.in_group(gid) {
         mode &= !S_ISGID;
     }
-    (mode, gid)
+    (mode, uid, gid)
 }
 
 /// Checks an attribute change of `a` by `cred` against the POSIX rules and returns the mode
@@ -183,12 +189,18 @@ mod tests {
     fn set_group_id_directories_pass_their_group_on() {
         let sgid = attr(FileKind::Dir, 0o2775, 0, 50);
         let me = user(10, 10, &[]);
-        assert_eq!(new_owner(&sgid, FileKind::File, 0o644, 10, &me), (0o644, 50));
-        assert_eq!(new_owner(&sgid, FileKind::Dir, 0o755, 10, &me), (0o2755, 50));
+        assert_eq!(new_owner(&sgid, FileKind::File, 0o644, 10, 10, &me), (0o644, 10, 50));
+        assert_eq!(new_owner(&sgid, FileKind::Dir, 0o755, 10, 10, &me), (0o2755, 10, 50));
         let plain = attr(FileKind::Dir, 0o777, 0, 50);
-        assert_eq!(new_owner(&plain, FileKind::File, 0o2755, 10, &me), (0o2755, 10));
-        assert_eq!(new_owner(&plain, FileKind::File, 0o2755, 30, &me), (0o755, 30), "not in the group");
-        assert_eq!(new_owner(&plain, FileKind::File, 0o2755, 30, &Cred::root()), (0o2755, 30));
+        assert_eq!(new_owner(&plain, FileKind::File, 0o2755, 10, 10, &me), (0o2755, 10, 10));
+        assert_eq!(new_owner(&plain, FileKind::File, 0o2755, 10, 30, &me), (0o2755, 10, 10), "not its group");
+        let sgid_other = attr(FileKind::Dir, 0o2777, 0, 30);
+        assert_eq!(
+            new_owner(&sgid_other, FileKind::File, 0o2755, 10, 10, &me),
+            (0o755, 10, 30),
+            "not in the group"
+        );
+        assert_eq!(new_owner(&plain, FileKind::File, 0o2755, 7, 30, &Cred::root()), (0o2755, 7, 30));
     }
 
     #[test]

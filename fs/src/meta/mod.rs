@@ -473,8 +473,8 @@ fn new_entry_dir(tx: &Tx<'_>, cred: &Cred, parent: u64, name: &str) -> Result<In
 
 /// `perm` as a new entry of `kind` in `dir` gets it from `cred` (see [`access::new_owner`]).
 fn owned_perm(dir: &Inode, kind: FileKind, perm: Perm, cred: &Cred) -> Perm {
-    let (mode, gid) = access::new_owner(&dir.attr, kind, perm.mode, perm.gid, cred);
-    Perm { mode, gid, ..perm }
+    let (mode, uid, gid) = access::new_owner(&dir.attr, kind, perm.mode, perm.uid, perm.gid, cred);
+    Perm { mode, uid, gid }
 }
 
 fn new_attr(kind: FileKind, perm: Perm, now: Timestamp) -> Attr {

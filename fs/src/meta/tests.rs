@@ -699,3 +699,23 @@ fn times_to_now_come_from_the_servers_clock_and_changes_set_ctime() {
     let c3 = m.getattr(f.handle).unwrap().ctime;
     assert!(c0 <= c1 && c1 <= c2 && c2 <= c3 && c0 < c3);
 }
+
+#[test]
+fn a_caller_other_than_root_cannot_create_entries_for_someone_else() {
+    let d = tempfile::tempdir().unwrap();
+    let m = store(&d);
+    m.setattr(&ROOT, R, &SetAttr { mode: Some(0o777), ..Default::default() }).unwrap();
+    let alice = Cred::new(1000, 1000, vec![50]);
+    let roots = Perm { mode: 0o4755, uid: 0, gid: 0 };
+    let c = m.create(&alice, R, "f", roots, None).unwrap();
+    assert_eq!((c.attr.uid, c.attr.gid), (1000, 1000), "owned by the caller, in its group");
+    let (_, a) = m.mkdir(&alice, R, "d", Perm { gid: 50, ..roots }).unwrap();
+    assert_eq!((a.uid, a.gid), (1000, 50), "a supplementary group may be asked for");
+    let (_, a) = m.symlink(&alice, R, "l", "f", roots).unwrap();
+    assert_eq!((a.uid, a.gid), (1000, 1000));
+    let (_, a) = m.mknod(&alice, R, "p", FileKind::Fifo, roots).unwrap();
+    assert_eq!((a.uid, a.gid), (1000, 1000));
+    // Root makes entries for anyone.
+    let (_, a) = m.mkdir(&ROOT, R, "theirs", Perm { mode: 0o755, uid: 7, gid: 8 }).unwrap();
+    assert_eq!((a.uid, a.gid), (7, 8));
+}
