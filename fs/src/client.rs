@@ -1084,6 +1084,33 @@ impl File {
         })
     }
 
+    /// `posix_fallocate`: reserves disk space for the bytes `[off, off + len)` on the io
+    /// servers holding them and makes the file at least `off + len` bytes long (never
+    /// shorter, so a concurrent writer past that end keeps its data); sets the modification
+    /// and change times. Writes into the range then find their space; a file system that
+    /// cannot reserve answers `EOPNOTSUPP`.
+    pub fn allocate(&self, off: u64, len: u64) -> FsResult<()> {
+        self.check(Rights::WRITE)?;
+        if len == 0 || off.checked_add(len).is_none() {
+            return Err(FsError::code(Errno::EINVAL, "empty or overflowing allocation range"));
+        }
+        let end = off + len;
+        self.with_cap(|cap| {
+            // A contiguous logical range is one contiguous local range on each server.
+            let reqs = (0..self.layout.pcount)
+                .filter_map(|p| {
+                    let (lo, hi) = (self.layout.local_size(p, off), self.layout.local_size(p, end));
+                    (hi > lo).then(|| {
+                        (self.server(p), IoRequest::Allocate { cap: cap.clone(), off: lo, len: hi - lo })
+                    })
+                })
+                .collect();
+            self.client.io_small(reqs).into_iter().try_for_each(|r| r.map(|_| ()))
+        })?;
+        let set = SetAttr { mtime: Some(SetTime::Now), opened_for_write: true, ..Default::default() };
+        self.client.setattr(self.handle, set).map(|_| ())
+    }
+
     /// Truncates (or extends with a hole) to `size` bytes.
     pub fn truncate(&self, size: u64) -> FsResult<()> {
         self.client.setattr(self.handle, SetAttr { size: Some(size), ..Default::default() }).map(|_| ())

@@ -1125,3 +1125,45 @@ fn permissions_links_and_special_files_over_the_wire() {
     assert_eq!(objects(), with_file - 2, "its two objects are removed with the last name");
     assert_eq!(root.statfs().unwrap().files, 0);
 }
+
+/// `posix_fallocate` through the library: the file grows to the range's end (never shrinks),
+/// every io server holding part of the range reserves its share, the times move.
+#[test]
+fn allocation_reserves_the_range_and_only_grows() {
+    use std::os::unix::fs::MetadataExt;
+    let tc = TestCluster::start("tcp", 3);
+    let c = tc.client();
+    let f = c.create("/f", CreateOptions { mode: 0o644, layout: spec(3, 65536) }).unwrap();
+    f.write_all_at(0, b"head").unwrap();
+    let blocks = || -> u64 {
+        fn walk(d: &std::path::Path) -> u64 {
+            std::fs::read_dir(d)
+                .map(|rd| {
+                    rd.flatten()
+                        .map(|e| {
+                            if e.path().is_dir() {
+                                walk(&e.path())
+                            } else {
+                                e.metadata().unwrap().blocks() * 512
+                            }
+                        })
+                        .sum()
+                })
+                .unwrap_or(0)
+        }
+        walk(tc.dir.path())
+    };
+    let before = (blocks(), c.getattr(f.handle()).unwrap().ctime);
+    f.allocate(100_000, 1_000_000).unwrap();
+    assert_eq!(f.size().unwrap(), 1_100_000);
+    assert!(blocks() >= before.0 + 1_000_000, "{} -> {}", before.0, blocks());
+    assert!(c.getattr(f.handle()).unwrap().ctime > before.1);
+    // A range inside the file changes no size; the data stays.
+    f.allocate(0, 10).unwrap();
+    assert_eq!(f.size().unwrap(), 1_100_000);
+    assert_eq!(read_all(&f, 0, 4).0, b"head");
+    assert_eq!(code(f.allocate(0, 0)), Errno::EINVAL);
+    // Writing needs the right to: a file opened for reading may not allocate.
+    let ro = c.open("/f", Rights::READ).unwrap();
+    assert_eq!(code(ro.allocate(0, 1)), Errno::EBADF);
+}

@@ -265,7 +265,7 @@ fn synchronous_writes_and_fsync_reach_the_io_servers() {
 
 /// Hard links share one file: its link count, its data through either name, its data kept
 /// while a name is left; FIFOs, sockets and device nodes are made with their type and device
-/// number.
+/// number; `fallocate` grows a file.
 #[test]
 fn hard_links_and_special_files() {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -313,6 +313,24 @@ fn hard_links_and_special_files() {
     let writer = std::thread::spawn(move || std::fs::write(fifo, b"piped").unwrap());
     assert_eq!(std::fs::read(mnt.join("fifo")).unwrap(), b"piped");
     writer.join().unwrap();
+    // posix_fallocate: the file grows to the range's end; other modes are not offered.
+    run(Command::new("fallocate").arg("-o").arg("4096").arg("-l").arg("1M").arg(&b));
+    assert_eq!(std::fs::metadata(&b).unwrap().len(), 4096 + 1024 * 1024);
+    assert_eq!(&std::fs::read(&b).unwrap()[..9], b"through b");
+    let punch = Command::new("fallocate")
+        .arg("-p")
+        .arg("-o")
+        .arg("0")
+        .arg("-l")
+        .arg("4096")
+        .arg(&b)
+        .output()
+        .unwrap();
+    assert!(
+        !punch.status.success() && String::from_utf8_lossy(&punch.stderr).contains("unsupported"),
+        "{punch:?}"
+    );
+    assert_eq!(&std::fs::read(&b).unwrap()[..9], b"through b", "nothing punched");
     for n in ["fifo", "null2", "blk", "sock", "d/b"] {
         std::fs::remove_file(mnt.join(n)).unwrap();
     }

@@ -603,6 +603,27 @@ impl Filesystem for StripeFuse {
         reply.ok();
     }
 
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
+        if mode != 0 {
+            // Punching holes, zeroing and collapsing ranges are not offered.
+            return reply.error(fuser::Errno::from_i32(libc::EOPNOTSUPP));
+        }
+        match f.allocate(offset, length) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
         match f.sync() {

@@ -26,7 +26,7 @@ use std::fmt;
 
 /// Protocol version this build speaks (2: io servers' counters carry their disk space;
 /// 3: symbolic links; 4: status requests to every server; 5: callers' credentials, hard
-/// links, special files, times set to the server's clock).
+/// links, special files, times set to the server's clock, space allocation).
 pub const PROTO_VERSION: u16 = 5;
 
 /// First four bytes of every message.
@@ -945,6 +945,17 @@ pub enum IoRequest {
     Stats,
     /// The server's version, uptime, load and space → [`IoReply::Status`].
     Status,
+    /// Reserve disk space for the local bytes `[off, off + len)` and make the object at least
+    /// `off + len` long, never shorter (`WRITE`; a client's `posix_fallocate`) →
+    /// [`IoReply::Done`].
+    Allocate {
+        /// Capability for the handle.
+        cap: Capability,
+        /// First local byte.
+        off: u64,
+        /// Bytes from it.
+        len: u64,
+    },
 }
 
 impl IoRequest {
@@ -957,7 +968,8 @@ impl IoRequest {
             | IoRequest::GetSize { cap }
             | IoRequest::Read { cap, .. }
             | IoRequest::Write { cap, .. }
-            | IoRequest::Sync { cap } => Some(cap),
+            | IoRequest::Sync { cap }
+            | IoRequest::Allocate { cap, .. } => Some(cap),
             IoRequest::Ping | IoRequest::Stats | IoRequest::Status => None,
         }
     }
@@ -969,7 +981,7 @@ impl IoRequest {
             | IoRequest::RemoveObject { .. }
             | IoRequest::TruncateObject { .. } => Rights::ADMIN,
             IoRequest::Read { .. } => Rights::READ,
-            IoRequest::Write { .. } | IoRequest::Sync { .. } => Rights::WRITE,
+            IoRequest::Write { .. } | IoRequest::Sync { .. } | IoRequest::Allocate { .. } => Rights::WRITE,
             // A size is an attribute: whoever may stat a file may learn it, and a capability
             // for the file (even one granting nothing else) shows the meta server let them.
             IoRequest::GetSize { .. } | IoRequest::Ping | IoRequest::Stats | IoRequest::Status => {
@@ -1133,6 +1145,9 @@ impl Message for IoRequest {
     fn validate(&self) -> Result<(), ProtoError> {
         match self {
             IoRequest::Read { desc, .. } | IoRequest::Write { desc, .. } => desc.validate(),
+            IoRequest::Allocate { off, len, .. } if *len == 0 || off.checked_add(*len).is_none() => {
+                Err(ProtoError::Invalid("allocation range"))
+            }
             _ => Ok(()),
         }
     }

@@ -186,9 +186,10 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ("io_write_list", IoRequest::Write { cap: cap.clone(), desc: list }),
         ("io_read_strided", IoRequest::Read { cap: cap.clone(), desc: strided.clone() }),
         ("io_write_strided", IoRequest::Write { cap: cap.clone(), desc: strided }),
-        ("io_sync", IoRequest::Sync { cap }),
+        ("io_sync", IoRequest::Sync { cap: cap.clone() }),
         ("io_stats", IoRequest::Stats),
         ("io_status", IoRequest::Status),
+        ("io_allocate", IoRequest::Allocate { cap, off: 65536, len: 1 << 20 }),
     ];
     let io_rep = vec![
         ("iorep_pong", IoReply::Pong),

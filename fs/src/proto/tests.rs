@@ -250,6 +250,12 @@ fn credentials_and_new_requests_are_bounded_and_checked() {
     assert!(matches!(decode::<MetaCall>(&b).unwrap_err().error, ProtoError::Malformed(_)));
     let c = Cred::new(7, 8, vec![9]);
     assert!(c.in_group(8) && c.in_group(9) && !c.in_group(7) && !c.is_root() && Cred::root().is_root());
+    // An allocation is a non-empty range that does not wrap.
+    for (off, len) in [(0, 0), (u64::MAX, 1)] {
+        let r = IoRequest::Allocate { cap: cap(), off, len };
+        assert_eq!(encode(&Envelope::new(1, r)).unwrap_err(), ProtoError::Invalid("allocation range"));
+    }
+    assert_eq!(IoRequest::Allocate { cap: cap(), off: 0, len: 1 }.needed_rights(), Rights::WRITE);
     // Device numbers travel with their kind.
     assert_eq!((FileKind::BlockDev(5).rdev(), FileKind::Fifo.rdev()), (5, 0));
     assert!(FileKind::Socket.is_special() && !FileKind::File.is_special());
