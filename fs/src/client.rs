@@ -1111,9 +1111,13 @@ impl File {
         self.client.setattr(self.handle, set).map(|_| ())
     }
 
-    /// Truncates (or extends with a hole) to `size` bytes.
+    /// Truncates (or extends with a hole) to `size` bytes. Opened for writing, this needs no
+    /// permission beyond the open's (`ftruncate`: the mode may have changed since).
     pub fn truncate(&self, size: u64) -> FsResult<()> {
-        self.client.setattr(self.handle, SetAttr { size: Some(size), ..Default::default() }).map(|_| ())
+        let opened_for_write = self.rights.contains(Rights::WRITE);
+        self.client
+            .setattr(self.handle, SetAttr { size: Some(size), opened_for_write, ..Default::default() })
+            .map(|_| ())
     }
 
     /// Sets a partitioned view (PVFS1 `SETPART`): the file appears as the concatenation of

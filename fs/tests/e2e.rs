@@ -1107,6 +1107,15 @@ fn permissions_links_and_special_files_over_the_wire() {
         code(bob.setattr(f.handle(), SetAttr { uid: Some(1001), ..Default::default() })),
         Errno::EPERM
     );
+    // Created read-only and written at once: the descriptor's writes and truncates are its own.
+    let ro = alice.create("/shared/ro", CreateOptions { mode: 0o444, layout: None }).unwrap();
+    ro.write_all_at(0, b"written").unwrap();
+    ro.truncate(3).unwrap();
+    ro.sync().unwrap();
+    let (back, n) = read_all(&ro, 0, 10);
+    assert_eq!(&back[..n], b"wri");
+    assert_eq!(code(alice.truncate("/shared/ro", 0)), Errno::EACCES, "by name it needs write permission");
+    alice.unlink("/shared/ro").unwrap();
     // Special files: records with their kind and device number, not opened as files.
     let (p, a) =
         alice.mknod_in(alice.resolve("/shared").unwrap(), "p", FileKind::CharDev(0x0103), 0o600).unwrap();
