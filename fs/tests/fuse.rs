@@ -445,4 +445,12 @@ fn an_unlinked_open_file_lives_until_its_last_close() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(c.readdir("/.stripefs-open").unwrap().is_empty());
+    // The directory of hidden names removed behind the mount's back is made again.
+    c.rmdir("/.stripefs-open").unwrap();
+    std::fs::write(&path, b"again").unwrap();
+    let held = std::fs::File::open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let mut back = String::new();
+    (&held).read_to_string(&mut back).unwrap();
+    assert_eq!(back, "again");
 }

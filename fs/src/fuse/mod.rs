@@ -14,6 +14,9 @@
 //! ([`MountOptions::allow_other`]; for a user who is not root, `/etc/fuse.conf` must have
 //! `user_allow_other`).
 //!
+//! A file whose last name goes while the mount holds it open keeps its data until the last
+//! close, under a hidden name (see `unlinked`).
+//!
 //! Durability follows the open flags: a write to a file opened with `O_SYNC` or `O_DSYNC` (or
 //! one carrying `RWF_SYNC`/`RWF_DSYNC`, which the kernel passes in the write's flags) is
 //! acknowledged only after the io servers holding its bytes fsynced them; `fsync` and
@@ -275,7 +278,15 @@ impl StripeFuse {
             return None;
         }
         let hidden = unlinked::hidden_name(&self.host, std::process::id(), h);
-        let linked = self.hidden_dir(true).and_then(|dir| self.client.link_in(h, dir, &hidden));
+        let link = || self.hidden_dir(true).and_then(|dir| self.client.link_in(h, dir, &hidden));
+        let linked = link().or_else(|e| {
+            // The directory may have been removed since it was looked up: once more, afresh.
+            if e.errno() != crate::Errno::ENOENT {
+                return Err(e);
+            }
+            *lock(&self.hidden_dir) = None;
+            link()
+        });
         match linked {
             Ok(_) => {
                 self.opened.hide(h, hidden);
