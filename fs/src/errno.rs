@@ -57,6 +57,7 @@ codes! {
     EFBIG = 27, "file too large";
     ENOSPC = 28, "no space left on device";
     EROFS = 30, "read-only file system";
+    EMLINK = 31, "too many links";
     ENAMETOOLONG = 36, "file name too long";
     ENOSYS = 38, "function not implemented";
     ENOTEMPTY = 39, "directory not empty";

@@ -27,14 +27,15 @@
 //!
 //! # How the network layer uses them
 //!
-//! * **Meta server**: decode each message with [`proto::decode::<MetaRequest>`](proto::decode)
-//!   (on failure send [`proto::error_reply`]), call the matching [`meta::MetaStore`] method, map
-//!   its error with [`meta::MetaError::errno`]. `Create`: [`meta::MetaStore::create`] → mint an
+//! * **Meta server**: decode each message with [`proto::decode::<MetaCall>`](proto::decode)
+//!   (on failure send [`proto::error_reply`]), call the matching [`meta::MetaStore`] method with
+//!   the call's credentials (it applies the POSIX permission rules to them), map its error with
+//!   [`meta::MetaError::errno`]. `Create`: [`meta::MetaStore::create`] → mint an
 //!   `ADMIN` capability → `IoRequest::CreateObject` to each server of the layout → on success
 //!   `commit_create` and reply `Opened` with a capability from
 //!   [`capability::CapabilityKey::mint`]; on failure `RemoveObject` on the servers that
-//!   succeeded, then `abort_create`. `Unlink`/`Rename` over a file: `RemoveObject` on the
-//!   returned [`meta::Objects`], then `forget_orphan`. `Setattr` with a size:
+//!   succeeded, then `abort_create`. `Unlink`/`Rename` over a file's last name: `RemoveObject`
+//!   on the returned [`meta::Objects`], then `forget_orphan`. `Setattr` with a size:
 //!   `TruncateObject` to [`layout::Layout::local_size`] per server. At start-up, finish what
 //!   [`meta::MetaStore::pending_creates`] and [`meta::MetaStore::orphans`] list.
 //! * **io server**: decode an [`proto::IoRequest`], verify its capability with

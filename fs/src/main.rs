@@ -46,13 +46,15 @@ enum Cmd {
         #[command(flatten)]
         out: cli::Output,
     },
-    /// Create a symbolic link LINK pointing at TARGET (stripefs, like PVFS, has no hard links).
+    /// Create a hard link LINK to TARGET (a further name of one file), or with -s a symbolic
+    /// link LINK pointing at TARGET.
     Ln {
-        /// Make a symbolic link (required: there are no hard links).
+        /// Make a symbolic link.
         #[arg(short, long)]
         symbolic: bool,
-        /// What the link points at, stored as given (absolute targets start at the stripefs
-        /// root when stripefs follows them, at the mount's host root through a FUSE mount).
+        /// A hard link's file (a symbolic link there is linked itself); a symbolic link's
+        /// target, stored as given (absolute targets start at the stripefs root when stripefs
+        /// follows them, at the mount's host root through a FUSE mount).
         target: String,
         /// The link to create.
         link: String,

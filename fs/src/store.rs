@@ -187,6 +187,21 @@ impl Object {
     /// Sets the local size with no transfer running (down drops data, up adds a hole).
     fn set_len(&self, size: u64) -> Result<(), StoreError> {
         let _x = self.exclusive();
+        self.set_len_exclusive(size)
+    }
+
+    /// Makes the local size at least `size` (up adds a hole), never less: a concurrent write
+    /// that went further keeps its data.
+    fn grow(&self, size: u64) -> Result<(), StoreError> {
+        let _x = self.exclusive();
+        if lock(&self.ledger).landed() >= size {
+            return Ok(());
+        }
+        self.set_len_exclusive(size)
+    }
+
+    /// [`Object::set_len`] under the exclusive gate the caller holds.
+    fn set_len_exclusive(&self, size: u64) -> Result<(), StoreError> {
         self.file.set_len(size).map_err(|source| StoreError::Io {
             op: "truncate",
             handle: self.handle,
@@ -600,6 +615,15 @@ impl ObjectStore {
         self.object(h)?.set_len(size)
     }
 
+    /// `posix_fallocate` of the local bytes `[off, off + len)`: reserves their disk space and
+    /// makes the object at least `off + len` long (never shorter).
+    pub fn allocate(&self, h: Handle, off: u64, len: u64) -> Result<(), StoreError> {
+        let end = off.checked_add(len).filter(|&e| e <= MAX_OBJECT_SIZE).ok_or(StoreError::TooLarge)?;
+        let o = self.object(h)?;
+        o.allocate(off, len)?;
+        o.grow(end)
+    }
+
     /// The local size.
     pub fn size(&self, h: Handle) -> Result<u64, StoreError> {
         self.object(h)?.size()
@@ -761,6 +785,27 @@ mod tests {
         assert_eq!(&buf[..10], &[0; 10]);
         assert_eq!(&buf[10..14], b"data");
         assert_eq!(&buf[14..], &[0; 6]);
+    }
+
+    #[test]
+    fn allocation_reserves_space_and_only_grows() {
+        use std::os::unix::fs::MetadataExt;
+        let (_d, s) = store();
+        s.create(H).unwrap();
+        s.write(H, &[Extent::new(0, 10)], b"0123456789").unwrap();
+        let blocks = || std::fs::metadata(s.path_of(H)).unwrap().blocks() * 512;
+        let before = blocks();
+        s.allocate(H, 4096, 1 << 20).unwrap();
+        assert_eq!(s.size(H).unwrap(), 4096 + (1 << 20));
+        assert!(blocks() >= before + (1 << 20), "{} -> {}", before, blocks());
+        // Inside the file: nothing shrinks, the data stays.
+        s.allocate(H, 0, 100).unwrap();
+        assert_eq!(s.size(H).unwrap(), 4096 + (1 << 20));
+        let mut buf = [0u8; 10];
+        s.read(H, &[Extent::new(0, 10)], &mut buf).unwrap();
+        assert_eq!(&buf, b"0123456789");
+        assert!(matches!(s.allocate(H, u64::MAX - 1, 10), Err(StoreError::TooLarge)));
+        assert!(s.allocate(Handle(999), 0, 1).is_err(), "no such object");
     }
 
     #[test]

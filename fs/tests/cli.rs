@@ -7,6 +7,7 @@ use common::{TestCluster, pattern};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use stripefs::proto::SetAttr;
 
 fn sfs(cluster: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_stripefs")).arg("--cluster").arg(cluster).args(args).output().unwrap()
@@ -161,13 +162,20 @@ fn symbolic_link_commands() {
     assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&src).unwrap());
     ok(&cl, &["cp", src.to_str().unwrap(), "sfs:/le/g"]);
     assert_eq!(ok(&cl, &["ls", "sfs:/d/e"]), "f\ng\n");
-    // No hard links; a failure names the path.
+    // Hard links: a further name of one file; a failure names the path.
     let err = |args: &[&str]| {
         let out = sfs(&cl, args);
         assert!(!out.status.success(), "{args:?}");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
-    assert!(err(&["ln", "sfs:/d/e/f", "sfs:/hard"]).contains("no hard links"));
+    ok(&cl, &["ln", "sfs:/d/e/f", "sfs:/hard"]);
+    let nlink = |p: &str| {
+        serde_json::from_str::<serde_json::Value>(&ok(&cl, &["stat", "--json", p])).unwrap()["nlink"].as_u64()
+    };
+    assert_eq!((nlink("sfs:/hard"), nlink("sfs:/d/e/f")), (Some(2), Some(2)));
+    ok(&cl, &["rm", "sfs:/hard"]);
+    assert_eq!(nlink("sfs:/d/e/f"), Some(1));
+    assert!(err(&["ln", "sfs:/d", "sfs:/hard"]).starts_with("stripefs: /hard: EPERM"));
     assert!(err(&["ln", "-s", "x", "sfs:/d/lf"]).starts_with("stripefs: /d/lf: EEXIST"));
     assert!(err(&["readlink", "sfs:/d/e/f"]).starts_with("stripefs: /d/e/f: EINVAL"));
     // rm and rm -r remove a link, never what it points at.
@@ -250,21 +258,31 @@ fn new_entries_belong_to_the_user_who_made_them() {
     // The cluster key stays private (0600), handed to that user.
     let key = cl.parent().unwrap().join("cluster.key");
     std::os::unix::fs::chown(&key, Some(4321), Some(8765)).unwrap();
-    let as_user = |args: &[&str]| {
-        let out = Command::new("setpriv")
+    let run_as = |uid: u32, args: &[&str]| {
+        Command::new("setpriv")
             .args([
-                "--reuid=4321",
+                &format!("--reuid={uid}"),
                 "--regid=8765",
                 "--clear-groups",
                 env!("CARGO_BIN_EXE_stripefs"),
-                "--cluster",
             ])
+            .arg("--cluster")
             .arg(&cl)
             .args(args)
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    let as_user = |args: &[&str]| {
+        let out = run_as(4321, args);
         assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
     };
+    // The root directory is root's (0755): the user may not make names there until it is
+    // opened to everyone.
+    let refused = run_as(4321, &["mkdir", "sfs:/d"]);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("EACCES"), "{refused:?}");
+    tc.client()
+        .setattr(stripefs::proto::Handle::ROOT, SetAttr { mode: Some(0o777), ..Default::default() })
+        .unwrap();
     as_user(&["mkdir", "sfs:/d"]);
     as_user(&["cp", src.to_str().unwrap(), "sfs:/d/f"]);
     as_user(&["ln", "-s", "f", "sfs:/d/l"]);
@@ -273,6 +291,14 @@ fn new_entries_belong_to_the_user_who_made_them() {
         let a = c.lstat(p).unwrap().attr;
         assert_eq!((a.uid, a.gid), (4321, 8765), "{p}");
     }
+    // Another user (now holding the key) may not remove or move them: the directory is
+    // 0755, the first user's.
+    std::os::unix::fs::chown(&key, Some(4322), Some(8765)).unwrap();
+    for args in [&["rm", "sfs:/d/f"][..], &["rm", "-r", "sfs:/d"], &["mv", "sfs:/d/f", "sfs:/g"]] {
+        let out = run_as(4322, args);
+        assert!(String::from_utf8_lossy(&out.stderr).contains("EACCES"), "{args:?}: {out:?}");
+    }
+    assert_eq!(c.lstat("/d/f").unwrap().attr.uid, 4321, "still there");
 }
 
 #[test]

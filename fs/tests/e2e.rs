@@ -185,7 +185,13 @@ pub fn a_writers_sync_records_the_modification_time(scheme: &str) {
     let f = c.create("/f", CreateOptions::default()).unwrap();
     let created = c.stat("/f").unwrap().attr.mtime;
     let past = Timestamp { secs: 1_000_000, nsecs: 7 };
-    let set_past = || c.setattr(f.handle(), SetAttr { mtime: Some(past), ..Default::default() }).unwrap();
+    let set_past = || {
+        c.setattr(
+            f.handle(),
+            SetAttr { mtime: Some(stripefs::proto::SetTime::At(past)), ..Default::default() },
+        )
+        .unwrap()
+    };
     set_past();
     // Nothing written: sync and record_mtime leave an explicit time alone.
     f.sync().unwrap();
@@ -1063,3 +1069,110 @@ macro_rules! transports {
 
 // Every test runs on each transport.
 transports!(tcp, softib);
+
+/// The POSIX rules over the wire: each client's credentials reach the meta server, hard links
+/// share one file until the last name goes (then its objects do), special files are records,
+/// and `stat` needs no permission on the file (its size through a capability without rights).
+#[test]
+fn permissions_links_and_special_files_over_the_wire() {
+    use stripefs::proto::{Cred, SetTime};
+    let tc = TestCluster::start("tcp", 2);
+    let base = tc.client();
+    let root = base.as_caller(Cred::root());
+    let alice = base.as_caller(Cred::new(1000, 1000, vec![]));
+    let bob = base.as_caller(Cred::new(1001, 1001, vec![]));
+    assert_eq!(code(alice.mkdir("/a", 0o755)), Errno::EACCES, "the root is root's, 0755");
+    root.mkdir("/shared", 0o1777).unwrap();
+    let f = alice.create("/shared/f", CreateOptions { mode: 0o600, layout: spec(2, 4096) }).unwrap();
+    f.write_all_at(0, &pattern(10_000, 4)).unwrap();
+    assert_eq!((f.attr().uid, f.attr().gid), (1000, 1000));
+    // Hard links: one file, two names, the data through either.
+    assert_eq!(alice.link("/shared/f", "/shared/g").unwrap(), 2);
+    assert_eq!(read_all(&alice.open("/shared/g", Rights::READ).unwrap(), 0, 10_000).0, pattern(10_000, 4));
+    assert_eq!(code(alice.link("/shared", "/shared/d")), Errno::EPERM);
+    // Bob: no read permission, but stat (with the size from the io servers) works; the sticky
+    // directory keeps him from removing her names; times only to now, and only with write
+    // permission.
+    assert_eq!(code(bob.open("/shared/f", Rights::READ)), Errno::EACCES);
+    assert_eq!(bob.stat("/shared/g").unwrap().attr.size, 10_000);
+    assert_eq!(code(bob.unlink("/shared/f")), Errno::EPERM);
+    assert_eq!(code(bob.rename("/shared/f", "/shared/x")), Errno::EPERM);
+    let now = SetAttr { mtime: Some(SetTime::Now), ..Default::default() };
+    assert_eq!(code(bob.setattr(f.handle(), now.clone())), Errno::EACCES);
+    alice.setattr(f.handle(), SetAttr { mode: Some(0o666), ..Default::default() }).unwrap();
+    bob.setattr(f.handle(), now).unwrap();
+    let given = SetAttr { mtime: Some(SetTime::At(Timestamp { secs: 1, nsecs: 0 })), ..Default::default() };
+    assert_eq!(code(bob.setattr(f.handle(), given)), Errno::EPERM);
+    assert_eq!(
+        code(bob.setattr(f.handle(), SetAttr { uid: Some(1001), ..Default::default() })),
+        Errno::EPERM
+    );
+    // Created read-only and written at once: the descriptor's writes and truncates are its own.
+    let ro = alice.create("/shared/ro", CreateOptions { mode: 0o444, layout: None }).unwrap();
+    ro.write_all_at(0, b"written").unwrap();
+    ro.truncate(3).unwrap();
+    ro.sync().unwrap();
+    let (back, n) = read_all(&ro, 0, 10);
+    assert_eq!(&back[..n], b"wri");
+    assert_eq!(code(alice.truncate("/shared/ro", 0)), Errno::EACCES, "by name it needs write permission");
+    alice.unlink("/shared/ro").unwrap();
+    // Special files: records with their kind and device number, not opened as files.
+    let (p, a) =
+        alice.mknod_in(alice.resolve("/shared").unwrap(), "p", FileKind::CharDev(0x0103), 0o600).unwrap();
+    assert_eq!((a.kind, a.mode, a.uid), (FileKind::CharDev(0x0103), 0o600, 1000));
+    assert_eq!(code(alice.open_handle(p, Rights::READ)), Errno::EINVAL);
+    assert_eq!(bob.lstat("/shared/p").unwrap().attr.kind.rdev(), 0x0103);
+    // One name gone, the other keeps the data; the last gone, the objects go too.
+    let objects = || walk(tc.dir.path());
+    let with_file = objects();
+    alice.unlink("/shared/f").unwrap();
+    assert_eq!(alice.stat("/shared/g").unwrap().attr.nlink, 1);
+    assert_eq!(read_all(&alice.open("/shared/g", Rights::READ).unwrap(), 0, 10_000).0, pattern(10_000, 4));
+    assert_eq!(objects(), with_file);
+    alice.unlink("/shared/g").unwrap();
+    alice.unlink("/shared/p").unwrap();
+    assert_eq!(objects(), with_file - 2, "its two objects are removed with the last name");
+    assert_eq!(root.statfs().unwrap().files, 0);
+}
+
+/// `posix_fallocate` through the library: the file grows to the range's end (never shrinks),
+/// every io server holding part of the range reserves its share, the times move.
+#[test]
+fn allocation_reserves_the_range_and_only_grows() {
+    use std::os::unix::fs::MetadataExt;
+    let tc = TestCluster::start("tcp", 3);
+    let c = tc.client();
+    let f = c.create("/f", CreateOptions { mode: 0o644, layout: spec(3, 65536) }).unwrap();
+    f.write_all_at(0, b"head").unwrap();
+    let blocks = || -> u64 {
+        fn walk(d: &std::path::Path) -> u64 {
+            std::fs::read_dir(d)
+                .map(|rd| {
+                    rd.flatten()
+                        .map(|e| {
+                            if e.path().is_dir() {
+                                walk(&e.path())
+                            } else {
+                                e.metadata().unwrap().blocks() * 512
+                            }
+                        })
+                        .sum()
+                })
+                .unwrap_or(0)
+        }
+        walk(tc.dir.path())
+    };
+    let before = (blocks(), c.getattr(f.handle()).unwrap().ctime);
+    f.allocate(100_000, 1_000_000).unwrap();
+    assert_eq!(f.size().unwrap(), 1_100_000);
+    assert!(blocks() >= before.0 + 1_000_000, "{} -> {}", before.0, blocks());
+    assert!(c.getattr(f.handle()).unwrap().ctime > before.1);
+    // A range inside the file changes no size; the data stays.
+    f.allocate(0, 10).unwrap();
+    assert_eq!(f.size().unwrap(), 1_100_000);
+    assert_eq!(read_all(&f, 0, 4).0, b"head");
+    assert_eq!(code(f.allocate(0, 0)), Errno::EINVAL);
+    // Writing needs the right to: a file opened for reading may not allocate.
+    let ro = c.open("/f", Rights::READ).unwrap();
+    assert_eq!(code(ro.allocate(0, 1)), Errno::EBADF);
+}

@@ -1,5 +1,7 @@
 //! The FUSE mount, used through ordinary tools: `cp` a file in, `cmp` it back, `ls`, `ln -s`,
-//! `rm`, unmount. Needs /dev/fuse (skipped with a printed reason where it is missing).
+//! `rm`, unmount; hard links, FIFOs, sockets and device nodes; the permissions of users other
+//! than root (through `setpriv`). Needs /dev/fuse (skipped with a printed reason where it is
+//! missing) and root for the users.
 #![cfg(feature = "fuse")]
 
 mod common;
@@ -39,6 +41,11 @@ fn run(cmd: &mut Command) -> std::process::Output {
 /// `stripefs mount` of `tc`'s cluster on `<tc.dir>/mnt`, once the mount is there; `None` (with
 /// the reason printed) where FUSE is not available.
 fn mount(tc: &TestCluster) -> Option<Mount> {
+    mount_with(tc, &[])
+}
+
+/// As [`mount`], with extra arguments to `stripefs mount` (`-o allow_other`).
+fn mount_with(tc: &TestCluster, args: &[&str]) -> Option<Mount> {
     if !Path::new("/dev/fuse").exists() {
         eprintln!("skipped: /dev/fuse is missing");
         return None;
@@ -49,6 +56,7 @@ fn mount(tc: &TestCluster) -> Option<Mount> {
         .arg("--cluster")
         .arg(tc.cluster.config_path())
         .arg("mount")
+        .args(args)
         .arg(&mnt)
         .stdin(Stdio::null())
         .spawn()
@@ -123,7 +131,7 @@ fn mount_cp_cmp_ls_rm_umount() {
     run(Command::new("truncate").arg("-s").arg("1000").arg(mnt.join("d/moved.bin")));
     assert_eq!(std::fs::metadata(mnt.join("d/moved.bin")).unwrap().len(), 1000);
     // Symbolic links: made with ln -s, read back by the kernel and the library, followed by
-    // cat (relative and through a linked directory), removed with rm; hard links refused.
+    // cat (relative and through a linked directory), removed with rm.
     run(Command::new("ln").arg("-s").arg("moved.bin").arg(mnt.join("d/link")));
     run(Command::new("ln").arg("-s").arg("d").arg(mnt.join("dl")));
     assert_eq!(std::fs::read_link(mnt.join("d/link")).unwrap(), Path::new("moved.bin"));
@@ -133,8 +141,6 @@ fn mount_cp_cmp_ls_rm_umount() {
     assert_eq!(cat.stdout, &pattern(3 * 1024 * 1024 + 4321, 9)[..1000]);
     let ls = run(Command::new("ls").arg("-l").arg(mnt.join("d")));
     assert!(String::from_utf8_lossy(&ls.stdout).contains("link -> moved.bin"), "{ls:?}");
-    let hard = Command::new("ln").arg(mnt.join("d/moved.bin")).arg(mnt.join("hard")).output().unwrap();
-    assert!(!hard.status.success() && !mnt.join("hard").exists());
     run(Command::new("rm").arg(mnt.join("dl")).arg(mnt.join("d/link")));
     run(Command::new("rm").arg(mnt.join("d/moved.bin")));
     run(Command::new("rmdir").arg(mnt.join("d")));
@@ -255,4 +261,196 @@ fn synchronous_writes_and_fsync_reach_the_io_servers() {
     for i in 0..24 {
         assert_eq!(&back[i * 4096..(i + 1) * 4096], &pattern(4096, i as u64)[..], "block {i}");
     }
+}
+
+/// Hard links share one file: its link count, its data through either name, its data kept
+/// while a name is left; FIFOs, sockets and device nodes are made with their type and device
+/// number; `fallocate` grows a file.
+#[test]
+fn hard_links_and_special_files() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let tc = TestCluster::start("tcp", 2);
+    let Some(m) = mount(&tc) else { return };
+    let mnt = m.dir.clone();
+    let a = mnt.join("a");
+    std::fs::write(&a, pattern(200_000, 3)).unwrap();
+    std::fs::create_dir(mnt.join("d")).unwrap();
+    let b = mnt.join("d/b");
+    run(Command::new("ln").arg(&a).arg(&b));
+    let (ma, mb) = (std::fs::metadata(&a).unwrap(), std::fs::metadata(&b).unwrap());
+    assert_eq!((ma.ino(), ma.nlink()), (mb.ino(), 2));
+    // Written through one name, read through the other.
+    std::fs::write(&b, b"through b").unwrap();
+    assert_eq!(std::fs::read(&a).unwrap(), b"through b");
+    // Rename of one name over the other: both stay (POSIX: nothing happens).
+    std::fs::rename(&a, &b).unwrap();
+    assert!(a.exists() && b.exists());
+    // Unlinking one name keeps the data under the other.
+    std::fs::remove_file(&a).unwrap();
+    assert_eq!(std::fs::metadata(&b).unwrap().nlink(), 1);
+    assert_eq!(std::fs::read(&b).unwrap(), b"through b");
+    let c = tc.client();
+    assert_eq!(c.stat("/d/b").unwrap().attr.nlink, 1);
+    // A directory cannot be linked.
+    let dir_link = Command::new("ln").arg(mnt.join("d")).arg(mnt.join("e")).output().unwrap();
+    assert!(!dir_link.status.success() && !mnt.join("e").exists());
+    // Special files.
+    run(Command::new("mkfifo").arg("-m").arg("0640").arg(mnt.join("fifo")));
+    run(Command::new("mknod").arg(mnt.join("null2")).arg("c").arg("1").arg("3"));
+    run(Command::new("mknod").arg(mnt.join("blk")).arg("b").arg("7").arg("200"));
+    let sock = std::os::unix::net::UnixListener::bind(mnt.join("sock")).unwrap();
+    drop(sock);
+    let md = |n: &str| std::fs::symlink_metadata(mnt.join(n)).unwrap();
+    assert!(md("fifo").file_type().is_fifo());
+    assert_eq!(md("fifo").mode() & 0o7777, 0o640);
+    assert!(md("null2").file_type().is_char_device());
+    assert_eq!((libc::major(md("null2").rdev()), libc::minor(md("null2").rdev())), (1, 3));
+    assert!(md("blk").file_type().is_block_device());
+    assert_eq!((libc::major(md("blk").rdev()), libc::minor(md("blk").rdev())), (7, 200));
+    assert!(md("sock").file_type().is_socket());
+    // A FIFO works as one: the kernel of the machine that opens it provides the pipe.
+    let fifo = mnt.join("fifo");
+    let writer = std::thread::spawn(move || std::fs::write(fifo, b"piped").unwrap());
+    assert_eq!(std::fs::read(mnt.join("fifo")).unwrap(), b"piped");
+    writer.join().unwrap();
+    // posix_fallocate: the file grows to the range's end; other modes are not offered.
+    run(Command::new("fallocate").arg("-o").arg("4096").arg("-l").arg("1M").arg(&b));
+    assert_eq!(std::fs::metadata(&b).unwrap().len(), 4096 + 1024 * 1024);
+    assert_eq!(&std::fs::read(&b).unwrap()[..9], b"through b");
+    let punch = Command::new("fallocate")
+        .arg("-p")
+        .arg("-o")
+        .arg("0")
+        .arg("-l")
+        .arg("4096")
+        .arg(&b)
+        .output()
+        .unwrap();
+    assert!(
+        !punch.status.success() && String::from_utf8_lossy(&punch.stderr).contains("unsupported"),
+        "{punch:?}"
+    );
+    assert_eq!(&std::fs::read(&b).unwrap()[..9], b"through b", "nothing punched");
+    for n in ["fifo", "null2", "blk", "sock", "d/b"] {
+        std::fs::remove_file(mnt.join(n)).unwrap();
+    }
+    // The last name gone, the file's objects go through the orphan table (no orphan left).
+    let t = Instant::now();
+    while c.statfs().unwrap().files != 0 {
+        assert!(t.elapsed() < Duration::from_secs(20), "files left: {:?}", c.statfs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// With `-o allow_other` other users reach the mount, each with their own permissions: what
+/// they create is theirs, the mode bits and the sticky bit hold, only root gives files away.
+#[test]
+fn permissions_apply_to_each_caller() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: switching to another user needs root");
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let tc = TestCluster::start("tcp", 2);
+    // Other users must be able to reach the mount point.
+    std::fs::set_permissions(tc.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let Some(m) = mount_with(&tc, &["-o", "allow_other"]) else { return };
+    let mnt = m.dir.clone();
+    let as_user = |uid: u32, script: &str| {
+        Command::new("setpriv")
+            .args([&format!("--reuid={uid}"), "--regid=5000", "--clear-groups", "sh", "-c", script])
+            .current_dir(&mnt)
+            .output()
+            .unwrap()
+    };
+    let ok = |uid, script: &str| {
+        let out = as_user(uid, script);
+        assert!(out.status.success(), "{uid}: {script}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let refused = |uid, script: &str, why: &str| {
+        let out = as_user(uid, script);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(why), "{uid}: {script}: {err}");
+    };
+    // The root directory is root's, 0755.
+    refused(4001, "touch f", "Permission denied");
+    std::fs::create_dir(mnt.join("tmp")).unwrap();
+    std::fs::set_permissions(mnt.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    ok(4001, "echo mine > tmp/f && chmod 600 tmp/f && mkdir tmp/d");
+    let f = std::fs::metadata(mnt.join("tmp/f")).unwrap();
+    assert_eq!((f.uid(), f.gid(), f.mode() & 0o7777), (4001, 5000, 0o600));
+    refused(4002, "cat tmp/f", "Permission denied");
+    refused(4002, "rm -f tmp/f", "Operation not permitted");
+    refused(4002, "mv tmp/f tmp/g", "Operation not permitted");
+    refused(4002, "chmod 666 tmp/f", "Operation not permitted");
+    refused(4001, "chown 4002 tmp/f", "Operation not permitted");
+    refused(4002, "touch tmp/d/x", "Permission denied");
+    ok(4002, "ln -s f tmp/l && rm tmp/l");
+    // The library sees the same rules: a client acting for another user.
+    let other = tc.client().as_caller(stripefs::proto::Cred::new(4002, 5000, vec![]));
+    assert_eq!(other.unlink("/tmp/f").unwrap_err().errno(), stripefs::Errno::EPERM);
+    assert_eq!(
+        other.open("/tmp/f", stripefs::capability::Rights::READ).unwrap_err().errno(),
+        stripefs::Errno::EACCES
+    );
+    // Root may do all of it; the owner too.
+    run(Command::new("chown").arg("4002").arg(mnt.join("tmp/f")));
+    ok(4002, "cat tmp/f && rm tmp/f");
+    ok(4001, "rmdir tmp/d");
+    drop(m);
+}
+
+/// A file whose last name is removed while it is open keeps its data until the last close
+/// (also when the name is replaced by a rename), then goes; its link count reads 0 meanwhile.
+#[test]
+fn an_unlinked_open_file_lives_until_its_last_close() {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::MetadataExt;
+    let tc = TestCluster::start("tcp", 2);
+    let Some(m) = mount(&tc) else { return };
+    let c = tc.client();
+    let path = m.dir.join("tmp.bin");
+    let mut f = std::fs::OpenOptions::new().create_new(true).read(true).write(true).open(&path).unwrap();
+    f.write_all(b"before").unwrap();
+    let again = std::fs::File::open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(!path.exists());
+    assert_eq!(f.metadata().unwrap().nlink(), 0);
+    f.write_all(b" and after").unwrap();
+    let mut back = String::new();
+    f.rewind().unwrap();
+    f.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "before and after");
+    drop(f);
+    // Still open once: the data is still there.
+    let mut back = String::new();
+    (&again).read_to_string(&mut back).unwrap();
+    assert_eq!(back, "before and after");
+    drop(again);
+    // Replaced by a rename while open: the same.
+    let other = m.dir.join("other");
+    std::fs::write(&other, b"new").unwrap();
+    std::fs::write(&path, b"old").unwrap();
+    let held = std::fs::File::open(&path).unwrap();
+    std::fs::rename(&other, &path).unwrap();
+    let mut back = String::new();
+    (&held).read_to_string(&mut back).unwrap();
+    assert_eq!((back.as_str(), std::fs::read(&path).unwrap()), ("old", b"new".to_vec()));
+    drop(held);
+    std::fs::remove_file(&path).unwrap();
+    // After the last close nothing is left: no file, no hidden name.
+    let t = Instant::now();
+    while c.statfs().unwrap().files != 0 {
+        assert!(t.elapsed() < Duration::from_secs(20), "files left: {:?}", c.readdir("/.stripefs-open"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(c.readdir("/.stripefs-open").unwrap().is_empty());
+    // The directory of hidden names removed behind the mount's back is made again.
+    c.rmdir("/.stripefs-open").unwrap();
+    std::fs::write(&path, b"again").unwrap();
+    let held = std::fs::File::open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let mut back = String::new();
+    (&held).read_to_string(&mut back).unwrap();
+    assert_eq!(back, "again");
 }

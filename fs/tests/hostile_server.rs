@@ -17,8 +17,8 @@ use stripefs::capability::{CapabilityKey, unix_now};
 use stripefs::layout::Layout;
 use stripefs::net::{TAG_IO, TAG_META, endpoint_config};
 use stripefs::proto::{
-    self, Attr, BoundedVec, DirEntry, Envelope, ErrorReply, FileKind, Handle, IoReply, IoRequest, MetaReply,
-    MetaRequest, Name, Timestamp,
+    self, Attr, BoundedVec, DirEntry, Envelope, ErrorReply, FileKind, Handle, IoReply, IoRequest, MetaCall,
+    MetaReply, MetaRequest, Name, Timestamp,
 };
 
 const KEY: [u8; 32] = [0x5a; 32];
@@ -194,8 +194,8 @@ impl FakeCluster {
                 while !stop.load(Ordering::Relaxed) {
                     let Ok(Some(req)) = ep.next_request(Some(Duration::from_millis(50))) else { continue };
                     let bytes = if tag == TAG_META {
-                        let env = proto::decode::<MetaRequest>(req.header()).unwrap();
-                        match fake.lock().unwrap().answer(env.body) {
+                        let env = proto::decode::<MetaCall>(req.header()).unwrap();
+                        match fake.lock().unwrap().answer(env.body.req) {
                             Answer::Raw(raw) => with_id(raw, env.id),
                             Answer::Reply(r) => proto::encode(&Envelope::new(env.id, r)).unwrap(),
                         }

@@ -10,7 +10,7 @@ use common::{TestCluster, pattern};
 use std::os::unix::fs::PermissionsExt;
 use stripefs::capability::{CapabilityKey, Rights, unix_now};
 use stripefs::net::{TAG_IO, TAG_META, endpoint_config};
-use stripefs::proto::{self, Envelope, IoReply, IoRequest, MetaReply, MetaRequest};
+use stripefs::proto::{self, Cred, Envelope, IoReply, IoRequest, MetaCall, MetaReply, MetaRequest};
 use stripefs::{CreateOptions, Errno};
 
 /// The generated cluster key is readable by its owner only (it admits anyone who reads it).
@@ -118,7 +118,10 @@ fn capabilities_are_bound_to_handle_and_rights(scheme: &str) {
     let meta = ep.connect(&tc.cluster.config().meta).unwrap();
     let open = proto::encode(&Envelope::new(
         10,
-        MetaRequest::Open { handle: theirs.handle(), rights: Rights::READ },
+        MetaCall {
+            cred: c.cred().clone(),
+            req: MetaRequest::Open { handle: theirs.handle(), rights: Rights::READ },
+        },
     ))
     .unwrap();
     let op = ep
@@ -153,7 +156,12 @@ fn no_key_no_service(scheme: &str) {
     .unwrap();
     let cfg = tc.cluster.config();
     for (addr, tag, header) in [
-        (&cfg.meta, TAG_META, proto::encode(&Envelope::new(1, MetaRequest::Statfs)).unwrap()),
+        (
+            &cfg.meta,
+            TAG_META,
+            proto::encode(&Envelope::new(1, MetaCall { cred: Cred::root(), req: MetaRequest::Statfs }))
+                .unwrap(),
+        ),
         (&cfg.io_servers[0], TAG_IO, proto::encode(&Envelope::new(2, IoRequest::Ping)).unwrap()),
     ] {
         let peer = wrong.connect(addr).unwrap();

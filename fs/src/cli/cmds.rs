@@ -144,6 +144,7 @@ impl Loc {
                     FileKind::Dir => Node::Dir,
                     FileKind::File => Node::File(st.attr.size),
                     FileKind::Symlink => Node::Link(c.readlink_handle(st.handle).with_context(|| p.clone())?),
+                    k => bail!("{p}: a {} has no data to copy", kind_name(k)),
                 }))
             }
         }
@@ -484,6 +485,10 @@ fn kind_name(k: FileKind) -> &'static str {
         FileKind::File => "file",
         FileKind::Dir => "dir",
         FileKind::Symlink => "symlink",
+        FileKind::Fifo => "fifo",
+        FileKind::Socket => "socket",
+        FileKind::CharDev(_) => "char",
+        FileKind::BlockDev(_) => "block",
     }
 }
 
@@ -604,6 +609,10 @@ fn mode_string(kind: FileKind, mode: u32) -> String {
         FileKind::Dir => 'd',
         FileKind::Symlink => 'l',
         FileKind::File => '-',
+        FileKind::Fifo => 'p',
+        FileKind::Socket => 's',
+        FileKind::CharDev(_) => 'c',
+        FileKind::BlockDev(_) => 'b',
     });
     // (read, write, execute, special bit, its letter) for user, group and other.
     for (shift, special, letter) in [(6, 0o4000, 's'), (3, 0o2000, 's'), (0, 0o1000, 't')] {
@@ -696,12 +705,13 @@ pub fn stat(cluster: Option<PathBuf>, path: &str, dereference: bool, out: Output
 
 /// `stripefs ln -s`.
 pub fn ln(cluster: Option<PathBuf>, symbolic: bool, target: &str, link: &str) -> Result<()> {
-    if !symbolic {
-        bail!("{link}: stripefs has no hard links (as PVFS); use ln -s for a symbolic link");
-    }
     let c = client(cluster)?;
     let link = any_path(link);
-    c.symlink(target, link).with_context(|| link.to_string())?;
+    if symbolic {
+        c.symlink(target, link).with_context(|| link.to_string())?;
+    } else {
+        c.link(any_path(target), link).with_context(|| link.to_string())?;
+    }
     Ok(())
 }
 
@@ -729,7 +739,7 @@ pub fn rm(cluster: Option<PathBuf>, recursive: bool, paths: &[String]) -> Result
         }
         match attr.kind {
             FileKind::Dir => c.rmdir(p),
-            FileKind::File | FileKind::Symlink => c.unlink(p),
+            _ => c.unlink(p),
         }
         .with_context(|| p.to_string())?;
     }
@@ -767,7 +777,7 @@ fn remove_below(c: &Client, dir: Handle, path: &str) -> Result<()> {
                 FileKind::Dir => {
                     stack.push(Todo { dir: e.handle, path: child, entry: Some((dir, name)), emptied: false })
                 }
-                FileKind::File | FileKind::Symlink => c.unlink_in(dir, &name).with_context(|| child)?,
+                _ => c.unlink_in(dir, &name).with_context(|| child)?,
             }
         }
     }
@@ -1061,20 +1071,39 @@ pub struct MountArgs {
     /// FUSE worker threads.
     #[arg(long, default_value_t = 4)]
     threads: usize,
+    /// Mount options, comma-separated: `allow_other` lets every user reach the mount (each
+    /// with their own permissions), not only the one who mounted it.
+    #[arg(short = 'o', value_delimiter = ',')]
+    options: Vec<String>,
+}
+
+/// Whether mount options `opts` ask for `allow_other`; anything else is refused by name.
+fn allow_other(opts: &[String]) -> Result<bool> {
+    let mut allow = false;
+    for o in opts {
+        match o.as_str() {
+            "allow_other" => allow = true,
+            // Always on: accepted so that fstab-style option lists work.
+            "default_permissions" => {}
+            other => bail!("unknown mount option {other:?} (known: allow_other, default_permissions)"),
+        }
+    }
+    Ok(allow)
 }
 
 /// `stripefs mount`: serves the mount until it is unmounted (or Ctrl-C).
 #[cfg(feature = "fuse")]
 pub fn mount(cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
+    let opts = stripefs::fuse::MountOptions { threads: a.threads, allow_other: allow_other(&a.options)? };
     let c = client(cluster)?;
-    stripefs::fuse::mount(c, &a.mountpoint, a.threads)?;
+    stripefs::fuse::mount(c, &a.mountpoint, opts)?;
     Ok(())
 }
 
 /// `stripefs mount` without the `fuse` feature.
 #[cfg(not(feature = "fuse"))]
 pub fn mount(_cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
-    let _ = (a.mountpoint, a.threads);
+    let _ = (a.mountpoint, a.threads, allow_other(&a.options)?);
     bail!("this stripefs was built without FUSE support; rebuild with `--features fuse`")
 }
 

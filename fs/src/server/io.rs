@@ -313,6 +313,10 @@ impl Shared {
                 IoReply::Done
             }
             IoRequest::GetSize { cap } => IoReply::Size(s.size(cap.handle)?),
+            IoRequest::Allocate { cap, off, len } => {
+                s.allocate(cap.handle, off, len)?;
+                IoReply::Done
+            }
             IoRequest::Sync { cap } => {
                 s.sync(cap.handle)?;
                 self.stats.syncs.fetch_add(1, Ordering::Relaxed);

@@ -28,7 +28,9 @@ use crate::errno::Errno;
 use crate::layout::Layout;
 use crate::meta::{MetaConfig, MetaError, MetaStore, Objects, Perm};
 use crate::net::{FsError, TAG_IO};
-use crate::proto::{self, Envelope, ErrorReply, Handle, IoReply, IoRequest, MetaReply, MetaRequest};
+use crate::proto::{
+    self, Cred, Envelope, ErrorReply, Handle, IoReply, IoRequest, MetaCall, MetaReply, MetaRequest,
+};
 use bytes::Bytes;
 use ionet::{Address, Endpoint, Payload, PeerId, Request, ServiceLevel, WaitMode};
 use std::path::PathBuf;
@@ -181,7 +183,7 @@ fn fs_err(e: &FsError) -> ErrorReply {
 impl Shared {
     fn handle(&self, req: Request) {
         let _serving = self.load.begin();
-        let env = match proto::decode::<MetaRequest>(req.header()) {
+        let env = match proto::decode::<MetaCall>(req.header()) {
             Ok(env) => env,
             Err(e) => {
                 debug!(error = %e, peer = %req.peer(), "undecodable meta request");
@@ -194,7 +196,7 @@ impl Shared {
         let reply = if req.payload_len() > 0 {
             MetaReply::Error(ErrorReply::new(Errno::EINVAL, "meta requests carry no payload"))
         } else {
-            self.serve(env.body)
+            self.serve(&env.body.cred, env.body.req)
         };
         if matches!(reply, MetaReply::Error(_)) {
             self.load.failed();
@@ -213,7 +215,7 @@ impl Shared {
         Rights::from_bits(r.bits() & Rights::READ_WRITE.bits())
     }
 
-    fn serve(&self, body: MetaRequest) -> MetaReply {
+    fn serve(&self, cred: &Cred, body: MetaRequest) -> MetaReply {
         let s = &self.store;
         let r = match body {
             MetaRequest::Statfs => s.statfs().map(MetaReply::Statfs),
@@ -223,10 +225,10 @@ impl Shared {
                 Ok(MetaReply::Status(self.load.status(dir.unwrap_or(std::path::Path::new(".")))))
             }
             MetaRequest::Lookup { parent, name } => {
-                s.lookup(parent, &name).map(|(handle, attr)| MetaReply::Entry { handle, attr })
+                s.lookup(cred, parent, &name).map(|(handle, attr)| MetaReply::Entry { handle, attr })
             }
             MetaRequest::Getattr { handle } => s.getattr(handle).map(MetaReply::Attr),
-            MetaRequest::Setattr { handle, set } => match s.setattr(handle, &set) {
+            MetaRequest::Setattr { handle, set } => match s.setattr(cred, handle, &set) {
                 Ok(out) => {
                     if let Some((layout, size)) = out.truncate {
                         let failed = self.fanout(handle, layout, |p| IoRequest::TruncateObject {
@@ -242,26 +244,28 @@ impl Shared {
                 Err(e) => Err(e),
             },
             MetaRequest::Create { parent, name, mode, uid, gid, layout, rights } => {
-                return self.create(parent, &name, Perm { mode, uid, gid }, layout, rights);
+                return self.create(cred, parent, &name, Perm { mode, uid, gid }, layout, rights);
             }
-            MetaRequest::Open { handle, rights } => s.open_file(handle).map(|f| MetaReply::Opened {
-                handle,
-                attr: f.attr,
-                layout: f.layout,
-                cap: self.mint(handle, Self::client_rights(rights)),
-            }),
+            MetaRequest::Open { handle, rights } => {
+                s.open_file(cred, handle, rights).map(|f| MetaReply::Opened {
+                    handle,
+                    attr: f.attr,
+                    layout: f.layout,
+                    cap: self.mint(handle, Self::client_rights(rights)),
+                })
+            }
             MetaRequest::Mkdir { parent, name, mode, uid, gid } => s
-                .mkdir(parent, &name, Perm { mode, uid, gid })
+                .mkdir(cred, parent, &name, Perm { mode, uid, gid })
                 .map(|(handle, attr)| MetaReply::Entry { handle, attr }),
-            MetaRequest::Rmdir { parent, name } => s.rmdir(parent, &name).map(|()| MetaReply::Done),
-            MetaRequest::Unlink { parent, name } => s.unlink(parent, &name).map(|objs| {
+            MetaRequest::Rmdir { parent, name } => s.rmdir(cred, parent, &name).map(|()| MetaReply::Done),
+            MetaRequest::Unlink { parent, name } => s.unlink(cred, parent, &name).map(|objs| {
                 if let Some(objs) = objs {
                     self.remove_objects(objs);
                 }
                 MetaReply::Done
             }),
             MetaRequest::Rename { src_parent, src_name, dst_parent, dst_name } => {
-                s.rename(src_parent, &src_name, dst_parent, &dst_name).map(|replaced| {
+                s.rename(cred, src_parent, &src_name, dst_parent, &dst_name).map(|replaced| {
                     if let Some(objs) = replaced {
                         self.remove_objects(objs);
                     }
@@ -269,7 +273,7 @@ impl Shared {
                 })
             }
             MetaRequest::Readdir { dir, after, max } => {
-                s.readdir(dir, after.as_deref(), max as usize).and_then(|(entries, more)| {
+                s.readdir(cred, dir, after.as_deref(), max as usize).and_then(|(entries, more)| {
                     let entries = proto::BoundedVec::new(entries).map_err(|_| MetaError::Corrupt(dir.0))?;
                     Ok(MetaReply::Dir { entries, more })
                 })
@@ -277,14 +281,20 @@ impl Shared {
             MetaRequest::GetStripe { handle } => {
                 s.getstripe(handle).map(|st| MetaReply::Stripe { layout: st.layout, default: st.default })
             }
-            MetaRequest::SetStripe { dir, spec } => s.setstripe(dir, spec).map(|()| MetaReply::Done),
+            MetaRequest::SetStripe { dir, spec } => s.setstripe(cred, dir, spec).map(|()| MetaReply::Done),
             MetaRequest::Symlink { parent, name, target, uid, gid } => s
-                .symlink(parent, &name, &target, Perm { mode: 0o777, uid, gid })
+                .symlink(cred, parent, &name, &target, Perm { mode: 0o777, uid, gid })
                 .map(|(handle, attr)| MetaReply::Entry { handle, attr }),
             MetaRequest::Readlink { handle } => s.readlink(handle).and_then(|t| {
                 // Stored targets passed the same bound on the way in.
                 Ok(MetaReply::Link(proto::LinkTarget::new(t).map_err(|_| MetaError::Corrupt(handle.0))?))
             }),
+            MetaRequest::Link { handle, parent, name } => {
+                s.link(cred, handle, parent, &name).map(|attr| MetaReply::Entry { handle, attr })
+            }
+            MetaRequest::Mknod { parent, name, kind, mode, uid, gid } => s
+                .mknod(cred, parent, &name, kind, Perm { mode, uid, gid })
+                .map(|(handle, attr)| MetaReply::Entry { handle, attr }),
         };
         r.unwrap_or_else(meta_err)
     }
@@ -296,6 +306,7 @@ impl Shared {
     /// servers that are down, the first failure (naming the server) is the answer.
     fn create(
         &self,
+        cred: &Cred,
         parent: Handle,
         name: &str,
         perm: Perm,
@@ -305,7 +316,7 @@ impl Shared {
         let mut first_err = None;
         for _ in 0..2 {
             let down = self.lock_live().down();
-            let c = match self.store.create_avoiding(parent, name, perm, spec, &down) {
+            let c = match self.store.create_avoiding(cred, parent, name, perm, spec, &down) {
                 Ok(c) => c,
                 Err(e) => return first_err.map_or_else(|| meta_err(e), MetaReply::Error),
             };

@@ -13,6 +13,18 @@
 //! * `symlinks`: handle → target of a symbolic link (kept apart from `inodes` so the inode record
 //!   keeps its format; a link has no layout and no objects).
 //!
+//! # Names and links
+//! A file, symbolic link or special file may have several names (hard links): its record
+//! counts them (`nlink`) and goes only with the last one, its objects then through `orphans`
+//! like any removed file's. A directory has exactly one name; its `nlink` is 2 plus its
+//! subdirectories, as POSIX file systems count them.
+//!
+//! # Permissions
+//! Every namespace operation takes the caller's credentials ([`Cred`]) and applies the POSIX
+//! rules to them inside its transaction (see `access`): search permission on the directories
+//! a lookup passes, write and search on a directory whose names change, the sticky bit, who
+//! may change modes, owners and times.
+//!
 //! # Operations that fan out to the io servers
 //! The meta server (on the network) drives them in two steps, so nothing is lost or leaked if it
 //! crashes or an io server fails in between:
@@ -28,17 +40,21 @@
 //!   sends each io server its [`Layout::local_size`]. Truncate is idempotent, so a retry after a
 //!   failure is the clean-up.
 
+use crate::capability::Rights;
 use crate::errno::Errno;
 use crate::layout::{Layout, LayoutError};
 use crate::proto::{
-    Attr, DirEntry, FileKind, FsStats, Handle, LayoutSpec, MAX_LINK_TARGET, MAX_READDIR, Name, SetAttr,
-    Timestamp,
+    Attr, Cred, DirEntry, FileKind, FsStats, Handle, LayoutSpec, MAX_LINK_TARGET, MAX_READDIR, Name, SetAttr,
+    SetTime, Timestamp,
 };
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::ops::Bound;
 use std::path::Path;
 use tracing::{debug, info, warn};
+
+mod access;
+use access::{EXEC, READ, WRITE};
 
 // The name rule lives with the protocol: clients apply it to every name a server sends.
 pub use crate::proto::{NAME_MAX, NameError, validate_name};
@@ -57,6 +73,10 @@ fn pick_base(next: u64, n: u32, pcount: u32, avoid: &[u32]) -> (u32, u64) {
 
 /// Deepest directory chain followed when checking a rename for cycles.
 const MAX_DEPTH: u32 = 1 << 16;
+
+/// Most names one file may have (`EMLINK` past it), and most subdirectories of a directory;
+/// ext4's limit, which tools expect of a Linux file system.
+pub const LINK_MAX: u32 = 65_000;
 
 const SUPER: TableDefinition<&str, u64> = TableDefinition::new("super");
 const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
@@ -112,6 +132,15 @@ pub enum MetaError {
     /// The entry is being created by another request.
     #[error("entry is being created")]
     Busy,
+    /// The caller's credentials lack a permission the mode bits require.
+    #[error("permission denied")]
+    Access,
+    /// Only the owner or root (or only root) may do this, or a sticky directory forbids it.
+    #[error("operation not permitted: {0}")]
+    NotPermitted(&'static str),
+    /// The file has [`LINK_MAX`] names, or the directory as many subdirectories.
+    #[error("too many links")]
+    TooManyLinks,
     /// The database was made for a cluster with a different number of io servers; every
     /// layout would map to different servers, so it is refused.
     #[error("database is for {stored} io servers, configuration has {configured}")]
@@ -154,6 +183,9 @@ impl MetaError {
             MetaError::Name(NameError::TooLong) | MetaError::TargetTooLong => Errno::ENAMETOOLONG,
             MetaError::Name(_) | MetaError::Layout(_) | MetaError::Invalid(_) => Errno::EINVAL,
             MetaError::Busy => Errno::EBUSY,
+            MetaError::Access => Errno::EACCES,
+            MetaError::NotPermitted(_) => Errno::EPERM,
+            MetaError::TooManyLinks => Errno::EMLINK,
             MetaError::ServerCountChanged { .. } | MetaError::Corrupt(_) | MetaError::Store(_) => Errno::EIO,
         }
     }
@@ -224,7 +256,8 @@ enum State {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Inode {
     attr: Attr,
-    /// Containing directory (no hard links, so exactly one); the root is its own parent.
+    /// A directory's parent (the root is its own); for anything else the directory of its
+    /// first name (a pending create's only one), which later links and renames leave alone.
     parent: u64,
     /// Files: the layout.
     layout: Option<Layout>,
@@ -378,6 +411,31 @@ impl Tx<'_> {
         self.put_inode(h, &d)
     }
 
+    /// Adds `delta` to directory `h`'s link count (a subdirectory made, moved or removed),
+    /// refusing past [`LINK_MAX`]; never below 2 (databases made before directories counted
+    /// their subdirectories start from 2).
+    fn dir_links(&mut self, h: u64, delta: i32) -> Result<(), MetaError> {
+        let mut d = live_inode(&self.inodes, h)?;
+        if delta > 0 && d.attr.nlink >= LINK_MAX {
+            return Err(MetaError::TooManyLinks);
+        }
+        d.attr.nlink = d.attr.nlink.saturating_add_signed(delta).max(2);
+        self.put_inode(h, &d)
+    }
+
+    /// Takes one name from `h` (whose entry the caller removed): a record with other names
+    /// stays with one fewer and its change time set; the last name drops it.
+    fn drop_name(&mut self, h: u64, i: &Inode, now: Timestamp) -> Result<Option<Objects>, MetaError> {
+        if !i.is_dir() && i.attr.nlink > 1 {
+            let mut i = i.clone();
+            i.attr.nlink -= 1;
+            i.attr.ctime = now;
+            self.put_inode(h, &i)?;
+            return Ok(None);
+        }
+        self.drop_inode(h, i)
+    }
+
     /// Removes a file, symbolic link or empty directory record; files go to `orphans`.
     fn drop_inode(&mut self, h: u64, i: &Inode) -> Result<Option<Objects>, MetaError> {
         self.inodes.remove(h)?;
@@ -399,6 +457,24 @@ impl Tx<'_> {
             None => Ok(None),
         }
     }
+}
+
+/// The directory `parent` in which `cred` may make a new entry `name` (write and search
+/// permission; the name free).
+fn new_entry_dir(tx: &Tx<'_>, cred: &Cred, parent: u64, name: &str) -> Result<Inode, MetaError> {
+    let dir = dir_inode(&tx.inodes, parent)?;
+    access::check(&dir.attr, cred, EXEC)?;
+    if get_entry(&tx.dirents, parent, name)?.is_some() {
+        return Err(MetaError::Exists);
+    }
+    access::check(&dir.attr, cred, WRITE)?;
+    Ok(dir)
+}
+
+/// `perm` as a new entry of `kind` in `dir` gets it from `cred` (see [`access::new_owner`]).
+fn owned_perm(dir: &Inode, kind: FileKind, perm: Perm, cred: &Cred) -> Perm {
+    let (mode, uid, gid) = access::new_owner(&dir.attr, kind, perm.mode, perm.uid, perm.gid, cred);
+    Perm { mode, uid, gid }
 }
 
 fn new_attr(kind: FileKind, perm: Perm, now: Timestamp) -> Attr {
@@ -484,25 +560,26 @@ impl MetaStore {
         Ok(out)
     }
 
-    /// `name` in directory `parent`.
-    pub fn lookup(&self, parent: Handle, name: &str) -> Result<(Handle, Attr), MetaError> {
+    /// `name` in directory `parent` (which `cred` must be allowed to search).
+    pub fn lookup(&self, cred: &Cred, parent: Handle, name: &str) -> Result<(Handle, Attr), MetaError> {
         validate_name(name)?;
         let r = self.db.begin_read()?;
         let inodes = r.open_table(INODES)?;
         let dirents = r.open_table(DIRENTS)?;
-        dir_inode(&inodes, parent.0)?;
+        access::check(&dir_inode(&inodes, parent.0)?.attr, cred, EXEC)?;
         let h = get_entry(&dirents, parent.0, name)?.ok_or(MetaError::NotFound)?;
         Ok((Handle(h), live_inode(&inodes, h)?.attr))
     }
 
-    /// Resolves an absolute or root-relative path (`/a/b`, `a/b`; `.` and `..` allowed).
+    /// Resolves an absolute or root-relative path (`/a/b`, `a/b`; `.` and `..` allowed), as
+    /// root.
     pub fn resolve(&self, path: &str) -> Result<Handle, MetaError> {
         let mut h = Handle::ROOT;
         for comp in path.split('/') {
             match comp {
                 "" | "." => {}
                 ".." => h = Handle(self.read_inode(h)?.parent),
-                name => h = self.lookup(h, name)?.0,
+                name => h = self.lookup(&Cred::root(), h, name)?.0,
             }
         }
         Ok(h)
@@ -518,20 +595,28 @@ impl MetaStore {
         Ok(self.read_inode(h)?.attr)
     }
 
-    /// Attributes and layout for an open; directories and symbolic links are refused.
-    pub fn open_file(&self, h: Handle) -> Result<OpenFile, MetaError> {
+    /// Attributes and layout for an open by `cred` for `rights` (read and write permission
+    /// as they ask; none for [`Rights::NONE`], which only learns the size); directories,
+    /// symbolic links and special files are refused.
+    pub fn open_file(&self, cred: &Cred, h: Handle, rights: Rights) -> Result<OpenFile, MetaError> {
         let i = self.read_inode(h)?;
-        match (i.attr.kind, i.layout) {
-            (FileKind::File, Some(layout)) => Ok(OpenFile { attr: i.attr, layout }),
-            (FileKind::Symlink, _) => Err(MetaError::IsLink),
-            _ => Err(MetaError::IsDir),
-        }
+        let layout = match (i.attr.kind, i.layout) {
+            (FileKind::File, Some(layout)) => layout,
+            (FileKind::Symlink, _) => return Err(MetaError::IsLink),
+            (FileKind::Dir, _) => return Err(MetaError::IsDir),
+            _ => return Err(MetaError::Invalid("not a regular file")),
+        };
+        let want = if rights.contains(Rights::READ) { READ } else { 0 }
+            | if rights.contains(Rights::WRITE) { WRITE } else { 0 };
+        access::check(&i.attr, cred, want)?;
+        Ok(OpenFile { attr: i.attr, layout })
     }
 
     /// Creates a symbolic link to `target` (any non-empty path text without NUL, stored as
     /// given). Its mode is `0o777` and its size the target's length, as on Linux.
     pub fn symlink(
         &self,
+        cred: &Cred,
         parent: Handle,
         name: &str,
         target: &str,
@@ -545,12 +630,10 @@ impl MetaStore {
             return Err(MetaError::TargetTooLong);
         }
         self.write(|tx| {
-            dir_inode(&tx.inodes, parent.0)?;
-            if get_entry(&tx.dirents, parent.0, name)?.is_some() {
-                return Err(MetaError::Exists);
-            }
+            let dir = new_entry_dir(tx, cred, parent.0, name)?;
             let now = Timestamp::now();
-            let mut attr = new_attr(FileKind::Symlink, Perm { mode: 0o777, ..owner }, now);
+            let perm = owned_perm(&dir, FileKind::Symlink, Perm { mode: 0o777, ..owner }, cred);
+            let mut attr = new_attr(FileKind::Symlink, perm, now);
             attr.size = target.len() as u64;
             let ino = Inode {
                 attr: attr.clone(),
@@ -603,18 +686,20 @@ impl MetaStore {
     /// filesystem defaults, field by field.
     pub fn create(
         &self,
+        cred: &Cred,
         parent: Handle,
         name: &str,
         perm: Perm,
         spec: Option<LayoutSpec>,
     ) -> Result<Created, MetaError> {
-        self.create_avoiding(parent, name, perm, spec, &[])
+        self.create_avoiding(cred, parent, name, perm, spec, &[])
     }
 
     /// As [`MetaStore::create`], placing a layout whose base is not given on servers other
     /// than `avoid` (io servers known to be down) when the stripe count leaves a choice.
     pub fn create_avoiding(
         &self,
+        cred: &Cred,
         parent: Handle,
         name: &str,
         perm: Perm,
@@ -623,14 +708,11 @@ impl MetaStore {
     ) -> Result<Created, MetaError> {
         validate_name(name)?;
         let out = self.write(|tx| {
-            let dir = dir_inode(&tx.inodes, parent.0)?;
-            if get_entry(&tx.dirents, parent.0, name)?.is_some() {
-                return Err(MetaError::Exists);
-            }
+            let dir = new_entry_dir(tx, cred, parent.0, name)?;
             let merged = spec.unwrap_or_default().or(dir.default.unwrap_or_default());
             let layout = self.resolve_layout(tx, merged, avoid)?;
             let now = Timestamp::now();
-            let attr = new_attr(FileKind::File, perm, now);
+            let attr = new_attr(FileKind::File, owned_perm(&dir, FileKind::File, perm, cred), now);
             let ino = Inode {
                 attr: attr.clone(),
                 parent: parent.0,
@@ -692,15 +774,18 @@ impl MetaStore {
     }
 
     /// Creates a directory; it inherits the parent's default layout.
-    pub fn mkdir(&self, parent: Handle, name: &str, perm: Perm) -> Result<(Handle, Attr), MetaError> {
+    pub fn mkdir(
+        &self,
+        cred: &Cred,
+        parent: Handle,
+        name: &str,
+        perm: Perm,
+    ) -> Result<(Handle, Attr), MetaError> {
         validate_name(name)?;
         self.write(|tx| {
-            let dir = dir_inode(&tx.inodes, parent.0)?;
-            if get_entry(&tx.dirents, parent.0, name)?.is_some() {
-                return Err(MetaError::Exists);
-            }
+            let dir = new_entry_dir(tx, cred, parent.0, name)?;
             let now = Timestamp::now();
-            let attr = new_attr(FileKind::Dir, perm, now);
+            let attr = new_attr(FileKind::Dir, owned_perm(&dir, FileKind::Dir, perm, cred), now);
             let ino = Inode {
                 attr: attr.clone(),
                 parent: parent.0,
@@ -708,6 +793,7 @@ impl MetaStore {
                 default: dir.default,
                 state: State::Committed,
             };
+            tx.dir_links(parent.0, 1)?;
             let h = tx.add_entry(name, &ino)?;
             tx.bump(K_DIRS, 1)?;
             tx.touch_dir(parent.0, now)?;
@@ -715,13 +801,66 @@ impl MetaStore {
         })
     }
 
-    /// Removes an empty directory.
-    pub fn rmdir(&self, parent: Handle, name: &str) -> Result<(), MetaError> {
+    /// Creates a FIFO, socket or device node (`kind`, with its device number): a record
+    /// without objects.
+    pub fn mknod(
+        &self,
+        cred: &Cred,
+        parent: Handle,
+        name: &str,
+        kind: FileKind,
+        perm: Perm,
+    ) -> Result<(Handle, Attr), MetaError> {
+        validate_name(name)?;
+        if !kind.is_special() {
+            return Err(MetaError::Invalid("mknod makes FIFOs, sockets and device nodes"));
+        }
+        self.write(|tx| {
+            let dir = new_entry_dir(tx, cred, parent.0, name)?;
+            let now = Timestamp::now();
+            let attr = new_attr(kind, owned_perm(&dir, kind, perm, cred), now);
+            let ino = Inode {
+                attr: attr.clone(),
+                parent: parent.0,
+                layout: None,
+                default: None,
+                state: State::Committed,
+            };
+            let h = tx.add_entry(name, &ino)?;
+            tx.bump(K_FILES, 1)?;
+            tx.touch_dir(parent.0, now)?;
+            Ok((Handle(h), attr))
+        })
+    }
+
+    /// Gives `h` (anything but a directory: `EPERM`) the further name `name` in `parent`:
+    /// a hard link. Its link count goes up and its change time is set.
+    pub fn link(&self, cred: &Cred, h: Handle, parent: Handle, name: &str) -> Result<Attr, MetaError> {
         validate_name(name)?;
         self.write(|tx| {
-            dir_inode(&tx.inodes, parent.0)?;
-            let h = get_entry(&tx.dirents, parent.0, name)?.ok_or(MetaError::NotFound)?;
-            let i = live_inode(&tx.inodes, h)?;
+            let mut i = live_inode(&tx.inodes, h.0)?;
+            new_entry_dir(tx, cred, parent.0, name)?;
+            if i.is_dir() {
+                return Err(MetaError::NotPermitted("directories have one name"));
+            }
+            if i.attr.nlink >= LINK_MAX {
+                return Err(MetaError::TooManyLinks);
+            }
+            let now = Timestamp::now();
+            i.attr.nlink += 1;
+            i.attr.ctime = now;
+            tx.put_inode(h.0, &i)?;
+            tx.dirents.insert((parent.0, name), h.0)?;
+            tx.touch_dir(parent.0, now)?;
+            Ok(i.attr)
+        })
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, cred: &Cred, parent: Handle, name: &str) -> Result<(), MetaError> {
+        validate_name(name)?;
+        self.write(|tx| {
+            let (h, i) = entry_to_remove(tx, cred, parent.0, name)?;
             if !i.is_dir() {
                 return Err(MetaError::NotDir);
             }
@@ -730,37 +869,44 @@ impl MetaStore {
             }
             tx.dirents.remove((parent.0, name))?;
             tx.drop_inode(h, &i)?;
+            tx.dir_links(parent.0, -1)?;
             tx.touch_dir(parent.0, Timestamp::now())
         })
     }
 
-    /// Removes a file or symbolic link from the namespace. A file's objects are recorded as an
-    /// orphan and returned: remove them on the io servers, then [`MetaStore::forget_orphan`].
-    pub fn unlink(&self, parent: Handle, name: &str) -> Result<Option<Objects>, MetaError> {
+    /// Removes a name of a file, symbolic link or special file. With its last name, a file's
+    /// objects are recorded as an orphan and returned: remove them on the io servers, then
+    /// [`MetaStore::forget_orphan`]. Other names keep the file and its data.
+    pub fn unlink(&self, cred: &Cred, parent: Handle, name: &str) -> Result<Option<Objects>, MetaError> {
         validate_name(name)?;
         self.write(|tx| {
-            dir_inode(&tx.inodes, parent.0)?;
-            let h = get_entry(&tx.dirents, parent.0, name)?.ok_or(MetaError::NotFound)?;
-            let i = live_inode(&tx.inodes, h)?;
+            let (h, i) = entry_to_remove(tx, cred, parent.0, name)?;
             if i.is_dir() {
                 return Err(MetaError::IsDir);
             }
             tx.dirents.remove((parent.0, name))?;
-            let objs = tx.drop_inode(h, &i)?;
-            if objs.is_none() && i.attr.kind == FileKind::File {
+            let now = Timestamp::now();
+            let objs = tx.drop_name(h, &i, now)?;
+            if objs.is_none() && i.attr.kind == FileKind::File && i.attr.nlink <= 1 {
                 return Err(MetaError::Corrupt(h));
             }
-            tx.touch_dir(parent.0, Timestamp::now())?;
+            tx.touch_dir(parent.0, now)?;
             Ok(objs)
         })
     }
 
-    /// POSIX rename. A file target is replaced (its objects returned as an orphan, as for
-    /// unlink); an empty directory target is replaced by a directory. Refused: a directory over
-    /// a non-directory (`ENOTDIR`), a non-directory over a directory (`EISDIR`), over a non-empty
-    /// directory (`ENOTEMPTY`), a directory into its own subtree (`EINVAL`).
+    /// POSIX rename. A non-directory target loses this name (its objects returned as an
+    /// orphan if it was the last, as for unlink); an empty directory target is replaced by a
+    /// directory. Refused: a directory over a non-directory (`ENOTDIR`), a non-directory over a
+    /// directory (`EISDIR`), over a non-empty directory (`ENOTEMPTY`), a directory into its own
+    /// subtree (`EINVAL`). Two names of one file: nothing happens, as POSIX says.
+    ///
+    /// `cred` needs write and search permission on both directories (the sticky bit applies
+    /// to the source and to a replaced target), and write permission on a directory it moves
+    /// to another parent (its `..` changes).
     pub fn rename(
         &self,
+        cred: &Cred,
         src_parent: Handle,
         src_name: &str,
         dst_parent: Handle,
@@ -769,10 +915,10 @@ impl MetaStore {
         validate_name(src_name)?;
         validate_name(dst_name)?;
         self.write(|tx| {
-            dir_inode(&tx.inodes, src_parent.0)?;
-            dir_inode(&tx.inodes, dst_parent.0)?;
-            let h = get_entry(&tx.dirents, src_parent.0, src_name)?.ok_or(MetaError::NotFound)?;
-            let mut src = live_inode(&tx.inodes, h)?;
+            let (h, mut src) = entry_to_remove(tx, cred, src_parent.0, src_name)?;
+            let dst_dir = dir_inode(&tx.inodes, dst_parent.0)?;
+            access::check(&dst_dir.attr, cred, EXEC)?;
+            let moves_dir = src.is_dir() && dst_parent != src_parent;
             if src.is_dir() {
                 // Walk up from the destination: meeting the source means a cycle.
                 // The depth bound only guards against a corrupt parent chain looping forever.
@@ -790,10 +936,12 @@ impl MetaStore {
                     d = live_inode(&tx.inodes, d)?.parent;
                 }
             }
+            let now = Timestamp::now();
             let mut replaced = None;
+            let mut replaced_dir = false;
             if let Some(t) = get_entry(&tx.dirents, dst_parent.0, dst_name)? {
                 if t == h {
-                    return Ok(None); // same entry: POSIX says do nothing
+                    return Ok(None); // one file: POSIX says do nothing
                 }
                 let target = get_inode(&tx.inodes, t)?.ok_or(MetaError::Corrupt(t))?;
                 if target.state == State::Pending {
@@ -802,17 +950,37 @@ impl MetaStore {
                 match (src.is_dir(), target.is_dir()) {
                     (true, false) => return Err(MetaError::NotDir),
                     (false, true) => return Err(MetaError::IsDir),
-                    (true, true) if !dir_is_empty(&tx.dirents, t)? => return Err(MetaError::NotEmpty),
                     _ => {}
                 }
-                replaced = tx.drop_inode(t, &target)?;
+                access::may_remove(&dst_dir.attr, &target.attr, cred)?;
+                if moves_dir {
+                    access::check(&src.attr, cred, WRITE)?;
+                }
+                if target.is_dir() && !dir_is_empty(&tx.dirents, t)? {
+                    return Err(MetaError::NotEmpty);
+                }
+                replaced_dir = target.is_dir();
+                replaced = tx.drop_name(t, &target, now)?;
+            } else {
+                access::check(&dst_dir.attr, cred, WRITE)?;
+                if moves_dir {
+                    access::check(&src.attr, cred, WRITE)?;
+                }
             }
             tx.dirents.remove((src_parent.0, src_name))?;
             tx.dirents.insert((dst_parent.0, dst_name), h)?;
-            let now = Timestamp::now();
-            src.parent = dst_parent.0;
+            if src.is_dir() {
+                src.parent = dst_parent.0;
+            }
             src.attr.ctime = now;
             tx.put_inode(h, &src)?;
+            if replaced_dir {
+                tx.dir_links(dst_parent.0, -1)?;
+            }
+            if moves_dir {
+                tx.dir_links(src_parent.0, -1)?;
+                tx.dir_links(dst_parent.0, 1)?;
+            }
             tx.touch_dir(src_parent.0, now)?;
             if dst_parent != src_parent {
                 tx.touch_dir(dst_parent.0, now)?;
@@ -826,6 +994,7 @@ impl MetaStore {
     /// inserts and removals.
     pub fn readdir(
         &self,
+        cred: &Cred,
         dir: Handle,
         after: Option<&str>,
         max: usize,
@@ -835,7 +1004,7 @@ impl MetaStore {
         let r = self.db.begin_read()?;
         let inodes = r.open_table(INODES)?;
         let dirents = r.open_table(DIRENTS)?;
-        dir_inode(&inodes, dir.0)?;
+        access::check(&dir_inode(&inodes, dir.0)?.attr, cred, READ)?;
         let start = match after {
             Some(a) => Bound::Excluded((dir.0, a)),
             None => Bound::Included((dir.0, "")),
@@ -859,29 +1028,32 @@ impl MetaStore {
         Ok((out, false))
     }
 
-    /// Changes attributes. A size change on a file is recorded and returned with the layout so
-    /// the caller truncates each object to [`Layout::local_size`]; on a directory it is refused.
-    pub fn setattr(&self, h: Handle, set: &SetAttr) -> Result<SetattrOutcome, MetaError> {
+    /// Changes attributes, as `cred` may (the rules are in the store's `access` module). A
+    /// size change on a file is recorded and returned with the layout so the caller truncates
+    /// each object to [`Layout::local_size`]; on a directory it is refused. A size change sets
+    /// the modification time, and any change the change time.
+    pub fn setattr(&self, cred: &Cred, h: Handle, set: &SetAttr) -> Result<SetattrOutcome, MetaError> {
         self.write(|tx| {
             let mut i = live_inode(&tx.inodes, h.0)?;
             let now = Timestamp::now();
             let mut truncate = None;
-            if let Some(size) = set.size {
+            if set.size.is_some() {
                 match i.attr.kind {
                     FileKind::Dir => return Err(MetaError::IsDir),
                     FileKind::Symlink => return Err(MetaError::Invalid("cannot truncate a symbolic link")),
                     FileKind::File => {}
+                    _ => return Err(MetaError::Invalid("cannot truncate a special file")),
                 }
+            }
+            if set.mode.is_some() && i.attr.kind == FileKind::Symlink {
+                // A link's mode means nothing (Linux's are all 0777 and lchmod fails).
+                return Err(MetaError::Invalid("a symbolic link has no mode to change"));
+            }
+            i.attr.mode = access::setattr(&i.attr, cred, set)?;
+            if let Some(size) = set.size {
                 i.attr.size = size;
                 i.attr.mtime = now;
                 truncate = i.layout.map(|l| (l, size));
-            }
-            if let Some(m) = set.mode {
-                if i.attr.kind == FileKind::Symlink {
-                    // A link's mode means nothing (Linux's are all 0777 and lchmod fails).
-                    return Err(MetaError::Invalid("a symbolic link has no mode to change"));
-                }
-                i.attr.mode = m & 0o7777;
             }
             if let Some(u) = set.uid {
                 i.attr.uid = u;
@@ -889,11 +1061,15 @@ impl MetaStore {
             if let Some(g) = set.gid {
                 i.attr.gid = g;
             }
+            let at = |t: SetTime| match t {
+                SetTime::Now => now,
+                SetTime::At(t) => t,
+            };
             if let Some(t) = set.atime {
-                i.attr.atime = t;
+                i.attr.atime = at(t);
             }
             if let Some(t) = set.mtime {
-                i.attr.mtime = t;
+                i.attr.mtime = at(t);
             }
             i.attr.ctime = now;
             tx.put_inode(h.0, &i)?;
@@ -909,7 +1085,8 @@ impl MetaStore {
 
     /// Sets (or clears) a directory's default layout. Fields that are set are checked against
     /// the cluster now, so a bad default cannot break later creates.
-    pub fn setstripe(&self, dir: Handle, spec: Option<LayoutSpec>) -> Result<(), MetaError> {
+    /// Only the directory's owner or root may.
+    pub fn setstripe(&self, cred: &Cred, dir: Handle, spec: Option<LayoutSpec>) -> Result<(), MetaError> {
         if let Some(s) = spec {
             let n = self.cfg.n_servers;
             let probe = Layout {
@@ -921,6 +1098,11 @@ impl MetaStore {
         }
         self.write(|tx| {
             let mut d = dir_inode(&tx.inodes, dir.0)?;
+            if !access::owns(&d.attr, cred) {
+                return Err(MetaError::NotPermitted(
+                    "only the owner or root sets a directory's default layout",
+                ));
+            }
             d.default = spec;
             d.attr.ctime = Timestamp::now();
             tx.put_inode(dir.0, &d)
@@ -967,6 +1149,18 @@ impl MetaStore {
     }
 }
 
+/// The entry `name` of directory `parent` that `cred` may remove (or rename away): search
+/// permission to find it, then write permission and the sticky rule (see
+/// [`access::may_remove`]).
+fn entry_to_remove(tx: &Tx<'_>, cred: &Cred, parent: u64, name: &str) -> Result<(u64, Inode), MetaError> {
+    let dir = dir_inode(&tx.inodes, parent)?;
+    access::check(&dir.attr, cred, EXEC)?;
+    let h = get_entry(&tx.dirents, parent, name)?.ok_or(MetaError::NotFound)?;
+    let i = live_inode(&tx.inodes, h)?;
+    access::may_remove(&dir.attr, &i.attr, cred)?;
+    Ok((h, i))
+}
+
 /// Removes the directory entry naming `h` in `parent` (used to abort a create).
 fn remove_entry_of(tx: &mut Tx<'_>, h: u64, parent: u64) -> Result<(), MetaError> {
     let mut name = None;
@@ -987,487 +1181,4 @@ fn remove_entry_of(tx: &mut Tx<'_>, h: u64, parent: u64) -> Result<(), MetaError
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const P: Perm = Perm { mode: 0o644, uid: 10, gid: 20 };
-    const R: Handle = Handle::ROOT;
-
-    fn store(dir: &tempfile::TempDir) -> MetaStore {
-        MetaStore::open(&dir.path().join("meta.redb"), MetaConfig::new(4)).unwrap()
-    }
-
-    fn mkfile(m: &MetaStore, parent: Handle, name: &str) -> Created {
-        let c = m.create(parent, name, P, None).unwrap();
-        m.commit_create(c.handle).unwrap();
-        c
-    }
-
-    fn names(m: &MetaStore, dir: Handle) -> Vec<String> {
-        m.readdir(dir, None, 1000).unwrap().0.into_iter().map(|e| e.name.into_string()).collect()
-    }
-
-    #[test]
-    fn root_exists_on_first_open() {
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        let a = m.getattr(R).unwrap();
-        assert_eq!((a.kind, a.mode, a.nlink), (FileKind::Dir, 0o755, 2));
-        assert_eq!(m.statfs().unwrap(), FsStats { files: 0, dirs: 1, io_servers: 4, name_max: 255 });
-        assert_eq!(m.resolve("/").unwrap(), R);
-    }
-
-    #[test]
-    fn create_lookup_getattr_open() {
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        let c = mkfile(&m, R, "a.txt");
-        assert!(c.handle.0 > R.0);
-        let (h, a) = m.lookup(R, "a.txt").unwrap();
-        assert_eq!(h, c.handle);
-        assert_eq!((a.kind, a.mode, a.uid, a.gid, a.size), (FileKind::File, 0o644, 10, 20, 0));
-        assert_eq!(m.getattr(h).unwrap(), a);
-        assert_eq!(m.open_file(h).unwrap().layout, c.layout);
-        assert!(matches!(m.open_file(R), Err(MetaError::IsDir)));
-        assert!(matches!(m.create(R, "a.txt", P, None), Err(MetaError::Exists)));
-        assert_eq!(m.create(R, "a.txt", P, None).unwrap_err().errno(), Errno::EEXIST);
-        assert!(matches!(m.lookup(R, "nope"), Err(MetaError::NotFound)));
-        assert!(matches!(m.create(h, "x", P, None), Err(MetaError::NotDir)));
-        assert!(matches!(m.create(Handle(999), "x", P, None), Err(MetaError::NotFound)));
-        assert_eq!(m.statfs().unwrap().files, 1);
-    }
-
-    #[test]
-    fn bad_names_are_refused_with_typed_errors() {
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        let long = "x".repeat(NAME_MAX + 1);
-        let cases: [(&str, NameError); 6] = [
-            ("", NameError::Empty),
-            (".", NameError::Dot),
-            ("..", NameError::Dot),
-            ("a/b", NameError::Slash),
-            ("a\0b", NameError::Nul),
-            (&long, NameError::TooLong),
-        ];
-        for (name, want) in cases {
-            assert!(matches!(m.create(R, name, P, None), Err(MetaError::Name(e)) if e == want), "{name:?}");
-            assert!(matches!(m.mkdir(R, name, P), Err(MetaError::Name(_))));
-            assert!(matches!(m.lookup(R, name), Err(MetaError::Name(_))));
-            assert!(matches!(m.rename(R, "a", R, name), Err(MetaError::Name(_))));
-        }
-        assert_eq!(MetaError::Name(NameError::TooLong).errno(), Errno::ENAMETOOLONG);
-        assert_eq!(MetaError::Name(NameError::Slash).errno(), Errno::EINVAL);
-        mkfile(&m, R, &"x".repeat(NAME_MAX));
-        assert_eq!(m.inode_count().unwrap(), 2);
-    }
-
-    #[test]
-    fn pending_create_is_invisible_until_committed() {
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        let c = m.create(R, "p", P, None).unwrap();
-        assert!(matches!(m.lookup(R, "p"), Err(MetaError::NotFound)));
-        assert!(matches!(m.getattr(c.handle), Err(MetaError::NotFound)));
-        assert!(names(&m, R).is_empty());
-        assert!(matches!(m.create(R, "p", P, None), Err(MetaError::Exists)), "name is taken");
-        assert!(matches!(m.unlink(R, "p"), Err(MetaError::NotFound)));
-        assert_eq!(m.statfs().unwrap().files, 0);
-        m.commit_create(c.handle).unwrap();
-        assert_eq!(m.lookup(R, "p").unwrap().0, c.handle);
-        assert_eq!(names(&m, R), ["p"]);
-        assert!(matches!(m.abort_create(c.handle), Err(MetaError::Invalid(_))), "committed files stay");
-    }
-
-    #[test]
-    fn aborted_create_leaves_nothing() {
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        let c = m.create(R, "p", P, None).unwrap();
-        assert_eq!(m.abort_create(c.handle).unwrap(), c.layout);
-        assert_eq!(m.inode_count().unwrap(), 1);
-        assert!(m.orphans().unwrap().is_empty());
-        // The name is free again, and the handle is never reused.
-        let c2 = m.create(R, "p", P, None).unwrap();
-        assert!(c2.handle.0 > c.handle.0);
-    }
-
-    #[test]
-    fn pending_creates_survive_a_crash() {
-        let d = tempfile::tempdir().unwrap();
-        let c = {
-            let m = store(&d);
-            mkfile(&m, R, "done");
-            m.create(R, "half", P, None).unwrap()
-        };
-        let m = store(&d);
-        assert_eq!(m.pending_creates().unwrap(), vec![Objects { handle: c.handle, layout: c.layout }]);
-        m.abort_create(c.handle).unwrap();
-        assert!(m.pending_creates().unwrap().is_empty());
-        assert_eq!(names(&m, R), ["done"]);
-    }
-
-    #[test]
-    fn default_layout_and_round_robin_base() {
-        let d = tempfile::tempdir().unwrap();
-        let bases: Vec<u32> = {
-            let m = store(&d);
-            (0..5)
-                .map(|i| {
-                    let c = mkfile(&m, R, &format!("f{i}"));
-                    assert_eq!((c.layout.pcount, c.layout.ssize), (4, 64 * 1024));
-                    c.layout.base
-                })
-                .collect()
-        };
-        assert_eq!(bases, [0, 1, 2, 3, 0]);
-        // The counter is persisted: the next create after reopening continues the rotation.
-        let m = store(&d);
-        assert_eq!(mkfile(&m, R, "g").layout.base, 1);
-        // An explicit base does not advance the rotation.
-        let spec = LayoutSpec { base: Some(3), pcount: Some(2), ssize: Some(4096) };
-        assert_eq!(mkfile_spec(&m, R, "h", spec).layout, Layout { base: 3, pcount: 2, ssize: 4096 });
-        assert_eq!(mkfile(&m, R, "i").layout.base, 2);
-    }
-
-    #[test]
-    fn new_layouts_avoid_servers_known_down_while_the_stripe_count_allows() {
-        // No server down: the plain rotation.
-        assert_eq!(pick_base(5, 4, 2, &[]), (1, 0));
-        // Server 2 down, 4 servers: single-server files skip it…
-        assert_eq!(pick_base(2, 4, 1, &[2]), (3, 1));
-        assert_eq!(pick_base(6, 4, 1, &[2]), (3, 1));
-        // …two-server files need a window without it: 3,0 or 0,1.
-        assert_eq!(pick_base(1, 4, 2, &[2]), (3, 2));
-        assert_eq!(pick_base(0, 4, 2, &[2]), (0, 0));
-        assert_eq!(pick_base(0, 4, 3, &[2]), (3, 3));
-        // Every server, or more than are up: the rotation's base, to be tried.
-        assert_eq!(pick_base(1, 4, 4, &[2]), (1, 0));
-        assert_eq!(pick_base(1, 4, 2, &[0, 2]), (1, 0));
-        // Nonsense counts are for `validate` to refuse, not a panic here.
-        assert_eq!(pick_base(1, 4, 9, &[2]), (1, 0));
-        assert_eq!(pick_base(1, 0, 1, &[0]), (0, 0));
-
-        // In the store: the rotation goes on after the base chosen.
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        let one = LayoutSpec { pcount: Some(1), ..Default::default() };
-        let bases: Vec<u32> = (0..6)
-            .map(|i| {
-                let c = m.create_avoiding(R, &format!("f{i}"), P, Some(one), &[1]).unwrap();
-                c.layout.base
-            })
-            .collect();
-        assert_eq!(bases, [0, 2, 3, 0, 2, 3]);
-        // An explicit base is kept even on a server to avoid (the create then fails there).
-        let forced = LayoutSpec { base: Some(1), ..one };
-        assert_eq!(m.create_avoiding(R, "g", P, Some(forced), &[1]).unwrap().layout.base, 1);
-    }
-
-    fn mkfile_spec(m: &MetaStore, parent: Handle, name: &str, spec: LayoutSpec) -> Created {
-        let c = m.create(parent, name, P, Some(spec)).unwrap();
-        m.commit_create(c.handle).unwrap();
-        c
-    }
-
-    #[test]
-    fn configured_defaults_apply() {
-        let d = tempfile::tempdir().unwrap();
-        let cfg = MetaConfig { n_servers: 4, default_ssize: 1 << 20, default_pcount: Some(2) };
-        let m = MetaStore::open(&d.path().join("m.redb"), cfg).unwrap();
-        let c = mkfile(&m, R, "f");
-        assert_eq!((c.layout.pcount, c.layout.ssize), (2, 1 << 20));
-    }
-
-    #[test]
-    fn invalid_explicit_layout_is_refused() {
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        let too_many = LayoutSpec { pcount: Some(5), ..Default::default() };
-        let e = m.create(R, "f", P, Some(too_many)).unwrap_err();
-        assert!(matches!(e, MetaError::Layout(LayoutError::BadStripeCount { .. })));
-        assert_eq!(e.errno(), Errno::EINVAL);
-        let bad_base = LayoutSpec { base: Some(4), ..Default::default() };
-        assert!(matches!(m.create(R, "f", P, Some(bad_base)), Err(MetaError::Layout(_))));
-        assert!(matches!(m.lookup(R, "f"), Err(MetaError::NotFound)), "failed create leaves no entry");
-    }
-
-    #[test]
-    fn directory_default_layouts_are_inherited() {
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        let (dir, _) = m.mkdir(R, "d", P).unwrap();
-        let spec = LayoutSpec { base: None, pcount: Some(2), ssize: Some(1 << 20) };
-        m.setstripe(dir, Some(spec)).unwrap();
-        assert_eq!(m.getstripe(dir).unwrap(), Stripe { layout: None, default: Some(spec) });
-        let c = mkfile(&m, dir, "f");
-        assert_eq!((c.layout.pcount, c.layout.ssize), (2, 1 << 20));
-        assert_eq!(m.getstripe(c.handle).unwrap(), Stripe { layout: Some(c.layout), default: None });
-        // Per-create fields override the directory's, field by field.
-        let c = mkfile_spec(&m, dir, "g", LayoutSpec { ssize: Some(4096), ..Default::default() });
-        assert_eq!((c.layout.pcount, c.layout.ssize), (2, 4096));
-        // Subdirectories inherit the default; the root is untouched.
-        let (sub, _) = m.mkdir(dir, "sub", P).unwrap();
-        assert_eq!(m.getstripe(sub).unwrap().default, Some(spec));
-        assert_eq!(mkfile(&m, R, "top").layout.pcount, 4);
-        // Clearing it restores the filesystem defaults.
-        m.setstripe(dir, None).unwrap();
-        assert_eq!(mkfile(&m, dir, "h").layout.pcount, 4);
-        assert!(matches!(m.setstripe(c.handle, Some(spec)), Err(MetaError::NotDir)));
-        let bad = LayoutSpec { pcount: Some(9), ..Default::default() };
-        assert!(matches!(m.setstripe(dir, Some(bad)), Err(MetaError::Layout(_))));
-    }
-
-    #[test]
-    fn mkdir_rmdir_and_unlink() {
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        let (dir, a) = m.mkdir(R, "d", Perm { mode: 0o40755, ..P }).unwrap();
-        assert_eq!((a.kind, a.mode), (FileKind::Dir, 0o755));
-        assert!(matches!(m.mkdir(R, "d", P), Err(MetaError::Exists)));
-        let f = mkfile(&m, dir, "f");
-        assert_eq!(m.rmdir(R, "d").unwrap_err().errno(), Errno::ENOTEMPTY);
-        assert!(matches!(m.rmdir(dir, "f"), Err(MetaError::NotDir)));
-        assert_eq!(m.unlink(R, "d").unwrap_err().errno(), Errno::EISDIR);
-        let objs = m.unlink(dir, "f").unwrap();
-        assert_eq!(objs, Some(Objects { handle: f.handle, layout: f.layout }));
-        assert!(matches!(m.unlink(dir, "f"), Err(MetaError::NotFound)));
-        assert!(matches!(m.getattr(f.handle), Err(MetaError::NotFound)));
-        m.rmdir(R, "d").unwrap();
-        assert!(matches!(m.rmdir(R, "d"), Err(MetaError::NotFound)));
-        assert_eq!(m.statfs().unwrap(), FsStats { files: 0, dirs: 1, io_servers: 4, name_max: 255 });
-    }
-
-    #[test]
-    fn unlinked_objects_stay_orphans_until_forgotten() {
-        let d = tempfile::tempdir().unwrap();
-        let f = {
-            let m = store(&d);
-            let f = mkfile(&m, R, "f");
-            m.unlink(R, "f").unwrap();
-            f
-        };
-        let m = store(&d);
-        assert_eq!(m.orphans().unwrap(), vec![Objects { handle: f.handle, layout: f.layout }]);
-        m.forget_orphan(f.handle).unwrap();
-        assert!(m.orphans().unwrap().is_empty());
-    }
-
-    #[test]
-    fn readdir_pages_in_stable_name_order() {
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        for n in ["e", "b", "a", "d", "c", "g", "f"] {
-            mkfile(&m, R, n);
-        }
-        m.mkdir(R, "dir", P).unwrap();
-        let (p1, more) = m.readdir(R, None, 3).unwrap();
-        assert!(more);
-        let n1: Vec<_> = p1.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(n1, ["a", "b", "c"]);
-        // Removing the resume point and adding an earlier name does not disturb the next page.
-        m.unlink(R, "c").unwrap();
-        mkfile(&m, R, "a0");
-        let (p2, more) = m.readdir(R, Some("c"), 3).unwrap();
-        assert!(more);
-        let n2: Vec<_> = p2.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(n2, ["d", "dir", "e"]);
-        assert_eq!(p2[1].kind, FileKind::Dir);
-        let (p3, more) = m.readdir(R, Some("e"), 3).unwrap();
-        assert!(!more);
-        assert_eq!(p3.len(), 2);
-        let (p4, more) = m.readdir(R, Some("g"), 3).unwrap();
-        assert!(p4.is_empty() && !more);
-        // Exactly a full page at the end says no more.
-        assert!(!m.readdir(R, Some("e"), 2).unwrap().1);
-        assert!(matches!(m.readdir(p1[0].handle, None, 3), Err(MetaError::NotDir)));
-    }
-
-    #[test]
-    fn readdir_pages_are_capped_at_the_wire_limit() {
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        for i in 0..MAX_READDIR + 1 {
-            m.mkdir(R, &format!("{i:04}"), P).unwrap();
-        }
-        let (page, more) = m.readdir(R, None, usize::MAX).unwrap();
-        assert_eq!((page.len(), more), (MAX_READDIR, true));
-    }
-
-    #[test]
-    fn rename_within_and_across_directories() {
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        let f = mkfile(&m, R, "a");
-        assert_eq!(m.rename(R, "a", R, "b").unwrap(), None);
-        assert_eq!(names(&m, R), ["b"]);
-        let (dir, _) = m.mkdir(R, "d", P).unwrap();
-        m.rename(R, "b", dir, "c").unwrap();
-        assert_eq!(m.resolve("/d/c").unwrap(), f.handle);
-        assert_eq!(names(&m, R), ["d"]);
-        // Directories move with their contents.
-        let (e, _) = m.mkdir(R, "e", P).unwrap();
-        m.rename(R, "d", e, "d2").unwrap();
-        assert_eq!(m.resolve("e/d2/c").unwrap(), f.handle);
-        assert_eq!(m.resolve("/e/d2/..").unwrap(), e);
-        // Same entry: nothing happens.
-        assert_eq!(m.rename(dir, "c", dir, "c").unwrap(), None);
-        assert!(matches!(m.rename(R, "missing", R, "x"), Err(MetaError::NotFound)));
-    }
-
-    #[test]
-    fn rename_replaces_a_file_target() {
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        let a = mkfile(&m, R, "a");
-        let b = mkfile(&m, R, "b");
-        let replaced = m.rename(R, "a", R, "b").unwrap();
-        assert_eq!(replaced, Some(Objects { handle: b.handle, layout: b.layout }));
-        assert_eq!(m.lookup(R, "b").unwrap().0, a.handle);
-        assert_eq!(names(&m, R), ["b"]);
-        assert_eq!(m.orphans().unwrap().len(), 1);
-        assert_eq!(m.statfs().unwrap().files, 1);
-    }
-
-    #[test]
-    fn rename_refusals() {
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        mkfile(&m, R, "f");
-        let (dir, _) = m.mkdir(R, "d", P).unwrap();
-        let (full, _) = m.mkdir(R, "full", P).unwrap();
-        mkfile(&m, full, "x");
-        m.mkdir(R, "empty", P).unwrap();
-        assert_eq!(m.rename(R, "d", R, "f").unwrap_err().errno(), Errno::ENOTDIR);
-        assert_eq!(m.rename(R, "f", R, "d").unwrap_err().errno(), Errno::EISDIR);
-        assert_eq!(m.rename(R, "d", R, "full").unwrap_err().errno(), Errno::ENOTEMPTY);
-        let (sub, _) = m.mkdir(dir, "sub", P).unwrap();
-        assert_eq!(m.rename(R, "d", sub, "loop").unwrap_err().errno(), Errno::EINVAL);
-        assert_eq!(m.rename(R, "d", dir, "self").unwrap_err().errno(), Errno::EINVAL);
-        assert!(matches!(m.rename(R, "f", Handle(12345), "x"), Err(MetaError::NotFound)));
-        // Nothing changed, then a directory replaces an empty one.
-        assert_eq!(names(&m, R), ["d", "empty", "f", "full"]);
-        assert_eq!(m.rename(R, "d", R, "empty").unwrap(), None);
-        assert_eq!(names(&m, R), ["empty", "f", "full"]);
-        assert_eq!(m.resolve("/empty/sub").unwrap(), sub);
-        assert_eq!(m.statfs().unwrap().dirs, 4);
-    }
-
-    #[test]
-    fn symbolic_links_are_records_without_objects() {
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        let (dir, _) = m.mkdir(R, "dir", P).unwrap();
-        let f = mkfile(&m, dir, "f");
-        let (l, a) = m.symlink(R, "l", "dir/f", P).unwrap();
-        assert_eq!((a.kind, a.mode, a.size, a.nlink, a.uid, a.gid), (FileKind::Symlink, 0o777, 5, 1, 10, 20));
-        assert_eq!(m.lookup(R, "l").unwrap(), (l, a.clone()));
-        assert_eq!(m.readlink(l).unwrap(), "dir/f");
-        let kinds: Vec<_> =
-            m.readdir(R, None, 10).unwrap().0.into_iter().map(|e| (e.name.into_string(), e.kind)).collect();
-        assert_eq!(kinds, [("dir".to_string(), FileKind::Dir), ("l".to_string(), FileKind::Symlink)]);
-        assert_eq!((m.statfs().unwrap().files, m.statfs().unwrap().dirs), (2, 2));
-        // What a link is not.
-        assert_eq!(m.open_file(l).unwrap_err().errno(), Errno::ELOOP);
-        assert_eq!(m.readlink(f.handle).unwrap_err().errno(), Errno::EINVAL);
-        assert_eq!(m.readlink(dir).unwrap_err().errno(), Errno::EINVAL);
-        assert_eq!(
-            m.setattr(l, &SetAttr { size: Some(0), ..Default::default() }).unwrap_err().errno(),
-            Errno::EINVAL
-        );
-        assert_eq!(
-            m.setattr(l, &SetAttr { mode: Some(0o600), ..Default::default() }).unwrap_err().errno(),
-            Errno::EINVAL
-        );
-        assert_eq!(m.getattr(l).unwrap(), a);
-        let t = Timestamp { secs: 5, nsecs: 6 };
-        assert_eq!(m.setattr(l, &SetAttr { mtime: Some(t), ..Default::default() }).unwrap().attr.mtime, t);
-        assert_eq!(m.rmdir(R, "l").unwrap_err().errno(), Errno::ENOTDIR);
-        // Bad links are refused and leave nothing.
-        assert_eq!(m.symlink(R, "l", "x", P).unwrap_err().errno(), Errno::EEXIST);
-        assert_eq!(m.symlink(R, "e", "", P).unwrap_err().errno(), Errno::EINVAL);
-        assert_eq!(m.symlink(R, "n", "a\0b", P).unwrap_err().errno(), Errno::EINVAL);
-        assert_eq!(m.symlink(R, "..", "x", P).unwrap_err().errno(), Errno::EINVAL);
-        assert_eq!(m.symlink(f.handle, "x", "x", P).unwrap_err().errno(), Errno::ENOTDIR);
-        let long = "t".repeat(MAX_LINK_TARGET + 1);
-        assert_eq!(m.symlink(R, "long", &long, P).unwrap_err().errno(), Errno::ENAMETOOLONG);
-        let (longest, _) = m.symlink(R, "longest", &long[1..], P).unwrap();
-        assert_eq!(m.readlink(longest).unwrap(), long[1..]);
-        assert_eq!(names(&m, R), ["dir", "l", "longest"]);
-        // Renamed, it keeps its target; replaced or unlinked, it leaves no orphan and no target.
-        assert_eq!(m.rename(R, "l", dir, "l2").unwrap(), None);
-        assert_eq!(m.readlink(l).unwrap(), "dir/f");
-        let g = mkfile(&m, R, "g");
-        assert_eq!(m.rename(R, "g", dir, "l2").unwrap(), None);
-        assert_eq!(m.lookup(dir, "l2").unwrap().0, g.handle);
-        assert!(matches!(m.readlink(l), Err(MetaError::NotFound)));
-        assert_eq!(m.unlink(R, "longest").unwrap(), None);
-        assert!(matches!(m.readlink(longest), Err(MetaError::NotFound)));
-        assert!(m.orphans().unwrap().is_empty());
-        let r = m.db.begin_read().unwrap();
-        assert!(r.open_table(SYMLINKS).unwrap().is_empty().unwrap(), "no target outlives its link");
-        assert_eq!(m.statfs().unwrap().files, 2);
-    }
-
-    #[test]
-    fn symbolic_links_survive_reopen() {
-        let d = tempfile::tempdir().unwrap();
-        let l = store(&d).symlink(R, "l", "/some/where", P).unwrap().0;
-        let m = store(&d);
-        assert_eq!(m.readlink(l).unwrap(), "/some/where");
-        assert_eq!(m.lookup(R, "l").unwrap().1.kind, FileKind::Symlink);
-    }
-
-    #[test]
-    fn setattr_and_truncate() {
-        let d = tempfile::tempdir().unwrap();
-        let m = store(&d);
-        let f = mkfile(&m, R, "f");
-        let set = SetAttr { mode: Some(0o600), uid: Some(7), size: Some(1_000_000), ..Default::default() };
-        let out = m.setattr(f.handle, &set).unwrap();
-        assert_eq!((out.attr.mode, out.attr.uid, out.attr.gid, out.attr.size), (0o600, 7, 20, 1_000_000));
-        assert_eq!(out.truncate, Some((f.layout, 1_000_000)));
-        assert_eq!(m.getattr(f.handle).unwrap(), out.attr);
-        let t = Timestamp { secs: 5, nsecs: 6 };
-        let out = m.setattr(f.handle, &SetAttr { mtime: Some(t), ..Default::default() }).unwrap();
-        assert_eq!((out.attr.mtime, out.truncate), (t, None));
-        let e = m.setattr(R, &SetAttr { size: Some(0), ..Default::default() }).unwrap_err();
-        assert_eq!(e.errno(), Errno::EISDIR);
-        assert!(matches!(m.setattr(Handle(999), &SetAttr::default()), Err(MetaError::NotFound)));
-    }
-
-    #[test]
-    fn namespace_survives_reopen() {
-        let d = tempfile::tempdir().unwrap();
-        let (f, dir, last) = {
-            let m = store(&d);
-            let (dir, _) = m.mkdir(R, "dir", P).unwrap();
-            m.setstripe(dir, Some(LayoutSpec { pcount: Some(1), ..Default::default() })).unwrap();
-            let f = mkfile(&m, dir, "file");
-            m.setattr(f.handle, &SetAttr { size: Some(42), ..Default::default() }).unwrap();
-            let (last, _) = m.mkdir(dir, "sub", P).unwrap();
-            (f, dir, last)
-        };
-        let m = store(&d);
-        assert_eq!(m.resolve("/dir/file").unwrap(), f.handle);
-        assert_eq!(m.getattr(f.handle).unwrap().size, 42);
-        assert_eq!(m.open_file(f.handle).unwrap().layout, f.layout);
-        assert_eq!(names(&m, dir), ["file", "sub"]);
-        assert_eq!(m.getstripe(dir).unwrap().default.unwrap().pcount, Some(1));
-        assert_eq!(m.statfs().unwrap(), FsStats { files: 1, dirs: 3, io_servers: 4, name_max: 255 });
-        let (next, _) = m.mkdir(R, "new", P).unwrap();
-        assert!(next.0 > last.0, "handles are never reused");
-    }
-
-    #[test]
-    fn server_count_change_is_refused() {
-        let d = tempfile::tempdir().unwrap();
-        drop(store(&d));
-        let e = MetaStore::open(&d.path().join("meta.redb"), MetaConfig::new(5)).unwrap_err();
-        assert!(matches!(e, MetaError::ServerCountChanged { stored: 4, configured: 5 }));
-        assert!(matches!(
-            MetaStore::open(&d.path().join("x.redb"), MetaConfig::new(0)),
-            Err(MetaError::Invalid(_))
-        ));
-    }
-}
+mod tests;

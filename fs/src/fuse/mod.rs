@@ -5,6 +5,18 @@
 //! write goes to the io servers — the PVFS semantics of the library, unchanged. Attributes and
 //! entries are cached by the kernel for one second.
 //!
+//! Permissions: the mount asks the kernel to check mode bits itself (`default_permissions`)
+//! against the attributes it is given, and serves every request as the process that made it:
+//! the request's user and group, with the supplementary groups read from `/proc/<pid>/status`
+//! (none if that cannot be read: the mount then runs in another PID namespace than its
+//! callers), so the meta server applies the same rules and what a process creates is its own.
+//! Other users than the one who mounted reach the mount only with `allow_other`
+//! ([`MountOptions::allow_other`]; for a user who is not root, `/etc/fuse.conf` must have
+//! `user_allow_other`).
+//!
+//! A file whose last name goes while the mount holds it open keeps its data until the last
+//! close, under a hidden name (see `unlinked`).
+//!
 //! Durability follows the open flags: a write to a file opened with `O_SYNC` or `O_DSYNC` (or
 //! one carrying `RWF_SYNC`/`RWF_DSYNC`, which the kernel passes in the write's flags) is
 //! acknowledged only after the io servers holding its bytes fsynced them; `fsync` and
@@ -12,12 +24,12 @@
 
 use crate::capability::Rights;
 use crate::client::{Client, CreateOptions, File};
-use crate::proto::{Attr, FileKind, Handle, SetAttr, Timestamp};
+use crate::proto::{Attr, Cred, FileKind, Handle, SetAttr, SetTime, Timestamp};
 use crate::{FsError, FsResult, lock};
 use fuser::{
     FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, MountOption, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -25,7 +37,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tracing::debug;
+use tracing::{debug, warn};
+
+mod unlinked;
 
 const TTL: Duration = Duration::from_secs(1);
 /// The block size `statfs` counts space in (and suggests for I/O).
@@ -38,6 +52,12 @@ pub struct StripeFuse {
     files: Mutex<HashMap<u64, Open>>,
     dirs: Listings<DirItem>,
     next_fh: AtomicU64,
+    /// Files held open, and hidden names of those unlinked meanwhile (see `unlinked`).
+    opened: unlinked::Opened,
+    /// The directory of hidden names, once looked up or made.
+    hidden_dir: Mutex<Option<Handle>>,
+    /// This host's name, for hidden names.
+    host: String,
 }
 
 /// An open file and the flags it was opened with.
@@ -115,13 +135,47 @@ fn time(t: Timestamp) -> SystemTime {
     if t.secs >= 0 { UNIX_EPOCH + Duration::new(t.secs as u64, t.nsecs) } else { UNIX_EPOCH }
 }
 
-fn stamp(t: TimeOrNow) -> Timestamp {
+fn stamp(t: TimeOrNow) -> SetTime {
     match t {
-        TimeOrNow::Now => Timestamp::now(),
-        TimeOrNow::SpecificTime(st) => match st.duration_since(UNIX_EPOCH) {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(st) => SetTime::At(match st.duration_since(UNIX_EPOCH) {
             Ok(d) => Timestamp { secs: d.as_secs() as i64, nsecs: d.subsec_nanos() },
-            Err(_) => Timestamp::default(),
-        },
+            // Before 1970: whole seconds down, nanoseconds up, as `timespec` counts.
+            Err(e) => {
+                let back = e.duration();
+                let secs = -(back.as_secs() as i64) - i64::from(back.subsec_nanos() > 0);
+                let nsecs = if back.subsec_nanos() > 0 { 1_000_000_000 - back.subsec_nanos() } else { 0 };
+                Timestamp { secs, nsecs }
+            }
+        }),
+    }
+}
+
+/// The credentials of the process that made `req` (see the module documentation).
+fn caller(req: &Request) -> Cred {
+    Cred::new(req.uid(), req.gid(), supplementary_groups(req.pid()).unwrap_or_default())
+}
+
+/// The supplementary groups of process (thread) `pid`, from its `/proc` status.
+fn supplementary_groups(pid: u32) -> Option<Vec<u32>> {
+    if pid == 0 {
+        return None;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_groups(&status)
+}
+
+fn parse_groups(status: &str) -> Option<Vec<u32>> {
+    let line = status.lines().find_map(|l| l.strip_prefix("Groups:"))?;
+    Some(line.split_whitespace().filter_map(|g| g.parse().ok()).collect())
+}
+
+/// The rights an open with `flags` needs from the meta server.
+fn open_rights(flags: i32) -> Rights {
+    match flags & libc::O_ACCMODE {
+        libc::O_RDONLY => Rights::READ,
+        libc::O_WRONLY => Rights::WRITE,
+        _ => Rights::READ_WRITE,
     }
 }
 
@@ -139,7 +193,7 @@ fn file_attr(h: Handle, a: &Attr) -> FileAttr {
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
-        rdev: 0,
+        rdev: a.kind.rdev(),
         blksize: 65536,
         flags: 0,
     }
@@ -150,7 +204,24 @@ fn file_type(k: FileKind) -> FileType {
         FileKind::File => FileType::RegularFile,
         FileKind::Dir => FileType::Directory,
         FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDev(_) => FileType::CharDevice,
+        FileKind::BlockDev(_) => FileType::BlockDevice,
     }
+}
+
+/// The special kind `mknod` makes for `mode` (its type bits) and `rdev`; `None` for a regular
+/// file (made as by `create`), `EINVAL` for a type `mknod` cannot make.
+fn mknod_kind(mode: u32, rdev: u32) -> FsResult<Option<FileKind>> {
+    Ok(Some(match mode & libc::S_IFMT {
+        libc::S_IFREG | 0 => return Ok(None),
+        libc::S_IFIFO => FileKind::Fifo,
+        libc::S_IFSOCK => FileKind::Socket,
+        libc::S_IFCHR => FileKind::CharDev(rdev),
+        libc::S_IFBLK => FileKind::BlockDev(rdev),
+        _ => return Err(FsError::code(crate::Errno::EINVAL, "mknod of that file type")),
+    }))
 }
 
 fn name(n: &OsStr) -> FsResult<&str> {
@@ -165,16 +236,117 @@ impl StripeFuse {
             files: Mutex::new(HashMap::new()),
             dirs: Listings::new(),
             next_fh: AtomicU64::new(1),
+            opened: unlinked::Opened::default(),
+            hidden_dir: Mutex::new(None),
+            host: unlinked::host(),
         }
+    }
+
+    /// The directory of hidden names, made (0700, the mounting user's) if `create`.
+    fn hidden_dir(&self, create: bool) -> FsResult<Handle> {
+        let mut dir = lock(&self.hidden_dir);
+        if let Some(h) = *dir {
+            return Ok(h);
+        }
+        let h = match self.client.lookup(Handle::ROOT, unlinked::DIR) {
+            Ok((h, _)) => h,
+            Err(e) if e.errno() == crate::Errno::ENOENT && create => {
+                match self.client.mkdir_in(Handle::ROOT, unlinked::DIR, 0o700) {
+                    Ok((h, _)) => h,
+                    // Another mount made it meanwhile.
+                    Err(e) if e.errno() == crate::Errno::EEXIST => {
+                        self.client.lookup(Handle::ROOT, unlinked::DIR)?.0
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        *dir = Some(h);
+        Ok(h)
+    }
+
+    /// Before `c` removes or replaces `name` in `parent`: if that is the last name of a file
+    /// this mount holds open, gives the file a hidden name so its data outlives the removal
+    /// until the last close. Returns the file so a failed removal can undo it.
+    fn keep_if_open(&self, c: &Client, parent: Handle, name: &str) -> Option<Handle> {
+        if !self.opened.any() {
+            return None;
+        }
+        let (h, a) = c.lookup(parent, name).ok()?;
+        if a.kind != FileKind::File || a.nlink > 1 || !self.opened.needs_hiding(h) {
+            return None;
+        }
+        let hidden = unlinked::hidden_name(&self.host, std::process::id(), h);
+        let link = || self.hidden_dir(true).and_then(|dir| self.client.link_in(h, dir, &hidden));
+        let linked = link().or_else(|e| {
+            // The directory may have been removed since it was looked up: once more, afresh.
+            if e.errno() != crate::Errno::ENOENT {
+                return Err(e);
+            }
+            *lock(&self.hidden_dir) = None;
+            link()
+        });
+        match linked {
+            Ok(_) => {
+                self.opened.hide(h, hidden);
+                Some(h)
+            }
+            Err(e) => {
+                warn!(handle = %h, error = %e, "cannot keep an open file's data past its unlink");
+                None
+            }
+        }
+    }
+
+    /// Undoes [`StripeFuse::keep_if_open`] after the removal it was made for failed.
+    fn undo_keep(&self, kept: Option<Handle>) {
+        if let Some(h) = kept
+            && let Some(hidden) = self.opened.unhide(h)
+        {
+            self.drop_hidden(h, &hidden);
+        }
+    }
+
+    /// Removes `h`'s hidden name (its last close, or the removal it was made for failed).
+    fn drop_hidden(&self, h: Handle, hidden: &str) {
+        let r = self.hidden_dir(false).and_then(|dir| self.client.unlink_in(dir, hidden));
+        if let Err(e) = r {
+            warn!(handle = %h, name = hidden, error = %e, "cannot remove a hidden name");
+        }
+    }
+
+    /// Removes the hidden names that mounts on this host which are no longer running left.
+    fn drop_stale_hidden(&self) {
+        let Ok(dir) = self.hidden_dir(false) else { return };
+        let Ok(entries) = self.client.readdir_handle(dir) else { return };
+        let names: Vec<String> = entries.into_iter().map(|e| e.name.into_string()).collect();
+        for n in unlinked::stale(&names, &self.host, |pid| Path::new(&format!("/proc/{pid}")).exists()) {
+            debug!(name = n, "removing a hidden name left by a mount that is gone");
+            if let Err(e) = self.client.unlink_in(dir, n) {
+                warn!(name = n, error = %e, "cannot remove a stale hidden name");
+            }
+        }
+    }
+
+    /// The client acting for the process that made `req`.
+    fn as_caller(&self, req: &Request) -> Client {
+        self.client.as_caller(caller(req))
     }
 
     fn attr(&self, h: Handle) -> FsResult<FileAttr> {
         let st = self.client.stat_handle(h)?;
-        Ok(file_attr(h, &st.attr))
+        let mut a = file_attr(h, &st.attr);
+        if self.opened.is_hidden(h) {
+            // Unlinked while open: its hidden name is not one the caller gave it.
+            a.nlink = a.nlink.saturating_sub(1);
+        }
+        Ok(a)
     }
 
     fn remember(&self, f: File, flags: i32) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.opened.opened(f.handle());
         lock(&self.files).insert(fh, Open { file: Arc::new(f), flags });
         FileHandle(fh)
     }
@@ -199,9 +371,9 @@ impl StripeFuse {
         Ok(n)
     }
 
-    /// The directory's entries, read from the meta server.
-    fn listing(&self, ino: INodeNo) -> FsResult<Vec<DirItem>> {
-        let entries = self.client.readdir_handle(Handle(ino.0))?;
+    /// The directory's entries, read from the meta server by `c`.
+    fn listing(&self, c: &Client, ino: INodeNo) -> FsResult<Vec<DirItem>> {
+        let entries = c.readdir_handle(Handle(ino.0))?;
         let dots =
             [(ino.0, FileType::Directory, ".".to_string()), (ino.0, FileType::Directory, "..".to_string())];
         Ok(dots
@@ -221,8 +393,8 @@ impl StripeFuse {
 }
 
 impl Filesystem for StripeFuse {
-    fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
-        self.entry(name(n).and_then(|n| self.client.lookup(Handle(parent.0), n)), reply);
+    fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        self.entry(name(n).and_then(|n| self.as_caller(req).lookup(Handle(parent.0), n)), reply);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -234,7 +406,7 @@ impl Filesystem for StripeFuse {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -243,7 +415,7 @@ impl Filesystem for StripeFuse {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -257,23 +429,50 @@ impl Filesystem for StripeFuse {
             atime: atime.map(stamp),
             mtime: mtime.map(stamp),
             size,
+            // Through a descriptor: the kernel checked the open, and refuses ftruncate on
+            // one not opened for writing.
+            opened_for_write: fh.is_some(),
+            wrote: false,
         };
         let h = Handle(ino.0);
-        match self.client.setattr(h, set).and_then(|_| self.attr(h)) {
+        match self.as_caller(req).setattr(h, set).and_then(|_| self.attr(h)) {
             Ok(a) => reply.attr(&TTL, &a),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        let _ = req;
-        self.entry(name(n).and_then(|n| self.client.mkdir_in(Handle(parent.0), n, mode & !umask)), reply);
+        let c = self.as_caller(req);
+        self.entry(name(n).and_then(|n| c.mkdir_in(Handle(parent.0), n, mode & !umask)), reply);
     }
 
-    fn symlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, target: &Path, reply: ReplyEntry) {
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let c = self.as_caller(req);
+        let perm = mode & !umask & 0o7777;
+        let r = name(n).and_then(|n| match mknod_kind(mode, rdev)? {
+            Some(kind) => c.mknod_in(Handle(parent.0), n, kind, perm),
+            None => {
+                let f = c.create_in(Handle(parent.0), n, CreateOptions { mode: perm, layout: None })?;
+                Ok((f.handle(), f.attr().clone()))
+            }
+        });
+        self.entry(r, reply);
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, n: &OsStr, target: &Path, reply: ReplyEntry) {
         let target =
             target.to_str().ok_or_else(|| FsError::code(crate::Errno::EINVAL, "link targets are UTF-8"));
-        let r = name(n).and_then(|n| target.and_then(|t| self.client.symlink_in(Handle(parent.0), n, t)));
+        let c = self.as_caller(req);
+        let r = name(n).and_then(|n| target.and_then(|t| c.symlink_in(Handle(parent.0), n, t)));
         self.entry(r, reply);
     }
 
@@ -284,20 +483,26 @@ impl Filesystem for StripeFuse {
         }
     }
 
-    fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
-        // No hard links, as in PVFS: a file has exactly one name (its record keeps one parent).
-        reply.error(fuser::Errno::EPERM);
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let h = Handle(ino.0);
+        let r = name(newname).and_then(|n| self.as_caller(req).link_in(h, Handle(newparent.0), n));
+        self.entry(r.map(|a| (h, a)), reply);
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        match name(n).and_then(|n| self.client.unlink_in(Handle(parent.0), n)) {
+    fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let c = self.as_caller(req);
+        let r = name(n).and_then(|n| {
+            let kept = self.keep_if_open(&c, Handle(parent.0), n);
+            c.unlink_in(Handle(parent.0), n).inspect_err(|_| self.undo_keep(kept))
+        });
+        match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        match name(n).and_then(|n| self.client.rmdir_in(Handle(parent.0), n)) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        match name(n).and_then(|n| self.as_caller(req).rmdir_in(Handle(parent.0), n)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -305,7 +510,7 @@ impl Filesystem for StripeFuse {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         n: &OsStr,
         newparent: INodeNo,
@@ -318,8 +523,12 @@ impl Filesystem for StripeFuse {
             reply.error(fuser::Errno::EINVAL);
             return;
         }
+        let c = self.as_caller(req);
         let r = name(n).and_then(|a| {
-            name(newname).and_then(|b| self.client.rename_in(Handle(parent.0), a, Handle(newparent.0), b))
+            name(newname).and_then(|b| {
+                let kept = self.keep_if_open(&c, Handle(newparent.0), b);
+                c.rename_in(Handle(parent.0), a, Handle(newparent.0), b).inspect_err(|_| self.undo_keep(kept))
+            })
         });
         match r {
             Ok(()) => reply.ok(),
@@ -327,8 +536,8 @@ impl Filesystem for StripeFuse {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.client.open_handle(Handle(ino.0), Rights::READ_WRITE) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.as_caller(req).open_handle(Handle(ino.0), open_rights(flags.0)) {
             Ok(f) => reply.opened(self.remember(f, flags.0), FopenFlags::FOPEN_DIRECT_IO),
             Err(e) => reply.error(errno(&e)),
         }
@@ -395,8 +604,35 @@ impl Filesystem for StripeFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        lock(&self.files).remove(&fh.0);
+        let closed = lock(&self.files).remove(&fh.0);
+        if let Some(o) = closed {
+            let h = o.file.handle();
+            if let Some(hidden) = self.opened.closed(h) {
+                self.drop_hidden(h, &hidden);
+            }
+        }
         reply.ok();
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
+        if mode != 0 {
+            // Punching holes, zeroing and collapsing ranges are not offered.
+            return reply.error(fuser::Errno::from_i32(libc::EOPNOTSUPP));
+        }
+        match f.allocate(offset, length) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
@@ -411,8 +647,8 @@ impl Filesystem for StripeFuse {
         reply.opened(FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed)), FopenFlags::empty());
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let items = match self.dirs.get(fh.0, offset, || self.listing(ino)) {
+    fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let items = match self.dirs.get(fh.0, offset, || self.listing(&self.as_caller(req), ino)) {
             Ok(items) => items,
             Err(e) => return reply.error(errno(&e)),
         };
@@ -467,7 +703,7 @@ impl Filesystem for StripeFuse {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         n: &OsStr,
         mode: u32,
@@ -476,7 +712,7 @@ impl Filesystem for StripeFuse {
         reply: ReplyCreate,
     ) {
         let opts = CreateOptions { mode: mode & !umask & 0o7777, layout: None };
-        match name(n).and_then(|n| self.client.create_in(Handle(parent.0), n, opts)) {
+        match name(n).and_then(|n| self.as_caller(req).create_in(Handle(parent.0), n, opts)) {
             Ok(f) => {
                 let a = file_attr(f.handle(), f.attr());
                 reply.created(&TTL, &a, Generation(0), self.remember(f, flags), FopenFlags::FOPEN_DIRECT_IO);
@@ -486,13 +722,42 @@ impl Filesystem for StripeFuse {
     }
 }
 
+/// How to mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MountOptions {
+    /// Threads serving requests.
+    pub threads: usize,
+    /// Let every user reach the mount (FUSE's `allow_other`), not only the one who mounted it;
+    /// the kernel and the meta server check each one's permissions. A user other than root
+    /// may mount so only if `/etc/fuse.conf` has `user_allow_other`.
+    pub allow_other: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions { threads: 4, allow_other: false }
+    }
+}
+
 /// Mounts `client`'s cluster at `mountpoint` and serves it until it is unmounted (or the
 /// process gets Ctrl-C / SIGTERM, which unmounts it).
-pub fn mount(client: Client, mountpoint: &Path, threads: usize) -> std::io::Result<()> {
+pub fn mount(client: Client, mountpoint: &Path, opts: MountOptions) -> std::io::Result<()> {
     let mut cfg = fuser::Config::default();
-    cfg.mount_options = vec![MountOption::FSName("stripefs".into()), MountOption::Subtype("stripefs".into())];
-    cfg.n_threads = Some(threads.max(1));
-    let mut session = fuser::Session::new(StripeFuse::new(client), mountpoint, &cfg)?;
+    cfg.mount_options = vec![
+        MountOption::FSName("stripefs".into()),
+        MountOption::Subtype("stripefs".into()),
+        // The kernel checks mode bits against the attributes it has, for every caller, before
+        // a request gets here (and handles set-id bits on chown the way it does locally).
+        MountOption::DefaultPermissions,
+    ];
+    if opts.allow_other {
+        // fuser otherwise refuses requests from anyone but the mounting user itself.
+        cfg.acl = SessionACL::All;
+    }
+    cfg.n_threads = Some(opts.threads.max(1));
+    let fs = StripeFuse::new(client);
+    fs.drop_stale_hidden();
+    let mut session = fuser::Session::new(fs, mountpoint, &cfg)?;
     let mut unmounter = session.unmount_callable();
     let _ = ctrlc::set_handler(move || {
         if let Err(e) = unmounter.unmount() {

@@ -20,15 +20,14 @@
 use crate::capability::{Capability, Rights};
 use crate::errno::Errno;
 use crate::layout::{Extent, Layout, LayoutError, MAX_PCOUNT, MAX_SSIZE, Piece, View};
-use serde::de::{self, DeserializeOwned, SeqAccess, Visitor};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::marker::PhantomData;
-use std::ops::Deref;
 
 /// Protocol version this build speaks (2: io servers' counters carry their disk space;
-/// 3: symbolic links; 4: status requests to every server).
-pub const PROTO_VERSION: u16 = 4;
+/// 3: symbolic links; 4: status requests to every server; 5: callers' credentials, hard
+/// links, special files, times set to the server's clock, space allocation).
+pub const PROTO_VERSION: u16 = 5;
 
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"STFS";
@@ -68,6 +67,11 @@ pub const MAX_IO_BYTES: u64 = 1 << 30;
 pub const MAX_VIEW_BLOCKS: u64 = 1 << 20;
 
 pub use crate::handle::Handle;
+
+mod bounded;
+mod samples;
+pub use bounded::{BoundedString, BoundedVec};
+pub use samples::{fuzz_one, sample_messages};
 
 /// Why a message was refused. Every variant is caused by the peer's bytes (or, for
 /// [`ProtoError::Encode`], by a message we refuse to send).
@@ -152,168 +156,6 @@ pub struct DecodeError {
     pub error: ProtoError,
 }
 
-// ---------------------------------------------------------------------------------------------
-// Bounded containers
-// ---------------------------------------------------------------------------------------------
-
-/// A `Vec` of at most `N` elements, whose deserializer refuses a longer length prefix before
-/// allocating and stops at `N` elements even without one.
-#[derive(Clone, PartialEq, Eq, Hash, Default)]
-pub struct BoundedVec<T, const N: usize>(Vec<T>);
-
-impl<T, const N: usize> BoundedVec<T, N> {
-    /// Wraps `v`, refusing more than `N` elements.
-    pub fn new(v: Vec<T>) -> Result<Self, ProtoError> {
-        if v.len() > N {
-            return Err(ProtoError::Limit { what: "list length", got: v.len() as u64, max: N as u64 });
-        }
-        Ok(BoundedVec(v))
-    }
-
-    /// The elements.
-    pub fn into_inner(self) -> Vec<T> {
-        self.0
-    }
-}
-
-impl<T, const N: usize> Deref for BoundedVec<T, N> {
-    type Target = [T];
-    fn deref(&self) -> &[T] {
-        &self.0
-    }
-}
-
-impl<T: fmt::Debug, const N: usize> fmt::Debug for BoundedVec<T, N> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl<T: Serialize, const N: usize> Serialize for BoundedVec<T, N> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
-    }
-}
-
-impl<'de, T: Deserialize<'de>, const N: usize> Deserialize<'de> for BoundedVec<T, N> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<T, const N: usize>(PhantomData<T>);
-        impl<'de, T: Deserialize<'de>, const N: usize> Visitor<'de> for V<T, N> {
-            type Value = BoundedVec<T, N>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "a list of at most {N} elements")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let hint = seq.size_hint().unwrap_or(0);
-                if hint > N {
-                    return Err(de::Error::invalid_length(hint, &self));
-                }
-                let mut v = Vec::with_capacity(hint);
-                while let Some(x) = seq.next_element()? {
-                    if v.len() == N {
-                        return Err(de::Error::invalid_length(N + 1, &self));
-                    }
-                    v.push(x);
-                }
-                Ok(BoundedVec(v))
-            }
-        }
-        d.deserialize_seq(V::<T, N>(PhantomData))
-    }
-}
-
-/// A UTF-8 string of at most `N` bytes, whose deserializer checks the length before copying.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct BoundedString<const N: usize>(String);
-
-impl<const N: usize> BoundedString<N> {
-    /// Wraps `s`, refusing more than `N` bytes.
-    pub fn new(s: impl Into<String>) -> Result<Self, ProtoError> {
-        let s = s.into();
-        if s.len() > N {
-            return Err(ProtoError::Limit { what: "string length", got: s.len() as u64, max: N as u64 });
-        }
-        Ok(BoundedString(s))
-    }
-
-    /// Wraps `s`, cutting it to at most `N` bytes at a character boundary (for error texts).
-    pub fn truncating(s: &str) -> Self {
-        let mut end = s.len().min(N);
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        BoundedString(s[..end].to_owned())
-    }
-
-    /// The string.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The owned string.
-    pub fn into_string(self) -> String {
-        self.0
-    }
-}
-
-impl<const N: usize> Deref for BoundedString<N> {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl<const N: usize> fmt::Debug for BoundedString<N> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl<const N: usize> fmt::Display for BoundedString<N> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl<const N: usize> TryFrom<&str> for BoundedString<N> {
-    type Error = ProtoError;
-    fn try_from(s: &str) -> Result<Self, ProtoError> {
-        Self::new(s)
-    }
-}
-
-impl<const N: usize> TryFrom<String> for BoundedString<N> {
-    type Error = ProtoError;
-    fn try_from(s: String) -> Result<Self, ProtoError> {
-        Self::new(s)
-    }
-}
-
-impl<const N: usize> Serialize for BoundedString<N> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.0)
-    }
-}
-
-impl<'de, const N: usize> Deserialize<'de> for BoundedString<N> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<const N: usize>;
-        impl<const N: usize> Visitor<'_> for V<N> {
-            type Value = BoundedString<N>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "a string of at most {N} bytes")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
-                if s.len() > N {
-                    return Err(E::invalid_length(s.len(), &self));
-                }
-                Ok(BoundedString(s.to_owned()))
-            }
-        }
-        d.deserialize_str(V::<N>)
-    }
-}
-
 /// A name as carried on the wire (bounded at [`MAX_NAME_WIRE`]; the meta server applies the
 /// file-name rules).
 pub type Name = BoundedString<MAX_NAME_WIRE>;
@@ -376,7 +218,10 @@ fn target_ok(t: &LinkTarget) -> Result<(), ProtoError> {
 // Shared types
 // ---------------------------------------------------------------------------------------------
 
-/// File, directory or symbolic link.
+/// File, directory, symbolic link or special file.
+///
+/// New kinds are only ever appended: the meta server stores records with this type, and a
+/// record written before a kind existed must decode the same afterwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum FileKind {
     /// A regular, striped file.
@@ -386,6 +231,30 @@ pub enum FileKind {
     /// A symbolic link: its target is kept by the meta server ([`MetaRequest::Readlink`]),
     /// it has no objects on the io servers.
     Symlink,
+    /// A named pipe (FIFO). Special files are records only: no objects, no data; the kernel of
+    /// the machine that opens one provides its behaviour.
+    Fifo,
+    /// A UNIX domain socket's name.
+    Socket,
+    /// A character device node, with its device number (`rdev`).
+    CharDev(u32),
+    /// A block device node, with its device number (`rdev`).
+    BlockDev(u32),
+}
+
+impl FileKind {
+    /// A FIFO, socket or device node: made by [`MetaRequest::Mknod`], a record without objects.
+    pub fn is_special(self) -> bool {
+        matches!(self, FileKind::Fifo | FileKind::Socket | FileKind::CharDev(_) | FileKind::BlockDev(_))
+    }
+
+    /// The device number of a device node (0 for anything else).
+    pub fn rdev(self) -> u32 {
+        match self {
+            FileKind::CharDev(d) | FileKind::BlockDev(d) => d,
+            _ => 0,
+        }
+    }
 }
 
 /// A point in time: seconds and nanoseconds since the Unix epoch.
@@ -426,7 +295,7 @@ pub struct Attr {
     /// For files: the size the meta server last recorded (set on truncate). The authoritative
     /// logical size is the max over io servers ([`Layout::logical_size`]).
     pub size: u64,
-    /// Link count (files 1; directories 2, as no hard links exist).
+    /// Link count: a file's names; a directory's 2 plus its subdirectories.
     pub nlink: u32,
     /// Last access.
     pub atime: Timestamp,
@@ -447,7 +316,20 @@ impl Attr {
     }
 }
 
-/// Attribute changes; `None` leaves a field alone.
+/// A time to set: the meta server's clock, or a given time.
+///
+/// The two are told apart because POSIX lets whoever may write a file set its times to now
+/// (`utimensat` with `UTIME_NOW` or a null `times`), but only its owner set other times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SetTime {
+    /// The meta server's current time.
+    Now,
+    /// This time.
+    At(Timestamp),
+}
+
+/// Attribute changes; `None` leaves a field alone. The change time becomes the server's
+/// current time whatever changes.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SetAttr {
     /// New permission bits.
@@ -457,12 +339,20 @@ pub struct SetAttr {
     /// New group.
     pub gid: Option<u32>,
     /// New access time.
-    pub atime: Option<Timestamp>,
+    pub atime: Option<SetTime>,
     /// New modification time.
-    pub mtime: Option<Timestamp>,
+    pub mtime: Option<SetTime>,
     /// New logical size (truncate): the meta server records it and fans out per-server
     /// truncates ([`Layout::local_sizes`]).
     pub size: Option<u64>,
+    /// The caller changes the file through a descriptor it opened for writing (`ftruncate`,
+    /// `open` with `O_TRUNC`, a write's modification time): that open already passed the write
+    /// permission check, which the file's mode may no longer allow (a file created read-only
+    /// and written at once).
+    pub opened_for_write: bool,
+    /// The caller wrote the file's data: as on a local file system, the set-user-ID bit and a
+    /// set-group-ID bit with group execute are cleared unless the caller is root.
+    pub wrote: bool,
 }
 
 impl SetAttr {
@@ -470,7 +360,54 @@ impl SetAttr {
         if self.mode.is_some_and(|m| m > 0o7777) {
             return Err(ProtoError::Invalid("mode"));
         }
-        self.atime.iter().chain(self.mtime.iter()).try_for_each(Timestamp::validate)
+        [self.atime, self.mtime].iter().flatten().try_for_each(|t| match t {
+            SetTime::Now => Ok(()),
+            SetTime::At(t) => t.validate(),
+        })
+    }
+}
+
+/// Most supplementary groups a request carries ([`Cred::groups`]); a caller in more groups is
+/// checked with the first ones (it may be refused what another of its groups would allow).
+pub const MAX_GROUPS: usize = 256;
+
+/// Who asks: the caller's effective user and group ids and its supplementary groups.
+///
+/// The meta server applies the POSIX permission rules with them (owner, group, other, root
+/// may do anything). They are the client's word, as `AUTH_SYS` credentials are to an NFS
+/// server: every peer holds the cluster key, so the rules keep users from each other's
+/// mistakes and make the library and the CLI behave as a local file system, but they are
+/// no boundary against a peer that lies.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Cred {
+    /// Effective (file system) user id; 0 is root.
+    pub uid: u32,
+    /// Effective group id.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: BoundedVec<u32, MAX_GROUPS>,
+}
+
+impl Cred {
+    /// Root: every check passes.
+    pub fn root() -> Cred {
+        Cred::default()
+    }
+
+    /// `uid` and `gid` with the supplementary `groups` (beyond [`MAX_GROUPS`] dropped).
+    pub fn new(uid: u32, gid: u32, mut groups: Vec<u32>) -> Cred {
+        groups.truncate(MAX_GROUPS);
+        Cred { uid, gid, groups: BoundedVec(groups) }
+    }
+
+    /// Whether the caller is root.
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    /// Whether the caller is in group `gid` (its effective group or a supplementary one).
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
     }
 }
 
@@ -789,6 +726,41 @@ pub enum MetaRequest {
     },
     /// The server's version, uptime, load and space → [`MetaReply::Status`].
     Status,
+    /// A new name for an existing file, symbolic link or special file (a hard link; not a
+    /// directory) → [`MetaReply::Entry`] with its link count raised.
+    Link {
+        /// The file.
+        handle: Handle,
+        /// Directory of the new name.
+        parent: Handle,
+        /// New name.
+        name: Name,
+    },
+    /// Create a FIFO, socket or device node → [`MetaReply::Entry`].
+    Mknod {
+        /// Directory.
+        parent: Handle,
+        /// New name.
+        name: Name,
+        /// What to make: a special kind only ([`FileKind::is_special`]).
+        kind: FileKind,
+        /// Permission bits.
+        mode: u32,
+        /// Owner.
+        uid: u32,
+        /// Group.
+        gid: u32,
+    },
+}
+
+/// A meta request with the credentials of the caller it is made for: what travels to the meta
+/// server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaCall {
+    /// Who asks.
+    pub cred: Cred,
+    /// What it asks.
+    pub req: MetaRequest,
 }
 
 /// Meta server → client.
@@ -973,6 +945,17 @@ pub enum IoRequest {
     Stats,
     /// The server's version, uptime, load and space → [`IoReply::Status`].
     Status,
+    /// Reserve disk space for the local bytes `[off, off + len)` and make the object at least
+    /// `off + len` long, never shorter (`WRITE`; a client's `posix_fallocate`) →
+    /// [`IoReply::Done`].
+    Allocate {
+        /// Capability for the handle.
+        cap: Capability,
+        /// First local byte.
+        off: u64,
+        /// Bytes from it.
+        len: u64,
+    },
 }
 
 impl IoRequest {
@@ -985,7 +968,8 @@ impl IoRequest {
             | IoRequest::GetSize { cap }
             | IoRequest::Read { cap, .. }
             | IoRequest::Write { cap, .. }
-            | IoRequest::Sync { cap } => Some(cap),
+            | IoRequest::Sync { cap }
+            | IoRequest::Allocate { cap, .. } => Some(cap),
             IoRequest::Ping | IoRequest::Stats | IoRequest::Status => None,
         }
     }
@@ -996,9 +980,13 @@ impl IoRequest {
             IoRequest::CreateObject { .. }
             | IoRequest::RemoveObject { .. }
             | IoRequest::TruncateObject { .. } => Rights::ADMIN,
-            IoRequest::GetSize { .. } | IoRequest::Read { .. } => Rights::READ,
-            IoRequest::Write { .. } | IoRequest::Sync { .. } => Rights::WRITE,
-            IoRequest::Ping | IoRequest::Stats | IoRequest::Status => Rights::NONE,
+            IoRequest::Read { .. } => Rights::READ,
+            IoRequest::Write { .. } | IoRequest::Sync { .. } | IoRequest::Allocate { .. } => Rights::WRITE,
+            // A size is an attribute: whoever may stat a file may learn it, and a capability
+            // for the file (even one granting nothing else) shows the meta server let them.
+            IoRequest::GetSize { .. } | IoRequest::Ping | IoRequest::Stats | IoRequest::Status => {
+                Rights::NONE
+            }
         }
     }
 }
@@ -1056,14 +1044,27 @@ fn name_ok(n: &Name) -> Result<(), ProtoError> {
     Ok(())
 }
 
-impl Message for MetaRequest {
+impl Message for MetaCall {
     const KIND: u8 = 1;
+    fn validate(&self) -> Result<(), ProtoError> {
+        self.req.validate()
+    }
+}
+
+impl MetaRequest {
     fn validate(&self) -> Result<(), ProtoError> {
         match self {
             MetaRequest::Lookup { name, .. }
             | MetaRequest::Rmdir { name, .. }
             | MetaRequest::Unlink { name, .. }
+            | MetaRequest::Link { name, .. }
             | MetaRequest::Mkdir { name, .. } => name_ok(name)?,
+            MetaRequest::Mknod { name, kind, .. } => {
+                name_ok(name)?;
+                if !kind.is_special() {
+                    return Err(ProtoError::Invalid("mknod of a kind that is not special"));
+                }
+            }
             MetaRequest::Symlink { name, target, .. } => {
                 name_ok(name)?;
                 target_ok(target)?;
@@ -1082,7 +1083,11 @@ impl Message for MetaRequest {
             _ => {}
         }
         match self {
-            MetaRequest::Create { mode, .. } | MetaRequest::Mkdir { mode, .. } if *mode > 0o7777 => {
+            MetaRequest::Create { mode, .. }
+            | MetaRequest::Mkdir { mode, .. }
+            | MetaRequest::Mknod { mode, .. }
+                if *mode > 0o7777 =>
+            {
                 Err(ProtoError::Invalid("mode"))
             }
             _ => Ok(()),
@@ -1140,6 +1145,9 @@ impl Message for IoRequest {
     fn validate(&self) -> Result<(), ProtoError> {
         match self {
             IoRequest::Read { desc, .. } | IoRequest::Write { desc, .. } => desc.validate(),
+            IoRequest::Allocate { off, len, .. } if *len == 0 || off.checked_add(*len).is_none() => {
+                Err(ProtoError::Invalid("allocation range"))
+            }
             _ => Ok(()),
         }
     }
@@ -1238,461 +1246,5 @@ pub fn error_reply<R: Reply>(err: &DecodeError) -> Envelope<R> {
     Envelope::new(err.id.unwrap_or(0), R::from_error(ErrorReply::from(&err.error)))
 }
 
-/// Entry point of the `fs_proto` fuzz target and the corpus replay test: decodes `data` as every
-/// message kind; whatever decodes must re-encode and decode to the same message, and whatever
-/// does not must yield an encodable error reply. Panics only if one of those invariants breaks.
-pub fn fuzz_one(data: &[u8]) {
-    fn check<T: Message + PartialEq + 'static, R: Reply>(data: &[u8]) {
-        match decode::<T>(data) {
-            Ok(env) => {
-                let bytes = encode(&env).expect("a decoded message re-encodes");
-                assert!(bytes.len() <= data.len(), "re-encoding grew the message");
-                let again = decode::<T>(&bytes).expect("a re-encoded message decodes");
-                assert_eq!(env, again);
-                if let Some(IoRequest::Read { desc, .. } | IoRequest::Write { desc, .. }) =
-                    (&env.body as &dyn std::any::Any).downcast_ref::<IoRequest>()
-                {
-                    // Expanding a validated descriptor is bounded and does not panic.
-                    assert!(desc.total() <= MAX_IO_BYTES);
-                }
-            }
-            Err(e) => {
-                let reply = error_reply::<R>(&e);
-                encode(&reply).expect("an error reply encodes");
-            }
-        }
-    }
-    check::<MetaRequest, MetaReply>(data);
-    check::<MetaReply, MetaReply>(data);
-    check::<IoRequest, IoReply>(data);
-    check::<IoReply, IoReply>(data);
-}
-
-/// Seed messages: one of every request and reply shape (the committed fuzz corpus is made from
-/// these; see `fs/tests/fuzz_corpus.rs`).
-pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
-    let key = crate::capability::CapabilityKey::new(b"sample-cluster-key-0123").expect("valid key");
-    let cap = key.mint(Handle(0x1234), Rights::READ_WRITE, 2_000_000_000, 9);
-    let name = |s: &str| Name::new(s).expect("short name");
-    let link = |s: &str| LinkTarget::new(s).expect("short target");
-    let t = Timestamp { secs: 1_700_000_000, nsecs: 5 };
-    let attr = Attr {
-        kind: FileKind::File,
-        mode: 0o644,
-        uid: 1,
-        gid: 2,
-        size: 3,
-        nlink: 1,
-        atime: t,
-        mtime: t,
-        ctime: t,
-    };
-    let layout = Layout { base: 1, pcount: 4, ssize: 65536 };
-    let spec = LayoutSpec { base: None, pcount: Some(2), ssize: Some(1 << 20) };
-    let status = ServerStatus {
-        version: BoundedString::truncating("0.1.0"),
-        uptime_ns: 3_600_000_000_000,
-        requests: 42,
-        in_flight: 1,
-        errors: 2,
-        disk: DiskSpace { total: 1 << 40, free: 1 << 39, avail: 1 << 38 },
-    };
-    let meta_req = vec![
-        ("meta_statfs", MetaRequest::Statfs),
-        ("meta_lookup", MetaRequest::Lookup { parent: Handle::ROOT, name: name("a.txt") }),
-        ("meta_getattr", MetaRequest::Getattr { handle: Handle(7) }),
-        (
-            "meta_setattr",
-            MetaRequest::Setattr {
-                handle: Handle(7),
-                set: SetAttr { mode: Some(0o600), size: Some(10), ..Default::default() },
-            },
-        ),
-        (
-            "meta_create",
-            MetaRequest::Create {
-                parent: Handle::ROOT,
-                name: name("f"),
-                mode: 0o644,
-                uid: 0,
-                gid: 0,
-                layout: Some(spec),
-                rights: Rights::READ_WRITE,
-            },
-        ),
-        ("meta_open", MetaRequest::Open { handle: Handle(7), rights: Rights::READ }),
-        (
-            "meta_mkdir",
-            MetaRequest::Mkdir { parent: Handle::ROOT, name: name("d"), mode: 0o755, uid: 0, gid: 0 },
-        ),
-        ("meta_rmdir", MetaRequest::Rmdir { parent: Handle::ROOT, name: name("d") }),
-        ("meta_unlink", MetaRequest::Unlink { parent: Handle::ROOT, name: name("f") }),
-        (
-            "meta_rename",
-            MetaRequest::Rename {
-                src_parent: Handle::ROOT,
-                src_name: name("a"),
-                dst_parent: Handle(9),
-                dst_name: name("b"),
-            },
-        ),
-        ("meta_readdir", MetaRequest::Readdir { dir: Handle::ROOT, after: Some(name("m")), max: 100 }),
-        ("meta_getstripe", MetaRequest::GetStripe { handle: Handle(7) }),
-        ("meta_setstripe", MetaRequest::SetStripe { dir: Handle::ROOT, spec: Some(spec) }),
-        (
-            "meta_symlink",
-            MetaRequest::Symlink {
-                parent: Handle::ROOT,
-                name: name("l"),
-                target: link("../d/f"),
-                uid: 0,
-                gid: 0,
-            },
-        ),
-        ("meta_readlink", MetaRequest::Readlink { handle: Handle(7) }),
-        ("meta_status", MetaRequest::Status),
-    ];
-    let entries = BoundedVec::new(vec![DirEntry { name: name("x"), handle: Handle(3), kind: FileKind::Dir }])
-        .expect("one entry");
-    let meta_rep = vec![
-        ("metarep_statfs", MetaReply::Statfs(FsStats { files: 1, dirs: 2, io_servers: 4, name_max: 255 })),
-        ("metarep_entry", MetaReply::Entry { handle: Handle(7), attr: attr.clone() }),
-        ("metarep_attr", MetaReply::Attr(attr.clone())),
-        ("metarep_opened", MetaReply::Opened { handle: Handle(0x1234), attr, layout, cap: cap.clone() }),
-        ("metarep_done", MetaReply::Done),
-        ("metarep_dir", MetaReply::Dir { entries, more: true }),
-        ("metarep_stripe", MetaReply::Stripe { layout: Some(layout), default: Some(spec) }),
-        ("metarep_link", MetaReply::Link(link("/d/f"))),
-        ("metarep_error", MetaReply::Error(ErrorReply::new(Errno::ENOENT, "no such entry"))),
-        ("metarep_status", MetaReply::Status(status.clone())),
-    ];
-    let list = Descriptor::list(vec![Extent::new(0, 4096), Extent::new(65536, 100)]).expect("two pieces");
-    let strided = Descriptor::Strided {
-        layout,
-        pnum: 2,
-        view: View { offset: 10, gsize: 100, stride: 1000 },
-        pos: 5,
-        len: 5000,
-    };
-    let io_req = vec![
-        ("io_ping", IoRequest::Ping),
-        ("io_create", IoRequest::CreateObject { cap: cap.clone() }),
-        ("io_remove", IoRequest::RemoveObject { cap: cap.clone() }),
-        ("io_truncate", IoRequest::TruncateObject { cap: cap.clone(), size: 12345 }),
-        ("io_getsize", IoRequest::GetSize { cap: cap.clone() }),
-        ("io_read_list", IoRequest::Read { cap: cap.clone(), desc: list.clone() }),
-        ("io_write_list", IoRequest::Write { cap: cap.clone(), desc: list }),
-        ("io_read_strided", IoRequest::Read { cap: cap.clone(), desc: strided.clone() }),
-        ("io_write_strided", IoRequest::Write { cap: cap.clone(), desc: strided }),
-        ("io_sync", IoRequest::Sync { cap }),
-        ("io_stats", IoRequest::Stats),
-        ("io_status", IoRequest::Status),
-    ];
-    let io_rep = vec![
-        ("iorep_pong", IoReply::Pong),
-        ("iorep_done", IoReply::Done),
-        ("iorep_size", IoReply::Size(99)),
-        ("iorep_read", IoReply::Read { bytes: 4196, local_size: 70000 }),
-        ("iorep_written", IoReply::Written { bytes: 4196 }),
-        (
-            "iorep_stats",
-            IoReply::Stats(ServerStats {
-                reads: 1,
-                writes: 2,
-                mapped: PathStats { reads: 1, writes: 1, bytes: 1 << 20 },
-                copied: PathStats { reads: 0, writes: 1, bytes: 4096 },
-                fallbacks: Fallbacks { unordered: 1, beyond_map: 0, no_fallocate: 0 },
-                disk: DiskSpace { total: 1 << 40, free: 1 << 39, avail: 1 << 38 },
-                ..Default::default()
-            }),
-        ),
-        ("iorep_error", IoReply::Error(ErrorReply::new(Errno::ENOSPC, "disk full"))),
-        ("iorep_status", IoReply::Status(status)),
-    ];
-    let mut out = Vec::new();
-    let mut id = 0u64;
-    let mut push = |name, bytes: Result<Vec<u8>, ProtoError>| {
-        out.push((name, bytes.expect("samples encode")));
-    };
-    for (n, m) in meta_req {
-        id += 1;
-        push(n, encode(&Envelope::new(id, m)));
-    }
-    for (n, m) in meta_rep {
-        id += 1;
-        push(n, encode(&Envelope::new(id, m)));
-    }
-    for (n, m) in io_req {
-        id += 1;
-        push(n, encode(&Envelope::new(id, m)));
-    }
-    for (n, m) in io_rep {
-        id += 1;
-        push(n, encode(&Envelope::new(id, m)));
-    }
-    out
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cap() -> Capability {
-        crate::capability::CapabilityKey::new(b"test-cluster-key-0123").unwrap().mint(
-            Handle(5),
-            Rights::ALL,
-            10,
-            1,
-        )
-    }
-
-    #[test]
-    fn every_sample_round_trips() {
-        let samples = sample_messages();
-        assert!(samples.len() >= 39);
-        for (name, bytes) in &samples {
-            assert_eq!(&bytes[0..4], &MAGIC, "{name}");
-            let ok = decode::<MetaRequest>(bytes).is_ok() as u8
-                + decode::<MetaReply>(bytes).is_ok() as u8
-                + decode::<IoRequest>(bytes).is_ok() as u8
-                + decode::<IoReply>(bytes).is_ok() as u8;
-            assert_eq!(ok, 1, "{name} decodes as exactly one kind");
-            fuzz_one(bytes);
-        }
-    }
-
-    #[test]
-    fn unknown_version_is_a_typed_error_with_the_id() {
-        let mut b = encode(&Envelope::new(77, MetaRequest::Statfs)).unwrap();
-        b[4] = 9;
-        let e = decode::<MetaRequest>(&b).unwrap_err();
-        assert_eq!(e, DecodeError { id: Some(77), error: ProtoError::UnknownVersion { got: 9 } });
-        assert_eq!(e.error.errno(), Errno::EPROTONOSUPPORT);
-        let reply: Envelope<MetaReply> = error_reply(&e);
-        assert_eq!(reply.id, 77);
-        assert!(matches!(reply.body, MetaReply::Error(ErrorReply { code: Errno::EPROTONOSUPPORT, .. })));
-        encode(&reply).unwrap();
-    }
-
-    #[test]
-    fn wrong_magic_kind_truncation_and_trailing_bytes_are_refused() {
-        let b = encode(&Envelope::new(1, IoRequest::Ping)).unwrap();
-        assert_eq!(decode::<IoRequest>(&b[..3]).unwrap_err().error, ProtoError::Truncated(3));
-        let mut bad = b.clone();
-        bad[0] = b'X';
-        assert!(matches!(decode::<IoRequest>(&bad).unwrap_err().error, ProtoError::BadMagic(_)));
-        assert_eq!(decode::<IoReply>(&b).unwrap_err().error, ProtoError::WrongKind { got: 3, want: 4 });
-        let mut long = b.clone();
-        long.push(0);
-        assert_eq!(decode::<IoRequest>(&long).unwrap_err().error, ProtoError::TrailingBytes(1));
-        // A header with no body at all.
-        assert!(matches!(decode::<IoRequest>(&b[..HEADER_LEN]).unwrap_err().error, ProtoError::Malformed(_)));
-    }
-
-    #[test]
-    fn oversize_input_is_refused_before_decoding() {
-        let mut b = encode(&Envelope::new(5, IoRequest::Ping)).unwrap();
-        b.resize(MAX_MESSAGE + 1, 0);
-        let e = decode::<IoRequest>(&b).unwrap_err();
-        assert_eq!(e.id, Some(5));
-        assert_eq!(e.error.errno(), Errno::EMSGSIZE);
-    }
-
-    /// A hand-built body whose piece-list length prefix claims 2^32 entries: refused without
-    /// reserving room for them (postcard withholds a size hint larger than the input, and
-    /// `BoundedVec` reserves at most the hint).
-    #[test]
-    fn huge_list_prefix_is_refused_before_allocating() {
-        let mut b = encode(&Envelope::new(
-            1,
-            IoRequest::Read { cap: cap(), desc: Descriptor::list(vec![]).unwrap() },
-        ))
-        .unwrap();
-        // The body ends with: variant(Read)… cap… variant(List)=0, len=0. Replace len with a huge varint.
-        assert_eq!(b.pop(), Some(0));
-        b.extend_from_slice(&[0x80, 0x80, 0x80, 0x80, 0x10]);
-        let e = decode::<IoRequest>(&b).unwrap_err();
-        assert_eq!(e.id, Some(1));
-        assert!(matches!(e.error, ProtoError::Malformed(_)), "{e:?}");
-    }
-
-    #[test]
-    fn list_limits_are_enforced_both_ways() {
-        assert!(Descriptor::list(vec![Extent::new(0, 1); MAX_PIECES + 1]).is_err());
-        // A peer that encodes more than MAX_PIECES pieces anyway (bypassing BoundedVec::new).
-        let over = Descriptor::List(BoundedVec(vec![Extent::new(0, 1); MAX_PIECES + 1]));
-        let body = IoRequest::Write { cap: cap(), desc: over };
-        let mut b = MAGIC.to_vec();
-        b.extend_from_slice(&PROTO_VERSION.to_le_bytes());
-        b.push(IoRequest::KIND);
-        b.extend_from_slice(&3u64.to_le_bytes());
-        let b = postcard::to_extend(&body, b).unwrap();
-        assert!(b.len() < MAX_MESSAGE);
-        // postcard keeps no text for serde's custom errors, so this is a plain Malformed.
-        assert!(matches!(decode::<IoRequest>(&b).unwrap_err().error, ProtoError::Malformed(_)));
-        let exact = Descriptor::list(vec![Extent::new(0, 1); MAX_PIECES]).unwrap();
-        let b = encode(&Envelope::new(4, IoRequest::Write { cap: cap(), desc: exact })).unwrap();
-        assert!(decode::<IoRequest>(&b).is_ok());
-    }
-
-    #[test]
-    fn long_strings_are_refused() {
-        let ok = Name::new("n".repeat(MAX_NAME_WIRE)).unwrap();
-        assert!(encode(&Envelope::new(1, MetaRequest::Lookup { parent: Handle::ROOT, name: ok })).is_ok());
-        assert!(Name::new("n".repeat(MAX_NAME_WIRE + 1)).is_err());
-        let over =
-            MetaRequest::Lookup { parent: Handle::ROOT, name: BoundedString("n".repeat(MAX_NAME_WIRE + 1)) };
-        let mut b = MAGIC.to_vec();
-        b.extend_from_slice(&PROTO_VERSION.to_le_bytes());
-        b.push(MetaRequest::KIND);
-        b.extend_from_slice(&3u64.to_le_bytes());
-        let b = postcard::to_extend(&over, b).unwrap();
-        assert!(matches!(decode::<MetaRequest>(&b).unwrap_err().error, ProtoError::Malformed(_)));
-        let e = ErrorReply::new(Errno::EIO, "é".repeat(MAX_ERROR_TEXT));
-        assert!(e.message.len() <= MAX_ERROR_TEXT);
-    }
-
-    #[test]
-    fn largest_replies_fit_in_a_message() {
-        // Names of the longest length, distinct and in order as a page must be.
-        let entry = |i: usize| DirEntry {
-            name: Name::new(format!("{i:0>width$}", width = NAME_MAX)).unwrap(),
-            handle: Handle(u64::MAX),
-            kind: FileKind::File,
-        };
-        let entries = BoundedVec::new((0..MAX_READDIR).map(entry).collect()).unwrap();
-        let b = encode(&Envelope::new(u64::MAX, MetaReply::Dir { entries, more: true })).unwrap();
-        assert!(b.len() <= MAX_MESSAGE, "{}", b.len());
-        let pieces = vec![Extent::new(u64::MAX / 2, 1); MAX_PIECES];
-        let b = encode(&Envelope::new(
-            1,
-            IoRequest::Write { cap: cap(), desc: Descriptor::list(pieces).unwrap() },
-        ))
-        .unwrap();
-        assert!(b.len() <= MAX_MESSAGE, "{}", b.len());
-    }
-
-    #[test]
-    fn semantic_validation() {
-        let bad_layout = Layout { base: 0, pcount: 0, ssize: 1 };
-        let d = Descriptor::Strided { layout: bad_layout, pnum: 0, view: View::contiguous(), pos: 0, len: 1 };
-        assert!(encode(&Envelope::new(1, IoRequest::Read { cap: cap(), desc: d })).is_err());
-        let l = Layout { base: 0, pcount: 2, ssize: 1 };
-        let d = Descriptor::Strided { layout: l, pnum: 2, view: View::contiguous(), pos: 0, len: 1 };
-        assert_eq!(
-            encode(&Envelope::new(1, IoRequest::Read { cap: cap(), desc: d })).unwrap_err(),
-            ProtoError::Invalid("pnum")
-        );
-        let tiny = View { offset: 0, gsize: 1, stride: 2 };
-        let d = Descriptor::Strided { layout: l, pnum: 0, view: tiny, pos: 0, len: MAX_VIEW_BLOCKS + 1 };
-        assert!(matches!(
-            encode(&Envelope::new(1, IoRequest::Read { cap: cap(), desc: d })).unwrap_err(),
-            ProtoError::Limit { what: "view blocks", .. }
-        ));
-        let d = Descriptor::list(vec![Extent::new(u64::MAX, 1)]).unwrap();
-        assert!(encode(&Envelope::new(1, IoRequest::Write { cap: cap(), desc: d })).is_err());
-        let d = Descriptor::list(vec![Extent::new(0, MAX_IO_BYTES), Extent::new(0, 1)]).unwrap();
-        assert!(encode(&Envelope::new(1, IoRequest::Write { cap: cap(), desc: d })).is_err());
-        let set = SetAttr { atime: Some(Timestamp { secs: 0, nsecs: 1_000_000_000 }), ..Default::default() };
-        assert!(encode(&Envelope::new(1, MetaRequest::Setattr { handle: Handle(2), set })).is_err());
-        let r = MetaRequest::Readdir { dir: Handle::ROOT, after: None, max: 0 };
-        assert_eq!(encode(&Envelope::new(1, r)).unwrap_err().errno(), Errno::EINVAL);
-        // Replies' attributes too: a time past a second's nanoseconds, a mode with type bits.
-        let attr_with = |f: &dyn Fn(&mut Attr)| {
-            let t = Timestamp { secs: 1_700_000_000, nsecs: 5 };
-            let mut a = Attr {
-                kind: FileKind::File,
-                mode: 0o644,
-                uid: 0,
-                gid: 0,
-                size: 0,
-                nlink: 1,
-                atime: t,
-                mtime: t,
-                ctime: t,
-            };
-            f(&mut a);
-            a
-        };
-        let t = Timestamp { secs: i64::MAX, nsecs: 1_000_000_000 };
-        let bad = [
-            (attr_with(&|a| a.mtime = t), "timestamp nanoseconds"),
-            (attr_with(&|a| a.ctime = t), "timestamp nanoseconds"),
-            (attr_with(&|a| a.mode = 0o100644), "mode"),
-        ];
-        for (a, what) in bad {
-            let r = MetaReply::Entry { handle: Handle(2), attr: a.clone() };
-            assert_eq!(encode(&Envelope::new(1, r)).unwrap_err(), ProtoError::Invalid(what));
-            assert!(encode(&Envelope::new(1, MetaReply::Attr(a))).is_err());
-        }
-        assert!(encode(&Envelope::new(1, MetaReply::Attr(attr_with(&|_| {})))).is_ok());
-        // A link target is non-empty and has no NUL, in a request and in a reply.
-        for t in ["", "a\0b"] {
-            let target = LinkTarget::new(t).unwrap();
-            let r = MetaRequest::Symlink {
-                parent: Handle::ROOT,
-                name: Name::new("l").unwrap(),
-                target: target.clone(),
-                uid: 0,
-                gid: 0,
-            };
-            assert_eq!(encode(&Envelope::new(1, r)).unwrap_err(), ProtoError::Invalid("link target"));
-            assert_eq!(
-                encode(&Envelope::new(1, MetaReply::Link(target))).unwrap_err(),
-                ProtoError::Invalid("link target")
-            );
-        }
-        assert!(LinkTarget::new("t".repeat(MAX_LINK_TARGET + 1)).is_err());
-        let longest = MetaReply::Link(LinkTarget::new("t".repeat(MAX_LINK_TARGET)).unwrap());
-        assert!(encode(&Envelope::new(1, longest)).is_ok());
-    }
-
-    #[test]
-    fn disk_space_adds_up_consistently_and_saturates() {
-        let a = DiskSpace { total: 100, free: 40, avail: 30 };
-        let b = DiskSpace { total: 50, free: 80, avail: 90 }; // nonsense from a server
-        let sum = DiskSpace::default().plus(a).plus(b);
-        assert_eq!(sum, DiskSpace { total: 150, free: 90, avail: 80 });
-        let big = DiskSpace { total: u64::MAX, free: u64::MAX, avail: u64::MAX };
-        assert_eq!(big.plus(big), big);
-    }
-
-    #[test]
-    fn strided_descriptor_matches_the_client_plan() {
-        let layout = Layout { base: 1, pcount: 3, ssize: 64 };
-        let view = View { offset: 7, gsize: 50, stride: 130 };
-        let plan = layout.plan(view.extents(3, 2000).unwrap());
-        for sp in plan {
-            let d = Descriptor::Strided { layout, pnum: sp.pnum, view, pos: 3, len: 2000 };
-            assert_eq!(d.pieces().collect::<Vec<_>>(), sp.pieces);
-            assert_eq!(d.total(), sp.bytes);
-        }
-    }
-
-    proptest::proptest! {
-        /// Random bodies behind a valid header reach the body decoder of every kind.
-        #[test]
-        fn random_bodies_never_panic(kind in 1u8..=4, body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
-            let mut b = MAGIC.to_vec();
-            b.extend_from_slice(&PROTO_VERSION.to_le_bytes());
-            b.push(kind);
-            b.extend_from_slice(&9u64.to_le_bytes());
-            b.extend_from_slice(&body);
-            fuzz_one(&b);
-        }
-    }
-
-    #[test]
-    fn truncated_prefixes_never_panic() {
-        for (_, bytes) in sample_messages() {
-            for n in 0..bytes.len() {
-                fuzz_one(&bytes[..n]);
-            }
-            for i in HEADER_LEN..bytes.len() {
-                let mut b = bytes.clone();
-                b[i] ^= 0xff;
-                fuzz_one(&b);
-            }
-        }
-    }
-}
+mod tests;

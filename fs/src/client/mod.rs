@@ -26,7 +26,7 @@ use crate::layout::{Extent, Layout, ListIo, ServerPieces, View};
 use crate::net::{FsError, FsResult, TAG_IO, TAG_META};
 use crate::proto::{
     self, Attr, Descriptor, DirEntry, Envelope, FileKind, FsStats, Handle, IoReply, IoRequest, LayoutSpec,
-    MetaReply, MetaRequest, Name, ProtoError, SetAttr, Timestamp,
+    MetaReply, MetaRequest, Name, ProtoError, SetAttr, SetTime,
 };
 use bytes::{Bytes, BytesMut};
 use ionet::{Completion, Endpoint, OpBuf, OpId, Payload, PeerId, RecvBuf, SendBuf, ServiceLevel, WaitMode};
@@ -88,6 +88,9 @@ pub struct ClientOptions {
     pub uid: u32,
     /// Their group (default: this process's effective gid).
     pub gid: u32,
+    /// Supplementary groups the meta server's permission checks count, with `uid` and `gid`
+    /// (default: this process's).
+    pub groups: Vec<u32>,
     /// The communication manager's table for this client's endpoint (default: the
     /// transport's, with `IONET_INLINE_MAX` / `IONET_FAST_MAX` applied); benchmarks force a
     /// mechanism here.
@@ -111,6 +114,9 @@ impl Default for ClientOptions {
             spin_budget: None,
             uid: nix::unistd::geteuid().as_raw(),
             gid: nix::unistd::getegid().as_raw(),
+            groups: nix::unistd::getgroups()
+                .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+                .unwrap_or_default(),
             policy: None,
             ib: None,
             tcp_congestion: crate::net::tcp_congestion(),
@@ -174,10 +180,18 @@ impl Drop for Inner {
     }
 }
 
+mod file;
+pub use file::File;
+
 /// A connection to a stripefs cluster. Cheap to clone; usable from many threads.
+///
+/// Its requests carry credentials (from [`ClientOptions`], or [`Client::as_caller`]'s): the
+/// meta server applies the POSIX permission rules to them, and what the client creates is
+/// owned by their user and group.
 #[derive(Debug, Clone)]
 pub struct Client {
     inner: Arc<Inner>,
+    cred: Arc<proto::Cred>,
 }
 
 /// A caller's layout with an impossible field is the caller's error ([`FsError::Layout`],
@@ -297,7 +311,9 @@ impl Client {
         let info = ep.info();
         let limits = opts.request_limits(info.scheme, info.max_message as u64);
         let io_names = cfg.io_servers.iter().enumerate().map(|(i, a)| crate::net::io_server_name(i, a));
+        let cred = Arc::new(proto::Cred::new(opts.uid, opts.gid, opts.groups.clone()));
         Ok(Client {
+            cred,
             inner: Arc::new(Inner {
                 ep,
                 meta,
@@ -310,6 +326,18 @@ impl Client {
                 scratch: Default::default(),
             }),
         })
+    }
+
+    /// This client's connection acting for another caller: its requests carry `cred`, and
+    /// what it creates is owned by `cred`'s user and group (the FUSE mount serves each
+    /// request as the process that made it).
+    pub fn as_caller(&self, cred: proto::Cred) -> Client {
+        Client { inner: self.inner.clone(), cred: Arc::new(cred) }
+    }
+
+    /// The credentials this client's requests carry.
+    pub fn cred(&self) -> &proto::Cred {
+        &self.cred
     }
 
     /// The client's endpoint (for its counters: mechanisms used, registration cache).
@@ -369,7 +397,7 @@ impl Client {
 
     fn meta_call(&self, req: MetaRequest) -> FsResult<MetaReply> {
         let id = self.id();
-        let bytes = proto::encode(&Envelope::new(id, req))?;
+        let bytes = proto::encode(&Envelope::new(id, proto::MetaCall { cred: (*self.cred).clone(), req }))?;
         (|| {
             let op = self.post(self.inner.meta, TAG_META, bytes, Payload::None, ServiceLevel::Control, 0)?;
             let c = self.inner.ep.wait(op)?;
@@ -435,7 +463,8 @@ impl Client {
         if attr.kind != FileKind::File {
             return Ok(Ok(Stat { handle: h, attr, layout: None }));
         }
-        let f = self.open_handle(h, Rights::READ)?;
+        // No rights: a size is an attribute, which needs no permission on the file itself.
+        let f = self.open_handle(h, Rights::NONE)?;
         let stat = Stat { handle: h, attr: f.attr.clone(), layout: Some(f.layout) };
         Ok(match f.size() {
             Ok(size) => Ok(Stat { attr: Attr { size, ..stat.attr }, ..stat }),
@@ -458,8 +487,8 @@ impl Client {
             parent,
             name: Self::name(name)?,
             mode: opts.mode & 0o7777,
-            uid: self.inner.opts.uid,
-            gid: self.inner.opts.gid,
+            uid: self.cred.uid,
+            gid: self.cred.gid,
             layout: opts.layout,
             rights: Rights::READ_WRITE,
         };
@@ -496,8 +525,8 @@ impl Client {
             parent,
             name: Self::name(name)?,
             mode: mode & 0o7777,
-            uid: self.inner.opts.uid,
-            gid: self.inner.opts.gid,
+            uid: self.cred.uid,
+            gid: self.cred.gid,
         };
         match self.meta_call(req)? {
             MetaReply::Entry { handle, attr } => Ok((handle, attr)),
@@ -519,8 +548,8 @@ impl Client {
             parent,
             name: Self::name(name)?,
             target,
-            uid: self.inner.opts.uid,
-            gid: self.inner.opts.gid,
+            uid: self.cred.uid,
+            gid: self.cred.gid,
         };
         match self.meta_call(req)? {
             MetaReply::Entry { handle, attr } => Ok((handle, attr)),
@@ -536,7 +565,43 @@ impl Client {
         }
     }
 
-    /// Removes a file (and its objects on the io servers) or a symbolic link.
+    /// Gives file `h` (not a directory) the further name `name` in `parent`: a hard link.
+    /// Returns its attributes with the raised link count.
+    pub fn link_in(&self, h: Handle, parent: Handle, name: &str) -> FsResult<Attr> {
+        match self.meta_call(MetaRequest::Link { handle: h, parent, name: Self::name(name)? })? {
+            MetaReply::Entry { attr, .. } => Ok(attr),
+            r => Self::unexpected(r),
+        }
+    }
+
+    /// Creates a FIFO, socket or device node (`kind` says which, and a device's number) in
+    /// `parent`: a record on the meta server without objects.
+    pub fn mknod_in(
+        &self,
+        parent: Handle,
+        name: &str,
+        kind: FileKind,
+        mode: u32,
+    ) -> FsResult<(Handle, Attr)> {
+        if !kind.is_special() {
+            return Err(FsError::code(Errno::EINVAL, "mknod makes FIFOs, sockets and device nodes"));
+        }
+        let req = MetaRequest::Mknod {
+            parent,
+            name: Self::name(name)?,
+            kind,
+            mode: mode & 0o7777,
+            uid: self.cred.uid,
+            gid: self.cred.gid,
+        };
+        match self.meta_call(req)? {
+            MetaReply::Entry { handle, attr } => Ok((handle, attr)),
+            r => Self::unexpected(r),
+        }
+    }
+
+    /// Removes a name of a file (with the last, its objects on the io servers), a symbolic
+    /// link or a special file.
     pub fn unlink_in(&self, parent: Handle, name: &str) -> FsResult<()> {
         self.done(MetaRequest::Unlink { parent, name: Self::name(name)? })
     }
@@ -653,7 +718,7 @@ impl Client {
                         todo.push_front(t);
                     }
                 }
-                FileKind::File | FileKind::Symlink if !last => {
+                k if k != FileKind::Dir && !last => {
                     return Err(FsError::code(Errno::ENOTDIR, format!("{c} is not a directory")));
                 }
                 _ => stack.push(h),
@@ -709,6 +774,14 @@ impl Client {
     pub fn symlink(&self, target: &str, link: &str) -> FsResult<Handle> {
         let (p, name) = self.parent_of(link)?;
         Ok(self.symlink_in(p, &name, target)?.0)
+    }
+
+    /// `link(2)`: a further name `new` for what `existing` names (a symbolic link itself,
+    /// not what it points at, as Linux does). Returns the new link count.
+    pub fn link(&self, existing: &str, new: &str) -> FsResult<u32> {
+        let h = self.resolve_nofollow(existing)?;
+        let (p, name) = self.parent_of(new)?;
+        Ok(self.link_in(h, p, &name)?.nlink)
     }
 
     /// The target of the symbolic link at `path`.
@@ -872,543 +945,6 @@ impl ErrorOf for IoReply {
         match self {
             IoReply::Error(e) => Some(e),
             _ => None,
-        }
-    }
-}
-
-/// An open file: handle, layout, capability, and an optional view.
-///
-/// Data goes straight to the io servers, which keep no times; the file's modification time is
-/// the meta server's. A `File` that wrote records the time on the meta server at its next
-/// [`File::sync`] or [`File::record_mtime`] (the FUSE mount calls it when a written file is
-/// closed, as NFS clients do), so `stat` shows the write without a meta server round trip per
-/// write.
-#[derive(Debug)]
-pub struct File {
-    client: Client,
-    handle: Handle,
-    attr: Attr,
-    layout: Layout,
-    rights: Rights,
-    cap: Mutex<Capability>,
-    view: Mutex<Option<View>>,
-    /// Written since the modification time was last recorded.
-    written: AtomicBool,
-}
-
-impl File {
-    /// The file's handle.
-    pub fn handle(&self) -> Handle {
-        self.handle
-    }
-
-    /// Its layout.
-    pub fn layout(&self) -> Layout {
-        self.layout
-    }
-
-    /// Attributes at open time.
-    pub fn attr(&self) -> &Attr {
-        &self.attr
-    }
-
-    /// The client this file belongs to.
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
-
-    fn cap(&self) -> Capability {
-        self.cap.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Gets a fresh capability from the meta server (after one expired).
-    fn reopen(&self) -> FsResult<()> {
-        let f = self.client.open_handle(self.handle, self.rights)?;
-        *self.cap.lock().unwrap_or_else(|p| p.into_inner()) = f.cap();
-        Ok(())
-    }
-
-    /// Runs `f`, and once more with a fresh capability if the first failed on an expired one.
-    fn with_cap<T>(&self, mut f: impl FnMut(Capability) -> FsResult<T>) -> FsResult<T> {
-        match f(self.cap()) {
-            Err(FsError::Remote { code: Errno::EKEYEXPIRED, .. }) => {
-                debug!(handle = %self.handle, "capability expired; reopening");
-                self.reopen()?;
-                f(self.cap())
-            }
-            r => r,
-        }
-    }
-
-    fn server(&self, pnum: u32) -> usize {
-        self.layout.server(pnum, self.client.io_servers()) as usize
-    }
-
-    /// Local sizes of every server of the layout, by `pnum`.
-    fn local_sizes(&self) -> FsResult<Vec<u64>> {
-        self.with_cap(|cap| {
-            let reqs = (0..self.layout.pcount)
-                .map(|p| (self.server(p), IoRequest::GetSize { cap: cap.clone() }))
-                .collect();
-            self.client
-                .io_small(reqs)
-                .into_iter()
-                .map(|r| match r? {
-                    IoReply::Size(s) => Ok(s),
-                    r => Err(FsError::UnexpectedReply(format!("{r:?}"))),
-                })
-                .collect()
-        })
-    }
-
-    /// The logical size: the max over servers of the end implied by each local size.
-    pub fn size(&self) -> FsResult<u64> {
-        Ok(self.layout.logical_size(&self.local_sizes()?))
-    }
-
-    /// Makes everything written so far durable on every server (fsync), and records the
-    /// writes' modification time ([`File::record_mtime`]).
-    pub fn sync(&self) -> FsResult<()> {
-        self.sync_pnums(&(0..self.layout.pcount).collect::<Vec<_>>())?;
-        self.record_mtime()
-    }
-
-    /// Makes the bytes written to `[off, off + len)` durable: syncs the servers holding them
-    /// and no others (what an `O_DSYNC` write through the FUSE mount needs). Records no time.
-    pub fn sync_range(&self, off: u64, len: u64) -> FsResult<()> {
-        let end = off.saturating_add(len);
-        let mut pnums = Vec::new();
-        let mut at = off;
-        // Consecutive stripe units cycle through the servers, so this takes at most `pcount`
-        // steps.
-        while at < end && pnums.len() < self.layout.pcount as usize {
-            let m = self.layout.map(at);
-            if !pnums.contains(&m.pnum) {
-                pnums.push(m.pnum);
-            }
-            at = at.saturating_add(m.run_len);
-        }
-        self.sync_pnums(&pnums)
-    }
-
-    /// fsync of this file's object on the servers of relative numbers `pnums`, all at once.
-    fn sync_pnums(&self, pnums: &[u32]) -> FsResult<()> {
-        self.with_cap(|cap| {
-            let reqs =
-                pnums.iter().map(|&p| (self.server(p), IoRequest::Sync { cap: cap.clone() })).collect();
-            self.client.io_small(reqs).into_iter().try_for_each(|r| r.map(|_| ()))
-        })
-    }
-
-    /// If this `File` wrote since the last call, sets the file's modification (and change)
-    /// time on the meta server to now; otherwise does nothing.
-    pub fn record_mtime(&self) -> FsResult<()> {
-        if !self.written.swap(false, Ordering::AcqRel) {
-            return Ok(());
-        }
-        let set = SetAttr { mtime: Some(Timestamp::now()), ..Default::default() };
-        self.client.setattr(self.handle, set).map(|_| ()).inspect_err(|_| {
-            // Still unrecorded: the next call tries again.
-            self.written.store(true, Ordering::Release);
-        })
-    }
-
-    /// Truncates (or extends with a hole) to `size` bytes.
-    pub fn truncate(&self, size: u64) -> FsResult<()> {
-        self.client.setattr(self.handle, SetAttr { size: Some(size), ..Default::default() }).map(|_| ())
-    }
-
-    /// Sets a partitioned view (PVFS1 `SETPART`): the file appears as the concatenation of
-    /// `gsize`-byte blocks every `stride` bytes from `offset`; [`File::read_view`] and
-    /// [`File::write_view`] address that concatenation.
-    pub fn set_view(&self, offset: u64, gsize: u64, stride: u64) -> FsResult<()> {
-        let v = View::new(offset, gsize, stride)?;
-        *self.view.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
-        Ok(())
-    }
-
-    /// Drops the view: view positions are file offsets again.
-    pub fn clear_view(&self) {
-        *self.view.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    }
-
-    fn current_view(&self) -> View {
-        self.view.lock().unwrap_or_else(|p| p.into_inner()).unwrap_or(View::contiguous())
-    }
-
-    /// The requests for `plan`: one per server unless its share is over `max_req` bytes or
-    /// [`proto::MAX_PIECES`] pieces.
-    fn batches(
-        &self,
-        plan: Vec<ServerPieces>,
-        strided: Option<(View, u64, u64)>,
-        max_req: u64,
-    ) -> FsResult<Vec<Batch>> {
-        let mut out = Vec::new();
-        for sp in plan {
-            let server = self.server(sp.pnum);
-            // A view request that fits in one message goes as the O(1) strided descriptor.
-            if let Some((view, pos, len)) = strided
-                && sp.bytes <= max_req
-                && view.blocks_spanned(pos, len) <= proto::MAX_VIEW_BLOCKS
-            {
-                let desc = Descriptor::Strided { layout: self.layout, pnum: sp.pnum, view, pos, len };
-                out.push(Batch { pnum: sp.pnum, server, desc, segments: sp.segments, bytes: sp.bytes });
-                continue;
-            }
-            let parts = if sp.pieces.len() <= proto::MAX_PIECES && sp.bytes <= max_req {
-                vec![sp]
-            } else {
-                sp.split(proto::MAX_PIECES, max_req)
-            };
-            for b in parts {
-                out.push(Batch {
-                    pnum: b.pnum,
-                    server,
-                    desc: Descriptor::list(b.pieces)?,
-                    segments: b.segments,
-                    bytes: b.bytes,
-                });
-            }
-        }
-        Ok(out)
-    }
-
-    /// Writes every batch's segments of `data`, all servers at once.
-    fn write_batches(&self, batches: &[Batch], data: &Bytes) -> FsResult<u64> {
-        // Before anything is sent: a write that fails part way may still have changed bytes.
-        self.written.store(true, Ordering::Release);
-        self.with_cap(|cap| {
-            let c = &self.client;
-            let posted: Vec<FsResult<(OpId, u64, u64)>> = batches
-                .iter()
-                .map(|b| {
-                    let peer =
-                        *c.inner.io.get(b.server).ok_or_else(|| FsError::Invalid("server index".into()))?;
-                    let id = c.id();
-                    let req = IoRequest::Write { cap: cap.clone(), desc: b.desc.clone() };
-                    let header = proto::encode(&Envelope::new(id, req))?;
-                    let list: Vec<Bytes> = b
-                        .segments
-                        .iter()
-                        .map(|s| data.slice(s.off as usize..(s.off + s.len) as usize))
-                        .collect();
-                    let op = c
-                        .post(
-                            peer,
-                            TAG_IO,
-                            header,
-                            Payload::Out(SendBuf::List(list)),
-                            ServiceLevel::Bulk,
-                            b.bytes,
-                        )
-                        .map_err(c.at_io(b.server))?;
-                    Ok((op, id, b.bytes))
-                })
-                .collect();
-            let mut first_err = None;
-            let mut total = 0u64;
-            for (b, p) in batches.iter().zip(posted) {
-                let r = p.and_then(|(op, id, want)| {
-                    let comp = c.wait_io(op).map_err(c.at_io(b.server))?;
-                    match Client::reply::<IoReply>(&comp, id).map_err(c.at_io(b.server))? {
-                        IoReply::Written { bytes } if bytes == want => Ok(bytes),
-                        r => Err(FsError::UnexpectedReply(format!("{r:?} for a {want}-byte write"))),
-                    }
-                });
-                match r {
-                    Ok(n) => total += n,
-                    Err(e) => {
-                        first_err.get_or_insert(e);
-                    }
-                }
-            }
-            match first_err {
-                Some(e) => Err(e),
-                None => Ok(total),
-            }
-        })
-    }
-
-    /// Reads every batch's stream into its segments of `buf`, all servers at once. Returns the
-    /// buffer (rejoined) and each batch's server-local size.
-    fn read_batches(&self, batches: &[Batch], buf: BytesMut) -> FsResult<(BytesMut, Vec<(usize, u64)>)> {
-        let mut buf = Some(buf);
-        let r = self.with_cap(|cap| {
-            let b = buf
-                .take()
-                .ok_or_else(|| FsError::Invalid("read buffer lost after a failed attempt".into()))?;
-            let (back, r) = self.read_once(batches, b, &cap);
-            buf = back;
-            r
-        });
-        match r {
-            Ok(sizes) => Ok((buf.take().unwrap_or_default(), sizes)),
-            Err(e) => {
-                // The caller's buffer is freed with the error. With `cache_foreign`, the
-                // segments that reached live servers left cached registrations: forget them
-                // first, as the engine requires before memory is freed.
-                if let Some(b) = buf.take() {
-                    self.client.inner.ep.invalidate_registrations(&b);
-                }
-                Err(e)
-            }
-        }
-    }
-
-    fn read_once(
-        &self,
-        batches: &[Batch],
-        buf: BytesMut,
-        cap: &Capability,
-    ) -> (Option<BytesMut>, FsResult<Vec<(usize, u64)>>) {
-        let c = &self.client;
-        // Cut the buffer into the segments every batch needs (plus the gaps between them) as
-        // disjoint views of the one allocation, to rejoin afterwards without copying.
-        let mut split = match Scatter::new(buf, batches) {
-            Ok(s) => s,
-            Err(e) => return (None, Err(e)),
-        };
-        let mut posted = Vec::with_capacity(batches.len());
-        for (i, b) in batches.iter().enumerate() {
-            let r = (|| {
-                let id = c.id();
-                let req = IoRequest::Read { cap: cap.clone(), desc: b.desc.clone() };
-                let header = proto::encode(&Envelope::new(id, req))?;
-                let peer =
-                    *c.inner.io.get(b.server).ok_or_else(|| FsError::Invalid("server index".into()))?;
-                let list = split.take(i);
-                let op = c
-                    .post(peer, TAG_IO, header, Payload::In(RecvBuf::List(list)), ServiceLevel::Bulk, b.bytes)
-                    .map_err(c.at_io(b.server))?;
-                Ok((op, id))
-            })();
-            posted.push(r);
-        }
-        let mut first_err = None;
-        let mut sizes = Vec::with_capacity(batches.len());
-        for (i, p) in posted.into_iter().enumerate() {
-            let server = batches[i].server;
-            let r = p.and_then(|(op, id)| {
-                let mut comp = c.wait_io(op).map_err(c.at_io(server))?;
-                if let OpBuf::Recv(RecvBuf::List(v)) = std::mem::take(&mut comp.buf) {
-                    split.put_back(i, v);
-                }
-                match Client::reply::<IoReply>(&comp, id).map_err(c.at_io(server))? {
-                    IoReply::Read { bytes, local_size } if bytes == batches[i].bytes => Ok(local_size),
-                    r => Err(FsError::UnexpectedReply(format!("{r:?} for a {}-byte read", batches[i].bytes))),
-                }
-            });
-            match r {
-                Ok(ls) => sizes.push((i, ls)),
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        let buf = split.join();
-        match first_err {
-            Some(e) => (buf, Err(e)),
-            None => (buf, Ok(sizes)),
-        }
-    }
-
-    /// Writes `data` at `off`. Zero-copy: the payload is slices of `data`.
-    pub fn write_at(&self, off: u64, data: &Bytes) -> FsResult<usize> {
-        self.check(Rights::WRITE)?;
-        if data.is_empty() {
-            return Ok(0);
-        }
-        off.checked_add(data.len() as u64).ok_or(crate::layout::LayoutError::Overflow)?;
-        let batches = self.batches(
-            self.layout.plan([Extent::new(off, data.len() as u64)]),
-            None,
-            self.client.inner.limits.max,
-        )?;
-        self.write_batches(&batches, data).map(|n| n as usize)
-    }
-
-    /// Writes a borrowed slice at `off` (copies it once into a `Bytes`).
-    pub fn write_all_at(&self, off: u64, data: &[u8]) -> FsResult<usize> {
-        self.write_at(off, &Bytes::copy_from_slice(data))
-    }
-
-    /// Reads `buf.len()` bytes at `off` into `buf` (zero-copy scatter into its memory) and
-    /// returns it with the number of bytes before end of file. Holes read as zeros.
-    pub fn read_at(&self, off: u64, buf: BytesMut) -> FsResult<(BytesMut, usize)> {
-        self.check(Rights::READ)?;
-        let len = buf.len() as u64;
-        if len == 0 {
-            return Ok((buf, 0));
-        }
-        let end = off.checked_add(len).ok_or(crate::layout::LayoutError::Overflow)?;
-        let batches =
-            self.batches(self.layout.plan([Extent::new(off, len)]), None, self.client.inner.limits.read)?;
-        let (buf, sizes) = self.read_batches(&batches, buf)?;
-        // The involved servers' local sizes show whether the range reaches end of file; only
-        // when it may not does the client ask every server.
-        let seen =
-            sizes.iter().map(|&(i, ls)| self.layout.logical_end(batches[i].pnum, ls)).max().unwrap_or(0);
-        let size = if seen >= end { seen } else { self.size()? };
-        Ok((buf, size.saturating_sub(off).min(len) as usize))
-    }
-
-    /// Reads into a borrowed slice (the data lands in a temporary buffer and is copied once;
-    /// the client keeps a few such buffers between calls). Bytes past the returned count (past
-    /// the end of the file) are zeroed.
-    pub fn read_into(&self, off: u64, dst: &mut [u8]) -> FsResult<usize> {
-        let inner = &self.client.inner;
-        let (buf, tail) = inner.scratch.take(dst.len());
-        let (buf, n) = self.read_at(off, buf)?;
-        // A caller's `Vec` starts 16 bytes into a page and the buffer on one: the slow case
-        // of `memcpy` on AMD Zen (see `ionet::copy`).
-        ionet::copy::copy_bytes(&mut dst[..n], &buf[..n]);
-        dst[n..].fill(0);
-        for b in inner.scratch.put(buf, tail) {
-            inner.ep.invalidate_registrations(&b);
-        }
-        Ok(n)
-    }
-
-    /// Writes `data` through the view at view position `pos` (see [`File::set_view`]). Each
-    /// server gets one strided descriptor it expands itself.
-    pub fn write_view(&self, pos: u64, data: &Bytes) -> FsResult<usize> {
-        self.check(Rights::WRITE)?;
-        if data.is_empty() {
-            return Ok(0);
-        }
-        let view = self.current_view();
-        let len = data.len() as u64;
-        let plan = self.layout.plan(view.extents(pos, len)?);
-        let batches = self.batches(plan, Some((view, pos, len)), self.client.inner.limits.max)?;
-        self.write_batches(&batches, data).map(|n| n as usize)
-    }
-
-    /// Reads `buf.len()` bytes through the view at view position `pos`. Holes and bytes past
-    /// the end read as zeros.
-    pub fn read_view(&self, pos: u64, buf: BytesMut) -> FsResult<BytesMut> {
-        self.check(Rights::READ)?;
-        if buf.is_empty() {
-            return Ok(buf);
-        }
-        let view = self.current_view();
-        let len = buf.len() as u64;
-        let plan = self.layout.plan(view.extents(pos, len)?);
-        // Whole shares: a share within the limit goes as one O(1) strided descriptor, which
-        // splitting would turn into piece lists.
-        let batches = self.batches(plan, Some((view, pos, len)), self.client.inner.limits.max)?;
-        Ok(self.read_batches(&batches, buf)?.0)
-    }
-
-    /// List I/O write: bytes are taken from `data` at the memory list's extents (in order) and
-    /// stored at the file list's extents (in order). Every segment is a slice of `data` — the
-    /// parent allocation — so one registration covers the whole list.
-    pub fn write_list(&self, mem: &[Extent], file: &[Extent], data: &Bytes) -> FsResult<u64> {
-        self.check(Rights::WRITE)?;
-        let list = ListIo::new(mem.to_vec(), file.to_vec())?;
-        if mem.iter().any(|e| e.end().is_none_or(|end| end > data.len() as u64)) {
-            return Err(FsError::Invalid("memory list outside the buffer".into()));
-        }
-        if list.total() == 0 {
-            return Ok(0);
-        }
-        let batches = self.batches(list.plan(&self.layout), None, self.client.inner.limits.max)?;
-        self.write_batches(&batches, data)
-    }
-
-    /// List I/O read into `buf` at the memory list's extents (which must not overlap).
-    pub fn read_list(&self, mem: &[Extent], file: &[Extent], buf: BytesMut) -> FsResult<BytesMut> {
-        self.check(Rights::READ)?;
-        let list = ListIo::new(mem.to_vec(), file.to_vec())?;
-        if mem.iter().any(|e| e.end().is_none_or(|end| end > buf.len() as u64)) {
-            return Err(FsError::Invalid("memory list outside the buffer".into()));
-        }
-        if list.total() == 0 {
-            return Ok(buf);
-        }
-        let batches = self.batches(list.plan(&self.layout), None, self.client.inner.limits.read)?;
-        Ok(self.read_batches(&batches, buf)?.0)
-    }
-
-    fn check(&self, need: Rights) -> FsResult<()> {
-        if self.rights.contains(need) {
-            Ok(())
-        } else {
-            Err(FsError::code(Errno::EBADF, "file not open for this access"))
-        }
-    }
-}
-
-/// A read buffer cut into disjoint views: every batch's segments (in its stream order) and the
-/// gaps between them, rejoined with `unsplit` (O(1) for adjacent views of one allocation).
-struct Scatter {
-    /// Pieces in buffer order: `Ok(view)` for gaps, `Err((batch, index))` for a segment.
-    order: Vec<Result<BytesMut, (usize, usize)>>,
-    /// Each batch's segment views, in stream order (taken while the request is in flight).
-    slots: Vec<Vec<Option<BytesMut>>>,
-    tail: BytesMut,
-}
-
-impl Scatter {
-    fn new(mut buf: BytesMut, batches: &[Batch]) -> FsResult<Scatter> {
-        let mut all: Vec<(u64, u64, usize, usize)> = Vec::new();
-        for (bi, b) in batches.iter().enumerate() {
-            for (si, s) in b.segments.iter().enumerate() {
-                all.push((s.off, s.len, bi, si));
-            }
-        }
-        all.sort_unstable();
-        let mut slots: Vec<Vec<Option<BytesMut>>> =
-            batches.iter().map(|b| (0..b.segments.len()).map(|_| None).collect()).collect();
-        let mut order = Vec::with_capacity(all.len() * 2);
-        let mut pos = 0u64;
-        for (off, len, bi, si) in all {
-            if off < pos {
-                return Err(FsError::Invalid("overlapping read segments".into()));
-            }
-            let end = off.checked_add(len).filter(|&e| e - pos <= buf.len() as u64);
-            if end.is_none() {
-                return Err(FsError::Invalid("read segment outside the buffer".into()));
-            }
-            if off > pos {
-                order.push(Ok(buf.split_to((off - pos) as usize)));
-            }
-            slots[bi][si] = Some(buf.split_to(len as usize));
-            order.push(Err((bi, si)));
-            pos = off + len;
-        }
-        Ok(Scatter { order, slots, tail: buf })
-    }
-
-    fn take(&mut self, batch: usize) -> Vec<BytesMut> {
-        self.slots[batch].iter_mut().map(|s| s.take().unwrap_or_default()).collect()
-    }
-
-    fn put_back(&mut self, batch: usize, v: Vec<BytesMut>) {
-        for (slot, b) in self.slots[batch].iter_mut().zip(v) {
-            *slot = Some(b);
-        }
-    }
-
-    /// Rejoins the views; `None` if a view never came back (its request failed to post).
-    fn join(mut self) -> Option<BytesMut> {
-        let mut out: Option<BytesMut> = None;
-        for part in self.order {
-            let piece = match part {
-                Ok(gap) => gap,
-                Err((bi, si)) => self.slots[bi][si].take()?,
-            };
-            match &mut out {
-                None => out = Some(piece),
-                Some(o) => o.unsplit(piece),
-            }
-        }
-        match &mut out {
-            None => Some(self.tail),
-            Some(o) => {
-                o.unsplit(self.tail);
-                out
-            }
         }
     }
 }
