@@ -103,10 +103,27 @@ impl Completion {
     /// The first [`len`](Completion::len) bytes of the receive buffer (a receive, get, pull or
     /// read request), as `Bytes`: exactly the bytes the operation brought, holes between a
     /// read's pushes included. Copies them; `None` for operations without a receive buffer.
+    /// [`Completion::into_data`] takes them without a copy.
     pub fn data(&self) -> Option<Bytes> {
         match &self.buf {
             OpBuf::Recv(RecvBuf::Mut(b)) => Some(Bytes::copy_from_slice(&b[..self.len().min(b.len())])),
             OpBuf::Recv(r) => Some(r.to_bytes(self.len())),
+            _ => None,
+        }
+    }
+
+    /// What [`Completion::data`] returns, taking the buffer: without a copy when the operation
+    /// received into one contiguous `BytesMut` (the buffer is truncated to the bytes brought
+    /// and frozen); other buffer kinds (scatter lists, registered pool buffers, which go back
+    /// to their pool) are copied.
+    pub fn into_data(self) -> Option<Bytes> {
+        let len = self.len();
+        match self.buf {
+            OpBuf::Recv(RecvBuf::Mut(mut b)) => {
+                b.truncate(len);
+                Some(b.freeze())
+            }
+            OpBuf::Recv(r) => Some(r.to_bytes(len)),
             _ => None,
         }
     }
@@ -132,7 +149,11 @@ pub enum Payload {
     None,
     /// Data the server will pull (a write).
     Out(SendBuf),
-    /// A buffer the server will push into (a read).
+    /// A buffer the server will push into (a read). The server decides how much to push: a
+    /// client that does not know the answer's size offers the largest it accepts, and the
+    /// completion's [`len`](Completion::len) says how much came ([`Completion::into_data`]
+    /// takes those bytes without a copy). Small answers (up to [`Config::max_header`](crate::Config::max_header) bytes)
+    /// can travel in the reply header instead, with no payload at all.
     In(RecvBuf),
 }
 
