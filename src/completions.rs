@@ -108,6 +108,9 @@ pub(crate) struct Completions {
     /// Called whenever a request is queued for `next_request` (see
     /// [`Endpoint::on_request`](crate::Endpoint::on_request)).
     pub(crate) request_hook: OnceLock<RequestHook>,
+    /// Called whenever a completion is queued (see
+    /// [`Endpoint::on_complete`](crate::Endpoint::on_complete)).
+    pub(crate) completion_hook: OnceLock<RequestHook>,
     /// The descriptor event loops wait on (set by the endpoint when it is made).
     pub(crate) waitset: OnceLock<WaitSet>,
 }
@@ -150,7 +153,19 @@ impl Completions {
     #[allow(dead_code)] // used by the InfiniBand engine
     pub(crate) fn complete(&self, c: Completion) {
         let mut st = self.lock();
-        self.complete_locked(&mut st, c);
+        let queued = self.complete_locked(&mut st, c);
+        drop(st);
+        self.run_completion_hook(queued);
+    }
+
+    /// Calls the [`Endpoint::on_complete`](crate::Endpoint::on_complete) hook `n` times,
+    /// outside the queue's lock.
+    fn run_completion_hook(&self, n: usize) {
+        if let Some(h) = self.completion_hook.get() {
+            for _ in 0..n {
+                (h.0)();
+            }
+        }
     }
 
     /// Wakes every sleeper (a driver that panicked: someone must take over).
@@ -172,22 +187,26 @@ impl Completions {
     /// Records several completions under one lock.
     pub(crate) fn complete_all(&self, cs: impl IntoIterator<Item = Completion>) {
         let mut st = self.lock();
+        let mut queued = 0;
         for c in cs {
-            self.complete_locked(&mut st, c);
+            queued += self.complete_locked(&mut st, c);
         }
+        drop(st);
+        self.run_completion_hook(queued);
     }
 
-    fn complete_locked(&self, st: &mut CompletionState, c: Completion) {
+    /// Records `c`; 1 if it was queued for the application (0: detached, or a backend bug).
+    fn complete_locked(&self, st: &mut CompletionState, c: Completion) -> usize {
         let op = c.op;
         let Some(slot) = st.ops.get_mut(&op) else {
             tracing::error!(%op, kind = ?c.kind, "completion for an unknown operation dropped");
             debug_assert!(false, "operation {op} completed but never posted");
-            return;
+            return 0;
         };
         let Slot::Pending { deadline, detached } = *slot else {
             tracing::error!(%op, kind = ?c.kind, "second completion for an operation dropped");
             debug_assert!(false, "operation {op} completed twice");
-            return;
+            return 0;
         };
         Counters::add(&self.counters.ops_completed, 1);
         if matches!(c.result, Err(Error::Cancelled | Error::Timeout)) {
@@ -215,9 +234,11 @@ impl Completions {
         if let Some(w) = st.wakers.remove(&op) {
             w.wake();
         }
-        if !detached {
-            self.note_queued(st);
+        if detached {
+            return 0;
         }
+        self.note_queued(st);
+        1
     }
 
     /// A completion, message or request was queued: if a driver may be blocked in the backend

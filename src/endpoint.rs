@@ -660,6 +660,21 @@ impl Endpoint {
         std::task::Poll::Ready(r.map(|()| u))
     }
 
+    /// Calls `f` each time an operation's completion is queued for [`Endpoint::wait`],
+    /// [`Endpoint::test`] or [`Endpoint::wait_any`] (not for detached operations), on whichever
+    /// thread queued it — the one driving progress, or one whose post completed at once — and
+    /// outside the endpoint's locks; keep it short and do not wait on this endpoint from it.
+    /// For handing completions to another scheduler; an event loop can instead wait on the
+    /// endpoint's descriptor (see [`Endpoint::arm`]). One hook per endpoint: a second call is
+    /// refused.
+    pub fn on_complete(&self, f: impl Fn() + Send + Sync + 'static) -> Result<()> {
+        self.inner
+            .completions
+            .completion_hook
+            .set(RequestHook(Box::new(f)))
+            .map_err(|_| Error::misuse("the endpoint already has a completion hook"))
+    }
+
     /// Waits up to `timeout` (forever with `None`) for the next incoming request. A zero
     /// timeout looks once without blocking (driving progress one round if no other thread is).
     pub fn next_request(&self, timeout: Option<Duration>) -> Result<Option<Request>> {

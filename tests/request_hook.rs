@@ -67,3 +67,40 @@ fn a_zero_timeout_looks_at_the_network() {
     }
     assert_eq!(client.join().unwrap().as_deref(), Some(&b"ok"[..]));
 }
+
+/// The completion hook runs once per completion queued for the application, and not for
+/// detached operations.
+#[test]
+fn the_completion_hook_runs_once_per_queued_completion() {
+    let (srv, cli, peer) = pair();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s = seen.clone();
+    cli.on_complete(move || {
+        s.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    assert!(cli.on_complete(|| {}).is_err(), "one hook per endpoint");
+    let server = std::thread::spawn(move || {
+        for _ in 0..4 {
+            let req = srv.next_request(Some(LONG)).unwrap().expect("a request");
+            req.reply(Bytes::from_static(b"ok")).unwrap();
+        }
+        srv
+    });
+    let ops: Vec<_> = (0..3).map(|i| ask(&cli, peer, i)).collect();
+    let detached = ask(&cli, peer, 9);
+    cli.detach(detached).unwrap();
+    for op in ops {
+        assert!(cli.wait(op).unwrap().result.is_ok());
+    }
+    let srv = server.join().unwrap();
+    // The detached request is answered too; let it complete before counting.
+    let last = ask(&cli, peer, 10);
+    let srv2 = std::thread::spawn(move || {
+        let req = srv.next_request(Some(LONG)).unwrap().expect("a request");
+        req.reply(Bytes::from_static(b"ok")).unwrap();
+    });
+    assert!(cli.wait(last).unwrap().result.is_ok());
+    srv2.join().unwrap();
+    assert_eq!(seen.load(Ordering::SeqCst), 4, "three requests and the last, not the detached one");
+}
