@@ -233,7 +233,7 @@ impl Policy {
 }
 
 /// Parses `4096`, `4k`, `64K`, `1m`, `2MiB`.
-pub fn parse_size(s: &str) -> Option<usize> {
+pub(crate) fn parse_size(s: &str) -> Option<usize> {
     let s = s.trim().to_ascii_lowercase();
     let s = s.strip_suffix("ib").or_else(|| s.strip_suffix('b')).unwrap_or(&s);
     let (num, mult) = match s.chars().last()? {
@@ -349,7 +349,7 @@ pub const DEFAULT_ENDPOINT_RDMA_CAP: usize = 32 << 20;
 /// under a cap per peer and a cap for the endpoint. A client that issues huge transfers thus
 /// cannot monopolise the server's RDMA engine or a peer's link (hot-spot control).
 #[derive(Debug)]
-pub struct BulkScheduler<K> {
+pub(crate) struct BulkScheduler<K> {
     max_unit: usize,
     min_unit: usize,
     peer_cap: usize,
@@ -370,7 +370,7 @@ struct Transfer<K> {
 
 /// A unit the engine should post now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unit<K> {
+pub(crate) struct Unit<K> {
     /// The transfer it belongs to.
     pub key: K,
     /// Offset within the transfer.
@@ -452,6 +452,7 @@ impl<K: Clone + PartialEq> BulkScheduler<K> {
     }
 
     /// Bytes in flight for a peer.
+    #[cfg(test)]
     pub fn in_flight(&self, peer: crate::types::PeerId) -> usize {
         self.in_flight.get(&peer).copied().unwrap_or(0)
     }

@@ -867,31 +867,13 @@ impl Endpoint {
             let st = completions.lock();
             st.ops.len() - st.done
         };
-        let mut info = Info {
-            scheme: Scheme::Tcp,
-            local_addr: None,
-            endpoint_id: 0,
-            wait_mode: self.inner.cfg.wait_mode,
-            eager_limit: 0,
-            max_message: self.inner.cfg.max_message,
-            max_header: self.inner.cfg.max_header,
-            policy: self
-                .inner
-                .cfg
-                .policy
-                .clone()
-                .unwrap_or_else(|| crate::comm::Policy::for_scheme(Scheme::Tcp)),
-            credits: None,
-            fast_slots: None,
-            regcache: None,
-            pool: Default::default(),
-            peers_connected: 0,
-            exposures: 0,
-            pending_ops: pending,
-            counters: completions.counters.snapshot(),
-            rdma: None,
-            gauges: Default::default(),
-        };
+        let policy =
+            self.inner.cfg.policy.clone().unwrap_or_else(|| crate::comm::Policy::for_scheme(Scheme::Tcp));
+        let mut info = Info::unreported(Scheme::Tcp, self.inner.cfg.wait_mode, policy);
+        info.max_message = self.inner.cfg.max_message;
+        info.max_header = self.inner.cfg.max_header;
+        info.pending_ops = pending;
+        info.counters = completions.counters.snapshot();
         if let Some(b) = self.inner.backend.get() {
             b.info(&mut info);
         }

@@ -11,6 +11,7 @@ use crate::types::WaitMode;
 
 /// Limits, policy and counters of an endpoint.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Info {
     /// Transport.
     pub scheme: Scheme,
@@ -51,6 +52,34 @@ pub struct Info {
     pub gauges: Gauges,
 }
 
+impl Info {
+    /// An `Info` with nothing reported yet: the endpoint fills it in. Public (hidden) for the
+    /// conformance suite, which rebuilds another process's `Info` from its fields.
+    #[doc(hidden)]
+    pub fn unreported(scheme: Scheme, wait_mode: WaitMode, policy: Policy) -> Info {
+        Info {
+            scheme,
+            local_addr: None,
+            endpoint_id: 0,
+            wait_mode,
+            eager_limit: 0,
+            max_message: 0,
+            max_header: 0,
+            policy,
+            credits: None,
+            fast_slots: None,
+            regcache: None,
+            pool: Default::default(),
+            peers_connected: 0,
+            exposures: 0,
+            pending_ops: 0,
+            counters: Default::default(),
+            rdma: None,
+            gauges: Default::default(),
+        }
+    }
+}
+
 /// What an endpoint holds for its peers at one instant. Each is bounded by a [`Config`]
 /// setting, so operators and tests read here that a hostile or careless peer cannot grow them.
 ///
@@ -77,6 +106,7 @@ pub struct Gauges {
 /// zone buffers, registrations — must be back once its operations have failed, so tests and
 /// operators read it here.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RdmaInfo {
     /// Queue pairs open (each with its receive buffers, credits and fast-RDMA ring).
     pub queue_pairs: usize,
@@ -107,6 +137,7 @@ pub struct RdmaInfo {
 
 /// Registration-cache figures.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RegcacheInfo {
     /// Entry limit.
     pub max_entries: usize,

@@ -299,70 +299,67 @@ fn from_wire_info(w: WInfo) -> Info {
     for (k, v) in &w.counters {
         assert!(counters.set(k, *v), "the agent reports a counter this binary does not know: {k}");
     }
-    Info {
-        scheme,
-        local_addr: w.local_addr.map(|a| a.parse().expect("address")),
-        endpoint_id: w.endpoint_id,
-        wait_mode: wait_mode_from(w.wait_mode),
-        eager_limit: w.eager_limit,
-        max_message: w.max_message,
-        max_header: w.max_header,
-        policy,
-        credits: w.credits,
-        fast_slots: w.fast_slots,
-        regcache: w.regcache.map(|r| RegcacheInfo {
-            max_entries: r[0] as usize,
-            max_bytes: r[1],
-            entries: r[2] as usize,
-            pinned_bytes: r[3],
-            hits: r[4],
-            misses: r[5],
-            in_use: r[6],
-        }),
-        pool: {
-            let mut p = ionet::buf::PoolStats::default();
-            [p.in_use_bytes, p.cached_bytes, p.reused, p.created, p.chunks] = w.pool;
-            p
-        },
-        peers_connected: w.peers_connected,
-        exposures: w.exposures,
-        pending_ops: w.pending_ops,
-        gauges: {
-            let mut g = ionet::Gauges::default();
-            [g.peers, g.handshakes, g.transmit_bytes, g.buffered_bytes, g.peers_paused] = w.gauges;
-            g
-        },
-        counters,
-        rdma: w.rdma.map(|(g, p)| ionet::info::RdmaInfo {
-            queue_pairs: g[0],
-            queued_msgs: g[1],
-            sends_outstanding: g[2],
-            transfers: g[3],
-            rdma_bytes_in_flight: g[4],
-            zone_bytes_held: g[5] as u64,
-            zone_waiting: g[6],
-            fin_waits: g[7],
-            open_requests: g[8],
-            provider: ionet::ib::verbs::VerbsCounters {
-                registrations: p[0],
-                deregistrations: p[1],
-                registered_bytes: p[2],
-                pinned_bytes: p[3],
-                reg_ns: p[4],
-                dereg_ns: p[5],
-                send_wrs_posted: p[6],
-                recv_wrs_posted: p[7],
-                completions: p[8],
-                rdma_write_bytes: p[9],
-                rdma_read_bytes: p[10],
-                send_bytes: p[11],
-                rnr_retries: (p[12] != u64::MAX).then_some(p[12]),
-                device_ns: (p[13] != u64::MAX).then_some(p[13]),
-            },
-            // The port's counters stay in the agent's process.
-            port: Default::default(),
-        }),
-    }
+    let mut info = Info::unreported(scheme, wait_mode_from(w.wait_mode), policy);
+    info.local_addr = w.local_addr.map(|a| a.parse().expect("address"));
+    info.endpoint_id = w.endpoint_id;
+    info.eager_limit = w.eager_limit;
+    info.max_message = w.max_message;
+    info.max_header = w.max_header;
+    info.credits = w.credits;
+    info.fast_slots = w.fast_slots;
+    info.regcache = w.regcache.map(|r| {
+        let mut c = RegcacheInfo::default();
+        [c.max_entries, c.entries] = [r[0] as usize, r[2] as usize];
+        [c.max_bytes, c.pinned_bytes, c.hits, c.misses, c.in_use] = [r[1], r[3], r[4], r[5], r[6]];
+        c
+    });
+    info.pool = {
+        let mut p = ionet::buf::PoolStats::default();
+        [p.in_use_bytes, p.cached_bytes, p.reused, p.created, p.chunks] = w.pool;
+        p
+    };
+    info.peers_connected = w.peers_connected;
+    info.exposures = w.exposures;
+    info.pending_ops = w.pending_ops;
+    info.gauges = {
+        let mut g = ionet::Gauges::default();
+        [g.peers, g.handshakes, g.transmit_bytes, g.buffered_bytes, g.peers_paused] = w.gauges;
+        g
+    };
+    info.counters = counters;
+    info.rdma = w.rdma.map(|(g, p)| {
+        let mut r = ionet::info::RdmaInfo::default();
+        [
+            r.queue_pairs,
+            r.queued_msgs,
+            r.sends_outstanding,
+            r.transfers,
+            r.rdma_bytes_in_flight,
+            r.zone_waiting,
+            r.fin_waits,
+            r.open_requests,
+        ] = [g[0], g[1], g[2], g[3], g[4], g[6], g[7], g[8]];
+        r.zone_bytes_held = g[5] as u64;
+        r.provider = ionet::ib::verbs::VerbsCounters {
+            registrations: p[0],
+            deregistrations: p[1],
+            registered_bytes: p[2],
+            pinned_bytes: p[3],
+            reg_ns: p[4],
+            dereg_ns: p[5],
+            send_wrs_posted: p[6],
+            recv_wrs_posted: p[7],
+            completions: p[8],
+            rdma_write_bytes: p[9],
+            rdma_read_bytes: p[10],
+            send_bytes: p[11],
+            rnr_retries: (p[12] != u64::MAX).then_some(p[12]),
+            device_ns: (p[13] != u64::MAX).then_some(p[13]),
+        };
+        // The port's counters stay in the agent's process.
+        r
+    });
+    info
 }
 
 fn write_frame<T: Serialize>(w: &mut impl Write, v: &T) -> std::io::Result<()> {
