@@ -65,8 +65,14 @@
 //! See `examples/pingpong.rs` and `examples/kv.rs` for complete programs, and the
 //! `ionet-perf` tool for measurements.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
+
+// The transports stand on Linux interfaces (epoll, timerfd, eventfd, memfd, io_uring): say so
+// at once rather than with a page of unresolved imports.
+#[cfg(not(target_os = "linux"))]
+compile_error!("ionet supports Linux only: its transports use epoll, timerfd, eventfd, memfd and io_uring");
 
 pub mod addr;
 mod admission;
