@@ -231,7 +231,10 @@ impl Completions {
         if let Some(d) = deadline {
             st.deadlines.remove(&(d, op));
         }
-        if let Some(w) = st.wakers.remove(&op) {
+        // Only async callers register wakers: skip the lookup on the blocking path.
+        if !st.wakers.is_empty()
+            && let Some(w) = st.wakers.remove(&op)
+        {
             w.wake();
         }
         if detached {

@@ -373,6 +373,18 @@ impl Endpoint {
 
     /// Asks for an operation to be cancelled. It then completes (once) with
     /// [`Error::Cancelled`] — or normally, if it finished first.
+    ///
+    /// Cancellation is local: it ends this endpoint's operation and gives its buffer back, and
+    /// the peer is not asked to undo anything. A cancelled request may already have been
+    /// served (a write may be on the server's disk); its late reply is dropped. A receive not
+    /// yet matched ends at once. A transfer under way ends cleanly: on TCP at once, what the
+    /// peer still sends of it being discarded (a send whose bytes are being written completes
+    /// when they are, normally); on InfiniBand the peer
+    /// may still be reading or writing the buffer by RDMA, so the buffer is held until the
+    /// peer finishes, for at most [`IbConfig::cancel_grace`](crate::IbConfig::cancel_grace),
+    /// after which the connection to that peer is torn down (its other operations fail with
+    /// [`Error::PeerLost`]). A deadline ([`Endpoint::set_deadline`]) cancels the same way,
+    /// with [`Error::Timeout`].
     pub fn cancel(&self, op: OpId) -> Result<()> {
         match Completions::is_pending(&self.inner.completions.lock(), op) {
             Some(true) => {}

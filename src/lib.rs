@@ -65,7 +65,6 @@
 //! See `examples/pingpong.rs` and `examples/kv.rs` for complete programs, and the
 //! `ionet-perf` tool for measurements.
 #![cfg_attr(docsrs, feature(doc_cfg))]
-
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 
