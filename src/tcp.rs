@@ -375,7 +375,10 @@ impl TcpBackend {
     /// One round of progress, blocking up to `timeout`. `events_only`: the round an armed
     /// caller runs when the event descriptor is readable, which must collect epoll's events
     /// (a direct socket read would leave them listed, keeping the descriptor readable) and
-    /// must not give up the CPU (its event loop has other work).
+    /// must not give up the CPU (its event loop has other work). Inlined into both callers:
+    /// as a call of its own it made the compiler stop inlining the flush into the round trip's
+    /// path (about 120 more instructions per 8 B round trip under callgrind).
+    #[inline(always)]
     fn round(&self, timeout: Duration, events_only: bool) -> Result<bool> {
         let before = moved();
         if timeout.is_zero() && !events_only && self.spin_without_epoll() {
@@ -640,13 +643,17 @@ impl State {
     // ----------------------------------------------------------------------------------------
 
     /// Writes queued frames on writable connections, classes served by the weighted scheduler.
-    #[inline]
+    // The check inline at every caller, the work out of line: a round trip with nothing queued
+    // pays a load and a branch. (Left to the compiler, the work was inlined into the check and
+    // the whole call kept out of line, 90 instructions per 8 B round trip under callgrind.)
+    #[inline(always)]
     fn flush_ready(&mut self, registry: &Registry) {
         if self.session.wants_transmit() {
             self.flush_ready_slow(registry);
         }
     }
 
+    #[inline(never)]
     fn flush_ready_slow(&mut self, registry: &Registry) {
         let mut turn = mem::take(&mut self.turn);
         while let Some(quantum) = self.session.transmit_turn(&mut turn) {
