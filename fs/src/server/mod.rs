@@ -167,11 +167,54 @@ pub struct ServerHandle {
     ep: Endpoint,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    /// A directory on the file system holding the server's data, synced by [`ServerHandle::drain`].
+    data_dir: Option<std::path::PathBuf>,
+}
+
+/// How a [`ServerHandle::drain`] went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Drained {
+    /// Worker threads still serving a request when the drain timeout ran out; their requests
+    /// failed when the endpoint shut down.
+    pub busy_workers: usize,
 }
 
 impl ServerHandle {
     pub(crate) fn new(ep: Endpoint, stop: Arc<AtomicBool>, threads: Vec<JoinHandle<()>>) -> Self {
-        ServerHandle { ep, stop, threads }
+        ServerHandle { ep, stop, threads, data_dir: None }
+    }
+
+    /// [`ServerHandle::drain`] syncs the file system holding `dir`.
+    pub(crate) fn syncing(mut self, dir: std::path::PathBuf) -> Self {
+        self.data_dir = Some(dir);
+        self
+    }
+
+    /// Stops the server gracefully: workers take no new requests and finish the ones they
+    /// serve, for at most `timeout`; then the endpoint shuts down (requests still queued or
+    /// being served fail, and clients see the server's connection close) and the file system
+    /// holding the server's data is synced (`syncfs`), so every write it acknowledged is on
+    /// disk. Fails only if the sync does.
+    pub fn drain(mut self, timeout: Duration) -> std::io::Result<Drained> {
+        self.stop.store(true, Ordering::Relaxed);
+        let deadline = Instant::now() + timeout;
+        while self.threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let busy_workers = self.threads.iter().filter(|t| !t.is_finished()).count();
+        self.ep.shutdown();
+        // Finished threads are joined; the busy ones are left to fail on the closed endpoint.
+        for t in std::mem::take(&mut self.threads) {
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
+        if let Some(dir) = &self.data_dir {
+            let d = std::fs::File::open(dir)?;
+            nix::unistd::syncfs(&d).map_err(std::io::Error::from)?;
+        }
+        Ok(Drained { busy_workers })
     }
 
     /// The address clients connect to.
