@@ -559,6 +559,64 @@ mod tests {
         server.shutdown();
     }
 
+    /// A handler that serves its request only once `go` says so; tells `started` first.
+    fn gated(started: std::sync::mpsc::Sender<()>, go: std::sync::mpsc::Receiver<()>) -> impl Fn(Request) {
+        let (started, go) = (Mutex::new(started), Mutex::new(go));
+        move |req: Request| {
+            let _ = started.lock().unwrap().send(());
+            let _ = go.lock().unwrap().recv();
+            let _ = req.reply(Bytes::from_static(b"ok"));
+        }
+    }
+
+    /// Draining lets the request being served finish (its reply arrives), then the endpoint
+    /// is shut: a later request fails instead of being served.
+    #[test]
+    fn drain_finishes_the_request_being_served_then_refuses_more() {
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel();
+        let (c, peer, server) = pool(2, gated(started_tx, go_rx));
+        // The client's wait drives its side of the transport, so it runs meanwhile.
+        let op = ask(&c, peer);
+        let c2 = c.clone();
+        let waiter = std::thread::spawn(move || c2.wait(op));
+        started.recv().unwrap();
+        let drain = std::thread::spawn(move || server.drain(Duration::from_secs(60)));
+        go.send(()).unwrap();
+        let drained = drain.join().unwrap().unwrap();
+        assert_eq!(drained.busy_workers, 0);
+        let done = waiter.join().unwrap().unwrap();
+        assert!(done.result.is_ok(), "{:?}", done.result);
+        assert_eq!(done.reply.as_deref(), Some(&b"ok"[..]));
+        let later = c.request(peer, 1, Bytes::from_static(b"q"), Payload::None, ServiceLevel::Normal);
+        let failed = match later {
+            Err(_) => true,
+            Ok(op) => {
+                c.set_deadline(op, Instant::now() + Duration::from_secs(20)).unwrap();
+                c.wait(op).map_or(true, |d| d.result.is_err())
+            }
+        };
+        assert!(failed, "a request after the drain was served");
+    }
+
+    /// A request still being served when the drain timeout runs out fails: its worker is
+    /// reported busy and the client gets an error, not a hang.
+    #[test]
+    fn drain_fails_a_request_that_outlasts_the_timeout() {
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel();
+        let (c, peer, server) = pool(1, gated(started_tx, go_rx));
+        let op = ask(&c, peer);
+        let c2 = c.clone();
+        let waiter = std::thread::spawn(move || c2.wait(op));
+        started.recv().unwrap();
+        let drained = server.drain(Duration::from_millis(50)).unwrap();
+        assert_eq!(drained.busy_workers, 1);
+        let done = waiter.join().unwrap().unwrap();
+        assert!(done.result.is_err(), "the request outlasting the drain succeeded");
+        go.send(()).unwrap();
+    }
+
     #[test]
     fn step_down_runs_on_unwind() {
         let p = Arc::new(Pool::default());
