@@ -276,7 +276,7 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>, stop: &mpsc::Rec
     );
     println!("cluster file: {}", path.display());
     println!("use it with: export STRIPEFS_CLUSTER={}", path.display());
-    println!("Ctrl-C or SIGTERM stops it; a server that dies is started again.");
+    println!("Ctrl-C stops it (SIGTERM too); a server that dies is started again.");
     sd_notify("READY=1");
     let mut restarts = Restarts::new(Instant::now());
     loop {
