@@ -308,6 +308,15 @@ impl LocalCluster {
         self.meta.iter().chain(self.io.iter().flatten()).map(|p| p.child.id()).collect()
     }
 
+    /// The process id of a running server.
+    pub fn pid(&self, id: ServerId) -> Option<u32> {
+        let p = match id {
+            ServerId::Meta => self.meta.as_ref(),
+            ServerId::Io(i) => self.io.get(i).and_then(Option::as_ref),
+        };
+        p.map(|p| p.child.id())
+    }
+
     /// Kills io server `i` (SIGKILL: no chance to clean up, like a crash).
     pub fn kill_io(&mut self, i: usize) {
         if let Some(p) = self.io.get_mut(i).and_then(Option::take) {
@@ -385,6 +394,43 @@ impl LocalCluster {
                 Err(ClusterError::Start { what: id.to_string(), detail })
             }
         }
+    }
+
+    /// Stops every server gracefully: sends each SIGTERM (they drain their requests and sync
+    /// their data) and waits up to `grace` for all of them, killing those still running then.
+    /// Returns how each ended (`None`: killed after `grace`); servers that had already exited
+    /// (and been reaped) are not listed.
+    pub fn terminate(mut self, grace: Duration) -> Vec<(ServerId, Option<std::process::ExitStatus>)> {
+        use nix::sys::signal::{Signal, kill};
+        use nix::unistd::Pid;
+        let mut procs: Vec<(ServerId, Proc)> = std::iter::once((ServerId::Meta, self.meta.take()))
+            .chain(self.io.iter_mut().enumerate().map(|(i, p)| (ServerId::Io(i), p.take())))
+            .filter_map(|(id, p)| Some((id, p?)))
+            .collect();
+        for (_, p) in &procs {
+            if let Ok(pid) = i32::try_from(p.child.id()) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+            }
+        }
+        let deadline = std::time::Instant::now() + grace;
+        let mut out = Vec::new();
+        for (id, p) in &mut procs {
+            let status = loop {
+                match p.child.try_wait() {
+                    Ok(Some(s)) => break Some(s),
+                    Ok(None) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    _ => {
+                        let _ = p.child.kill();
+                        let _ = p.child.wait();
+                        break None;
+                    }
+                }
+            };
+            out.push((*id, status));
+        }
+        out
     }
 
     /// Kills every server.

@@ -10,6 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use stripefs::cluster::{LocalCluster, LocalClusterOptions, ServerId};
 use stripefs::config::{ClusterConfig, KeySource, read_key_file};
+use stripefs::server::ServerHandle;
 use stripefs::server::io::{IoServer, IoServerConfig};
 use stripefs::server::meta::{MetaServer, MetaServerConfig};
 
@@ -67,6 +68,10 @@ pub struct ServeArgs {
     /// Run only on these CPUs (comma-separated ids, like `taskset -c`); default: all.
     #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
+    /// On SIGTERM or SIGINT, how long requests being served may take to finish before the
+    /// server fails them and exits (e.g. 5s, 500ms).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    drain_timeout: Duration,
     /// Exit when standard input closes (used by launchers so servers never outlive them).
     #[arg(long, hide = true)]
     exit_with_parent: bool,
@@ -88,30 +93,79 @@ fn announce(addr: Option<Address>) -> Result<()> {
     Ok(())
 }
 
-fn exit_with_parent() {
-    std::thread::spawn(|| {
-        let mut sink = [0u8; 64];
-        let mut stdin = std::io::stdin();
-        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
-        std::process::exit(0);
-    });
+/// The channel that tells the servers to stop: SIGTERM, SIGINT or SIGHUP (the `ctrlc` crate's
+/// "termination" handler), or, with `exit_with_parent`, the end of standard input.
+fn stop_requests(exit_with_parent: bool) -> Result<mpsc::Receiver<()>> {
+    let (tx, rx) = mpsc::channel();
+    let on_signal = tx.clone();
+    ctrlc::set_handler(move || {
+        let _ = on_signal.send(());
+    })
+    .context("installing the signal handler")?;
+    if exit_with_parent {
+        std::thread::spawn(move || {
+            let mut sink = [0u8; 64];
+            let mut stdin = std::io::stdin();
+            while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+            let _ = tx.send(());
+        });
+    }
+    Ok(rx)
 }
 
-/// Runs the requested servers until killed.
+/// Tells systemd (a `Type=notify` unit) the service's state, e.g. `READY=1`: one datagram to
+/// the unix socket in `$NOTIFY_SOCKET` (a path, or `@name` in the abstract namespace). Does
+/// nothing when the variable is unset (not started by systemd).
+fn sd_notify(state: &str) {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let sent = UnixDatagram::unbound().and_then(|sock| {
+        let addr = match path.as_bytes().strip_prefix(b"@") {
+            Some(name) => SocketAddr::from_abstract_name(name)?,
+            None => SocketAddr::from_pathname(&path)?,
+        };
+        sock.send_to_addr(state.as_bytes(), &addr)
+    });
+    if let Err(e) = sent {
+        tracing::warn!(state, error = %e, "notifying systemd failed");
+    }
+}
+
+/// Serves until told to stop (see [`stop_requests`]), then drains `h`: no new requests,
+/// those being served finish within `timeout` or fail, the data is synced. Returns normally
+/// (exit status 0) unless the sync failed.
+fn serve_until_stopped(h: ServerHandle, stop: &mpsc::Receiver<()>, timeout: Duration) -> Result<()> {
+    announce(h.local_addr())?;
+    sd_notify("READY=1");
+    let _ = stop.recv();
+    sd_notify("STOPPING=1");
+    tracing::info!(addr = ?h.local_addr(), ?timeout, "stopping: draining requests");
+    let drained = h.drain(timeout).context("syncing the server's data")?;
+    if drained.busy_workers > 0 {
+        tracing::warn!(
+            busy = drained.busy_workers,
+            "requests still being served after the drain timeout were failed"
+        );
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Runs the requested servers until SIGTERM or SIGINT, then stops them gracefully.
 pub fn run(a: ServeArgs, cluster: Option<PathBuf>) -> Result<()> {
     // Before any server thread starts, so they all inherit the CPU set.
     if !a.cpus.is_empty() {
         super::pin_to_cpus(&a.cpus)?;
     }
-    if a.exit_with_parent {
-        exit_with_parent();
-    }
+    let stop = stop_requests(a.exit_with_parent)?;
     let cfg = match &cluster {
         Some(p) => Some(ClusterConfig::load(p).with_context(|| format!("loading {}", p.display()))?),
         None => None,
     };
     if let Some(i) = a.io {
-        return run_io(&a, i, cfg.as_ref());
+        return run_io(&a, i, cfg.as_ref(), &stop);
     }
     if a.meta {
         let cfg = cfg.context("--meta needs a cluster file (--cluster)")?;
@@ -127,14 +181,12 @@ pub fn run(a: ServeArgs, cluster: Option<PathBuf>) -> Result<()> {
         m.workers = a.workers;
         m.wait_mode = wait_mode(&a.wait);
         let h = MetaServer::start(m)?;
-        announce(h.local_addr())?;
-        h.join();
-        return Ok(());
+        return serve_until_stopped(h, &stop, a.drain_timeout);
     }
-    run_local_cluster(&a, cfg)
+    run_local_cluster(&a, cfg, &stop)
 }
 
-fn run_io(a: &ServeArgs, i: u32, cfg: Option<&ClusterConfig>) -> Result<()> {
+fn run_io(a: &ServeArgs, i: u32, cfg: Option<&ClusterConfig>, stop: &mpsc::Receiver<()>) -> Result<()> {
     let listen: Address = match (&a.listen, cfg) {
         (Some(l), _) => l.parse().context("--listen")?,
         (None, Some(c)) => {
@@ -167,12 +219,10 @@ fn run_io(a: &ServeArgs, i: u32, cfg: Option<&ClusterConfig>) -> Result<()> {
         s.ib = Some(ionet::IbConfig::default().recv_size(n));
     }
     let h = IoServer::start(s)?;
-    announce(h.local_addr())?;
-    h.join();
-    Ok(())
+    serve_until_stopped(h, stop, a.drain_timeout)
 }
 
-fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>) -> Result<()> {
+fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>, stop: &mpsc::Receiver<()>) -> Result<()> {
     let exe = std::env::current_exe()?;
     let mut opts = match &cfg {
         Some(c) => {
@@ -201,7 +251,9 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>) -> Result<()> {
             o
         }
     };
+    let drain = humantime::format_duration(a.drain_timeout).to_string();
     opts.io_args = vec!["--workers".into(), a.workers.to_string(), "--wait".into(), a.wait.clone()];
+    opts.io_args.extend(["--drain-timeout".into(), drain.clone()]);
     opts.io_args.extend(["--pipeline-depth".into(), a.pipeline_depth.to_string()]);
     if let Some(m) = a.max_open {
         opts.io_args.extend(["--max-open".into(), m.to_string()]);
@@ -214,6 +266,7 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>) -> Result<()> {
     }
     opts.meta_args =
         vec!["--cap-lifetime".into(), a.cap_lifetime.to_string(), "--wait".into(), a.wait.clone()];
+    opts.meta_args.extend(["--drain-timeout".into(), drain]);
     let mut c = LocalCluster::start(opts)?;
     let path = std::fs::canonicalize(c.config_path()).unwrap_or_else(|_| c.config_path().to_owned());
     println!(
@@ -223,14 +276,11 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>) -> Result<()> {
     );
     println!("cluster file: {}", path.display());
     println!("use it with: export STRIPEFS_CLUSTER={}", path.display());
-    println!("Ctrl-C stops it; a server that dies is started again.");
-    let (tx, rx) = mpsc::channel();
-    let _ = ctrlc::set_handler(move || {
-        let _ = tx.send(());
-    });
+    println!("Ctrl-C stops it (SIGTERM too); a server that dies is started again.");
+    sd_notify("READY=1");
     let mut restarts = Restarts::new(Instant::now());
     loop {
-        if rx.recv_timeout(Duration::from_millis(300)).is_ok() {
+        if stop.recv_timeout(Duration::from_millis(300)).is_ok() {
             break;
         }
         let now = Instant::now();
@@ -251,9 +301,32 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>) -> Result<()> {
             }
         }
     }
-    c.stop();
+    sd_notify("STOPPING=1");
+    // The servers drain like a server run alone; a grace period past their drain timeout
+    // covers the sync before one that hangs is killed.
+    let mut failed = 0;
+    for (id, status) in c.terminate(a.drain_timeout + TERMINATE_GRACE) {
+        match status {
+            Some(s) if s.success() => {}
+            Some(s) => {
+                failed += 1;
+                eprintln!("stripefs: {id} stopped with {s}");
+            }
+            None => {
+                failed += 1;
+                eprintln!("stripefs: {id} did not stop in time and was killed");
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} server(s) did not stop cleanly");
+    }
     Ok(())
 }
+
+/// How much longer than its drain timeout a child server may take to stop (syncing its data)
+/// before the launcher kills it.
+const TERMINATE_GRACE: Duration = Duration::from_secs(10);
 
 /// Delay before the first restart of a server that died.
 const RESTART_DELAY: Duration = Duration::from_millis(500);

@@ -239,8 +239,9 @@ impl IoServer {
             stats: Stats::default(),
             load: Load::new(),
         });
+        let data_dir = shared.store.root().to_owned();
         let threads = spawn_workers("io", &ep, workers, &stop, move |req| shared.handle(req))?;
-        Ok(ServerHandle::new(ep, stop, threads))
+        Ok(ServerHandle::new(ep, stop, threads).syncing(data_dir))
     }
 }
 

@@ -124,6 +124,10 @@ impl MetaServer {
     /// Opens the database, binds, and starts the workers and the janitor.
     pub fn start(cfg: MetaServerConfig) -> Result<ServerHandle, ServerError> {
         let key = CapabilityKey::new(&cfg.key)?;
+        let db_dir = match cfg.db_path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+            _ => PathBuf::from("."),
+        };
         if let Some(dir) = cfg.db_path.parent() {
             crate::private::create_dir_all(dir)?;
         }
@@ -168,7 +172,8 @@ impl MetaServer {
                 }
             }
         })?);
-        Ok(ServerHandle::new(ep, stop, threads))
+        // redb makes each commit durable itself; the drain's sync covers the rest of the directory.
+        Ok(ServerHandle::new(ep, stop, threads).syncing(db_dir))
     }
 }
 

@@ -167,11 +167,54 @@ pub struct ServerHandle {
     ep: Endpoint,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    /// A directory on the file system holding the server's data, synced by [`ServerHandle::drain`].
+    data_dir: Option<std::path::PathBuf>,
+}
+
+/// How a [`ServerHandle::drain`] went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Drained {
+    /// Worker threads still serving a request when the drain timeout ran out; their requests
+    /// failed when the endpoint shut down.
+    pub busy_workers: usize,
 }
 
 impl ServerHandle {
     pub(crate) fn new(ep: Endpoint, stop: Arc<AtomicBool>, threads: Vec<JoinHandle<()>>) -> Self {
-        ServerHandle { ep, stop, threads }
+        ServerHandle { ep, stop, threads, data_dir: None }
+    }
+
+    /// [`ServerHandle::drain`] syncs the file system holding `dir`.
+    pub(crate) fn syncing(mut self, dir: std::path::PathBuf) -> Self {
+        self.data_dir = Some(dir);
+        self
+    }
+
+    /// Stops the server gracefully: workers take no new requests and finish the ones they
+    /// serve, for at most `timeout`; then the endpoint shuts down (requests still queued or
+    /// being served fail, and clients see the server's connection close) and the file system
+    /// holding the server's data is synced (`syncfs`), so every write it acknowledged is on
+    /// disk. Fails only if the sync does.
+    pub fn drain(mut self, timeout: Duration) -> std::io::Result<Drained> {
+        self.stop.store(true, Ordering::Relaxed);
+        let deadline = Instant::now() + timeout;
+        while self.threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let busy_workers = self.threads.iter().filter(|t| !t.is_finished()).count();
+        self.ep.shutdown();
+        // Finished threads are joined; the busy ones are left to fail on the closed endpoint.
+        for t in std::mem::take(&mut self.threads) {
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
+        if let Some(dir) = &self.data_dir {
+            let d = std::fs::File::open(dir)?;
+            nix::unistd::syncfs(&d).map_err(std::io::Error::from)?;
+        }
+        Ok(Drained { busy_workers })
     }
 
     /// The address clients connect to.
@@ -514,6 +557,64 @@ mod tests {
             assert!(c.wait(ask(&c, peer)).unwrap().result.is_ok());
         }
         server.shutdown();
+    }
+
+    /// A handler that serves its request only once `go` says so; tells `started` first.
+    fn gated(started: std::sync::mpsc::Sender<()>, go: std::sync::mpsc::Receiver<()>) -> impl Fn(Request) {
+        let (started, go) = (Mutex::new(started), Mutex::new(go));
+        move |req: Request| {
+            let _ = started.lock().unwrap().send(());
+            let _ = go.lock().unwrap().recv();
+            let _ = req.reply(Bytes::from_static(b"ok"));
+        }
+    }
+
+    /// Draining lets the request being served finish (its reply arrives), then the endpoint
+    /// is shut: a later request fails instead of being served.
+    #[test]
+    fn drain_finishes_the_request_being_served_then_refuses_more() {
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel();
+        let (c, peer, server) = pool(2, gated(started_tx, go_rx));
+        // The client's wait drives its side of the transport, so it runs meanwhile.
+        let op = ask(&c, peer);
+        let c2 = c.clone();
+        let waiter = std::thread::spawn(move || c2.wait(op));
+        started.recv().unwrap();
+        let drain = std::thread::spawn(move || server.drain(Duration::from_secs(60)));
+        go.send(()).unwrap();
+        let drained = drain.join().unwrap().unwrap();
+        assert_eq!(drained.busy_workers, 0);
+        let done = waiter.join().unwrap().unwrap();
+        assert!(done.result.is_ok(), "{:?}", done.result);
+        assert_eq!(done.reply.as_deref(), Some(&b"ok"[..]));
+        let later = c.request(peer, 1, Bytes::from_static(b"q"), Payload::None, ServiceLevel::Normal);
+        let failed = match later {
+            Err(_) => true,
+            Ok(op) => {
+                c.set_deadline(op, Instant::now() + Duration::from_secs(20)).unwrap();
+                c.wait(op).map_or(true, |d| d.result.is_err())
+            }
+        };
+        assert!(failed, "a request after the drain was served");
+    }
+
+    /// A request still being served when the drain timeout runs out fails: its worker is
+    /// reported busy and the client gets an error, not a hang.
+    #[test]
+    fn drain_fails_a_request_that_outlasts_the_timeout() {
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel();
+        let (c, peer, server) = pool(1, gated(started_tx, go_rx));
+        let op = ask(&c, peer);
+        let c2 = c.clone();
+        let waiter = std::thread::spawn(move || c2.wait(op));
+        started.recv().unwrap();
+        let drained = server.drain(Duration::from_millis(50)).unwrap();
+        assert_eq!(drained.busy_workers, 1);
+        let done = waiter.join().unwrap().unwrap();
+        assert!(done.result.is_err(), "the request outlasting the drain succeeded");
+        go.send(()).unwrap();
     }
 
     #[test]
