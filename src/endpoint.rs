@@ -581,11 +581,15 @@ impl Endpoint {
                 false,
             )?
             .transpose()?;
-        if let Some(u) = &u {
-            let b = self.backend()?;
-            b.unexpected_taken(u.peer, u.data.len());
-            self.kick_driver(b);
-        }
+        u.map(|u| self.took_unexpected(u)).transpose()
+    }
+
+    /// Tells the transport the application took `u` off the queue (its bytes no longer count
+    /// against the peer's budget), and wakes a driver if that let a stalled peer go on.
+    fn took_unexpected(&self, u: Unexpected) -> Result<Unexpected> {
+        let b = self.backend()?;
+        b.unexpected_taken(u.peer, u.data.len());
+        self.kick_driver(b);
         Ok(u)
     }
 
@@ -634,42 +638,31 @@ impl Endpoint {
     #[cfg(feature = "tokio")]
     pub(crate) fn poll_request(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<Request>> {
         let mut st = self.inner.completions.lock();
-        match st.requests.pop_front() {
-            Some(meta) => std::task::Poll::Ready(Ok(Request { ep: self.clone(), meta, answered: false })),
-            None if st.closed => std::task::Poll::Ready(Err(Error::Closed)),
+        match closed_or(&mut st, |st| st.requests.pop_front()) {
+            Some(r) => {
+                std::task::Poll::Ready(r.map(|meta| Request { ep: self.clone(), meta, answered: false }))
+            }
             None => {
-                if !st.request_wakers.iter().any(|w| w.will_wake(cx.waker())) {
-                    st.request_wakers.push(cx.waker().clone());
-                }
+                register_waker(&mut st.request_wakers, cx);
                 std::task::Poll::Pending
             }
         }
     }
 
-    /// The next queued unexpected message, or `cx`'s waker is woken when one is queued.
+    /// The next queued unexpected message ([`Error::Closed`] after a shutdown), or `cx`'s
+    /// waker is woken when one is queued.
     #[cfg(feature = "tokio")]
     pub(crate) fn poll_unexpected(
         &self,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<Unexpected>> {
-        let u = {
-            let mut st = self.inner.completions.lock();
-            match st.unexpected.pop_front() {
-                Some(u) => u,
-                None if st.closed => return std::task::Poll::Ready(Err(Error::Closed)),
-                None => {
-                    if !st.unexpected_wakers.iter().any(|w| w.will_wake(cx.waker())) {
-                        st.unexpected_wakers.push(cx.waker().clone());
-                    }
-                    return std::task::Poll::Pending;
-                }
-            }
+        let mut st = self.inner.completions.lock();
+        let Some(r) = closed_or(&mut st, |st| st.unexpected.pop_front()) else {
+            register_waker(&mut st.unexpected_wakers, cx);
+            return std::task::Poll::Pending;
         };
-        let r = self.backend().map(|b| {
-            b.unexpected_taken(u.peer, u.data.len());
-            self.kick_driver(b);
-        });
-        std::task::Poll::Ready(r.map(|()| u))
+        drop(st);
+        std::task::Poll::Ready(r.and_then(|u| self.took_unexpected(u)))
     }
 
     /// Calls `f` each time an operation's completion is queued for [`Endpoint::wait`],
@@ -914,6 +907,14 @@ impl Endpoint {
 
     fn check_open(&self) -> Result<()> {
         if self.inner.completions.lock().closed { Err(Error::Closed) } else { Ok(()) }
+    }
+}
+
+/// Keeps `cx`'s waker among `wakers`, once.
+#[cfg(feature = "tokio")]
+fn register_waker(wakers: &mut Vec<std::task::Waker>, cx: &std::task::Context<'_>) {
+    if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+        wakers.push(cx.waker().clone());
     }
 }
 

@@ -4,8 +4,6 @@
 //! must not wake its loop at all.
 
 use std::os::fd::AsFd;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -38,20 +36,29 @@ fn wait_on_fd(ep: &Endpoint, op: OpId, sleeps: &mut u64) -> Completion {
     }
 }
 
-/// An echo server driven by blocking calls on its own thread.
-fn echo_server(scheme: &str) -> (Endpoint, std::thread::JoinHandle<()>, Arc<AtomicBool>) {
+/// An echo server driven by blocking calls on its own thread, until the guard is dropped:
+/// then the endpoint shuts down, which ends the thread's wait for requests.
+fn echo_server(scheme: &str) -> (Endpoint, Echo) {
     let srv = Endpoint::bind(format!("{scheme}://127.0.0.1:0"), Config::default()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (s, st) = (srv.clone(), stop.clone());
+    let s = srv.clone();
     let h = std::thread::spawn(move || {
-        while !st.load(Ordering::Relaxed) {
-            if let Some(req) = s.next_request(Some(Duration::from_millis(20))).unwrap() {
-                let h = req.header().clone();
-                let _ = req.reply(h);
-            }
+        while let Ok(Some(req)) = s.next_request(None) {
+            let h = req.header().clone();
+            let _ = req.reply(h);
         }
     });
-    (srv, h, stop)
+    (srv.clone(), Echo(srv, Some(h)))
+}
+
+struct Echo(Endpoint, Option<std::thread::JoinHandle<()>>);
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        self.0.shutdown();
+        if let Some(h) = self.1.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 fn client_of(srv: &Endpoint, cfg: Config) -> (Endpoint, PeerId) {
@@ -61,7 +68,7 @@ fn client_of(srv: &Endpoint, cfg: Config) -> (Endpoint, PeerId) {
 }
 
 fn round_trips_on_the_descriptor(scheme: &str) {
-    let (srv, h, stop) = echo_server(scheme);
+    let (srv, _echo) = echo_server(scheme);
     let (cli, peer) = client_of(&srv, Config::default());
     let mut sleeps = 0;
     for i in 0..2000u32 {
@@ -72,8 +79,6 @@ fn round_trips_on_the_descriptor(scheme: &str) {
     }
     // Most round trips sleep on the descriptor rather than spin: the loop really waited.
     assert!(sleeps > 0);
-    stop.store(true, Ordering::Relaxed);
-    h.join().unwrap();
 }
 
 #[test]
@@ -89,7 +94,7 @@ fn round_trips_wait_on_the_descriptor_over_softib() {
 /// Completions queued by other threads (their sends complete inside `post`, their waits
 /// drive the transport) must wake the loop that sleeps on the descriptor.
 fn other_threads_wake_the_loop(scheme: &str) {
-    let (srv, h, stop) = echo_server(scheme);
+    let (srv, _echo) = echo_server(scheme);
     let (cli, peer) = client_of(&srv, Config::default());
     let mut sleeps = 0;
     for round in 0..200u32 {
@@ -117,8 +122,6 @@ fn other_threads_wake_the_loop(scheme: &str) {
         assert!(matches!(c.result, Err(Error::Cancelled)), "round {round}: {:?}", c.result);
         other.join().unwrap();
     }
-    stop.store(true, Ordering::Relaxed);
-    h.join().unwrap();
 }
 
 #[test]
@@ -133,20 +136,18 @@ fn other_threads_wake_the_loop_over_softib() {
 
 #[test]
 fn a_deadline_makes_the_descriptor_readable() {
-    let (srv, h, stop) = echo_server("tcp");
+    let (srv, _echo) = echo_server("tcp");
     let (cli, peer) = client_of(&srv, Config::default());
     let op = cli.recv(peer, 5, bytes::BytesMut::zeroed(8)).unwrap();
     cli.set_deadline(op, Instant::now() + Duration::from_millis(30)).unwrap();
     let mut sleeps = 0;
     let c = wait_on_fd(&cli, op, &mut sleeps);
     assert!(matches!(c.result, Err(Error::Timeout)), "{:?}", c.result);
-    stop.store(true, Ordering::Relaxed);
-    h.join().unwrap();
 }
 
 #[test]
 fn a_deadline_set_while_armed_rearms_the_timer() {
-    let (srv, h, stop) = echo_server("tcp");
+    let (srv, _echo) = echo_server("tcp");
     let (cli, peer) = client_of(&srv, Config::default());
     let op = cli.recv(peer, 5, bytes::BytesMut::zeroed(8)).unwrap();
     // Settle: connection set-up done, nothing due.
@@ -157,14 +158,12 @@ fn a_deadline_set_while_armed_rearms_the_timer() {
     let mut sleeps = 0;
     let c = wait_on_fd(&cli, op, &mut sleeps);
     assert!(matches!(c.result, Err(Error::Timeout)), "{:?}", c.result);
-    stop.store(true, Ordering::Relaxed);
-    h.join().unwrap();
 }
 
 #[test]
 fn an_idle_armed_endpoint_stays_quiet() {
     for scheme in ["tcp", "softib"] {
-        let (srv, h, stop) = echo_server(scheme);
+        let (srv, _echo) = echo_server(scheme);
         let (cli, peer) = client_of(&srv, Config::default());
         // Connected and idle: one finished round trip, then nothing.
         let op = cli.request(peer, 1, Bytes::from_static(b"x"), Payload::None, ServiceLevel::Normal).unwrap();
@@ -179,14 +178,12 @@ fn an_idle_armed_endpoint_stays_quiet() {
             }
         }
         assert!(wakeups <= 1, "{scheme}: an idle endpoint woke its loop {wakeups} times");
-        stop.store(true, Ordering::Relaxed);
-        h.join().unwrap();
     }
 }
 
 #[test]
 fn arm_is_busy_until_the_caller_has_looked() {
-    let (srv, h, stop) = echo_server("tcp");
+    let (srv, _echo) = echo_server("tcp");
     let (cli, peer) = client_of(&srv, Config::default());
     let op = cli.request(peer, 1, Bytes::from_static(b"x"), Payload::None, ServiceLevel::Normal).unwrap();
     let mut sleeps = 0;
@@ -209,13 +206,11 @@ fn arm_is_busy_until_the_caller_has_looked() {
     let op = cli.recv(peer, 3, bytes::BytesMut::zeroed(4)).unwrap();
     cli.cancel(op).unwrap();
     assert_eq!(cli.arm().unwrap(), Arm::Busy);
-    stop.store(true, Ordering::Relaxed);
-    h.join().unwrap();
 }
 
 #[test]
 fn a_client_armed_before_connecting_hears_its_transport() {
-    let (srv, h, stop) = echo_server("tcp");
+    let (srv, _echo) = echo_server("tcp");
     let cli = Endpoint::client(Config::default()).unwrap();
     cli.try_progress().unwrap();
     assert_eq!(cli.arm().unwrap(), Arm::Armed);
@@ -224,13 +219,11 @@ fn a_client_armed_before_connecting_hears_its_transport() {
     let mut sleeps = 0;
     let c = wait_on_fd(&cli, op, &mut sleeps);
     assert_eq!(c.reply.as_deref(), Some(&b"late"[..]));
-    stop.store(true, Ordering::Relaxed);
-    h.join().unwrap();
 }
 
 #[test]
 fn detached_operations_leave_nothing_to_collect() {
-    let (srv, h, stop) = echo_server("tcp");
+    let (srv, _echo) = echo_server("tcp");
     let (cli, peer) = client_of(&srv, Config::default());
     let ops: Vec<OpId> = (0..50)
         .map(|_| cli.request(peer, 1, Bytes::from_static(b"d"), Payload::None, ServiceLevel::Normal).unwrap())
@@ -246,14 +239,12 @@ fn detached_operations_leave_nothing_to_collect() {
         assert!(cli.test(op).is_err(), "{op} is still tracked");
         assert!(cli.detach(op).is_err());
     }
-    stop.store(true, Ordering::Relaxed);
-    h.join().unwrap();
 }
 
 #[test]
 fn the_descriptor_is_stable_and_usable_with_epoll() {
     use rustix::event::epoll;
-    let (srv, h, stop) = echo_server("tcp");
+    let (srv, _echo) = echo_server("tcp");
     let cli = Endpoint::client(Config::default()).unwrap();
     let before = cli.as_fd().try_clone_to_owned().unwrap();
     let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
@@ -281,8 +272,6 @@ fn the_descriptor_is_stable_and_usable_with_epoll() {
     use std::os::unix::fs::MetadataExt;
     let ino = |fd: std::os::fd::OwnedFd| std::fs::File::from(fd).metadata().unwrap().ino();
     assert_eq!(ino(before), ino(cli.as_fd().try_clone_to_owned().unwrap()));
-    stop.store(true, Ordering::Relaxed);
-    h.join().unwrap();
 }
 
 /// A pull that finds its whole payload in the socket already, more than one round reads: the
