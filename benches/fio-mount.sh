@@ -16,25 +16,10 @@ size="${3:-1G}"
 command -v fio >/dev/null || { echo "fio-mount.sh: needs fio (apt-get install fio)" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || { echo "fio-mount.sh: mounting needs root" >&2; exit 1; }
 work="$(mktemp -d -p /var/tmp)"
-serve_pid=""; mount_pid=""
-cleanup() {
-  if mountpoint -q "$work/mnt" 2>/dev/null; then umount "$work/mnt" || umount -l "$work/mnt"; fi
-  if [ -n "$mount_pid" ]; then
-    for _ in $(seq 100); do kill -0 "$mount_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$mount_pid" 2>/dev/null || true
-  fi
-  if [ -n "$serve_pid" ]; then kill "$serve_pid" 2>/dev/null || true; wait "$serve_pid" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
+. "$(dirname "$0")/../fs/tests/local-mount.sh"
+cleanup() { unmount_local_cluster "$work"; rm -rf "$work"; }
 trap cleanup EXIT
-mkdir -p "$work/mnt"
-"$stripefs" serve --io-servers 4 --data-dir "$work/data" >"$work/serve.log" 2>&1 &
-serve_pid=$!
-for _ in $(seq 100); do [ -s "$work/data/cluster.toml" ] && grep -q running "$work/serve.log" && break; sleep 0.1; done
-"$stripefs" --cluster "$work/data/cluster.toml" mount "$work/mnt" >"$work/mount.log" 2>&1 &
-mount_pid=$!
-for _ in $(seq 100); do mountpoint -q "$work/mnt" && break; sleep 0.1; done
-mountpoint -q "$work/mnt" || { cat "$work/serve.log" "$work/mount.log" >&2; exit 1; }
+mount_local_cluster "$stripefs" "$work" 4
 
 rate() { # fio's JSON -> MiB/s of the job's reads or writes
   python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0][sys.argv[1]]; print("%.0f" % (j["bw_bytes"]/2**20))' "$1"

@@ -20,32 +20,12 @@ mode="${3:-mount}"
 work="$(mktemp -d)"
 # Other users must reach the test directory.
 chmod 755 "$work"
-serve_pid=""; mount_pid=""
-cleanup() {
-  if mountpoint -q "$work/mnt" 2>/dev/null; then umount "$work/mnt" || umount -l "$work/mnt"; fi
-  # `stripefs mount` exits once unmounted; a signal meanwhile would race its own unmount.
-  if [ -n "$mount_pid" ]; then
-    for _ in $(seq 100); do kill -0 "$mount_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$mount_pid" 2>/dev/null || true
-    wait "$mount_pid" 2>/dev/null || true
-  fi
-  if [ -n "$serve_pid" ]; then kill "$serve_pid" 2>/dev/null || true; wait "$serve_pid" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
+. "$here/../local-mount.sh"
+cleanup() { unmount_local_cluster "$work"; rm -rf "$work"; }
 trap cleanup EXIT
 mkdir -p "$work/mnt"
-if [ "$mode" = local ]; then
-  dir="$work/mnt"
-else
-  "$stripefs" serve --io-servers 2 --data-dir "$work/data" >"$work/serve.log" 2>&1 &
-  serve_pid=$!
-  for _ in $(seq 100); do [ -s "$work/data/cluster.toml" ] && grep -q running "$work/serve.log" && break; sleep 0.1; done
-  "$stripefs" --cluster "$work/data/cluster.toml" mount -o allow_other "$work/mnt" >"$work/mount.log" 2>&1 &
-  mount_pid=$!
-  for _ in $(seq 100); do mountpoint -q "$work/mnt" && break; sleep 0.1; done
-  mountpoint -q "$work/mnt" || { cat "$work/serve.log" "$work/mount.log" >&2; exit 1; }
-  dir="$work/mnt"
-fi
+dir="$work/mnt"
+[ "$mode" = local ] || mount_local_cluster "$stripefs" "$work" 2 -o allow_other
 # In a subshell: a shell whose working directory is in the mount would keep it busy.
 (cd "$dir" && "$pjdfstest" -c "$here/pjdfstest.toml" -p "$dir") >"$work/out.txt" 2>&1 || true
 grep '^Summary' "$work/out.txt" || { tail -50 "$work/out.txt" >&2; exit 1; }
