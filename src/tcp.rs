@@ -283,11 +283,9 @@ impl Backend for TcpBackend {
         self.blocked.store(true, Ordering::Release);
         st.flush_ready(&self.registry);
         st.apply_actions(&self.registry);
-        let due = st.session.done_len() > 0
-            || !st.read_ready.is_empty()
-            || st.accept_more
-            || st.in_direct
-            || st.session.wants_transmit();
+        // What keeps a blocking round from sleeping, and a direct wait or frames for a
+        // writable socket, which only a round finishes.
+        let due = st.round_due() || st.in_direct || st.session.wants_transmit();
         self.deliver(st);
         if due {
             self.blocked.store(false, Ordering::Release);
@@ -394,7 +392,7 @@ impl TcpBackend {
             st.flush_ready(&self.registry);
             // Connections queued for reading outside a round (one unstalled by a post) are
             // read now: epoll has no new edge for them.
-            if st.session.done_len() > 0 || !st.read_ready.is_empty() || st.accept_more {
+            if st.round_due() {
                 timeout = Duration::ZERO;
             }
             if self.woken.load(Ordering::Relaxed) && self.woken.swap(false, Ordering::Relaxed) {
@@ -515,6 +513,13 @@ impl TcpBackend {
 }
 
 impl State {
+    /// Work a round must do now, with no socket event to announce it: completions to hand
+    /// over, connections queued for reading past their share of the last round (or unstalled
+    /// by a post), connections left in the listener's queue.
+    fn round_due(&self) -> bool {
+        self.session.done_len() > 0 || !self.read_ready.is_empty() || self.accept_more
+    }
+
     /// Does what the session asked.
     #[inline]
     fn apply_actions(&mut self, registry: &Registry) {

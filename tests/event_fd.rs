@@ -216,6 +216,9 @@ fn a_client_armed_before_connecting_hears_its_transport() {
     assert_eq!(cli.arm().unwrap(), Arm::Armed);
     let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
     let op = cli.request(peer, 1, Bytes::from_static(b"late"), Payload::None, ServiceLevel::Normal).unwrap();
+    // Still armed from before the transport existed, not armed again: its events (the
+    // connection, the reply) must reach the descriptor.
+    assert!(readable_within(&cli, LOST), "the transport made after arming never woke the loop");
     let mut sleeps = 0;
     let c = wait_on_fd(&cli, op, &mut sleeps);
     assert_eq!(c.reply.as_deref(), Some(&b"late"[..]));
@@ -307,4 +310,47 @@ fn a_pull_of_a_payload_already_received_finishes_on_the_descriptor() {
     let reply = req.reply(Bytes::from_static(b"ok")).unwrap();
     wait_on_fd(&srv, reply, &mut sleeps);
     client.join().unwrap();
+}
+
+/// More connections at once than one round accepts: the rest wait in the listener's queue,
+/// with no new event to say so, and arming must answer that progress is due.
+#[test]
+fn a_burst_of_connections_is_accepted_by_a_server_on_the_descriptor() {
+    let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default()).unwrap();
+    let addr = srv.local_addr().unwrap();
+    let n = 80;
+    let clients: Vec<_> = (0..n)
+        .map(|i: u32| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let cli = Endpoint::client(Config::default()).unwrap();
+                let peer = cli.connect(&addr).unwrap();
+                let op = cli.request(
+                    peer,
+                    1,
+                    Bytes::from(i.to_le_bytes().to_vec()),
+                    Payload::None,
+                    ServiceLevel::Normal,
+                );
+                cli.wait_timeout(op.unwrap(), LOST).unwrap().expect("no answer").ok().unwrap();
+            })
+        })
+        .collect();
+    // Let every connection reach the listener's queue before the server's first round.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut answered = 0;
+    while answered < n {
+        srv.try_progress().unwrap();
+        while let Some(req) = srv.next_request(Some(Duration::ZERO)).unwrap() {
+            let h = req.header().clone();
+            srv.detach(req.reply(h).unwrap()).unwrap();
+            answered += 1;
+        }
+        if answered < n && srv.arm().unwrap() == Arm::Armed {
+            assert!(readable_within(&srv, LOST), "{answered} of {n} answered, then the loop slept");
+        }
+    }
+    for c in clients {
+        c.join().unwrap();
+    }
 }
