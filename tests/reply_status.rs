@@ -10,7 +10,10 @@ const LONG: Duration = Duration::from_secs(10);
 #[test]
 fn an_application_status_reaches_the_client() {
     for scheme in ["tcp", "softib"] {
-        let srv = Endpoint::bind(format!("{scheme}://127.0.0.1:0"), Config::default()).unwrap();
+        // Progress is explicit: the server answers and then takes no more requests, so a thread
+        // of its own must move the answers (and the dropped request's) out.
+        let srv_cfg = Config::default().progress_thread(true);
+        let srv = Endpoint::bind(format!("{scheme}://127.0.0.1:0"), srv_cfg).unwrap();
         let cli = Endpoint::client(Config::default().progress_thread(true)).unwrap();
         let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
         let ask = |s: &'static [u8]| {
