@@ -114,14 +114,48 @@ impl Conditions {
 pub struct Policy {
     per_sl: [Thresholds; ServiceLevel::COUNT],
     forced: Option<Mechanism>,
+    origin: Origin,
 }
 
-/// Default inline limit on InfiniBand (paper 000: 4 KiB).
+/// Where a threshold in force came from (`ionet-perf --show-policy` prints it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Origin {
+    /// The transport's default table.
+    TransportDefault,
+    /// `IONET_INLINE_MAX` / `IONET_FAST_MAX` (what `ionet-perf calibrate` recommends for a host).
+    Environment,
+    /// The application: [`Policy::set`], or [`crate::Config::eager_limit`].
+    Application,
+    /// Lowered to what the receiver buffers: on TCP a fraction of
+    /// [`crate::Config::early_bytes_per_peer`], on InfiniBand the receive buffers and ring
+    /// slots.
+    ReceiveBudget,
+}
+
+impl Origin {
+    /// A short description.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Origin::TransportDefault => "the transport's default",
+            Origin::Environment => "IONET_INLINE_MAX / IONET_FAST_MAX",
+            Origin::Application => "set by the application",
+            Origin::ReceiveBudget => "what the receiver buffers",
+        }
+    }
+}
+
+/// Default inline limit on InfiniBand: a SEND from a pre-registered buffer (device-inline when
+/// tiny) is the cheapest way to move a few KiB, and every byte of it costs a receive buffer.
 pub const IB_INLINE_MAX: usize = 4 * 1024;
-/// Default fast-RDMA limit on InfiniBand (paper 000: 64 KiB).
+/// Default fast-RDMA limit on InfiniBand: the ring slots every connection pins are this large.
 pub const IB_FAST_MAX: usize = 64 * 1024;
-/// Default eager limit on TCP (BMI-TCP: 16 KiB).
-pub const TCP_EAGER_MAX: usize = 16 * 1024;
+/// Default eager limit on TCP. Rendezvous costs the sender a round trip before the body
+/// moves, while an eager body costs the receiver one copy out of its early buffers; a 64 KiB
+/// copy takes a few microseconds, less than a round trip even on loopback (where each extra
+/// message also costs a wake-up), so below this eager wins. Above it the copy grows while the
+/// round trip does not, and eager bodies would crowd the receiver's early-data budget.
+pub const TCP_EAGER_MAX: usize = 64 * 1024;
 
 impl Policy {
     /// The defaults for a transport, then `IONET_INLINE_MAX` / `IONET_FAST_MAX` from the
@@ -131,9 +165,15 @@ impl Policy {
             Scheme::Tcp => Thresholds { inline_max: TCP_EAGER_MAX, fast_max: TCP_EAGER_MAX },
             Scheme::SoftIb | Scheme::Ib => Thresholds { inline_max: IB_INLINE_MAX, fast_max: IB_FAST_MAX },
         };
-        let mut p = Policy { per_sl: [t; ServiceLevel::COUNT], forced: None };
+        let mut p =
+            Policy { per_sl: [t; ServiceLevel::COUNT], forced: None, origin: Origin::TransportDefault };
         p.apply_env(|k| std::env::var(k).ok());
         p
+    }
+
+    /// Where the thresholds came from.
+    pub fn origin(&self) -> Origin {
+        self.origin
     }
 
     /// Applies `IONET_INLINE_MAX` / `IONET_FAST_MAX` read through `get` (sizes accept `k`/`m`
@@ -143,6 +183,7 @@ impl Policy {
             let Some(v) = get(var) else { continue };
             match parse_size(&v) {
                 Some(n) => {
+                    self.origin = Origin::Environment;
                     for t in &mut self.per_sl {
                         if is_inline {
                             t.inline_max = n;
@@ -159,9 +200,18 @@ impl Policy {
 
     /// Overrides the thresholds of one service level.
     pub fn set(&mut self, sl: ServiceLevel, t: Thresholds) -> &mut Self {
+        self.origin = Origin::Application;
         self.per_sl[sl.index()] =
             Thresholds { inline_max: t.inline_max, fast_max: t.fast_max.max(t.inline_max) };
         self
+    }
+
+    /// Lowers one service level's thresholds to what the transport can carry, keeping their
+    /// origin (the application did not choose the cap).
+    pub(crate) fn cap(&mut self, sl: ServiceLevel, t: Thresholds) {
+        let origin = self.origin;
+        self.set(sl, t);
+        self.origin = origin;
     }
 
     /// Thresholds of one service level.
@@ -249,13 +299,10 @@ pub(crate) fn parse_size(s: &str) -> Option<usize> {
 mod tests {
     use super::*;
 
+    /// The InfiniBand defaults, whatever the environment of the test run says.
     fn ib() -> Policy {
-        let mut p = Policy::for_scheme(Scheme::SoftIb);
-        p.apply_env(|_| None);
-        for sl in ServiceLevel::ALL {
-            p.set(sl, Thresholds { inline_max: IB_INLINE_MAX, fast_max: IB_FAST_MAX });
-        }
-        p
+        let t = Thresholds { inline_max: IB_INLINE_MAX, fast_max: IB_FAST_MAX };
+        Policy { per_sl: [t; ServiceLevel::COUNT], forced: None, origin: Origin::TransportDefault }
     }
 
     #[test]
@@ -285,6 +332,20 @@ mod tests {
         let c = Conditions::idle(true);
         assert_eq!(p.choose(10_000, ServiceLevel::Control, c), Mechanism::Inline);
         assert_eq!(p.choose(10_000, ServiceLevel::Bulk, c), Mechanism::FastRdma);
+    }
+
+    #[test]
+    fn the_policy_says_where_its_thresholds_came_from() {
+        let mut p = ib();
+        assert_eq!(p.origin(), Origin::TransportDefault);
+        p.apply_env(|k| (k == "IONET_FAST_MAX").then(|| "garbage".into()));
+        assert_eq!(p.origin(), Origin::TransportDefault, "a malformed value changes nothing");
+        p.cap(ServiceLevel::Bulk, Thresholds { inline_max: 1024, fast_max: 1024 });
+        assert_eq!(p.origin(), Origin::TransportDefault, "a transport's cap is not a choice");
+        p.apply_env(|k| (k == "IONET_INLINE_MAX").then(|| "8k".into()));
+        assert_eq!(p.origin(), Origin::Environment);
+        p.set(ServiceLevel::Bulk, Thresholds { inline_max: 1024, fast_max: 1024 });
+        assert_eq!(p.origin(), Origin::Application);
     }
 
     #[test]
@@ -334,7 +395,7 @@ mod tests {
     }
 }
 
-/// Default largest transfer unit of server-based RDMA (paper 000: 2 MiB).
+/// Default largest transfer unit of server-based RDMA (2 MiB, as PVFS over InfiniBand found best).
 pub const DEFAULT_TRANSFER_UNIT: usize = 2 << 20;
 /// Default cap on RDMA bytes outstanding per peer (hot-spot control).
 pub const DEFAULT_PEER_RDMA_CAP: usize = 8 << 20;

@@ -55,7 +55,7 @@ pub struct Config {
 }
 
 /// InfiniBand engine settings (credits, ring, queue sizes, bulk scheduling). Defaults follow
-/// BMI-IB and paper 000, scaled so that a server with many clients keeps its pinned memory
+/// BMI-IB and PVFS over InfiniBand, scaled so that a server with many clients keeps its pinned memory
 /// bounded: per connection ≈ 16 × 8 KiB receive buffers + 8 × 68 KiB ring slots + bounce
 /// buffers ≈ 1.4 MiB.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -227,7 +227,7 @@ impl IbConfig {
     /// Treat the pieces of one gather / scatter list as parts of one allocation (default off):
     /// a list buffer that must be registered for the peer's RDMA is then registered as one
     /// region spanning its pieces, so the rows of one array cost one registration instead of
-    /// one each (the allocation hint of paper 000 §5). The span includes the gaps between the
+    /// one each (the allocation hint of PVFS over InfiniBand). The span includes the gaps between the
     /// pieces, which the peer can then reach too: enable it only for lists cut from one
     /// allocation whose gaps the peer may see.
     pub fn list_alloc_hint(mut self, on: bool) -> Self {
@@ -431,8 +431,11 @@ impl Config {
         self
     }
 
-    /// Largest message sent eagerly (default: the transport's, 16 KiB on TCP). Also the
-    /// largest unexpected message.
+    /// Largest message sent eagerly, and the largest this end accepts unasked (eager or
+    /// unexpected), advertised to peers in the handshake: a connection uses the smaller of its
+    /// two ends' limits. Default on TCP: the transport's table (64 KiB, or
+    /// `IONET_INLINE_MAX`), lowered to an eighth of [`Config::early_bytes_per_peer`] when
+    /// that is smaller. On InfiniBand the ring slots and receive buffers set it.
     pub fn eager_limit(mut self, n: usize) -> Self {
         self.eager_limit = Some(n);
         self

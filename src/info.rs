@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::addr::{Address, Scheme};
 use crate::buffers::buf::PoolStats;
-use crate::comm::{Mechanism, Policy};
+use crate::comm::{Mechanism, Origin, Policy};
 use crate::ib::verbs::{PortCounters, VerbsCounters};
 use crate::types::WaitMode;
 
@@ -21,8 +21,11 @@ pub struct Info {
     pub endpoint_id: u64,
     /// How `wait` waits.
     pub wait_mode: WaitMode,
-    /// Largest eager (inline) message and largest unexpected message.
+    /// Largest eager (inline) message and largest unexpected message this endpoint accepts,
+    /// as it advertises to peers; a connection uses the smaller of its two ends' limits.
     pub eager_limit: usize,
+    /// Where [`Info::eager_limit`] came from.
+    pub eager_origin: Origin,
     /// Largest message or request payload.
     pub max_message: usize,
     /// Largest request / reply header.
@@ -63,6 +66,7 @@ impl Info {
             endpoint_id: 0,
             wait_mode,
             eager_limit: 0,
+            eager_origin: Origin::TransportDefault,
             max_message: 0,
             max_header: 0,
             policy,

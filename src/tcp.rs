@@ -341,6 +341,7 @@ impl Backend for TcpBackend {
         info.local_addr = self.local.clone();
         info.endpoint_id = self.endpoint_id;
         info.eager_limit = s.s.eager_limit;
+        info.eager_origin = s.s.eager_origin;
         info.max_message = s.s.limits.message as usize;
         info.policy = s.s.policy.clone();
         info.pool = self.pool.stats();

@@ -8,8 +8,9 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use crate::comm::Mechanism;
 use crate::core::loss::Loss;
-use crate::error::ProtocolError;
+use crate::error::{Error, ProtocolError};
 use crate::handshake::{self, ClientHandshake, HelloInfo, ServerHandshake};
 use crate::info::Counters;
 use crate::types::{OpId, PeerId, ServiceLevel};
@@ -129,6 +130,63 @@ impl Session {
         c.tx = out;
     }
 
+    /// Frames queued on `link` before its handshake were shaped with this end's own eager
+    /// limit, the peer's being unknown; now that the peer has said what it accepts unasked,
+    /// those above it change shape rather than break the connection: an eager send becomes a
+    /// rendezvous, a request's inline payload becomes one the server pulls, and an unexpected
+    /// message, which has no other way to travel, fails with `TooLarge`.
+    pub(super) fn fit_queued_to_peer_limit(&mut self, link: LinkId, limit: usize) {
+        let Session { links, ops, rndv_out, next_msg, .. } = self;
+        let Some(c) = links.get_mut(link) else { return };
+        let mut out = VecDeque::with_capacity(c.tx.len());
+        for mut f in c.tx.drain(..) {
+            let Some((op, 0, len)) = f.op_part.filter(|&(_, _, len)| f.sent == 0 && len > limit) else {
+                out.push_back(f);
+                continue;
+            };
+            let Ok(mut h) = Header::decode(&f.hdr) else {
+                out.push_back(f);
+                continue;
+            };
+            let Some(o) = ops.get_mut(&op) else {
+                out.push_back(f);
+                continue;
+            };
+            match h.kind {
+                Kind::Eager => {
+                    let msg = *next_msg;
+                    *next_msg += 1;
+                    let mut rts = Header::new(Kind::Rts, h.sl);
+                    rts.a = h.a;
+                    rts.b = msg;
+                    rts.c = len as u64;
+                    o.refs -= 1;
+                    o.mech = Some(Mechanism::ServerRdma);
+                    o.st = OpSt::WaitCts { msg };
+                    rndv_out.insert(msg, op);
+                    out.push_back(Frame::new(rts, Bytes::new(), None, OnDone::Nothing));
+                }
+                Kind::Request if h.flags & FLAG_INLINE_DATA != 0 => {
+                    h.flags &= !FLAG_INLINE_DATA;
+                    h.len -= len as u32;
+                    o.refs -= 1;
+                    o.mech = Some(Mechanism::ServerRdma);
+                    o.moved = 0;
+                    f.hdr = h.encode();
+                    f.op_part = None;
+                    f.done = OnDone::Nothing;
+                    out.push_back(f);
+                }
+                Kind::Unexpected => {
+                    o.refs -= 1;
+                    ops.complete(op, Err(Error::TooLarge { len: len as u64, max: limit as u64 }));
+                }
+                _ => out.push_back(f),
+            }
+        }
+        c.tx = out;
+    }
+
     pub(super) fn on_handshake(&mut self, link: LinkId, h: Header, body: Vec<u8>) {
         let Some(c) = self.links.get_mut(link) else { return };
         let phase = mem::replace(&mut c.phase, Phase::Closing);
@@ -209,6 +267,8 @@ impl Session {
                         p.d.max_message = server.max_message;
                         p.d.streams = server.streams;
                         p.lost = None;
+                        let limit = p.d.eager_limit;
+                        self.fit_queued_to_peer_limit(link, limit);
                         self.stream_queued_requests(link, peer);
                         self.write_ready.insert(link);
                     }

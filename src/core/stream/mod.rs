@@ -48,7 +48,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::addr::Scheme;
 use crate::admission::{self, Admission};
 use crate::buffers::buf::OpBuf;
-use crate::comm::Policy;
+use crate::comm::{Origin, Policy};
 use crate::completions::Completions;
 use crate::config::Config;
 use crate::core::ops::{self, OpState, OpTable};
@@ -70,6 +70,9 @@ pub(crate) use link::{IoVec, Link, MAX_IOV, RecvInto};
 pub(crate) use post::EagerNow;
 use stream_in::StreamIn;
 
+/// Eager messages at the advertised limit that fit one peer's early-data budget: the default
+/// eager limit is at most the budget divided by this.
+const EAGER_MESSAGES_IN_BUDGET: usize = 8;
 /// Receive staging buffer per link: small frames are parsed from it with one read.
 pub(crate) const RX_BUF: usize = 64 * 1024;
 /// Payload remainders at least this large are read straight into the destination buffer.
@@ -138,6 +141,7 @@ pub(crate) struct Settings {
     pub policy: Policy,
     pub limits: Limits,
     pub eager_limit: usize,
+    pub eager_origin: Origin,
     pub endpoint_id: u64,
     pub listen_port: u16,
 }
@@ -146,14 +150,27 @@ impl Settings {
     /// Settings from the configuration; `listen_port` 0 when the endpoint does not listen.
     pub(crate) fn new(cfg: &Config, endpoint_id: u64, listen_port: u16) -> Settings {
         let mut policy = cfg.policy.clone().unwrap_or_else(|| Policy::for_scheme(Scheme::Tcp));
-        let eager_limit = cfg.eager_limit.unwrap_or_else(|| {
-            ServiceLevel::ALL.iter().map(|&sl| policy.thresholds(sl).inline_max).max().unwrap_or(0)
-        });
+        let (eager_limit, eager_origin) = match cfg.eager_limit {
+            Some(n) => (n, Origin::Application),
+            None => {
+                let table =
+                    ServiceLevel::ALL.iter().map(|&sl| policy.thresholds(sl).inline_max).max().unwrap_or(0);
+                // What this end advertises, and so what peers may send it unasked: small
+                // enough that several eager messages fit the per-peer early-data budget
+                // before its reading stops, so eager traffic flows rather than stalls.
+                let affordable = cfg.early_bytes_per_peer / EAGER_MESSAGES_IN_BUDGET;
+                if affordable < table {
+                    (affordable, Origin::ReceiveBudget)
+                } else {
+                    (table, policy.origin())
+                }
+            }
+        };
         // The table can never choose eager above what the receiver buffers.
         for sl in ServiceLevel::ALL {
             let mut t = policy.thresholds(sl);
             t.inline_max = t.inline_max.min(eager_limit);
-            policy.set(sl, t);
+            policy.cap(sl, t);
         }
         let max_message = cfg.max_message.min(u32::MAX as usize);
         let limits = Limits {
@@ -162,7 +179,7 @@ impl Settings {
             header: cfg.max_header as u32,
             message: max_message as u64,
         };
-        Settings { cfg: cfg.clone(), policy, limits, eager_limit, endpoint_id, listen_port }
+        Settings { cfg: cfg.clone(), policy, limits, eager_limit, eager_origin, endpoint_id, listen_port }
     }
 }
 

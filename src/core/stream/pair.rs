@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::backend::{Cmd, GetCmd, PullCmd, PushCmd, RecvCmd, ReplyCmd, RequestCmd, SendCmd};
 use crate::buffers::buf::{OpBuf, RecvBuf, SendBuf};
-use crate::comm::Mechanism;
+use crate::comm::{Mechanism, Origin};
 use crate::completions::Completions;
 use crate::config::Config;
 use crate::error::Error;
@@ -708,4 +708,124 @@ fn a_silent_accepted_connection_is_dropped_at_the_handshake_deadline() {
     p.advance(Duration::from_secs(4));
     p.drive();
     assert_eq!((p.server.s.admission.len(), p.server.s.link_count()), (0, 0));
+}
+
+#[test]
+fn the_default_eager_limit_is_what_the_receiver_can_buffer() {
+    let d = Settings::new(&Config::default(), 0, 0);
+    assert_eq!((d.eager_limit, d.eager_origin), (crate::comm::TCP_EAGER_MAX, Origin::TransportDefault));
+    let small = Settings::new(&Config::default().early_bytes_per_peer(128 << 10), 0, 0);
+    assert_eq!((small.eager_limit, small.eager_origin), (16 << 10, Origin::ReceiveBudget));
+    for sl in ServiceLevel::ALL {
+        assert_eq!(small.policy.thresholds(sl).inline_max, 16 << 10, "the table follows the budget");
+    }
+    let set = Settings::new(&Config::default().eager_limit(8 << 10), 0, 0);
+    assert_eq!((set.eager_limit, set.eager_origin), (8 << 10, Origin::Application));
+}
+
+#[test]
+fn a_connection_sends_eagerly_only_up_to_the_smaller_end_s_limit() {
+    // The server buffers less, so it advertises a lower limit than the client would use. The
+    // sends are posted before the handshake tells the client so, as an application posts
+    // right after `connect`.
+    let (server_cfg, server_limit) = thrifty_server();
+    assert!(server_limit < Settings::new(&Config::default(), 0, 0).eager_limit);
+    for (len, mech) in [(server_limit, Mechanism::Inline), (server_limit + 1, Mechanism::ServerRdma)] {
+        let mut p = Pair::with(Config::default(), server_cfg.clone());
+        let srv = p.connect();
+        let data = pattern(len, 3);
+        let s = p.post(true, send(srv, 5, data.clone()));
+        p.drive();
+        let peer = client_of(&p);
+        let r = p.post(false, recv(peer, 5, len));
+        p.drive();
+        let got = p.take(false, r);
+        assert_eq!((got.mechanism, bytes_of(&got)), (Some(mech), data), "{len} bytes");
+        assert_eq!(p.take(true, s).mechanism, Some(mech), "{len} bytes");
+    }
+}
+
+/// A server that buffers less than the client's eager limit, and its limit.
+fn thrifty_server() -> (Config, usize) {
+    let cfg = Config::default().early_bytes_per_peer(128 << 10);
+    let limit = Settings::new(&cfg, 0, 0).eager_limit;
+    (cfg, limit)
+}
+
+#[test]
+fn a_request_posted_before_the_handshake_carries_inline_only_what_the_server_accepts() {
+    // Its OUT payload would have gone inline by the client's limit; it goes as a payload the
+    // server pulls.
+    let (server_cfg, server_limit) = thrifty_server();
+    let mut p = Pair::with(Config::default(), server_cfg);
+    let srv = p.connect();
+    let data = pattern(server_limit + 1, 9);
+    let payload = Payload::Out(SendBuf::from(data.clone()));
+    let rq = p.post(
+        true,
+        Cmd::Request(RequestCmd {
+            peer: srv,
+            tag: 4,
+            sl: ServiceLevel::Normal,
+            header: Bytes::from_static(b"w"),
+            payload,
+        }),
+    );
+    p.drive();
+    let meta = p.server.requests.pop_front().expect("the request arrived");
+    assert_eq!(meta.len, data.len() as u64);
+    let pull = p.post(
+        false,
+        Cmd::Pull(PullCmd {
+            peer: meta.peer,
+            req: meta.id,
+            sl: meta.sl,
+            offset: 0,
+            buf: RecvBuf::from(BytesMut::zeroed(data.len())),
+        }),
+    );
+    p.drive();
+    assert_eq!(bytes_of(&p.take(false, pull)), data);
+    p.post(
+        false,
+        Cmd::Reply(ReplyCmd {
+            peer: meta.peer,
+            req: meta.id,
+            sl: meta.sl,
+            header: Bytes::new(),
+            status: status::OK,
+        }),
+    );
+    p.drive();
+    assert!(p.take(true, rq).result.is_ok());
+}
+
+#[test]
+fn an_unexpected_message_above_the_server_s_limit_fails_at_the_client_and_the_connection_stays() {
+    let (server_cfg, server_limit) = thrifty_server();
+    for handshake_first in [false, true] {
+        let mut p = Pair::with(Config::default(), server_cfg.clone());
+        let srv = p.connect();
+        if handshake_first {
+            p.drive();
+        }
+        let unexpected = |len: usize| {
+            Cmd::Send(SendCmd {
+                peer: srv,
+                tag: 1,
+                sl: ServiceLevel::Normal,
+                buf: SendBuf::from(pattern(len, 1)),
+                unexpected: true,
+            })
+        };
+        let big = p.post(true, unexpected(server_limit + 1));
+        let fits = p.post(true, unexpected(server_limit));
+        p.drive();
+        assert!(
+            matches!(p.take(true, big).result, Err(Error::TooLarge { .. })),
+            "handshake first: {handshake_first}"
+        );
+        assert_eq!(p.take(true, fits).result.ok(), Some(server_limit));
+        assert_eq!(p.server.unexpected.pop_front().map(|u| u.data.len()), Some(server_limit));
+    }
 }

@@ -16,7 +16,7 @@ use crate::addr::{Address, Scheme};
 use crate::admission::{self, Admission};
 use crate::backend::{Backend, Cmd};
 use crate::buffers::buf::{BufPool, RegisteredBuf};
-use crate::comm::{BulkScheduler, Policy};
+use crate::comm::{BulkScheduler, Origin, Policy};
 use crate::completions::Completions;
 use crate::config::Config;
 use crate::core::loss::Loss;
@@ -93,7 +93,7 @@ impl<V: Verbs> IbBackend<V> {
             let mut t = policy.thresholds(sl);
             t.inline_max = t.inline_max.min(recv_size as usize - MSG_HDR);
             t.fast_max = t.fast_max.min(slot_size as usize - MSG_HDR);
-            policy.set(sl, t);
+            policy.cap(sl, t);
         }
         let mut listener = None;
         let mut local = None;
@@ -412,6 +412,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
         info.local_addr = self.local.clone();
         info.endpoint_id = self.endpoint_id;
         info.eager_limit = st.s.eager_limit;
+        info.eager_origin = Origin::ReceiveBudget;
         info.max_message = st.s.max_message;
         info.policy = st.s.policy.clone();
         info.credits = Some(u32::from(st.s.n_recv));
