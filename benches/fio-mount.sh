@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# fio through the FUSE mount of a local cluster: what a user of the mount sees.
+# What a user of the FUSE mount sees, beside what the disk and the CLI do in the same sitting.
 #
 #   sudo benches/fio-mount.sh STRIPEFS [RUNS] [SIZE]
 #
 # STRIPEFS is a `stripefs` binary built with `--features fuse`. Starts a local cluster of 4 io
 # servers over tcp:// with its data on the disk file system (under /var/tmp, not tmpfs), mounts
-# it, and runs RUNS times (default 5): a sequential write of SIZE (default 1G) in 1 MiB psync
-# writes ending with an fsync, then a sequential read of it. Prints one line per run with both
-# rates in MiB/s as fio reports them, then the medians. Give two binaries' figures side by side
-# by running it twice in one sitting.
+# it with the default options, and runs RUNS times (default 5), each run in this order:
+#   dd     `dd bs=1M conv=fsync` of SIZE (default 1G) to a file beside the servers' data: the disk
+#   write  fio through the mount: sequential 1 MiB psync writes of SIZE ending with an fsync
+#   read   fio through the mount: sequential 1 MiB reads of that file
+#   cp-in  `stripefs cp` of a SIZE file from /dev/shm into the cluster (it fsyncs at the end)
+#   cp-out `stripefs cp` of it back to /dev/shm
+# and once, after the runs, 4 KiB random reads and writes at queue depth 1 through the mount
+# (fio, 20 s each, on a 256 MiB file): p50 and p99 completion latency.
+# Prints each run's rates in MiB/s (fio's, or SIZE over the command's wall time), then the
+# medians with min-max and the ratios the mount is judged by.
 set -euo pipefail
 stripefs="$(realpath "$1")"
 runs="${2:-5}"
@@ -16,23 +22,50 @@ size="${3:-1G}"
 command -v fio >/dev/null || { echo "fio-mount.sh: needs fio (apt-get install fio)" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || { echo "fio-mount.sh: mounting needs root" >&2; exit 1; }
 work="$(mktemp -d -p /var/tmp)"
+shm="$(mktemp -d -p /dev/shm)"
 . "$(dirname "$0")/../fs/tests/local-mount.sh"
-cleanup() { unmount_local_cluster "$work"; rm -rf "$work"; }
+cleanup() { unmount_local_cluster "$work"; rm -rf "$work" "$shm"; }
 trap cleanup EXIT
 mount_local_cluster "$stripefs" "$work" 4
+bytes="$(numfmt --from=iec "$size")"
+mib=$((bytes >> 20))
+head -c "$bytes" /dev/urandom >"$shm/src"
+export STRIPEFS_CLUSTER="$work/data/cluster.toml"
 
 rate() { # fio's JSON -> MiB/s of the job's reads or writes
   python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0][sys.argv[1]]; print("%.0f" % (j["bw_bytes"]/2**20))' "$1"
 }
-w=(); r=()
+timed() { # MiB/s of SIZE moved by the command
+  local t0 t1; t0="$(date +%s.%N)"; "$@" >/dev/null 2>&1; t1="$(date +%s.%N)"
+  python3 -c "print('%.0f' % ($mib / ($t1 - $t0)))"
+}
+d=(); w=(); r=(); ci=(); co=()
 for i in $(seq "$runs"); do
+  dd_rate="$(timed dd if="$shm/src" of="$work/dd" bs=1M conv=fsync)"
+  rm -f "$work/dd"
   wr="$(fio --name=w --directory="$work/mnt" --filename=f --rw=write --bs=1M --size="$size" \
         --ioengine=psync --end_fsync=1 --output-format=json | rate write)"
   rd="$(fio --name=r --directory="$work/mnt" --filename=f --rw=read --bs=1M --size="$size" \
         --ioengine=psync --output-format=json | rate read)"
   rm -f "$work/mnt/f"
-  echo "run $i: write $wr MiB/s, read $rd MiB/s"
-  w+=("$wr"); r+=("$rd")
+  cin="$(timed "$stripefs" cp "$shm/src" sfs:/cp)"
+  cout="$(timed "$stripefs" cp sfs:/cp "$shm/back")"
+  cmp -s "$shm/src" "$shm/back" || { echo "fio-mount.sh: stripefs cp read back other bytes" >&2; exit 1; }
+  "$stripefs" rm sfs:/cp; rm -f "$shm/back"
+  echo "run $i: dd $dd_rate, mount write $wr, mount read $rd, cp in $cin, cp out $cout MiB/s"
+  d+=("$dd_rate"); w+=("$wr"); r+=("$rd"); ci+=("$cin"); co+=("$cout")
 done
+lat() { # fio's JSON -> "p50 p99" completion latency in µs of the job's reads or writes
+  python3 -c 'import json,sys; p=json.load(sys.stdin)["jobs"][0][sys.argv[1]]["clat_ns"]["percentile"]; print("%.0f / %.0f" % (p["50.000000"]/1e3, p["99.000000"]/1e3))' "$1"
+}
+fio --name=prep --directory="$work/mnt" --filename=rnd --rw=write --bs=1M --size=256M --ioengine=psync \
+  --output-format=json >/dev/null
+rr="$(fio --name=rr --directory="$work/mnt" --filename=rnd --rw=randread --bs=4k --size=256M \
+      --ioengine=psync --time_based --runtime=20 --output-format=json | lat read)"
+rw="$(fio --name=rw --directory="$work/mnt" --filename=rnd --rw=randwrite --bs=4k --size=256M \
+      --ioengine=psync --time_based --runtime=20 --output-format=json | lat write)"
 med() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)] " (" a[1] "-" a[NR] ")"}'; }
-echo "median of $runs, min-max: write $(med "${w[@]}") MiB/s, read $(med "${r[@]}") MiB/s"
+mid() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+echo "median of $runs, min-max, MiB/s: dd $(med "${d[@]}"), mount write $(med "${w[@]}"), mount read $(med "${r[@]}"), cp in $(med "${ci[@]}"), cp out $(med "${co[@]}")"
+python3 -c "print('mount write / dd %.2fx, cp in / dd %.2fx, mount read / cp out %.2fx' % ($(mid "${w[@]}")/$(mid "${d[@]}"), $(mid "${ci[@]}")/$(mid "${d[@]}"), $(mid "${r[@]}")/$(mid "${co[@]}")))"
+echo "4 KiB at queue depth 1 through the mount, p50 / p99 µs: random read $rr, random write $rw"

@@ -26,8 +26,8 @@ pub struct AbOpts {
     pub pin: bool,
     pub lat_sizes: Vec<usize>,
     pub bw_sizes: Vec<usize>,
-    /// Also the 8-byte busy-poll round trip.
-    pub spin: bool,
+    /// Message sizes of the busy-poll round trips (none: skip them).
+    pub spin_sizes: Vec<usize>,
     /// Messages in flight in bandwidth runs.
     pub window: usize,
 }
@@ -42,7 +42,7 @@ impl AbOpts {
             pin: true,
             lat_sizes: vec![8, 256, 4096, 65536, 1 << 20],
             bw_sizes: vec![4096, 65536, 1 << 20, 4 << 20],
-            spin: true,
+            spin_sizes: vec![8],
             window: 16,
         }
     }
@@ -119,10 +119,12 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
     // Busy-polling servers burn their CPU even when idle, so each runs alone (all of them on
     // the server CPU at once, a server that yields its CPU would hand it to another transport's
     // spinning server for a whole scheduler slice), then goes.
-    if o.spin {
+    if !o.spin_sizes.is_empty() {
         for (i, &s) in o.transports.iter().enumerate() {
             let spin = [Pair::start(s, Tuning::wait(WaitMode::Spin), o.pin)?];
-            lat(&spin, WaitMode::Spin, 8, i == 0)?;
+            for &size in &o.spin_sizes {
+                lat(&spin, WaitMode::Spin, size, i == 0)?;
+            }
         }
     }
     let block = start(WaitMode::Block)?;

@@ -1,6 +1,6 @@
 //! `ionet-perf calibrate`: measures each mechanism across sizes on the actual transport and
-//! recommends the communication manager's thresholds (paper 000 §6.5 picked 4 KiB / 64 KiB
-//! from exactly such a sweep).
+//! recommends the communication manager's thresholds (PVFS over InfiniBand
+//! picked its thresholds from such a sweep).
 //!
 //! Every mechanism is forced in turn on both sides, with receive buffers and ring slots large
 //! enough for it to carry every size of the sweep; the client's mechanism counters confirm

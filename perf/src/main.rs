@@ -218,7 +218,10 @@ enum Cmd {
         /// Message sizes of the bandwidth sweep.
         #[arg(long, default_value = "4k,64k,1m,4m")]
         bw_sizes: String,
-        /// Skip the 8-byte busy-poll round trip.
+        /// Message sizes of the busy-poll round trips.
+        #[arg(long, default_value = "8")]
+        spin_sizes: String,
+        /// Skip the busy-poll round trips.
         #[arg(long)]
         no_spin: bool,
         /// Bandwidth only (no round trips).
@@ -513,12 +516,12 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
         Some(Cmd::Compare { transport, runs, quick, csv, markdown }) => {
             compare(parse_scheme(&transport)?, runs.max(1), quick, csv, markdown)
         }
-        Some(Cmd::Ab { transports, lat_sizes, bw_sizes, no_spin, bw_only, window, common }) => {
+        Some(Cmd::Ab { transports, lat_sizes, bw_sizes, spin_sizes, no_spin, bw_only, window, common }) => {
             let mut o = ab::AbOpts::new(transports, common.runs, common.quick);
             o.pin = !common.no_pin;
             o.lat_sizes = if bw_only { Vec::new() } else { parse_sizes(&lat_sizes)? };
             o.bw_sizes = parse_sizes(&bw_sizes)?;
-            o.spin = !no_spin && !bw_only;
+            o.spin_sizes = if no_spin || bw_only { Vec::new() } else { parse_sizes(&spin_sizes)? };
             o.window = window;
             let s = ab::run(&o)?;
             let (md, plots) = ab::render(&s, &common.link_prefix)?;
@@ -587,10 +590,15 @@ fn show_policy(scheme: Scheme) -> Result<(), BoxErr> {
         Ok(ep) => {
             let info = ep.info();
             println!(
-                "active mechanism table of a {scheme}:// endpoint (defaults, then IONET_INLINE_MAX / IONET_FAST_MAX, then the transport's limits):"
+                "active mechanism table of a {scheme}:// endpoint (thresholds from {}, capped by the transport's limits):",
+                info.policy.origin().describe()
             );
             print!("{}", info.policy.table(scheme));
-            println!("eager / largest unexpected message: {} B", info.eager_limit);
+            println!(
+                "eager / largest unexpected message this end accepts: {} B (from {}; advertised in the handshake, each connection uses the smaller of its two ends' limits)",
+                info.eager_limit,
+                info.eager_origin.describe()
+            );
             println!("largest message or payload: {} B", info.max_message);
             if let Some(c) = info.credits {
                 println!("credits per connection: {c}");
