@@ -1,4 +1,4 @@
-//! The allocation hint for list buffers (`IbConfig::list_alloc_hint`, paper 000 §5): the rows
+//! The allocation hint for list buffers (`IbConfig::list_alloc_hint`, as in PVFS over InfiniBand): the rows
 //! of one array sent as a gather list cost one registration with the hint, one per row
 //! without, and the bytes arrive the same either way.
 

@@ -37,8 +37,8 @@ pub const MAX_IO_SERVERS: usize = 4096;
 pub const DEFAULT_SSIZE: u64 = 64 * 1024;
 
 /// Default transfer unit: 1 MiB. PVFS2's flow buffers are 256 KiB; on loopback TCP 1 MiB
-/// units move about twice the bytes per system call (`reference/machine.md` §6), and the io
-/// servers keep only `pipeline_depth` of them per request.
+/// units move about twice the bytes per system call, and the io servers keep only
+/// `pipeline_depth` of them per request.
 pub const DEFAULT_TRANSFER_UNIT: u64 = 1 << 20;
 
 /// Smallest transfer unit accepted.

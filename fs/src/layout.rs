@@ -1,21 +1,20 @@
 //! Striping math: where every logical byte of a file lives. Pure, no I/O.
 //!
 //! A file is striped round-robin over `pcount` of the cluster's `N` io servers, starting at server
-//! `base`, in units of `ssize` bytes (PVFS1's `pvfs_filestat {base, pcount, ssize}`;
-//! `reference/pfs.md` §1.4). Stripe unit `s = off / ssize` lives on the file's *relative* server
-//! `pnum = s mod pcount`, which is the absolute io server `(base + pnum) mod N`, at local offset
+//! `base`, in units of `ssize` bytes (PVFS1's `pvfs_filestat {base, pcount, ssize}`). Stripe
+//! unit `s = off / ssize` lives on the file's *relative* server `pnum = s mod pcount`, which is the absolute io server `(base + pnum) mod N`, at local offset
 //! `(s / pcount)·ssize + off mod ssize`. Each server's local file is therefore the concatenation of
 //! the units it holds, in logical order, which gives three facts everything below relies on:
 //!
 //! * the bytes of a contiguous logical extent `[a, b)` held by `pnum` are the *contiguous* local
 //!   range `[local_size(pnum, a), local_size(pnum, b))`;
 //! * so the data of any request can flow to each server in logical order, with one descriptor per
-//!   server and no per-piece headers (the PVFS "I/O stream", §1.6);
+//!   server and no per-piece headers (the PVFS "I/O stream");
 //! * the logical size of a file is the max over servers of the logical end implied by each local
 //!   size (OrangeFS `physical_to_logical_size`), not PVFS1's sum, which is wrong for sparse files.
 //!
 //! On top of the stripe mapping sit the two non-contiguous access forms: a partitioned file
-//! [`View`] (`set_view(offset, gsize, stride)`, PVFS1's `SETPART`, §1.7) and [`ListIo`] (a memory
+//! [`View`] (`set_view(offset, gsize, stride)`, PVFS1's `SETPART`) and [`ListIo`] (a memory
 //! list and a file list of `(offset, len)` pairs). Both reduce to a sequence of logical file
 //! [`Extent`]s in *request order*; [`Layout::plan`] turns that into one [`ServerPieces`] per
 //! involved server for the client, and [`Layout::server_pieces`] computes the identical local
@@ -660,7 +659,7 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::HashMap;
 
-    /// `/pvfs/foo` from reference/pfs.md §1.3 and §1.4: base 2, pcount 3, ssize 65536, 6 iods.
+    /// PVFS1's `/pvfs/foo` example: base 2, pcount 3, ssize 65536, 6 iods.
     const FOO: Layout = Layout { base: 2, pcount: 3, ssize: 65536 };
 
     #[test]

@@ -1,4 +1,4 @@
-//! Send credits over pre-posted receive buffers (BMI-IB's scheme, reference/transports.md §1.4).
+//! Send credits over pre-posted receive buffers (BMI-IB's scheme).
 
 use std::collections::VecDeque;
 

@@ -1,5 +1,5 @@
 //! Credit-based flow control, fast-RDMA ring slot accounting and server buffer zones
-//! (sans-IO). See DESIGN §4 and §6.
+//! (sans-IO).
 //!
 //! Everything here is plain bookkeeping: structs that take events ("a message arrived", "a
 //! buffer was re-posted", "a zone buffer was freed") and return what to do next. No sockets,

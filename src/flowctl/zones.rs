@@ -1,4 +1,4 @@
-//! Server buffer zones (paper 000 §4, DESIGN §6).
+//! Server buffer zones: the registered buffers server-based RDMA moves data through.
 //!
 //! All RDMA buffers of a server are allocated and registered once, at start-up, and organised
 //! in zones of equal-size buffers: 64 KiB, 128 KiB, … 2 MiB. A transfer takes a buffer from
@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use crate::error::{Error, Result};
 use crate::types::PeerId;
 
-/// Default zones: (buffer size, count). Six classes from 64 KiB to 2 MiB as in paper 000,
+/// Default zones: (buffer size, count). Six classes from 64 KiB to 2 MiB as in PVFS over InfiniBand,
 /// 8 MiB each (48 MiB in all): any class alone can hold two double-buffered 2 MiB transfer
 /// units, and small transfers get many buffers.
 pub const DEFAULT_ZONE_CLASSES: [(usize, u32); 6] =

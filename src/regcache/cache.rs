@@ -159,7 +159,7 @@ impl<R: Registrar> RegCache<R> {
 
     /// Like [`RegCache::acquire`], but on a miss registers (up to) `parent` — the allocation the
     /// buffer belongs to — instead of only the buffer, so later pieces of the same allocation
-    /// hit. List I/O passes the whole array as the parent of each row (paper 000 §5).
+    /// hit. List I/O passes the whole array as the parent of each row (as in PVFS over InfiniBand).
     ///
     /// The hint is advisory: when `parent` alone exceeds the pinned-bytes limit, only the
     /// buffer is registered.
@@ -214,7 +214,7 @@ impl<R: Registrar> RegCache<R> {
     }
 
     /// The keys of a cached registration covering `[addr, addr + len)`, or `None`; **never
-    /// registers** and changes nothing (paper 000 §4.1.2's `check_if_registered`).
+    /// registers** and changes nothing (PVFS over InfiniBand's `check_if_registered`).
     ///
     /// The keys are only guaranteed valid until the next `&mut` call on the cache, which may
     /// evict the entry; to use them for a transfer take a reference with

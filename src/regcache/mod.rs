@@ -1,4 +1,4 @@
-//! Pin-down (memory registration) cache over a [`Registrar`]. See DESIGN §5.
+//! Pin-down (memory registration) cache over a [`Registrar`].
 //!
 //! Registering memory with an HCA pins its pages and costs tens of microseconds; a transport
 //! that registers and deregisters every user buffer per message spends more time in the kernel
@@ -25,7 +25,7 @@
 //!   registering (the fast-RDMA path uses it to choose zero-copy or copy).
 //! - **Allocation hints** ([`RegCache::acquire_hinted`]): list I/O names the parent allocation
 //!   of its pieces, so 768 row buffers of one array cost one registration of the array, not
-//!   768 (paper 000 §5).
+//!   768.
 //! - **Statistics** ([`RegStats`]).
 //!
 //! # Stale registrations

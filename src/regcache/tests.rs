@@ -296,7 +296,7 @@ fn check_if_registered_never_registers() {
     c.check_invariants();
 }
 
-/// Paper 000 §5 / Figure 6(a): the upper-left 1024 × 768 sub-array of a 2048 × 1536 byte array
+/// The list-I/O example of PVFS over InfiniBand (Wu, Wyckoff, Panda): the upper-left 1024 × 768 sub-array of a 2048 × 1536 byte array
 /// is 768 non-contiguous rows. With the allocation hint they cost one registration; without it
 /// (and with foreign memory not cached) 768.
 #[test]

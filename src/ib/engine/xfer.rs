@@ -11,7 +11,7 @@ use super::msg::{Segment, slice_segments};
 use super::reg::{DmaRegion, register_region};
 use super::{Dev, Local, SqDone, SqEntry, State, WR_SEND, Xfer, XferThen, wr_id};
 
-/// Zone classes: 64 KiB … 2 MiB (paper 000).
+/// Zone classes: 64 KiB … 2 MiB (as in PVFS over InfiniBand).
 const ZONE_SIZES: [usize; 6] = [64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20];
 
 /// The server's zone buffers: one registered region carved into size classes.
