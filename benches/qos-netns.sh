@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# QoS with the link as the bottleneck (issue 7's QoS experiment, TCP): `ionet-perf qos` runs
+# QoS with the link as the bottleneck (the QoS experiment over TCP): `ionet-perf qos` runs
 # inside a fresh network namespace whose loopback is shaped to RATE (default 2gbit) by an htb
 # qdisc with two classes — the control class's DSCP (AF41, TOS 0x88) in one, everything else in
 # the other — so a control-class ping no longer queues behind the bulk stream's packets when

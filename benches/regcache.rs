@@ -1,4 +1,4 @@
-//! Pin-down cache lookup cost at 10 000 cached entries (issue 5 target: a hit under 100 ns).
+//! Pin-down cache lookup cost at 10 000 cached entries (target: a hit under 100 ns).
 //!
 //! Run: `cargo bench -p ionet --bench regcache`
 

@@ -1,4 +1,4 @@
-//! E1: concurrent read/write bandwidth (paper 003's method, repeated in 000 §6.3). Every client
+//! E1: concurrent read/write bandwidth (the method of Carns et al.'s PVFS paper, repeated in PVFS over InfiniBand). Every client
 //! writes, then reads back, one contiguous 2N MiB region (N = io servers) of one shared file
 //! striped over all N servers; clients start each phase together and a round's time is the
 //! slowest client's, counted from their common start.
@@ -100,7 +100,7 @@ pub struct E1Args {
     #[arg(long, default_value_t = 100)]
     pub block_ms: u64,
     /// Let the scheduler place everything. By default (on 2 CPUs or more) each side gets a CPU
-    /// of its own, as if clients and servers were separate nodes (paper 003's setup): client
+    /// of its own, as if clients and servers were separate nodes (the PVFS paper's setup): client
     /// threads on CPU 0, io and meta servers on CPU 1, and the ionet-perf reference pinned the
     /// same way (its client on 0, its server on 1, as `ionet-perf ab` pins by default).
     /// Unpinned, the figures also measure where the scheduler happened to put each thread.

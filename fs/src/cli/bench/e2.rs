@@ -1,5 +1,5 @@
-//! E2: small-write access time, 128 B – 64 KiB, for each mechanism forced in turn (paper 000
-//! §6.5, Figure 11): inline, fast RDMA and server-based RDMA, the latter with the client's
+//! E2: small-write access time, 128 B – 64 KiB, for each mechanism forced in turn (PVFS over
+//! InfiniBand, Figure 11): inline, fast RDMA and server-based RDMA, the latter with the client's
 //! buffer registered already (100 % registration-cache hits: a buffer from the endpoint's
 //! registered pool) or not (0 %: plain memory, registered and deregistered per write). On TCP
 //! the two mechanisms are eager and rendezvous. One client, one io server, the same 4 KiB…64 KiB

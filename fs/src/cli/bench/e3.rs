@@ -1,6 +1,6 @@
 //! E3: one client moves 32 MiB to and from one io server (data on tmpfs, like the paper's
 //! ramfs) while the server's transfer unit — the size of each pipelined pull / push and
-//! file write / read — goes from 64 KiB to 32 MiB (paper 000 §6.6, Figure 12: below about
+//! file write / read — goes from 64 KiB to 32 MiB (PVFS over InfiniBand, Figure 12: below about
 //! 2 MiB the transfer overlaps the file I/O completely; very small units pay start-up costs).
 
 use super::util::{mbs, pattern, prefaulted};

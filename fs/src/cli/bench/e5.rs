@@ -1,4 +1,4 @@
-//! E5: list-I/O memory registration (paper 000 §6.8, Figure 14). The tiled access of E4 with
+//! E5: list-I/O memory registration (PVFS over InfiniBand, Figure 14). The tiled access of E4 with
 //! 64-byte elements and non-contiguous memory as well: every client holds the whole 2048×1536
 //! array and reads / writes its tile in place, so its 768 tile rows are 64 KiB pieces 128 KiB
 //! apart in memory and in the file. List requests carry 128 rows each (6 per tile, as in the
@@ -22,7 +22,7 @@ use stripefs::{ClientOptions, CreateOptions};
 
 const EXP: &str = "e5";
 
-/// E5 options (defaults: paper 000 §6.8).
+/// E5 options (defaults: PVFS over InfiniBand's).
 #[derive(Args, Debug, Clone)]
 pub struct E5Args {
     /// Element size in bytes.

@@ -1,6 +1,6 @@
 //! `stripefs bench`: the transport A/B suite — the experiments of "PVFS over InfiniBand"
-//! (paper 000 §6) and PVFS (paper 003) over `tcp://` and `softib://` side by side, each a
-//! median of repeated runs with its min–max spread, beside baselines measured in the same run.
+//! and "PVFS: A Parallel File System for Linux Clusters" over `tcp://` and `softib://` side by
+//! side, each a median of repeated runs with its min–max spread, beside baselines measured in the same run.
 //!
 //! | command | what |
 //! |---|---|
@@ -46,7 +46,7 @@ pub struct BenchArgs {
 
 #[derive(Subcommand, Debug)]
 enum BenchCmd {
-    /// E1: concurrent read/write bandwidth, 1–4 io servers × 1–4 clients (paper 003 / 000 §6.3).
+    /// E1: concurrent read/write bandwidth, 1–4 io servers × 1–4 clients (as in both papers).
     E1 {
         #[command(flatten)]
         o: e1::E1Args,
@@ -74,7 +74,7 @@ enum BenchCmd {
         #[command(flatten)]
         c: Common,
     },
-    /// E5: list-I/O registrations with and without allocation hints (000 §6.8, Fig. 14).
+    /// E5: list-I/O registrations with and without allocation hints (PVFS over InfiniBand, Fig. 14).
     E5 {
         #[command(flatten)]
         o: e5::E5Args,

@@ -6,7 +6,7 @@
 //! different machine, while draws next to a measurement see the state it saw. The draws are
 //! ionet-perf's own `bw` test (1 MiB messages, [`WINDOW`] in flight, Bulk service level, plain
 //! heap buffers) in the experiment's wait mode, so an experiment's figures read as a share of
-//! the transport's streaming peak (paper 003's "% of transport peak"), over TCP with the
+//! the transport's streaming peak (the PVFS paper's "% of transport peak"), over TCP with the
 //! congestion control the experiment's clients use. A [`Pattern::Reads`] reference instead runs
 //! ionet-perf's `read` test against several servers at once: a file system's read, requests
 //! whose buffers the servers push into, fanning in from N of them.

@@ -1,4 +1,4 @@
-//! Tiled access (mpi-tile-io, paper 000 §6.7–6.8): a 2-D array of fixed-size elements stored
+//! Tiled access (mpi-tile-io, as PVFS over InfiniBand ran it): a 2-D array of fixed-size elements stored
 //! row-major in one file, split into a 2×2 grid of tiles, one client per tile. A tile row is
 //! contiguous in the file; consecutive tile rows are a global row apart. E4 (this module) reads
 //! and writes each tile with one contiguous call per tile row ("without list I/O") or one list
@@ -60,7 +60,7 @@ impl Tiles {
     }
 }
 
-/// Tile options (E4 defaults: paper 000 §6.7).
+/// Tile options (E4 defaults: PVFS over InfiniBand's).
 #[derive(Args, Debug, Clone)]
 pub struct TileArgs {
     /// Element size in bytes.
