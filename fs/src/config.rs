@@ -21,6 +21,7 @@
 //! a typo is an error rather than a silently ignored setting.
 
 use crate::capability::{MAX_KEY_LEN, MIN_KEY_LEN};
+use crate::cluster::ServerId;
 use crate::layout::MAX_SSIZE;
 use ionet::{Address, Scheme, addr::AddrError};
 use serde::{Deserialize, Serialize};
@@ -187,7 +188,9 @@ fn parse_scheme(s: &str) -> Result<Scheme, ConfigError> {
     s.parse().map_err(|_| ConfigError::UnknownTransport(s.to_owned()))
 }
 
-fn parse_addr(field: String, s: &str, transport: Scheme) -> Result<Address, ConfigError> {
+/// Parses a server address of a cluster using `transport`: `host:port` takes the transport's
+/// scheme, a full address must have it. `field` names the setting (or argument) in errors.
+pub fn parse_addr(field: String, s: &str, transport: Scheme) -> Result<Address, ConfigError> {
     let full = if s.contains("://") { s.to_owned() } else { format!("{transport}://{s}") };
     let addr: Address = full.parse().map_err(|error| ConfigError::Address { field: field.clone(), error })?;
     if addr.scheme() != transport {
@@ -348,6 +351,47 @@ impl ClusterConfig {
     /// one data directory).
     pub fn io_data_dir(&self, i: u32) -> PathBuf {
         self.data_root().join(format!("io{i}"))
+    }
+
+    /// The first address two servers of this configuration share, with the two servers: the
+    /// second could not listen there, and clients would reach the first. Port 0 ("any port",
+    /// as in a local launcher's file before its servers are bound) is never shared.
+    pub fn shared_address(&self) -> Option<(ServerId, ServerId, &Address)> {
+        let servers = std::iter::once((ServerId::Meta, &self.meta))
+            .chain(self.io_servers.iter().enumerate().map(|(i, a)| (ServerId::Io(i), a)));
+        let mut seen = std::collections::HashMap::new();
+        for (id, a) in servers.filter(|(_, a)| a.port() != 0) {
+            if let Some(first) = seen.insert(a, id) {
+                return Some((first, id, a));
+            }
+        }
+        None
+    }
+
+    /// Writes this configuration to the cluster file `path`, owner-only (it names the key).
+    /// With `replace` an existing file is replaced whole (readers see the old file or the new
+    /// one, never a part); without, an existing file is left alone and the error is
+    /// `AlreadyExists`.
+    pub fn save(&self, path: &Path, replace: bool) -> std::io::Result<()> {
+        self.save_with_header(path, replace, "")
+    }
+
+    /// As [`ClusterConfig::save`], with `header` (comment lines) before the settings.
+    pub fn save_with_header(&self, path: &Path, replace: bool, header: &str) -> std::io::Result<()> {
+        use std::io::Write;
+        let mut text = format!("{header}{}", self.to_toml());
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        if !replace {
+            let mut f = crate::private::options().write(true).create_new(true).open(path)?;
+            return f.write_all(text.as_bytes()).and_then(|()| f.sync_all());
+        }
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        crate::private::write_file(&tmp, text.as_bytes())?;
+        std::fs::rename(&tmp, path)
     }
 
     /// The cluster file text for this configuration (inline keys are written as hex).
