@@ -3,7 +3,8 @@
 //! Paths inside stripefs are written `sfs:/dir/file` (plain `/dir/file` is accepted where no
 //! local path can be meant); `cp` uses the prefix to tell a stripefs path from a local one.
 //! Client commands find the cluster file in `--cluster`, `$STRIPEFS_CLUSTER`, or
-//! `./stripefs-data/cluster.toml` (what `stripefs serve --io-servers N` writes).
+//! `./stripefs-data/cluster.toml` (what `stripefs serve --io-servers N` writes; `stripefs init`
+//! writes the file of a cluster on several hosts).
 #![forbid(unsafe_code)]
 
 mod cli;

@@ -21,7 +21,8 @@ pub struct InitArgs {
     /// order, so it must never change once files exist.
     #[arg(long, value_name = "HOST:PORT,…", value_delimiter = ',', required = true)]
     io: Vec<String>,
-    /// The transport every server and client uses.
+    /// The transport every server and client uses: tcp, or ib on an RDMA fabric (softib
+    /// connects the processes of one machine only).
     #[arg(long, default_value = "tcp", value_parser = ["tcp", "softib", "ib"])]
     transport: String,
     /// The cluster key file (hex; the cluster's shared secret). Created, mode 0600, with a
@@ -166,6 +167,13 @@ fn instructions(cfg: &ClusterConfig, output: &Path, key: &Path, created: bool) -
         cfg.io_servers.len(),
         cfg.transport
     );
+    if cfg.transport == Scheme::SoftIb {
+        // softib moves data with process_vm_writev and shared memory: peers on one machine.
+        let _ = writeln!(
+            s,
+            "note: softib:// connects processes of one machine only; separate hosts need tcp:// or ib://"
+        );
+    }
     if created {
         let _ = writeln!(s, "created the cluster key {keyf} (mode 0600)");
     } else {
