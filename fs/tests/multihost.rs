@@ -1,9 +1,9 @@
 //! A cluster of several hosts as an operator sets one up: `stripefs init` writes the cluster
 //! file and key, and each server runs in a network namespace of its own (its own address, as
 //! on its own host) with `stripefs serve --meta|--io I --cluster FILE`; the client commands
-//! run from the test's namespace. An io server stopped by SIGTERM in the middle of a write
-//! fails that write with an error naming it, and started again from the same cluster file it
-//! serves what was synced before.
+//! run from the test's namespace. An io server stopped by SIGTERM in the middle of writes (a
+//! `stripefs cp` and a library client's) fails them with an error naming it, never a hang or
+//! a panic, and started again from the same cluster file it serves what was synced before.
 //!
 //! Needs root (network namespaces), so it is ignored unless asked for (`cargo test --
 //! --ignored`, as CI does as root), and then fails where namespaces cannot be made.
@@ -165,7 +165,34 @@ fn a_cluster_of_several_hosts_from_stripefs_init() {
     assert_eq!(stat["size"], original.len() as u64);
     assert_eq!(stat["layout"]["servers"], serde_json::json!([0, 1, 2]), "striped over every host");
 
-    // A library client writes on past a synced prefix while io server 1 is stopped.
+    // While io server 1 is stopped, `stripefs cp` is copying a stream (a FIFO the test feeds,
+    // so it is still running whatever the speeds), and a library client writes on past a
+    // synced prefix.
+    let fifo = dir.path().join("stream");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR).unwrap();
+    let mut cp = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .arg("--cluster")
+        .arg(&cluster)
+        .args(["cp", fifo.to_str().unwrap(), "sfs:/stream.bin"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (fed_tx, fed_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+        let chunk = pattern(1 << 20, 13);
+        // cp reads 16 MiB before each write to stripefs: once 33 MiB went in, it has written
+        // to every io server at least once and is at its second write.
+        for mib in 1u64.. {
+            if std::io::Write::write_all(&mut w, &chunk).is_err() {
+                return; // cp ended: the pipe is closed
+            }
+            if mib == 33 {
+                fed_tx.send(()).unwrap();
+            }
+        }
+    });
+
     let opts = ClientOptions { timeout: Duration::from_secs(10), ..Default::default() };
     let c = Client::connect_with(&cfg, opts.clone()).unwrap();
     let synced = pattern(3 << 20, 11);
@@ -186,14 +213,35 @@ fn a_cluster_of_several_hosts_from_stripefs_init() {
             }
         }
     });
+    fed_rx.recv_timeout(HANG).expect("cp copies the stream");
     started_rx.recv_timeout(HANG).expect("the writes started");
     let stopped = terminate(&mut io[1]);
     assert!(stopped.success(), "io server 1 ended with {stopped}");
-    let e = done_rx.recv_timeout(HANG).expect("the write in progress failed rather than hung");
-    eprintln!("the write in progress failed: {e}");
-    assert_eq!(e.errno(), Errno::ENOTCONN, "{e}");
     let named = format!("io server 1 (tcp://{})", io_addrs[1]);
+
+    let e = done_rx.recv_timeout(HANG).expect("the write in progress failed rather than hung");
+    eprintln!("the library write in progress failed: {e}");
+    assert_eq!(e.errno(), Errno::ENOTCONN, "{e}");
     assert!(e.to_string().contains(&named), "the error does not name {named}: {e}");
+
+    let t = Instant::now();
+    let cp_status = loop {
+        if let Some(s) = cp.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > HANG {
+            let _ = cp.kill();
+            panic!("stripefs cp still runs after io server 1 stopped");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut cp_err = String::new();
+    std::io::Read::read_to_string(&mut cp.stderr.take().unwrap(), &mut cp_err).unwrap();
+    eprintln!("cp in progress: {cp_status}: {cp_err}");
+    // Exit status 1 with a message, not a panic (101) or a signal.
+    assert_eq!(cp_status.code(), Some(1), "{cp_err}");
+    assert!(cp_err.starts_with("stripefs: ") && cp_err.contains(&named), "{cp_err}");
+    assert!(!cp_err.contains("panicked"), "{cp_err}");
 
     // `status` says which server is down, by role and address, and fails.
     let down =
