@@ -544,6 +544,44 @@ stripe_count = 2
     }
 
     #[test]
+    fn a_shared_address_is_found_with_both_servers_but_port_0_is_not_one() {
+        let cfg = |meta: &str, io: &str| {
+            ClusterConfig::parse(&format!(
+                "meta = \"{meta}\"\nio_servers = [{io}]\ncluster_key = \"{KEY}\"\n"
+            ))
+            .unwrap()
+        };
+        assert_eq!(cfg("tcp://h:1", "\"h:2\", \"h:3\"").shared_address(), None);
+        let c = cfg("tcp://h:1", "\"h:2\", \"g:2\", \"h:2\"");
+        let (a, b, addr) = c.shared_address().unwrap();
+        assert_eq!((a, b, addr.to_string()), (ServerId::Io(0), ServerId::Io(2), "tcp://h:2".into()));
+        let c = cfg("tcp://h:2", "\"h:2\"");
+        assert_eq!(c.shared_address().map(|(a, b, _)| (a, b)), Some((ServerId::Meta, ServerId::Io(0))));
+        assert_eq!(cfg("tcp://h:0", "\"h:0\", \"h:0\"").shared_address(), None, "port 0: any port");
+    }
+
+    #[test]
+    fn save_writes_an_owner_only_file_that_loads_and_replaces_only_when_asked() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.toml");
+        let c = ClusterConfig::parse(&full()).unwrap();
+        c.save_with_header(&path, false, "# hello\n").unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("# hello\n") && text.ends_with('\n'), "{text}");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(ClusterConfig::load(&path).unwrap(), c);
+        let mut other = c.clone();
+        other.transfer_unit = 1 << 16;
+        let e = other.save(&path, false).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(ClusterConfig::load(&path).unwrap(), c, "kept without replace");
+        other.save(&path, true).unwrap();
+        assert_eq!(ClusterConfig::load(&path).unwrap(), other);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left");
+    }
+
+    #[test]
     fn fuzz_entry_handles_garbage() {
         for s in ["", "meta = 1", "[[[", "\u{0}", &full(), "io_servers = [\"a:1\"]\nmeta = \"tcp://[::1]:9\""]
         {
