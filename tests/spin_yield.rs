@@ -17,7 +17,8 @@
 //! same holds for two waiters of one endpoint (a server's worker pool with more workers than
 //! cores): the one that is not driving can only watch for its completion, and if it watches
 //! without yielding, the driver never reads the messages both wait for. The tests need
-//! `CAP_SYS_NICE` (root in CI) and say plainly that they were skipped without it.
+//! `CAP_SYS_NICE` (root) and two CPUs, so they are ignored unless asked for (`cargo test --
+//! --ignored`, as CI does as root), and then fail where they cannot run their threads so.
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -59,11 +60,13 @@ fn wait_ok(ep: &Endpoint, op: OpId, what: &str) -> std::result::Result<Completio
 }
 
 #[test]
+#[ignore = "needs root: runs threads under SCHED_FIFO (CAP_SYS_NICE)"]
 fn spinning_softib_endpoints_sharing_a_cpu_hand_it_over() {
     hand_over("softib");
 }
 
 #[test]
+#[ignore = "needs root: runs threads under SCHED_FIFO (CAP_SYS_NICE)"]
 fn spinning_tcp_endpoints_sharing_a_cpu_hand_it_over() {
     hand_over("tcp");
 }
@@ -116,8 +119,7 @@ fn hand_over(scheme: &str) {
     });
     if let Err(e) = ready_rx.recv().unwrap() {
         server.join().unwrap().unwrap();
-        eprintln!("SKIPPED: cannot run threads under SCHED_FIFO here ({e}); needs CAP_SYS_NICE");
-        return;
+        panic!("cannot run threads under SCHED_FIFO here ({e}); needs CAP_SYS_NICE");
     }
     realtime_on_cpu0().unwrap();
     let before = cli.info().counters.spin_yields;
@@ -159,11 +161,13 @@ fn on_cpu(cpu: usize) -> std::io::Result<()> {
 }
 
 #[test]
+#[ignore = "needs root: runs threads under SCHED_FIFO (CAP_SYS_NICE)"]
 fn an_adaptive_waiter_that_does_not_drive_lets_the_driver_run() {
     waiter_hands_over("tcp");
 }
 
 #[test]
+#[ignore = "needs root: runs threads under SCHED_FIFO (CAP_SYS_NICE)"]
 fn an_adaptive_softib_waiter_that_does_not_drive_lets_the_driver_run() {
     waiter_hands_over("softib");
 }
@@ -174,14 +178,13 @@ fn an_adaptive_softib_waiter_that_does_not_drive_lets_the_driver_run() {
 /// server's worker pool with more workers than cores); then neither message is ever read and
 /// both waits run out.
 fn waiter_hands_over(scheme: &str) {
-    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
-        eprintln!("SKIPPED: needs two CPUs (the sender runs beside the two waiters' CPU)");
-        return;
-    }
+    assert!(
+        std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2,
+        "needs two CPUs (the sender runs beside the two waiters' CPU)"
+    );
     // The sender and this thread stay off CPU 0, where real-time spinners would starve them.
     if let Err(e) = on_cpu(1) {
-        eprintln!("SKIPPED: cannot pin threads here ({e})");
-        return;
+        panic!("cannot pin threads here ({e})");
     }
     let cfg = Config::default().wait_mode(WaitMode::Adaptive).spin_budget(Duration::from_secs(60));
     let srv = Endpoint::bind(format!("{scheme}://127.0.0.1:0"), cfg).unwrap();
@@ -211,8 +214,7 @@ fn waiter_hands_over(scheme: &str) {
             for w in waiters {
                 let _ = w.join();
             }
-            eprintln!("SKIPPED: cannot run threads under SCHED_FIFO here ({e}); needs CAP_SYS_NICE");
-            return;
+            panic!("cannot run threads under SCHED_FIFO here ({e}); needs CAP_SYS_NICE");
         }
     }
     // Both waiters are on CPU 0 now: one drives, the other watches. Only then do the

@@ -146,11 +146,20 @@ pub struct LocalCluster {
 /// Reads (or creates) the cluster key in `dir/cluster.key`.
 pub fn ensure_key(dir: &Path) -> Result<PathBuf, ClusterError> {
     let path = dir.join("cluster.key");
-    if !path.exists() {
-        let key = crate::net::random_bytes(32).map_err(io_err("generating a key"))?;
-        write_key(&path, &key)?;
-    }
+    ensure_key_file(&path)?;
     Ok(path)
+}
+
+/// Creates the key file `path` with a new random key (32 bytes, in hex, owner-only) unless it
+/// exists; whether it made one. An existing file is left as it is: it may be the key of a
+/// running cluster.
+pub fn ensure_key_file(path: &Path) -> Result<bool, ClusterError> {
+    if path.exists() {
+        return Ok(false);
+    }
+    let key = crate::net::random_bytes(32).map_err(io_err("generating a key"))?;
+    write_key(path, &key)?;
+    Ok(true)
 }
 
 /// Writes a cluster key file, in hex, readable by its owner only — from the first byte, and
@@ -216,10 +225,7 @@ impl LocalCluster {
     }
 
     fn write_config(&self) -> Result<(), ClusterError> {
-        let text = self.cfg.to_toml();
-        let tmp = self.config_path.with_extension("toml.tmp");
-        crate::private::write_file(&tmp, text.as_bytes()).map_err(io_err("writing the cluster file"))?;
-        std::fs::rename(&tmp, &self.config_path).map_err(io_err("writing the cluster file"))
+        self.cfg.save(&self.config_path, true).map_err(io_err("writing the cluster file"))
     }
 
     fn spawn(

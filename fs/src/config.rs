@@ -21,6 +21,7 @@
 //! a typo is an error rather than a silently ignored setting.
 
 use crate::capability::{MAX_KEY_LEN, MIN_KEY_LEN};
+use crate::cluster::ServerId;
 use crate::layout::MAX_SSIZE;
 use ionet::{Address, Scheme, addr::AddrError};
 use serde::{Deserialize, Serialize};
@@ -187,7 +188,9 @@ fn parse_scheme(s: &str) -> Result<Scheme, ConfigError> {
     s.parse().map_err(|_| ConfigError::UnknownTransport(s.to_owned()))
 }
 
-fn parse_addr(field: String, s: &str, transport: Scheme) -> Result<Address, ConfigError> {
+/// Parses a server address of a cluster using `transport`: `host:port` takes the transport's
+/// scheme, a full address must have it. `field` names the setting (or argument) in errors.
+pub fn parse_addr(field: String, s: &str, transport: Scheme) -> Result<Address, ConfigError> {
     let full = if s.contains("://") { s.to_owned() } else { format!("{transport}://{s}") };
     let addr: Address = full.parse().map_err(|error| ConfigError::Address { field: field.clone(), error })?;
     if addr.scheme() != transport {
@@ -350,6 +353,47 @@ impl ClusterConfig {
         self.data_root().join(format!("io{i}"))
     }
 
+    /// The first address two servers of this configuration share, with the two servers: the
+    /// second could not listen there, and clients would reach the first. Port 0 ("any port",
+    /// as in a local launcher's file before its servers are bound) is never shared.
+    pub fn shared_address(&self) -> Option<(ServerId, ServerId, &Address)> {
+        let servers = std::iter::once((ServerId::Meta, &self.meta))
+            .chain(self.io_servers.iter().enumerate().map(|(i, a)| (ServerId::Io(i), a)));
+        let mut seen = std::collections::HashMap::new();
+        for (id, a) in servers.filter(|(_, a)| a.port() != 0) {
+            if let Some(first) = seen.insert(a, id) {
+                return Some((first, id, a));
+            }
+        }
+        None
+    }
+
+    /// Writes this configuration to the cluster file `path`, owner-only (it names the key).
+    /// With `replace` an existing file is replaced whole (readers see the old file or the new
+    /// one, never a part); without, an existing file is left alone and the error is
+    /// `AlreadyExists`.
+    pub fn save(&self, path: &Path, replace: bool) -> std::io::Result<()> {
+        self.save_with_header(path, replace, "")
+    }
+
+    /// As [`ClusterConfig::save`], with `header` (comment lines) before the settings.
+    pub fn save_with_header(&self, path: &Path, replace: bool, header: &str) -> std::io::Result<()> {
+        use std::io::Write;
+        let mut text = format!("{header}{}", self.to_toml());
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        if !replace {
+            let mut f = crate::private::options().write(true).create_new(true).open(path)?;
+            return f.write_all(text.as_bytes()).and_then(|()| f.sync_all());
+        }
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        crate::private::write_file(&tmp, text.as_bytes())?;
+        std::fs::rename(&tmp, path)
+    }
+
     /// The cluster file text for this configuration (inline keys are written as hex).
     pub fn to_toml(&self) -> String {
         let raw = RawConfig {
@@ -497,6 +541,44 @@ stripe_count = 2
         assert!(matches!(c.cluster_key(), Err(ConfigError::TooLarge { what: "key file", .. })));
         std::fs::remove_file(dir.path().join("cluster.key")).unwrap();
         assert!(matches!(c.cluster_key(), Err(ConfigError::Io { .. })));
+    }
+
+    #[test]
+    fn a_shared_address_is_found_with_both_servers_but_port_0_is_not_one() {
+        let cfg = |meta: &str, io: &str| {
+            ClusterConfig::parse(&format!(
+                "meta = \"{meta}\"\nio_servers = [{io}]\ncluster_key = \"{KEY}\"\n"
+            ))
+            .unwrap()
+        };
+        assert_eq!(cfg("tcp://h:1", "\"h:2\", \"h:3\"").shared_address(), None);
+        let c = cfg("tcp://h:1", "\"h:2\", \"g:2\", \"h:2\"");
+        let (a, b, addr) = c.shared_address().unwrap();
+        assert_eq!((a, b, addr.to_string()), (ServerId::Io(0), ServerId::Io(2), "tcp://h:2".into()));
+        let c = cfg("tcp://h:2", "\"h:2\"");
+        assert_eq!(c.shared_address().map(|(a, b, _)| (a, b)), Some((ServerId::Meta, ServerId::Io(0))));
+        assert_eq!(cfg("tcp://h:0", "\"h:0\", \"h:0\"").shared_address(), None, "port 0: any port");
+    }
+
+    #[test]
+    fn save_writes_an_owner_only_file_that_loads_and_replaces_only_when_asked() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.toml");
+        let c = ClusterConfig::parse(&full()).unwrap();
+        c.save_with_header(&path, false, "# hello\n").unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("# hello\n") && text.ends_with('\n'), "{text}");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(ClusterConfig::load(&path).unwrap(), c);
+        let mut other = c.clone();
+        other.transfer_unit = 1 << 16;
+        let e = other.save(&path, false).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(ClusterConfig::load(&path).unwrap(), c, "kept without replace");
+        other.save(&path, true).unwrap();
+        assert_eq!(ClusterConfig::load(&path).unwrap(), other);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left");
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! Paths inside stripefs are written `sfs:/dir/file` (plain `/dir/file` is accepted where no
 //! local path can be meant); `cp` uses the prefix to tell a stripefs path from a local one.
 //! Client commands find the cluster file in `--cluster`, `$STRIPEFS_CLUSTER`, or
-//! `./stripefs-data/cluster.toml` (what `stripefs serve --io-servers N` writes).
+//! `./stripefs-data/cluster.toml` (what `stripefs serve --io-servers N` writes; `stripefs init`
+//! writes the file of a cluster on several hosts).
 #![forbid(unsafe_code)]
 
 mod cli;
@@ -27,8 +28,13 @@ enum Cmd {
     /// Start 1 meta + 4 io servers locally, write and read back a file over each transport,
     /// print a side-by-side table, clean up.
     Demo(cli::demo::DemoArgs),
+    /// Write the cluster file (and a new cluster key) of a cluster of several hosts: the meta
+    /// server's and the io servers' addresses; prints what to copy to which host and the
+    /// command each host runs.
+    Init(cli::init::InitArgs),
     /// Run servers: one io server (--io I), the meta server (--meta), or a whole local cluster
-    /// (which starts a server that dies again).
+    /// (which starts a server that dies again). On a cluster of several hosts each host runs
+    /// its own: `serve --meta --cluster FILE` or `serve --io I --cluster FILE`.
     Serve(cli::serve::ServeArgs),
     /// Copy a file (with -r, a directory tree) between the local file system and stripefs
     /// (sfs:/path), either way, or within stripefs.
@@ -132,6 +138,7 @@ fn main() -> ExitCode {
     let cluster = cli.cluster;
     let r = match cli.cmd {
         Cmd::Demo(a) => cli::demo::run(a),
+        Cmd::Init(a) => cli::init::run(a),
         Cmd::Serve(a) => cli::serve::run(a, cluster),
         Cmd::Cp(a) => cli::cmds::cp(cluster, a),
         Cmd::Ls(a) => cli::cmds::ls(cluster, a),

@@ -1,8 +1,9 @@
 //! io servers on real small file systems: the server's data directory is a 4 MiB tmpfs (a disk
 //! that really fills up), a ramfs (a file system without `fallocate`) or a 40 MiB btrfs image on
 //! a loop device (copy-on-write), mounted in a mount namespace of the server's own
-//! (`unshare --mount`), so the mount goes away with the server even if the test dies. Skipped,
-//! with the reason printed, where mounting is not permitted.
+//! (`unshare --mount`), so the mount goes away with the server even if the test dies. Mounting
+//! needs root, so the tests are ignored unless asked for (`cargo test -- --ignored`, as CI does
+//! as root), and then fail where mounting is not permitted.
 
 mod common;
 
@@ -77,8 +78,7 @@ fn read_back(f: &stripefs::File, off: u64, len: usize) -> Vec<u8> {
 /// file keeps its size; the copying path fills what fits, then drains the rest.
 fn write_past_a_full_disk(scheme: &str, copy: bool) {
     if let Some(why) = cannot_mount("tmpfs") {
-        eprintln!("skipped: {why}");
-        return;
+        panic!("{why}");
     }
     let mut tc = start_on(scheme, "tmpfs", &format!("size={DISK}"), if copy { &["--copy-io"] } else { &[] });
     // (the path this server must use, the other one)
@@ -134,8 +134,7 @@ fn write_past_a_full_disk(scheme: &str, copy: bool) {
 /// on a listed one; `tests/e2e.rs` makes one from `/dev/full`).
 fn objects_without_fallocate_are_written_by_copying(scheme: &str) {
     if let Some(why) = cannot_mount("ramfs") {
-        eprintln!("skipped: {why}");
-        return;
+        panic!("{why}");
     }
     let tc = start_on(scheme, "ramfs", "mode=0755", &[]);
     let c = tc.client();
@@ -163,15 +162,14 @@ const BTRFS_IMAGE: u64 = 40 << 20;
 /// into a full btrfs faults. The io server must copy every write there (reads may stay mapped),
 /// and writes into the full disk — new data, and rewrites of data already there — must fail
 /// with `ENOSPC` while the server lives on. Needs root, loop devices, btrfs in the kernel and
-/// `mkfs.btrfs` (btrfs-progs); skipped with the reason printed otherwise.
+/// `mkfs.btrfs` (btrfs-progs); fails, saying which is missing, otherwise.
 fn copy_on_write_file_systems_take_the_copying_path(scheme: &str) {
     let probe = tempfile::tempdir().unwrap();
     let probe_img = probe.path().join("probe.img");
     if let Err(why) = make_image("btrfs", &probe_img, BTRFS_IMAGE, &["-q", "--mixed"])
         .and_then(|()| with_image_mounted("btrfs", &probe_img, "true", &[]))
     {
-        eprintln!("skipped: {why}");
-        return;
+        panic!("{why}");
     }
     let mut data_dir = PathBuf::new();
     let mut tc = TestCluster::start_with(scheme, 1, |o| {
@@ -236,10 +234,14 @@ macro_rules! transports {
     ($($scheme:ident),*) => {$(
         mod $scheme {
             const S: &str = stringify!($scheme);
-            #[test] fn mapped_write_past_a_full_disk() { super::write_past_a_full_disk(S, false) }
-            #[test] fn copying_write_past_a_full_disk() { super::write_past_a_full_disk(S, true) }
-            #[test] fn objects_without_fallocate_are_written_by_copying() { super::objects_without_fallocate_are_written_by_copying(S) }
-            #[test] fn copy_on_write_file_systems_take_the_copying_path() { super::copy_on_write_file_systems_take_the_copying_path(S) }
+            #[test] #[ignore = "needs root: mounts a tmpfs"]
+            fn mapped_write_past_a_full_disk() { super::write_past_a_full_disk(S, false) }
+            #[test] #[ignore = "needs root: mounts a tmpfs"]
+            fn copying_write_past_a_full_disk() { super::write_past_a_full_disk(S, true) }
+            #[test] #[ignore = "needs root: mounts a ramfs"]
+            fn objects_without_fallocate_are_written_by_copying() { super::objects_without_fallocate_are_written_by_copying(S) }
+            #[test] #[ignore = "needs root, loop devices and mkfs.btrfs: mounts a btrfs image"]
+            fn copy_on_write_file_systems_take_the_copying_path() { super::copy_on_write_file_systems_take_the_copying_path(S) }
         }
     )*};
 }

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod cmds;
 pub mod demo;
 mod dest;
+pub mod init;
 pub mod serve;
 pub mod status;
 
@@ -55,7 +56,11 @@ pub fn cluster_path(arg: Option<PathBuf>) -> PathBuf {
 pub fn load_cluster(arg: Option<PathBuf>) -> Result<ClusterConfig> {
     let path = cluster_path(arg);
     ClusterConfig::load(&path).with_context(|| {
-        format!("loading cluster file {} (start one with `stripefs serve --io-servers 4`)", path.display())
+        format!(
+            "loading cluster file {} (start a local cluster with `stripefs serve --io-servers 4`, or write \
+             the file of one on several hosts with `stripefs init`)",
+            path.display()
+        )
     })
 }
 

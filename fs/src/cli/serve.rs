@@ -17,10 +17,12 @@ use stripefs::server::meta::{MetaServer, MetaServerConfig};
 /// `serve` options.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Run only the meta server (needs a cluster file).
+    /// Run only the meta server, on the cluster file's meta address (needs --cluster; on a
+    /// cluster of several hosts, what the meta server's host runs).
     #[arg(long, conflicts_with = "io")]
     meta: bool,
-    /// Run only io server INDEX.
+    /// Run only io server INDEX: with --cluster, on the INDEX-th address of the file's
+    /// io_servers (counting from 0), keeping its objects in <data_dir>/ioINDEX.
     #[arg(long, value_name = "INDEX")]
     io: Option<u32>,
     /// Number of io servers of a local cluster started without a cluster file.

@@ -2,6 +2,8 @@
 //! temporary directory, killed and removed when dropped.
 #![allow(dead_code)]
 
+pub mod netns;
+
 use bytes::Bytes;
 use ionet::Scheme;
 use std::path::Path;
