@@ -4,6 +4,7 @@ pub mod bench;
 pub mod cmds;
 pub mod demo;
 mod dest;
+pub mod metrics;
 pub mod serve;
 pub mod status;
 

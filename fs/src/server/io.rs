@@ -26,7 +26,9 @@
 //!   finish and replies with the error: ionet discards what was never pulled, so the
 //!   connection stays in step (the equivalent of PVFS1's drain-and-discard).
 
-use super::{Load, ServerError, ServerHandle, disk_space, send_reply, spawn_workers};
+use super::{
+    Load, Reporting, ServerError, ServerHandle, ServerReport, disk_space, send_reply, spawn_workers,
+};
 use crate::capability::{CapabilityKey, unix_now};
 use crate::errno::Errno;
 use crate::layout::Piece;
@@ -240,8 +242,19 @@ impl IoServer {
             load: Load::new(),
         });
         let data_dir = shared.store.root().to_owned();
+        let reporting: Arc<dyn Reporting> = shared.clone();
         let threads = spawn_workers("io", &ep, workers, &stop, move |req| shared.handle(req))?;
-        Ok(ServerHandle::new(ep, stop, threads).syncing(data_dir))
+        Ok(ServerHandle::new(ep, stop, threads).syncing(data_dir).reporting(reporting))
+    }
+}
+
+impl Reporting for Shared {
+    fn report(&self) -> ServerReport {
+        ServerReport {
+            status: self.load.status_outside(&self.cfg.data_dir),
+            io: Some(self.snapshot()),
+            meta: None,
+        }
     }
 }
 

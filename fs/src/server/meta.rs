@@ -21,7 +21,7 @@
 //! are never granted `ADMIN`.
 
 use super::liveness::{Change, Liveness};
-use super::{Load, ServerError, ServerHandle, send_reply, spawn_workers};
+use super::{Load, Reporting, ServerError, ServerHandle, ServerReport, send_reply, spawn_workers};
 use crate::capability::{Capability, CapabilityKey, Rights, expiry_after, unix_now};
 use crate::config::ClusterConfig;
 use crate::errno::Errno;
@@ -173,7 +173,27 @@ impl MetaServer {
             }
         })?);
         // redb makes each commit durable itself; the drain's sync covers the rest of the directory.
-        Ok(ServerHandle::new(ep, stop, threads).syncing(db_dir))
+        Ok(ServerHandle::new(ep, stop, threads).syncing(db_dir).reporting(shared))
+    }
+}
+
+impl Reporting for Shared {
+    fn report(&self) -> ServerReport {
+        let meta = match self.store.statfs() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warn!(error = %e, "reading the file counts for a report failed");
+                None
+            }
+        };
+        ServerReport { status: self.load.status_outside(self.db_dir()), io: None, meta }
+    }
+}
+
+impl Shared {
+    /// The database's directory: where the meta server's data grows.
+    fn db_dir(&self) -> &std::path::Path {
+        self.cfg.db_path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."))
     }
 }
 
@@ -224,11 +244,7 @@ impl Shared {
         let s = &self.store;
         let r = match body {
             MetaRequest::Statfs => s.statfs().map(MetaReply::Statfs),
-            MetaRequest::Status => {
-                // The database's directory: where the meta server's data grows.
-                let dir = self.cfg.db_path.parent().filter(|d| !d.as_os_str().is_empty());
-                Ok(MetaReply::Status(self.load.status(dir.unwrap_or(std::path::Path::new(".")))))
-            }
+            MetaRequest::Status => Ok(MetaReply::Status(self.load.status(self.db_dir()))),
             MetaRequest::Lookup { parent, name } => {
                 s.lookup(cred, parent, &name).map(|(handle, attr)| MetaReply::Entry { handle, attr })
             }

@@ -15,7 +15,9 @@ pub mod io;
 mod liveness;
 pub mod meta;
 
-use crate::proto::{self, BoundedString, DiskSpace, Envelope, ErrorReply, Reply, ServerStatus};
+use crate::proto::{
+    self, BoundedString, DiskSpace, Envelope, ErrorReply, FsStats, Reply, ServerStats, ServerStatus,
+};
 use bytes::Bytes;
 use ionet::{Endpoint, Request};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -150,15 +152,54 @@ impl Load {
     /// The status of a server keeping its data in `dir`, answered from inside a request (which
     /// is not counted in flight).
     pub(crate) fn status(&self, dir: &std::path::Path) -> ServerStatus {
+        let mut s = self.status_outside(dir);
+        s.in_flight = s.in_flight.saturating_sub(1);
+        s
+    }
+
+    /// The status as seen from outside any request (a metrics scrape): every request being
+    /// served counts in flight.
+    pub(crate) fn status_outside(&self, dir: &std::path::Path) -> ServerStatus {
         ServerStatus {
             version: BoundedString::truncating(env!("CARGO_PKG_VERSION")),
             uptime_ns: u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX),
             requests: self.requests.load(Ordering::Relaxed),
-            in_flight: self.in_flight.load(Ordering::Relaxed).saturating_sub(1),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
             errors: self.errors(),
             disk: disk_space(dir),
         }
     }
+}
+
+/// A server's own figures at one instant, read in-process (see [`ServerHandle::report`]):
+/// what `stripefs serve --metrics` exports next to the endpoint's counters.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServerReport {
+    /// Requests received, in flight (all of them: nothing is asking from inside a request),
+    /// failed; uptime and the space of the data directory.
+    pub status: ServerStatus,
+    /// An io server's data-path counters.
+    pub io: Option<ServerStats>,
+    /// The meta server's namespace counts (`None` for an io server, or if the database could
+    /// not be read).
+    pub meta: Option<FsStats>,
+}
+
+/// Reads a server's [`ServerReport`] (see [`ServerHandle::reporter`]).
+#[derive(Debug, Clone)]
+pub struct Reporter(Arc<dyn Reporting>);
+
+impl Reporter {
+    /// The server's own counters now.
+    pub fn report(&self) -> ServerReport {
+        self.0.report()
+    }
+}
+
+/// What a server's shared state reports (see [`ServerHandle::report`]).
+pub(crate) trait Reporting: Send + Sync + std::fmt::Debug {
+    fn report(&self) -> ServerReport;
 }
 
 /// Running server threads. Dropping the handle stops them.
@@ -169,6 +210,8 @@ pub struct ServerHandle {
     threads: Vec<JoinHandle<()>>,
     /// A directory on the file system holding the server's data, synced by [`ServerHandle::drain`].
     data_dir: Option<std::path::PathBuf>,
+    /// The server's own counters, for [`ServerHandle::report`].
+    reporting: Option<Arc<dyn Reporting>>,
 }
 
 /// How a [`ServerHandle::drain`] went.
@@ -182,7 +225,26 @@ pub struct Drained {
 
 impl ServerHandle {
     pub(crate) fn new(ep: Endpoint, stop: Arc<AtomicBool>, threads: Vec<JoinHandle<()>>) -> Self {
-        ServerHandle { ep, stop, threads, data_dir: None }
+        ServerHandle { ep, stop, threads, data_dir: None, reporting: None }
+    }
+
+    /// [`ServerHandle::report`] asks `r`.
+    pub(crate) fn reporting(mut self, r: Arc<dyn Reporting>) -> Self {
+        self.reporting = Some(r);
+        self
+    }
+
+    /// The server's own counters now (requests, errors, in flight, space; an io server's data
+    /// paths, the meta server's file counts), without a request over the network; `None` for
+    /// a bare worker pool.
+    pub fn report(&self) -> Option<ServerReport> {
+        self.reporting.as_ref().map(|r| r.report())
+    }
+
+    /// What reads [`ServerHandle::report`] from another thread (a metrics responder), for as
+    /// long as the server's state lives.
+    pub fn reporter(&self) -> Option<Reporter> {
+        self.reporting.clone().map(Reporter)
     }
 
     /// [`ServerHandle::drain`] syncs the file system holding `dir`.
