@@ -122,7 +122,9 @@ enum Cmd {
     /// The transport A/B benchmark suite: E1–E5, CPU, and `all` (with ionet-perf's ab,
     /// calibrate and qos) writing CSV, Markdown, SVG plots and the BENCHMARKS.md summary.
     Bench(cli::bench::BenchArgs),
-    /// Mount stripefs with FUSE (feature `fuse`).
+    /// Mount stripefs with FUSE, in the foreground (or with --background, returning once the
+    /// mount is live).
+    #[command(hide = cfg!(not(feature = "fuse")))]
     Mount(cli::cmds::MountArgs),
 }
 
