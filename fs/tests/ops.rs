@@ -138,3 +138,64 @@ fn metrics_count_what_clients_did_and_survive_hostile_scrapers() {
     // Scrapes are not requests to the server.
     assert_eq!(get(&again, "stripefs_requests_total", &m), meta_requests);
 }
+
+fn sfs_logged(cluster: &std::path::Path, log: Option<&str>, args: &[&str]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_stripefs"));
+    cmd.arg("--cluster").arg(cluster).args(args);
+    match log {
+        Some(l) => cmd.env("RUST_LOG", l),
+        None => cmd.env_remove("RUST_LOG"),
+    };
+    cmd.output().unwrap()
+}
+
+/// With `RUST_LOG=debug` the client's log names each server connection (role, index, address)
+/// and each request under it (kind, handle, extent, outcome), and the io server's log names
+/// itself, the peer and each request it served, failures with their cause; at the default
+/// level neither says anything about requests.
+#[test]
+fn the_debug_log_tells_each_request_under_its_server_and_peer() {
+    let dir = tempfile::tempdir().unwrap();
+    let io_log = dir.path().join("io.log");
+    // The io servers' standard error, appended to one file (the launcher lets it through).
+    let script = format!(r#"exec "$0" "$@" 2>>'{}'"#, io_log.display());
+    let tc = TestCluster::start_with("tcp", 2, |o| {
+        o.io_prefix = Some(vec![vec!["sh".into(), "-c".into(), script.clone()]; 2]);
+        o.io_env = vec![("RUST_LOG".into(), "stripefs=debug".into())];
+    });
+    let cl = tc.cluster.config_path().to_owned();
+    let io0 = tc.cluster.config().io_servers[0].to_string();
+    let src = tc.dir.path().join("in.bin");
+    std::fs::write(&src, pattern(200_000, 5)).unwrap();
+    let out = sfs_logged(&cl, Some("stripefs=debug"), &["cp", src.to_str().unwrap(), "sfs:/in.bin"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let client = String::from_utf8_lossy(&out.stderr);
+    assert!(!client.contains('\x1b'), "no colours when not on a terminal");
+    let lines = |log: &str, all: &[&str]| -> usize {
+        log.lines().filter(|l| all.iter().all(|s| l.contains(s))).count()
+    };
+    let io0_conn = format!(r#"connection{{role="io" index=0 addr={io0}}}"#);
+    assert!(lines(&client, &[&io0_conn, "connecting"]) == 1, "{client}");
+    assert!(lines(&client, &[r#"connection{role="meta""#, r#"op="create""#, "result=ok"]) == 1, "{client}");
+    // Each io server gets one write of its share, logged with handle, extent and outcome.
+    assert_eq!(lines(&client, &[r#"op="write""#, "handle=", "off=", "len=", "result=ok", "elapsed_us="]), 2);
+    assert!(lines(&client, &[&io0_conn, r#"op="write""#]) == 1, "{client}");
+
+    // A failed request: its outcome is the error.
+    let out = sfs_logged(&cl, Some("stripefs=debug"), &["stat", "sfs:/missing"]);
+    assert!(!out.status.success());
+    let failed = String::from_utf8_lossy(&out.stderr);
+    assert!(lines(&failed, &[r#"op="lookup""#, "result=ENOENT"]) == 1, "{failed}");
+
+    // The io server: itself (role and address), the peer's connection, each request served.
+    let served = std::fs::read_to_string(&io_log).unwrap();
+    let me = format!(r#"server{{role="io" addr={io0}}}"#);
+    assert!(lines(&served, &[&me, "connection{peer=peer#", "addr=tcp://127.0.0.1:", "first request"]) >= 1);
+    assert_eq!(lines(&served, &[&me, r#"op="write""#, "len=", "result=ok"]), 1, "{served}");
+    assert_eq!(lines(&served, &[&me, r#"op="create_object""#, "result=ok"]), 1, "{served}");
+
+    // At the default level (warnings), nothing about requests.
+    let out = sfs_logged(&cl, None, &["cp", src.to_str().unwrap(), "sfs:/again.bin"]);
+    assert!(out.status.success());
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -21,13 +21,13 @@
 //! are never granted `ADMIN`.
 
 use super::liveness::{Change, Liveness};
-use super::{Load, Reporting, ServerError, ServerHandle, ServerReport, send_reply, spawn_workers};
+use super::{Load, PeerSpans, Reporting, ServerError, ServerHandle, ServerReport, send_reply, spawn_workers};
 use crate::capability::{Capability, CapabilityKey, Rights, expiry_after, unix_now};
 use crate::config::ClusterConfig;
 use crate::errno::Errno;
 use crate::layout::Layout;
 use crate::meta::{MetaConfig, MetaError, MetaStore, Objects, Perm};
-use crate::net::{FsError, TAG_IO};
+use crate::net::{FsError, TAG_IO, Traced};
 use crate::proto::{
     self, Cred, Envelope, ErrorReply, Handle, IoReply, IoRequest, MetaCall, MetaReply, MetaRequest,
 };
@@ -37,7 +37,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tracing::{debug, info, warn};
+use tracing::{debug, debug_span, info, warn};
 
 /// Meta server settings.
 #[derive(Debug, Clone)]
@@ -105,6 +105,8 @@ struct Shared {
     live: Mutex<Liveness>,
     /// Requests received, in flight and failed, and the start time.
     load: Load,
+    /// The debug log's span per peer.
+    peers: PeerSpans,
 }
 
 /// A create whose objects could not all be made.
@@ -159,11 +161,16 @@ impl MetaServer {
             janitor: Mutex::new(Janitor { stale_creates }),
             live,
             load: Load::new(),
+            peers: PeerSpans::default(),
         });
         let s2 = shared.clone();
         let mut threads = spawn_workers("meta", &ep, workers, &stop, move |req| s2.handle(req))?;
         let (s3, stop3) = (shared.clone(), stop.clone());
+        // Its warnings name the server as the workers' do.
+        let addr = ep.local_addr().map_or_else(String::new, |a| a.to_string());
+        let span = tracing::error_span!("server", role = "meta-janitor", %addr);
         threads.push(std::thread::Builder::new().name("meta-janitor".into()).spawn(move || {
+            let _server = span.enter();
             while !stop3.load(Ordering::Relaxed) {
                 s3.janitor_pass();
                 let until = Instant::now() + s3.cfg.janitor_interval;
@@ -218,13 +225,35 @@ impl Shared {
                 return;
             }
         };
+        let conn = self.peers.span(&self.ep, req.peer());
+        let body = env.body.req;
+        let traced = Traced::new(debug_span!(
+            parent: &conn,
+            "request",
+            id = env.id,
+            op = body.kind(),
+            handle = tracing::field::Empty,
+            uid = env.body.cred.uid,
+            result = tracing::field::Empty,
+            elapsed_us = tracing::field::Empty,
+        ));
+        if !traced.span.is_disabled()
+            && let Some(h) = body.subject()
+        {
+            traced.span.record("handle", tracing::field::display(h));
+        }
+        let _in_request = traced.span.enter();
         let reply = if req.payload_len() > 0 {
             MetaReply::Error(ErrorReply::new(Errno::EINVAL, "meta requests carry no payload"))
         } else {
-            self.serve(&env.body.cred, env.body.req)
+            self.serve(&env.body.cred, body)
         };
-        if matches!(reply, MetaReply::Error(_)) {
-            self.load.failed();
+        match &reply {
+            MetaReply::Error(e) => {
+                self.load.failed();
+                traced.done(format_args!("{}: {}", e.code, e.message));
+            }
+            _ => traced.done("ok"),
         }
         send_reply(&self.ep, req, env.id, reply);
     }

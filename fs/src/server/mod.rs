@@ -19,12 +19,13 @@ use crate::proto::{
     self, BoundedString, DiskSpace, Envelope, ErrorReply, FsStats, Reply, ServerStats, ServerStatus,
 };
 use bytes::Bytes;
-use ionet::{Endpoint, Request};
+use ionet::{Endpoint, PeerId, Request};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tracing::{debug, warn};
+use tracing::{Span, debug, debug_span, warn};
 
 /// How long a worker waits in `next_request` before checking for shutdown.
 const POLL: Duration = Duration::from_millis(200);
@@ -200,6 +201,37 @@ impl Reporter {
 /// What a server's shared state reports (see [`ServerHandle::report`]).
 pub(crate) trait Reporting: Send + Sync + std::fmt::Debug {
     fn report(&self) -> ServerReport;
+}
+
+/// Most peers whose `connection` spans a server keeps; past it they are started afresh (a
+/// server that has seen very many clients would otherwise hold a span for each forever).
+const MAX_PEER_SPANS: usize = 4096;
+
+/// A `connection` span (peer id and address) per peer a server has had requests from, so the
+/// debug log tells each peer's requests apart; the request spans are its children. Kept only
+/// while debug logging is on: otherwise a lookup is one level check.
+#[derive(Debug, Default)]
+pub(crate) struct PeerSpans(Mutex<HashMap<PeerId, Span>>);
+
+impl PeerSpans {
+    /// `peer`'s span on `ep` (made, with a debug line, at its first request).
+    pub(crate) fn span(&self, ep: &Endpoint, peer: PeerId) -> Span {
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return Span::none();
+        }
+        let mut spans = crate::lock(&self.0);
+        if let Some(s) = spans.get(&peer) {
+            return s.clone();
+        }
+        if spans.len() >= MAX_PEER_SPANS {
+            spans.clear();
+        }
+        let addr = ep.peer_addr(peer).map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+        let span = debug_span!("connection", %peer, %addr);
+        span.in_scope(|| debug!("first request from this peer"));
+        spans.insert(peer, span.clone());
+        span
+    }
 }
 
 /// Running server threads. Dropping the handle stops them.
@@ -447,10 +479,16 @@ where
     if let Err(e) = ep.on_request(move || p.request_queued()) {
         return Err(std::io::Error::other(e.to_string()));
     }
+    // At error level, so that warnings and errors from any worker name the server (its role
+    // and address) whatever the log level; entered once per thread, not per request.
+    let addr = ep.local_addr().map_or_else(String::new, |a| a.to_string());
+    let span = tracing::error_span!("server", role = name, %addr);
     (0..workers.max(1))
         .map(|i| {
             let (ep, stop, handle, pool) = (ep.clone(), stop.clone(), handle.clone(), pool.clone());
+            let span = span.clone();
             std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
+                let _server = span.enter();
                 loop {
                     match pool.role(&stop) {
                         Role::Stop => break,
