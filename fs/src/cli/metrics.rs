@@ -6,10 +6,10 @@
 //! report) and are read once per scrape, so no registry is needed either.
 //!
 //! The responder is one thread serving one connection at a time: a scraper that sends too
-//! much, too slowly or nothing at all is cut off by the request size limit and the read
-//! timeout, so it holds at most [`MAX_REQUEST`] bytes and delays the next scrape by at most
-//! [`IO_TIMEOUT`] (twice, counting the reply) — it never grows memory or reaches the server's
-//! request path.
+//! much, too slowly or nothing at all is cut off by the request size limit and one deadline
+//! for the whole request head, so it holds at most [`MAX_REQUEST`] bytes (plus one read) and
+//! delays the next scrape by at most [`IO_TIMEOUT`] to send its request and as long again to
+//! take the reply; it never grows memory or reaches the server's request path.
 
 use anyhow::{Context, Result};
 use ionet::Endpoint;
@@ -107,7 +107,6 @@ fn parse(head: &[u8]) -> Asked {
 
 /// Reads one request head from `s` (bounded in size and time) and answers it.
 fn answer(mut s: TcpStream, body: impl FnOnce() -> String) -> std::io::Result<()> {
-    s.set_read_timeout(Some(IO_TIMEOUT))?;
     s.set_write_timeout(Some(IO_TIMEOUT))?;
     let deadline = Instant::now() + IO_TIMEOUT;
     let mut head = Vec::with_capacity(512);
@@ -119,10 +118,13 @@ fn answer(mut s: TcpStream, body: impl FnOnce() -> String) -> std::io::Result<()
         if head.len() > MAX_REQUEST {
             return reply(&mut s, "431 Request Header Fields Too Large", "request too large\n", false);
         }
-        // A scraper trickling a byte per timeout would otherwise hold the responder forever.
-        if Instant::now() >= deadline {
+        // One deadline for the whole head: a scraper trickling a byte at a time would
+        // otherwise hold the responder as long as it likes.
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
             return reply(&mut s, "408 Request Timeout", "request too slow\n", false);
         }
+        s.set_read_timeout(Some(left))?;
         match s.read(&mut chunk) {
             Ok(0) => return Ok(()),
             Ok(n) => head.extend_from_slice(&chunk[..n]),
