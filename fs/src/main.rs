@@ -168,4 +168,13 @@ mod tests {
         use clap::CommandFactory;
         super::Cli::command().debug_assert();
     }
+
+    /// `mount` is in the help only where it can work.
+    #[test]
+    fn mount_is_listed_only_with_fuse() {
+        use clap::CommandFactory;
+        let cmd = super::Cli::command();
+        let mount = cmd.find_subcommand("mount").expect("mount parses in every build");
+        assert_eq!(mount.is_hide_set(), cfg!(not(feature = "fuse")));
+    }
 }
