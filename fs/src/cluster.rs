@@ -4,7 +4,8 @@
 //!
 //! Each server is `stripefs serve --io I …` or `stripefs serve --meta …` with
 //! `--exit-with-parent` (the child exits when its stdin — a pipe from the launcher — closes, so
-//! servers never outlive a launcher that died) and prints `LISTEN <address>` once it is bound.
+//! servers never outlive a launcher that died) and prints `LISTEN <address>` once it is bound
+//! (after `METRICS <address>` when it serves metrics, see [`LocalClusterOptions::metrics`]).
 //! The io servers start first on their own ports (port 0 = any), then the meta server with a
 //! cluster file naming them; the launcher then writes `<data_dir>/cluster.toml` with every real
 //! address, which is what clients load. The cluster key is generated once and kept in

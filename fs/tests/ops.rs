@@ -199,3 +199,36 @@ fn the_debug_log_tells_each_request_under_its_server_and_peer() {
     assert!(out.status.success());
     assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A local cluster given a metrics port puts the meta server on it and io server I on the
+/// port + 1 + I, each labelled with its role and index.
+#[test]
+fn a_local_cluster_takes_consecutive_metrics_ports() {
+    // Three consecutive free ports (checked just before; another process could still take
+    // one, which fails the cluster's start loudly rather than passing wrongly).
+    let base = (0..50)
+        .find_map(|_| {
+            let first = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+            let p = first.local_addr().ok()?.port();
+            let rest: Vec<_> = (1..3)
+                .map(|k| std::net::TcpListener::bind(("127.0.0.1", p.checked_add(k)?)).ok())
+                .collect::<Option<_>>()?;
+            drop((first, rest));
+            Some(p)
+        })
+        .expect("three consecutive free ports");
+    let tc =
+        TestCluster::start_with("tcp", 2, |o| o.metrics = Some(SocketAddr::from(([127, 0, 0, 1], base))));
+    let ports: Vec<u16> = [ServerId::Meta, ServerId::Io(0), ServerId::Io(1)]
+        .iter()
+        .map(|&id| tc.cluster.metrics_addr(id).expect("serves metrics").port())
+        .collect();
+    assert_eq!(ports, [base, base + 1, base + 2]);
+    let meta = scrape(SocketAddr::from(([127, 0, 0, 1], base)));
+    assert_eq!(get(&meta, "stripefs_build_info", &[r#"role="meta""#]), 1.0);
+    for i in 0..2u16 {
+        let io = scrape(SocketAddr::from(([127, 0, 0, 1], base + 1 + i)));
+        let labels = [r#"role="io""#, &*format!(r#"index="{i}""#)];
+        assert_eq!(get(&io, "stripefs_io_writes_total", &labels), 0.0);
+    }
+}
