@@ -537,4 +537,18 @@ fn a_read_only_background_mount_serves_reads_and_refuses_changes() {
     assert_eq!(c.readdir("/").unwrap().len(), 2);
     run(Command::new("umount").arg(&mnt));
     assert!(!mounted(&mnt));
+    // A background mount that fails before it is live (here: no cluster file to load) fails
+    // the command with its reason, instead of returning as if it were mounted.
+    let out = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .arg("--cluster")
+        .arg(tc.dir.path().join("missing.toml"))
+        .args(["mount", "-b"])
+        .arg(&mnt)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("before it was live") && err.contains("missing.toml"), "{err}");
+    assert!(!mounted(&mnt));
 }

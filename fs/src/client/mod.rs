@@ -457,9 +457,10 @@ impl Client {
     /// The span of a request to io server `server` (a child of its connection span): `op`, and
     /// where the request is about an object, its handle and the extent it moves.
     fn io_span(&self, server: usize, id: u64, req: &IoRequest) -> Traced {
-        let parent = self.inner.io_spans.get(server).cloned().unwrap_or_else(Span::none);
+        let none = Span::none();
+        let parent = self.inner.io_spans.get(server).unwrap_or(&none);
         let traced = Traced::new(debug_span!(
-            parent: &parent,
+            parent: parent,
             "request",
             id,
             op = req.kind(),
