@@ -106,6 +106,10 @@ fn metrics_count_what_clients_did_and_survive_hostile_scrapers() {
         assert!(d("ionet_bytes_sent_total") >= (len / 2) as f64);
         assert!(d("ionet_messages_received_total") >= 3.0);
         assert!(get(&after, "ionet_peers_connected", &labels) >= 1.0);
+        assert!(
+            !after.keys().any(|k| k.contains(r#"endpoint="io_servers""#)),
+            "an io server has one endpoint"
+        );
         written += w;
     }
     assert_eq!(written, len as f64);
@@ -115,8 +119,18 @@ fn metrics_count_what_clients_did_and_survive_hostile_scrapers() {
     assert_eq!(get(&meta_after, "stripefs_meta_directories", &m), 1.0, "the root");
     let meta_requests = get(&meta_after, "stripefs_requests_total", &m);
     assert!(meta_requests > get(&meta_before, "stripefs_requests_total", &m));
-    // Its connections to the io servers and from the client.
-    assert!(get(&meta_after, "ionet_connections_total", &m) >= 1.0);
+    // Its endpoint for clients received their requests; the one to the io servers connected
+    // to both and sent each its object's create.
+    let serve = [r#"role="meta""#, r#"endpoint="serve""#];
+    let delta =
+        |name: &str, labels: &[&str]| get(&meta_after, name, labels) - get(&meta_before, name, labels);
+    assert!(
+        delta("ionet_messages_received_total", &serve)
+            >= meta_requests - get(&meta_before, "stripefs_requests_total", &m)
+    );
+    let up = [r#"role="meta""#, r#"endpoint="io_servers""#];
+    assert!(get(&meta_after, "ionet_connections_total", &up) >= 2.0);
+    assert!(delta("ionet_messages_sent_total", &up) >= 2.0);
 
     // Hostile scrapers: a request head past the limit, garbage, a wrong path and method, and
     // one that never finishes its head; each is answered or cut off, and then a scrape works.

@@ -49,6 +49,7 @@ pub fn start(
     addr: SocketAddr,
     role: Role,
     ep: Endpoint,
+    upstream: Option<Endpoint>,
     report: impl Fn() -> Option<ServerReport> + Send + 'static,
 ) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr).with_context(|| format!("binding the metrics address {addr}"))?;
@@ -58,7 +59,7 @@ pub fn start(
             match conn {
                 Ok(s) => {
                     let peer = s.peer_addr().ok();
-                    if let Err(e) = answer(s, || render(role, &ep, report().as_ref())) {
+                    if let Err(e) = answer(s, || render(role, &ep, upstream.as_ref(), report().as_ref())) {
                         tracing::debug!(?peer, error = %e, "metrics request not answered");
                     }
                 }
@@ -190,15 +191,23 @@ impl Exposition {
     }
 }
 
-/// Every metric of the server on `ep` (see the README's metrics table).
-pub fn render(role: Role, ep: &Endpoint, report: Option<&ServerReport>) -> String {
+/// Every metric of the server serving on `ep`, and reaching other servers through `upstream`
+/// (the meta server's endpoint to the io servers); see the README's metrics table.
+pub fn render(
+    role: Role,
+    ep: &Endpoint,
+    upstream: Option<&Endpoint>,
+    report: Option<&ServerReport>,
+) -> String {
     let mut x = Exposition { out: String::with_capacity(8 * 1024), labels: role.labels() };
     x.family("stripefs_build_info", "gauge", "Always 1; the server's version in a label.");
     x.sample("stripefs_build_info", &format!(r#"version="{}""#, env!("CARGO_PKG_VERSION")), 1);
     if let Some(r) = report {
         server_metrics(&mut x, r);
     }
-    endpoint_metrics(&mut x, &ep.info());
+    let mut endpoints = vec![("serve", ep.info())];
+    endpoints.extend(upstream.map(|u| ("io_servers", u.info())));
+    endpoint_metrics(&mut x, &endpoints);
     x.out
 }
 
@@ -248,81 +257,125 @@ fn server_metrics(x: &mut Exposition, r: &ServerReport) {
     }
 }
 
-fn endpoint_metrics(x: &mut Exposition, info: &ionet::Info) {
-    let c = &info.counters;
-    x.counter("ionet_messages_sent_total", "Messages sent (sends, requests, replies).", c.msgs_sent);
-    x.counter("ionet_messages_received_total", "Messages received.", c.msgs_received);
-    x.counter("ionet_bytes_sent_total", "Payload bytes sent.", c.bytes_sent);
-    x.counter("ionet_bytes_received_total", "Payload bytes received.", c.bytes_received);
+/// How one `ionet_*` metric reads an endpoint's `info()`.
+type InfoRead = fn(&ionet::Info) -> u64;
+
+/// The `ionet_*` metrics of every endpoint: name, type, help, value.
+const ENDPOINT_METRICS: &[(&str, &str, &str, InfoRead)] = &[
+    ("ionet_messages_sent_total", "counter", "Messages sent (sends, requests, replies).", |i| {
+        i.counters.msgs_sent
+    }),
+    ("ionet_messages_received_total", "counter", "Messages received.", |i| i.counters.msgs_received),
+    ("ionet_bytes_sent_total", "counter", "Payload bytes sent.", |i| i.counters.bytes_sent),
+    ("ionet_bytes_received_total", "counter", "Payload bytes received.", |i| i.counters.bytes_received),
+    ("ionet_host_copy_bytes_total", "counter", "Payload bytes the transport copied with the CPU.", |i| {
+        i.counters.host_copy_bytes
+    }),
+    ("ionet_host_copies_total", "counter", "CPU copies of payload by the transport.", |i| {
+        i.counters.host_copies
+    }),
+    ("ionet_connections_total", "counter", "Connections established (both directions).", |i| {
+        i.counters.connections
+    }),
+    ("ionet_peers_lost_total", "counter", "Connections lost (error or peer death).", |i| {
+        i.counters.peers_lost
+    }),
+    ("ionet_protocol_errors_total", "counter", "Protocol violations by peers.", |i| {
+        i.counters.protocol_errors
+    }),
+    ("ionet_auth_failures_total", "counter", "Handshakes refused for authentication.", |i| {
+        i.counters.auth_failures
+    }),
+    ("ionet_backpressure_pauses_total", "counter", "Times a peer was paused for back-pressure.", |i| {
+        i.counters.backpressure_pauses
+    }),
+    ("ionet_access_denied_total", "counter", "One-sided accesses refused.", |i| i.counters.access_denied),
+    ("ionet_ops_completed_total", "counter", "Operations completed.", |i| i.counters.ops_completed),
+    ("ionet_ops_cancelled_total", "counter", "Operations cancelled (locally or by deadline).", |i| {
+        i.counters.ops_cancelled
+    }),
+    ("ionet_credit_messages_total", "counter", "Explicit credit messages sent.", |i| i.counters.credit_msgs),
+    ("ionet_wc_errors_total", "counter", "InfiniBand work requests completed with an error.", |i| {
+        i.counters.wc_errors
+    }),
+    ("ionet_spin_yields_total", "counter", "Times a polling driver yielded its CPU.", |i| {
+        i.counters.spin_yields
+    }),
+    ("ionet_waiter_wakeups_total", "counter", "Times a waiting thread was woken.", |i| {
+        i.counters.waiter_wakeups
+    }),
+    ("ionet_peers_connected", "gauge", "Peers known and connected now.", |i| i.peers_connected as u64),
+    ("ionet_peers", "gauge", "Peer records held, connected or not.", |i| i.gauges.peers as u64),
+    ("ionet_handshakes", "gauge", "Accepted connections still in their handshake.", |i| {
+        i.gauges.handshakes as u64
+    }),
+    ("ionet_pending_ops", "gauge", "Operations posted and not yet completed.", |i| i.pending_ops as u64),
+    ("ionet_exposures", "gauge", "Exposures registered now.", |i| i.exposures as u64),
+    ("ionet_transmit_bytes", "gauge", "Bytes queued towards peers by the transport.", |i| {
+        i.gauges.transmit_bytes as u64
+    }),
+    ("ionet_buffered_bytes", "gauge", "Bytes buffered from peers (early, unexpected, requests).", |i| {
+        i.gauges.buffered_bytes as u64
+    }),
+    ("ionet_peers_paused", "gauge", "Peers not read because of their transmit backlog.", |i| {
+        i.gauges.peers_paused as u64
+    }),
+    ("ionet_pool_in_use_bytes", "gauge", "Registered-buffer pool bytes handed out.", |i| i.pool.in_use_bytes),
+    ("ionet_pool_cached_bytes", "gauge", "Registered-buffer pool bytes held but free.", |i| {
+        i.pool.cached_bytes
+    }),
+];
+
+/// How one registration-cache metric reads the cache's figures.
+type RegcacheRead = fn(&ionet::RegcacheInfo) -> u64;
+
+/// The registration cache's metrics, of the endpoints that have one (absent, not zero,
+/// elsewhere).
+const REGCACHE_METRICS: &[(&str, &str, &str, RegcacheRead)] = &[
+    ("ionet_regcache_hits_total", "counter", "Registration cache lookups that found a registration.", |r| {
+        r.hits
+    }),
+    ("ionet_regcache_misses_total", "counter", "Registration cache lookups that had to register.", |r| {
+        r.misses
+    }),
+    ("ionet_regcache_entries", "gauge", "Registration cache entries now.", |r| r.entries as u64),
+    ("ionet_regcache_pinned_bytes", "gauge", "Bytes pinned by the registration cache now.", |r| {
+        r.pinned_bytes
+    }),
+];
+
+/// The `ionet_*` metrics of each endpoint, labelled `endpoint="<name>"`: each family declared
+/// once, with a sample per endpoint.
+fn endpoint_metrics(x: &mut Exposition, endpoints: &[(&str, ionet::Info)]) {
+    for (name, kind, help, read) in ENDPOINT_METRICS {
+        x.family(name, kind, help);
+        for (ep, info) in endpoints {
+            x.sample(name, &format!(r#"endpoint="{ep}""#), read(info));
+        }
+    }
     let name = "ionet_transfers_total";
     x.family(
         name,
         "counter",
         "Transfers by mechanism: inline (eager), fast_rdma, server_rdma (rendezvous / server-based RDMA).",
     );
-    for (m, v) in
-        [("inline", c.mech_inline), ("fast_rdma", c.mech_fast_rdma), ("server_rdma", c.mech_server_rdma)]
-    {
-        x.sample(name, &format!(r#"mechanism="{m}""#), v);
+    for (ep, info) in endpoints {
+        let c = &info.counters;
+        for (m, v) in
+            [("inline", c.mech_inline), ("fast_rdma", c.mech_fast_rdma), ("server_rdma", c.mech_server_rdma)]
+        {
+            x.sample(name, &format!(r#"endpoint="{ep}",mechanism="{m}""#), v);
+        }
     }
-    x.counter(
-        "ionet_host_copy_bytes_total",
-        "Payload bytes the transport copied with the CPU.",
-        c.host_copy_bytes,
-    );
-    x.counter("ionet_host_copies_total", "CPU copies of payload by the transport.", c.host_copies);
-    x.counter("ionet_connections_total", "Connections established (both directions).", c.connections);
-    x.counter("ionet_peers_lost_total", "Connections lost (error or peer death).", c.peers_lost);
-    x.counter("ionet_protocol_errors_total", "Protocol violations by peers.", c.protocol_errors);
-    x.counter("ionet_auth_failures_total", "Handshakes refused for authentication.", c.auth_failures);
-    x.counter(
-        "ionet_backpressure_pauses_total",
-        "Times a peer was paused for back-pressure.",
-        c.backpressure_pauses,
-    );
-    x.counter("ionet_access_denied_total", "One-sided accesses refused.", c.access_denied);
-    x.counter("ionet_ops_completed_total", "Operations completed.", c.ops_completed);
-    x.counter("ionet_ops_cancelled_total", "Operations cancelled (locally or by deadline).", c.ops_cancelled);
-    x.counter("ionet_credit_messages_total", "Explicit credit messages sent.", c.credit_msgs);
-    x.counter("ionet_wc_errors_total", "InfiniBand work requests completed with an error.", c.wc_errors);
-    x.counter("ionet_spin_yields_total", "Times a polling driver yielded its CPU.", c.spin_yields);
-    x.counter("ionet_waiter_wakeups_total", "Times a waiting thread was woken.", c.waiter_wakeups);
-    x.gauge("ionet_peers_connected", "Peers known and connected now.", info.peers_connected);
-    x.gauge("ionet_peers", "Peer records held, connected or not.", info.gauges.peers);
-    x.gauge("ionet_handshakes", "Accepted connections still in their handshake.", info.gauges.handshakes);
-    x.gauge("ionet_pending_ops", "Operations posted and not yet completed.", info.pending_ops);
-    x.gauge("ionet_exposures", "Exposures registered now.", info.exposures);
-    x.gauge(
-        "ionet_transmit_bytes",
-        "Bytes queued towards peers by the transport.",
-        info.gauges.transmit_bytes,
-    );
-    x.gauge(
-        "ionet_buffered_bytes",
-        "Bytes buffered from peers (early, unexpected, requests).",
-        info.gauges.buffered_bytes,
-    );
-    x.gauge(
-        "ionet_peers_paused",
-        "Peers not read because of their transmit backlog.",
-        info.gauges.peers_paused,
-    );
-    x.gauge("ionet_pool_in_use_bytes", "Registered-buffer pool bytes handed out.", info.pool.in_use_bytes);
-    x.gauge("ionet_pool_cached_bytes", "Registered-buffer pool bytes held but free.", info.pool.cached_bytes);
-    // Only transports with a registration cache have these; absent, not zero, elsewhere.
-    if let Some(r) = &info.regcache {
-        x.counter(
-            "ionet_regcache_hits_total",
-            "Registration cache lookups that found a registration.",
-            r.hits,
-        );
-        x.counter(
-            "ionet_regcache_misses_total",
-            "Registration cache lookups that had to register.",
-            r.misses,
-        );
-        x.gauge("ionet_regcache_entries", "Registration cache entries now.", r.entries);
-        x.gauge("ionet_regcache_pinned_bytes", "Bytes pinned by the registration cache now.", r.pinned_bytes);
+    let cached: Vec<(&str, ionet::RegcacheInfo)> =
+        endpoints.iter().filter_map(|(ep, i)| i.regcache.map(|r| (*ep, r))).collect();
+    if !cached.is_empty() {
+        for (name, kind, help, read) in REGCACHE_METRICS {
+            x.family(name, kind, help);
+            for (ep, r) in &cached {
+                x.sample(name, &format!(r#"endpoint="{ep}""#), read(r));
+            }
+        }
     }
 }
 
@@ -348,7 +401,8 @@ mod tests {
     #[test]
     fn every_family_is_declared_once_before_its_samples() {
         let ep = Endpoint::bind("tcp://127.0.0.1:0", ionet::Config::default()).unwrap();
-        let text = render(Role::Io(3), &ep, None);
+        let up = Endpoint::client(ionet::Config::default()).unwrap();
+        let text = render(Role::Io(3), &ep, Some(&up), None);
         let mut declared = std::collections::HashSet::new();
         let mut current = String::new();
         for line in text.lines() {
@@ -373,5 +427,9 @@ mod tests {
             }
         }
         assert!(declared.contains("ionet_bytes_sent_total") && declared.contains("ionet_transfers_total"));
+        for ep in ["serve", "io_servers"] {
+            let sample = format!(r#"ionet_bytes_sent_total{{role="io",index="3",endpoint="{ep}"}} 0"#);
+            assert!(text.lines().any(|l| l == sample), "{sample} in {text}");
+        }
     }
 }

@@ -145,7 +145,8 @@ fn start_metrics(a: &ServeArgs, role: Role, h: &ServerHandle) -> Result<()> {
     let Some(addr) = a.metrics else { return Ok(()) };
     let reporter = h.reporter();
     let report = move || reporter.as_ref().map(|r| r.report());
-    let bound = super::metrics::start(addr, role, h.endpoint().clone(), report)?;
+    let upstream = h.upstream().cloned();
+    let bound = super::metrics::start(addr, role, h.endpoint().clone(), upstream, report)?;
     tracing::info!(%bound, "serving metrics");
     let mut out = std::io::stdout().lock();
     writeln!(out, "METRICS {bound}")?;

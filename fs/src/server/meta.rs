@@ -180,7 +180,8 @@ impl MetaServer {
             }
         })?);
         // redb makes each commit durable itself; the drain's sync covers the rest of the directory.
-        Ok(ServerHandle::new(ep, stop, threads).syncing(db_dir).reporting(shared))
+        let upstream = shared.io_ep.clone();
+        Ok(ServerHandle::new(ep, stop, threads).syncing(db_dir).reporting(shared).with_upstream(upstream))
     }
 }
 

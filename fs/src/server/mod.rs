@@ -244,6 +244,9 @@ pub struct ServerHandle {
     data_dir: Option<std::path::PathBuf>,
     /// The server's own counters, for [`ServerHandle::report`].
     reporting: Option<Arc<dyn Reporting>>,
+    /// The endpoint the server reaches other servers through (the meta server's to the io
+    /// servers), for its counters.
+    upstream: Option<Endpoint>,
 }
 
 /// How a [`ServerHandle::drain`] went.
@@ -257,7 +260,19 @@ pub struct Drained {
 
 impl ServerHandle {
     pub(crate) fn new(ep: Endpoint, stop: Arc<AtomicBool>, threads: Vec<JoinHandle<()>>) -> Self {
-        ServerHandle { ep, stop, threads, data_dir: None, reporting: None }
+        ServerHandle { ep, stop, threads, data_dir: None, reporting: None, upstream: None }
+    }
+
+    /// [`ServerHandle::upstream`] is `ep`.
+    pub(crate) fn with_upstream(mut self, ep: Endpoint) -> Self {
+        self.upstream = Some(ep);
+        self
+    }
+
+    /// The endpoint the server reaches other servers through, if it has one of its own (the
+    /// meta server's to the io servers), for its counters.
+    pub fn upstream(&self) -> Option<&Endpoint> {
+        self.upstream.as_ref()
     }
 
     /// [`ServerHandle::report`] asks `r`.
