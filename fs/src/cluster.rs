@@ -4,7 +4,8 @@
 //!
 //! Each server is `stripefs serve --io I …` or `stripefs serve --meta …` with
 //! `--exit-with-parent` (the child exits when its stdin — a pipe from the launcher — closes, so
-//! servers never outlive a launcher that died) and prints `LISTEN <address>` once it is bound.
+//! servers never outlive a launcher that died) and prints `LISTEN <address>` once it is bound
+//! (after `METRICS <address>` when it serves metrics, see [`LocalClusterOptions::metrics`]).
 //! The io servers start first on their own ports (port 0 = any), then the meta server with a
 //! cluster file naming them; the launcher then writes `<data_dir>/cluster.toml` with every real
 //! address, which is what clients load. The cluster key is generated once and kept in
@@ -46,6 +47,10 @@ pub struct LocalClusterOptions {
     pub meta_listen: Option<Address>,
     /// Extra environment of the io servers (e.g. `IONET_INLINE_MAX` for an experiment).
     pub io_env: Vec<(String, String)>,
+    /// Serve Prometheus metrics (`serve --metrics`): the meta server on this address, io
+    /// server `i` on its port + 1 + `i` (port 0: each on any free port; see
+    /// [`LocalCluster::metrics_addr`]).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl LocalClusterOptions {
@@ -65,6 +70,7 @@ impl LocalClusterOptions {
             meta_args: Vec::new(),
             meta_listen: None,
             io_env: Vec::new(),
+            metrics: None,
         }
     }
 }
@@ -124,6 +130,8 @@ struct Proc {
     // Kept open: closing it tells the child to exit.
     _stdin: Option<ChildStdin>,
     _stdout: BufReader<ChildStdout>,
+    /// Where it serves metrics, if it does.
+    metrics: Option<std::net::SocketAddr>,
 }
 
 impl Proc {
@@ -254,13 +262,22 @@ impl LocalCluster {
         };
         let mut out = BufReader::new(out);
         let mut line = String::new();
-        let read = out.read_line(&mut line);
+        // A server serving metrics says where first; `LISTEN` comes last, once it is ready.
+        let mut metrics = None;
+        let read = loop {
+            line.clear();
+            let r = out.read_line(&mut line);
+            match line.trim().strip_prefix("METRICS ").map(str::parse) {
+                Some(Ok(m)) if metrics.is_none() => metrics = Some(m),
+                _ => break r,
+            }
+        };
         let addr = match read {
             Ok(_) => line.trim().strip_prefix("LISTEN ").and_then(|a| a.parse::<Address>().ok()),
             Err(_) => None,
         };
         match addr {
-            Some(addr) => Ok((Proc { child, _stdin: stdin, _stdout: out }, addr)),
+            Some(addr) => Ok((Proc { child, _stdin: stdin, _stdout: out, metrics }, addr)),
             None => {
                 let _ = child.kill();
                 let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
@@ -283,6 +300,10 @@ impl LocalCluster {
             self.cfg.transfer_unit.to_string(),
         ];
         args.extend(self.opts.io_args.iter().cloned());
+        if let Some(m) = self.opts.metrics {
+            let port = if m.port() == 0 { 0 } else { m.port().saturating_add(1).saturating_add(i as u16) };
+            args.extend(["--metrics".into(), std::net::SocketAddr::new(m.ip(), port).to_string()]);
+        }
         let prefix = self.opts.io_prefix.as_ref().and_then(|v| v.get(i as usize));
         self.spawn(format!("io server {i}"), prefix, args, &self.opts.io_env)
     }
@@ -296,7 +317,19 @@ impl LocalCluster {
             listen.to_string(),
         ];
         args.extend(self.opts.meta_args.iter().cloned());
+        if let Some(m) = self.opts.metrics {
+            args.extend(["--metrics".into(), m.to_string()]);
+        }
         self.spawn("meta server".into(), None, args, &[])
+    }
+
+    /// Where server `id` serves metrics (see [`LocalClusterOptions::metrics`]); `None` if it
+    /// does not, or is not running.
+    pub fn metrics_addr(&self, id: ServerId) -> Option<std::net::SocketAddr> {
+        match id {
+            ServerId::Meta => self.meta.as_ref()?.metrics,
+            ServerId::Io(i) => self.io.get(i)?.as_ref()?.metrics,
+        }
     }
 
     /// The cluster as clients see it.

@@ -128,7 +128,9 @@ enum Cmd {
     /// The transport A/B benchmark suite: E1–E5, CPU, and `all` (with ionet-perf's ab,
     /// calibrate and qos) writing CSV, Markdown, SVG plots and the BENCHMARKS.md summary.
     Bench(cli::bench::BenchArgs),
-    /// Mount stripefs with FUSE (feature `fuse`).
+    /// Mount stripefs with FUSE, in the foreground (or with --background, returning once the
+    /// mount is live).
+    #[command(hide = cfg!(not(feature = "fuse")))]
     Mount(cli::cmds::MountArgs),
 }
 
@@ -172,5 +174,14 @@ mod tests {
     fn cli_is_well_formed() {
         use clap::CommandFactory;
         super::Cli::command().debug_assert();
+    }
+
+    /// `mount` is in the help only where it can work.
+    #[test]
+    fn mount_is_listed_only_with_fuse() {
+        use clap::CommandFactory;
+        let cmd = super::Cli::command();
+        let mount = cmd.find_subcommand("mount").expect("mount parses in every build");
+        assert_eq!(mount.is_hide_set(), cfg!(not(feature = "fuse")));
     }
 }

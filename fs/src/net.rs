@@ -251,6 +251,31 @@ pub fn random_bytes(n: usize) -> io::Result<Vec<u8>> {
     Ok(v)
 }
 
+/// A request's `request` span and start time, to log its outcome and how long it took; the
+/// clock is read only when the span is enabled.
+pub(crate) struct Traced {
+    pub(crate) span: tracing::Span,
+    start: Option<std::time::Instant>,
+}
+
+impl Traced {
+    pub(crate) fn new(span: tracing::Span) -> Self {
+        let start = (!span.is_disabled()).then(std::time::Instant::now);
+        Traced { span, start }
+    }
+
+    /// Logs the request's outcome (at debug, inside its span): for a server, once served; for
+    /// a client, once answered.
+    pub(crate) fn done(&self, result: impl std::fmt::Display) {
+        if let Some(t) = self.start {
+            let elapsed_us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
+            self.span.record("result", tracing::field::display(&result));
+            self.span.record("elapsed_us", elapsed_us);
+            tracing::debug!(parent: &self.span, "done");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

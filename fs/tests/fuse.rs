@@ -453,3 +453,98 @@ fn an_unlinked_open_file_lives_until_its_last_close() {
     (&held).read_to_string(&mut back).unwrap();
     assert_eq!(back, "again");
 }
+
+/// Unmounts `dir` when dropped if it is still mounted (a background mount has no child to
+/// kill: its server exits on the unmount).
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        if mounted(&self.0) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+}
+
+/// `mount --background -o ro`: the command returns only once the mount is live (it is there
+/// the moment the command exits, without waiting), reads work, every kind of change fails
+/// with `EROFS`, and the library's view of the cluster is unchanged by the attempts.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_read_only_background_mount_serves_reads_and_refuses_changes() {
+    let tc = TestCluster::start("tcp", 2);
+    let c = tc.client();
+    let data = pattern(300_000, 4);
+    let f = c.create("/f.bin", stripefs::CreateOptions { mode: 0o644, layout: None }).unwrap();
+    f.write_at(0, &data).unwrap();
+    c.mkdir("/d", 0o755).unwrap();
+    let mnt = tc.dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .arg("--cluster")
+        .arg(tc.cluster.config_path())
+        .args(["mount", "--background", "-o", "ro", "--threads", "2"])
+        .arg(&mnt)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let _guard = Unmount(mnt.clone());
+    assert!(out.status.success(), "mount --background: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(mounted(&mnt), "the mount is live when the command returns");
+    let opts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let line = opts.lines().find(|l| l.split(' ').nth(1) == mnt.to_str()).unwrap().to_owned();
+    assert!(line.split(' ').nth(3).unwrap().split(',').any(|o| o == "ro"), "{line}");
+    // Reads.
+    assert_eq!(std::fs::read(mnt.join("f.bin")).unwrap(), &data[..]);
+    let names: Vec<String> =
+        std::fs::read_dir(&mnt).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    // Changes.
+    let erofs = |what: &str, r: std::io::Result<()>| {
+        let e = r.expect_err(what);
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{what}: {e}");
+    };
+    let open_rw = |p: &Path| std::fs::OpenOptions::new().write(true).open(p).map(drop);
+    erofs("write", open_rw(&mnt.join("f.bin")));
+    erofs("create", std::fs::write(mnt.join("new.bin"), b"x"));
+    erofs("mkdir", std::fs::create_dir(mnt.join("e")));
+    erofs("unlink", std::fs::remove_file(mnt.join("f.bin")));
+    erofs("rmdir", std::fs::remove_dir(mnt.join("d")));
+    erofs("rename", std::fs::rename(mnt.join("f.bin"), mnt.join("g.bin")));
+    erofs("symlink", std::os::unix::fs::symlink("f.bin", mnt.join("l")));
+    erofs(
+        "chmod",
+        std::fs::set_permissions(mnt.join("f.bin"), std::os::unix::fs::PermissionsExt::from_mode(0o600)),
+    );
+    erofs(
+        "truncate",
+        std::fs::File::open(mnt.join("f.bin")).and_then(|f| f.set_len(0)).map_err(|e| {
+            // ftruncate on a descriptor opened read-only is EINVAL whatever the mount; go by path.
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                nix::unistd::truncate(&mnt.join("f.bin"), 0).map_err(std::io::Error::from).unwrap_err()
+            } else {
+                e
+            }
+        }),
+    );
+    // Nothing changed behind the mount.
+    let st = c.stat("/f.bin").unwrap();
+    assert_eq!((st.attr.size, st.attr.mode & 0o7777), (data.len() as u64, 0o644));
+    assert_eq!(c.readdir("/").unwrap().len(), 2);
+    run(Command::new("umount").arg(&mnt));
+    assert!(!mounted(&mnt));
+    // A background mount that fails before it is live (here: no cluster file to load) fails
+    // the command with its reason, instead of returning as if it were mounted.
+    let out = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .arg("--cluster")
+        .arg(tc.dir.path().join("missing.toml"))
+        .args(["mount", "-b"])
+        .arg(&mnt)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("before it was live") && err.contains("missing.toml"), "{err}");
+    assert!(!mounted(&mnt));
+}

@@ -5,6 +5,7 @@ pub mod cmds;
 pub mod demo;
 mod dest;
 pub mod init;
+pub mod metrics;
 pub mod serve;
 pub mod status;
 
@@ -12,11 +13,17 @@ use anyhow::{Context, Result};
 use std::path::PathBuf;
 use stripefs::config::ClusterConfig;
 
-/// Logs to stderr, filtered by `RUST_LOG` (default: warnings).
+/// Logs to stderr, filtered by `RUST_LOG` (default: warnings); colours only on a terminal, so
+/// a log file or the journal gets plain text.
 pub fn init_tracing() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
 }
 
 /// How a command prints: for people, with sizes in binary units (`1.5 MiB`); with `--bytes`,

@@ -1,5 +1,6 @@
 //! `stripefs serve`.
 
+use super::metrics::Role;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ionet::{Address, Scheme, WaitMode};
@@ -74,6 +75,11 @@ pub struct ServeArgs {
     /// server fails them and exits (e.g. 5s, 500ms).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     drain_timeout: Duration,
+    /// Serve Prometheus metrics (text format 0.0.4) on `http://HOST:PORT/metrics` (port 0: any;
+    /// the bound address is printed as `METRICS <addr>` before `LISTEN`). A local cluster gives
+    /// the meta server PORT and io server I PORT+1+I (with port 0, each any port).
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics: Option<std::net::SocketAddr>,
     /// Exit when standard input closes (used by launchers so servers never outlive them).
     #[arg(long, hide = true)]
     exit_with_parent: bool,
@@ -135,10 +141,32 @@ fn sd_notify(state: &str) {
     }
 }
 
+/// Starts the metrics responder for `h` if asked to, and prints its address (before `LISTEN`,
+/// which tells launchers the server is ready).
+fn start_metrics(a: &ServeArgs, role: Role, h: &ServerHandle) -> Result<()> {
+    let Some(addr) = a.metrics else { return Ok(()) };
+    let reporter = h.reporter();
+    let report = move || reporter.as_ref().map(|r| r.report());
+    let upstream = h.upstream().cloned();
+    let bound = super::metrics::start(addr, role, h.endpoint().clone(), upstream, report)?;
+    tracing::info!(%bound, "serving metrics");
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "METRICS {bound}")?;
+    out.flush()?;
+    Ok(())
+}
+
 /// Serves until told to stop (see [`stop_requests`]), then drains `h`: no new requests,
 /// those being served finish within `timeout` or fail, the data is synced. Returns normally
 /// (exit status 0) unless the sync failed.
-fn serve_until_stopped(h: ServerHandle, stop: &mpsc::Receiver<()>, timeout: Duration) -> Result<()> {
+fn serve_until_stopped(
+    a: &ServeArgs,
+    role: Role,
+    h: ServerHandle,
+    stop: &mpsc::Receiver<()>,
+    timeout: Duration,
+) -> Result<()> {
+    start_metrics(a, role, &h)?;
     announce(h.local_addr())?;
     sd_notify("READY=1");
     let _ = stop.recv();
@@ -183,7 +211,7 @@ pub fn run(a: ServeArgs, cluster: Option<PathBuf>) -> Result<()> {
         m.workers = a.workers;
         m.wait_mode = wait_mode(&a.wait);
         let h = MetaServer::start(m)?;
-        return serve_until_stopped(h, &stop, a.drain_timeout);
+        return serve_until_stopped(&a, Role::Meta, h, &stop, a.drain_timeout);
     }
     run_local_cluster(&a, cfg, &stop)
 }
@@ -221,7 +249,7 @@ fn run_io(a: &ServeArgs, i: u32, cfg: Option<&ClusterConfig>, stop: &mpsc::Recei
         s.ib = Some(ionet::IbConfig::default().recv_size(n));
     }
     let h = IoServer::start(s)?;
-    serve_until_stopped(h, stop, a.drain_timeout)
+    serve_until_stopped(a, Role::Io(i), h, stop, a.drain_timeout)
 }
 
 fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>, stop: &mpsc::Receiver<()>) -> Result<()> {
@@ -269,6 +297,7 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>, stop: &mpsc::Rec
     opts.meta_args =
         vec!["--cap-lifetime".into(), a.cap_lifetime.to_string(), "--wait".into(), a.wait.clone()];
     opts.meta_args.extend(["--drain-timeout".into(), drain]);
+    opts.metrics = a.metrics;
     let mut c = LocalCluster::start(opts)?;
     let path = std::fs::canonicalize(c.config_path()).unwrap_or_else(|_| c.config_path().to_owned());
     println!(
@@ -276,6 +305,14 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>, stop: &mpsc::Rec
         c.config().meta,
         c.config().io_servers.len()
     );
+    if a.metrics.is_some() {
+        let ids = std::iter::once(ServerId::Meta).chain((0..c.config().io_servers.len()).map(ServerId::Io));
+        for id in ids {
+            if let Some(m) = c.metrics_addr(id) {
+                println!("metrics of the {id}: http://{m}/metrics");
+            }
+        }
+    }
     println!("cluster file: {}", path.display());
     println!("use it with: export STRIPEFS_CLUSTER={}", path.display());
     println!("Ctrl-C stops it (SIGTERM too); a server that dies is started again.");

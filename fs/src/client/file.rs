@@ -239,13 +239,15 @@ impl File {
         self.written.store(true, Ordering::Release);
         self.with_cap(|cap| {
             let c = &self.client;
+            let mut spans = Vec::with_capacity(batches.len());
             let posted: Vec<FsResult<(OpId, u64, u64)>> = batches
                 .iter()
                 .map(|b| {
-                    let peer =
-                        *c.inner.io.get(b.server).ok_or_else(|| FsError::Invalid("server index".into()))?;
                     let id = c.id();
                     let req = IoRequest::Write { cap: cap.clone(), desc: b.desc.clone() };
+                    spans.push(c.io_span(b.server, id, &req));
+                    let peer =
+                        *c.inner.io.get(b.server).ok_or_else(|| FsError::Invalid("server index".into()))?;
                     let header = proto::encode(&Envelope::new(id, req))?;
                     let list: Vec<Bytes> = b
                         .segments
@@ -267,7 +269,7 @@ impl File {
                 .collect();
             let mut first_err = None;
             let mut total = 0u64;
-            for (b, p) in batches.iter().zip(posted) {
+            for ((b, p), traced) in batches.iter().zip(posted).zip(&spans) {
                 let r = p.and_then(|(op, id, want)| {
                     let comp = c.wait_io(op).map_err(c.at_io(b.server))?;
                     match Client::reply::<IoReply>(&comp, id).map_err(c.at_io(b.server))? {
@@ -275,6 +277,7 @@ impl File {
                         r => Err(FsError::UnexpectedReply(format!("{r:?} for a {want}-byte write"))),
                     }
                 });
+                traced.done(super::Outcome(&r));
                 match r {
                     Ok(n) => total += n,
                     Err(e) => {
@@ -329,10 +332,12 @@ impl File {
             Err(e) => return (None, Err(e)),
         };
         let mut posted = Vec::with_capacity(batches.len());
+        let mut spans = Vec::with_capacity(batches.len());
         for (i, b) in batches.iter().enumerate() {
+            let id = c.id();
+            let req = IoRequest::Read { cap: cap.clone(), desc: b.desc.clone() };
+            spans.push(c.io_span(b.server, id, &req));
             let r = (|| {
-                let id = c.id();
-                let req = IoRequest::Read { cap: cap.clone(), desc: b.desc.clone() };
                 let header = proto::encode(&Envelope::new(id, req))?;
                 let peer =
                     *c.inner.io.get(b.server).ok_or_else(|| FsError::Invalid("server index".into()))?;
@@ -358,6 +363,7 @@ impl File {
                     r => Err(FsError::UnexpectedReply(format!("{r:?} for a {}-byte read", batches[i].bytes))),
                 }
             });
+            spans[i].done(super::Outcome(&r));
             match r {
                 Ok(ls) => sizes.push((i, ls)),
                 Err(e) => {

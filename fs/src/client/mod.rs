@@ -23,7 +23,7 @@ use crate::capability::{Capability, Rights};
 use crate::config::ClusterConfig;
 use crate::errno::Errno;
 use crate::layout::{Extent, Layout, ListIo, ServerPieces, View};
-use crate::net::{FsError, FsResult, TAG_IO, TAG_META};
+use crate::net::{FsError, FsResult, TAG_IO, TAG_META, Traced};
 use crate::proto::{
     self, Attr, Descriptor, DirEntry, Envelope, FileKind, FsStats, Handle, IoReply, IoRequest, LayoutSpec,
     MetaReply, MetaRequest, Name, ProtoError, SetAttr, SetTime,
@@ -34,7 +34,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tracing::debug;
+use tracing::field::{Empty, display};
+use tracing::{Span, debug, debug_span};
 
 /// Default cap on the data of one read request to one server over `tcp://`. A read with more
 /// for one server goes as several requests, all posted at once. Over tcp this raised E1's
@@ -163,6 +164,10 @@ struct Inner {
     /// How errors name the meta server and each io server (role and address).
     meta_name: String,
     io_names: Vec<String>,
+    /// The debug log's `connection` span of the meta server and of each io server (role,
+    /// index, address); each request's span is a child of its server's.
+    meta_span: Span,
+    io_spans: Vec<Span>,
     next_id: AtomicU64,
     opts: ClientOptions,
     limits: RequestLimits,
@@ -279,6 +284,21 @@ pub struct ClusterStatus {
     pub io: Vec<ServerState>,
 }
 
+/// A request posted (its op and request id), or why it was not.
+type Posted = FsResult<(OpId, u64)>;
+
+/// A request's outcome in the debug log: `ok`, or the error.
+struct Outcome<'a, T>(&'a FsResult<T>);
+
+impl<T> std::fmt::Display for Outcome<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Ok(_) => f.write_str("ok"),
+            Err(e) => write!(f, "{e}"),
+        }
+    }
+}
+
 /// One request to one io server, ready to post.
 #[derive(Debug)]
 struct Batch {
@@ -311,6 +331,16 @@ impl Client {
         let info = ep.info();
         let limits = opts.request_limits(info.scheme, info.max_message as u64);
         let io_names = cfg.io_servers.iter().enumerate().map(|(i, a)| crate::net::io_server_name(i, a));
+        let meta_span = debug_span!(parent: None, "connection", role = "meta", addr = %cfg.meta);
+        let io_spans: Vec<Span> = cfg
+            .io_servers
+            .iter()
+            .enumerate()
+            .map(|(i, a)| debug_span!(parent: None, "connection", role = "io", index = i, addr = %a))
+            .collect();
+        for s in std::iter::once(&meta_span).chain(&io_spans) {
+            debug!(parent: s, "connecting");
+        }
         let cred = Arc::new(proto::Cred::new(opts.uid, opts.gid, opts.groups.clone()));
         Ok(Client {
             cred,
@@ -320,6 +350,8 @@ impl Client {
                 io,
                 meta_name: crate::net::meta_server_name(&cfg.meta),
                 io_names: io_names.collect(),
+                meta_span,
+                io_spans,
                 next_id: AtomicU64::new(1),
                 opts,
                 limits,
@@ -397,13 +429,56 @@ impl Client {
 
     fn meta_call(&self, req: MetaRequest) -> FsResult<MetaReply> {
         let id = self.id();
+        let traced = Traced::new(debug_span!(
+            parent: &self.inner.meta_span,
+            "request",
+            id,
+            op = req.kind(),
+            handle = Empty,
+            result = Empty,
+            elapsed_us = Empty,
+        ));
+        if !traced.span.is_disabled()
+            && let Some(h) = req.subject()
+        {
+            traced.span.record("handle", display(h));
+        }
         let bytes = proto::encode(&Envelope::new(id, proto::MetaCall { cred: (*self.cred).clone(), req }))?;
-        (|| {
+        let r = (|| {
             let op = self.post(self.inner.meta, TAG_META, bytes, Payload::None, ServiceLevel::Control, 0)?;
             let c = self.inner.ep.wait(op)?;
             Self::reply::<MetaReply>(&c, id)
         })()
-        .map_err(|e| e.at(|| self.inner.meta_name.clone()))
+        .map_err(|e| e.at(|| self.inner.meta_name.clone()));
+        traced.done(Outcome(&r));
+        r
+    }
+
+    /// The span of a request to io server `server` (a child of its connection span): `op`, and
+    /// where the request is about an object, its handle and the extent it moves.
+    fn io_span(&self, server: usize, id: u64, req: &IoRequest) -> Traced {
+        let none = Span::none();
+        let parent = self.inner.io_spans.get(server).unwrap_or(&none);
+        let traced = Traced::new(debug_span!(
+            parent: parent,
+            "request",
+            id,
+            op = req.kind(),
+            handle = Empty,
+            off = Empty,
+            len = Empty,
+            result = Empty,
+            elapsed_us = Empty,
+        ));
+        if !traced.span.is_disabled() {
+            if let Some(cap) = req.cap() {
+                traced.span.record("handle", display(cap.handle));
+            }
+            if let Some((off, len)) = req.extent() {
+                traced.span.record("off", off).record("len", len);
+            }
+        }
+        traced
     }
 
     /// Names io server `server` in a transport failure of a request to it.
@@ -851,27 +926,31 @@ impl Client {
 
     /// Sends a small request (no payload) to each listed absolute server at once.
     fn io_small(&self, reqs: Vec<(usize, IoRequest)>) -> Vec<FsResult<IoReply>> {
-        let posted: Vec<(usize, FsResult<(OpId, u64)>)> = reqs
+        let posted: Vec<(usize, Traced, Posted)> = reqs
             .into_iter()
             .map(|(server, req)| {
+                let id = self.id();
+                let traced = self.io_span(server, id, &req);
                 let r = (|| {
                     let peer =
                         *self.inner.io.get(server).ok_or_else(|| FsError::Invalid("server index".into()))?;
-                    let id = self.id();
                     let bytes = proto::encode(&Envelope::new(id, req))?;
                     Ok((self.post(peer, TAG_IO, bytes, Payload::None, ServiceLevel::Control, 0)?, id))
                 })();
-                (server, r)
+                (server, traced, r)
             })
             .collect();
         posted
             .into_iter()
-            .map(|(server, p)| {
-                p.and_then(|(op, id)| {
-                    let c = self.inner.ep.wait(op)?;
-                    Self::reply::<IoReply>(&c, id)
-                })
-                .map_err(self.at_io(server))
+            .map(|(server, traced, p)| {
+                let r = p
+                    .and_then(|(op, id)| {
+                        let c = self.inner.ep.wait(op)?;
+                        Self::reply::<IoReply>(&c, id)
+                    })
+                    .map_err(self.at_io(server));
+                traced.done(Outcome(&r));
+                r
             })
             .collect()
     }

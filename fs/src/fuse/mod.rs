@@ -58,6 +58,22 @@ pub struct StripeFuse {
     hidden_dir: Mutex<Option<Handle>>,
     /// This host's name, for hidden names.
     host: String,
+    /// Refuse every change with `EROFS` (a read-only mount; the kernel refuses most of them
+    /// itself, this covers whatever reaches the file system anyway).
+    read_only: bool,
+    /// Told once the kernel has initialised the mount (see [`mount_notify`]).
+    on_ready: Ready,
+}
+
+/// What to run once the mount is live (in a mutex only because the file system is shared
+/// between threads; it runs once).
+#[derive(Default)]
+struct Ready(Mutex<Option<Box<dyn FnOnce() + Send>>>);
+
+impl std::fmt::Debug for Ready {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Ready")
+    }
 }
 
 /// An open file and the flags it was opened with.
@@ -239,7 +255,20 @@ impl StripeFuse {
             opened: unlinked::Opened::default(),
             hidden_dir: Mutex::new(None),
             host: unlinked::host(),
+            read_only: false,
+            on_ready: Ready::default(),
         }
+    }
+
+    /// Refuses every change with `EROFS`.
+    pub fn read_only(mut self, ro: bool) -> Self {
+        self.read_only = ro;
+        self
+    }
+
+    /// `EROFS` if this mount is read-only.
+    fn writable(&self) -> Result<(), fuser::Errno> {
+        if self.read_only { Err(fuser::Errno::from_i32(libc::EROFS)) } else { Ok(()) }
     }
 
     /// The directory of hidden names, made (0700, the mounting user's) if `create`.
@@ -393,6 +422,14 @@ impl StripeFuse {
 }
 
 impl Filesystem for StripeFuse {
+    fn init(&mut self, _req: &Request, _config: &mut fuser::KernelConfig) -> std::io::Result<()> {
+        let ready = lock(&self.on_ready.0).take();
+        if let Some(ready) = ready {
+            ready();
+        }
+        Ok(())
+    }
+
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         self.entry(name(n).and_then(|n| self.as_caller(req).lookup(Handle(parent.0), n)), reply);
     }
@@ -422,6 +459,9 @@ impl Filesystem for StripeFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        if let Err(e) = self.writable() {
+            return reply.error(e);
+        }
         let set = SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
@@ -442,6 +482,9 @@ impl Filesystem for StripeFuse {
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        if let Err(e) = self.writable() {
+            return reply.error(e);
+        }
         let c = self.as_caller(req);
         self.entry(name(n).and_then(|n| c.mkdir_in(Handle(parent.0), n, mode & !umask)), reply);
     }
@@ -456,6 +499,9 @@ impl Filesystem for StripeFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        if let Err(e) = self.writable() {
+            return reply.error(e);
+        }
         let c = self.as_caller(req);
         let perm = mode & !umask & 0o7777;
         let r = name(n).and_then(|n| match mknod_kind(mode, rdev)? {
@@ -469,6 +515,9 @@ impl Filesystem for StripeFuse {
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, n: &OsStr, target: &Path, reply: ReplyEntry) {
+        if let Err(e) = self.writable() {
+            return reply.error(e);
+        }
         let target =
             target.to_str().ok_or_else(|| FsError::code(crate::Errno::EINVAL, "link targets are UTF-8"));
         let c = self.as_caller(req);
@@ -484,12 +533,18 @@ impl Filesystem for StripeFuse {
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        if let Err(e) = self.writable() {
+            return reply.error(e);
+        }
         let h = Handle(ino.0);
         let r = name(newname).and_then(|n| self.as_caller(req).link_in(h, Handle(newparent.0), n));
         self.entry(r.map(|a| (h, a)), reply);
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        if let Err(e) = self.writable() {
+            return reply.error(e);
+        }
         let c = self.as_caller(req);
         let r = name(n).and_then(|n| {
             let kept = self.keep_if_open(&c, Handle(parent.0), n);
@@ -502,6 +557,9 @@ impl Filesystem for StripeFuse {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        if let Err(e) = self.writable() {
+            return reply.error(e);
+        }
         match name(n).and_then(|n| self.as_caller(req).rmdir_in(Handle(parent.0), n)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
@@ -518,6 +576,9 @@ impl Filesystem for StripeFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        if let Err(e) = self.writable() {
+            return reply.error(e);
+        }
         if !flags.is_empty() {
             // RENAME_NOREPLACE / EXCHANGE are not supported; callers fall back to plain rename.
             reply.error(fuser::Errno::EINVAL);
@@ -537,6 +598,10 @@ impl Filesystem for StripeFuse {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let changes = flags.0 & libc::O_ACCMODE != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
+        if changes && let Err(e) = self.writable() {
+            return reply.error(e);
+        }
         match self.as_caller(req).open_handle(Handle(ino.0), open_rights(flags.0)) {
             Ok(f) => reply.opened(self.remember(f, flags.0), FopenFlags::FOPEN_DIRECT_IO),
             Err(e) => reply.error(errno(&e)),
@@ -573,6 +638,9 @@ impl Filesystem for StripeFuse {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
+        if let Err(e) = self.writable() {
+            return reply.error(e);
+        }
         let Some(o) = self.open_file(fh) else { return reply.error(fuser::Errno::EBADF) };
         // The write's flags are the file's, plus RWF_SYNC / RWF_DSYNC of this write on kernels
         // that pass them; the open's flags are kept too, in case a kernel passes none.
@@ -624,6 +692,9 @@ impl Filesystem for StripeFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        if let Err(e) = self.writable() {
+            return reply.error(e);
+        }
         let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
         if mode != 0 {
             // Punching holes, zeroing and collapsing ranges are not offered.
@@ -711,6 +782,9 @@ impl Filesystem for StripeFuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        if let Err(e) = self.writable() {
+            return reply.error(e);
+        }
         let opts = CreateOptions { mode: mode & !umask & 0o7777, layout: None };
         match name(n).and_then(|n| self.as_caller(req).create_in(Handle(parent.0), n, opts)) {
             Ok(f) => {
@@ -731,17 +805,31 @@ pub struct MountOptions {
     /// the kernel and the meta server check each one's permissions. A user other than root
     /// may mount so only if `/etc/fuse.conf` has `user_allow_other`.
     pub allow_other: bool,
+    /// Mount read-only (FUSE's `ro`): the kernel refuses changes with `EROFS`, and so does the
+    /// file system for anything that reaches it.
+    pub read_only: bool,
 }
 
 impl Default for MountOptions {
     fn default() -> Self {
-        MountOptions { threads: 4, allow_other: false }
+        MountOptions { threads: 4, allow_other: false, read_only: false }
     }
 }
 
 /// Mounts `client`'s cluster at `mountpoint` and serves it until it is unmounted (or the
 /// process gets Ctrl-C / SIGTERM, which unmounts it).
 pub fn mount(client: Client, mountpoint: &Path, opts: MountOptions) -> std::io::Result<()> {
+    mount_notify(client, mountpoint, opts, || {})
+}
+
+/// As [`mount`], running `ready` once the kernel has initialised the mount: from then on
+/// requests to it are served (a launcher that puts the mount in the background returns then).
+pub fn mount_notify(
+    client: Client,
+    mountpoint: &Path,
+    opts: MountOptions,
+    ready: impl FnOnce() + Send + 'static,
+) -> std::io::Result<()> {
     let mut cfg = fuser::Config::default();
     cfg.mount_options = vec![
         MountOption::FSName("stripefs".into()),
@@ -750,13 +838,20 @@ pub fn mount(client: Client, mountpoint: &Path, opts: MountOptions) -> std::io::
         // a request gets here (and handles set-id bits on chown the way it does locally).
         MountOption::DefaultPermissions,
     ];
+    if opts.read_only {
+        cfg.mount_options.push(MountOption::RO);
+    }
     if opts.allow_other {
         // fuser otherwise refuses requests from anyone but the mounting user itself.
         cfg.acl = SessionACL::All;
     }
     cfg.n_threads = Some(opts.threads.max(1));
-    let fs = StripeFuse::new(client);
-    fs.drop_stale_hidden();
+    let mut fs = StripeFuse::new(client).read_only(opts.read_only);
+    fs.on_ready = Ready(Mutex::new(Some(Box::new(ready))));
+    if !opts.read_only {
+        // Clean-up writes; a read-only mount leaves it to the next writable one.
+        fs.drop_stale_hidden();
+    }
     let mut session = fuser::Session::new(fs, mountpoint, &cfg)?;
     let mut unmounter = session.unmount_callable();
     let _ = ctrlc::set_handler(move || {

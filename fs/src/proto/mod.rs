@@ -959,6 +959,35 @@ pub enum IoRequest {
 }
 
 impl IoRequest {
+    /// The request's kind, for logs: `read`, `write`, `create_object`, ….
+    pub fn kind(&self) -> &'static str {
+        match self {
+            IoRequest::Ping => "ping",
+            IoRequest::CreateObject { .. } => "create_object",
+            IoRequest::RemoveObject { .. } => "remove_object",
+            IoRequest::TruncateObject { .. } => "truncate_object",
+            IoRequest::GetSize { .. } => "get_size",
+            IoRequest::Read { .. } => "read",
+            IoRequest::Write { .. } => "write",
+            IoRequest::Sync { .. } => "sync",
+            IoRequest::Stats => "stats",
+            IoRequest::Status => "status",
+            IoRequest::Allocate { .. } => "allocate",
+        }
+    }
+
+    /// The data a read or write moves, for logs: the first piece's object offset and the
+    /// stream's length.
+    pub fn extent(&self) -> Option<(u64, u64)> {
+        match self {
+            IoRequest::Read { desc, .. } | IoRequest::Write { desc, .. } => {
+                Some((desc.pieces().next().map_or(0, |p| p.off), desc.total()))
+            }
+            IoRequest::Allocate { off, len, .. } => Some((*off, *len)),
+            _ => None,
+        }
+    }
+
     /// The capability, for requests on an object.
     pub fn cap(&self) -> Option<&Capability> {
         match self {
@@ -1052,6 +1081,52 @@ impl Message for MetaCall {
 }
 
 impl MetaRequest {
+    /// The request's kind, for logs: `lookup`, `create`, `readdir`, ….
+    pub fn kind(&self) -> &'static str {
+        match self {
+            MetaRequest::Statfs => "statfs",
+            MetaRequest::Lookup { .. } => "lookup",
+            MetaRequest::Getattr { .. } => "getattr",
+            MetaRequest::Setattr { .. } => "setattr",
+            MetaRequest::Create { .. } => "create",
+            MetaRequest::Open { .. } => "open",
+            MetaRequest::Mkdir { .. } => "mkdir",
+            MetaRequest::Rmdir { .. } => "rmdir",
+            MetaRequest::Unlink { .. } => "unlink",
+            MetaRequest::Rename { .. } => "rename",
+            MetaRequest::Readdir { .. } => "readdir",
+            MetaRequest::GetStripe { .. } => "getstripe",
+            MetaRequest::SetStripe { .. } => "setstripe",
+            MetaRequest::Symlink { .. } => "symlink",
+            MetaRequest::Readlink { .. } => "readlink",
+            MetaRequest::Status => "status",
+            MetaRequest::Link { .. } => "link",
+            MetaRequest::Mknod { .. } => "mknod",
+        }
+    }
+
+    /// The handle the request is about (a directory for requests on a name in it), for logs.
+    pub fn subject(&self) -> Option<Handle> {
+        match self {
+            MetaRequest::Statfs | MetaRequest::Status => None,
+            MetaRequest::Getattr { handle }
+            | MetaRequest::Setattr { handle, .. }
+            | MetaRequest::Open { handle, .. }
+            | MetaRequest::GetStripe { handle }
+            | MetaRequest::Readlink { handle }
+            | MetaRequest::Link { handle, .. } => Some(*handle),
+            MetaRequest::Lookup { parent, .. }
+            | MetaRequest::Create { parent, .. }
+            | MetaRequest::Mkdir { parent, .. }
+            | MetaRequest::Rmdir { parent, .. }
+            | MetaRequest::Unlink { parent, .. }
+            | MetaRequest::Symlink { parent, .. }
+            | MetaRequest::Mknod { parent, .. } => Some(*parent),
+            MetaRequest::Rename { src_parent, .. } => Some(*src_parent),
+            MetaRequest::Readdir { dir, .. } | MetaRequest::SetStripe { dir, .. } => Some(*dir),
+        }
+    }
+
     fn validate(&self) -> Result<(), ProtoError> {
         match self {
             MetaRequest::Lookup { name, .. }

@@ -26,10 +26,14 @@
 //!   finish and replies with the error: ionet discards what was never pulled, so the
 //!   connection stays in step (the equivalent of PVFS1's drain-and-discard).
 
-use super::{Load, ServerError, ServerHandle, disk_space, send_reply, spawn_workers};
+use super::{
+    Load, PeerSpans, Reporting, ServerError, ServerHandle, ServerReport, disk_space, send_reply,
+    spawn_workers,
+};
 use crate::capability::{CapabilityKey, unix_now};
 use crate::errno::Errno;
 use crate::layout::Piece;
+use crate::net::Traced;
 use crate::proto::{self, Descriptor, ErrorReply, Fallbacks, IoReply, IoRequest, PathStats, ServerStats};
 use crate::store::{FileSystem, Object, ObjectStore, PieceCursor, StoreConfig, StoreError, Writing};
 use bytes::Bytes;
@@ -42,7 +46,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tracing::{debug, info, warn};
+use tracing::{debug, debug_span, info, warn};
 
 /// io server settings.
 #[derive(Debug, Clone)]
@@ -186,6 +190,8 @@ struct Shared {
     stats: Stats,
     /// Requests received, in flight and failed, and the start time.
     load: Load,
+    /// The debug log's span per peer.
+    peers: PeerSpans,
 }
 
 /// Whether a mapping io server may write through mappings into `dir`; says why not if not.
@@ -238,10 +244,22 @@ impl IoServer {
             mapped_writes,
             stats: Stats::default(),
             load: Load::new(),
+            peers: PeerSpans::default(),
         });
         let data_dir = shared.store.root().to_owned();
+        let reporting: Arc<dyn Reporting> = shared.clone();
         let threads = spawn_workers("io", &ep, workers, &stop, move |req| shared.handle(req))?;
-        Ok(ServerHandle::new(ep, stop, threads).syncing(data_dir))
+        Ok(ServerHandle::new(ep, stop, threads).syncing(data_dir).reporting(reporting))
+    }
+}
+
+impl Reporting for Shared {
+    fn report(&self) -> ServerReport {
+        ServerReport {
+            status: self.load.status_outside(&self.cfg.data_dir),
+            io: Some(self.snapshot()),
+            meta: None,
+        }
     }
 }
 
@@ -274,17 +292,40 @@ impl Shared {
             }
         };
         let id = env.id;
-        debug!(id, peer = %req.peer(), len = req.payload_len(), "io request");
-        let reply = match self.serve(&req, env.body) {
-            Ok(r) => r,
+        let body = env.body;
+        let conn = self.peers.span(&self.ep, req.peer());
+        let traced = Traced::new(debug_span!(
+            parent: &conn,
+            "request",
+            id,
+            op = body.kind(),
+            handle = tracing::field::Empty,
+            off = tracing::field::Empty,
+            len = tracing::field::Empty,
+            result = tracing::field::Empty,
+            elapsed_us = tracing::field::Empty,
+        ));
+        if !traced.span.is_disabled() {
+            if let Some(cap) = body.cap() {
+                traced.span.record("handle", tracing::field::display(cap.handle));
+            }
+            if let Some((off, len)) = body.extent() {
+                traced.span.record("off", off).record("len", len);
+            }
+        }
+        let _in_request = traced.span.enter();
+        let reply = match self.serve(&req, body) {
+            Ok(r) => {
+                traced.done("ok");
+                r
+            }
             Err(Fail(code, msg)) => {
                 self.load.failed();
-                debug!(%code, %msg, "io request failed");
+                traced.done(format_args!("{code}: {msg}"));
                 IoReply::Error(ErrorReply::new(code, msg))
             }
         };
         send_reply(&self.ep, req, id, reply);
-        debug!(id, "io reply sent");
     }
 
     fn serve(&self, req: &Request, body: IoRequest) -> Result<IoReply, Fail> {

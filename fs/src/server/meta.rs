@@ -21,13 +21,13 @@
 //! are never granted `ADMIN`.
 
 use super::liveness::{Change, Liveness};
-use super::{Load, ServerError, ServerHandle, send_reply, spawn_workers};
+use super::{Load, PeerSpans, Reporting, ServerError, ServerHandle, ServerReport, send_reply, spawn_workers};
 use crate::capability::{Capability, CapabilityKey, Rights, expiry_after, unix_now};
 use crate::config::ClusterConfig;
 use crate::errno::Errno;
 use crate::layout::Layout;
 use crate::meta::{MetaConfig, MetaError, MetaStore, Objects, Perm};
-use crate::net::{FsError, TAG_IO};
+use crate::net::{FsError, TAG_IO, Traced};
 use crate::proto::{
     self, Cred, Envelope, ErrorReply, Handle, IoReply, IoRequest, MetaCall, MetaReply, MetaRequest,
 };
@@ -37,7 +37,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tracing::{debug, info, warn};
+use tracing::{debug, debug_span, info, warn};
 
 /// Meta server settings.
 #[derive(Debug, Clone)]
@@ -105,6 +105,8 @@ struct Shared {
     live: Mutex<Liveness>,
     /// Requests received, in flight and failed, and the start time.
     load: Load,
+    /// The debug log's span per peer.
+    peers: PeerSpans,
 }
 
 /// A create whose objects could not all be made.
@@ -159,11 +161,16 @@ impl MetaServer {
             janitor: Mutex::new(Janitor { stale_creates }),
             live,
             load: Load::new(),
+            peers: PeerSpans::default(),
         });
         let s2 = shared.clone();
         let mut threads = spawn_workers("meta", &ep, workers, &stop, move |req| s2.handle(req))?;
         let (s3, stop3) = (shared.clone(), stop.clone());
+        // Its warnings name the server as the workers' do.
+        let addr = ep.local_addr().map_or_else(String::new, |a| a.to_string());
+        let span = tracing::error_span!("server", role = "meta-janitor", %addr);
         threads.push(std::thread::Builder::new().name("meta-janitor".into()).spawn(move || {
+            let _server = span.enter();
             while !stop3.load(Ordering::Relaxed) {
                 s3.janitor_pass();
                 let until = Instant::now() + s3.cfg.janitor_interval;
@@ -173,7 +180,28 @@ impl MetaServer {
             }
         })?);
         // redb makes each commit durable itself; the drain's sync covers the rest of the directory.
-        Ok(ServerHandle::new(ep, stop, threads).syncing(db_dir))
+        let upstream = shared.io_ep.clone();
+        Ok(ServerHandle::new(ep, stop, threads).syncing(db_dir).reporting(shared).with_upstream(upstream))
+    }
+}
+
+impl Reporting for Shared {
+    fn report(&self) -> ServerReport {
+        let meta = match self.store.statfs() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warn!(error = %e, "reading the file counts for a report failed");
+                None
+            }
+        };
+        ServerReport { status: self.load.status_outside(self.db_dir()), io: None, meta }
+    }
+}
+
+impl Shared {
+    /// The database's directory: where the meta server's data grows.
+    fn db_dir(&self) -> &std::path::Path {
+        self.cfg.db_path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."))
     }
 }
 
@@ -198,13 +226,35 @@ impl Shared {
                 return;
             }
         };
+        let conn = self.peers.span(&self.ep, req.peer());
+        let body = env.body.req;
+        let traced = Traced::new(debug_span!(
+            parent: &conn,
+            "request",
+            id = env.id,
+            op = body.kind(),
+            handle = tracing::field::Empty,
+            uid = env.body.cred.uid,
+            result = tracing::field::Empty,
+            elapsed_us = tracing::field::Empty,
+        ));
+        if !traced.span.is_disabled()
+            && let Some(h) = body.subject()
+        {
+            traced.span.record("handle", tracing::field::display(h));
+        }
+        let _in_request = traced.span.enter();
         let reply = if req.payload_len() > 0 {
             MetaReply::Error(ErrorReply::new(Errno::EINVAL, "meta requests carry no payload"))
         } else {
-            self.serve(&env.body.cred, env.body.req)
+            self.serve(&env.body.cred, body)
         };
-        if matches!(reply, MetaReply::Error(_)) {
-            self.load.failed();
+        match &reply {
+            MetaReply::Error(e) => {
+                self.load.failed();
+                traced.done(format_args!("{}: {}", e.code, e.message));
+            }
+            _ => traced.done("ok"),
         }
         send_reply(&self.ep, req, env.id, reply);
     }
@@ -224,11 +274,7 @@ impl Shared {
         let s = &self.store;
         let r = match body {
             MetaRequest::Statfs => s.statfs().map(MetaReply::Statfs),
-            MetaRequest::Status => {
-                // The database's directory: where the meta server's data grows.
-                let dir = self.cfg.db_path.parent().filter(|d| !d.as_os_str().is_empty());
-                Ok(MetaReply::Status(self.load.status(dir.unwrap_or(std::path::Path::new(".")))))
-            }
+            MetaRequest::Status => Ok(MetaReply::Status(self.load.status(self.db_dir()))),
             MetaRequest::Lookup { parent, name } => {
                 s.lookup(cred, parent, &name).map(|(handle, attr)| MetaReply::Entry { handle, attr })
             }

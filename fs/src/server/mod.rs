@@ -15,14 +15,17 @@ pub mod io;
 mod liveness;
 pub mod meta;
 
-use crate::proto::{self, BoundedString, DiskSpace, Envelope, ErrorReply, Reply, ServerStatus};
+use crate::proto::{
+    self, BoundedString, DiskSpace, Envelope, ErrorReply, FsStats, Reply, ServerStats, ServerStatus,
+};
 use bytes::Bytes;
-use ionet::{Endpoint, Request};
+use ionet::{Endpoint, PeerId, Request};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tracing::{debug, warn};
+use tracing::{Span, debug, debug_span, warn};
 
 /// How long a worker waits in `next_request` before checking for shutdown.
 const POLL: Duration = Duration::from_millis(200);
@@ -150,14 +153,84 @@ impl Load {
     /// The status of a server keeping its data in `dir`, answered from inside a request (which
     /// is not counted in flight).
     pub(crate) fn status(&self, dir: &std::path::Path) -> ServerStatus {
+        let mut s = self.status_outside(dir);
+        s.in_flight = s.in_flight.saturating_sub(1);
+        s
+    }
+
+    /// The status as seen from outside any request (a metrics scrape): every request being
+    /// served counts in flight.
+    pub(crate) fn status_outside(&self, dir: &std::path::Path) -> ServerStatus {
         ServerStatus {
             version: BoundedString::truncating(env!("CARGO_PKG_VERSION")),
             uptime_ns: u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX),
             requests: self.requests.load(Ordering::Relaxed),
-            in_flight: self.in_flight.load(Ordering::Relaxed).saturating_sub(1),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
             errors: self.errors(),
             disk: disk_space(dir),
         }
+    }
+}
+
+/// A server's own figures at one instant, read in-process (see [`ServerHandle::report`]):
+/// what `stripefs serve --metrics` exports next to the endpoint's counters.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServerReport {
+    /// Requests received, in flight (all of them: nothing is asking from inside a request),
+    /// failed; uptime and the space of the data directory.
+    pub status: ServerStatus,
+    /// An io server's data-path counters.
+    pub io: Option<ServerStats>,
+    /// The meta server's namespace counts (`None` for an io server, or if the database could
+    /// not be read).
+    pub meta: Option<FsStats>,
+}
+
+/// Reads a server's [`ServerReport`] (see [`ServerHandle::reporter`]).
+#[derive(Debug, Clone)]
+pub struct Reporter(Arc<dyn Reporting>);
+
+impl Reporter {
+    /// The server's own counters now.
+    pub fn report(&self) -> ServerReport {
+        self.0.report()
+    }
+}
+
+/// What a server's shared state reports (see [`ServerHandle::report`]).
+pub(crate) trait Reporting: Send + Sync + std::fmt::Debug {
+    fn report(&self) -> ServerReport;
+}
+
+/// Most peers whose `connection` spans a server keeps; past it they are started afresh (a
+/// server that has seen very many clients would otherwise hold a span for each forever).
+const MAX_PEER_SPANS: usize = 4096;
+
+/// A `connection` span (peer id and address) per peer a server has had requests from, so the
+/// debug log tells each peer's requests apart; the request spans are its children. Kept only
+/// while debug logging is on: otherwise a lookup is one level check.
+#[derive(Debug, Default)]
+pub(crate) struct PeerSpans(Mutex<HashMap<PeerId, Span>>);
+
+impl PeerSpans {
+    /// `peer`'s span on `ep` (made, with a debug line, at its first request).
+    pub(crate) fn span(&self, ep: &Endpoint, peer: PeerId) -> Span {
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return Span::none();
+        }
+        let mut spans = crate::lock(&self.0);
+        if let Some(s) = spans.get(&peer) {
+            return s.clone();
+        }
+        if spans.len() >= MAX_PEER_SPANS {
+            spans.clear();
+        }
+        let addr = ep.peer_addr(peer).map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+        let span = debug_span!("connection", %peer, %addr);
+        span.in_scope(|| debug!("first request from this peer"));
+        spans.insert(peer, span.clone());
+        span
     }
 }
 
@@ -169,6 +242,11 @@ pub struct ServerHandle {
     threads: Vec<JoinHandle<()>>,
     /// A directory on the file system holding the server's data, synced by [`ServerHandle::drain`].
     data_dir: Option<std::path::PathBuf>,
+    /// The server's own counters, for [`ServerHandle::report`].
+    reporting: Option<Arc<dyn Reporting>>,
+    /// The endpoint the server reaches other servers through (the meta server's to the io
+    /// servers), for its counters.
+    upstream: Option<Endpoint>,
 }
 
 /// How a [`ServerHandle::drain`] went.
@@ -182,7 +260,38 @@ pub struct Drained {
 
 impl ServerHandle {
     pub(crate) fn new(ep: Endpoint, stop: Arc<AtomicBool>, threads: Vec<JoinHandle<()>>) -> Self {
-        ServerHandle { ep, stop, threads, data_dir: None }
+        ServerHandle { ep, stop, threads, data_dir: None, reporting: None, upstream: None }
+    }
+
+    /// [`ServerHandle::upstream`] is `ep`.
+    pub(crate) fn with_upstream(mut self, ep: Endpoint) -> Self {
+        self.upstream = Some(ep);
+        self
+    }
+
+    /// The endpoint the server reaches other servers through, if it has one of its own (the
+    /// meta server's to the io servers), for its counters.
+    pub fn upstream(&self) -> Option<&Endpoint> {
+        self.upstream.as_ref()
+    }
+
+    /// [`ServerHandle::report`] asks `r`.
+    pub(crate) fn reporting(mut self, r: Arc<dyn Reporting>) -> Self {
+        self.reporting = Some(r);
+        self
+    }
+
+    /// The server's own counters now (requests, errors, in flight, space; an io server's data
+    /// paths, the meta server's file counts), without a request over the network; `None` for
+    /// a bare worker pool.
+    pub fn report(&self) -> Option<ServerReport> {
+        self.reporting.as_ref().map(|r| r.report())
+    }
+
+    /// What reads [`ServerHandle::report`] from another thread (a metrics responder), for as
+    /// long as the server's state lives.
+    pub fn reporter(&self) -> Option<Reporter> {
+        self.reporting.clone().map(Reporter)
     }
 
     /// [`ServerHandle::drain`] syncs the file system holding `dir`.
@@ -385,10 +494,16 @@ where
     if let Err(e) = ep.on_request(move || p.request_queued()) {
         return Err(std::io::Error::other(e.to_string()));
     }
+    // At error level, so that warnings and errors from any worker name the server (its role
+    // and address) whatever the log level; entered once per thread, not per request.
+    let addr = ep.local_addr().map_or_else(String::new, |a| a.to_string());
+    let span = tracing::error_span!("server", role = name, %addr);
     (0..workers.max(1))
         .map(|i| {
             let (ep, stop, handle, pool) = (ep.clone(), stop.clone(), handle.clone(), pool.clone());
+            let span = span.clone();
             std::thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
+                let _server = span.enter();
                 loop {
                     match pool.role(&stop) {
                         Role::Stop => break,
