@@ -78,7 +78,7 @@ pub struct IbConfig {
     pub(crate) soft_hook: Option<SoftHook>,
     pub(crate) soft_ports: Option<Vec<SoftPort>>,
     pub(crate) list_alloc_hint: bool,
-    pub(crate) cache_foreign: bool,
+    pub(crate) cache_foreign: Option<bool>,
     pub(crate) device: Option<String>,
     pub(crate) port: Option<u8>,
     pub(crate) gid_index: Option<u8>,
@@ -109,7 +109,7 @@ impl Default for IbConfig {
             soft_hook: None,
             soft_ports: None,
             list_alloc_hint: false,
-            cache_foreign: false,
+            cache_foreign: None,
             device: None,
             port: None,
             gid_index: None,
@@ -235,16 +235,26 @@ impl IbConfig {
         self
     }
 
-    /// Keep registrations of memory the application lends (`Bytes`, `BytesMut`, lists of
-    /// them) in the pin-down cache after the operation that registered it ends (default off;
-    /// MPI's `leave_pinned`). Repeated transfers from and into the same buffers then skip
-    /// registration, as pool buffers do. The price is the classic stale-registration hazard:
-    /// before such memory is freed or remapped the application must call
-    /// [`crate::Endpoint::invalidate_registrations`] on it, or a later buffer at the same
-    /// address could be served from the old pages. Off, lent memory is deregistered as soon as
-    /// its operation ends and nothing is asked of the application.
+    /// Whether registrations of memory the application lends (`Bytes`, `BytesMut`, lists of
+    /// them) stay in the pin-down cache after the operation that registered it ends, so
+    /// repeated transfers from and into the same buffers skip registration as pool buffers
+    /// do, and server-based RDMA moves them directly instead of through zone buffers.
+    ///
+    /// By default they stay while the process's memory monitor watches their pages: it learns
+    /// from the kernel (userfaultfd events) when the memory is unmapped, remapped or given
+    /// back, and the cache forgets the registration before any later lookup, so a new buffer
+    /// at an old address never meets an old registration. Nothing is asked of the
+    /// application. Where the process may not use userfaultfd (it needs `CAP_SYS_PTRACE`,
+    /// `vm.unprivileged_userfaultfd = 1` or access to `/dev/userfaultfd`), or for memory it
+    /// cannot watch (file mappings are handled by the file-mapping path instead), lent memory
+    /// is deregistered as soon as its operation ends.
+    ///
+    /// `true` keeps them without the monitor (MPI's `leave_pinned`): the application must then
+    /// call [`crate::Endpoint::invalidate_registrations`] before such memory is freed or
+    /// remapped, or a later buffer at the same address could be served from the old pages.
+    /// `false` never keeps them.
     pub fn cache_foreign(mut self, on: bool) -> Self {
-        self.cache_foreign = on;
+        self.cache_foreign = Some(on);
         self
     }
 

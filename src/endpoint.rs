@@ -850,7 +850,8 @@ impl Endpoint {
     }
 
     /// Forgets every cached registration that overlaps `mem`; returns how many. Needed only
-    /// with [`crate::IbConfig::cache_foreign`] on, before the application frees or remaps
+    /// with [`crate::IbConfig::cache_foreign`] set to `true` (registrations kept without the
+    /// memory monitor), before the application frees or remaps
     /// memory it has sent from or received into (a registration still used by an operation
     /// in flight stays valid for it and is dropped when it ends). A no-op over TCP and for
     /// memory that was never registered.

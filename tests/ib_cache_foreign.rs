@@ -1,6 +1,7 @@
-//! `IbConfig::cache_foreign`: registrations of memory the application lends stay cached after
-//! their operation (MPI's `leave_pinned`) only when asked for, and
-//! `Endpoint::invalidate_registrations` drops them before the memory goes away.
+//! `IbConfig::cache_foreign` set explicitly: `false` deregisters memory the application lends
+//! as soon as its operation ends; `true` keeps it registered without the memory monitor
+//! (MPI's `leave_pinned`), and `Endpoint::invalidate_registrations` drops it before the memory
+//! goes away. (The default, kept while watched, is in `ib_memory_monitor.rs`.)
 
 use std::time::Duration;
 
@@ -39,7 +40,7 @@ fn misses(ep: &Endpoint) -> (u64, u64) {
 }
 
 #[test]
-fn lent_memory_is_registered_per_operation_by_default() {
+fn lent_memory_is_registered_per_operation_when_not_kept() {
     let (srv, cli, p, sp) = pair(false);
     let data = Bytes::from((0..LEN).map(|i| i as u8).collect::<Vec<u8>>());
     let (m0, _) = misses(&cli);

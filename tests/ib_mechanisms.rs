@@ -42,7 +42,11 @@ enum Mem {
 fn config(force: Option<Mechanism>) -> Config {
     let mut p = Policy::for_scheme(Scheme::SoftIb);
     p.force(force);
-    Config::default().max_message(MAX).policy(p).ib(IbConfig::default().recv_size(RECV_SIZE))
+    // Lent memory deregistered after each transfer: every user buffer is new to the engine,
+    // so the staged path (zone buffers) is what is checked for it. Kept registrations of lent
+    // memory, which go direct, are checked in `ib_memory_monitor.rs`.
+    let ib = IbConfig::default().recv_size(RECV_SIZE).cache_foreign(false);
+    Config::default().max_message(MAX).policy(p).ib(ib)
 }
 
 fn send_buf(ep: &Endpoint, mem: Mem, data: &[u8]) -> SendBuf {

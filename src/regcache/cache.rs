@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use super::watch::{Monitor, Reader, Unmapped};
 use super::{Origin, RegCacheConfig, RegCacheError, RegError, RegRef, RegStats, Registrar, Span};
 use crate::buffers::buf::MemKeys;
 use crate::error::Result;
@@ -30,6 +31,8 @@ struct Entry<H> {
     /// Stays registered after its last release (owned memory, or foreign memory when the
     /// configuration opts in).
     retain: bool,
+    /// Lent memory ([`Origin::Foreign`]).
+    foreign: bool,
     /// LRU links; meaningful only while `in_lru`.
     prev: u32,
     next: u32,
@@ -82,6 +85,9 @@ pub struct RegCache<R: Registrar> {
     /// Most recently released unused entry.
     lru_tail: u32,
     stats: RegStats,
+    /// The memory monitor and this cache's queue of unmapped ranges, when lent memory is
+    /// kept registered only while watched.
+    watch: Option<(std::sync::Arc<Monitor>, Reader)>,
 }
 
 impl<R: Registrar> fmt::Debug for RegCache<R> {
@@ -98,7 +104,16 @@ impl<R: Registrar> RegCache<R> {
     /// [`crate::Error::Misuse`] when `cfg` fails [`RegCacheConfig::validate`].
     pub fn new(registrar: R, cfg: RegCacheConfig) -> Result<Self> {
         cfg.validate()?;
+        let watch = if cfg.watched {
+            Monitor::get().map(|m| {
+                let r = m.reader();
+                (m, r)
+            })
+        } else {
+            None
+        };
         Ok(RegCache {
+            watch,
             registrar,
             cfg,
             slots: Vec::new(),
@@ -149,12 +164,54 @@ impl<R: Registrar> RegCache<R> {
         origin: Origin,
     ) -> Result<RegRef, RegCacheError> {
         let end = self.check_request(addr, len, access)?;
+        self.forget_unmapped();
         if let Some(r) = self.hit(addr, end)? {
             self.stats.hits += 1;
             return Ok(r);
         }
         self.stats.misses += 1;
         self.register_new(addr, end, origin)
+    }
+
+    /// Whether lent memory stays registered after its operation (watched, or at the
+    /// application's risk).
+    pub fn keeps_foreign(&self) -> bool {
+        if self.cfg.watched { self.watch.is_some() } else { self.cfg.cache_foreign }
+    }
+
+    /// Invalidates what the memory monitor saw unmapped, remapped or discarded; before every
+    /// lookup, so no lookup after such an event returns the old registration.
+    fn forget_unmapped(&mut self) {
+        let Some((m, reader)) = &mut self.watch else { return };
+        match m.read(reader) {
+            Unmapped::Ranges([]) => {}
+            Unmapped::Ranges(gone) => {
+                let gone = gone.to_vec();
+                for (start, end) in gone {
+                    self.invalidate(start, end.saturating_sub(start));
+                }
+            }
+            Unmapped::Overrun => {
+                tracing::debug!("memory monitor log overrun: forgetting every lent registration");
+                self.invalidate_foreign();
+            }
+        }
+    }
+
+    /// Kills every live entry of lent memory.
+    fn invalidate_foreign(&mut self) {
+        let victims: Vec<usize> = self
+            .index
+            .iter()
+            .filter(|&(_, &slot)| self.entry(slot).foreign)
+            .map(|(&start, _)| start)
+            .collect();
+        for start in victims {
+            if let Some(&slot) = self.index.get(&start) {
+                let (s, e) = (self.entry(slot).start, self.entry(slot).end);
+                self.invalidate(s, e - s);
+            }
+        }
     }
 
     /// Like [`RegCache::acquire`], but on a miss registers (up to) `parent` — the allocation the
@@ -181,6 +238,7 @@ impl<R: Registrar> RegCache<R> {
         if parent.addr > addr || pend < end {
             return Err(RegCacheError::Misuse("hint does not contain the buffer"));
         }
+        self.forget_unmapped();
         if let Some(r) = self.hit(addr, end)? {
             self.stats.hits += 1;
             return Ok(r);
@@ -201,6 +259,7 @@ impl<R: Registrar> RegCache<R> {
     /// and holds the reference until the send completes.
     pub fn acquire_if_registered(&mut self, addr: usize, len: usize, access: Access) -> Option<RegRef> {
         let end = self.check_request(addr, len, access).ok()?;
+        self.forget_unmapped();
         match self.hit(addr, end) {
             Ok(Some(r)) => {
                 self.stats.probe_hits += 1;
@@ -339,7 +398,7 @@ impl<R: Registrar> RegCache<R> {
         if e - s > max {
             return Err(RegCacheError::TooLarge { len: e - s, max });
         }
-        let retain = origin == Origin::Owned || self.cfg.cache_foreign;
+        let retain = origin == Origin::Owned || self.keeps_foreign();
         // An entry that will not be kept does not merge: it would take its cached neighbours
         // down with it at its last release.
         let merge = self.cfg.merge && retain;
@@ -356,6 +415,11 @@ impl<R: Registrar> RegCache<R> {
         }
         let len = e - s;
         self.make_room(len)?;
+        // Watched before it is registered, so an unmap between the two cannot be missed.
+        let retain = retain
+            && (origin == Origin::Owned
+                || !self.cfg.watched
+                || self.watch.as_ref().is_some_and(|(m, _)| m.watch(s, len)));
         let access = self.cfg.access;
         let (handle, keys) = match self.registrar.register(s, len, access) {
             Ok(ok) => ok,
@@ -397,6 +461,7 @@ impl<R: Registrar> RegCache<R> {
             refs: 1,
             state: State::Live,
             retain,
+            foreign: origin == Origin::Foreign,
             prev: NIL,
             next: NIL,
             in_lru: false,

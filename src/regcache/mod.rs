@@ -33,11 +33,16 @@
 //! A cached registration of memory that the application has since `free`d or `munmap`ped pins
 //! pages that no longer back that address: a later buffer at the same address hits the cache
 //! and the HCA moves data to or from the old pages. That is the bug that made OrangeFS give up
-//! caching user memory. So by default only memory the crate owns ([`Origin::Owned`]: pool
-//! buffers, zone buffers, fast-RDMA rings) stays cached after its last release. Memory the
-//! caller merely lends ([`Origin::Foreign`]) is shared while in use but deregistered as soon
-//! as its last reference is released, unless [`RegCacheConfig::cache_foreign`] opts in — and
-//! then the owner must call [`RegCache::invalidate`] before the memory is freed or remapped.
+//! caching user memory. So memory the crate owns ([`Origin::Owned`]: pool buffers, zone
+//! buffers, fast-RDMA rings) stays cached after its last release, and memory the caller merely
+//! lends ([`Origin::Foreign`]) is shared while in use but stays after its last release only
+//! - while the process's memory monitor watches it
+//!   ([`RegCacheConfig::cache_foreign_watched`]; the kernel reports its unmapping, remapping
+//!   and discarding, and the cache applies those reports before every lookup), or
+//! - when [`RegCacheConfig::cache_foreign`] opts in without the monitor, and the owner then
+//!   calls [`RegCache::invalidate`] before the memory is freed or remapped.
+//!
+//! Otherwise it is deregistered as soon as its last reference is released.
 //! Invalidating any part of an entry kills the whole entry: it is never returned by a lookup
 //! again and is deregistered once its last user releases it.
 //!
@@ -66,6 +71,7 @@
 mod cache;
 #[cfg(test)]
 mod tests;
+pub(crate) mod watch;
 
 pub use cache::RegCache;
 
@@ -212,6 +218,7 @@ pub struct RegCacheConfig {
     pub(crate) max_pinned_bytes: usize,
     pub(crate) access: Access,
     pub(crate) cache_foreign: bool,
+    pub(crate) watched: bool,
     pub(crate) merge: bool,
     pub(crate) align: usize,
 }
@@ -223,6 +230,7 @@ impl Default for RegCacheConfig {
             max_pinned_bytes: DEFAULT_MAX_PINNED_BYTES,
             access: Access::READ_WRITE,
             cache_foreign: false,
+            watched: false,
             merge: true,
             align: 1,
         }
@@ -256,6 +264,16 @@ impl RegCacheConfig {
     /// [`RegCache::invalidate`] before freeing or remapping it.
     pub fn cache_foreign(mut self, yes: bool) -> Self {
         self.cache_foreign = yes;
+        self
+    }
+
+    /// Keep [`Origin::Foreign`] registrations cached after their last release only while the
+    /// process's memory monitor watches their pages, so that unmapping, remapping or
+    /// discarding them invalidates the entry before any later lookup (default `false`). A
+    /// range the monitor cannot watch, or a process without one, is deregistered at its last
+    /// release as without caching. Takes precedence over [`RegCacheConfig::cache_foreign`].
+    pub fn cache_foreign_watched(mut self, yes: bool) -> Self {
+        self.watched = yes;
         self
     }
 

@@ -326,6 +326,7 @@ pub struct Config {
     cancel_grace_ms: Option<u64>,
     faults: Option<FaultSpec>,
     stream_requests: Option<bool>,
+    cache_foreign: Option<bool>,
 }
 
 fn wait_mode_code(m: WaitMode) -> u8 {
@@ -429,6 +430,11 @@ impl Config {
         self.stream_requests = Some(on);
         self
     }
+    /// IB: keep registrations of lent memory (`IbConfig::cache_foreign`).
+    pub fn cache_foreign(mut self, on: bool) -> Self {
+        self.cache_foreign = Some(on);
+        self
+    }
 
     /// The ionet configuration this describes, for `scheme`.
     pub fn to_ionet(&self, scheme: ionet::Scheme) -> ionet::Config {
@@ -466,6 +472,9 @@ impl Config {
             c = c.policy(pol);
         }
         let mut ib = ionet::IbConfig::default();
+        if let Some(on) = self.cache_foreign {
+            ib = ib.cache_foreign(on);
+        }
         if let Some(n) = self.recv_buffers {
             ib = ib.recv_buffers(n);
         }

@@ -57,7 +57,8 @@ impl<V: Verbs> IbBackend<V> {
         let rc_cfg = RegCacheConfig::default()
             .max_entries(cfg.ib.regcache_entries)
             .max_pinned_bytes(cfg.ib.regcache_bytes)
-            .cache_foreign(cfg.ib.cache_foreign)
+            .cache_foreign(cfg.ib.cache_foreign == Some(true))
+            .cache_foreign_watched(cfg.ib.cache_foreign.is_none())
             .access(Access::READ_WRITE);
         let cache: Cache<V> = Arc::new(Mutex::new(RegCache::new(VerbsRegistrar::new(dev.clone()), rc_cfg)?));
         let unmap_hook: crate::buffers::filemap::UnmapHook = {

@@ -189,9 +189,9 @@ impl<V: Verbs> State<V> {
         }
     }
 
-    /// Registers the stretches of an op's buffer that lie in file mappings (see
-    /// [`DirectRun`]) once they are moved a second time (see [`SeenOnce`]). Registration
-    /// failures only mean those units are staged.
+    /// Registers the stretches of an op's buffer that lie in file mappings, or in any lent
+    /// memory the cache keeps registered (see [`DirectRun`]), once they are moved a second
+    /// time (see [`SeenOnce`]). Registration failures only mean those units are staged.
     fn register_mapped(&mut self, op: OpId) {
         let Some(o) = self.ops.get(&op) else { return };
         // (offset in the buffer, address, length) of address-contiguous stretches.
@@ -210,7 +210,13 @@ impl<V: Verbs> State<V> {
             OpBuf::Send(s) => s.for_each_slice(0, s.len(), &mut add),
             OpBuf::Recv(r) => r.for_each_slice(0, r.capacity(), &mut add),
         }
-        runs.retain(|&(_, addr, len)| len > 0 && crate::buffers::filemap::is_mapped(addr, len));
+        // File mappings always (the file-mapping path invalidates them); other lent memory
+        // when the cache keeps it (watched by the memory monitor, or at the application's
+        // word).
+        let keeps_foreign = self.cache.lock().unwrap_or_else(|p| p.into_inner()).keeps_foreign();
+        runs.retain(|&(_, addr, len)| {
+            len > 0 && (keeps_foreign || crate::buffers::filemap::is_mapped(addr, len))
+        });
         if runs.is_empty() {
             return;
         }
