@@ -54,6 +54,21 @@ impl Request {
         &self.ep
     }
 
+    /// Whether the client has cancelled this request ([`Endpoint::cancel`], a deadline, or
+    /// dropping its future): its notice travels behind the request, so a server working on a
+    /// long request can check this between steps and stop early.
+    ///
+    /// It says what this endpoint's progress has received so far: with no progress thread,
+    /// the notice arrives in the server's next `wait`, `test`, `next_request` or
+    /// [`Endpoint::try_progress`]. Once it has, pulls and pushes posted for the request fail at
+    /// once with [`Error::PeerCancelled`] without moving bytes (ones already under way end
+    /// either way, their bytes discarded by the client), and so does the reply, which the
+    /// server still sends (or drops the `Request`) to release what the request holds. False is no promise: the client may
+    /// cancel at any moment, and its completion then ignores whatever the server still does.
+    pub fn is_cancelled(&self) -> bool {
+        self.ep.backend().is_ok_and(|b| b.request_cancelled(self.meta.peer, self.meta.id))
+    }
+
     /// Pulls `buf.capacity()` bytes of the client's OUT payload starting at `offset` into
     /// `buf`. Several pulls may be outstanding (pipelining).
     ///

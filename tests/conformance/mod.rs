@@ -69,6 +69,7 @@ macro_rules! transport_suite {
                 get_len_is_the_requested_length,
                 pull_len_is_the_bytes_pulled,
                 pushed_len_is_the_extent_written,
+                cancelled_request_is_seen_by_its_server,
             );
         }
     };
@@ -859,4 +860,60 @@ pub fn one_way_streams_keep_flowing(net: &Net) {
             assert!(recv_bytes(&c) == pattern(len, tag * 1000 + i as u64), "{len} B message {i}");
         }
     }
+}
+
+/// Polls until the server's request shows its client's cancel notice.
+fn until_cancelled(req: &Request) {
+    let deadline = Instant::now() + T;
+    while !req.is_cancelled() {
+        assert!(Instant::now() < deadline, "the cancel notice never reached the server");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A client cancels requests the server holds (a read and a write, large enough to go by
+/// server-based RDMA on InfiniBand, where the client's buffer is held until the server lets
+/// go): the server sees it, its pulls, pushes and reply move nothing and fail with
+/// `PeerCancelled`, the client's op completes once with `Cancelled` — within its grace period,
+/// which is longer than the test's bound, so a server that never lets go fails the test — and
+/// the connection serves the next request.
+pub fn cancelled_request_is_seen_by_its_server(net: &Net) {
+    let cli_cfg = Config::default().progress_thread(true).cancel_grace(10 * T);
+    let (srv, cli, p) = pair(net, Config::default(), cli_cfg);
+    let len = 3 << 20;
+    for write in [false, true] {
+        let payload = if write {
+            Payload::Out(Bytes::from(pattern(len, 5)).into())
+        } else {
+            Payload::In(BytesMut::zeroed(len).into())
+        };
+        let op = cli.request(p, 9, Bytes::from_static(b"slow"), payload, ServiceLevel::Normal).unwrap();
+        let req = srv.next_request(Some(T)).unwrap().expect("request");
+        assert!(!req.is_cancelled(), "not cancelled yet");
+        cli.cancel(op).unwrap();
+        until_cancelled(&req);
+        let moved = if write {
+            req.pull_into(BytesMut::zeroed(len), 0).unwrap()
+        } else {
+            req.push_from(Bytes::from(vec![1u8; len]), 0).unwrap()
+        };
+        let c = wait(&srv, moved);
+        assert!(matches!(c.result, Err(Error::PeerCancelled)), "write: {write}: {:?}", c.result);
+        let r = wait(&srv, req.reply(Bytes::from_static(b"late")).unwrap());
+        assert!(matches!(r.result, Err(Error::PeerCancelled)), "write: {write}: {:?}", r.result);
+        let c = wait(&cli, op);
+        assert!(matches!(c.result, Err(Error::Cancelled)), "write: {write}: {:?}", c.result);
+        assert!(cli.test(op).is_err(), "completed once, then unknown");
+    }
+    let op = cli
+        .request(p, 9, Bytes::new(), Payload::In(BytesMut::zeroed(16).into()), ServiceLevel::Normal)
+        .unwrap();
+    let req = srv.next_request(Some(T)).unwrap().expect("request");
+    assert!(!req.is_cancelled());
+    wait_ok(&srv, req.push_from(Bytes::from(pattern(16, 1)), 0).unwrap());
+    wait_ok(&srv, req.reply(Bytes::from_static(b"ok")).unwrap());
+    let c = wait_ok(&cli, op);
+    assert_eq!(recv_bytes(&c), pattern(16, 1));
+    assert_eq!(cli.info().counters.peers_lost, 0, "the connection stood throughout");
+    assert_eq!(srv.info().counters.peers_lost, 0, "the connection stood throughout");
 }

@@ -70,6 +70,11 @@ impl Session {
         }
     }
 
+    /// Server side: whether the client's CANCEL_REQUEST for open request `req` has arrived.
+    pub(crate) fn request_cancelled(&self, peer: PeerId, req: u64) -> bool {
+        self.sreqs.is_cancelled(peer, req)
+    }
+
     /// A receive in progress into `op`'s buffer keeps reading, but into the void.
     pub(super) fn redirect_sinks_to_discard(&mut self, op: OpId) {
         for c in self.links.values_mut() {
