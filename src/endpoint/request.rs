@@ -93,6 +93,12 @@ impl Request {
     }
 
     /// Pushes `buf` into the client's IN buffer at `offset`.
+    ///
+    /// The server decides how much of the room ([`Request::payload_len`]) it fills; the
+    /// client's completion counts up to the end of the furthest byte pushed
+    /// ([`Completion::len`](crate::Completion::len)), so an answer whose size only the server
+    /// knows needs no length in the reply. A push past the room fails here with
+    /// [`Error::Misuse`] and moves nothing; the request stays open.
     pub fn push_from(&self, buf: impl Into<SendBuf>, offset: u64) -> Result<OpId> {
         let buf = buf.into();
         if self.meta.dir != Direction::In {

@@ -70,6 +70,7 @@ macro_rules! transport_suite {
                 pull_len_is_the_bytes_pulled,
                 pushed_len_is_the_extent_written,
                 cancelled_request_is_seen_by_its_server,
+                server_sized_read_counts_what_was_pushed,
             );
         }
     };
@@ -916,4 +917,49 @@ pub fn cancelled_request_is_seen_by_its_server(net: &Net) {
     assert_eq!(recv_bytes(&c), pattern(16, 1));
     assert_eq!(cli.info().counters.peers_lost, 0, "the connection stood throughout");
     assert_eq!(srv.info().counters.peers_lost, 0, "the connection stood throughout");
+}
+
+/// A read whose size only the server knows: the client offers room for `cap` bytes, the server
+/// pushes the `n ≤ cap` it has, and the client's completion counts `n` — nothing, a little,
+/// the whole room; for a small room and for one the server fills by RDMA on InfiniBand. A push
+/// past the room is refused on the server before anything moves, and the read it belongs to
+/// goes on unaffected.
+pub fn server_sized_read_counts_what_was_pushed(net: &Net) {
+    let (srv, cli, p) = pair(net, Config::default(), Config::default());
+    let mut cases = Vec::new();
+    for cap in [4096usize, 1 << 20] {
+        for n in [0, 1, cap / 3, cap - 1, cap] {
+            cases.push((cap, n));
+        }
+    }
+    let count = cases.len();
+    let srv2 = srv.clone();
+    let server = std::thread::spawn(move || {
+        for _ in 0..count {
+            let req = srv2.next_request(Some(T)).unwrap().expect("request");
+            let cap = req.payload_len() as usize;
+            let n = u64::from_le_bytes(req.header()[..8].try_into().unwrap()) as usize;
+            // More than the room: refused locally, whatever the offset.
+            for (off, len) in [(0, cap + 1), (cap as u64, 1), (1, cap), (u64::MAX, 2)] {
+                let r = req.push_from(Bytes::from(vec![9u8; len]), off);
+                assert!(matches!(r, Err(Error::Misuse(_))), "push of {len} at {off} into {cap}: {r:?}");
+            }
+            if n > 0 {
+                assert_eq!(
+                    wait_ok(&srv2, req.push_from(Bytes::from(pattern(n, n as u64)), 0).unwrap()).len(),
+                    n
+                );
+            }
+            wait_ok(&srv2, req.reply(Bytes::from_static(b"ok")).unwrap());
+        }
+    });
+    for (cap, n) in cases {
+        let header = Bytes::copy_from_slice(&(n as u64).to_le_bytes());
+        let room = Payload::In(BytesMut::zeroed(cap).into());
+        let c = wait_ok(&cli, cli.request(p, 4, header, room, ServiceLevel::Normal).unwrap());
+        assert_eq!(c.len(), n, "{n} B pushed into {cap}");
+        assert_eq!(c.reply.as_deref(), Some(&b"ok"[..]));
+        assert!(c.data().unwrap() == pattern(n, n as u64), "{n} B pushed into {cap}");
+    }
+    server.join().unwrap();
 }
