@@ -342,7 +342,7 @@ fn from_wire_info(w: WInfo) -> Info {
             r.open_requests,
         ] = [g[0], g[1], g[2], g[3], g[4], g[6], g[7], g[8]];
         r.zone_bytes_held = g[5] as u64;
-        r.provider = ionet::ib::verbs::VerbsCounters {
+        r.provider = ionet::internals::ib::verbs::VerbsCounters {
             registrations: p[0],
             deregistrations: p[1],
             registered_bytes: p[2],

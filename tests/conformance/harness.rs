@@ -485,7 +485,7 @@ impl Config {
             ib = ib.cancel_grace(Duration::from_millis(ms));
         }
         if let Some(f) = &self.faults {
-            ib = ib.soft_faults(ionet::ib::soft::FaultPlan {
+            ib = ib.soft_faults(ionet::internals::ib::soft::FaultPlan {
                 rnr_attempts: f.rnr_attempts,
                 remote_access_errors: f.remote_access_errors,
                 qp_error_after: f.qp_error_after,
