@@ -72,7 +72,7 @@ impl Request {
     /// Pulls `buf.capacity()` bytes of the client's OUT payload starting at `offset` into
     /// `buf`. Several pulls may be outstanding (pipelining).
     ///
-    /// Over TCP a payload may be streamed behind its request ([`Config::stream_requests`]): its
+    /// Over TCP a payload may be streamed behind its request ([`Config::stream_requests`](crate::Config::stream_requests)): its
     /// bytes then arrive in order and go into the pulls that cover them, so pulls may come in
     /// any order and size but may not overlap, nor go back over bytes an earlier pull (or the
     /// answer) has already consumed; and until a pull covers the next byte, later messages
