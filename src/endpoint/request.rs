@@ -60,7 +60,9 @@ impl Request {
     ///
     /// It says what this endpoint's progress has received so far: with no progress thread,
     /// the notice arrives in the server's next `wait`, `test`, `next_request` or
-    /// [`Endpoint::try_progress`]. Once it has, pulls and pushes posted for the request fail at
+    /// [`Endpoint::try_progress`]. A notice sent before the request itself arrived may come
+    /// only behind the part of a streamed payload already on its way; a pull meets the cut
+    /// and fails with [`Error::PeerCancelled`] at the latest. Once it has, pulls and pushes posted for the request fail at
     /// once with [`Error::PeerCancelled`] without moving bytes (ones already under way end
     /// either way, their bytes discarded by the client), and so does the reply, which the
     /// server still sends (or drops the `Request`) to release what the request holds. False is no promise: the client may

@@ -864,10 +864,10 @@ pub fn one_way_streams_keep_flowing(net: &Net) {
 }
 
 /// Polls until the server's request shows its client's cancel notice.
-fn until_cancelled(req: &Request) {
+fn until_cancelled(req: &Request, what: &str) {
     let deadline = Instant::now() + T;
     while !req.is_cancelled() {
-        assert!(Instant::now() < deadline, "the cancel notice never reached the server");
+        assert!(Instant::now() < deadline, "{what}: the cancel notice never reached the server");
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -892,7 +892,7 @@ pub fn cancelled_request_is_seen_by_its_server(net: &Net) {
         let req = srv.next_request(Some(T)).unwrap().expect("request");
         assert!(!req.is_cancelled(), "not cancelled yet");
         cli.cancel(op).unwrap();
-        until_cancelled(&req);
+        until_cancelled(&req, if write { "write" } else { "read" });
         let moved = if write {
             req.pull_into(BytesMut::zeroed(len), 0).unwrap()
         } else {

@@ -800,3 +800,64 @@ fn cancel_notices_for_unknown_or_answered_requests_are_ignored() {
     p.drive();
     assert_eq!(bytes_of(&p.take(true, req)), pattern(16, 4));
 }
+
+/// A streamed payload the server does not pull stops its connection at the first byte no pull
+/// covers, with more of it in the socket: a notice behind those bytes would never be read. The
+/// cancel still reaches the server, which then reads through the rest into the void, and the
+/// connection serves the next request.
+#[test]
+fn a_cancel_reaches_a_server_stalled_in_the_requests_streamed_payload() {
+    let mut p = Pair::new(Config::default());
+    p.chunk = 64 << 10;
+    p.capacity = 256 << 10;
+    let srv = p.connect();
+    let len = 3 << 20;
+    let req = p.post(
+        true,
+        Cmd::Request(RequestCmd {
+            peer: srv,
+            tag: 1,
+            sl: ServiceLevel::Bulk,
+            header: Bytes::from_static(b"write"),
+            payload: Payload::Out(SendBuf::from(pattern(len, 1))),
+        }),
+    );
+    p.drive();
+    let meta = p.server.requests.pop_front().expect("the request arrived");
+    assert!(p.wires.iter().any(|w| !w.up.is_empty()), "payload bytes wait unread");
+    p.client.s.cancel(req, Error::Cancelled);
+    p.drive();
+    assert!(p.server.s.request_cancelled(meta.peer, meta.id), "the notice got past the payload");
+    assert!(p.wires.iter().all(|w| w.up.is_empty()), "the server read through the rest, unpulled");
+    let pull = p.post(
+        false,
+        Cmd::Pull(PullCmd {
+            peer: meta.peer,
+            req: meta.id,
+            sl: meta.sl,
+            offset: 0,
+            buf: RecvBuf::from(BytesMut::zeroed(len)),
+        }),
+    );
+    let re = p.post(false, reply(&meta));
+    p.drive();
+    assert!(matches!(p.take(false, pull).result, Err(Error::PeerCancelled)));
+    assert!(matches!(p.take(false, re).result, Err(Error::PeerCancelled)));
+    assert!(matches!(p.take(true, req).result, Err(Error::Cancelled)));
+    // The connection goes on.
+    let again = p.post(
+        true,
+        Cmd::Request(RequestCmd {
+            peer: srv,
+            tag: 1,
+            sl: ServiceLevel::Bulk,
+            header: Bytes::from_static(b"again"),
+            payload: Payload::None,
+        }),
+    );
+    p.drive();
+    let meta = p.server.requests.pop_front().expect("the next request arrived");
+    p.post(false, reply(&meta));
+    p.drive();
+    assert!(p.take(true, again).result.is_ok());
+}

@@ -81,7 +81,7 @@ impl Session {
 
     /// The link for (peer, sl): existing, newly dialled, or (for a peer we cannot dial) any of
     /// its links.
-    fn link_for(&mut self, peer: PeerId, sl: ServiceLevel) -> Result<LinkId> {
+    pub(super) fn link_for(&mut self, peer: PeerId, sl: ServiceLevel) -> Result<LinkId> {
         let p = self.peer(peer)?;
         if let Some(reason) = &p.lost {
             return Err(Error::PeerLost { peer, reason: reason.clone() });
