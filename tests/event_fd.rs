@@ -450,3 +450,41 @@ fn a_cancel_grace_ends_for_a_client_sleeping_on_the_descriptor() {
     let c = wait_on_fd(&cli, op, &mut sleeps);
     assert!(matches!(c.result, Err(Error::Cancelled)), "{:?}", c.result);
 }
+
+/// A client that asks for far more than it reads: the server's answers pile up to its transmit
+/// bound, and the stall deadline that drops such a peer is a transport timer with no socket
+/// event to announce it (the socket never becomes writable again). A server sleeping on the
+/// descriptor must still drop the peer rather than sleep forever.
+#[test]
+fn a_stalled_peer_is_dropped_by_a_server_sleeping_on_the_descriptor() {
+    let cfg = Config::default().stall_timeout(Duration::from_millis(300)).transmit_bytes_per_peer(64 << 10);
+    let srv = Endpoint::bind("tcp://127.0.0.1:0", cfg).unwrap();
+    let x = srv.expose(srv.alloc(1 << 20).unwrap(), ionet::Access::READ).unwrap();
+    let (cli, peer) = client_of(&srv, Config::default());
+    // Connect (the server's rounds answer the handshake), then ask for far more than the
+    // sockets' buffers hold, and never run the client's progress again.
+    let hello = cli.send_unexpected(peer, 0, Bytes::from_static(b"hi"), ServiceLevel::Normal).unwrap();
+    let deadline = Instant::now() + LOST;
+    while srv.recv_unexpected(Some(Duration::ZERO)).unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the client never connected");
+        let _ = cli.test(hello);
+    }
+    let gets: Vec<OpId> = (0..64)
+        .map(|_| cli.get(peer, bytes::BytesMut::zeroed(1 << 20), x.handle(), ServiceLevel::Normal).unwrap())
+        .collect();
+    let deadline = Instant::now() + LOST;
+    loop {
+        srv.try_progress().unwrap();
+        if srv.info().counters.peers_lost >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the stalled peer was never dropped");
+        if srv.arm().unwrap() == Arm::Armed {
+            assert!(
+                readable_within(&srv, LOST),
+                "armed descriptor never became readable with a peer stalled"
+            );
+        }
+    }
+    drop((gets, cli));
+}
