@@ -6,7 +6,9 @@
 //!
 //! * `PUT key` carries the value as an OUT payload: the server pulls it (inline when small,
 //!   rendezvous / server-based RDMA when large — the communication manager decides).
-//! * `GET key` offers an IN buffer: the server pushes the value into it.
+//! * `GET key` offers an IN buffer as large as any value may be: the server pushes the value
+//!   into it, and the client's completion says how many bytes came (`Completion::len`), so the
+//!   client need not know the value's size.
 //!
 //! The request header is a tiny text command; the reply header carries a status. Nothing in
 //! this file depends on the transport: change `tcp://` to `softib://` and it runs over the
@@ -21,6 +23,8 @@ use ionet::{Config, Direction, Endpoint, Payload, RecvBuf, ServiceLevel};
 const PUT: u64 = 1;
 const GET: u64 = 2;
 const QUIT: u64 = 3;
+/// The largest value; a GET offers this much room.
+const MAX_VALUE: usize = 8 << 20;
 
 /// Serves requests until QUIT.
 fn serve(ep: Endpoint) -> ionet::Result<()> {
@@ -43,8 +47,9 @@ fn serve(ep: Endpoint) -> ionet::Result<()> {
             }
             GET if req.direction() == Direction::In => match store.get(&key) {
                 Some(v) if v.len() as u64 <= req.payload_len() => {
+                    // The client learns the value's length from the bytes pushed.
                     ep.wait(req.push_from(v.clone(), 0)?)?.ok()?;
-                    ep.wait(req.reply(Bytes::from(v.len().to_string()))?)?.ok()?;
+                    ep.wait(req.reply(Bytes::new())?)?.ok()?;
                 }
                 Some(_) => {
                     ep.wait(req.reply_error("buffer too small")?)?.ok()?;
@@ -71,7 +76,7 @@ fn main() -> ionet::Result<()> {
 
     let client = Endpoint::client(Config::default())?;
     let peer = client.connect(&addr)?;
-    for (key, len) in [("small", 100usize), ("large", 8 << 20)] {
+    for (key, len) in [("small", 100usize), ("large", MAX_VALUE)] {
         let value: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
         let op = client.request(
             peer,
@@ -87,12 +92,11 @@ fn main() -> ionet::Result<()> {
             c.mechanism
         );
 
-        let op =
-            client.request(peer, GET, key, Payload::In(BytesMut::zeroed(len).into()), ServiceLevel::Bulk)?;
-        let c = client.wait(op)?.ok()?;
-        let got = c.data().expect("single buffer");
+        let room = Payload::In(BytesMut::zeroed(MAX_VALUE).into());
+        let c = client.wait(client.request(peer, GET, key, room, ServiceLevel::Bulk)?)?.ok()?;
+        println!("GET {key}: {} B back, via {:?}", c.len(), c.mechanism);
+        let got = c.into_data().expect("a receive buffer");
         assert_eq!(got[..], value[..], "value round trip");
-        println!("GET {key}: {} B back, verified, via {:?}", c.len(), c.mechanism);
     }
     let op = client.request(
         peer,

@@ -38,6 +38,20 @@ impl Scheme {
     }
 }
 
+/// Scheme names on a command line (`--transport softib`), for tools built on clap (feature
+/// `clap`).
+#[cfg(feature = "clap")]
+#[cfg_attr(docsrs, doc(cfg(feature = "clap")))]
+impl clap::ValueEnum for Scheme {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Scheme::Tcp, Scheme::SoftIb, Scheme::Ib]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.as_str()))
+    }
+}
+
 /// Parses a scheme name as it appears before `://`: `tcp`, `softib` or `ib`, in any case.
 ///
 /// ```

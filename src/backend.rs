@@ -177,6 +177,9 @@ pub(crate) trait Backend: Send + Sync {
     fn peer_addr(&self, peer: PeerId) -> Option<Address>;
     fn post(&self, op: OpId, cmd: Cmd) -> Result<()>;
     fn cancel(&self, op: OpId, why: Error);
+    /// Whether the client of open request `req` from `peer` has cancelled it (its notice has
+    /// arrived); false for a request that is not open.
+    fn request_cancelled(&self, peer: PeerId, req: u64) -> bool;
     fn progress(&self, timeout: Duration) -> Result<bool>;
     fn wake(&self);
     /// The descriptor that is readable while `progress` has events to collect: the backend's

@@ -268,7 +268,7 @@ impl IbConfig {
     }
 
     /// The port, from 1 (default: the port of `IONET_IB_DEVICE`, else 1). Opening an endpoint
-    /// fails with [`crate::ib::verbs::FabricError::PortNotActive`] when it does not carry
+    /// fails with [`FabricError::PortNotActive`](crate::error::FabricError::PortNotActive) when it does not carry
     /// traffic. An address's `?port=` overrides it.
     pub fn port(mut self, port: u8) -> Self {
         self.port = Some(port);
@@ -278,7 +278,7 @@ impl IbConfig {
     /// The source GID index of every route (default: none — InfiniBand ports route by LID,
     /// Ethernet (RoCE) ports pick a RoCE v2 GID of the side channel's IP family, then one of
     /// the other family, then a RoCE v1 GID, as `rdma_cm` and UCX do). Opening an endpoint
-    /// fails with [`crate::ib::verbs::FabricError::NoSuchGid`] when the entry does not exist.
+    /// fails with [`FabricError::NoSuchGid`](crate::error::FabricError::NoSuchGid) when the entry does not exist.
     /// An address's `?gid=` overrides it.
     pub fn gid_index(mut self, index: u8) -> Self {
         self.gid_index = Some(index);

@@ -372,9 +372,13 @@ impl Endpoint {
     /// Asks for an operation to be cancelled. It then completes (once) with
     /// [`Error::Cancelled`] — or normally, if it finished first.
     ///
-    /// Cancellation is local: it ends this endpoint's operation and gives its buffer back, and
-    /// the peer is not asked to undo anything. A cancelled request may already have been
-    /// served (a write may be on the server's disk); its late reply is dropped. A receive not
+    /// Cancellation ends this endpoint's operation and gives its buffer back; the peer is not
+    /// asked to undo anything. A cancelled request may already have been served (a write may
+    /// be on the server's disk); its late reply is dropped. If the request had been sent, a
+    /// cancel notice follows it to the server: there [`Request::is_cancelled`] turns true,
+    /// and the request's later pulls, pushes and reply fail with [`Error::PeerCancelled`]
+    /// without moving bytes, so a server can stop work nobody waits for. The notice is
+    /// advisory: the client's operation has completed already, whatever the server does. A receive not
     /// yet matched ends at once. A transfer under way ends cleanly: on TCP at once, what the
     /// peer still sends of it being discarded (a send whose bytes are being written completes
     /// when they are, normally); on InfiniBand the peer
@@ -1046,6 +1050,9 @@ pub use request::Request;
 macro_rules! unmodelled_backend_methods {
     () => {
         fn unexpected_taken(&self, _: PeerId, _: usize) {}
+        fn request_cancelled(&self, _: PeerId, _: u64) -> bool {
+            false
+        }
         fn alloc(&self, _: usize) -> Result<RegisteredBuf> {
             Err(Error::misuse("not modelled"))
         }

@@ -7,6 +7,7 @@
 use std::io;
 
 use crate::addr::AddrError;
+pub use crate::ib::verbs::{FabricError, PortState};
 use crate::types::PeerId;
 pub use crate::wire::WireError;
 
@@ -93,7 +94,7 @@ pub enum Error {
     /// The RDMA device, port or GID selected (by [`crate::IbConfig`], `IONET_IB_DEVICE` or the
     /// address) does not exist or cannot carry traffic.
     #[error(transparent)]
-    Fabric(crate::ib::verbs::FabricError),
+    Fabric(FabricError),
     /// The endpoint was shut down.
     #[error("endpoint closed")]
     Closed,

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::addr::{Address, Scheme};
 use crate::buffers::buf::PoolStats;
 use crate::comm::{Mechanism, Origin, Policy};
-use crate::ib::verbs::{PortCounters, VerbsCounters};
+pub use crate::ib::verbs::{PortCounters, VerbsCounters};
 use crate::types::WaitMode;
 
 /// Limits, policy and counters of an endpoint.

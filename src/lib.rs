@@ -87,7 +87,7 @@ pub mod expose;
 mod flowctl;
 mod fuzzing;
 pub(crate) mod handshake;
-pub mod ib;
+mod ib;
 pub mod info;
 pub mod key_file;
 #[cfg(all(loom, test))]
@@ -139,6 +139,14 @@ pub mod internals {
     /// The frame header codec and its validation.
     pub mod wire {
         pub use crate::wire::*;
+    }
+    /// InfiniBand below the engine: the `Verbs` seam the engine runs on, the software provider
+    /// behind `softib://` (with its fault injection) and, with feature `verbs`, the libibverbs
+    /// provider — for the verbs conformance tests, the fault tests and `verbs-perf`.
+    pub mod ib {
+        #[cfg(feature = "verbs")]
+        pub use crate::ib::hw;
+        pub use crate::ib::{soft, verbs};
     }
 }
 

@@ -263,6 +263,10 @@ impl Backend for TcpBackend {
         self.deliver(st);
     }
 
+    fn request_cancelled(&self, peer: PeerId, req: u64) -> bool {
+        self.lock().session.request_cancelled(peer, req)
+    }
+
     fn progress(&self, timeout: Duration) -> Result<bool> {
         self.round(timeout, false)
     }

@@ -129,6 +129,19 @@ impl WaitMode {
     }
 }
 
+/// Wait mode names on a command line (`--wait spin`), for tools built on clap (feature `clap`).
+#[cfg(feature = "clap")]
+#[cfg_attr(docsrs, doc(cfg(feature = "clap")))]
+impl clap::ValueEnum for WaitMode {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[WaitMode::Spin, WaitMode::Block, WaitMode::Adaptive]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.name()))
+    }
+}
+
 impl std::str::FromStr for WaitMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

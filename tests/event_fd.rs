@@ -354,3 +354,137 @@ fn a_burst_of_connections_is_accepted_by_a_server_on_the_descriptor() {
         c.join().unwrap();
     }
 }
+
+/// Unexpected messages past the per-peer budget stay in the socket, the connection unread,
+/// its epoll edge spent. Taking one off the queue lets the connection be read again — by the
+/// next round, which only `arm` can ask for: no socket event will come (the client sent
+/// everything long ago and waits).
+#[test]
+fn messages_held_back_by_the_budget_are_read_once_taken_on_the_descriptor() {
+    let n = 12;
+    let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default().unexpected_per_peer(1)).unwrap();
+    let (cli, peer) = client_of(&srv, Config::default().progress_thread(true));
+    let sends: Vec<OpId> = (0..n)
+        .map(|i| cli.send_unexpected(peer, i, Bytes::from(vec![i as u8; 100]), ServiceLevel::Normal).unwrap())
+        .collect();
+    // Accept and complete the handshake until every send is written; the budget stops the
+    // reading at one message queued, so after one is taken the queue is empty and only the
+    // transport knows there is more.
+    let deadline = Instant::now() + LOST;
+    let mut written = 0;
+    while written < sends.len() {
+        assert!(Instant::now() < deadline, "the client's sends were never written");
+        srv.try_progress().unwrap();
+        written =
+            sends.iter().filter(|&&op| cli.test(op).unwrap().is_some() || cli.test(op).is_err()).count();
+        if srv.arm().unwrap() == Arm::Armed {
+            readable_within(&srv, Duration::from_millis(10));
+        }
+    }
+    // One message at a time, the event-loop way.
+    let mut tags = Vec::new();
+    while tags.len() < n as usize {
+        srv.try_progress().unwrap();
+        if let Some(u) = srv.recv_unexpected(Some(Duration::ZERO)).unwrap() {
+            tags.push(u.tag);
+        }
+        if tags.len() < n as usize && srv.arm().unwrap() == Arm::Armed {
+            assert!(readable_within(&srv, LOST), "{} of {n} messages taken, then the loop slept", tags.len());
+        }
+    }
+    assert_eq!(tags, (0..n).collect::<Vec<_>>());
+    drop(cli);
+}
+
+/// A peer whose listener accepts the connection and then says nothing: the handshake deadline
+/// is a transport timer, with no socket event to announce it, so an armed client must be woken
+/// to run the round that fails the peer — its operation fails, rather than the loop sleeping
+/// forever.
+fn a_silent_peer_fails_a_client_sleeping_on_the_descriptor(scheme: &str) {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = format!("{scheme}://{}", silent.local_addr().unwrap());
+    let cfg = Config::default().handshake_timeout(Duration::from_millis(300));
+    let cli = Endpoint::client(cfg).unwrap();
+    let peer = cli.connect(addr.as_str()).unwrap();
+    let op = cli.send(peer, 1, Bytes::from_static(b"hello?"), ServiceLevel::Normal).unwrap();
+    let mut sleeps = 0;
+    let c = wait_on_fd(&cli, op, &mut sleeps);
+    assert!(matches!(c.result, Err(Error::PeerLost { .. })), "{:?}", c.result);
+    drop(silent);
+}
+
+#[test]
+fn a_silent_peer_fails_a_client_sleeping_on_the_descriptor_over_tcp() {
+    a_silent_peer_fails_a_client_sleeping_on_the_descriptor("tcp");
+}
+
+#[test]
+fn a_silent_peer_fails_a_client_sleeping_on_the_descriptor_over_softib() {
+    a_silent_peer_fails_a_client_sleeping_on_the_descriptor("softib");
+}
+
+/// Over InfiniBand a cancelled read whose buffer the server may still write holds it until the
+/// server lets go, for at most the cancel grace period: a timer, so a client sleeping on the
+/// descriptor must be woken to end the wait when the server never answers.
+#[test]
+fn a_cancel_grace_ends_for_a_client_sleeping_on_the_descriptor() {
+    let srv = Endpoint::bind("softib://127.0.0.1:0", Config::default().progress_thread(true)).unwrap();
+    let cfg = Config::default().ib(ionet::IbConfig::default().cancel_grace(Duration::from_millis(300)));
+    let (cli, peer) = client_of(&srv, cfg);
+    // Large enough that the server writes it by RDMA: the client's buffer is registered.
+    let room = Payload::In(bytes::BytesMut::zeroed(4 << 20).into());
+    let op = cli.request(peer, 1, Bytes::new(), room, ServiceLevel::Bulk).unwrap();
+    let deadline = Instant::now() + LOST;
+    let _held = loop {
+        assert!(Instant::now() < deadline, "the request never reached the server");
+        cli.try_progress().unwrap();
+        if let Some(r) = srv.next_request(Some(Duration::ZERO)).unwrap() {
+            break r;
+        }
+        if cli.arm().unwrap() == Arm::Armed {
+            readable_within(&cli, Duration::from_millis(10));
+        }
+    };
+    cli.cancel(op).unwrap();
+    let mut sleeps = 0;
+    let c = wait_on_fd(&cli, op, &mut sleeps);
+    assert!(matches!(c.result, Err(Error::Cancelled)), "{:?}", c.result);
+}
+
+/// A client that asks for far more than it reads: the server's answers pile up to its transmit
+/// bound, and the stall deadline that drops such a peer is a transport timer with no socket
+/// event to announce it (the socket never becomes writable again). A server sleeping on the
+/// descriptor must still drop the peer rather than sleep forever.
+#[test]
+fn a_stalled_peer_is_dropped_by_a_server_sleeping_on_the_descriptor() {
+    let cfg = Config::default().stall_timeout(Duration::from_millis(300)).transmit_bytes_per_peer(64 << 10);
+    let srv = Endpoint::bind("tcp://127.0.0.1:0", cfg).unwrap();
+    let x = srv.expose(srv.alloc(1 << 20).unwrap(), ionet::Access::READ).unwrap();
+    let (cli, peer) = client_of(&srv, Config::default());
+    // Connect (the server's rounds answer the handshake), then ask for far more than the
+    // sockets' buffers hold, and never run the client's progress again.
+    let hello = cli.send_unexpected(peer, 0, Bytes::from_static(b"hi"), ServiceLevel::Normal).unwrap();
+    let deadline = Instant::now() + LOST;
+    while srv.recv_unexpected(Some(Duration::ZERO)).unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the client never connected");
+        let _ = cli.test(hello);
+    }
+    let gets: Vec<OpId> = (0..64)
+        .map(|_| cli.get(peer, bytes::BytesMut::zeroed(1 << 20), x.handle(), ServiceLevel::Normal).unwrap())
+        .collect();
+    let deadline = Instant::now() + LOST;
+    loop {
+        srv.try_progress().unwrap();
+        if srv.info().counters.peers_lost >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the stalled peer was never dropped");
+        if srv.arm().unwrap() == Arm::Armed {
+            assert!(
+                readable_within(&srv, LOST),
+                "armed descriptor never became readable with a peer stalled"
+            );
+        }
+    }
+    drop((gets, cli));
+}

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use ionet::expose::MemHandle;
-use ionet::ib::verbs::{Gid, QpEndpointInfo};
+use ionet::internals::ib::verbs::{Gid, QpEndpointInfo};
 use ionet::internals::wire::{
     FLAG_ABORT, FLAG_INLINE_DATA, FLAG_PAYLOAD_OUT, FLAG_STREAMED, HEADER_LEN, Header, Kind,
 };

@@ -10,8 +10,8 @@ use std::io::Write;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use ionet::ib::soft::SoftPort;
-use ionet::ib::verbs::{FabricError, Gid, GidType, Mtu, PortState, QpEndpointInfo};
+use ionet::internals::ib::soft::SoftPort;
+use ionet::internals::ib::verbs::{FabricError, Gid, GidType, Mtu, PortState, QpEndpointInfo};
 use ionet::*;
 
 mod common;

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use ionet::ib::soft::{FaultPlan, SoftHook};
+use ionet::internals::ib::soft::{FaultPlan, SoftHook};
 use ionet::*;
 
 mod common;

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use ionet::ib::verbs::VerbsCounters;
+use ionet::internals::ib::verbs::VerbsCounters;
 use ionet::*;
 
 mod common;

@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ionet::ib::soft::{FaultPlan, SoftConfig, SoftContext, SoftPort, SoftProvider};
-use ionet::ib::verbs::*;
+use ionet::internals::ib::soft::{FaultPlan, SoftConfig, SoftContext, SoftPort, SoftProvider};
+use ionet::internals::ib::verbs::*;
 
 /// Upper bound on any wait: only reached when something is broken.
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -74,7 +74,7 @@ impl TestProvider for SoftContext {
 }
 
 #[cfg(feature = "verbs")]
-impl TestProvider for ionet::ib::hw::HwContext {
+impl TestProvider for ionet::internals::ib::hw::HwContext {
     const NAME: &'static str = "hw";
     fn inject(&self, _: u32, _: FaultPlan) -> bool {
         false
@@ -83,7 +83,7 @@ impl TestProvider for ionet::ib::hw::HwContext {
     fn open_ctx() -> Self {
         let dev = std::env::var("IONET_IB_DEVICE").ok().filter(|v| !v.is_empty());
         let name = dev.as_deref().map(|v| v.split(':').next().unwrap_or(v));
-        ionet::ib::hw::HwProvider::new().open(name).expect("open RDMA device")
+        ionet::internals::ib::hw::HwProvider::new().open(name).expect("open RDMA device")
     }
     /// The port `IONET_IB_DEVICE` names, else 1.
     fn port() -> u8 {
@@ -561,7 +561,7 @@ fn agent_main() {
     match std::env::var("IONET_VERBS_AGENT").as_deref() {
         Ok("soft") => serve::<SoftContext>(),
         #[cfg(feature = "verbs")]
-        Ok("hw") => serve::<ionet::ib::hw::HwContext>(),
+        Ok("hw") => serve::<ionet::internals::ib::hw::HwContext>(),
         _ => {}
     }
 }
@@ -1049,19 +1049,19 @@ fn route_checks<V: TestProvider>(p: &mut Pair<V>) {
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
         mod soft_inproc {
-            $(#[test] fn $name() { super::$name(&mut super::Pair::<ionet::ib::soft::SoftContext>::inproc()); })*
+            $(#[test] fn $name() { super::$name(&mut super::Pair::<ionet::internals::ib::soft::SoftContext>::inproc()); })*
         }
         mod soft_xproc {
-            $(#[test] fn $name() { super::$name(&mut super::Pair::<ionet::ib::soft::SoftContext>::xproc()); })*
+            $(#[test] fn $name() { super::$name(&mut super::Pair::<ionet::internals::ib::soft::SoftContext>::xproc()); })*
         }
         mod soft_roce_inproc {
             $(#[test] fn $name() {
-                super::over_roce(|| super::$name(&mut super::Pair::<ionet::ib::soft::SoftContext>::inproc()));
+                super::over_roce(|| super::$name(&mut super::Pair::<ionet::internals::ib::soft::SoftContext>::inproc()));
             })*
         }
         mod soft_roce_xproc {
             $(#[test] fn $name() {
-                super::over_roce(|| super::$name(&mut super::Pair::<ionet::ib::soft::SoftContext>::xproc()));
+                super::over_roce(|| super::$name(&mut super::Pair::<ionet::internals::ib::soft::SoftContext>::xproc()));
             })*
         }
         /// The whole suite on the hardware provider, or a printed reason why not.
@@ -1071,8 +1071,8 @@ macro_rules! suite {
         }
         #[cfg(feature = "verbs")]
         mod hw {
-            use ionet::ib::hw::{HwContext, HwProvider};
-            use ionet::ib::verbs::Provider;
+            use ionet::internals::ib::hw::{HwContext, HwProvider};
+            use ionet::internals::ib::verbs::Provider;
             $(pub(super) fn $name() { super::$name(&mut super::Pair::<HwContext>::xproc()); })*
             pub(super) fn run(tests: &[(&str, fn())]) {
                 match HwProvider::new().devices() {

@@ -9,8 +9,8 @@
 
 use std::process::Command;
 
-use ionet::ib::soft::{PinMethod, SoftConfig, SoftProvider};
-use ionet::ib::verbs::*;
+use ionet::internals::ib::soft::{PinMethod, SoftConfig, SoftProvider};
+use ionet::internals::ib::verbs::*;
 
 mod common;
 use common::{vm_locked_kib, vm_pin_kib};

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use ionet::ib::soft::{FaultPlan, SoftConfig, SoftContext, SoftProvider};
-use ionet::ib::verbs::*;
+use ionet::internals::ib::soft::{FaultPlan, SoftConfig, SoftContext, SoftProvider};
+use ionet::internals::ib::verbs::*;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 const QUIET: Duration = Duration::from_millis(50);
@@ -29,7 +29,12 @@ fn open(cfg: SoftConfig) -> SoftContext {
     SoftProvider::new(cfg).open(None).expect("open softib")
 }
 
-fn reg(ctx: &SoftContext, pd: &Pd, buf: &mut [u8], access: AccessFlags) -> ionet::ib::verbs::VerbsResult<Mr> {
+fn reg(
+    ctx: &SoftContext,
+    pd: &Pd,
+    buf: &mut [u8],
+    access: AccessFlags,
+) -> ionet::internals::ib::verbs::VerbsResult<Mr> {
     // SAFETY: every caller keeps `buf` alive (and untouched by Rust while work is outstanding)
     // until the returned MR is dropped.
     unsafe { ctx.reg_mr(pd, buf.as_mut_ptr(), buf.len(), access) }
@@ -435,7 +440,7 @@ fn channel_events_name_the_cq_that_fired() {
 /// MTU both ports take carries the same send. Ethernet ports, so both routes use a GRH.
 #[test]
 fn a_path_mtu_above_the_receivers_port_is_never_acknowledged() {
-    use ionet::ib::soft::SoftPort;
+    use ionet::internals::ib::soft::SoftPort;
     let port =
         |mtu| SoftConfig { ports: vec![SoftPort::ethernet().with_active_mtu(mtu)], ..SoftConfig::default() };
     let (a, b) = (End::new(port(Mtu::Mtu4096)), End::new(port(Mtu::Mtu1024)));

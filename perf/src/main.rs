@@ -40,9 +40,9 @@ struct Cli {
     /// negotiated limits, and exit.
     #[arg(long)]
     show_policy: bool,
-    /// Transport for --show-policy: tcp, softib or ib.
+    /// Transport for --show-policy.
     #[arg(long, default_value = "tcp")]
-    transport: String,
+    transport: Scheme,
     /// Pin this process to one CPU (the comparison pins client and server to different CPUs
     /// so blocking wake-ups always cross CPUs, as between two hosts).
     #[arg(long, global = true)]
@@ -125,7 +125,7 @@ enum Cmd {
     Server {
         #[arg(long, default_value = "tcp://127.0.0.1:0")]
         listen: String,
-        #[arg(long, default_value = "block", value_parser = parse_wait)]
+        #[arg(long, default_value = "block")]
         wait: WaitMode,
         #[command(flatten)]
         knobs: Knobs,
@@ -138,7 +138,7 @@ enum Cmd {
     QosServer {
         #[arg(long, default_value = "tcp://127.0.0.1:0")]
         listen: String,
-        #[arg(long, default_value = "block", value_parser = parse_wait)]
+        #[arg(long, default_value = "block")]
         wait: WaitMode,
     },
     /// Serve the raw-socket baselines on host:port (prints `LISTEN <addr>`).
@@ -159,7 +159,7 @@ enum Cmd {
     Client {
         #[command(flatten)]
         run: RunArgs,
-        #[arg(long, default_value = "block", value_parser = parse_wait)]
+        #[arg(long, default_value = "block")]
         wait: WaitMode,
         /// Check every payload byte.
         #[arg(long)]
@@ -189,12 +189,12 @@ enum Cmd {
     /// Loopback self-test: starts its own server, checks data integrity, prints a table.
     Selftest {
         #[arg(long, default_value = "tcp")]
-        transport: String,
+        transport: Scheme,
     },
     /// Side-by-side comparison against raw-socket baselines (and iperf3 when installed).
     Compare {
         #[arg(long, default_value = "tcp")]
-        transport: String,
+        transport: Scheme,
         #[arg(long, default_value_t = 5)]
         runs: usize,
         /// Shorter runs (a smoke check, not for BENCHMARKS.md).
@@ -210,7 +210,7 @@ enum Cmd {
     /// Latency and bandwidth of several transports side by side in one run, with the raw-socket
     /// ping-pong (spin and blocking), the raw TCP streamer, memcpy and iperf3 (when installed).
     Ab {
-        #[arg(long, value_delimiter = ',', default_value = "tcp,softib", value_parser = parse_scheme)]
+        #[arg(long, value_delimiter = ',', default_value = "tcp,softib")]
         transports: Vec<Scheme>,
         /// Message sizes of the round-trip sweep.
         #[arg(long, default_value = "8,256,4k,64k,1m")]
@@ -235,7 +235,7 @@ enum Cmd {
     },
     /// Measure every mechanism across sizes on a transport and print recommended thresholds.
     Calibrate {
-        #[arg(long, value_delimiter = ',', default_value = "softib", value_parser = parse_scheme)]
+        #[arg(long, value_delimiter = ',', default_value = "softib")]
         transports: Vec<Scheme>,
         /// A mechanism is kept while within this fraction of the fastest.
         #[arg(long, default_value_t = 0.05)]
@@ -245,9 +245,9 @@ enum Cmd {
     },
     /// Control-class round trips under a bulk stream, service levels on against off.
     Qos {
-        #[arg(long, value_delimiter = ',', default_value = "tcp,softib", value_parser = parse_scheme)]
+        #[arg(long, value_delimiter = ',', default_value = "tcp,softib")]
         transports: Vec<Scheme>,
-        #[arg(long, default_value = "block", value_parser = parse_wait)]
+        #[arg(long, default_value = "block")]
         wait: WaitMode,
         #[command(flatten)]
         common: Common,
@@ -303,10 +303,6 @@ struct Common {
     link_prefix: String,
 }
 
-fn parse_wait(s: &str) -> Result<WaitMode, String> {
-    s.parse()
-}
-
 fn parse_sl(s: &str) -> Result<ServiceLevel, String> {
     ServiceLevel::ALL
         .into_iter()
@@ -317,10 +313,6 @@ fn parse_sl(s: &str) -> Result<ServiceLevel, String> {
 /// A size on the command line, in the syntax `stripefs` takes too.
 fn parse_one_size(s: &str) -> Result<usize, String> {
     benchkit::units::parse_size_usize(s)
-}
-
-fn parse_scheme(s: &str) -> Result<Scheme, String> {
-    s.parse().map_err(|e: ionet::addr::AddrError| e.to_string())
 }
 
 /// `8,4k,1m` or `1:16m` (powers of two).
@@ -407,7 +399,7 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
     pin(cli.cpu)?;
     let cc = cli.tcp_congestion.as_deref();
     if cli.show_policy {
-        return show_policy(parse_scheme(&cli.transport)?);
+        return show_policy(cli.transport);
     }
     match cli.cmd {
         None => {
@@ -512,9 +504,9 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
             }
             Ok(())
         }
-        Some(Cmd::Selftest { transport }) => selftest(parse_scheme(&transport)?),
+        Some(Cmd::Selftest { transport }) => selftest(transport),
         Some(Cmd::Compare { transport, runs, quick, csv, markdown }) => {
-            compare(parse_scheme(&transport)?, runs.max(1), quick, csv, markdown)
+            compare(transport, runs.max(1), quick, csv, markdown)
         }
         Some(Cmd::Ab { transports, lat_sizes, bw_sizes, spin_sizes, no_spin, bw_only, window, common }) => {
             let mut o = ab::AbOpts::new(transports, common.runs, common.quick);
@@ -1068,5 +1060,18 @@ mod tests {
         assert_eq!(parse_sizes("1:8").unwrap(), vec![1, 2, 4, 8]);
         assert_eq!(parse_sizes("16:64").unwrap(), vec![16, 32, 64]);
         assert!(parse_sizes("x").is_err());
+    }
+
+    /// Scheme and wait-mode names come from ionet's own `ValueEnum`s.
+    #[test]
+    fn transports_and_wait_modes_parse_by_their_names() {
+        let cli = Cli::try_parse_from(["ionet-perf", "selftest", "--transport", "softib"]).unwrap();
+        assert!(matches!(cli.cmd, Some(Cmd::Selftest { transport: Scheme::SoftIb })));
+        assert!(Cli::try_parse_from(["ionet-perf", "selftest", "--transport", "udp"]).is_err());
+        let cli = Cli::try_parse_from(["ionet-perf", "--show-policy", "--transport", "ib"]).unwrap();
+        assert_eq!(cli.transport, Scheme::Ib);
+        let cli = Cli::try_parse_from(["ionet-perf", "server", "--wait", "spin"]).unwrap();
+        assert!(matches!(cli.cmd, Some(Cmd::Server { wait: WaitMode::Spin, .. })));
+        assert!(Cli::try_parse_from(["ionet-perf", "server", "--wait", "sometimes"]).is_err());
     }
 }

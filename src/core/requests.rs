@@ -103,6 +103,12 @@ impl<X> Requests<X> {
         }
     }
 
+    /// Whether the client's notice that it cancelled open request `req` has arrived. False for
+    /// a request that is not open (answered, or never received): there is nothing left to stop.
+    pub(crate) fn is_cancelled(&self, peer: PeerId, req: u64) -> bool {
+        self.open.get(&(peer, req)).is_some_and(|r| r.cancelled)
+    }
+
     /// Forgets every request of a lost client.
     pub(crate) fn drop_peer(&mut self, peer: PeerId) {
         self.open.retain(|(p, _), _| *p != peer);
@@ -312,6 +318,25 @@ mod tests {
         assert_eq!(r.close(PeerId(1), 9).map(|q| q.len).ok(), Some(100));
         assert!(r.close(PeerId(1), 9).is_err());
         r.drop_peer(PeerId(1));
+        assert_eq!(r.len(), 1);
+    }
+
+    /// Both transports record a client's cancel notice here: one for a request that is not
+    /// open (answered, never sent, or another client's) changes nothing and keeps nothing.
+    #[test]
+    fn a_cancel_notice_marks_only_an_open_request_of_its_client() {
+        let mut r = reqs();
+        for id in [0, 8, 11, u64::MAX] {
+            r.cancelled_by_client(PeerId(1), id);
+        }
+        r.cancelled_by_client(PeerId(2), 9);
+        assert_eq!(r.len(), 2, "no request opened by a notice");
+        assert!(!r.is_cancelled(PeerId(1), 9) && !r.is_cancelled(PeerId(1), 10));
+        r.cancelled_by_client(PeerId(1), 9);
+        assert!(r.is_cancelled(PeerId(1), 9) && !r.is_cancelled(PeerId(1), 10));
+        assert!(r.close(PeerId(1), 9).is_ok_and(|q| q.cancelled));
+        r.cancelled_by_client(PeerId(1), 9);
+        assert!(!r.is_cancelled(PeerId(1), 9), "an answered request stays closed");
         assert_eq!(r.len(), 1);
     }
 

@@ -54,10 +54,27 @@ impl Request {
         &self.ep
     }
 
+    /// Whether the client has cancelled this request ([`Endpoint::cancel`], a deadline, or
+    /// dropping its future): its notice travels behind the request, so a server working on a
+    /// long request can check this between steps and stop early.
+    ///
+    /// It says what this endpoint's progress has received so far: with no progress thread,
+    /// the notice arrives in the server's next `wait`, `test`, `next_request` or
+    /// [`Endpoint::try_progress`]. A notice sent before the request itself arrived may come
+    /// only behind the part of a streamed payload already on its way; a pull meets the cut
+    /// and fails with [`Error::PeerCancelled`] at the latest. Once it has, pulls and pushes posted for the request fail at
+    /// once with [`Error::PeerCancelled`] without moving bytes (ones already under way end
+    /// either way, their bytes discarded by the client), and so does the reply, which the
+    /// server still sends (or drops the `Request`) to release what the request holds. False is no promise: the client may
+    /// cancel at any moment, and its completion then ignores whatever the server still does.
+    pub fn is_cancelled(&self) -> bool {
+        self.ep.backend().is_ok_and(|b| b.request_cancelled(self.meta.peer, self.meta.id))
+    }
+
     /// Pulls `buf.capacity()` bytes of the client's OUT payload starting at `offset` into
     /// `buf`. Several pulls may be outstanding (pipelining).
     ///
-    /// Over TCP a payload may be streamed behind its request ([`Config::stream_requests`]): its
+    /// Over TCP a payload may be streamed behind its request ([`Config::stream_requests`](crate::Config::stream_requests)): its
     /// bytes then arrive in order and go into the pulls that cover them, so pulls may come in
     /// any order and size but may not overlap, nor go back over bytes an earlier pull (or the
     /// answer) has already consumed; and until a pull covers the next byte, later messages
@@ -78,6 +95,12 @@ impl Request {
     }
 
     /// Pushes `buf` into the client's IN buffer at `offset`.
+    ///
+    /// The server decides how much of the room ([`Request::payload_len`]) it fills; the
+    /// client's completion counts up to the end of the furthest byte pushed
+    /// ([`Completion::len`](crate::Completion::len)), so an answer whose size only the server
+    /// knows needs no length in the reply. A push past the room fails here with
+    /// [`Error::Misuse`] and moves nothing; the request stays open.
     pub fn push_from(&self, buf: impl Into<SendBuf>, offset: u64) -> Result<OpId> {
         let buf = buf.into();
         if self.meta.dir != Direction::In {

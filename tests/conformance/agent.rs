@@ -65,6 +65,7 @@ enum Call {
     NextRequest { ep: u32, timeout: Option<Duration> },
     Pull { req: u64, buf: RBuf, offset: u64 },
     Push { req: u64, buf: SBuf, offset: u64 },
+    IsCancelled { req: u64 },
     Reply { req: u64, header: Bytes, error: bool },
     DropRequest { req: u64 },
     Expose { ep: u32, data: Bytes, access: u8 },
@@ -87,6 +88,7 @@ enum Answer {
     Exposure { id: u64, handle: Vec<u8> },
     Bytes(Bytes),
     Len(usize),
+    Flag(bool),
     Info(Box<WInfo>),
 }
 
@@ -340,7 +342,7 @@ fn from_wire_info(w: WInfo) -> Info {
             r.open_requests,
         ] = [g[0], g[1], g[2], g[3], g[4], g[6], g[7], g[8]];
         r.zone_bytes_held = g[5] as u64;
-        r.provider = ionet::ib::verbs::VerbsCounters {
+        r.provider = ionet::internals::ib::verbs::VerbsCounters {
             registrations: p[0],
             deregistrations: p[1],
             registered_bytes: p[2],
@@ -627,6 +629,12 @@ impl ReqApi for RemoteReq {
             a => unexpected_answer(a),
         }
     }
+    fn is_cancelled(&self) -> Result<bool> {
+        match self.agent.call(Call::IsCancelled { req: self.id })? {
+            Answer::Flag(f) => Ok(f),
+            a => unexpected_answer(a),
+        }
+    }
     fn reply(mut self: Box<Self>, header: Bytes, error: bool) -> Result<OpId> {
         self.answered = true;
         match self.agent.call(Call::Reply { req: self.id, header, error })? {
@@ -768,6 +776,11 @@ impl Host {
                 let reqs = self.reqs.lock().unwrap();
                 let r = reqs.get(&req).ok_or_else(|| Error::Misuse("no such request".into()))?;
                 Answer::Op(ids::op(r.push_from(to_send_buf(r.endpoint(), buf)?, offset)?))
+            }
+            Call::IsCancelled { req } => {
+                let reqs = self.reqs.lock().unwrap();
+                let r = reqs.get(&req).ok_or_else(|| Error::Misuse("no such request".into()))?;
+                Answer::Flag(r.is_cancelled())
             }
             Call::Reply { req, header, error } => {
                 let r = self

@@ -494,7 +494,7 @@ impl Config {
             ib = ib.cancel_grace(Duration::from_millis(ms));
         }
         if let Some(f) = &self.faults {
-            ib = ib.soft_faults(ionet::ib::soft::FaultPlan {
+            ib = ib.soft_faults(ionet::internals::ib::soft::FaultPlan {
                 rnr_attempts: f.rnr_attempts,
                 remote_access_errors: f.remote_access_errors,
                 qp_error_after: f.qp_error_after,
@@ -545,6 +545,7 @@ pub trait Api: Send + Sync {
 pub trait ReqApi: Send {
     fn pull(&self, buf: RBuf, offset: u64) -> Result<OpId>;
     fn push(&self, buf: SBuf, offset: u64) -> Result<OpId>;
+    fn is_cancelled(&self) -> Result<bool>;
     fn reply(self: Box<Self>, header: Bytes, error: bool) -> Result<OpId>;
 }
 
@@ -590,6 +591,9 @@ impl Request {
     }
     pub fn push_from(&self, buf: impl Into<SBuf>, offset: u64) -> Result<OpId> {
         self.inner.push(buf.into(), offset)
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.is_cancelled().expect("is_cancelled")
     }
     pub fn reply(self, header: impl Into<Bytes>) -> Result<OpId> {
         self.inner.reply(header.into(), false)
@@ -922,6 +926,9 @@ impl ReqApi for LocalReq {
     fn push(&self, buf: SBuf, offset: u64) -> Result<OpId> {
         let ep = self.0.endpoint();
         Ok(ids::op(self.0.push_from(to_send_buf(ep, buf)?, offset)?))
+    }
+    fn is_cancelled(&self) -> Result<bool> {
+        Ok(self.0.is_cancelled())
     }
     fn reply(self: Box<Self>, header: Bytes, error: bool) -> Result<OpId> {
         let op = if error {

@@ -69,6 +69,8 @@ macro_rules! transport_suite {
                 get_len_is_the_requested_length,
                 pull_len_is_the_bytes_pulled,
                 pushed_len_is_the_extent_written,
+                cancelled_request_is_seen_by_its_server,
+                server_sized_read_counts_what_was_pushed,
             );
         }
     };
@@ -859,4 +861,105 @@ pub fn one_way_streams_keep_flowing(net: &Net) {
             assert!(recv_bytes(&c) == pattern(len, tag * 1000 + i as u64), "{len} B message {i}");
         }
     }
+}
+
+/// Polls until the server's request shows its client's cancel notice.
+fn until_cancelled(req: &Request, what: &str) {
+    let deadline = Instant::now() + T;
+    while !req.is_cancelled() {
+        assert!(Instant::now() < deadline, "{what}: the cancel notice never reached the server");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A client cancels requests the server holds (a read and a write, large enough to go by
+/// server-based RDMA on InfiniBand, where the client's buffer is held until the server lets
+/// go): the server sees it, its pulls, pushes and reply move nothing and fail with
+/// `PeerCancelled`, the client's op completes once with `Cancelled` — within its grace period,
+/// which is longer than the test's bound, so a server that never lets go fails the test — and
+/// the connection serves the next request.
+pub fn cancelled_request_is_seen_by_its_server(net: &Net) {
+    let cli_cfg = Config::default().progress_thread(true).cancel_grace(10 * T);
+    let (srv, cli, p) = pair(net, Config::default(), cli_cfg);
+    let len = 3 << 20;
+    for write in [false, true] {
+        let payload = if write {
+            Payload::Out(Bytes::from(pattern(len, 5)).into())
+        } else {
+            Payload::In(BytesMut::zeroed(len).into())
+        };
+        let op = cli.request(p, 9, Bytes::from_static(b"slow"), payload, ServiceLevel::Normal).unwrap();
+        let req = srv.next_request(Some(T)).unwrap().expect("request");
+        assert!(!req.is_cancelled(), "not cancelled yet");
+        cli.cancel(op).unwrap();
+        until_cancelled(&req, if write { "write" } else { "read" });
+        let moved = if write {
+            req.pull_into(BytesMut::zeroed(len), 0).unwrap()
+        } else {
+            req.push_from(Bytes::from(vec![1u8; len]), 0).unwrap()
+        };
+        let c = wait(&srv, moved);
+        assert!(matches!(c.result, Err(Error::PeerCancelled)), "write: {write}: {:?}", c.result);
+        let r = wait(&srv, req.reply(Bytes::from_static(b"late")).unwrap());
+        assert!(matches!(r.result, Err(Error::PeerCancelled)), "write: {write}: {:?}", r.result);
+        let c = wait(&cli, op);
+        assert!(matches!(c.result, Err(Error::Cancelled)), "write: {write}: {:?}", c.result);
+        assert!(cli.test(op).is_err(), "completed once, then unknown");
+    }
+    let op = cli
+        .request(p, 9, Bytes::new(), Payload::In(BytesMut::zeroed(16).into()), ServiceLevel::Normal)
+        .unwrap();
+    let req = srv.next_request(Some(T)).unwrap().expect("request");
+    assert!(!req.is_cancelled());
+    wait_ok(&srv, req.push_from(Bytes::from(pattern(16, 1)), 0).unwrap());
+    wait_ok(&srv, req.reply(Bytes::from_static(b"ok")).unwrap());
+    let c = wait_ok(&cli, op);
+    assert_eq!(recv_bytes(&c), pattern(16, 1));
+    assert_eq!(cli.info().counters.peers_lost, 0, "the connection stood throughout");
+    assert_eq!(srv.info().counters.peers_lost, 0, "the connection stood throughout");
+}
+
+/// A read whose size only the server knows: the client offers room for `cap` bytes, the server
+/// pushes the `n ≤ cap` it has, and the client's completion counts `n` — nothing, a little,
+/// the whole room; for a small room and for one the server fills by RDMA on InfiniBand. A push
+/// past the room is refused on the server before anything moves, and the read it belongs to
+/// goes on unaffected.
+pub fn server_sized_read_counts_what_was_pushed(net: &Net) {
+    let (srv, cli, p) = pair(net, Config::default(), Config::default());
+    let mut cases = Vec::new();
+    for cap in [4096usize, 1 << 20] {
+        for n in [0, 1, cap / 3, cap - 1, cap] {
+            cases.push((cap, n));
+        }
+    }
+    let count = cases.len();
+    let srv2 = srv.clone();
+    let server = std::thread::spawn(move || {
+        for _ in 0..count {
+            let req = srv2.next_request(Some(T)).unwrap().expect("request");
+            let cap = req.payload_len() as usize;
+            let n = u64::from_le_bytes(req.header()[..8].try_into().unwrap()) as usize;
+            // More than the room: refused locally, whatever the offset.
+            for (off, len) in [(0, cap + 1), (cap as u64, 1), (1, cap), (u64::MAX, 2)] {
+                let r = req.push_from(Bytes::from(vec![9u8; len]), off);
+                assert!(matches!(r, Err(Error::Misuse(_))), "push of {len} at {off} into {cap}: {r:?}");
+            }
+            if n > 0 {
+                assert_eq!(
+                    wait_ok(&srv2, req.push_from(Bytes::from(pattern(n, n as u64)), 0).unwrap()).len(),
+                    n
+                );
+            }
+            wait_ok(&srv2, req.reply(Bytes::from_static(b"ok")).unwrap());
+        }
+    });
+    for (cap, n) in cases {
+        let header = Bytes::copy_from_slice(&(n as u64).to_le_bytes());
+        let room = Payload::In(BytesMut::zeroed(cap).into());
+        let c = wait_ok(&cli, cli.request(p, 4, header, room, ServiceLevel::Normal).unwrap());
+        assert_eq!(c.len(), n, "{n} B pushed into {cap}");
+        assert_eq!(c.reply.as_deref(), Some(&b"ok"[..]));
+        assert!(c.data().unwrap() == pattern(n, n as u64), "{n} B pushed into {cap}");
+    }
+    server.join().unwrap();
 }

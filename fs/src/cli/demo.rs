@@ -26,7 +26,7 @@ pub struct DemoArgs {
     size_mib: u64,
     /// Transports to compare.
     #[arg(long, value_delimiter = ',', default_value = "tcp,softib")]
-    transports: Vec<String>,
+    transports: Vec<Scheme>,
     /// Number of io servers.
     #[arg(long, default_value_t = 4)]
     io_servers: u32,
@@ -133,8 +133,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let want = xxhash_rust::xxh3::xxh3_64(&data);
     let mut rbuf = Some(prefaulted(size));
     let mut cols = Vec::new();
-    for t in &a.transports {
-        let scheme: Scheme = t.parse()?;
+    for &scheme in &a.transports {
         let col = match probe(scheme) {
             Err(reason) => Column::Unavailable(reason),
             Ok(()) => {

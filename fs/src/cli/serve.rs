@@ -33,8 +33,8 @@ pub struct ServeArgs {
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Transport of a local cluster started without a cluster file.
-    #[arg(long, default_value = "tcp", value_parser = ["tcp", "softib", "ib"])]
-    transport: String,
+    #[arg(long, default_value = "tcp")]
+    transport: Scheme,
     /// Address to listen on: a full address for one server, a host for a local cluster.
     #[arg(long)]
     listen: Option<String>,
@@ -66,8 +66,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 3600)]
     cap_lifetime: u64,
     /// How server threads wait for the network: spin, block or adaptive.
-    #[arg(long, default_value = "adaptive", value_parser = ["spin", "block", "adaptive"])]
-    wait: String,
+    #[arg(long, default_value = "adaptive")]
+    wait: WaitMode,
     /// Run only on these CPUs (comma-separated ids, like `taskset -c`); default: all.
     #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
@@ -83,14 +83,6 @@ pub struct ServeArgs {
     /// Exit when standard input closes (used by launchers so servers never outlive them).
     #[arg(long, hide = true)]
     exit_with_parent: bool,
-}
-
-fn wait_mode(s: &str) -> WaitMode {
-    match s {
-        "spin" => WaitMode::Spin,
-        "block" => WaitMode::Block,
-        _ => WaitMode::Adaptive,
-    }
 }
 
 fn announce(addr: Option<Address>) -> Result<()> {
@@ -209,7 +201,7 @@ pub fn run(a: ServeArgs, cluster: Option<PathBuf>) -> Result<()> {
         }
         m.cap_lifetime = Duration::from_secs(a.cap_lifetime);
         m.workers = a.workers;
-        m.wait_mode = wait_mode(&a.wait);
+        m.wait_mode = a.wait;
         let h = MetaServer::start(m)?;
         return serve_until_stopped(&a, Role::Meta, h, &stop, a.drain_timeout);
     }
@@ -240,7 +232,7 @@ fn run_io(a: &ServeArgs, i: u32, cfg: Option<&ClusterConfig>, stop: &mpsc::Recei
     }
     s.pipeline_depth = a.pipeline_depth;
     s.workers = a.workers;
-    s.wait_mode = wait_mode(&a.wait);
+    s.wait_mode = a.wait;
     if let Some(m) = a.max_open {
         s.max_open = m;
     }
@@ -273,7 +265,7 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>, stop: &mpsc::Rec
         }
         None => {
             let dir = a.data_dir.clone().unwrap_or_else(|| PathBuf::from("stripefs-data"));
-            let mut o = LocalClusterOptions::new(exe, a.transport.parse::<Scheme>()?, a.io_servers, dir);
+            let mut o = LocalClusterOptions::new(exe, a.transport, a.io_servers, dir);
             if let Some(h) = &a.listen {
                 o.host = h.clone();
             }
@@ -282,7 +274,7 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>, stop: &mpsc::Rec
         }
     };
     let drain = humantime::format_duration(a.drain_timeout).to_string();
-    opts.io_args = vec!["--workers".into(), a.workers.to_string(), "--wait".into(), a.wait.clone()];
+    opts.io_args = vec!["--workers".into(), a.workers.to_string(), "--wait".into(), a.wait.name().into()];
     opts.io_args.extend(["--drain-timeout".into(), drain.clone()]);
     opts.io_args.extend(["--pipeline-depth".into(), a.pipeline_depth.to_string()]);
     if let Some(m) = a.max_open {
@@ -295,7 +287,7 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>, stop: &mpsc::Rec
         opts.io_args.push("--copy-io".into());
     }
     opts.meta_args =
-        vec!["--cap-lifetime".into(), a.cap_lifetime.to_string(), "--wait".into(), a.wait.clone()];
+        vec!["--cap-lifetime".into(), a.cap_lifetime.to_string(), "--wait".into(), a.wait.name().into()];
     opts.meta_args.extend(["--drain-timeout".into(), drain]);
     opts.metrics = a.metrics;
     let mut c = LocalCluster::start(opts)?;

@@ -34,8 +34,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ionet::ib::soft::{PinMethod, SoftConfig, SoftContext, SoftProvider};
-use ionet::ib::verbs::*;
+use ionet::internals::ib::soft::{PinMethod, SoftConfig, SoftContext, SoftProvider};
+use ionet::internals::ib::verbs::*;
 
 /// A provider this tool can open a context of.
 trait Open: Verbs {
@@ -53,7 +53,7 @@ impl Open for SoftContext {
 }
 
 #[cfg(feature = "verbs")]
-impl Open for ionet::ib::hw::HwContext {
+impl Open for ionet::internals::ib::hw::HwContext {
     const NAME: &'static str = "hardware provider";
     fn open_dev() -> Res<(Self, u8)> {
         // `name[:port]`, as the engine reads it.
@@ -64,7 +64,7 @@ impl Open for ionet::ib::hw::HwContext {
             }
             None => (None, 1),
         };
-        Ok((ionet::ib::hw::HwProvider::new().open(dev.as_deref())?, port))
+        Ok((ionet::internals::ib::hw::HwProvider::new().open(dev.as_deref())?, port))
     }
 }
 
@@ -615,7 +615,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let r = if args.iter().any(|a| a == "--hw") {
         #[cfg(feature = "verbs")]
-        let r = run::<ionet::ib::hw::HwContext>(&args);
+        let r = run::<ionet::internals::ib::hw::HwContext>(&args);
         #[cfg(not(feature = "verbs"))]
         let r: Res<()> = Err("--hw needs the hardware provider: build with `--features verbs`".into());
         r

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 
 use crate::buffers::buf::OpBuf;
+use crate::comm::Mechanism;
 use crate::error::Error;
 use crate::op::OpKind;
 use crate::types::{OpId, PeerId, ServiceLevel};
@@ -44,11 +45,7 @@ impl Session {
                     self.redirect_sinks_to_discard(op);
                     // What of a streamed payload is not on its way yet stays here.
                     self.truncate_stream(op, peer, sl);
-                    if let Some(link) = self.peers.get(peer).and_then(|p| p.conns[sl.index()]) {
-                        let mut h = Header::new(Kind::CancelRequest, sl);
-                        h.b = op.0;
-                        self.queue(link, Frame::new(h, Bytes::new(), None, OnDone::Nothing));
-                    }
+                    self.send_cancel_notice(op, peer, sl);
                 }
                 self.complete(op, Err(why));
             }
@@ -68,6 +65,39 @@ impl Session {
             // Bytes already on the wire finish; the op completes when they are written.
             OpSt::Writing | OpSt::Finishing => {}
         }
+    }
+
+    /// Tells the server that request `op` is cancelled. The notice goes behind the request on
+    /// its connection, which keeps it after the request. But a server reads no further into a
+    /// streamed payload than its pulls reach, so a notice behind payload bytes already in the
+    /// socket would wait for pulls the server has no reason to post: for a streamed request it
+    /// goes on another class's connection too (dialled if need be), where nothing holds it up.
+    fn send_cancel_notice(&mut self, op: OpId, peer: PeerId, sl: ServiceLevel) {
+        let notice = |sl| {
+            let mut h = Header::new(Kind::CancelRequest, sl);
+            h.b = op.0;
+            Frame::new(h, Bytes::new(), None, OnDone::Nothing)
+        };
+        if let Some(link) = self.peers.get(peer).and_then(|p| p.conns[sl.index()]) {
+            self.queue(link, notice(sl));
+        }
+        let streamed = self
+            .ops
+            .get(&op)
+            .is_some_and(|o| matches!(o.buf, OpBuf::Send(_)) && o.mech == Some(Mechanism::ServerRdma))
+            && self.peers.get(peer).is_some_and(|p| self.stream_chunk(p).is_some());
+        if streamed {
+            let other =
+                if sl == ServiceLevel::Control { ServiceLevel::Normal } else { ServiceLevel::Control };
+            if let Ok(link) = self.link_for(peer, other) {
+                self.queue(link, notice(other));
+            }
+        }
+    }
+
+    /// Server side: whether the client's CANCEL_REQUEST for open request `req` has arrived.
+    pub(crate) fn request_cancelled(&self, peer: PeerId, req: u64) -> bool {
+        self.sreqs.is_cancelled(peer, req)
     }
 
     /// A receive in progress into `op`'s buffer keeps reading, but into the void.

@@ -829,3 +829,155 @@ fn an_unexpected_message_above_the_server_s_limit_fails_at_the_client_and_the_co
         assert_eq!(p.server.unexpected.pop_front().map(|u| u.data.len()), Some(server_limit));
     }
 }
+
+/// A read request of `cap` bytes, the server's view of it once it arrived.
+fn read_request(p: &mut Pair, srv: PeerId, cap: usize) -> (OpId, RequestMeta) {
+    let req = p.post(
+        true,
+        Cmd::Request(RequestCmd {
+            peer: srv,
+            tag: 2,
+            sl: ServiceLevel::Normal,
+            header: Bytes::from_static(b"read"),
+            payload: Payload::In(RecvBuf::from(BytesMut::zeroed(cap))),
+        }),
+    );
+    p.drive();
+    (req, p.server.requests.pop_front().expect("the request arrived"))
+}
+
+fn push(meta: &RequestMeta, offset: u64, data: Vec<u8>) -> Cmd {
+    Cmd::Push(PushCmd { peer: meta.peer, req: meta.id, sl: meta.sl, offset, buf: SendBuf::from(data) })
+}
+
+fn reply(meta: &RequestMeta) -> Cmd {
+    Cmd::Reply(ReplyCmd {
+        peer: meta.peer,
+        req: meta.id,
+        sl: meta.sl,
+        header: Bytes::new(),
+        status: status::OK,
+    })
+}
+
+#[test]
+fn a_cancelled_request_tells_its_server_which_then_moves_no_bytes_for_it() {
+    let mut p = Pair::new(Config::default());
+    let srv = p.connect();
+    let (req, meta) = read_request(&mut p, srv, 100_000);
+    assert!(!p.server.s.request_cancelled(meta.peer, meta.id));
+    p.client.s.cancel(req, Error::Cancelled);
+    p.drive();
+    assert!(p.server.s.request_cancelled(meta.peer, meta.id), "the notice reached the server");
+    assert!(matches!(p.take(true, req).result, Err(Error::Cancelled)));
+    let pu = p.post(false, push(&meta, 0, pattern(50_000, 1)));
+    assert!(!p.server.s.wants_transmit(), "the push queued nothing");
+    let re = p.post(false, reply(&meta));
+    p.drive();
+    assert!(matches!(p.take(false, pu).result, Err(Error::PeerCancelled)));
+    assert!(matches!(p.take(false, re).result, Err(Error::PeerCancelled)));
+    assert_eq!(p.server.s.sreqs.len(), 0, "the request is closed");
+    // The bare reply that still went lets the client forget the request.
+    assert!(p.client.s.peers.get(srv).is_some_and(|c| c.cancelled_reqs.is_empty()), "client forgot it");
+    assert!(!p.server.s.request_cancelled(meta.peer, meta.id), "an answered request is not open");
+    // Exactly once on both sides, and the connection goes on.
+    assert!(p.client.done.is_empty() && p.server.done.is_empty());
+    let (req, meta) = read_request(&mut p, srv, 10);
+    p.post(false, push(&meta, 0, pattern(10, 2)));
+    p.post(false, reply(&meta));
+    p.drive();
+    assert_eq!(bytes_of(&p.take(true, req)), pattern(10, 2));
+}
+
+#[test]
+fn cancel_notices_for_unknown_or_answered_requests_are_ignored() {
+    use crate::wire::{Header, Kind};
+    let mut p = Pair::new(Config::default());
+    let srv = p.connect();
+    let (req, meta) = read_request(&mut p, srv, 16);
+    p.post(false, reply(&meta));
+    p.drive();
+    assert!(p.take(true, req).result.is_ok());
+    p.server.done.clear();
+    // A peer sends notices for the request just answered, for ids it never used and for the
+    // extremes, on the connection the request came by.
+    assert_eq!(p.wires.len(), 1, "one connection");
+    let w = 0;
+    for id in [meta.id, meta.id + 1, 0, u64::MAX, 1 << 40] {
+        let mut h = Header::new(Kind::CancelRequest, ServiceLevel::Normal);
+        h.b = id;
+        p.wires[w].up.extend(h.encode());
+    }
+    p.drive();
+    assert_eq!(p.server.s.sreqs.len(), 0, "no request opened or kept");
+    assert!(p.server.done.is_empty() && p.server.requests.is_empty(), "nothing completed or delivered");
+    assert_eq!(p.server.s.link_count(), p.wires.len(), "the connection stands");
+    // A request after them is served normally and is not cancelled.
+    let (req, meta) = read_request(&mut p, srv, 16);
+    assert!(!p.server.s.request_cancelled(meta.peer, meta.id));
+    p.post(false, push(&meta, 0, pattern(16, 4)));
+    p.post(false, reply(&meta));
+    p.drive();
+    assert_eq!(bytes_of(&p.take(true, req)), pattern(16, 4));
+}
+
+/// A streamed payload the server does not pull stops its connection at the first byte no pull
+/// covers, with more of it in the socket: a notice behind those bytes would never be read. The
+/// cancel still reaches the server, which then reads through the rest into the void, and the
+/// connection serves the next request.
+#[test]
+fn a_cancel_reaches_a_server_stalled_in_the_requests_streamed_payload() {
+    let mut p = Pair::new(Config::default());
+    p.chunk = 64 << 10;
+    p.capacity = 256 << 10;
+    let srv = p.connect();
+    let len = 3 << 20;
+    let req = p.post(
+        true,
+        Cmd::Request(RequestCmd {
+            peer: srv,
+            tag: 1,
+            sl: ServiceLevel::Bulk,
+            header: Bytes::from_static(b"write"),
+            payload: Payload::Out(SendBuf::from(pattern(len, 1))),
+        }),
+    );
+    p.drive();
+    let meta = p.server.requests.pop_front().expect("the request arrived");
+    assert!(p.wires.iter().any(|w| !w.up.is_empty()), "payload bytes wait unread");
+    p.client.s.cancel(req, Error::Cancelled);
+    p.drive();
+    assert!(p.server.s.request_cancelled(meta.peer, meta.id), "the notice got past the payload");
+    assert!(p.wires.iter().all(|w| w.up.is_empty()), "the server read through the rest, unpulled");
+    let pull = p.post(
+        false,
+        Cmd::Pull(PullCmd {
+            peer: meta.peer,
+            req: meta.id,
+            sl: meta.sl,
+            offset: 0,
+            buf: RecvBuf::from(BytesMut::zeroed(len)),
+        }),
+    );
+    let re = p.post(false, reply(&meta));
+    p.drive();
+    assert!(matches!(p.take(false, pull).result, Err(Error::PeerCancelled)));
+    assert!(matches!(p.take(false, re).result, Err(Error::PeerCancelled)));
+    assert!(matches!(p.take(true, req).result, Err(Error::Cancelled)));
+    // The connection goes on.
+    let again = p.post(
+        true,
+        Cmd::Request(RequestCmd {
+            peer: srv,
+            tag: 1,
+            sl: ServiceLevel::Bulk,
+            header: Bytes::from_static(b"again"),
+            payload: Payload::None,
+        }),
+    );
+    p.drive();
+    let meta = p.server.requests.pop_front().expect("the next request arrived");
+    p.post(false, reply(&meta));
+    p.drive();
+    assert!(p.take(true, again).result.is_ok());
+}

@@ -11,7 +11,7 @@ use crate::comm::{Conditions, Mechanism};
 use crate::core::requests;
 use crate::error::{Error, Result};
 use crate::info::Counters;
-use crate::op::{Completion, Direction, OpKind};
+use crate::op::{Completion, Direction, OpKind, status};
 use crate::types::{OpId, PeerId, ServiceLevel};
 use crate::wire::{FLAG_INLINE_DATA, FLAG_STREAMED, HEADER_LEN, Header, Kind};
 
@@ -81,7 +81,7 @@ impl Session {
 
     /// The link for (peer, sl): existing, newly dialled, or (for a peer we cannot dial) any of
     /// its links.
-    fn link_for(&mut self, peer: PeerId, sl: ServiceLevel) -> Result<LinkId> {
+    pub(super) fn link_for(&mut self, peer: PeerId, sl: ServiceLevel) -> Result<LinkId> {
         let p = self.peer(peer)?;
         if let Some(reason) = &p.lost {
             return Err(Error::PeerLost { peer, reason: reason.clone() });
@@ -552,10 +552,10 @@ impl Session {
             self.stream_unstall((peer, req));
             self.stream_maybe_done((peer, req));
         }
-        if r.cancelled {
-            self.fail_new(op, OpKind::Reply, peer, 0, OpBuf::None, Error::PeerCancelled);
-            return Ok(());
-        }
+        // A cancelled request still gets a (bare) reply: it is what lets the client forget
+        // the request, which it remembers to discard late frames for it. The server's reply
+        // op reports the cancel.
+        let (header, status) = if r.cancelled { (Bytes::new(), status::DROPPED) } else { (header, status) };
         let link = match self.link_for(peer, sl) {
             Ok(link) => link,
             Err(e) => {
@@ -564,6 +564,11 @@ impl Session {
             }
         };
         self.insert_op(op, OpKind::Reply, peer, 0, r.sl, OpBuf::None, OpSt::Writing);
+        if r.cancelled
+            && let Some(o) = self.ops.get_mut(&op)
+        {
+            o.outcome = Some(Err(Error::PeerCancelled));
+        }
         Counters::add(&self.core.counters.msgs_sent, 1);
         let mut h = Header::new(Kind::Reply, r.sl);
         h.b = req;

@@ -418,6 +418,7 @@ impl Session {
             }
             Kind::CancelRequest => {
                 self.sreqs.cancelled_by_client(peer, h.b);
+                self.stream_cancelled((peer, h.b));
                 return self.finish_header_only(link);
             }
             Kind::Bye => {

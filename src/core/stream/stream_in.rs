@@ -164,6 +164,20 @@ impl Session {
         self.stream_maybe_done(key);
     }
 
+    /// The client cancelled the request: nobody wants the rest of its streamed payload. Pulls
+    /// waiting for it fail, and a connection stalled in it reads on, into the void, up to the
+    /// client's abort.
+    pub(super) fn stream_cancelled(&mut self, key: (PeerId, u64)) {
+        let Some(s) = self.streams.get_mut(&key) else { return };
+        s.discard = true;
+        let pulls: Vec<OpId> = s.pulls.values().map(|&(op, _)| op).collect();
+        for op in pulls {
+            self.cancel(op, Error::PeerCancelled);
+        }
+        self.stream_unstall(key);
+        self.stream_maybe_done(key);
+    }
+
     /// Forgets a stream once all of it has been routed and no pull waits on it.
     pub(super) fn stream_maybe_done(&mut self, key: (PeerId, u64)) {
         if self.streams.get(&key).is_some_and(|s| s.routed >= s.end && s.pulls.is_empty()) {

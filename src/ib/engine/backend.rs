@@ -306,6 +306,10 @@ impl<V: Verbs> Backend for IbBackend<V> {
         self.deliver(st);
     }
 
+    fn request_cancelled(&self, peer: PeerId, req: u64) -> bool {
+        self.lock().sreqs.is_cancelled(peer, req)
+    }
+
     fn progress(&self, timeout: Duration) -> Result<bool> {
         self.progress_round(timeout, false)
     }

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::ib::verbs::*;
 use crate::info::Counters;
-use crate::op::{Direction, OpKind, Payload as UserPayload};
+use crate::op::{Direction, OpKind, Payload as UserPayload, status};
 use crate::regcache::{Origin, RegRef, Span};
 use crate::types::{Access, OpId, PeerId, ServiceLevel};
 use crate::wire::{FLAG_INLINE_DATA, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind};
@@ -703,14 +703,15 @@ impl<V: Verbs> State<V> {
         requests::check_header(&header, self.s.cfg.max_header)?;
         let r = self.sreqs.get(peer, req)?;
         let _ = sl;
-        let (cancelled, cost, rsl, xfers) = (r.cancelled, r.cost, r.sl, r.x.xfers);
-        if cancelled {
-            let _ = self.sreqs.close(peer, req);
-            self.release_request_budget(peer, cost);
-            self.ops.fail_new(op, OpKind::Reply, peer, 0, OpBuf::None, Error::PeerCancelled);
-            return Ok(());
-        }
+        let (cancelled, rsl, xfers) = (r.cancelled, r.sl, r.x.xfers);
+        // A cancelled request still gets a (bare) reply, after its transfers under way: the
+        // client may hold a registered buffer for them until it comes, and it is what lets the
+        // client forget the request. The server's reply op reports the cancel.
+        let (header, status) = if cancelled { (Bytes::new(), status::DROPPED) } else { (header, status) };
         self.ops.insert(op, OpKind::Reply, peer, 0, rsl, OpBuf::None, OpSt::Sending);
+        if cancelled && let Some(o) = self.ops.get_mut(&op) {
+            o.outcome = Some(Err(Error::PeerCancelled));
+        }
         if xfers > 0 {
             // Pulls or pushes still move: the reply must not overtake them.
             if let Some(r) = self.sreqs.get_mut(peer, req) {
