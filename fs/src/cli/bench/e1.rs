@@ -69,7 +69,7 @@ pub struct E1Args {
     #[arg(long, default_value_t = 2)]
     pub mib_per_server: u64,
     /// Stripe size in bytes (default: the file system's, 64 KiB; binary units allowed: 16k).
-    #[arg(long, value_parser = benchkit::units::parse_size)]
+    #[arg(long, value_parser = stripefs::units::parse_size)]
     pub stripe_size: Option<u64>,
     /// Blocks per cell (default: 15, or `--runs` if more; `--runs` in a smoke check). A block's
     /// figure scatters by about 0.1 (log scale) here, so a cell's median over 5 blocks against
