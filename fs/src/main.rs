@@ -125,9 +125,6 @@ enum Cmd {
         #[command(flatten)]
         out: cli::Output,
     },
-    /// The transport A/B benchmark suite: E1–E5, CPU, and `all` (with ionet-perf's ab,
-    /// calibrate and qos) writing CSV, Markdown, SVG plots and the BENCHMARKS.md summary.
-    Bench(cli::bench::BenchArgs),
     /// Mount stripefs with FUSE (feature `fuse`).
     Mount(cli::cmds::MountArgs),
 }
@@ -153,7 +150,6 @@ fn main() -> ExitCode {
         Cmd::Servers { json } => cli::cmds::servers(cluster, json),
         Cmd::Df { out } => cli::cmds::df(cluster, out),
         Cmd::Status { out } => cli::status::status(cluster, out),
-        Cmd::Bench(a) => cli::bench::run(a),
         Cmd::Mount(a) => cli::cmds::mount(cluster, a),
     };
     match r {

@@ -1,6 +1,5 @@
 //! The `stripefs` command-line tool's commands.
 
-pub mod bench;
 pub mod cmds;
 pub mod demo;
 mod dest;

@@ -447,7 +447,8 @@ impl BlockPlan<'_> {
         parallel(c as usize, ctx.step_timeout(), |i, gate| -> Result<ClientRuns> {
             let r = (|| {
                 if pin {
-                    crate::cli::pin_to_cpus(&[CLIENT_CPU])?;
+                    stripefs::cluster::pin_to_cpus(&[CLIENT_CPU])
+                        .with_context(|| format!("pinning to CPUs {:?}", [CLIENT_CPU]))?;
                 }
                 let client = ctx.client(cluster, opts.clone())?;
                 let f = client.open(name, Rights::READ_WRITE)?;
@@ -505,7 +506,7 @@ impl BlockPlan<'_> {
             })();
             if let Err(e) = &r {
                 // The scheduling thread waits at this gate: let it know rather than time out.
-                control.abort(&format!("client {i}: {}", crate::cli::error_line(e)));
+                control.abort(&format!("client {i}: {}", crate::error_line(e)));
             }
             r
         })
