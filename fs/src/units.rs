@@ -1,4 +1,5 @@
-//! Sizes as stripefs' command lines take them ([`parse_size`]) and print them ([`human`]).
+//! Sizes as stripefs' command lines take them ([`parse_size`](fn@parse_size)) and print them
+//! ([`human`]).
 //!
 //! The `stripefs` binary and the tools beside it (`ionet-perf`, `stripefs-bench`) read sizes
 //! with these functions, so a size means the same everywhere a user types one. Every unit is
@@ -30,13 +31,13 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     })
 }
 
-/// [`parse_size`] for sizes held in a `usize`.
+/// [`parse_size`](fn@parse_size) for sizes held in a `usize`.
 pub fn parse_size_usize(s: &str) -> Result<usize, String> {
     let n = parse_size(s)?;
     usize::try_from(n).map_err(|_| format!("size {s:?} is too large"))
 }
 
-/// [`parse_size`] for sizes held in a `u32`.
+/// [`parse_size`](fn@parse_size) for sizes held in a `u32`.
 pub fn parse_size_u32(s: &str) -> Result<u32, String> {
     let n = parse_size(s)?;
     u32::try_from(n).map_err(|_| format!("size {s:?} is too large (at most 4 GiB - 1)"))
