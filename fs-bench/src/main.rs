@@ -1,7 +1,7 @@
-//! `stripefs-bench`: the transport A/B suite of stripefs and ionet — the experiments of "PVFS over InfiniBand"
-//! and "PVFS: A Parallel File System for Linux Clusters" over `tcp://` and `softib://` side by
-//! side, each a median of repeated runs with its min–max spread, beside baselines measured in
-//! the same run.
+//! `stripefs-bench`: the transport A/B suite of stripefs and ionet — the experiments of "PVFS
+//! over InfiniBand" and "PVFS: A Parallel File System for Linux Clusters" over `tcp://` and
+//! `softib://` side by side, each a median of repeated runs with its min–max spread, beside
+//! baselines measured in the same run.
 //!
 //! | command | what |
 //! |---|---|
