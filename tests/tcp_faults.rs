@@ -167,7 +167,7 @@ fn hostile_bytes_close_the_connection_and_nothing_else() {
     assert_eq!(&srv.recv_unexpected(Some(T)).unwrap().unwrap().data[..], b"ok");
 }
 
-/// Regression (found by stripefs bench): after a header read came up short and its body was to
+/// Regression (found by the benchmark suite): after a header read came up short and its body was to
 /// be read straight into the user's buffer, a stale "socket drained" note made the next turn
 /// skip the read of a frame that followed the body, so a reply could sit unread forever. The
 /// byte timing is forced with a raw client.

@@ -1,4 +1,4 @@
-//! Shared plumbing of the ionet / stripefs benchmark suite (`ionet-perf`, `stripefs bench`).
+//! Shared plumbing of the ionet / stripefs benchmark suite (`ionet-perf`, `stripefs-bench`).
 //!
 //! Every measured run becomes a [`Sample`] in one long-format CSV schema; tables and plots are
 //! computed from those rows (median of the runs with the min–max spread), so a report can be

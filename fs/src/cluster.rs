@@ -1,6 +1,6 @@
 //! A whole cluster on one machine, as child processes of the `stripefs` binary: what
-//! `stripefs serve` (without a role), `stripefs demo`, `stripefs bench` and the integration
-//! tests start.
+//! `stripefs serve` (without a role), `stripefs demo`, the benchmark suite (`stripefs-bench`)
+//! and the integration tests start.
 //!
 //! Each server is `stripefs serve --io I …` or `stripefs serve --meta …` with
 //! `--exit-with-parent` (the child exits when its stdin — a pipe from the launcher — closes, so
@@ -485,6 +485,28 @@ impl LocalCluster {
     }
 }
 
+/// Restricts the calling thread (and the threads it starts afterwards) to `cpus`, like
+/// `taskset`: on one machine, giving the clients and each server process CPUs of their own
+/// makes a local cluster behave more like one of separate nodes (`stripefs serve --cpus`
+/// does this for a server, before it starts its threads).
+///
+/// An empty list or a CPU past what the kernel's CPU set can name is refused
+/// ([`std::io::ErrorKind::InvalidInput`]); the kernel refuses a set of CPUs none of which is
+/// online.
+pub fn pin_to_cpus(cpus: &[usize]) -> std::io::Result<()> {
+    use nix::sched::{CpuSet, sched_setaffinity};
+    use std::io::{Error, ErrorKind};
+    if cpus.is_empty() {
+        return Err(Error::new(ErrorKind::InvalidInput, "no CPUs to pin to"));
+    }
+    let mut set = CpuSet::new();
+    for &c in cpus {
+        set.set(c).map_err(|_| Error::new(ErrorKind::InvalidInput, format!("CPU {c} is out of range")))?;
+    }
+    // Pid 0: the calling thread.
+    sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(Error::from)
+}
+
 /// A port just released by a killed server can take a moment to be bindable again.
 fn retry_bind<T>(mut f: impl FnMut() -> Result<T, ClusterError>) -> Result<T, ClusterError> {
     let mut last = None;
@@ -501,5 +523,35 @@ fn retry_bind<T>(mut f: impl FnMut() -> Result<T, ClusterError>) -> Result<T, Cl
 impl Drop for LocalCluster {
     fn drop(&mut self) {
         self.stop_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sched::sched_getaffinity;
+    use nix::unistd::Pid;
+
+    #[test]
+    fn pinning_restricts_the_calling_thread_to_its_cpus() {
+        std::thread::spawn(|| {
+            pin_to_cpus(&[0]).unwrap();
+            let set = sched_getaffinity(Pid::from_raw(0)).unwrap();
+            let on: Vec<usize> =
+                (0..nix::sched::CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect();
+            assert_eq!(on, [0]);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn pinning_to_no_cpu_or_one_out_of_range_is_refused() {
+        std::thread::spawn(|| {
+            assert!(pin_to_cpus(&[]).is_err());
+            assert!(pin_to_cpus(&[1 << 20]).is_err());
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -13,6 +13,7 @@
 //! * [`store`]: an io server's objects, one local file per handle in hashed subdirectories.
 //! * [`config`]: the TOML cluster file.
 //! * [`errno`]: the errno-like codes carried in error replies.
+//! * [`units`]: sizes as the command lines take and print them (`64k`, `1.5 MiB`).
 //!
 //! The network half sits on top of them, on ionet's public API only:
 //!
@@ -71,6 +72,7 @@ pub mod private;
 pub mod proto;
 pub mod server;
 pub mod store;
+pub mod units;
 
 pub use client::{Client, ClientOptions, ClusterStatus, CreateOptions, File, ServerState, SizeUnknown, Stat};
 

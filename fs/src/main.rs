@@ -125,9 +125,6 @@ enum Cmd {
         #[command(flatten)]
         out: cli::Output,
     },
-    /// The transport A/B benchmark suite: E1–E5, CPU, and `all` (with ionet-perf's ab,
-    /// calibrate and qos) writing CSV, Markdown, SVG plots and the BENCHMARKS.md summary.
-    Bench(cli::bench::BenchArgs),
     /// Mount stripefs with FUSE, in the foreground (or with --background, returning once the
     /// mount is live).
     #[command(hide = cfg!(not(feature = "fuse")))]
@@ -155,7 +152,6 @@ fn main() -> ExitCode {
         Cmd::Servers { json } => cli::cmds::servers(cluster, json),
         Cmd::Df { out } => cli::cmds::df(cluster, out),
         Cmd::Status { out } => cli::status::status(cluster, out),
-        Cmd::Bench(a) => cli::bench::run(a),
         Cmd::Mount(a) => cli::cmds::mount(cluster, a),
     };
     match r {

@@ -312,7 +312,7 @@ fn parse_sl(s: &str) -> Result<ServiceLevel, String> {
 
 /// A size on the command line, in the syntax `stripefs` takes too.
 fn parse_one_size(s: &str) -> Result<usize, String> {
-    benchkit::units::parse_size_usize(s)
+    stripefs::units::parse_size_usize(s)
 }
 
 /// `8,4k,1m` or `1:16m` (powers of two).

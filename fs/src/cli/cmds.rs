@@ -39,7 +39,7 @@ pub struct CpArgs {
     /// one side is a stripefs path.
     dst: String,
     /// Stripe size of a new stripefs file (bytes, or with a binary unit: 64k, 1M).
-    #[arg(long, value_parser = benchkit::units::parse_size)]
+    #[arg(long, value_parser = stripefs::units::parse_size)]
     stripe_size: Option<u64>,
     /// Stripe count of a new stripefs file.
     #[arg(long)]
@@ -1030,7 +1030,7 @@ pub struct SetstripeArgs {
     /// A directory, or a file to create.
     path: String,
     /// Stripe size (bytes, or with a binary unit: 64k, 1M).
-    #[arg(short = 'S', long, value_parser = benchkit::units::parse_size)]
+    #[arg(short = 'S', long, value_parser = stripefs::units::parse_size)]
     stripe_size: Option<u64>,
     /// Number of io servers.
     #[arg(short = 'c', long)]

@@ -36,13 +36,13 @@ pub struct InitArgs {
     #[arg(long, value_name = "DIR", default_value = "/var/lib/stripefs")]
     data_dir: PathBuf,
     /// Default stripe size of new files (binary units allowed: 64k, 1M; default 64 KiB).
-    #[arg(long, value_parser = benchkit::units::parse_size)]
+    #[arg(long, value_parser = stripefs::units::parse_size)]
     stripe_size: Option<u64>,
     /// Default number of io servers a new file is striped over (default: all).
     #[arg(long)]
     stripe_count: Option<u32>,
     /// Bytes per pipelined transfer on the io servers (binary units allowed; default 1 MiB).
-    #[arg(long, value_parser = benchkit::units::parse_size)]
+    #[arg(long, value_parser = stripefs::units::parse_size)]
     transfer_unit: Option<u64>,
     /// The cluster file to write.
     #[arg(short, long, value_name = "FILE", default_value = "cluster.toml")]

@@ -1,6 +1,5 @@
 //! The `stripefs` command-line tool's commands.
 
-pub mod bench;
 pub mod cmds;
 pub mod demo;
 mod dest;
@@ -42,7 +41,7 @@ pub struct Output {
 impl Output {
     /// A size as this output writes it: `1.5 MiB`, or `1572864` with `--bytes`.
     pub fn size(&self, bytes: u64) -> String {
-        if self.bytes { bytes.to_string() } else { benchkit::units::human(bytes) }
+        if self.bytes { bytes.to_string() } else { stripefs::units::human(bytes) }
     }
 }
 
@@ -90,26 +89,14 @@ pub fn any_path(s: &str) -> &str {
     sfs_path(s).unwrap_or(s)
 }
 
-/// Restricts the calling thread (and the threads it starts afterwards) to `cpus`, like
-/// `taskset`: benchmarks on small machines use it to give clients and servers a CPU each, as
-/// if they were separate nodes.
+/// [`stripefs::cluster::pin_to_cpus`], for `serve --cpus`: the error names the CPUs.
 pub fn pin_to_cpus(cpus: &[usize]) -> Result<()> {
-    use nix::sched::{CpuSet, sched_setaffinity};
-    anyhow::ensure!(!cpus.is_empty(), "no CPUs to pin to");
-    let mut set = CpuSet::new();
-    for &c in cpus {
-        set.set(c).with_context(|| format!("CPU {c} is out of range"))?;
-    }
-    // Pid 0: the calling thread.
-    sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
-        .with_context(|| format!("pinning to CPUs {cpus:?}"))
+    stripefs::cluster::pin_to_cpus(cpus).with_context(|| format!("pinning to CPUs {cpus:?}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nix::sched::sched_getaffinity;
-    use nix::unistd::Pid;
 
     #[test]
     fn an_error_line_names_each_cause_once() {
@@ -119,28 +106,5 @@ mod tests {
         let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
         let e = anyhow::Error::new(io).context("reading /x").context("cp");
         assert_eq!(error_line(&e), "cp: reading /x: gone");
-    }
-
-    #[test]
-    fn pinning_restricts_the_calling_thread_to_its_cpus() {
-        std::thread::spawn(|| {
-            pin_to_cpus(&[0]).unwrap();
-            let set = sched_getaffinity(Pid::from_raw(0)).unwrap();
-            let on: Vec<usize> =
-                (0..nix::sched::CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect();
-            assert_eq!(on, [0]);
-        })
-        .join()
-        .unwrap();
-    }
-
-    #[test]
-    fn pinning_to_no_cpu_or_one_out_of_range_is_refused() {
-        std::thread::spawn(|| {
-            assert!(pin_to_cpus(&[]).is_err());
-            assert!(pin_to_cpus(&[1 << 20]).is_err());
-        })
-        .join()
-        .unwrap();
     }
 }

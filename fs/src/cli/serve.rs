@@ -42,7 +42,7 @@ pub struct ServeArgs {
     #[arg(long)]
     key_file: Option<PathBuf>,
     /// Bytes per pipelined transfer on the io servers (binary units allowed: 256k, 1M).
-    #[arg(long, value_parser = benchkit::units::parse_size)]
+    #[arg(long, value_parser = stripefs::units::parse_size)]
     transfer_unit: Option<u64>,
     /// Transfers in flight per request on the io servers.
     #[arg(long, default_value_t = stripefs::server::io::DEFAULT_PIPELINE_DEPTH)]
@@ -60,7 +60,7 @@ pub struct ServeArgs {
     /// Size of each pre-posted InfiniBand receive buffer of the io servers (bytes; default
     /// ionet's 8 KiB; binary units allowed: 16k). Inline sends must fit one, so raising the inline
     /// limit needs this too.
-    #[arg(long, value_parser = benchkit::units::parse_size_u32)]
+    #[arg(long, value_parser = stripefs::units::parse_size_u32)]
     ib_recv_size: Option<u32>,
     /// Capability lifetime in seconds (meta server).
     #[arg(long, default_value_t = 3600)]

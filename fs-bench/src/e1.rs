@@ -69,7 +69,7 @@ pub struct E1Args {
     #[arg(long, default_value_t = 2)]
     pub mib_per_server: u64,
     /// Stripe size in bytes (default: the file system's, 64 KiB; binary units allowed: 16k).
-    #[arg(long, value_parser = benchkit::units::parse_size)]
+    #[arg(long, value_parser = stripefs::units::parse_size)]
     pub stripe_size: Option<u64>,
     /// Blocks per cell (default: 15, or `--runs` if more; `--runs` in a smoke check). A block's
     /// figure scatters by about 0.1 (log scale) here, so a cell's median over 5 blocks against
@@ -447,7 +447,8 @@ impl BlockPlan<'_> {
         parallel(c as usize, ctx.step_timeout(), |i, gate| -> Result<ClientRuns> {
             let r = (|| {
                 if pin {
-                    crate::cli::pin_to_cpus(&[CLIENT_CPU])?;
+                    stripefs::cluster::pin_to_cpus(&[CLIENT_CPU])
+                        .with_context(|| format!("pinning to CPUs {:?}", [CLIENT_CPU]))?;
                 }
                 let client = ctx.client(cluster, opts.clone())?;
                 let f = client.open(name, Rights::READ_WRITE)?;
@@ -505,7 +506,7 @@ impl BlockPlan<'_> {
             })();
             if let Err(e) = &r {
                 // The scheduling thread waits at this gate: let it know rather than time out.
-                control.abort(&format!("client {i}: {}", crate::cli::error_line(e)));
+                control.abort(&format!("client {i}: {}", crate::error_line(e)));
             }
             r
         })

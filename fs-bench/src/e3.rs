@@ -20,10 +20,10 @@ const EXP: &str = "e3";
 #[derive(Args, Debug, Clone)]
 pub struct E3Args {
     /// Bytes moved per operation (binary units allowed: 32M).
-    #[arg(long, default_value = "32M", value_parser = benchkit::units::parse_size)]
+    #[arg(long, default_value = "32M", value_parser = stripefs::units::parse_size)]
     pub bytes: u64,
     /// Transfer units (bytes or binary units: 64k,1M; default powers of two 64 KiB – 32 MiB).
-    #[arg(long, value_delimiter = ',', value_parser = benchkit::units::parse_size)]
+    #[arg(long, value_delimiter = ',', value_parser = stripefs::units::parse_size)]
     pub units: Vec<u64>,
 }
 

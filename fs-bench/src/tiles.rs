@@ -64,7 +64,7 @@ impl Tiles {
 #[derive(Args, Debug, Clone)]
 pub struct TileArgs {
     /// Element size in bytes.
-    #[arg(long, value_parser = benchkit::units::parse_size, default_value_t = 24)]
+    #[arg(long, value_parser = stripefs::units::parse_size, default_value_t = 24)]
     pub elem: u64,
     /// Tile width in elements.
     #[arg(long, default_value_t = 1024)]
@@ -73,7 +73,7 @@ pub struct TileArgs {
     #[arg(long, default_value_t = 768)]
     pub tile_rows: u64,
     /// Stripe size (bytes or binary units: 64k; default: the file system's, 64 KiB).
-    #[arg(long, value_parser = benchkit::units::parse_size)]
+    #[arg(long, value_parser = stripefs::units::parse_size)]
     pub stripe_size: Option<u64>,
 }
 

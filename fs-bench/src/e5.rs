@@ -26,7 +26,7 @@ const EXP: &str = "e5";
 #[derive(Args, Debug, Clone)]
 pub struct E5Args {
     /// Element size in bytes.
-    #[arg(long, value_parser = benchkit::units::parse_size, default_value_t = 64)]
+    #[arg(long, value_parser = stripefs::units::parse_size, default_value_t = 64)]
     pub elem: u64,
     /// Tile width in elements.
     #[arg(long, default_value_t = 1024)]
@@ -38,7 +38,7 @@ pub struct E5Args {
     #[arg(long, default_value_t = 128)]
     pub rows_per_request: u64,
     /// Stripe size (bytes or binary units: 64k; default: the file system's, 64 KiB).
-    #[arg(long, value_parser = benchkit::units::parse_size)]
+    #[arg(long, value_parser = stripefs::units::parse_size)]
     pub stripe_size: Option<u64>,
 }
 

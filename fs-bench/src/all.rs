@@ -1,4 +1,4 @@
-//! `stripefs bench all`: every experiment in one run — `ionet-perf ab`, `calibrate` and `qos`
+//! `stripefs-bench all`: every experiment in one run — `ionet-perf ab`, `calibrate` and `qos`
 //! (transport-only, in child processes) and E1–E5 and CPU (here) — then a report: each
 //! experiment's CSV, Markdown and plots in the output directory, `REPORT.md` with all of them,
 //! and with `--update FILE` the summary of `BENCHMARKS.md` replaced in place (between
@@ -228,6 +228,9 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
     if ["ab", "calibrate", "qos", "e1"].iter().any(|id| wanted(id)) {
         c.ionet_perf()?;
     }
+    if ["e1", "e2", "e3", "e4", "e5", "cpu"].iter().any(|id| wanted(id)) {
+        c.stripefs()?;
+    }
     if let Some(f) = &a.update {
         let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
         doc::splice(&text, "bench-summary", "")?;
@@ -235,7 +238,7 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
     let mut ctx = Ctx::new(c.clone())?;
     ctx.link_prefix = prefix.clone();
     let quote = |a: String| if a.contains(' ') { format!("'{a}'") } else { a };
-    let command = std::iter::once("stripefs".to_string())
+    let command = std::iter::once("stripefs-bench".to_string())
         .chain(std::env::args().skip(1).map(quote))
         .collect::<Vec<_>>()
         .join(" ");
@@ -248,7 +251,7 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
         if !wanted(id) {
             continue;
         }
-        eprintln!("\n=== stripefs bench all: {id} ({:.0} s elapsed)", started.elapsed().as_secs_f64());
+        eprintln!("\n=== stripefs-bench all: {id} ({:.0} s elapsed)", started.elapsed().as_secs_f64());
         let t = Instant::now();
         let r: Result<Report> = match id {
             "ab" => run_perf(&c, "ab", &[], &out, &prefix),
@@ -273,7 +276,7 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
                 plots.extend(rep.plots.iter().map(|p| p.0.clone()));
                 let alone = match id {
                     "ab" | "calibrate" | "qos" => format!("ionet-perf {id} --transports {}", transports(&c)),
-                    _ => format!("stripefs bench {id} --transports {}", transports(&c)),
+                    _ => format!("stripefs-bench {id} --transports {}", transports(&c)),
                 };
                 let body = format!(
                     "### {title}\n\nCommand: `{command}` (this step alone: `{alone} --runs {}`), {:.0} s.\n\n{}",
@@ -284,8 +287,8 @@ pub fn run(c: Common, a: &AllArgs) -> Result<()> {
                 sections.push((format!("bench-{id}"), body));
             }
             Err(e) => {
-                eprintln!("stripefs bench all: {id} FAILED: {}", crate::cli::error_line(&e));
-                failed.push(format!("{id}: {}", crate::cli::error_line(&e)));
+                eprintln!("stripefs-bench all: {id} FAILED: {}", crate::error_line(&e));
+                failed.push(format!("{id}: {}", crate::error_line(&e)));
             }
         }
     }

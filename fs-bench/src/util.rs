@@ -121,7 +121,7 @@ pub fn parallel<T: Send>(
                 s.spawn(move || {
                     let r = f(i, gate);
                     if let Err(e) = &r {
-                        gate.abort(&format!("client {i}: {}", crate::cli::error_line(e)));
+                        gate.abort(&format!("client {i}: {}", crate::error_line(e)));
                     }
                     r
                 })

@@ -28,7 +28,7 @@ pub const RECV_SIZE: u32 = 72 * 1024;
 #[derive(Args, Debug, Clone)]
 pub struct E2Args {
     /// Write sizes (bytes or binary units: 128,4k; default powers of two 128 B – 64 KiB).
-    #[arg(long, value_delimiter = ',', value_parser = benchkit::units::parse_size_usize)]
+    #[arg(long, value_delimiter = ',', value_parser = stripefs::units::parse_size_usize)]
     pub sizes: Vec<usize>,
     /// How the client waits.
     #[arg(long, default_value = "adaptive")]

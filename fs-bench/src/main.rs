@@ -1,7 +1,7 @@
-//! `stripefs bench`: the transport A/B suite — the experiments of "PVFS over InfiniBand"
-//! and "PVFS: A Parallel File System for Linux Clusters" over `tcp://` and `softib://` side by
-//! side, each a median of repeated runs with its min–max spread, beside baselines measured in
-//! the same run.
+//! `stripefs-bench`: the transport A/B suite of stripefs and ionet — the experiments of "PVFS
+//! over InfiniBand" and "PVFS: A Parallel File System for Linux Clusters" over `tcp://` and
+//! `softib://` side by side, each a median of repeated runs with its min–max spread, beside
+//! baselines measured in the same run.
 //!
 //! | command | what |
 //! |---|---|
@@ -13,10 +13,14 @@
 //! | `cpu` | client and io-server CPU seconds per GB per transport, mechanism and client wait mode |
 //! | `all` | everything above plus `ionet-perf ab`, `calibrate` and `qos`, then the report |
 //!
-//! Servers are child processes of this binary (they exit with it); clients are threads of
-//! this process, each with its own `Client` (endpoint and connections). Data lives on tmpfs
-//! when available. Every experiment writes `<out>/<id>.csv` (every run), `<out>/<id>.md` and
-//! SVG plots under `<out>/plots/`.
+//! Servers are child processes of the `stripefs` binary (`stripefs serve`, found beside this
+//! one; they exit with this process); clients are threads of this process, each with its own
+//! `Client` (endpoint and connections). Data lives on tmpfs when available. Every experiment
+//! writes `<out>/<id>.csv` (every run), `<out>/<id>.md` and SVG plots under `<out>/plots/`.
+//!
+//! The suite is its own unpublished crate, not a subcommand of `stripefs`: its report plumbing
+//! (benchkit) is not on crates.io, and the published `stripefs` binary should not need it.
+#![forbid(unsafe_code)]
 
 mod all;
 mod cpu;
@@ -26,21 +30,28 @@ mod e3;
 mod e5;
 mod reference;
 mod tiles;
-pub mod util;
+mod util;
 
 use anyhow::{Context, Result, bail};
 use benchkit::Samples;
-use clap::{Args, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use ionet::Scheme;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::Duration;
 use stripefs::cluster::{LocalCluster, LocalClusterOptions};
 use stripefs::{Client, ClientOptions};
 
-/// `bench` options.
-#[derive(Args, Debug)]
-pub struct BenchArgs {
+/// The command line.
+#[derive(Parser, Debug)]
+#[command(
+    name = "stripefs-bench",
+    version,
+    about = "The transport A/B benchmark suite: E1–E5, CPU, and `all` (with ionet-perf's ab, calibrate \
+             and qos) writing CSV, Markdown, SVG plots and the BENCHMARKS.md summary"
+)]
+struct Cli {
     #[command(subcommand)]
     cmd: BenchCmd,
 }
@@ -54,21 +65,21 @@ enum BenchCmd {
         #[command(flatten)]
         c: Common,
     },
-    /// E2: small-write access time per mechanism and registration-cache hit rate (000 Fig. 11).
+    /// E2: small-write access time per mechanism and registration-cache hit rate (PVFS over InfiniBand, Fig. 11).
     E2 {
         #[command(flatten)]
         o: e2::E2Args,
         #[command(flatten)]
         c: Common,
     },
-    /// E3: a 32 MiB transfer against the transfer-unit size (000 Fig. 12).
+    /// E3: a 32 MiB transfer against the transfer-unit size (PVFS over InfiniBand, Fig. 12).
     E3 {
         #[command(flatten)]
         o: e3::E3Args,
         #[command(flatten)]
         c: Common,
     },
-    /// E4: tiled access with and without list I/O (000 Fig. 13).
+    /// E4: tiled access with and without list I/O (PVFS over InfiniBand, Fig. 13).
     E4 {
         #[command(flatten)]
         o: tiles::TileArgs,
@@ -125,6 +136,9 @@ pub struct Common {
     /// The ionet-perf binary (default: next to this one).
     #[arg(long)]
     pub ionet_perf: Option<PathBuf>,
+    /// The stripefs binary the servers run as (default: next to this one).
+    #[arg(long, env = "STRIPEFS_BIN")]
+    pub stripefs: Option<PathBuf>,
 }
 
 impl Common {
@@ -147,15 +161,37 @@ impl Common {
             None => std::env::current_exe()?.with_file_name("ionet-perf"),
         };
         if !p.is_file() {
+            bail!("ionet-perf not found at {} (build it: {BUILD}, or pass --ionet-perf)", p.display());
+        }
+        Ok(p)
+    }
+
+    /// The stripefs binary, which must exist: the servers of every experiment run as
+    /// `stripefs serve` children. Cargo builds it into the same directory as this binary, but
+    /// only when asked to, so its absence is the likely mistake and is said as such.
+    pub fn stripefs(&self) -> Result<PathBuf> {
+        let p = self.stripefs_path()?;
+        if !p.is_file() {
             bail!(
-                "ionet-perf not found at {} (build it: cargo build --release -p ionet-perf -p stripefs, \
-                 or pass --ionet-perf)",
+                "the stripefs binary (which runs the servers) is not at {} (build it: {BUILD}, or \
+                 pass --stripefs / set STRIPEFS_BIN)",
                 p.display()
             );
         }
         Ok(p)
     }
+
+    /// Where the stripefs binary should be: `--stripefs`, else beside this binary.
+    fn stripefs_path(&self) -> Result<PathBuf> {
+        Ok(match &self.stripefs {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()?.with_file_name("stripefs"),
+        })
+    }
 }
+
+/// What builds every binary the suite runs, beside each other.
+const BUILD: &str = "cargo build --release -p stripefs -p ionet-perf -p stripefs-bench";
 
 /// A finished experiment: its samples, Markdown and plots.
 #[derive(Debug, Default)]
@@ -168,6 +204,7 @@ pub struct Report {
 /// The running suite: options, the binary, the data directory.
 pub struct Ctx {
     pub c: Common,
+    /// The `stripefs` binary the servers run as.
     pub exe: PathBuf,
     data: tempfile::TempDir,
     next: std::sync::atomic::AtomicU32,
@@ -179,7 +216,7 @@ pub struct Ctx {
 static CLEANUP: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 fn cleanup_and_exit(code: i32, why: &str) -> ! {
-    eprintln!("\nstripefs bench: {why}; stopping servers and removing data");
+    eprintln!("\nstripefs-bench: {why}; stopping servers and removing data");
     for d in CLEANUP.lock().unwrap_or_else(|p| p.into_inner()).iter() {
         let _ = std::fs::remove_dir_all(d);
     }
@@ -190,7 +227,8 @@ fn cleanup_and_exit(code: i32, why: &str) -> ! {
 impl Ctx {
     /// Sets up the data directory, the Ctrl-C handler and the watchdog.
     pub fn new(c: Common) -> Result<Ctx> {
-        let exe = std::env::current_exe()?;
+        // Checked by whoever starts a cluster: `all` runs ionet-perf steps without one.
+        let exe = c.stripefs_path()?;
         let root = c.data_dir.clone().unwrap_or_else(util::default_data_root);
         stripefs::private::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
         let data = tempfile::Builder::new().prefix("stripefs-bench-").tempdir_in(&root)?;
@@ -218,6 +256,7 @@ impl Ctx {
     ) -> Result<LocalCluster> {
         let k = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = self.data.path().join(format!("c{k}-{scheme}-{n}"));
+        self.c.stripefs()?;
         let mut o = LocalClusterOptions::new(&self.exe, scheme, n, &dir);
         f(&mut o);
         let cl =
@@ -263,8 +302,33 @@ pub fn image(prefix: &str, name: &str) -> String {
     format!("![{name}]({prefix}{name})\n")
 }
 
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("stripefs-bench: {}", error_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default: warnings), as the `stripefs` binary does.
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// An error and its contexts on one line, `outer: cause: …`, as the `stripefs` binary prints
+/// them (stripefs' errors say their cause in their own message, so nothing is said twice).
+pub fn error_line(e: &anyhow::Error) -> String {
+    format!("{e:#}")
+}
+
 /// Runs the requested experiment.
-pub fn run(a: BenchArgs) -> Result<()> {
+fn run(a: Cli) -> Result<()> {
     match a.cmd {
         BenchCmd::E1 { o, c } => one(c, "e1", |ctx| e1::run(ctx, &o)),
         BenchCmd::E2 { o, c } => one(c, "e2", |ctx| e2::run(ctx, &o)),
@@ -277,7 +341,34 @@ pub fn run(a: BenchArgs) -> Result<()> {
 }
 
 fn one(c: Common, id: &str, f: impl FnOnce(&Ctx) -> Result<Report>) -> Result<()> {
+    // Every experiment here starts servers: fail before anything else is set up.
+    c.stripefs()?;
     let ctx = Ctx::new(c)?;
     let r = f(&ctx)?;
     ctx.emit(id, &r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// clap's own consistency checks (duplicate short flags, conflicting names, …).
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    /// Without the stripefs binary nothing can run: the error says where it looked and how to
+    /// build it.
+    #[test]
+    fn a_missing_stripefs_binary_is_named_with_how_to_build_it() {
+        let d = tempfile::tempdir().unwrap();
+        let missing = d.path().join("stripefs");
+        let c = Cli::parse_from(["stripefs-bench", "e3", "--stripefs", missing.to_str().unwrap()]);
+        let BenchCmd::E3 { c, .. } = c.cmd else { panic!("parsed as {:?}", c.cmd) };
+        let e = error_line(&c.stripefs().unwrap_err());
+        assert!(e.contains(&missing.display().to_string()), "{e}");
+        assert!(e.contains("cargo build --release -p stripefs"), "{e}");
+    }
 }

@@ -1,13 +1,50 @@
-//! The benchmark suite's own correctness (no timing assertions): `stripefs bench` runs on tiny
+//! The benchmark suite's own correctness (no timing assertions): `stripefs-bench` runs on tiny
 //! geometries and its CSV output is checked against counts derived by hand from the layout.
 
 use benchkit::Samples;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
+
+/// The `stripefs` binary the suite's servers run as. Cargo builds only this package's binaries
+/// for its tests, so it is built here (once per test process) with the same profile into the
+/// same target directory, where the suite looks for it beside its own binary; a no-op when it
+/// is up to date. `STRIPEFS_BIN` names a prebuilt one instead.
+fn stripefs_exe() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        if let Some(p) = std::env::var_os("STRIPEFS_BIN") {
+            return p.into();
+        }
+        let bench = Path::new(env!("CARGO_BIN_EXE_stripefs-bench"));
+        let profile_dir = bench.parent().expect("the binary is in a profile directory");
+        let target_dir = profile_dir.parent().expect("the profile directory is in a target directory");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev",
+            Some(p) => p,
+            None => panic!("no profile directory in {}", bench.display()),
+        };
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let st = Command::new(cargo)
+            .args(["build", "--quiet", "-p", "stripefs", "--bin", "stripefs", "--profile", profile])
+            .arg("--target-dir")
+            .arg(target_dir)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("cargo runs");
+        assert!(st.success(), "building the stripefs binary failed: {st}");
+        profile_dir.join("stripefs")
+    })
+}
+
+fn suite() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_stripefs-bench"));
+    c.env("STRIPEFS_BIN", stripefs_exe());
+    c
+}
 
 fn bench(out: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_stripefs"))
-        .arg("bench")
+    suite()
         .args(args)
         .arg("--out")
         .arg(out)
@@ -15,13 +52,13 @@ fn bench(out: &Path, args: &[&str]) -> std::process::Output {
         .arg(out.join("data"))
         .args(["--timeout-min", "5"])
         .output()
-        .expect("stripefs runs")
+        .expect("stripefs-bench runs")
 }
 
 fn ok(o: &std::process::Output) {
     assert!(
         o.status.success(),
-        "stripefs bench failed: {}\n{}",
+        "stripefs-bench failed: {}\n{}",
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
@@ -105,8 +142,8 @@ fn all_writes_report_and_splices_benchmarks_md() {
     std::fs::write(&doc, "# Benchmarks\n\nHand-written intro.\n\n<!-- BEGIN GENERATED: bench-summary -->\nold\n<!-- END GENERATED: bench-summary -->\nReading kept.\n").unwrap();
     // Quick runs never touch BENCHMARKS.md.
     let out = d.path().join("benchmarks");
-    let o = Command::new(env!("CARGO_BIN_EXE_stripefs"))
-        .args(["bench", "all", "--quick", "--only", "e4", "--update"])
+    let o = suite()
+        .args(["all", "--quick", "--only", "e4", "--update"])
         .arg(&doc)
         .arg("--out")
         .arg(&out)
@@ -119,15 +156,7 @@ fn all_writes_report_and_splices_benchmarks_md() {
     let mut args = vec!["all", "--only", "e4", "--transports", "tcp", "--runs", "1", "--update"];
     let docs = doc.to_string_lossy().into_owned();
     args.push(&docs);
-    let o = Command::new(env!("CARGO_BIN_EXE_stripefs"))
-        .arg("bench")
-        .args(&args)
-        .arg("--out")
-        .arg(&out)
-        .arg("--data-dir")
-        .arg(d.path())
-        .output()
-        .unwrap();
+    let o = suite().args(&args).arg("--out").arg(&out).arg("--data-dir").arg(d.path()).output().unwrap();
     ok(&o);
     let text = std::fs::read_to_string(&doc).unwrap();
     assert!(text.starts_with("# Benchmarks\n\nHand-written intro.\n"));
@@ -139,7 +168,7 @@ fn all_writes_report_and_splices_benchmarks_md() {
     assert!(report.contains("### E4: tiled access with and without list I/O"));
     assert!(report.contains("![e4.svg](benchmarks/plots/e4.svg)"), "plot links relative to the document");
     assert!(text.contains("Machine: "));
-    assert!(text.contains("Command: `stripefs bench all --only e4"));
+    assert!(text.contains("Command: `stripefs-bench all --only e4"));
     assert!(
         out.join("REPORT.md").is_file()
             && out.join("all.csv").is_file()
