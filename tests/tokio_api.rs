@@ -241,8 +241,10 @@ async fn shutdown_ends_the_request_stream_and_pending_futures() {
         assert!(matches!(c.result, Err(Error::Remote(_))), "{scheme}: an unanswered request: {:?}", c.result);
         let pending = cli.endpoint().recv(peer, 9, BytesMut::zeroed(4)).unwrap();
         let pending = cli.completion(pending);
-        srv.endpoint().shutdown();
+        // The client first: shut down second, it could learn of the server's closed
+        // connection before its own shutdown and fail the receive with PeerLost instead.
         cli.endpoint().shutdown();
+        srv.endpoint().shutdown();
         assert_eq!(server.await.unwrap(), 1, "{scheme}");
         let c =
             tokio::time::timeout(Duration::from_secs(10), pending).await.expect("never completed").unwrap();
