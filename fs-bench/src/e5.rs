@@ -96,7 +96,10 @@ pub fn run(ctx: &Ctx, a: &E5Args) -> Result<Report> {
         let opts_for = |hints: bool| ClientOptions {
             max_request_bytes: Some(a.rows_per_request * t.row_bytes()),
             read_request_bytes: Some(a.rows_per_request * t.row_bytes()),
-            ib: Some(IbConfig::default().list_alloc_hint(hints)),
+            // Registrations are counted per request, as the paper counted them: none kept from
+            // one request to the next (kept ones would make both variants register nothing
+            // after the first pass).
+            ib: Some(IbConfig::default().list_alloc_hint(hints).cache_foreign(false)),
             ..Default::default()
         };
         let max_req = tiles::request_limits(&setup, &opts_for(false)).max;

@@ -614,7 +614,9 @@ mod tests {
 
     /// With pool buffers on both sides, 1 MiB messages over `softib://` move straight between
     /// the two applications' buffers (server-based RDMA into the registered receive buffer);
-    /// heap buffers go through the receiver's zone buffers and are copied once.
+    /// a heap buffer goes through the receiver's zone buffers and is copied once at least the
+    /// first time the engine sees it (later ones go direct while the memory monitor keeps its
+    /// registration).
     #[test]
     fn pool_buffers_make_no_copy_at_the_receiver() {
         let srv = Endpoint::bind("softib://127.0.0.1:0", Config::default().progress_thread(true)).unwrap();
@@ -635,7 +637,7 @@ mod tests {
         run(&cli, peer, &base, None).unwrap();
         run(&cli, peer, &Params { pool: true, ..base }, None).unwrap();
         let copies = server.join().unwrap();
-        assert!(copies[0] >= 8 << 20, "heap receive buffers are staged through zones: {copies:?}");
+        assert!(copies[0] >= 1 << 20, "heap receive buffers are staged through zones: {copies:?}");
         // Only the 1-byte acknowledgements (one per window) are copied, as inline messages.
         assert!(copies[1] <= 2, "pool receive buffers are written directly: {copies:?}");
     }
