@@ -12,6 +12,8 @@
 //! `<data_dir>/cluster.key`, so a restart on the same directory is the same cluster.
 
 use crate::config::{ClusterConfig, ConfigError, KeySource, LayoutDefaults};
+// Also `cluster::ServerId`: the local cluster names its processes with it.
+pub use crate::config::ServerId;
 use ionet::{Address, Scheme};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -103,24 +105,6 @@ pub enum ClusterError {
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClusterError {
     let what = what.into();
     move |error| ClusterError::Io { what, error }
-}
-
-/// A server of a local cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ServerId {
-    /// The meta server.
-    Meta,
-    /// Io server `i`.
-    Io(usize),
-}
-
-impl std::fmt::Display for ServerId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ServerId::Meta => f.write_str("meta server"),
-            ServerId::Io(i) => write!(f, "io server {i}"),
-        }
-    }
 }
 
 /// One running server process.

@@ -21,7 +21,6 @@
 //! a typo is an error rather than a silently ignored setting.
 
 use crate::capability::{MAX_KEY_LEN, MIN_KEY_LEN};
-use crate::cluster::ServerId;
 use crate::layout::MAX_SSIZE;
 use ionet::{Address, Scheme, addr::AddrError};
 use serde::{Deserialize, Serialize};
@@ -435,6 +434,24 @@ pub fn fuzz_one(data: &[u8]) {
     if let Ok(cfg) = ClusterConfig::parse(text) {
         let again = ClusterConfig::parse(&cfg.to_toml()).expect("re-serialized config parses");
         assert_eq!(cfg, again);
+    }
+}
+
+/// A server of a cluster: the meta server or io server `i`, as the cluster file lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ServerId {
+    /// The meta server.
+    Meta,
+    /// Io server `i`.
+    Io(usize),
+}
+
+impl std::fmt::Display for ServerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServerId::Meta => f.write_str("meta server"),
+            ServerId::Io(i) => write!(f, "io server {i}"),
+        }
     }
 }
 
