@@ -44,7 +44,7 @@ fn config(force: Option<Mechanism>) -> Config {
     p.force(force);
     // Lent memory deregistered after each transfer: every user buffer is new to the engine,
     // so the staged path (zone buffers) is what is checked for it. Kept registrations of lent
-    // memory, which go direct, are checked in `ib_memory_monitor.rs`.
+    // memory, which go direct, are checked in `ib_cache_foreign.rs`.
     let ib = IbConfig::default().recv_size(RECV_SIZE).cache_foreign(false);
     Config::default().max_message(MAX).policy(p).ib(ib)
 }

@@ -210,35 +210,37 @@ impl<V: Verbs> State<V> {
             OpBuf::Send(s) => s.for_each_slice(0, s.len(), &mut add),
             OpBuf::Recv(r) => r.for_each_slice(0, r.capacity(), &mut add),
         }
-        // File mappings always (the file-mapping path invalidates them); other lent memory
-        // when the cache keeps it (watched by the memory monitor, or at the application's
-        // word).
-        let keeps_foreign = self.cache.lock().unwrap_or_else(|p| p.into_inner()).keeps_foreign();
-        runs.retain(|&(_, addr, len)| {
-            len > 0 && (keeps_foreign || crate::buffers::filemap::is_mapped(addr, len))
-        });
-        if runs.is_empty() {
-            return;
-        }
         let mut direct = Vec::with_capacity(runs.len());
         {
             let State { cache, mapped_seen, .. } = self;
             let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+            let keeps_foreign = c.keeps_foreign();
             let rw = crate::types::Access::READ_WRITE;
             for (off, addr, len) in runs {
+                // File mappings always: the file-mapping path invalidates their registrations
+                // when it unmaps them. Other lent memory only when the cache keeps it (watched by
+                // the memory monitor, or at the application's word), registered as lent so
+                // the monitor watches it.
+                let origin = if len == 0 {
+                    continue;
+                } else if crate::buffers::filemap::is_mapped(addr, len) {
+                    crate::regcache::Origin::Owned
+                } else if keeps_foreign {
+                    crate::regcache::Origin::Foreign
+                } else {
+                    continue;
+                };
                 // Registered already: direct. Seen once before: register, then direct. New:
                 // staged this time (see `SeenOnce`).
                 let reg = match c.acquire_if_registered(addr, len, rw) {
                     Some(r) => Some(r),
-                    None if mapped_seen.seen_before((addr, len)) => {
-                        match c.acquire(addr, len, rw, crate::regcache::Origin::Owned) {
-                            Ok(r) => Some(r),
-                            Err(e) => {
-                                tracing::debug!(error = %e, "registering a mapped buffer failed; staging it");
-                                None
-                            }
+                    None if mapped_seen.seen_before((addr, len)) => match c.acquire(addr, len, rw, origin) {
+                        Ok(r) => Some(r),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "registering a lent buffer failed; staging it");
+                            None
                         }
-                    }
+                    },
                     None => None,
                 };
                 if let Some(reg) = reg {
