@@ -117,42 +117,30 @@ impl Request {
     }
 
     /// Ends the request with a reply header; the client's request op completes with it.
-    pub fn reply(mut self, header: impl Into<Bytes>) -> Result<OpId> {
-        self.answered = true;
-        self.ep.post(Cmd::Reply(ReplyCmd {
-            peer: self.meta.peer,
-            req: self.meta.id,
-            sl: self.meta.sl,
-            header: header.into(),
-            status: status::OK,
-        }))
+    pub fn reply(self, header: impl Into<Bytes>) -> Result<OpId> {
+        self.answer(header.into(), status::OK)
     }
 
     /// Ends the request with a failure the application numbers: the client's op fails with
     /// [`Error::RemoteStatus`] carrying `status` and `reason` (an errno, an HTTP-like code),
     /// so a client can act on the kind of failure without parsing text.
-    pub fn reply_status(mut self, status: u16, reason: &str) -> Result<OpId> {
-        self.answered = true;
-        self.ep.post(Cmd::Reply(ReplyCmd {
-            peer: self.meta.peer,
-            req: self.meta.id,
-            sl: self.meta.sl,
-            header: Bytes::copy_from_slice(reason.as_bytes()),
-            status: status::APP + u32::from(status),
-        }))
+    pub fn reply_status(self, status: u16, reason: &str) -> Result<OpId> {
+        self.answer(Bytes::copy_from_slice(reason.as_bytes()), status::APP + u32::from(status))
     }
 
     /// Ends the request with a transport-level failure; the client's op fails with
     /// [`Error::Remote`] carrying `reason`.
-    pub fn reply_error(mut self, reason: &str) -> Result<OpId> {
+    pub fn reply_error(self, reason: &str) -> Result<OpId> {
+        self.answer(Bytes::copy_from_slice(reason.as_bytes()), status::ERROR)
+    }
+
+    fn answer(mut self, header: Bytes, status: u32) -> Result<OpId> {
         self.answered = true;
-        self.ep.post(Cmd::Reply(ReplyCmd {
-            peer: self.meta.peer,
-            req: self.meta.id,
-            sl: self.meta.sl,
-            header: Bytes::copy_from_slice(reason.as_bytes()),
-            status: status::ERROR,
-        }))
+        self.ep.post(Cmd::Reply(self.reply_cmd(header, status)))
+    }
+
+    fn reply_cmd(&self, header: Bytes, status: u32) -> ReplyCmd {
+        ReplyCmd { peer: self.meta.peer, req: self.meta.id, sl: self.meta.sl, header, status }
     }
 }
 
@@ -166,16 +154,7 @@ fn check_range(offset: u64, len: u64, total: u64) -> Result<()> {
 impl Drop for Request {
     fn drop(&mut self) {
         if !self.answered {
-            let _ = self.ep.post_detached(
-                Cmd::Reply(ReplyCmd {
-                    peer: self.meta.peer,
-                    req: self.meta.id,
-                    sl: self.meta.sl,
-                    header: Bytes::new(),
-                    status: status::DROPPED,
-                }),
-                true,
-            );
+            let _ = self.ep.post_detached(Cmd::Reply(self.reply_cmd(Bytes::new(), status::DROPPED)), true);
         }
     }
 }

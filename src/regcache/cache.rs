@@ -200,17 +200,15 @@ impl<R: Registrar> RegCache<R> {
 
     /// Kills every live entry of lent memory.
     fn invalidate_foreign(&mut self) {
-        let victims: Vec<usize> = self
+        let foreign: Vec<(usize, usize)> = self
             .index
-            .iter()
-            .filter(|&(_, &slot)| self.entry(slot).foreign)
-            .map(|(&start, _)| start)
+            .values()
+            .map(|&slot| self.entry(slot))
+            .filter(|e| e.foreign)
+            .map(|e| (e.start, e.end))
             .collect();
-        for start in victims {
-            if let Some(&slot) = self.index.get(&start) {
-                let (s, e) = (self.entry(slot).start, self.entry(slot).end);
-                self.invalidate(s, e - s);
-            }
+        for (start, end) in foreign {
+            self.invalidate(start, end - start);
         }
     }
 

@@ -510,10 +510,7 @@ impl Client {
 
     /// `name` in directory `parent`.
     pub fn lookup(&self, parent: Handle, name: &str) -> FsResult<(Handle, Attr)> {
-        match self.meta_call(MetaRequest::Lookup { parent, name: Self::name(name)? })? {
-            MetaReply::Entry { handle, attr } => Ok((handle, attr)),
-            r => Self::unexpected(r),
-        }
+        self.entry(MetaRequest::Lookup { parent, name: Self::name(name)? })
     }
 
     /// Attributes as the meta server records them (a file's `size` is the last truncate; use
@@ -603,10 +600,7 @@ impl Client {
             uid: self.cred.uid,
             gid: self.cred.gid,
         };
-        match self.meta_call(req)? {
-            MetaReply::Entry { handle, attr } => Ok((handle, attr)),
-            r => Self::unexpected(r),
-        }
+        self.entry(req)
     }
 
     /// Removes an empty directory.
@@ -626,10 +620,7 @@ impl Client {
             uid: self.cred.uid,
             gid: self.cred.gid,
         };
-        match self.meta_call(req)? {
-            MetaReply::Entry { handle, attr } => Ok((handle, attr)),
-            r => Self::unexpected(r),
-        }
+        self.entry(req)
     }
 
     /// A symbolic link's target (`EINVAL` for anything else).
@@ -669,10 +660,7 @@ impl Client {
             uid: self.cred.uid,
             gid: self.cred.gid,
         };
-        match self.meta_call(req)? {
-            MetaReply::Entry { handle, attr } => Ok((handle, attr)),
-            r => Self::unexpected(r),
-        }
+        self.entry(req)
     }
 
     /// Removes a name of a file (with the last, its objects on the io servers), a symbolic
@@ -689,6 +677,14 @@ impl Client {
             dst_parent: dp,
             dst_name: Self::name(dn)?,
         })
+    }
+
+    /// A meta request answered with the entry it made or found.
+    fn entry(&self, req: MetaRequest) -> FsResult<(Handle, Attr)> {
+        match self.meta_call(req)? {
+            MetaReply::Entry { handle, attr } => Ok((handle, attr)),
+            r => Self::unexpected(r),
+        }
     }
 
     fn done(&self, req: MetaRequest) -> FsResult<()> {
