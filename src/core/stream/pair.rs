@@ -489,32 +489,15 @@ fn request_out(cfg: Config, len: usize) -> (Option<Mechanism>, Vec<u8>) {
     p.chunk = 8192;
     let srv = p.connect();
     let data = pattern(len, 3);
-    let req = p.post(
-        true,
-        Cmd::Request(RequestCmd {
-            peer: srv,
-            tag: 1,
-            sl: ServiceLevel::Bulk,
-            header: Bytes::from_static(b"write"),
-            payload: Payload::Out(SendBuf::from(data.clone())),
-        }),
-    );
+    let req = p
+        .post(true, request(srv, 1, ServiceLevel::Bulk, b"write", Payload::Out(SendBuf::from(data.clone()))));
     p.drive();
     let meta = p.server.requests.pop_front().expect("the request arrived");
     assert_eq!((meta.dir, meta.len, &meta.header[..]), (Direction::Out, len as u64, &b"write"[..]));
     let half = len / 2;
     let mut got = Vec::new();
     for (off, n) in [(0, half), (half, len - half)] {
-        let pull = p.post(
-            false,
-            Cmd::Pull(PullCmd {
-                peer: meta.peer,
-                req: meta.id,
-                sl: meta.sl,
-                offset: off as u64,
-                buf: RecvBuf::from(BytesMut::zeroed(n)),
-            }),
-        );
+        let pull = p.post(false, pull(&meta, off as u64, n));
         p.drive();
         got.extend(bytes_of(&p.take(false, pull)));
     }
@@ -552,13 +535,7 @@ fn a_request_in_payload_is_pushed_into_the_clients_buffer() {
     let len = 200_000;
     let req = p.post(
         true,
-        Cmd::Request(RequestCmd {
-            peer: srv,
-            tag: 2,
-            sl: ServiceLevel::Normal,
-            header: Bytes::from_static(b"read"),
-            payload: Payload::In(RecvBuf::from(BytesMut::zeroed(len))),
-        }),
+        request(srv, 2, ServiceLevel::Normal, b"read", Payload::In(RecvBuf::from(BytesMut::zeroed(len)))),
     );
     p.drive();
     let meta = p.server.requests.pop_front().expect("the request arrived");
@@ -574,16 +551,7 @@ fn a_request_in_payload_is_pushed_into_the_clients_buffer() {
             buf: SendBuf::from(data.clone()),
         }),
     );
-    let reply = p.post(
-        false,
-        Cmd::Reply(ReplyCmd {
-            peer: meta.peer,
-            req: meta.id,
-            sl: meta.sl,
-            header: Bytes::new(),
-            status: status::OK,
-        }),
-    );
+    let reply = p.post(false, reply(&meta));
     p.drive();
     assert!(p.take(false, push).result.is_ok() && p.take(false, reply).result.is_ok());
     let done = p.take(true, req);
@@ -761,41 +729,14 @@ fn a_request_posted_before_the_handshake_carries_inline_only_what_the_server_acc
     let srv = p.connect();
     let data = pattern(server_limit + 1, 9);
     let payload = Payload::Out(SendBuf::from(data.clone()));
-    let rq = p.post(
-        true,
-        Cmd::Request(RequestCmd {
-            peer: srv,
-            tag: 4,
-            sl: ServiceLevel::Normal,
-            header: Bytes::from_static(b"w"),
-            payload,
-        }),
-    );
+    let rq = p.post(true, request(srv, 4, ServiceLevel::Normal, b"w", payload));
     p.drive();
     let meta = p.server.requests.pop_front().expect("the request arrived");
     assert_eq!(meta.len, data.len() as u64);
-    let pull = p.post(
-        false,
-        Cmd::Pull(PullCmd {
-            peer: meta.peer,
-            req: meta.id,
-            sl: meta.sl,
-            offset: 0,
-            buf: RecvBuf::from(BytesMut::zeroed(data.len())),
-        }),
-    );
+    let pull = p.post(false, pull(&meta, 0, data.len()));
     p.drive();
     assert_eq!(bytes_of(&p.take(false, pull)), data);
-    p.post(
-        false,
-        Cmd::Reply(ReplyCmd {
-            peer: meta.peer,
-            req: meta.id,
-            sl: meta.sl,
-            header: Bytes::new(),
-            status: status::OK,
-        }),
-    );
+    p.post(false, reply(&meta));
     p.drive();
     assert!(p.take(true, rq).result.is_ok());
 }
@@ -834,13 +775,7 @@ fn an_unexpected_message_above_the_server_s_limit_fails_at_the_client_and_the_co
 fn read_request(p: &mut Pair, srv: PeerId, cap: usize) -> (OpId, RequestMeta) {
     let req = p.post(
         true,
-        Cmd::Request(RequestCmd {
-            peer: srv,
-            tag: 2,
-            sl: ServiceLevel::Normal,
-            header: Bytes::from_static(b"read"),
-            payload: Payload::In(RecvBuf::from(BytesMut::zeroed(cap))),
-        }),
+        request(srv, 2, ServiceLevel::Normal, b"read", Payload::In(RecvBuf::from(BytesMut::zeroed(cap)))),
     );
     p.drive();
     (req, p.server.requests.pop_front().expect("the request arrived"))
@@ -857,6 +792,21 @@ fn reply(meta: &RequestMeta) -> Cmd {
         sl: meta.sl,
         header: Bytes::new(),
         status: status::OK,
+    })
+}
+
+fn request(peer: PeerId, tag: Tag, sl: ServiceLevel, header: &'static [u8], payload: Payload) -> Cmd {
+    Cmd::Request(RequestCmd { peer, tag, sl, header: Bytes::from_static(header), payload })
+}
+
+/// A pull of `len` bytes at `offset` of `meta`'s OUT payload into a fresh buffer.
+fn pull(meta: &RequestMeta, offset: u64, len: usize) -> Cmd {
+    Cmd::Pull(PullCmd {
+        peer: meta.peer,
+        req: meta.id,
+        sl: meta.sl,
+        offset,
+        buf: RecvBuf::from(BytesMut::zeroed(len)),
     })
 }
 
@@ -934,13 +884,7 @@ fn a_cancel_reaches_a_server_stalled_in_the_requests_streamed_payload() {
     let len = 3 << 20;
     let req = p.post(
         true,
-        Cmd::Request(RequestCmd {
-            peer: srv,
-            tag: 1,
-            sl: ServiceLevel::Bulk,
-            header: Bytes::from_static(b"write"),
-            payload: Payload::Out(SendBuf::from(pattern(len, 1))),
-        }),
+        request(srv, 1, ServiceLevel::Bulk, b"write", Payload::Out(SendBuf::from(pattern(len, 1)))),
     );
     p.drive();
     let meta = p.server.requests.pop_front().expect("the request arrived");
@@ -949,32 +893,14 @@ fn a_cancel_reaches_a_server_stalled_in_the_requests_streamed_payload() {
     p.drive();
     assert!(p.server.s.request_cancelled(meta.peer, meta.id), "the notice got past the payload");
     assert!(p.wires.iter().all(|w| w.up.is_empty()), "the server read through the rest, unpulled");
-    let pull = p.post(
-        false,
-        Cmd::Pull(PullCmd {
-            peer: meta.peer,
-            req: meta.id,
-            sl: meta.sl,
-            offset: 0,
-            buf: RecvBuf::from(BytesMut::zeroed(len)),
-        }),
-    );
+    let pull = p.post(false, pull(&meta, 0, len));
     let re = p.post(false, reply(&meta));
     p.drive();
     assert!(matches!(p.take(false, pull).result, Err(Error::PeerCancelled)));
     assert!(matches!(p.take(false, re).result, Err(Error::PeerCancelled)));
     assert!(matches!(p.take(true, req).result, Err(Error::Cancelled)));
     // The connection goes on.
-    let again = p.post(
-        true,
-        Cmd::Request(RequestCmd {
-            peer: srv,
-            tag: 1,
-            sl: ServiceLevel::Bulk,
-            header: Bytes::from_static(b"again"),
-            payload: Payload::None,
-        }),
-    );
+    let again = p.post(true, request(srv, 1, ServiceLevel::Bulk, b"again", Payload::None));
     p.drive();
     let meta = p.server.requests.pop_front().expect("the next request arrived");
     p.post(false, reply(&meta));
