@@ -17,6 +17,7 @@ use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
+use stripefs::config::ServerId;
 use stripefs::server::ServerReport;
 
 /// Largest request head accepted (request line and headers); a scrape needs a few hundred bytes.
@@ -25,21 +26,11 @@ const MAX_REQUEST: usize = 8 * 1024;
 /// How long a connection may take to send its request, and to take the reply.
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Which server a process exports: its role and, for an io server, its index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// The meta server.
-    Meta,
-    /// io server `i`.
-    Io(u32),
-}
-
-impl Role {
-    fn labels(self) -> String {
-        match self {
-            Role::Meta => r#"role="meta",index="0""#.into(),
-            Role::Io(i) => format!(r#"role="io",index="{i}""#),
-        }
+/// The labels naming the server a process exports: its role and, for an io server, its index.
+fn labels(server: ServerId) -> String {
+    match server {
+        ServerId::Meta => r#"role="meta",index="0""#.into(),
+        ServerId::Io(i) => format!(r#"role="io",index="{i}""#),
     }
 }
 
@@ -47,7 +38,7 @@ impl Role {
 /// thread of its own, for the life of the process; returns the bound address (port 0 = any).
 pub fn start(
     addr: SocketAddr,
-    role: Role,
+    server: ServerId,
     ep: Endpoint,
     upstream: Option<Endpoint>,
     report: impl Fn() -> Option<ServerReport> + Send + 'static,
@@ -59,7 +50,7 @@ pub fn start(
             match conn {
                 Ok(s) => {
                     let peer = s.peer_addr().ok();
-                    if let Err(e) = answer(s, || render(role, &ep, upstream.as_ref(), report().as_ref())) {
+                    if let Err(e) = answer(s, || render(server, &ep, upstream.as_ref(), report().as_ref())) {
                         tracing::debug!(?peer, error = %e, "metrics request not answered");
                     }
                 }
@@ -194,12 +185,12 @@ impl Exposition {
 /// Every metric of the server serving on `ep`, and reaching other servers through `upstream`
 /// (the meta server's endpoint to the io servers); see the README's metrics table.
 pub fn render(
-    role: Role,
+    server: ServerId,
     ep: &Endpoint,
     upstream: Option<&Endpoint>,
     report: Option<&ServerReport>,
 ) -> String {
-    let mut x = Exposition { out: String::with_capacity(8 * 1024), labels: role.labels() };
+    let mut x = Exposition { out: String::with_capacity(8 * 1024), labels: labels(server) };
     x.family("stripefs_build_info", "gauge", "Always 1; the server's version in a label.");
     x.sample("stripefs_build_info", &format!(r#"version="{}""#, env!("CARGO_PKG_VERSION")), 1);
     if let Some(r) = report {
@@ -402,7 +393,7 @@ mod tests {
     fn every_family_is_declared_once_before_its_samples() {
         let ep = Endpoint::bind("tcp://127.0.0.1:0", ionet::Config::default()).unwrap();
         let up = Endpoint::client(ionet::Config::default()).unwrap();
-        let text = render(Role::Io(3), &ep, Some(&up), None);
+        let text = render(ServerId::Io(3), &ep, Some(&up), None);
         let mut declared = std::collections::HashSet::new();
         let mut current = String::new();
         for line in text.lines() {

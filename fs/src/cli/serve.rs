@@ -1,6 +1,5 @@
 //! `stripefs serve`.
 
-use super::metrics::Role;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ionet::{Address, Scheme, WaitMode};
@@ -135,12 +134,12 @@ fn sd_notify(state: &str) {
 
 /// Starts the metrics responder for `h` if asked to, and prints its address (before `LISTEN`,
 /// which tells launchers the server is ready).
-fn start_metrics(a: &ServeArgs, role: Role, h: &ServerHandle) -> Result<()> {
+fn start_metrics(a: &ServeArgs, server: ServerId, h: &ServerHandle) -> Result<()> {
     let Some(addr) = a.metrics else { return Ok(()) };
     let reporter = h.reporter();
     let report = move || reporter.as_ref().map(|r| r.report());
     let upstream = h.upstream().cloned();
-    let bound = super::metrics::start(addr, role, h.endpoint().clone(), upstream, report)?;
+    let bound = super::metrics::start(addr, server, h.endpoint().clone(), upstream, report)?;
     tracing::info!(%bound, "serving metrics");
     let mut out = std::io::stdout().lock();
     writeln!(out, "METRICS {bound}")?;
@@ -153,12 +152,12 @@ fn start_metrics(a: &ServeArgs, role: Role, h: &ServerHandle) -> Result<()> {
 /// (exit status 0) unless the sync failed.
 fn serve_until_stopped(
     a: &ServeArgs,
-    role: Role,
+    server: ServerId,
     h: ServerHandle,
     stop: &mpsc::Receiver<()>,
     timeout: Duration,
 ) -> Result<()> {
-    start_metrics(a, role, &h)?;
+    start_metrics(a, server, &h)?;
     announce(h.local_addr())?;
     sd_notify("READY=1");
     let _ = stop.recv();
@@ -203,7 +202,7 @@ pub fn run(a: ServeArgs, cluster: Option<PathBuf>) -> Result<()> {
         m.workers = a.workers;
         m.wait_mode = a.wait;
         let h = MetaServer::start(m)?;
-        return serve_until_stopped(&a, Role::Meta, h, &stop, a.drain_timeout);
+        return serve_until_stopped(&a, ServerId::Meta, h, &stop, a.drain_timeout);
     }
     run_local_cluster(&a, cfg, &stop)
 }
@@ -241,7 +240,7 @@ fn run_io(a: &ServeArgs, i: u32, cfg: Option<&ClusterConfig>, stop: &mpsc::Recei
         s.ib = Some(ionet::IbConfig::default().recv_size(n));
     }
     let h = IoServer::start(s)?;
-    serve_until_stopped(a, Role::Io(i), h, stop, a.drain_timeout)
+    serve_until_stopped(a, ServerId::Io(i as usize), h, stop, a.drain_timeout)
 }
 
 fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>, stop: &mpsc::Receiver<()>) -> Result<()> {
