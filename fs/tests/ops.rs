@@ -219,15 +219,18 @@ fn the_debug_log_tells_each_request_under_its_server_and_peer() {
 #[test]
 fn a_local_cluster_takes_consecutive_metrics_ports() {
     // Three consecutive free ports (checked just before; another process could still take
-    // one, which fails the cluster's start loudly rather than passing wrongly).
-    let base = (0..50)
-        .find_map(|_| {
-            let first = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
-            let p = first.local_addr().ok()?.port();
-            let rest: Vec<_> = (1..3)
-                .map(|k| std::net::TcpListener::bind(("127.0.0.1", p.checked_add(k)?)).ok())
+    // one, which fails the cluster's start loudly rather than passing wrongly). Below the
+    // kernel's ephemeral range (32768 and up by default), so the outgoing connections of tests
+    // running meanwhile do not take them; where to start depends on the process id, so runs at
+    // the same time look in different places.
+    let start = 20_000 + (std::process::id() % 4_000) as u16 * 3;
+    let base = (0..1_000u16)
+        .map(|k| 20_000 + (start - 20_000 + 3 * k) % 12_000)
+        .find_map(|p| {
+            let held: Vec<_> = (0..3)
+                .map(|k| std::net::TcpListener::bind(("127.0.0.1", p + k)).ok())
                 .collect::<Option<_>>()?;
-            drop((first, rest));
+            drop(held);
             Some(p)
         })
         .expect("three consecutive free ports");
