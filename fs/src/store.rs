@@ -28,6 +28,12 @@
 //! file to its end before its first store past it and reports each unit's end only once its
 //! data arrived, and a write that fails part way (the client died, a pull timed out, the disk
 //! filled) is cut back to what landed (`ledger`). `pwrite`s set the size as they land.
+//!
+//! # Write-behind
+//! Once [`StoreConfig::write_behind`] bytes have landed in an object, the store starts their
+//! writeback (`sync_file_range(SYNC_FILE_RANGE_WRITE)`) and goes on without waiting, so the
+//! disk writes while the rest of a stream is still arriving and a client's fsync waits only
+//! for the tail. Durability is unchanged: only fsync promises it.
 
 use crate::errno::Errno;
 use crate::layout::Piece;
@@ -37,9 +43,10 @@ use crate::proto::Handle;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use tracing::{debug, warn};
 
@@ -55,11 +62,18 @@ pub struct StoreConfig {
     /// Most files held open at once (default 256). Each costs one file descriptor; the least
     /// recently used is closed to make room.
     pub max_open: usize,
+    /// Dirty bytes an object gathers before their writeback is started, without waiting for it
+    /// (default [`DEFAULT_WRITE_BEHIND`]; 0 leaves writeback to the kernel and the next fsync;
+    /// ignored in memory file systems, which write nothing back).
+    pub write_behind: u64,
 }
+
+/// Default of [`StoreConfig::write_behind`]: 8 MiB.
+pub const DEFAULT_WRITE_BEHIND: u64 = 8 << 20;
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { max_open: 256 }
+        StoreConfig { max_open: 256, write_behind: DEFAULT_WRITE_BEHIND }
     }
 }
 
@@ -82,6 +96,29 @@ pub struct Object {
     allocated: Mutex<Vec<(u64, u64)>>,
     /// The size as data lands, and the file's length.
     ledger: Mutex<Ledger>,
+    /// Landed data whose writeback has not been started.
+    behind: Mutex<WriteBehind>,
+    write_behind: Arc<WriteBehindShared>,
+}
+
+/// Write-behind: the page cache would hold a whole stream until the client's fsync and only
+/// then write it (the kernel's own writeback waits for far more dirty memory), so a large write
+/// would take its network time plus its disk time. Started once a few megabytes have gathered,
+/// the disk works while the rest is still on the wire and the fsync finds little left to do.
+#[derive(Debug, Default)]
+struct WriteBehindShared {
+    /// [`StoreConfig::write_behind`].
+    threshold: u64,
+    /// Bytes whose writeback was started early, over all objects.
+    started: AtomicU64,
+}
+
+/// The span of one object's landed data since its writeback was last started.
+#[derive(Debug, Default)]
+struct WriteBehind {
+    lo: u64,
+    hi: u64,
+    bytes: u64,
 }
 
 impl std::fmt::Debug for Object {
@@ -91,7 +128,7 @@ impl std::fmt::Debug for Object {
 }
 
 impl Object {
-    fn new(handle: Handle, file: File) -> Result<Self, StoreError> {
+    fn new(handle: Handle, file: File, write_behind: Arc<WriteBehindShared>) -> Result<Self, StoreError> {
         let len = file.metadata().map_err(|error| StoreError::Io { op: "stat", handle, error })?.len();
         Ok(Object {
             handle,
@@ -100,6 +137,8 @@ impl Object {
             map: Mutex::new(None),
             allocated: Mutex::new(Vec::new()),
             ledger: Mutex::new(Ledger::new(len)),
+            behind: Mutex::new(WriteBehind::default()),
+            write_behind,
         })
     }
 
@@ -155,7 +194,7 @@ impl Object {
         // `exclusive()`, so it never shrinks under a live region. Bytes are written through a
         // region only after `allocate` reserved them, and the copying path (`write_stream`)
         // runs under `exclusive()`, when no region is alive.
-        #[allow(unsafe_code)] // The crate's one unsafe call: zero-copy storage needs a mapping.
+        #[allow(unsafe_code)] // Zero-copy storage needs a mapping.
         let m = unsafe { ionet::FileMap::new(&self.file, len) }.map_err(|source| StoreError::Io {
             op: "mmap",
             handle: self.handle,
@@ -182,6 +221,32 @@ impl Object {
         r.map_err(|e| StoreError::Io { op: "fallocate", handle: self.handle, error: io::Error::from(e) })?;
         insert_extent(&mut lock(&self.allocated), off, end);
         Ok(())
+    }
+
+    /// `[lo, hi)` landed in the file: once [`StoreConfig::write_behind`] bytes have gathered,
+    /// starts writing back their span without waiting (a failure is the next fsync's to report).
+    fn wrote(&self, lo: u64, hi: u64) {
+        let threshold = self.write_behind.threshold;
+        if threshold == 0 || hi <= lo {
+            return;
+        }
+        let (lo, hi, bytes) = {
+            let mut b = lock(&self.behind);
+            if b.bytes == 0 {
+                (b.lo, b.hi) = (lo, hi);
+            } else {
+                (b.lo, b.hi) = (b.lo.min(lo), b.hi.max(hi));
+            }
+            b.bytes += hi - lo;
+            if b.bytes < threshold {
+                return;
+            }
+            let b = std::mem::take(&mut *b);
+            (b.lo, b.hi, b.bytes)
+        };
+        if start_writeback(&self.file, lo, hi - lo) {
+            self.write_behind.started.fetch_add(bytes, Ordering::Relaxed);
+        }
     }
 
     /// Sets the local size with no transfer running (down drops data, up adds a hole).
@@ -247,9 +312,11 @@ impl Writing<'_> {
         })
     }
 
-    /// Every byte of this write before `end` is in the file.
-    pub fn landed(&self, end: u64) {
+    /// Every byte of this write before `end` is in the file; the last unit covered
+    /// `[start, end)`.
+    pub fn landed(&self, start: u64, end: u64) {
         lock(&self.obj.ledger).land(end);
+        self.obj.wrote(start, end);
     }
 
     /// Ends the write: `complete` if all its data landed (or it reserved nothing).
@@ -326,6 +393,12 @@ impl FileSystem {
             _ => "unknown",
         };
         Ok(FileSystem { name, magic: t.0 as u64 })
+    }
+
+    /// True for a file system in memory (tmpfs): nothing is written back, so a page stored
+    /// through a mapping costs one fault and nothing more.
+    pub fn in_memory(&self) -> bool {
+        self.magic == nix::sys::statfs::TMPFS_MAGIC.0 as u64
     }
 
     /// True if stores through a mapping into space reserved with `fallocate` cannot fail for
@@ -458,6 +531,7 @@ impl FdCache {
 pub struct ObjectStore {
     root: PathBuf,
     cache: Mutex<FdCache>,
+    write_behind: Arc<WriteBehindShared>,
 }
 
 impl std::fmt::Debug for ObjectStore {
@@ -485,6 +559,9 @@ impl ObjectStore {
     pub fn open(root: impl Into<PathBuf>, cfg: StoreConfig) -> io::Result<Self> {
         let root = root.into();
         crate::private::own_dir(&root)?;
+        // Memory has nothing to write back.
+        let in_memory = FileSystem::of(&root).is_ok_and(|fs| fs.in_memory());
+        let threshold = if in_memory { 0 } else { cfg.write_behind };
         Ok(ObjectStore {
             root,
             cache: Mutex::new(FdCache {
@@ -493,7 +570,14 @@ impl ObjectStore {
                 tick: 0,
                 cap: cfg.max_open,
             }),
+            write_behind: Arc::new(WriteBehindShared { threshold, started: AtomicU64::new(0) }),
         })
+    }
+
+    /// Bytes whose writeback the store started before any fsync asked for it
+    /// ([`StoreConfig::write_behind`]).
+    pub fn written_behind(&self) -> u64 {
+        self.write_behind.started.load(Ordering::Relaxed)
     }
 
     /// The data directory.
@@ -536,7 +620,7 @@ impl ObjectStore {
         if let Some(o) = c.get(h) {
             return Ok(o);
         }
-        let o = Arc::new(Object::new(h, f)?);
+        let o = Arc::new(Object::new(h, f, self.write_behind.clone())?);
         c.insert(h, o.clone());
         Ok(o)
     }
@@ -573,7 +657,7 @@ impl ObjectStore {
         }
         let mut c = self.cache();
         if c.get(h).is_none() {
-            c.insert(h, Arc::new(Object::new(h, f)?));
+            c.insert(h, Arc::new(Object::new(h, f, self.write_behind.clone())?));
         }
         Ok(created)
     }
@@ -691,6 +775,7 @@ impl ObjectStore {
                 return Err(StoreError::Io { op: "write", handle: h, error: source });
             }
             lock(&o.ledger).written(end);
+            o.wrote(p.off, end);
             at += src.len();
         }
         Ok(at)
@@ -705,6 +790,21 @@ impl ObjectStore {
     pub fn write(&self, h: Handle, pieces: &[Piece], data: &[u8]) -> Result<usize, StoreError> {
         self.write_stream(h, &mut PieceCursor::new(pieces.iter().copied()), data)
     }
+}
+
+/// Starts writing back the dirty pages of `[off, off + len)` of `file` without waiting for
+/// them; false if the kernel refused.
+fn start_writeback(file: &File, off: u64, len: u64) -> bool {
+    let (Ok(off), Ok(len)) = (i64::try_from(off), i64::try_from(len)) else { return false };
+    // SAFETY: sync_file_range takes a descriptor and integers only and touches no memory of
+    // ours; the descriptor is open for the call (borrowed from `file`).
+    #[allow(unsafe_code)] // No safe binding of sync_file_range in nix or rustix.
+    let r = unsafe { libc::sync_file_range(file.as_raw_fd(), off, len, libc::SYNC_FILE_RANGE_WRITE) };
+    if r != 0 {
+        // Only a head start: the client's fsync writes the data anyway and reports real errors.
+        debug!(error = %io::Error::last_os_error(), "starting writeback failed");
+    }
+    r == 0
 }
 
 /// `pread` until `dst` is full; past EOF the rest is zeros.
@@ -866,7 +966,7 @@ mod tests {
     #[test]
     fn open_file_cache_is_bounded() {
         let d = tempfile::tempdir().unwrap();
-        let s = ObjectStore::open(d.path(), StoreConfig { max_open: 4 }).unwrap();
+        let s = ObjectStore::open(d.path(), StoreConfig { max_open: 4, ..Default::default() }).unwrap();
         for h in 1..=10 {
             s.create(Handle(h)).unwrap();
             s.write(Handle(h), &[Extent::new(0, 1)], &[h as u8]).unwrap();
@@ -879,7 +979,7 @@ mod tests {
             s.read(Handle(h), &[Extent::new(0, 1)], &mut b).unwrap();
             assert_eq!(b[0], h as u8);
         }
-        let s0 = ObjectStore::open(d.path(), StoreConfig { max_open: 0 }).unwrap();
+        let s0 = ObjectStore::open(d.path(), StoreConfig { max_open: 0, ..Default::default() }).unwrap();
         assert_eq!(s0.size(Handle(3)).unwrap(), 1);
         assert_eq!(s0.open_files(), 0);
     }

@@ -556,7 +556,9 @@ pub fn bad_names_are_refused(scheme: &str) {
 }
 
 pub fn disk_error_does_not_desynchronise_the_connection(scheme: &str) {
-    let tc = TestCluster::start_with(scheme, 1, |o| o.io_args = vec!["--max-open".into(), "0".into()]);
+    let tc = TestCluster::start_with(scheme, 1, |o| {
+        o.io_args = vec!["--max-open".into(), "0".into(), "--map-disk-writes".into()]
+    });
     let c = tc.client();
     let bad = c.create("/full", CreateOptions::default()).unwrap();
     let good = c.create("/fine", CreateOptions::default()).unwrap();
@@ -682,12 +684,11 @@ fn a_failed_read_leaves_no_cached_registration_of_its_buffer() {
     assert_eq!(entries(), base, "the failed read's buffer left registrations behind");
 }
 
-/// A cluster of `io` servers that copy (`--copy-io`) when `copy`, else map their objects.
+/// A cluster of `io` servers that copy (`--copy-io`) when `copy`, else map their objects,
+/// writes included wherever the test's data directory is.
 fn cluster_copying(scheme: &str, io: u32, copy: bool) -> TestCluster {
     TestCluster::start_with(scheme, io, |o| {
-        if copy {
-            o.io_args = vec!["--copy-io".into()];
-        }
+        o.io_args = vec![if copy { "--copy-io" } else { "--map-disk-writes" }.into()];
     })
 }
 
@@ -729,7 +730,10 @@ pub fn overlapping_writers_each_win_whole_units(scheme: &str) {
     // Transfer units smaller than the stripe unit (32 per request: many turns to take), and
     // equal to it.
     for tu in [64 << 10, 1 << 20] {
-        let tc = TestCluster::start_with(scheme, 1, |o| o.transfer_unit = Some(tu as u64));
+        let tc = TestCluster::start_with(scheme, 1, |o| {
+            o.transfer_unit = Some(tu as u64);
+            o.io_args = vec!["--map-disk-writes".into()];
+        });
         let c = tc.client();
         let f = c.create("/race", CreateOptions { mode: 0o644, layout: spec(1, 1 << 20) }).unwrap();
         let (len, writers, rounds) = (2 << 20, 4u8, 10);
@@ -915,7 +919,7 @@ pub fn large_reads_go_as_several_requests_over_tcp_and_writes_as_one(scheme: &st
 /// run backwards, and an object past the 1 TiB mapping limit (both ways). Each fallback is one
 /// request's: the next plain request is mapped again.
 pub fn mapping_io_servers_count_their_fallbacks(scheme: &str) {
-    let tc = TestCluster::start(scheme, 1);
+    let tc = TestCluster::start_with(scheme, 1, |o| o.io_args = vec!["--map-disk-writes".into()]);
     let c = tc.client();
     let f = c.create("/backwards", CreateOptions { mode: 0o644, layout: spec(1, 65536) }).unwrap();
     let data = pattern(200_000, 22);
@@ -1069,6 +1073,40 @@ macro_rules! transports {
 
 // Every test runs on each transport.
 transports!(tcp, softib);
+
+/// A default io server maps writes into memory (tmpfs) and copies them to a disk, and writes
+/// behind on a disk only: once 8 MiB of an object landed it has started their writeback, and
+/// with `--write-behind 0` it never does. Reads are mapped everywhere.
+#[test]
+fn writes_are_mapped_into_memory_copied_to_disks_and_written_behind() {
+    let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let memory = tempfile::tempdir_in("/dev/shm").unwrap();
+    for (dir, args) in [(&disk, vec![]), (&disk, vec!["--write-behind", "0"]), (&memory, vec![])] {
+        let in_memory = stripefs::store::FileSystem::of(dir.path()).unwrap().in_memory();
+        let mut o = common::options("tcp", 1, &dir.path().join(format!("c{}", args.len())));
+        o.io_args = args.iter().map(|a| a.to_string()).collect();
+        let tc = stripefs::cluster::LocalCluster::start(o).expect("cluster starts");
+        let opts = stripefs::ClientOptions { timeout: Duration::from_secs(10), ..Default::default() };
+        let c = stripefs::Client::connect_with(tc.config(), opts).unwrap();
+        let f = c.create("/f", CreateOptions { mode: 0o644, layout: spec(1, 1 << 20) }).unwrap();
+        let data = pattern(24 << 20, 31);
+        for (i, chunk) in data.chunks(4 << 20).enumerate() {
+            f.write_at((i as u64) << 22, &data.slice_ref(chunk)).unwrap();
+        }
+        assert_eq!(read_all(&f, 0, data.len()).0, &data[..]);
+        let s = io_stats(&c);
+        let what = format!("{} with {args:?}: {s:?}", if in_memory { "memory" } else { "disk" });
+        let (mapped, copied) = if in_memory { (6, 0) } else { (0, 6) };
+        assert_eq!((s.mapped.writes, s.copied.writes), (mapped, copied), "{what}");
+        assert_eq!(s.copied.reads, 0, "{what}");
+        if in_memory || !args.is_empty() {
+            assert_eq!(s.written_behind, 0, "{what}");
+        } else {
+            // Whole 8 MiB batches of the 24 MiB; the last may still be gathering.
+            assert!(s.written_behind >= 16 << 20 && s.written_behind.is_multiple_of(8 << 20), "{what}");
+        }
+    }
+}
 
 /// The POSIX rules over the wire: each client's credentials reach the meta server, hard links
 /// share one file until the last name goes (then its objects do), special files are records,

@@ -924,8 +924,8 @@ pub fn servers(cluster: Option<PathBuf>, json: bool) -> Result<()> {
                 s.reads, s.writes, s.syncs, s.errors
             );
             println!(
-                "  bytes: {} read, {} written; open files: {}",
-                s.bytes_read, s.bytes_written, s.open_files
+                "  bytes: {} read, {} written ({} written behind); open files: {}",
+                s.bytes_read, s.bytes_written, s.written_behind, s.open_files
             );
             for (name, p) in [("mapped", s.mapped), ("copied", s.copied)] {
                 println!("  {name}: {} reads, {} writes, {} bytes", p.reads, p.writes, p.bytes);
@@ -1278,7 +1278,8 @@ mod tests {
                 "reads",
                 "state",
                 "syncs",
-                "writes"
+                "writes",
+                "written_behind"
             ]
         );
         let inner = |k: &str| -> Vec<String> { v[k].as_object().unwrap().keys().cloned().collect() };

@@ -221,6 +221,11 @@ fn server_metrics(x: &mut Exposition, r: &ServerReport) {
         x.counter("stripefs_io_read_bytes_total", "Data bytes read by clients.", io.bytes_read);
         x.counter("stripefs_io_written_bytes_total", "Data bytes written by clients.", io.bytes_written);
         x.counter("stripefs_io_syncs_total", "Syncs served.", io.syncs);
+        x.counter(
+            "stripefs_io_written_behind_bytes_total",
+            "Bytes whose writeback the server started as they landed, ahead of any fsync.",
+            io.written_behind,
+        );
         x.gauge("stripefs_io_open_files", "Object files open in the descriptor cache.", io.open_files);
         let name = "stripefs_io_path_requests_total";
         x.family(name, "counter", "Requests with data by the data path that took them (mapped or copied).");

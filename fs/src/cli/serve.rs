@@ -56,6 +56,15 @@ pub struct ServeArgs {
     /// straight between the network and the mapped object files.
     #[arg(long)]
     copy_io: bool,
+    /// io servers also write through mappings when their data directory is on a disk file
+    /// system (ext4); by default they map writes only into memory (tmpfs) and pwrite to disks,
+    /// which is faster there.
+    #[arg(long, conflicts_with = "copy_io")]
+    map_disk_writes: bool,
+    /// Dirty bytes an io server lets an object gather before it starts writing them back,
+    /// without waiting (binary units allowed: 8M; 0: leave writeback to the kernel and fsync).
+    #[arg(long, value_parser = stripefs::units::parse_size, default_value = "8M")]
+    write_behind: u64,
     /// Size of each pre-posted InfiniBand receive buffer of the io servers (bytes; default
     /// ionet's 8 KiB; binary units allowed: 16k). Inline sends must fit one, so raising the inline
     /// limit needs this too.
@@ -236,6 +245,8 @@ fn run_io(a: &ServeArgs, i: u32, cfg: Option<&ClusterConfig>, stop: &mpsc::Recei
         s.max_open = m;
     }
     s.mapped = !a.copy_io;
+    s.map_disk_writes = a.map_disk_writes;
+    s.write_behind = a.write_behind;
     if let Some(n) = a.ib_recv_size {
         s.ib = Some(ionet::IbConfig::default().recv_size(n));
     }
@@ -285,6 +296,10 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>, stop: &mpsc::Rec
     if a.copy_io {
         opts.io_args.push("--copy-io".into());
     }
+    if a.map_disk_writes {
+        opts.io_args.push("--map-disk-writes".into());
+    }
+    opts.io_args.extend(["--write-behind".into(), a.write_behind.to_string()]);
     opts.meta_args =
         vec!["--cap-lifetime".into(), a.cap_lifetime.to_string(), "--wait".into(), a.wait.name().into()];
     opts.meta_args.extend(["--drain-timeout".into(), drain]);

@@ -26,8 +26,9 @@ use std::fmt;
 
 /// Protocol version this build speaks (2: io servers' counters carry their disk space;
 /// 3: symbolic links; 4: status requests to every server; 5: callers' credentials, hard
-/// links, special files, times set to the server's clock, space allocation).
-pub const PROTO_VERSION: u16 = 5;
+/// links, special files, times set to the server's clock, space allocation; 6: io servers'
+/// counters carry the bytes they wrote behind).
+pub const PROTO_VERSION: u16 = 6;
 
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"STFS";
@@ -503,6 +504,8 @@ pub struct ServerStats {
     pub fallbacks: Fallbacks,
     /// The file system holding the server's objects.
     pub disk: DiskSpace,
+    /// Bytes whose writeback the server started as they landed, ahead of any fsync.
+    pub written_behind: u64,
 }
 
 /// Size and free space of the file system holding an io server's objects, in bytes

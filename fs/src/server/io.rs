@@ -75,8 +75,17 @@ pub struct IoServerConfig {
     /// InfiniBand engine settings of the server's endpoint (default: ionet's).
     pub ib: Option<ionet::IbConfig>,
     /// Move data straight between the network and mapped object files (default true); off,
-    /// every unit is staged in a buffer and `pread`/`pwrite`.
+    /// every unit is staged in a buffer and `pread`/`pwrite`. Writes map only into memory
+    /// file systems (tmpfs) unless [`map_disk_writes`](Self::map_disk_writes) is set.
     pub mapped: bool,
+    /// Also write through mappings on disk file systems known to rewrite in place (ext4;
+    /// default false). There every store into a mapped page takes a fault that first brings the
+    /// page in, and pages under writeback stall the next store, so `pwrite` from a buffer is
+    /// faster even with its extra copy; set this to keep the transport's copy the only one.
+    pub map_disk_writes: bool,
+    /// Dirty bytes an object gathers before the server starts their writeback (default
+    /// [`DEFAULT_WRITE_BEHIND`]; 0: leave it to the kernel and the client's fsync).
+    pub write_behind: u64,
     /// Congestion control of the server's TCP connections, which carry reads' data; `None`
     /// keeps the kernel's (default: [`crate::net::tcp_congestion`], reno unless
     /// `STRIPEFS_TCP_CONGESTION` says otherwise).
@@ -88,6 +97,8 @@ pub const DEFAULT_TRANSFER_UNIT: usize = crate::config::DEFAULT_TRANSFER_UNIT as
 
 /// Default pipeline depth.
 pub const DEFAULT_PIPELINE_DEPTH: usize = 4;
+
+pub use crate::store::DEFAULT_WRITE_BEHIND;
 
 /// Default adaptive spin budget of an io server: 2 ms, against ionet's 100 µs. A client's call
 /// visits its servers one after another, so with N servers each waits (N − 1) × a request's
@@ -115,6 +126,8 @@ impl IoServerConfig {
             transfer_timeout: Duration::from_secs(60),
             ib: None,
             mapped: true,
+            map_disk_writes: false,
+            write_behind: DEFAULT_WRITE_BEHIND,
             tcp_congestion: crate::net::tcp_congestion(),
         }
     }
@@ -194,10 +207,20 @@ struct Shared {
     peers: PeerSpans,
 }
 
-/// Whether a mapping io server may write through mappings into `dir`; says why not if not.
-fn mapped_writes_safe(dir: &std::path::Path) -> bool {
+/// Whether a mapping io server writes through mappings into `dir` (always into memory, into a
+/// disk only if `disk` allows it and the file system is safe for it); says why not if not.
+fn mapped_writes_wanted(dir: &std::path::Path, disk: bool) -> bool {
     match FileSystem::of(dir) {
-        Ok(fs) if fs.rewrites_in_place() => true,
+        Ok(fs) if fs.in_memory() => true,
+        Ok(fs) if disk && fs.rewrites_in_place() => true,
+        Ok(fs) if !disk => {
+            info!(
+                dir = %dir.display(), fs = fs.name,
+                "writes are copied: pwrite from a buffer beats stores through a mapping on a disk \
+                 file system"
+            );
+            false
+        }
         Ok(fs) => {
             info!(
                 dir = %dir.display(), fs = fs.name, magic = format_args!("{:#x}", fs.magic),
@@ -224,7 +247,10 @@ impl IoServer {
             return Err(ServerError::Invalid(format!("transfer unit {} bytes", cfg.transfer_unit)));
         }
         let key = CapabilityKey::new(&cfg.key)?;
-        let store = ObjectStore::open(&cfg.data_dir, StoreConfig { max_open: cfg.max_open })?;
+        let store = ObjectStore::open(
+            &cfg.data_dir,
+            StoreConfig { max_open: cfg.max_open, write_behind: cfg.write_behind },
+        )?;
         let mut ep_cfg =
             crate::net::endpoint_config(&cfg.key, cfg.wait_mode, false, cfg.tcp_congestion.as_deref())
                 .spin_budget(cfg.spin_budget);
@@ -235,7 +261,7 @@ impl IoServer {
         info!(addr = ?ep.local_addr(), dir = %cfg.data_dir.display(), tu = cfg.transfer_unit, "io server listening");
         let stop = Arc::new(AtomicBool::new(false));
         let workers = cfg.workers;
-        let mapped_writes = cfg.mapped && mapped_writes_safe(&cfg.data_dir);
+        let mapped_writes = cfg.mapped && mapped_writes_wanted(&cfg.data_dir, cfg.map_disk_writes);
         let shared = Arc::new(Shared {
             ep: ep.clone(),
             store,
@@ -400,6 +426,7 @@ impl Shared {
                 no_fallocate: load(&s.no_fallocate),
             },
             disk: disk_space(&self.cfg.data_dir),
+            written_behind: self.store.written_behind(),
         }
     }
 
@@ -673,7 +700,7 @@ impl Shared {
         let depth = self.cfg.pipeline_depth.max(2);
         let mut cursor = PieceCursor::new(desc.pieces());
         // (op, end of its unit's pieces)
-        let mut inflight: VecDeque<(OpId, u64)> = VecDeque::new();
+        let mut inflight: VecDeque<(OpId, u64, u64)> = VecDeque::new();
         let mut unit: Vec<(u64, usize)> = Vec::new();
         let mut off = 0u64;
         let mut fail: Option<Fail> = None;
@@ -687,6 +714,7 @@ impl Shared {
                 if unit.is_empty() {
                     unit_pieces(&mut cursor, n, &mut unit);
                 }
+                let unit_start = unit.iter().map(|&(o, _)| o).min().unwrap_or(0);
                 let unit_end = unit.iter().map(|&(o, len)| o + len as u64).max().unwrap_or(0);
                 if let Some(w) = writing
                     && let Err(e) = w.extend(unit_end)
@@ -697,7 +725,7 @@ impl Shared {
                 match start(&unit, off, turn.as_ref()) {
                     Ok(Ok(op)) => {
                         self.deadline(op);
-                        inflight.push_back((op, unit_end));
+                        inflight.push_back((op, unit_start, unit_end));
                         off += n;
                         unit.clear();
                         busy_since = None;
@@ -721,13 +749,13 @@ impl Shared {
                     Err(e) => fail = Some(Fail(Errno::EIO, e.to_string())),
                 }
             }
-            let Some((op, unit_end)) = inflight.pop_front() else { break };
+            let Some((op, unit_start, unit_end)) = inflight.pop_front() else { break };
             match self.ep.wait(op) {
                 Ok(c) => match c.result {
                     // Waited for in order: every earlier unit of this request landed too.
                     Ok(_) if intact => {
                         if let Some(w) = writing {
-                            w.landed(unit_end);
+                            w.landed(unit_start, unit_end);
                         }
                     }
                     Ok(_) => {}
@@ -738,10 +766,10 @@ impl Shared {
                 },
                 Err(e) => {
                     // The regions must not outlive the transfer guard: end every op first.
-                    for &(op, _) in &inflight {
+                    for &(op, ..) in &inflight {
                         let _ = self.ep.cancel(op);
                     }
-                    for (op, _) in inflight.drain(..) {
+                    for (op, ..) in inflight.drain(..) {
                         let _ = self.ep.wait(op);
                     }
                     return Err(e.into());
