@@ -125,6 +125,9 @@ pub enum Origin {
     TransportDefault,
     /// `IONET_INLINE_MAX` / `IONET_FAST_MAX` (what `ionet-perf calibrate` recommends for a host).
     Environment,
+    /// The measured table in the file `IONET_POLICY` names (`ionet-perf calibrate
+    /// --write-policy`): thresholds per transport and service level, measured on the host.
+    MeasuredTable,
     /// The application: [`Policy::set`], or [`crate::Config::eager_limit`].
     Application,
     /// Lowered to what the receiver buffers: on TCP a fraction of
@@ -139,6 +142,7 @@ impl Origin {
         match self {
             Origin::TransportDefault => "the transport's default",
             Origin::Environment => "IONET_INLINE_MAX / IONET_FAST_MAX",
+            Origin::MeasuredTable => "the measured table IONET_POLICY names",
             Origin::Application => "set by the application",
             Origin::ReceiveBudget => "what the receiver buffers",
         }
@@ -157,18 +161,73 @@ pub const IB_FAST_MAX: usize = 64 * 1024;
 /// round trip does not, and eager bodies would crowd the receiver's early-data budget.
 pub const TCP_EAGER_MAX: usize = 64 * 1024;
 
+/// The environment variable naming a measured table (see [`Policy::apply_table`]).
+pub const POLICY_FILE_ENV: &str = "IONET_POLICY";
+
 impl Policy {
-    /// The defaults for a transport, then `IONET_INLINE_MAX` / `IONET_FAST_MAX` from the
-    /// environment when set (applied to every service level).
+    /// The defaults for a transport; then the measured table of the file `IONET_POLICY` names,
+    /// when set ([`Policy::apply_table`]); then `IONET_INLINE_MAX` / `IONET_FAST_MAX` when set
+    /// (applied to every service level). A table that cannot be read is ignored with a warning.
     pub fn for_scheme(scheme: Scheme) -> Self {
+        let mut p = Self::defaults(scheme);
+        if let Some(path) = std::env::var_os(POLICY_FILE_ENV) {
+            match std::fs::read_to_string(&path) {
+                Ok(text) => {
+                    p.apply_table(scheme, &text);
+                }
+                Err(e) => {
+                    tracing::warn!(path = %std::path::Path::new(&path).display(), error = %e, "ignoring the measured table")
+                }
+            }
+        }
+        p.apply_env(|k| std::env::var(k).ok());
+        p
+    }
+
+    /// The transport's default table, whatever the environment says.
+    fn defaults(scheme: Scheme) -> Self {
         let t = match scheme {
             Scheme::Tcp => Thresholds { inline_max: TCP_EAGER_MAX, fast_max: TCP_EAGER_MAX },
             Scheme::SoftIb | Scheme::Ib => Thresholds { inline_max: IB_INLINE_MAX, fast_max: IB_FAST_MAX },
         };
-        let mut p =
-            Policy { per_sl: [t; ServiceLevel::COUNT], forced: None, origin: Origin::TransportDefault };
-        p.apply_env(|k| std::env::var(k).ok());
-        p
+        Policy { per_sl: [t; ServiceLevel::COUNT], forced: None, origin: Origin::TransportDefault }
+    }
+
+    /// Applies the lines of a measured table that are for `scheme`, and returns how many
+    /// service levels they set. One line per transport and service level:
+    ///
+    /// ```text
+    /// # comments and blank lines are skipped
+    /// softib control inline_max=4k fast_max=64k
+    /// softib bulk    inline_max=1k fast_max=16k
+    /// tcp    normal  inline_max=64k
+    /// ```
+    ///
+    /// `fast_max` may be left out (it is then `inline_max`; TCP has no fast path). Lines for
+    /// other transports are skipped; malformed lines are ignored with a warning, so a table
+    /// from a newer release does not stop an endpoint from starting.
+    pub fn apply_table(&mut self, scheme: Scheme, text: &str) -> usize {
+        let mut set = 0;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            match parse_table_line(line) {
+                Some((s, sl, t)) if s == scheme => {
+                    self.per_sl[sl.index()] = t;
+                    self.origin = Origin::MeasuredTable;
+                    set += 1;
+                }
+                Some(_) => {}
+                None => tracing::warn!(
+                    line = n + 1,
+                    text = line,
+                    "ignoring a malformed line of the measured table"
+                ),
+            }
+        }
+        set
     }
 
     /// Where the thresholds came from.
@@ -282,6 +341,28 @@ impl Policy {
     }
 }
 
+/// One line of a measured table: `<transport> <service level> inline_max=<size> [fast_max=<size>]`.
+fn parse_table_line(line: &str) -> Option<(Scheme, ServiceLevel, Thresholds)> {
+    let mut words = line.split_whitespace();
+    let scheme: Scheme = words.next()?.parse().ok()?;
+    let sl_name = words.next()?;
+    let sl = ServiceLevel::ALL.into_iter().find(|sl| sl.name().eq_ignore_ascii_case(sl_name))?;
+    let (mut inline_max, mut fast_max) = (None, None);
+    for w in words {
+        let (key, value) = w.split_once('=')?;
+        let slot = match key {
+            "inline_max" => &mut inline_max,
+            "fast_max" => &mut fast_max,
+            _ => return None,
+        };
+        if slot.replace(parse_size(value)?).is_some() {
+            return None;
+        }
+    }
+    let inline_max = inline_max?;
+    Some((scheme, sl, Thresholds { inline_max, fast_max: fast_max.unwrap_or(inline_max).max(inline_max) }))
+}
+
 /// Parses `4096`, `4k`, `64K`, `1m`, `2MiB`.
 pub(crate) fn parse_size(s: &str) -> Option<usize> {
     let s = s.trim().to_ascii_lowercase();
@@ -383,6 +464,39 @@ mod tests {
         assert_eq!(p.choose(TCP_EAGER_MAX, ServiceLevel::Normal, c), Mechanism::Inline);
         assert_eq!(p.choose(TCP_EAGER_MAX + 1, ServiceLevel::Normal, c), Mechanism::ServerRdma);
         assert!(p.table(Scheme::Tcp).contains("rendezvous"));
+    }
+
+    #[test]
+    fn a_measured_table_sets_its_transports_service_levels() {
+        let table = "\
+# measured on a test host
+softib control inline_max=2k fast_max=32k
+softib bulk inline_max=1k fast_max=128k  # streaming
+tcp normal inline_max=256k
+softib normal inline_max=8k fast_max=4k
+softib normal inline_max=1k fast_max=2k extra=1
+softib normal inline_max=1k inline_max=2k
+softib nobody inline_max=1k
+quic control inline_max=1k
+";
+        let mut p = ib();
+        assert_eq!(p.apply_table(Scheme::SoftIb, table), 3);
+        assert_eq!(p.origin(), Origin::MeasuredTable);
+        assert_eq!(p.thresholds(ServiceLevel::Control), Thresholds { inline_max: 2048, fast_max: 32 << 10 });
+        assert_eq!(p.thresholds(ServiceLevel::Bulk), Thresholds { inline_max: 1024, fast_max: 128 << 10 });
+        // fast_max is never below inline_max; malformed lines after it change nothing.
+        assert_eq!(p.thresholds(ServiceLevel::Normal), Thresholds { inline_max: 8192, fast_max: 8192 });
+        let mut t = Policy::defaults(Scheme::Tcp);
+        assert_eq!(t.apply_table(Scheme::Tcp, table), 1);
+        assert_eq!(t.thresholds(ServiceLevel::Normal).inline_max, 256 << 10);
+        assert_eq!(t.thresholds(ServiceLevel::Bulk).inline_max, TCP_EAGER_MAX, "not in the table");
+        // A table with nothing for the transport leaves the defaults and their origin.
+        let mut i = Policy::defaults(Scheme::Ib);
+        assert_eq!(i.apply_table(Scheme::Ib, table), 0);
+        assert_eq!(
+            (i, Policy::defaults(Scheme::Ib).origin),
+            (Policy::defaults(Scheme::Ib), Origin::TransportDefault)
+        );
     }
 
     #[test]

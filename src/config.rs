@@ -443,9 +443,10 @@ impl Config {
 
     /// Largest message sent eagerly, and the largest this end accepts unasked (eager or
     /// unexpected), advertised to peers in the handshake: a connection uses the smaller of its
-    /// two ends' limits. Default on TCP: the transport's table (64 KiB, or
-    /// `IONET_INLINE_MAX`), lowered to an eighth of [`Config::early_bytes_per_peer`] when
-    /// that is smaller. On InfiniBand the ring slots and receive buffers set it.
+    /// two ends' limits. Default on TCP: the transport's table (64 KiB, or the largest
+    /// threshold of a measured table or `IONET_INLINE_MAX`), lowered to an eighth of
+    /// [`Config::early_bytes_per_peer`] when that is smaller. On InfiniBand the ring slots and
+    /// receive buffers set it.
     pub fn eager_limit(mut self, n: usize) -> Self {
         self.eager_limit = Some(n);
         self
@@ -618,8 +619,8 @@ impl Config {
         self
     }
 
-    /// The mechanism table (default: the transport's, with `IONET_INLINE_MAX` /
-    /// `IONET_FAST_MAX` applied).
+    /// The mechanism table (default: [`Policy::for_scheme`]: the transport's, with the
+    /// measured table `IONET_POLICY` names and `IONET_INLINE_MAX` / `IONET_FAST_MAX` applied).
     pub fn policy(mut self, p: Policy) -> Self {
         self.policy = Some(p);
         self

@@ -152,7 +152,7 @@ pub mod internals {
 
 pub use addr::{Address, DeviceSelect, Scheme};
 pub use buf::{BUF_ALIGN, BufPool, MemKeys, OpBuf, RecvBuf, RegisteredBuf, SendBuf};
-pub use comm::{Mechanism, Origin, Policy, Thresholds};
+pub use comm::{Mechanism, Origin, POLICY_FILE_ENV, Policy, Thresholds};
 pub use config::{Config, IbConfig};
 pub use endpoint::{Arm, Endpoint, Exposure, Request, ToAddress};
 pub use error::{AccessError, Error, ProtocolError, Result};

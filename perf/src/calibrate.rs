@@ -214,6 +214,41 @@ pub fn recommend_from(s: &Samples, scheme: Scheme, tol: f64, basis: Basis) -> Op
     Some(recommend(&pts, tol))
 }
 
+/// The measured table's lines for `scheme` from a sweep (for `IONET_POLICY`, see
+/// `ionet::Policy::apply_table`): the control and normal classes by access time, since their
+/// messages are waited for one at a time; the bulk class by streaming bandwidth. `None` if the
+/// sweep has no figures for the transport.
+pub fn policy_lines(s: &Samples, scheme: Scheme, tol: f64, note: &str) -> Option<String> {
+    let access = recommend_from(s, scheme, tol, Basis::AccessTime)?;
+    let streaming = recommend_from(s, scheme, tol, Basis::Streaming).unwrap_or(access);
+    let t = scheme.as_str();
+    let mut out = format!(
+        "# {t}: {note}; control, normal by access time, bulk by streaming bandwidth
+"
+    );
+    for sl in ServiceLevel::ALL {
+        let r = if sl == ServiceLevel::Bulk { streaming } else { access };
+        out.push_str(&format!("{t} {} inline_max={}", sl.name(), fmt_size_env(r.inline_max)));
+        if scheme != Scheme::Tcp {
+            out.push_str(&format!(" fast_max={}", fmt_size_env(r.fast_max)));
+        }
+        out.push('\n');
+    }
+    Some(out)
+}
+
+/// `existing` table text with `scheme`'s lines (and its comment lines) replaced by `lines`.
+pub fn merge_policy(existing: &str, scheme: Scheme, lines: &str) -> String {
+    let t = scheme.as_str();
+    let mine = |l: &str| {
+        let l = l.trim_start().trim_start_matches('#').trim_start();
+        l.split(|c: char| c.is_whitespace() || c == ':').next() == Some(t)
+    };
+    let mut out: String = existing.lines().filter(|l| !mine(l)).map(|l| format!("{l}\n")).collect();
+    out.push_str(lines);
+    out
+}
+
 fn fmt_size_env(n: usize) -> String {
     if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}m", n >> 20)
@@ -313,6 +348,20 @@ pub fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn policy_lines_merge_into_a_table_per_transport() {
+        let old = "# softib: old run\nsoftib control inline_max=1k fast_max=2k\n# tcp: kept\ntcp normal inline_max=64k\n";
+        let new = "# softib: new run\nsoftib bulk inline_max=4k fast_max=64k\n";
+        let merged = merge_policy(old, Scheme::SoftIb, new);
+        assert_eq!(
+            merged,
+            "# tcp: kept\ntcp normal inline_max=64k\n# softib: new run\nsoftib bulk inline_max=4k fast_max=64k\n"
+        );
+        let mut p = ionet::Policy::for_scheme(Scheme::SoftIb);
+        assert_eq!(p.apply_table(Scheme::SoftIb, &merged), 1);
+        assert_eq!(p.thresholds(ServiceLevel::Bulk), Thresholds { inline_max: 4096, fast_max: 65536 });
+    }
 
     #[test]
     fn recommendation_follows_the_crossovers() {

@@ -36,8 +36,8 @@ use stats::Summary;
 )]
 struct Cli {
     /// Print the mechanism table an endpoint on --transport actually uses (thresholds per
-    /// service level after IONET_INLINE_MAX / IONET_FAST_MAX and the transport's limits), its
-    /// negotiated limits, and exit.
+    /// service level after the measured table IONET_POLICY names, IONET_INLINE_MAX /
+    /// IONET_FAST_MAX and the transport's limits), its negotiated limits, and exit.
     #[arg(long)]
     show_policy: bool,
     /// Transport for --show-policy.
@@ -240,6 +240,10 @@ enum Cmd {
         /// A mechanism is kept while within this fraction of the fastest.
         #[arg(long, default_value_t = 0.05)]
         tolerance: f64,
+        /// Write the recommended thresholds per service level into this measured table (other
+        /// transports' lines are kept); endpoints use it when `IONET_POLICY` names the file.
+        #[arg(long, value_name = "FILE")]
+        write_policy: Option<PathBuf>,
         #[command(flatten)]
         common: Common,
     },
@@ -519,7 +523,7 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
             let (md, plots) = ab::render(&s, &common.link_prefix)?;
             emit(&common, "ab", &s, &md, &plots)
         }
-        Some(Cmd::Calibrate { transports, tolerance, common }) => {
+        Some(Cmd::Calibrate { transports, tolerance, write_policy, common }) => {
             let mut all = benchkit::Samples::new();
             let mut md = String::new();
             let mut plots = Vec::new();
@@ -537,6 +541,23 @@ fn run_cli(cli: Cli) -> Result<(), BoxErr> {
                 md.push_str(&m);
                 md.push('\n');
                 plots.extend(p);
+                if let Some(path) = &write_policy {
+                    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+                    let note = format!(
+                        "ionet-perf calibrate on {} ({} wait), tolerance {:.0} %",
+                        host.trim(),
+                        o.wait.name(),
+                        tolerance * 100.0
+                    );
+                    match calibrate::policy_lines(&s, scheme, tolerance, &note) {
+                        Some(lines) => {
+                            let old = std::fs::read_to_string(path).unwrap_or_default();
+                            std::fs::write(path, calibrate::merge_policy(&old, scheme, &lines))?;
+                            eprintln!("calibrate {scheme}: thresholds written to {}", path.display());
+                        }
+                        None => eprintln!("calibrate {scheme}: no figures, nothing written"),
+                    }
+                }
                 all.extend(s.rows().iter().cloned());
             }
             emit(&common, "calibrate", &all, &md, &plots)

@@ -134,3 +134,43 @@ fn client_json_prints_one_object_per_size() {
     assert!(!out.status.success() && err.contains("invalid size \"12q\""), "{err}");
     s.stop();
 }
+
+/// A measured table named by `IONET_POLICY` (as `calibrate --write-policy` writes it) sets the
+/// thresholds of an endpoint's service levels, and `--show-policy` says so; the environment's
+/// IONET_INLINE_MAX still overrides it.
+#[test]
+fn a_measured_table_sets_the_thresholds_an_endpoint_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("policy");
+    std::fs::write(
+        &table,
+        "# tcp: a test\ntcp control inline_max=4k\ntcp normal inline_max=16k\ntcp bulk inline_max=8k\n\
+         softib bulk inline_max=1k fast_max=16k\n",
+    )
+    .unwrap();
+    let show = |transport: &str, env: &[(&str, &str)]| {
+        let mut c = Command::new(PERF);
+        c.args(["--show-policy", "--transport", transport]).env_remove("IONET_INLINE_MAX");
+        c.env_remove("IONET_FAST_MAX").env("IONET_POLICY", &table).envs(env.iter().copied());
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let row = |out: &str, class: &str| -> Vec<String> {
+        let line = out.lines().find(|l| l.starts_with(class)).unwrap_or_else(|| panic!("{class} in {out}"));
+        line.split_whitespace().skip(1).take(2).map(String::from).collect()
+    };
+    let tcp = show("tcp", &[]);
+    assert!(tcp.contains("thresholds from the measured table IONET_POLICY names"), "{tcp}");
+    assert_eq!(
+        (row(&tcp, "control"), row(&tcp, "normal"), row(&tcp, "bulk")),
+        (vec!["4096".into(), "-".into()], vec!["16384".into(), "-".into()], vec!["8192".into(), "-".into()])
+    );
+    assert!(tcp.contains("this end accepts: 16384 B"), "the largest eager threshold: {tcp}");
+    let softib = show("softib", &[]);
+    assert_eq!(row(&softib, "bulk"), ["1024", "16384"], "{softib}");
+    assert_eq!(row(&softib, "normal"), ["4096", "65536"], "not in the table: the default: {softib}");
+    let env = show("tcp", &[("IONET_INLINE_MAX", "2k")]);
+    assert!(env.contains("IONET_INLINE_MAX / IONET_FAST_MAX"), "{env}");
+    assert_eq!(row(&env, "normal")[0], "2048", "{env}");
+}
