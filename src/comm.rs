@@ -402,7 +402,8 @@ pub const DEFAULT_PEER_RDMA_CAP: usize = 8 << 20;
 /// Default cap on RDMA bytes outstanding per endpoint.
 pub const DEFAULT_ENDPOINT_RDMA_CAP: usize = 32 << 20;
 
-/// Bulk-transfer scheduling for server-based RDMA (sans-IO).
+/// Bulk-transfer scheduling for server-based RDMA (sans-IO), for the InfiniBand engine (built
+/// on Linux only).
 ///
 /// Every large transfer is cut into units of `min(max_unit, max(total / 2, min_unit))` — at
 /// least two per transfer, so one unit moves while the next is set up (double buffering) —
@@ -410,6 +411,7 @@ pub const DEFAULT_ENDPOINT_RDMA_CAP: usize = 32 << 20;
 /// under a cap per peer and a cap for the endpoint. A client that issues huge transfers thus
 /// cannot monopolise the server's RDMA engine or a peer's link (hot-spot control).
 #[derive(Debug)]
+#[cfg(target_os = "linux")]
 pub(crate) struct BulkScheduler<K> {
     max_unit: usize,
     min_unit: usize,
@@ -421,6 +423,7 @@ pub(crate) struct BulkScheduler<K> {
 }
 
 #[derive(Debug)]
+#[cfg(target_os = "linux")]
 struct Transfer<K> {
     key: K,
     peer: crate::types::PeerId,
@@ -431,6 +434,7 @@ struct Transfer<K> {
 
 /// A unit the engine should post now.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg(target_os = "linux")]
 pub(crate) struct Unit<K> {
     /// The transfer it belongs to.
     pub key: K,
@@ -442,6 +446,7 @@ pub(crate) struct Unit<K> {
     pub last: bool,
 }
 
+#[cfg(target_os = "linux")]
 impl<K: Clone + PartialEq> BulkScheduler<K> {
     /// A scheduler with the given unit limit and caps (`min_unit` ≤ `max_unit`).
     pub fn new(max_unit: usize, min_unit: usize, peer_cap: usize, total_cap: usize) -> Self {

@@ -135,6 +135,7 @@ impl<S: OpState, X: OpExtra> OpTable<S, X> {
         self.ops.get_mut(op)
     }
 
+    #[cfg(target_os = "linux")]
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&OpId, &Op<S, X>)> {
         self.ops.iter()
     }
