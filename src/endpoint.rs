@@ -517,6 +517,11 @@ impl Endpoint {
             if !b.arm()? {
                 return Ok(Arm::Busy);
             }
+            // After the round that collected the transport's events: a kqueue may still list
+            // them, and would then stay readable and hide the next ones.
+            if !ws.settle()? {
+                return Ok(Arm::Busy);
+            }
             if b.timers_pending() {
                 timer = Some(TIMER_TICK);
             }

@@ -127,6 +127,35 @@ impl WaitSet {
         Ok(())
     }
 
+    /// Whether nothing is pending, after dropping what only looks pending. A kqueue keeps a
+    /// level-triggered event queued until someone collects from it, even once its source went
+    /// quiet: after a progress round has drained the transport's kqueue, its `EVFILT_READ`
+    /// here would linger, keeping this descriptor readable for a poller that waits on it, and —
+    /// worse — swallowing the next activation, so an edge-triggered waiter (tokio) would never
+    /// hear of the transport's next event. Collecting re-checks each event: stale ones leave
+    /// the queue, live ones are returned (a level-triggered one stays queued). Called by `arm`
+    /// after the transport is armed and before the timer is set or anyone may notify, so what
+    /// it collects is the transport's events, or an expiry or notice of an earlier arming that
+    /// `try_progress` has not consumed; either way `false` sends the caller to a round instead
+    /// of to sleep, and the round does what they asked for.
+    pub(crate) fn settle(&self) -> io::Result<bool> {
+        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut got = [change(0, 0, 0, 0, 0); 4];
+        let cap = libc::c_int::try_from(got.len()).unwrap_or(1);
+        // SAFETY: no changes; a live array of `cap` kevent structs for the kernel to fill and a
+        // live zero timeout, none of which the kernel keeps.
+        let n =
+            unsafe { libc::kevent(self.kq.as_raw_fd(), std::ptr::null(), 0, got.as_mut_ptr(), cap, &zero) };
+        match n {
+            0 => Ok(true),
+            n if n > 0 => Ok(false),
+            _ => match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::Interrupted => Ok(false),
+                e => Err(e),
+            },
+        }
+    }
+
     /// Applies `changes` without collecting a pending event: `EV_RECEIPT` makes the kernel
     /// answer every change with its own result instead. Deleting an event that is not there
     /// (a timer never set) is not an error.
@@ -245,5 +274,31 @@ mod tests {
         // A new edge wakes it again.
         (&tx).write_all(b"x").unwrap();
         assert!(w.is_ready());
+    }
+
+    #[test]
+    fn settling_drops_a_transport_event_gone_stale_so_the_next_one_is_heard() {
+        let w = WaitSet::new().unwrap();
+        let inner = rustix::event::kqueue::kqueue().unwrap();
+        let (rx, tx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let ident = usize::try_from(rx.as_raw_fd()).unwrap();
+        let mut reg = [change(ident, libc::EVFILT_READ, libc::EV_ADD | libc::EV_CLEAR, 0, 0)];
+        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: one live change, no receipt list; `rx` outlives its registration.
+        let r =
+            unsafe { libc::kevent(inner.as_raw_fd(), reg.as_mut_ptr(), 1, std::ptr::null_mut(), 0, &zero) };
+        assert_eq!(r, 0);
+        w.add_transport(inner.as_fd()).unwrap();
+        assert!(w.settle().unwrap());
+        (&tx).write_all(b"x").unwrap();
+        assert!(!w.settle().unwrap(), "the transport has an event to collect");
+        let mut got = [change(0, 0, 0, 0, 0); 4];
+        // SAFETY: a live array of four kevent structs to fill, no changes.
+        let n = unsafe { libc::kevent(inner.as_raw_fd(), std::ptr::null(), 0, got.as_mut_ptr(), 4, &zero) };
+        assert_eq!(n, 1);
+        assert!(w.settle().unwrap(), "collected inside: nothing is pending any more");
+        assert!(!w.is_ready());
+        w.notify();
+        assert!(!w.settle().unwrap(), "a notice is pending");
     }
 }
