@@ -411,7 +411,7 @@ pub const DEFAULT_ENDPOINT_RDMA_CAP: usize = 32 << 20;
 /// under a cap per peer and a cap for the endpoint. A client that issues huge transfers thus
 /// cannot monopolise the server's RDMA engine or a peer's link (hot-spot control).
 #[derive(Debug)]
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", test))]
 pub(crate) struct BulkScheduler<K> {
     max_unit: usize,
     min_unit: usize,
@@ -423,7 +423,7 @@ pub(crate) struct BulkScheduler<K> {
 }
 
 #[derive(Debug)]
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", test))]
 struct Transfer<K> {
     key: K,
     peer: crate::types::PeerId,
@@ -434,7 +434,7 @@ struct Transfer<K> {
 
 /// A unit the engine should post now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", test))]
 pub(crate) struct Unit<K> {
     /// The transfer it belongs to.
     pub key: K,
@@ -446,7 +446,7 @@ pub(crate) struct Unit<K> {
     pub last: bool,
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", test))]
 impl<K: Clone + PartialEq> BulkScheduler<K> {
     /// A scheduler with the given unit limit and caps (`min_unit` ≤ `max_unit`).
     pub fn new(max_unit: usize, min_unit: usize, peer_cap: usize, total_cap: usize) -> Self {
@@ -513,6 +513,7 @@ impl<K: Clone + PartialEq> BulkScheduler<K> {
     }
 
     /// Drops a transfer's remaining units (cancelled or its peer lost).
+    #[cfg(target_os = "linux")]
     pub fn remove(&mut self, key: &K) {
         self.active.retain(|t| &t.key != key);
     }

@@ -134,7 +134,7 @@ fn on_shared_memory(file: &File) -> bool {
 }
 
 /// Whether `[addr, addr + len)` lies inside one live mapping of a shared-memory file.
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", test))]
 pub(crate) fn is_mapped(addr: usize, len: usize) -> bool {
     let Some(end) = addr.checked_add(len) else { return false };
     let live = LIVE.read().unwrap_or_else(|p| p.into_inner());

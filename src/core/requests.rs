@@ -115,7 +115,7 @@ impl<X> Requests<X> {
         self.open.retain(|(p, _), _| *p != peer);
     }
 
-    #[cfg(target_os = "linux")]
+    #[cfg(any(target_os = "linux", test))]
     pub(crate) fn len(&self) -> usize {
         self.open.len()
     }
