@@ -86,8 +86,8 @@
 //!     has no per-socket congestion control), while DSCP marking, `TCP_NODELAY`, buffer sizes
 //!     and the direct waits of a lone connection work.
 //!
-//!   macOS is checked in CI (`cargo check` and `clippy` for `x86_64-apple-darwin`); FreeBSD
-//!   uses the same code but is not built there.
+//!   CI checks both (`cargo check` and `clippy` for `x86_64-apple-darwin` and
+//!   `x86_64-unknown-freebsd`); neither runs the tests there.
 //! * Anything else (Windows, other Unix systems) fails to compile with a message saying so.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
