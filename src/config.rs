@@ -74,7 +74,7 @@ pub struct IbConfig {
     pub(crate) regcache_entries: usize,
     pub(crate) regcache_bytes: usize,
     pub(crate) cancel_grace: Duration,
-    // The software provider's test hooks: it exists on Linux only.
+    // The software provider's test hooks, like the provider itself, exist on Linux only.
     #[cfg(target_os = "linux")]
     pub(crate) soft_pin_budget: Option<u64>,
     #[cfg(target_os = "linux")]
