@@ -160,13 +160,16 @@ impl WaitSet {
     /// answer every change with its own result instead. Deleting an event that is not there
     /// (a timer never set) is not an error.
     fn apply(&self, changes: &mut [libc::kevent]) -> io::Result<()> {
+        // Receipts on the stack: `notify` runs on the path that queues a completion.
+        let mut out = [change(0, 0, 0, 0, 0); 2];
+        let Some(out) = out.get_mut(..changes.len()) else {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        };
         for c in changes.iter_mut() {
             c.flags |= libc::EV_RECEIPT;
         }
-        let n =
-            libc::c_int::try_from(changes.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let n = out.len() as libc::c_int;
         let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        let mut out = changes.to_vec();
         // SAFETY: the change list and the receipt list are live arrays of `n` kevent structs
         // each, and the timeout a live timespec; the kernel reads the first, writes at most
         // `n` entries into the second and keeps no pointer to any of them. No change names a
@@ -177,6 +180,9 @@ impl WaitSet {
             return Err(io::Error::last_os_error());
         }
         let got = usize::try_from(r).unwrap_or(0).min(out.len());
+        // One receipt per change, in order: `EV_ERROR`, and the error (or 0) in `data`. Some
+        // kernels (FreeBSD) overwrite the change's own flags there, so those are read from the
+        // change.
         for (e, c) in out[..got].iter().zip(changes.iter()) {
             if e.flags & libc::EV_ERROR != 0 && e.data != 0 {
                 let errno = i32::try_from(e.data).unwrap_or(libc::EINVAL);
