@@ -183,7 +183,8 @@ pub(crate) trait Backend: Send + Sync {
     fn progress(&self, timeout: Duration) -> Result<bool>;
     fn wake(&self);
     /// The descriptor that is readable while `progress` has events to collect: the backend's
-    /// epoll instance, which lists its sockets, completion channel and `wake`'s eventfd.
+    /// epoll instance (kqueue outside Linux), which lists its sockets, completion channel and
+    /// `wake`'s waker.
     fn event_fd(&self) -> BorrowedFd<'_>;
     /// Prepares for a caller to sleep on [`Backend::event_fd`]: writes what is queued, asks
     /// for completion-channel events, and until the next round makes posts act as they do

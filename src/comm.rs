@@ -516,7 +516,8 @@ pub const DEFAULT_PEER_RDMA_CAP: usize = 8 << 20;
 /// Default cap on RDMA bytes outstanding per endpoint.
 pub const DEFAULT_ENDPOINT_RDMA_CAP: usize = 32 << 20;
 
-/// Bulk-transfer scheduling for server-based RDMA (sans-IO).
+/// Bulk-transfer scheduling for server-based RDMA (sans-IO), for the InfiniBand engine (built
+/// on Linux only).
 ///
 /// Every large transfer is cut into units of `min(max_unit, max(total / 2, min_unit))` — at
 /// least two per transfer, so one unit moves while the next is set up (double buffering) —
@@ -524,6 +525,7 @@ pub const DEFAULT_ENDPOINT_RDMA_CAP: usize = 32 << 20;
 /// under a cap per peer and a cap for the endpoint. A client that issues huge transfers thus
 /// cannot monopolise the server's RDMA engine or a peer's link (hot-spot control).
 #[derive(Debug)]
+#[cfg(any(target_os = "linux", test))]
 pub(crate) struct BulkScheduler<K> {
     max_unit: usize,
     min_unit: usize,
@@ -535,6 +537,7 @@ pub(crate) struct BulkScheduler<K> {
 }
 
 #[derive(Debug)]
+#[cfg(any(target_os = "linux", test))]
 struct Transfer<K> {
     key: K,
     peer: crate::types::PeerId,
@@ -545,6 +548,7 @@ struct Transfer<K> {
 
 /// A unit the engine should post now.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg(any(target_os = "linux", test))]
 pub(crate) struct Unit<K> {
     /// The transfer it belongs to.
     pub key: K,
@@ -556,6 +560,7 @@ pub(crate) struct Unit<K> {
     pub last: bool,
 }
 
+#[cfg(any(target_os = "linux", test))]
 impl<K: Clone + PartialEq> BulkScheduler<K> {
     /// A scheduler with the given unit limit and caps (`min_unit` ≤ `max_unit`).
     pub fn new(max_unit: usize, min_unit: usize, peer_cap: usize, total_cap: usize) -> Self {
@@ -622,6 +627,7 @@ impl<K: Clone + PartialEq> BulkScheduler<K> {
     }
 
     /// Drops a transfer's remaining units (cancelled or its peer lost).
+    #[cfg(target_os = "linux")]
     pub fn remove(&mut self, key: &K) {
         self.active.retain(|t| &t.key != key);
     }

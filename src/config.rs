@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::comm::Policy;
 use crate::error::{Error, Result};
+#[cfg(target_os = "linux")]
 use crate::ib::soft::{FaultPlan, SoftHook, SoftPort};
 use crate::types::{ServiceLevel, WaitMode};
 
@@ -73,9 +74,14 @@ pub struct IbConfig {
     pub(crate) regcache_entries: usize,
     pub(crate) regcache_bytes: usize,
     pub(crate) cancel_grace: Duration,
+    // The software provider's test hooks, like the provider itself, exist on Linux only.
+    #[cfg(target_os = "linux")]
     pub(crate) soft_pin_budget: Option<u64>,
+    #[cfg(target_os = "linux")]
     pub(crate) soft_faults: FaultPlan,
+    #[cfg(target_os = "linux")]
     pub(crate) soft_hook: Option<SoftHook>,
+    #[cfg(target_os = "linux")]
     pub(crate) soft_ports: Option<Vec<SoftPort>>,
     pub(crate) list_alloc_hint: bool,
     pub(crate) cache_foreign: Option<bool>,
@@ -104,9 +110,13 @@ impl Default for IbConfig {
             regcache_entries: crate::regcache::DEFAULT_MAX_ENTRIES,
             regcache_bytes: crate::regcache::DEFAULT_MAX_PINNED_BYTES,
             cancel_grace: Duration::from_secs(5),
+            #[cfg(target_os = "linux")]
             soft_pin_budget: None,
+            #[cfg(target_os = "linux")]
             soft_faults: FaultPlan::none(),
+            #[cfg(target_os = "linux")]
             soft_hook: None,
+            #[cfg(target_os = "linux")]
             soft_ports: None,
             list_alloc_hint: false,
             cache_foreign: None,
@@ -190,7 +200,7 @@ impl IbConfig {
     }
 
     /// Software provider only: a pin budget in bytes, to exercise registration failures.
-    #[cfg(feature = "soft-faults")]
+    #[cfg(all(feature = "soft-faults", target_os = "linux"))]
     #[doc(hidden)]
     pub fn soft_pin_budget(mut self, bytes: Option<u64>) -> Self {
         self.soft_pin_budget = bytes;
@@ -199,7 +209,7 @@ impl IbConfig {
 
     /// Software provider, tests only: faults every queue pair of the endpoint starts with
     /// ([`SoftConfig::faults`](crate::ib::soft::SoftConfig::faults); default none).
-    #[cfg(feature = "soft-faults")]
+    #[cfg(all(feature = "soft-faults", target_os = "linux"))]
     #[doc(hidden)]
     pub fn soft_faults(mut self, plan: FaultPlan) -> Self {
         self.soft_faults = plan;
@@ -208,7 +218,7 @@ impl IbConfig {
 
     /// Software provider, tests only: a hook that receives the endpoint's device context, to
     /// inject faults into its live queue pairs and read the provider's counters.
-    #[cfg(feature = "soft-faults")]
+    #[cfg(all(feature = "soft-faults", target_os = "linux"))]
     #[doc(hidden)]
     pub fn soft_hook(mut self, hook: SoftHook) -> Self {
         self.soft_hook = Some(hook);
@@ -217,7 +227,7 @@ impl IbConfig {
 
     /// Software provider, tests only: the ports the endpoint's device presents (default one,
     /// [`SoftPort::from_env`]) — an Ethernet port runs the engine's RoCE path.
-    #[cfg(feature = "soft-faults")]
+    #[cfg(all(feature = "soft-faults", target_os = "linux"))]
     #[doc(hidden)]
     pub fn soft_ports(mut self, ports: Vec<SoftPort>) -> Self {
         self.soft_ports = Some(ports);
@@ -566,7 +576,8 @@ impl Config {
     /// default is BBR, a stripefs client's synchronous 2 MiB writes ran 25–50 % slower under
     /// it than under reno or cubic. A name the kernel refuses (not built, or not in
     /// `net.ipv4.tcp_allowed_congestion_control` for an unprivileged process; reno always
-    /// is) leaves the kernel's choice in place and logs a warning.
+    /// is) leaves the kernel's choice in place and logs a warning, as does any name on macOS,
+    /// which has no per-socket congestion control.
     pub fn tcp_congestion(mut self, name: impl Into<String>) -> Self {
         self.tcp_congestion = Some(name.into());
         self

@@ -491,8 +491,9 @@ impl Endpoint {
     /// No wake-up is lost: anything queued after the last [`Endpoint::try_progress`] makes
     /// `arm` answer [`Arm::Busy`] or, once armed, makes the descriptor readable. The
     /// descriptor is level-triggered in the sense that it stays readable until the next
-    /// `try_progress`; it is an epoll instance, so edge-triggered registration works too. An
-    /// idle endpoint with no deadlines and no connection being set up never wakes its loop.
+    /// `try_progress`; it is an epoll instance (a kqueue outside Linux), so edge-triggered
+    /// registration works too. An idle endpoint with no deadlines and no connection being set
+    /// up never wakes its loop.
     ///
     /// # Errors
     /// An error from the transport or the descriptor's system calls.
@@ -514,6 +515,11 @@ impl Endpoint {
         if let Some(b) = self.inner.backend.get() {
             self.register_event_fd(&**b)?;
             if !b.arm()? {
+                return Ok(Arm::Busy);
+            }
+            // After the round that collected the transport's events: a kqueue may still list
+            // them, and would then stay readable and hide the next ones.
+            if !ws.settle()? {
                 return Ok(Arm::Busy);
             }
             if b.timers_pending() {
@@ -1009,7 +1015,15 @@ fn make_backend(
 ) -> Result<Box<dyn Backend>> {
     match addr.scheme() {
         Scheme::Tcp => Ok(Box::new(crate::tcp::TcpBackend::new(bind, cfg, completions)?)),
+        #[cfg(target_os = "linux")]
         Scheme::SoftIb | Scheme::Ib => crate::ib::make_backend(addr.scheme(), bind, cfg, completions),
+        #[cfg(not(target_os = "linux"))]
+        Scheme::SoftIb | Scheme::Ib => Err(crate::error::Error::Unsupported(format!(
+            "{}:// endpoints need Linux (the InfiniBand providers stand on Linux interfaces); \
+             this build for {} has TCP only",
+            addr.scheme(),
+            std::env::consts::OS
+        ))),
     }
 }
 

@@ -92,6 +92,7 @@ pub fn ib_side(data: &[u8]) {
             Kind::Hello => servers.iter_mut().for_each(|s| drop(s.on_hello(&h, body))),
             Kind::Auth => servers.iter_mut().for_each(|s| drop(s.on_auth(&h, body))),
             Kind::HelloAck => clients.iter_mut().for_each(|c| drop(c.on_hello_ack(&h, body))),
+            #[cfg(target_os = "linux")]
             Kind::IbInfo => crate::ib::engine::fuzz_decoders(body),
             _ => {}
         }
@@ -266,6 +267,7 @@ pub fn mem_handle(data: &[u8]) {
 
 /// InfiniBand engine messages (prefix + header + payload), segment lists, and the side-channel
 /// queue-pair information.
+#[cfg(target_os = "linux")]
 pub fn ib_message(data: &[u8]) {
     crate::ib::engine::fuzz_decoders(data);
 }

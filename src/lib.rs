@@ -64,14 +64,43 @@
 //!
 //! See `examples/pingpong.rs` and `examples/kv.rs` for complete programs, and the
 //! `ionet-perf` tool for measurements.
+//!
+//! # Platforms
+//!
+//! * **Linux**: everything — `tcp://`, `softib://`, `ib://` (cargo feature `verbs`), the
+//!   event descriptor ([`AsFd`](std::os::fd::AsFd) on [`Endpoint`]), the async API (cargo
+//!   feature `tokio`) and the memory monitor of the registration cache.
+//! * **macOS and FreeBSD**: TCP only. `tcp://` endpoints, their event descriptor (a kqueue
+//!   there, with the same [`Endpoint::arm`] / [`Endpoint::try_progress`] protocol) and the
+//!   async API work as on Linux. Missing, because they stand on Linux interfaces:
+//!   - `softib://` and `ib://`: opening such an endpoint fails with [`Error::Unsupported`]
+//!     naming the platform (the software provider uses memfd, pidfd, `process_vm_readv` and
+//!     io_uring page pinning; the hardware one libibverbs, and cargo feature `verbs` adds
+//!     nothing there);
+//!   - the software provider's test hooks (`IbConfig::soft_*`, cargo feature `soft-faults`)
+//!     and `internals::ib::soft`;
+//!   - the memory monitor (userfaultfd): a registration cache never keeps lent memory
+//!     registered ([`regcache`](internals::regcache)'s `cache_foreign_watched` has no effect);
+//!   - socket options without an equivalent: `SO_PRIORITY` and `TCP_DEFER_ACCEPT` are not
+//!     set, and [`Config::tcp_congestion`] is refused on macOS (with a warning: the system
+//!     has no per-socket congestion control), while DSCP marking, `TCP_NODELAY`, buffer sizes
+//!     and the direct waits of a lone connection work.
+//!
+//!   CI checks both (`cargo check` and `clippy` for `x86_64-apple-darwin` and
+//!   `x86_64-unknown-freebsd`); neither runs the tests there.
+//! * Anything else (Windows, other Unix systems) fails to compile with a message saying so.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 
-// The transports stand on Linux interfaces (epoll, timerfd, eventfd, memfd, io_uring): say so
-// at once rather than with a page of unresolved imports.
-#[cfg(not(target_os = "linux"))]
-compile_error!("ionet supports Linux only: its transports use epoll, timerfd, eventfd, memfd and io_uring");
+// The TCP transport needs a readiness multiplexer the endpoint's event descriptor can nest:
+// epoll on Linux, a kqueue with `EVFILT_USER` (the wake-up) elsewhere. Say so at once rather
+// than with a page of unresolved imports.
+#[cfg(not(any(target_os = "linux", target_vendor = "apple", target_os = "freebsd")))]
+compile_error!(
+    "ionet builds on Linux (every transport) and on macOS and FreeBSD (TCP only); this platform has \
+     neither epoll nor a kqueue with EVFILT_USER for the endpoint's event descriptor"
+);
 
 pub mod addr;
 mod admission;
@@ -94,6 +123,8 @@ pub mod key_file;
 mod loom;
 mod matching;
 mod op;
+// The endpoint's event descriptor: an epoll instance on Linux, a kqueue elsewhere.
+#[cfg_attr(not(target_os = "linux"), path = "readiness/kqueue.rs")]
 mod readiness;
 mod regcache;
 mod sched;
@@ -144,9 +175,11 @@ pub mod internals {
     /// behind `softib://` (with its fault injection) and, with feature `verbs`, the libibverbs
     /// provider — for the verbs conformance tests, the fault tests and `verbs-perf`.
     pub mod ib {
-        #[cfg(feature = "verbs")]
+        #[cfg(all(feature = "verbs", target_os = "linux"))]
         pub use crate::ib::hw;
-        pub use crate::ib::{soft, verbs};
+        #[cfg(target_os = "linux")]
+        pub use crate::ib::soft;
+        pub use crate::ib::verbs;
     }
 }
 

@@ -96,6 +96,13 @@ impl WaitSet {
         Ok(())
     }
 
+    /// Whether nothing is pending that a caller about to sleep would miss: always, here. epoll
+    /// works out a nested instance's readiness when it is polled, so nothing stale lingers
+    /// (the kqueue version, outside Linux, has to look).
+    pub(crate) fn settle(&self) -> io::Result<bool> {
+        Ok(true)
+    }
+
     /// Disarms the timer and consumes an expiry or notice not read yet, so the set is readable
     /// again only for what happens next.
     pub(crate) fn clear(&self) -> io::Result<()> {

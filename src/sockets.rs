@@ -51,7 +51,7 @@ pub(crate) fn listener_socket(sa: SocketAddr, cfg: &Config) -> io::Result<Socket
     sock.bind(&sa.into())?;
     crate::util::defer_accept(&sock, 1);
     if let Some(cc) = &cfg.tcp_congestion
-        && let Err(e) = SockRef::from(&sock).set_tcp_congestion(cc.as_bytes())
+        && let Err(e) = crate::util::set_congestion(&SockRef::from(&sock), cc)
     {
         tracing::warn!(congestion = %cc, error = %e, "TCP congestion control refused; keeping the kernel's");
     }
@@ -82,8 +82,9 @@ pub(crate) fn accept_round(listener: &TcpListener) -> (Vec<(TcpStream, SocketAdd
     (got, true)
 }
 
-/// A duplicate of `poll`'s epoll descriptor: the same epoll instance, owned apart from the
-/// `Poll` so an event loop can wait on it while the driver keeps using the `Poll`.
+/// A duplicate of `poll`'s descriptor (an epoll instance on Linux, a kqueue elsewhere): the
+/// same instance, owned apart from the `Poll` so an event loop can wait on it while the driver
+/// keeps using the `Poll`.
 pub(crate) fn epoll_fd(poll: &Poll) -> io::Result<OwnedFd> {
     // SAFETY: `poll` owns this descriptor and outlives the borrow, which ends in this call.
     let fd = unsafe { BorrowedFd::borrow_raw(poll.as_raw_fd()) };

@@ -114,6 +114,22 @@ pub(crate) fn defer_accept(sock: &impl std::os::fd::AsRawFd, secs: i32) {
     let _ = (sock, secs);
 }
 
+/// Sets the congestion control algorithm of `sock` by name (`TCP_CONGESTION`). Linux and
+/// FreeBSD choose it per socket; elsewhere the call fails, so the caller's warning says the
+/// configured one is not in force rather than the setting vanishing silently.
+pub(crate) fn set_congestion(sock: &socket2::SockRef<'_>, name: &str) -> std::io::Result<()> {
+    #[cfg(any(target_os = "linux", target_os = "freebsd"))]
+    return sock.set_tcp_congestion(name.as_bytes());
+    #[cfg(not(any(target_os = "linux", target_os = "freebsd")))]
+    {
+        let _ = (sock, name);
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "this system has no per-socket congestion control",
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

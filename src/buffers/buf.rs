@@ -895,6 +895,7 @@ impl RecvBuf {
 
     /// Calls `f` on each contiguous piece of `[offset, offset + len)` of the received bytes'
     /// space, in order.
+    #[cfg(any(target_os = "linux", test))]
     pub(crate) fn for_each_slice<'a>(&'a self, offset: usize, len: usize, f: impl FnMut(&'a [u8])) {
         match self {
             RecvBuf::Mut(b) => for_each_piece(std::iter::once(&b[..]), offset, len, f),

@@ -106,6 +106,7 @@ static HOOKS: std::sync::Mutex<Vec<Weak<dyn Fn(usize, usize) + Send + Sync>>> =
     std::sync::Mutex::new(Vec::new());
 
 /// Calls `hook` before any [`FileMap`] is unmapped, for as long as `hook` is alive.
+#[cfg(target_os = "linux")]
 pub(crate) fn watch_unmaps(hook: &UnmapHook) {
     let mut h = HOOKS.lock().unwrap_or_else(|p| p.into_inner());
     h.retain(|w| w.strong_count() > 0);
@@ -133,6 +134,7 @@ fn on_shared_memory(file: &File) -> bool {
 }
 
 /// Whether `[addr, addr + len)` lies inside one live mapping of a shared-memory file.
+#[cfg(any(target_os = "linux", test))]
 pub(crate) fn is_mapped(addr: usize, len: usize) -> bool {
     let Some(end) = addr.checked_add(len) else { return false };
     let live = LIVE.read().unwrap_or_else(|p| p.into_inner());

@@ -87,6 +87,7 @@ impl<X> Requests<X> {
         self.open.get(&(peer, req)).ok_or_else(|| not_open(peer, req))
     }
 
+    #[cfg(target_os = "linux")]
     pub(crate) fn get_mut(&mut self, peer: PeerId, req: u64) -> Option<&mut Req<X>> {
         self.open.get_mut(&(peer, req))
     }
@@ -114,6 +115,7 @@ impl<X> Requests<X> {
         self.open.retain(|(p, _), _| *p != peer);
     }
 
+    #[cfg(any(target_os = "linux", test))]
     pub(crate) fn len(&self) -> usize {
         self.open.len()
     }

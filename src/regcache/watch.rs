@@ -31,9 +31,16 @@
 //! Where userfaultfd is not available to the process (it needs `CAP_SYS_PTRACE`,
 //! `vm.unprivileged_userfaultfd = 1` or read access to `/dev/userfaultfd`; the user-mode-only
 //! flag is not used because it would turn kernel accesses to such pages into `EFAULT`),
-//! [`Monitor::get`] is `None` and lent memory is not kept registered.
+//! [`Monitor::get`] is `None` and lent memory is not kept registered. That is always the case
+//! outside Linux, which has no userfaultfd (nor an InfiniBand provider to register with).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+// Outside Linux no monitor is ever started, so its event handling is unused there; it is
+// still compiled so the cache above it has one shape everywhere.
+#![cfg_attr(not(target_os = "linux"), allow(dead_code))]
+
+#[cfg(target_os = "linux")]
+use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock};
 
 const UFFD_API: u64 = 0xAA;
@@ -140,6 +147,12 @@ impl Monitor {
             .clone()
     }
 
+    #[cfg(not(target_os = "linux"))]
+    fn start() -> std::io::Result<Arc<Monitor>> {
+        Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "userfaultfd exists on Linux only"))
+    }
+
+    #[cfg(target_os = "linux")]
     fn start() -> std::io::Result<Arc<Monitor>> {
         // SAFETY: the userfaultfd system call takes only flags and returns a new descriptor.
         let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };

@@ -14,6 +14,15 @@ use crate::config::Config;
 use crate::core::stream::IoVec;
 use crate::types::ServiceLevel;
 
+/// Flags that keep a write to a connection the peer closed from raising `SIGPIPE`. Apple
+/// systems have no `MSG_NOSIGNAL`; there every socket carries `SO_NOSIGPIPE` instead (socket2,
+/// mio and std set it on the sockets they open, and accepted ones inherit it from their
+/// listener).
+#[cfg(not(target_vendor = "apple"))]
+const NO_SIGPIPE: SendFlags = SendFlags::NOSIGNAL;
+#[cfg(target_vendor = "apple")]
+const NO_SIGPIPE: SendFlags = SendFlags::empty();
+
 /// Frames up to this size are written from one stack buffer: `send` takes a plain buffer
 /// where `sendmsg` first copies in a message header and an iovec array.
 const SMALL_WRITE: usize = 256;
@@ -62,13 +71,16 @@ pub(crate) fn tune(sock: &SockRef<'_>, cfg: &Config, sl: ServiceLevel, v4: bool)
         let _ = sock.set_recv_buffer_size(n);
     }
     if let Some(cc) = &cfg.tcp_congestion
-        && let Err(e) = sock.set_tcp_congestion(cc.as_bytes())
+        && let Err(e) = crate::util::set_congestion(sock, cc)
     {
         // The connection still works under the kernel's default; say why it is not the one asked for.
         tracing::warn!(congestion = %cc, error = %e, "TCP congestion control refused; keeping the kernel's");
     }
     let tos = u32::from(cfg.dscp[sl.index()]) << 2;
     let _ = if v4 { sock.set_tos_v4(tos) } else { sock.set_tclass_v6(tos) };
+    // `SO_PRIORITY` (the queueing discipline's band) exists on Linux only; elsewhere the DSCP
+    // bits above are all that marks the class.
+    #[cfg(target_os = "linux")]
     let _ = sock.set_priority(u32::from(cfg.so_priority[sl.index()]));
 }
 
@@ -105,7 +117,7 @@ pub(crate) fn recv_vec_now(sock: &TcpStream, iov: &mut [IoSliceMut<'_>]) -> io::
 
 /// Like [`send_now`] for one contiguous buffer.
 pub(crate) fn send_one_now(sock: &TcpStream, buf: &[u8]) -> io::Result<usize> {
-    Ok(note_moved(rustix::net::send(sock, buf, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)?))
+    Ok(note_moved(rustix::net::send(sock, buf, SendFlags::DONTWAIT | NO_SIGPIPE)?))
 }
 
 /// Writes what fits now, whatever the socket's blocking mode; never raises `SIGPIPE`. A small
@@ -140,7 +152,7 @@ pub(crate) fn send_pair_now(sock: &TcpStream, a: &[u8], b: &[u8]) -> io::Result<
 }
 
 fn send_vec_now(sock: &TcpStream, iov: &[IoSlice<'_>]) -> io::Result<usize> {
-    let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+    let flags = SendFlags::DONTWAIT | NO_SIGPIPE;
     Ok(note_moved(rustix::net::sendmsg(sock, iov, &mut SendAncillaryBuffer::default(), flags)?))
 }
 
@@ -175,6 +187,7 @@ mod tune_tests {
 
     /// The congestion control is the kernel's unless configured; a configured one is set on the
     /// socket, and one the kernel refuses leaves the kernel's in place.
+    #[cfg(target_os = "linux")]
     #[test]
     fn accepted_connections_start_with_the_configured_congestion_control() {
         // Only meaningful with one other than the kernel's default to ask for.
@@ -211,6 +224,7 @@ mod tune_tests {
         }
     }
 
+    #[cfg(target_os = "linux")]
     #[test]
     fn congestion_control_is_the_kernels_unless_configured() {
         let cc =

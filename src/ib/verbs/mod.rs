@@ -3,8 +3,9 @@
 //! The engine is generic over a provider (`IbEngine<V: Verbs>`) and speaks InfiniBand verbs
 //! through the traits in this module only. Two providers implement them:
 //!
-//! - [`crate::ib::soft`] (`softib://`): a software provider that runs on any Linux host, within
-//!   one process and across processes, with real memory pinning and fault injection;
+//! - `crate::ib::soft` (`softib://`): a software provider that runs on any Linux host (and
+//!   only there), within one process and across processes, with real memory pinning and fault
+//!   injection;
 //! - `crate::ib::hw` (cargo feature `verbs`): real HCAs through `libibverbs` (`ibverbs-sys`).
 //!
 //! The vocabulary is that of `libibverbs` (`ibv_*`), typed: access and send flags are newtypes,
