@@ -961,11 +961,10 @@ impl<V: Verbs> State<V> {
             || self.ops.iter().any(|(_, o)| matches!(o.st, OpSt::Cancelling { .. }))
     }
 
-    fn timers(&mut self, polling: bool) {
+    fn timers(&mut self, polling: bool, now: Instant) {
         if polling && !self.rounds.is_multiple_of(64) {
             return;
         }
-        let now = Instant::now();
         if now.duration_since(self.last_timers) < Duration::from_millis(50) {
             return;
         }

@@ -29,7 +29,7 @@ const NO_CONN: u32 = u32::MAX;
 impl<V: Verbs> State<V> {
     /// The connection for (peer, class): existing (ready or being set up), newly dialled, or for
     /// a peer we cannot dial, any of its connections.
-    pub(crate) fn conn_for(&mut self, peer: PeerId, sl: ServiceLevel) -> Result<u32> {
+    pub(crate) fn conn_for(&mut self, peer: PeerId, sl: ServiceLevel, now: Instant) -> Result<u32> {
         let p = self.peers.require(peer)?;
         if let Some(reason) = &p.lost {
             return Err(Error::PeerLost { peer, reason: reason.clone() });
@@ -38,7 +38,7 @@ impl<V: Verbs> State<V> {
             return Ok(c);
         }
         match p.dial {
-            Some(sa) => self.dial(peer, sa, sl),
+            Some(sa) => self.dial(peer, sa, sl, now),
             None => p.conns.iter().flatten().next().copied().ok_or_else(|| Error::PeerLost {
                 peer,
                 reason: "no connection to this peer and it cannot be dialled".into(),
@@ -46,7 +46,7 @@ impl<V: Verbs> State<V> {
         }
     }
 
-    fn dial(&mut self, peer: PeerId, sa: SocketAddr, sl: ServiceLevel) -> Result<u32> {
+    fn dial(&mut self, peer: PeerId, sa: SocketAddr, sl: ServiceLevel, now: Instant) -> Result<u32> {
         let mut stream = sockets::dial(sa, |s| {
             let _ = s.set_tcp_nodelay(true);
         })
@@ -66,7 +66,7 @@ impl<V: Verbs> State<V> {
                 sl,
                 conn: Some(cid),
                 remote: sa,
-                since: Instant::now(),
+                since: now,
             },
         );
         self.peers[peer].conns[sl.index()] = Some(cid);
@@ -227,7 +227,7 @@ impl<V: Verbs> State<V> {
         Ok(())
     }
 
-    pub(crate) fn accept(&mut self) {
+    pub(crate) fn accept(&mut self, now: Instant) {
         let Some(l) = &self.listener else { return };
         let (accepted, more) = sockets::accept_round(l);
         self.accept_more = more;
@@ -256,15 +256,15 @@ impl<V: Verbs> State<V> {
                     sl: ServiceLevel::Normal,
                     conn: None,
                     remote,
-                    since: Instant::now(),
+                    since: now,
                 },
             );
-            for v in self.admission.admit(Instant::now(), t, remote.ip()) {
+            for v in self.admission.admit(now, t, remote.ip()) {
                 self.shed(v);
             }
             // A client sends its hello as soon as it is connected: reading it now tells this
             // channel from silent ones if a later accept has to shed.
-            self.side_event(t, false);
+            self.side_event(t, false, now);
         }
     }
 
@@ -311,7 +311,7 @@ impl<V: Verbs> State<V> {
     }
 
     /// Drives one side channel after an event.
-    pub(crate) fn side_event(&mut self, t: Token, writable: bool) {
+    pub(crate) fn side_event(&mut self, t: Token, writable: bool, now: Instant) {
         let Some(s) = self.sides.get_mut(&t) else { return };
         if matches!(s.phase, SidePhase::Connecting) {
             if !writable {
@@ -338,7 +338,7 @@ impl<V: Verbs> State<V> {
             let (hs, (h, body)) = ClientHandshake::start(s.sl, mine, key);
             s.phase = SidePhase::ClientWaitAck(Box::new(hs));
             // From here the handshake deadline applies.
-            s.since = Instant::now();
+            s.since = now;
             if let Err(e) = s.framed.send(&h, &body) {
                 self.side_failed(t, Loss::Lost(format!("side channel: {e}")));
                 return;
@@ -365,7 +365,7 @@ impl<V: Verbs> State<V> {
             match s.framed.recv() {
                 Ok(Some((h, body))) => {
                     self.admission.heard(t);
-                    if !self.side_frame(t, h, body) {
+                    if !self.side_frame(t, h, body, now) {
                         return;
                     }
                 }
@@ -383,7 +383,7 @@ impl<V: Verbs> State<V> {
     }
 
     /// Handles one handshake frame; false when the side channel is gone.
-    fn side_frame(&mut self, t: Token, h: Header, body: Vec<u8>) -> bool {
+    fn side_frame(&mut self, t: Token, h: Header, body: Vec<u8>, now: Instant) -> bool {
         let Some(s) = self.sides.get_mut(&t) else { return false };
         let phase = std::mem::replace(&mut s.phase, SidePhase::Closing);
         match phase {
@@ -553,7 +553,7 @@ impl<V: Verbs> State<V> {
                 }
                 Counters::add(&self.core.counters.connections, 1);
                 // The peer's limits are known now: what was posted meanwhile can be placed.
-                self.place_waiting_posts(cid);
+                self.place_waiting_posts(cid, now);
                 ok
             }
             SidePhase::Connecting | SidePhase::Established | SidePhase::Closing => {
