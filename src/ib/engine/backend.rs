@@ -435,7 +435,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
         info.rdma = Some(RdmaInfo {
             queue_pairs: live.clone().count(),
             queued_msgs: live.clone().map(|c| c.out.len() + c.waiting_posts.len()).sum(),
-            sends_outstanding: live.map(|c| c.sq.len()).sum(),
+            sends_outstanding: live.map(|c| c.link.outstanding().count()).sum(),
             transfers: st.xfers.len(),
             rdma_bytes_in_flight: st.bulk.in_flight_total(),
             zone_bytes_held: zones.map_or(0, |z| z.0),

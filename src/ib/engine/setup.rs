@@ -19,9 +19,10 @@ use crate::info::Counters;
 use crate::types::{PeerId, ServiceLevel};
 use crate::wire::{Header, Kind};
 
+use super::link::{Layout, Link};
 use super::reg::{DmaRegion, register_region};
 use super::side::{Framed, IbInfo};
-use super::{Conn, Layout, Loss, Side, SidePhase, State, WR_RECV, wr_id};
+use super::{Conn, Loss, Side, SidePhase, State, WR_RECV, wr_id};
 
 /// No connection: connection ids are 20 bits (see `wr_id`).
 const NO_CONN: u32 = u32::MAX;
@@ -126,19 +127,9 @@ impl<V: Verbs> State<V> {
             ready: false,
             psn: (crate::util::random_u64() as u32) & MAX_24BIT,
             remote: None,
-            credits: None,
-            ring_tx: None,
-            ring_rx,
+            link: Link::new(layout, ring_rx, s.cfg.ib.max_send_wr),
             out: VecDeque::new(),
-            sq: VecDeque::new(),
-            seq: 0,
-            sq_depth: 0,
-            since_signal: 0,
-            reads_out: 0,
-            free_small: (0..layout.n_small as u16).rev().collect(),
-            free_large: (0..layout.n_large as u16).rev().collect(),
             held: VecDeque::new(),
-            layout,
             waiting_posts: VecDeque::new(),
         };
         // Receives go up before the peer learns our queue pair, so nothing ever meets RNR.
@@ -170,7 +161,7 @@ impl<V: Verbs> State<V> {
             mtu: port.attr.active_mtu,
             recv_buffers: self.s.n_recv,
             recv_size: self.s.recv_size,
-            ring_addr: c.mem.addr() + c.layout.ring_off(0) as u64,
+            ring_addr: c.mem.addr() + c.link.layout().ring_off(0) as u64,
             ring_rkey: c.mr.rkey(),
             ring_slots: self.s.n_ring,
             slot_size: self.s.slot_size,
@@ -221,8 +212,9 @@ impl<V: Verbs> State<V> {
             rnr_retry: p.rnr_retry,
             max_rd_atomic: p.max_rd_atomic,
         }))?;
-        c.credits = Some(Credits::new(&credit_cfg, remote.recv_buffers).map_err(Error::from)?);
-        c.ring_tx = Some(RingSender::new(remote.ring_slots, remote.slot_size).map_err(Error::from)?);
+        let credits = Credits::new(&credit_cfg, remote.recv_buffers).map_err(Error::from)?;
+        let ring_tx = RingSender::new(remote.ring_slots, remote.slot_size).map_err(Error::from)?;
+        c.link.connect(credits, ring_tx);
         c.remote = Some(remote);
         Ok(())
     }
@@ -590,7 +582,8 @@ fn bring_up_loss(what: &str, e: Error) -> Loss {
 
 /// Posts receive buffer `i` of a connection.
 pub(crate) fn post_recv<V: Verbs>(c: &mut Conn<V>, i: u32) -> Result<()> {
-    let sge = [Sge::new(c.mem.addr() + c.layout.recv_off(i) as u64, c.layout.rs as u32, c.mr.lkey())];
+    let layout = c.link.layout();
+    let sge = [Sge::new(c.mem.addr() + layout.recv_off(i) as u64, layout.rs as u32, c.mr.lkey())];
     c.qp.post_recv(&[RecvWr { wr_id: wr_id(WR_RECV, c.id, c.gen_, i), sges: &sge }])
         .map_err(|e| Error::from(e.error))
 }
