@@ -58,6 +58,8 @@ mod post;
 mod recv;
 mod reg;
 mod route;
+#[cfg(test)]
+mod scripted;
 mod setup;
 mod side;
 #[cfg(test)]
