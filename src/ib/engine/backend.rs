@@ -209,7 +209,7 @@ impl<V: Verbs> IbBackend<V> {
         let look_at_sides =
             events_only || !timeout.is_zero() || st.rounds.is_multiple_of(SPIN_SIDE_EVERY) || st.accept_more;
         if progressed || !look_at_sides {
-            st.timers(timeout.is_zero());
+            st.timers(timeout.is_zero(), Instant::now());
             let yield_cpu = st.idle_spin(timeout, progressed) && !events_only;
             self.deliver(guard);
             if yield_cpu {
@@ -234,19 +234,19 @@ impl<V: Verbs> IbBackend<V> {
         let st = &mut *guard;
         for ev in poller.events.iter() {
             match ev.token() {
-                LISTENER => st.accept(),
+                LISTENER => st.accept(Instant::now()),
                 WAKER => {}
                 CHANNEL => while let Ok(Some(_)) = self.dev.ch.get_event() {},
-                t => st.side_event(t, ev.is_writable()),
+                t => st.side_event(t, ev.is_writable(), Instant::now()),
             }
         }
         if st.accept_more {
-            st.accept();
+            st.accept(Instant::now());
         }
         let had_events = !poller.events.is_empty();
         drop(pg);
         let progressed = self.round(st) || had_events;
-        st.timers(false);
+        st.timers(false, Instant::now());
         let yield_cpu = st.idle_spin(timeout, progressed) && !events_only;
         self.deliver(guard);
         if yield_cpu {
@@ -290,7 +290,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
         if st.closed {
             return Err(Error::Closed);
         }
-        let r = st.post(op, cmd);
+        let r = st.post(op, cmd, Instant::now());
         st.pump_all();
         self.deliver(st);
         if self.blocked.load(Ordering::Acquire) {
@@ -301,7 +301,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
 
     fn cancel(&self, op: OpId, why: Error) {
         let mut st = self.lock();
-        st.cancel(op, why);
+        st.cancel(op, why, Instant::now());
         st.pump_all();
         self.deliver(st);
     }
@@ -435,7 +435,7 @@ impl<V: Verbs> Backend for IbBackend<V> {
         info.rdma = Some(RdmaInfo {
             queue_pairs: live.clone().count(),
             queued_msgs: live.clone().map(|c| c.out.len() + c.waiting_posts.len()).sum(),
-            sends_outstanding: live.map(|c| c.sq.len()).sum(),
+            sends_outstanding: live.map(|c| c.link.outstanding().count()).sum(),
             transfers: st.xfers.len(),
             rdma_bytes_in_flight: st.bulk.in_flight_total(),
             zone_bytes_held: zones.map_or(0, |z| z.0),

@@ -39,13 +39,27 @@
 //!
 //! Send-queue slots are reclaimed by count: every signaled completion retires all earlier work
 //! requests of its queue pair.
+//!
+//! # Protocol and device
+//!
+//! The rules of a connection's message path — credits, ring slots, bounce buffers, send-queue
+//! room, retirement in posting order, the flow-control prefix of every message — live in
+//! [`link::Link`], which knows no queue pair: it returns the work request to post and takes
+//! completions and arrivals as events. [`transmit`] and [`recv`] carry them out on the queue
+//! pair and its memory. The engine reads no clock: the driver loop ([`backend`]) passes `now`
+//! to every entry point that starts or checks a deadline.
 
 mod backend;
+mod link;
+#[cfg(test)]
+mod link_pair;
 mod msg;
 mod post;
 mod recv;
 mod reg;
 mod route;
+#[cfg(test)]
+mod scripted;
 mod setup;
 mod side;
 #[cfg(test)]
@@ -76,7 +90,6 @@ use crate::core::ops::{OpExtra, OpState, OpTable};
 use crate::core::peers::Peers;
 use crate::core::requests::Requests;
 use crate::error::{Error, Result};
-use crate::flowctl::{Credits, RingReceiver, RingSender};
 use crate::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
 use crate::ib::verbs::*;
 use crate::info::Counters;
@@ -84,6 +97,7 @@ use crate::matching::Matcher;
 use crate::regcache::RegRef;
 use crate::types::{OpId, PeerId, ServiceLevel};
 
+use link::{Held, Link, Via};
 use reg::{Cache, DmaRegion};
 use side::{Framed, IbInfo};
 
@@ -371,13 +385,6 @@ pub(crate) struct OutMsg {
     pub fence: bool,
 }
 
-/// How a message travels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Via {
-    Send,
-    Ring,
-}
-
 /// Payload bytes of a message.
 #[derive(Clone)]
 pub(crate) enum Payload {
@@ -417,38 +424,16 @@ pub(crate) enum Then {
     Release(OpId),
 }
 
-/// A posted send-queue work request.
-#[derive(Debug)]
-pub(crate) struct SqEntry {
-    pub seq: u32,
-    /// Posted with SIGNALED: its own completion will come.
-    pub signaled: bool,
-    /// Its completion came (it waits for older signaled entries before it retires).
-    pub completed: bool,
-    /// The bounce buffer it reads, freed when it completes.
-    pub bounce: Option<Bounce>,
-    pub done: SqDone,
-}
-
-/// A send bounce buffer.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Bounce {
-    Small(u16),
-    Large(u16),
-}
-
 #[derive(Debug)]
 pub(crate) enum SqDone {
-    Nothing,
     Then(Then),
-    /// The last work request of a transfer unit (`reads`: RDMA_READs the unit posted).
+    /// The last work request of a transfer unit.
     Unit {
         xfer: u64,
         offset: usize,
         len: usize,
         zone: Option<crate::flowctl::ZoneBuf>,
         read: bool,
-        reads: u32,
     },
 }
 
@@ -467,59 +452,14 @@ pub(crate) struct Conn<V: Verbs> {
     pub ready: bool,
     pub psn: u32,
     pub remote: Option<IbInfo>,
-    pub credits: Option<Credits<()>>,
-    pub ring_tx: Option<RingSender>,
-    pub ring_rx: RingReceiver,
+    /// Flow control, bounce buffers and the send queue's accounting.
+    pub link: Link<SqDone>,
     pub out: VecDeque<OutMsg>,
-    pub sq: VecDeque<SqEntry>,
-    pub seq: u32,
-    pub sq_depth: u32,
-    pub since_signal: u32,
-    pub reads_out: u32,
-    pub free_small: Vec<u16>,
-    pub free_large: Vec<u16>,
     /// Received messages held for back-pressure, in arrival order.
     pub held: VecDeque<Held>,
-    pub layout: Layout,
     /// Sends and requests posted before the peer's limits were known: their mechanism is
     /// chosen, in order, once they are (see [`State::caps`]).
     pub waiting_posts: VecDeque<(OpId, Cmd)>,
-}
-
-/// A received message not processed yet.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Held {
-    Recv(u32),
-    Slot { slot: u16 },
-}
-
-/// Offsets in a connection's memory.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Layout {
-    pub rs: usize,
-    pub slot: usize,
-    pub n_recv: usize,
-    pub n_small: usize,
-    pub n_large: usize,
-    pub n_ring: usize,
-}
-
-impl Layout {
-    fn total(&self) -> usize {
-        self.ring_off(self.n_ring as u16)
-    }
-    pub fn recv_off(&self, i: u32) -> usize {
-        i as usize * self.rs
-    }
-    pub fn small_off(&self, i: u16) -> usize {
-        self.n_recv * self.rs + usize::from(i) * self.rs
-    }
-    pub fn large_off(&self, i: u16) -> usize {
-        (self.n_recv + self.n_small) * self.rs + usize::from(i) * self.slot
-    }
-    pub fn ring_off(&self, i: u16) -> usize {
-        (self.n_recv + self.n_small) * self.rs + self.n_large * self.slot + usize::from(i) * self.slot
-    }
 }
 
 /// Side-channel state.
@@ -727,8 +667,8 @@ impl<V: Verbs> State<V> {
             let target = self
                 .conn(cid)
                 .and_then(|c| {
-                    c.sq.iter().skip_while(|e| e.seq != idx).find_map(|e| match e.done {
-                        SqDone::Unit { xfer, .. } => Some(xfer),
+                    c.link.outstanding().skip_while(|e| e.seq != idx).find_map(|e| match e.done {
+                        Some(SqDone::Unit { xfer, .. }) => Some(xfer),
                         _ => None,
                     })
                 })
@@ -757,53 +697,20 @@ impl<V: Verbs> State<V> {
         self.fail_peer(peer, Loss::Lost(reason));
     }
 
-    /// A signaled send completion. Work requests retire in posting order: this one and the
-    /// unsignaled ones before it once every older signaled work request has completed too.
-    /// (In order is what RC send queues guarantee; a provider that lets later completions
-    /// overtake a delayed RDMA_READ's must not make us retire that READ — free its zone buffer,
-    /// copy its data, complete its op — before its data has landed.)
+    /// A signaled send completion: what it retires (see [`Link::send_done`]) takes effect.
     fn on_send_done(&mut self, cid: u32, seq: u32) {
-        let mut retired = Vec::new();
-        {
-            let Some(c) = self.conn_mut(cid) else { return };
-            let Some(e) = c.sq.iter_mut().find(|e| e.seq == seq) else {
-                tracing::warn!(conn = cid, seq, "completion of a work request not outstanding");
-                return;
-            };
-            e.completed = true;
-            let mut n = 0;
-            for (i, e) in c.sq.iter().enumerate() {
-                if e.signaled {
-                    if !e.completed {
-                        break;
-                    }
-                    n = i + 1;
-                }
-            }
-            for e in c.sq.drain(..n) {
-                retired.push(e);
-            }
-            c.sq_depth -= n as u32;
-        }
+        let Some(c) = self.conn_mut(cid) else { return };
+        let Some(retired) = c.link.send_done(seq) else {
+            tracing::warn!(conn = cid, seq, "completion of a work request not outstanding");
+            return;
+        };
         for e in retired {
-            self.retire(cid, e);
-        }
-    }
-
-    fn retire(&mut self, cid: u32, e: SqEntry) {
-        if let Some(b) = e.bounce
-            && let Some(c) = self.conn_mut(cid)
-        {
-            match b {
-                Bounce::Small(i) => c.free_small.push(i),
-                Bounce::Large(i) => c.free_large.push(i),
-            }
-        }
-        match e.done {
-            SqDone::Nothing => {}
-            SqDone::Then(t) => self.then_at_wc(t),
-            SqDone::Unit { xfer, offset, len, zone, read, reads } => {
-                self.unit_done(cid, xfer, offset, len, zone, read, reads)
+            match e.done {
+                None => {}
+                Some(SqDone::Then(t)) => self.then_at_wc(t),
+                Some(SqDone::Unit { xfer, offset, len, zone, read }) => {
+                    self.unit_done(xfer, offset, len, zone, read)
+                }
             }
         }
     }
@@ -860,15 +767,16 @@ impl<V: Verbs> State<V> {
         for op in waiting {
             self.fail_waiting_post(op, err.duplicate());
         }
-        let mut unit_bytes: usize = all_conns
-            .iter()
-            .filter_map(|cid| self.conn(*cid))
-            .flat_map(|c| c.sq.iter())
-            .map(|e| match e.done {
-                SqDone::Unit { len, .. } => len,
-                _ => 0,
-            })
-            .sum();
+        let mut unit_bytes = 0;
+        for cid in &all_conns {
+            if let Some(c) = self.conn_mut(*cid) {
+                for e in c.link.flush() {
+                    if let Some(SqDone::Unit { len, .. }) = e.done {
+                        unit_bytes += len;
+                    }
+                }
+            }
+        }
         // Destroying the queue pairs first guarantees no more DMA into memory about to be
         // released (buffers returned to users, registrations dropped).
         for cid in &all_conns {
@@ -961,11 +869,10 @@ impl<V: Verbs> State<V> {
             || self.ops.iter().any(|(_, o)| matches!(o.st, OpSt::Cancelling { .. }))
     }
 
-    fn timers(&mut self, polling: bool) {
+    fn timers(&mut self, polling: bool, now: Instant) {
         if polling && !self.rounds.is_multiple_of(64) {
             return;
         }
-        let now = Instant::now();
         if now.duration_since(self.last_timers) < Duration::from_millis(50) {
             return;
         }

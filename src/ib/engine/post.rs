@@ -1,5 +1,7 @@
 //! Posting: commands from the endpoint turned into messages, registrations and transfers.
 
+use std::time::Instant;
+
 use bytes::Bytes;
 
 use crate::backend::{Cmd, GetCmd, PullCmd, PushCmd, PutCmd, RecvCmd, ReplyCmd, RequestCmd, SendCmd};
@@ -28,22 +30,22 @@ enum For {
 }
 
 impl<V: Verbs> State<V> {
-    pub(crate) fn post(&mut self, op: OpId, cmd: Cmd) -> Result<()> {
+    pub(crate) fn post(&mut self, op: OpId, cmd: Cmd, now: Instant) -> Result<()> {
         if self.peers.get(cmd.peer()).is_none() {
             let (kind, peer, tag, buf) = cmd.into_parts();
             self.ops.fail_new(op, kind, peer, tag, buf, Cmd::forgotten(peer));
             return Ok(());
         }
         match cmd {
-            Cmd::Send(c) => self.post_send(op, c),
+            Cmd::Send(c) => self.post_send(op, c, now),
             Cmd::Recv(c) => self.post_recv(op, c),
             Cmd::Put(PutCmd { peer, sl, local, remote }) => {
-                self.post_one_sided(op, peer, sl, OpBuf::Send(local), remote, false)
+                self.post_one_sided(op, peer, sl, OpBuf::Send(local), remote, now)
             }
             Cmd::Get(GetCmd { peer, sl, local, remote }) => {
-                self.post_one_sided(op, peer, sl, OpBuf::Recv(local), remote, true)
+                self.post_one_sided(op, peer, sl, OpBuf::Recv(local), remote, now)
             }
-            Cmd::Request(c) => self.post_request(op, c),
+            Cmd::Request(c) => self.post_request(op, c, now),
             Cmd::Pull(c) => self.post_pull(op, c),
             Cmd::Push(c) => self.post_push(op, c),
             Cmd::Reply(c) => self.post_reply(op, c),
@@ -103,7 +105,7 @@ impl<V: Verbs> State<V> {
     }
 
     /// Places, in posting order, the sends and requests that waited for the peer's limits.
-    pub(crate) fn place_waiting_posts(&mut self, cid: u32) {
+    pub(crate) fn place_waiting_posts(&mut self, cid: u32, now: Instant) {
         let Some(waiting) = self.conn_mut(cid).map(|c| std::mem::take(&mut c.waiting_posts)) else {
             return;
         };
@@ -125,7 +127,7 @@ impl<V: Verbs> State<V> {
                 Cmd::Request(RequestCmd { peer, tag, .. }) => (*peer, *tag, OpKind::Request),
                 _ => continue,
             };
-            if let Err(e) = self.post(op, cmd) {
+            if let Err(e) = self.post(op, cmd, now) {
                 // Not expected (checked when posted), but the op exists: it completes.
                 self.ops.fail_new(op, kind, peer, tag, OpBuf::None, e);
             }
@@ -172,7 +174,7 @@ impl<V: Verbs> State<V> {
         }
     }
 
-    fn post_send(&mut self, op: OpId, c: SendCmd) -> Result<()> {
+    fn post_send(&mut self, op: OpId, c: SendCmd, now: Instant) -> Result<()> {
         let SendCmd { peer, tag, sl, buf, unexpected } = c;
         let len = buf.len();
         self.check_len(len)?;
@@ -180,7 +182,7 @@ impl<V: Verbs> State<V> {
             return Err(Error::TooLarge { len: len as u64, max: self.s.eager_limit as u64 });
         }
         let kind = if unexpected { OpKind::SendUnexpected } else { OpKind::Send };
-        let cid = match self.conn_for(peer, sl) {
+        let cid = match self.conn_for(peer, sl, now) {
             Ok(c) => c,
             Err(e) => {
                 self.ops.fail_new(op, kind, peer, tag, OpBuf::Send(buf), e);
@@ -481,12 +483,12 @@ impl<V: Verbs> State<V> {
         );
     }
 
-    fn post_request(&mut self, op: OpId, c: RequestCmd) -> Result<()> {
+    fn post_request(&mut self, op: OpId, c: RequestCmd, now: Instant) -> Result<()> {
         let RequestCmd { peer, tag, sl, header, payload } = c;
         requests::check_header(&header, self.s.cfg.max_header)?;
         let len = requests::payload_len(&payload);
         self.check_len(len)?;
-        let cid = match self.conn_for(peer, sl) {
+        let cid = match self.conn_for(peer, sl, now) {
             Ok(c) => c,
             Err(e) => {
                 self.ops.fail_new(op, OpKind::Request, peer, tag, requests::split_payload(payload).0, e);
@@ -795,7 +797,8 @@ impl<V: Verbs> State<V> {
         }
     }
 
-    /// put (RDMA_WRITE) or get (RDMA_READ) against a peer's exposure.
+    /// put (RDMA_WRITE, from a send buffer) or get (RDMA_READ, into a receive buffer) against a
+    /// peer's exposure.
     fn post_one_sided(
         &mut self,
         op: OpId,
@@ -803,8 +806,9 @@ impl<V: Verbs> State<V> {
         sl: ServiceLevel,
         buf: OpBuf,
         remote: MemHandle,
-        read: bool,
+        now: Instant,
     ) -> Result<()> {
+        let read = matches!(buf, OpBuf::Recv(_));
         let len = match &buf {
             OpBuf::Send(s) => s.len(),
             OpBuf::Recv(r) => r.capacity(),
@@ -815,7 +819,7 @@ impl<V: Verbs> State<V> {
         }
         self.check_len(len)?;
         let kind = if read { OpKind::Get } else { OpKind::Put };
-        let cid = match self.conn_for(peer, sl) {
+        let cid = match self.conn_for(peer, sl, now) {
             Ok(c) => c,
             Err(e) => {
                 self.ops.fail_new(op, kind, peer, 0, buf, e);
@@ -853,7 +857,7 @@ impl<V: Verbs> State<V> {
     // Cancellation
     // ----------------------------------------------------------------------------------------
 
-    pub(crate) fn cancel(&mut self, op: OpId, why: Error) {
+    pub(crate) fn cancel(&mut self, op: OpId, why: Error, now: Instant) {
         let Some(o) = self.ops.get(&op) else {
             self.fail_waiting_post(op, why);
             return;
@@ -868,7 +872,7 @@ impl<V: Verbs> State<V> {
                 // The receiver may be reading our buffer right now: keep the registration and
                 // the buffer until its FIN (it answers a withdrawal of an unmatched message at
                 // once), or tear the connection down after the grace.
-                let until = std::time::Instant::now() + self.s.cfg.ib.cancel_grace;
+                let until = now + self.s.cfg.ib.cancel_grace;
                 if let Some(o) = self.ops.get_mut(&op) {
                     o.outcome = Some(Err(why));
                     o.st = OpSt::Cancelling { until };
@@ -910,7 +914,7 @@ impl<V: Verbs> State<V> {
                 let registered = self.ops.get(&op).is_some_and(|o| !o.x.regs.is_empty());
                 if registered {
                     // The server may be reading or writing our buffer: wait for its reply.
-                    let until = std::time::Instant::now() + self.s.cfg.ib.cancel_grace;
+                    let until = now + self.s.cfg.ib.cancel_grace;
                     if let Some(o) = self.ops.get_mut(&op) {
                         o.outcome = Some(Err(why));
                         o.st = OpSt::Cancelling { until };

@@ -12,6 +12,7 @@ use crate::op::{Direction, OpKind, RequestMeta, Unexpected, status};
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{FLAG_INLINE_DATA, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind};
 
+use super::link::{Arrival, LinkError};
 use super::msg::{self, MSG_HDR, Segment};
 use super::setup::post_recv;
 use super::{Early, FinWait, Held, IbReq, Local, Loss, OpSt, State, XferThen};
@@ -44,76 +45,62 @@ fn unexpected(what: String) -> Loss {
     Loss::Protocol(ProtocolError::Unexpected { what })
 }
 
+/// What a flow-control or framing violation of the peer costs: the peer.
+fn link_loss(e: LinkError) -> Loss {
+    match e {
+        LinkError::Flow(f) => Loss::Protocol(ProtocolError::FlowControl(f.to_string())),
+        LinkError::NoImm => unexpected("ring write without immediate data".into()),
+        LinkError::BadLength(len) => unexpected(format!("message of {len} bytes")),
+        LinkError::NotConnected => unexpected("message before the connection's limits".into()),
+    }
+}
+
 impl<V: Verbs> State<V> {
     fn loc_off(&self, cid: u32, loc: Held) -> Option<usize> {
-        let c = self.conn(cid)?;
-        Some(match loc {
-            Held::Recv(i) => c.layout.recv_off(i),
-            Held::Slot { slot } => c.layout.ring_off(slot),
-        })
+        Some(self.conn(cid)?.link.layout().loc_off(loc))
     }
 
     /// A receive completion: a SEND into buffer `idx`, or a ring write (the buffer untouched).
     pub(crate) fn on_recv(&mut self, cid: u32, idx: u32, wc: &WorkCompletion) {
         let Some(c) = self.conn_mut(cid) else { return };
         let peer = c.peer;
-        let (loc, len) = if wc.opcode == WcOpcode::RecvRdmaWithImm {
+        let arrival = if wc.opcode == WcOpcode::RecvRdmaWithImm {
             // The write did not touch the receive buffer: post it again at once.
             if let Err(e) = post_recv(c, idx) {
                 self.fail_peer(peer, Loss::Lost(format!("post_recv: {e}")));
                 return;
             }
-            let Some(imm) = wc.imm_data else {
-                self.fail_peer(peer, unexpected("ring write without immediate data".into()));
-                return;
-            };
-            match c.ring_rx.on_write(imm) {
-                Ok(d) => (Held::Slot { slot: d.slot }, d.len as usize),
-                Err(e) => {
-                    self.fail_peer(peer, Loss::Protocol(ProtocolError::FlowControl(e.to_string())));
-                    return;
+            Arrival::Ring { imm: wc.imm_data }
+        } else {
+            Arrival::Send { idx, len: wc.byte_len as usize }
+        };
+        let loc = match c.link.arrived(arrival) {
+            Ok((loc, len)) => {
+                let mut hb = [0u8; MSG_HDR];
+                c.mem.read_at(c.link.layout().loc_off(loc), &mut hb);
+                match msg::decode_framing(&hb) {
+                    Ok((prefix, h)) if MSG_HDR + h.len as usize == len => match c.link.framing(loc, prefix) {
+                        Ok(()) => Ok((loc, h)),
+                        Err(e) => Err(link_loss(e)),
+                    },
+                    Ok((_, h)) => {
+                        Err(unexpected(format!("{:?} announces {} bytes, {len} arrived", h.kind, h.len)))
+                    }
+                    Err(e) => Err(Loss::Protocol(ProtocolError::Unexpected { what: e.to_string() })),
                 }
             }
-        } else {
-            (Held::Recv(idx), wc.byte_len as usize)
+            Err(e) => Err(link_loss(e)),
         };
-        // Decode the framing and take the flow-control returns now, even if the message
-        // itself has to wait: they may be what lets our own sends out.
-        let Some(off) = self.loc_off(cid, loc) else { return };
-        let Some(c) = self.conn_mut(cid) else { return };
-        if len < MSG_HDR || len > c.layout.slot.max(c.layout.rs) {
-            self.fail_peer(peer, unexpected(format!("message of {len} bytes")));
-            return;
-        }
-        let mut hb = [0u8; MSG_HDR];
-        c.mem.read_at(off, &mut hb);
-        let (prefix, h) = match msg::decode_framing(&hb) {
+        let (loc, h) = match loc {
             Ok(x) => x,
-            Err(e) => {
-                self.fail_peer(peer, Loss::Protocol(ProtocolError::Unexpected { what: e.to_string() }));
+            Err(loss) => {
+                self.fail_peer(peer, loss);
                 return;
             }
         };
-        if MSG_HDR + h.len as usize != len {
-            self.fail_peer(
-                peer,
-                unexpected(format!("{:?} announces {} bytes, {len} arrived", h.kind, h.len)),
-            );
-            return;
-        }
-        let flow = match (loc, c.credits.as_mut()) {
-            (Held::Recv(_), Some(k)) => k.on_message(prefix.credits),
-            (Held::Slot { .. }, Some(k)) => k.on_credits(prefix.credits),
-            (_, None) => Ok(()),
-        };
-        let ring = match c.ring_tx.as_mut() {
-            Some(r) => r.on_returned(prefix.ring_returns),
-            None => Ok(()),
-        };
-        if let Err(e) = flow.and(ring) {
-            self.fail_peer(peer, Loss::Protocol(ProtocolError::FlowControl(e.to_string())));
-            return;
-        }
+        // Decoding the framing took the flow-control returns at once, even if the message
+        // itself has to wait: they may be what lets our own sends out.
+        let Some(c) = self.conn_mut(cid) else { return };
         if !c.held.is_empty() {
             // Order per connection: behind what is already held.
             c.held.push_back(loc);
@@ -138,19 +125,11 @@ impl<V: Verbs> State<V> {
     fn release_loc(&mut self, cid: u32, loc: Held) {
         let Some(c) = self.conn_mut(cid) else { return };
         let peer = c.peer;
-        let r = match loc {
-            Held::Recv(i) => post_recv(c, i).and_then(|_| {
-                c.credits.as_mut().map_or(Ok(()), |k| k.on_repost().map_err(crate::error::Error::from))
-            }),
-            Held::Slot { slot, .. } => {
-                let r = c.ring_rx.release(slot).map_err(crate::error::Error::from);
-                if c.ring_rx.should_return()
-                    && let Some(k) = c.credits.as_mut()
-                {
-                    k.request_explicit();
-                }
-                r
-            }
+        let r = match c.link.release(loc) {
+            Ok(Some(i)) => post_recv(c, i),
+            Ok(None) => Ok(()),
+            Err(LinkError::Flow(f)) => Err(Error::from(f)),
+            Err(e) => Err(Error::misuse(e.to_string())),
         };
         if let Err(e) = r {
             self.fail_peer(peer, Loss::Lost(format!("re-posting a receive: {e}")));

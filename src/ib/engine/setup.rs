@@ -19,9 +19,10 @@ use crate::info::Counters;
 use crate::types::{PeerId, ServiceLevel};
 use crate::wire::{Header, Kind};
 
+use super::link::{Layout, Link};
 use super::reg::{DmaRegion, register_region};
 use super::side::{Framed, IbInfo};
-use super::{Conn, Layout, Loss, Side, SidePhase, State, WR_RECV, wr_id};
+use super::{Conn, Loss, Side, SidePhase, State, WR_RECV, wr_id};
 
 /// No connection: connection ids are 20 bits (see `wr_id`).
 const NO_CONN: u32 = u32::MAX;
@@ -29,7 +30,7 @@ const NO_CONN: u32 = u32::MAX;
 impl<V: Verbs> State<V> {
     /// The connection for (peer, class): existing (ready or being set up), newly dialled, or for
     /// a peer we cannot dial, any of its connections.
-    pub(crate) fn conn_for(&mut self, peer: PeerId, sl: ServiceLevel) -> Result<u32> {
+    pub(crate) fn conn_for(&mut self, peer: PeerId, sl: ServiceLevel, now: Instant) -> Result<u32> {
         let p = self.peers.require(peer)?;
         if let Some(reason) = &p.lost {
             return Err(Error::PeerLost { peer, reason: reason.clone() });
@@ -38,7 +39,7 @@ impl<V: Verbs> State<V> {
             return Ok(c);
         }
         match p.dial {
-            Some(sa) => self.dial(peer, sa, sl),
+            Some(sa) => self.dial(peer, sa, sl, now),
             None => p.conns.iter().flatten().next().copied().ok_or_else(|| Error::PeerLost {
                 peer,
                 reason: "no connection to this peer and it cannot be dialled".into(),
@@ -46,7 +47,7 @@ impl<V: Verbs> State<V> {
         }
     }
 
-    fn dial(&mut self, peer: PeerId, sa: SocketAddr, sl: ServiceLevel) -> Result<u32> {
+    fn dial(&mut self, peer: PeerId, sa: SocketAddr, sl: ServiceLevel, now: Instant) -> Result<u32> {
         let mut stream = sockets::dial(sa, |s| {
             let _ = s.set_tcp_nodelay(true);
         })
@@ -66,7 +67,7 @@ impl<V: Verbs> State<V> {
                 sl,
                 conn: Some(cid),
                 remote: sa,
-                since: Instant::now(),
+                since: now,
             },
         );
         self.peers[peer].conns[sl.index()] = Some(cid);
@@ -126,19 +127,9 @@ impl<V: Verbs> State<V> {
             ready: false,
             psn: (crate::util::random_u64() as u32) & MAX_24BIT,
             remote: None,
-            credits: None,
-            ring_tx: None,
-            ring_rx,
+            link: Link::new(layout, ring_rx, s.cfg.ib.max_send_wr),
             out: VecDeque::new(),
-            sq: VecDeque::new(),
-            seq: 0,
-            sq_depth: 0,
-            since_signal: 0,
-            reads_out: 0,
-            free_small: (0..layout.n_small as u16).rev().collect(),
-            free_large: (0..layout.n_large as u16).rev().collect(),
             held: VecDeque::new(),
-            layout,
             waiting_posts: VecDeque::new(),
         };
         // Receives go up before the peer learns our queue pair, so nothing ever meets RNR.
@@ -170,7 +161,7 @@ impl<V: Verbs> State<V> {
             mtu: port.attr.active_mtu,
             recv_buffers: self.s.n_recv,
             recv_size: self.s.recv_size,
-            ring_addr: c.mem.addr() + c.layout.ring_off(0) as u64,
+            ring_addr: c.mem.addr() + c.link.layout().ring_off(0) as u64,
             ring_rkey: c.mr.rkey(),
             ring_slots: self.s.n_ring,
             slot_size: self.s.slot_size,
@@ -221,13 +212,14 @@ impl<V: Verbs> State<V> {
             rnr_retry: p.rnr_retry,
             max_rd_atomic: p.max_rd_atomic,
         }))?;
-        c.credits = Some(Credits::new(&credit_cfg, remote.recv_buffers).map_err(Error::from)?);
-        c.ring_tx = Some(RingSender::new(remote.ring_slots, remote.slot_size).map_err(Error::from)?);
+        let credits = Credits::new(&credit_cfg, remote.recv_buffers).map_err(Error::from)?;
+        let ring_tx = RingSender::new(remote.ring_slots, remote.slot_size).map_err(Error::from)?;
+        c.link.connect(credits, ring_tx);
         c.remote = Some(remote);
         Ok(())
     }
 
-    pub(crate) fn accept(&mut self) {
+    pub(crate) fn accept(&mut self, now: Instant) {
         let Some(l) = &self.listener else { return };
         let (accepted, more) = sockets::accept_round(l);
         self.accept_more = more;
@@ -256,15 +248,15 @@ impl<V: Verbs> State<V> {
                     sl: ServiceLevel::Normal,
                     conn: None,
                     remote,
-                    since: Instant::now(),
+                    since: now,
                 },
             );
-            for v in self.admission.admit(Instant::now(), t, remote.ip()) {
+            for v in self.admission.admit(now, t, remote.ip()) {
                 self.shed(v);
             }
             // A client sends its hello as soon as it is connected: reading it now tells this
             // channel from silent ones if a later accept has to shed.
-            self.side_event(t, false);
+            self.side_event(t, false, now);
         }
     }
 
@@ -311,7 +303,7 @@ impl<V: Verbs> State<V> {
     }
 
     /// Drives one side channel after an event.
-    pub(crate) fn side_event(&mut self, t: Token, writable: bool) {
+    pub(crate) fn side_event(&mut self, t: Token, writable: bool, now: Instant) {
         let Some(s) = self.sides.get_mut(&t) else { return };
         if matches!(s.phase, SidePhase::Connecting) {
             if !writable {
@@ -338,7 +330,7 @@ impl<V: Verbs> State<V> {
             let (hs, (h, body)) = ClientHandshake::start(s.sl, mine, key);
             s.phase = SidePhase::ClientWaitAck(Box::new(hs));
             // From here the handshake deadline applies.
-            s.since = Instant::now();
+            s.since = now;
             if let Err(e) = s.framed.send(&h, &body) {
                 self.side_failed(t, Loss::Lost(format!("side channel: {e}")));
                 return;
@@ -365,7 +357,7 @@ impl<V: Verbs> State<V> {
             match s.framed.recv() {
                 Ok(Some((h, body))) => {
                     self.admission.heard(t);
-                    if !self.side_frame(t, h, body) {
+                    if !self.side_frame(t, h, body, now) {
                         return;
                     }
                 }
@@ -383,7 +375,7 @@ impl<V: Verbs> State<V> {
     }
 
     /// Handles one handshake frame; false when the side channel is gone.
-    fn side_frame(&mut self, t: Token, h: Header, body: Vec<u8>) -> bool {
+    fn side_frame(&mut self, t: Token, h: Header, body: Vec<u8>, now: Instant) -> bool {
         let Some(s) = self.sides.get_mut(&t) else { return false };
         let phase = std::mem::replace(&mut s.phase, SidePhase::Closing);
         match phase {
@@ -553,7 +545,7 @@ impl<V: Verbs> State<V> {
                 }
                 Counters::add(&self.core.counters.connections, 1);
                 // The peer's limits are known now: what was posted meanwhile can be placed.
-                self.place_waiting_posts(cid);
+                self.place_waiting_posts(cid, now);
                 ok
             }
             SidePhase::Connecting | SidePhase::Established | SidePhase::Closing => {
@@ -590,7 +582,8 @@ fn bring_up_loss(what: &str, e: Error) -> Loss {
 
 /// Posts receive buffer `i` of a connection.
 pub(crate) fn post_recv<V: Verbs>(c: &mut Conn<V>, i: u32) -> Result<()> {
-    let sge = [Sge::new(c.mem.addr() + c.layout.recv_off(i) as u64, c.layout.rs as u32, c.mr.lkey())];
+    let layout = c.link.layout();
+    let sge = [Sge::new(c.mem.addr() + layout.recv_off(i) as u64, layout.rs as u32, c.mr.lkey())];
     c.qp.post_recv(&[RecvWr { wr_id: wr_id(WR_RECV, c.id, c.gen_, i), sges: &sge }])
         .map_err(|e| Error::from(e.error))
 }

@@ -95,3 +95,56 @@ fn reply_counts_the_pushed_extent_within_the_buffer() {
         st.ops.done()[1].result
     );
 }
+
+/// A rendezvous send cancelled while the receiver may be reading it: held for the grace period
+/// (on the time the driver passes in), then its peer is torn down; the op completes once, with
+/// the cancellation.
+#[test]
+fn a_cancelled_rendezvous_send_waits_out_the_grace_then_its_peer_is_lost() {
+    let be = backend();
+    let mut st = be.lock();
+    let a = peer(&mut st, 1);
+    let b = peer(&mut st, 2);
+    let grace = st.s.cfg.ib.cancel_grace;
+    let t0 = st.last_timers + Duration::from_secs(1);
+    let op = OpId(1);
+    let buf = OpBuf::Send(SendBuf::Bytes(Bytes::from_static(b"data")));
+    st.ops.insert(op, OpKind::Send, a, 5, ServiceLevel::Normal, buf, OpSt::WaitFin { msg: 7 });
+    st.fin_wait.insert(7, FinWait::Send(op));
+    st.cancel(op, Error::Cancelled, t0);
+    assert!(matches!(st.ops.get(&op).map(|o| o.st), Some(OpSt::Cancelling { until }) if until == t0 + grace));
+    st.timers(false, t0 + grace / 2);
+    assert!(st.ops.done().is_empty(), "held within the grace");
+    assert!(st.peers.get(a).is_some_and(|p| p.lost.is_none()));
+    st.timers(false, t0 + grace);
+    assert_eq!(st.ops.done().len(), 1);
+    assert!(matches!(st.ops.done()[0].result, Err(Error::Cancelled)), "{:?}", st.ops.done()[0].result);
+    st.timers(false, t0 + grace * 3);
+    assert_eq!(st.ops.done().len(), 1, "exactly once");
+    assert!(st.peers.get(b).is_some_and(|p| p.lost.is_none()), "only the op's peer is lost");
+}
+
+/// The receiver's FIN within the grace period lets the cancelled send go without losing the
+/// peer; the grace running out later changes nothing.
+#[test]
+fn a_fin_within_the_grace_completes_a_cancelled_send_and_keeps_the_peer() {
+    let be = backend();
+    let mut st = be.lock();
+    let a = peer(&mut st, 1);
+    let grace = st.s.cfg.ib.cancel_grace;
+    let t0 = st.last_timers + Duration::from_secs(1);
+    let op = OpId(1);
+    let buf = OpBuf::Send(SendBuf::Bytes(Bytes::from_static(b"data")));
+    st.ops.insert(op, OpKind::Send, a, 5, ServiceLevel::Normal, buf, OpSt::WaitFin { msg: 7 });
+    st.fin_wait.insert(7, FinWait::Send(op));
+    st.cancel(op, Error::Cancelled, t0);
+    let mut fin = Header::new(Kind::Fin, ServiceLevel::Normal);
+    fin.b = 7;
+    fin.aux = FIN_CANCELLED;
+    assert!(st.on_fin(a, &fin).is_ok());
+    assert_eq!(st.ops.done().len(), 1);
+    assert!(matches!(st.ops.done()[0].result, Err(Error::Cancelled)), "{:?}", st.ops.done()[0].result);
+    st.timers(false, t0 + grace * 2);
+    assert_eq!(st.ops.done().len(), 1, "exactly once");
+    assert!(st.peers.get(a).is_some_and(|p| p.lost.is_none()), "the peer stays");
+}

@@ -1,15 +1,16 @@
 //! The per-connection transmit pump: queued messages out to the send queue, within the
-//! peer's credits and ring slots.
+//! peer's credits and ring slots as the connection's [`Link`](super::link::Link) decides, and
+//! the mapping of each message work request it builds onto the queue pair.
 
 use crate::buffers::buf::{OpBuf, SendBuf};
-use crate::flowctl::Transmit;
 use crate::ib::verbs::*;
 use crate::info::Counters;
 use crate::types::{Access, OpId};
 use crate::wire::{Header, Kind};
 
-use super::msg::{self, MSG_HDR, Prefix};
-use super::{OutMsg, Payload, SqDone, SqEntry, State, Then, Via, WR_SEND, wr_id};
+use super::link::{MsgOp, MsgSpec};
+use super::msg::{self, MSG_HDR};
+use super::{OutMsg, Payload, SqDone, State, Then, Via, WR_SEND, wr_id};
 
 impl<V: Verbs> State<V> {
     // ----------------------------------------------------------------------------------------
@@ -19,15 +20,8 @@ impl<V: Verbs> State<V> {
     pub(crate) fn pump_all(&mut self) {
         let n = self.conns.len();
         for cid in 0..n as u32 {
-            // Something to send: queued messages, owed credits, or ring slots to return (ring
-            // writes consume no credit, so a receiver of nothing but fast-RDMA messages owes no
-            // credit and would otherwise never give the sender its slots back).
-            let go = self.conn(cid).is_some_and(|c| {
-                c.ready
-                    && (!c.out.is_empty()
-                        || c.credits.as_ref().is_some_and(|k| k.owed() > 0)
-                        || c.ring_rx.should_return())
-            });
+            // Something to send: queued messages, or credits and ring slots to return.
+            let go = self.conn(cid).is_some_and(|c| c.ready && (!c.out.is_empty() || c.link.returns_due()));
             if go {
                 self.pump(cid);
             }
@@ -43,63 +37,37 @@ impl<V: Verbs> State<V> {
             if !c.ready {
                 return;
             }
-            let max_wr = self.s.cfg.ib.max_send_wr;
-            if c.sq_depth + 2 > max_wr {
-                return;
-            }
             let Some(m) = c.out.front() else { break };
-            let ok = match m.via {
-                Via::Send => c.credits.as_ref().is_some_and(|k| k.credits() >= 2) && !c.free_small.is_empty(),
-                Via::Ring => {
-                    c.ring_tx.as_ref().is_some_and(|r| r.free_slots() > 0)
-                        && !c.free_small.is_empty()
-                        && !c.free_large.is_empty()
-                }
-            };
-            if !ok {
+            if !c.link.can_send(m.via) {
                 break;
             }
             let Some(m) = self.conn_mut(cid).and_then(|c| c.out.pop_front()) else { break };
             self.transmit(cid, m);
         }
         // Explicit credit returns (also carrying ring-slot returns).
-        let max_wr = self.s.cfg.ib.max_send_wr;
         loop {
-            let Some(c) = self.conns.get_mut(cid as usize).and_then(Option::as_mut) else { return };
-            if c.free_small.is_empty() || c.sq_depth + 2 > max_wr {
-                return;
-            }
+            let Some(c) = self.conn_mut(cid) else { return };
             let sl = c.sl;
-            let Some(k) = c.credits.as_mut() else { return };
-            match k.poll_transmit() {
-                Some(Transmit::Credit { credits }) => {
-                    Counters::add(&self.core.counters.credit_msgs, 1);
-                    self.transmit_raw(
-                        cid,
-                        Via::Send,
-                        Header::new(Kind::Credit, sl),
-                        Payload::None,
-                        Then::Nothing,
-                        false,
-                        Some(credits),
-                    );
-                }
-                Some(Transmit::Data { .. }) => {
-                    // Not reachable: data is pushed only when it goes out at once.
-                    debug_assert!(false, "queued data in the credit queue");
-                }
-                None => return,
-            }
+            let Some(credits) = c.link.explicit_credit() else { return };
+            Counters::add(&self.core.counters.credit_msgs, 1);
+            self.transmit_raw(
+                cid,
+                Via::Send,
+                Header::new(Kind::Credit, sl),
+                Payload::None,
+                Then::Nothing,
+                false,
+                Some(credits),
+            );
         }
     }
 
     fn transmit(&mut self, cid: u32, m: OutMsg) {
         let credits = if m.via == Via::Send {
-            let Some(k) = self.conn_mut(cid).and_then(|c| c.credits.as_mut()) else { return };
-            let _ = k.push(());
-            match k.poll_transmit() {
-                Some(Transmit::Data { piggyback, .. }) => Some(piggyback),
-                _ => {
+            let Some(c) = self.conn_mut(cid) else { return };
+            match c.link.take_credit() {
+                Some(piggyback) => Some(piggyback),
+                None => {
                     debug_assert!(false, "credit vanished");
                     return;
                 }
@@ -152,94 +120,72 @@ impl<V: Verbs> State<V> {
             })
         });
         let Some(c) = self.conns.get_mut(cid as usize).and_then(Option::as_mut) else { return };
-        let prefix = Prefix {
-            credits: match credits {
-                Some(n) => n,
-                None => c.credits.as_mut().map_or(0, |k| k.take_piggyback()),
-            },
-            ring_returns: c.ring_rx.take_returns(),
-        };
         let total = MSG_HDR + payload.len();
-        // Bytes that go through the bounce buffer.
-        let bounced = total - zero_copy.map_or(0, |z| z.1);
-        let small = c.free_small.pop().expect("checked by the pump");
-        let (bounce_off, bounce) = if bounced > c.layout.rs {
-            let i = c.free_large.pop().expect("checked by the pump");
-            c.free_small.push(small);
-            (c.layout.large_off(i), super::Bounce::Large(i))
-        } else {
-            (c.layout.small_off(small), super::Bounce::Small(small))
-        };
-        let mut hb = [0u8; MSG_HDR];
-        msg::encode_into(&mut hb, prefix, &h);
-        c.mem.write_at(bounce_off, &hb);
-        let copied = match (zero_copy, &payload) {
-            (None, p) => write_payload(&c.mem, bounce_off + MSG_HDR, p, &self.ops),
-            (Some(_), Payload::Parts(parts)) => {
-                let head = Payload::Parts(parts[..parts.len() - 1].to_vec());
-                write_payload(&c.mem, bounce_off + MSG_HDR, &head, &self.ops)
-            }
-            (Some(_), _) => 0,
-        };
-        let lkey_user = zero_copy.map(|z| z.2);
-        let mut sges = smallvec::SmallVec::<[Sge; 2]>::new();
-        let base = c.mem.addr();
-        match zero_copy {
-            Some((addr, len, _)) => {
-                sges.push(Sge::new(base + bounce_off as u64, bounced as u32, c.mr.lkey()));
-                sges.push(Sge::new(addr as u64, len as u32, lkey_user.unwrap_or(0)));
-            }
-            None => sges.push(Sge::new(base + bounce_off as u64, total as u32, c.mr.lkey())),
-        }
-        let op_code = match via {
-            Via::Send => SendOp::Send,
-            Via::Ring => {
-                let Some(slot) = c.ring_tx.as_mut().and_then(|r| r.reserve(total as u32).ok().flatten())
-                else {
-                    // Cannot happen (checked by the pump); drop the message loudly rather
-                    // than post into a slot the peer has not returned.
-                    tracing::error!("ring slot vanished");
-                    return;
-                };
-                let remote = c.remote.expect("ready connections know their peer");
-                SendOp::RdmaWriteWithImm {
-                    remote_addr: remote.ring_addr + slot.offset,
-                    rkey: remote.ring_rkey,
-                    imm: slot.imm,
-                }
-            }
-        };
         let then_final = match (then, zero_copy) {
             (Then::CompleteAtPost(op), Some(_)) => Then::CompleteAtWc(op),
             (t, _) => t,
         };
-        let mut flags = SendFlags::NONE;
-        let needs_signal = matches!(then_final, Then::CompleteAtWc(_) | Then::Release(_));
-        c.since_signal += 1;
-        let low =
-            c.free_small.len() < c.layout.n_small / 2 || c.free_large.len() < c.layout.n_large.div_ceil(2);
-        if needs_signal || low || c.since_signal >= self.s.cfg.ib.max_send_wr / 4 {
-            flags = flags | SendFlags::SIGNALED;
-            c.since_signal = 0;
+        let spec = MsgSpec {
+            via,
+            total,
+            zero_copy: zero_copy.map_or(0, |z| z.1),
+            needs_signal: matches!(then_final, Then::CompleteAtWc(_) | Then::Release(_)),
+            fence,
+            inline_max: self.s.max_inline_device.min(c.qp.cap().max_inline_data),
+            credits,
+        };
+        let w = match c.link.message(spec, SqDone::Then(then_final)) {
+            Ok(w) => w,
+            Err(e) => {
+                // Not reachable (the pump checked); never post into a slot or buffer the peer
+                // has not given us.
+                tracing::error!(error = %e, "message without room");
+                let peer = c.peer;
+                self.fail_peer(peer, super::Loss::Lost(format!("flow control: {e}")));
+                return;
+            }
+        };
+        // The mapping onto the queue pair: header and copied payload into the bounce buffer,
+        // then one work request.
+        let mut hb = [0u8; MSG_HDR];
+        msg::encode_into(&mut hb, w.prefix, &h);
+        c.mem.write_at(w.bounce_off, &hb);
+        let copied = match (zero_copy, &payload) {
+            (None, p) => write_payload(&c.mem, w.bounce_off + MSG_HDR, p, &self.ops),
+            (Some(_), Payload::Parts(parts)) => {
+                let head = Payload::Parts(parts[..parts.len() - 1].to_vec());
+                write_payload(&c.mem, w.bounce_off + MSG_HDR, &head, &self.ops)
+            }
+            (Some(_), _) => 0,
+        };
+        let mut sges = smallvec::SmallVec::<[Sge; 2]>::new();
+        sges.push(Sge::new(c.mem.addr() + w.bounce_off as u64, w.bounced as u32, c.mr.lkey()));
+        if let Some((addr, len, lkey)) = zero_copy {
+            sges.push(Sge::new(addr as u64, len as u32, lkey));
         }
-        if zero_copy.is_none() && total as u32 <= self.s.max_inline_device.min(c.qp.cap().max_inline_data) {
+        let op_code = match w.op {
+            MsgOp::Send => SendOp::Send,
+            MsgOp::WriteImm { ring_off, imm } => {
+                let remote = c.remote.expect("ready connections know their peer");
+                SendOp::RdmaWriteWithImm {
+                    remote_addr: remote.ring_addr + ring_off,
+                    rkey: remote.ring_rkey,
+                    imm,
+                }
+            }
+        };
+        let mut flags = SendFlags::NONE;
+        if w.signaled {
+            flags = flags | SendFlags::SIGNALED;
+        }
+        if w.inline {
             flags = flags | SendFlags::INLINE;
         }
-        if fence && c.reads_out > 0 {
+        if w.fence {
             flags = flags | SendFlags::FENCE;
         }
-        let seq = c.seq;
-        c.seq = c.seq.wrapping_add(1);
-        let wr = SendWr { wr_id: wr_id(WR_SEND, c.id, c.gen_, seq), op: op_code, sges: &sges, flags };
+        let wr = SendWr { wr_id: wr_id(WR_SEND, c.id, c.gen_, w.seq), op: op_code, sges: &sges, flags };
         let posted = c.qp.post_send(&[wr]);
-        c.sq_depth += 1;
-        c.sq.push_back(SqEntry {
-            seq,
-            signaled: flags.contains(SendFlags::SIGNALED),
-            completed: false,
-            bounce: Some(bounce),
-            done: SqDone::Then(then_final),
-        });
         let peer = c.peer;
         self.core.counters.copied(copied);
         if let Err(e) = posted {

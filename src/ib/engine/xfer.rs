@@ -9,7 +9,7 @@ use crate::types::{OpId, PeerId};
 
 use super::msg::{Segment, slice_segments};
 use super::reg::{DmaRegion, register_region};
-use super::{Dev, Local, SqDone, SqEntry, State, WR_SEND, Xfer, XferThen, wr_id};
+use super::{Dev, Local, SqDone, State, WR_SEND, Xfer, XferThen, wr_id};
 
 /// Zone classes: 64 KiB … 2 MiB (as in PVFS over InfiniBand).
 const ZONE_SIZES: [usize; 6] = [64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20];
@@ -321,15 +321,14 @@ impl<V: Verbs> State<V> {
         };
         let (cid, read) = (xf.conn, xf.read);
         let pieces = slice_segments(&xf.remote, xf.remote_off + off as u64, len as u64);
-        let max_wr = self.s.cfg.ib.max_send_wr;
-        let ready = self.conn(cid).map(|c| (c.ready, c.sq_depth));
+        let ready = self.conn(cid).map(|c| (c.ready, c.link.has_room(pieces.len() as u32)));
         match ready {
             None => {
                 self.drop_unit(peer, len, zone);
                 self.xfer_failed(x, Error::PeerLost { peer, reason: "connection gone".into() });
                 return;
             }
-            Some((ready, depth)) if !ready || depth + pieces.len() as u32 + 1 > max_wr => {
+            Some((ready, room)) if !ready || !room => {
                 self.deferred.push_back(Deferred { xfer: x, peer, off, len, zone });
                 return;
             }
@@ -361,39 +360,30 @@ impl<V: Verbs> State<V> {
         };
         let Some(c) = self.conn_mut(cid) else { return };
         let n = pieces.len();
-        let mut sges = Vec::with_capacity(n);
-        let mut at = 0u64;
-        for &(_, plen, _) in &pieces {
-            sges.push([Sge::new(laddr + at, plen, lkey)]);
-            at += u64::from(plen);
-        }
-        let mut wrs = Vec::with_capacity(n);
-        let mut entries = Vec::with_capacity(n);
-        for (i, &(raddr, _, rkey)) in pieces.iter().enumerate() {
-            let last = i + 1 == n;
-            let seq = c.seq;
-            c.seq = c.seq.wrapping_add(1);
-            let op = if read {
-                SendOp::RdmaRead { remote_addr: raddr, rkey }
-            } else {
-                SendOp::RdmaWrite { remote_addr: raddr, rkey }
-            };
-            let flags = if last { SendFlags::SIGNALED } else { SendFlags::NONE };
-            wrs.push(SendWr { wr_id: wr_id(WR_SEND, c.id, c.gen_, seq), op, sges: &sges[i], flags });
-            let done = if last {
-                SqDone::Unit { xfer: x, offset: off, len, zone, read, reads: if read { n as u32 } else { 0 } }
-            } else {
-                SqDone::Nothing
-            };
-            entries.push(SqEntry { seq, signaled: last, completed: false, bounce: None, done });
-        }
-        if read {
-            c.reads_out += n as u32;
-        }
-        c.since_signal = 0;
+        let sges: Vec<[Sge; 1]> = pieces
+            .iter()
+            .scan(0u64, |at, &(_, plen, _)| {
+                let sge = [Sge::new(laddr + *at, plen, lkey)];
+                *at += u64::from(plen);
+                Some(sge)
+            })
+            .collect();
+        let first = c.link.unit(n, read, SqDone::Unit { xfer: x, offset: off, len, zone, read });
+        let wrs: Vec<SendWr<'_>> = pieces
+            .iter()
+            .enumerate()
+            .map(|(i, &(raddr, _, rkey))| {
+                let op = if read {
+                    SendOp::RdmaRead { remote_addr: raddr, rkey }
+                } else {
+                    SendOp::RdmaWrite { remote_addr: raddr, rkey }
+                };
+                let flags = if i + 1 == n { SendFlags::SIGNALED } else { SendFlags::NONE };
+                let seq = first.wrapping_add(i as u32);
+                SendWr { wr_id: wr_id(WR_SEND, c.id, c.gen_, seq), op, sges: &sges[i], flags }
+            })
+            .collect();
         let posted = c.qp.post_send(&wrs);
-        c.sq_depth += n as u32;
-        c.sq.extend(entries);
         if let Some(xf) = self.xfers.get_mut(&x) {
             xf.units_out += 1;
         }
@@ -402,21 +392,8 @@ impl<V: Verbs> State<V> {
         }
     }
 
-    /// A unit's last work request completed.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn unit_done(
-        &mut self,
-        cid: u32,
-        x: u64,
-        off: usize,
-        len: usize,
-        zone: Option<ZoneBuf>,
-        read: bool,
-        reads: u32,
-    ) {
-        if let Some(c) = self.conn_mut(cid) {
-            c.reads_out = c.reads_out.saturating_sub(reads);
-        }
+    /// A unit's last work request completed (its RDMA_READs no longer hold back fenced sends).
+    pub(crate) fn unit_done(&mut self, x: u64, off: usize, len: usize, zone: Option<ZoneBuf>, read: bool) {
         let peer = self.xfers.get(&x).map(|xf| xf.peer);
         if let Some(p) = peer {
             self.bulk.unit_done(p, len);
