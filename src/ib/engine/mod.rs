@@ -455,8 +455,6 @@ pub(crate) struct Conn<V: Verbs> {
     /// Flow control, bounce buffers and the send queue's accounting.
     pub link: Link<SqDone>,
     pub out: VecDeque<OutMsg>,
-    /// Received messages held for back-pressure, in arrival order.
-    pub held: VecDeque<Held>,
     /// Sends and requests posted before the peer's limits were known: their mechanism is
     /// chosen, in order, once they are (see [`State::caps`]).
     pub waiting_posts: VecDeque<(OpId, Cmd)>,

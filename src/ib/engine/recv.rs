@@ -101,16 +101,14 @@ impl<V: Verbs> State<V> {
         // Decoding the framing took the flow-control returns at once, even if the message
         // itself has to wait: they may be what lets our own sends out.
         let Some(c) = self.conn_mut(cid) else { return };
-        if !c.held.is_empty() {
-            // Order per connection: behind what is already held.
-            c.held.push_back(loc);
+        if !c.link.admit(loc) {
             return;
         }
         match self.process(cid, loc, h) {
             Ok(Outcome::Done) => self.release_loc(cid, loc),
             Ok(Outcome::Hold) => {
                 if let Some(c) = self.conn_mut(cid) {
-                    c.held.push_back(loc);
+                    c.link.hold(loc);
                 }
                 Counters::add(&self.core.counters.backpressure_pauses, 1);
                 if let Some(p) = self.peers.get_mut(peer) {
@@ -143,7 +141,7 @@ impl<V: Verbs> State<V> {
             return;
         }
         for cid in std::mem::take(&mut p.stalled) {
-            while let Some(loc) = self.conn(cid).and_then(|c| c.held.front().copied()) {
+            while let Some(loc) = self.conn(cid).and_then(|c| c.link.next_held()) {
                 let Some(off) = self.loc_off(cid, loc) else { break };
                 let mut hb = [0u8; MSG_HDR];
                 if let Some(c) = self.conn(cid) {
@@ -153,7 +151,7 @@ impl<V: Verbs> State<V> {
                 match self.process(cid, loc, h) {
                     Ok(Outcome::Done) => {
                         if let Some(c) = self.conn_mut(cid) {
-                            c.held.pop_front();
+                            c.link.unhold(loc);
                         }
                         self.release_loc(cid, loc);
                     }
