@@ -50,6 +50,7 @@
 //! to every entry point that starts or checks a deadline.
 
 mod backend;
+mod inbound;
 mod link;
 #[cfg(test)]
 mod link_pair;
@@ -110,6 +111,7 @@ pub(crate) fn fuzz_decoders(data: &[u8]) {
         let _ = msg::decode_segments(payload, u64::from(h.aux));
         // A reply header's list: its total is its length.
         let _ = msg::decode_segments_within(payload, h.a);
+        inbound::fuzz(&h, payload);
     }
     let _ = side::IbInfo::decode(data);
     let _ = QpEndpointInfo::decode(data);

@@ -4,14 +4,15 @@ use bytes::Bytes;
 
 use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
-use crate::core::requests::{self, PushInto, Req, direction};
+use crate::core::requests::{self, PushInto, Req};
 use crate::error::{Error, ProtocolError};
 use crate::ib::verbs::*;
 use crate::info::Counters;
 use crate::op::{Direction, OpKind, RequestMeta, Unexpected, status};
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
-use crate::wire::{FLAG_INLINE_DATA, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind};
+use crate::wire::{Header, Kind};
 
+use super::inbound::{self, unexpected};
 use super::link::{Arrival, LinkError};
 use super::msg::{self, MSG_HDR, Segment};
 use super::setup::post_recv;
@@ -39,10 +40,6 @@ enum Outcome {
     Done,
     /// Kept where it is until the application consumes something (back-pressure).
     Hold,
-}
-
-fn unexpected(what: String) -> Loss {
-    Loss::Protocol(ProtocolError::Unexpected { what })
 }
 
 /// What a flow-control or framing violation of the peer costs: the peer.
@@ -246,14 +243,7 @@ impl<V: Verbs> State<V> {
                 Ok(Outcome::Done)
             }
             Kind::Rdv => {
-                if h.c > self.s.max_message as u64 {
-                    return Err(unexpected(format!("rendezvous of {} bytes", h.c)));
-                }
-                let body = self.payload(cid, loc, &h);
-                let (segs, rest) = msg::decode_segments(&body, h.c).map_err(|e| unexpected(e.to_string()))?;
-                if !rest.is_empty() {
-                    return Err(unexpected("trailing bytes after a segment list".into()));
-                }
+                let segs = inbound::rts(&h, &self.payload(cid, loc, &h), self.s.max_message as u64)?;
                 if let Some((op, ())) = self.matcher.take_posted(peer, h.a) {
                     self.start_rdv_recv(op, cid, h.b, h.c, segs);
                     return Ok(Outcome::Done);
@@ -336,8 +326,6 @@ impl<V: Verbs> State<V> {
         }
     }
 
-    /// Decodes a request (`via`: how its message came). Inline data is sliced out of `body`,
-    /// which is the one copy out of the receive buffer.
     /// A FIN: the peer is done with the buffer of our rendezvous message `h.b` (a send, or a
     /// reply header). Only the peer the message went to may say so — any other peer could
     /// otherwise hand a buffer back to its user while the real receiver still reads it.
@@ -361,12 +349,7 @@ impl<V: Verbs> State<V> {
                 {
                     o.st = OpSt::Finishing;
                 }
-                let r = match h.aux {
-                    super::FIN_OK => Ok(n),
-                    super::FIN_TRUNCATED => Err(Error::Truncated { len: n as u64, capacity: h.c }),
-                    _ => Err(Error::PeerCancelled),
-                };
-                self.ops.complete(op, r);
+                self.ops.complete(op, inbound::fin_result(h.aux, n, h.c));
             }
             Some(FinWait::Header { regs, keep, .. }) => {
                 let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -381,6 +364,8 @@ impl<V: Verbs> State<V> {
         Ok(())
     }
 
+    /// A request (`via`: how its message came), its body decoded by [`inbound::request`]:
+    /// delivered at once, or once its header is fetched from the client's memory.
     fn parse_request(
         &mut self,
         cid: u32,
@@ -389,56 +374,11 @@ impl<V: Verbs> State<V> {
         body: Bytes,
         via: Mechanism,
     ) -> Result<(), Loss> {
-        let max_header = self.s.cfg.max_header as u64;
-        if u64::from(h.aux) > max_header || h.c > self.s.max_message as u64 {
-            return Err(Loss::Protocol(ProtocolError::FlowControl("request larger than our limits".into())));
-        }
-        let dir = direction(h.flags, h.c).map_err(Loss::Protocol)?;
-        let mut rest = &body[..];
-        let at = |rest: &[u8]| body.len() - rest.len();
-        let mut hdr_segs = None;
-        let header = if h.flags & FLAG_RDV_HEADER != 0 {
-            let (s, r) =
-                msg::decode_segments(rest, u64::from(h.aux)).map_err(|e| unexpected(e.to_string()))?;
-            rest = r;
-            hdr_segs = Some(s);
-            Bytes::new()
-        } else {
-            let n = h.aux as usize;
-            if rest.len() < n {
-                return Err(unexpected("request header truncated".into()));
-            }
-            let start = at(rest);
-            rest = &rest[n..];
-            body.slice(start..start + n)
-        };
-        let inline = if h.flags & FLAG_INLINE_DATA != 0 {
-            if dir != Direction::Out {
-                return Err(unexpected("inline data on a request without OUT payload".into()));
-            }
-            let n = h.c as usize;
-            if rest.len() < n {
-                return Err(unexpected("inline request data truncated".into()));
-            }
-            let start = at(rest);
-            rest = &rest[n..];
-            self.core.counters.copied(n);
-            Some(body.slice(start..start + n))
-        } else {
-            None
-        };
-        let segs = if h.flags & FLAG_SEGMENTS != 0 {
-            let (s, r) = msg::decode_segments(rest, h.c).map_err(|e| unexpected(e.to_string()))?;
-            rest = r;
-            s
-        } else {
-            Vec::new()
-        };
-        if !rest.is_empty() {
-            return Err(unexpected("trailing bytes in a request".into()));
-        }
-        if dir == Direction::Out && inline.is_none() && segs.is_empty() && h.c > 0 {
-            return Err(unexpected("OUT payload with neither data nor segments".into()));
+        let (max_header, max_message) = (self.s.cfg.max_header as u64, self.s.max_message as u64);
+        let inbound::RequestBody { dir, header, inline, segs } =
+            inbound::request(h, body, max_header, max_message)?;
+        if let Some(d) = &inline {
+            self.core.counters.copied(d.len());
         }
         let pending = PendingRequest {
             peer,
@@ -453,10 +393,9 @@ impl<V: Verbs> State<V> {
             segs,
             cost: h.len as usize,
         };
-        match hdr_segs {
-            Some(s) => {
+        match header {
+            inbound::HeaderIn::Remote { segs: s, len: n } => {
                 // Fetch the header first; the request is delivered when it is here.
-                let n = h.aux as usize;
                 self.start_xfer(
                     peer,
                     cid,
@@ -468,7 +407,7 @@ impl<V: Verbs> State<V> {
                     XferThen::RequestHeader { pending: Box::new(pending) },
                 );
             }
-            None => self.deliver_request(pending, header),
+            inbound::HeaderIn::Here(header) => self.deliver_request(pending, header),
         }
         Ok(())
     }
@@ -520,14 +459,8 @@ impl<V: Verbs> State<V> {
         if h.a > room {
             return Err(unexpected("REPLY claims pushes beyond the request's buffer".into()));
         }
-        if h.flags & FLAG_RDV_HEADER != 0 {
-            let (segs, n, rest) = msg::decode_segments_within(&body, self.s.cfg.max_header as u64)
-                .map_err(|e| unexpected(e.to_string()))?;
-            if !rest.is_empty() {
-                return Err(unexpected("trailing bytes after a reply's segment list".into()));
-            }
-            let n = n as usize;
-            self.start_xfer(
+        match inbound::reply_header(h, body, self.s.cfg.max_header as u64)? {
+            inbound::HeaderIn::Remote { segs, len: n } => self.start_xfer(
                 peer,
                 cid,
                 true,
@@ -536,10 +469,9 @@ impl<V: Verbs> State<V> {
                 Local::Vec(vec![0; n]),
                 n,
                 XferThen::ReplyHeader { op, status: h.aux, msg: h.c, pushed: h.a },
-            );
-            return Ok(());
+            ),
+            inbound::HeaderIn::Here(header) => self.complete_request(op, h.aux, header, h.a),
         }
-        self.complete_request(op, h.aux, Bytes::from(body), h.a);
         Ok(())
     }
 
