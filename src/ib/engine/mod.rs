@@ -59,6 +59,7 @@ mod post;
 mod recv;
 mod reg;
 mod route;
+mod rx;
 #[cfg(test)]
 mod scripted;
 mod setup;

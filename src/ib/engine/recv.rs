@@ -4,6 +4,7 @@ use bytes::Bytes;
 
 use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
+use crate::core::peers::Peers;
 use crate::core::requests::{self, PushInto, Req};
 use crate::error::{Error, ProtocolError};
 use crate::ib::verbs::*;
@@ -15,6 +16,8 @@ use crate::wire::{Header, Kind};
 use super::inbound::{self, unexpected};
 use super::link::{Arrival, LinkError};
 use super::msg::{self, MSG_HDR, Segment};
+use super::reg::DmaRegion;
+use super::rx::{Body, Matched, Rts, Rx};
 use super::setup::post_recv;
 use super::{Early, FinWait, Held, IbReq, Local, Loss, OpSt, State, XferThen};
 
@@ -52,7 +55,29 @@ fn link_loss(e: LinkError) -> Loss {
     }
 }
 
+/// A message's payload in a connection's memory.
+struct InMem<'a> {
+    mem: &'a DmaRegion,
+    off: usize,
+    len: usize,
+}
+
+impl Body for InMem<'_> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn read(&self, at: usize, dst: &mut [u8]) {
+        self.mem.read_at(self.off + at, dst);
+    }
+}
+
 impl<V: Verbs> State<V> {
+    /// The matching tables, and the peers whose budgets they charge.
+    pub(crate) fn rx(&mut self) -> (Rx<'_>, &mut Peers<u32, ()>) {
+        let State { matcher, ops, peers, core, s, .. } = self;
+        (Rx { matcher, ops, counters: &core.counters, early_limit: s.cfg.early_bytes_per_peer }, peers)
+    }
+
     fn loc_off(&self, cid: u32, loc: Held) -> Option<usize> {
         Some(self.conn(cid)?.link.layout().loc_off(loc))
     }
@@ -200,34 +225,17 @@ impl<V: Verbs> State<V> {
         match h.kind {
             Kind::Credit => Ok(Outcome::Done),
             Kind::Eager => {
-                if let Some((op, ())) = self.matcher.take_posted(peer, h.a) {
-                    let cap = match self.ops.get(&op).map(|o| &o.buf) {
-                        Some(OpBuf::Recv(b)) => b.capacity(),
-                        _ => 0,
-                    };
-                    Counters::add(&self.core.counters.msgs_received, 1);
-                    if let Some(o) = self.ops.get_mut(&op) {
-                        o.sl = h.sl;
-                        o.mech = Some(if via_ring { Mechanism::FastRdma } else { Mechanism::Inline });
-                    }
-                    if len > cap {
-                        self.ops
-                            .complete(op, Err(Error::Truncated { len: len as u64, capacity: cap as u64 }));
-                    } else {
-                        self.copy_payload_into(cid, loc, len, op, 0);
-                        self.ops.complete(op, Ok(len));
-                    }
-                    return Ok(Outcome::Done);
-                }
-                if !self.peers[peer].budget.reserve(len, self.s.cfg.early_bytes_per_peer) {
-                    return Ok(Outcome::Hold);
-                }
-                // Out of the receive buffer now (its credit goes back), into the receive later.
-                let data = Bytes::from(self.payload(cid, loc, &h));
-                self.core.counters.copied(len);
                 let mech = if via_ring { Mechanism::FastRdma } else { Mechanism::Inline };
-                self.matcher.queue_early(peer, h.a, Early::Eager { data, sl: h.sl, mech });
-                Ok(Outcome::Done)
+                let Some(off) = self.loc_off(cid, loc) else { return Ok(Outcome::Done) };
+                let State { conns, matcher, ops, peers, core, s, .. } = self;
+                let Some(Some(c)) = conns.get(cid as usize) else { return Ok(Outcome::Done) };
+                let body = InMem { mem: &c.mem, off: off + MSG_HDR, len };
+                let mut rx =
+                    Rx { matcher, ops, counters: &core.counters, early_limit: s.cfg.early_bytes_per_peer };
+                Ok(match rx.eager(&mut peers[peer].budget, peer, h.a, h.sl, mech, &body) {
+                    Matched::Hold => Outcome::Hold,
+                    Matched::Done | Matched::Read { .. } => Outcome::Done,
+                })
             }
             Kind::Unexpected => {
                 let (max, limit) = (self.s.cfg.unexpected_per_peer, self.s.cfg.early_bytes_per_peer);
@@ -244,19 +252,16 @@ impl<V: Verbs> State<V> {
             }
             Kind::Rdv => {
                 let segs = inbound::rts(&h, &self.payload(cid, loc, &h), self.s.max_message as u64)?;
-                if let Some((op, ())) = self.matcher.take_posted(peer, h.a) {
-                    self.start_rdv_recv(op, cid, h.b, h.c, segs);
-                    return Ok(Outcome::Done);
-                }
-                if !self.peers[peer].budget.reserve(super::RDV_COST, self.s.cfg.early_bytes_per_peer) {
-                    return Ok(Outcome::Hold);
-                }
-                self.matcher.queue_early(
-                    peer,
-                    h.a,
-                    Early::Rdv { msg: h.b, total: h.c, segs, conn: cid, withdrawn: false },
-                );
-                Ok(Outcome::Done)
+                let rts = Rts { msg: h.b, total: h.c, segs, conn: cid };
+                let (mut rx, peers) = self.rx();
+                Ok(match rx.rts(&mut peers[peer].budget, peer, h.a, rts) {
+                    Matched::Hold => Outcome::Hold,
+                    Matched::Read { op, rts } => {
+                        self.start_rdv_recv(op, rts);
+                        Outcome::Done
+                    }
+                    Matched::Done => Outcome::Done,
+                })
             }
             Kind::Request => {
                 let (max, limit) = (self.s.cfg.requests_per_peer, self.s.cfg.early_bytes_per_peer);

@@ -1,0 +1,189 @@
+//! The matching rules of [`Rx`] on their own tables: no device, no connection, no clock.
+
+use bytes::BytesMut;
+
+use super::*;
+use crate::buffers::buf::RecvBuf;
+use crate::op::OpKind;
+
+const PEER: PeerId = PeerId(7);
+const SEG: Segment = Segment { addr: 0x1000, len: 100, rkey: 9 };
+
+/// The tables matching borrows, owned by the test.
+#[derive(Default)]
+struct T {
+    matcher: Matcher<(), Early>,
+    ops: Ops,
+    counters: Counters,
+    budget: Budget,
+}
+
+impl T {
+    fn rx(&mut self, early_limit: usize) -> (Rx<'_>, &mut Budget) {
+        let T { matcher, ops, counters, budget } = self;
+        (Rx { matcher, ops, counters, early_limit }, budget)
+    }
+
+    fn eager(&mut self, tag: Tag, data: &[u8]) -> Matched {
+        let (mut rx, budget) = self.rx(1024);
+        rx.eager(budget, PEER, tag, ServiceLevel::Bulk, Mechanism::Inline, data)
+    }
+
+    fn rts(&mut self, tag: Tag, msg: u64) -> Matched {
+        let (mut rx, budget) = self.rx(1024);
+        rx.rts(budget, PEER, tag, rts(msg))
+    }
+
+    /// The application posts a receive of `cap` bytes: what the engine's post does.
+    fn recv(&mut self, op: u64, tag: Tag, cap: usize) -> Matched {
+        let buf = OpBuf::Recv(RecvBuf::Mut(BytesMut::zeroed(cap)));
+        self.ops.insert(OpId(op), OpKind::Recv, PEER, tag, ServiceLevel::Normal, buf, OpSt::Posted);
+        match self.matcher.post(PEER, tag, OpId(op), ()) {
+            Ok(()) => Matched::Done,
+            Err((op, (), early)) => {
+                let (mut rx, budget) = self.rx(1024);
+                rx.early(budget, op, early)
+            }
+        }
+    }
+
+    /// Completions of `op`: the bytes received or the error, and the mechanism.
+    fn done(&self, op: u64) -> Vec<Outcome> {
+        let got = self.ops.done().iter().filter(|c| c.op == OpId(op));
+        got.map(|c| {
+            let r = match (&c.buf, &c.result) {
+                (OpBuf::Recv(RecvBuf::Mut(b)), Ok(n)) => Ok(b[..*n].to_vec()),
+                (_, Ok(n)) => panic!("completed with {n} bytes and no receive buffer"),
+                (_, Err(e)) => Err(format!("{e:?}")),
+            };
+            (r, c.mechanism)
+        })
+        .collect()
+    }
+}
+
+/// A completion as the tests compare it.
+type Outcome = (Result<Vec<u8>, String>, Option<Mechanism>);
+
+fn rts(msg: u64) -> Rts {
+    Rts { msg, total: 100, segs: vec![SEG], conn: 3 }
+}
+
+#[test]
+fn a_posted_receive_takes_an_eager_message_on_arrival() {
+    let mut t = T::default();
+    assert_eq!(t.recv(1, 5, 8), Matched::Done);
+    assert_eq!(t.eager(5, b"hello"), Matched::Done);
+    assert_eq!(t.done(1), vec![(Ok(b"hello".to_vec()), Some(Mechanism::Inline))]);
+    assert_eq!(t.budget.buffered, 0, "nothing held for the peer");
+    assert_eq!(t.matcher.early_len(), 0);
+    // Another message for the tag finds no receive: it waits, and is not delivered twice.
+    assert_eq!(t.eager(5, b"again"), Matched::Done);
+    assert_eq!(t.done(1).len(), 1);
+    assert_eq!(t.matcher.early_len(), 1);
+}
+
+#[test]
+fn early_arrivals_wait_within_the_budget_and_later_receives_take_them_in_order() {
+    let mut t = T::default();
+    assert_eq!(t.eager(5, b"first"), Matched::Done);
+    assert_eq!(t.eager(6, b"other"), Matched::Done);
+    assert_eq!(t.eager(5, b"second"), Matched::Done);
+    assert_eq!(t.budget.buffered, 16, "copied out and charged to the peer");
+    assert_eq!(t.recv(1, 5, 16), Matched::Done);
+    assert_eq!(t.recv(2, 5, 16), Matched::Done);
+    assert_eq!(t.done(1), vec![(Ok(b"first".to_vec()), Some(Mechanism::Inline))]);
+    assert_eq!(t.done(2), vec![(Ok(b"second".to_vec()), Some(Mechanism::Inline))]);
+    assert_eq!(t.budget.buffered, 5, "given back as each is taken");
+    assert_eq!(t.matcher.early_len(), 1, "the other tag's message still waits");
+}
+
+#[test]
+fn a_receive_too_small_fails_truncated_once_whichever_came_first() {
+    let mut t = T::default();
+    t.recv(1, 5, 3);
+    assert_eq!(t.eager(5, b"hello"), Matched::Done);
+    let truncated = "Truncated { len: 5, capacity: 3 }".to_string();
+    assert_eq!(t.done(1), vec![(Err(truncated.clone()), Some(Mechanism::Inline))]);
+    assert_eq!(t.eager(6, b"hello"), Matched::Done);
+    t.recv(2, 6, 3);
+    assert_eq!(t.done(2), vec![(Err(truncated), Some(Mechanism::Inline))]);
+    assert_eq!(t.budget.buffered, 0);
+    assert_eq!(t.matcher.early_len() + t.matcher.posted_len(), 0, "both consumed");
+}
+
+#[test]
+fn a_spent_budget_holds_the_message_in_place() {
+    let mut t = T::default();
+    let (mut rx, budget) = t.rx(8);
+    // The first always fits, however large; the next waits in its buffer.
+    assert_eq!(
+        rx.eager(budget, PEER, 5, ServiceLevel::Bulk, Mechanism::Inline, &[1u8; 20][..]),
+        Matched::Done
+    );
+    assert_eq!(
+        rx.eager(budget, PEER, 5, ServiceLevel::Bulk, Mechanism::Inline, &[2u8; 1][..]),
+        Matched::Hold
+    );
+    assert_eq!(rx.rts(budget, PEER, 5, rts(1)), Matched::Hold);
+    assert_eq!(t.matcher.early_len(), 1, "held messages are not queued");
+    assert_eq!(t.budget.buffered, 20);
+    // The application takes the first: budget back, the held one now fits.
+    t.recv(1, 5, 32);
+    assert_eq!(t.budget.buffered, 0);
+    assert_eq!(t.eager(5, &[2u8; 1]), Matched::Done);
+    assert_eq!(t.done(1).len(), 1);
+}
+
+#[test]
+fn a_rendezvous_is_read_by_its_receive_posted_before_or_after_the_rts() {
+    let mut t = T::default();
+    // Receive first: the RTS asks for the read at once, charging nothing.
+    t.recv(1, 5, 100);
+    assert_eq!(t.rts(5, 10), Matched::Read { op: OpId(1), rts: rts(10) });
+    assert_eq!(t.budget.buffered, 0);
+    // RTS first: kept, charged, and read when the receive comes.
+    assert_eq!(t.rts(6, 11), Matched::Done);
+    assert_eq!(t.budget.buffered, RDV_COST);
+    assert_eq!(t.recv(2, 6, 100), Matched::Read { op: OpId(2), rts: rts(11) });
+    assert_eq!(t.budget.buffered, 0);
+    for op in [1, 2] {
+        let (mut rx, _) = t.rx(1024);
+        assert_eq!(rx.start_read(OpId(op), 100, 3, ServiceLevel::Bulk), Read::Go);
+        let o = t.ops.get(&OpId(op)).unwrap();
+        assert_eq!((o.st, o.mech, o.x.conn), (OpSt::Moving, Some(Mechanism::ServerRdma), Some(3)));
+        assert!(t.done(op).is_empty(), "completes when the read is done");
+    }
+}
+
+#[test]
+fn a_rendezvous_larger_than_its_receive_fails_it_and_asks_for_a_fin() {
+    let mut t = T::default();
+    t.recv(1, 5, 99);
+    let Matched::Read { op, rts } = t.rts(5, 10) else { panic!("a read") };
+    let (mut rx, _) = t.rx(1024);
+    assert_eq!(rx.start_read(op, rts.total, rts.conn, ServiceLevel::Bulk), Read::Truncated { capacity: 99 });
+    assert_eq!(
+        t.done(1),
+        vec![(Err("Truncated { len: 100, capacity: 99 }".into()), Some(Mechanism::ServerRdma))]
+    );
+    let (mut rx, _) = t.rx(1024);
+    assert_eq!(rx.start_read(op, rts.total, rts.conn, ServiceLevel::Bulk), Read::Gone, "once");
+}
+
+#[test]
+fn a_withdrawn_rendezvous_fails_the_receive_that_matches_it() {
+    let mut t = T::default();
+    t.rts(5, 10);
+    let found = t.matcher.find_early_mut(PEER, |e| match e {
+        Early::Rdv { msg: 10, withdrawn, .. } => {
+            *withdrawn = true;
+            true
+        }
+        _ => false,
+    });
+    assert!(found);
+    assert_eq!(t.recv(1, 5, 100), Matched::Done, "nothing to read");
+    assert_eq!(t.done(1), vec![(Err("PeerCancelled".into()), None)]);
+    assert_eq!(t.budget.buffered, 0);
+}
