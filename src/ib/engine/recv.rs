@@ -17,9 +17,9 @@ use super::inbound::{self, unexpected};
 use super::link::{Arrival, LinkError};
 use super::msg::{self, MSG_HDR, Segment};
 use super::reg::DmaRegion;
-use super::rx::{Body, Matched, Rts, Rx};
+use super::rx::{Body, Matched, Released, Rts, Rx};
 use super::setup::post_recv;
-use super::{Early, FinWait, Held, IbReq, Local, Loss, OpSt, State, XferThen};
+use super::{Early, Held, IbReq, Local, Loss, OpSt, State, XferThen};
 
 /// A request whose header is being fetched by RDMA before it is delivered.
 pub(crate) struct PendingRequest {
@@ -74,8 +74,9 @@ impl Body for InMem<'_> {
 impl<V: Verbs> State<V> {
     /// The matching tables, and the peers whose budgets they charge.
     pub(crate) fn rx(&mut self) -> (Rx<'_>, &mut Peers<u32, ()>) {
-        let State { matcher, ops, peers, core, s, .. } = self;
-        (Rx { matcher, ops, counters: &core.counters, early_limit: s.cfg.early_bytes_per_peer }, peers)
+        let State { matcher, ops, fin_wait, peers, core, s, .. } = self;
+        let early_limit = s.cfg.early_bytes_per_peer;
+        (Rx { matcher, ops, fin_wait, counters: &core.counters, early_limit }, peers)
     }
 
     fn loc_off(&self, cid: u32, loc: Held) -> Option<usize> {
@@ -227,11 +228,11 @@ impl<V: Verbs> State<V> {
             Kind::Eager => {
                 let mech = if via_ring { Mechanism::FastRdma } else { Mechanism::Inline };
                 let Some(off) = self.loc_off(cid, loc) else { return Ok(Outcome::Done) };
-                let State { conns, matcher, ops, peers, core, s, .. } = self;
+                let State { conns, matcher, ops, fin_wait, peers, core, s, .. } = self;
                 let Some(Some(c)) = conns.get(cid as usize) else { return Ok(Outcome::Done) };
                 let body = InMem { mem: &c.mem, off: off + MSG_HDR, len };
-                let mut rx =
-                    Rx { matcher, ops, counters: &core.counters, early_limit: s.cfg.early_bytes_per_peer };
+                let early_limit = s.cfg.early_bytes_per_peer;
+                let mut rx = Rx { matcher, ops, fin_wait, counters: &core.counters, early_limit };
                 Ok(match rx.eager(&mut peers[peer].budget, peer, h.a, h.sl, mech, &body) {
                     Matched::Hold => Outcome::Hold,
                     Matched::Done | Matched::Read { .. } => Outcome::Done,
@@ -331,40 +332,16 @@ impl<V: Verbs> State<V> {
         }
     }
 
-    /// A FIN: the peer is done with the buffer of our rendezvous message `h.b` (a send, or a
-    /// reply header). Only the peer the message went to may say so — any other peer could
-    /// otherwise hand a buffer back to its user while the real receiver still reads it.
+    /// A FIN: the peer is done with the buffer of our rendezvous message `h.b` ([`Rx::fin`]).
     pub(crate) fn on_fin(&mut self, peer: PeerId, h: &Header) -> Result<(), Loss> {
-        let owner = match self.fin_wait.get(&h.b) {
-            Some(FinWait::Send(op)) => self.ops.get(op).map(|o| o.peer),
-            Some(FinWait::Header { peer, .. }) => Some(*peer),
-            None => None,
-        };
-        if owner != Some(peer) {
-            return Err(unexpected(format!("FIN for unknown transfer {}", h.b)));
-        }
-        match self.fin_wait.remove(&h.b) {
-            Some(FinWait::Send(op)) => {
-                let n = match self.ops.get(&op).map(|o| &o.buf) {
-                    Some(OpBuf::Send(s)) => s.len(),
-                    _ => 0,
-                };
-                if let Some(o) = self.ops.get_mut(&op)
-                    && matches!(o.st, OpSt::Cancelling { .. })
-                {
-                    o.st = OpSt::Finishing;
-                }
-                self.ops.complete(op, inbound::fin_result(h.aux, n, h.c));
+        let (mut rx, _) = self.rx();
+        if let Some(Released { regs, keep }) = rx.fin(peer, h.b, h.aux, h.c)? {
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            for r in regs {
+                let _ = cache.release(r);
             }
-            Some(FinWait::Header { regs, keep, .. }) => {
-                let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-                for r in regs {
-                    let _ = cache.release(r);
-                }
-                drop(cache);
-                drop(keep);
-            }
-            None => {}
+            drop(cache);
+            drop(keep);
         }
         Ok(())
     }

@@ -2,26 +2,32 @@
 //! rendezvous announcement (RTS) meets the receive posted for its tag, or waits as an early
 //! arrival within its peer's budget, or — the budget spent — stays where it lies; a receive
 //! posted later takes the oldest early arrival. Truncation is decided here, for eager bodies
-//! and for rendezvous bodies, in one place each.
+//! and for rendezvous bodies, in one place each; so is what a FIN does to the rendezvous send
+//! (or the reply header sent by rendezvous) it belongs to.
 //!
 //! [`Rx`] borrows the tables the rules touch (matcher, operations, the peer's budget,
 //! counters) and reads an eager body through [`Body`], which the engine implements over the
 //! connection's memory and a test over a byte vector. What needs the device comes back as a
 //! decision the engine carries out: [`Matched::Read`] (start the RDMA READ of a rendezvous
-//! body) and [`Read::Truncated`] (send FIN with the receiver's capacity).
+//! body), [`Read::Truncated`] (send FIN with the receiver's capacity) and the registrations a
+//! FIN hands back ([`Rx::fin`]).
 
 use bytes::Bytes;
+use rustc_hash::FxHashMap;
 
-use crate::buffers::buf::OpBuf;
+use crate::buffers::buf::{OpBuf, RegisteredBuf};
 use crate::comm::Mechanism;
+use crate::core::loss::Loss;
 use crate::core::peers::Budget;
 use crate::error::Error;
 use crate::info::Counters;
 use crate::matching::Matcher;
+use crate::regcache::RegRef;
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
 
+use super::inbound::{self, unexpected};
 use super::msg::Segment;
-use super::{Early, OpSt, Ops, RDV_COST};
+use super::{Early, FinWait, OpSt, Ops, RDV_COST};
 
 /// An arrived message's payload, where it lies until consumed.
 pub(crate) trait Body {
@@ -76,6 +82,8 @@ pub(crate) enum Read {
 pub(crate) struct Rx<'a> {
     pub matcher: &'a mut Matcher<(), Early>,
     pub ops: &'a mut Ops,
+    /// Our rendezvous sends and headers waiting for the peer's FIN, by message id.
+    pub fin_wait: &'a mut FxHashMap<u64, FinWait>,
     pub counters: &'a Counters,
     /// Bytes of early arrivals a peer may make us hold.
     pub early_limit: usize,
@@ -204,6 +212,52 @@ impl Rx<'_> {
         Counters::add(&self.counters.msgs_received, 1);
         Read::Go
     }
+
+    /// A FIN from `peer`: it is done with the buffer of our rendezvous message `msg` (a send,
+    /// or a reply header). The send completes with what `status` says (once: the wait ends
+    /// here); a header's registrations and memory come back for the engine to release. Only the
+    /// peer the message went to may say so — any other peer could otherwise hand a buffer back
+    /// to its user while the real receiver still reads it.
+    pub fn fin(
+        &mut self,
+        peer: PeerId,
+        msg: u64,
+        status: u32,
+        capacity: u64,
+    ) -> Result<Option<Released>, Loss> {
+        let owner = match self.fin_wait.get(&msg) {
+            Some(FinWait::Send(op)) => self.ops.get(op).map(|o| o.peer),
+            Some(FinWait::Header { peer, .. }) => Some(*peer),
+            None => None,
+        };
+        if owner != Some(peer) {
+            return Err(unexpected(format!("FIN for unknown transfer {msg}")));
+        }
+        match self.fin_wait.remove(&msg) {
+            Some(FinWait::Send(op)) => {
+                let n = match self.ops.get(&op).map(|o| &o.buf) {
+                    Some(OpBuf::Send(s)) => s.len(),
+                    _ => 0,
+                };
+                if let Some(o) = self.ops.get_mut(&op)
+                    && matches!(o.st, OpSt::Cancelling { .. })
+                {
+                    o.st = OpSt::Finishing;
+                }
+                self.ops.complete(op, inbound::fin_result(status, n, capacity));
+                Ok(None)
+            }
+            Some(FinWait::Header { regs, keep, .. }) => Ok(Some(Released { regs, keep })),
+            None => Ok(None),
+        }
+    }
+}
+
+/// What a FIN for a reply header sent by rendezvous hands back: the engine gives the
+/// registrations to its cache, then drops the memory.
+pub(crate) struct Released {
+    pub regs: Vec<RegRef>,
+    pub keep: Vec<RegisteredBuf>,
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 use bytes::BytesMut;
 
 use super::*;
-use crate::buffers::buf::RecvBuf;
+use crate::buffers::buf::{RecvBuf, SendBuf};
+use crate::ib::engine::{FIN_CANCELLED, FIN_OK, FIN_TRUNCATED};
 use crate::op::OpKind;
 
 const PEER: PeerId = PeerId(7);
@@ -14,14 +15,15 @@ const SEG: Segment = Segment { addr: 0x1000, len: 100, rkey: 9 };
 struct T {
     matcher: Matcher<(), Early>,
     ops: Ops,
+    fin_wait: FxHashMap<u64, FinWait>,
     counters: Counters,
     budget: Budget,
 }
 
 impl T {
     fn rx(&mut self, early_limit: usize) -> (Rx<'_>, &mut Budget) {
-        let T { matcher, ops, counters, budget } = self;
-        (Rx { matcher, ops, counters, early_limit }, budget)
+        let T { matcher, ops, fin_wait, counters, budget } = self;
+        (Rx { matcher, ops, fin_wait, counters, early_limit }, budget)
     }
 
     fn eager(&mut self, tag: Tag, data: &[u8]) -> Matched {
@@ -45,6 +47,12 @@ impl T {
                 rx.early(budget, op, early)
             }
         }
+    }
+
+    /// Completions of `op` by result alone (what a send's completion has).
+    fn results(&self, op: u64) -> Vec<Result<usize, String>> {
+        let got = self.ops.done().iter().filter(|c| c.op == OpId(op));
+        got.map(|c| c.result.as_ref().map(|n| *n).map_err(|e| format!("{e:?}"))).collect()
     }
 
     /// Completions of `op`: the bytes received or the error, and the mechanism.
@@ -132,7 +140,7 @@ fn a_spent_budget_holds_the_message_in_place() {
     t.recv(1, 5, 32);
     assert_eq!(t.budget.buffered, 0);
     assert_eq!(t.eager(5, &[2u8; 1]), Matched::Done);
-    assert_eq!(t.done(1).len(), 1);
+    assert_eq!(t.results(1), vec![Ok(20)]);
 }
 
 #[test]
@@ -186,4 +194,51 @@ fn a_withdrawn_rendezvous_fails_the_receive_that_matches_it() {
     assert_eq!(t.recv(1, 5, 100), Matched::Done, "nothing to read");
     assert_eq!(t.done(1), vec![(Err("PeerCancelled".into()), None)]);
     assert_eq!(t.budget.buffered, 0);
+}
+
+/// A rendezvous send of `n` bytes to `peer`, waiting for the FIN of message `msg`.
+fn waiting_send(t: &mut T, op: u64, msg: u64, peer: PeerId, n: usize) {
+    let buf = OpBuf::Send(SendBuf::Bytes(Bytes::from(vec![0u8; n])));
+    t.ops.insert(OpId(op), OpKind::Send, peer, 1, ServiceLevel::Normal, buf, OpSt::WaitFin { msg });
+    t.fin_wait.insert(msg, FinWait::Send(OpId(op)));
+}
+
+#[test]
+fn a_fin_completes_its_send_exactly_once_with_what_the_receiver_says() {
+    let mut t = T::default();
+    waiting_send(&mut t, 1, 10, PEER, 40);
+    waiting_send(&mut t, 2, 11, PEER, 40);
+    waiting_send(&mut t, 3, 12, PEER, 40);
+    let (mut rx, _) = t.rx(0);
+    assert!(rx.fin(PEER, 10, FIN_OK, 0).unwrap().is_none());
+    assert!(rx.fin(PEER, 11, FIN_TRUNCATED, 16).unwrap().is_none());
+    assert!(rx.fin(PEER, 12, FIN_CANCELLED, 0).unwrap().is_none());
+    // A repeated FIN names no transfer any more: a protocol error, and no second completion.
+    assert!(matches!(rx.fin(PEER, 10, FIN_OK, 0), Err(Loss::Protocol(_))));
+    assert_eq!(t.results(1), vec![Ok(40)]);
+    assert_eq!(t.results(2), vec![Err("Truncated { len: 40, capacity: 16 }".into())]);
+    assert_eq!(t.results(3), vec![Err("PeerCancelled".into())]);
+    assert!(t.fin_wait.is_empty());
+}
+
+#[test]
+fn only_the_receiver_may_fin_and_a_header_fin_hands_back_its_memory() {
+    let mut t = T::default();
+    let other = PeerId(8);
+    waiting_send(&mut t, 1, 10, PEER, 4);
+    t.fin_wait.insert(11, FinWait::Header { peer: PEER, regs: Vec::new(), keep: Vec::new() });
+    let (mut rx, _) = t.rx(0);
+    for msg in [10, 11] {
+        assert!(
+            matches!(rx.fin(other, msg, FIN_OK, 0), Err(Loss::Protocol(_))),
+            "FIN {msg} from another peer"
+        );
+    }
+    assert!(matches!(rx.fin(PEER, 99, FIN_OK, 0), Err(Loss::Protocol(_))), "unknown message");
+    assert_eq!(t.fin_wait.len(), 2, "still awaited");
+    assert!(t.ops.done().is_empty());
+    let (mut rx, _) = t.rx(0);
+    assert!(rx.fin(PEER, 11, FIN_OK, 0).unwrap().is_some(), "the header's registrations come back");
+    assert!(rx.fin(PEER, 10, FIN_OK, 0).unwrap().is_none());
+    assert_eq!(t.results(1), vec![Ok(4)]);
 }
