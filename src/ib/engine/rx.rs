@@ -251,6 +251,35 @@ impl Rx<'_> {
             None => Ok(None),
         }
     }
+
+    /// `peer` is lost (its queue pairs already destroyed, so nothing more lands in our
+    /// memory): its posted receives and early arrivals go, nothing of it waits for a FIN any
+    /// more, and every one of its operations fails once with `err` (an error it already had
+    /// stands). Returns the registrations and memory of the headers it was to fetch, for the
+    /// engine to give back.
+    pub fn lose_peer(&mut self, peer: PeerId, err: &Error) -> Vec<Released> {
+        let (_posted, _early) = self.matcher.drop_peer(peer);
+        let ops = self.ops.of_peer(peer);
+        let mut released = Vec::new();
+        let mut msgs: Vec<u64> = self
+            .fin_wait
+            .iter()
+            .filter(|(_, f)| match f {
+                FinWait::Header { peer: p, .. } => *p == peer,
+                FinWait::Send(op) => ops.contains(op),
+            })
+            .map(|(m, _)| *m)
+            .collect();
+        // In message order, so registrations go back in the order they were taken.
+        msgs.sort_unstable();
+        for m in msgs {
+            if let Some(FinWait::Header { regs, keep, .. }) = self.fin_wait.remove(&m) {
+                released.push(Released { regs, keep });
+            }
+        }
+        self.ops.fail_peer(peer, err);
+        released
+    }
 }
 
 /// What a FIN for a reply header sent by rendezvous hands back: the engine gives the

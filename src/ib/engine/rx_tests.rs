@@ -242,3 +242,36 @@ fn only_the_receiver_may_fin_and_a_header_fin_hands_back_its_memory() {
     assert!(rx.fin(PEER, 10, FIN_OK, 0).unwrap().is_none());
     assert_eq!(t.results(1), vec![Ok(4)]);
 }
+
+#[test]
+fn a_lost_peer_fails_each_of_its_operations_once_and_keeps_nothing_waiting() {
+    let mut t = T::default();
+    let other = PeerId(8);
+    t.recv(1, 5, 8); // posted, unmatched
+    t.recv(2, 6, 100);
+    let Matched::Read { op, rts } = t.rts(6, 20) else { panic!("a read") };
+    let (mut rx, _) = t.rx(1024);
+    assert_eq!(rx.start_read(op, rts.total, rts.conn, ServiceLevel::Bulk), Read::Go); // moving
+    waiting_send(&mut t, 3, 10, PEER, 4); // waiting for its FIN
+    t.fin_wait.insert(11, FinWait::Header { peer: PEER, regs: Vec::new(), keep: Vec::new() });
+    t.eager(7, b"early"); // an early arrival
+    waiting_send(&mut t, 4, 12, other, 4); // another peer's
+    let lost = Error::PeerLost { peer: PEER, reason: "gone".into() };
+    let (mut rx, _) = t.rx(1024);
+    assert_eq!(rx.lose_peer(PEER, &lost).len(), 1, "the header it was to fetch comes back");
+    for op in [1, 2, 3] {
+        let r = t.results(op);
+        assert_eq!(r.len(), 1, "op {op} completes once");
+        assert!(r[0].as_ref().unwrap_err().starts_with("PeerLost"), "op {op}: {r:?}");
+    }
+    assert!(t.results(4).is_empty(), "the other peer's send still waits");
+    assert_eq!(t.fin_wait.keys().copied().collect::<Vec<_>>(), vec![12]);
+    assert_eq!(t.matcher.posted_len() + t.matcher.early_len(), 0);
+    // Losing it again (a late completion of its flushed work) completes nothing twice.
+    let (mut rx, _) = t.rx(1024);
+    assert!(rx.lose_peer(PEER, &lost).is_empty());
+    assert_eq!(t.ops.done().len(), 3);
+    // A FIN it sent before it went is refused: nothing of it waits.
+    let (mut rx, _) = t.rx(1024);
+    assert!(rx.fin(PEER, 10, FIN_OK, 0).is_err());
+}
