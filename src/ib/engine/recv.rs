@@ -19,7 +19,7 @@ use super::msg::{self, MSG_HDR, Segment};
 use super::reg::DmaRegion;
 use super::rx::{Body, Matched, Released, Rts, Rx};
 use super::setup::post_recv;
-use super::{Early, Held, IbReq, Local, Loss, OpSt, State, XferThen};
+use super::{Held, IbReq, Local, Loss, OpSt, State, XferThen};
 
 /// A request whose header is being fetched by RDMA before it is delivered.
 pub(crate) struct PendingRequest {
@@ -239,15 +239,17 @@ impl<V: Verbs> State<V> {
                 })
             }
             Kind::Unexpected => {
-                let (max, limit) = (self.s.cfg.unexpected_per_peer, self.s.cfg.early_bytes_per_peer);
-                if !self.peers[peer].budget.admit_unexpected(len, max, limit) {
+                let Some(off) = self.loc_off(cid, loc) else { return Ok(Outcome::Done) };
+                let max = self.s.cfg.unexpected_per_peer;
+                let State { conns, matcher, ops, fin_wait, peers, core, s, .. } = self;
+                let Some(Some(c)) = conns.get(cid as usize) else { return Ok(Outcome::Done) };
+                let body = InMem { mem: &c.mem, off: off + MSG_HDR, len };
+                let early_limit = s.cfg.early_bytes_per_peer;
+                let mut rx = Rx { matcher, ops, fin_wait, counters: &core.counters, early_limit };
+                let Some(data) = rx.unexpected(&mut peers[peer].budget, max, &body) else {
                     return Ok(Outcome::Hold);
-                }
-                Counters::add(&self.core.counters.msgs_received, 1);
-                let data = Bytes::from(self.payload(cid, loc, &h));
-                self.core.counters.copied(len);
+                };
                 self.events += 1;
-                self.peers[peer].budget.queued(data.len());
                 self.core.push_unexpected(Unexpected { peer, tag: h.a, sl: h.sl, data });
                 Ok(Outcome::Done)
             }
@@ -308,19 +310,10 @@ impl<V: Verbs> State<V> {
                 Ok(Outcome::Done)
             }
             Kind::Cts if h.aux == super::RDV_WITHDRAW => {
-                // The sender cancelled rendezvous message `b`. Unmatched: it stays queued (a
-                // later receive matches it and learns of the cancel) and the sender is released
-                // now. Already being read: the FIN comes when the read is done.
-                let msg_id = h.b;
-                let found = self.matcher.find_early_mut(peer, |e| match e {
-                    Early::Rdv { msg, withdrawn, conn, .. } if *msg == msg_id && *conn == cid => {
-                        *withdrawn = true;
-                        true
-                    }
-                    _ => false,
-                });
-                if found {
-                    self.send_fin(cid, msg_id, super::FIN_CANCELLED, 0);
+                // The sender cancelled rendezvous message `b` ([`Rx::withdraw`]).
+                let (mut rx, _) = self.rx();
+                if rx.withdraw(peer, h.b, cid) {
+                    self.send_fin(cid, h.b, super::FIN_CANCELLED, 0);
                 }
                 Ok(Outcome::Done)
             }

@@ -2,8 +2,9 @@
 //! rendezvous announcement (RTS) meets the receive posted for its tag, or waits as an early
 //! arrival within its peer's budget, or — the budget spent — stays where it lies; a receive
 //! posted later takes the oldest early arrival. Truncation is decided here, for eager bodies
-//! and for rendezvous bodies, in one place each; so is what a FIN does to the rendezvous send
-//! (or the reply header sent by rendezvous) it belongs to.
+//! and for rendezvous bodies, in one place each; so are the admission of unexpected messages,
+//! a sender's withdrawal of a rendezvous, what a FIN does to the rendezvous send (or the reply
+//! header sent by rendezvous) it belongs to, and what of a lost peer goes.
 //!
 //! [`Rx`] borrows the tables the rules touch (matcher, operations, the peer's budget,
 //! counters) and reads an eager body through [`Body`], which the engine implements over the
@@ -155,6 +156,42 @@ impl Rx<'_> {
         let Rts { msg, total, segs, conn } = rts;
         self.matcher.queue_early(peer, tag, Early::Rdv { msg, total, segs, conn, withdrawn: false });
         Matched::Done
+    }
+
+    /// An unexpected message from `peer` (one no receive asks for): copied out for the
+    /// application's queue if the peer may have another one held (at most `max`, within its
+    /// budget), else `None` and it stays in its buffer.
+    pub fn unexpected(
+        &mut self,
+        budget: &mut Budget,
+        max: usize,
+        body: &(impl Body + ?Sized),
+    ) -> Option<Bytes> {
+        let len = body.len();
+        if !budget.admit_unexpected(len, max, self.early_limit) {
+            return None;
+        }
+        Counters::add(&self.counters.msgs_received, 1);
+        let mut data = vec![0u8; len];
+        body.read(0, &mut data);
+        self.counters.copied(len);
+        budget.queued(len);
+        Some(Bytes::from(data))
+    }
+
+    /// The sender withdraws rendezvous message `msg` it announced on `conn` (it was
+    /// cancelled). Unmatched, it stays queued, marked, so the receive that later matches it
+    /// learns of the cancel, and `true` says the engine releases the sender now with a FIN.
+    /// Already being read (or unknown), `false`: a read's FIN comes when the read is done.
+    pub fn withdraw(&mut self, peer: PeerId, msg: u64, conn: u32) -> bool {
+        let (msg_id, cid) = (msg, conn);
+        self.matcher.find_early_mut(peer, |e| match e {
+            Early::Rdv { msg, withdrawn, conn, .. } if *msg == msg_id && *conn == cid => {
+                *withdrawn = true;
+                true
+            }
+            _ => false,
+        })
     }
 
     /// Receive `op` was posted after `early` arrived for it: its budget goes back and the

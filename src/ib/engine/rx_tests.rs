@@ -180,20 +180,35 @@ fn a_rendezvous_larger_than_its_receive_fails_it_and_asks_for_a_fin() {
 }
 
 #[test]
-fn a_withdrawn_rendezvous_fails_the_receive_that_matches_it() {
+fn a_withdrawn_rendezvous_releases_its_sender_and_fails_the_receive_that_matches_it() {
     let mut t = T::default();
     t.rts(5, 10);
-    let found = t.matcher.find_early_mut(PEER, |e| match e {
-        Early::Rdv { msg: 10, withdrawn, .. } => {
-            *withdrawn = true;
-            true
-        }
-        _ => false,
-    });
-    assert!(found);
+    let (mut rx, _) = t.rx(1024);
+    assert!(!rx.withdraw(PEER, 10, 4), "announced on another connection");
+    assert!(!rx.withdraw(PEER, 11, 3), "not announced");
+    assert!(!rx.withdraw(PeerId(8), 10, 3), "announced by another peer");
+    assert!(rx.withdraw(PEER, 10, 3), "unmatched: the sender is released now");
     assert_eq!(t.recv(1, 5, 100), Matched::Done, "nothing to read");
     assert_eq!(t.done(1), vec![(Err("PeerCancelled".into()), None)]);
     assert_eq!(t.budget.buffered, 0);
+    // Matched already (being read): its FIN comes when the read is done, not now.
+    t.recv(2, 6, 100);
+    assert!(matches!(t.rts(6, 12), Matched::Read { .. }));
+    let (mut rx, _) = t.rx(1024);
+    assert!(!rx.withdraw(PEER, 12, 3));
+}
+
+#[test]
+fn unexpected_messages_queue_up_to_the_count_and_the_budget() {
+    let mut t = T::default();
+    let (mut rx, budget) = t.rx(8);
+    assert_eq!(rx.unexpected(budget, 3, &b"abcd"[..]), Some(Bytes::from_static(b"abcd")));
+    assert_eq!(rx.unexpected(budget, 3, &b"efgh"[..]), Some(Bytes::from_static(b"efgh")));
+    assert_eq!(rx.unexpected(budget, 3, &b"i"[..]), None, "beyond the bytes: held");
+    assert_eq!((budget.unexpected, budget.buffered, budget.queued_unexpected), (2, 8, 2));
+    assert_eq!(rx.unexpected(budget, 2, &b""[..]), None, "beyond the count: held");
+    budget.unexpected_taken(4);
+    assert_eq!(rx.unexpected(budget, 2, &b"i"[..]), Some(Bytes::from_static(b"i")), "taken: room again");
 }
 
 /// A rendezvous send of `n` bytes to `peer`, waiting for the FIN of message `msg`.
