@@ -9,7 +9,10 @@
 //! Completions come back as events: [`Link::send_done`] for a signaled send completion (which
 //! retires, in posting order, what it covers and frees their bounce buffers),
 //! [`Link::arrived`] for a receive completion, [`Link::framing`] for the flow-control prefix of
-//! an arrived message, [`Link::release`] when its buffer or slot is consumed. Nothing here
+//! an arrived message, [`Link::release`] when its buffer or slot is consumed. A message the
+//! application cannot take yet (back-pressure) stays where it lies, queued in the link
+//! ([`Link::admit`], [`Link::hold`], [`Link::unhold`]), and later arrivals wait behind it so
+//! that each connection's messages are processed in arrival order. Nothing here
 //! touches memory, queue pairs or clocks, so the rules — no SEND without a credit, no ring
 //! write without a free slot, no more work requests than the send queue holds — are written
 //! once and can be exercised by a test that plays the wire (`link_pair.rs`).
@@ -175,6 +178,8 @@ pub(crate) struct Link<D> {
     reads_out: u32,
     free_small: Vec<u16>,
     free_large: Vec<u16>,
+    /// Arrived messages waiting for the application (back-pressure), in arrival order.
+    held: VecDeque<Held>,
 }
 
 impl<D> Link<D> {
@@ -191,6 +196,7 @@ impl<D> Link<D> {
             reads_out: 0,
             free_small: (0..layout.n_small as u16).rev().collect(),
             free_large: (0..layout.n_large as u16).rev().collect(),
+            held: VecDeque::new(),
         }
     }
 
@@ -384,9 +390,10 @@ impl<D> Link<D> {
     }
 
     /// The queue pair is gone (its peer lost): every outstanding work request, once, in posting
-    /// order. Nothing more completes for them.
+    /// order. Nothing more completes for them, and held messages are never processed.
     pub fn flush(&mut self) -> Vec<SqEntry<D>> {
         self.reads_out = 0;
+        self.held.clear();
         let gone: Vec<SqEntry<D>> = self.sq.drain(..).collect();
         for e in &gone {
             match e.bounce {
@@ -428,9 +435,52 @@ impl<D> Link<D> {
         Ok(())
     }
 
+    /// An arrived message, its flow-control returns taken: `true` if it may be processed now;
+    /// `false` if older messages are held, and it was queued behind them (processing it first
+    /// would let it overtake them).
+    pub fn admit(&mut self, loc: Held) -> bool {
+        if self.held.is_empty() {
+            return true;
+        }
+        self.held.push_back(loc);
+        false
+    }
+
+    /// A message just admitted could not be processed (the application's budget for its peer
+    /// is spent): it stays where it lies, first in line, until [`Link::next_held`] offers it.
+    pub fn hold(&mut self, loc: Held) {
+        debug_assert!(!self.held.contains(&loc), "held twice");
+        self.held.push_front(loc);
+    }
+
+    /// The oldest held message, to be tried again once the application consumed something.
+    pub fn next_held(&self) -> Option<Held> {
+        self.held.front().copied()
+    }
+
+    /// The oldest held message was processed: it leaves the queue (the caller then releases
+    /// it). `false` when `loc` is not the oldest held message, which is left alone.
+    pub fn unhold(&mut self, loc: Held) -> bool {
+        if self.held.front() != Some(&loc) {
+            return false;
+        }
+        self.held.pop_front();
+        true
+    }
+
+    /// Messages held, for tests.
+    #[cfg(test)]
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
     /// A received message is consumed: its slot goes back to the ring, or its receive buffer is
-    /// to be re-posted (returned as `Some(index)`; the credit is owed from now).
+    /// to be re-posted (returned as `Some(index)`; the credit is owed from now). A message still
+    /// held cannot be: its buffer would be reused under it.
     pub fn release(&mut self, loc: Held) -> Result<Option<u32>, LinkError> {
+        if self.held.contains(&loc) {
+            return Err(FlowError::Misuse("release of a message still held").into());
+        }
         match loc {
             Held::Recv(i) => {
                 if let Some(k) = self.credits.as_mut() {

@@ -65,7 +65,6 @@ struct End {
     out: VecDeque<(Via, usize, u32)>,
     /// The application holds what arrives instead of consuming it (back-pressure).
     holding: bool,
-    held: Vec<(Held, u32)>,
     /// Tags of data messages received, in order.
     received: Vec<u32>,
     /// Tags retired by send completions (and flushes), in order.
@@ -84,7 +83,6 @@ impl End {
             rq: (0..n).collect(),
             out: VecDeque::new(),
             holding: false,
-            held: Vec::new(),
             received: Vec::new(),
             retired: Vec::new(),
             sends: 0,
@@ -161,8 +159,12 @@ impl End {
             return;
         }
         self.received.push(f.tag);
+        if !self.link.admit(loc) {
+            // Queued by the link behind what the application holds.
+            return;
+        }
         if self.holding {
-            self.held.push((loc, f.tag));
+            self.link.hold(loc);
         } else {
             self.consume(loc);
         }
@@ -174,9 +176,12 @@ impl End {
         }
     }
 
+    /// The application stops holding: what it held is consumed, then what queued behind it,
+    /// in arrival order.
     fn release_all(&mut self) {
         self.holding = false;
-        for (loc, _) in std::mem::take(&mut self.held) {
+        while let Some(loc) = self.link.next_held() {
+            assert!(self.link.unhold(loc));
             self.consume(loc);
         }
     }
@@ -453,6 +458,41 @@ fn a_peer_breaking_the_rules_is_caught() {
     assert!(matches!(l.arrived(Arrival::Ring { imm: Some(imm) }), Err(LinkError::Flow(_))));
     // Releasing what is not held.
     assert!(l.release(Held::Slot { slot: 0 }).is_err());
+}
+
+#[test]
+fn held_messages_keep_arrival_order_and_their_buffers() {
+    let mut l = link();
+    let locs: Vec<Held> = (0..4)
+        .map(|i| {
+            let (loc, _) = l.arrived(Arrival::Send { idx: i, len: MSG_HDR }).unwrap();
+            l.framing(loc, Prefix::default()).unwrap();
+            loc
+        })
+        .collect();
+    assert!(l.admit(locs[0]), "nothing held: processed at once");
+    // The application's budget is spent: it stays, and later arrivals queue behind it.
+    l.hold(locs[0]);
+    assert!(!l.admit(locs[1]));
+    assert!(!l.admit(locs[2]));
+    assert_eq!(l.held(), 3);
+    // A held message's buffer is not reused under it, and only the oldest can leave.
+    assert!(l.release(locs[1]).is_err());
+    assert!(!l.unhold(locs[1]));
+    assert_eq!(l.held(), 3, "a refused unhold changes nothing");
+    // Tried again and still held: it stays first in line.
+    assert_eq!(l.next_held(), Some(locs[0]));
+    for (i, &loc) in locs[..3].iter().enumerate() {
+        assert_eq!(l.next_held(), Some(loc), "in arrival order");
+        assert!(l.unhold(loc));
+        assert_eq!(l.release(loc).unwrap(), Some(i as u32), "its buffer is re-posted once out");
+    }
+    assert_eq!(l.next_held(), None);
+    assert!(l.admit(locs[3]), "the queue drained: processed at once");
+    // A lost connection's held messages are never processed.
+    l.hold(locs[3]);
+    l.flush();
+    assert_eq!(l.next_held(), None);
 }
 
 /// What the test does next in a random interleaving.

@@ -50,6 +50,7 @@
 //! to every entry point that starts or checks a deadline.
 
 mod backend;
+mod inbound;
 mod link;
 #[cfg(test)]
 mod link_pair;
@@ -58,6 +59,7 @@ mod post;
 mod recv;
 mod reg;
 mod route;
+mod rx;
 #[cfg(test)]
 mod scripted;
 mod setup;
@@ -110,6 +112,7 @@ pub(crate) fn fuzz_decoders(data: &[u8]) {
         let _ = msg::decode_segments(payload, u64::from(h.aux));
         // A reply header's list: its total is its length.
         let _ = msg::decode_segments_within(payload, h.a);
+        inbound::fuzz(&h, payload);
     }
     let _ = side::IbInfo::decode(data);
     let _ = QpEndpointInfo::decode(data);
@@ -455,8 +458,6 @@ pub(crate) struct Conn<V: Verbs> {
     /// Flow control, bounce buffers and the send queue's accounting.
     pub link: Link<SqDone>,
     pub out: VecDeque<OutMsg>,
-    /// Received messages held for back-pressure, in arrival order.
-    pub held: VecDeque<Held>,
     /// Sends and requests posted before the peer's limits were known: their mechanism is
     /// chosen, in order, once they are (see [`State::caps`]).
     pub waiting_posts: VecDeque<(OpId, Cmd)>,
@@ -785,7 +786,6 @@ impl<V: Verbs> State<V> {
                 self.free_conns.push(*cid);
             }
         }
-        let (_posted, _early) = self.matcher.drop_peer(peer);
         self.sreqs.drop_peer(peer);
         self.core.forget_peer(peer);
         let xfers: Vec<u64> = self.xfers.iter().filter(|(_, x)| x.peer == peer).map(|(k, _)| *k).collect();
@@ -809,32 +809,19 @@ impl<V: Verbs> State<V> {
             unit_bytes += z.zones.release_client(peer).iter().map(|t| t.2).sum::<usize>();
         }
         self.bulk.unit_done(peer, unit_bytes);
-        // Reply headers the peer was to fetch.
-        let headers: Vec<u64> = self
-            .fin_wait
-            .iter()
-            .filter(|(_, f)| matches!(f, FinWait::Header { peer: p, .. } if *p == peer))
-            .map(|(m, _)| *m)
-            .collect();
-        for m in headers {
-            if let Some(FinWait::Header { regs, .. }) = self.fin_wait.remove(&m) {
-                let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-                for r in regs {
-                    let _ = c.release(r);
-                }
+        // Its receives, early arrivals, FIN waits and operations ([`rx::Rx::lose_peer`]); the
+        // reply headers it was to fetch come back to the cache.
+        let (mut rx, _) = self.rx();
+        let released = rx.lose_peer(peer, &err);
+        for rx::Released { regs, keep } in released {
+            // The registrations go back before the memory they cover.
+            let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            for r in regs {
+                let _ = c.release(r);
             }
+            drop(c);
+            drop(keep);
         }
-        let ops = self.ops.of_peer(peer);
-        let fins: Vec<u64> = self
-            .fin_wait
-            .iter()
-            .filter(|(_, f)| matches!(f, FinWait::Send(op) if ops.contains(op)))
-            .map(|(m, _)| *m)
-            .collect();
-        for m in fins {
-            self.fin_wait.remove(&m);
-        }
-        self.ops.fail_peer(peer, &err);
         for g in grants {
             let (x, off, len) = g.token;
             self.zone_granted(x, g.client, off, len, g.buf, g.len);

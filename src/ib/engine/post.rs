@@ -18,6 +18,7 @@ use crate::types::{Access, OpId, PeerId, ServiceLevel};
 use crate::wire::{FLAG_INLINE_DATA, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind};
 
 use super::msg::{self, MSG_HDR, Segment};
+use super::rx::{Matched, Read, Rts};
 use super::{Early, FinWait, Local, MsgCaps, OpSt, OutMsg, Payload, State, Then, Via, XferThen};
 
 /// What to register a buffer for.
@@ -402,61 +403,24 @@ impl<V: Verbs> State<V> {
 
     /// A receive posted after its message (or its rendezvous announcement) arrived.
     pub(crate) fn match_early(&mut self, op: OpId, peer: PeerId, early: Early) {
-        match early {
-            Early::Eager { data, sl, mech } => {
-                self.peers[peer].budget.release(data.len());
-                Counters::add(&self.core.counters.msgs_received, 1);
-                let Some(o) = self.ops.get_mut(&op) else { return };
-                o.sl = sl;
-                o.mech = Some(mech);
-                let mut copied = 0;
-                let r = match &mut o.buf {
-                    OpBuf::Recv(b) if b.capacity() >= data.len() => {
-                        b.copy_in(0, &data);
-                        copied = data.len();
-                        Ok(data.len())
-                    }
-                    OpBuf::Recv(b) => {
-                        Err(Error::Truncated { len: data.len() as u64, capacity: b.capacity() as u64 })
-                    }
-                    _ => Ok(0),
-                };
-                self.core.counters.copied(copied);
-                self.ops.complete(op, r);
-            }
-            Early::Rdv { msg, total, segs, conn, withdrawn } => {
-                self.peers[peer].budget.release(super::RDV_COST);
-                if withdrawn {
-                    // The sender cancelled this message; the receive it matches says so.
-                    self.ops.complete(op, Err(Error::PeerCancelled));
-                    return;
-                }
-                self.start_rdv_recv(op, conn, msg, total, segs);
-            }
+        let (mut rx, peers) = self.rx();
+        if let Matched::Read { op, rts } = rx.early(&mut peers[peer].budget, op, early) {
+            self.start_rdv_recv(op, rts);
         }
     }
 
-    /// Starts reading a rendezvous body into receive `op`.
-    pub(crate) fn start_rdv_recv(&mut self, op: OpId, cid: u32, msg_id: u64, total: u64, segs: Vec<Segment>) {
-        let Some(o) = self.ops.get_mut(&op) else { return };
-        let cap = match &o.buf {
-            OpBuf::Recv(b) => b.capacity() as u64,
-            _ => 0,
-        };
+    /// Starts reading a rendezvous body into receive `op`, or tells the sender it did not fit.
+    pub(crate) fn start_rdv_recv(&mut self, op: OpId, rts: Rts) {
+        let Rts { msg, total, segs, conn: cid } = rts;
         let sl = self.conn(cid).map_or(ServiceLevel::Normal, |c| c.sl);
-        let Some(o) = self.ops.get_mut(&op) else { return };
-        o.sl = sl;
-        o.mech = Some(Mechanism::ServerRdma);
-        o.x.conn = Some(cid);
-        if total > cap {
-            // Tell the sender it can let go, then fail the receive.
-            self.send_fin(cid, msg_id, super::FIN_TRUNCATED, cap);
-            self.ops.complete(op, Err(Error::Truncated { len: total, capacity: cap }));
-            return;
+        let (mut rx, _) = self.rx();
+        match rx.start_read(op, total, cid, sl) {
+            Read::Go => {}
+            // Tell the sender it can let go; the receive failed.
+            Read::Truncated { capacity } => return self.send_fin(cid, msg, super::FIN_TRUNCATED, capacity),
+            Read::Gone => return,
         }
-        o.st = OpSt::Moving;
-        let peer = o.peer;
-        Counters::add(&self.core.counters.msgs_received, 1);
+        let Some(peer) = self.ops.get(&op).map(|o| o.peer) else { return };
         self.start_xfer(
             peer,
             cid,
@@ -465,7 +429,7 @@ impl<V: Verbs> State<V> {
             0,
             Local::Op { op, base: 0 },
             total as usize,
-            XferThen::RecvDone { op, msg: msg_id },
+            XferThen::RecvDone { op, msg },
         );
     }
 

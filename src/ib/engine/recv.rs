@@ -4,18 +4,22 @@ use bytes::Bytes;
 
 use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
-use crate::core::requests::{self, PushInto, Req, direction};
+use crate::core::peers::Peers;
+use crate::core::requests::{self, PushInto, Req};
 use crate::error::{Error, ProtocolError};
 use crate::ib::verbs::*;
 use crate::info::Counters;
 use crate::op::{Direction, OpKind, RequestMeta, Unexpected, status};
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
-use crate::wire::{FLAG_INLINE_DATA, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind};
+use crate::wire::{Header, Kind};
 
+use super::inbound::{self, unexpected};
 use super::link::{Arrival, LinkError};
 use super::msg::{self, MSG_HDR, Segment};
+use super::reg::DmaRegion;
+use super::rx::{Body, Matched, Released, Rts, Rx};
 use super::setup::post_recv;
-use super::{Early, FinWait, Held, IbReq, Local, Loss, OpSt, State, XferThen};
+use super::{Held, IbReq, Local, Loss, OpSt, State, XferThen};
 
 /// A request whose header is being fetched by RDMA before it is delivered.
 pub(crate) struct PendingRequest {
@@ -41,10 +45,6 @@ enum Outcome {
     Hold,
 }
 
-fn unexpected(what: String) -> Loss {
-    Loss::Protocol(ProtocolError::Unexpected { what })
-}
-
 /// What a flow-control or framing violation of the peer costs: the peer.
 fn link_loss(e: LinkError) -> Loss {
     match e {
@@ -55,7 +55,30 @@ fn link_loss(e: LinkError) -> Loss {
     }
 }
 
+/// A message's payload in a connection's memory.
+struct InMem<'a> {
+    mem: &'a DmaRegion,
+    off: usize,
+    len: usize,
+}
+
+impl Body for InMem<'_> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn read(&self, at: usize, dst: &mut [u8]) {
+        self.mem.read_at(self.off + at, dst);
+    }
+}
+
 impl<V: Verbs> State<V> {
+    /// The matching tables, and the peers whose budgets they charge.
+    pub(crate) fn rx(&mut self) -> (Rx<'_>, &mut Peers<u32, ()>) {
+        let State { matcher, ops, fin_wait, peers, core, s, .. } = self;
+        let early_limit = s.cfg.early_bytes_per_peer;
+        (Rx { matcher, ops, fin_wait, counters: &core.counters, early_limit }, peers)
+    }
+
     fn loc_off(&self, cid: u32, loc: Held) -> Option<usize> {
         Some(self.conn(cid)?.link.layout().loc_off(loc))
     }
@@ -101,16 +124,14 @@ impl<V: Verbs> State<V> {
         // Decoding the framing took the flow-control returns at once, even if the message
         // itself has to wait: they may be what lets our own sends out.
         let Some(c) = self.conn_mut(cid) else { return };
-        if !c.held.is_empty() {
-            // Order per connection: behind what is already held.
-            c.held.push_back(loc);
+        if !c.link.admit(loc) {
             return;
         }
         match self.process(cid, loc, h) {
             Ok(Outcome::Done) => self.release_loc(cid, loc),
             Ok(Outcome::Hold) => {
                 if let Some(c) = self.conn_mut(cid) {
-                    c.held.push_back(loc);
+                    c.link.hold(loc);
                 }
                 Counters::add(&self.core.counters.backpressure_pauses, 1);
                 if let Some(p) = self.peers.get_mut(peer) {
@@ -143,7 +164,7 @@ impl<V: Verbs> State<V> {
             return;
         }
         for cid in std::mem::take(&mut p.stalled) {
-            while let Some(loc) = self.conn(cid).and_then(|c| c.held.front().copied()) {
+            while let Some(loc) = self.conn(cid).and_then(|c| c.link.next_held()) {
                 let Some(off) = self.loc_off(cid, loc) else { break };
                 let mut hb = [0u8; MSG_HDR];
                 if let Some(c) = self.conn(cid) {
@@ -153,7 +174,7 @@ impl<V: Verbs> State<V> {
                 match self.process(cid, loc, h) {
                     Ok(Outcome::Done) => {
                         if let Some(c) = self.conn_mut(cid) {
-                            c.held.pop_front();
+                            c.link.unhold(loc);
                         }
                         self.release_loc(cid, loc);
                     }
@@ -205,70 +226,45 @@ impl<V: Verbs> State<V> {
         match h.kind {
             Kind::Credit => Ok(Outcome::Done),
             Kind::Eager => {
-                if let Some((op, ())) = self.matcher.take_posted(peer, h.a) {
-                    let cap = match self.ops.get(&op).map(|o| &o.buf) {
-                        Some(OpBuf::Recv(b)) => b.capacity(),
-                        _ => 0,
-                    };
-                    Counters::add(&self.core.counters.msgs_received, 1);
-                    if let Some(o) = self.ops.get_mut(&op) {
-                        o.sl = h.sl;
-                        o.mech = Some(if via_ring { Mechanism::FastRdma } else { Mechanism::Inline });
-                    }
-                    if len > cap {
-                        self.ops
-                            .complete(op, Err(Error::Truncated { len: len as u64, capacity: cap as u64 }));
-                    } else {
-                        self.copy_payload_into(cid, loc, len, op, 0);
-                        self.ops.complete(op, Ok(len));
-                    }
-                    return Ok(Outcome::Done);
-                }
-                if !self.peers[peer].budget.reserve(len, self.s.cfg.early_bytes_per_peer) {
-                    return Ok(Outcome::Hold);
-                }
-                // Out of the receive buffer now (its credit goes back), into the receive later.
-                let data = Bytes::from(self.payload(cid, loc, &h));
-                self.core.counters.copied(len);
                 let mech = if via_ring { Mechanism::FastRdma } else { Mechanism::Inline };
-                self.matcher.queue_early(peer, h.a, Early::Eager { data, sl: h.sl, mech });
-                Ok(Outcome::Done)
+                let Some(off) = self.loc_off(cid, loc) else { return Ok(Outcome::Done) };
+                let State { conns, matcher, ops, fin_wait, peers, core, s, .. } = self;
+                let Some(Some(c)) = conns.get(cid as usize) else { return Ok(Outcome::Done) };
+                let body = InMem { mem: &c.mem, off: off + MSG_HDR, len };
+                let early_limit = s.cfg.early_bytes_per_peer;
+                let mut rx = Rx { matcher, ops, fin_wait, counters: &core.counters, early_limit };
+                Ok(match rx.eager(&mut peers[peer].budget, peer, h.a, h.sl, mech, &body) {
+                    Matched::Hold => Outcome::Hold,
+                    Matched::Done | Matched::Read { .. } => Outcome::Done,
+                })
             }
             Kind::Unexpected => {
-                let (max, limit) = (self.s.cfg.unexpected_per_peer, self.s.cfg.early_bytes_per_peer);
-                if !self.peers[peer].budget.admit_unexpected(len, max, limit) {
+                let Some(off) = self.loc_off(cid, loc) else { return Ok(Outcome::Done) };
+                let max = self.s.cfg.unexpected_per_peer;
+                let State { conns, matcher, ops, fin_wait, peers, core, s, .. } = self;
+                let Some(Some(c)) = conns.get(cid as usize) else { return Ok(Outcome::Done) };
+                let body = InMem { mem: &c.mem, off: off + MSG_HDR, len };
+                let early_limit = s.cfg.early_bytes_per_peer;
+                let mut rx = Rx { matcher, ops, fin_wait, counters: &core.counters, early_limit };
+                let Some(data) = rx.unexpected(&mut peers[peer].budget, max, &body) else {
                     return Ok(Outcome::Hold);
-                }
-                Counters::add(&self.core.counters.msgs_received, 1);
-                let data = Bytes::from(self.payload(cid, loc, &h));
-                self.core.counters.copied(len);
+                };
                 self.events += 1;
-                self.peers[peer].budget.queued(data.len());
                 self.core.push_unexpected(Unexpected { peer, tag: h.a, sl: h.sl, data });
                 Ok(Outcome::Done)
             }
             Kind::Rdv => {
-                if h.c > self.s.max_message as u64 {
-                    return Err(unexpected(format!("rendezvous of {} bytes", h.c)));
-                }
-                let body = self.payload(cid, loc, &h);
-                let (segs, rest) = msg::decode_segments(&body, h.c).map_err(|e| unexpected(e.to_string()))?;
-                if !rest.is_empty() {
-                    return Err(unexpected("trailing bytes after a segment list".into()));
-                }
-                if let Some((op, ())) = self.matcher.take_posted(peer, h.a) {
-                    self.start_rdv_recv(op, cid, h.b, h.c, segs);
-                    return Ok(Outcome::Done);
-                }
-                if !self.peers[peer].budget.reserve(super::RDV_COST, self.s.cfg.early_bytes_per_peer) {
-                    return Ok(Outcome::Hold);
-                }
-                self.matcher.queue_early(
-                    peer,
-                    h.a,
-                    Early::Rdv { msg: h.b, total: h.c, segs, conn: cid, withdrawn: false },
-                );
-                Ok(Outcome::Done)
+                let segs = inbound::rts(&h, &self.payload(cid, loc, &h), self.s.max_message as u64)?;
+                let rts = Rts { msg: h.b, total: h.c, segs, conn: cid };
+                let (mut rx, peers) = self.rx();
+                Ok(match rx.rts(&mut peers[peer].budget, peer, h.a, rts) {
+                    Matched::Hold => Outcome::Hold,
+                    Matched::Read { op, rts } => {
+                        self.start_rdv_recv(op, rts);
+                        Outcome::Done
+                    }
+                    Matched::Done => Outcome::Done,
+                })
             }
             Kind::Request => {
                 let (max, limit) = (self.s.cfg.requests_per_peer, self.s.cfg.early_bytes_per_peer);
@@ -314,19 +310,10 @@ impl<V: Verbs> State<V> {
                 Ok(Outcome::Done)
             }
             Kind::Cts if h.aux == super::RDV_WITHDRAW => {
-                // The sender cancelled rendezvous message `b`. Unmatched: it stays queued (a
-                // later receive matches it and learns of the cancel) and the sender is released
-                // now. Already being read: the FIN comes when the read is done.
-                let msg_id = h.b;
-                let found = self.matcher.find_early_mut(peer, |e| match e {
-                    Early::Rdv { msg, withdrawn, conn, .. } if *msg == msg_id && *conn == cid => {
-                        *withdrawn = true;
-                        true
-                    }
-                    _ => false,
-                });
-                if found {
-                    self.send_fin(cid, msg_id, super::FIN_CANCELLED, 0);
+                // The sender cancelled rendezvous message `b` ([`Rx::withdraw`]).
+                let (mut rx, _) = self.rx();
+                if rx.withdraw(peer, h.b, cid) {
+                    self.send_fin(cid, h.b, super::FIN_CANCELLED, 0);
                 }
                 Ok(Outcome::Done)
             }
@@ -338,51 +325,22 @@ impl<V: Verbs> State<V> {
         }
     }
 
-    /// Decodes a request (`via`: how its message came). Inline data is sliced out of `body`,
-    /// which is the one copy out of the receive buffer.
-    /// A FIN: the peer is done with the buffer of our rendezvous message `h.b` (a send, or a
-    /// reply header). Only the peer the message went to may say so — any other peer could
-    /// otherwise hand a buffer back to its user while the real receiver still reads it.
+    /// A FIN: the peer is done with the buffer of our rendezvous message `h.b` ([`Rx::fin`]).
     pub(crate) fn on_fin(&mut self, peer: PeerId, h: &Header) -> Result<(), Loss> {
-        let owner = match self.fin_wait.get(&h.b) {
-            Some(FinWait::Send(op)) => self.ops.get(op).map(|o| o.peer),
-            Some(FinWait::Header { peer, .. }) => Some(*peer),
-            None => None,
-        };
-        if owner != Some(peer) {
-            return Err(unexpected(format!("FIN for unknown transfer {}", h.b)));
-        }
-        match self.fin_wait.remove(&h.b) {
-            Some(FinWait::Send(op)) => {
-                let n = match self.ops.get(&op).map(|o| &o.buf) {
-                    Some(OpBuf::Send(s)) => s.len(),
-                    _ => 0,
-                };
-                if let Some(o) = self.ops.get_mut(&op)
-                    && matches!(o.st, OpSt::Cancelling { .. })
-                {
-                    o.st = OpSt::Finishing;
-                }
-                let r = match h.aux {
-                    super::FIN_OK => Ok(n),
-                    super::FIN_TRUNCATED => Err(Error::Truncated { len: n as u64, capacity: h.c }),
-                    _ => Err(Error::PeerCancelled),
-                };
-                self.ops.complete(op, r);
+        let (mut rx, _) = self.rx();
+        if let Some(Released { regs, keep }) = rx.fin(peer, h.b, h.aux, h.c)? {
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            for r in regs {
+                let _ = cache.release(r);
             }
-            Some(FinWait::Header { regs, keep, .. }) => {
-                let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-                for r in regs {
-                    let _ = cache.release(r);
-                }
-                drop(cache);
-                drop(keep);
-            }
-            None => {}
+            drop(cache);
+            drop(keep);
         }
         Ok(())
     }
 
+    /// A request (`via`: how its message came), its body decoded by [`inbound::request`]:
+    /// delivered at once, or once its header is fetched from the client's memory.
     fn parse_request(
         &mut self,
         cid: u32,
@@ -391,56 +349,11 @@ impl<V: Verbs> State<V> {
         body: Bytes,
         via: Mechanism,
     ) -> Result<(), Loss> {
-        let max_header = self.s.cfg.max_header as u64;
-        if u64::from(h.aux) > max_header || h.c > self.s.max_message as u64 {
-            return Err(Loss::Protocol(ProtocolError::FlowControl("request larger than our limits".into())));
-        }
-        let dir = direction(h.flags, h.c).map_err(Loss::Protocol)?;
-        let mut rest = &body[..];
-        let at = |rest: &[u8]| body.len() - rest.len();
-        let mut hdr_segs = None;
-        let header = if h.flags & FLAG_RDV_HEADER != 0 {
-            let (s, r) =
-                msg::decode_segments(rest, u64::from(h.aux)).map_err(|e| unexpected(e.to_string()))?;
-            rest = r;
-            hdr_segs = Some(s);
-            Bytes::new()
-        } else {
-            let n = h.aux as usize;
-            if rest.len() < n {
-                return Err(unexpected("request header truncated".into()));
-            }
-            let start = at(rest);
-            rest = &rest[n..];
-            body.slice(start..start + n)
-        };
-        let inline = if h.flags & FLAG_INLINE_DATA != 0 {
-            if dir != Direction::Out {
-                return Err(unexpected("inline data on a request without OUT payload".into()));
-            }
-            let n = h.c as usize;
-            if rest.len() < n {
-                return Err(unexpected("inline request data truncated".into()));
-            }
-            let start = at(rest);
-            rest = &rest[n..];
-            self.core.counters.copied(n);
-            Some(body.slice(start..start + n))
-        } else {
-            None
-        };
-        let segs = if h.flags & FLAG_SEGMENTS != 0 {
-            let (s, r) = msg::decode_segments(rest, h.c).map_err(|e| unexpected(e.to_string()))?;
-            rest = r;
-            s
-        } else {
-            Vec::new()
-        };
-        if !rest.is_empty() {
-            return Err(unexpected("trailing bytes in a request".into()));
-        }
-        if dir == Direction::Out && inline.is_none() && segs.is_empty() && h.c > 0 {
-            return Err(unexpected("OUT payload with neither data nor segments".into()));
+        let (max_header, max_message) = (self.s.cfg.max_header as u64, self.s.max_message as u64);
+        let inbound::RequestBody { dir, header, inline, segs } =
+            inbound::request(h, body, max_header, max_message)?;
+        if let Some(d) = &inline {
+            self.core.counters.copied(d.len());
         }
         let pending = PendingRequest {
             peer,
@@ -455,10 +368,9 @@ impl<V: Verbs> State<V> {
             segs,
             cost: h.len as usize,
         };
-        match hdr_segs {
-            Some(s) => {
+        match header {
+            inbound::HeaderIn::Remote { segs: s, len: n } => {
                 // Fetch the header first; the request is delivered when it is here.
-                let n = h.aux as usize;
                 self.start_xfer(
                     peer,
                     cid,
@@ -470,7 +382,7 @@ impl<V: Verbs> State<V> {
                     XferThen::RequestHeader { pending: Box::new(pending) },
                 );
             }
-            None => self.deliver_request(pending, header),
+            inbound::HeaderIn::Here(header) => self.deliver_request(pending, header),
         }
         Ok(())
     }
@@ -522,14 +434,8 @@ impl<V: Verbs> State<V> {
         if h.a > room {
             return Err(unexpected("REPLY claims pushes beyond the request's buffer".into()));
         }
-        if h.flags & FLAG_RDV_HEADER != 0 {
-            let (segs, n, rest) = msg::decode_segments_within(&body, self.s.cfg.max_header as u64)
-                .map_err(|e| unexpected(e.to_string()))?;
-            if !rest.is_empty() {
-                return Err(unexpected("trailing bytes after a reply's segment list".into()));
-            }
-            let n = n as usize;
-            self.start_xfer(
+        match inbound::reply_header(h, body, self.s.cfg.max_header as u64)? {
+            inbound::HeaderIn::Remote { segs, len: n } => self.start_xfer(
                 peer,
                 cid,
                 true,
@@ -538,10 +444,9 @@ impl<V: Verbs> State<V> {
                 Local::Vec(vec![0; n]),
                 n,
                 XferThen::ReplyHeader { op, status: h.aux, msg: h.c, pushed: h.a },
-            );
-            return Ok(());
+            ),
+            inbound::HeaderIn::Here(header) => self.complete_request(op, h.aux, header, h.a),
         }
-        self.complete_request(op, h.aux, Bytes::from(body), h.a);
         Ok(())
     }
 

@@ -370,14 +370,14 @@ fn early_arrivals_beyond_the_peer_budget_wait_in_their_buffers_in_order() {
     }
     // The first fits the budget; the second does not and stays in its receive buffer, the
     // third behind it (order per connection), neither read nor given back.
-    assert_eq!(st.conn(p.cid).unwrap().held.len(), 2);
+    assert_eq!(st.conn(p.cid).unwrap().link.held(), 2);
     let r3 = recv(&mut st, &p, 3, 3, 16, now);
     assert_eq!(count(&st, r3), 0, "not overtaking the held second message");
     let r1 = recv(&mut st, &p, 1, 1, 16, now);
     // Taking the first frees the budget: the held messages are processed in arrival order.
     assert_eq!(received(&st, r1), b"first");
     assert_eq!(received(&st, r3), b"third");
-    assert_eq!(st.conn(p.cid).unwrap().held.len(), 0);
+    assert_eq!(st.conn(p.cid).unwrap().link.held(), 0);
     let r2 = recv(&mut st, &p, 2, 2, 16, now);
     assert_eq!(received(&st, r2), b"second");
     assert_eq!(st.ops.done().len(), 3);

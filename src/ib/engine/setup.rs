@@ -129,7 +129,6 @@ impl<V: Verbs> State<V> {
             remote: None,
             link: Link::new(layout, ring_rx, s.cfg.ib.max_send_wr),
             out: VecDeque::new(),
-            held: VecDeque::new(),
             waiting_posts: VecDeque::new(),
         };
         // Receives go up before the peer learns our queue pair, so nothing ever meets RNR.
