@@ -141,31 +141,12 @@ impl AsFd for WaitSet {
 }
 
 #[cfg(test)]
+#[path = "readiness/contract_tests.rs"]
+mod contract_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_timer_makes_the_set_readable_and_clearing_quiets_it() {
-        let w = WaitSet::new().unwrap();
-        assert!(!w.is_ready());
-        w.set_timer(Some(Duration::ZERO)).unwrap();
-        let mut fds = [PollFd::new(&w.epoll, PollFlags::IN)];
-        let ten_s = Timespec { tv_sec: 10, tv_nsec: 0 };
-        assert_eq!(rustix::event::poll(&mut fds, Some(&ten_s)).unwrap(), 1);
-        assert!(w.is_ready(), "an unread expiry keeps the set readable");
-        w.clear().unwrap();
-        assert!(!w.is_ready());
-    }
-
-    #[test]
-    fn a_notice_makes_the_set_readable_until_cleared() {
-        let w = WaitSet::new().unwrap();
-        w.notify();
-        w.notify();
-        assert!(w.is_ready());
-        w.clear().unwrap();
-        assert!(!w.is_ready());
-    }
 
     #[test]
     fn a_nested_instance_is_readable_only_while_its_items_are() {
