@@ -382,8 +382,7 @@ mod tests {
 
     /// The InfiniBand defaults, whatever the environment of the test run says.
     fn ib() -> Policy {
-        let t = Thresholds { inline_max: IB_INLINE_MAX, fast_max: IB_FAST_MAX };
-        Policy { per_sl: [t; ServiceLevel::COUNT], forced: None, origin: Origin::TransportDefault }
+        Policy::defaults(Scheme::Ib)
     }
 
     #[test]
@@ -493,10 +492,8 @@ quic control inline_max=1k
         // A table with nothing for the transport leaves the defaults and their origin.
         let mut i = Policy::defaults(Scheme::Ib);
         assert_eq!(i.apply_table(Scheme::Ib, table), 0);
-        assert_eq!(
-            (i, Policy::defaults(Scheme::Ib).origin),
-            (Policy::defaults(Scheme::Ib), Origin::TransportDefault)
-        );
+        assert_eq!(i.origin(), Origin::TransportDefault);
+        assert_eq!(i, Policy::defaults(Scheme::Ib));
     }
 
     #[test]

@@ -105,7 +105,7 @@ pub struct Object {
 /// then write it (the kernel's own writeback waits for far more dirty memory), so a large write
 /// would take its network time plus its disk time. Started once a few megabytes have gathered,
 /// the disk works while the rest is still on the wire and the fsync finds little left to do.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct WriteBehindShared {
     /// [`StoreConfig::write_behind`].
     threshold: u64,

@@ -231,30 +231,43 @@ mod contract_tests;
 mod tests {
     use super::*;
     use std::io::Write;
+    use std::os::unix::net::UnixStream;
 
-    #[test]
-    fn a_nested_instance_is_readable_only_while_its_items_are() {
+    /// A wait set holding a transport's kqueue in which one end of a socket pair is registered
+    /// edge-triggered, as mio registers its sources; returns the set, the inner kqueue and both
+    /// ends (the receiving end must outlive its registration).
+    fn nested() -> (WaitSet, OwnedFd, UnixStream, UnixStream) {
         let w = WaitSet::new().unwrap();
         let inner = rustix::event::kqueue::kqueue().unwrap();
-        let (rx, tx) = std::os::unix::net::UnixStream::pair().unwrap();
-        // Edge-triggered inside, as mio registers its sources.
+        let (rx, tx) = UnixStream::pair().unwrap();
         let ident = usize::try_from(rx.as_raw_fd()).unwrap();
         let mut reg = [change(ident, libc::EVFILT_READ, libc::EV_ADD | libc::EV_CLEAR, 0, 0)];
         let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: one live change, no receipt list; `rx` outlives its registration.
+        // SAFETY: one live change, no receipt list; the caller keeps `rx` past its registration.
         let r =
             unsafe { libc::kevent(inner.as_raw_fd(), reg.as_mut_ptr(), 1, std::ptr::null_mut(), 0, &zero) };
         assert_eq!(r, 0);
         w.add_transport(inner.as_fd()).unwrap();
+        (w, inner, rx, tx)
+    }
+
+    /// Collects the inner kqueue's pending events, as a progress round does; how many.
+    fn collect(inner: &OwnedFd) -> i32 {
+        let mut got = [change(0, 0, 0, 0, 0); 4];
+        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a live array of four kevent structs to fill, no changes.
+        unsafe { libc::kevent(inner.as_raw_fd(), std::ptr::null(), 0, got.as_mut_ptr(), 4, &zero) }
+    }
+
+    #[test]
+    fn a_nested_instance_is_readable_only_while_its_items_are() {
+        let (w, inner, _rx, tx) = nested();
         assert!(!w.is_ready());
         (&tx).write_all(b"x").unwrap();
         assert!(w.is_ready());
         // Collecting the inner event (what a progress round does) quiets the outer set,
         // although the socket itself is still readable.
-        let mut got = [change(0, 0, 0, 0, 0); 4];
-        // SAFETY: a live array of four kevent structs to fill, no changes.
-        let n = unsafe { libc::kevent(inner.as_raw_fd(), std::ptr::null(), 0, got.as_mut_ptr(), 4, &zero) };
-        assert_eq!(n, 1);
+        assert_eq!(collect(&inner), 1);
         assert!(!w.is_ready());
         // A new edge wakes it again.
         (&tx).write_all(b"x").unwrap();
@@ -263,24 +276,11 @@ mod tests {
 
     #[test]
     fn settling_drops_a_transport_event_gone_stale_so_the_next_one_is_heard() {
-        let w = WaitSet::new().unwrap();
-        let inner = rustix::event::kqueue::kqueue().unwrap();
-        let (rx, tx) = std::os::unix::net::UnixStream::pair().unwrap();
-        let ident = usize::try_from(rx.as_raw_fd()).unwrap();
-        let mut reg = [change(ident, libc::EVFILT_READ, libc::EV_ADD | libc::EV_CLEAR, 0, 0)];
-        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: one live change, no receipt list; `rx` outlives its registration.
-        let r =
-            unsafe { libc::kevent(inner.as_raw_fd(), reg.as_mut_ptr(), 1, std::ptr::null_mut(), 0, &zero) };
-        assert_eq!(r, 0);
-        w.add_transport(inner.as_fd()).unwrap();
+        let (w, inner, _rx, tx) = nested();
         assert!(w.settle().unwrap());
         (&tx).write_all(b"x").unwrap();
         assert!(!w.settle().unwrap(), "the transport has an event to collect");
-        let mut got = [change(0, 0, 0, 0, 0); 4];
-        // SAFETY: a live array of four kevent structs to fill, no changes.
-        let n = unsafe { libc::kevent(inner.as_raw_fd(), std::ptr::null(), 0, got.as_mut_ptr(), 4, &zero) };
-        assert_eq!(n, 1);
+        assert_eq!(collect(&inner), 1);
         assert!(w.settle().unwrap(), "collected inside: nothing is pending any more");
         assert!(!w.is_ready());
         w.notify();

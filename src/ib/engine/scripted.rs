@@ -6,7 +6,6 @@
 //! provider: the provider only supplies the memory registrations a send by server-based RDMA
 //! needs.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -21,18 +20,7 @@ use crate::wire::{Header, Kind};
 
 type Soft = crate::ib::soft::SoftContext;
 
-fn backend() -> IbBackend<Soft> {
-    let ctx = crate::ib::soft::SoftProvider::new(Default::default()).open(None).expect("softib");
-    IbBackend::new(
-        Scheme::SoftIb,
-        ctx,
-        &route::select(None, &crate::IbConfig::default(), None).unwrap(),
-        None,
-        &Config::default(),
-        Arc::new(Completions::default()),
-    )
-    .expect("engine")
-}
+use super::tests::backend;
 
 /// The scripted peer of one connection: which receive buffer and ring slot its next SEND and
 /// ring write use (the engine posts its receives in order and consumes slots in ring order).

@@ -10,7 +10,8 @@ use crate::buffers::buf::{RecvBuf, SendBuf};
 use crate::op::OpKind;
 use crate::wire::{Header, Kind};
 
-fn backend() -> IbBackend<crate::ib::soft::SoftContext> {
+/// An engine on a fresh software-provider context, for tests that drive it by hand.
+pub(super) fn backend() -> IbBackend<crate::ib::soft::SoftContext> {
     let ctx = crate::ib::soft::SoftProvider::new(Default::default()).open(None).expect("softib");
     IbBackend::new(
         Scheme::SoftIb,
