@@ -334,6 +334,8 @@ fn serve_runs_a_local_cluster_from_flags() {
         .filter(|p| stat(p).is_some_and(|s| fields(&s).get(1) == Some(&pid)))
         .collect();
     assert_eq!(children.len(), 3, "serve runs 1 meta + 2 io servers as children");
+    // Their command lines, read before they stop, so a failed check below leaves nothing running.
+    let cmdlines: Vec<Vec<u8>> = children.iter().map(|c| std::fs::read(c.join("cmdline")).unwrap()).collect();
     serve.kill().unwrap();
     serve.wait().unwrap();
     // The servers it started exit with it (their stdin pipe closes).
@@ -344,6 +346,14 @@ fn serve_runs_a_local_cluster_from_flags() {
     {
         assert!(t.elapsed() < Duration::from_secs(10), "servers outlived serve");
         std::thread::sleep(Duration::from_millis(50));
+    }
+    // They poll only with a CPU each and one for a client to spare; else they block.
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let want = if 2 + 2 <= cpus { "adaptive" } else { "block" };
+    for cmdline in &cmdlines {
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let wait = args.iter().position(|a| *a == b"--wait").map(|i| args[i + 1]);
+        assert_eq!(wait, Some(want.as_bytes()), "{} CPUs: {:?}", cpus, String::from_utf8_lossy(cmdline));
     }
 }
 
