@@ -42,12 +42,7 @@ pub(crate) enum Dialled {
 
 /// Why a dialled connection at `stage` since `since` has run out of time, if it has: the
 /// kernel's connect has `connect_timeout`, the handshake after it `handshake_timeout`.
-pub(crate) fn dialled_overdue(
-    stage: Dialled,
-    since: Instant,
-    now: Instant,
-    cfg: &Config,
-) -> Option<&'static str> {
+fn dialled_overdue(stage: Dialled, since: Instant, now: Instant, cfg: &Config) -> Option<&'static str> {
     match stage {
         Dialled::Connecting if now.duration_since(since) > cfg.connect_timeout => Some("connect timed out"),
         Dialled::Handshaking if now.duration_since(since) > cfg.handshake_timeout => {
@@ -55,6 +50,19 @@ pub(crate) fn dialled_overdue(
         }
         _ => None,
     }
+}
+
+/// The connections this end dialled that have run out of time, with why: `dials` gives each
+/// connection's key, its stage (`None` once it is no longer dialling) and when it began.
+pub(crate) fn overdue_dials<K>(
+    dials: impl IntoIterator<Item = (K, Option<Dialled>, Option<Instant>)>,
+    now: Instant,
+    cfg: &Config,
+) -> Vec<(K, &'static str)> {
+    dials
+        .into_iter()
+        .filter_map(|(key, stage, since)| dialled_overdue(stage?, since?, now, cfg).map(|why| (key, why)))
+        .collect()
 }
 
 /// How far a connection got: shedding takes the least advanced first.

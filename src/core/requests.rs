@@ -10,7 +10,8 @@ use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
 
-use crate::buffers::buf::{OpBuf, RecvBuf};
+use crate::backend::PullCmd;
+use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
 use crate::core::ops::{OpExtra, OpState, OpTable};
 use crate::error::{Error, ProtocolError, Result};
@@ -141,34 +142,30 @@ impl<X> Requests<X> {
     }
 
     /// The first step of every pull: the checks, then a cancelled request fails the pull and
-    /// an inline payload serves it at once (a copy). `Some(buf)` when the driver must move
-    /// the bytes.
-    #[allow(clippy::too_many_arguments)]
+    /// an inline payload serves it at once (a copy). The command back when the driver must
+    /// move the bytes.
     pub(crate) fn start_pull<S: OpState, Y: OpExtra>(
         &self,
         ops: &mut OpTable<S, Y>,
         counters: &Counters,
         op: OpId,
-        peer: PeerId,
-        req: u64,
-        offset: u64,
-        mut buf: RecvBuf,
-    ) -> Result<Option<RecvBuf>> {
-        let len = buf.capacity();
-        let r = self.check_pull(peer, req, offset, len)?;
+        mut c: PullCmd,
+    ) -> Result<Option<PullCmd>> {
+        let len = c.buf.capacity();
+        let r = self.check_pull(c.peer, c.req, c.offset, len)?;
         if r.cancelled {
-            ops.fail_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Error::PeerCancelled);
+            ops.fail_new(op, OpKind::Pull, c.peer, 0, OpBuf::Recv(c.buf), Error::PeerCancelled);
             return Ok(None);
         }
-        let Some(inline) = &r.inline else { return Ok(Some(buf)) };
-        let start = offset as usize;
-        buf.copy_in(0, &inline[start..start + len]);
+        let Some(inline) = &r.inline else { return Ok(Some(c)) };
+        let start = c.offset as usize;
+        c.buf.copy_in(0, &inline[start..start + len]);
         counters.copied(len);
-        let mut c = Completion::new(op, OpKind::Pull, peer, 0);
-        c.result = Ok(len);
-        c.buf = OpBuf::Recv(buf);
-        c.mechanism = Some(r.inline_mech);
-        ops.push_completion(c);
+        let mut done = Completion::new(op, OpKind::Pull, c.peer, 0);
+        done.result = Ok(len);
+        done.buf = OpBuf::Recv(c.buf);
+        done.mechanism = Some(r.inline_mech);
+        ops.push_completion(done);
         Ok(None)
     }
 }
@@ -291,6 +288,7 @@ pub(crate) fn direction(flags: u8, len: u64) -> std::result::Result<Direction, P
 mod tests {
     use super::*;
     use crate::core::ops::tests::St;
+    use crate::buffers::buf::RecvBuf;
 
     fn reqs() -> Requests<()> {
         let mut r = Requests::default();

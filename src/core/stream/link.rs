@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use crate::admission::Dialled;
 use crate::buffers::buf::OpBuf;
 use crate::core::ops::OpTable;
 use crate::error::AccessError;
@@ -138,6 +139,17 @@ pub(crate) enum Phase {
     ServerWaitAuth(Box<ServerHandshake>, HelloInfo),
     Ready,
     Closing,
+}
+
+impl Phase {
+    /// How far a link this end dialled has got, while it is still dialling.
+    pub(crate) fn dialled(&self) -> Option<Dialled> {
+        match self {
+            Phase::Connecting => Some(Dialled::Connecting),
+            Phase::ClientWaitAck(_) | Phase::ClientWaitReady(_) => Some(Dialled::Handshaking),
+            _ => None,
+        }
+    }
 }
 
 /// What the last [`RecvInto`] lent out, so [`super::Session::received`] knows where the bytes

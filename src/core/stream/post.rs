@@ -481,9 +481,8 @@ impl Session {
     }
 
     fn post_pull(&mut self, op: OpId, c: PullCmd) -> Result<()> {
-        let PullCmd { peer, req, sl, offset, buf } = c;
-        let Some(buf) =
-            self.sreqs.start_pull(&mut self.ops, &self.core.counters, op, peer, req, offset, buf)?
+        let Some(PullCmd { peer, req, sl, offset, buf }) =
+            self.sreqs.start_pull(&mut self.ops, &self.core.counters, op, c)?
         else {
             return Ok(());
         };

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::admission::{self, Dialled};
+use crate::admission;
 use crate::core::loss::Loss;
 use crate::error::ProtocolError;
 use crate::info::Counters;
@@ -167,19 +167,8 @@ impl Session {
             tracing::debug!(link = link.0, "handshake timed out");
             self.fail_link(link, Loss::Lost("connection handshake timed out".into()));
         }
-        let expired: Vec<(LinkId, &'static str)> = self
-            .links
-            .iter()
-            .filter_map(|(link, c)| {
-                let stage = match c.phase {
-                    Phase::Connecting => Dialled::Connecting,
-                    Phase::ClientWaitAck(_) | Phase::ClientWaitReady(_) => Dialled::Handshaking,
-                    _ => return None,
-                };
-                let since = c.since?;
-                admission::dialled_overdue(stage, since, now, &self.s.cfg).map(|why| (link, why))
-            })
-            .collect();
+        let dials = self.links.iter().map(|(link, c)| (link, c.phase.dialled(), c.since));
+        let expired = admission::overdue_dials(dials, now, &self.s.cfg);
         for (link, why) in expired {
             self.fail_link(link, Loss::Lost(why.into()));
         }

@@ -477,6 +477,19 @@ pub(crate) enum SidePhase {
     Closing,
 }
 
+impl SidePhase {
+    /// How far a connection this end dialled has got, while it is still dialling.
+    fn dialled(&self) -> Option<Dialled> {
+        match self {
+            SidePhase::Connecting => Some(Dialled::Connecting),
+            SidePhase::ClientWaitAck(_) | SidePhase::ClientWaitReady(_) | SidePhase::ClientWaitInfo => {
+                Some(Dialled::Handshaking)
+            }
+            _ => None,
+        }
+    }
+}
+
 pub(crate) struct Side {
     pub framed: Framed,
     pub phase: SidePhase,
@@ -867,20 +880,8 @@ impl<V: Verbs> State<V> {
         for t in self.admission.expired(now) {
             self.side_failed(t, Loss::Lost("connection handshake timed out".into()));
         }
-        let expired: Vec<(Token, &'static str)> = self
-            .sides
-            .iter()
-            .filter_map(|(t, s)| {
-                let stage = match s.phase {
-                    SidePhase::Connecting => Dialled::Connecting,
-                    SidePhase::ClientWaitAck(_)
-                    | SidePhase::ClientWaitReady(_)
-                    | SidePhase::ClientWaitInfo => Dialled::Handshaking,
-                    _ => return None,
-                };
-                admission::dialled_overdue(stage, s.since, now, &self.s.cfg).map(|why| (*t, why))
-            })
-            .collect();
+        let dials = self.sides.iter().map(|(t, s)| (*t, s.phase.dialled(), Some(s.since)));
+        let expired = admission::overdue_dials(dials, now, &self.s.cfg);
         for (t, why) in expired {
             self.side_failed(t, Loss::Lost(why.into()));
         }
