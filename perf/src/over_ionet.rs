@@ -180,12 +180,14 @@ pub fn serve(ep: &Endpoint) -> Result<()> {
     }
 }
 
-/// How a test other than a read moves its messages: one at a time there and back, or a
-/// window at a time one way (both ways for bibw) with an ack per window.
+/// How a test other than a read moves its messages: one at a time there and back, a window
+/// at a time one way (both ways for bibw) with an ack per window, or a window kept in flight
+/// one way with an ack at the end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flow {
     PingPong,
     Stream,
+    Rolling,
 }
 
 fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> Result<()> {
@@ -197,8 +199,13 @@ fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> R
         }
         Test::Lat => Flow::PingPong,
         Test::Bw | Test::Msgrate | Test::Bibw => Flow::Stream,
+        Test::Stream => Flow::Rolling,
     };
-    let n = if flow == Flow::PingPong { 1 } else { p.window };
+    let n = match flow {
+        Flow::PingPong => 1,
+        Flow::Stream => p.window,
+        Flow::Rolling => p.window.min(p.iters),
+    };
     // Receive buffers in line: the `n` at the front are posted, each completed one goes to
     // the back, so a footprint of more than `n` buffers is cycled through.
     let mut free: VecDeque<RecvBuf> =
@@ -262,6 +269,23 @@ fn serve_one(ep: &Endpoint, peer: PeerId, p: &Params, cache: &mut BufCache) -> R
                 }
                 wait_ok(ep, ep.send(peer, TAG_ACK, Bytes::from_static(b"a"), p.sl)?)?;
             }
+        }
+        Flow::Rolling => {
+            // Messages match receives in posting order; each buffer goes to the back of the
+            // line and the front one is posted, so a footprint beyond the window is cycled.
+            let mut pending = VecDeque::from(pending);
+            let mut posted = pending.len();
+            while let Some(op) = pending.pop_front() {
+                let c = wait_ok(ep, op)?;
+                check(&c)?;
+                free.push_back(take_recv(c));
+                if posted < p.iters {
+                    let b = free.pop_front().expect("the buffer just given back");
+                    pending.push_back(ep.recv(peer, TAG_DATA, b)?);
+                    posted += 1;
+                }
+            }
+            wait_ok(ep, ep.send(peer, TAG_ACK, Bytes::from_static(b"a"), p.sl)?)?;
         }
     }
     rbufs.into_iter().chain(free).for_each(|b| cache.give(b));
@@ -339,6 +363,7 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
         Test::Bw | Test::Msgrate | Test::Bibw => {
             (Flow::Stream, Params { iters: (p.iters / p.window).max(1) * p.window, ..*p })
         }
+        Test::Stream => (Flow::Rolling, *p),
     };
     let mut sends = Sends::new(ep, &p, 1)?;
     let expect = p.verify.then(|| pattern(p.size, 2));
@@ -391,6 +416,21 @@ pub fn run(ep: &Endpoint, peer: PeerId, p: &Params, server_pid: Option<u32>) -> 
                 }
                 ack_buf = take_recv(wait_ok(ep, ack)?);
             }
+        }
+        Flow::Rolling => {
+            // The ack says the receiver has every message: the clock covers the whole trip.
+            let ack = ep.recv(peer, TAG_ACK, RecvBuf::Mut(BytesMut::zeroed(1)))?;
+            let mut in_flight = VecDeque::with_capacity(p.window);
+            for _ in 0..p.iters {
+                if in_flight.len() == p.window {
+                    sends.wait(ep, in_flight.pop_front().expect("a full window"))?;
+                }
+                in_flight.push_back(ep.send(peer, TAG_DATA, sends.take(), p.sl)?);
+            }
+            for op in in_flight {
+                sends.wait(ep, op)?;
+            }
+            wait_ok(ep, ack)?;
         }
     }
     Ok(clock.stop(&p, rtts))
@@ -610,6 +650,38 @@ mod tests {
         assert_eq!(at.len(), 8, "distinct send payloads");
         let again = SEND_PAYLOADS.with_borrow_mut(|c| c.get(64 << 10, 8));
         assert!(again.iter().zip(&sent).all(|(a, b)| a.as_ptr() == b.as_ptr()), "kept across runs");
+    }
+
+    /// A rolling stream delivers every message, byte for byte (the server verifies each), in
+    /// any count (not a multiple of the window, fewer than the window, small eager messages
+    /// the sender may post faster than they are received), through the window's or the
+    /// footprint's buffers, each posted again as its message arrives.
+    #[test]
+    fn a_rolling_stream_delivers_every_message_through_a_window_of_buffers() {
+        let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default().progress_thread(true)).unwrap();
+        let cli = Endpoint::client(Config::default()).unwrap();
+        let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
+        let server = std::thread::spawn(move || serve_counting(&srv, 4));
+        let p = Params {
+            test: Test::Stream,
+            size: 256 << 10,
+            iters: 37,
+            window: 4,
+            sl: ServiceLevel::Bulk,
+            verify: true,
+            spin: false,
+            pool: false,
+            footprint: 0,
+        };
+        let r = run(&cli, peer, &p, None).unwrap();
+        assert_eq!(r.bytes, 37 * (256 << 10), "every message counted");
+        run(&cli, peer, &Params { iters: 3, ..p }, None).unwrap();
+        run(&cli, peer, &Params { size: 512, iters: 500, ..p }, None).unwrap();
+        run(&cli, peer, &Params { footprint: 2 << 20, ..p }, None).unwrap();
+        let held: Vec<usize> = server.join().unwrap().into_iter().map(|(_, n)| n).collect();
+        // The cache keeps buffers of every size seen: 4 of 256 KiB, then 4 of 512 B, then the
+        // footprint's 8 of 256 KiB (the first four reused).
+        assert_eq!(held, [4, 4, 8, 12], "the window's receive buffers, then the footprint's");
     }
 
     /// With pool buffers on both sides, 1 MiB messages over `softib://` move straight between

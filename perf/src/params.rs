@@ -7,8 +7,14 @@ use ionet::ServiceLevel;
 pub enum Test {
     /// Ping-pong round trips.
     Lat,
-    /// One-way streaming with a window of outstanding messages.
+    /// One-way streaming a window at a time (as OSU's `osu_bw`): the sender posts `window`
+    /// messages and waits for the receiver's acknowledgement of the whole window, while the
+    /// receiver posts its next window of receives; the pipeline drains once a window.
     Bw,
+    /// One-way streaming without pauses, as a socket stream runs (iperf3): the sender keeps
+    /// `window` messages in flight, posting the next as each completes, and the receiver
+    /// posts each buffer again as soon as its message has arrived.
+    Stream,
     /// Streaming in both directions at once.
     Bibw,
     /// Small-message rate (a `bw` with small messages).
@@ -55,6 +61,7 @@ impl Params {
             Test::Bibw => 3,
             Test::Msgrate => 4,
             Test::Read => 5,
+            Test::Stream => 6,
         };
         b[1] = self.sl as u8;
         b[2] = u8::from(self.verify) | (u8::from(self.spin) << 1) | (u8::from(self.pool) << 2);
@@ -84,6 +91,7 @@ impl Params {
             3 => Test::Bibw,
             4 => Test::Msgrate,
             5 => Test::Read,
+            6 => Test::Stream,
             x => return Err(format!("unknown test {x}")),
         };
         let sl = ServiceLevel::from_u8(b[1]).ok_or("bad service level")?;
@@ -151,6 +159,8 @@ mod tests {
         assert_eq!(Params::decode(&spread.encode()), Ok(spread));
         let read = Params { test: Test::Read, ..spread };
         assert_eq!(Params::decode(&read.encode()), Ok(read));
+        let stream = Params { test: Test::Stream, ..spread };
+        assert_eq!(Params::decode(&stream.encode()), Ok(stream));
         assert_eq!(read.slots(), 256, "a read cycles its footprint like a stream");
         assert_eq!(spread.slots(), 256, "1 MiB of 4 KiB messages");
         assert_eq!(Params { footprint: 4096, ..spread }.slots(), 64, "never fewer than the window");

@@ -50,7 +50,7 @@ pub fn serve(listener: TcpListener) -> io::Result<()> {
                         write_full(&mut s, &buf[..p.size], p.spin)?;
                     }
                 }
-                Test::Bw | Test::Msgrate => {
+                Test::Bw | Test::Msgrate | Test::Stream => {
                     let len = slab_len(&p);
                     if slab.len() < len {
                         slab = vec![1u8; len];
@@ -172,7 +172,7 @@ impl RawClient {
                     rtts.push(t.elapsed().as_secs_f64() * 1e6);
                 }
             }
-            Test::Bw | Test::Msgrate => {
+            Test::Bw | Test::Msgrate | Test::Stream => {
                 for _ in 0..p.iters {
                     write_full(&mut self.s, &buf[..p.size], p.spin)?;
                 }
