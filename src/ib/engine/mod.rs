@@ -55,6 +55,8 @@ mod link;
 #[cfg(test)]
 mod link_pair;
 mod msg;
+#[cfg(test)]
+mod pair;
 mod post;
 mod recv;
 mod reg;

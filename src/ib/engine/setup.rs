@@ -150,7 +150,7 @@ impl<V: Verbs> State<V> {
 
     /// Our side of connection `cid`, whose side channel connects to `peer` (its IP family
     /// picks the RoCE GID).
-    fn local_info(&self, cid: u32, peer: SocketAddr) -> Option<IbInfo> {
+    pub(super) fn local_info(&self, cid: u32, peer: SocketAddr) -> Option<IbInfo> {
         let c = self.conn(cid)?;
         let port = &self.dev.port;
         let route = port.route(peer);
@@ -170,7 +170,7 @@ impl<V: Verbs> State<V> {
     /// Takes the peer's info: queue pair to RTS, credits and ring sender set up. `peer` is
     /// the side channel's remote address (its IP family picks the RoCE GID, as in
     /// [`Self::local_info`]).
-    fn bring_up(&mut self, cid: u32, remote: IbInfo, peer: SocketAddr) -> Result<()> {
+    pub(super) fn bring_up(&mut self, cid: u32, remote: IbInfo, peer: SocketAddr) -> Result<()> {
         let sl = self.conn(cid).map(|c| c.sl).ok_or_else(|| Error::misuse("no connection"))?;
         let ib = &self.s.cfg.ib;
         let port = &self.dev.port;
