@@ -812,3 +812,47 @@ fn cached_write_back_errors_fail_fsync_and_close() {
     assert_eq!(r, -1, "close with an io server gone succeeded");
     assert!(matches!(err.raw_os_error(), Some(libc::ENOTCONN | libc::EIO)), "{err}");
 }
+
+/// Through the kernel-cached mode, for users other than root: a writer who does not own a file
+/// may set its times to now and truncate it (the kernel sends explicit times for both), but
+/// not set a time of its choosing; a file its owner may only write takes a write into part of
+/// a page (the kernel reads the rest of the page first).
+#[test]
+#[ignore = "needs root and /dev/fuse: mounts stripefs, runs commands as other users"]
+fn a_cached_mount_serves_writers_who_do_not_own_or_may_not_read() {
+    assert!(nix::unistd::geteuid().is_root(), "switching to another user needs root");
+    use std::os::unix::fs::PermissionsExt;
+    let tc = TestCluster::start("tcp", 2);
+    std::fs::set_permissions(tc.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let m = mount_with(&tc, &["--cache", "-o", "allow_other"]);
+    let mnt = m.dir.clone();
+    let as_user = |script: &str| {
+        Command::new("setpriv")
+            .args(["--reuid=4001", "--regid=5000", "--clear-groups", "sh", "-c", script])
+            .current_dir(&mnt)
+            .output()
+            .unwrap()
+    };
+    let mode = |name: &str, m: u32| {
+        std::fs::set_permissions(mnt.join(name), std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    mode(".", 0o1777);
+    std::fs::write(mnt.join("shared"), b"root\n").unwrap();
+    mode("shared", 0o666);
+    let out = as_user("echo other >> shared && touch shared && truncate -s 2 shared");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = as_user("touch -d 2001-01-01 shared");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("Operation not permitted"), "{err}");
+    assert_eq!(std::fs::read(mnt.join("shared")).unwrap(), b"ro");
+    // Written by another client, so the mount has none of its pages.
+    let c = tc.client();
+    let f = c.create("/wo", stripefs::CreateOptions { mode: 0o200, layout: None }).unwrap();
+    f.write_at(0, &bytes::Bytes::from_static(b"root\n")).unwrap();
+    let owner = stripefs::proto::SetAttr { uid: Some(4001), ..Default::default() };
+    c.setattr(f.handle(), owner).unwrap();
+    let out = as_user("printf ab | dd of=wo bs=1 seek=1 conv=notrunc");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(mnt.join("wo")).unwrap(), b"rabt\n");
+    assert_eq!(c.stat("/wo").unwrap().attr.size, 5);
+}
