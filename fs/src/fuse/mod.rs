@@ -11,9 +11,9 @@
 //! or `msync`. It keeps close-to-open consistency: the kernel writes a file's dirty pages back
 //! before it sends the FLUSH of a `close`, so they are on the io servers when `close` returns
 //! (an error of that write-back is `close`'s), and an `open` drops what the kernel cached of a
-//! file unless the file is as this mount last saw it (see [`StripeFuse::open_cached`]). While
-//! pages are dirty the kernel owns the file's size and modification time, and sends them with
-//! its write-back (writes, then SETATTR).
+//! file unless the file is as this mount last saw it (its size and modification time). In this
+//! mode the kernel keeps a regular file's size and modification time itself, takes neither
+//! from attribute replies, and sends them with its write-back (writes, then SETATTR).
 //!
 //! Permissions: the mount asks the kernel to check mode bits itself (`default_permissions`)
 //! against the attributes it is given, and serves every request as the process that made it:
@@ -30,7 +30,9 @@
 //! Durability follows the open flags: a write to a file opened with `O_SYNC` or `O_DSYNC` (or
 //! one carrying `RWF_SYNC`/`RWF_DSYNC`, which the kernel passes in the write's flags) is
 //! acknowledged only after the io servers holding its bytes fsynced them; `fsync` and
-//! `fdatasync` sync every io server of the file.
+//! `fdatasync` sync every io server of the file. In the kernel-cached mode the kernel writes
+//! the dirty pages back and then sends an FSYNC, for `fsync`, `fdatasync` and after a
+//! synchronous write alike, so the same holds.
 
 use crate::capability::Rights;
 use crate::client::{Client, CreateOptions, File};
@@ -562,6 +564,15 @@ impl Filesystem for StripeFuse {
 
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         self.entry(name(n).and_then(|n| self.as_caller(req).lookup(Handle(parent.0), n)), reply);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        // The kernel sends FORGET as it drops the inode, and its cached pages with it: the
+        // next open starts from nothing, so what this mount saw of the file no longer matters
+        // (and a mount that opens many files does not keep a record of each).
+        if self.kernel_cache {
+            lock(&self.seen).remove(&ino.0);
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
