@@ -469,8 +469,9 @@ impl StripeFuse {
     }
 
     /// Makes the kernel's size of `h` at least `size`: stores the file's last byte in its page
-    /// cache, which extends the size it has if it is shorter. (A shorter file than the kernel
-    /// thinks needs nothing: reads past the end come back short.)
+    /// cache, which extends the size it has if it is shorter. A file now shorter than the
+    /// kernel thinks cannot be corrected from here: the kernel keeps its size, and reads the
+    /// bytes past the new end as zeros, until it drops the inode.
     fn push_size(&self, h: Handle, f: &File, size: u64) {
         let Some(notifier) = self.notifier.get() else { return };
         let mut last = [0u8; 1];
@@ -833,7 +834,8 @@ impl Filesystem for StripeFuse {
             // The kernel wrote the dirty pages back and sent its modification time before this
             // FLUSH (an error of that write-back fails the `close` itself), so the data is on
             // the io servers; recording "now" as the time here would overwrite a time set since
-            // (`cp -p` sets it before closing). What this mount wrote is what the kernel caches.
+            // (`cp -p` sets it before closing). The file as the servers have it now is what
+            // the kernel caches: recorded, so that the next open here keeps the pages.
             let Some(o) = self.open_file(fh) else { return reply.error(fuser::Errno::EBADF) };
             if o.flags & libc::O_ACCMODE != libc::O_RDONLY {
                 self.saw(o.file.handle());
