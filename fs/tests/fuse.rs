@@ -46,8 +46,13 @@ fn mount(tc: &TestCluster) -> Mount {
 
 /// As [`mount`], with extra arguments to `stripefs mount` (`-o allow_other`).
 fn mount_with(tc: &TestCluster, args: &[&str]) -> Mount {
+    mount_at(tc, "mnt", args)
+}
+
+/// As [`mount_with`], on `<tc.dir>/<name>` (another mount of the same cluster: another client).
+fn mount_at(tc: &TestCluster, name: &str, args: &[&str]) -> Mount {
     assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing");
-    let mnt = tc.dir.path().join("mnt");
+    let mnt = tc.dir.path().join(name);
     std::fs::create_dir(&mnt).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
         .arg("--cluster")
@@ -73,8 +78,19 @@ fn mount_with(tc: &TestCluster, args: &[&str]) -> Mount {
 #[test]
 #[ignore = "needs /dev/fuse: mounts stripefs"]
 fn mount_cp_cmp_ls_rm_umount() {
+    cp_cmp_ls_rm_umount(&[]);
+}
+
+/// The same through the kernel-cached mode.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn cached_mount_cp_cmp_ls_rm_umount() {
+    cp_cmp_ls_rm_umount(&["--cache"]);
+}
+
+fn cp_cmp_ls_rm_umount(args: &[&str]) {
     let tc = TestCluster::start("tcp", 3);
-    let mut m = mount(&tc);
+    let mut m = mount_with(&tc, args);
     let mnt = m.dir.clone();
     // A file of several stripes and a partial last stripe.
     let src = tc.dir.path().join("src.bin");
@@ -403,10 +419,22 @@ fn permissions_apply_to_each_caller() {
 #[test]
 #[ignore = "needs /dev/fuse: mounts stripefs"]
 fn an_unlinked_open_file_lives_until_its_last_close() {
+    unlinked_open_file_lives_until_its_last_close(&[]);
+}
+
+/// The same through the kernel-cached mode, whose write-back may reach the file after its
+/// name is gone.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_cached_unlinked_open_file_lives_until_its_last_close() {
+    unlinked_open_file_lives_until_its_last_close(&["--cache"]);
+}
+
+fn unlinked_open_file_lives_until_its_last_close(args: &[&str]) {
     use std::io::{Read, Seek, Write};
     use std::os::unix::fs::MetadataExt;
     let tc = TestCluster::start("tcp", 2);
-    let m = mount(&tc);
+    let m = mount_with(&tc, args);
     let c = tc.client();
     let path = m.dir.join("tmp.bin");
     let mut f = std::fs::OpenOptions::new().create_new(true).read(true).write(true).open(&path).unwrap();
@@ -547,4 +575,284 @@ fn a_read_only_background_mount_serves_reads_and_refuses_changes() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("before it was live") && err.contains("missing.toml"), "{err}");
     assert!(!mounted(&mnt));
+}
+
+/// Asserts `got` is `want`, saying where they part instead of printing megabytes.
+#[track_caller]
+fn same_bytes(got: &[u8], want: &[u8], what: &str) {
+    if got != want {
+        let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+        panic!("{what}: {} bytes, want {}; first difference at {at}", got.len(), want.len());
+    }
+}
+
+/// The whole of `path` as the library reads it from the io servers.
+fn read_lib(c: &stripefs::Client, path: &str) -> Vec<u8> {
+    let f = c.open(path, stripefs::capability::Rights::READ).unwrap();
+    let mut v = vec![0; f.size().unwrap() as usize];
+    let n = f.read_into(0, &mut v).unwrap();
+    assert_eq!(n, v.len());
+    v
+}
+
+/// Bytes the io servers have read from their files so far, all servers together.
+fn bytes_read(c: &stripefs::Client) -> u64 {
+    c.server_stats().into_iter().map(|s| s.expect("io server answers").bytes_read).sum()
+}
+
+/// Through the kernel-cached mode: what is written in small pieces reads back, through the
+/// mount and from the io servers once closed; sizes follow overwrites, truncation (down and
+/// up), `O_APPEND` writes, a write far past the end (the hole reads as zeros) and shared
+/// `mmap` writes.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_cached_mount_keeps_data_and_sizes() {
+    use std::io::Write;
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let tc = TestCluster::start("tcp", 3);
+    let m = mount_with(&tc, &["--cache"]);
+    let c = tc.client();
+    let p = m.dir.join("f.bin");
+    let len = |p: &Path| std::fs::metadata(p).unwrap().len();
+    // Several stripes and a partial last one, in writes smaller than a page.
+    let mut want = pattern(3 * 1024 * 1024 + 4321, 5).to_vec();
+    {
+        let mut f = std::fs::File::create(&p).unwrap();
+        for chunk in want.chunks(1000) {
+            f.write_all(chunk).unwrap();
+        }
+        assert_eq!(f.metadata().unwrap().len(), want.len() as u64, "the size while pages are dirty");
+    }
+    same_bytes(&read_lib(&c, "/f.bin"), &want, "closed: on the io servers");
+    same_bytes(&std::fs::read(&p).unwrap(), &want, "through the mount");
+    // An overwrite across a stripe boundary, not page-aligned.
+    let patch = pattern(70_000, 6);
+    std::fs::OpenOptions::new().write(true).open(&p).unwrap().write_all_at(&patch, 60_001).unwrap();
+    want[60_001..130_001].copy_from_slice(&patch);
+    same_bytes(&std::fs::read(&p).unwrap(), &want, "through the mount");
+    same_bytes(&read_lib(&c, "/f.bin"), &want, "from the io servers");
+    // Truncate down (by path) and up again (through a descriptor): the end reads as zeros.
+    run(Command::new("truncate").arg("-s").arg("100000").arg(&p));
+    want.truncate(100_000);
+    assert_eq!((len(&p), c.stat("/f.bin").unwrap().attr.size), (100_000, 100_000));
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    f.write_all_at(b"dirty", 99_000).unwrap();
+    want[99_000..99_005].copy_from_slice(b"dirty");
+    f.set_len(250_000).unwrap();
+    want.resize(250_000, 0);
+    drop(f);
+    same_bytes(&std::fs::read(&p).unwrap(), &want, "through the mount");
+    same_bytes(&read_lib(&c, "/f.bin"), &want, "from the io servers");
+    // O_APPEND: each write lands at the end, also after the size changed.
+    for i in 0..3u64 {
+        let mut f = std::fs::OpenOptions::new().append(true).custom_flags(libc::O_APPEND).open(&p).unwrap();
+        let piece = pattern(5000 + i as usize, 10 + i);
+        f.write_all(&piece).unwrap();
+        want.extend_from_slice(&piece);
+    }
+    assert_eq!(len(&p), want.len() as u64);
+    same_bytes(&read_lib(&c, "/f.bin"), &want, "from the io servers");
+    // Sparse: one byte far past the end.
+    let far = 40 * 1024 * 1024 + 7;
+    std::fs::OpenOptions::new().write(true).open(&p).unwrap().write_all_at(b"!", far).unwrap();
+    want.resize(far as usize, 0);
+    want.push(b'!');
+    assert_eq!((len(&p), c.stat("/f.bin").unwrap().attr.size), (far + 1, far + 1));
+    same_bytes(&std::fs::read(&p).unwrap(), &want, "through the mount");
+    same_bytes(&read_lib(&c, "/f.bin"), &want, "from the io servers");
+    // Shared mmap writes reach the io servers by msync.
+    let q = m.dir.join("mapped.bin");
+    let f = std::fs::OpenOptions::new().create_new(true).read(true).write(true).open(&q).unwrap();
+    f.set_len(3 * 65536).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh shared mapping of a file of that length, unmapped before `f` is closed.
+    unsafe {
+        let at = libc::mmap(
+            std::ptr::null_mut(),
+            3 * 65536,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(at, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        let bytes = std::slice::from_raw_parts_mut(at as *mut u8, 3 * 65536);
+        bytes[65530..65540].copy_from_slice(b"0123456789");
+        assert_eq!(libc::msync(at, 3 * 65536, libc::MS_SYNC), 0);
+        assert_eq!(libc::munmap(at, 3 * 65536), 0);
+    }
+    let back = read_lib(&c, "/mapped.bin");
+    assert_eq!((back.len(), &back[65530..65540]), (3 * 65536, &b"0123456789"[..]));
+}
+
+/// Two kernel-cached mounts of one cluster (two clients): what one wrote and closed, the
+/// other's next open reads, also after the other read and cached the file before; a file
+/// that did not change is read again from the page cache, not the io servers.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn cached_mounts_are_close_to_open_consistent() {
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+    let tc = TestCluster::start("tcp", 3);
+    let a = mount_at(&tc, "a", &["--cache"]);
+    let b = mount_at(&tc, "b", &["--cache"]);
+    let c = tc.client();
+    let (pa, pb) = (a.dir.join("f"), b.dir.join("f"));
+    // Written and closed through A: B's open reads it.
+    let v1 = pattern(300_000, 1);
+    std::fs::write(&pa, &v1).unwrap();
+    same_bytes(&std::fs::read(&pb).unwrap(), &v1, "B reads what A closed");
+    // A reads it again: unchanged, so from A's page cache.
+    let before = bytes_read(&c);
+    same_bytes(&std::fs::read(&pa).unwrap(), &v1, "A again");
+    assert_eq!(bytes_read(&c), before, "an unchanged file is read from the page cache");
+    // Rewritten in place through B (same size) and closed: A's next open reads the new bytes,
+    // well within the attribute time-to-live.
+    let v2 = pattern(300_000, 2);
+    std::fs::OpenOptions::new().write(true).open(&pb).unwrap().write_all_at(&v2, 0).unwrap();
+    same_bytes(&std::fs::read(&pa).unwrap(), &v2, "A reads B's rewrite");
+    // Made longer through B: A's next open reads all of it, and A's size is the new one.
+    let tail = pattern(70_000, 3);
+    std::fs::OpenOptions::new().append(true).open(&pb).unwrap().write_all(&tail).unwrap();
+    let v3 = [&v2[..], &tail[..]].concat();
+    same_bytes(&std::fs::read(&pa).unwrap(), &v3, "A reads B's appended bytes");
+    assert_eq!(std::fs::metadata(&pa).unwrap().len(), v3.len() as u64);
+    // And back: written through A while B has read it, B's next open reads A's bytes.
+    same_bytes(&std::fs::read(&pb).unwrap(), &v3, "B reads its own file");
+    let v4 = pattern(20_000, 4);
+    std::fs::OpenOptions::new().write(true).open(&pa).unwrap().write_all_at(&v4, 100_000).unwrap();
+    let mut v5 = v3.clone();
+    v5[100_000..120_000].copy_from_slice(&v4);
+    same_bytes(&std::fs::read(&pb).unwrap(), &v5, "B reads A's rewrite");
+    same_bytes(&read_lib(&c, "/f"), &v5, "from the io servers");
+}
+
+/// Through the kernel-cached mode, `O_SYNC` and `O_DSYNC` writes, `RWF_DSYNC` writes, `fsync`
+/// and `fdatasync` reach the io servers as syncs before they return, as in the direct mode
+/// (the kernel writes the dirty pages back, then asks the mount to sync); what `fsync` made
+/// durable is on the io servers.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn cached_synchronous_writes_and_fsync_reach_the_io_servers() {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let tc = TestCluster::start("tcp", 3);
+    let m = mount_with(&tc, &["--cache"]);
+    let c = tc.client();
+    let open = |name: &str, flags: i32| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .read(true)
+            .write(true)
+            .custom_flags(flags)
+            .open(m.dir.join(name))
+            .unwrap()
+    };
+    let f = open("osync.bin", libc::O_SYNC);
+    each_write_is_synced(&c, "/osync.bin", &f, 24, 4096, "cached O_SYNC");
+    drop(f);
+    let f = open("osync.bin", libc::O_DSYNC);
+    each_write_is_synced(&c, "/osync.bin", &f, 8, 65536 + 4096, "cached O_DSYNC reopened");
+    drop(f);
+    // RWF_DSYNC on a descriptor opened without sync flags.
+    let f = open("plain.bin", 0);
+    f.write_all_at(&pattern(4096, 1), 0).unwrap();
+    let data = pattern(4096, 99);
+    let iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
+    let before = syncs(&c);
+    use std::os::fd::AsRawFd;
+    // SAFETY: one iovec over `data`, which outlives the call; `f` is an open descriptor.
+    let n = unsafe { libc::pwritev2(f.as_raw_fd(), &iov, 1, 0, libc::RWF_DSYNC) };
+    assert_eq!(n, 4096, "pwritev2: {}", std::io::Error::last_os_error());
+    let layout = c.open("/plain.bin", stripefs::capability::Rights::READ).unwrap().layout();
+    let (server, _) = layout.locate(0, c.io_servers());
+    assert!(syncs(&c)[server as usize] > before[server as usize], "RWF_DSYNC write was not synced");
+    same_bytes(&read_lib(&c, "/plain.bin")[..4096], &data, "RWF_DSYNC data on the io servers");
+    // fsync and fdatasync: the dirty pages go to the io servers and every one of the file's
+    // servers syncs, before the call returns (the descriptor stays open: no close flushes).
+    for (how, r) in [("fsync", 0u64), ("fdatasync", 1)] {
+        let data = pattern(400_000, 20 + r);
+        f.write_all_at(&data, 0).unwrap();
+        let before = syncs(&c);
+        if r == 0 {
+            f.sync_all().unwrap()
+        } else {
+            f.sync_data().unwrap()
+        }
+        let after = syncs(&c);
+        for s in layout.servers(c.io_servers()) {
+            assert!(after[s as usize] > before[s as usize], "{how} did not sync io server {s}");
+        }
+        same_bytes(&read_lib(&c, "/plain.bin"), &data, &format!("{how}: data on the io servers"));
+    }
+}
+
+/// Through the kernel-cached mode, a write-back that the io servers fail is not lost
+/// silently: `fsync` fails, and so does `close` of a file whose dirty pages cannot be written.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn cached_write_back_errors_fail_fsync_and_close() {
+    use std::os::unix::fs::FileExt;
+    let mut tc = TestCluster::start("tcp", 2);
+    let m = mount_with(&tc, &["--cache"]);
+    // Two files with dirty pages on both io servers, then one io server gone.
+    let f = std::fs::File::create(m.dir.join("a")).unwrap();
+    f.write_all_at(&pattern(1 << 20, 1), 0).unwrap();
+    let g = std::fs::File::create(m.dir.join("b")).unwrap();
+    g.write_all_at(&pattern(1 << 20, 2), 0).unwrap();
+    tc.cluster.kill_io(1);
+    let e = f.sync_all().expect_err("fsync with an io server gone");
+    // The write-back's own error as the mount mapped it, or the kernel's EIO.
+    assert!(matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::EIO)), "{e}");
+    // close(2)'s own result: std's File ignores it.
+    use std::os::fd::IntoRawFd;
+    let fd = g.into_raw_fd();
+    // SAFETY: `fd` is an open descriptor owned by nothing else now.
+    let r = unsafe { libc::close(fd) };
+    let err = std::io::Error::last_os_error();
+    assert_eq!(r, -1, "close with an io server gone succeeded");
+    assert!(matches!(err.raw_os_error(), Some(libc::ENOTCONN | libc::EIO)), "{err}");
+}
+
+/// Through the kernel-cached mode, for users other than root: a writer who does not own a file
+/// may set its times to now and truncate it (the kernel sends explicit times for both), but
+/// not set a time of its choosing; a file its owner may only write takes a write into part of
+/// a page (the kernel reads the rest of the page first).
+#[test]
+#[ignore = "needs root and /dev/fuse: mounts stripefs, runs commands as other users"]
+fn a_cached_mount_serves_writers_who_do_not_own_or_may_not_read() {
+    assert!(nix::unistd::geteuid().is_root(), "switching to another user needs root");
+    use std::os::unix::fs::PermissionsExt;
+    let tc = TestCluster::start("tcp", 2);
+    std::fs::set_permissions(tc.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let m = mount_with(&tc, &["--cache", "-o", "allow_other"]);
+    let mnt = m.dir.clone();
+    let as_user = |script: &str| {
+        Command::new("setpriv")
+            .args(["--reuid=4001", "--regid=5000", "--clear-groups", "sh", "-c", script])
+            .current_dir(&mnt)
+            .output()
+            .unwrap()
+    };
+    let mode = |name: &str, m: u32| {
+        std::fs::set_permissions(mnt.join(name), std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    mode(".", 0o1777);
+    std::fs::write(mnt.join("shared"), b"root\n").unwrap();
+    mode("shared", 0o666);
+    let out = as_user("echo other >> shared && touch shared && truncate -s 2 shared");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = as_user("touch -d 2001-01-01 shared");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("Operation not permitted"), "{err}");
+    assert_eq!(std::fs::read(mnt.join("shared")).unwrap(), b"ro");
+    // Written by another client, so the mount has none of its pages.
+    let c = tc.client();
+    let f = c.create("/wo", stripefs::CreateOptions { mode: 0o200, layout: None }).unwrap();
+    f.write_at(0, &bytes::Bytes::from_static(b"root\n")).unwrap();
+    let owner = stripefs::proto::SetAttr { uid: Some(4001), ..Default::default() };
+    c.setattr(f.handle(), owner).unwrap();
+    let out = as_user("printf ab | dd of=wo bs=1 seek=1 conv=notrunc");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(mnt.join("wo")).unwrap(), b"rabt\n");
+    assert_eq!(c.stat("/wo").unwrap().attr.size, 5);
 }

@@ -1076,6 +1076,14 @@ pub struct MountArgs {
     /// (changes fail with EROFS); `rw` and `default_permissions` are the defaults.
     #[arg(short = 'o', value_delimiter = ',')]
     options: Vec<String>,
+    /// Kernel-cached mode: serve files through the kernel's page cache with write-back instead
+    /// of direct I/O to the io servers (the default, PVFS semantics). Data written reaches the
+    /// io servers at close, fsync or msync at the latest; an open sees what other clients
+    /// closed before it (close-to-open, as NFS), but not writes they still cache. For
+    /// single-writer files, build trees and files read again; not for files written by
+    /// several clients at once.
+    #[arg(long)]
+    cache: bool,
     /// Return once the mount is live, leaving it served by a process in the background
     /// (default: serve in the foreground until unmounted or Ctrl-C). Unmount with `umount` or
     /// `fusermount3 -u`.
@@ -1122,6 +1130,7 @@ pub fn mount(cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
         threads: a.threads,
         allow_other: m.allow_other,
         read_only: m.read_only,
+        kernel_cache: a.cache,
     };
     if a.daemon_child {
         // Out of the caller's session: its terminal closing or its Ctrl-C leave the mount be.
@@ -1157,6 +1166,9 @@ fn mount_in_background(cluster: Option<PathBuf>, a: &MountArgs) -> Result<()> {
     let mut cmd = Command::new(exe);
     cmd.arg("--cluster").arg(&cluster).arg("mount").arg(&mountpoint).arg("--daemon-child");
     cmd.arg("--threads").arg(a.threads.to_string());
+    if a.cache {
+        cmd.arg("--cache");
+    }
     if !a.options.is_empty() {
         cmd.arg("-o").arg(a.options.join(","));
     }
@@ -1194,7 +1206,7 @@ fn mount_in_background(cluster: Option<PathBuf>, a: &MountArgs) -> Result<()> {
 /// `stripefs mount` without the `fuse` feature.
 #[cfg(not(feature = "fuse"))]
 pub fn mount(_cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
-    let _ = (a.mountpoint, a.threads, a.background, a.daemon_child, mount_opts(&a.options)?);
+    let _ = (a.mountpoint, a.threads, a.background, a.daemon_child, a.cache, mount_opts(&a.options)?);
     bail!("this stripefs was built without FUSE support; rebuild with `--features fuse`")
 }
 

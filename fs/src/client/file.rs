@@ -100,6 +100,13 @@ impl File {
         self.record_mtime()
     }
 
+    /// Makes everything written so far durable on every server, like [`File::sync`], but
+    /// records no time: for a caller that keeps the modification time itself (the FUSE mount's
+    /// kernel-cached mode, whose kernel sends its own times and must not have them overwritten).
+    pub fn sync_data(&self) -> FsResult<()> {
+        self.sync_pnums(&(0..self.layout.pcount).collect::<Vec<_>>())
+    }
+
     /// Makes the bytes written to `[off, off + len)` durable: syncs the servers holding them
     /// and no others (what an `O_DSYNC` write through the FUSE mount needs). Records no time.
     pub fn sync_range(&self, off: u64, len: u64) -> FsResult<()> {

@@ -1,9 +1,19 @@
 //! The FUSE mount (cargo feature `fuse`, through `fuser` 0.18).
 //!
-//! Inode numbers are stripefs handles (the root is handle 1 = `FUSE_ROOT_ID`). Files are opened
-//! with `FOPEN_DIRECT_IO`, so the kernel keeps no page cache of their data and every read and
-//! write goes to the io servers — the PVFS semantics of the library, unchanged. Attributes and
-//! entries are cached by the kernel for one second.
+//! Inode numbers are stripefs handles (the root is handle 1 = `FUSE_ROOT_ID`). By default files
+//! are opened with `FOPEN_DIRECT_IO`, so the kernel keeps no page cache of their data and every
+//! read and write goes to the io servers — the PVFS semantics of the library, unchanged.
+//! Attributes and entries are cached by the kernel for one second.
+//!
+//! The kernel-cached mode ([`MountOptions::kernel_cache`]) trades that for the kernel's page
+//! cache and write-back: reads are served from memory, writes are gathered in dirty pages and
+//! reach the io servers when the kernel writes them back — at the latest at `close`, `fsync`
+//! or `msync`. It keeps close-to-open consistency: the kernel writes a file's dirty pages back
+//! before it sends the FLUSH of a `close`, so they are on the io servers when `close` returns
+//! (an error of that write-back is `close`'s), and an `open` drops what the kernel cached of a
+//! file unless the file is as this mount last saw it (its size and modification time). In this
+//! mode the kernel keeps a regular file's size and modification time itself, takes neither
+//! from attribute replies, and sends them with its write-back (writes, then SETATTR).
 //!
 //! Permissions: the mount asks the kernel to check mode bits itself (`default_permissions`)
 //! against the attributes it is given, and serves every request as the process that made it:
@@ -20,7 +30,9 @@
 //! Durability follows the open flags: a write to a file opened with `O_SYNC` or `O_DSYNC` (or
 //! one carrying `RWF_SYNC`/`RWF_DSYNC`, which the kernel passes in the write's flags) is
 //! acknowledged only after the io servers holding its bytes fsynced them; `fsync` and
-//! `fdatasync` sync every io server of the file.
+//! `fdatasync` sync every io server of the file. In the kernel-cached mode the kernel writes
+//! the dirty pages back and then sends an FSYNC, for `fsync`, `fdatasync` and after a
+//! synchronous write alike, so the same holds.
 
 use crate::capability::Rights;
 use crate::client::{Client, CreateOptions, File};
@@ -35,7 +47,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{debug, warn};
 
@@ -63,6 +75,30 @@ pub struct StripeFuse {
     read_only: bool,
     /// Told once the kernel has initialised the mount (see [`mount_notify`]).
     on_ready: Ready,
+    /// Serve regular files through the kernel's page cache with write-back
+    /// ([`MountOptions::kernel_cache`]).
+    kernel_cache: bool,
+    /// In the kernel-cached mode: each file as this mount last saw it on the servers, to tell
+    /// at the next open whether what the kernel cached of it is still right.
+    seen: Mutex<HashMap<u64, Seen>>,
+    /// Tells the kernel of a file's new size (set once the session exists).
+    notifier: Arc<OnceLock<fuser::Notifier>>,
+}
+
+/// A file as seen on the servers: its size and modification time. Another client's write
+/// changes the size or the modification time (the meta server's, set when that client
+/// records its writes at close or fsync), so an unchanged pair means the kernel's cached pages
+/// are still the file's data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    size: u64,
+    mtime: Timestamp,
+}
+
+impl Seen {
+    fn of(a: &Attr) -> Seen {
+        Seen { size: a.size, mtime: a.mtime }
+    }
 }
 
 /// What to run once the mount is live (in a mutex only because the file system is shared
@@ -81,6 +117,10 @@ impl std::fmt::Debug for Ready {
 struct Open {
     file: Arc<File>,
     flags: i32,
+    /// In the kernel-cached mode, for a file its caller may only write: the same file opened
+    /// for reading by the mounting user, for the page reads the kernel makes on its own (see
+    /// [`StripeFuse::open_cached`]).
+    reader: Option<Arc<File>>,
 }
 
 /// What a write with open (or write) `flags` must make durable before it is acknowledged.
@@ -257,7 +297,17 @@ impl StripeFuse {
             host: unlinked::host(),
             read_only: false,
             on_ready: Ready::default(),
+            kernel_cache: false,
+            seen: Mutex::new(HashMap::new()),
+            notifier: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Serves regular files through the kernel's page cache with write-back (see
+    /// [`MountOptions::kernel_cache`]).
+    pub fn kernel_cache(mut self, on: bool) -> Self {
+        self.kernel_cache = on;
+        self
     }
 
     /// Refuses every change with `EROFS`.
@@ -373,11 +423,84 @@ impl StripeFuse {
         Ok(a)
     }
 
-    fn remember(&self, f: File, flags: i32) -> FileHandle {
+    fn remember(&self, f: File, flags: i32, reader: Option<File>) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.opened.opened(f.handle());
-        lock(&self.files).insert(fh, Open { file: Arc::new(f), flags });
+        lock(&self.files).insert(fh, Open { file: Arc::new(f), flags, reader: reader.map(Arc::new) });
         FileHandle(fh)
+    }
+
+    /// Opens `h` for `c` in the kernel-cached mode, and tells whether the kernel may keep what
+    /// it cached of the file.
+    ///
+    /// Close-to-open: this open must see every write another client finished (closed or
+    /// fsynced) before it. The kernel keeps its pages only if the file's size and modification
+    /// time on the servers are those this mount saw when it last opened or wrote the file;
+    /// anything else — another client's write, a truncate, a first open — drops them, so reads
+    /// go to the io servers again. `FOPEN_KEEP_CACHE` unconditionally would serve stale pages
+    /// after another client's write.
+    ///
+    /// The kernel also keeps its own size for a cached file and takes none from attribute
+    /// replies, so a file another client made longer would read short; the new size is pushed
+    /// to it (a one-byte store at the new end, which only ever grows the kernel's size).
+    fn open_cached(&self, c: &Client, h: Handle, flags: i32) -> FsResult<(FileHandle, FopenFlags)> {
+        // The kernel fills partly written pages by reading them, also through a descriptor
+        // opened write-only, so such an open asks for reading too. A caller who may only write
+        // gets those page reads done as the mounting user: the kernel never hands their bytes
+        // to a descriptor that cannot read.
+        let (file, reader) = if flags & libc::O_ACCMODE == libc::O_WRONLY {
+            match c.open_handle(h, Rights::READ_WRITE) {
+                Ok(f) => (f, None),
+                Err(e) if matches!(e.errno(), crate::Errno::EACCES | crate::Errno::EPERM) => {
+                    (c.open_handle(h, Rights::WRITE)?, self.client.open_handle(h, Rights::READ).ok())
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            (c.open_handle(h, open_rights(flags))?, None)
+        };
+        let now = Seen::of(&self.client.stat_handle(h)?.attr);
+        let keep = lock(&self.seen).insert(h.0, now) == Some(now);
+        if !keep && now.size > 0 && flags & libc::O_TRUNC == 0 {
+            self.push_size(h, reader.as_ref().unwrap_or(&file), now.size);
+        }
+        let fopen = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+        Ok((self.remember(file, flags, reader), fopen))
+    }
+
+    /// Makes the kernel's size of `h` at least `size`: stores the file's last byte in its page
+    /// cache, which extends the size it has if it is shorter. A file now shorter than the
+    /// kernel thinks cannot be corrected from here: the kernel keeps its size, and reads the
+    /// bytes past the new end as zeros, until it drops the inode.
+    fn push_size(&self, h: Handle, f: &File, size: u64) {
+        let Some(notifier) = self.notifier.get() else { return };
+        let mut last = [0u8; 1];
+        let r = f.read_into(size - 1, &mut last).and_then(|n| {
+            if n == 0 {
+                // Shorter by now: nothing to push.
+                return Ok(());
+            }
+            notifier
+                .store(INodeNo(h.0), size - 1, &last)
+                .map_err(|e| FsError::code(crate::Errno::EIO, format!("notify store: {e}")))
+        });
+        if let Err(e) = r {
+            // The kernel may not hold the inode (nothing to correct), or the file shrank since.
+            debug!(handle = %h, error = %e, "cannot push a file's size to the kernel");
+        }
+    }
+
+    /// Records `h` as the servers have it now (after this mount's own write-back).
+    fn saw(&self, h: Handle) {
+        match self.client.stat_handle(h) {
+            Ok(st) => {
+                lock(&self.seen).insert(h.0, Seen::of(&st.attr));
+            }
+            Err(_) => {
+                // Unknown: the next open drops the kernel's pages.
+                lock(&self.seen).remove(&h.0);
+            }
+        }
     }
 
     fn open_file(&self, fh: FileHandle) -> Option<Open> {
@@ -422,7 +545,17 @@ impl StripeFuse {
 }
 
 impl Filesystem for StripeFuse {
-    fn init(&mut self, _req: &Request, _config: &mut fuser::KernelConfig) -> std::io::Result<()> {
+    fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
+        // The request sizes stay fuser's and the kernel's (max_write, max pages): write-back
+        // sends dirty pages in requests as large as the direct mode's writes.
+        if self.kernel_cache
+            && let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_WRITEBACK_CACHE)
+        {
+            return Err(std::io::Error::other(format!(
+                "the kernel-cached mount needs write-back caching, which this kernel does not offer \
+                 ({missing:?})"
+            )));
+        }
         let ready = lock(&self.on_ready.0).take();
         if let Some(ready) = ready {
             ready();
@@ -432,6 +565,15 @@ impl Filesystem for StripeFuse {
 
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         self.entry(name(n).and_then(|n| self.as_caller(req).lookup(Handle(parent.0), n)), reply);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        // The kernel sends FORGET as it drops the inode, and its cached pages with it: the
+        // next open starts from nothing, so what this mount saw of the file no longer matters
+        // (and a mount that opens many files does not keep a record of each).
+        if self.kernel_cache {
+            lock(&self.seen).remove(&ino.0);
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -475,7 +617,28 @@ impl Filesystem for StripeFuse {
             wrote: false,
         };
         let h = Handle(ino.0);
-        match self.as_caller(req).setattr(h, set).and_then(|_| self.attr(h)) {
+        let c = self.as_caller(req);
+        let r = match c.setattr(h, set.clone()) {
+            // With write-back caching the kernel keeps a file's times itself and sends them as
+            // explicit times: for a write (its own time) and for `utimensat` to "now" alike.
+            // The meta server lets only the owner set explicit times, but the kernel has already
+            // refused an explicit time from anyone else, so what reaches here from another user
+            // stands for "now", which a writer may set.
+            Err(e)
+                if self.kernel_cache
+                    && e.errno() == crate::Errno::EPERM
+                    && (set.atime.is_some() || set.mtime.is_some()) =>
+            {
+                let now = |t: Option<SetTime>| t.map(|_| SetTime::Now);
+                c.setattr(h, SetAttr { atime: now(set.atime), mtime: now(set.mtime), ..set })
+            }
+            r => r,
+        };
+        match r.and_then(|_| self.attr(h)) {
+            // The attribute time-to-live is the direct mode's. The kernel-cached mode needs no
+            // longer one: the kernel takes no size or modification time from these replies for
+            // a regular file (it keeps its own), and the rest (mode, owner, links) should follow
+            // other clients' changes as soon as in the direct mode.
             Ok(a) => reply.attr(&TTL, &a),
             Err(e) => reply.error(errno(&e)),
         }
@@ -602,8 +765,16 @@ impl Filesystem for StripeFuse {
         if changes && let Err(e) = self.writable() {
             return reply.error(e);
         }
-        match self.as_caller(req).open_handle(Handle(ino.0), open_rights(flags.0)) {
-            Ok(f) => reply.opened(self.remember(f, flags.0), FopenFlags::FOPEN_DIRECT_IO),
+        let c = self.as_caller(req);
+        let h = Handle(ino.0);
+        let r = if self.kernel_cache {
+            self.open_cached(&c, h, flags.0)
+        } else {
+            c.open_handle(h, open_rights(flags.0))
+                .map(|f| (self.remember(f, flags.0, None), FopenFlags::FOPEN_DIRECT_IO))
+        };
+        match r {
+            Ok((fh, fopen)) => reply.opened(fh, fopen),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -619,7 +790,8 @@ impl Filesystem for StripeFuse {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
+        let Some(o) = self.open_file(fh) else { return reply.error(fuser::Errno::EBADF) };
+        let f = o.reader.unwrap_or(o.file);
         match f.read_at(offset, crate::buf::aligned_zeroed(size as usize)) {
             Ok((buf, n)) => reply.data(&buf[..n]),
             Err(e) => reply.error(errno(&e)),
@@ -644,7 +816,13 @@ impl Filesystem for StripeFuse {
         let Some(o) = self.open_file(fh) else { return reply.error(fuser::Errno::EBADF) };
         // The write's flags are the file's, plus RWF_SYNC / RWF_DSYNC of this write on kernels
         // that pass them; the open's flags are kept too, in case a kernel passes none.
-        let sync = WriteSync::of(o.flags | flags.0);
+        let sync = if self.kernel_cache {
+            // Write-back: the kernel follows an O_SYNC / O_DSYNC write(2) with an FSYNC of
+            // what it wrote (and its times), which `fsync` below makes durable.
+            WriteSync::None
+        } else {
+            WriteSync::of(o.flags | flags.0)
+        };
         match Self::write_synced(&o.file, offset, data, sync) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
@@ -652,6 +830,18 @@ impl Filesystem for StripeFuse {
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lo: fuser::LockOwner, reply: ReplyEmpty) {
+        if self.kernel_cache {
+            // The kernel wrote the dirty pages back and sent its modification time before this
+            // FLUSH (an error of that write-back fails the `close` itself), so the data is on
+            // the io servers; recording "now" as the time here would overwrite a time set since
+            // (`cp -p` sets it before closing). The file as the servers have it now is what
+            // the kernel caches: recorded, so that the next open here keeps the pages.
+            let Some(o) = self.open_file(fh) else { return reply.error(fuser::Errno::EBADF) };
+            if o.flags & libc::O_ACCMODE != libc::O_RDONLY {
+                self.saw(o.file.handle());
+            }
+            return reply.ok();
+        }
         // No client-side data to flush (every write already reached the io servers), but the
         // writes' modification time goes to the meta server now: `close` waits for a flush, so
         // a `utimes` after it (tar, cp -p, rsync -t) comes later and wins.
@@ -708,7 +898,10 @@ impl Filesystem for StripeFuse {
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
-        match f.sync() {
+        // Kernel-cached: the kernel wrote the dirty pages back and sent its times before this
+        // FSYNC; the mount keeps them (see `flush`) and makes the data durable.
+        let r = if self.kernel_cache { f.sync_data() } else { f.sync() };
+        match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -789,7 +982,14 @@ impl Filesystem for StripeFuse {
         match name(n).and_then(|n| self.as_caller(req).create_in(Handle(parent.0), n, opts)) {
             Ok(f) => {
                 let a = file_attr(f.handle(), f.attr());
-                reply.created(&TTL, &a, Generation(0), self.remember(f, flags), FopenFlags::FOPEN_DIRECT_IO);
+                let fopen = if self.kernel_cache {
+                    // New and empty: nothing cached to drop or keep.
+                    lock(&self.seen).insert(f.handle().0, Seen::of(f.attr()));
+                    FopenFlags::empty()
+                } else {
+                    FopenFlags::FOPEN_DIRECT_IO
+                };
+                reply.created(&TTL, &a, Generation(0), self.remember(f, flags, None), fopen);
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -808,11 +1008,19 @@ pub struct MountOptions {
     /// Mount read-only (FUSE's `ro`): the kernel refuses changes with `EROFS`, and so does the
     /// file system for anything that reaches it.
     pub read_only: bool,
+    /// Serve regular files through the kernel's page cache with write-back caching, instead of
+    /// the default direct I/O (PVFS semantics: no client cache). Reads of cached data and
+    /// small writes stay in memory; a file's data reaches the io servers at the latest when it
+    /// is closed or synced (`close`, `fsync`, `msync`), and an open sees what other clients
+    /// closed before it (close-to-open consistency, as NFS). Other clients do not see writes
+    /// still in this mount's cache, and concurrent writers on different clients to one file
+    /// are not kept consistent: for single-writer files, build trees, files read again.
+    pub kernel_cache: bool,
 }
 
 impl Default for MountOptions {
     fn default() -> Self {
-        MountOptions { threads: 4, allow_other: false, read_only: false }
+        MountOptions { threads: 4, allow_other: false, read_only: false, kernel_cache: false }
     }
 }
 
@@ -846,13 +1054,15 @@ pub fn mount_notify(
         cfg.acl = SessionACL::All;
     }
     cfg.n_threads = Some(opts.threads.max(1));
-    let mut fs = StripeFuse::new(client).read_only(opts.read_only);
+    let mut fs = StripeFuse::new(client).read_only(opts.read_only).kernel_cache(opts.kernel_cache);
     fs.on_ready = Ready(Mutex::new(Some(Box::new(ready))));
+    let notifier = fs.notifier.clone();
     if !opts.read_only {
         // Clean-up writes; a read-only mount leaves it to the next writable one.
         fs.drop_stale_hidden();
     }
     let mut session = fuser::Session::new(fs, mountpoint, &cfg)?;
+    let _ = notifier.set(session.notifier());
     let mut unmounter = session.unmount_callable();
     let _ = ctrlc::set_handler(move || {
         if let Err(e) = unmounter.unmount() {
