@@ -287,8 +287,8 @@ pub(crate) fn direction(flags: u8, len: u64) -> std::result::Result<Direction, P
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::ops::tests::St;
     use crate::buffers::buf::RecvBuf;
+    use crate::core::ops::tests::St;
 
     fn reqs() -> Requests<()> {
         let mut r = Requests::default();
