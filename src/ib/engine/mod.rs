@@ -55,6 +55,7 @@ mod link;
 #[cfg(test)]
 mod link_pair;
 mod msg;
+mod plan;
 mod post;
 mod recv;
 mod reg;
@@ -82,7 +83,7 @@ use rustc_hash::FxHashMap;
 
 use crate::addr::{Address, Scheme};
 use crate::admission::{self, Admission, Dialled};
-use crate::backend::{Backend, Cmd};
+use crate::backend::Backend;
 use crate::buffers::buf::{BufPool, OpBuf, RegisteredBuf};
 use crate::comm::{BulkScheduler, Mechanism, Policy};
 use crate::completions::Completions;
@@ -100,6 +101,8 @@ use crate::regcache::RegRef;
 use crate::types::{OpId, PeerId, ServiceLevel};
 
 use link::{Held, Link, Via};
+use plan::HeldPosts;
+pub(crate) use plan::MsgCaps;
 use reg::{Cache, DmaRegion};
 use side::{Framed, IbInfo};
 
@@ -263,23 +266,6 @@ pub(crate) struct Settings {
     pub n_ring: u16,
     pub max_inline_device: u32,
     pub max_sge: u32,
-}
-
-/// Message sizes a connection can carry: the smaller of this endpoint's and the peer's
-/// receive-buffer and ring-slot sizes (each side announces its own in the side-channel info).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct MsgCaps {
-    /// Largest message (header included) that fits a receive buffer: a SEND.
-    pub recv: usize,
-    /// Largest message (header included) that fits a ring slot: a fast-RDMA write.
-    pub slot: usize,
-}
-
-impl MsgCaps {
-    /// Largest payload of a message written into a ring slot (the eager limit).
-    pub fn slot_payload_max(&self) -> usize {
-        self.slot - MSG_HDR
-    }
 }
 
 /// Early arrivals, kept until a receive is posted.
@@ -460,7 +446,7 @@ pub(crate) struct Conn<V: Verbs> {
     pub out: VecDeque<OutMsg>,
     /// Sends and requests posted before the peer's limits were known: their mechanism is
     /// chosen, in order, once they are (see [`State::caps`]).
-    pub waiting_posts: VecDeque<(OpId, Cmd)>,
+    pub waiting_posts: HeldPosts,
 }
 
 /// Side-channel state.
@@ -773,11 +759,8 @@ impl<V: Verbs> State<V> {
         // (in the send queues about to go), deferred, waiting for or granted a zone buffer.
         // Left counted, they would eat the per-peer and per-endpoint RDMA caps for good.
         // Sends and requests still waiting for the connection's limits fail like posted ops.
-        let waiting: Vec<OpId> = all_conns
-            .iter()
-            .filter_map(|cid| self.conn(*cid))
-            .flat_map(|c| c.waiting_posts.iter().map(|(op, _)| *op))
-            .collect();
+        let waiting: Vec<OpId> =
+            all_conns.iter().filter_map(|cid| self.conn(*cid)).flat_map(|c| c.waiting_posts.ops()).collect();
         for op in waiting {
             self.fail_waiting_post(op, err.duplicate());
         }

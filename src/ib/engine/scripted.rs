@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use super::msg::{self, MSG_HDR, Prefix, Segment};
 use super::side::IbInfo;
 use super::*;
-use crate::backend::{RecvCmd, SendCmd};
+use crate::backend::{Cmd, RecvCmd, SendCmd};
 use crate::buffers::buf::{RecvBuf, SendBuf};
 use crate::flowctl::{CreditConfig, Credits, RingSender, encode_imm};
 use crate::wire::{Header, Kind};
