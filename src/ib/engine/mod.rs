@@ -50,6 +50,7 @@
 //! to every entry point that starts or checks a deadline.
 
 mod backend;
+mod cancel;
 mod inbound;
 mod link;
 #[cfg(test)]

@@ -12,11 +12,12 @@ use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::ib::verbs::*;
 use crate::info::Counters;
-use crate::op::{OpKind, status};
+use crate::op::OpKind;
 use crate::regcache::{Origin, RegRef, Span};
 use crate::types::{Access, OpId, PeerId, ServiceLevel};
 use crate::wire::{FLAG_RDV_HEADER, Header, Kind};
 
+use super::cancel::{self, CancelStep, Cancelled};
 use super::msg::{self, Segment};
 use super::plan::{self, For, Placement, SendPlan};
 use super::rx::{Matched, Read, Rts};
@@ -588,10 +589,9 @@ impl<V: Verbs> State<V> {
         let r = self.sreqs.get(peer, req)?;
         let _ = sl;
         let (cancelled, rsl, xfers) = (r.cancelled, r.sl, r.x.xfers);
-        // A cancelled request still gets a (bare) reply, after its transfers under way: the
-        // client may hold a registered buffer for them until it comes, and it is what lets the
-        // client forget the request. The server's reply op reports the cancel.
-        let (header, status) = if cancelled { (Bytes::new(), status::DROPPED) } else { (header, status) };
+        // A cancelled request's bare reply also waits for its transfers under way: the client
+        // may hold a registered buffer for them until it comes.
+        let (header, status) = requests::reply_content(cancelled, header, status);
         self.ops.insert(op, OpKind::Reply, peer, 0, rsl, OpBuf::None, OpSt::Sending);
         if cancelled && let Some(o) = self.ops.get_mut(&op) {
             o.outcome = Some(Err(Error::PeerCancelled));
@@ -739,82 +739,68 @@ impl<V: Verbs> State<V> {
     // Cancellation
     // ----------------------------------------------------------------------------------------
 
+    /// Cancels an op of the application as [`cancel::cancel_step`] decides; a send or request
+    /// still waiting for its connection's limits completes at once.
     pub(crate) fn cancel(&mut self, op: OpId, why: Error, now: Instant) {
         let Some(o) = self.ops.get(&op) else {
             self.fail_waiting_post(op, why);
             return;
         };
-        let (peer, tag, st, kind, sl, conn) = (o.peer, o.tag, o.st, o.kind, o.sl, o.x.conn);
-        match st {
-            OpSt::Posted => {
+        let c = Cancelled {
+            op,
+            kind: o.kind,
+            st: o.st,
+            sl: o.sl,
+            conn: o.x.conn,
+            registered: !o.x.regs.is_empty(),
+        };
+        let (peer, tag) = (o.peer, o.tag);
+        let notice = |header| OutMsg {
+            via: Via::Send,
+            header,
+            payload: Payload::None,
+            then: Then::Nothing,
+            fence: false,
+        };
+        match cancel::cancel_step(&c, now, self.s.cfg.ib.cancel_grace) {
+            CancelStep::Unpost => {
                 self.matcher.cancel_posted(peer, tag, op);
                 self.ops.complete(op, Err(why));
             }
-            OpSt::WaitFin { msg } => {
-                // The receiver may be reading our buffer right now: keep the registration and
-                // the buffer until its FIN (it answers a withdrawal of an unmatched message at
-                // once), or tear the connection down after the grace.
-                let until = now + self.s.cfg.ib.cancel_grace;
+            CancelStep::Withdraw { notice: n, until } => {
                 if let Some(o) = self.ops.get_mut(&op) {
                     o.outcome = Some(Err(why));
                     o.st = OpSt::Cancelling { until };
                 }
-                if let Some(cid) = conn {
-                    let mut h = Header::new(Kind::Cts, sl);
-                    h.b = msg;
-                    h.aux = super::RDV_WITHDRAW;
-                    self.enqueue(
-                        cid,
-                        OutMsg {
-                            via: Via::Send,
-                            header: h,
-                            payload: Payload::None,
-                            then: Then::Nothing,
-                            fence: false,
-                        },
-                    );
+                if let Some((cid, h)) = n {
+                    self.enqueue(cid, notice(h));
                 }
             }
-            OpSt::WaitReply if kind == OpKind::Request => {
+            CancelStep::CancelRequest { notice: n, hold_until } => {
                 if let Some(p) = self.peers.get_mut(peer) {
                     p.cancelled_reqs.insert(op.0);
                 }
-                if let Some(cid) = conn {
-                    let mut h = Header::new(Kind::CancelRequest, sl);
-                    h.b = op.0;
-                    self.enqueue(
-                        cid,
-                        OutMsg {
-                            via: Via::Send,
-                            header: h,
-                            payload: Payload::None,
-                            then: Then::Nothing,
-                            fence: false,
-                        },
-                    );
+                if let Some((cid, h)) = n {
+                    self.enqueue(cid, notice(h));
                 }
-                let registered = self.ops.get(&op).is_some_and(|o| !o.x.regs.is_empty());
-                if registered {
-                    // The server may be reading or writing our buffer: wait for its reply.
-                    let until = now + self.s.cfg.ib.cancel_grace;
-                    if let Some(o) = self.ops.get_mut(&op) {
-                        o.outcome = Some(Err(why));
-                        o.st = OpSt::Cancelling { until };
+                match hold_until {
+                    Some(until) => {
+                        if let Some(o) = self.ops.get_mut(&op) {
+                            o.outcome = Some(Err(why));
+                            o.st = OpSt::Cancelling { until };
+                        }
                     }
-                } else {
-                    self.ops.complete(op, Err(why));
+                    None => self.ops.complete(op, Err(why)),
                 }
             }
-            OpSt::Moving => {
-                // Our own RDMA into or out of this op's buffer may be in flight: the transfer
-                // stops, and the op completes once its posted work requests are done.
+            CancelStep::Abort => {
                 if let Some(o) = self.ops.get_mut(&op) {
                     o.outcome = Some(Err(why));
                 }
                 self.abort_xfers_of(op);
                 self.ops.complete(op, Err(Error::Cancelled));
             }
-            OpSt::WaitReply | OpSt::Sending | OpSt::Finishing | OpSt::Cancelling { .. } => {}
+            CancelStep::Nothing => {}
         }
     }
 }
