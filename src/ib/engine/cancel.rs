@@ -65,6 +65,12 @@ pub(crate) fn cancel_step(o: &Cancelled, now: Instant, grace: Duration) -> Cance
     }
 }
 
+/// Whether a cancelled op's grace is over at `now`: the peer did not let go of its memory in
+/// time, and only tearing the connection down stops it from using it.
+pub(crate) fn grace_over(st: OpSt, now: Instant) -> bool {
+    matches!(st, OpSt::Cancelling { until } if until <= now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +147,20 @@ mod tests {
         ];
         for (kind, st) in states {
             assert_eq!(cancel_step(&op(kind, st), now, GRACE), CancelStep::Nothing, "{kind:?} {st:?}");
+        }
+    }
+
+    #[test]
+    fn the_grace_ends_at_its_instant() {
+        let now = Instant::now();
+        let until = now + GRACE;
+        let st = OpSt::Cancelling { until };
+        assert!(!grace_over(st, now));
+        assert!(!grace_over(st, until - Duration::from_nanos(1)));
+        assert!(grace_over(st, until));
+        assert!(grace_over(st, until + GRACE));
+        for other in [OpSt::Posted, OpSt::Sending, OpSt::WaitReply, OpSt::Moving, OpSt::Finishing] {
+            assert!(!grace_over(other, until + GRACE), "{other:?}");
         }
     }
 }

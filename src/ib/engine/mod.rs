@@ -870,12 +870,8 @@ impl<V: Verbs> State<V> {
             self.side_failed(t, Loss::Lost(why.into()));
         }
         // Cancelled transfers the peer did not finish within the grace period: tear down.
-        let overdue: Vec<PeerId> = self
-            .ops
-            .iter()
-            .filter(|(_, o)| matches!(o.st, OpSt::Cancelling { until } if until <= now))
-            .map(|(_, o)| o.peer)
-            .collect();
+        let overdue: Vec<PeerId> =
+            self.ops.iter().filter(|(_, o)| cancel::grace_over(o.st, now)).map(|(_, o)| o.peer).collect();
         for p in overdue {
             self.fail_peer(p, Loss::Lost("cancelled transfer not released by the peer in time".into()));
         }

@@ -206,14 +206,24 @@ impl RequestPlan {
     }
 }
 
-/// The mechanism and path of a PUSH message: a push into a client buffer that is not
-/// registered has no server-based RDMA to use, so it must fit one message.
+/// A PUSH message: the server's data for a client buffer that is not registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PushPlan {
+    pub mech: Mechanism,
+    pub via: Via,
+    pub header: Header,
+}
+
+/// Plans a push of `len` bytes at `offset` of request `req`'s buffer into a client buffer
+/// that is not registered: there is no server-based RDMA to use, so it must fit one message.
 pub(crate) fn plan_push_message(
     policy: &Policy,
     caps: MsgCaps,
     sl: ServiceLevel,
+    req: u64,
+    offset: u64,
     len: usize,
-) -> Result<(Mechanism, Via)> {
+) -> Result<PushPlan> {
     let mech = match mechanism(policy, caps, len, sl, 0) {
         Mechanism::ServerRdma => Mechanism::FastRdma,
         m => m,
@@ -221,7 +231,37 @@ pub(crate) fn plan_push_message(
     if len > caps.slot_payload_max() {
         return Err(Error::misuse("push larger than a message into an unregistered buffer"));
     }
-    Ok((mech, message_via(mech)))
+    let mut h = Header::new(Kind::Push, sl);
+    h.b = req;
+    h.c = offset;
+    h.len = len as u32;
+    Ok(PushPlan { mech, via: message_via(mech), header: h })
+}
+
+/// A reply: its wire header (the length still to fill), and whether its header goes by
+/// rendezvous — too large for a ring slot, it is registered for the client to read, and the
+/// message carries its segment list instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplyPlan {
+    pub header: Header,
+    pub header_by_rdv: bool,
+}
+
+/// Plans the reply to request `req` with `status` and a `header_len`-byte header; `pushed`
+/// is where the bytes the server pushed end (the client's RDMA-written buffer cannot tell).
+pub(crate) fn plan_reply(
+    caps: MsgCaps,
+    sl: ServiceLevel,
+    req: u64,
+    status: u32,
+    pushed: u64,
+    header_len: usize,
+) -> ReplyPlan {
+    let mut h = Header::new(Kind::Reply, sl);
+    h.b = req;
+    h.aux = status;
+    h.a = pushed;
+    ReplyPlan { header: h, header_by_rdv: !caps.fits_slot(header_len) }
 }
 
 /// A held post the engine can place now, or one that fails with its buffer given back.

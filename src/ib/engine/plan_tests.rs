@@ -256,19 +256,33 @@ fn a_request_header_too_large_for_a_slot_goes_by_rendezvous() {
 
 #[test]
 fn a_push_into_an_unregistered_buffer_must_fit_one_message() {
-    let pol = policy(None);
-    assert_eq!(plan_push_message(&pol, CAPS, SL, 8).ok(), Some((Mechanism::Inline, Via::Send)));
-    assert_eq!(
-        plan_push_message(&pol, CAPS, SL, INLINE_MAX + 1).ok(),
-        Some((Mechanism::FastRdma, Via::Ring))
-    );
+    let push =
+        |forced, len| plan_push_message(&policy(forced), CAPS, SL, 5, 40, len).map(|p| (p.mech, p.via));
+    assert_eq!(push(None, 8).ok(), Some((Mechanism::Inline, Via::Send)));
+    assert_eq!(push(None, INLINE_MAX + 1).ok(), Some((Mechanism::FastRdma, Via::Ring)));
     // The table would announce it; nobody can read it, so the ring takes it.
-    assert_eq!(plan_push_message(&pol, CAPS, SL, SLOT_ROOM).ok(), Some((Mechanism::FastRdma, Via::Ring)));
-    assert!(matches!(plan_push_message(&pol, CAPS, SL, SLOT_ROOM + 1), Err(Error::Misuse(_))));
+    assert_eq!(push(None, SLOT_ROOM).ok(), Some((Mechanism::FastRdma, Via::Ring)));
+    assert!(matches!(push(None, SLOT_ROOM + 1), Err(Error::Misuse(_))));
+    assert_eq!(push(Some(Mechanism::ServerRdma), 0).ok(), Some((Mechanism::Inline, Via::Send)));
+    let Ok(PushPlan { header: h, .. }) = plan_push_message(&policy(None), CAPS, SL, 5, 40, 8) else {
+        panic!("8 bytes fit a message")
+    };
+    assert_eq!((h.kind, h.sl, h.b, h.c, h.len), (Kind::Push, SL, 5, 40, 8));
+}
+
+#[test]
+fn a_reply_header_too_large_for_a_slot_goes_by_rendezvous() {
+    let p = plan_reply(CAPS, SL, 5, 7, 300, SLOT_ROOM);
+    assert!(!p.header_by_rdv, "at the slot's size the header rides in the message");
     assert_eq!(
-        plan_push_message(&policy(Some(Mechanism::ServerRdma)), CAPS, SL, 0).ok(),
-        Some((Mechanism::Inline, Via::Send))
+        (p.header.kind, p.header.sl, p.header.b, p.header.aux, p.header.a),
+        (Kind::Reply, SL, 5, 7, 300)
     );
+    assert!(plan_reply(CAPS, SL, 5, 7, 300, SLOT_ROOM + 1).header_by_rdv);
+    // The peer's smaller slots decide.
+    let caps = CAPS.with_peer(Some(MsgCaps { recv: 256, slot: 2048 }));
+    assert!(plan_reply(caps, SL, 5, 7, 0, 2048 - MSG_HDR + 1).header_by_rdv);
+    assert_eq!(plan_reply(CAPS, SL, 5, 7, 0, 0).header.flags, 0);
 }
 
 fn send_cmd(len: usize, unexpected: bool) -> Cmd {

@@ -19,7 +19,7 @@ use crate::wire::{FLAG_RDV_HEADER, Header, Kind};
 
 use super::cancel::{self, CancelStep, Cancelled};
 use super::msg::{self, Segment};
-use super::plan::{self, For, Placement, SendPlan};
+use super::plan::{self, For, Placement, PushPlan, ReplyPlan, SendPlan};
 use super::rx::{Matched, Read, Rts};
 use super::{Early, FinWait, Local, MsgCaps, OpSt, OutMsg, Payload, State, Then, Via, XferThen};
 
@@ -526,17 +526,15 @@ impl<V: Verbs> State<V> {
         self.ops.insert(op, OpKind::Push, peer, 0, sl, OpBuf::Send(buf), OpSt::Sending);
         if segs.is_empty() {
             // The client did not register its buffer (small read): a PUSH message.
-            let (mech, via) = match plan::plan_push_message(&self.s.policy, self.caps(cid), rsl, len) {
-                Ok(p) => p,
-                Err(e) => {
-                    self.ops.complete(op, Err(e));
-                    return Ok(());
-                }
-            };
-            let mut h = Header::new(Kind::Push, rsl);
-            h.b = req;
-            h.c = offset;
-            h.len = len as u32;
+            let caps = self.caps(cid);
+            let PushPlan { mech, via, header } =
+                match plan::plan_push_message(&self.s.policy, caps, rsl, req, offset, len) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        self.ops.complete(op, Err(e));
+                        return Ok(());
+                    }
+                };
             if let Some(o) = self.ops.get_mut(&op) {
                 o.mech = Some(mech);
             }
@@ -550,7 +548,7 @@ impl<V: Verbs> State<V> {
                 cid,
                 OutMsg {
                     via,
-                    header: h,
+                    header,
                     payload: Payload::Op { op, off: 0, len },
                     then: Then::CompleteAtPost(op),
                     fence: false,
@@ -615,12 +613,10 @@ impl<V: Verbs> State<V> {
         };
         self.release_request_budget(peer, r.cost);
         Counters::add(&self.core.counters.msgs_sent, 1);
-        let mut h = Header::new(Kind::Reply, r.sl);
-        h.b = req;
-        h.aux = status;
-        h.a = r.x.pushed;
         let caps = self.caps(r.x.conn);
-        let payload = if !caps.fits_slot(header.len()) {
+        let ReplyPlan { header: mut h, header_by_rdv } =
+            plan::plan_reply(caps, r.sl, req, status, r.x.pushed, header.len());
+        let payload = if header_by_rdv {
             match self.register_header(op, &header) {
                 Ok(segs) => {
                     let msg_id = self.next_msg;
