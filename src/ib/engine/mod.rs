@@ -55,6 +55,7 @@ mod inbound;
 mod link;
 #[cfg(test)]
 mod link_pair;
+mod lose;
 mod msg;
 mod plan;
 mod post;
@@ -756,15 +757,13 @@ impl<V: Verbs> State<V> {
         all_conns.extend(conn_ids);
         all_conns.sort();
         all_conns.dedup();
-        // Bytes of this peer's transfer units the bulk scheduler counts as in flight: posted
-        // (in the send queues about to go), deferred, waiting for or granted a zone buffer.
-        // Left counted, they would eat the per-peer and per-endpoint RDMA caps for good.
         // Sends and requests still waiting for the connection's limits fail like posted ops.
         let waiting: Vec<OpId> =
             all_conns.iter().filter_map(|cid| self.conn(*cid)).flat_map(|c| c.waiting_posts.ops()).collect();
         for op in waiting {
             self.fail_waiting_post(op, err.duplicate());
         }
+        // Bytes of this peer's units in the send queues about to go (see [`lose::Transfers`]).
         let mut unit_bytes = 0;
         for cid in &all_conns {
             if let Some(c) = self.conn_mut(*cid) {
@@ -785,27 +784,13 @@ impl<V: Verbs> State<V> {
         }
         self.sreqs.drop_peer(peer);
         self.core.forget_peer(peer);
-        let xfers: Vec<u64> = self.xfers.iter().filter(|(_, x)| x.peer == peer).map(|(k, _)| *k).collect();
-        for x in xfers {
-            self.bulk.remove(&x);
-            self.xfers.remove(&x);
+        let grants = lose::Transfers {
+            bulk: &mut self.bulk,
+            xfers: &mut self.xfers,
+            deferred: &mut self.deferred,
+            zones: self.zones.as_mut().map(|z| &mut z.zones),
         }
-        // Zone buffers of this peer (held by its units, deferred or granted) all come back with
-        // release_client; grants to other peers made meanwhile are served below.
-        unit_bytes += self.deferred.iter().filter(|d| d.peer == peer).map(|d| d.len).sum::<usize>();
-        self.deferred.retain(|d| d.peer != peer);
-        let mut grants = Vec::new();
-        if let Some(z) = &mut self.zones {
-            while let Some(g) = z.zones.poll_grant() {
-                if g.client == peer {
-                    unit_bytes += g.token.2;
-                } else {
-                    grants.push(g);
-                }
-            }
-            unit_bytes += z.zones.release_client(peer).iter().map(|t| t.2).sum::<usize>();
-        }
-        self.bulk.unit_done(peer, unit_bytes);
+        .lose_peer(peer, unit_bytes);
         // Its receives, early arrivals, FIN waits and operations ([`rx::Rx::lose_peer`]); the
         // reply headers it was to fetch come back to the cache.
         let (mut rx, _) = self.rx();
