@@ -6,11 +6,12 @@
 use std::collections::VecDeque;
 
 use crate::backend::{Cmd, SendCmd};
-use crate::buffers::buf::OpBuf;
+use crate::buffers::buf::{OpBuf, RecvBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism, Policy};
 use crate::core::requests;
 use crate::error::{Error, Result};
 use crate::op::{Direction, OpKind};
+use crate::regcache::Span;
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{FLAG_INLINE_DATA, FLAG_SEGMENTS, Header, Kind};
 
@@ -99,6 +100,63 @@ pub(crate) fn check_unexpected(caps: MsgCaps, len: usize, unexpected: bool) -> R
         return Err(Error::TooLarge { len: len as u64, max: eager as u64 });
     }
     Ok(())
+}
+
+/// How an op's buffer is opened to the peer's RDMA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Registration {
+    /// A pool buffer: registered once, the cache only finds it.
+    Owned,
+    /// The caller's memory, registered through the cache for the op's lifetime; with the
+    /// allocation hint, `parent` is the pieces' span (their parent allocation), registered
+    /// whole on a miss so the next list from it hits.
+    Foreign { parent: Option<Span> },
+    /// Too many pieces for the segment list the peer accepts: a pool buffer carries the
+    /// bytes. (Also what the engine falls back to when registering fails.)
+    Stage,
+}
+
+/// The pieces (address, length) of an op's buffer the peer would read or write, and whether
+/// it is a pool buffer. Empty pieces of scatter lists are left out.
+pub(crate) fn buffer_pieces(buf: &OpBuf) -> (Vec<(usize, usize)>, bool) {
+    let pieces = match buf {
+        OpBuf::Send(SendBuf::Registered(b)) | OpBuf::Recv(RecvBuf::Registered(b)) => {
+            return (vec![(b.addr(), b.len())], true);
+        }
+        OpBuf::Send(s) => {
+            let mut v = Vec::new();
+            s.for_each_slice(0, s.len(), |p| v.push((p.as_ptr() as usize, p.len())));
+            v
+        }
+        OpBuf::Recv(RecvBuf::Mut(b)) => vec![(b.as_ptr() as usize, b.len())],
+        // Scatter lists (plain or mapped): their non-empty segments.
+        OpBuf::Recv(r) => {
+            let mut v = Vec::new();
+            r.for_each_slice(0, r.capacity(), |p| v.push((p.as_ptr() as usize, p.len())));
+            v
+        }
+        OpBuf::None => Vec::new(),
+    };
+    (pieces, false)
+}
+
+/// How to open `pieces` (of a pool buffer when `owned`) to the peer; `alloc_hint`: the
+/// pieces of a list come from one allocation (see [`Registration::Foreign`]).
+pub(crate) fn registration(owned: bool, pieces: &[(usize, usize)], alloc_hint: bool) -> Registration {
+    if owned {
+        return Registration::Owned;
+    }
+    // Each piece is a segment and a segment list rides in one message: a long list of small
+    // pieces is cheaper to copy once into one staged buffer.
+    if pieces.len() > msg::MAX_SEGMENTS / 2 {
+        return Registration::Stage;
+    }
+    let parent = (alloc_hint && pieces.len() > 1).then(|| {
+        let lo = pieces.iter().map(|p| p.0).min().unwrap_or(0);
+        let hi = pieces.iter().map(|p| p.0 + p.1).max().unwrap_or(lo);
+        Span::new(lo, hi - lo)
+    });
+    Registration::Foreign { parent }
 }
 
 /// How a send goes.

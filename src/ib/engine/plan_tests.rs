@@ -356,3 +356,34 @@ fn a_held_post_withdrawn_gets_its_buffer_back_and_the_rest_keep_their_order() {
     let placed: Vec<_> = held.place(CAPS).map(|p| describe(p).0).collect();
     assert_eq!(placed, [OpId(1), OpId(3)]);
 }
+
+#[test]
+fn a_buffers_pieces_are_its_non_empty_slices() {
+    let a = Bytes::from_static(b"abcd");
+    let b = Bytes::from_static(b"efghij");
+    let list = OpBuf::Send(SendBuf::List(vec![a.clone(), Bytes::new(), b.clone()]));
+    let (pieces, owned) = buffer_pieces(&list);
+    assert!(!owned);
+    assert_eq!(pieces, [(a.as_ptr() as usize, 4), (b.as_ptr() as usize, 6)]);
+    let one = bytes::BytesMut::zeroed(32);
+    let at = one.as_ptr() as usize;
+    assert_eq!(buffer_pieces(&OpBuf::Recv(RecvBuf::Mut(one))), (vec![(at, 32)], false));
+    assert_eq!(buffer_pieces(&OpBuf::None), (Vec::new(), false));
+}
+
+#[test]
+fn long_lists_are_staged_and_hinted_lists_register_their_span() {
+    let pieces: Vec<(usize, usize)> = (0..msg::MAX_SEGMENTS / 2).map(|i| (0x10_000 + i * 100, 50)).collect();
+    assert_eq!(registration(true, &pieces, true), Registration::Owned);
+    assert_eq!(registration(false, &pieces, false), Registration::Foreign { parent: None });
+    // With the hint, the span from the lowest piece to the end of the highest.
+    let span = Span::new(0x10_000, (pieces.len() - 1) * 100 + 50);
+    assert_eq!(registration(false, &pieces, true), Registration::Foreign { parent: Some(span) });
+    let mut longer = pieces.clone();
+    longer.push((0x90_000, 8));
+    assert_eq!(registration(false, &longer, true), Registration::Stage);
+    assert_eq!(registration(true, &longer, true), Registration::Owned, "a pool buffer is one registration");
+    // A single piece is its own span: nothing wider is registered for it.
+    assert_eq!(registration(false, &pieces[..1], true), Registration::Foreign { parent: None });
+    assert_eq!(registration(false, &[], true), Registration::Foreign { parent: None });
+}

@@ -5,7 +5,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use crate::backend::{Cmd, GetCmd, PullCmd, PushCmd, PutCmd, RecvCmd, ReplyCmd, RequestCmd, SendCmd};
-use crate::buffers::buf::{OpBuf, RecvBuf, SendBuf};
+use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
 use crate::core::requests;
 use crate::error::{Error, Result};
@@ -19,7 +19,7 @@ use crate::wire::{FLAG_RDV_HEADER, Header, Kind};
 
 use super::cancel::{self, CancelStep, Cancelled};
 use super::msg::{self, Segment};
-use super::plan::{self, For, Placement, PushPlan, ReplyPlan, SendPlan};
+use super::plan::{self, For, Placement, PushPlan, Registration, ReplyPlan, SendPlan};
 use super::rx::{Matched, Read, Rts};
 use super::{Early, FinWait, Local, MsgCaps, OpSt, OutMsg, Payload, State, Then, Via, XferThen};
 
@@ -211,42 +211,19 @@ impl<V: Verbs> State<V> {
     /// buffer when it cannot be registered (read-only pages, pin limits, too many pieces).
     fn register_op_buf(&mut self, op: OpId, purpose: For) -> Result<Vec<Segment>> {
         let Some(o) = self.ops.get(&op) else { return Err(Error::misuse("no such op")) };
-        let pieces: Vec<(usize, usize)> = match &o.buf {
-            OpBuf::Send(SendBuf::Registered(b)) => vec![(b.addr(), b.len())],
-            OpBuf::Recv(RecvBuf::Registered(b)) => vec![(b.addr(), b.len())],
-            OpBuf::Send(s) => {
-                let mut v = Vec::new();
-                s.for_each_slice(0, s.len(), |p| v.push((p.as_ptr() as usize, p.len())));
-                v
-            }
-            OpBuf::Recv(RecvBuf::Mut(b)) => vec![(b.as_ptr() as usize, b.len())],
-            // Scatter lists (plain or mapped): their non-empty segments.
-            OpBuf::Recv(r) => {
-                let mut v = Vec::new();
-                r.for_each_slice(0, r.capacity(), |p| v.push((p.as_ptr() as usize, p.len())));
-                v
-            }
-            OpBuf::None => Vec::new(),
-        };
-        let owned =
-            matches!(o.buf, OpBuf::Send(SendBuf::Registered(_)) | OpBuf::Recv(RecvBuf::Registered(_)));
-        if !owned && pieces.len() <= msg::MAX_SEGMENTS / 2 {
-            // With the allocation hint, the pieces' span is their parent allocation.
-            let parent = (self.s.cfg.ib.list_alloc_hint && pieces.len() > 1).then(|| {
-                let lo = pieces.iter().map(|p| p.0).min().unwrap_or(0);
-                let hi = pieces.iter().map(|p| p.0 + p.1).max().unwrap_or(lo);
-                Span::new(lo, hi - lo)
-            });
-            match self.acquire_all_in(&pieces, false, parent) {
-                Ok((regs, segs)) => {
-                    if let Some(o) = self.ops.get_mut(&op) {
-                        o.x.regs.extend(regs);
-                    }
-                    return Ok(segs);
+        let (pieces, owned) = plan::buffer_pieces(&o.buf);
+        let acquired = match plan::registration(owned, &pieces, self.s.cfg.ib.list_alloc_hint) {
+            Registration::Owned => self.acquire_all(&pieces, true).ok(),
+            Registration::Foreign { parent } => match self.acquire_all_in(&pieces, false, parent) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::debug!(error = %e, "registering a user buffer failed; staging it");
+                    None
                 }
-                Err(e) => tracing::debug!(error = %e, "registering a user buffer failed; staging it"),
-            }
-        } else if owned && let Ok((regs, segs)) = self.acquire_all(&pieces, true) {
+            },
+            Registration::Stage => None,
+        };
+        if let Some((regs, segs)) = acquired {
             if let Some(o) = self.ops.get_mut(&op) {
                 o.x.regs.extend(regs);
             }
