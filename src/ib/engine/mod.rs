@@ -67,6 +67,7 @@ mod rx;
 mod scripted;
 mod setup;
 mod side;
+mod sreq;
 #[cfg(test)]
 mod tests;
 mod transmit;
@@ -107,6 +108,7 @@ use plan::HeldPosts;
 pub(crate) use plan::MsgCaps;
 use reg::{Cache, DmaRegion};
 use side::{Framed, IbInfo};
+pub(crate) use sreq::IbReq;
 
 pub(crate) use msg::MSG_HDR;
 
@@ -349,22 +351,6 @@ impl IbOp {
 
 /// The engine's operation table.
 pub(crate) type Ops = OpTable<OpSt, IbOp>;
-
-/// The engine's part of an open request (server side).
-#[derive(Default)]
-pub(crate) struct IbReq {
-    /// The connection it came on: its pulls, pushes and reply go there.
-    pub conn: u32,
-    /// The client's registered payload, for the server's RDMA.
-    pub segs: Vec<msg::Segment>,
-    /// Pulls and pushes not finished: the reply waits for them.
-    pub xfers: u32,
-    /// A reply posted while transfers were still running.
-    pub deferred_reply: Option<(OpId, Bytes, u32)>,
-    /// End of the furthest byte pushed so far (by pushes that finished, or went out as
-    /// messages): the reply tells the client, whose RDMA-written buffer cannot tell it.
-    pub pushed: u64,
-}
 
 /// A message waiting to be transmitted on a connection.
 pub(crate) struct OutMsg {

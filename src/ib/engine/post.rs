@@ -466,7 +466,7 @@ impl<V: Verbs> State<V> {
         };
         let len = buf.capacity();
         let Some(r) = self.sreqs.get_mut(peer, req) else { unreachable!("checked by start_pull") };
-        r.x.xfers += 1;
+        r.x.xfer_started();
         let (cid, segs) = (r.x.conn, r.x.segs.clone());
         self.ops.insert(op, OpKind::Pull, peer, 0, sl, OpBuf::Recv(buf), OpSt::Moving);
         if let Some(o) = self.ops.get_mut(&op) {
@@ -519,7 +519,7 @@ impl<V: Verbs> State<V> {
             if len > 0
                 && let Some(r) = self.sreqs.get_mut(peer, req)
             {
-                r.x.pushed = r.x.pushed.max(offset + len as u64);
+                r.x.pushed_to(offset + len as u64);
             }
             self.enqueue(
                 cid,
@@ -534,7 +534,7 @@ impl<V: Verbs> State<V> {
             return Ok(());
         }
         if let Some(r) = self.sreqs.get_mut(peer, req) {
-            r.x.xfers += 1;
+            r.x.xfer_started();
         }
         if let Some(o) = self.ops.get_mut(&op) {
             o.mech = Some(Mechanism::ServerRdma);
@@ -563,22 +563,19 @@ impl<V: Verbs> State<V> {
         requests::check_header(&header, self.s.cfg.max_header)?;
         let r = self.sreqs.get(peer, req)?;
         let _ = sl;
-        let (cancelled, rsl, xfers) = (r.cancelled, r.sl, r.x.xfers);
-        // A cancelled request's bare reply also waits for its transfers under way: the client
-        // may hold a registered buffer for them until it comes.
+        let (cancelled, rsl) = (r.cancelled, r.sl);
+        // A cancelled request's bare reply also waits for its transfers under way (see
+        // `IbReq::reply`).
         let (header, status) = requests::reply_content(cancelled, header, status);
         self.ops.insert(op, OpKind::Reply, peer, 0, rsl, OpBuf::None, OpSt::Sending);
         if cancelled && let Some(o) = self.ops.get_mut(&op) {
             o.outcome = Some(Err(Error::PeerCancelled));
         }
-        if xfers > 0 {
-            // Pulls or pushes still move: the reply must not overtake them.
-            if let Some(r) = self.sreqs.get_mut(peer, req) {
-                r.x.deferred_reply = Some((op, header, status));
-            }
-            return Ok(());
+        if let Some((op, header, status)) =
+            self.sreqs.get_mut(peer, req).and_then(|r| r.x.reply((op, header, status)))
+        {
+            self.send_reply(op, peer, req, header, status);
         }
-        self.send_reply(op, peer, req, header, status);
         Ok(())
     }
 
@@ -592,7 +589,7 @@ impl<V: Verbs> State<V> {
         Counters::add(&self.core.counters.msgs_sent, 1);
         let caps = self.caps(r.x.conn);
         let ReplyPlan { header: mut h, header_by_rdv } =
-            plan::plan_reply(caps, r.sl, req, status, r.x.pushed, header.len());
+            plan::plan_reply(caps, r.sl, req, status, r.x.pushed(), header.len());
         let payload = if header_by_rdv {
             match self.register_header(op, &header) {
                 Ok(segs) => {
@@ -643,11 +640,7 @@ impl<V: Verbs> State<V> {
 
     /// A pull or push of a request finished: a deferred reply may go now.
     pub(crate) fn xfer_finished_for_req(&mut self, peer: PeerId, req: u64) {
-        let Some(r) = self.sreqs.get_mut(peer, req) else { return };
-        r.x.xfers = r.x.xfers.saturating_sub(1);
-        if r.x.xfers == 0
-            && let Some((op, header, status)) = r.x.deferred_reply.take()
-        {
+        if let Some((op, header, status)) = self.sreqs.get_mut(peer, req).and_then(|r| r.x.xfer_finished()) {
             self.send_reply(op, peer, req, header, status);
         }
     }
