@@ -46,8 +46,13 @@
 //! room, retirement in posting order, the flow-control prefix of every message — live in
 //! [`link::Link`], which knows no queue pair: it returns the work request to post and takes
 //! completions and arrivals as events. [`transmit`] and [`recv`] carry them out on the queue
-//! pair and its memory. The engine reads no clock: the driver loop ([`backend`]) passes `now`
-//! to every entry point that starts or checks a deadline.
+//! pair and its memory. The decisions of posting and cancelling are made the same way, apart
+//! from the device: [`plan`] picks a send's, request's, push's or reply's mechanism, message
+//! and registration from the connection's [`MsgCaps`] and the policy; [`cancel`] says what
+//! cancelling an op does in its state; [`rx`] matches arrivals; [`lose`] settles a lost
+//! peer's transfers; [`sreq`] holds a reply back behind its request's transfers. `post` and
+//! `recv` carry their answers out with verbs. The engine reads no clock: the driver loop
+//! ([`backend`]) passes `now` to every entry point that starts or checks a deadline.
 
 mod backend;
 mod cancel;
