@@ -1,7 +1,8 @@
-//! Posting decisions: which mechanism carries a send, a request or a push, whether a post
-//! waits for the peer's limits, and what its message looks like. Plain rules over the
-//! connection's limits ([`MsgCaps`]) and the policy, apart from the device: the engine
-//! registers what a plan says to register and queues the messages it describes.
+//! Posting decisions: which mechanism carries a send, a request, a push or a reply, what its
+//! message looks like, how a buffer is opened to the peer, and the posts held until the
+//! peer's limits are known. Plain rules over the connection's limits ([`MsgCaps`]) and the
+//! policy, apart from the device: the engine registers what a plan says to register and
+//! queues the messages it describes.
 
 use std::collections::VecDeque;
 
@@ -43,7 +44,7 @@ impl MsgCaps {
     }
 
     /// How a message of `payload` bytes that carries no op data travels: a SEND when it fits
-    /// a receive buffer (credits are the cheaper resource), a ring write otherwise.
+    /// a receive buffer, a ring write otherwise.
     pub fn via(&self, payload: usize) -> Via {
         if MSG_HDR + payload <= self.recv { Via::Send } else { Via::Ring }
     }
@@ -111,8 +112,8 @@ pub(crate) enum Registration {
     /// allocation hint, `parent` is the pieces' span (their parent allocation), registered
     /// whole on a miss so the next list from it hits.
     Foreign { parent: Option<Span> },
-    /// Too many pieces for the segment list the peer accepts: a pool buffer carries the
-    /// bytes. (Also what the engine falls back to when registering fails.)
+    /// A list of more pieces than half the segments a list may carry: a pool buffer carries
+    /// the bytes. (Also what the engine falls back to when registering fails.)
     Stage,
 }
 
@@ -146,8 +147,7 @@ pub(crate) fn registration(owned: bool, pieces: &[(usize, usize)], alloc_hint: b
     if owned {
         return Registration::Owned;
     }
-    // Each piece is a segment and a segment list rides in one message: a long list of small
-    // pieces is cheaper to copy once into one staged buffer.
+    // Each piece would be a segment of the list announced to the peer.
     if pieces.len() > msg::MAX_SEGMENTS / 2 {
         return Registration::Stage;
     }
@@ -162,8 +162,8 @@ pub(crate) fn registration(owned: bool, pieces: &[(usize, usize)], alloc_hint: b
 /// How a send goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SendPlan {
-    /// Header and data in one message, copied when it is posted (the op completes then): a
-    /// SEND for inline, a ring write for fast RDMA.
+    /// Header and data in one message: a SEND for inline, a ring write for fast RDMA. The op
+    /// completes when it is posted, or when its work request does if it goes without a copy.
     Message { mech: Mechanism, via: Via, header: Header },
     /// Server-based RDMA: the buffer is registered for the peer to read, and an announcement
     /// (`header`: its message id in `b` and length still to fill) carries the segment list;
