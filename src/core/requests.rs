@@ -16,7 +16,7 @@ use crate::comm::Mechanism;
 use crate::core::ops::{OpExtra, OpState, OpTable};
 use crate::error::{Error, ProtocolError, Result};
 use crate::info::Counters;
-use crate::op::{Completion, Direction, OpKind, Payload};
+use crate::op::{Completion, Direction, OpKind, Payload, status};
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, Header, Kind};
 
@@ -220,6 +220,21 @@ pub(crate) fn request_header(
     h
 }
 
+/// The client's notice that request `op` is cancelled.
+pub(crate) fn cancel_notice(sl: ServiceLevel, op: OpId) -> Header {
+    let mut h = Header::new(Kind::CancelRequest, sl);
+    h.b = op.0;
+    h
+}
+
+/// What a reply carries: the server's header and status, or for a request the client
+/// cancelled, nothing and [`status::DROPPED`]. A cancelled request still gets that bare reply:
+/// it is what lets the client forget the request (it remembers it to discard late answers).
+/// The server's reply op reports the cancel.
+pub(crate) fn reply_content(cancelled: bool, header: Bytes, status: u32) -> (Bytes, u32) {
+    if cancelled { (Bytes::new(), status::DROPPED) } else { (header, status) }
+}
+
 /// Where the bytes of a PUSH go on the client.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum PushInto {
@@ -376,5 +391,14 @@ mod tests {
         assert_eq!(direction(0, 0).ok(), Some(Direction::None));
         assert!(direction(0, 5).is_err());
         assert!(direction(FLAG_PAYLOAD_OUT | FLAG_PAYLOAD_IN, 5).is_err());
+    }
+
+    #[test]
+    fn a_cancelled_requests_reply_is_bare() {
+        let h = Bytes::from_static(b"answer");
+        assert_eq!(reply_content(false, h.clone(), 7), (h.clone(), 7));
+        assert_eq!(reply_content(true, h, 7), (Bytes::new(), status::DROPPED));
+        let n = cancel_notice(ServiceLevel::Control, OpId(12));
+        assert_eq!((n.kind, n.sl, n.b, n.len), (Kind::CancelRequest, ServiceLevel::Control, 12, 0));
     }
 }

@@ -7,6 +7,7 @@ use bytes::Bytes;
 
 use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
+use crate::core::requests;
 use crate::error::Error;
 use crate::op::OpKind;
 use crate::types::{OpId, PeerId, ServiceLevel};
@@ -73,11 +74,7 @@ impl Session {
     /// socket would wait for pulls the server has no reason to post: for a streamed request it
     /// goes on another class's connection too (dialled if need be), where nothing holds it up.
     fn send_cancel_notice(&mut self, op: OpId, peer: PeerId, sl: ServiceLevel) {
-        let notice = |sl| {
-            let mut h = Header::new(Kind::CancelRequest, sl);
-            h.b = op.0;
-            Frame::new(h, Bytes::new(), None, OnDone::Nothing)
-        };
+        let notice = |sl| Frame::new(requests::cancel_notice(sl, op), Bytes::new(), None, OnDone::Nothing);
         if let Some(link) = self.peers.get(peer).and_then(|p| p.conns[sl.index()]) {
             self.queue(link, notice(sl));
         }

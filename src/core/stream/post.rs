@@ -11,7 +11,7 @@ use crate::comm::{Conditions, Mechanism};
 use crate::core::requests;
 use crate::error::{Error, Result};
 use crate::info::Counters;
-use crate::op::{Completion, Direction, OpKind, status};
+use crate::op::{Completion, Direction, OpKind};
 use crate::types::{OpId, PeerId, ServiceLevel};
 use crate::wire::{FLAG_INLINE_DATA, FLAG_STREAMED, HEADER_LEN, Header, Kind};
 
@@ -551,10 +551,7 @@ impl Session {
             self.stream_unstall((peer, req));
             self.stream_maybe_done((peer, req));
         }
-        // A cancelled request still gets a (bare) reply: it is what lets the client forget
-        // the request, which it remembers to discard late frames for it. The server's reply
-        // op reports the cancel.
-        let (header, status) = if r.cancelled { (Bytes::new(), status::DROPPED) } else { (header, status) };
+        let (header, status) = requests::reply_content(r.cancelled, header, status);
         let link = match self.link_for(peer, sl) {
             Ok(link) => link,
             Err(e) => {

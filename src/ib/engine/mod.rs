@@ -46,17 +46,25 @@
 //! room, retirement in posting order, the flow-control prefix of every message — live in
 //! [`link::Link`], which knows no queue pair: it returns the work request to post and takes
 //! completions and arrivals as events. [`transmit`] and [`recv`] carry them out on the queue
-//! pair and its memory. The engine reads no clock: the driver loop ([`backend`]) passes `now`
-//! to every entry point that starts or checks a deadline.
+//! pair and its memory. The decisions of posting and cancelling are made the same way, apart
+//! from the device: [`plan`] picks a send's, request's, push's or reply's mechanism, message
+//! and registration from the connection's [`MsgCaps`] and the policy; [`cancel`] says what
+//! cancelling an op does in its state; [`rx`] matches arrivals; [`lose`] settles a lost
+//! peer's transfers; [`sreq`] holds a reply back behind its request's transfers. `post` and
+//! `recv` carry their answers out with verbs. The engine reads no clock: the driver loop
+//! ([`backend`]) passes `now` to every entry point that starts or checks a deadline.
 
 mod backend;
+mod cancel;
 mod inbound;
 mod link;
 #[cfg(test)]
 mod link_pair;
+mod lose;
 mod msg;
 #[cfg(test)]
 mod pair;
+mod plan;
 mod post;
 mod recv;
 mod reg;
@@ -66,6 +74,7 @@ mod rx;
 mod scripted;
 mod setup;
 mod side;
+mod sreq;
 #[cfg(test)]
 mod tests;
 mod transmit;
@@ -84,7 +93,7 @@ use rustc_hash::FxHashMap;
 
 use crate::addr::{Address, Scheme};
 use crate::admission::{self, Admission, Dialled};
-use crate::backend::{Backend, Cmd};
+use crate::backend::Backend;
 use crate::buffers::buf::{BufPool, OpBuf, RegisteredBuf};
 use crate::comm::{BulkScheduler, Mechanism, Policy};
 use crate::completions::Completions;
@@ -102,8 +111,11 @@ use crate::regcache::RegRef;
 use crate::types::{OpId, PeerId, ServiceLevel};
 
 use link::{Held, Link, Via};
+use plan::HeldPosts;
+pub(crate) use plan::MsgCaps;
 use reg::{Cache, DmaRegion};
 use side::{Framed, IbInfo};
+pub(crate) use sreq::IbReq;
 
 pub(crate) use msg::MSG_HDR;
 
@@ -267,23 +279,6 @@ pub(crate) struct Settings {
     pub max_sge: u32,
 }
 
-/// Message sizes a connection can carry: the smaller of this endpoint's and the peer's
-/// receive-buffer and ring-slot sizes (each side announces its own in the side-channel info).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct MsgCaps {
-    /// Largest message (header included) that fits a receive buffer: a SEND.
-    pub recv: usize,
-    /// Largest message (header included) that fits a ring slot: a fast-RDMA write.
-    pub slot: usize,
-}
-
-impl MsgCaps {
-    /// Largest payload of a message written into a ring slot (the eager limit).
-    pub fn slot_payload_max(&self) -> usize {
-        self.slot - MSG_HDR
-    }
-}
-
 /// Early arrivals, kept until a receive is posted.
 #[derive(Debug)]
 pub(crate) enum Early {
@@ -363,22 +358,6 @@ impl IbOp {
 
 /// The engine's operation table.
 pub(crate) type Ops = OpTable<OpSt, IbOp>;
-
-/// The engine's part of an open request (server side).
-#[derive(Default)]
-pub(crate) struct IbReq {
-    /// The connection it came on: its pulls, pushes and reply go there.
-    pub conn: u32,
-    /// The client's registered payload, for the server's RDMA.
-    pub segs: Vec<msg::Segment>,
-    /// Pulls and pushes not finished: the reply waits for them.
-    pub xfers: u32,
-    /// A reply posted while transfers were still running.
-    pub deferred_reply: Option<(OpId, Bytes, u32)>,
-    /// End of the furthest byte pushed so far (by pushes that finished, or went out as
-    /// messages): the reply tells the client, whose RDMA-written buffer cannot tell it.
-    pub pushed: u64,
-}
 
 /// A message waiting to be transmitted on a connection.
 pub(crate) struct OutMsg {
@@ -462,7 +441,7 @@ pub(crate) struct Conn<V: Verbs> {
     pub out: VecDeque<OutMsg>,
     /// Sends and requests posted before the peer's limits were known: their mechanism is
     /// chosen, in order, once they are (see [`State::caps`]).
-    pub waiting_posts: VecDeque<(OpId, Cmd)>,
+    pub waiting_posts: HeldPosts,
 }
 
 /// Side-channel state.
@@ -771,18 +750,13 @@ impl<V: Verbs> State<V> {
         all_conns.extend(conn_ids);
         all_conns.sort();
         all_conns.dedup();
-        // Bytes of this peer's transfer units the bulk scheduler counts as in flight: posted
-        // (in the send queues about to go), deferred, waiting for or granted a zone buffer.
-        // Left counted, they would eat the per-peer and per-endpoint RDMA caps for good.
         // Sends and requests still waiting for the connection's limits fail like posted ops.
-        let waiting: Vec<OpId> = all_conns
-            .iter()
-            .filter_map(|cid| self.conn(*cid))
-            .flat_map(|c| c.waiting_posts.iter().map(|(op, _)| *op))
-            .collect();
+        let waiting: Vec<OpId> =
+            all_conns.iter().filter_map(|cid| self.conn(*cid)).flat_map(|c| c.waiting_posts.ops()).collect();
         for op in waiting {
             self.fail_waiting_post(op, err.duplicate());
         }
+        // Bytes of this peer's units in the send queues about to go (see [`lose::Transfers`]).
         let mut unit_bytes = 0;
         for cid in &all_conns {
             if let Some(c) = self.conn_mut(*cid) {
@@ -803,27 +777,13 @@ impl<V: Verbs> State<V> {
         }
         self.sreqs.drop_peer(peer);
         self.core.forget_peer(peer);
-        let xfers: Vec<u64> = self.xfers.iter().filter(|(_, x)| x.peer == peer).map(|(k, _)| *k).collect();
-        for x in xfers {
-            self.bulk.remove(&x);
-            self.xfers.remove(&x);
+        let grants = lose::Transfers {
+            bulk: &mut self.bulk,
+            xfers: &mut self.xfers,
+            deferred: &mut self.deferred,
+            zones: self.zones.as_mut().map(|z| &mut z.zones),
         }
-        // Zone buffers of this peer (held by its units, deferred or granted) all come back with
-        // release_client; grants to other peers made meanwhile are served below.
-        unit_bytes += self.deferred.iter().filter(|d| d.peer == peer).map(|d| d.len).sum::<usize>();
-        self.deferred.retain(|d| d.peer != peer);
-        let mut grants = Vec::new();
-        if let Some(z) = &mut self.zones {
-            while let Some(g) = z.zones.poll_grant() {
-                if g.client == peer {
-                    unit_bytes += g.token.2;
-                } else {
-                    grants.push(g);
-                }
-            }
-            unit_bytes += z.zones.release_client(peer).iter().map(|t| t.2).sum::<usize>();
-        }
-        self.bulk.unit_done(peer, unit_bytes);
+        .lose_peer(peer, unit_bytes);
         // Its receives, early arrivals, FIN waits and operations ([`rx::Rx::lose_peer`]); the
         // reply headers it was to fetch come back to the cache.
         let (mut rx, _) = self.rx();
@@ -888,12 +848,8 @@ impl<V: Verbs> State<V> {
             self.side_failed(t, Loss::Lost(why.into()));
         }
         // Cancelled transfers the peer did not finish within the grace period: tear down.
-        let overdue: Vec<PeerId> = self
-            .ops
-            .iter()
-            .filter(|(_, o)| matches!(o.st, OpSt::Cancelling { until } if until <= now))
-            .map(|(_, o)| o.peer)
-            .collect();
+        let overdue: Vec<PeerId> =
+            self.ops.iter().filter(|(_, o)| cancel::grace_over(o.st, now)).map(|(_, o)| o.peer).collect();
         for p in overdue {
             self.fail_peer(p, Loss::Lost("cancelled transfer not released by the peer in time".into()));
         }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 
 use super::*;
-use crate::backend::{PullCmd, PushCmd, RecvCmd, ReplyCmd, RequestCmd, SendCmd};
+use crate::backend::{Cmd, PullCmd, PushCmd, RecvCmd, ReplyCmd, RequestCmd, SendCmd};
 use crate::buffers::buf::{RecvBuf, SendBuf};
 use crate::op::{Completion, Payload as OpPayload, RequestMeta};
 

@@ -5,30 +5,23 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use crate::backend::{Cmd, GetCmd, PullCmd, PushCmd, PutCmd, RecvCmd, ReplyCmd, RequestCmd, SendCmd};
-use crate::buffers::buf::{OpBuf, RecvBuf, SendBuf};
-use crate::comm::{Conditions, Mechanism};
+use crate::buffers::buf::OpBuf;
+use crate::comm::Mechanism;
 use crate::core::requests;
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
 use crate::ib::verbs::*;
 use crate::info::Counters;
-use crate::op::{Direction, OpKind, Payload as UserPayload, status};
+use crate::op::OpKind;
 use crate::regcache::{Origin, RegRef, Span};
 use crate::types::{Access, OpId, PeerId, ServiceLevel};
-use crate::wire::{FLAG_INLINE_DATA, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header, Kind};
+use crate::wire::{FLAG_RDV_HEADER, Header, Kind};
 
-use super::msg::{self, MSG_HDR, Segment};
+use super::cancel::{self, CancelStep, Cancelled};
+use super::msg::{self, Segment};
+use super::plan::{self, For, Placement, PushPlan, Registration, ReplyPlan, SendPlan};
 use super::rx::{Matched, Read, Rts};
 use super::{Early, FinWait, Local, MsgCaps, OpSt, OutMsg, Payload, State, Then, Via, XferThen};
-
-/// What to register a buffer for.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum For {
-    /// The peer reads it.
-    PeerRead,
-    /// The peer writes it.
-    PeerWrite,
-}
 
 impl<V: Verbs> State<V> {
     pub(crate) fn post(&mut self, op: OpId, cmd: Cmd, now: Instant) -> Result<()> {
@@ -60,36 +53,13 @@ impl<V: Verbs> State<V> {
         Ok(())
     }
 
-    /// The mechanism for `len` payload bytes travelling with `extra` bytes of other payload
-    /// (a request header): the policy's choice — the table's, or the forced mechanism — moved
-    /// up to the next mechanism that can carry the message when it does not fit (inline needs
-    /// a receive buffer, fast RDMA a ring slot), and down to inline for an empty payload, which
-    /// server-based RDMA has nothing to move for. The table's thresholds fit this endpoint's own
-    /// buffers (they are clamped at start-up), but a peer's may be smaller, and a forced
-    /// mechanism may not fit either: the connection's [`MsgCaps`] decide.
-    pub(crate) fn mechanism(&self, cid: u32, len: usize, sl: ServiceLevel, extra: usize) -> Mechanism {
-        let caps = self.caps(cid);
-        let inline_cap = caps.recv.saturating_sub(MSG_HDR + extra);
-        let fast_cap = caps.slot.saturating_sub(MSG_HDR + extra);
-        match self.s.policy.choose(len, sl, Conditions::idle(true)) {
-            Mechanism::ServerRdma if len == 0 => Mechanism::Inline,
-            Mechanism::Inline if len > inline_cap && len <= fast_cap => Mechanism::FastRdma,
-            Mechanism::Inline | Mechanism::FastRdma if len > fast_cap => Mechanism::ServerRdma,
-            m => m,
-        }
-    }
-
     /// What messages on connection `cid` can carry: the minimum of this endpoint's and the
     /// peer's receive-buffer and ring-slot sizes once the peer's are known (our own before:
     /// sends and requests wait for them, see [`Self::hold_until_limits_known`]).
     pub(crate) fn caps(&self, cid: u32) -> MsgCaps {
         let own = MsgCaps { recv: self.s.recv_size as usize, slot: self.s.slot_size as usize };
-        match self.conn(cid).and_then(|c| c.remote) {
-            Some(r) => {
-                MsgCaps { recv: own.recv.min(r.recv_size as usize), slot: own.slot.min(r.slot_size as usize) }
-            }
-            None => own,
-        }
+        let peer = self.conn(cid).and_then(|c| c.remote);
+        own.with_peer(peer.map(|r| MsgCaps { recv: r.recv_size as usize, slot: r.slot_size as usize }))
     }
 
     /// Holds a send or request posted before the peer's limits are known (the connection is
@@ -98,7 +68,7 @@ impl<V: Verbs> State<V> {
     fn hold_until_limits_known(&mut self, cid: u32, op: OpId, cmd: Cmd) -> Option<Cmd> {
         match self.conn_mut(cid) {
             Some(c) if c.remote.is_none() => {
-                c.waiting_posts.push_back((op, cmd));
+                c.waiting_posts.hold(op, cmd);
                 None
             }
             _ => Some(cmd),
@@ -107,19 +77,17 @@ impl<V: Verbs> State<V> {
 
     /// Places, in posting order, the sends and requests that waited for the peer's limits.
     pub(crate) fn place_waiting_posts(&mut self, cid: u32, now: Instant) {
-        let Some(waiting) = self.conn_mut(cid).map(|c| std::mem::take(&mut c.waiting_posts)) else {
+        let caps = self.caps(cid);
+        let Some(waiting) = self.conn_mut(cid).map(|c| c.waiting_posts.place(caps)) else {
             return;
         };
-        let eager = self.caps(cid).slot_payload_max();
-        for (op, cmd) in waiting {
-            let cmd = match cmd {
-                Cmd::Send(SendCmd { peer, tag, buf, unexpected: true, .. }) if buf.len() > eager => {
-                    // Checked when posted against our own slots; the peer's are smaller.
-                    let e = Error::TooLarge { len: buf.len() as u64, max: eager as u64 };
-                    self.ops.fail_new(op, OpKind::SendUnexpected, peer, tag, OpBuf::Send(buf), e);
+        for placed in waiting {
+            let (op, cmd) = match placed {
+                Placement::Post(op, cmd) => (op, cmd),
+                Placement::Fail { op, kind, peer, tag, buf, err } => {
+                    self.ops.fail_new(op, kind, peer, tag, buf, err);
                     continue;
                 }
-                cmd => cmd,
             };
             let (peer, tag, kind) = match &cmd {
                 Cmd::Send(SendCmd { peer, tag, unexpected, .. }) => {
@@ -139,26 +107,9 @@ impl<V: Verbs> State<V> {
     /// before it was placed: it completes with `why` and gets its buffer back. False when `op`
     /// is not waiting.
     pub(crate) fn fail_waiting_post(&mut self, op: OpId, why: Error) -> bool {
-        let found = self.conns.iter_mut().flatten().find_map(|c| {
-            let i = c.waiting_posts.iter().position(|(o, _)| *o == op)?;
-            c.waiting_posts.remove(i)
-        });
-        let Some((op, cmd)) = found else { return false };
-        match cmd {
-            Cmd::Send(SendCmd { peer, tag, buf, unexpected, .. }) => {
-                let kind = if unexpected { OpKind::SendUnexpected } else { OpKind::Send };
-                self.ops.fail_new(op, kind, peer, tag, OpBuf::Send(buf), why);
-            }
-            Cmd::Request(RequestCmd { peer, tag, payload, .. }) => {
-                let buf = match payload {
-                    UserPayload::None => OpBuf::None,
-                    UserPayload::Out(b) => OpBuf::Send(b),
-                    UserPayload::In(b) => OpBuf::Recv(b),
-                };
-                self.ops.fail_new(op, OpKind::Request, peer, tag, buf, why);
-            }
-            _ => {}
-        }
+        let found = self.conns.iter_mut().flatten().find_map(|c| c.waiting_posts.withdraw(op));
+        let Some((kind, peer, tag, buf)) = found else { return false };
+        self.ops.fail_new(op, kind, peer, tag, buf, why);
         true
     }
 
@@ -196,40 +147,32 @@ impl<V: Verbs> State<V> {
             return Ok(());
         };
         let Cmd::Send(SendCmd { buf, .. }) = cmd else { unreachable!("held and returned as it was") };
-        // An unexpected message lands in a ring slot of the peer's: the smaller eager limit.
-        let eager = self.caps(cid).slot_payload_max();
-        if unexpected && len > eager {
-            // Only when posted on a connection whose limits were known (the waiting ones are
-            // checked by `place_waiting_posts`, which returns their buffers).
-            return Err(Error::TooLarge { len: len as u64, max: eager as u64 });
-        }
-        let mut mech = self.mechanism(cid, len, sl, 0);
-        if unexpected && mech == Mechanism::ServerRdma {
-            // Nobody will post a receive to pull it: it fits a ring slot (eager limit).
-            mech = Mechanism::FastRdma;
-        }
+        // Only an unexpected send too large for the peer's slots fails here, on a connection
+        // whose limits were known (the waiting ones are checked when placed, and get their
+        // buffers back).
+        let plan = plan::plan_send(&self.s.policy, self.caps(cid), tag, sl, len, unexpected)?;
         self.ops.insert(op, kind, peer, tag, sl, OpBuf::Send(buf), OpSt::Sending);
         Counters::add(&self.core.counters.msgs_sent, 1);
-        let mut h = Header::new(if unexpected { Kind::Unexpected } else { Kind::Eager }, sl);
-        h.a = tag;
-        if let Some(o) = self.ops.get_mut(&op) {
-            o.mech = Some(mech);
-            o.x.conn = Some(cid);
-        }
-        match mech {
-            Mechanism::Inline | Mechanism::FastRdma => {
-                h.len = len as u32;
-                let via = if mech == Mechanism::Inline { Via::Send } else { Via::Ring };
+        match plan {
+            SendPlan::Message { mech, via, header } => {
+                if let Some(o) = self.ops.get_mut(&op) {
+                    o.mech = Some(mech);
+                    o.x.conn = Some(cid);
+                }
                 let m = OutMsg {
                     via,
-                    header: h,
+                    header,
                     payload: Payload::Op { op, off: 0, len },
                     then: Then::CompleteAtPost(op),
                     fence: false,
                 };
                 self.enqueue(cid, m);
             }
-            Mechanism::ServerRdma => {
+            SendPlan::Rendezvous { mut header } => {
+                if let Some(o) = self.ops.get_mut(&op) {
+                    o.mech = Some(Mechanism::ServerRdma);
+                    o.x.conn = Some(cid);
+                }
                 let segs = match self.register_op_buf(op, For::PeerRead) {
                     Ok(s) => s,
                     Err(e) => {
@@ -241,20 +184,18 @@ impl<V: Verbs> State<V> {
                 self.next_msg += 1;
                 let mut payload = Vec::new();
                 msg::encode_segments(&mut payload, &segs);
-                h.kind = Kind::Rdv;
-                h.b = msg_id;
-                h.c = len as u64;
-                h.len = payload.len() as u32;
+                header.b = msg_id;
+                header.len = payload.len() as u32;
                 self.fin_wait.insert(msg_id, FinWait::Send(op));
                 if let Some(o) = self.ops.get_mut(&op) {
                     o.st = OpSt::WaitFin { msg: msg_id };
                 }
-                let via = if MSG_HDR + payload.len() <= self.caps(cid).recv { Via::Send } else { Via::Ring };
+                let via = self.caps(cid).via(payload.len());
                 self.enqueue(
                     cid,
                     OutMsg {
                         via,
-                        header: h,
+                        header,
                         payload: Payload::Bytes(Bytes::from(payload)),
                         then: Then::Nothing,
                         fence: false,
@@ -270,42 +211,19 @@ impl<V: Verbs> State<V> {
     /// buffer when it cannot be registered (read-only pages, pin limits, too many pieces).
     fn register_op_buf(&mut self, op: OpId, purpose: For) -> Result<Vec<Segment>> {
         let Some(o) = self.ops.get(&op) else { return Err(Error::misuse("no such op")) };
-        let pieces: Vec<(usize, usize)> = match &o.buf {
-            OpBuf::Send(SendBuf::Registered(b)) => vec![(b.addr(), b.len())],
-            OpBuf::Recv(RecvBuf::Registered(b)) => vec![(b.addr(), b.len())],
-            OpBuf::Send(s) => {
-                let mut v = Vec::new();
-                s.for_each_slice(0, s.len(), |p| v.push((p.as_ptr() as usize, p.len())));
-                v
-            }
-            OpBuf::Recv(RecvBuf::Mut(b)) => vec![(b.as_ptr() as usize, b.len())],
-            // Scatter lists (plain or mapped): their non-empty segments.
-            OpBuf::Recv(r) => {
-                let mut v = Vec::new();
-                r.for_each_slice(0, r.capacity(), |p| v.push((p.as_ptr() as usize, p.len())));
-                v
-            }
-            OpBuf::None => Vec::new(),
-        };
-        let owned =
-            matches!(o.buf, OpBuf::Send(SendBuf::Registered(_)) | OpBuf::Recv(RecvBuf::Registered(_)));
-        if !owned && pieces.len() <= msg::MAX_SEGMENTS / 2 {
-            // With the allocation hint, the pieces' span is their parent allocation.
-            let parent = (self.s.cfg.ib.list_alloc_hint && pieces.len() > 1).then(|| {
-                let lo = pieces.iter().map(|p| p.0).min().unwrap_or(0);
-                let hi = pieces.iter().map(|p| p.0 + p.1).max().unwrap_or(lo);
-                Span::new(lo, hi - lo)
-            });
-            match self.acquire_all_in(&pieces, false, parent) {
-                Ok((regs, segs)) => {
-                    if let Some(o) = self.ops.get_mut(&op) {
-                        o.x.regs.extend(regs);
-                    }
-                    return Ok(segs);
+        let (pieces, owned) = plan::buffer_pieces(&o.buf);
+        let acquired = match plan::registration(owned, &pieces, self.s.cfg.ib.list_alloc_hint) {
+            Registration::Owned => self.acquire_all(&pieces, true).ok(),
+            Registration::Foreign { parent } => match self.acquire_all_in(&pieces, false, parent) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::debug!(error = %e, "registering a user buffer failed; staging it");
+                    None
                 }
-                Err(e) => tracing::debug!(error = %e, "registering a user buffer failed; staging it"),
-            }
-        } else if owned && let Ok((regs, segs)) = self.acquire_all(&pieces, true) {
+            },
+            Registration::Stage => None,
+        };
+        if let Some((regs, segs)) = acquired {
             if let Some(o) = self.ops.get_mut(&op) {
                 o.x.regs.extend(regs);
             }
@@ -471,24 +389,13 @@ impl<V: Verbs> State<V> {
         };
         let (buf, dir) = requests::split_payload(payload);
         let caps = self.caps(cid);
+        let plan = plan::plan_request(&self.s.policy, caps, op, tag, sl, header.len(), len, dir);
         self.ops.insert(op, OpKind::Request, peer, tag, sl, buf, OpSt::WaitReply);
         Counters::add(&self.core.counters.msgs_sent, 1);
-        let mut h = requests::request_header(sl, tag, op, len, header.len(), dir);
+        let mut h = plan.header;
         let mut parts = Vec::new();
-        // Where the payload goes: with the request (inline or fast RDMA: the data follows the
-        // header in the message), or registered for the server's RDMA. The header rides in
-        // the message too, or its segment list when it is too large for a slot.
-        let header_room =
-            if MSG_HDR + header.len() <= caps.slot { header.len() } else { msg::segments_len(1) };
-        let chosen = self.mechanism(cid, len, sl, header_room);
-        // A read's data comes in the server's PUSH messages unless registered: the server picks
-        // their mechanism and the client reports how they came (this choice if none came).
-        let mech = (dir != Direction::None).then_some(chosen);
         let mut segs_part = None;
-        if dir == Direction::Out && chosen != Mechanism::ServerRdma {
-            h.flags |= FLAG_INLINE_DATA;
-        } else if dir != Direction::None && chosen == Mechanism::ServerRdma {
-            let purpose = if dir == Direction::Out { For::PeerRead } else { For::PeerWrite };
+        if let Some(purpose) = plan.register {
             let segs = match self.register_op_buf(op, purpose) {
                 Ok(s) => s,
                 Err(e) => {
@@ -499,12 +406,9 @@ impl<V: Verbs> State<V> {
             let mut v = Vec::new();
             msg::encode_segments(&mut v, &segs);
             segs_part = Some(Bytes::from(v));
-            h.flags |= FLAG_SEGMENTS;
         }
         let segs_len = segs_part.as_ref().map_or(0, Bytes::len);
-        let inline_len = if h.flags & FLAG_INLINE_DATA != 0 { len } else { 0 };
-        // The header itself: inline, or by rendezvous when it does not fit a slot.
-        if MSG_HDR + header.len() + inline_len + segs_len > caps.slot {
+        if plan.header_by_rdv(caps, header.len(), segs_len) {
             let hdr_segs = match self.register_header(op, &header) {
                 Ok(s) => s,
                 Err(e) => {
@@ -520,25 +424,23 @@ impl<V: Verbs> State<V> {
         } else {
             parts.push(Payload::Bytes(header));
         }
-        if inline_len > 0 {
+        if plan.inline_len > 0 {
             parts.push(Payload::Op { op, off: 0, len });
         }
         if let Some(s) = segs_part {
             parts.push(Payload::Bytes(s));
         }
         let payload = Payload::Parts(parts);
-        let total = MSG_HDR + payload.len();
         h.len = payload.len() as u32;
-        let data_by_ring = h.flags & FLAG_INLINE_DATA != 0 && chosen == Mechanism::FastRdma;
-        let via = if total <= caps.recv && !data_by_ring { Via::Send } else { Via::Ring };
+        let via = plan.via(caps, payload.len());
         if let Some(o) = self.ops.get_mut(&op) {
-            o.mech = mech;
+            o.mech = plan.mech;
             o.x.conn = Some(cid);
-            if inline_len > 0 {
+            if plan.inline_len > 0 {
                 o.moved = len;
             }
         }
-        let then = if inline_len > 0 { Then::Release(op) } else { Then::Nothing };
+        let then = if plan.inline_len > 0 { Then::Release(op) } else { Then::Nothing };
         self.enqueue(cid, OutMsg { via, header: h, payload, then, fence: false });
         Ok(())
     }
@@ -564,7 +466,7 @@ impl<V: Verbs> State<V> {
         };
         let len = buf.capacity();
         let Some(r) = self.sreqs.get_mut(peer, req) else { unreachable!("checked by start_pull") };
-        r.x.xfers += 1;
+        r.x.xfer_started();
         let (cid, segs) = (r.x.conn, r.x.segs.clone());
         self.ops.insert(op, OpKind::Pull, peer, 0, sl, OpBuf::Recv(buf), OpSt::Moving);
         if let Some(o) = self.ops.get_mut(&op) {
@@ -601,21 +503,15 @@ impl<V: Verbs> State<V> {
         self.ops.insert(op, OpKind::Push, peer, 0, sl, OpBuf::Send(buf), OpSt::Sending);
         if segs.is_empty() {
             // The client did not register its buffer (small read): a PUSH message.
-            let mech = match self.mechanism(cid, len, rsl, 0) {
-                Mechanism::ServerRdma => Mechanism::FastRdma,
-                m => m,
-            };
-            if len > self.caps(cid).slot_payload_max() {
-                self.ops.complete(
-                    op,
-                    Err(Error::misuse("push larger than a message into an unregistered buffer")),
-                );
-                return Ok(());
-            }
-            let mut h = Header::new(Kind::Push, rsl);
-            h.b = req;
-            h.c = offset;
-            h.len = len as u32;
+            let caps = self.caps(cid);
+            let PushPlan { mech, via, header } =
+                match plan::plan_push_message(&self.s.policy, caps, rsl, req, offset, len) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        self.ops.complete(op, Err(e));
+                        return Ok(());
+                    }
+                };
             if let Some(o) = self.ops.get_mut(&op) {
                 o.mech = Some(mech);
             }
@@ -623,14 +519,13 @@ impl<V: Verbs> State<V> {
             if len > 0
                 && let Some(r) = self.sreqs.get_mut(peer, req)
             {
-                r.x.pushed = r.x.pushed.max(offset + len as u64);
+                r.x.pushed_to(offset + len as u64);
             }
-            let via = if mech == Mechanism::Inline { Via::Send } else { Via::Ring };
             self.enqueue(
                 cid,
                 OutMsg {
                     via,
-                    header: h,
+                    header,
                     payload: Payload::Op { op, off: 0, len },
                     then: Then::CompleteAtPost(op),
                     fence: false,
@@ -639,7 +534,7 @@ impl<V: Verbs> State<V> {
             return Ok(());
         }
         if let Some(r) = self.sreqs.get_mut(peer, req) {
-            r.x.xfers += 1;
+            r.x.xfer_started();
         }
         if let Some(o) = self.ops.get_mut(&op) {
             o.mech = Some(Mechanism::ServerRdma);
@@ -668,23 +563,19 @@ impl<V: Verbs> State<V> {
         requests::check_header(&header, self.s.cfg.max_header)?;
         let r = self.sreqs.get(peer, req)?;
         let _ = sl;
-        let (cancelled, rsl, xfers) = (r.cancelled, r.sl, r.x.xfers);
-        // A cancelled request still gets a (bare) reply, after its transfers under way: the
-        // client may hold a registered buffer for them until it comes, and it is what lets the
-        // client forget the request. The server's reply op reports the cancel.
-        let (header, status) = if cancelled { (Bytes::new(), status::DROPPED) } else { (header, status) };
+        let (cancelled, rsl) = (r.cancelled, r.sl);
+        // A cancelled request's bare reply also waits for its transfers under way (see
+        // `IbReq::reply`).
+        let (header, status) = requests::reply_content(cancelled, header, status);
         self.ops.insert(op, OpKind::Reply, peer, 0, rsl, OpBuf::None, OpSt::Sending);
         if cancelled && let Some(o) = self.ops.get_mut(&op) {
             o.outcome = Some(Err(Error::PeerCancelled));
         }
-        if xfers > 0 {
-            // Pulls or pushes still move: the reply must not overtake them.
-            if let Some(r) = self.sreqs.get_mut(peer, req) {
-                r.x.deferred_reply = Some((op, header, status));
-            }
-            return Ok(());
+        if let Some((op, header, status)) =
+            self.sreqs.get_mut(peer, req).and_then(|r| r.x.reply((op, header, status)))
+        {
+            self.send_reply(op, peer, req, header, status);
         }
-        self.send_reply(op, peer, req, header, status);
         Ok(())
     }
 
@@ -696,12 +587,10 @@ impl<V: Verbs> State<V> {
         };
         self.release_request_budget(peer, r.cost);
         Counters::add(&self.core.counters.msgs_sent, 1);
-        let mut h = Header::new(Kind::Reply, r.sl);
-        h.b = req;
-        h.aux = status;
-        h.a = r.x.pushed;
         let caps = self.caps(r.x.conn);
-        let payload = if MSG_HDR + header.len() > caps.slot {
+        let ReplyPlan { header: mut h, header_by_rdv } =
+            plan::plan_reply(caps, r.sl, req, status, r.x.pushed(), header.len());
+        let payload = if header_by_rdv {
             match self.register_header(op, &header) {
                 Ok(segs) => {
                     let msg_id = self.next_msg;
@@ -729,7 +618,7 @@ impl<V: Verbs> State<V> {
             header
         };
         h.len = payload.len() as u32;
-        let via = if MSG_HDR + payload.len() <= caps.recv { Via::Send } else { Via::Ring };
+        let via = caps.via(payload.len());
         self.enqueue(
             r.x.conn,
             OutMsg {
@@ -751,11 +640,7 @@ impl<V: Verbs> State<V> {
 
     /// A pull or push of a request finished: a deferred reply may go now.
     pub(crate) fn xfer_finished_for_req(&mut self, peer: PeerId, req: u64) {
-        let Some(r) = self.sreqs.get_mut(peer, req) else { return };
-        r.x.xfers = r.x.xfers.saturating_sub(1);
-        if r.x.xfers == 0
-            && let Some((op, header, status)) = r.x.deferred_reply.take()
-        {
+        if let Some((op, header, status)) = self.sreqs.get_mut(peer, req).and_then(|r| r.x.xfer_finished()) {
             self.send_reply(op, peer, req, header, status);
         }
     }
@@ -820,82 +705,68 @@ impl<V: Verbs> State<V> {
     // Cancellation
     // ----------------------------------------------------------------------------------------
 
+    /// Cancels an op of the application as [`cancel::cancel_step`] decides; a send or request
+    /// still waiting for its connection's limits completes at once.
     pub(crate) fn cancel(&mut self, op: OpId, why: Error, now: Instant) {
         let Some(o) = self.ops.get(&op) else {
             self.fail_waiting_post(op, why);
             return;
         };
-        let (peer, tag, st, kind, sl, conn) = (o.peer, o.tag, o.st, o.kind, o.sl, o.x.conn);
-        match st {
-            OpSt::Posted => {
+        let c = Cancelled {
+            op,
+            kind: o.kind,
+            st: o.st,
+            sl: o.sl,
+            conn: o.x.conn,
+            registered: !o.x.regs.is_empty(),
+        };
+        let (peer, tag) = (o.peer, o.tag);
+        let notice = |header| OutMsg {
+            via: Via::Send,
+            header,
+            payload: Payload::None,
+            then: Then::Nothing,
+            fence: false,
+        };
+        match cancel::cancel_step(&c, now, self.s.cfg.ib.cancel_grace) {
+            CancelStep::Unpost => {
                 self.matcher.cancel_posted(peer, tag, op);
                 self.ops.complete(op, Err(why));
             }
-            OpSt::WaitFin { msg } => {
-                // The receiver may be reading our buffer right now: keep the registration and
-                // the buffer until its FIN (it answers a withdrawal of an unmatched message at
-                // once), or tear the connection down after the grace.
-                let until = now + self.s.cfg.ib.cancel_grace;
+            CancelStep::Withdraw { notice: n, until } => {
                 if let Some(o) = self.ops.get_mut(&op) {
                     o.outcome = Some(Err(why));
                     o.st = OpSt::Cancelling { until };
                 }
-                if let Some(cid) = conn {
-                    let mut h = Header::new(Kind::Cts, sl);
-                    h.b = msg;
-                    h.aux = super::RDV_WITHDRAW;
-                    self.enqueue(
-                        cid,
-                        OutMsg {
-                            via: Via::Send,
-                            header: h,
-                            payload: Payload::None,
-                            then: Then::Nothing,
-                            fence: false,
-                        },
-                    );
+                if let Some((cid, h)) = n {
+                    self.enqueue(cid, notice(h));
                 }
             }
-            OpSt::WaitReply if kind == OpKind::Request => {
+            CancelStep::CancelRequest { notice: n, hold_until } => {
                 if let Some(p) = self.peers.get_mut(peer) {
                     p.cancelled_reqs.insert(op.0);
                 }
-                if let Some(cid) = conn {
-                    let mut h = Header::new(Kind::CancelRequest, sl);
-                    h.b = op.0;
-                    self.enqueue(
-                        cid,
-                        OutMsg {
-                            via: Via::Send,
-                            header: h,
-                            payload: Payload::None,
-                            then: Then::Nothing,
-                            fence: false,
-                        },
-                    );
+                if let Some((cid, h)) = n {
+                    self.enqueue(cid, notice(h));
                 }
-                let registered = self.ops.get(&op).is_some_and(|o| !o.x.regs.is_empty());
-                if registered {
-                    // The server may be reading or writing our buffer: wait for its reply.
-                    let until = now + self.s.cfg.ib.cancel_grace;
-                    if let Some(o) = self.ops.get_mut(&op) {
-                        o.outcome = Some(Err(why));
-                        o.st = OpSt::Cancelling { until };
+                match hold_until {
+                    Some(until) => {
+                        if let Some(o) = self.ops.get_mut(&op) {
+                            o.outcome = Some(Err(why));
+                            o.st = OpSt::Cancelling { until };
+                        }
                     }
-                } else {
-                    self.ops.complete(op, Err(why));
+                    None => self.ops.complete(op, Err(why)),
                 }
             }
-            OpSt::Moving => {
-                // Our own RDMA into or out of this op's buffer may be in flight: the transfer
-                // stops, and the op completes once its posted work requests are done.
+            CancelStep::Abort => {
                 if let Some(o) = self.ops.get_mut(&op) {
                     o.outcome = Some(Err(why));
                 }
                 self.abort_xfers_of(op);
                 self.ops.complete(op, Err(Error::Cancelled));
             }
-            OpSt::WaitReply | OpSt::Sending | OpSt::Finishing | OpSt::Cancelling { .. } => {}
+            CancelStep::Nothing => {}
         }
     }
 }

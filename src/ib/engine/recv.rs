@@ -391,7 +391,7 @@ impl<V: Verbs> State<V> {
         let mut r = Req::new(p.sl, p.dir, p.len, p.cost);
         r.inline = p.inline;
         r.inline_mech = p.inline_mech;
-        r.x = IbReq { conn: p.cid, segs: p.segs, ..IbReq::default() };
+        r.x = IbReq::new(p.cid, p.segs);
         if !self.sreqs.open(p.peer, p.id, r) {
             self.fail_peer(p.peer, unexpected(format!("request id {} reused while open", p.id)));
             return;

@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use super::msg::{self, MSG_HDR, Prefix, Segment};
 use super::side::IbInfo;
 use super::*;
-use crate::backend::{RecvCmd, SendCmd};
+use crate::backend::{Cmd, RecvCmd, SendCmd};
 use crate::buffers::buf::{RecvBuf, SendBuf};
 use crate::flowctl::{CreditConfig, Credits, RingSender, encode_imm};
 use crate::wire::{Header, Kind};
@@ -250,6 +250,49 @@ fn messages_at_the_buffer_and_slot_limits() {
         "{:?}",
         done(&st).last()
     );
+}
+
+/// Sends posted before the peer's limits are known wait for them, then go in posting order by
+/// what the peer's smaller buffers carry; an unexpected send that no longer fits a slot fails
+/// then, and a waiting send cancelled meanwhile never goes.
+#[test]
+fn sends_held_for_the_peers_limits_go_in_posting_order() {
+    let be = backend();
+    let mut st = be.lock();
+    let now = Instant::now();
+    let p = connect(&mut st, 1);
+    // Back to before the peer's limits came: its buffers and slots are half ours.
+    let info = st.conn_mut(p.cid).unwrap().remote.take().unwrap();
+    let (rs, slot) = (st.s.recv_size as usize / 2, st.s.slot_size as usize / 2);
+    st.s.policy.force(Some(Mechanism::Inline));
+    let data = |len| Bytes::from(vec![5u8; len]);
+    send(&mut st, &p, 1, 1, data(rs - MSG_HDR), now);
+    // Inline by our own buffers; the peer's need its ring.
+    send(&mut st, &p, 2, 2, data(rs - MSG_HDR + 1), now);
+    let unexpected = SendCmd {
+        peer: p.id,
+        sl: ServiceLevel::Normal,
+        tag: 3,
+        buf: SendBuf::Bytes(data(slot - MSG_HDR + 1)),
+        unexpected: true,
+    };
+    st.post(OpId(3), Cmd::Send(unexpected), now).expect("fits our own slots");
+    send(&mut st, &p, 4, 4, data(8), now);
+    // Fast RDMA by our own slots; the peer's are too small: a rendezvous.
+    send(&mut st, &p, 5, 5, data(slot - MSG_HDR + 1), now);
+    st.cancel(OpId(4), Error::Cancelled, now);
+    assert!(p.out(&st).is_empty(), "nothing goes before the limits are known");
+    assert_eq!(done(&st), [(OpId(4), Err("Cancelled".into()))]);
+
+    st.conn_mut(p.cid).unwrap().remote =
+        Some(IbInfo { recv_size: rs as u32, slot_size: slot as u32, ..info });
+    st.place_waiting_posts(p.cid, now);
+    let out: Vec<_> = p.out(&st).into_iter().map(|(via, kind, h)| (via, kind, h.a)).collect();
+    assert_eq!(out, [(Via::Send, Kind::Eager, 1), (Via::Ring, Kind::Eager, 2), (Via::Send, Kind::Rdv, 5)]);
+    let too_large =
+        format!("{:?}", Error::TooLarge { len: (slot - MSG_HDR + 1) as u64, max: (slot - MSG_HDR) as u64 });
+    // The others complete when their messages are posted (or, op 5, at the receiver's FIN).
+    assert_eq!(done(&st)[1..], [(OpId(3), Err(too_large))]);
 }
 
 #[test]

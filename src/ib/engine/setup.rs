@@ -20,6 +20,7 @@ use crate::types::{PeerId, ServiceLevel};
 use crate::wire::{Header, Kind};
 
 use super::link::{Layout, Link};
+use super::plan::HeldPosts;
 use super::reg::{DmaRegion, register_region};
 use super::side::{Framed, IbInfo};
 use super::{Conn, Loss, Side, SidePhase, State, WR_RECV, wr_id};
@@ -129,7 +130,7 @@ impl<V: Verbs> State<V> {
             remote: None,
             link: Link::new(layout, ring_rx, s.cfg.ib.max_send_wr),
             out: VecDeque::new(),
-            waiting_posts: VecDeque::new(),
+            waiting_posts: HeldPosts::default(),
         };
         // Receives go up before the peer learns our queue pair, so nothing ever meets RNR.
         for i in 0..layout.n_recv as u32 {

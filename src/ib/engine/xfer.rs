@@ -459,7 +459,7 @@ impl<V: Verbs> State<V> {
             XferThen::CompleteOp(op) => self.ops.complete(op, failed.map_or(Ok(total), Err)),
             XferThen::ReqOp { op, peer, req, end } => {
                 if ok && let Some(r) = self.sreqs.get_mut(peer, req) {
-                    r.x.pushed = r.x.pushed.max(end);
+                    r.x.pushed_to(end);
                 }
                 self.ops.complete(op, failed.map_or(Ok(total), Err));
                 self.xfer_finished_for_req(peer, req);
