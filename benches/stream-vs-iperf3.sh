@@ -4,11 +4,12 @@
 #   benches/stream-vs-iperf3.sh IONET_PERF [ROUNDS] [pin]
 #
 # IONET_PERF is an `ionet-perf` binary (cargo build --release -p ionet-perf). Each round runs
-# `ionet-perf client --test bw --sizes 1m,4m` (median of 3) with 16 and with 2 messages in
-# flight, then `iperf3 -l 1M -t 3`, all unpinned, or with `pin` the clients on CPU 0 and the
-# servers on CPU 1. The receiver cycles through a window's worth of buffers (16 × 4 MiB = 64 MiB
-# at window 16), where iperf3 reads into one 1 MiB buffer: window 2 is the closer match.
-# Prints each round's GB/s.
+# `ionet-perf client --sizes 1m,4m` (median of 3) as `--test bw` (a window at a time, acknowledged,
+# as osu_bw) and `--test stream` (a window kept in flight without pauses, as a socket stream),
+# each with 16 and with 2 messages in flight, then `iperf3 -l 1M -t 3`; all unpinned, or with
+# `pin` the clients on CPU 0 and the servers on CPU 1. The receiver cycles through a window's
+# worth of buffers (16 × 4 MiB = 64 MiB at window 16), where iperf3 reads into one 1 MiB
+# buffer: window 2 is the closer match. Prints each round's GB/s.
 set -euo pipefail
 command -v iperf3 >/dev/null || { echo "stream-vs-iperf3.sh: needs iperf3 (apt-get install iperf3)" >&2; exit 1; }
 P="$(realpath "$1")"; rounds="${2:-5}"; pin="${3:-}"
@@ -24,9 +25,11 @@ ip=$!
 sleep 0.5
 for r in $(seq "$rounds"); do
   line="round $r:"
-  for w in 16 2; do
-    out=$("$P" client --connect "$A" --test bw --sizes 1m,4m --window $w --runs 3 "${ccpu[@]}" 2>&1 | tail -2 | awk '{printf "%s ", $3}')
-    line="$line ionet w$w 1m/4m $out;"
+  for t in bw stream; do
+    for w in 16 2; do
+      out=$("$P" client --connect "$A" --test $t --sizes 1m,4m --window $w --runs 3 "${ccpu[@]}" 2>&1 | tail -2 | awk '{printf "%s ", $3}')
+      line="$line $t w$w 1m/4m $out;"
+    done
   done
   g=$(iperf3 -c 127.0.0.1 -p 5299 -l 1M -t 3 "${ia[@]}" -J | python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9))')
   echo "$line iperf3 -l 1M $g"
