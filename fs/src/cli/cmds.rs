@@ -1126,12 +1126,11 @@ pub fn mount(cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
     if a.background {
         return mount_in_background(cluster, &a);
     }
-    let opts = stripefs::fuse::MountOptions {
-        threads: a.threads,
-        allow_other: m.allow_other,
-        read_only: m.read_only,
-        kernel_cache: a.cache,
-    };
+    let mut opts = stripefs::fuse::MountOptions::default();
+    opts.threads = a.threads;
+    opts.allow_other = m.allow_other;
+    opts.read_only = m.read_only;
+    opts.kernel_cache = a.cache;
     if a.daemon_child {
         // Out of the caller's session: its terminal closing or its Ctrl-C leave the mount be.
         let _ = nix::unistd::setsid();

@@ -996,8 +996,10 @@ impl Filesystem for StripeFuse {
     }
 }
 
-/// How to mount.
+/// How to mount: start from [`MountOptions::default`] and set the fields wanted (more options
+/// may come, so the struct cannot be built field by field outside this crate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MountOptions {
     /// Threads serving requests.
     pub threads: usize,
