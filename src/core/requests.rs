@@ -13,10 +13,10 @@ use bytes::Bytes;
 use crate::backend::PullCmd;
 use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
-use crate::core::ops::{OpExtra, OpState, OpTable};
+use crate::core::ops::{Op, OpExtra, OpState, OpTable};
 use crate::error::{Error, ProtocolError, Result};
 use crate::info::Counters;
-use crate::op::{Completion, Direction, OpKind, Payload, status};
+use crate::op::{Completion, Direction, OpKind, Payload, RequestMeta, status};
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{FLAG_PAYLOAD_IN, FLAG_PAYLOAD_OUT, Header, Kind};
 
@@ -81,6 +81,24 @@ impl<X> Requests<X> {
                 true
             }
         }
+    }
+
+    /// A request `id` with header `header` arrived from `peer`: opened, and what the
+    /// application is handed. An id the client still has open is its protocol error; the open
+    /// request keeps its state.
+    pub(crate) fn arrived(
+        &mut self,
+        peer: PeerId,
+        tag: Tag,
+        id: u64,
+        header: Bytes,
+        r: Req<X>,
+    ) -> std::result::Result<RequestMeta, ProtocolError> {
+        let (sl, dir, len) = (r.sl, r.dir, r.len);
+        if !self.open(peer, id, r) {
+            return Err(reused(id));
+        }
+        Ok(RequestMeta { peer, tag, sl, id, header, dir, len })
     }
 
     /// The open request, or the misuse error of naming one that is not.
@@ -276,6 +294,61 @@ pub(crate) fn incoming_push<S: OpState + PartialEq, X: OpExtra>(
     Err(ProtocolError::Unexpected { what: format!("PUSH for unknown request {req}") })
 }
 
+/// The client sent request `id` while it still had one open under that id.
+pub(crate) fn reused(id: u64) -> ProtocolError {
+    ProtocolError::Unexpected { what: format!("request id {id} reused while open") }
+}
+
+/// Client side: the request a REPLY for `req` from `peer` answers — one waiting for its reply,
+/// or one cancelled here whose memory the server may still touch (the reply says it let go).
+/// `None` for a request cancelled and forgotten here: the reply only lets the id go. Any other
+/// reply is the server's protocol error.
+pub(crate) fn incoming_reply<'a, S: OpState + PartialEq, X: OpExtra>(
+    ops: &'a mut OpTable<S, X>,
+    cancelled: &mut HashSet<u64>,
+    peer: PeerId,
+    req: u64,
+) -> std::result::Result<Option<&'a mut Op<S, X>>, ProtocolError> {
+    let op = OpId(req);
+    let answers = |o: &Op<S, X>| {
+        o.peer == peer && o.kind == OpKind::Request && (o.st == S::AWAITING_REPLY || o.st.holds())
+    };
+    if ops.get(&op).is_some_and(answers) {
+        return Ok(ops.get_mut(&op));
+    }
+    if cancelled.remove(&req) {
+        return Ok(None);
+    }
+    Err(ProtocolError::Unexpected { what: format!("REPLY for unknown request {req}") })
+}
+
+/// The bytes a replied request moved: a write its whole payload (however much the server
+/// pulled, as it must when the payload went inline or streamed), a read up to its furthest
+/// byte — what its pushes showed, or `pushed` where the server reports what RDMA wrote.
+pub(crate) fn reply_moved<S, X>(o: &Op<S, X>, pushed: u64) -> usize {
+    match &o.buf {
+        OpBuf::Send(s) => s.len(),
+        _ => o.moved.max(pushed as usize),
+    }
+}
+
+/// A request's result from its reply's `status`: the `moved` bytes, the header kept for the
+/// application; or the error the status names, with the header as its detail.
+pub(crate) fn reply_result<S, X>(
+    o: &mut Op<S, X>,
+    status: u32,
+    header: Bytes,
+    moved: usize,
+) -> Result<usize> {
+    match status {
+        status::OK => {
+            o.reply = Some(header);
+            Ok(moved)
+        }
+        st => Err(status::error(st, &header)),
+    }
+}
+
 /// `[offset, offset + len)` lies within `[0, total)`.
 fn within(offset: u64, len: usize, total: u64) -> bool {
     offset.checked_add(len as u64).is_some_and(|end| end <= total)
@@ -382,6 +455,70 @@ mod tests {
         assert!(incoming_push(&mut ops, &none, PeerId(1), 6, 0, 1).is_err(), "unknown request");
         let cancelled: HashSet<u64> = [6].into();
         assert_eq!(incoming_push(&mut ops, &cancelled, PeerId(1), 6, 0, 1), Ok(PushInto::Discard));
+    }
+
+    /// Both transports open an arrived request here: an id still open is refused and the open
+    /// request keeps its state; the same id from another client, or after the reply, is new.
+    #[test]
+    fn an_arrived_request_opens_once_and_says_what_the_application_gets() {
+        let mut r = reqs();
+        let req = |dir, len| Req::new(ServiceLevel::Bulk, dir, len, 8);
+        let m = r.arrived(PeerId(1), 3, 11, Bytes::from_static(b"hdr"), req(Direction::In, 40)).unwrap();
+        assert_eq!(
+            (m.peer, m.tag, m.id, m.sl, m.dir, m.len),
+            (PeerId(1), 3, 11, ServiceLevel::Bulk, Direction::In, 40)
+        );
+        assert_eq!(m.header, Bytes::from_static(b"hdr"));
+        let e = r.arrived(PeerId(1), 3, 9, Bytes::new(), req(Direction::None, 0)).unwrap_err();
+        assert!(e.to_string().contains("request id 9 reused while open"), "{e}");
+        assert_eq!(r.get(PeerId(1), 9).map(|q| q.len).ok(), Some(100), "the open request stands");
+        assert!(r.arrived(PeerId(2), 3, 9, Bytes::new(), req(Direction::None, 0)).is_ok());
+        assert!(r.close(PeerId(1), 11).is_ok());
+        assert!(r.arrived(PeerId(1), 3, 11, Bytes::new(), req(Direction::None, 0)).is_ok(), "answered: free");
+        assert_eq!(r.len(), 4);
+    }
+
+    /// A reply answers a request of its server that waits for it, or one cancelled here whose
+    /// memory the server may still touch; a forgotten cancelled id goes quietly, once.
+    #[test]
+    fn a_reply_answers_only_a_waiting_request_of_its_server() {
+        let mut ops: OpTable<St, ()> = OpTable::default();
+        let buf = OpBuf::Recv(RecvBuf::from(bytes::BytesMut::zeroed(100)));
+        ops.insert(OpId(4), OpKind::Request, PeerId(1), 0, ServiceLevel::Normal, buf, St::Moving);
+        ops.insert(OpId(5), OpKind::Request, PeerId(1), 0, ServiceLevel::Normal, OpBuf::None, St::Cancelling);
+        ops.insert(OpId(6), OpKind::Request, PeerId(1), 0, ServiceLevel::Normal, OpBuf::None, St::Finishing);
+        ops.insert(OpId(7), OpKind::Recv, PeerId(1), 0, ServiceLevel::Normal, OpBuf::None, St::Moving);
+        let mut cancelled: HashSet<u64> = [8].into();
+        let mut to =
+            |peer, req| incoming_reply(&mut ops, &mut cancelled, PeerId(peer), req).map(|o| o.is_some());
+        assert_eq!(to(1, 4), Ok(true), "waiting for its reply");
+        assert_eq!(to(1, 5), Ok(true), "cancelled, its memory held");
+        assert!(to(2, 4).is_err(), "another server's reply");
+        assert!(to(1, 6).is_err(), "already answered");
+        assert!(to(1, 7).is_err(), "not a request");
+        assert_eq!(to(1, 8), Ok(false), "cancelled and forgotten");
+        let e = to(1, 8).unwrap_err();
+        assert!(e.to_string().contains("REPLY for unknown request 8"), "forgotten once: {e}");
+    }
+
+    #[test]
+    fn a_reply_counts_a_write_whole_and_a_read_to_its_furthest_byte() {
+        let mut ops: OpTable<St, ()> = OpTable::default();
+        let send = OpBuf::Send(crate::buffers::buf::SendBuf::Bytes(Bytes::from_static(b"payload")));
+        let recv = OpBuf::Recv(RecvBuf::from(bytes::BytesMut::zeroed(100)));
+        ops.insert(OpId(1), OpKind::Request, PeerId(1), 0, ServiceLevel::Normal, send, St::Moving);
+        ops.insert(OpId(2), OpKind::Request, PeerId(1), 0, ServiceLevel::Normal, recv, St::Moving);
+        let o = ops.get_mut(&OpId(1)).unwrap();
+        assert_eq!(reply_moved(o, 0), 7, "a write counts its payload");
+        let o = ops.get_mut(&OpId(2)).unwrap();
+        o.moved = 30;
+        assert_eq!((reply_moved(o, 0), reply_moved(o, 60), reply_moved(o, 10)), (30, 60, 30));
+        let h = Bytes::from_static(b"answer");
+        assert_eq!(reply_result(o, status::OK, h.clone(), 30).ok(), Some(30));
+        assert_eq!(o.reply.as_ref(), Some(&h), "the header is the application's");
+        o.reply = None;
+        assert!(reply_result(o, status::DROPPED, h, 30).is_err());
+        assert!(o.reply.is_none(), "a failed request keeps no reply");
     }
 
     #[test]

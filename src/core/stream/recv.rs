@@ -13,7 +13,7 @@ use crate::core::requests::{self, PushInto, Req};
 use crate::error::{AccessError, Error, ProtocolError};
 use crate::info::Counters;
 use crate::matching::Arrival;
-use crate::op::{OpKind, RequestMeta, Unexpected, status};
+use crate::op::{OpKind, Unexpected};
 use crate::types::{Access, OpId, PeerId};
 use crate::wire::{self, FLAG_ABORT, FLAG_INLINE_DATA, FLAG_STREAMED, HEADER_LEN, Header, Kind, Limits};
 
@@ -650,10 +650,15 @@ impl Session {
                 let mut r: Req<StreamReq> = Req::new(h.sl, dir, h.c, cost);
                 r.inline = (h.flags & FLAG_INLINE_DATA != 0).then_some(all);
                 r.x.streamed = streamed;
-                if self.streams.contains_key(&(peer, h.b)) || !self.sreqs.open(peer, h.b, r) {
-                    self.protocol_error(link, unexpected(format!("request id {} reused while open", h.b)));
-                    return;
+                // A streamed payload of an answered request may still be arriving: its id
+                // stays taken until it has.
+                if self.streams.contains_key(&(peer, h.b)) {
+                    return self.protocol_error(link, requests::reused(h.b));
                 }
+                let meta = match self.sreqs.arrived(peer, h.a, h.b, header, r) {
+                    Ok(meta) => meta,
+                    Err(e) => return self.protocol_error(link, e),
+                };
                 if streamed {
                     self.streams.insert(
                         (peer, h.b),
@@ -668,41 +673,23 @@ impl Session {
                     );
                 }
                 self.events += 1;
-                self.delivered.push(Delivery::Request(RequestMeta {
-                    peer,
-                    tag: h.a,
-                    sl: h.sl,
-                    id: h.b,
-                    header,
-                    dir,
-                    len: h.c,
-                }));
+                self.delivered.push(Delivery::Request(meta));
             }
             (Kind::Reply, Sink::Vec(v)) => {
                 let op = OpId(h.b);
-                match self.ops.awaiting_reply(op, peer) {
-                    Some(o) => {
+                let cancelled = &mut self.peers[peer].cancelled_reqs;
+                match requests::incoming_reply(&mut self.ops, cancelled, peer, h.b) {
+                    Ok(Some(o)) => {
                         Counters::add(&self.core.counters.msgs_received, 1);
-                        // A write counts its whole payload however much the server pulled, as it
-                        // must when the payload went inline or streamed.
-                        let moved = match &o.buf {
-                            OpBuf::Send(s) => s.len(),
-                            _ => o.moved,
-                        };
+                        // No RDMA here: the pushes the read saw say how far it goes.
+                        let moved = requests::reply_moved(o, 0);
                         if matches!(o.buf, OpBuf::Recv(_)) {
                             // A read: the server's pushes were eager or rendezvous by size.
                             let eager = self.s.eager_limit;
                             o.mech =
                                 Some(if moved <= eager { Mechanism::Inline } else { Mechanism::ServerRdma });
                         }
-                        let hdr = Bytes::from(v);
-                        let r = match h.aux {
-                            status::OK => {
-                                o.reply = Some(hdr);
-                                Ok(moved)
-                            }
-                            st => Err(status::error(st, &hdr)),
-                        };
+                        let r = requests::reply_result(o, h.aux, Bytes::from(v), moved);
                         // Answered before all of a streamed payload went out: the rest stays.
                         if o.refs > 0 {
                             let sl = o.sl;
@@ -710,8 +697,8 @@ impl Session {
                         }
                         self.complete(op, r);
                     }
-                    _ if self.peers[peer].cancelled_reqs.remove(&h.b) => {}
-                    _ => self.protocol_error(link, unexpected(format!("REPLY for unknown request {}", h.b))),
+                    Ok(None) => {}
+                    Err(e) => self.protocol_error(link, e),
                 }
             }
             (Kind::PullData, Sink::Op { op, .. }) | (Kind::GetResp, Sink::Op { op, .. }) => {
