@@ -49,8 +49,10 @@
 //! pair and its memory. The decisions of posting and cancelling are made the same way, apart
 //! from the device: [`plan`] picks a send's, request's, push's or reply's mechanism, message
 //! and registration from the connection's [`MsgCaps`] and the policy; [`cancel`] says what
-//! cancelling an op does in its state; [`rx`] matches arrivals; [`lose`] settles a lost
-//! peer's transfers; [`sreq`] holds a reply back behind its request's transfers. `post` and
+//! cancelling an op does in its state; [`rx`] matches arrivals; [`request_in`] admits and
+//! lays out an arrived request; [`reply`] matches a reply to its request and completes it;
+//! [`lose`] settles a lost peer's transfers; [`sreq`] holds a reply back behind its request's
+//! transfers. `post` and
 //! `recv` carry their answers out with verbs. The engine reads no clock: the driver loop
 //! ([`backend`]) passes `now` to every entry point that starts or checks a deadline.
 
@@ -68,6 +70,8 @@ mod plan;
 mod post;
 mod recv;
 mod reg;
+mod reply;
+mod request_in;
 mod route;
 mod rx;
 #[cfg(test)]
@@ -516,7 +520,7 @@ pub(crate) enum XferThen {
     /// A rendezvous receive: send FIN for `msg`, complete the op.
     RecvDone { op: OpId, msg: u64 },
     /// A fetched request header: deliver the request (then FIN).
-    RequestHeader { pending: Box<recv::PendingRequest> },
+    RequestHeader { pending: Box<request_in::PendingRequest> },
     /// A fetched reply header: complete the request op (then FIN); `pushed` as the reply said.
     ReplyHeader { op: OpId, status: u32, msg: u64, pushed: u64 },
 }

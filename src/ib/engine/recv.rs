@@ -5,37 +5,22 @@ use bytes::Bytes;
 use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
 use crate::core::peers::Peers;
-use crate::core::requests::{self, PushInto, Req};
 use crate::error::{Error, ProtocolError};
 use crate::ib::verbs::*;
 use crate::info::Counters;
-use crate::op::{Direction, OpKind, RequestMeta, Unexpected, status};
-use crate::types::{OpId, PeerId, ServiceLevel, Tag};
+use crate::op::Unexpected;
+use crate::types::{OpId, PeerId};
 use crate::wire::{Header, Kind};
 
 use super::inbound::{self, unexpected};
 use super::link::{Arrival, LinkError};
-use super::msg::{self, MSG_HDR, Segment};
+use super::msg::{self, MSG_HDR};
 use super::reg::DmaRegion;
+use super::reply::{self, ReplyStep};
+use super::request_in::{self, PendingRequest, RequestStep};
 use super::rx::{Body, Matched, Released, Rts, Rx};
 use super::setup::post_recv;
-use super::{Held, IbReq, Local, Loss, OpSt, State, XferThen};
-
-/// A request whose header is being fetched by RDMA before it is delivered.
-pub(crate) struct PendingRequest {
-    pub peer: PeerId,
-    pub tag: Tag,
-    pub sl: ServiceLevel,
-    pub id: u64,
-    pub cid: u32,
-    pub dir: Direction,
-    pub len: u64,
-    pub inline: Option<Bytes>,
-    /// How the inline data came (inline or fast RDMA).
-    pub inline_mech: Mechanism,
-    pub segs: Vec<Segment>,
-    pub cost: usize,
-}
+use super::{Conn, Held, Local, Loss, State, XferThen};
 
 /// What became of a received message.
 enum Outcome {
@@ -69,6 +54,15 @@ impl Body for InMem<'_> {
     fn read(&self, at: usize, dst: &mut [u8]) {
         self.mem.read_at(self.off + at, dst);
     }
+}
+
+/// A message's payload of `len` bytes, copied out of its buffer or slot on connection `c`.
+fn read_payload<V: Verbs>(c: Option<&Conn<V>>, loc: Held, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    if let Some(c) = c {
+        c.mem.read_at(c.link.layout().loc_off(loc) + MSG_HDR, &mut v);
+    }
+    v
 }
 
 impl<V: Verbs> State<V> {
@@ -194,11 +188,7 @@ impl<V: Verbs> State<V> {
     }
 
     fn payload(&self, cid: u32, loc: Held, h: &Header) -> Vec<u8> {
-        let mut v = vec![0u8; h.len as usize];
-        if let (Some(off), Some(c)) = (self.loc_off(cid, loc), self.conn(cid)) {
-            c.mem.read_at(off + MSG_HDR, &mut v);
-        }
-        v
+        read_payload(self.conn(cid), loc, h.len as usize)
     }
 
     /// Copies a message's payload into a receive buffer.
@@ -267,17 +257,28 @@ impl<V: Verbs> State<V> {
                 })
             }
             Kind::Request => {
-                let (max, limit) = (self.s.cfg.requests_per_peer, self.s.cfg.early_bytes_per_peer);
-                if !self.peers[peer].budget.admit_request(len, max, limit) {
-                    return Ok(Outcome::Hold);
-                }
-                Counters::add(&self.core.counters.msgs_received, 1);
-                let body = Bytes::from(self.payload(cid, loc, &h));
+                let limits = request_in::Limits {
+                    requests: self.s.cfg.requests_per_peer,
+                    early: self.s.cfg.early_bytes_per_peer,
+                    max_header: self.s.cfg.max_header as u64,
+                    max_message: self.s.max_message as u64,
+                };
                 let via = if via_ring { Mechanism::FastRdma } else { Mechanism::Inline };
-                match self.parse_request(cid, peer, &h, body, via) {
-                    Ok(()) => Ok(Outcome::Done),
-                    Err(l) => Err(l),
+                let State { conns, peers, core, .. } = self;
+                let c = conns.get(cid as usize).and_then(Option::as_ref);
+                let body = || Bytes::from(read_payload(c, loc, len));
+                let budget = &mut peers[peer].budget;
+                let step = request_in::arrived(budget, limits, &core.counters, (peer, cid), &h, via, body)?;
+                match step {
+                    RequestStep::Hold => return Ok(Outcome::Hold),
+                    RequestStep::Deliver { pending, header } => self.deliver_request(pending, header),
+                    RequestStep::Fetch { pending, segs, len } => {
+                        // The request is delivered when its header is here.
+                        let then = XferThen::RequestHeader { pending };
+                        self.start_xfer(peer, cid, true, segs, 0, Local::Vec(vec![0; len]), len, then);
+                    }
                 }
+                Ok(Outcome::Done)
             }
             Kind::Reply => {
                 let body = self.payload(cid, loc, &h);
@@ -285,25 +286,11 @@ impl<V: Verbs> State<V> {
                 Ok(Outcome::Done)
             }
             Kind::Push => {
-                let first = self.ops.get(&OpId(h.b)).is_some_and(|o| o.moved == 0);
-                let cancelled = &self.peers[peer].cancelled_reqs;
-                match requests::incoming_push(&mut self.ops, cancelled, peer, h.b, h.c, len) {
-                    Ok(PushInto::Op(op)) => {
-                        self.copy_payload_into(cid, loc, len, op, h.c as usize);
-                        if let Some(o) = self.ops.get_mut(&op) {
-                            // The read's mechanism is how its data came: any fast-RDMA push
-                            // makes it fast RDMA.
-                            if via_ring {
-                                o.mech = Some(Mechanism::FastRdma);
-                            } else if first && len > 0 {
-                                o.mech = Some(Mechanism::Inline);
-                            }
-                        }
-                        Ok(Outcome::Done)
-                    }
-                    Ok(PushInto::Discard) => Ok(Outcome::Done),
-                    Err(e) => Err(Loss::Protocol(e)),
+                let (mut rx, peers) = self.rx();
+                if let Some(op) = rx.push(&peers[peer].cancelled_reqs, peer, (h.b, h.c, len), via_ring)? {
+                    self.copy_payload_into(cid, loc, len, op, h.c as usize);
                 }
+                Ok(Outcome::Done)
             }
             Kind::Fin => {
                 self.on_fin(peer, &h)?;
@@ -339,151 +326,36 @@ impl<V: Verbs> State<V> {
         Ok(())
     }
 
-    /// A request (`via`: how its message came), its body decoded by [`inbound::request`]:
-    /// delivered at once, or once its header is fetched from the client's memory.
-    fn parse_request(
-        &mut self,
-        cid: u32,
-        peer: PeerId,
-        h: &Header,
-        body: Bytes,
-        via: Mechanism,
-    ) -> Result<(), Loss> {
-        let (max_header, max_message) = (self.s.cfg.max_header as u64, self.s.max_message as u64);
-        let inbound::RequestBody { dir, header, inline, segs } =
-            inbound::request(h, body, max_header, max_message)?;
-        if let Some(d) = &inline {
-            self.core.counters.copied(d.len());
-        }
-        let pending = PendingRequest {
-            peer,
-            tag: h.a,
-            sl: h.sl,
-            id: h.b,
-            cid,
-            dir,
-            len: h.c,
-            inline,
-            inline_mech: via,
-            segs,
-            cost: h.len as usize,
-        };
-        match header {
-            inbound::HeaderIn::Remote { segs: s, len: n } => {
-                // Fetch the header first; the request is delivered when it is here.
-                self.start_xfer(
-                    peer,
-                    cid,
-                    true,
-                    s,
-                    0,
-                    Local::Vec(vec![0; n]),
-                    n,
-                    XferThen::RequestHeader { pending: Box::new(pending) },
-                );
-            }
-            inbound::HeaderIn::Here(header) => self.deliver_request(pending, header),
-        }
-        Ok(())
-    }
-
+    /// Opens and hands over a request whose header is in hand ([`request_in::deliver`]).
     pub(crate) fn deliver_request(&mut self, p: PendingRequest, header: Bytes) {
-        let mut r = Req::new(p.sl, p.dir, p.len, p.cost);
-        r.inline = p.inline;
-        r.inline_mech = p.inline_mech;
-        r.x = IbReq::new(p.cid, p.segs);
-        if !self.sreqs.open(p.peer, p.id, r) {
-            self.fail_peer(p.peer, unexpected(format!("request id {} reused while open", p.id)));
-            return;
+        let peer = p.peer;
+        match request_in::deliver(&mut self.sreqs, p, header) {
+            Ok(meta) => {
+                self.events += 1;
+                self.core.push_request(meta);
+            }
+            Err(loss) => self.fail_peer(peer, loss),
         }
-        self.events += 1;
-        self.core.push_request(RequestMeta {
-            peer: p.peer,
-            tag: p.tag,
-            sl: p.sl,
-            id: p.id,
-            header,
-            dir: p.dir,
-            len: p.len,
-        });
     }
 
-    /// A REPLY: b = request id, aux = status, a = end of the furthest byte the server pushed
-    /// into the request's IN buffer; with `FLAG_RDV_HEADER`, c = message id and the payload is
-    /// the header's segment list.
+    /// A REPLY to one of our requests ([`reply::arrived`]): the request completes now, or
+    /// once its header is fetched from the server's memory.
     pub(crate) fn on_reply(&mut self, cid: u32, peer: PeerId, h: &Header, body: Vec<u8>) -> Result<(), Loss> {
-        let op = OpId(h.b);
-        let room = match self.ops.get(&op) {
-            Some(o)
-                if o.peer == peer
-                    && o.kind == OpKind::Request
-                    && matches!(o.st, OpSt::WaitReply | OpSt::Cancelling { .. }) =>
-            {
-                match &o.buf {
-                    OpBuf::Recv(b) => b.capacity() as u64,
-                    _ => 0,
-                }
+        let cancelled = &mut self.peers[peer].cancelled_reqs;
+        match reply::arrived(&mut self.ops, cancelled, peer, h, body, self.s.cfg.max_header as u64)? {
+            ReplyStep::Forget => {}
+            ReplyStep::Complete { op, header } => self.complete_request(op, h.aux, header, h.a),
+            ReplyStep::Fetch { op, segs, len } => {
+                let then = XferThen::ReplyHeader { op, status: h.aux, msg: h.c, pushed: h.a };
+                self.start_xfer(peer, cid, true, segs, 0, Local::Vec(vec![0; len]), len, then);
             }
-            _ => {
-                if self.peers[peer].cancelled_reqs.remove(&h.b) {
-                    return Ok(());
-                }
-                return Err(unexpected(format!("REPLY for unknown request {}", h.b)));
-            }
-        };
-        if h.a > room {
-            return Err(unexpected("REPLY claims pushes beyond the request's buffer".into()));
-        }
-        match inbound::reply_header(h, body, self.s.cfg.max_header as u64)? {
-            inbound::HeaderIn::Remote { segs, len: n } => self.start_xfer(
-                peer,
-                cid,
-                true,
-                segs,
-                0,
-                Local::Vec(vec![0; n]),
-                n,
-                XferThen::ReplyHeader { op, status: h.aux, msg: h.c, pushed: h.a },
-            ),
-            inbound::HeaderIn::Here(header) => self.complete_request(op, h.aux, header, h.a),
         }
         Ok(())
     }
 
-    /// A reply arrived (header in hand): the request op completes. A read counts the bytes
-    /// up to the end of the furthest one pushed (`pushed`, as the server reports it, or as its
-    /// PUSH messages showed), so `Completion::data` is exactly what the server wrote.
+    /// A reply with its header in hand: the request op completes ([`reply::complete`]).
     pub(crate) fn complete_request(&mut self, op: OpId, st: u32, header: Bytes, pushed: u64) {
-        Counters::add(&self.core.counters.msgs_received, 1);
-        let Some(o) = self.ops.get_mut(&op) else { return };
-        if matches!(o.st, OpSt::Cancelling { .. }) {
-            // The server is done with our memory: the cancelled op can go.
-            o.st = OpSt::Finishing;
-            self.peers[o.peer].cancelled_reqs.remove(&op.0);
-            self.ops.complete(op, Err(Error::Cancelled));
-            return;
-        }
-        let moved = match &o.buf {
-            OpBuf::Recv(_) => o.moved.max(pushed as usize),
-            OpBuf::Send(s) => s.len(),
-            OpBuf::None => 0,
-        };
-        // A read staged through a pool buffer: copy what was pushed into the caller's buffer.
-        let mut copied = 0;
-        if st == status::OK
-            && let (OpBuf::Recv(user), Some(staged)) = (&mut o.buf, o.x.stage_in.as_ref())
-        {
-            copied = moved.min(staged.len());
-            user.copy_in(0, &staged[..copied]);
-        }
-        let r = match st {
-            status::OK => {
-                o.reply = Some(header);
-                Ok(moved)
-            }
-            st => Err(status::error(st, &header)),
-        };
-        self.core.counters.copied(copied);
-        self.ops.complete(op, r);
+        let State { ops, peers, core, .. } = self;
+        reply::complete(ops, peers, &core.counters, op, st, header, pushed);
     }
 }

@@ -3,8 +3,9 @@
 //! arrival within its peer's budget, or — the budget spent — stays where it lies; a receive
 //! posted later takes the oldest early arrival. Truncation is decided here, for eager bodies
 //! and for rendezvous bodies, in one place each; so are the admission of unexpected messages,
-//! a sender's withdrawal of a rendezvous, what a FIN does to the rendezvous send (or the reply
-//! header sent by rendezvous) it belongs to, and what of a lost peer goes.
+//! a sender's withdrawal of a rendezvous, where a request's pushed bytes go, what a FIN does
+//! to the rendezvous send (or the reply header sent by rendezvous) it belongs to, and what of
+//! a lost peer goes.
 //!
 //! [`Rx`] borrows the tables the rules touch (matcher, operations, the peer's budget,
 //! counters) and reads an eager body through [`Body`], which the engine implements over the
@@ -13,6 +14,8 @@
 //! body), [`Read::Truncated`] (send FIN with the receiver's capacity) and the registrations a
 //! FIN hands back ([`Rx::fin`]).
 
+use std::collections::HashSet;
+
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
 
@@ -20,6 +23,7 @@ use crate::buffers::buf::{OpBuf, RegisteredBuf};
 use crate::comm::Mechanism;
 use crate::core::loss::Loss;
 use crate::core::peers::Budget;
+use crate::core::requests::{self, PushInto};
 use crate::error::Error;
 use crate::info::Counters;
 use crate::matching::Matcher;
@@ -177,6 +181,34 @@ impl Rx<'_> {
         self.counters.copied(len);
         budget.queued(len);
         Some(Bytes::from(data))
+    }
+
+    /// A PUSH from `peer` of `len` bytes at `offset` into request `req`'s IN buffer (checked by
+    /// [`requests::incoming_push`], with `cancelled` the peer's forgotten requests): the op to
+    /// copy them into, or `None` to drop them. The read's mechanism is how its data came: any
+    /// push through the ring makes it fast RDMA, else its first non-empty push says inline.
+    pub fn push(
+        &mut self,
+        cancelled: &HashSet<u64>,
+        peer: PeerId,
+        (req, offset, len): (u64, u64, usize),
+        via_ring: bool,
+    ) -> Result<Option<OpId>, Loss> {
+        let first = self.ops.get(&OpId(req)).is_some_and(|o| o.moved == 0);
+        match requests::incoming_push(self.ops, cancelled, peer, req, offset, len) {
+            Ok(PushInto::Op(op)) => {
+                if let Some(o) = self.ops.get_mut(&op) {
+                    if via_ring {
+                        o.mech = Some(Mechanism::FastRdma);
+                    } else if first && len > 0 {
+                        o.mech = Some(Mechanism::Inline);
+                    }
+                }
+                Ok(Some(op))
+            }
+            Ok(PushInto::Discard) => Ok(None),
+            Err(e) => Err(Loss::Protocol(e)),
+        }
     }
 
     /// The sender withdraws rendezvous message `msg` it announced on `conn` (it was

@@ -290,3 +290,38 @@ fn a_lost_peer_fails_each_of_its_operations_once_and_keeps_nothing_waiting() {
     let (mut rx, _) = t.rx(1024);
     assert!(rx.fin(PEER, 10, FIN_OK, 0).is_err());
 }
+
+/// A read's mechanism is how its pushed bytes came: any push through the ring makes it fast
+/// RDMA; otherwise its first non-empty push, sent inline, says inline.
+#[test]
+fn pushes_land_in_their_request_and_name_its_mechanism() {
+    let mut t = T::default();
+    let request = |t: &mut T, op| {
+        let buf = OpBuf::Recv(RecvBuf::Mut(BytesMut::zeroed(100)));
+        t.ops.insert(OpId(op), OpKind::Request, PEER, 1, ServiceLevel::Normal, buf, OpSt::WaitReply);
+    };
+    let none = HashSet::new();
+    request(&mut t, 1);
+    request(&mut t, 2);
+    let (mut rx, _) = t.rx(1024);
+    assert_eq!(rx.push(&none, PEER, (1, 0, 0), false).ok(), Some(Some(OpId(1))), "an empty push");
+    assert_eq!(t.ops.get(&OpId(1)).unwrap().mech, None, "says nothing of how data came");
+    let (mut rx, _) = t.rx(1024);
+    assert_eq!(rx.push(&none, PEER, (1, 0, 10), false).ok(), Some(Some(OpId(1))));
+    let (mut rx, _) = t.rx(1024);
+    assert_eq!(rx.push(&none, PEER, (1, 10, 10), true).ok(), Some(Some(OpId(1))));
+    let (mut rx, _) = t.rx(1024);
+    assert_eq!(rx.push(&none, PEER, (1, 20, 10), false).ok(), Some(Some(OpId(1))));
+    assert_eq!(t.ops.get(&OpId(1)).unwrap().mech, Some(Mechanism::FastRdma), "a ring push decides");
+    let (mut rx, _) = t.rx(1024);
+    assert_eq!(rx.push(&none, PEER, (2, 0, 10), false).ok(), Some(Some(OpId(2))));
+    assert_eq!(t.ops.get(&OpId(2)).map(|o| (o.mech, o.moved)), Some((Some(Mechanism::Inline), 10)));
+    let (mut rx, _) = t.rx(1024);
+    assert!(matches!(rx.push(&none, PEER, (2, 95, 10), false), Err(Loss::Protocol(_))), "past the buffer");
+    let cancelled: HashSet<u64> = [3].into();
+    let (mut rx, _) = t.rx(1024);
+    assert_eq!(rx.push(&cancelled, PEER, (3, 0, 10), true).ok(), Some(None), "cancelled here: dropped");
+    let (mut rx, _) = t.rx(1024);
+    assert!(matches!(rx.push(&none, PEER, (3, 0, 10), true), Err(Loss::Protocol(_))), "unknown request");
+    assert!(t.ops.done().is_empty());
+}
