@@ -8,6 +8,8 @@
 //!
 //! The same messages serve the InfiniBand side channel.
 
+use crate::core::loss::Loss;
+use crate::error::ProtocolError;
 use crate::types::ServiceLevel;
 use crate::util;
 use crate::wire::{Header, Kind};
@@ -330,6 +332,110 @@ impl ServerHandshake {
     }
 }
 
+/// Where one connection's handshake stands, on either side: the phases both transports go
+/// through before a connection is theirs (the InfiniBand side channel then exchanges its queue
+/// pairs). Each arrived frame moves it on by [`Hs::on_frame`], which sends nothing itself.
+#[derive(Debug)]
+pub(crate) enum Hs {
+    /// Our HELLO went: the server's HELLO_ACK (or a refusal) comes next.
+    ClientWaitAck(Box<ClientHandshake>),
+    /// Our AUTH went: READY comes next.
+    ClientWaitReady(Box<ClientHandshake>),
+    /// The client's HELLO comes next.
+    ServerWaitHello(Box<ServerHandshake>),
+    /// Our HELLO_ACK went to the client of this hello: its AUTH comes next.
+    ServerWaitAuth(Box<ServerHandshake>, HelloInfo),
+}
+
+/// What a handshake frame leads to.
+#[derive(Debug)]
+pub(crate) enum HsStep {
+    /// Send `frame`; the handshake goes on in `next`. `class`: the service level the client's
+    /// HELLO named, which the connection now serves.
+    Send { frame: (Header, Vec<u8>), next: Hs, class: Option<ServiceLevel> },
+    /// The server accepted `client`: send READY (`frame`); the connection is the driver's.
+    Accepted { frame: (Header, Vec<u8>), client: HelloInfo },
+    /// The server refuses the client: send `frame` (READY with the refusal), then close once it
+    /// is written, so the client learns why rather than waiting for its deadline.
+    Refused { frame: (Header, Vec<u8>) },
+    /// The server accepted us; `server` is its hello.
+    Ready { server: HelloInfo },
+    /// The connection goes, for this reason.
+    Failed(Loss),
+}
+
+fn violation(what: String) -> Loss {
+    Loss::Protocol(ProtocolError::Handshake(what))
+}
+
+impl Hs {
+    /// Whether this end dialled the connection.
+    pub(crate) fn is_client(&self) -> bool {
+        matches!(self, Hs::ClientWaitAck(_) | Hs::ClientWaitReady(_))
+    }
+
+    /// A handshake frame `h` with `body` arrived. `admits` says whether the server has room for
+    /// a client of this endpoint id; a failed proof is logged with the client's address `remote`
+    /// and counted in `counters`.
+    pub(crate) fn on_frame(
+        self,
+        h: &Header,
+        body: &[u8],
+        admits: impl FnOnce(u64) -> bool,
+        remote: std::net::SocketAddr,
+        counters: &crate::info::Counters,
+    ) -> HsStep {
+        match self {
+            Hs::ServerWaitHello(mut hs) => match hs.on_hello(h, body) {
+                Ok((client, frame)) => {
+                    HsStep::Send { frame, next: Hs::ServerWaitAuth(hs, client), class: Some(h.sl) }
+                }
+                Err(e) => HsStep::Failed(violation(e.to_string())),
+            },
+            Hs::ServerWaitAuth(mut hs, client) => {
+                let (status, rh, rb) =
+                    hs.answer_auth(h, body, || admits(client.endpoint_id), remote, counters);
+                if status == READY_OK {
+                    HsStep::Accepted { frame: (rh, rb), client }
+                } else {
+                    HsStep::Refused { frame: (rh, rb) }
+                }
+            }
+            // A server that cannot take us answers the HELLO with a READY that says why.
+            Hs::ClientWaitAck(_) if h.kind == Kind::Ready && h.aux != READY_OK => {
+                HsStep::Failed(Loss::Lost(refusal(h.aux)))
+            }
+            Hs::ClientWaitAck(mut hs) => match hs.on_hello_ack(h, body) {
+                Ok(frame) => HsStep::Send { frame, next: Hs::ClientWaitReady(hs), class: None },
+                Err(HandshakeError::Auth(e)) => HsStep::Failed(Loss::Auth(e.into())),
+                Err(e) => HsStep::Failed(violation(e.to_string())),
+            },
+            Hs::ClientWaitReady(hs) => {
+                if h.kind != Kind::Ready {
+                    return HsStep::Failed(violation("expected READY".into()));
+                }
+                match h.aux {
+                    READY_OK => HsStep::Ready { server: *hs.server().expect("hello-ack seen before ready") },
+                    READY_AUTH_FAILED => HsStep::Failed(Loss::Auth(refusal(h.aux))),
+                    status => HsStep::Failed(Loss::Lost(refusal(status))),
+                }
+            }
+        }
+    }
+}
+
+/// Why a connection this end dialled (`dialling`, still in its handshake) was lost: a server
+/// that closes it then refused it (limits, or a key we do not have), which says more than a
+/// bare end of file.
+pub(crate) fn lost_in_handshake(why: Loss, dialling: bool) -> Loss {
+    match why {
+        Loss::Lost(r) if dialling => {
+            Loss::Lost(format!("the server closed the connection during the handshake ({r})"))
+        }
+        why => why,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -388,5 +494,128 @@ mod tests {
         assert!(s.on_hello(&h, &[1, 2, 3]).is_err());
         let auth = Header::new(Kind::Auth, ServiceLevel::Normal);
         assert!(s.on_auth(&auth, &[]).is_err(), "auth before hello");
+    }
+
+    /// The shared phases, as both transports drive them: one frame in, one step out.
+    mod phases {
+        use super::*;
+        use crate::info::Counters;
+
+        const REMOTE: std::net::SocketAddr =
+            std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9);
+
+        fn client(key: Option<&[u8]>) -> (Hs, (Header, Vec<u8>)) {
+            let mine = HelloInfo::new(11, 0, 16384, 1 << 20, key.is_some());
+            let (c, hello) = ClientHandshake::start(ServiceLevel::Bulk, mine, key.map(<[u8]>::to_vec));
+            (Hs::ClientWaitAck(Box::new(c)), hello)
+        }
+
+        fn server(key: Option<&[u8]>) -> Hs {
+            Hs::ServerWaitHello(Box::new(ServerHandshake::new(
+                22,
+                7000,
+                16384,
+                1 << 20,
+                key.map(<[u8]>::to_vec),
+            )))
+        }
+
+        fn step(hs: Hs, (h, body): &(Header, Vec<u8>), admits: bool, counters: &Counters) -> HsStep {
+            hs.on_frame(h, body, |_| admits, REMOTE, counters)
+        }
+
+        /// Runs a client and a server to the server's answer to AUTH; returns that step and the
+        /// client waiting for it.
+        fn to_auth(ck: Option<&[u8]>, sk: Option<&[u8]>, admits: bool, counters: &Counters) -> (HsStep, Hs) {
+            let (c, hello) = client(ck);
+            let HsStep::Send { frame: ack, next: s, class } = step(server(sk), &hello, admits, counters)
+            else {
+                panic!("the server answers a hello")
+            };
+            assert_eq!(class, Some(ServiceLevel::Bulk), "the hello names the class");
+            let HsStep::Send { frame: auth, next: c, class: None } = step(c, &ack, admits, counters) else {
+                panic!("the client answers the ack")
+            };
+            assert!(c.is_client() && !s.is_client());
+            (step(s, &auth, admits, counters), c)
+        }
+
+        fn lost(s: HsStep) -> Loss {
+            match s {
+                HsStep::Failed(l) => l,
+                other => panic!("expected a failure, got {other:?}"),
+            }
+        }
+
+        #[test]
+        fn hello_auth_ready_accepts_both_ends() {
+            let counters = Counters::default();
+            let (s, c) = to_auth(Some(b"k"), Some(b"k"), true, &counters);
+            let HsStep::Accepted { frame: ready, client } = s else { panic!("accepted: {s:?}") };
+            assert_eq!((client.endpoint_id, ready.0.kind, ready.0.aux), (11, Kind::Ready, READY_OK));
+            let HsStep::Ready { server } = step(c, &ready, true, &counters) else { panic!() };
+            assert_eq!((server.endpoint_id, server.listen_port), (22, 7000));
+            assert_eq!(counters.auth_failures.load(std::sync::atomic::Ordering::Relaxed), 0);
+        }
+
+        #[test]
+        fn a_server_without_room_refuses_and_the_client_says_why() {
+            let counters = Counters::default();
+            let (s, c) = to_auth(None, None, false, &counters);
+            let HsStep::Refused { frame } = s else { panic!("refused: {s:?}") };
+            assert_eq!((frame.0.kind, frame.0.aux), (Kind::Ready, READY_REFUSED));
+            assert!(
+                matches!(lost(step(c, &frame, true, &counters)), Loss::Lost(r) if r.contains("as many peers"))
+            );
+        }
+
+        #[test]
+        fn a_wrong_key_is_refused_counted_and_reported_as_authentication() {
+            let counters = Counters::default();
+            let (s, c) = to_auth(None, Some(b"k"), true, &counters);
+            let HsStep::Refused { frame } = s else { panic!("refused: {s:?}") };
+            assert_eq!(frame.0.aux, READY_AUTH_FAILED);
+            assert_eq!(counters.auth_failures.load(std::sync::atomic::Ordering::Relaxed), 1);
+            assert!(matches!(lost(step(c, &frame, true, &counters)), Loss::Auth(_)));
+            // A client with a key refuses a server that cannot prove it holds it.
+            let (c, hello) = client(Some(b"k"));
+            let HsStep::Send { frame: ack, .. } = step(server(None), &hello, true, &counters) else {
+                panic!()
+            };
+            assert!(matches!(lost(step(c, &ack, true, &counters)), Loss::Auth(_)));
+        }
+
+        #[test]
+        fn a_refusal_instead_of_the_ack_ends_the_client() {
+            let counters = Counters::default();
+            let (c, _) = client(None);
+            let busy = (busy_frame(ServiceLevel::Bulk), Vec::new());
+            assert!(
+                matches!(lost(step(c, &busy, true, &counters)), Loss::Lost(r) if r.contains("try again"))
+            );
+        }
+
+        #[test]
+        fn frames_out_of_order_are_protocol_violations() {
+            let counters = Counters::default();
+            let (c, hello) = client(None);
+            // The server gets an AUTH where a hello belongs; the client a hello for an ack.
+            let auth = frame(Kind::Auth, ServiceLevel::Bulk, 11, 0, Vec::new());
+            assert!(matches!(lost(step(server(None), &auth, true, &counters)), Loss::Protocol(_)));
+            assert!(matches!(lost(step(c, &hello, true, &counters)), Loss::Protocol(_)));
+            let (_, c) = to_auth(None, None, true, &counters);
+            let HsStep::Failed(Loss::Protocol(e)) = step(c, &hello, true, &counters) else { panic!() };
+            assert!(e.to_string().contains("expected READY"), "{e}");
+        }
+
+        #[test]
+        fn a_close_in_our_handshake_reads_as_a_refusal() {
+            let eof = || Loss::Lost("end of file".into());
+            assert!(
+                matches!(lost_in_handshake(eof(), true), Loss::Lost(r) if r.contains("during the handshake"))
+            );
+            assert!(matches!(lost_in_handshake(eof(), false), Loss::Lost(r) if r == "end of file"));
+            assert!(matches!(lost_in_handshake(Loss::Auth("k".into()), true), Loss::Auth(_)));
+        }
     }
 }

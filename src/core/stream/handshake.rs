@@ -11,7 +11,7 @@ use bytes::Bytes;
 use crate::comm::Mechanism;
 use crate::core::loss::Loss;
 use crate::error::{Error, ProtocolError};
-use crate::handshake::{self, ClientHandshake, HelloInfo, ServerHandshake};
+use crate::handshake::{self, ClientHandshake, HelloInfo, Hs, HsStep, ServerHandshake};
 use crate::info::Counters;
 use crate::types::{OpId, PeerId, ServiceLevel};
 use crate::wire::{FLAG_INLINE_DATA, FLAG_PAYLOAD_OUT, FLAG_STREAMED, Header, Kind};
@@ -32,7 +32,12 @@ impl Session {
             self.s.limits.message,
             key,
         );
-        let mut c = Link::new(remote, ServiceLevel::Normal, Phase::ServerWaitHello(Box::new(hs)), None);
+        let mut c = Link::new(
+            remote,
+            ServiceLevel::Normal,
+            Phase::Handshake(Hs::ServerWaitHello(Box::new(hs))),
+            None,
+        );
         c.writable = true;
         self.links.insert(link, c);
     }
@@ -86,7 +91,7 @@ impl Session {
         );
         let (hs, (h, body)) = ClientHandshake::start(c.sl, mine, key);
         c.hs_tx.push_back(Frame::new(h, Bytes::from(body), None, OnDone::Nothing));
-        c.phase = Phase::ClientWaitAck(Box::new(hs));
+        c.phase = Phase::Handshake(Hs::ClientWaitAck(Box::new(hs)));
         if c.writable {
             self.write_ready.insert(link);
         }
@@ -189,34 +194,26 @@ impl Session {
 
     pub(super) fn on_handshake(&mut self, link: LinkId, h: Header, body: Vec<u8>) {
         let Some(c) = self.links.get_mut(link) else { return };
-        let phase = mem::replace(&mut c.phase, Phase::Closing);
-        match phase {
-            Phase::ServerWaitHello(mut hs) => match hs.on_hello(&h, &body) {
-                Ok((client, (ack, ack_body))) => {
-                    c.sl = h.sl;
-                    self.actions.push_back(Action::Classify { link, sl: h.sl });
-                    c.hs_tx.push_back(Frame::new(ack, Bytes::from(ack_body), None, OnDone::Nothing));
-                    c.phase = Phase::ServerWaitAuth(hs, client);
-                    self.write_ready.insert(link);
+        let Phase::Handshake(hs) = mem::replace(&mut c.phase, Phase::Closing) else {
+            return self.protocol_error(link, ProtocolError::Handshake("unexpected handshake frame".into()));
+        };
+        let (peers, max) = (&self.peers, self.s.cfg.max_peers);
+        let step = hs.on_frame(&h, &body, |eid| peers.admits(eid, max), c.remote, &self.core.counters);
+        match step {
+            HsStep::Send { frame: (fh, fb), next, class } => {
+                if let Some(sl) = class {
+                    c.sl = sl;
+                    self.actions.push_back(Action::Classify { link, sl });
                 }
-                Err(e) => self.protocol_error(link, ProtocolError::Handshake(e.to_string())),
-            },
-            Phase::ServerWaitAuth(mut hs, client) => {
-                let (peers, max) = (&self.peers, self.s.cfg.max_peers);
-                let (status, rh, rb) = hs.answer_auth(
-                    &h,
-                    &body,
-                    || peers.admits(client.endpoint_id, max),
-                    c.remote,
-                    &self.core.counters,
-                );
-                let Some(c) = self.links.get_mut(link) else { return };
-                if status != handshake::READY_OK {
-                    c.hs_tx.push_back(Frame::new(rh, Bytes::from(rb), None, OnDone::Close));
-                    c.phase = Phase::Closing;
-                    self.write_ready.insert(link);
-                    return;
-                }
+                c.hs_tx.push_back(Frame::new(fh, Bytes::from(fb), None, OnDone::Nothing));
+                c.phase = Phase::Handshake(next);
+                self.write_ready.insert(link);
+            }
+            HsStep::Refused { frame: (rh, rb) } => {
+                c.hs_tx.push_back(Frame::new(rh, Bytes::from(rb), None, OnDone::Close));
+                self.write_ready.insert(link);
+            }
+            HsStep::Accepted { frame: (rh, rb), client } => {
                 let remote = c.remote;
                 let sl = c.sl;
                 c.hs_tx.push_back(Frame::new(rh, Bytes::from(rb), None, OnDone::Nothing));
@@ -240,47 +237,21 @@ impl Session {
                 Counters::add(&self.core.counters.connections, 1);
                 tracing::debug!(%peer, %remote, %sl, "connection accepted");
             }
-            Phase::ClientWaitAck(_) if h.kind == Kind::Ready && h.aux != handshake::READY_OK => {
-                self.fail_link(link, Loss::Lost(handshake::refusal(h.aux)))
+            HsStep::Ready { server } => {
+                let Some(peer) = c.peer else { return };
+                c.phase = Phase::Ready;
+                let p = &mut self.peers[peer];
+                p.d.eager_limit = (server.eager_limit as usize).min(self.s.eager_limit);
+                p.d.max_message = server.max_message;
+                p.d.streams = server.streams;
+                p.lost = None;
+                let limit = p.d.eager_limit;
+                self.fit_queued_to_peer_limit(link, limit);
+                self.stream_queued_requests(link, peer);
+                self.write_ready.insert(link);
             }
-            Phase::ClientWaitAck(mut hs) => match hs.on_hello_ack(&h, &body) {
-                Ok((auth, auth_body)) => {
-                    c.hs_tx.push_back(Frame::new(auth, Bytes::from(auth_body), None, OnDone::Nothing));
-                    c.phase = Phase::ClientWaitReady(hs);
-                    self.write_ready.insert(link);
-                }
-                Err(handshake::HandshakeError::Auth(e)) => self.fail_link(link, Loss::Auth(e.into())),
-                Err(e) => self.protocol_error(link, ProtocolError::Handshake(e.to_string())),
-            },
-            Phase::ClientWaitReady(hs) => {
-                if h.kind != Kind::Ready {
-                    self.protocol_error(link, ProtocolError::Handshake("expected READY".into()));
-                    return;
-                }
-                match h.aux {
-                    handshake::READY_OK => {
-                        let server = *hs.server().expect("hello-ack seen before ready");
-                        let Some(peer) = c.peer else { return };
-                        c.phase = Phase::Ready;
-                        let p = &mut self.peers[peer];
-                        p.d.eager_limit = (server.eager_limit as usize).min(self.s.eager_limit);
-                        p.d.max_message = server.max_message;
-                        p.d.streams = server.streams;
-                        p.lost = None;
-                        let limit = p.d.eager_limit;
-                        self.fit_queued_to_peer_limit(link, limit);
-                        self.stream_queued_requests(link, peer);
-                        self.write_ready.insert(link);
-                    }
-                    handshake::READY_AUTH_FAILED => {
-                        self.fail_link(link, Loss::Auth(handshake::refusal(h.aux)))
-                    }
-                    status => self.fail_link(link, Loss::Lost(handshake::refusal(status))),
-                }
-            }
-            Phase::Connecting | Phase::Ready | Phase::Closing => {
-                self.protocol_error(link, ProtocolError::Handshake("unexpected handshake frame".into()))
-            }
+            HsStep::Failed(Loss::Protocol(e)) => self.protocol_error(link, e),
+            HsStep::Failed(why) => self.fail_link(link, why),
         }
     }
 }

@@ -14,7 +14,7 @@ use crate::buffers::buf::OpBuf;
 use crate::core::ops::OpTable;
 use crate::error::AccessError;
 use crate::expose::ExposureTable;
-use crate::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
+use crate::handshake::Hs;
 use crate::types::{Access, OpId, PeerId, ServiceLevel};
 use crate::wire::{HEADER_LEN, Header};
 
@@ -133,10 +133,8 @@ impl Frame {
 /// Where a link is in its life.
 pub(crate) enum Phase {
     Connecting,
-    ClientWaitAck(Box<ClientHandshake>),
-    ClientWaitReady(Box<ClientHandshake>),
-    ServerWaitHello(Box<ServerHandshake>),
-    ServerWaitAuth(Box<ServerHandshake>, HelloInfo),
+    /// In the handshake both transports share.
+    Handshake(Hs),
     Ready,
     Closing,
 }
@@ -146,7 +144,7 @@ impl Phase {
     pub(crate) fn dialled(&self) -> Option<Dialled> {
         match self {
             Phase::Connecting => Some(Dialled::Connecting),
-            Phase::ClientWaitAck(_) | Phase::ClientWaitReady(_) => Some(Dialled::Handshaking),
+            Phase::Handshake(hs) if hs.is_client() => Some(Dialled::Handshaking),
             _ => None,
         }
     }

@@ -5,6 +5,7 @@ use std::time::Instant;
 use crate::admission;
 use crate::core::loss::Loss;
 use crate::error::ProtocolError;
+use crate::handshake;
 use crate::info::Counters;
 use crate::types::PeerId;
 
@@ -21,14 +22,8 @@ impl Session {
     pub(super) fn fail_link(&mut self, link: LinkId, why: Loss) {
         let Some(c) = self.links.get(link) else { return };
         let peer = c.peer;
-        // A server that closes a link in our handshake refused it (limits, or a key we do not
-        // have); say so rather than report a bare end of file.
-        let why = match why {
-            Loss::Lost(r) if matches!(c.phase, Phase::ClientWaitAck(_) | Phase::ClientWaitReady(_)) => {
-                Loss::Lost(format!("the server closed the connection during the handshake ({r})"))
-            }
-            why => why,
-        };
+        let dialling = matches!(&c.phase, Phase::Handshake(hs) if hs.is_client());
+        let why = handshake::lost_in_handshake(why, dialling);
         match peer {
             Some(p) => self.fail_peer(p, why),
             None => self.close_link(link, None),
@@ -121,7 +116,8 @@ impl Session {
         !self.tx_paused.is_empty()
             || self.admission.len() > 0
             || self.links.values().any(|c| {
-                matches!(c.phase, Phase::Connecting | Phase::ClientWaitAck(_) | Phase::ClientWaitReady(_))
+                matches!(&c.phase, Phase::Connecting)
+                    || matches!(&c.phase, Phase::Handshake(hs) if hs.is_client())
             })
     }
 

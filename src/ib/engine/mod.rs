@@ -107,7 +107,7 @@ use crate::core::ops::{OpExtra, OpState, OpTable};
 use crate::core::peers::Peers;
 use crate::core::requests::Requests;
 use crate::error::{Error, Result};
-use crate::handshake::{ClientHandshake, HelloInfo, ServerHandshake};
+use crate::handshake::{HelloInfo, Hs};
 use crate::ib::verbs::*;
 use crate::info::Counters;
 use crate::matching::Matcher;
@@ -451,12 +451,12 @@ pub(crate) struct Conn<V: Verbs> {
 /// Side-channel state.
 pub(crate) enum SidePhase {
     Connecting,
-    ClientWaitAck(Box<ClientHandshake>),
-    ClientWaitReady(Box<ClientHandshake>),
+    /// In the handshake both transports share.
+    Handshake(Hs),
     ClientWaitInfo,
-    ServerWaitHello(Box<ServerHandshake>),
-    ServerWaitAuth(Box<ServerHandshake>, HelloInfo),
-    ServerWaitInfo { client: HelloInfo },
+    ServerWaitInfo {
+        client: HelloInfo,
+    },
     ServerWaitReady,
     Established,
     Closing,
@@ -467,9 +467,8 @@ impl SidePhase {
     fn dialled(&self) -> Option<Dialled> {
         match self {
             SidePhase::Connecting => Some(Dialled::Connecting),
-            SidePhase::ClientWaitAck(_) | SidePhase::ClientWaitReady(_) | SidePhase::ClientWaitInfo => {
-                Some(Dialled::Handshaking)
-            }
+            SidePhase::ClientWaitInfo => Some(Dialled::Handshaking),
+            SidePhase::Handshake(hs) if hs.is_client() => Some(Dialled::Handshaking),
             _ => None,
         }
     }
@@ -823,15 +822,7 @@ impl<V: Verbs> State<V> {
     /// connect, or a transfer cancelled within its grace period.
     fn timers_pending(&self) -> bool {
         self.admission.len() > 0
-            || self.sides.values().any(|s| {
-                matches!(
-                    s.phase,
-                    SidePhase::Connecting
-                        | SidePhase::ClientWaitAck(_)
-                        | SidePhase::ClientWaitReady(_)
-                        | SidePhase::ClientWaitInfo
-                )
-            })
+            || self.sides.values().any(|s| s.phase.dialled().is_some())
             || self.ops.iter().any(|(_, o)| matches!(o.st, OpSt::Cancelling { .. }))
     }
 

@@ -13,7 +13,7 @@ use crate::sockets;
 
 use crate::error::{Error, ProtocolError, Result};
 use crate::flowctl::{CreditConfig, Credits, RingConfig, RingReceiver, RingSender};
-use crate::handshake::{self, ClientHandshake, HelloInfo, ServerHandshake};
+use crate::handshake::{self, ClientHandshake, HelloInfo, Hs, HsStep, ServerHandshake};
 use crate::ib::verbs::*;
 use crate::info::Counters;
 use crate::types::{PeerId, ServiceLevel};
@@ -243,7 +243,7 @@ impl<V: Verbs> State<V> {
                 t,
                 Side {
                     framed: Framed::new(sock),
-                    phase: SidePhase::ServerWaitHello(Box::new(hs)),
+                    phase: SidePhase::Handshake(Hs::ServerWaitHello(Box::new(hs))),
                     peer: None,
                     sl: ServiceLevel::Normal,
                     conn: None,
@@ -276,19 +276,8 @@ impl<V: Verbs> State<V> {
         self.admission.finished(t);
         let Some(s) = self.sides.get(&t) else { return };
         let peer = s.peer;
-        // A server that closes a channel in our handshake refused it (limits, or a key we do
-        // not have); say so rather than report a bare end of file.
-        let why = match why {
-            Loss::Lost(r)
-                if matches!(
-                    s.phase,
-                    SidePhase::ClientWaitAck(_) | SidePhase::ClientWaitReady(_) | SidePhase::ClientWaitInfo
-                ) =>
-            {
-                Loss::Lost(format!("the server closed the connection during the handshake ({r})"))
-            }
-            why => why,
-        };
+        let dialling = !matches!(s.phase, SidePhase::Connecting) && s.phase.dialled().is_some();
+        let why = handshake::lost_in_handshake(why, dialling);
         match peer {
             Some(p) => self.fail_peer(p, why),
             None => {
@@ -328,7 +317,7 @@ impl<V: Verbs> State<V> {
                 key.is_some(),
             );
             let (hs, (h, body)) = ClientHandshake::start(s.sl, mine, key);
-            s.phase = SidePhase::ClientWaitAck(Box::new(hs));
+            s.phase = SidePhase::Handshake(Hs::ClientWaitAck(Box::new(hs)));
             // From here the handshake deadline applies.
             s.since = now;
             if let Err(e) = s.framed.send(&h, &body) {
@@ -379,37 +368,35 @@ impl<V: Verbs> State<V> {
         let Some(s) = self.sides.get_mut(&t) else { return false };
         let phase = std::mem::replace(&mut s.phase, SidePhase::Closing);
         match phase {
-            SidePhase::ServerWaitHello(mut hs) => match hs.on_hello(&h, &body) {
-                Ok((client, (ack, ack_body))) => {
-                    s.sl = h.sl;
-                    s.phase = SidePhase::ServerWaitAuth(hs, client);
-                    self.side_send(t, &ack, &ack_body)
-                }
-                Err(e) => {
-                    self.side_failed(t, Loss::Protocol(ProtocolError::Handshake(e.to_string())));
-                    false
-                }
-            },
-            SidePhase::ServerWaitAuth(mut hs, client) => {
+            SidePhase::Handshake(hs) => {
                 let (peers, max) = (&self.peers, self.s.cfg.max_peers);
-                let (status, rh, rb) = hs.answer_auth(
-                    &h,
-                    &body,
-                    || peers.admits(client.endpoint_id, max),
-                    s.remote,
-                    &self.core.counters,
-                );
-                let Some(s) = self.sides.get_mut(&t) else { return false };
-                if status != handshake::READY_OK {
-                    let _ = s.framed.send(&rh, &rb);
-                    s.phase = SidePhase::Closing;
-                    // Back to the loop, which closes the channel once the refusal is written:
-                    // waiting for another event instead left a refused peer that had already
-                    // sent everything connected until the handshake timeout.
-                    return true;
+                let step =
+                    hs.on_frame(&h, &body, |eid| peers.admits(eid, max), s.remote, &self.core.counters);
+                match step {
+                    HsStep::Send { frame: (fh, fb), next, class } => {
+                        if let Some(sl) = class {
+                            s.sl = sl;
+                        }
+                        s.phase = SidePhase::Handshake(next);
+                        self.side_send(t, &fh, &fb)
+                    }
+                    HsStep::Refused { frame: (rh, rb) } => {
+                        let _ = s.framed.send(&rh, &rb);
+                        // Back to the loop, which closes the channel once the refusal is
+                        // written: waiting for another event instead left a refused peer that
+                        // had already sent everything connected until the handshake timeout.
+                        true
+                    }
+                    HsStep::Accepted { frame: (rh, rb), client } => {
+                        s.phase = SidePhase::ServerWaitInfo { client };
+                        self.side_send(t, &rh, &rb)
+                    }
+                    HsStep::Ready { .. } => self.side_ready(t),
+                    HsStep::Failed(why) => {
+                        self.side_failed(t, why);
+                        false
+                    }
                 }
-                s.phase = SidePhase::ServerWaitInfo { client };
-                self.side_send(t, &rh, &rb)
             }
             SidePhase::ServerWaitInfo { client } => {
                 if h.kind != Kind::IbInfo {
@@ -473,51 +460,6 @@ impl<V: Verbs> State<V> {
                 Counters::add(&self.core.counters.connections, 1);
                 true
             }
-            SidePhase::ClientWaitAck(_) if h.kind == Kind::Ready && h.aux != handshake::READY_OK => {
-                self.side_failed(t, Loss::Lost(handshake::refusal(h.aux)));
-                false
-            }
-            SidePhase::ClientWaitAck(mut hs) => match hs.on_hello_ack(&h, &body) {
-                Ok((auth, auth_body)) => {
-                    s.phase = SidePhase::ClientWaitReady(hs);
-                    self.side_send(t, &auth, &auth_body)
-                }
-                Err(handshake::HandshakeError::Auth(e)) => {
-                    self.side_failed(t, Loss::Auth(e.into()));
-                    false
-                }
-                Err(e) => {
-                    self.side_failed(t, Loss::Protocol(ProtocolError::Handshake(e.to_string())));
-                    false
-                }
-            },
-            SidePhase::ClientWaitReady(_hs) => {
-                if h.kind != Kind::Ready {
-                    self.side_failed(t, Loss::Protocol(ProtocolError::Handshake("expected READY".into())));
-                    return false;
-                }
-                match h.aux {
-                    handshake::READY_OK => {}
-                    handshake::READY_AUTH_FAILED => {
-                        self.side_failed(t, Loss::Auth(handshake::refusal(h.aux)));
-                        return false;
-                    }
-                    status => {
-                        self.side_failed(t, Loss::Lost(handshake::refusal(status)));
-                        return false;
-                    }
-                }
-                let (sl, remote_addr) = (s.sl, s.remote);
-                let Some(info) = s.conn.and_then(|cid| self.local_info(cid, remote_addr)) else {
-                    self.side_failed(t, Loss::Lost("queue pair vanished".into()));
-                    return false;
-                };
-                let Some(s) = self.sides.get_mut(&t) else { return false };
-                s.phase = SidePhase::ClientWaitInfo;
-                let mut ih = Header::new(Kind::IbInfo, sl);
-                ih.len = super::side::IB_INFO_LEN as u32;
-                self.side_send(t, &ih, &info.encode())
-            }
             SidePhase::ClientWaitInfo => {
                 if h.kind != Kind::IbInfo {
                     self.side_failed(t, Loss::Protocol(ProtocolError::Handshake("expected IB_INFO".into())));
@@ -556,6 +498,21 @@ impl<V: Verbs> State<V> {
                 false
             }
         }
+    }
+
+    /// The server accepted us on side channel `t`: our queue pair's details go to it.
+    fn side_ready(&mut self, t: Token) -> bool {
+        let Some(s) = self.sides.get(&t) else { return false };
+        let (sl, remote_addr) = (s.sl, s.remote);
+        let Some(info) = s.conn.and_then(|cid| self.local_info(cid, remote_addr)) else {
+            self.side_failed(t, Loss::Lost("queue pair vanished".into()));
+            return false;
+        };
+        let Some(s) = self.sides.get_mut(&t) else { return false };
+        s.phase = SidePhase::ClientWaitInfo;
+        let mut ih = Header::new(Kind::IbInfo, sl);
+        ih.len = super::side::IB_INFO_LEN as u32;
+        self.side_send(t, &ih, &info.encode())
     }
 
     fn side_send(&mut self, t: Token, h: &Header, body: &[u8]) -> bool {
