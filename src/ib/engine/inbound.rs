@@ -17,8 +17,29 @@ use crate::error::{Error, ProtocolError};
 use crate::op::Direction;
 use crate::wire::{FLAG_INLINE_DATA, FLAG_RDV_HEADER, FLAG_SEGMENTS, Header};
 
-use super::msg::{self, Segment};
+use super::link::LinkError;
+use super::msg::{self, MSG_HDR, Prefix, Segment};
 use super::{FIN_OK, FIN_TRUNCATED};
+
+/// A message's framing, from its first [`MSG_HDR`] bytes `hb`, checked against the `len` bytes
+/// that arrived: its header must announce exactly the rest, or the peer broke the framing.
+pub(crate) fn framing(hb: &[u8], len: usize) -> Result<(Prefix, Header), Loss> {
+    match msg::decode_framing(hb) {
+        Ok((prefix, h)) if MSG_HDR + h.len as usize == len => Ok((prefix, h)),
+        Ok((_, h)) => Err(unexpected(format!("{:?} announces {} bytes, {len} arrived", h.kind, h.len))),
+        Err(e) => Err(unexpected(e.to_string())),
+    }
+}
+
+/// What a flow-control or framing violation of the peer costs: the peer.
+pub(crate) fn link_loss(e: LinkError) -> Loss {
+    match e {
+        LinkError::Flow(f) => Loss::Protocol(ProtocolError::FlowControl(f.to_string())),
+        LinkError::NoImm => unexpected("ring write without immediate data".into()),
+        LinkError::BadLength(len) => unexpected(format!("message of {len} bytes")),
+        LinkError::NotConnected => unexpected("message before the connection's limits".into()),
+    }
+}
 
 /// The peer broke the protocol in a way `what` names.
 pub(crate) fn unexpected(what: String) -> Loss {
@@ -178,6 +199,31 @@ mod tests {
         match r {
             Err(Loss::Protocol(e)) => e.to_string(),
             other => panic!("expected a protocol loss, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_message_announces_exactly_what_arrived() {
+        let mut hb = [0u8; MSG_HDR];
+        let mut h = hdr(Kind::Eager, 0, 0, 0);
+        h.len = 10;
+        msg::encode_into(&mut hb, Prefix { credits: 2, ring_returns: 1 }, &h);
+        let (p, got) = framing(&hb, MSG_HDR + 10).unwrap();
+        assert_eq!((p.credits, p.ring_returns, got.len), (2, 1, 10));
+        for len in [MSG_HDR + 9, MSG_HDR + 11, MSG_HDR] {
+            assert!(what(framing(&hb, len)).contains(&format!("announces 10 bytes, {len} arrived")));
+        }
+        hb[5] = 1;
+        assert!(framing(&hb, MSG_HDR + 10).is_err(), "reserved bytes set");
+        assert!(framing(&hb[..MSG_HDR - 1], MSG_HDR + 10).is_err(), "a cut header");
+    }
+
+    #[test]
+    fn a_link_violation_costs_the_peer_as_a_protocol_error() {
+        let flow = link_loss(LinkError::Flow(crate::flowctl::FlowError::NoCredit));
+        assert!(matches!(flow, Loss::Protocol(ProtocolError::FlowControl(_))));
+        for e in [LinkError::NoImm, LinkError::BadLength(3), LinkError::NotConnected] {
+            assert!(matches!(link_loss(e), Loss::Protocol(ProtocolError::Unexpected { .. })));
         }
     }
 

@@ -5,14 +5,14 @@ use bytes::Bytes;
 use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
 use crate::core::peers::Peers;
-use crate::error::{Error, ProtocolError};
+use crate::error::Error;
 use crate::ib::verbs::*;
 use crate::info::Counters;
 use crate::op::Unexpected;
 use crate::types::{OpId, PeerId};
 use crate::wire::{Header, Kind};
 
-use super::inbound::{self, unexpected};
+use super::inbound::{self, link_loss, unexpected};
 use super::link::{Arrival, LinkError};
 use super::msg::{self, MSG_HDR};
 use super::reg::DmaRegion;
@@ -28,16 +28,6 @@ enum Outcome {
     Done,
     /// Kept where it is until the application consumes something (back-pressure).
     Hold,
-}
-
-/// What a flow-control or framing violation of the peer costs: the peer.
-fn link_loss(e: LinkError) -> Loss {
-    match e {
-        LinkError::Flow(f) => Loss::Protocol(ProtocolError::FlowControl(f.to_string())),
-        LinkError::NoImm => unexpected("ring write without immediate data".into()),
-        LinkError::BadLength(len) => unexpected(format!("message of {len} bytes")),
-        LinkError::NotConnected => unexpected("message before the connection's limits".into()),
-    }
 }
 
 /// A message's payload in a connection's memory.
@@ -95,16 +85,10 @@ impl<V: Verbs> State<V> {
             Ok((loc, len)) => {
                 let mut hb = [0u8; MSG_HDR];
                 c.mem.read_at(c.link.layout().loc_off(loc), &mut hb);
-                match msg::decode_framing(&hb) {
-                    Ok((prefix, h)) if MSG_HDR + h.len as usize == len => match c.link.framing(loc, prefix) {
-                        Ok(()) => Ok((loc, h)),
-                        Err(e) => Err(link_loss(e)),
-                    },
-                    Ok((_, h)) => {
-                        Err(unexpected(format!("{:?} announces {} bytes, {len} arrived", h.kind, h.len)))
-                    }
-                    Err(e) => Err(Loss::Protocol(ProtocolError::Unexpected { what: e.to_string() })),
-                }
+                inbound::framing(&hb, len).and_then(|(prefix, h)| match c.link.framing(loc, prefix) {
+                    Ok(()) => Ok((loc, h)),
+                    Err(e) => Err(link_loss(e)),
+                })
             }
             Err(e) => Err(link_loss(e)),
         };
