@@ -758,8 +758,11 @@ mod tests {
         // Not serving: the leader takes queued requests itself, nobody is woken.
         p.request_queued();
         assert_eq!(p.lock().queued, 0);
-        // Serving: a queued request wakes a sleeping helper.
+        // Serving: a queued request wakes a sleeping helper. Another worker stands by already,
+        // so this one sleeps until woken (a stand-by would get up on its own after a
+        // millisecond, which a busy machine may let pass unseen).
         p.serving(true);
+        p.lock().standby = true;
         let (p2, s2) = (p.clone(), stop.clone());
         let helper = std::thread::spawn(move || p2.role(&s2));
         let t = Instant::now();
@@ -770,6 +773,7 @@ mod tests {
         p.request_queued();
         assert_eq!(helper.join().unwrap(), Role::Help);
         // The stand-by helper looks on its own while the leader serves.
+        p.lock().standby = false;
         assert_eq!(p.role(&stop), Role::Help);
         // Done serving: leftovers are the leader's.
         p.request_queued();
