@@ -1,7 +1,7 @@
 //! The engine as a backend: opening an endpoint on a verbs device, the progress loop, and
 //! the [`Backend`] methods the endpoint calls.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -143,18 +143,15 @@ impl<V: Verbs> IbBackend<V> {
             exposures: HashMap::new(),
             sreqs: Requests::default(),
             fin_wait: FxHashMap::default(),
-            xfers: FxHashMap::default(),
-            bulk: BulkScheduler::new(
+            units: super::units::Units::new(BulkScheduler::new(
                 ib.transfer_unit,
                 ib.min_transfer_unit,
                 ib.peer_rdma_cap,
                 ib.endpoint_rdma_cap,
-            ),
+            )),
             zones: None,
-            deferred: VecDeque::new(),
             pool: pool.clone(),
             next_msg: 1,
-            next_xfer: 1,
             events: 0,
             rounds: 0,
             idle_rounds: 0,
@@ -436,8 +433,8 @@ impl<V: Verbs> Backend for IbBackend<V> {
             queue_pairs: live.clone().count(),
             queued_msgs: live.clone().map(|c| c.out.len() + c.waiting_posts.len()).sum(),
             sends_outstanding: live.map(|c| c.link.outstanding().count()).sum(),
-            transfers: st.xfers.len(),
-            rdma_bytes_in_flight: st.bulk.in_flight_total(),
+            transfers: st.units.xfers.len(),
+            rdma_bytes_in_flight: st.units.bulk.in_flight_total(),
             zone_bytes_held: zones.map_or(0, |z| z.0),
             zone_waiting: zones.map_or(0, |z| z.1),
             fin_waits: st.fin_wait.len(),

@@ -13,7 +13,7 @@ use crate::flowctl::{BufferZones, Grant};
 use crate::types::PeerId;
 
 use super::Xfer;
-use super::xfer::Deferred;
+use super::units::Deferred;
 
 /// What a zone request names: (transfer, offset, length) of the unit it is for.
 pub(crate) type ZoneToken = (u64, usize, usize);

@@ -52,9 +52,9 @@
 //! cancelling an op does in its state; [`rx`] matches arrivals; [`request_in`] admits and
 //! lays out an arrived request; [`reply`] matches a reply to its request and completes it;
 //! [`lose`] settles a lost peer's transfers; [`sreq`] holds a reply back behind its request's
-//! transfers. `post` and
-//! `recv` carry their answers out with verbs. The engine reads no clock: the driver loop
-//! ([`backend`]) passes `now` to every entry point that starts or checks a deadline.
+//! transfers; [`units`] cuts server-based RDMA transfers into units and settles them. `post`,
+//! `recv` and `xfer` carry their answers out with verbs. The engine reads no clock: the driver
+//! loop ([`backend`]) passes `now` to every entry point that starts or checks a deadline.
 
 mod backend;
 mod cancel;
@@ -82,6 +82,7 @@ mod sreq;
 #[cfg(test)]
 mod tests;
 mod transmit;
+mod units;
 mod xfer;
 
 use std::collections::{HashMap, VecDeque};
@@ -99,7 +100,7 @@ use crate::addr::{Address, Scheme};
 use crate::admission::{self, Admission, Dialled};
 use crate::backend::Backend;
 use crate::buffers::buf::{BufPool, OpBuf, RegisteredBuf};
-use crate::comm::{BulkScheduler, Mechanism, Policy};
+use crate::comm::{Mechanism, Policy};
 use crate::completions::Completions;
 use crate::config::Config;
 use crate::core::loss::Loss;
@@ -120,6 +121,7 @@ pub(crate) use plan::MsgCaps;
 use reg::{Cache, DmaRegion};
 use side::{Framed, IbInfo};
 pub(crate) use sreq::IbReq;
+pub(crate) use units::{Local, Xfer, XferThen};
 
 pub(crate) use msg::MSG_HDR;
 
@@ -484,46 +486,6 @@ pub(crate) struct Side {
     pub since: Instant,
 }
 
-/// A transfer moved by RDMA in units.
-pub(crate) struct Xfer {
-    pub peer: PeerId,
-    pub conn: u32,
-    /// true: RDMA_READ remote → local; false: RDMA_WRITE local → remote.
-    pub read: bool,
-    pub remote: Vec<msg::Segment>,
-    /// Offset into the remote segments' logical range where this transfer starts.
-    pub remote_off: u64,
-    pub local: Local,
-    pub total: usize,
-    pub done_bytes: usize,
-    pub units_out: u32,
-    pub failed: Option<Error>,
-    pub then: XferThen,
-}
-
-/// Local side of a transfer.
-pub(crate) enum Local {
-    /// An operation's buffer from `base`.
-    Op { op: OpId, base: usize },
-    /// A header being fetched.
-    Vec(Vec<u8>),
-}
-
-/// What a finished transfer leads to.
-pub(crate) enum XferThen {
-    /// Complete the op with the bytes moved.
-    CompleteOp(OpId),
-    /// A pull or push of a request: complete the op; the request's reply may then go. `end`:
-    /// where a push's bytes end in the client's buffer (0 for a pull).
-    ReqOp { op: OpId, peer: PeerId, req: u64, end: u64 },
-    /// A rendezvous receive: send FIN for `msg`, complete the op.
-    RecvDone { op: OpId, msg: u64 },
-    /// A fetched request header: deliver the request (then FIN).
-    RequestHeader { pending: Box<request_in::PendingRequest> },
-    /// A fetched reply header: complete the request op (then FIN); `pushed` as the reply said.
-    ReplyHeader { op: OpId, status: u32, msg: u64, pushed: u64 },
-}
-
 pub(crate) struct State<V: Verbs> {
     pub s: Settings,
     pub dev: Arc<Dev<V>>,
@@ -545,14 +507,11 @@ pub(crate) struct State<V: Verbs> {
     pub sreqs: Requests<IbReq>,
     /// Rendezvous sends and fetched headers waiting for the peer's FIN, by message id.
     pub fin_wait: FxHashMap<u64, FinWait>,
-    pub xfers: FxHashMap<u64, Xfer>,
-    pub bulk: BulkScheduler<u64>,
+    /// Transfers, their units and the bulk scheduler.
+    pub units: units::Units,
     pub zones: Option<xfer::Zones<V>>,
-    /// Units waiting for send-queue room.
-    pub deferred: VecDeque<xfer::Deferred>,
     pub pool: BufPool,
     pub next_msg: u64,
-    pub next_xfer: u64,
     pub events: u64,
     pub rounds: u32,
     /// Busy-poll rounds in a row that found nothing to do.
@@ -670,7 +629,7 @@ impl<V: Verbs> State<V> {
                         _ => None,
                     })
                 })
-                .and_then(|xfer| self.xfers.get(&xfer))
+                .and_then(|xfer| self.units.xfers.get(&xfer))
                 .and_then(|x| match x.local {
                     Local::Op { op, .. } => Some(op),
                     Local::Vec(_) => None,
@@ -781,9 +740,9 @@ impl<V: Verbs> State<V> {
         self.sreqs.drop_peer(peer);
         self.core.forget_peer(peer);
         let grants = lose::Transfers {
-            bulk: &mut self.bulk,
-            xfers: &mut self.xfers,
-            deferred: &mut self.deferred,
+            bulk: &mut self.units.bulk,
+            xfers: &mut self.units.xfers,
+            deferred: &mut self.units.deferred,
             zones: self.zones.as_mut().map(|z| &mut z.zones),
         }
         .lose_peer(peer, unit_bytes);

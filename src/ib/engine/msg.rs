@@ -159,27 +159,6 @@ fn decode_list(bytes: &[u8]) -> Result<(Vec<Segment>, u64, &[u8]), MsgError> {
     Ok((segs, sum, &bytes[need..]))
 }
 
-/// The pieces of `segs` covering logical `[offset, offset + len)`, in order, as
-/// (remote address, length, rkey).
-pub fn slice_segments(segs: &[Segment], mut offset: u64, mut len: u64) -> Vec<(u64, u32, u32)> {
-    let mut out = Vec::new();
-    for s in segs {
-        if len == 0 {
-            break;
-        }
-        let sl = u64::from(s.len);
-        if offset >= sl {
-            offset -= sl;
-            continue;
-        }
-        let n = (sl - offset).min(len);
-        out.push((s.addr + offset, n as u32, s.rkey));
-        len -= n;
-        offset = 0;
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,14 +203,6 @@ mod tests {
         let mut huge = Vec::new();
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode_segments(&huge, 1).is_err(), "count bound before allocating");
-    }
-
-    #[test]
-    fn slicing_crosses_segment_boundaries() {
-        let segs = [Segment { addr: 0x1000, len: 100, rkey: 1 }, Segment { addr: 0x9000, len: 50, rkey: 2 }];
-        assert_eq!(slice_segments(&segs, 90, 20), vec![(0x1000 + 90, 10, 1), (0x9000, 10, 2)]);
-        assert_eq!(slice_segments(&segs, 100, 50), vec![(0x9000, 50, 2)]);
-        assert_eq!(slice_segments(&segs, 0, 0), vec![]);
     }
 
     proptest::proptest! {

@@ -1,14 +1,19 @@
-//! Server-based RDMA: transfers cut into units by the bulk scheduler and moved with
-//! RDMA_READ / RDMA_WRITE, straight to or from registered buffers, or through zone buffers.
+//! Server-based RDMA carried out: the units [`super::units`] hands out are posted as
+//! RDMA_READ / RDMA_WRITE work requests, straight to or from registered buffers or through
+//! zone buffers (with the staging copies), and a finished transfer completes what it was for.
+//! Which memory a unit may use directly (a pool buffer, a registered file-mapping stretch) is
+//! found here, where the registrations are.
 
 use crate::buffers::buf::{OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 use crate::error::{Error, Result};
-use crate::flowctl::{Alloc, BufferZones, ZoneBuf, ZoneConfig};
+use crate::flowctl::{BufferZones, ZoneBuf, ZoneConfig};
 use crate::ib::verbs::*;
 use crate::types::{OpId, PeerId};
 
-use super::msg::{Segment, slice_segments};
+use super::lose::ZoneToken;
+use super::msg::Segment;
 use super::reg::{DmaRegion, register_region};
+use super::units::{Room, Step, Unit};
 use super::{Dev, Local, SqDone, State, WR_SEND, Xfer, XferThen, wr_id};
 
 /// Zone classes: 64 KiB … 2 MiB (as in PVFS over InfiniBand).
@@ -20,16 +25,6 @@ pub(crate) struct Zones<V: Verbs> {
     // Drop order: the registration before the memory.
     pub mr: V::Mr,
     pub mem: DmaRegion,
-}
-
-/// A transfer unit the bulk scheduler handed out, waiting for send-queue room.
-#[derive(Debug)]
-pub(crate) struct Deferred {
-    pub xfer: u64,
-    pub peer: PeerId,
-    pub off: usize,
-    pub len: usize,
-    pub zone: Option<ZoneBuf>,
 }
 
 /// An address-contiguous stretch of an op's buffer inside a [`crate::FileMap`], registered
@@ -90,21 +85,26 @@ pub(crate) fn register_exposure<V: Verbs>(
     super::reg::register_buf(dev, buf, access)
 }
 
-impl<V: Verbs> State<V> {
-    fn zones(&mut self) -> Result<&mut Zones<V>> {
-        if self.zones.is_none() {
-            let per = self.s.cfg.ib.zone_bytes_per_class;
-            let classes: Vec<(usize, u32)> =
-                ZONE_SIZES.iter().map(|&s| (s, (per / s).max(1) as u32)).collect();
-            let cfg = ZoneConfig::default().classes(&classes);
-            let zones = BufferZones::new(&cfg)?;
-            let mem = DmaRegion::new(zones.total_bytes())?;
-            let mr = register_region(&self.dev, &mem, AccessFlags::LOCAL_WRITE)?;
-            self.zones = Some(Zones { zones, mr, mem });
-        }
-        Ok(self.zones.as_mut().expect("just made"))
+/// The zones in `slot`, made on first need: a server whose units all move straight from
+/// registered memory never allocates or registers them.
+fn zones_in<'a, V: Verbs>(
+    slot: &'a mut Option<Zones<V>>,
+    dev: &Dev<V>,
+    per_class: usize,
+) -> Result<&'a mut BufferZones<ZoneToken>> {
+    if slot.is_none() {
+        let classes: Vec<(usize, u32)> =
+            ZONE_SIZES.iter().map(|&s| (s, (per_class / s).max(1) as u32)).collect();
+        let cfg = ZoneConfig::default().classes(&classes);
+        let zones = BufferZones::new(&cfg)?;
+        let mem = DmaRegion::new(zones.total_bytes())?;
+        let mr = register_region(dev, &mem, AccessFlags::LOCAL_WRITE)?;
+        *slot = Some(Zones { zones, mr, mem });
     }
+    Ok(&mut slot.as_mut().expect("just made").zones)
+}
 
+impl<V: Verbs> State<V> {
     /// Starts a transfer and counts it as a reference to its op's buffer.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn start_xfer(
@@ -118,8 +118,6 @@ impl<V: Verbs> State<V> {
         total: usize,
         then: XferThen,
     ) {
-        let id = self.next_xfer;
-        self.next_xfer += 1;
         if let Local::Op { op, .. } = &local
             && let Some(o) = self.ops.get_mut(op)
         {
@@ -128,52 +126,56 @@ impl<V: Verbs> State<V> {
                 self.register_mapped(*op);
             }
         }
-        self.xfers.insert(
-            id,
-            Xfer {
-                peer,
-                conn: cid,
-                read,
-                remote,
-                remote_off,
-                local,
-                total,
-                done_bytes: 0,
-                units_out: 0,
-                failed: None,
-                then,
-            },
-        );
-        if total == 0 {
-            self.finish_xfer(id);
-            return;
+        let xf = Xfer {
+            peer,
+            conn: cid,
+            read,
+            remote,
+            remote_off,
+            local,
+            total,
+            done_bytes: 0,
+            units_out: 0,
+            failed: None,
+            then,
+        };
+        match self.units.start(xf) {
+            (id, true) => self.finish_xfer(id),
+            (_, false) => self.pump_units(),
         }
-        self.bulk.add(id, peer, total);
-        self.pump_units();
     }
 
     /// Posts whatever units the scheduler, the zones and the send queues allow.
     pub(crate) fn pump_units(&mut self) {
-        // Units that waited for send-queue room.
-        let n = self.deferred.len();
+        // Units that waited for send-queue room, once each (one without room waits again).
+        let n = self.units.deferred.len();
         for _ in 0..n {
-            let Some(d) = self.deferred.pop_front() else { break };
-            self.post_unit(d.xfer, d.peer, d.off, d.len, d.zone);
+            let Some(d) = self.units.deferred.pop_front() else { break };
+            self.post_unit(d);
         }
         // Zone buffers granted to parked units.
         while let Some(g) = self.zones.as_mut().and_then(|z| z.zones.poll_grant()) {
             let (x, off, len) = g.token;
             self.zone_granted(x, g.client, off, len, g.buf, g.len);
         }
-        while let Some(u) = self.bulk.next_unit() {
-            self.stage_unit(u.key, u.offset, u.len);
+        while let Some((x, off, len)) = self.units.next_unit() {
+            self.stage_unit(x, off, len);
+        }
+    }
+
+    /// Carries out what became of a unit.
+    fn step(&mut self, s: Step) {
+        match s {
+            Step::Post(u) => self.post_unit(u),
+            Step::Idle => {}
+            Step::Finish(x) => self.finish_xfer(x),
         }
     }
 
     /// The registered address and key of `[base + off, +len)` of an op's buffer, when it is a
     /// pool buffer or lies in one registered stretch of a file mapping (no staging needed).
-    fn direct_local(&self, x: &Xfer, off: usize, len: usize) -> Option<(u64, u32)> {
-        let Local::Op { op, base } = &x.local else { return None };
+    fn direct_local(&self, x: u64, off: usize, len: usize) -> Option<(u64, u32)> {
+        let Local::Op { op, base } = &self.units.xfers.get(&x)?.local else { return None };
         let o = self.ops.get(op)?;
         let at = base + off;
         match &o.buf {
@@ -254,39 +256,24 @@ impl<V: Verbs> State<V> {
         }
     }
 
-    /// A unit that will not be posted (its transfer failed or is gone): its zone buffer goes
-    /// back and the bulk scheduler stops counting its bytes as in flight.
-    fn drop_unit(&mut self, peer: PeerId, len: usize, zone: Option<ZoneBuf>) {
-        if let (Some(z), Some(zb)) = (self.zones.as_mut(), zone) {
-            let _ = z.zones.free(zb);
-        }
-        self.bulk.unit_done(peer, len);
-    }
-
+    /// A unit the scheduler handed out: straight from the op's registered memory, or
+    /// through a zone buffer.
     fn stage_unit(&mut self, x: u64, off: usize, len: usize) {
-        let Some(xf) = self.xfers.get(&x) else {
-            return;
-        };
-        let peer = xf.peer;
-        if xf.failed.is_some() {
-            self.drop_unit(peer, len, None);
-            return;
-        }
-        if self.direct_local(xf, off, len).is_some() {
-            self.post_unit(x, peer, off, len, None);
-            return;
-        }
-        let alloc = match self.zones() {
-            Ok(z) => z.zones.alloc(peer, len, (x, off, len)),
-            Err(e) => Err(e),
-        };
-        match alloc {
-            Ok(Alloc::Granted(g)) => self.zone_granted(x, peer, off, len, g.buf, g.len),
-            Ok(Alloc::Wait) => {}
-            Err(e) => {
-                self.drop_unit(peer, len, None);
-                self.xfer_failed(x, e);
+        // A unit of a transfer gone or failed is dropped by `stage` without memory.
+        let direct = !self.units.wants_room(x) || self.direct_local(x, off, len).is_some();
+        let State { units, zones, dev, s, .. } = self;
+        let room = if direct {
+            Room::Direct
+        } else {
+            match zones_in(zones, dev, s.cfg.ib.zone_bytes_per_class) {
+                Ok(z) => Room::Zones(z),
+                Err(e) => Room::NoZones(e),
             }
+        };
+        let (s, rest) = units.stage(x, off, len, room);
+        self.step(s);
+        if let Some((off, len)) = rest {
+            self.stage_unit(x, off, len);
         }
     }
 
@@ -301,39 +288,26 @@ impl<V: Verbs> State<V> {
         zb: ZoneBuf,
         got: usize,
     ) {
-        let got = got.min(want);
-        if self.xfers.get(&x).is_none_or(|xf| xf.failed.is_some()) {
-            self.drop_unit(peer, want, Some(zb));
-            return;
-        }
-        self.post_unit(x, peer, off, got, Some(zb));
-        if got < want {
-            self.stage_unit(x, off + got, want - got);
+        let Some(z) = self.zones.as_mut() else { return };
+        let (s, rest) = self.units.granted(x, peer, off, want, zb, got, &mut z.zones);
+        self.step(s);
+        if let Some((off, len)) = rest {
+            self.stage_unit(x, off, len);
         }
     }
 
     /// Posts the RDMA work requests of one unit; only the last is signaled.
-    fn post_unit(&mut self, x: u64, peer: PeerId, off: usize, len: usize, zone: Option<ZoneBuf>) {
-        let Some(xf) = self.xfers.get(&x).filter(|xf| xf.failed.is_none()) else {
-            // Cancelled or failed meanwhile: nothing more moves for it.
-            self.drop_unit(peer, len, zone);
-            return;
+    fn post_unit(&mut self, u: Unit) {
+        let State { units, conns, zones, .. } = self;
+        let link = |cid: u32, n: u32| {
+            let c = conns.get(cid as usize).and_then(Option::as_ref)?;
+            Some(c.ready && c.link.has_room(n))
         };
-        let (cid, read) = (xf.conn, xf.read);
-        let pieces = slice_segments(&xf.remote, xf.remote_off + off as u64, len as u64);
-        let ready = self.conn(cid).map(|c| (c.ready, c.link.has_room(pieces.len() as u32)));
-        match ready {
-            None => {
-                self.drop_unit(peer, len, zone);
-                self.xfer_failed(x, Error::PeerLost { peer, reason: "connection gone".into() });
-                return;
-            }
-            Some((ready, room)) if !ready || !room => {
-                self.deferred.push_back(Deferred { xfer: x, peer, off, len, zone });
-                return;
-            }
-            _ => {}
-        }
+        let (u, cid, read) = match units.ready_to_post(u, link, zones.as_mut().map(|z| &mut z.zones)) {
+            Ok(go) => go,
+            Err(s) => return self.step(s),
+        };
+        let (x, off, len, zone) = (u.xfer, u.off, u.len, u.zone);
         // Local memory: the op's own registered buffer, or the zone buffer.
         let (laddr, lkey) = match zone {
             Some(zb) => {
@@ -341,7 +315,7 @@ impl<V: Verbs> State<V> {
                 let zoff = z.zones.offset(zb);
                 if !read {
                     // Outgoing data goes into the zone buffer first.
-                    let local = &self.xfers[&x].local;
+                    let local = &self.units.xfers[&x].local;
                     stage_out(local, &self.ops, off, len, &z.mem, zoff);
                     if matches!(local, Local::Op { .. }) {
                         self.core.counters.copied(len);
@@ -349,20 +323,22 @@ impl<V: Verbs> State<V> {
                 }
                 (z.mem.addr() + zoff as u64, z.mr.lkey())
             }
-            None => match self.direct_local(&self.xfers[&x], off, len) {
+            None => match self.direct_local(x, off, len) {
                 Some(l) => l,
                 None => {
-                    self.drop_unit(peer, len, None);
-                    self.xfer_failed(x, Error::misuse("transfer buffer is not registered"));
-                    return;
+                    let e = Error::misuse("transfer buffer is not registered");
+                    let s = self.units.post_failed(u, e, None);
+                    return self.step(s);
                 }
             },
         };
-        let Some(c) = self.conn_mut(cid) else { return };
-        let n = pieces.len();
+        let State { units, conns, .. } = self;
+        let Some(c) = conns.get_mut(cid as usize).and_then(Option::as_mut) else { return };
+        let pieces = units.xfers[&x].pieces(off, len);
+        let n = pieces.clone().count();
         let sges: Vec<[Sge; 1]> = pieces
-            .iter()
-            .scan(0u64, |at, &(_, plen, _)| {
+            .clone()
+            .scan(0u64, |at, (_, plen, _)| {
                 let sge = [Sge::new(laddr + *at, plen, lkey)];
                 *at += u64::from(plen);
                 Some(sge)
@@ -370,9 +346,8 @@ impl<V: Verbs> State<V> {
             .collect();
         let first = c.link.unit(n, read, SqDone::Unit { xfer: x, offset: off, len, zone, read });
         let wrs: Vec<SendWr<'_>> = pieces
-            .iter()
             .enumerate()
-            .map(|(i, &(raddr, _, rkey))| {
+            .map(|(i, (raddr, _, rkey))| {
                 let op = if read {
                     SendOp::RdmaRead { remote_addr: raddr, rkey }
                 } else {
@@ -384,25 +359,21 @@ impl<V: Verbs> State<V> {
             })
             .collect();
         let posted = c.qp.post_send(&wrs);
-        if let Some(xf) = self.xfers.get_mut(&x) {
-            xf.units_out += 1;
-        }
+        units.posted(x);
         if let Err(e) = posted {
+            let peer = u.peer;
             self.fail_peer(peer, super::Loss::Lost(format!("post_send: {}", e.error)));
         }
     }
 
     /// A unit's last work request completed (its RDMA_READs no longer hold back fenced sends).
     pub(crate) fn unit_done(&mut self, x: u64, off: usize, len: usize, zone: Option<ZoneBuf>, read: bool) {
-        let peer = self.xfers.get(&x).map(|xf| xf.peer);
-        if let Some(p) = peer {
-            self.bulk.unit_done(p, len);
-        }
+        let r = self.units.unit_done(x, len, zone.is_some(), read);
         if let Some(zb) = zone {
-            if read && self.xfers.get(&x).is_some_and(|xf| xf.failed.is_none()) {
-                let State { zones, xfers, ops, .. } = self;
+            if r.copy_in {
+                let State { zones, units, ops, .. } = self;
                 let z = zones.as_ref().expect("zone in use");
-                if let Some(xf) = xfers.get_mut(&x) {
+                if let Some(xf) = units.xfers.get_mut(&x) {
                     stage_in(&mut xf.local, ops, off, len, &z.mem, z.zones.offset(zb));
                     // Payload, not a fetched header.
                     if matches!(xf.local, Local::Op { .. }) {
@@ -414,21 +385,7 @@ impl<V: Verbs> State<V> {
                 let _ = z.zones.free(zb);
             }
         }
-        let Some(xf) = self.xfers.get_mut(&x) else { return };
-        xf.units_out = xf.units_out.saturating_sub(1);
-        xf.done_bytes += len;
-        if xf.done_bytes >= xf.total || (xf.failed.is_some() && xf.units_out == 0) {
-            self.finish_xfer(x);
-        }
-    }
-
-    fn xfer_failed(&mut self, x: u64, e: Error) {
-        let Some(xf) = self.xfers.get_mut(&x) else { return };
-        if xf.failed.is_none() {
-            xf.failed = Some(e);
-        }
-        self.bulk.remove(&x);
-        if xf.units_out == 0 {
+        if r.finish {
             self.finish_xfer(x);
         }
     }
@@ -436,38 +393,32 @@ impl<V: Verbs> State<V> {
     /// Stops the transfers into or out of an op's buffer (cancel): units in flight finish,
     /// nothing new is posted.
     pub(crate) fn abort_xfers_of(&mut self, op: OpId) {
-        let xs: Vec<u64> = self
-            .xfers
-            .iter()
-            .filter(|(_, x)| matches!(x.local, Local::Op { op: o, .. } if o == op))
-            .map(|(k, _)| *k)
-            .collect();
-        for x in xs {
-            self.xfer_failed(x, Error::Cancelled);
+        for x in self.units.abort_op(op) {
+            self.finish_xfer(x);
         }
     }
 
     fn finish_xfer(&mut self, x: u64) {
-        let Some(xf) = self.xfers.remove(&x) else { return };
-        self.bulk.remove(&x);
-        let Xfer { conn, local, total, failed, then, .. } = xf;
+        let Some(mut xf) = self.units.finish(x) else { return };
+        let outcome = xf.outcome();
+        let Xfer { conn, local, then, .. } = xf;
         if let Local::Op { op, .. } = &local {
             self.ops.release_ref(*op);
         }
-        let ok = failed.is_none();
+        let ok = outcome.is_ok();
         match then {
-            XferThen::CompleteOp(op) => self.ops.complete(op, failed.map_or(Ok(total), Err)),
+            XferThen::CompleteOp(op) => self.ops.complete(op, outcome),
             XferThen::ReqOp { op, peer, req, end } => {
                 if ok && let Some(r) = self.sreqs.get_mut(peer, req) {
                     r.x.pushed_to(end);
                 }
-                self.ops.complete(op, failed.map_or(Ok(total), Err));
+                self.ops.complete(op, outcome);
                 self.xfer_finished_for_req(peer, req);
             }
             XferThen::RecvDone { op, msg } => {
                 let st = if ok { super::FIN_OK } else { super::FIN_CANCELLED };
                 self.send_fin(conn, msg, st, 0);
-                self.ops.complete(op, failed.map_or(Ok(total), Err));
+                self.ops.complete(op, outcome);
             }
             XferThen::RequestHeader { pending } => {
                 if ok && let Local::Vec(v) = local {
