@@ -59,7 +59,74 @@ pub(crate) enum XferThen {
     ReplyHeader { op: OpId, status: u32, msg: u64, pushed: u64 },
 }
 
+/// What a finished transfer leads to, for the driver to carry out: first the op reference
+/// and the FIN, then `then`.
+#[must_use]
+pub(crate) struct Finished {
+    /// The op whose buffer the transfer moved: its reference goes.
+    pub release: Option<OpId>,
+    /// A FIN to send on the transfer's connection: (connection, message, status).
+    pub fin: Option<(u32, u64, u32)>,
+    pub then: Outcome,
+}
+
+/// The end of a finished transfer.
+pub(crate) enum Outcome {
+    /// Complete the op.
+    Complete(OpId, Result<usize>),
+    /// A request's pull or push: the client's buffer holds pushed bytes up to `pushed` (when
+    /// it succeeded), the op completes, and the request's reply may then go.
+    ReqOp { op: OpId, result: Result<usize>, peer: PeerId, req: u64, pushed: Option<u64> },
+    /// A fetched request header, whole: deliver the request.
+    Deliver { pending: Box<super::request_in::PendingRequest>, header: Vec<u8> },
+    /// A fetched reply header, whole: complete the request op with it.
+    Reply { op: OpId, status: u32, header: Vec<u8>, pushed: u64 },
+    /// Nothing more (a request header that could not be fetched).
+    Nothing,
+}
+
 impl Xfer {
+    /// What the finished transfer leads to.
+    pub fn finished(mut self) -> Finished {
+        let result = self.outcome();
+        let ok = result.is_ok();
+        let release = match self.local {
+            Local::Op { op, .. } => Some(op),
+            Local::Vec(_) => None,
+        };
+        let header = match self.local {
+            Local::Vec(v) if ok => Some(v),
+            _ => None,
+        };
+        let (fin, then) = match self.then {
+            XferThen::CompleteOp(op) => (None, Outcome::Complete(op, result)),
+            XferThen::ReqOp { op, peer, req, end } => {
+                (None, Outcome::ReqOp { op, result, peer, req, pushed: ok.then_some(end) })
+            }
+            XferThen::RecvDone { op, msg } => {
+                // The sender learns whether its data landed; it releases its buffer either way.
+                let st = if ok { super::FIN_OK } else { super::FIN_CANCELLED };
+                (Some((self.conn, msg, st)), Outcome::Complete(op, result))
+            }
+            XferThen::RequestHeader { pending } => match header {
+                Some(header) => (None, Outcome::Deliver { pending, header }),
+                None => (None, Outcome::Nothing),
+            },
+            XferThen::ReplyHeader { op, status, msg, pushed } => {
+                // The client's header buffer is released whatever came of reading it.
+                let fin = Some((self.conn, msg, super::FIN_OK));
+                match header {
+                    Some(header) => (fin, Outcome::Reply { op, status, header, pushed }),
+                    None => {
+                        let e = Error::Remote("could not read the reply header".into());
+                        (fin, Outcome::Complete(op, Err(e)))
+                    }
+                }
+            }
+        };
+        Finished { release, fin, then }
+    }
+
     /// Still moving: not failed, so its units may be posted.
     pub fn live(&self) -> bool {
         self.failed.is_none()

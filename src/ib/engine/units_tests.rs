@@ -279,3 +279,50 @@ fn aborting_an_op_stops_its_transfers_only() {
     assert!(matches!(u.finish(busy).expect("busy").outcome(), Err(Error::Cancelled)));
     assert!(u.xfers[&other].live());
 }
+
+#[test]
+fn a_finished_transfer_completes_its_op_and_answers_the_sender() {
+    use super::super::{FIN_CANCELLED, FIN_OK};
+    let mut recv = xfer(A, 3, Vec::new(), 0, 500);
+    recv.then = XferThen::RecvDone { op: OpId(3), msg: 40 };
+    let f = recv.finished();
+    assert_eq!((f.release, f.fin), (Some(OpId(3)), Some((7, 40, FIN_OK))));
+    assert!(matches!(f.then, Outcome::Complete(OpId(3), Ok(500))));
+    // A rendezvous receive that failed tells the sender so, and the op gets the error.
+    let mut recv = xfer(A, 3, Vec::new(), 0, 500);
+    recv.then = XferThen::RecvDone { op: OpId(3), msg: 40 };
+    recv.failed = Some(Error::Cancelled);
+    let f = recv.finished();
+    assert_eq!(f.fin, Some((7, 40, FIN_CANCELLED)));
+    assert!(matches!(f.then, Outcome::Complete(OpId(3), Err(Error::Cancelled))));
+    // A push that failed moved nothing the reply may announce.
+    let mut push = xfer(B, 4, Vec::new(), 0, 100);
+    push.then = XferThen::ReqOp { op: OpId(4), peer: B, req: 9, end: 700 };
+    let f = push.finished();
+    assert!(matches!(f.then, Outcome::ReqOp { pushed: Some(700), result: Ok(100), req: 9, .. }));
+    let mut push = xfer(B, 4, Vec::new(), 0, 100);
+    push.then = XferThen::ReqOp { op: OpId(4), peer: B, req: 9, end: 700 };
+    push.failed = Some(Error::Cancelled);
+    let f = push.finished();
+    assert!(f.fin.is_none());
+    assert!(matches!(f.then, Outcome::ReqOp { pushed: None, result: Err(Error::Cancelled), .. }));
+}
+
+#[test]
+fn a_fetched_reply_header_releases_the_client_s_buffer_either_way() {
+    use super::super::FIN_OK;
+    let header = |failed: Option<Error>| {
+        let mut x = xfer(A, 5, Vec::new(), 0, 3);
+        x.local = Local::Vec(b"hdr".to_vec());
+        x.then = XferThen::ReplyHeader { op: OpId(5), status: 1, msg: 77, pushed: 30 };
+        x.failed = failed;
+        x.finished()
+    };
+    let f = header(None);
+    assert_eq!((f.release, f.fin), (None, Some((7, 77, FIN_OK))), "no op buffer was referenced");
+    let Outcome::Reply { op, status, header: h, pushed } = f.then else { panic!("the reply") };
+    assert_eq!((op, status, h.as_slice(), pushed), (OpId(5), 1, &b"hdr"[..], 30));
+    let f = header(Some(Error::Cancelled));
+    assert_eq!(f.fin, Some((7, 77, FIN_OK)));
+    assert!(matches!(f.then, Outcome::Complete(OpId(5), Err(Error::Remote(_)))));
+}

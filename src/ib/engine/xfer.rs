@@ -4,6 +4,8 @@
 //! Which memory a unit may use directly (a pool buffer, a registered file-mapping stretch) is
 //! found here, where the registrations are.
 
+use bytes::Bytes;
+
 use crate::buffers::buf::{OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 use crate::error::{Error, Result};
 use crate::flowctl::{BufferZones, ZoneBuf, ZoneConfig};
@@ -13,7 +15,7 @@ use crate::types::{OpId, PeerId};
 use super::lose::ZoneToken;
 use super::msg::Segment;
 use super::reg::{DmaRegion, register_region};
-use super::units::{Room, Step, Unit};
+use super::units::{Finished, Outcome, Room, Step, Unit};
 use super::{Dev, Local, SqDone, State, WR_SEND, Xfer, XferThen, wr_id};
 
 /// Zone classes: 64 KiB … 2 MiB (as in PVFS over InfiniBand).
@@ -399,39 +401,30 @@ impl<V: Verbs> State<V> {
     }
 
     fn finish_xfer(&mut self, x: u64) {
-        let Some(mut xf) = self.units.finish(x) else { return };
-        let outcome = xf.outcome();
-        let Xfer { conn, local, then, .. } = xf;
-        if let Local::Op { op, .. } = &local {
-            self.ops.release_ref(*op);
+        let Some(xf) = self.units.finish(x) else { return };
+        let Finished { release, fin, then } = xf.finished();
+        if let Some(op) = release {
+            self.ops.release_ref(op);
         }
-        let ok = outcome.is_ok();
+        if let Some((conn, msg, st)) = fin {
+            self.send_fin(conn, msg, st, 0);
+        }
         match then {
-            XferThen::CompleteOp(op) => self.ops.complete(op, outcome),
-            XferThen::ReqOp { op, peer, req, end } => {
-                if ok && let Some(r) = self.sreqs.get_mut(peer, req) {
+            Outcome::Complete(op, result) => self.ops.complete(op, result),
+            Outcome::ReqOp { op, result, peer, req, pushed } => {
+                if let Some(end) = pushed
+                    && let Some(r) = self.sreqs.get_mut(peer, req)
+                {
                     r.x.pushed_to(end);
                 }
-                self.ops.complete(op, outcome);
+                self.ops.complete(op, result);
                 self.xfer_finished_for_req(peer, req);
             }
-            XferThen::RecvDone { op, msg } => {
-                let st = if ok { super::FIN_OK } else { super::FIN_CANCELLED };
-                self.send_fin(conn, msg, st, 0);
-                self.ops.complete(op, outcome);
+            Outcome::Deliver { pending, header } => self.deliver_request(*pending, Bytes::from(header)),
+            Outcome::Reply { op, status, header, pushed } => {
+                self.complete_request(op, status, Bytes::from(header), pushed)
             }
-            XferThen::RequestHeader { pending } => {
-                if ok && let Local::Vec(v) = local {
-                    self.deliver_request(*pending, bytes::Bytes::from(v));
-                }
-            }
-            XferThen::ReplyHeader { op, status, msg, pushed } => {
-                self.send_fin(conn, msg, super::FIN_OK, 0);
-                match (ok, local) {
-                    (true, Local::Vec(v)) => self.complete_request(op, status, bytes::Bytes::from(v), pushed),
-                    _ => self.ops.complete(op, Err(Error::Remote("could not read the reply header".into()))),
-                }
-            }
+            Outcome::Nothing => {}
         }
     }
 }
