@@ -4,33 +4,24 @@
 //! granted a zone buffer. Left counted, those bytes would eat the per-peer and per-endpoint
 //! RDMA caps for good.
 
-use std::collections::VecDeque;
-
-use rustc_hash::FxHashMap;
-
-use crate::comm::BulkScheduler;
 use crate::flowctl::{BufferZones, Grant};
 use crate::types::PeerId;
 
-use super::Xfer;
-use super::units::Deferred;
+use super::units::Units;
 
 /// What a zone request names: (transfer, offset, length) of the unit it is for.
 pub(crate) type ZoneToken = (u64, usize, usize);
 
-/// The tables of the engine's transfers, borrowed.
-pub(crate) struct Transfers<'a> {
-    pub bulk: &'a mut BulkScheduler<u64>,
-    pub xfers: &'a mut FxHashMap<u64, Xfer>,
-    pub deferred: &'a mut VecDeque<Deferred>,
-    pub zones: Option<&'a mut BufferZones<ZoneToken>>,
-}
-
-impl Transfers<'_> {
+impl Units {
     /// `peer` is lost and its send queues flushed, which held `flushed` bytes of its units.
     /// Returns the zone grants made meanwhile to other peers, for the engine to serve (after
     /// the lost peer's memory is released: its buffers are free by then).
-    pub fn lose_peer(&mut self, peer: PeerId, flushed: usize) -> Vec<Grant<ZoneToken>> {
+    pub fn lose_peer(
+        &mut self,
+        peer: PeerId,
+        flushed: usize,
+        zones: Option<&mut BufferZones<ZoneToken>>,
+    ) -> Vec<Grant<ZoneToken>> {
         let mut unit_bytes = flushed;
         let gone: Vec<u64> = self.xfers.iter().filter(|(_, x)| x.peer == peer).map(|(k, _)| *k).collect();
         for x in gone {
@@ -42,7 +33,7 @@ impl Transfers<'_> {
         // Zone buffers of this peer (held by its units, deferred or granted) all come back with
         // release_client; grants it frees for other peers stay queued for the engine's pump.
         let mut grants = Vec::new();
-        if let Some(z) = self.zones.as_deref_mut() {
+        if let Some(z) = zones {
             while let Some(g) = z.poll_grant() {
                 if g.client == peer {
                     unit_bytes += g.token.2;
@@ -60,10 +51,12 @@ impl Transfers<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::comm::BulkScheduler;
     use crate::flowctl::{Alloc, ZoneConfig};
     use crate::types::OpId;
 
-    use super::super::{Local, XferThen};
+    use super::super::units::Deferred;
+    use super::super::{Local, Xfer, XferThen};
 
     const A: PeerId = PeerId(1);
     const B: PeerId = PeerId(2);
@@ -87,9 +80,7 @@ mod tests {
     /// The tables, with a 4000-byte transfer per peer whose units the scheduler has all
     /// handed out; the test says where each unit went.
     struct T {
-        bulk: BulkScheduler<u64>,
-        xfers: FxHashMap<u64, Xfer>,
-        deferred: VecDeque<Deferred>,
+        units: Units,
         zones: BufferZones<ZoneToken>,
     }
 
@@ -97,43 +88,41 @@ mod tests {
         /// Also returns the units: (peer, transfer, offset, length) in order.
         fn new(zone_bufs: u32) -> (T, Vec<(PeerId, u64, usize, usize)>) {
             // Units of 1000 bytes; caps high enough to hand out all of them.
-            let mut bulk = BulkScheduler::new(1000, 1000, 1 << 20, 1 << 20);
-            let mut xfers = FxHashMap::default();
+            let mut t = Units::new(BulkScheduler::new(1000, 1000, 1 << 20, 1 << 20));
             for (id, peer) in [(10, A), (20, B)] {
-                xfers.insert(id, xfer(peer, 4000));
-                bulk.add(id, peer, 4000);
+                t.xfers.insert(id, xfer(peer, 4000));
+                t.bulk.add(id, peer, 4000);
             }
             let mut units = Vec::new();
-            while let Some(u) = bulk.next_unit() {
-                units.push((xfers[&u.key].peer, u.key, u.offset, u.len));
+            while let Some((x, off, len)) = t.next_unit() {
+                units.push((t.xfers[&x].peer, x, off, len));
             }
             let cfg = ZoneConfig::default().classes(&[(4096, zone_bufs)]);
             let zones = BufferZones::new(&cfg).expect("zones");
-            (T { bulk, xfers, deferred: VecDeque::new(), zones }, units)
+            (T { units: t, zones }, units)
         }
 
         fn lose(&mut self, peer: PeerId, flushed: usize) -> Vec<Grant<ZoneToken>> {
-            let T { bulk, xfers, deferred, zones } = self;
-            Transfers { bulk, xfers, deferred, zones: Some(zones) }.lose_peer(peer, flushed)
+            self.units.lose_peer(peer, flushed, Some(&mut self.zones))
         }
     }
 
     #[test]
     fn every_in_flight_byte_of_the_lost_peer_comes_back() {
         let (mut t, units) = T::new(2);
-        assert_eq!(t.bulk.in_flight(A), 4000);
-        assert_eq!(t.bulk.in_flight(B), 4000);
+        assert_eq!(t.units.bulk.in_flight(A), 4000);
+        assert_eq!(t.units.bulk.in_flight(B), 4000);
         let of = |p: PeerId| units.iter().filter(move |u| u.0 == p).copied();
         let a: Vec<_> = of(A).collect();
         // A's units: one posted (flushed), one deferred, one deferred with a zone buffer, one
         // waiting for a zone buffer behind B's.
         let (_, x, off, len) = a[1];
-        t.deferred.push_back(Deferred { xfer: x, peer: A, off, len, zone: None });
+        t.units.deferred.push_back(Deferred { xfer: x, peer: A, off, len, zone: None });
         let Ok(Alloc::Granted(g)) = t.zones.alloc(A, a[2].3, (a[2].1, a[2].2, a[2].3)) else {
             panic!("a free zone buffer")
         };
         let (_, x, off, len) = a[2];
-        t.deferred.push_back(Deferred { xfer: x, peer: A, off, len, zone: Some(g.buf) });
+        t.units.deferred.push_back(Deferred { xfer: x, peer: A, off, len, zone: Some(g.buf) });
         let b: Vec<_> = of(B).collect();
         let Ok(Alloc::Granted(b_zone)) = t.zones.alloc(B, b[0].3, (b[0].1, b[0].2, b[0].3)) else {
             panic!("the second zone buffer")
@@ -141,14 +130,14 @@ mod tests {
         assert!(matches!(t.zones.alloc(A, a[3].3, (a[3].1, a[3].2, a[3].3)), Ok(Alloc::Wait)));
         // B's unit waiting for a zone buffer too, and one of B's deferred.
         assert!(matches!(t.zones.alloc(B, b[1].3, (b[1].1, b[1].2, b[1].3)), Ok(Alloc::Wait)));
-        t.deferred.push_back(Deferred { xfer: b[2].1, peer: B, off: b[2].2, len: b[2].3, zone: None });
+        t.units.deferred.push_back(Deferred { xfer: b[2].1, peer: B, off: b[2].2, len: b[2].3, zone: None });
 
         let grants = t.lose(A, a[0].3);
-        assert_eq!(t.bulk.in_flight(A), 0, "posted, deferred, zoned and waiting bytes all back");
-        assert_eq!(t.bulk.in_flight(B), 4000, "the other peer's stay counted");
-        assert_eq!(t.bulk.in_flight_total(), 4000);
-        assert!(!t.xfers.contains_key(&10) && t.xfers.contains_key(&20));
-        assert_eq!(t.deferred.iter().map(|d| d.peer).collect::<Vec<_>>(), [B]);
+        assert_eq!(t.units.bulk.in_flight(A), 0, "posted, deferred, zoned and waiting bytes all back");
+        assert_eq!(t.units.bulk.in_flight(B), 4000, "the other peer's stay counted");
+        assert_eq!(t.units.bulk.in_flight_total(), 4000);
+        assert!(!t.units.xfers.contains_key(&10) && t.units.xfers.contains_key(&20));
+        assert_eq!(t.units.deferred.iter().map(|d| d.peer).collect::<Vec<_>>(), [B]);
         assert_eq!(t.zones.held_by(A), 0);
         // A's buffer went to B's waiting unit: a grant left for the engine's pump.
         assert!(grants.is_empty(), "no grant was ready before the loss");
@@ -171,7 +160,7 @@ mod tests {
         t.zones.free(held.buf).expect("held");
         let grants = t.lose(A, 0);
         assert!(grants.is_empty(), "A's own grant is counted back, not served");
-        assert_eq!(t.bulk.in_flight(A), 4000 - a.3, "the granted unit's bytes came back");
+        assert_eq!(t.units.bulk.in_flight(A), 4000 - a.3, "the granted unit's bytes came back");
         let g = t.zones.poll_grant().expect("the buffer A held goes to B");
         assert_eq!(g.client, B);
 
@@ -185,18 +174,17 @@ mod tests {
         let grants = t.lose(A, 0);
         assert_eq!(grants.len(), 1, "B's grant is the engine's to serve");
         assert_eq!((grants[0].client, grants[0].token), (B, (b.1, b.2, b.3)));
-        assert_eq!(t.bulk.in_flight(B), 4000);
+        assert_eq!(t.units.bulk.in_flight(B), 4000);
     }
 
     #[test]
     fn without_zones_the_scheduler_is_still_settled() {
         let (mut t, units) = T::new(1);
         let a: Vec<_> = units.iter().filter(|u| u.0 == A).copied().collect();
-        t.deferred.push_back(Deferred { xfer: a[0].1, peer: A, off: a[0].2, len: a[0].3, zone: None });
-        let T { bulk, xfers, deferred, .. } = &mut t;
-        let grants = Transfers { bulk, xfers, deferred, zones: None }.lose_peer(A, 4000 - a[0].3);
+        t.units.deferred.push_back(Deferred { xfer: a[0].1, peer: A, off: a[0].2, len: a[0].3, zone: None });
+        let grants = t.units.lose_peer(A, 4000 - a[0].3, None);
         assert!(grants.is_empty());
-        assert_eq!(t.bulk.in_flight(A), 0);
-        assert!(t.deferred.is_empty());
+        assert_eq!(t.units.bulk.in_flight(A), 0);
+        assert!(t.units.deferred.is_empty());
     }
 }

@@ -718,7 +718,8 @@ impl<V: Verbs> State<V> {
         for op in waiting {
             self.fail_waiting_post(op, err.duplicate());
         }
-        // Bytes of this peer's units in the send queues about to go (see [`lose::Transfers`]).
+        // Bytes of this peer's units in the send queues about to go (see
+        // [`units::Units::lose_peer`]).
         let mut unit_bytes = 0;
         for cid in &all_conns {
             if let Some(c) = self.conn_mut(*cid) {
@@ -739,13 +740,7 @@ impl<V: Verbs> State<V> {
         }
         self.sreqs.drop_peer(peer);
         self.core.forget_peer(peer);
-        let grants = lose::Transfers {
-            bulk: &mut self.units.bulk,
-            xfers: &mut self.units.xfers,
-            deferred: &mut self.units.deferred,
-            zones: self.zones.as_mut().map(|z| &mut z.zones),
-        }
-        .lose_peer(peer, unit_bytes);
+        let grants = self.units.lose_peer(peer, unit_bytes, self.zones.as_mut().map(|z| &mut z.zones));
         // Its receives, early arrivals, FIN waits and operations ([`rx::Rx::lose_peer`]); the
         // reply headers it was to fetch come back to the cache.
         let (mut rx, _) = self.rx();
