@@ -256,8 +256,8 @@ impl Units {
         self.bulk.next_unit().map(|u| (u.key, u.offset, u.len))
     }
 
-    /// Whether `[off, off + len)` of `x` needs local memory found: false for a transfer gone
-    /// or failed (the unit will be dropped by [`Units::stage`] without looking).
+    /// Whether a unit of `x` needs local memory found: false for a transfer gone or failed,
+    /// whose units [`Units::stage`] drops whatever room it is given.
     pub fn wants_room(&self, x: u64) -> bool {
         self.xfers.get(&x).is_some_and(Xfer::live)
     }

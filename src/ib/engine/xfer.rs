@@ -261,7 +261,7 @@ impl<V: Verbs> State<V> {
     /// A unit the scheduler handed out: straight from the op's registered memory, or
     /// through a zone buffer.
     fn stage_unit(&mut self, x: u64, off: usize, len: usize) {
-        // A unit of a transfer gone or failed is dropped by `stage` without memory.
+        // A unit of a transfer gone or failed is dropped by `stage`: no zones are made for it.
         let direct = !self.units.wants_room(x) || self.direct_local(x, off, len).is_some();
         let State { units, zones, dev, s, .. } = self;
         let room = if direct {
