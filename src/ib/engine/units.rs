@@ -176,6 +176,15 @@ impl Iterator for Pieces<'_> {
     }
 }
 
+/// What is left of a unit a zone buffer smaller than it chopped, to be staged again. Its bytes
+/// were counted by the scheduler when the unit was handed out, for `peer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rest {
+    pub peer: PeerId,
+    pub off: usize,
+    pub len: usize,
+}
+
 /// One unit of a transfer, handed out and not yet posted: `[off, off + len)` of transfer
 /// `xfer`, through `zone` or (None) straight from the op's registered memory.
 #[derive(Debug)]
@@ -265,13 +274,7 @@ impl Units {
     /// A unit the scheduler handed out, with the local memory the driver found for it: post it
     /// directly, or take a zone buffer (now, or later from the zones' grants). Also returns
     /// the rest of the range when the zone buffer granted is smaller (see [`Units::granted`]).
-    pub fn stage(
-        &mut self,
-        x: u64,
-        off: usize,
-        len: usize,
-        room: Room<'_>,
-    ) -> (Step, Option<(usize, usize)>) {
+    pub fn stage(&mut self, x: u64, off: usize, len: usize, room: Room<'_>) -> (Step, Option<Rest>) {
         // A unit of a transfer gone is not counted by the scheduler any more (its peer was
         // settled, or the transfer removed with its units).
         let Some(xf) = self.xfers.get(&x) else { return (Step::Idle, None) };
@@ -305,15 +308,27 @@ impl Units {
         zb: ZoneBuf,
         got: usize,
         zones: &mut BufferZones<ZoneToken>,
-    ) -> (Step, Option<(usize, usize)>) {
+    ) -> (Step, Option<Rest>) {
         let got = got.min(want);
         if !self.wants_room(x) {
             let _ = zones.free(zb);
             self.bulk.unit_done(peer, want);
             return (Step::Idle, None);
         }
-        let rest = (got < want).then_some((off + got, want - got));
+        let rest = (got < want).then_some(Rest { peer, off: off + got, len: want - got });
         (Step::Post(Unit { xfer: x, peer, off, len: got, zone: Some(zb) }), rest)
+    }
+
+    /// The rest of a chopped unit of `x`, staged as [`Units::stage`] stages a unit. Unlike a
+    /// unit the scheduler hands out, a rest outlives its transfer when posting the first part
+    /// ended it (its connection was gone): the scheduler still counts the rest's bytes, so they
+    /// go back here, or they would hold the peer's and the endpoint's RDMA caps for good.
+    pub fn stage_rest(&mut self, x: u64, r: Rest, room: Room<'_>) -> (Step, Option<Rest>) {
+        if !self.xfers.contains_key(&x) {
+            self.bulk.unit_done(r.peer, r.len);
+            return (Step::Idle, None);
+        }
+        self.stage(x, r.off, r.len, room)
     }
 
     /// A unit about to be posted, with the state of its connection (None: gone; else whether

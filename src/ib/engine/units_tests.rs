@@ -193,13 +193,30 @@ fn a_unit_bigger_than_the_zone_buffer_is_chopped() {
     let (x0, off, len) = u.next_unit().expect("one unit");
     assert_eq!((x0, off, len), (x, 0, 2500));
     let (Step::Post(p), Some(rest)) = u.stage(x, off, len, Room::Zones(&mut z)) else { panic!("chopped") };
-    assert_eq!(((p.off, p.len), rest), ((0, 1000), (1000, 1500)));
-    let (Step::Post(p), Some(rest)) = u.stage(x, rest.0, rest.1, Room::Zones(&mut z)) else {
-        panic!("again")
-    };
-    assert_eq!(((p.off, p.len), rest), ((1000, 1000), (2000, 500)));
-    let (Step::Post(p), None) = u.stage(x, rest.0, rest.1, Room::Zones(&mut z)) else { panic!("the tail") };
+    assert_eq!(((p.off, p.len), (rest.peer, rest.off, rest.len)), ((0, 1000), (A, 1000, 1500)));
+    let (Step::Post(p), Some(rest)) = u.stage_rest(x, rest, Room::Zones(&mut z)) else { panic!("again") };
+    assert_eq!(((p.off, p.len), (rest.off, rest.len)), ((1000, 1000), (2000, 500)));
+    let (Step::Post(p), None) = u.stage_rest(x, rest, Room::Zones(&mut z)) else { panic!("the tail") };
     assert_eq!((p.off, p.len), (2000, 500));
+}
+
+/// A unit chopped by a small zone buffer whose first part ends its transfer (the connection
+/// is gone when it is posted): the rest, staged after the transfer is gone, gives its bytes
+/// back to the scheduler, which would otherwise count them against the peer for good.
+#[test]
+fn the_rest_of_a_chopped_unit_is_given_back_when_its_transfer_ended() {
+    let mut z = zones(1000, 4, 16);
+    let mut u = units(2500, 1 << 20);
+    let (x, _) = u.start(xfer(A, 1, vec![seg(0x1000, 2500, 1)], 0, 2500));
+    let (_, off, len) = u.next_unit().expect("one unit");
+    assert_eq!(u.bulk.in_flight(A), 2500);
+    let (Step::Post(p), Some(rest)) = u.stage(x, off, len, Room::Zones(&mut z)) else { panic!("chopped") };
+    let s = u.ready_to_post(p, |_, _| None, Some(&mut z)).expect_err("no connection");
+    let e = error_of(s, &mut u);
+    assert!(matches!(e, Error::PeerLost { .. }), "{e:?}");
+    assert!(matches!(u.stage_rest(x, rest, Room::Zones(&mut z)), (Step::Idle, None)));
+    assert_eq!(u.bulk.in_flight(A), 0, "the rest's bytes came back");
+    assert_eq!(z.held_by(A), 0, "no zone buffer kept for it");
 }
 
 #[test]

@@ -15,7 +15,7 @@ use crate::types::{OpId, PeerId};
 use super::lose::ZoneToken;
 use super::msg::Segment;
 use super::reg::{DmaRegion, register_region};
-use super::units::{Finished, Outcome, Room, Step, Unit};
+use super::units::{Finished, Outcome, Rest, Room, Step, Unit};
 use super::{Dev, Local, SqDone, State, WR_SEND, Xfer, XferThen, wr_id};
 
 /// Zone classes: 64 KiB … 2 MiB (as in PVFS over InfiniBand).
@@ -261,6 +261,12 @@ impl<V: Verbs> State<V> {
     /// A unit the scheduler handed out: straight from the op's registered memory, or
     /// through a zone buffer.
     fn stage_unit(&mut self, x: u64, off: usize, len: usize) {
+        self.stage_range(x, off, len, None);
+    }
+
+    /// Stages `[off, off + len)` of `x`: a unit, or (`rest`) what a zone buffer smaller than
+    /// a unit left of it; the rest of this one in turn, if a zone buffer chops it again.
+    fn stage_range(&mut self, x: u64, off: usize, len: usize, rest: Option<Rest>) {
         // A unit of a transfer gone or failed is dropped by `stage`: no zones are made for it.
         let direct = !self.units.wants_room(x) || self.direct_local(x, off, len).is_some();
         let State { units, zones, dev, s, .. } = self;
@@ -272,10 +278,13 @@ impl<V: Verbs> State<V> {
                 Err(e) => Room::NoZones(e),
             }
         };
-        let (s, rest) = units.stage(x, off, len, room);
+        let (s, more) = match rest {
+            Some(r) => units.stage_rest(x, r, room),
+            None => units.stage(x, off, len, room),
+        };
         self.step(s);
-        if let Some((off, len)) = rest {
-            self.stage_unit(x, off, len);
+        if let Some(r) = more {
+            self.stage_range(x, r.off, r.len, Some(r));
         }
     }
 
@@ -293,8 +302,8 @@ impl<V: Verbs> State<V> {
         let Some(z) = self.zones.as_mut() else { return };
         let (s, rest) = self.units.granted(x, peer, off, want, zb, got, &mut z.zones);
         self.step(s);
-        if let Some((off, len)) = rest {
-            self.stage_unit(x, off, len);
+        if let Some(r) = rest {
+            self.stage_range(x, r.off, r.len, Some(r));
         }
     }
 
