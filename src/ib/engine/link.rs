@@ -19,6 +19,7 @@
 
 use std::collections::VecDeque;
 
+use crate::comm::Mechanism;
 use crate::flowctl::{Credits, FlowError, RingReceiver, RingSender, Transmit};
 
 use super::msg::{MSG_HDR, Prefix};
@@ -80,6 +81,17 @@ pub(crate) enum Bounce {
 pub(crate) enum Held {
     Recv(u32),
     Slot { slot: u16 },
+}
+
+impl Held {
+    /// The mechanism that brought a message here: a ring slot is written by fast RDMA, a
+    /// receive buffer filled by a SEND (inline).
+    pub(crate) fn mechanism(self) -> Mechanism {
+        match self {
+            Held::Slot { .. } => Mechanism::FastRdma,
+            Held::Recv(_) => Mechanism::Inline,
+        }
+    }
 }
 
 /// A posted send-queue work request. `D`: what its retirement leads to.

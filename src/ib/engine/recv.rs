@@ -3,7 +3,6 @@
 use bytes::Bytes;
 
 use crate::buffers::buf::OpBuf;
-use crate::comm::Mechanism;
 use crate::core::peers::Peers;
 use crate::error::Error;
 use crate::ib::verbs::*;
@@ -195,19 +194,18 @@ impl<V: Verbs> State<V> {
     fn process(&mut self, cid: u32, loc: Held, h: Header) -> Result<Outcome, Loss> {
         let Some(c) = self.conn(cid) else { return Ok(Outcome::Done) };
         let peer = c.peer;
-        let via_ring = matches!(loc, Held::Slot { .. });
+        let arrived_by = loc.mechanism();
         let len = h.len as usize;
         match h.kind {
             Kind::Credit => Ok(Outcome::Done),
             Kind::Eager => {
-                let mech = if via_ring { Mechanism::FastRdma } else { Mechanism::Inline };
                 let Some(off) = self.loc_off(cid, loc) else { return Ok(Outcome::Done) };
                 let State { conns, matcher, ops, fin_wait, peers, core, s, .. } = self;
                 let Some(Some(c)) = conns.get(cid as usize) else { return Ok(Outcome::Done) };
                 let body = InMem { mem: &c.mem, off: off + MSG_HDR, len };
                 let early_limit = s.cfg.early_bytes_per_peer;
                 let mut rx = Rx { matcher, ops, fin_wait, counters: &core.counters, early_limit };
-                Ok(match rx.eager(&mut peers[peer].budget, peer, h.a, h.sl, mech, &body) {
+                Ok(match rx.eager(&mut peers[peer].budget, peer, h.a, h.sl, arrived_by, &body) {
                     Matched::Hold => Outcome::Hold,
                     Matched::Done | Matched::Read { .. } => Outcome::Done,
                 })
@@ -247,12 +245,12 @@ impl<V: Verbs> State<V> {
                     max_header: self.s.cfg.max_header as u64,
                     max_message: self.s.max_message as u64,
                 };
-                let via = if via_ring { Mechanism::FastRdma } else { Mechanism::Inline };
                 let State { conns, peers, core, .. } = self;
                 let c = conns.get(cid as usize).and_then(Option::as_ref);
                 let body = || Bytes::from(read_payload(c, loc, len));
                 let budget = &mut peers[peer].budget;
-                let step = request_in::arrived(budget, limits, &core.counters, (peer, cid), &h, via, body)?;
+                let step =
+                    request_in::arrived(budget, limits, &core.counters, (peer, cid), &h, arrived_by, body)?;
                 match step {
                     RequestStep::Hold => return Ok(Outcome::Hold),
                     RequestStep::Deliver { pending, header } => self.deliver_request(pending, header),
@@ -271,7 +269,7 @@ impl<V: Verbs> State<V> {
             }
             Kind::Push => {
                 let (mut rx, peers) = self.rx();
-                if let Some(op) = rx.push(&peers[peer].cancelled_reqs, peer, (h.b, h.c, len), via_ring)? {
+                if let Some(op) = rx.push(&peers[peer].cancelled_reqs, peer, (h.b, h.c, len), arrived_by)? {
                     self.copy_payload_into(cid, loc, len, op, h.c as usize);
                 }
                 Ok(Outcome::Done)

@@ -192,17 +192,17 @@ impl Rx<'_> {
         cancelled: &HashSet<u64>,
         peer: PeerId,
         (req, offset, len): (u64, u64, usize),
-        via_ring: bool,
+        arrived_by: Mechanism,
     ) -> Result<Option<OpId>, Loss> {
         let first = self.ops.get(&OpId(req)).is_some_and(|o| o.moved == 0);
         match requests::incoming_push(self.ops, cancelled, peer, req, offset, len) {
             Ok(PushInto::Op(op)) => {
-                if let Some(o) = self.ops.get_mut(&op) {
-                    if via_ring {
-                        o.mech = Some(Mechanism::FastRdma);
-                    } else if first && len > 0 {
-                        o.mech = Some(Mechanism::Inline);
-                    }
+                // A read reports fast RDMA if any of its pushes came that way, else inline if
+                // its first push carried bytes.
+                if let Some(o) = self.ops.get_mut(&op)
+                    && (arrived_by == Mechanism::FastRdma || (first && len > 0))
+                {
+                    o.mech = Some(arrived_by);
                 }
                 Ok(Some(op))
             }

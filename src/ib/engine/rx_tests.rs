@@ -304,24 +304,34 @@ fn pushes_land_in_their_request_and_name_its_mechanism() {
     request(&mut t, 1);
     request(&mut t, 2);
     let (mut rx, _) = t.rx(1024);
-    assert_eq!(rx.push(&none, PEER, (1, 0, 0), false).ok(), Some(Some(OpId(1))), "an empty push");
+    assert_eq!(rx.push(&none, PEER, (1, 0, 0), Mechanism::Inline).ok(), Some(Some(OpId(1))), "an empty push");
     assert_eq!(t.ops.get(&OpId(1)).unwrap().mech, None, "says nothing of how data came");
     let (mut rx, _) = t.rx(1024);
-    assert_eq!(rx.push(&none, PEER, (1, 0, 10), false).ok(), Some(Some(OpId(1))));
+    assert_eq!(rx.push(&none, PEER, (1, 0, 10), Mechanism::Inline).ok(), Some(Some(OpId(1))));
     let (mut rx, _) = t.rx(1024);
-    assert_eq!(rx.push(&none, PEER, (1, 10, 10), true).ok(), Some(Some(OpId(1))));
+    assert_eq!(rx.push(&none, PEER, (1, 10, 10), Mechanism::FastRdma).ok(), Some(Some(OpId(1))));
     let (mut rx, _) = t.rx(1024);
-    assert_eq!(rx.push(&none, PEER, (1, 20, 10), false).ok(), Some(Some(OpId(1))));
+    assert_eq!(rx.push(&none, PEER, (1, 20, 10), Mechanism::Inline).ok(), Some(Some(OpId(1))));
     assert_eq!(t.ops.get(&OpId(1)).unwrap().mech, Some(Mechanism::FastRdma), "a ring push decides");
     let (mut rx, _) = t.rx(1024);
-    assert_eq!(rx.push(&none, PEER, (2, 0, 10), false).ok(), Some(Some(OpId(2))));
+    assert_eq!(rx.push(&none, PEER, (2, 0, 10), Mechanism::Inline).ok(), Some(Some(OpId(2))));
     assert_eq!(t.ops.get(&OpId(2)).map(|o| (o.mech, o.moved)), Some((Some(Mechanism::Inline), 10)));
     let (mut rx, _) = t.rx(1024);
-    assert!(matches!(rx.push(&none, PEER, (2, 95, 10), false), Err(Loss::Protocol(_))), "past the buffer");
+    assert!(
+        matches!(rx.push(&none, PEER, (2, 95, 10), Mechanism::Inline), Err(Loss::Protocol(_))),
+        "past the buffer"
+    );
     let cancelled: HashSet<u64> = [3].into();
     let (mut rx, _) = t.rx(1024);
-    assert_eq!(rx.push(&cancelled, PEER, (3, 0, 10), true).ok(), Some(None), "cancelled here: dropped");
+    assert_eq!(
+        rx.push(&cancelled, PEER, (3, 0, 10), Mechanism::FastRdma).ok(),
+        Some(None),
+        "cancelled here: dropped"
+    );
     let (mut rx, _) = t.rx(1024);
-    assert!(matches!(rx.push(&none, PEER, (3, 0, 10), true), Err(Loss::Protocol(_))), "unknown request");
+    assert!(
+        matches!(rx.push(&none, PEER, (3, 0, 10), Mechanism::FastRdma), Err(Loss::Protocol(_))),
+        "unknown request"
+    );
     assert!(t.ops.done().is_empty());
 }
