@@ -131,7 +131,7 @@ impl Cmd {
             Cmd::Put(PutCmd { peer, local, .. }) => (OpKind::Put, peer, 0, OpBuf::Send(local)),
             Cmd::Get(GetCmd { peer, local, .. }) => (OpKind::Get, peer, 0, OpBuf::Recv(local)),
             Cmd::Request(RequestCmd { peer, tag, payload, .. }) => {
-                (OpKind::Request, peer, tag, crate::core::requests::split_payload(payload).0)
+                (OpKind::Request, peer, tag, payload.split().0)
             }
             Cmd::Pull(PullCmd { peer, buf, .. }) => (OpKind::Pull, peer, 0, OpBuf::Recv(buf)),
             Cmd::Push(PushCmd { peer, buf, .. }) => (OpKind::Push, peer, 0, OpBuf::Send(buf)),

@@ -157,6 +157,17 @@ pub enum Payload {
     In(RecvBuf),
 }
 
+impl Payload {
+    /// The payload as its operation's buffer, and the direction it moves in.
+    pub(crate) fn split(self) -> (OpBuf, Direction) {
+        match self {
+            Payload::None => (OpBuf::None, Direction::None),
+            Payload::Out(b) => (OpBuf::Send(b), Direction::Out),
+            Payload::In(b) => (OpBuf::Recv(b), Direction::In),
+        }
+    }
+}
+
 /// Direction of a request's payload as seen by the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {

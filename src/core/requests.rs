@@ -206,15 +206,6 @@ pub(crate) fn payload_len(payload: &Payload) -> usize {
     }
 }
 
-/// A request's payload as the operation's buffer and the payload's direction.
-pub(crate) fn split_payload(payload: Payload) -> (OpBuf, Direction) {
-    match payload {
-        Payload::None => (OpBuf::None, Direction::None),
-        Payload::Out(b) => (OpBuf::Send(b), Direction::Out),
-        Payload::In(b) => (OpBuf::Recv(b), Direction::In),
-    }
-}
-
 /// The wire header of request `op` with a `header_len`-byte header and a `len`-byte payload
 /// going in direction `dir` (the inverse of [`direction`]).
 pub(crate) fn request_header(

@@ -427,7 +427,7 @@ impl Session {
         let RequestCmd { peer, tag, sl, header, payload } = c;
         requests::check_header(&header, self.s.cfg.max_header)?;
         let len = requests::payload_len(&payload);
-        let (buf, dir) = requests::split_payload(payload);
+        let (buf, dir) = payload.split();
         self.check_len(peer, len)?;
         let link = match self.link_for(peer, sl) {
             Ok(link) => link,

@@ -7,10 +7,7 @@
 use crate::flowctl::{BufferZones, Grant};
 use crate::types::PeerId;
 
-use super::units::Units;
-
-/// What a zone request names: (transfer, offset, length) of the unit it is for.
-pub(crate) type ZoneToken = (u64, usize, usize);
+use super::units::{Units, ZoneToken};
 
 impl Units {
     /// `peer` is lost and its send queues flushed, which held `flushed` bytes of its units.

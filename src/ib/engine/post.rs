@@ -373,7 +373,7 @@ impl<V: Verbs> State<V> {
         let cid = match self.conn_for(peer, sl, now) {
             Ok(c) => c,
             Err(e) => {
-                self.ops.fail_new(op, OpKind::Request, peer, tag, requests::split_payload(payload).0, e);
+                self.ops.fail_new(op, OpKind::Request, peer, tag, payload.split().0, e);
                 return Ok(());
             }
         };
@@ -387,7 +387,7 @@ impl<V: Verbs> State<V> {
         let Cmd::Request(RequestCmd { header, payload, .. }) = cmd else {
             unreachable!("held and returned as it was")
         };
-        let (buf, dir) = requests::split_payload(payload);
+        let (buf, dir) = payload.split();
         let caps = self.caps(cid);
         let plan = plan::plan_request(&self.s.policy, caps, op, tag, sl, header.len(), len, dir);
         self.ops.insert(op, OpKind::Request, peer, tag, sl, buf, OpSt::WaitReply);

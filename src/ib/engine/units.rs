@@ -16,7 +16,6 @@ use crate::error::{Error, Result};
 use crate::flowctl::{Alloc, BufferZones, ZoneBuf};
 use crate::types::{OpId, PeerId};
 
-use super::lose::ZoneToken;
 use super::msg::Segment;
 
 /// A transfer moved by RDMA in units.
@@ -175,6 +174,9 @@ impl Iterator for Pieces<'_> {
         None
     }
 }
+
+/// What a zone request names: (transfer, offset, length) of the unit it is for.
+pub(crate) type ZoneToken = (u64, usize, usize);
 
 /// What is left of a unit a zone buffer smaller than it chopped, to be staged again. Its bytes
 /// were counted by the scheduler when the unit was handed out, for `peer`.

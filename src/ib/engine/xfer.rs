@@ -12,10 +12,9 @@ use crate::flowctl::{BufferZones, ZoneBuf, ZoneConfig};
 use crate::ib::verbs::*;
 use crate::types::{OpId, PeerId};
 
-use super::lose::ZoneToken;
 use super::msg::Segment;
 use super::reg::{DmaRegion, register_region};
-use super::units::{Finished, Outcome, Rest, Room, Step, Unit};
+use super::units::{Finished, Outcome, Rest, Room, Step, Unit, ZoneToken};
 use super::{Dev, Local, SqDone, State, WR_SEND, Xfer, XferThen, wr_id};
 
 /// Zone classes: 64 KiB … 2 MiB (as in PVFS over InfiniBand).
