@@ -206,6 +206,51 @@ fn each_write_is_synced(
     }
 }
 
+/// Writes `data` at 0 through `f` (opened without sync flags) with `RWF_DSYNC`, checking that
+/// the io server holding it synced before the write returned. Returns the file's layout.
+fn rwf_dsync_write_is_synced(
+    c: &stripefs::Client,
+    path: &str,
+    f: &std::fs::File,
+    data: &[u8],
+) -> stripefs::layout::Layout {
+    use std::os::fd::AsRawFd;
+    let iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
+    let before = syncs(c);
+    // SAFETY: one iovec over `data`, which outlives the call; `f` is an open descriptor.
+    let n = unsafe { libc::pwritev2(f.as_raw_fd(), &iov, 1, 0, libc::RWF_DSYNC) };
+    assert_eq!(n, data.len() as isize, "pwritev2: {}", std::io::Error::last_os_error());
+    let layout = c.open(path, stripefs::capability::Rights::READ).unwrap().layout();
+    let (server, _) = layout.locate(0, c.io_servers());
+    assert!(syncs(c)[server as usize] > before[server as usize], "RWF_DSYNC write was not synced");
+    layout
+}
+
+/// `fsync`, then `fdatasync`, through `f`, each after `dirty(how)` wrote to it: each syncs every
+/// io server of the file before it returns; `after(how)` checks more once it has.
+fn fsync_and_fdatasync_sync_every_server(
+    c: &stripefs::Client,
+    f: &std::fs::File,
+    layout: &stripefs::layout::Layout,
+    mut dirty: impl FnMut(&str),
+    mut after: impl FnMut(&str),
+) {
+    for how in ["fsync", "fdatasync"] {
+        dirty(how);
+        let before = syncs(c);
+        if how == "fsync" {
+            f.sync_all().unwrap()
+        } else {
+            f.sync_data().unwrap()
+        }
+        let now = syncs(c);
+        for s in layout.servers(c.io_servers()) {
+            assert!(now[s as usize] > before[s as usize], "{how} did not sync io server {s}");
+        }
+        after(how);
+    }
+}
+
 /// `O_SYNC` and `O_DSYNC` opens, writes carrying `RWF_DSYNC`, `fsync` and `fdatasync` through
 /// the mount reach the io servers as syncs before they return; plain writes do not sync.
 /// Observed through the io servers' sync counters (each counts an `fsync` of an object that
@@ -246,30 +291,10 @@ fn synchronous_writes_and_fsync_reach_the_io_servers() {
     }
     assert_eq!(syncs(&c), before, "plain writes do not sync");
     // ... one carrying RWF_DSYNC is, ...
-    let data = pattern(4096, 99);
-    let iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
-    let before = syncs(&c);
-    use std::os::fd::AsRawFd;
-    // SAFETY: one iovec over `data`, which outlives the call; `f` is an open descriptor.
-    let n = unsafe { libc::pwritev2(f.as_raw_fd(), &iov, 1, 0, libc::RWF_DSYNC) };
-    assert_eq!(n, 4096, "pwritev2: {}", std::io::Error::last_os_error());
-    let layout = c.open("/plain.bin", stripefs::capability::Rights::READ).unwrap().layout();
-    let (server, _) = layout.locate(0, c.io_servers());
-    assert!(syncs(&c)[server as usize] > before[server as usize], "RWF_DSYNC write was not synced");
+    let layout = rwf_dsync_write_is_synced(&c, "/plain.bin", &f, &pattern(4096, 99));
     // ... and fsync and fdatasync sync every io server of the file.
-    for (how, r) in [("fsync", 0), ("fdatasync", 1)] {
-        f.write_all_at(b"more", 4).unwrap();
-        let before = syncs(&c);
-        if r == 0 {
-            f.sync_all().unwrap()
-        } else {
-            f.sync_data().unwrap()
-        }
-        let after = syncs(&c);
-        for s in layout.servers(c.io_servers()) {
-            assert!(after[s as usize] > before[s as usize], "{how} did not sync io server {s}");
-        }
-    }
+    let dirty = |_: &str| f.write_all_at(b"more", 4).unwrap();
+    fsync_and_fdatasync_sync_every_server(&c, &f, &layout, dirty, |_| {});
     // What was written reads back (the syncs did not disturb the data).
     let back = std::fs::read(m.dir.join("osync.bin")).unwrap();
     assert_eq!(back.len(), 24 * 4096);
@@ -757,33 +782,16 @@ fn cached_synchronous_writes_and_fsync_reach_the_io_servers() {
     let f = open("plain.bin", 0);
     f.write_all_at(&pattern(4096, 1), 0).unwrap();
     let data = pattern(4096, 99);
-    let iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
-    let before = syncs(&c);
-    use std::os::fd::AsRawFd;
-    // SAFETY: one iovec over `data`, which outlives the call; `f` is an open descriptor.
-    let n = unsafe { libc::pwritev2(f.as_raw_fd(), &iov, 1, 0, libc::RWF_DSYNC) };
-    assert_eq!(n, 4096, "pwritev2: {}", std::io::Error::last_os_error());
-    let layout = c.open("/plain.bin", stripefs::capability::Rights::READ).unwrap().layout();
-    let (server, _) = layout.locate(0, c.io_servers());
-    assert!(syncs(&c)[server as usize] > before[server as usize], "RWF_DSYNC write was not synced");
+    let layout = rwf_dsync_write_is_synced(&c, "/plain.bin", &f, &data);
     same_bytes(&read_lib(&c, "/plain.bin")[..4096], &data, "RWF_DSYNC data on the io servers");
     // fsync and fdatasync: the dirty pages go to the io servers and every one of the file's
     // servers syncs, before the call returns (the descriptor stays open: no close flushes).
-    for (how, r) in [("fsync", 0u64), ("fdatasync", 1)] {
-        let data = pattern(400_000, 20 + r);
-        f.write_all_at(&data, 0).unwrap();
-        let before = syncs(&c);
-        if r == 0 {
-            f.sync_all().unwrap()
-        } else {
-            f.sync_data().unwrap()
-        }
-        let after = syncs(&c);
-        for s in layout.servers(c.io_servers()) {
-            assert!(after[s as usize] > before[s as usize], "{how} did not sync io server {s}");
-        }
-        same_bytes(&read_lib(&c, "/plain.bin"), &data, &format!("{how}: data on the io servers"));
-    }
+    let data = |how: &str| pattern(400_000, if how == "fsync" { 20 } else { 21 });
+    let dirty = |how: &str| f.write_all_at(&data(how), 0).unwrap();
+    let on_servers = |how: &str| {
+        same_bytes(&read_lib(&c, "/plain.bin"), &data(how), &format!("{how}: data on the io servers"))
+    };
+    fsync_and_fdatasync_sync_every_server(&c, &f, &layout, dirty, on_servers);
 }
 
 /// Through the kernel-cached mode, a write-back that the io servers fail is not lost
