@@ -595,6 +595,30 @@ mod tests {
     use super::*;
     use ionet::{Config, ServiceLevel};
 
+    /// A server endpoint on `scheme` (its own progress thread) and a client connected to it.
+    fn pair(scheme: &str) -> (Endpoint, Endpoint, PeerId) {
+        let srv = Endpoint::bind(format!("{scheme}://127.0.0.1:0"), Config::default().progress_thread(true))
+            .unwrap();
+        let cli = Endpoint::client(Config::default()).unwrap();
+        let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
+        (srv, cli, peer)
+    }
+
+    /// A verified run of `test` on the bulk class, heap buffers, no footprint.
+    fn params(test: Test, size: usize, iters: usize, window: usize) -> Params {
+        Params {
+            test,
+            size,
+            iters,
+            window,
+            sl: ServiceLevel::Bulk,
+            verify: true,
+            spin: false,
+            pool: false,
+            footprint: 0,
+        }
+    }
+
     /// Serves the next `runs` perf runs on `ep` (bounded waits), returning the server's engine
     /// host copies per run.
     fn serve_runs(ep: Endpoint, runs: usize) -> std::thread::JoinHandle<Vec<u64>> {
@@ -621,21 +645,9 @@ mod tests {
     /// payloads, kept for the next run.
     #[test]
     fn a_footprint_spreads_the_stream_over_distinct_buffers() {
-        let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default().progress_thread(true)).unwrap();
-        let cli = Endpoint::client(Config::default()).unwrap();
-        let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
+        let (srv, cli, peer) = pair("tcp");
         let server = std::thread::spawn(move || serve_counting(&srv, 2));
-        let p = Params {
-            test: Test::Bw,
-            size: 64 << 10,
-            iters: 32,
-            window: 2,
-            sl: ServiceLevel::Bulk,
-            verify: false,
-            spin: false,
-            pool: false,
-            footprint: 0,
-        };
+        let p = Params { verify: false, ..params(Test::Bw, 64 << 10, 32, 2) };
         run(&cli, peer, &p, None).unwrap();
         let kept = || SEND_PAYLOADS.with_borrow(|c| c.payloads.len());
         assert_eq!(kept(), 1, "without a footprint every send is from one payload");
@@ -658,21 +670,9 @@ mod tests {
     /// footprint's buffers, each posted again as its message arrives.
     #[test]
     fn a_rolling_stream_delivers_every_message_through_a_window_of_buffers() {
-        let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default().progress_thread(true)).unwrap();
-        let cli = Endpoint::client(Config::default()).unwrap();
-        let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
+        let (srv, cli, peer) = pair("tcp");
         let server = std::thread::spawn(move || serve_counting(&srv, 4));
-        let p = Params {
-            test: Test::Stream,
-            size: 256 << 10,
-            iters: 37,
-            window: 4,
-            sl: ServiceLevel::Bulk,
-            verify: true,
-            spin: false,
-            pool: false,
-            footprint: 0,
-        };
+        let p = params(Test::Stream, 256 << 10, 37, 4);
         let r = run(&cli, peer, &p, None).unwrap();
         assert_eq!(r.bytes, 37 * (256 << 10), "every message counted");
         run(&cli, peer, &Params { iters: 3, ..p }, None).unwrap();
@@ -691,41 +691,15 @@ mod tests {
     /// registration).
     #[test]
     fn pool_buffers_make_no_copy_at_the_receiver() {
-        let srv = Endpoint::bind("softib://127.0.0.1:0", Config::default().progress_thread(true)).unwrap();
-        let cli = Endpoint::client(Config::default()).unwrap();
-        let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
+        let (srv, cli, peer) = pair("softib");
         let server = serve_runs(srv.clone(), 2);
-        let base = Params {
-            test: Test::Bw,
-            size: 1 << 20,
-            iters: 8,
-            window: 4,
-            sl: ServiceLevel::Normal,
-            verify: true,
-            spin: false,
-            pool: false,
-            footprint: 0,
-        };
+        let base = Params { sl: ServiceLevel::Normal, ..params(Test::Bw, 1 << 20, 8, 4) };
         run(&cli, peer, &base, None).unwrap();
         run(&cli, peer, &Params { pool: true, ..base }, None).unwrap();
         let copies = server.join().unwrap();
         assert!(copies[0] >= 1 << 20, "heap receive buffers are staged through zones: {copies:?}");
         // Only the 1-byte acknowledgements (one per window) are copied, as inline messages.
         assert!(copies[1] <= 2, "pool receive buffers are written directly: {copies:?}");
-    }
-
-    fn read_params(size: usize, iters: usize, window: usize) -> Params {
-        Params {
-            test: Test::Read,
-            size,
-            iters,
-            window,
-            sl: ServiceLevel::Bulk,
-            verify: true,
-            spin: false,
-            pool: false,
-            footprint: 0,
-        }
     }
 
     /// A read run fans in from every server at once: each serves its `iters` pushes (checked
@@ -749,7 +723,7 @@ mod tests {
                 })
             })
             .collect();
-        let p = read_params(64 << 10, 6, 2);
+        let p = params(Test::Read, 64 << 10, 6, 2);
         let both = run_on(&cli, &peers, &p).unwrap();
         assert_eq!(both.bytes, 2 * 6 * (64 << 10), "both servers' reads");
         let one = run_reads(&cli, &peers[..1], &p, None).unwrap();
@@ -783,7 +757,7 @@ mod tests {
             go.recv_timeout(OP_TIMEOUT).expect("the first server finished first");
             serve_reads(&b, u.peer, &p, &mut sends).unwrap();
         });
-        let r = run_reads(&cli, &peers, &read_params(64 << 10, 8, 1), None).unwrap();
+        let r = run_reads(&cli, &peers, &params(Test::Read, 64 << 10, 8, 1), None).unwrap();
         assert_eq!(r.bytes, 2 * 8 * (64 << 10));
         first.join().unwrap();
         second.join().unwrap();
@@ -792,15 +766,13 @@ mod tests {
     /// A read request of another size than the run's is answered with an error, not served.
     #[test]
     fn a_read_server_refuses_a_request_of_the_wrong_size() {
-        let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default().progress_thread(true)).unwrap();
-        let cli = Endpoint::client(Config::default()).unwrap();
-        let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
+        let (srv, cli, peer) = pair("tcp");
         let server = std::thread::spawn(move || {
             let u = srv.recv_unexpected(Some(OP_TIMEOUT)).unwrap().expect("parameters");
             let p = Params::decode(&u.data).unwrap();
             serve_one(&srv, u.peer, &p, &mut BufCache::default())
         });
-        let p = read_params(64 << 10, 4, 1);
+        let p = params(Test::Read, 64 << 10, 4, 1);
         let ready = cli.recv(peer, TAG_READY, BytesMut::zeroed(0)).unwrap();
         wait_ok(
             &cli,
@@ -820,22 +792,10 @@ mod tests {
     /// line's run spreads over that many bytes of buffers.
     #[test]
     fn on_demand_runs_once_per_input_line() {
-        let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default().progress_thread(true)).unwrap();
-        let cli = Endpoint::client(Config::default()).unwrap();
-        let peer = cli.connect(srv.local_addr().unwrap()).unwrap();
+        let (srv, cli, peer) = pair("tcp");
         // The warm-up and three draws.
         let server = std::thread::spawn(move || serve_counting(&srv, 4));
-        let p = Params {
-            test: Test::Bw,
-            size: 64 << 10,
-            iters: 8,
-            window: 4,
-            sl: ServiceLevel::Bulk,
-            verify: true,
-            spin: false,
-            pool: false,
-            footprint: 0,
-        };
+        let p = params(Test::Bw, 64 << 10, 8, 4);
         let mut out = Vec::new();
         let mut rows = Vec::new();
         on_demand(&cli, &[peer], &[p], &b"\nfootprint 1048576\n\n"[..], &mut out, |r, res| {
