@@ -755,8 +755,7 @@ impl<V: Verbs> State<V> {
             drop(keep);
         }
         for g in grants {
-            let (x, off, len) = g.token;
-            self.zone_granted(x, g.client, off, len, g.buf, g.len);
+            self.zone_granted(g);
         }
         self.forget_if_gone(peer);
     }

@@ -13,7 +13,7 @@ use rustc_hash::FxHashMap;
 
 use crate::comm::BulkScheduler;
 use crate::error::{Error, Result};
-use crate::flowctl::{Alloc, BufferZones, ZoneBuf};
+use crate::flowctl::{Alloc, BufferZones, Grant, ZoneBuf};
 use crate::types::{OpId, PeerId};
 
 use super::msg::Segment;
@@ -288,7 +288,7 @@ impl Units {
         let e = match room {
             Room::Direct => return (Step::Post(Unit { xfer: x, peer, off, len, zone: None }), None),
             Room::Zones(z) => match z.alloc(peer, len, (x, off, len)) {
-                Ok(Alloc::Granted(g)) => return self.granted(x, peer, off, len, g.buf, g.len, z),
+                Ok(Alloc::Granted(g)) => return self.granted(g, z),
                 Ok(Alloc::Wait) => return (Step::Idle, None),
                 Err(e) => e,
             },
@@ -298,19 +298,15 @@ impl Units {
         (self.fail(x, e), None)
     }
 
-    /// A zone buffer for `[off, off + want)` of `x` carrying `got` bytes: the unit to post, and
-    /// the rest of the range (a chopped unit) for the driver to stage again.
-    #[allow(clippy::too_many_arguments)]
+    /// A zone buffer granted for a unit (its token: the transfer, offset and length wanted),
+    /// carrying `g.len` bytes: the unit to post, and the rest of the range (a chopped unit)
+    /// for the driver to stage again.
     pub fn granted(
         &mut self,
-        x: u64,
-        peer: PeerId,
-        off: usize,
-        want: usize,
-        zb: ZoneBuf,
-        got: usize,
+        g: Grant<ZoneToken>,
         zones: &mut BufferZones<ZoneToken>,
     ) -> (Step, Option<Rest>) {
+        let Grant { client: peer, token: (x, off, want), buf: zb, len: got } = g;
         let got = got.min(want);
         if !self.wants_room(x) {
             let _ = zones.free(zb);

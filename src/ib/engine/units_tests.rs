@@ -172,10 +172,7 @@ fn units_wait_for_zone_buffers_and_are_granted_in_order() {
         assert!(r.copy_in, "a live read is copied in from its zone buffer");
         z.free(p.zone.expect("zoned")).expect("held");
         while let Some(g) = z.poll_grant() {
-            let (x, off, len) = g.token;
-            let (Step::Post(p), None) = u.granted(x, g.client, off, len, g.buf, g.len, &mut z) else {
-                panic!("a granted unit is posted")
-            };
+            let (Step::Post(p), None) = u.granted(g, &mut z) else { panic!("a granted unit is posted") };
             order.push((p.xfer, p.off));
             posted.push_back(p);
         }
@@ -244,8 +241,7 @@ fn too_many_waiting_units_fail_the_transfer_and_late_grants_are_given_back() {
     assert_eq!(r, Returned { copy_in: false, finish: false });
     z.free(first.zone.expect("zoned")).expect("held");
     let g = z.poll_grant().expect("the waiting unit is granted");
-    let (x2, off, len) = g.token;
-    assert!(matches!(u.granted(x2, g.client, off, len, g.buf, g.len, &mut z), (Step::Idle, None)));
+    assert!(matches!(u.granted(g, &mut z), (Step::Idle, None)));
     assert_eq!(z.held_by(A), 0, "the late grant went back");
 }
 

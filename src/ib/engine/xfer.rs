@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use crate::buffers::buf::{OpBuf, RecvBuf, RegisteredBuf, SendBuf};
 use crate::error::{Error, Result};
-use crate::flowctl::{BufferZones, ZoneBuf, ZoneConfig};
+use crate::flowctl::{BufferZones, Grant, ZoneBuf, ZoneConfig};
 use crate::ib::verbs::*;
 use crate::types::{OpId, PeerId};
 
@@ -156,8 +156,7 @@ impl<V: Verbs> State<V> {
         }
         // Zone buffers granted to parked units.
         while let Some(g) = self.zones.as_mut().and_then(|z| z.zones.poll_grant()) {
-            let (x, off, len) = g.token;
-            self.zone_granted(x, g.client, off, len, g.buf, g.len);
+            self.zone_granted(g);
         }
         while let Some((x, off, len)) = self.units.next_unit() {
             self.stage_unit(x, off, len);
@@ -287,19 +286,12 @@ impl<V: Verbs> State<V> {
         }
     }
 
-    /// A zone buffer for `[off, off + want)` of a transfer: move `got` bytes through it and ask
-    /// again for the rest (a chopped unit).
-    pub(crate) fn zone_granted(
-        &mut self,
-        x: u64,
-        peer: PeerId,
-        off: usize,
-        want: usize,
-        zb: ZoneBuf,
-        got: usize,
-    ) {
+    /// A zone buffer granted for a unit of a transfer: move what it carries through it and
+    /// ask again for the rest (a chopped unit).
+    pub(crate) fn zone_granted(&mut self, g: Grant<ZoneToken>) {
         let Some(z) = self.zones.as_mut() else { return };
-        let (s, rest) = self.units.granted(x, peer, off, want, zb, got, &mut z.zones);
+        let x = g.token.0;
+        let (s, rest) = self.units.granted(g, &mut z.zones);
         self.step(s);
         if let Some(r) = rest {
             self.stage_range(x, r.off, r.len, Some(r));
