@@ -40,17 +40,11 @@ struct Pair {
 
 impl Pair {
     fn new() -> Pair {
-        Pair::with(|_| {})
-    }
-
-    /// A pair whose engines' settings `tune` adjusts before they connect.
-    fn with(tune: impl Fn(&mut State<Soft>)) -> Pair {
         let ends = [tests::backend(), tests::backend()];
         let now = ends[0].lock().last_timers.max(ends[1].lock().last_timers);
         let mut peer = [PeerId(0); 2];
         for (e, be) in ends.iter().enumerate() {
             let mut st = be.lock();
-            tune(&mut st);
             // End 0 dialled end 1; end 1 accepted it (and cannot dial back).
             peer[e] = if e == 0 {
                 st.peers.dialled(addr_of(1), 16, || ()).expect("peer")
@@ -176,9 +170,10 @@ impl Pair {
         }
     }
 
-    /// The next request queued at `end` for its application.
-    fn next_request(&self, end: usize) -> Option<RequestMeta> {
-        self.ends[end].core.lock().requests.pop_front()
+    /// The next request queued at `end` for its application, once one is.
+    fn next_request(&mut self, end: usize) -> RequestMeta {
+        self.until("a request arrives", |p| !p.ends[end].core.lock().requests.is_empty());
+        self.ends[end].core.lock().requests.pop_front().expect("queued")
     }
 
     /// Whether `end` has torn down its connections to the other (a peer it dialled stays
@@ -253,8 +248,7 @@ fn a_request_s_payload_is_pulled_and_pushed_before_its_reply() {
             payload: OpPayload::Out(SendBuf::Bytes(out.clone())),
         }),
     );
-    p.until("the request arrives", |p| !p.ends[1].core.lock().requests.is_empty());
-    let m = p.next_request(1).expect("request");
+    let m = p.next_request(1);
     assert_eq!((&m.header[..], m.len), (&b"write"[..], out.len() as u64));
     let server = p.peer[1];
     let halves = [0, out.len() / 2].map(|offset| {
@@ -288,8 +282,7 @@ fn a_request_s_payload_is_pulled_and_pushed_before_its_reply() {
             payload: OpPayload::In(into),
         }),
     );
-    p.until("the request arrives", |p| !p.ends[1].core.lock().requests.is_empty());
-    let m = p.next_request(1).expect("request");
+    let m = p.next_request(1);
     let data = pattern(150 << 10, 5);
     let pushes = [0usize, 100 << 10].map(|at| {
         let piece = data.slice(at..(at + (100 << 10)).min(data.len()));
