@@ -184,12 +184,21 @@ impl Completions {
         }
     }
 
-    /// Records several completions under one lock.
-    pub(crate) fn complete_all(&self, cs: impl IntoIterator<Item = Completion>) {
+    /// Records every completion in `cs` under one lock, oldest first, and leaves `cs` empty
+    /// (its capacity kept for the next round).
+    pub(crate) fn complete_all(&self, cs: &mut Vec<Completion>) {
         let mut st = self.lock();
         let mut queued = 0;
-        for c in cs {
-            queued += self.complete_locked(&mut st, c);
+        if cs.len() == 1 {
+            // Most rounds hand over one completion: popping it costs less than a drain's
+            // set-up and drop, which on an 8-byte round trip are a measurable share.
+            if let Some(c) = cs.pop() {
+                queued += self.complete_locked(&mut st, c);
+            }
+        } else {
+            for c in cs.drain(..) {
+                queued += self.complete_locked(&mut st, c);
+            }
         }
         drop(st);
         self.run_completion_hook(queued);

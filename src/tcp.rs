@@ -218,7 +218,10 @@ impl Backend for TcpBackend {
         }
         let r = match st.session.eager_now(&cmd) {
             Some(e) => {
-                st.write_eager(op, cmd, e);
+                // The command stays here rather than moving through the write: it is large,
+                // and each move is a copy on the 8-byte round trip.
+                let n = st.write_eager(&cmd, &e);
+                st.session.eager_written(op, cmd, e, n);
                 Ok(())
             }
             None => st.session.post(op, cmd),
@@ -676,23 +679,23 @@ impl State {
         self.turn = turn;
     }
 
-    /// Writes a fast-path eager send (see [`EagerNow`]) in one system call; what did not go
-    /// (nothing, on a refusal or an error) is queued and left to the ordinary write path.
-    fn write_eager(&mut self, op: OpId, cmd: Cmd, e: EagerNow) {
-        let n = match self.socks.get(e.link) {
+    /// Writes a fast-path eager send (see [`EagerNow`]) in one system call; returns the bytes
+    /// written. What did not go (nothing, on a refusal or an error) the session queues for the
+    /// ordinary write path ([`Session::eager_written`]).
+    fn write_eager(&self, cmd: &Cmd, e: &EagerNow) -> usize {
+        match self.socks.get(e.link) {
             Some(s) => {
-                let r = if let Some(payload) = e.contiguous(&cmd) {
+                let r = if let Some(payload) = e.contiguous(cmd) {
                     send_pair_now(&s.stream, e.header(), payload)
                 } else {
                     let mut iov = IoVec::default();
-                    e.slices(&cmd, &mut iov);
+                    e.slices(cmd, &mut iov);
                     send_now(&s.stream, &iov)
                 };
                 r.unwrap_or(0)
             }
             None => 0,
-        };
-        self.session.eager_written(op, cmd, e, n);
+        }
     }
 
     /// Writes up to `quantum` bytes from one connection.

@@ -287,7 +287,7 @@ impl<S: OpState, X: OpExtra> OpTable<S, X> {
         for c in &self.done {
             count(&core.counters, c);
         }
-        core.complete_all(self.done.drain(..));
+        core.complete_all(&mut self.done);
     }
 
     /// Takes the completions waiting to leave, without an endpoint to hand them to.

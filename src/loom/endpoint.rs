@@ -102,7 +102,7 @@ impl Backend for Stand {
         let mut worked = false;
         loop {
             if !st.arrived.is_empty() {
-                let done: Vec<Completion> = st
+                let mut done: Vec<Completion> = st
                     .arrived
                     .drain(..)
                     .map(|(op, peer, tag)| {
@@ -111,7 +111,7 @@ impl Backend for Stand {
                         c
                     })
                     .collect();
-                self.0.completions.complete_all(done);
+                self.0.completions.complete_all(&mut done);
                 worked = true;
                 break;
             }
