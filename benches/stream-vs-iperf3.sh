@@ -9,7 +9,10 @@
 # each with 16 and with 2 messages in flight, then `iperf3 -l 1M -t 3`; all unpinned, or with
 # `pin` the clients on CPU 0 and the servers on CPU 1. The receiver cycles through a window's
 # worth of buffers (16 × 4 MiB = 64 MiB at window 16), where iperf3 reads into one 1 MiB
-# buffer: window 2 is the closer match. Prints each round's GB/s.
+# buffer: window 2 is the closer match. The raw-socket streamer (`ionet-perf raw-client`, plain
+# blocking writes and reads, its receiver cycling through 2 messages' worth of memory as ionet's
+# does at window 2) shows what the same sizes and footprint reach without ionet. Prints each
+# round's GB/s.
 set -euo pipefail
 command -v iperf3 >/dev/null || { echo "stream-vs-iperf3.sh: needs iperf3 (apt-get install iperf3)" >&2; exit 1; }
 P="$(realpath "$1")"; rounds="${2:-5}"; pin="${3:-}"
@@ -20,6 +23,10 @@ if [ "$pin" = pin ]; then scpu=(--cpu 1); ccpu=(--cpu 0); ia=(-A 0,1); fi
 sp=$!
 for _ in $(seq 50); do grep -q LISTEN "$d/srv" 2>/dev/null && break; sleep 0.1; done
 A=$(awk '/LISTEN/{print $2}' "$d/srv")
+"$P" raw-server --listen 127.0.0.1:0 "${scpu[@]}" >"$d/raw" 2>&1 &
+rp=$!
+for _ in $(seq 50); do grep -q LISTEN "$d/raw" 2>/dev/null && break; sleep 0.1; done
+R=$(awk '/LISTEN/{print $2}' "$d/raw")
 iperf3 -s -p 5299 >/dev/null 2>&1 &
 ip=$!
 sleep 0.5
@@ -31,7 +38,9 @@ for r in $(seq "$rounds"); do
       line="$line $t w$w 1m/4m $out;"
     done
   done
+  out=$("$P" raw-client --connect "$R" --test bw --sizes 1m,4m --window 2 --runs 3 "${ccpu[@]}" 2>&1 | tail -2 | awk '{printf "%s ", $3}')
+  line="$line raw w2 1m/4m $out;"
   g=$(iperf3 -c 127.0.0.1 -p 5299 -l 1M -t 3 "${ia[@]}" -J | python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9))')
   echo "$line iperf3 -l 1M $g"
 done
-kill $sp $ip 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$d"
+kill $sp $rp $ip 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$d"
