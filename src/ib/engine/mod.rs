@@ -52,12 +52,15 @@
 //! cancelling an op does in its state; [`rx`] matches arrivals; [`request_in`] admits and
 //! lays out an arrived request; [`reply`] matches a reply to its request and completes it;
 //! [`lose`] settles a lost peer's transfers; [`sreq`] holds a reply back behind its request's
-//! transfers; [`units`] cuts server-based RDMA transfers into units and settles them. `post`,
-//! `recv` and `xfer` carry their answers out with verbs. The engine reads no clock: the driver
-//! loop ([`backend`]) passes `now` to every entry point that starts or checks a deadline.
+//! transfers; [`units`] cuts server-based RDMA transfers into units and settles them;
+//! [`exchange`] says what a side-channel frame asks for in the channel's phase. `post`,
+//! `recv` and `xfer` carry their answers out with verbs, `setup` the exchange's. The engine
+//! reads no clock: the driver loop ([`backend`]) passes `now` to every entry point that
+//! starts or checks a deadline.
 
 mod backend;
 mod cancel;
+mod exchange;
 mod inbound;
 mod link;
 #[cfg(test)]
@@ -97,7 +100,7 @@ use mio::{Events, Poll, Registry, Token, Waker};
 use rustc_hash::FxHashMap;
 
 use crate::addr::{Address, Scheme};
-use crate::admission::{self, Admission, Dialled};
+use crate::admission::{self, Admission};
 use crate::backend::Backend;
 use crate::buffers::buf::{BufPool, OpBuf, RegisteredBuf};
 use crate::comm::{Mechanism, Policy};
@@ -108,13 +111,13 @@ use crate::core::ops::{OpExtra, OpState, OpTable};
 use crate::core::peers::Peers;
 use crate::core::requests::Requests;
 use crate::error::{Error, Result};
-use crate::handshake::{HelloInfo, Hs};
 use crate::ib::verbs::*;
 use crate::info::Counters;
 use crate::matching::Matcher;
 use crate::regcache::RegRef;
 use crate::types::{OpId, PeerId, ServiceLevel};
 
+use exchange::SidePhase;
 use link::{Held, Link, Via};
 use plan::HeldPosts;
 pub(crate) use plan::MsgCaps;
@@ -448,32 +451,6 @@ pub(crate) struct Conn<V: Verbs> {
     /// Sends and requests posted before the peer's limits were known: their mechanism is
     /// chosen, in order, once they are (see [`State::caps`]).
     pub waiting_posts: HeldPosts,
-}
-
-/// Side-channel state.
-pub(crate) enum SidePhase {
-    Connecting,
-    /// In the handshake both transports share.
-    Handshake(Hs),
-    ClientWaitInfo,
-    ServerWaitInfo {
-        client: HelloInfo,
-    },
-    ServerWaitReady,
-    Established,
-    Closing,
-}
-
-impl SidePhase {
-    /// How far a connection this end dialled has got, while it is still dialling.
-    fn dialled(&self) -> Option<Dialled> {
-        match self {
-            SidePhase::Connecting => Some(Dialled::Connecting),
-            SidePhase::ClientWaitInfo => Some(Dialled::Handshaking),
-            SidePhase::Handshake(hs) if hs.is_client() => Some(Dialled::Handshaking),
-            _ => None,
-        }
-    }
 }
 
 pub(crate) struct Side {
