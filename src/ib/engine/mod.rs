@@ -51,12 +51,12 @@
 //! and registration from the connection's [`MsgCaps`] and the policy; [`cancel`] says what
 //! cancelling an op does in its state; [`rx`] matches arrivals; [`request_in`] admits and
 //! lays out an arrived request; [`reply`] matches a reply to its request and completes it;
-//! [`lose`] settles a lost peer's transfers; [`sreq`] holds a reply back behind its request's
-//! transfers; [`units`] cuts server-based RDMA transfers into units and settles them;
-//! [`exchange`] says what a side-channel frame asks for in the channel's phase. `post`,
-//! `recv` and `xfer` carry their answers out with verbs, `setup` the exchange's. The engine
-//! reads no clock: the driver loop ([`backend`]) passes `now` to every entry point that
-//! starts or checks a deadline.
+//! [`lose`] picks what a lost peer takes down and settles its transfers; [`sreq`] holds a
+//! reply back behind its request's transfers; [`units`] cuts server-based RDMA transfers into
+//! units and settles them; [`exchange`] says what a side-channel frame asks for in the
+//! channel's phase. `post`, `recv` and `xfer` carry their answers out with verbs, `setup` the
+//! exchange's. The engine reads no clock: the driver loop ([`backend`]) passes `now` to every
+//! entry point that starts or checks a deadline.
 
 mod backend;
 mod cancel;
@@ -674,24 +674,22 @@ impl<V: Verbs> State<V> {
         let (err, reason) = why.into_error(peer, p.addr(), &self.core.counters);
         tracing::debug!(%peer, %reason, "peer lost");
         // What the application's queue still holds of this peer stays counted against it.
-        let conn_ids = self.peers.lose(peer, &reason);
-        // Side channels of this peer (also those still in their handshake).
-        let sides: Vec<Token> =
-            self.sides.iter().filter(|(_, s)| s.peer == Some(peer)).map(|(t, _)| *t).collect();
+        let held = self.peers.lose(peer, &reason);
+        // Its side channels (also those still in their handshake), its connections and the
+        // posts waiting for their limits (see [`lose::teardown`]).
+        let lose::Teardown { sides, conns: all_conns, waiting } = lose::teardown(
+            peer,
+            self.sides.iter().map(|(t, s)| (*t, s.peer)),
+            self.conns.iter().flatten().map(|c| (c.id, c.peer, c.waiting_posts.ops())),
+            held,
+        );
         for t in sides {
             self.admission.finished(t);
             if let Some(mut s) = self.sides.remove(&t) {
                 let _ = self.registry.deregister(&mut s.framed.sock);
             }
         }
-        let mut all_conns: Vec<u32> =
-            self.conns.iter().flatten().filter(|c| c.peer == peer).map(|c| c.id).collect();
-        all_conns.extend(conn_ids);
-        all_conns.sort();
-        all_conns.dedup();
-        // Sends and requests still waiting for the connection's limits fail like posted ops.
-        let waiting: Vec<OpId> =
-            all_conns.iter().filter_map(|cid| self.conn(*cid)).flat_map(|c| c.waiting_posts.ops()).collect();
+        // Sends and requests still waiting for a connection's limits fail like posted ops.
         for op in waiting {
             self.fail_waiting_post(op, err.duplicate());
         }
