@@ -1,13 +1,55 @@
-//! A lost peer's transfers, on the tables that schedule them: no device, no connection. Its
-//! transfers go, and every byte of its units the bulk scheduler counts as in flight comes
-//! back — posted (in the flushed send queues), deferred for send-queue room, waiting for or
-//! granted a zone buffer. Left counted, those bytes would eat the per-peer and per-endpoint
-//! RDMA caps for good.
+//! What losing a peer takes down, decided on plain tables: no device, no connection.
+//!
+//! Its side channels, connections and the posts waiting for those connections' limits are
+//! picked from what the engine's tables say of them ([`teardown`]). Its transfers go, and
+//! every byte of its units the bulk scheduler counts as in flight comes back — posted (in the
+//! flushed send queues), deferred for send-queue room, waiting for or granted a zone buffer.
+//! Left counted, those bytes would eat the per-peer and per-endpoint RDMA caps for good.
 
 use crate::flowctl::{BufferZones, Grant};
-use crate::types::PeerId;
+use crate::types::{OpId, PeerId};
 
 use super::units::{Units, ZoneToken};
+
+/// What losing a peer tears down besides its transfers.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Teardown<T> {
+    /// Its side channels, those still in their handshake too.
+    pub sides: Vec<T>,
+    /// Its connections, ascending, each once.
+    pub conns: Vec<u32>,
+    /// Sends and requests waiting for one of those connections' limits: they fail like
+    /// posted ops. By connection, in posting order.
+    pub waiting: Vec<OpId>,
+}
+
+/// What losing `peer` tears down. `sides` are the side channels with the peer each serves;
+/// `table` the connections with their peer and the posts waiting for their limits; `held`
+/// what the peer's record held (taken from it as it is lost). A connection counts when either
+/// names it for the peer: one being set up is in the table before the record holds it, and
+/// the record's are the peer's whatever the table says.
+pub(crate) fn teardown<T, W>(
+    peer: PeerId,
+    sides: impl IntoIterator<Item = (T, Option<PeerId>)>,
+    table: impl IntoIterator<Item = (u32, PeerId, W)>,
+    held: Vec<u32>,
+) -> Teardown<T>
+where
+    W: IntoIterator<Item = OpId>,
+{
+    let sides = sides.into_iter().filter(|(_, p)| *p == Some(peer)).map(|(t, _)| t).collect();
+    let mut found: Vec<(u32, W)> = table
+        .into_iter()
+        .filter(|(id, p, _)| *p == peer || held.contains(id))
+        .map(|(id, _, waiting)| (id, waiting))
+        .collect();
+    found.sort_by_key(|(id, _)| *id);
+    let mut conns: Vec<u32> = found.iter().map(|(id, _)| *id).chain(held).collect();
+    conns.sort_unstable();
+    conns.dedup();
+    let waiting = found.into_iter().flat_map(|(_, waiting)| waiting).collect();
+    Teardown { sides, conns, waiting }
+}
 
 impl Units {
     /// `peer` is lost and its send queues flushed, which held `flushed` bytes of its units.
@@ -50,7 +92,6 @@ mod tests {
     use super::*;
     use crate::comm::BulkScheduler;
     use crate::flowctl::{Alloc, ZoneConfig};
-    use crate::types::OpId;
 
     use super::super::units::Deferred;
     use super::super::{Local, Xfer, XferThen};
@@ -172,6 +213,39 @@ mod tests {
         assert_eq!(grants.len(), 1, "B's grant is the engine's to serve");
         assert_eq!((grants[0].client, grants[0].token), (B, (b.1, b.2, b.3)));
         assert_eq!(t.units.bulk.in_flight(B), 4000);
+    }
+
+    /// A connection table: (id, peer, waiting posts).
+    fn table(rows: &[(u32, PeerId, &[u64])]) -> Vec<(u32, PeerId, Vec<OpId>)> {
+        rows.iter().map(|(id, p, w)| (*id, *p, w.iter().map(|o| OpId(*o)).collect())).collect()
+    }
+
+    #[test]
+    fn teardown_takes_the_peers_side_channels_only() {
+        let sides = [("a-setup", None), ("a1", Some(A)), ("b1", Some(B)), ("a2", Some(A))];
+        let t = teardown(A, sides, table(&[]), Vec::new());
+        assert_eq!(t.sides, ["a1", "a2"], "its own, also one in its handshake; not one with no peer yet");
+        assert!(t.conns.is_empty() && t.waiting.is_empty());
+    }
+
+    #[test]
+    fn teardown_takes_connections_the_table_or_the_record_names() {
+        // The table lists by id; 5 of A's is still being set up (not in the record), 2 is
+        // in the record only (gone from the table), 3 in both.
+        let rows = table(&[(1, B, &[10]), (3, A, &[30, 31]), (5, A, &[50]), (7, B, &[70])]);
+        let t = teardown(A, Vec::<((), _)>::new(), rows, vec![3, 2]);
+        assert_eq!(t.conns, [2, 3, 5], "both sources, ascending, once each");
+        assert_eq!(t.waiting, [OpId(30), OpId(31), OpId(50)], "waiting posts of those, in order");
+    }
+
+    #[test]
+    fn teardown_takes_what_the_record_held_whatever_the_table_says() {
+        // The record names 4, which the table lists under another peer; the table's rows come
+        // in any order.
+        let rows = table(&[(9, A, &[90]), (4, B, &[40, 41]), (1, B, &[10])]);
+        let t = teardown(A, Vec::<((), _)>::new(), rows, vec![4]);
+        assert_eq!(t.conns, [4, 9]);
+        assert_eq!(t.waiting, [OpId(40), OpId(41), OpId(90)], "by connection");
     }
 
     #[test]

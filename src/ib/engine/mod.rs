@@ -51,13 +51,16 @@
 //! and registration from the connection's [`MsgCaps`] and the policy; [`cancel`] says what
 //! cancelling an op does in its state; [`rx`] matches arrivals; [`request_in`] admits and
 //! lays out an arrived request; [`reply`] matches a reply to its request and completes it;
-//! [`lose`] settles a lost peer's transfers; [`sreq`] holds a reply back behind its request's
-//! transfers; [`units`] cuts server-based RDMA transfers into units and settles them. `post`,
-//! `recv` and `xfer` carry their answers out with verbs. The engine reads no clock: the driver
-//! loop ([`backend`]) passes `now` to every entry point that starts or checks a deadline.
+//! [`lose`] picks what a lost peer takes down and settles its transfers; [`sreq`] holds a
+//! reply back behind its request's transfers; [`units`] cuts server-based RDMA transfers into
+//! units and settles them; [`exchange`] says what a side-channel frame asks for in the
+//! channel's phase. `post`, `recv` and `xfer` carry their answers out with verbs, `setup` the
+//! exchange's. The engine reads no clock: the driver loop ([`backend`]) passes `now` to every
+//! entry point that starts or checks a deadline.
 
 mod backend;
 mod cancel;
+mod exchange;
 mod inbound;
 mod link;
 #[cfg(test)]
@@ -97,7 +100,7 @@ use mio::{Events, Poll, Registry, Token, Waker};
 use rustc_hash::FxHashMap;
 
 use crate::addr::{Address, Scheme};
-use crate::admission::{self, Admission, Dialled};
+use crate::admission::{self, Admission};
 use crate::backend::Backend;
 use crate::buffers::buf::{BufPool, OpBuf, RegisteredBuf};
 use crate::comm::{Mechanism, Policy};
@@ -108,13 +111,13 @@ use crate::core::ops::{OpExtra, OpState, OpTable};
 use crate::core::peers::Peers;
 use crate::core::requests::Requests;
 use crate::error::{Error, Result};
-use crate::handshake::{HelloInfo, Hs};
 use crate::ib::verbs::*;
 use crate::info::Counters;
 use crate::matching::Matcher;
 use crate::regcache::RegRef;
 use crate::types::{OpId, PeerId, ServiceLevel};
 
+use exchange::SidePhase;
 use link::{Held, Link, Via};
 use plan::HeldPosts;
 pub(crate) use plan::MsgCaps;
@@ -450,32 +453,6 @@ pub(crate) struct Conn<V: Verbs> {
     pub waiting_posts: HeldPosts,
 }
 
-/// Side-channel state.
-pub(crate) enum SidePhase {
-    Connecting,
-    /// In the handshake both transports share.
-    Handshake(Hs),
-    ClientWaitInfo,
-    ServerWaitInfo {
-        client: HelloInfo,
-    },
-    ServerWaitReady,
-    Established,
-    Closing,
-}
-
-impl SidePhase {
-    /// How far a connection this end dialled has got, while it is still dialling.
-    fn dialled(&self) -> Option<Dialled> {
-        match self {
-            SidePhase::Connecting => Some(Dialled::Connecting),
-            SidePhase::ClientWaitInfo => Some(Dialled::Handshaking),
-            SidePhase::Handshake(hs) if hs.is_client() => Some(Dialled::Handshaking),
-            _ => None,
-        }
-    }
-}
-
 pub(crate) struct Side {
     pub framed: Framed,
     pub phase: SidePhase,
@@ -697,24 +674,22 @@ impl<V: Verbs> State<V> {
         let (err, reason) = why.into_error(peer, p.addr(), &self.core.counters);
         tracing::debug!(%peer, %reason, "peer lost");
         // What the application's queue still holds of this peer stays counted against it.
-        let conn_ids = self.peers.lose(peer, &reason);
-        // Side channels of this peer (also those still in their handshake).
-        let sides: Vec<Token> =
-            self.sides.iter().filter(|(_, s)| s.peer == Some(peer)).map(|(t, _)| *t).collect();
+        let held = self.peers.lose(peer, &reason);
+        // Its side channels (also those still in their handshake), its connections and the
+        // posts waiting for their limits (see [`lose::teardown`]).
+        let lose::Teardown { sides, conns: all_conns, waiting } = lose::teardown(
+            peer,
+            self.sides.iter().map(|(t, s)| (*t, s.peer)),
+            self.conns.iter().flatten().map(|c| (c.id, c.peer, c.waiting_posts.ops())),
+            held,
+        );
         for t in sides {
             self.admission.finished(t);
             if let Some(mut s) = self.sides.remove(&t) {
                 let _ = self.registry.deregister(&mut s.framed.sock);
             }
         }
-        let mut all_conns: Vec<u32> =
-            self.conns.iter().flatten().filter(|c| c.peer == peer).map(|c| c.id).collect();
-        all_conns.extend(conn_ids);
-        all_conns.sort();
-        all_conns.dedup();
-        // Sends and requests still waiting for the connection's limits fail like posted ops.
-        let waiting: Vec<OpId> =
-            all_conns.iter().filter_map(|cid| self.conn(*cid)).flat_map(|c| c.waiting_posts.ops()).collect();
+        // Sends and requests still waiting for a connection's limits fail like posted ops.
         for op in waiting {
             self.fail_waiting_post(op, err.duplicate());
         }

@@ -17,13 +17,14 @@ use crate::handshake::{self, ClientHandshake, HelloInfo, Hs, HsStep, ServerHands
 use crate::ib::verbs::*;
 use crate::info::Counters;
 use crate::types::{PeerId, ServiceLevel};
-use crate::wire::{Header, Kind};
+use crate::wire::Header;
 
+use super::exchange::{self, SidePhase, Step};
 use super::link::{Layout, Link};
 use super::plan::HeldPosts;
 use super::reg::{DmaRegion, register_region};
 use super::side::{Framed, IbInfo};
-use super::{Conn, Loss, Side, SidePhase, State, WR_RECV, wr_id};
+use super::{Conn, Loss, Side, State, WR_RECV, wr_id};
 
 /// No connection: connection ids are 20 bits (see `wr_id`).
 const NO_CONN: u32 = u32::MAX;
@@ -363,95 +364,18 @@ impl<V: Verbs> State<V> {
         }
     }
 
-    /// Handles one handshake frame; false when the side channel is gone.
+    /// Handles one side-channel frame; false when the side channel is gone.
     fn side_frame(&mut self, t: Token, h: Header, body: Vec<u8>, now: Instant) -> bool {
         let Some(s) = self.sides.get_mut(&t) else { return false };
+        // Closing until the step is carried out: what fails on the way ends the channel.
         let phase = std::mem::replace(&mut s.phase, SidePhase::Closing);
-        match phase {
-            SidePhase::Handshake(hs) => {
-                let (peers, max) = (&self.peers, self.s.cfg.max_peers);
-                let step =
-                    hs.on_frame(&h, &body, |eid| peers.admits(eid, max), s.remote, &self.core.counters);
-                match step {
-                    HsStep::Send { frame: (fh, fb), next, class } => {
-                        if let Some(sl) = class {
-                            s.sl = sl;
-                        }
-                        s.phase = SidePhase::Handshake(next);
-                        self.side_send(t, &fh, &fb)
-                    }
-                    HsStep::Refused { frame: (rh, rb) } => {
-                        let _ = s.framed.send(&rh, &rb);
-                        // Back to the loop, which closes the channel once the refusal is
-                        // written: waiting for another event instead left a refused peer that
-                        // had already sent everything connected until the handshake timeout.
-                        true
-                    }
-                    HsStep::Accepted { frame: (rh, rb), client } => {
-                        s.phase = SidePhase::ServerWaitInfo { client };
-                        self.side_send(t, &rh, &rb)
-                    }
-                    HsStep::Ready { .. } => self.side_ready(t),
-                    HsStep::Failed(why) => {
-                        self.side_failed(t, why);
-                        false
-                    }
-                }
-            }
-            SidePhase::ServerWaitInfo { client } => {
-                if h.kind != Kind::IbInfo {
-                    self.side_failed(t, Loss::Protocol(ProtocolError::Handshake("expected IB_INFO".into())));
-                    return false;
-                }
-                let remote_info = match IbInfo::decode(&body) {
-                    Ok(i) => i,
-                    Err(e) => {
-                        self.side_failed(t, Loss::Protocol(ProtocolError::Handshake(e)));
-                        return false;
-                    }
-                };
-                let remote_addr = s.remote;
-                let sl = s.sl;
-                // A newer connection for the same class replaces a stale one (and may take the
-                // stale peer's record with it: it is then made anew below). The new queue pair
-                // does not exist yet, so any connection of the class is the stale one.
-                if let Some(old) = self.peers.superseded(client.endpoint_id, sl, NO_CONN) {
-                    self.fail_peer(old, Loss::Lost("superseded by a new connection".into()));
-                }
-                let peer = self.peers.accepted(client.endpoint_id, remote_addr, client.listen_port, || ());
-                let up = self.create_conn(peer, sl).and_then(|cid| {
-                    // Not yet the peer's connection: a refused one is destroyed here, or its
-                    // queue pair and registered memory would outlive the refusal.
-                    self.bring_up(cid, remote_info, remote_addr)
-                        .map(|_| cid)
-                        .inspect_err(|_| self.discard_conn(cid))
-                });
-                let cid = match up {
-                    Ok(cid) => cid,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot set up a queue pair for a client");
-                        self.side_failed(t, bring_up_loss("queue pair set-up", e));
-                        self.forget_if_gone(peer);
-                        return false;
-                    }
-                };
-                self.peers[peer].conns[sl.index()] = Some(cid);
-                let info = self.local_info(cid, remote_addr).expect("just created");
-                let Some(s) = self.sides.get_mut(&t) else { return false };
-                s.peer = Some(peer);
-                s.conn = Some(cid);
-                s.phase = SidePhase::ServerWaitReady;
-                let mut ih = Header::new(Kind::IbInfo, sl);
-                ih.len = super::side::IB_INFO_LEN as u32;
-                self.side_send(t, &ih, &info.encode())
-            }
-            SidePhase::ServerWaitReady => {
-                if h.kind != Kind::IbReady {
-                    self.side_failed(t, Loss::Protocol(ProtocolError::Handshake("expected IB_READY".into())));
-                    return false;
-                }
-                let cid = s.conn;
+        match exchange::on_frame(phase, h.kind, &body) {
+            Step::Handshake(hs) => self.handshake_frame(t, hs, &h, &body),
+            Step::CreateAndBringUp { client, remote_info } => self.serve_client(t, client, remote_info),
+            Step::BringUp { remote_info } => self.server_answered(t, remote_info, now),
+            Step::Established => {
                 s.phase = SidePhase::Established;
+                let cid = s.conn;
                 self.admission.finished(t);
                 if let Some(c) = cid.and_then(|cid| self.conn_mut(cid)) {
                     c.ready = true;
@@ -460,44 +384,102 @@ impl<V: Verbs> State<V> {
                 Counters::add(&self.core.counters.connections, 1);
                 true
             }
-            SidePhase::ClientWaitInfo => {
-                if h.kind != Kind::IbInfo {
-                    self.side_failed(t, Loss::Protocol(ProtocolError::Handshake("expected IB_INFO".into())));
-                    return false;
-                }
-                let remote_info = match IbInfo::decode(&body) {
-                    Ok(i) => i,
-                    Err(e) => {
-                        self.side_failed(t, Loss::Protocol(ProtocolError::Handshake(e)));
-                        return false;
-                    }
-                };
-                let (sl, remote_addr) = (s.sl, s.remote);
-                let Some(cid) = s.conn else { return false };
-                if let Err(e) = self.bring_up(cid, remote_info, remote_addr) {
-                    self.side_failed(t, bring_up_loss("queue pair bring-up", e));
-                    return false;
-                }
-                let Some(s) = self.sides.get_mut(&t) else { return false };
-                s.phase = SidePhase::Established;
-                let ok = self.side_send(t, &Header::new(Kind::IbReady, sl), &[]);
-                if let Some(c) = self.conn_mut(cid) {
-                    c.ready = true;
-                    tracing::debug!(peer = %c.peer, sl = %c.sl, "queue pair ready (client)");
-                }
-                Counters::add(&self.core.counters.connections, 1);
-                // The peer's limits are known now: what was posted meanwhile can be placed.
-                self.place_waiting_posts(cid, now);
-                ok
-            }
-            SidePhase::Connecting | SidePhase::Established | SidePhase::Closing => {
-                self.side_failed(
-                    t,
-                    Loss::Protocol(ProtocolError::Handshake("unexpected side-channel frame".into())),
-                );
+            Step::Fail(why) => {
+                self.side_failed(t, why);
                 false
             }
         }
+    }
+
+    /// Hands a frame of side channel `t` to its handshake, in state `hs`.
+    fn handshake_frame(&mut self, t: Token, hs: Hs, h: &Header, body: &[u8]) -> bool {
+        let Some(s) = self.sides.get_mut(&t) else { return false };
+        let (peers, max) = (&self.peers, self.s.cfg.max_peers);
+        match hs.on_frame(h, body, |eid| peers.admits(eid, max), s.remote, &self.core.counters) {
+            HsStep::Send { frame: (fh, fb), next, class } => {
+                if let Some(sl) = class {
+                    s.sl = sl;
+                }
+                s.phase = SidePhase::Handshake(next);
+                self.side_send(t, &fh, &fb)
+            }
+            HsStep::Refused { frame: (rh, rb) } => {
+                let _ = s.framed.send(&rh, &rb);
+                // Back to the loop, which closes the channel once the refusal is
+                // written: waiting for another event instead left a refused peer that
+                // had already sent everything connected until the handshake timeout.
+                true
+            }
+            HsStep::Accepted { frame: (rh, rb), client } => {
+                s.phase = SidePhase::ServerWaitInfo { client };
+                self.side_send(t, &rh, &rb)
+            }
+            HsStep::Ready { .. } => self.side_ready(t),
+            HsStep::Failed(why) => {
+                self.side_failed(t, why);
+                false
+            }
+        }
+    }
+
+    /// The client of side channel `t` sent its queue pair's details (`remote_info`): its queue
+    /// pair is made and brought up here, and ours goes back.
+    fn serve_client(&mut self, t: Token, client: HelloInfo, remote_info: IbInfo) -> bool {
+        let Some(s) = self.sides.get(&t) else { return false };
+        let (remote_addr, sl) = (s.remote, s.sl);
+        // A newer connection for the same class replaces a stale one (and may take the
+        // stale peer's record with it: it is then made anew below). The new queue pair
+        // does not exist yet, so any connection of the class is the stale one.
+        if let Some(old) = self.peers.superseded(client.endpoint_id, sl, NO_CONN) {
+            self.fail_peer(old, Loss::Lost("superseded by a new connection".into()));
+        }
+        let peer = self.peers.accepted(client.endpoint_id, remote_addr, client.listen_port, || ());
+        let up = self.create_conn(peer, sl).and_then(|cid| {
+            // Not yet the peer's connection: a refused one is destroyed here, or its
+            // queue pair and registered memory would outlive the refusal.
+            self.bring_up(cid, remote_info, remote_addr).map(|_| cid).inspect_err(|_| self.discard_conn(cid))
+        });
+        let cid = match up {
+            Ok(cid) => cid,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot set up a queue pair for a client");
+                self.side_failed(t, bring_up_loss("queue pair set-up", e));
+                self.forget_if_gone(peer);
+                return false;
+            }
+        };
+        self.peers[peer].conns[sl.index()] = Some(cid);
+        let info = self.local_info(cid, remote_addr).expect("just created");
+        let Some(s) = self.sides.get_mut(&t) else { return false };
+        s.peer = Some(peer);
+        s.conn = Some(cid);
+        s.phase = SidePhase::ServerWaitReady;
+        let (ih, ib) = exchange::info_frame(sl, &info);
+        self.side_send(t, &ih, &ib)
+    }
+
+    /// The server answered side channel `t` with its queue pair's details (`remote_info`):
+    /// ours comes up and the server hears that it has.
+    fn server_answered(&mut self, t: Token, remote_info: IbInfo, now: Instant) -> bool {
+        let Some(s) = self.sides.get(&t) else { return false };
+        let (sl, remote_addr) = (s.sl, s.remote);
+        let Some(cid) = s.conn else { return false };
+        if let Err(e) = self.bring_up(cid, remote_info, remote_addr) {
+            self.side_failed(t, bring_up_loss("queue pair bring-up", e));
+            return false;
+        }
+        let Some(s) = self.sides.get_mut(&t) else { return false };
+        s.phase = SidePhase::Established;
+        let (rh, rb) = exchange::ready_frame(sl);
+        let ok = self.side_send(t, &rh, &rb);
+        if let Some(c) = self.conn_mut(cid) {
+            c.ready = true;
+            tracing::debug!(peer = %c.peer, sl = %c.sl, "queue pair ready (client)");
+        }
+        Counters::add(&self.core.counters.connections, 1);
+        // The peer's limits are known now: what was posted meanwhile can be placed.
+        self.place_waiting_posts(cid, now);
+        ok
     }
 
     /// The server accepted us on side channel `t`: our queue pair's details go to it.
@@ -510,9 +492,8 @@ impl<V: Verbs> State<V> {
         };
         let Some(s) = self.sides.get_mut(&t) else { return false };
         s.phase = SidePhase::ClientWaitInfo;
-        let mut ih = Header::new(Kind::IbInfo, sl);
-        ih.len = super::side::IB_INFO_LEN as u32;
-        self.side_send(t, &ih, &info.encode())
+        let (ih, ib) = exchange::info_frame(sl, &info);
+        self.side_send(t, &ih, &ib)
     }
 
     fn side_send(&mut self, t: Token, h: &Header, body: &[u8]) -> bool {
