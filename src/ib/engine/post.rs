@@ -19,7 +19,7 @@ use crate::wire::{FLAG_RDV_HEADER, Header, Kind};
 
 use super::cancel::{self, CancelStep, Cancelled};
 use super::msg::{self, Segment};
-use super::plan::{self, For, Placement, PushPlan, Registration, ReplyPlan, SendPlan};
+use super::plan::{self, For, Placement, PushPlan, Registration, ReplyPlan, SendPlan, Transfer};
 use super::rx::{Matched, Read, Rts};
 use super::{Early, FinWait, Local, MsgCaps, OpSt, OutMsg, Payload, State, Then, Via, XferThen};
 
@@ -473,22 +473,34 @@ impl<V: Verbs> State<V> {
             o.mech = Some(Mechanism::ServerRdma);
             o.x.conn = Some(cid);
         }
-        if len == 0 {
-            self.xfer_finished_for_req(peer, req);
-            self.ops.complete(op, Ok(0));
-            return Ok(());
-        }
-        self.start_xfer(
-            peer,
-            cid,
-            true,
-            segs,
-            offset,
-            Local::Op { op, base: 0 },
-            len,
-            XferThen::ReqOp { op, peer, req, end: 0 },
-        );
+        self.start_req_xfer(op, peer, req, cid, true, segs, offset, plan::plan_pull(len));
         Ok(())
+    }
+
+    /// Carries out a request's pull or push as `plan` says: a transfer, or (nothing to move)
+    /// the op and the request's transfer done at once.
+    #[allow(clippy::too_many_arguments)]
+    fn start_req_xfer(
+        &mut self,
+        op: OpId,
+        peer: PeerId,
+        req: u64,
+        cid: u32,
+        read: bool,
+        segs: Vec<Segment>,
+        offset: u64,
+        plan: Transfer,
+    ) {
+        match plan {
+            Transfer::Nothing => {
+                self.xfer_finished_for_req(peer, req);
+                self.ops.complete(op, Ok(0));
+            }
+            Transfer::Move { len, end } => {
+                let then = XferThen::ReqOp { op, peer, req, end };
+                self.start_xfer(peer, cid, read, segs, offset, Local::Op { op, base: 0 }, len, then);
+            }
+        }
     }
 
     fn post_push(&mut self, op: OpId, c: PushCmd) -> Result<()> {
@@ -504,7 +516,7 @@ impl<V: Verbs> State<V> {
         if segs.is_empty() {
             // The client did not register its buffer (small read): a PUSH message.
             let caps = self.caps(cid);
-            let PushPlan { mech, via, header } =
+            let PushPlan { mech, via, header, pushed_to } =
                 match plan::plan_push_message(&self.s.policy, caps, rsl, req, offset, len) {
                     Ok(p) => p,
                     Err(e) => {
@@ -515,11 +527,10 @@ impl<V: Verbs> State<V> {
             if let Some(o) = self.ops.get_mut(&op) {
                 o.mech = Some(mech);
             }
-            // The message goes before the reply on this connection: these bytes count.
-            if len > 0
+            if let Some(end) = pushed_to
                 && let Some(r) = self.sreqs.get_mut(peer, req)
             {
-                r.x.pushed_to(offset + len as u64);
+                r.x.pushed_to(end);
             }
             self.enqueue(
                 cid,
@@ -540,21 +551,7 @@ impl<V: Verbs> State<V> {
             o.mech = Some(Mechanism::ServerRdma);
             o.x.conn = Some(cid);
         }
-        if len == 0 {
-            self.xfer_finished_for_req(peer, req);
-            self.ops.complete(op, Ok(0));
-            return Ok(());
-        }
-        self.start_xfer(
-            peer,
-            cid,
-            false,
-            segs,
-            offset,
-            Local::Op { op, base: 0 },
-            len,
-            XferThen::ReqOp { op, peer, req, end: offset + len as u64 },
-        );
+        self.start_req_xfer(op, peer, req, cid, false, segs, offset, plan::plan_push_rdma(offset, len));
         Ok(())
     }
 
@@ -662,10 +659,7 @@ impl<V: Verbs> State<V> {
             OpBuf::Recv(r) => r.capacity(),
             OpBuf::None => 0,
         };
-        if len as u64 > remote.len {
-            return Err(Error::misuse(format!("{len} bytes against a {}-byte handle", remote.len)));
-        }
-        self.check_len(len)?;
+        let plan = plan::plan_one_sided(len, &remote, self.s.max_message)?;
         let kind = if read { OpKind::Get } else { OpKind::Put };
         let cid = match self.conn_for(peer, sl, now) {
             Ok(c) => c,
@@ -679,25 +673,14 @@ impl<V: Verbs> State<V> {
             o.mech = Some(Mechanism::ServerRdma);
             o.x.conn = Some(cid);
         }
-        if len == 0 {
-            self.ops.complete(op, Ok(0));
-            return Ok(());
+        match plan {
+            Transfer::Nothing => self.ops.complete(op, Ok(0)),
+            Transfer::Move { len, .. } => {
+                let remote = vec![plan::exposure_segment(&remote)];
+                let then = XferThen::CompleteOp(op);
+                self.start_xfer(peer, cid, read, remote, 0, Local::Op { op, base: 0 }, len, then);
+            }
         }
-        let remote_segs = vec![Segment {
-            addr: remote.addr,
-            len: remote.len.min(u64::from(u32::MAX)) as u32,
-            rkey: remote.rkey,
-        }];
-        self.start_xfer(
-            peer,
-            cid,
-            read,
-            remote_segs,
-            0,
-            Local::Op { op, base: 0 },
-            len,
-            XferThen::CompleteOp(op),
-        );
         Ok(())
     }
 
