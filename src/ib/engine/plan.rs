@@ -114,8 +114,62 @@ pub(crate) enum Registration {
     /// whole on a miss so the next list from it hits.
     Foreign { parent: Option<Span> },
     /// A list of more pieces than half the segments a list may carry: a pool buffer carries
-    /// the bytes. (Also what the engine falls back to when registering fails.)
+    /// the bytes. (Also what the engine falls back to when registering fails: see
+    /// [`Registration::acquire`].)
     Stage,
+}
+
+/// How the pin-down cache is asked for the registration of each piece of an op's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquire {
+    /// Pool memory, registered once when the pool made it: only found, never registered here
+    /// (a pool buffer the cache does not know, another endpoint's, is not ours to register).
+    Find,
+    /// The caller's memory, registered on a miss.
+    Register,
+    /// The caller's memory; on a miss the whole parent allocation is registered, so the next
+    /// list from it hits.
+    RegisterParent(Span),
+}
+
+impl Registration {
+    /// How to ask the cache for the pieces; None: staged at once. A request the cache cannot
+    /// grant (it is full of pinned memory, the provider refuses the pages, a pool buffer it
+    /// does not know) stages the op too: its bytes are all here, and a copy through a pool
+    /// buffer costs less than failing it. The op fails only when staging does.
+    pub fn acquire(self) -> Option<Acquire> {
+        match self {
+            Registration::Owned => Some(Acquire::Find),
+            Registration::Foreign { parent: None } => Some(Acquire::Register),
+            Registration::Foreign { parent: Some(p) } => Some(Acquire::RegisterParent(p)),
+            Registration::Stage => None,
+        }
+    }
+}
+
+/// Whether a refused registration is worth a note: the caller's memory refused (pin limits,
+/// read-only pages) explains an op slower than it should be; a pool buffer the cache does not
+/// know is staged as a matter of course.
+pub(crate) fn note_refusal(ask: Acquire) -> bool {
+    ask != Acquire::Find
+}
+
+/// The pool buffer that carries an op's bytes when its own memory is not registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Staging {
+    /// Bytes to allocate: at least one, the pool has no empty buffers.
+    pub alloc: usize,
+    /// Bytes the peer reads or writes: the pieces' total.
+    pub len: usize,
+    /// The op's bytes are copied in first (the peer reads them); a buffer the peer writes is
+    /// copied out into the op's when the reply comes instead.
+    pub fill: bool,
+}
+
+/// How an op whose `pieces` are not registered is staged, for `purpose`.
+pub(crate) fn staging(purpose: For, pieces: &[(usize, usize)]) -> Staging {
+    let len: usize = pieces.iter().map(|p| p.1).sum();
+    Staging { alloc: len.max(1), len, fill: purpose == For::PeerRead }
 }
 
 /// The pieces (address, length) of an op's buffer the peer would read or write, and whether

@@ -435,3 +435,26 @@ fn long_lists_are_staged_and_hinted_lists_register_their_span() {
     assert_eq!(registration(false, &pieces[..1], true), Registration::Foreign { parent: None });
     assert_eq!(registration(false, &[], true), Registration::Foreign { parent: None });
 }
+
+#[test]
+fn pool_memory_is_only_found_and_the_callers_is_registered_or_staged() {
+    let span = Span::new(0x10_000, 4096);
+    assert_eq!(Registration::Owned.acquire(), Some(Acquire::Find));
+    assert_eq!(Registration::Foreign { parent: None }.acquire(), Some(Acquire::Register));
+    assert_eq!(Registration::Foreign { parent: Some(span) }.acquire(), Some(Acquire::RegisterParent(span)));
+    assert_eq!(Registration::Stage.acquire(), None, "staged without asking the cache");
+    // Only the caller's memory refused is worth a note.
+    assert!(!note_refusal(Acquire::Find));
+    assert!(note_refusal(Acquire::Register));
+    assert!(note_refusal(Acquire::RegisterParent(span)));
+}
+
+#[test]
+fn a_staged_buffer_holds_the_pieces_and_is_filled_only_for_the_peer_to_read() {
+    let pieces = [(0x1000, 100), (0x9000, 28)];
+    assert_eq!(staging(For::PeerRead, &pieces), Staging { alloc: 128, len: 128, fill: true });
+    assert_eq!(staging(For::PeerWrite, &pieces), Staging { alloc: 128, len: 128, fill: false });
+    // An empty buffer still takes a (one-byte) pool buffer: the pool has no empty ones.
+    assert_eq!(staging(For::PeerRead, &[]), Staging { alloc: 1, len: 0, fill: true });
+    assert_eq!(staging(For::PeerWrite, &[(0x1000, 0)]), Staging { alloc: 1, len: 0, fill: false });
+}

@@ -13,13 +13,13 @@ use crate::expose::MemHandle;
 use crate::ib::verbs::*;
 use crate::info::Counters;
 use crate::op::OpKind;
-use crate::regcache::{Origin, RegRef, Span};
+use crate::regcache::{Origin, RegRef};
 use crate::types::{Access, OpId, PeerId, ServiceLevel};
 use crate::wire::{FLAG_RDV_HEADER, Header, Kind};
 
 use super::cancel::{self, CancelStep, Cancelled};
 use super::msg::{self, Segment};
-use super::plan::{self, For, Placement, PushPlan, Registration, ReplyPlan, SendPlan, Transfer};
+use super::plan::{self, Acquire, For, Placement, PushPlan, ReplyPlan, SendPlan, Staging, Transfer};
 use super::rx::{Matched, Read, Rts};
 use super::{Early, FinWait, Local, MsgCaps, OpSt, OutMsg, Payload, State, Then, Via, XferThen};
 
@@ -208,37 +208,33 @@ impl<V: Verbs> State<V> {
 
     /// Registers an op's buffer for the peer's RDMA and returns its segments. Pool buffers hit
     /// the cache; other memory is registered for the op's lifetime, or staged through a pool
-    /// buffer when it cannot be registered (read-only pages, pin limits, too many pieces).
+    /// buffer when it cannot be registered (see [`plan::Registration::acquire`]).
     fn register_op_buf(&mut self, op: OpId, purpose: For) -> Result<Vec<Segment>> {
         let Some(o) = self.ops.get(&op) else { return Err(Error::misuse("no such op")) };
         let (pieces, owned) = plan::buffer_pieces(&o.buf);
-        let acquired = match plan::registration(owned, &pieces, self.s.cfg.ib.list_alloc_hint) {
-            Registration::Owned => self.acquire_all(&pieces, true).ok(),
-            Registration::Foreign { parent } => match self.acquire_all_in(&pieces, false, parent) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    tracing::debug!(error = %e, "registering a user buffer failed; staging it");
-                    None
+        if let Some(ask) = plan::registration(owned, &pieces, self.s.cfg.ib.list_alloc_hint).acquire() {
+            match self.acquire_all(&pieces, ask) {
+                Ok((regs, segs)) => {
+                    if let Some(o) = self.ops.get_mut(&op) {
+                        o.x.regs.extend(regs);
+                    }
+                    return Ok(segs);
                 }
-            },
-            Registration::Stage => None,
-        };
-        if let Some((regs, segs)) = acquired {
-            if let Some(o) = self.ops.get_mut(&op) {
-                o.x.regs.extend(regs);
+                Err(e) if plan::note_refusal(ask) => {
+                    tracing::debug!(error = %e, "registering a user buffer failed; staging it");
+                }
+                Err(_) => {}
             }
-            return Ok(segs);
         }
-        // Stage: a pool buffer (registered once) carries the bytes.
-        let total: usize = pieces.iter().map(|p| p.1).sum();
-        let mut staged = self.pool.alloc(total.max(1))?;
-        staged.set_len(total)?;
+        let Staging { alloc, len, fill } = plan::staging(purpose, &pieces);
+        let mut staged = self.pool.alloc(alloc)?;
+        staged.set_len(len)?;
         let filled = match self.ops.get(&op).map(|o| &o.buf) {
-            Some(OpBuf::Send(s)) if purpose == For::PeerRead => s.copy_out(0, &mut staged),
+            Some(OpBuf::Send(s)) if fill => s.copy_out(0, &mut staged),
             _ => 0,
         };
         self.core.counters.copied(filled);
-        let (regs, segs) = self.acquire_all(&[(staged.addr(), total)], true)?;
+        let (regs, segs) = self.acquire_all(&[(staged.addr(), len)], Acquire::Find)?;
         if let Some(o) = self.ops.get_mut(&op) {
             o.x.regs.extend(regs);
             match purpose {
@@ -249,22 +245,11 @@ impl<V: Verbs> State<V> {
         Ok(segs)
     }
 
-    /// Registrations for the pieces (`hit_only`: owned memory that must already be
-    /// registered).
+    /// Registrations for the pieces, asked of the cache as `ask` says; all or none.
     fn acquire_all(
         &mut self,
         pieces: &[(usize, usize)],
-        hit_only: bool,
-    ) -> Result<(Vec<RegRef>, Vec<Segment>)> {
-        self.acquire_all_in(pieces, hit_only, None)
-    }
-
-    /// [`Self::acquire_all`], registering `parent` on a miss when given (allocation hint).
-    fn acquire_all_in(
-        &mut self,
-        pieces: &[(usize, usize)],
-        hit_only: bool,
-        parent: Option<Span>,
+        ask: Acquire,
     ) -> Result<(Vec<RegRef>, Vec<Segment>)> {
         let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let mut regs = Vec::with_capacity(pieces.len());
@@ -273,13 +258,16 @@ impl<V: Verbs> State<V> {
             if len == 0 {
                 continue;
             }
-            let r = if hit_only {
-                c.acquire_if_registered(addr, len, Access::READ_WRITE)
-                    .ok_or_else(|| Error::misuse("pool buffer not registered"))
-            } else if let Some(parent) = parent {
-                c.acquire_hinted(addr, len, parent, Access::READ_WRITE, Origin::Foreign).map_err(Error::from)
-            } else {
-                c.acquire(addr, len, Access::READ_WRITE, Origin::Foreign).map_err(Error::from)
+            let r = match ask {
+                Acquire::Find => c
+                    .acquire_if_registered(addr, len, Access::READ_WRITE)
+                    .ok_or_else(|| Error::misuse("pool buffer not registered")),
+                Acquire::RegisterParent(parent) => c
+                    .acquire_hinted(addr, len, parent, Access::READ_WRITE, Origin::Foreign)
+                    .map_err(Error::from),
+                Acquire::Register => {
+                    c.acquire(addr, len, Access::READ_WRITE, Origin::Foreign).map_err(Error::from)
+                }
             };
             match r {
                 Ok(r) => {
@@ -450,7 +438,7 @@ impl<V: Verbs> State<V> {
     fn register_header(&mut self, op: OpId, header: &Bytes) -> Result<Vec<Segment>> {
         let mut staged = self.pool.alloc(header.len())?;
         staged.copy_from_slice(header);
-        let (regs, segs) = self.acquire_all(&[(staged.addr(), header.len())], true)?;
+        let (regs, segs) = self.acquire_all(&[(staged.addr(), header.len())], Acquire::Find)?;
         if let Some(o) = self.ops.get_mut(&op) {
             o.x.regs.extend(regs);
             o.x.keep.push(staged);
