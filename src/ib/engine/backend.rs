@@ -161,7 +161,7 @@ impl<V: Verbs> IbBackend<V> {
             registry: registry.try_clone()?,
             wcs: vec![WorkCompletion::default(); CQ_BATCH],
             _unmap_hook: unmap_hook,
-            mapped_seen: xfer::SeenOnce::default(),
+            mapped_seen: stretches::SeenOnce::default(),
         };
         tracing::debug!(%scheme, endpoint_id, local = ?local, device = %dev.ctx.device().name, "ib endpoint up");
         Ok(IbBackend {

@@ -82,6 +82,7 @@ mod scripted;
 mod setup;
 mod side;
 mod sreq;
+mod stretches;
 #[cfg(test)]
 mod tests;
 mod transmit;
@@ -504,7 +505,7 @@ pub(crate) struct State<V: Verbs> {
     /// (held here; the process-wide list only has a weak reference).
     pub _unmap_hook: crate::buffers::filemap::UnmapHook,
     /// File-map stretches staged once (registered when they come back).
-    pub mapped_seen: xfer::SeenOnce,
+    pub mapped_seen: stretches::SeenOnce,
 }
 
 /// Waiting for a FIN.

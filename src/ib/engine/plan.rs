@@ -11,13 +11,14 @@ use crate::buffers::buf::{OpBuf, RecvBuf, SendBuf};
 use crate::comm::{Conditions, Mechanism, Policy};
 use crate::core::requests;
 use crate::error::{Error, Result};
+use crate::expose::MemHandle;
 use crate::op::{Direction, OpKind};
 use crate::regcache::Span;
 use crate::types::{OpId, PeerId, ServiceLevel, Tag};
 use crate::wire::{FLAG_INLINE_DATA, FLAG_SEGMENTS, Header, Kind};
 
 use super::link::Via;
-use super::msg::{self, MSG_HDR};
+use super::msg::{self, MSG_HDR, Segment};
 
 /// Message sizes a connection can carry: the smaller of this endpoint's and the peer's
 /// receive-buffer and ring-slot sizes (each side announces its own in the side-channel info).
@@ -113,8 +114,62 @@ pub(crate) enum Registration {
     /// whole on a miss so the next list from it hits.
     Foreign { parent: Option<Span> },
     /// A list of more pieces than half the segments a list may carry: a pool buffer carries
-    /// the bytes. (Also what the engine falls back to when registering fails.)
+    /// the bytes. (Also what the engine falls back to when registering fails: see
+    /// [`Registration::acquire`].)
     Stage,
+}
+
+/// How the pin-down cache is asked for the registration of each piece of an op's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquire {
+    /// Pool memory, registered once when the pool made it: only found, never registered here
+    /// (a pool buffer the cache does not know, another endpoint's, is not ours to register).
+    Find,
+    /// The caller's memory, registered on a miss.
+    Register,
+    /// The caller's memory; on a miss the whole parent allocation is registered, so the next
+    /// list from it hits.
+    RegisterParent(Span),
+}
+
+impl Registration {
+    /// How to ask the cache for the pieces; None: staged at once. A request the cache cannot
+    /// grant (it is full of pinned memory, the provider refuses the pages, a pool buffer it
+    /// does not know) stages the op too: its bytes are all here, and a copy through a pool
+    /// buffer costs less than failing it. The op fails only when staging does.
+    pub fn acquire(self) -> Option<Acquire> {
+        match self {
+            Registration::Owned => Some(Acquire::Find),
+            Registration::Foreign { parent: None } => Some(Acquire::Register),
+            Registration::Foreign { parent: Some(p) } => Some(Acquire::RegisterParent(p)),
+            Registration::Stage => None,
+        }
+    }
+}
+
+/// Whether a refused registration is worth a note: the caller's memory refused (pin limits,
+/// read-only pages) explains an op slower than it should be; a pool buffer the cache does not
+/// know is staged as a matter of course.
+pub(crate) fn note_refusal(ask: Acquire) -> bool {
+    ask != Acquire::Find
+}
+
+/// The pool buffer that carries an op's bytes when its own memory is not registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Staging {
+    /// Bytes to allocate: at least one, the pool has no empty buffers.
+    pub alloc: usize,
+    /// Bytes the peer reads or writes: the pieces' total.
+    pub len: usize,
+    /// The op's bytes are copied in first (the peer reads them); a buffer the peer writes is
+    /// copied out into the op's when the reply comes instead.
+    pub fill: bool,
+}
+
+/// How an op whose `pieces` are not registered is staged, for `purpose`.
+pub(crate) fn staging(purpose: For, pieces: &[(usize, usize)]) -> Staging {
+    let len: usize = pieces.iter().map(|p| p.1).sum();
+    Staging { alloc: len.max(1), len, fill: purpose == For::PeerRead }
 }
 
 /// The pieces (address, length) of an op's buffer the peer would read or write, and whether
@@ -270,6 +325,10 @@ pub(crate) struct PushPlan {
     pub mech: Mechanism,
     pub via: Via,
     pub header: Header,
+    /// Where the pushed bytes end in the client's buffer once the message is queued: it goes
+    /// before the reply on the connection, so its bytes count at once. None for an empty
+    /// push: it pushed no byte, and the reply must not say bytes up to its offset arrived.
+    pub pushed_to: Option<u64>,
 }
 
 /// Plans a push of `len` bytes at `offset` of request `req`'s buffer into a client buffer
@@ -293,7 +352,52 @@ pub(crate) fn plan_push_message(
     h.b = req;
     h.c = offset;
     h.len = len as u32;
-    Ok(PushPlan { mech, via: message_via(mech), header: h })
+    let pushed_to = (len > 0).then_some(offset + len as u64);
+    Ok(PushPlan { mech, via: message_via(mech), header: h, pushed_to })
+}
+
+/// What a pull, a push into a registered buffer, a put or a get does by server-based RDMA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Transfer {
+    /// No byte to move: no work request is posted (a zero-length RDMA would still be a round
+    /// trip to the peer's device for nothing), and no buffer is registered. The op completes
+    /// at once with no bytes; a pull's or push's request counts its transfer as finished at
+    /// once, so a reply deferred behind it may go.
+    Nothing,
+    /// `len` bytes to move; `end`: where a push's bytes end in the client's buffer once they
+    /// have (0 for the others, which push nothing).
+    Move { len: usize, end: u64 },
+}
+
+/// A pull of `len` bytes of a request's buffer into ours.
+pub(crate) fn plan_pull(len: usize) -> Transfer {
+    if len == 0 { Transfer::Nothing } else { Transfer::Move { len, end: 0 } }
+}
+
+/// A push of `len` bytes at `offset` of a request's buffer into the client's registered one.
+/// An empty push does not move where the pushed bytes end: it pushed none.
+pub(crate) fn plan_push_rdma(offset: u64, len: usize) -> Transfer {
+    if len == 0 { Transfer::Nothing } else { Transfer::Move { len, end: offset + len as u64 } }
+}
+
+/// A put or a get of `len` bytes against the peer's exposure `remote`, on an endpoint whose
+/// messages are at most `max_message` bytes. Refused (no op is made) when it overruns the
+/// exposure or the limit; an empty one against any exposure moves nothing.
+pub(crate) fn plan_one_sided(len: usize, remote: &MemHandle, max_message: usize) -> Result<Transfer> {
+    if len as u64 > remote.len {
+        return Err(Error::misuse(format!("{len} bytes against a {}-byte handle", remote.len)));
+    }
+    if len > max_message {
+        return Err(Error::TooLarge { len: len as u64, max: max_message as u64 });
+    }
+    Ok(if len == 0 { Transfer::Nothing } else { Transfer::Move { len, end: 0 } })
+}
+
+/// The exposure `remote` as the one segment a put or get walks. A segment's length is 32
+/// bits; an exposure larger than that is cut, which no transfer reaches (a transfer is at
+/// most the largest message).
+pub(crate) fn exposure_segment(remote: &MemHandle) -> Segment {
+    Segment { addr: remote.addr, len: remote.len.min(u64::from(u32::MAX)) as u32, rkey: remote.rkey }
 }
 
 /// A reply: its wire header (the length still to fill), and whether its header goes by

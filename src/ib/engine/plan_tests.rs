@@ -271,6 +271,54 @@ fn a_push_into_an_unregistered_buffer_must_fit_one_message() {
 }
 
 #[test]
+fn a_push_message_counts_its_bytes_as_pushed_unless_it_is_empty() {
+    let pushed = |len| plan_push_message(&policy(None), CAPS, SL, 5, 40, len).map(|p| p.pushed_to).ok();
+    assert_eq!(pushed(8), Some(Some(48)), "bytes 40..48 reach the client before the reply");
+    assert_eq!(pushed(1), Some(Some(41)));
+    // It still goes (an empty PUSH message), but says nothing about bytes before offset 40.
+    assert_eq!(pushed(0), Some(None));
+}
+
+#[test]
+fn empty_pulls_and_pushes_move_nothing() {
+    assert_eq!(plan_pull(0), Transfer::Nothing);
+    assert_eq!(plan_push_rdma(0, 0), Transfer::Nothing);
+    assert_eq!(plan_push_rdma(4096, 0), Transfer::Nothing, "an empty push at an offset pushes nothing");
+    assert_eq!(plan_pull(1), Transfer::Move { len: 1, end: 0 });
+    assert_eq!(plan_pull(1 << 20), Transfer::Move { len: 1 << 20, end: 0 }, "a pull pushes nothing");
+    assert_eq!(plan_push_rdma(4096, 100), Transfer::Move { len: 100, end: 4196 });
+    assert_eq!(plan_push_rdma(0, 1), Transfer::Move { len: 1, end: 1 });
+}
+
+fn handle(len: u64) -> MemHandle {
+    MemHandle { addr: 0x7000_0000, len, key: 11, rkey: 22, access: crate::types::Access::READ_WRITE }
+}
+
+#[test]
+fn puts_and_gets_fit_the_exposure_and_the_message_limit_and_empty_ones_move_nothing() {
+    const MAX: usize = 1 << 20;
+    assert_eq!(plan_one_sided(0, &handle(0), MAX).ok(), Some(Transfer::Nothing));
+    assert_eq!(plan_one_sided(0, &handle(64), MAX).ok(), Some(Transfer::Nothing));
+    assert_eq!(plan_one_sided(64, &handle(64), MAX).ok(), Some(Transfer::Move { len: 64, end: 0 }));
+    assert_eq!(plan_one_sided(1, &handle(64), MAX).ok(), Some(Transfer::Move { len: 1, end: 0 }));
+    assert!(matches!(plan_one_sided(65, &handle(64), MAX), Err(Error::Misuse(_))), "overruns the exposure");
+    assert!(matches!(plan_one_sided(1, &handle(0), MAX), Err(Error::Misuse(_))));
+    let big = handle(1 << 40);
+    assert_eq!(plan_one_sided(MAX, &big, MAX).ok(), Some(Transfer::Move { len: MAX, end: 0 }));
+    // The exposure is checked first, as the engine always did.
+    assert!(matches!(plan_one_sided(MAX + 1, &big, MAX), Err(Error::TooLarge { .. })));
+    assert!(matches!(plan_one_sided(MAX + 1, &handle(64), MAX), Err(Error::Misuse(_))));
+}
+
+#[test]
+fn an_exposure_is_one_segment_cut_to_32_bits() {
+    let seg = |len| exposure_segment(&handle(len));
+    assert_eq!(seg(64), Segment { addr: 0x7000_0000, len: 64, rkey: 22 });
+    assert_eq!(seg(u64::from(u32::MAX)).len, u32::MAX);
+    assert_eq!(seg(1 << 40).len, u32::MAX, "cut, not wrapped");
+}
+
+#[test]
 fn a_reply_header_too_large_for_a_slot_goes_by_rendezvous() {
     let p = plan_reply(CAPS, SL, 5, 7, 300, SLOT_ROOM);
     assert!(!p.header_by_rdv, "at the slot's size the header rides in the message");
@@ -386,4 +434,27 @@ fn long_lists_are_staged_and_hinted_lists_register_their_span() {
     // A single piece is its own span: nothing wider is registered for it.
     assert_eq!(registration(false, &pieces[..1], true), Registration::Foreign { parent: None });
     assert_eq!(registration(false, &[], true), Registration::Foreign { parent: None });
+}
+
+#[test]
+fn pool_memory_is_only_found_and_the_callers_is_registered_or_staged() {
+    let span = Span::new(0x10_000, 4096);
+    assert_eq!(Registration::Owned.acquire(), Some(Acquire::Find));
+    assert_eq!(Registration::Foreign { parent: None }.acquire(), Some(Acquire::Register));
+    assert_eq!(Registration::Foreign { parent: Some(span) }.acquire(), Some(Acquire::RegisterParent(span)));
+    assert_eq!(Registration::Stage.acquire(), None, "staged without asking the cache");
+    // Only the caller's memory refused is worth a note.
+    assert!(!note_refusal(Acquire::Find));
+    assert!(note_refusal(Acquire::Register));
+    assert!(note_refusal(Acquire::RegisterParent(span)));
+}
+
+#[test]
+fn a_staged_buffer_holds_the_pieces_and_is_filled_only_for_the_peer_to_read() {
+    let pieces = [(0x1000, 100), (0x9000, 28)];
+    assert_eq!(staging(For::PeerRead, &pieces), Staging { alloc: 128, len: 128, fill: true });
+    assert_eq!(staging(For::PeerWrite, &pieces), Staging { alloc: 128, len: 128, fill: false });
+    // An empty buffer still takes a (one-byte) pool buffer: the pool has no empty ones.
+    assert_eq!(staging(For::PeerRead, &[]), Staging { alloc: 1, len: 0, fill: true });
+    assert_eq!(staging(For::PeerWrite, &[(0x1000, 0)]), Staging { alloc: 1, len: 0, fill: false });
 }

@@ -13,13 +13,13 @@ use crate::expose::MemHandle;
 use crate::ib::verbs::*;
 use crate::info::Counters;
 use crate::op::OpKind;
-use crate::regcache::{Origin, RegRef, Span};
+use crate::regcache::{Origin, RegRef};
 use crate::types::{Access, OpId, PeerId, ServiceLevel};
 use crate::wire::{FLAG_RDV_HEADER, Header, Kind};
 
 use super::cancel::{self, CancelStep, Cancelled};
 use super::msg::{self, Segment};
-use super::plan::{self, For, Placement, PushPlan, Registration, ReplyPlan, SendPlan};
+use super::plan::{self, Acquire, For, Placement, PushPlan, ReplyPlan, SendPlan, Staging, Transfer};
 use super::rx::{Matched, Read, Rts};
 use super::{Early, FinWait, Local, MsgCaps, OpSt, OutMsg, Payload, State, Then, Via, XferThen};
 
@@ -208,37 +208,33 @@ impl<V: Verbs> State<V> {
 
     /// Registers an op's buffer for the peer's RDMA and returns its segments. Pool buffers hit
     /// the cache; other memory is registered for the op's lifetime, or staged through a pool
-    /// buffer when it cannot be registered (read-only pages, pin limits, too many pieces).
+    /// buffer when it cannot be registered (see [`plan::Registration::acquire`]).
     fn register_op_buf(&mut self, op: OpId, purpose: For) -> Result<Vec<Segment>> {
         let Some(o) = self.ops.get(&op) else { return Err(Error::misuse("no such op")) };
         let (pieces, owned) = plan::buffer_pieces(&o.buf);
-        let acquired = match plan::registration(owned, &pieces, self.s.cfg.ib.list_alloc_hint) {
-            Registration::Owned => self.acquire_all(&pieces, true).ok(),
-            Registration::Foreign { parent } => match self.acquire_all_in(&pieces, false, parent) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    tracing::debug!(error = %e, "registering a user buffer failed; staging it");
-                    None
+        if let Some(ask) = plan::registration(owned, &pieces, self.s.cfg.ib.list_alloc_hint).acquire() {
+            match self.acquire_all(&pieces, ask) {
+                Ok((regs, segs)) => {
+                    if let Some(o) = self.ops.get_mut(&op) {
+                        o.x.regs.extend(regs);
+                    }
+                    return Ok(segs);
                 }
-            },
-            Registration::Stage => None,
-        };
-        if let Some((regs, segs)) = acquired {
-            if let Some(o) = self.ops.get_mut(&op) {
-                o.x.regs.extend(regs);
+                Err(e) if plan::note_refusal(ask) => {
+                    tracing::debug!(error = %e, "registering a user buffer failed; staging it");
+                }
+                Err(_) => {}
             }
-            return Ok(segs);
         }
-        // Stage: a pool buffer (registered once) carries the bytes.
-        let total: usize = pieces.iter().map(|p| p.1).sum();
-        let mut staged = self.pool.alloc(total.max(1))?;
-        staged.set_len(total)?;
+        let Staging { alloc, len, fill } = plan::staging(purpose, &pieces);
+        let mut staged = self.pool.alloc(alloc)?;
+        staged.set_len(len)?;
         let filled = match self.ops.get(&op).map(|o| &o.buf) {
-            Some(OpBuf::Send(s)) if purpose == For::PeerRead => s.copy_out(0, &mut staged),
+            Some(OpBuf::Send(s)) if fill => s.copy_out(0, &mut staged),
             _ => 0,
         };
         self.core.counters.copied(filled);
-        let (regs, segs) = self.acquire_all(&[(staged.addr(), total)], true)?;
+        let (regs, segs) = self.acquire_all(&[(staged.addr(), len)], Acquire::Find)?;
         if let Some(o) = self.ops.get_mut(&op) {
             o.x.regs.extend(regs);
             match purpose {
@@ -249,22 +245,11 @@ impl<V: Verbs> State<V> {
         Ok(segs)
     }
 
-    /// Registrations for the pieces (`hit_only`: owned memory that must already be
-    /// registered).
+    /// Registrations for the pieces, asked of the cache as `ask` says; all or none.
     fn acquire_all(
         &mut self,
         pieces: &[(usize, usize)],
-        hit_only: bool,
-    ) -> Result<(Vec<RegRef>, Vec<Segment>)> {
-        self.acquire_all_in(pieces, hit_only, None)
-    }
-
-    /// [`Self::acquire_all`], registering `parent` on a miss when given (allocation hint).
-    fn acquire_all_in(
-        &mut self,
-        pieces: &[(usize, usize)],
-        hit_only: bool,
-        parent: Option<Span>,
+        ask: Acquire,
     ) -> Result<(Vec<RegRef>, Vec<Segment>)> {
         let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let mut regs = Vec::with_capacity(pieces.len());
@@ -273,13 +258,16 @@ impl<V: Verbs> State<V> {
             if len == 0 {
                 continue;
             }
-            let r = if hit_only {
-                c.acquire_if_registered(addr, len, Access::READ_WRITE)
-                    .ok_or_else(|| Error::misuse("pool buffer not registered"))
-            } else if let Some(parent) = parent {
-                c.acquire_hinted(addr, len, parent, Access::READ_WRITE, Origin::Foreign).map_err(Error::from)
-            } else {
-                c.acquire(addr, len, Access::READ_WRITE, Origin::Foreign).map_err(Error::from)
+            let r = match ask {
+                Acquire::Find => c
+                    .acquire_if_registered(addr, len, Access::READ_WRITE)
+                    .ok_or_else(|| Error::misuse("pool buffer not registered")),
+                Acquire::RegisterParent(parent) => c
+                    .acquire_hinted(addr, len, parent, Access::READ_WRITE, Origin::Foreign)
+                    .map_err(Error::from),
+                Acquire::Register => {
+                    c.acquire(addr, len, Access::READ_WRITE, Origin::Foreign).map_err(Error::from)
+                }
             };
             match r {
                 Ok(r) => {
@@ -450,7 +438,7 @@ impl<V: Verbs> State<V> {
     fn register_header(&mut self, op: OpId, header: &Bytes) -> Result<Vec<Segment>> {
         let mut staged = self.pool.alloc(header.len())?;
         staged.copy_from_slice(header);
-        let (regs, segs) = self.acquire_all(&[(staged.addr(), header.len())], true)?;
+        let (regs, segs) = self.acquire_all(&[(staged.addr(), header.len())], Acquire::Find)?;
         if let Some(o) = self.ops.get_mut(&op) {
             o.x.regs.extend(regs);
             o.x.keep.push(staged);
@@ -473,22 +461,34 @@ impl<V: Verbs> State<V> {
             o.mech = Some(Mechanism::ServerRdma);
             o.x.conn = Some(cid);
         }
-        if len == 0 {
-            self.xfer_finished_for_req(peer, req);
-            self.ops.complete(op, Ok(0));
-            return Ok(());
-        }
-        self.start_xfer(
-            peer,
-            cid,
-            true,
-            segs,
-            offset,
-            Local::Op { op, base: 0 },
-            len,
-            XferThen::ReqOp { op, peer, req, end: 0 },
-        );
+        self.start_req_xfer(op, peer, req, cid, true, segs, offset, plan::plan_pull(len));
         Ok(())
+    }
+
+    /// Carries out a request's pull or push as `plan` says: a transfer, or (nothing to move)
+    /// the op and the request's transfer done at once.
+    #[allow(clippy::too_many_arguments)]
+    fn start_req_xfer(
+        &mut self,
+        op: OpId,
+        peer: PeerId,
+        req: u64,
+        cid: u32,
+        read: bool,
+        segs: Vec<Segment>,
+        offset: u64,
+        plan: Transfer,
+    ) {
+        match plan {
+            Transfer::Nothing => {
+                self.xfer_finished_for_req(peer, req);
+                self.ops.complete(op, Ok(0));
+            }
+            Transfer::Move { len, end } => {
+                let then = XferThen::ReqOp { op, peer, req, end };
+                self.start_xfer(peer, cid, read, segs, offset, Local::Op { op, base: 0 }, len, then);
+            }
+        }
     }
 
     fn post_push(&mut self, op: OpId, c: PushCmd) -> Result<()> {
@@ -504,7 +504,7 @@ impl<V: Verbs> State<V> {
         if segs.is_empty() {
             // The client did not register its buffer (small read): a PUSH message.
             let caps = self.caps(cid);
-            let PushPlan { mech, via, header } =
+            let PushPlan { mech, via, header, pushed_to } =
                 match plan::plan_push_message(&self.s.policy, caps, rsl, req, offset, len) {
                     Ok(p) => p,
                     Err(e) => {
@@ -515,11 +515,10 @@ impl<V: Verbs> State<V> {
             if let Some(o) = self.ops.get_mut(&op) {
                 o.mech = Some(mech);
             }
-            // The message goes before the reply on this connection: these bytes count.
-            if len > 0
+            if let Some(end) = pushed_to
                 && let Some(r) = self.sreqs.get_mut(peer, req)
             {
-                r.x.pushed_to(offset + len as u64);
+                r.x.pushed_to(end);
             }
             self.enqueue(
                 cid,
@@ -540,21 +539,7 @@ impl<V: Verbs> State<V> {
             o.mech = Some(Mechanism::ServerRdma);
             o.x.conn = Some(cid);
         }
-        if len == 0 {
-            self.xfer_finished_for_req(peer, req);
-            self.ops.complete(op, Ok(0));
-            return Ok(());
-        }
-        self.start_xfer(
-            peer,
-            cid,
-            false,
-            segs,
-            offset,
-            Local::Op { op, base: 0 },
-            len,
-            XferThen::ReqOp { op, peer, req, end: offset + len as u64 },
-        );
+        self.start_req_xfer(op, peer, req, cid, false, segs, offset, plan::plan_push_rdma(offset, len));
         Ok(())
     }
 
@@ -662,10 +647,7 @@ impl<V: Verbs> State<V> {
             OpBuf::Recv(r) => r.capacity(),
             OpBuf::None => 0,
         };
-        if len as u64 > remote.len {
-            return Err(Error::misuse(format!("{len} bytes against a {}-byte handle", remote.len)));
-        }
-        self.check_len(len)?;
+        let plan = plan::plan_one_sided(len, &remote, self.s.max_message)?;
         let kind = if read { OpKind::Get } else { OpKind::Put };
         let cid = match self.conn_for(peer, sl, now) {
             Ok(c) => c,
@@ -679,25 +661,14 @@ impl<V: Verbs> State<V> {
             o.mech = Some(Mechanism::ServerRdma);
             o.x.conn = Some(cid);
         }
-        if len == 0 {
-            self.ops.complete(op, Ok(0));
-            return Ok(());
+        match plan {
+            Transfer::Nothing => self.ops.complete(op, Ok(0)),
+            Transfer::Move { len, .. } => {
+                let remote = vec![plan::exposure_segment(&remote)];
+                let then = XferThen::CompleteOp(op);
+                self.start_xfer(peer, cid, read, remote, 0, Local::Op { op, base: 0 }, len, then);
+            }
         }
-        let remote_segs = vec![Segment {
-            addr: remote.addr,
-            len: remote.len.min(u64::from(u32::MAX)) as u32,
-            rkey: remote.rkey,
-        }];
-        self.start_xfer(
-            peer,
-            cid,
-            read,
-            remote_segs,
-            0,
-            Local::Op { op, base: 0 },
-            len,
-            XferThen::CompleteOp(op),
-        );
         Ok(())
     }
 

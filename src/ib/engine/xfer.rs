@@ -14,6 +14,7 @@ use crate::types::{OpId, PeerId};
 
 use super::msg::Segment;
 use super::reg::{DmaRegion, register_region};
+use super::stretches::{self, Stretch, Stretches};
 use super::units::{Finished, Outcome, Rest, Room, Step, Unit, ZoneToken};
 use super::{Dev, Local, SqDone, State, WR_SEND, Xfer, XferThen, wr_id};
 
@@ -38,43 +39,6 @@ pub(crate) struct DirectRun {
     len: usize,
     lkey: u32,
     pub(crate) reg: crate::regcache::RegRef,
-}
-
-/// File-map stretches staged once, by `(address, length)`. Registering a stretch pins its
-/// pages (and, on first touch of a fresh file region, faults them in), which costs more than
-/// the one copy it saves unless the stretch moves again: a stretch is registered the second
-/// time it is seen, like an admission filter's ghost list. Bounded; the oldest are forgotten.
-#[derive(Debug, Default)]
-pub(crate) struct SeenOnce {
-    /// Stretch → when it was noted.
-    seen: rustc_hash::FxHashMap<(usize, usize), u64>,
-    /// Notes in order (some already admitted: their stamp no longer matches).
-    order: std::collections::VecDeque<((usize, usize), u64)>,
-    next: u64,
-}
-
-impl SeenOnce {
-    /// Stretches remembered at most.
-    const CAP: usize = 4096;
-
-    /// True if `k` was seen before (and forgets it: it is about to be registered); otherwise
-    /// remembers it and says false.
-    pub(crate) fn seen_before(&mut self, k: (usize, usize)) -> bool {
-        if self.seen.remove(&k).is_some() {
-            return true;
-        }
-        while self.order.len() >= Self::CAP {
-            if let Some((old, stamp)) = self.order.pop_front()
-                && self.seen.get(&old) == Some(&stamp)
-            {
-                self.seen.remove(&old);
-            }
-        }
-        self.next += 1;
-        self.seen.insert(k, self.next);
-        self.order.push_back((k, self.next));
-        false
-    }
 }
 
 /// Registers an exposed buffer with its own registration (revoked by dropping it).
@@ -192,46 +156,31 @@ impl<V: Verbs> State<V> {
     }
 
     /// Registers the stretches of an op's buffer that lie in file mappings, or in any lent
-    /// memory the cache keeps registered (see [`DirectRun`]), once they are moved a second
-    /// time (see [`SeenOnce`]). Registration failures only mean those units are staged.
+    /// memory the cache keeps registered (see [`DirectRun`], [`stretches::origin`]), once
+    /// they are moved a second time (see [`stretches::SeenOnce`]). Registration failures only mean those
+    /// units are staged.
     fn register_mapped(&mut self, op: OpId) {
         let Some(o) = self.ops.get(&op) else { return };
-        // (offset in the buffer, address, length) of address-contiguous stretches.
-        let mut runs: Vec<(usize, usize, usize)> = Vec::new();
-        let mut at = 0usize;
-        let mut add = |p: &[u8]| {
-            let addr = p.as_ptr() as usize;
-            match runs.last_mut() {
-                Some(r) if r.1 + r.2 == addr => r.2 += p.len(),
-                _ => runs.push((at, addr, p.len())),
-            }
-            at += p.len();
-        };
+        let mut stretches = Stretches::default();
+        let mut add = |p: &[u8]| stretches.add(p.as_ptr() as usize, p.len());
         match &o.buf {
             OpBuf::Send(SendBuf::Registered(_)) | OpBuf::Recv(RecvBuf::Registered(_)) | OpBuf::None => return,
             OpBuf::Send(s) => s.for_each_slice(0, s.len(), &mut add),
             OpBuf::Recv(r) => r.for_each_slice(0, r.capacity(), &mut add),
         }
-        let mut direct = Vec::with_capacity(runs.len());
+        let stretches = stretches.into_vec();
+        let mut direct = Vec::with_capacity(stretches.len());
         {
             let State { cache, mapped_seen, .. } = self;
             let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
             let keeps_foreign = c.keeps_foreign();
             let rw = crate::types::Access::READ_WRITE;
-            for (off, addr, len) in runs {
-                // File mappings always: the file-mapping path invalidates their registrations
-                // when it unmaps them. Other lent memory only when the cache keeps it (watched by
-                // the memory monitor, or at the application's word), registered as lent so
-                // the monitor watches it.
-                let origin = if len == 0 {
-                    continue;
-                } else if crate::buffers::filemap::is_mapped(addr, len) {
-                    crate::regcache::Origin::Owned
-                } else if keeps_foreign {
-                    crate::regcache::Origin::Foreign
-                } else {
+            for st in stretches {
+                let Some(origin) = stretches::origin(st, keeps_foreign, crate::buffers::filemap::is_mapped)
+                else {
                     continue;
                 };
+                let Stretch { off, addr, len } = st;
                 // Registered already: direct. Seen once before: register, then direct. New:
                 // staged this time (see `SeenOnce`).
                 let reg = match c.acquire_if_registered(addr, len, rw) {
@@ -473,37 +422,5 @@ fn stage_in(local: &mut Local, ops: &mut super::Ops, off: usize, len: usize, mem
                 mem.read_at(zoff, &mut v[off..end]);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod seen_once_tests {
-    use super::SeenOnce;
-
-    #[test]
-    fn a_stretch_is_admitted_on_its_second_sighting_and_memory_is_bounded() {
-        let mut s = SeenOnce::default();
-        assert!(!s.seen_before((4096, 100)), "first sighting");
-        assert!(!s.seen_before((8192, 100)), "a different stretch");
-        assert!(!s.seen_before((4096, 200)), "same start, other length");
-        assert!(s.seen_before((4096, 100)), "second sighting");
-        assert!(!s.seen_before((4096, 100)), "admitted stretches are forgotten");
-        // The oldest are forgotten past the bound.
-        let mut s = SeenOnce::default();
-        for i in 0..=SeenOnce::CAP {
-            assert!(!s.seen_before((i * 4096, 1)));
-        }
-        assert!(!s.seen_before((0, 1)), "the oldest was dropped");
-        assert!(s.seen_before((SeenOnce::CAP * 4096, 1)), "the newest is kept");
-        assert!(s.order.len() <= SeenOnce::CAP && s.seen.len() <= s.order.len());
-        // A stretch admitted, then noted again, is not forgotten by its stale first note.
-        let mut s = SeenOnce::default();
-        assert!(!s.seen_before((0, 1)));
-        assert!(s.seen_before((0, 1)));
-        assert!(!s.seen_before((0, 1)));
-        for i in 1..SeenOnce::CAP {
-            assert!(!s.seen_before((i * 4096, 1)));
-        }
-        assert!(s.seen_before((0, 1)), "the newer note of (0, 1) survived the stale one's eviction");
     }
 }
