@@ -120,25 +120,11 @@ pub(crate) fn ready_frame(sl: ServiceLevel) -> (Header, Vec<u8>) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::side::sample_info;
     use super::*;
     use crate::handshake::{ClientHandshake, ServerHandshake};
-    use crate::ib::verbs::{Gid, LinkLayer, Mtu, QpEndpointInfo};
 
     const SL: ServiceLevel = ServiceLevel::Bulk;
-
-    fn qp_info(qpn: u32) -> IbInfo {
-        IbInfo {
-            qp: QpEndpointInfo { qpn, psn: 1234, lid: 3, gid: Gid([9; 16]) },
-            recv_buffers: 16,
-            recv_size: 8192,
-            ring_addr: 0x7f00_0000_0000,
-            ring_rkey: 0xabcd,
-            ring_slots: 8,
-            slot_size: 69632,
-            link_layer: LinkLayer::InfiniBand,
-            mtu: Mtu::Mtu4096,
-        }
-    }
 
     /// A client's hello, the same every time (a fresh one has a random nonce).
     fn client() -> HelloInfo {
@@ -181,7 +167,7 @@ mod tests {
 
     #[test]
     fn every_phase_answers_every_frame_kind() {
-        let good = qp_info(77).encode();
+        let good = sample_info(77).encode();
         for (name, phase) in phases() {
             for kind in all_kinds() {
                 // The right body for an info frame, none for the others (as sent).
@@ -198,11 +184,11 @@ mod tests {
                     }
                     ("server wait info", Kind::IbInfo) => assert!(
                         matches!(&step, Step::CreateAndBringUp { client: c, remote_info: i }
-                            if *c == client() && *i == qp_info(77)),
+                            if *c == client() && *i == sample_info(77)),
                         "{at}"
                     ),
                     ("client wait info", Kind::IbInfo) => assert!(
-                        matches!(&step, Step::BringUp { remote_info: i } if *i == qp_info(77)),
+                        matches!(&step, Step::BringUp { remote_info: i } if *i == sample_info(77)),
                         "{at}"
                     ),
                     ("server wait ready", Kind::IbReady) => {
@@ -220,10 +206,10 @@ mod tests {
 
     #[test]
     fn undecodable_info_is_refused_with_its_cause() {
-        let good = qp_info(77).encode();
+        let good = sample_info(77).encode();
         let mut bad_version = good.clone();
         bad_version[60] = 3;
-        let bad_geometry = IbInfo { recv_buffers: 0, ..qp_info(77) }.encode();
+        let bad_geometry = IbInfo { recv_buffers: 0, ..sample_info(77) }.encode();
         for (body, why) in [
             (&good[..0], "IB info of 0 bytes"),
             (&good[..59], "IB info of 59 bytes"),
@@ -243,18 +229,18 @@ mod tests {
     #[test]
     fn the_exchange_runs_from_either_side() {
         // Client → server: the client's info.
-        let (h, body) = info_frame(SL, &qp_info(10));
+        let (h, body) = info_frame(SL, &sample_info(10));
         let h = Header::decode(&h.encode()).expect("an info header decodes");
         assert_eq!((h.kind, h.sl, h.len as usize), (Kind::IbInfo, SL, body.len()));
         let step = on_frame(SidePhase::ServerWaitInfo { client: client() }, h.kind, &body);
         assert!(
-            matches!(&step, Step::CreateAndBringUp { client: c, remote_info: i } if *c == client() && *i == qp_info(10)),
+            matches!(&step, Step::CreateAndBringUp { client: c, remote_info: i } if *c == client() && *i == sample_info(10)),
             "{step:?}"
         );
         // Server → client: the server's info.
-        let (h, body) = info_frame(SL, &qp_info(20));
+        let (h, body) = info_frame(SL, &sample_info(20));
         let step = on_frame(SidePhase::ClientWaitInfo, h.kind, &body);
-        assert!(matches!(&step, Step::BringUp { remote_info: i } if *i == qp_info(20)), "{step:?}");
+        assert!(matches!(&step, Step::BringUp { remote_info: i } if *i == sample_info(20)), "{step:?}");
         // Client → server: ready.
         let (h, body) = ready_frame(SL);
         let h = Header::decode(&h.encode()).expect("a ready header decodes");

@@ -226,23 +226,28 @@ impl Framed {
     }
 }
 
+/// A queue pair's details as a test's peer would send them.
+#[cfg(test)]
+pub(crate) fn sample_info(qpn: u32) -> IbInfo {
+    IbInfo {
+        qp: QpEndpointInfo { qpn, psn: 1234, lid: 3, gid: crate::ib::verbs::Gid([9; 16]) },
+        recv_buffers: 16,
+        recv_size: 8192,
+        ring_addr: 0x7f00_0000_0000,
+        ring_rkey: 0xabcd,
+        ring_slots: 8,
+        slot_size: 69632,
+        link_layer: LinkLayer::InfiniBand,
+        mtu: Mtu::Mtu4096,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ib::verbs::Gid;
 
     fn info() -> IbInfo {
-        IbInfo {
-            qp: QpEndpointInfo { qpn: 77, psn: 1234, lid: 3, gid: Gid([9; 16]) },
-            recv_buffers: 16,
-            recv_size: 8192,
-            ring_addr: 0x7f00_0000_0000,
-            ring_rkey: 0xabcd,
-            ring_slots: 8,
-            slot_size: 69632,
-            link_layer: LinkLayer::Ethernet,
-            mtu: Mtu::Mtu1024,
-        }
+        IbInfo { link_layer: LinkLayer::Ethernet, mtu: Mtu::Mtu1024, ..sample_info(77) }
     }
 
     #[test]
