@@ -38,9 +38,9 @@ enum Cmd {
     Serve(cli::serve::ServeArgs),
     /// Copy a file (with -r, a directory tree) between the local file system and stripefs
     /// (sfs:/path), either way, or within stripefs.
-    Cp(cli::cmds::CpArgs),
+    Cp(cli::cp::CpArgs),
     /// List a directory.
-    Ls(cli::cmds::LsArgs),
+    Ls(cli::listing::LsArgs),
     /// Attributes, logical size and layout of a path (of a symbolic link itself, and its
     /// target, unless -L).
     Stat {
@@ -128,7 +128,7 @@ enum Cmd {
     /// Mount stripefs with FUSE, in the foreground (or with --background, returning once the
     /// mount is live).
     #[command(hide = cfg!(not(feature = "fuse")))]
-    Mount(cli::cmds::MountArgs),
+    Mount(cli::mount::MountArgs),
 }
 
 fn main() -> ExitCode {
@@ -139,9 +139,9 @@ fn main() -> ExitCode {
         Cmd::Demo(a) => cli::demo::run(a),
         Cmd::Init(a) => cli::init::run(a),
         Cmd::Serve(a) => cli::serve::run(a, cluster),
-        Cmd::Cp(a) => cli::cmds::cp(cluster, a),
-        Cmd::Ls(a) => cli::cmds::ls(cluster, a),
-        Cmd::Stat { dereference, path, out } => cli::cmds::stat(cluster, &path, dereference, out),
+        Cmd::Cp(a) => cli::cp::cp(cluster, a),
+        Cmd::Ls(a) => cli::listing::ls(cluster, a),
+        Cmd::Stat { dereference, path, out } => cli::listing::stat(cluster, &path, dereference, out),
         Cmd::Ln { symbolic, target, link } => cli::cmds::ln(cluster, symbolic, &target, &link),
         Cmd::Readlink { path } => cli::cmds::readlink(cluster, &path),
         Cmd::Rm { recursive, paths } => cli::cmds::rm(cluster, recursive, &paths),
@@ -152,7 +152,7 @@ fn main() -> ExitCode {
         Cmd::Servers { json } => cli::cmds::servers(cluster, json),
         Cmd::Df { out } => cli::cmds::df(cluster, out),
         Cmd::Status { out } => cli::status::status(cluster, out),
-        Cmd::Mount(a) => cli::cmds::mount(cluster, a),
+        Cmd::Mount(a) => cli::mount::mount(cluster, a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

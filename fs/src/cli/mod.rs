@@ -1,15 +1,19 @@
 //! The `stripefs` command-line tool's commands.
 
 pub mod cmds;
+pub mod cp;
 pub mod demo;
 mod dest;
 pub mod init;
+pub mod listing;
 pub mod metrics;
+pub mod mount;
 pub mod serve;
 pub mod status;
 
 use anyhow::{Context, Result};
 use std::path::PathBuf;
+use stripefs::Client;
 use stripefs::config::ClusterConfig;
 
 /// Logs to stderr, filtered by `RUST_LOG` (default: warnings); colours only on a terminal, so
@@ -70,6 +74,17 @@ pub fn load_cluster(arg: Option<PathBuf>) -> Result<ClusterConfig> {
     })
 }
 
+fn client(cluster: Option<PathBuf>) -> Result<Client> {
+    Ok(Client::connect(&load_cluster(cluster)?)?)
+}
+
+/// The cluster file and a client of it (for commands that name servers by address).
+fn cluster_and_client(cluster: Option<PathBuf>) -> Result<(ClusterConfig, Client)> {
+    let cfg = load_cluster(cluster)?;
+    let c = Client::connect(&cfg)?;
+    Ok((cfg, c))
+}
+
 /// An error and its contexts on one line, `outer: cause: …`. Each library error says its
 /// cause in its own message and does not hand it on as `source()`, so nothing is said twice.
 pub fn error_line(e: &anyhow::Error) -> String {
@@ -87,6 +102,15 @@ pub fn sfs_path(s: &str) -> Option<&str> {
 /// A stripefs path where only stripefs paths make sense (`sfs:/x`, `/x` or `x`).
 pub fn any_path(s: &str) -> &str {
     sfs_path(s).unwrap_or(s)
+}
+
+fn base_name(p: &str) -> &str {
+    p.trim_end_matches('/').rsplit('/').next().unwrap_or(p)
+}
+
+/// `name` inside stripefs directory `dir`.
+fn sfs_join(dir: &str, name: &str) -> String {
+    format!("{}/{name}", dir.trim_end_matches('/'))
 }
 
 /// [`stripefs::cluster::pin_to_cpus`], for `serve --cpus`: the error names the CPUs.

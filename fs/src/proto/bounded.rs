@@ -1,6 +1,6 @@
 //! Lists and strings whose decoders refuse more than a bound before allocating for it.
 
-use super::ProtoError;
+use super::error::ProtoError;
 use serde::de::{self, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;

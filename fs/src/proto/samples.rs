@@ -1,7 +1,19 @@
 //! The fuzz target's entry point and one sample of every message shape (the seeds of the
 //! committed corpus).
 
-use super::*;
+use super::attr::{Attr, Cred, DirEntry, FileKind, LayoutSpec, SetAttr, SetTime, Timestamp};
+use super::bounded::{BoundedString, BoundedVec};
+use super::envelope::{Envelope, ErrorReply, Message, Reply, decode, encode, error_reply};
+use super::error::ProtoError;
+use super::io::{Descriptor, IoReply, IoRequest};
+use super::limits::MAX_IO_BYTES;
+use super::meta::{MetaCall, MetaReply, MetaRequest};
+use super::name::{LinkTarget, Name};
+use super::stats::{DiskSpace, Fallbacks, FsStats, PathStats, ServerStats, ServerStatus};
+use crate::capability::Rights;
+use crate::errno::Errno;
+use crate::handle::Handle;
+use crate::layout::{Extent, Layout, View};
 
 /// Entry point of the `fs_proto` fuzz target and the corpus replay test: decodes `data` as every
 /// message kind; whatever decodes must re-encode and decode to the same message, and whatever

@@ -1,6 +1,9 @@
 //! Round trips, limits and validation of every message.
 
 use super::*;
+use crate::capability::{Capability, Rights};
+use crate::errno::Errno;
+use crate::layout::{Extent, Layout, View};
 
 fn cap() -> Capability {
     crate::capability::CapabilityKey::new(b"test-cluster-key-0123").unwrap().mint(

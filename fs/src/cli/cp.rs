@@ -1,0 +1,401 @@
+//! `stripefs cp`: copying a file or a tree between the local file system and stripefs, either
+//! way or within stripefs, through one reused buffer, with a progress bar.
+
+use super::dest::LocalDir;
+use super::listing::kind_name;
+use super::{base_name, client, sfs_join, sfs_path};
+use anyhow::{Context, Result, bail};
+use bytes::BytesMut;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use stripefs::capability::Rights;
+use stripefs::proto::{FileKind, LayoutSpec};
+use stripefs::{Client, CreateOptions, Errno, FsError};
+
+/// Bytes moved per call by `cp`: 16 MiB, i.e. 4 MiB per server of a 4-server file.
+const CP_CHUNK: usize = 16 << 20;
+
+/// `cp` options.
+#[derive(Args, Debug)]
+pub struct CpArgs {
+    /// Source: a local path or sfs:/path.
+    src: String,
+    /// Destination: a local path or sfs:/path (a directory keeps the source's name). At least
+    /// one side is a stripefs path.
+    dst: String,
+    /// Stripe size of a new stripefs file (bytes, or with a binary unit: 64k, 1M).
+    #[arg(long, value_parser = stripefs::units::parse_size)]
+    stripe_size: Option<u64>,
+    /// Stripe count of a new stripefs file.
+    #[arg(long)]
+    stripe_count: Option<u32>,
+    /// Copy a directory and everything below it (links inside it as links).
+    #[arg(short, long)]
+    recursive: bool,
+}
+
+fn bar(len: u64) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    if let Ok(style) =
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+    {
+        pb.set_style(style);
+    }
+    pb
+}
+/// A path on either side of a copy: local, or in stripefs (`sfs:/…`).
+#[derive(Debug, Clone)]
+enum Loc {
+    Local(PathBuf),
+    Sfs(String),
+}
+
+/// What a copy finds at a path (a symbolic link itself, not what it points at).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Node {
+    File(u64),
+    Dir,
+    Link(String),
+}
+
+impl Loc {
+    fn parse(arg: &str) -> Loc {
+        match sfs_path(arg) {
+            Some(p) => Loc::Sfs(p.to_string()),
+            None => Loc::Local(PathBuf::from(arg)),
+        }
+    }
+
+    fn join(&self, name: &str) -> Loc {
+        match self {
+            Loc::Local(p) => Loc::Local(p.join(name)),
+            Loc::Sfs(p) => Loc::Sfs(sfs_join(p, name)),
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Loc::Local(p) => p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            Loc::Sfs(p) => base_name(p).to_string(),
+        }
+    }
+
+    fn show(&self) -> String {
+        match self {
+            Loc::Local(p) => p.display().to_string(),
+            Loc::Sfs(p) => p.clone(),
+        }
+    }
+
+    /// What is at this path, following a link in the last component when `follow`; `None`
+    /// when nothing is.
+    fn node(&self, c: &Client, follow: bool) -> Result<Option<Node>> {
+        match self {
+            Loc::Local(p) => {
+                let m = if follow { std::fs::metadata(p) } else { std::fs::symlink_metadata(p) };
+                let m = match m {
+                    Ok(m) => m,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(e).context(self.show()),
+                };
+                Ok(Some(if m.is_dir() {
+                    Node::Dir
+                } else if m.file_type().is_symlink() {
+                    let t = std::fs::read_link(p).with_context(|| self.show())?;
+                    let t =
+                        t.to_str().with_context(|| format!("{}: link target is not UTF-8", self.show()))?;
+                    Node::Link(t.to_string())
+                } else {
+                    Node::File(m.len())
+                }))
+            }
+            Loc::Sfs(p) => {
+                let st = match if follow { c.stat(p) } else { c.lstat(p) } {
+                    Ok(st) => st,
+                    Err(e) if e.errno() == Errno::ENOENT => return Ok(None),
+                    Err(e) => return Err(e).context(p.clone()),
+                };
+                Ok(Some(match st.attr.kind {
+                    FileKind::Dir => Node::Dir,
+                    FileKind::File => Node::File(st.attr.size),
+                    FileKind::Symlink => Node::Link(c.readlink_handle(st.handle).with_context(|| p.clone())?),
+                    k => bail!("{p}: a {} has no data to copy", kind_name(k)),
+                }))
+            }
+        }
+    }
+
+    /// The names in a directory, sorted.
+    fn list(&self, c: &Client) -> Result<Vec<String>> {
+        let mut names: Vec<String> = match self {
+            Loc::Local(p) => std::fs::read_dir(p)
+                .and_then(|rd| rd.map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned())).collect())
+                .with_context(|| self.show())?,
+            Loc::Sfs(p) => {
+                c.readdir(p).with_context(|| p.clone())?.into_iter().map(|e| e.name.into_string()).collect()
+            }
+        };
+        names.sort();
+        Ok(names)
+    }
+
+    /// Makes this directory; one already there is fine, as `cp -r` into an existing tree.
+    fn mkdir(&self, c: &Client) -> Result<()> {
+        if let Some(Node::Dir) = self.node(c, true)? {
+            return Ok(());
+        }
+        match self {
+            Loc::Local(p) => std::fs::create_dir(p).with_context(|| self.show()),
+            Loc::Sfs(p) => c.mkdir(p, 0o755).map(|_| ()).with_context(|| p.clone()),
+        }
+    }
+
+    fn symlink(&self, c: &Client, target: &str) -> Result<()> {
+        match self {
+            Loc::Local(p) => std::os::unix::fs::symlink(target, p).with_context(|| self.show()),
+            Loc::Sfs(p) => c.symlink(target, p).map(|_| ()).with_context(|| p.clone()),
+        }
+    }
+}
+
+/// Where `cp` reads from.
+enum Source {
+    Local(std::fs::File),
+    Sfs(Box<stripefs::File>),
+}
+
+impl Source {
+    /// Opens the file at `loc` (following links).
+    fn open(c: &Client, loc: &Loc) -> Result<Source> {
+        Ok(match loc {
+            Loc::Sfs(p) => Source::Sfs(Box::new(c.open(p, Rights::READ).with_context(|| p.clone())?)),
+            Loc::Local(p) => Source::Local(std::fs::File::open(p).with_context(|| loc.show())?),
+        })
+    }
+
+    /// Reads the next chunk at `off` (at most [`CP_CHUNK`] bytes) into `buf`; 0 at the end.
+    fn read(&mut self, off: u64, size: u64, mut buf: BytesMut) -> Result<(BytesMut, usize)> {
+        buf.resize(CP_CHUNK, 0);
+        match self {
+            Source::Local(f) => {
+                let n = read_full(f, &mut buf)?;
+                Ok((buf, n))
+            }
+            Source::Sfs(f) => {
+                if off >= size {
+                    return Ok((buf, 0));
+                }
+                buf.truncate((size - off).min(CP_CHUNK as u64) as usize);
+                Ok(f.read_at(off, buf)?)
+            }
+        }
+    }
+}
+
+/// Where `cp` writes to.
+enum Sink {
+    Local(std::fs::File),
+    Sfs(Box<stripefs::File>),
+}
+
+impl Sink {
+    /// Creates (or truncates) the file at `dst`; a local one never through a symbolic link.
+    /// Refuses to copy a stripefs file onto itself, which would truncate it first.
+    fn create(c: &Client, dst: &Loc, src: &Loc, spec: LayoutSpec) -> Result<Sink> {
+        let dst = match dst {
+            Loc::Local(p) => return Ok(Sink::Local(create_local(p)?)),
+            Loc::Sfs(p) => p,
+        };
+        if let (Ok(d), Loc::Sfs(sp)) = (c.stat(dst), src)
+            && c.stat(sp).is_ok_and(|s| s.handle == d.handle)
+        {
+            bail!("{sp} and {dst} are the same file");
+        }
+        let f = match c.create(dst, CreateOptions { mode: 0o644, layout: Some(spec) }) {
+            Ok(f) => f,
+            Err(FsError::Remote { code: Errno::EEXIST, .. }) => {
+                let f = c.open(dst, Rights::READ_WRITE).with_context(|| dst.clone())?;
+                f.truncate(0).with_context(|| dst.clone())?;
+                f
+            }
+            Err(e) => return Err(e).context(dst.clone()),
+        };
+        Ok(Sink::Sfs(Box::new(f)))
+    }
+
+    /// Writes `buf[..n]` at `off` and gives the buffer back for the next chunk.
+    fn write(&mut self, off: u64, mut buf: BytesMut, n: usize) -> Result<BytesMut> {
+        match self {
+            Sink::Local(f) => {
+                f.write_all(&buf[..n])?;
+                Ok(buf)
+            }
+            Sink::Sfs(f) => {
+                let rest = buf.split_off(n);
+                let data = buf.freeze();
+                f.write_at(off, &data)?;
+                // The servers hold no reference once the write completed: reuse the memory.
+                let mut back = data.try_into_mut().unwrap_or_else(|_| BytesMut::zeroed(n));
+                back.unsplit(rest);
+                Ok(back)
+            }
+        }
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        match self {
+            Sink::Local(f) => f.sync_all()?,
+            Sink::Sfs(f) => f.sync()?,
+        }
+        Ok(())
+    }
+}
+
+/// A local file for `cp` to write: in the directory as named, the file itself never through
+/// a symbolic link.
+fn create_local(p: &Path) -> Result<std::fs::File> {
+    let name = p
+        .file_name()
+        .and_then(|n| n.to_str())
+        .with_context(|| format!("{}: not a file name", p.display()))?;
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    Ok(LocalDir::open(dir)?.create_file(name)?)
+}
+
+/// One file's bytes from `src` to the sink `create` makes (once `src` opened), through `buf`,
+/// advancing `pb`.
+fn copy_file(
+    c: &Client,
+    src: &Loc,
+    size: u64,
+    dst: &Loc,
+    create: impl FnOnce() -> Result<Sink>,
+    mut buf: BytesMut,
+    pb: &ProgressBar,
+) -> Result<BytesMut> {
+    let mut from = Source::open(c, src)?;
+    let mut sink = create()?;
+    let mut off = 0u64;
+    loop {
+        let (b, n) = from.read(off, size, buf).with_context(|| format!("reading {}", src.show()))?;
+        if n == 0 {
+            buf = b;
+            break;
+        }
+        buf = sink.write(off, b, n).with_context(|| format!("writing {}", dst.show()))?;
+        off += n as u64;
+        pb.inc(n as u64);
+    }
+    sink.sync().with_context(|| format!("syncing {}", dst.show()))?;
+    Ok(buf)
+}
+
+/// A source tree, parents before their entries: paths relative to its top, and what each is.
+fn walk_tree(c: &Client, top: &Loc) -> Result<Vec<(Vec<String>, Node)>> {
+    let mut out = Vec::new();
+    let mut todo = vec![Vec::<String>::new()];
+    while let Some(rel) = todo.pop() {
+        let dir = rel.iter().fold(top.clone(), |l, n| l.join(n));
+        for name in dir.list(c)? {
+            let at = dir.join(&name);
+            let node = at.node(c, false)?.with_context(|| format!("{}: removed while copying", at.show()))?;
+            let mut path = rel.clone();
+            path.push(name);
+            if node == Node::Dir {
+                todo.push(path.clone());
+            }
+            out.push((path, node));
+        }
+    }
+    // Sorted by path, every directory comes before what is in it.
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+/// `stripefs cp`: local → stripefs, stripefs → local, or stripefs → stripefs, through one
+/// reused buffer of [`CP_CHUNK`] bytes. With `-r`, a directory and everything below it: links
+/// inside the tree are copied as links (links named on the command line are followed).
+pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
+    if sfs_path(&a.src).is_none() && sfs_path(&a.dst).is_none() {
+        bail!("one side of cp must be a stripefs path (sfs:/…)");
+    }
+    let c = client(cluster)?;
+    let (src, mut dst) = (Loc::parse(&a.src), Loc::parse(&a.dst));
+    let spec = LayoutSpec { base: None, pcount: a.stripe_count, ssize: a.stripe_size };
+    let Some(top) = src.node(&c, true)? else {
+        let missing = match src {
+            Loc::Sfs(_) => Errno::ENOENT.to_string(),
+            Loc::Local(_) => std::io::Error::from_raw_os_error(libc::ENOENT).to_string(),
+        };
+        bail!("{}: {missing}", src.show());
+    };
+    // Into an existing directory: keep the source's name.
+    if let Some(Node::Dir) = dst.node(&c, true)? {
+        dst = dst.join(&src.name());
+    }
+    let buf = stripefs::buf::aligned_zeroed(CP_CHUNK);
+    match top {
+        Node::File(size) => {
+            let pb = bar(size);
+            copy_file(&c, &src, size, &dst, || Sink::create(&c, &dst, &src, spec), buf, &pb)?;
+            pb.finish_and_clear();
+        }
+        Node::Dir if !a.recursive => bail!("{}: is a directory (cp -r copies a tree)", src.show()),
+        Node::Dir => {
+            let tree = walk_tree(&c, &src)?;
+            let total = tree.iter().map(|(_, n)| if let Node::File(s) = n { *s } else { 0 }).sum();
+            let pb = bar(total);
+            dst.mkdir(&c)?;
+            let mut buf = buf;
+            for (rel, node) in tree {
+                let (from, to) =
+                    rel.iter().fold((src.clone(), dst.clone()), |(f, t), n| (f.join(n), t.join(n)));
+                let Loc::Local(top) = &dst else {
+                    match node {
+                        Node::Dir => to.mkdir(&c)?,
+                        Node::Link(target) => to.symlink(&c, &target)?,
+                        Node::File(size) => {
+                            let create = || Sink::create(&c, &to, &from, spec);
+                            buf = copy_file(&c, &from, size, &to, create, buf, &pb)?;
+                        }
+                    }
+                    continue;
+                };
+                // Locally, each entry is made in its directory opened component by component
+                // from the top, following no link: not one the copy made (a link's target is
+                // the source's to choose), not one that was there.
+                let (name, parents) = rel.split_last().context("an entry without a name")?;
+                let dir = LocalDir::open(top)?.below(parents)?;
+                match node {
+                    Node::Dir => dir.mkdir(name)?,
+                    Node::Link(target) => dir.symlink(&target, name)?,
+                    Node::File(size) => {
+                        let create = || Ok(Sink::Local(dir.create_file(name)?));
+                        buf = copy_file(&c, &from, size, &to, create, buf, &pb)?;
+                    }
+                }
+            }
+            pb.finish_and_clear();
+        }
+        Node::Link(_) => bail!("{}: a link that was not followed", src.show()),
+    }
+    Ok(())
+}
+
+fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
