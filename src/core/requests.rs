@@ -429,12 +429,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_push_lands_only_inside_a_waiting_requests_buffer_from_its_server() {
+    /// Requests to server 1: op 4 waits with a 100-byte buffer, op 5 is being cancelled.
+    fn requests_of_server_1() -> OpTable<St, ()> {
         let mut ops: OpTable<St, ()> = OpTable::default();
         let buf = OpBuf::Recv(RecvBuf::from(bytes::BytesMut::zeroed(100)));
         ops.insert(OpId(4), OpKind::Request, PeerId(1), 0, ServiceLevel::Normal, buf, St::Moving);
         ops.insert(OpId(5), OpKind::Request, PeerId(1), 0, ServiceLevel::Normal, OpBuf::None, St::Cancelling);
+        ops
+    }
+
+    #[test]
+    fn a_push_lands_only_inside_a_waiting_requests_buffer_from_its_server() {
+        let mut ops = requests_of_server_1();
         let none = HashSet::new();
         assert_eq!(incoming_push(&mut ops, &none, PeerId(1), 4, 60, 40), Ok(PushInto::Op(OpId(4))));
         assert_eq!(incoming_push(&mut ops, &none, PeerId(1), 4, 0, 10), Ok(PushInto::Op(OpId(4))));
@@ -473,10 +479,7 @@ mod tests {
     /// memory the server may still touch; a forgotten cancelled id goes quietly, once.
     #[test]
     fn a_reply_answers_only_a_waiting_request_of_its_server() {
-        let mut ops: OpTable<St, ()> = OpTable::default();
-        let buf = OpBuf::Recv(RecvBuf::from(bytes::BytesMut::zeroed(100)));
-        ops.insert(OpId(4), OpKind::Request, PeerId(1), 0, ServiceLevel::Normal, buf, St::Moving);
-        ops.insert(OpId(5), OpKind::Request, PeerId(1), 0, ServiceLevel::Normal, OpBuf::None, St::Cancelling);
+        let mut ops = requests_of_server_1();
         ops.insert(OpId(6), OpKind::Request, PeerId(1), 0, ServiceLevel::Normal, OpBuf::None, St::Finishing);
         ops.insert(OpId(7), OpKind::Recv, PeerId(1), 0, ServiceLevel::Normal, OpBuf::None, St::Moving);
         let mut cancelled: HashSet<u64> = [8].into();
