@@ -10,9 +10,10 @@
 # `pin` the clients on CPU 0 and the servers on CPU 1. The receiver cycles through a window's
 # worth of buffers (16 × 4 MiB = 64 MiB at window 16), where iperf3 reads into one 1 MiB
 # buffer: window 2 is the closer match. The raw-socket streamer (`ionet-perf raw-client`, plain
-# blocking writes and reads, its receiver cycling through 2 messages' worth of memory as ionet's
-# does at window 2) shows what the same sizes and footprint reach without ionet. Prints each
-# round's GB/s.
+# blocking writes and reads on sockets with ionet's default options, its receiver cycling
+# through 2 messages' worth of memory as ionet's does at window 2) shows what the same sizes and
+# footprint reach without ionet. iperf3 keeps the kernel's socket options. Prints each round's
+# GB/s.
 set -euo pipefail
 command -v iperf3 >/dev/null || { echo "stream-vs-iperf3.sh: needs iperf3 (apt-get install iperf3)" >&2; exit 1; }
 P="$(realpath "$1")"; rounds="${2:-5}"; pin="${3:-}"

@@ -1,5 +1,5 @@
 //! Raw-socket baselines: the same ping-pong and streaming patterns on plain `std::net`
-//! sockets (with ionet's socket-buffer sizes and, when streaming, as much distinct receive
+//! sockets (with ionet's default socket options and, when streaming, as much distinct receive
 //! memory as ionet's window of posted buffers), busy-polling or blocking, so every ionet figure
 //! has a ratio against a baseline measured in the same run.
 
@@ -12,7 +12,13 @@ use crate::run::RunResult;
 use crate::stats;
 
 fn tune(s: &TcpStream) -> io::Result<()> {
-    // Socket buffers as ionet's default leaves them: sized by the kernel's autotuning.
+    // Socket options as ionet's default sets them: buffers sized by the kernel's autotuning,
+    // and the same limit on bytes written but not yet sent, so a ratio to this baseline
+    // measures ionet rather than a socket option.
+    #[cfg(target_os = "linux")]
+    if let Some(n) = ionet::Config::default().get_tcp_notsent_lowat() {
+        socket2::SockRef::from(s).set_tcp_notsent_lowat(u32::try_from(n).unwrap_or(u32::MAX))?;
+    }
     s.set_nodelay(true)
 }
 

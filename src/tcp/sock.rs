@@ -63,12 +63,17 @@ impl Sock {
 }
 
 /// Socket options for a class: no Nagle delay, buffers (when configured; else the kernel's
-/// autotuning), congestion control (when configured), DSCP and `SO_PRIORITY`.
+/// autotuning), the unsent-bytes limit, congestion control (when configured), DSCP and
+/// `SO_PRIORITY`.
 pub(crate) fn tune(sock: &SockRef<'_>, cfg: &Config, sl: ServiceLevel, v4: bool) {
     let _ = sock.set_tcp_nodelay(true);
     if let Some(n) = cfg.socket_buffer {
         let _ = sock.set_send_buffer_size(n);
         let _ = sock.set_recv_buffer_size(n);
+    }
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if let Some(n) = cfg.tcp_notsent_lowat {
+        let _ = sock.set_tcp_notsent_lowat(u32::try_from(n).unwrap_or(u32::MAX));
     }
     if let Some(cc) = &cfg.tcp_congestion
         && let Err(e) = crate::util::set_congestion(sock, cc)
@@ -183,6 +188,26 @@ mod tune_tests {
         tune(&SockRef::from(&fixed), &Config::default().socket_buffer(256 << 10), ServiceLevel::Bulk, true);
         let (rcv, snd) = sizes(&fixed);
         assert!(rcv != default.0 && snd != default.1, "fixed {:?}, default {default:?}", (rcv, snd));
+    }
+
+    /// Unsent bytes are limited by default; the limit can be set or left to the kernel.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn unsent_bytes_are_limited_unless_left_to_the_kernel() {
+        let lowat = |s: &std::net::TcpStream| SockRef::from(s).tcp_notsent_lowat().unwrap();
+        let (untouched, _p1) = pair();
+        let kernels = lowat(&untouched);
+        let tuned = |cfg: &Config| {
+            let (s, p) = pair();
+            tune(&SockRef::from(&s), cfg, ServiceLevel::Bulk, true);
+            (lowat(&s), p)
+        };
+        let default = Config::default().get_tcp_notsent_lowat().unwrap();
+        assert_eq!(tuned(&Config::default()).0 as usize, default);
+        assert_ne!(default as u32, kernels, "the default must differ from the kernel's to be seen");
+        assert_eq!(tuned(&Config::default().tcp_notsent_lowat(Some(16 << 10))).0, 16 << 10);
+        assert_eq!(tuned(&Config::default().tcp_notsent_lowat(None)).0, kernels);
+        assert_eq!(tuned(&Config::default().tcp_notsent_lowat(Some(usize::MAX))).0, u32::MAX);
     }
 
     /// The congestion control is the kernel's unless configured; a configured one is set on the
