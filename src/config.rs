@@ -571,18 +571,19 @@ impl Config {
         self
     }
 
-    /// Most bytes a TCP connection holds written but not yet sent (`TCP_NOTSENT_LOWAT`);
-    /// a sender waits for the socket to become writable rather than queueing more. Default:
-    /// 64 KiB. The kernel's own default is no limit: a large message is copied into the
-    /// socket as far as the send buffer allows (up to `net.ipv4.tcp_wmem`'s maximum, 4 MiB
-    /// on stock kernels), well ahead of the wire. Copied that early, the data has left the
-    /// caches by the time it is sent and read, and on loopback the backlog is also sent from
-    /// the acknowledging CPU, so segments are reordered and retransmitted; with the limit, large
-    /// messages stream faster on loopback. `None` leaves the kernel's setting (`net.ipv4.tcp_notsent_lowat`).
+    /// Most bytes a TCP connection holds written but not yet sent (`TCP_NOTSENT_LOWAT`): a
+    /// sender waits for the socket to become writable rather than queueing more. Default:
+    /// 64 KiB; `None` leaves the kernel's setting (`net.ipv4.tcp_notsent_lowat`, no limit on
+    /// stock kernels). Without a limit a large message is copied into the socket as far as the
+    /// send buffer allows (`net.ipv4.tcp_wmem`'s maximum, 4 MiB on stock kernels), well ahead
+    /// of the wire: the data has left the caches by the time it is sent and read, and on
+    /// loopback the queued segments arrive out of order and are retransmitted.
+    ///
     /// The limit does not bound the bytes in flight, which autotuning still sizes to the path;
-    /// it only asks the sender to come back sooner, so raise it where a sending thread cannot
-    /// be woken within the time the link takes to drain it (64 KiB lasts 5 µs at 100 Gbit/s).
-    /// Linux only; elsewhere no effect.
+    /// it only asks the sender to come back sooner. Raise it where a sending thread cannot be
+    /// woken within the time the link takes to send it (64 KiB lasts 5 µs at 100 Gbit/s,
+    /// though a NIC's queue below the socket usually covers that). Linux only; elsewhere no
+    /// effect.
     pub fn tcp_notsent_lowat(mut self, bytes: Option<usize>) -> Self {
         self.tcp_notsent_lowat = bytes;
         self
