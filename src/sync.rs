@@ -1,6 +1,6 @@
 //! The synchronisation primitives of structures shared between threads, from `std` — or from
 //! `loom` under `--cfg loom`, so the model checks in `src/loom/` explore every interleaving of
-//! the real code (`RUSTFLAGS="--cfg loom" cargo test --release -p ionet --lib loom`).
+//! the real code (`RUSTFLAGS="--cfg loom" cargo test -p ionet --lib loom`).
 
 #[cfg(all(loom, test))]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64};

@@ -1,4 +1,4 @@
-//! loom model checks (`RUSTFLAGS="--cfg loom" cargo test --release -p ionet --lib loom`) of
+//! loom model checks (`RUSTFLAGS="--cfg loom" cargo test -p ionet --lib loom`) of
 //! the structures threads share, run on the real code through the primitives of
 //! `crate::sync`. The endpoint's completion queue ([`crate::completions`]) and its waiting loop are
 //! modelled next to the endpoint (`src/loom/endpoint.rs`, a child of `endpoint` for its private
