@@ -85,6 +85,7 @@ pub fn run(o: &CalOpts) -> Result<Samples, BoxErr> {
             mechanism: Some(m),
             thresholds: Some(Thresholds { inline_max: CAL_MAX, fast_max: CAL_MAX }),
             recv_size: Some((CAL_MAX + 4096) as u32),
+            eager_limit: None,
         };
         let pr = Pair::start(o.scheme, tuning, o.pin)?;
         let series = m.name_on(o.scheme);

@@ -273,6 +273,11 @@ struct Knobs {
     /// Size of each pre-posted InfiniBand receive buffer (inline sends must fit one).
     #[arg(long, value_parser = parse_one_size)]
     recv_size: Option<usize>,
+    /// Largest message sent eagerly and accepted unasked (`Config::eager_limit`; at most 1 MiB
+    /// and the early-data budget). On TCP a message goes eagerly when it is within both this
+    /// and `--inline-max`.
+    #[arg(long, value_parser = parse_one_size)]
+    eager_limit: Option<usize>,
 }
 
 impl Knobs {
@@ -283,6 +288,7 @@ impl Knobs {
             self.inline_max,
             self.fast_max,
             self.recv_size.map(|n| n as u32),
+            self.eager_limit,
         )
     }
 }

@@ -14,12 +14,14 @@ pub struct Tuning {
     pub thresholds: Option<Thresholds>,
     /// Size of each pre-posted InfiniBand receive buffer (inline sends must fit one).
     pub recv_size: Option<u32>,
+    /// Largest message this end sends eagerly and accepts unasked (`Config::eager_limit`).
+    pub eager_limit: Option<usize>,
 }
 
 impl Tuning {
     /// Defaults with this wait mode.
     pub fn wait(wait: WaitMode) -> Tuning {
-        Tuning { wait, mechanism: None, thresholds: None, recv_size: None }
+        Tuning { wait, mechanism: None, thresholds: None, recv_size: None, eager_limit: None }
     }
 
     /// The policy these settings give on `scheme`.
@@ -46,6 +48,9 @@ impl Tuning {
         if let Some(n) = self.recv_size {
             c = c.ib(IbConfig::default().recv_size(n));
         }
+        if let Some(n) = self.eager_limit {
+            c = c.eager_limit(n);
+        }
         c
     }
 
@@ -62,6 +67,9 @@ impl Tuning {
         if let Some(n) = self.recv_size {
             v.extend(["--recv-size".into(), n.to_string()]);
         }
+        if let Some(n) = self.eager_limit {
+            v.extend(["--eager-limit".into(), n.to_string()]);
+        }
         v
     }
 
@@ -72,6 +80,7 @@ impl Tuning {
         inline_max: Option<usize>,
         fast_max: Option<usize>,
         recv_size: Option<u32>,
+        eager_limit: Option<usize>,
     ) -> Tuning {
         let thresholds = match (inline_max, fast_max) {
             (None, None) => None,
@@ -80,7 +89,7 @@ impl Tuning {
                 Some(Thresholds { inline_max, fast_max: f.unwrap_or(inline_max).max(inline_max) })
             }
         };
-        Tuning { wait, mechanism, thresholds, recv_size }
+        Tuning { wait, mechanism, thresholds, recv_size, eager_limit }
     }
 }
 
@@ -95,6 +104,7 @@ mod tests {
             mechanism: Some(Mechanism::FastRdma),
             thresholds: Some(Thresholds { inline_max: 1024, fast_max: 65536 }),
             recv_size: Some(70_000),
+            eager_limit: Some(1 << 20),
         };
         let a = t.server_args();
         let get = |k: &str| a.iter().position(|x| x == k).map(|i| a[i + 1].clone());
@@ -104,6 +114,7 @@ mod tests {
             get("--inline-max").map(|m| m.parse().unwrap()),
             get("--fast-max").map(|m| m.parse().unwrap()),
             get("--recv-size").map(|m| m.parse().unwrap()),
+            get("--eager-limit").map(|m| m.parse().unwrap()),
         );
         assert_eq!(back, t);
         assert_eq!(Tuning::wait(WaitMode::Block).server_args(), vec!["--wait", "block"]);
@@ -111,7 +122,7 @@ mod tests {
 
     #[test]
     fn policy_applies_thresholds_and_forcing() {
-        let t = Tuning::from_parts(WaitMode::Block, Some(Mechanism::Inline), Some(100), Some(50), None);
+        let t = Tuning::from_parts(WaitMode::Block, Some(Mechanism::Inline), Some(100), Some(50), None, None);
         let p = t.policy(Scheme::SoftIb).unwrap();
         assert_eq!(p.thresholds(ServiceLevel::Bulk), Thresholds { inline_max: 100, fast_max: 100 });
         assert_eq!(p.forced(), Some(Mechanism::Inline));
