@@ -121,6 +121,13 @@ mod tests {
     }
 
     #[test]
+    fn config_carries_the_eager_limit() {
+        let t = Tuning { eager_limit: Some(1 << 20), ..Tuning::wait(WaitMode::Block) };
+        let ep = ionet::Endpoint::bind("tcp://127.0.0.1:0", t.config(Scheme::Tcp)).unwrap();
+        assert_eq!(ep.info().eager_limit, 1 << 20);
+    }
+
+    #[test]
     fn policy_applies_thresholds_and_forcing() {
         let t = Tuning::from_parts(WaitMode::Block, Some(Mechanism::Inline), Some(100), Some(50), None, None);
         let p = t.policy(Scheme::SoftIb).unwrap();
