@@ -48,7 +48,9 @@ use crate::info::{Counters, Info};
 use crate::sockets;
 use crate::types::{Access, OpId, PeerId};
 
-use sock::{Sock, moved, recv_now, recv_vec_now, send_now, send_one_now, send_pair_now, tune};
+use sock::{
+    Sock, moved, payload_wake_mark, recv_now, recv_vec_now, send_now, send_one_now, send_pair_now, tune,
+};
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -788,8 +790,15 @@ impl State {
             }
             let r = {
                 let into = session.recv_buffers(link);
-                if matches!(into, RecvInto::Paused) {
-                    return false;
+                // Set before the read and before waiting for readiness: mid-payload, a reader
+                // that drained the socket waits for a good part of what is still due; a header
+                // may be as short as a frame, so every arrival counts again.
+                match &into {
+                    RecvInto::Paused => return false,
+                    RecvInto::Staging(_) => s.set_wake_mark(1),
+                    RecvInto::Direct(dst) => {
+                        s.set_wake_mark(payload_wake_mark(dst.iter().map(|d| d.len()).sum()));
+                    }
                 }
                 // A short read drained the socket: anything arriving later raises a new edge,
                 // so skip the read that would only say EAGAIN — unless epoll already reported

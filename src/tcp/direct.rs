@@ -120,6 +120,8 @@ impl State {
             return None;
         }
         let (buf, want) = self.session.lend_for_direct_read(link)?;
+        // A blocking `recv` waits for the mark, not for the first bytes: a header is short.
+        s.set_wake_mark(1);
         self.in_direct = true;
         Some(DirectWait { link, sock: s.stream.clone(), buf, want })
     }

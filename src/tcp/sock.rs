@@ -45,6 +45,9 @@ pub(crate) struct Sock {
     /// epoll reported the peer's FIN (or an error): a short read no longer means drained, the
     /// EOF behind it must be read, or no later edge would ever report it.
     pub hup: bool,
+    /// The socket's receive low-water mark (`SO_RCVLOWAT`) as last set: 1, the kernel's
+    /// default, except while a large payload is read (see [`payload_wake_mark`]).
+    pub wake_mark: usize,
 }
 
 impl Sock {
@@ -58,8 +61,54 @@ impl Sock {
             drained_fresh: false,
             direct: None,
             hup: false,
+            wake_mark: 1,
         }
     }
+
+    /// Has the kernel wake this socket's reader only once `bytes` bytes wait to be read
+    /// (`SO_RCVLOWAT`); a system call only when that changes. Linux only: its kernel still
+    /// wakes the reader when the receive buffer or the advertised window runs short of the
+    /// mark, so a mark the peer cannot reach never stalls the connection. Elsewhere the mark
+    /// stays at 1.
+    pub(crate) fn set_wake_mark(&mut self, bytes: usize) {
+        if bytes == self.wake_mark {
+            return;
+        }
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+            // SAFETY: setsockopt reads exactly `size_of::<c_int>()` bytes from a live local
+            // integer and changes only when the socket reports readable.
+            let r = unsafe {
+                libc::setsockopt(
+                    self.stream.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVLOWAT,
+                    (&v as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if r == 0 {
+                self.wake_mark = bytes;
+            }
+        }
+    }
+}
+
+/// Payload bytes still due from which a reader waits for more than the next segment.
+const PAYLOAD_WAKE_MIN: usize = 64 << 10;
+/// The most a reader waits for: a larger mark saves few wake-ups, and every byte waited for is
+/// a byte not copied while the rest arrives.
+const PAYLOAD_WAKE_MAX: usize = 512 << 10;
+
+/// The receive low-water mark for a connection whose payload, read straight into its
+/// destination, still has `due` bytes to come: without one, a reader that drained the socket
+/// is woken for every few segments of a large payload, and on loopback the waking is done
+/// by the sending CPU. Never more than `due`, so the mark is always reached, and back to 1
+/// (every arrival) when the payload is in.
+pub(crate) fn payload_wake_mark(due: usize) -> usize {
+    if due < PAYLOAD_WAKE_MIN { 1 } else { due.min(PAYLOAD_WAKE_MAX) }
 }
 
 /// Socket options for a class: no Nagle delay, buffers (when configured; else the kernel's
@@ -159,6 +208,23 @@ pub(crate) fn send_pair_now(sock: &TcpStream, a: &[u8], b: &[u8]) -> io::Result<
 fn send_vec_now(sock: &TcpStream, iov: &[IoSlice<'_>]) -> io::Result<usize> {
     let flags = SendFlags::DONTWAIT | NO_SIGPIPE;
     Ok(note_moved(rustix::net::sendmsg(sock, iov, &mut SendAncillaryBuffer::default(), flags)?))
+}
+
+#[cfg(test)]
+mod wake_mark_tests {
+    use super::*;
+
+    #[test]
+    fn a_payload_mark_waits_for_part_of_what_is_due_and_never_more() {
+        assert_eq!(payload_wake_mark(0), 1, "nothing due: every arrival");
+        assert_eq!(payload_wake_mark(PAYLOAD_WAKE_MIN - 1), 1, "a small rest: every arrival");
+        assert_eq!(payload_wake_mark(PAYLOAD_WAKE_MIN), PAYLOAD_WAKE_MIN);
+        assert_eq!(payload_wake_mark(300 << 10), 300 << 10, "all of a rest below the cap");
+        assert_eq!(payload_wake_mark(64 << 20), PAYLOAD_WAKE_MAX);
+        for due in (0..8 << 20).step_by(4093) {
+            assert!(payload_wake_mark(due) <= due.max(1), "a mark the payload cannot reach: {due}");
+        }
+    }
 }
 
 #[cfg(test)]
