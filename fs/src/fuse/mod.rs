@@ -1064,6 +1064,12 @@ pub fn mount_notify(
         fs.drop_stale_hidden();
     }
     let mut session = fuser::Session::new(fs, mountpoint, &cfg)?;
+    let limit = std::fs::read_to_string(MAX_PAGES_LIMIT).ok().and_then(|s| s.trim().parse().ok());
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten();
+    let page = page.and_then(|p| u64::try_from(p).ok()).unwrap_or(4096);
+    if let Some(note) = request_pages_note(limit, page) {
+        tracing::warn!("{note}");
+    }
     let _ = notifier.set(session.notifier());
     let mut unmounter = session.unmount_callable();
     let _ = ctrlc::set_handler(move || {
@@ -1074,10 +1080,42 @@ pub fn mount_notify(
     session.run()
 }
 
+/// The kernel's cap on the pages one FUSE request may carry, whatever the mount asks for.
+const MAX_PAGES_LIMIT: &str = "/proc/sys/fs/fuse/max_pages_limit";
+
+/// What to tell the operator at mount time about the kernel's cap on request pages (`limit`,
+/// when the kernel lets it be set; pages of `page` bytes): below the pages a 1 MiB transfer
+/// spans when its buffer does not start on a page boundary (most `malloc`ed buffers do not),
+/// the kernel sends each such read or write as two requests, the second of a few bytes, and
+/// that one costs a whole round trip to an io server.
+fn request_pages_note(limit: Option<u64>, page: u64) -> Option<String> {
+    let unaligned_mib = (1 << 20) / page.max(1) + 1;
+    let limit = limit.filter(|&l| l < unaligned_mib)?;
+    Some(format!(
+        "the kernel caps a FUSE request at {limit} pages (fs.fuse.max_pages_limit): a 1 MiB read \
+         or write from a buffer that does not start on a page boundary goes as two requests, the \
+         second of a few bytes and a round trip of its own; `sysctl fs.fuse.max_pages_limit={}` \
+         makes it one",
+        (2 * unaligned_mib).next_power_of_two() / 2
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::cell::Cell;
+
+    #[test]
+    fn a_request_cap_below_an_unaligned_mib_is_pointed_out() {
+        let note = request_pages_note(Some(256), 4096).expect("the kernel's default splits such transfers");
+        assert!(note.contains("256 pages") && note.contains("fs.fuse.max_pages_limit=512"), "{note}");
+        assert_eq!(request_pages_note(Some(257), 4096), None, "one page more is enough");
+        assert_eq!(request_pages_note(Some(512), 4096), None);
+        assert_eq!(request_pages_note(None, 4096), None, "a kernel without the setting: nothing to change");
+        // 64 KiB pages: an unaligned MiB spans 17 of them.
+        assert!(request_pages_note(Some(16), 65536).is_some_and(|n| n.contains("max_pages_limit=32")));
+        assert_eq!(request_pages_note(Some(256), 65536), None);
+    }
 
     #[test]
     fn sync_and_dsync_flags_ask_for_durable_writes() {
