@@ -47,6 +47,7 @@ pub(crate) struct Sock {
     pub hup: bool,
     /// The socket's receive low-water mark (`SO_RCVLOWAT`) as last set: 1, the kernel's
     /// default, except while a large payload is read (see [`payload_wake_mark`]).
+    #[cfg(target_os = "linux")]
     pub wake_mark: usize,
 }
 
@@ -61,6 +62,7 @@ impl Sock {
             drained_fresh: false,
             direct: None,
             hup: false,
+            #[cfg(target_os = "linux")]
             wake_mark: 1,
         }
     }
@@ -71,11 +73,10 @@ impl Sock {
     /// mark, so a mark the peer cannot reach never stalls the connection. Elsewhere the mark
     /// stays at 1.
     pub(crate) fn set_wake_mark(&mut self, bytes: usize) {
-        if bytes == self.wake_mark {
-            return;
-        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = bytes;
         #[cfg(target_os = "linux")]
-        {
+        if bytes != self.wake_mark {
             use std::os::fd::AsRawFd;
             let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
             // SAFETY: setsockopt reads exactly `size_of::<c_int>()` bytes from a live local
