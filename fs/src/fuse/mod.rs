@@ -1096,7 +1096,7 @@ fn request_pages_note(limit: Option<u64>, page: u64) -> Option<String> {
          or write from a buffer that does not start on a page boundary goes as two requests, the \
          second of a few bytes and a round trip of its own; `sysctl fs.fuse.max_pages_limit={}` \
          makes it one",
-        (2 * unaligned_mib).next_power_of_two() / 2
+        unaligned_mib.next_power_of_two()
     ))
 }
 
