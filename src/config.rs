@@ -166,7 +166,9 @@ impl IbConfig {
     }
 
     /// Largest transfer unit of server-based RDMA (default 2 MiB; a transfer is cut into units
-    /// of min(this, max(total / 2, 64 KiB)) so two are in flight).
+    /// of min(this, max(total / 2, 64 KiB)) so two are in flight). On `softib://`, whose
+    /// copies the host's CPU makes one after the other, units are this size: two would not
+    /// overlap.
     pub fn transfer_unit(mut self, n: usize) -> Self {
         self.transfer_unit = n;
         self

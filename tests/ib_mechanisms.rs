@@ -420,3 +420,33 @@ fn a_staged_read_copies_only_what_was_pushed() {
         PIECES * PIECE
     );
 }
+
+/// On `softib://` the host's CPU moves the data as each work request is posted, so nothing
+/// overlaps two units of one transfer: a transfer up to the transfer unit goes as one
+/// RDMA_READ. Counted as the work requests the receiver posts: one read and at most one
+/// message back per 1 MiB message (two units would make it three).
+#[test]
+fn a_transfer_up_to_the_unit_is_one_read_where_the_cpu_moves_the_data() {
+    const N: u64 = 8;
+    const LEN: usize = 1 << 20;
+    let srv = Endpoint::bind("softib://127.0.0.1:0", Config::default()).unwrap();
+    let cli = Endpoint::client(Config::default().progress_thread(true)).unwrap();
+    let p = cli.connect(srv.local_addr().unwrap()).unwrap();
+    // Connected, and the server's first receives posted, before counting.
+    let hello = cli.send_unexpected(p, 0, Bytes::from_static(b"hi"), ServiceLevel::Normal).unwrap();
+    let peer = srv.recv_unexpected(Some(T)).unwrap().expect("hello").peer;
+    wait_ok(&cli, hello);
+    let before = snapshot(&srv);
+    for i in 0..N {
+        let data = pattern(LEN, i);
+        let send = cli.send(p, 1, send_buf(&cli, Mem::Pool, &data), ServiceLevel::Normal).unwrap();
+        let c = wait_ok(&srv, srv.recv(peer, 1, recv_buf(&srv, Mem::Pool, LEN)).unwrap());
+        assert!(received(&c)[..] == data[..]);
+        wait_ok(&cli, send);
+    }
+    let (c, provider) = snapshot(&srv);
+    assert_eq!(c.mech_server_rdma - before.0.mech_server_rdma, N, "server-based RDMA");
+    assert_eq!(provider.rdma_read_bytes - before.1.rdma_read_bytes, N * LEN as u64);
+    let wrs = provider.send_wrs_posted - before.1.send_wrs_posted;
+    assert!(wrs <= 2 * N, "{wrs} work requests posted for {N} transfers of 1 MiB");
+}

@@ -300,6 +300,7 @@ fn query_device(c: &CtxInner) -> VerbsResult<DeviceAttr> {
         max_srq_sge: u(a.max_srq_sge),
         max_inline_data: 0,
         phys_port_cnt: a.phys_port_cnt,
+        cpu_moves_data: false,
     })
 }
 

@@ -121,6 +121,11 @@ impl<V: Verbs> IbBackend<V> {
             max_sge,
         };
         let ib = &cfg.ib;
+        // Units of a transfer overlap on an adapter, which moves one while the engine sets up
+        // the next. Where the host's CPU moves the data as each is posted, one after the other,
+        // a unit more only adds a work request, a completion and a system call.
+        let min_transfer_unit =
+            if dev.ctx.attr().cpu_moves_data { ib.transfer_unit } else { ib.min_transfer_unit };
         let st = State {
             s,
             dev: dev.clone(),
@@ -145,7 +150,7 @@ impl<V: Verbs> IbBackend<V> {
             fin_wait: FxHashMap::default(),
             units: super::units::Units::new(BulkScheduler::new(
                 ib.transfer_unit,
-                ib.min_transfer_unit,
+                min_transfer_unit,
                 ib.peer_rdma_cap,
                 ib.endpoint_rdma_cap,
             )),

@@ -513,6 +513,7 @@ impl SoftContext {
             max_srq_sge: cfg.max_sge,
             max_inline_data: cfg.max_inline_data,
             phys_port_cnt: cfg.ports.len() as u8,
+            cpu_moves_data: true,
         };
         let mut arena = std::collections::BTreeMap::new();
         arena.insert(0, caps.arena);

@@ -177,6 +177,10 @@ pub struct DeviceAttr {
     pub max_inline_data: u32,
     /// Number of physical ports (ports are numbered from 1).
     pub phys_port_cnt: u8,
+    /// The host's CPU moves the data of RDMA work requests, as it posts them (a software
+    /// provider), rather than an adapter's DMA engine beside it. Not an `ibv_device_attr`
+    /// field: false for hardware.
+    pub cpu_moves_data: bool,
 }
 
 /// Port attributes (`struct ibv_port_attr`) and the GID at index 0.
