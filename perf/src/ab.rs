@@ -297,7 +297,10 @@ pub fn render(s: &Samples, link_prefix: &str) -> Result<(String, Vec<(String, St
             "Streaming bandwidth (GB/s = 10⁹ B/s, higher is better), blocking waits. Buffers: `heap` \
              sends and receives plain heap memory (on InfiniBand registered per message, and \
              received through the engine's zone buffers), `pool` uses the endpoints' registered \
-             pools (`Endpoint::alloc`) on both sides (`ionet-perf client --pool`).\n\n",
+             pools (`Endpoint::alloc`) on both sides (`ionet-perf client --pool`). The `heap` \
+             sender sends one payload over and over, which stays in its caches; a pool buffer \
+             cannot be shared, so the `pool` sender cycles through one per message in flight, a \
+             window's worth of memory (`--footprint` gives `heap` the same).\n\n",
         );
         md.push_str(&t.render());
         if let Some(ip) = get("iperf3", "iperf3", "bandwidth", "-", (1 << 20) as f64) {
