@@ -790,16 +790,18 @@ impl State {
             }
             let r = {
                 let into = session.recv_buffers(link);
-                // Set before the read and before waiting for readiness: mid-payload, a reader
-                // that drained the socket waits for a good part of what is still due; a header
-                // may be as short as a frame, so every arrival counts again.
-                match &into {
+                // The mark is set before the read and before waiting for readiness: mid-payload,
+                // a reader that drained the socket waits for a good part of what is still due;
+                // a header may be as short as a frame, so every arrival counts again.
+                let (room, mark) = match &into {
                     RecvInto::Paused => return false,
-                    RecvInto::Staging(_) => s.set_wake_mark(1),
+                    RecvInto::Staging(buf) => (buf.len(), 1),
                     RecvInto::Direct(dst) => {
-                        s.set_wake_mark(payload_wake_mark(dst.iter().map(|d| d.len()).sum()));
+                        let due = dst.iter().map(|d| d.len()).sum();
+                        (due, payload_wake_mark(due))
                     }
-                }
+                };
+                s.set_wake_mark(mark);
                 // A short read drained the socket: anything arriving later raises a new edge,
                 // so skip the read that would only say EAGAIN — unless epoll already reported
                 // the FIN, which no later edge repeats: then the read that returns EOF must
@@ -810,16 +812,11 @@ impl State {
                     return false;
                 }
                 match into {
-                    RecvInto::Staging(buf) => {
-                        let room = buf.len();
-                        recv_now(&s.stream, buf).map(|n| (n, room))
-                    }
-                    RecvInto::Direct(mut dst) => {
-                        let want = dst.iter().map(|d| d.len()).sum();
-                        recv_vec_now(&s.stream, &mut dst).map(|n| (n, want))
-                    }
+                    RecvInto::Staging(buf) => recv_now(&s.stream, buf),
+                    RecvInto::Direct(mut dst) => recv_vec_now(&s.stream, &mut dst),
                     RecvInto::Paused => return false,
                 }
+                .map(|n| (n, room))
             };
             match r {
                 Ok((0, _)) => {
