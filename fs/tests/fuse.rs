@@ -602,6 +602,44 @@ fn a_read_only_background_mount_serves_reads_and_refuses_changes() {
     assert!(!mounted(&mnt));
 }
 
+/// A background mount outlives the command that started it: it keeps serving when it logs
+/// after that command (and the pipes it read the server's output from) is gone, and what it
+/// logs from then on goes to `--log-file`.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_background_mount_logs_after_its_launcher_exits() {
+    let tc = TestCluster::start("tcp", 2);
+    let c = tc.client();
+    let data = pattern(100_000, 9);
+    let f = c.create("/f.bin", stripefs::CreateOptions { mode: 0o644, layout: None }).unwrap();
+    f.write_at(0, &data).unwrap();
+    let mnt = tc.dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let log = tc.dir.path().join("mount.log");
+    // Debug logging makes the server write a line for every request it serves.
+    let out = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .env("RUST_LOG", "debug")
+        .arg("--cluster")
+        .arg(tc.cluster.config_path())
+        .args(["mount", "--background", "--log-file"])
+        .arg(&log)
+        .arg(&mnt)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let _guard = Unmount(mnt.clone());
+    assert!(out.status.success(), "mount --background: {}", String::from_utf8_lossy(&out.stderr));
+    for round in 0..3 {
+        assert_eq!(std::fs::read(mnt.join("f.bin")).unwrap(), &data[..], "read {round}");
+        std::fs::write(mnt.join(format!("w{round}")), b"written").unwrap();
+    }
+    assert!(mounted(&mnt));
+    assert_eq!(c.readdir("/").unwrap().len(), 4);
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.lines().count() >= 6, "the server's log after it went live: {logged:?}");
+    run(Command::new("umount").arg(&mnt));
+}
+
 /// Asserts `got` is `want`, saying where they part instead of printing megabytes.
 #[track_caller]
 fn same_bytes(got: &[u8], want: &[u8], what: &str) {

@@ -26,6 +26,9 @@ pub fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
+        // A log line that cannot be written (stderr a pipe nobody reads any more) is lost
+        // rather than reported on that same stderr, which panics the thread that logged.
+        .log_internal_errors(false)
         .try_init();
 }
 

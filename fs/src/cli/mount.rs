@@ -36,6 +36,10 @@ pub struct MountArgs {
     /// `fusermount3 -u`.
     #[arg(short, long)]
     background: bool,
+    /// With `--background`: the file the mount's server appends its log to once it is live
+    /// (default: none; warnings it prints before it is live are shown by this command).
+    #[arg(long)]
+    log_file: Option<PathBuf>,
     /// Internal: the process `--background` starts; says `MOUNTED` on stdout once live.
     #[arg(long, hide = true)]
     daemon_child: bool,
@@ -70,6 +74,9 @@ fn mount_opts(opts: &[String]) -> Result<MountOpts> {
 #[cfg(feature = "fuse")]
 pub fn mount(cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
     let m = mount_opts(&a.options)?;
+    if a.log_file.is_some() && !a.background && !a.daemon_child {
+        bail!("--log-file is for --background; in the foreground the log goes to stderr");
+    }
     if a.background {
         return mount_in_background(cluster, &a);
     }
@@ -83,18 +90,55 @@ pub fn mount(cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
         let _ = nix::unistd::setsid();
     }
     let c = client(cluster)?;
-    let daemon_child = a.daemon_child;
+    let detach = if a.daemon_child { Some(Detach::open(a.log_file.as_deref())?) } else { None };
     let mountpoint = a.mountpoint.display().to_string();
     stripefs::fuse::mount_notify(c, &a.mountpoint, opts, move || {
         tracing::info!(mountpoint, "mounted");
-        if daemon_child {
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "MOUNTED");
-            let _ = out.flush();
+        if let Some(d) = detach {
+            d.say_mounted();
         }
     })
     .with_context(|| format!("mounting on {}", a.mountpoint.display()))?;
     Ok(())
+}
+
+/// Where the server of a background mount writes once it is live. Until then its output goes
+/// to the command that started it, through pipes that close when that command exits: a write
+/// to them after that fails, and a log line must not cost the mount.
+#[cfg(feature = "fuse")]
+struct Detach {
+    log: std::fs::File,
+    null: std::fs::File,
+}
+
+#[cfg(feature = "fuse")]
+impl Detach {
+    /// Opens the log (`None`: nowhere) before mounting, so a log file that cannot be written
+    /// fails the mount with its reason.
+    fn open(log_file: Option<&std::path::Path>) -> Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let null = std::fs::OpenOptions::new().write(true).open("/dev/null").context("opening /dev/null")?;
+        let log = match log_file {
+            Some(p) => std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o640)
+                .open(p)
+                .with_context(|| format!("log file {}", p.display()))?,
+            None => null.try_clone().context("opening /dev/null")?,
+        };
+        Ok(Detach { log, null })
+    }
+
+    /// Moves the log off the pipe, then tells the waiting command the mount is live (which
+    /// closes the last pipe).
+    fn say_mounted(self) {
+        let _ = nix::unistd::dup2_stderr(&self.log);
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "MOUNTED");
+        let _ = out.flush();
+        let _ = nix::unistd::dup2_stdout(&self.null);
+    }
 }
 
 /// `mount --background`: starts this binary again as the mount's server (in a session of its
@@ -118,11 +162,18 @@ fn mount_in_background(cluster: Option<PathBuf>, a: &MountArgs) -> Result<()> {
     if !a.options.is_empty() {
         cmd.arg("-o").arg(a.options.join(","));
     }
+    if let Some(log) = &a.log_file {
+        // The server's working directory is this command's, but say it whole in its arguments.
+        cmd.arg("--log-file").arg(std::path::absolute(log).unwrap_or_else(|_| log.clone()));
+    }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().context("starting the background mount")?;
     // Drained meanwhile, so a chatty log cannot fill the pipe and stall the child before it
-    // mounts; only the end is kept, to report a failure.
-    let errors = child.stderr.take().map(|e| {
+    // mounts; only the end is kept: shown once it is live (its warnings), or as the reason it
+    // failed. The child moves its log off the pipe before it says it is live, so the pipe
+    // ends then.
+    let (said_tx, said_rx) = std::sync::mpsc::channel();
+    if let Some(e) = child.stderr.take() {
         std::thread::spawn(move || {
             let mut tail = std::collections::VecDeque::new();
             for line in std::io::BufReader::new(e).lines().map_while(Result::ok) {
@@ -131,20 +182,23 @@ fn mount_in_background(cluster: Option<PathBuf>, a: &MountArgs) -> Result<()> {
                     tail.pop_front();
                 }
             }
-            tail.into_iter().collect::<Vec<_>>().join("\n")
-        })
-    });
+            let _ = said_tx.send(tail.into_iter().collect::<Vec<_>>().join("\n"));
+        });
+    }
     let mut line = String::new();
     if let Some(out) = child.stdout.take() {
         let _ = std::io::BufReader::new(out).read_line(&mut line);
     }
     if line.trim() == "MOUNTED" {
-        // The child keeps serving; its pipes close with this process.
+        let said = said_rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap_or_default();
+        if !said.trim().is_empty() {
+            eprintln!("{}", said.trim_end());
+        }
         println!("mounted on {} (pid {})", mountpoint.display(), child.id());
         return Ok(());
     }
     let status = child.wait()?;
-    let said = errors.and_then(|t| t.join().ok()).unwrap_or_default();
+    let said = said_rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap_or_default();
     let said = said.trim().trim_start_matches("stripefs: ");
     bail!("the background mount exited ({status}) before it was live: {said}")
 }
@@ -152,7 +206,8 @@ fn mount_in_background(cluster: Option<PathBuf>, a: &MountArgs) -> Result<()> {
 /// `stripefs mount` without the `fuse` feature.
 #[cfg(not(feature = "fuse"))]
 pub fn mount(_cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
-    let _ = (a.mountpoint, a.threads, a.background, a.daemon_child, a.cache, mount_opts(&a.options)?);
+    let _ =
+        (a.mountpoint, a.threads, a.background, a.daemon_child, a.cache, a.log_file, mount_opts(&a.options)?);
     bail!("this stripefs was built without FUSE support; rebuild with `--features fuse`")
 }
 

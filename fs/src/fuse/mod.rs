@@ -1063,13 +1063,14 @@ pub fn mount_notify(
         // Clean-up writes; a read-only mount leaves it to the next writable one.
         fs.drop_stale_hidden();
     }
-    let mut session = fuser::Session::new(fs, mountpoint, &cfg)?;
+    // Said before the mount is live: a launcher that backgrounds the mount shows it then.
     let limit = std::fs::read_to_string(MAX_PAGES_LIMIT).ok().and_then(|s| s.trim().parse().ok());
     let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten();
     let page = page.and_then(|p| u64::try_from(p).ok()).unwrap_or(4096);
     if let Some(note) = request_pages_note(limit, page) {
         tracing::warn!("{note}");
     }
+    let mut session = fuser::Session::new(fs, mountpoint, &cfg)?;
     let _ = notifier.set(session.notifier());
     let mut unmounter = session.unmount_callable();
     let _ = ctrlc::set_handler(move || {
