@@ -135,9 +135,12 @@ pub struct LocalCluster {
     io: Vec<Option<Proc>>,
 }
 
+/// The key's file name in a local cluster's data directory.
+const KEY_FILE: &str = "cluster.key";
+
 /// Reads (or creates) the cluster key in `dir/cluster.key`.
 pub fn ensure_key(dir: &Path) -> Result<PathBuf, ClusterError> {
-    let path = dir.join("cluster.key");
+    let path = dir.join(KEY_FILE);
     ensure_key_file(&path)?;
     Ok(path)
 }
@@ -216,8 +219,14 @@ impl LocalCluster {
         Ok(cluster)
     }
 
+    /// Writes the cluster file into the data directory. Paths in a cluster file are read
+    /// relative to the file, not to where it was written from, so it names the data directory
+    /// and the key beside it as such: it works from any directory, and copied with its key.
     fn write_config(&self) -> Result<(), ClusterError> {
-        self.cfg.save(&self.config_path, true).map_err(io_err("writing the cluster file"))
+        let mut file = self.cfg.clone();
+        file.data_dir = Some(PathBuf::from("."));
+        file.key = KeySource::File(PathBuf::from(KEY_FILE));
+        file.save(&self.config_path, true).map_err(io_err("writing the cluster file"))
     }
 
     fn spawn(
@@ -279,7 +288,7 @@ impl LocalCluster {
             "--data-dir".into(),
             self.cfg.io_data_dir(i).display().to_string(),
             "--key-file".into(),
-            self.opts.data_dir.join("cluster.key").display().to_string(),
+            self.opts.data_dir.join(KEY_FILE).display().to_string(),
             "--transfer-unit".into(),
             self.cfg.transfer_unit.to_string(),
         ];

@@ -301,13 +301,15 @@ fn new_entries_belong_to_the_user_who_made_them() {
     assert_eq!(c.lstat("/d/f").unwrap().attr.uid, 4321, "still there");
 }
 
+/// `stripefs serve` with a data directory relative to where it runs (as its default is): the
+/// cluster file it writes works from anywhere else.
 #[test]
 fn serve_runs_a_local_cluster_from_flags() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mut serve = Command::new(env!("CARGO_BIN_EXE_stripefs"))
-        .args(["serve", "--io-servers", "2", "--data-dir"])
-        .arg(&data)
+        .current_dir(dir.path())
+        .args(["serve", "--io-servers", "2", "--data-dir", "data"])
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
