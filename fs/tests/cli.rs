@@ -30,13 +30,17 @@ fn client_commands() {
     assert!(ok(&cl, &["getstripe", "sfs:/a/b"]).contains("pcount 2 ssize 128 KiB"));
     assert!(ok(&cl, &["getstripe", "--bytes", "sfs:/a/b"]).contains("pcount 2 ssize 131072"));
     ok(&cl, &["cp", src.to_str().unwrap(), "sfs:/a/b/f.bin"]);
-    // df: a row per io server, their sum, the meta server's counts (root, a, b; one file).
-    let df = ok(&cl, &["df"]);
+    // df: a row per io server, their sum (the servers share the test's file system, so it is
+    // counted once), the meta server's counts (root, a, b; one file).
+    let df = ok(&cl, &["df", "--bytes"]);
     let rows: Vec<&str> = df.lines().collect();
-    assert_eq!(rows.len(), 6, "{df}");
+    assert_eq!(rows.len(), 7, "{df}");
     assert!(rows[0].starts_with("io server") && rows[4].starts_with("total"), "{df}");
     assert!((1..4).all(|i| rows[i].starts_with(&(i - 1).to_string())), "{df}");
-    assert_eq!(rows[5], "files: 1, directories: 3, io servers: 3");
+    let size = |row: &str| row.split_whitespace().nth(1).unwrap().to_owned();
+    assert_eq!(size(rows[4]), size(rows[1]), "{df}");
+    assert_eq!(rows[5], "io servers 0, 1, 2 share a file system: the total counts it once");
+    assert_eq!(rows[6], "files: 1, directories: 3, io servers: 3");
     let stat = ok(&cl, &["stat", "--bytes", "sfs:/a/b/f.bin"]);
     assert!(stat.contains("size: 5000000") && stat.contains("pcount 2 ssize 131072"), "{stat}");
     let stat = ok(&cl, &["stat", "sfs:/a/b/f.bin"]);

@@ -287,7 +287,7 @@ pub fn df(cluster: Option<PathBuf>, o: Output) -> Result<()> {
     let (cfg, c) = cluster_and_client(cluster)?;
     let stats = c.server_stats();
     let failed = stats.iter().filter(|s| s.is_err()).count();
-    let total = stats.iter().flatten().fold(DiskSpace::default(), |t, s| t.plus(s.disk));
+    let total = DiskSpace::sum(stats.iter().flatten().map(|s| s.disk));
     let fs = if failed == 0 { Some(c.statfs()?) } else { None };
     if o.json {
         let io_servers = stats
@@ -302,6 +302,7 @@ pub fn df(cluster: Option<PathBuf>, o: Output) -> Result<()> {
             directories: fs.map(|f| f.dirs),
         })?;
     } else {
+        let shared = sharing(&stats);
         let mut out = std::io::stdout().lock();
         writeln!(out, "{:<10} {:>12} {:>12} {:>12} {:>5}", "io server", "size", "used", "avail", "use%")?;
         for (i, st) in stats.into_iter().enumerate() {
@@ -312,6 +313,9 @@ pub fn df(cluster: Option<PathBuf>, o: Output) -> Result<()> {
         }
         if let Some(fs) = fs {
             writeln!(out, "{}", df_row("total", total, o))?;
+            for group in shared {
+                writeln!(out, "io servers {group} share a file system: the total counts it once")?;
+            }
             writeln!(out, "files: {}, directories: {}, io servers: {}", fs.files, fs.dirs, fs.io_servers)?;
         }
     }
@@ -319,6 +323,27 @@ pub fn df(cluster: Option<PathBuf>, o: Output) -> Result<()> {
         bail!("{failed} io server(s) did not answer");
     }
     Ok(())
+}
+
+/// The io servers (by index) that keep their data on one file system, for each file system
+/// more than one does: `0, 1, 2`.
+fn sharing(stats: &[stripefs::FsResult<ServerStats>]) -> Vec<String> {
+    let mut by_fs: Vec<(u64, Vec<usize>)> = Vec::new();
+    for (i, s) in stats.iter().enumerate() {
+        let Ok(s) = s else { continue };
+        if s.disk.fs_id == 0 {
+            continue;
+        }
+        match by_fs.iter_mut().find(|(id, _)| *id == s.disk.fs_id) {
+            Some((_, servers)) => servers.push(i),
+            None => by_fs.push((s.disk.fs_id, vec![i])),
+        }
+    }
+    by_fs
+        .into_iter()
+        .filter(|(_, servers)| servers.len() > 1)
+        .map(|(_, servers)| servers.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
+        .collect()
 }
 
 /// One line of `df`: size, used, available and use% of `d`.
@@ -380,21 +405,21 @@ mod tests {
     fn a_df_row_is_consistent_whatever_a_server_sent() {
         let gib = 1 << 30;
         let o = Output::default();
-        let row = df_row("0", DiskSpace { total: 4 * gib, free: 3 * gib, avail: 2 * gib }, o);
+        let row = df_row("0", DiskSpace { total: 4 * gib, free: 3 * gib, avail: 2 * gib, fs_id: 1 }, o);
         assert_eq!(
             row.split_whitespace().collect::<Vec<_>>(),
             ["0", "4.0", "GiB", "1.0", "GiB", "2.0", "GiB", "34%"]
         );
         let exact = Output { bytes: true, ..o };
-        let row = df_row("0", DiskSpace { total: 4 * gib, free: 3 * gib, avail: 2 * gib }, exact);
+        let row = df_row("0", DiskSpace { total: 4 * gib, free: 3 * gib, avail: 2 * gib, fs_id: 1 }, exact);
         assert_eq!(
             row.split_whitespace().collect::<Vec<_>>(),
             ["0", "4294967296", "1073741824", "2147483648", "34%"]
         );
         // Nonsense (free and avail over the size, sums that would overflow) prints, clamped.
-        let row = df_row("1", DiskSpace { total: u64::MAX, free: 0, avail: u64::MAX }, o);
+        let row = df_row("1", DiskSpace { total: u64::MAX, free: 0, avail: u64::MAX, fs_id: 2 }, o);
         assert!(row.ends_with(" 100%"), "{row}");
-        let row = df_row("2", DiskSpace { total: 10, free: 20, avail: 30 }, o);
+        let row = df_row("2", DiskSpace { total: 10, free: 20, avail: 30, fs_id: 3 }, o);
         assert!(row.ends_with("   0%"), "{row}");
         assert!(df_row("3", DiskSpace::default(), o).ends_with("   0%"));
     }

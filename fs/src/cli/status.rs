@@ -156,7 +156,7 @@ mod tests {
             requests: 12,
             in_flight: 1,
             errors: 0,
-            disk: DiskSpace { total: 4 << 30, free: 3 << 30, avail: 3 << 29 },
+            disk: DiskSpace { total: 4 << 30, free: 3 << 30, avail: 3 << 29, fs_id: 1 },
         })
     }
 

@@ -993,11 +993,13 @@ impl Client {
     }
 
     /// The cluster's space: the sum over io servers of the file systems holding their objects
-    /// (as `statfs` on a PVFS or Lustre mount adds up its servers). Servers sharing one file
-    /// system, as a local test cluster's do, count it once each. Fails if any server does not
-    /// answer: a partial sum would look like a smaller file system.
+    /// (as `statfs` on a PVFS or Lustre mount adds up its servers), one that several servers
+    /// share (as a local cluster's do) counted once. Fails if any server does not answer: a
+    /// partial sum would look like a smaller file system.
     pub fn disk_space(&self) -> FsResult<proto::DiskSpace> {
-        self.server_stats().into_iter().try_fold(proto::DiskSpace::default(), |sum, s| Ok(sum.plus(s?.disk)))
+        let spaces =
+            self.server_stats().into_iter().map(|s| s.map(|s| s.disk)).collect::<FsResult<Vec<_>>>()?;
+        Ok(proto::DiskSpace::sum(spaces))
     }
 }
 

@@ -72,7 +72,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         requests: 42,
         in_flight: 1,
         errors: 2,
-        disk: DiskSpace { total: 1 << 40, free: 1 << 39, avail: 1 << 38 },
+        disk: DiskSpace { total: 1 << 40, free: 1 << 39, avail: 1 << 38, fs_id: 0x5eed_f00d },
     };
     let meta_req = vec![
         ("meta_statfs", MetaRequest::Statfs),
@@ -217,7 +217,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
                 mapped: PathStats { reads: 1, writes: 1, bytes: 1 << 20 },
                 copied: PathStats { reads: 0, writes: 1, bytes: 4096 },
                 fallbacks: Fallbacks { unordered: 1, beyond_map: 0, no_fallocate: 0 },
-                disk: DiskSpace { total: 1 << 40, free: 1 << 39, avail: 1 << 38 },
+                disk: DiskSpace { total: 1 << 40, free: 1 << 39, avail: 1 << 38, fs_id: 0x5eed_f00d },
                 ..Default::default()
             }),
         ),

@@ -58,9 +58,24 @@ pub struct DiskSpace {
     pub free: u64,
     /// Free for an unprivileged writer (the server's writes), at most `free`.
     pub avail: u64,
+    /// Which file system it is: two servers that report the same nonzero value keep their
+    /// data on one file system (of one running kernel), so a sum counts it once. 0: unknown,
+    /// counted every time.
+    pub fs_id: u64,
 }
 
 impl DiskSpace {
+    /// The space of every file system in `spaces` together, one shared by several servers
+    /// (the same nonzero [`fs_id`](Self::fs_id)) counted once, as the cluster's `statfs`
+    /// reports it.
+    pub fn sum(spaces: impl IntoIterator<Item = DiskSpace>) -> DiskSpace {
+        let mut seen = std::collections::HashSet::new();
+        spaces
+            .into_iter()
+            .filter(|d| d.fs_id == 0 || seen.insert(d.fs_id))
+            .fold(DiskSpace::default(), DiskSpace::plus)
+    }
+
     /// Two file systems' space together (a mount's `statfs` adds up its servers). A server's
     /// figures are taken as consistent (`avail <= free <= total`) and sums saturate, whatever
     /// a server sent.
@@ -70,6 +85,8 @@ impl DiskSpace {
             total: self.total.saturating_add(d.total),
             free: self.free.saturating_add(free),
             avail: self.avail.saturating_add(d.avail.min(free)),
+            // Several file systems together are none of them.
+            fs_id: 0,
         }
     }
 }

@@ -266,12 +266,23 @@ fn credentials_and_new_requests_are_bounded_and_checked() {
 
 #[test]
 fn disk_space_adds_up_consistently_and_saturates() {
-    let a = DiskSpace { total: 100, free: 40, avail: 30 };
-    let b = DiskSpace { total: 50, free: 80, avail: 90 }; // nonsense from a server
+    let a = DiskSpace { total: 100, free: 40, avail: 30, fs_id: 1 };
+    let b = DiskSpace { total: 50, free: 80, avail: 90, fs_id: 2 }; // nonsense from a server
     let sum = DiskSpace::default().plus(a).plus(b);
-    assert_eq!(sum, DiskSpace { total: 150, free: 90, avail: 80 });
-    let big = DiskSpace { total: u64::MAX, free: u64::MAX, avail: u64::MAX };
+    assert_eq!(sum, DiskSpace { total: 150, free: 90, avail: 80, fs_id: 0 });
+    assert_eq!(DiskSpace::sum([a, b]), sum);
+    let big = DiskSpace { total: u64::MAX, free: u64::MAX, avail: u64::MAX, fs_id: 0 };
     assert_eq!(big.plus(big), big);
+}
+
+#[test]
+fn a_sum_counts_a_shared_file_system_once_and_an_unknown_one_every_time() {
+    let shared = DiskSpace { total: 100, free: 40, avail: 30, fs_id: 7 };
+    let other = DiskSpace { total: 50, free: 20, avail: 10, fs_id: 8 };
+    let unknown = DiskSpace { total: 10, free: 5, avail: 5, fs_id: 0 };
+    let sum = DiskSpace::sum([shared, other, shared, unknown, unknown, shared]);
+    assert_eq!((sum.total, sum.free, sum.avail), (170, 70, 50));
+    assert_eq!(DiskSpace::sum([]), DiskSpace::default());
 }
 
 #[test]

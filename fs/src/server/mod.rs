@@ -95,6 +95,7 @@ pub(crate) fn disk_space(dir: &std::path::Path) -> DiskSpace {
                 total: bytes(v.blocks()),
                 free: bytes(v.blocks_free()),
                 avail: bytes(v.blocks_available()),
+                fs_id: fs_id(dir),
             }
         }
         Err(e) => {
@@ -102,6 +103,22 @@ pub(crate) fn disk_space(dir: &std::path::Path) -> DiskSpace {
             DiskSpace::default()
         }
     }
+}
+
+/// The [`DiskSpace::fs_id`] of the file system holding `dir`: its device number under this
+/// boot of this kernel (the boot id is random per boot, so it differs between hosts), so
+/// servers on one host that share a file system report the same value and no others do,
+/// whatever their data directories are called. 0 where either is unknown.
+fn fs_id(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    static BOOT_ID: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let boot = BOOT_ID.get_or_init(|| std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok());
+    let (Some(boot), Ok(meta)) = (boot, std::fs::metadata(dir)) else { return 0 };
+    // FNV-1a: stable across builds and Rust versions, so servers of different builds agree.
+    let fnv =
+        |h: u64, bytes: &[u8]| bytes.iter().fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let h = fnv(fnv(0xcbf2_9ce4_8422_2325, boot.trim().as_bytes()), &meta.dev().to_le_bytes());
+    h.max(1)
 }
 
 /// What a server reports about its load in [`ServerStatus`]: when it started and the requests
