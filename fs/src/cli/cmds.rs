@@ -462,7 +462,7 @@ mod tests {
         let inner = |k: &str| -> Vec<String> { v[k].as_object().unwrap().keys().cloned().collect() };
         assert_eq!(inner("mapped"), ["bytes", "reads", "writes"]);
         assert_eq!(inner("fallbacks"), ["beyond_map", "no_fallocate", "unordered"]);
-        assert_eq!(inner("disk"), ["avail", "free", "total"]);
+        assert_eq!(inner("disk"), ["avail", "free", "fs_id", "total"]);
         let down: IoServerJson<ServerStats> = IoServerJson {
             index: 1,
             address: "a".into(),
