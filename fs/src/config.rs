@@ -312,13 +312,15 @@ impl ClusterConfig {
         let text = String::from_utf8(text).map_err(|_| ConfigError::Toml("not UTF-8".into()))?;
         let mut cfg = Self::parse(&text)?;
         let base = path.parent().unwrap_or(Path::new("."));
+        // Joined by components, so `data_dir = "."` is the file's directory, not `dir/.`.
+        let beside = |p: &Path| base.join(p).components().collect::<PathBuf>();
         if let Some(d) = cfg.data_dir.as_mut().filter(|d| d.is_relative()) {
-            *d = base.join(&*d);
+            *d = beside(d);
         }
         if let KeySource::File(p) = &mut cfg.key
             && p.is_relative()
         {
-            *p = base.join(&*p);
+            *p = beside(p);
         }
         Ok(cfg)
     }
@@ -558,6 +560,11 @@ stripe_count = 2
         assert!(matches!(c.cluster_key(), Err(ConfigError::TooLarge { what: "key file", .. })));
         std::fs::remove_file(dir.path().join("cluster.key")).unwrap();
         assert!(matches!(c.cluster_key(), Err(ConfigError::Io { .. })));
+        // The file's own directory, as a local cluster's file names it: that directory itself.
+        let text = std::fs::read_to_string(&path).unwrap().replace("\"data\"", "\".\"");
+        std::fs::write(&path, text).unwrap();
+        let c = ClusterConfig::load(&path).unwrap();
+        assert_eq!(c.data_dir.unwrap().as_os_str(), dir.path().as_os_str());
     }
 
     #[test]
