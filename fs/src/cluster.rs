@@ -128,6 +128,9 @@ impl Proc {
 /// A running local cluster. Dropping it kills every server.
 #[derive(Debug)]
 pub struct LocalCluster {
+    /// One local cluster per data directory: a second would start servers on the first's
+    /// directories and rewrite its cluster file.
+    _lock: crate::private::DirLock,
     opts: LocalClusterOptions,
     cfg: ClusterConfig,
     config_path: PathBuf,
@@ -170,6 +173,8 @@ impl LocalCluster {
     pub fn start(opts: LocalClusterOptions) -> Result<LocalCluster, ClusterError> {
         let dir = &opts.data_dir;
         crate::private::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let lock = crate::private::lock_dir(dir, "serve.lock", "another local cluster")
+            .map_err(io_err("taking the data directory"))?;
         let key_path = ensure_key(dir)?;
         let any = |host: &str| -> Result<Address, ClusterError> {
             let s = format!("{}://{}:0", opts.scheme, host);
@@ -191,6 +196,7 @@ impl LocalCluster {
             },
         };
         let mut cluster = LocalCluster {
+            _lock: lock,
             config_path: dir.join("cluster.toml"),
             opts: opts.clone(),
             cfg: cfg.clone(),

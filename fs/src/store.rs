@@ -532,6 +532,8 @@ pub struct ObjectStore {
     root: PathBuf,
     cache: Mutex<FdCache>,
     write_behind: Arc<WriteBehindShared>,
+    /// One store per directory: two would write the same objects.
+    _lock: crate::private::DirLock,
 }
 
 impl std::fmt::Debug for ObjectStore {
@@ -555,10 +557,12 @@ fn fsync_dir(dir: &Path) -> io::Result<()> {
 }
 
 impl ObjectStore {
-    /// Opens (creating) the data directory `root`.
+    /// Opens (creating) the data directory `root`, which no other store may have open (in
+    /// this process or another): that fails, naming the directory.
     pub fn open(root: impl Into<PathBuf>, cfg: StoreConfig) -> io::Result<Self> {
         let root = root.into();
         crate::private::own_dir(&root)?;
+        let lock = crate::private::lock_dir(&root, "lock", "another io server")?;
         // Memory has nothing to write back.
         let in_memory = FileSystem::of(&root).is_ok_and(|fs| fs.in_memory());
         let threshold = if in_memory { 0 } else { cfg.write_behind };
@@ -571,6 +575,7 @@ impl ObjectStore {
                 cap: cfg.max_open,
             }),
             write_behind: Arc::new(WriteBehindShared { threshold, started: AtomicU64::new(0) }),
+            _lock: lock,
         })
     }
 
@@ -587,9 +592,14 @@ impl ObjectStore {
 
     /// Local path of `h`'s object.
     pub fn path_of(&self, h: Handle) -> PathBuf {
+        Self::object_path(&self.root, h)
+    }
+
+    /// Where a store whose data directory is `root` keeps `h`'s object: for a tool that looks
+    /// into a data directory without opening it (which a running server holds).
+    pub fn object_path(root: &Path, h: Handle) -> PathBuf {
         let m = mix(h.0);
-        self.root
-            .join(format!("{:02x}", m >> 56))
+        root.join(format!("{:02x}", m >> 56))
             .join(format!("{:02x}", (m >> 48) & 0xff))
             .join(format!("{:016x}", h.0))
     }
@@ -979,9 +989,23 @@ mod tests {
             s.read(Handle(h), &[Extent::new(0, 1)], &mut b).unwrap();
             assert_eq!(b[0], h as u8);
         }
+        drop(s);
         let s0 = ObjectStore::open(d.path(), StoreConfig { max_open: 0, ..Default::default() }).unwrap();
         assert_eq!(s0.size(Handle(3)).unwrap(), 1);
         assert_eq!(s0.open_files(), 0);
+    }
+
+    #[test]
+    fn a_data_directory_has_one_store_at_a_time() {
+        let d = tempfile::tempdir().unwrap();
+        let s = ObjectStore::open(d.path(), StoreConfig::default()).unwrap();
+        let e = ObjectStore::open(d.path(), StoreConfig::default()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ResourceBusy);
+        let msg = e.to_string();
+        assert!(msg.contains(&d.path().display().to_string()), "{msg}");
+        assert!(msg.contains(&format!("pid {}", std::process::id())), "{msg}");
+        drop(s);
+        ObjectStore::open(d.path(), StoreConfig::default()).expect("free again once the first is gone");
     }
 
     #[test]

@@ -363,6 +363,64 @@ fn serve_runs_a_local_cluster_from_flags() {
     }
 }
 
+/// A second `stripefs serve` on a data directory a running cluster uses fails at once, naming
+/// the directory, and leaves the running cluster (its cluster file, its servers) as it was; so
+/// does a second io server or meta server on another's directory.
+#[test]
+fn a_second_server_on_a_data_directory_in_use_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let serve = || {
+        Command::new(env!("CARGO_BIN_EXE_stripefs"))
+            .args(["serve", "--io-servers", "2", "--data-dir"])
+            .arg(&data)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut first = serve();
+    let cl = data.join("cluster.toml");
+    let t = Instant::now();
+    while !std::fs::read_to_string(&cl).is_ok_and(|s| s.contains("meta") && !s.contains(":0\"")) {
+        assert!(t.elapsed() < Duration::from_secs(20), "no cluster file");
+        assert!(first.try_wait().unwrap().is_none(), "serve exited");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ok(&cl, &["mkdir", "sfs:/x"]);
+    let file = std::fs::read(&cl).unwrap();
+    let second = serve().wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{err}");
+    assert!(err.contains("in use") && err.contains(data.to_str().unwrap()), "{err}");
+    assert_eq!(std::fs::read(&cl).unwrap(), file, "the running cluster's file is untouched");
+    assert_eq!(ok(&cl, &["ls", "sfs:/"]), "x\n");
+    // The servers themselves, started by hand on a running one's directory.
+    let key = data.join("cluster.key");
+    let io = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .args(["serve", "--io", "0", "--listen", "tcp://127.0.0.1:0", "--data-dir"])
+        .arg(data.join("io0"))
+        .arg("--key-file")
+        .arg(&key)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&io.stderr);
+    assert!(!io.status.success() && err.contains("in use by another io server"), "{err}");
+    let meta = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .args(["serve", "--meta", "--listen", "tcp://127.0.0.1:0", "--cluster"])
+        .arg(&cl)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&meta.stderr);
+    assert!(!meta.status.success() && err.contains("in use by another meta server"), "{err}");
+    assert_eq!(ok(&cl, &["ls", "sfs:/"]), "x\n");
+    first.kill().unwrap();
+    first.wait().unwrap();
+}
+
 #[test]
 fn demo_runs_and_cleans_up() {
     let out = Command::new(env!("CARGO_BIN_EXE_stripefs"))

@@ -324,6 +324,8 @@ pub struct Stripe {
 pub struct MetaStore {
     db: Database,
     cfg: MetaConfig,
+    /// One meta server per database, said as such (redb's own lock only says it is open).
+    _lock: crate::private::DirLock,
 }
 
 type Tbl<'t, K, V> = redb::Table<'t, K, V>;
@@ -504,10 +506,13 @@ impl MetaStore {
         // Created private before redb opens it (redb initializes an empty file), or tightened:
         // the database is the whole namespace.
         let io = |e| MetaError::Store(Box::new(redb::Error::Io(e)));
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let name = format!("{}.lock", path.file_name().unwrap_or_default().to_string_lossy());
+        let lock = crate::private::lock_dir(dir, &name, "another meta server").map_err(io)?;
         crate::private::options().write(true).create(true).truncate(false).open(path).map_err(io)?;
         crate::private::tighten(path, "meta database").map_err(io)?;
         let db = Database::create(path)?;
-        let store = MetaStore { db, cfg };
+        let store = MetaStore { db, cfg, _lock: lock };
         store.write(|tx| {
             let format = counter(&tx.sup, K_FORMAT)?;
             if format == 0 {
