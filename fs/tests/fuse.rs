@@ -618,6 +618,7 @@ fn a_background_mount_logs_after_its_launcher_exits() {
     let log = tc.dir.path().join("mount.log");
     // Debug logging makes the server write a line for every request it serves.
     let out = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .current_dir(tc.dir.path())
         .env("RUST_LOG", "debug")
         .arg("--cluster")
         .arg(tc.cluster.config_path())
@@ -637,6 +638,10 @@ fn a_background_mount_logs_after_its_launcher_exits() {
     assert_eq!(c.readdir("/").unwrap().len(), 4);
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(logged.lines().count() >= 6, "the server's log after it went live: {logged:?}");
+    // It does not keep the directory it was started from (and its file system) busy.
+    let said = String::from_utf8_lossy(&out.stdout);
+    let pid = said.rsplit("(pid ").next().and_then(|p| p.trim().strip_suffix(')')).expect("pid printed");
+    assert_eq!(std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap(), Path::new("/"), "{said}");
     run(Command::new("umount").arg(&mnt));
 }
 

@@ -88,6 +88,9 @@ pub fn mount(cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
     if a.daemon_child {
         // Out of the caller's session: its terminal closing or its Ctrl-C leave the mount be.
         let _ = nix::unistd::setsid();
+        // Nor does it hold the caller's directory, which would keep that file system busy
+        // (its paths arrive whole).
+        let _ = std::env::set_current_dir("/");
     }
     let c = client(cluster)?;
     let detach = if a.daemon_child { Some(Detach::open(a.log_file.as_deref())?) } else { None };
@@ -191,10 +194,11 @@ fn mount_in_background(cluster: Option<PathBuf>, a: &MountArgs) -> Result<()> {
     }
     if line.trim() == "MOUNTED" {
         let said = said_rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap_or_default();
+        // The mount is live whatever happens to these lines (a closed stderr must not fail it).
         if !said.trim().is_empty() {
-            eprintln!("{}", said.trim_end());
+            let _ = writeln!(std::io::stderr(), "{}", said.trim_end());
         }
-        println!("mounted on {} (pid {})", mountpoint.display(), child.id());
+        let _ = writeln!(std::io::stdout(), "mounted on {} (pid {})", mountpoint.display(), child.id());
         return Ok(());
     }
     let status = child.wait()?;
