@@ -421,6 +421,24 @@ fn a_second_server_on_a_data_directory_in_use_is_refused() {
     first.wait().unwrap();
 }
 
+/// A local cluster's server count outside what a cluster file allows is refused by the flag,
+/// before anything is started or written.
+#[test]
+fn serve_refuses_a_server_count_no_cluster_file_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    for n in ["0", "4097"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+            .args(["serve", "--io-servers", n, "--data-dir"])
+            .arg(dir.path().join("data"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("--io-servers"), "{n}: {err}");
+        assert!(!dir.path().join("data").exists(), "{n}: nothing is made");
+    }
+}
+
 #[test]
 fn demo_runs_and_cleans_up() {
     let out = Command::new(env!("CARGO_BIN_EXE_stripefs"))

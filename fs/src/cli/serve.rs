@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use stripefs::cluster::{LocalCluster, LocalClusterOptions, ServerId};
-use stripefs::config::{ClusterConfig, KeySource, read_key_file};
+use stripefs::config::{ClusterConfig, KeySource, MAX_IO_SERVERS, read_key_file};
 use stripefs::server::ServerHandle;
 use stripefs::server::io::{IoServer, IoServerConfig};
 use stripefs::server::meta::{MetaServer, MetaServerConfig};
@@ -26,7 +26,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "INDEX")]
     io: Option<u32>,
     /// Number of io servers of a local cluster started without a cluster file.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=MAX_IO_SERVERS as i64))]
     io_servers: u32,
     /// Data directory (default: the cluster file's, or ./stripefs-data).
     #[arg(long)]
