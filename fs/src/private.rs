@@ -65,8 +65,8 @@ pub struct DirLock {
 
 /// Holds `dir` (which exists) for this process by an exclusive lock on its file `name`, so a
 /// second server or local cluster started on the same directory fails at once instead of
-/// writing the same files as the first. The error says who holds it: `what` (the kind of
-/// holder, "an io server") and the pid it wrote there.
+/// writing the same files as the first. The error names the directory and who holds it:
+/// `what` ("another io server") and the pid the holder wrote into the file.
 pub fn lock_dir(dir: &Path, name: &str, what: &str) -> io::Result<DirLock> {
     use nix::fcntl::{Flock, FlockArg};
     use std::io::{Read, Seek};
@@ -81,9 +81,10 @@ pub fn lock_dir(dir: &Path, name: &str, what: &str) -> io::Result<DirLock> {
         }
         Err((mut file, nix::errno::Errno::EWOULDBLOCK)) => {
             let mut pid = String::new();
-            let _ = file.read_to_string(&mut pid);
+            let _ = (&mut file).take(20).read_to_string(&mut pid);
             let pid = pid.trim();
-            let by = if pid.is_empty() { String::new() } else { format!(" (pid {pid})") };
+            let known = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+            let by = if known { format!(" (pid {pid})") } else { String::new() };
             Err(io::Error::new(
                 io::ErrorKind::ResourceBusy,
                 format!("{} is in use by {what}{by}", dir.display()),
