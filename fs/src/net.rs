@@ -108,6 +108,16 @@ pub enum FsError {
         /// What went wrong.
         error: ionet::Error,
     },
+    /// Not sent: a request to this server went unanswered until its deadline and it has not
+    /// answered since, so requests to it fail at once until it answers a ping (tried after a
+    /// hold-off of a second, doubling up to ten).
+    #[error("{server}: not answering (no reply to a request sent {}s ago)", silent.as_secs())]
+    Silent {
+        /// Which server, by role and address.
+        server: String,
+        /// Since the request that went unanswered was sent.
+        silent: Duration,
+    },
     /// A peer sent a message that does not decode, or we could not encode ours.
     #[error("protocol: {0}")]
     Proto(ProtoError),
@@ -167,6 +177,7 @@ impl FsError {
         match self {
             FsError::Remote { code, .. } => *code,
             FsError::Net(e) | FsError::Server { error: e, .. } => net_errno(e),
+            FsError::Silent { .. } => Errno::ETIMEDOUT,
             FsError::Proto(e) => e.errno(),
             FsError::UnexpectedReply(_) => Errno::EPROTO,
             FsError::Invalid(_) | FsError::Layout(_) | FsError::Config(_) => Errno::EINVAL,

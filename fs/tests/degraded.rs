@@ -265,3 +265,56 @@ fn client_of(cfg: &stripefs::config::ClusterConfig) -> Client {
     let opts = stripefs::ClientOptions { timeout: Duration::from_secs(10), ..Default::default() };
     Client::connect_with(cfg, opts).unwrap()
 }
+
+/// Stops a server process (SIGSTOP: it hangs, as one whose host is cut off does) until
+/// dropped, when it continues.
+struct Stopped(u32);
+
+impl Stopped {
+    fn new(pid: u32) -> Self {
+        let pid_t = nix::unistd::Pid::from_raw(pid as i32);
+        nix::sys::signal::kill(pid_t, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0 as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+/// An io server that hangs costs a client one deadline, not one per request: once a request
+/// to it goes unanswered, the next ones fail at once (ETIMEDOUT, naming it) while files on the
+/// other server work; when it answers again (a ping after the hold-off) it is used again.
+#[test]
+fn a_hung_io_server_costs_one_deadline_not_one_per_request() {
+    let tc = TestCluster::start("tcp", 2);
+    let opts = stripefs::ClientOptions { timeout: Duration::from_secs(1), ..Default::default() };
+    let c = Client::connect_with(tc.cluster.config(), opts).unwrap();
+    for i in 0..5 {
+        put(&c, &format!("/on1-{i}"), 1, 1);
+    }
+    put(&c, "/on0", 0, 1);
+    let stopped = Stopped::new(tc.cluster.pid(stripefs::cluster::ServerId::Io(1)).unwrap());
+    let first = c.stat("/on1-0").unwrap_err();
+    assert_eq!(first.errno(), stripefs::Errno::ETIMEDOUT, "{first}");
+    assert!(matches!(first, stripefs::FsError::Server { .. }), "the one that waited: {first:?}");
+    for i in 1..5 {
+        let e = c.stat(&format!("/on1-{i}")).unwrap_err();
+        assert!(matches!(e, stripefs::FsError::Silent { .. }), "not sent, failed at once: {e:?}");
+        assert_eq!(e.errno(), stripefs::Errno::ETIMEDOUT);
+        assert!(e.to_string().starts_with("io server 1 (tcp://"), "{e}");
+    }
+    assert_eq!(c.stat("/on0").unwrap().attr.size, LEN as u64, "the other server still serves");
+    drop(stopped);
+    let t = Instant::now();
+    while c.stat("/on1-1").is_err() {
+        assert!(t.elapsed() < Duration::from_secs(60), "never used again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for i in 0..5 {
+        assert_eq!(c.stat(&format!("/on1-{i}")).unwrap().attr.size, LEN as u64);
+    }
+}

@@ -247,12 +247,13 @@ impl File {
         self.with_cap(|cap| {
             let c = &self.client;
             let mut spans = Vec::with_capacity(batches.len());
-            let posted: Vec<FsResult<(OpId, u64, u64)>> = batches
+            let posted: Vec<FsResult<(OpId, u64, Instant)>> = batches
                 .iter()
                 .map(|b| {
                     let id = c.id();
                     let req = IoRequest::Write { cap: cap.clone(), desc: b.desc.clone() };
                     spans.push(c.io_span(b.server, id, &req));
+                    let sent = c.admit(Target::Io(b.server))?;
                     let peer =
                         *c.inner.io.get(b.server).ok_or_else(|| FsError::Invalid("server index".into()))?;
                     let header = proto::encode(&Envelope::new(id, req))?;
@@ -271,15 +272,17 @@ impl File {
                             b.bytes,
                         )
                         .map_err(c.at_io(b.server))?;
-                    Ok((op, id, b.bytes))
+                    Ok((op, id, sent))
                 })
                 .collect();
             let mut first_err = None;
             let mut total = 0u64;
             for ((b, p), traced) in batches.iter().zip(posted).zip(&spans) {
-                let r = p.and_then(|(op, id, want)| {
-                    let comp = c.wait_io(op).map_err(c.at_io(b.server))?;
-                    match Client::reply::<IoReply>(&comp, id).map_err(c.at_io(b.server))? {
+                let want = b.bytes;
+                let r = p.and_then(|(op, id, sent)| {
+                    let r = c.wait_io(op).and_then(|comp| Client::reply::<IoReply>(&comp, id));
+                    c.finish(Target::Io(b.server), sent, r.as_ref().err());
+                    match r.map_err(c.at_io(b.server))? {
                         IoReply::Written { bytes } if bytes == want => Ok(bytes),
                         r => Err(FsError::UnexpectedReply(format!("{r:?} for a {want}-byte write"))),
                     }
@@ -345,6 +348,7 @@ impl File {
             let req = IoRequest::Read { cap: cap.clone(), desc: b.desc.clone() };
             spans.push(c.io_span(b.server, id, &req));
             let r = (|| {
+                let sent = c.admit(Target::Io(b.server))?;
                 let header = proto::encode(&Envelope::new(id, req))?;
                 let peer =
                     *c.inner.io.get(b.server).ok_or_else(|| FsError::Invalid("server index".into()))?;
@@ -352,7 +356,7 @@ impl File {
                 let op = c
                     .post(peer, TAG_IO, header, Payload::In(RecvBuf::List(list)), ServiceLevel::Bulk, b.bytes)
                     .map_err(c.at_io(b.server))?;
-                Ok((op, id))
+                Ok((op, id, sent))
             })();
             posted.push(r);
         }
@@ -360,12 +364,18 @@ impl File {
         let mut sizes = Vec::with_capacity(batches.len());
         for (i, p) in posted.into_iter().enumerate() {
             let server = batches[i].server;
-            let r = p.and_then(|(op, id)| {
-                let mut comp = c.wait_io(op).map_err(c.at_io(server))?;
+            let r = p.and_then(|(op, id, sent)| {
+                let waited = c.wait_io(op);
+                if let Err(e) = &waited {
+                    c.finish(Target::Io(server), sent, Some(e));
+                }
+                let mut comp = waited.map_err(c.at_io(server))?;
                 if let OpBuf::Recv(RecvBuf::List(v)) = std::mem::take(&mut comp.buf) {
                     split.put_back(i, v);
                 }
-                match Client::reply::<IoReply>(&comp, id).map_err(c.at_io(server))? {
+                let r = Client::reply::<IoReply>(&comp, id);
+                c.finish(Target::Io(server), sent, r.as_ref().err());
+                match r.map_err(c.at_io(server))? {
                     IoReply::Read { bytes, local_size } if bytes == batches[i].bytes => Ok(local_size),
                     r => Err(FsError::UnexpectedReply(format!("{r:?} for a {}-byte read", batches[i].bytes))),
                 }

@@ -168,6 +168,9 @@ struct Inner {
     /// index, address); each request's span is a child of its server's.
     meta_span: Span,
     io_spans: Vec<Span>,
+    /// Whether the meta server and each io server are answering.
+    meta_health: Health,
+    io_health: Vec<Health>,
     next_id: AtomicU64,
     opts: ClientOptions,
     limits: RequestLimits,
@@ -186,7 +189,19 @@ impl Drop for Inner {
 }
 
 mod file;
+mod health;
 pub use file::File;
+use health::{Admit, Ended, Health};
+
+/// A server of the cluster, as the client addresses it.
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Meta,
+    Io(usize),
+}
+
+/// Longest wait for the ping that checks whether a silent server answers again.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A connection to a stripefs cluster. Cheap to clone; usable from many threads.
 ///
@@ -284,8 +299,8 @@ pub struct ClusterStatus {
     pub io: Vec<ServerState>,
 }
 
-/// A request posted (its op and request id), or why it was not.
-type Posted = FsResult<(OpId, u64)>;
+/// A request posted (its op, request id and when it was sent), or why it was not.
+type Posted = FsResult<(OpId, u64, Instant)>;
 
 /// A request's outcome in the debug log: `ok`, or the error.
 struct Outcome<'a, T>(&'a FsResult<T>);
@@ -352,6 +367,8 @@ impl Client {
                 io_names: io_names.collect(),
                 meta_span,
                 io_spans,
+                meta_health: Health::default(),
+                io_health: cfg.io_servers.iter().map(|_| Health::default()).collect(),
                 next_id: AtomicU64::new(1),
                 opts,
                 limits,
@@ -411,6 +428,96 @@ impl Client {
         Ok(self.inner.ep.wait(op)?)
     }
 
+    fn health(&self, t: Target) -> Option<&Health> {
+        match t {
+            Target::Meta => Some(&self.inner.meta_health),
+            Target::Io(i) => self.inner.io_health.get(i),
+        }
+    }
+
+    fn target_name(&self, t: Target) -> String {
+        match t {
+            Target::Meta => self.inner.meta_name.clone(),
+            Target::Io(i) => self.inner.io_names.get(i).cloned().unwrap_or_else(|| format!("io server {i}")),
+        }
+    }
+
+    /// Whether a request may go to `t` now: fails at once while `t` is silent, and pings it
+    /// first when its hold-off is over (see `health`). Returns when the request is sent.
+    fn admit(&self, t: Target) -> FsResult<Instant> {
+        let Some(health) = self.health(t) else { return Ok(Instant::now()) };
+        let silent = |silent| FsError::Silent { server: self.target_name(t), silent };
+        match health.admit(Instant::now()) {
+            Admit::Send => {}
+            Admit::Refuse { silent: d } => return Err(silent(d)),
+            Admit::Probe => {
+                let sent = Instant::now();
+                let r = self.ping(t);
+                let ended = Self::ended(r.as_ref().err(), sent);
+                health.probed(ended, Instant::now());
+                match (ended, r) {
+                    (Ended::Answered, _) => {}
+                    (_, Err(e)) if ended == Ended::Failed => return Err(e.at(|| self.target_name(t))),
+                    _ => {
+                        return Err(match health.admit(Instant::now()) {
+                            Admit::Refuse { silent: d } => silent(d),
+                            _ => silent(sent.elapsed()),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(Instant::now())
+    }
+
+    /// A cheap request to `t` with a short deadline, for [`Client::admit`]'s probe.
+    fn ping(&self, t: Target) -> FsResult<()> {
+        let id = self.id();
+        let deadline = Instant::now() + self.inner.opts.timeout.min(PROBE_TIMEOUT);
+        let ep = &self.inner.ep;
+        let (peer, tag, header) = match t {
+            Target::Meta => {
+                let call = proto::MetaCall { cred: (*self.cred).clone(), req: MetaRequest::Status };
+                (self.inner.meta, TAG_META, proto::encode(&Envelope::new(id, call))?)
+            }
+            Target::Io(i) => {
+                let peer = *self.inner.io.get(i).ok_or_else(|| FsError::Invalid("server index".into()))?;
+                (peer, TAG_IO, proto::encode(&Envelope::new(id, IoRequest::Ping))?)
+            }
+        };
+        let op = ep.request(peer, tag, Bytes::from(header), Payload::None, ServiceLevel::Control)?;
+        ep.set_deadline(op, deadline)?;
+        let c = ep.wait(op)?;
+        if let Err(e) = &c.result {
+            return Err(FsError::Net(e.duplicate()));
+        }
+        Ok(())
+    }
+
+    /// How a request sent at `sent` ended, for its server's health: any reply is an answer;
+    /// a deadline, or a transport failure after a long wait, is no answer.
+    fn ended(err: Option<&FsError>, sent: Instant) -> Ended {
+        match err {
+            None | Some(FsError::Remote { .. } | FsError::Proto(_) | FsError::UnexpectedReply(_)) => {
+                Ended::Answered
+            }
+            Some(
+                FsError::Net(ionet::Error::Timeout) | FsError::Server { error: ionet::Error::Timeout, .. },
+            ) => Ended::Unanswered,
+            Some(FsError::Net(_) | FsError::Server { .. }) if sent.elapsed() >= health::SLOW_FAILURE => {
+                Ended::Unanswered
+            }
+            Some(_) => Ended::Failed,
+        }
+    }
+
+    /// Records how a request to `t` sent at `sent` ended (`err`: how it failed, if it did).
+    fn finish(&self, t: Target, sent: Instant, err: Option<&FsError>) {
+        if let Some(h) = self.health(t) {
+            h.record(Self::ended(err, sent), sent, Instant::now());
+        }
+    }
+
     /// Decodes a completed request's reply; server error replies become [`FsError::Remote`].
     fn reply<R: proto::Reply + ErrorOf>(c: &Completion, id: u64) -> FsResult<R> {
         if let Err(e) = &c.result {
@@ -444,12 +551,16 @@ impl Client {
             traced.span.record("handle", display(h));
         }
         let bytes = proto::encode(&Envelope::new(id, proto::MetaCall { cred: (*self.cred).clone(), req }))?;
-        let r = (|| {
-            let op = self.post(self.inner.meta, TAG_META, bytes, Payload::None, ServiceLevel::Control, 0)?;
-            let c = self.inner.ep.wait(op)?;
-            Self::reply::<MetaReply>(&c, id)
-        })()
-        .map_err(|e| e.at(|| self.inner.meta_name.clone()));
+        let r = self.admit(Target::Meta).and_then(|sent| {
+            let r = (|| {
+                let op =
+                    self.post(self.inner.meta, TAG_META, bytes, Payload::None, ServiceLevel::Control, 0)?;
+                let c = self.inner.ep.wait(op)?;
+                Self::reply::<MetaReply>(&c, id)
+            })();
+            self.finish(Target::Meta, sent, r.as_ref().err());
+            r.map_err(|e| e.at(|| self.inner.meta_name.clone()))
+        });
         traced.done(Outcome(&r));
         r
     }
@@ -927,12 +1038,12 @@ impl Client {
             .map(|(server, req)| {
                 let id = self.id();
                 let traced = self.io_span(server, id, &req);
-                let r = (|| {
+                let r = self.admit(Target::Io(server)).and_then(|sent| {
                     let peer =
                         *self.inner.io.get(server).ok_or_else(|| FsError::Invalid("server index".into()))?;
                     let bytes = proto::encode(&Envelope::new(id, req))?;
-                    Ok((self.post(peer, TAG_IO, bytes, Payload::None, ServiceLevel::Control, 0)?, id))
-                })();
+                    Ok((self.post(peer, TAG_IO, bytes, Payload::None, ServiceLevel::Control, 0)?, id, sent))
+                });
                 (server, traced, r)
             })
             .collect();
@@ -940,9 +1051,13 @@ impl Client {
             .into_iter()
             .map(|(server, traced, p)| {
                 let r = p
-                    .and_then(|(op, id)| {
-                        let c = self.inner.ep.wait(op)?;
-                        Self::reply::<IoReply>(&c, id)
+                    .and_then(|(op, id, sent)| {
+                        let r = (|| {
+                            let c = self.inner.ep.wait(op)?;
+                            Self::reply::<IoReply>(&c, id)
+                        })();
+                        self.finish(Target::Io(server), sent, r.as_ref().err());
+                        r
                     })
                     .map_err(self.at_io(server));
                 traced.done(Outcome(&r));
