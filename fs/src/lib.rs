@@ -65,6 +65,7 @@ pub mod errno;
 #[cfg_attr(docsrs, doc(cfg(feature = "fuse")))]
 pub mod fuse;
 mod handle;
+mod health;
 pub mod layout;
 pub mod meta;
 pub mod net;

@@ -318,3 +318,23 @@ fn a_hung_io_server_costs_one_deadline_not_one_per_request() {
         assert_eq!(c.stat(&format!("/on1-{i}")).unwrap().attr.size, LEN as u64);
     }
 }
+
+/// The meta server holds off a hung io server too: a create that needs it fails once after
+/// the wait, then at once, naming the server, while files placed on the others are made.
+#[test]
+fn creates_that_need_a_hung_io_server_fail_at_once_after_the_first() {
+    let tc = TestCluster::start("tcp", 2);
+    let c = tc.client();
+    let _stopped = Stopped::new(tc.cluster.pid(stripefs::cluster::ServerId::Io(1)).unwrap());
+    let everywhere = || CreateOptions { mode: 0o644, layout: None };
+    let first = c.create("/a", everywhere()).unwrap_err();
+    assert!(first.to_string().contains("io server 1 (tcp://"), "{first}");
+    for name in ["/b", "/c"] {
+        let e = c.create(name, everywhere()).unwrap_err();
+        let said = e.to_string();
+        assert!(said.contains("io server 1 (tcp://") && said.contains("not answering"), "{said}");
+        assert_eq!(e.errno(), stripefs::Errno::ETIMEDOUT, "{said}");
+    }
+    put(&c, "/on0", 0, 1);
+    assert_eq!(c.stat("/on0").unwrap().attr.size, LEN as u64);
+}

@@ -189,9 +189,8 @@ impl Drop for Inner {
 }
 
 mod file;
-mod health;
+use crate::health::{Admit, Ended, Health};
 pub use file::File;
-use health::{Admit, Ended, Health};
 
 /// A server of the cluster, as the client addresses it.
 #[derive(Debug, Clone, Copy)]
@@ -453,7 +452,7 @@ impl Client {
             Admit::Probe => {
                 let sent = Instant::now();
                 let r = self.ping(t);
-                let ended = Self::ended(r.as_ref().err(), sent);
+                let ended = crate::health::ended(r.as_ref().err(), sent);
                 health.probed(ended, Instant::now());
                 match (ended, r) {
                     (Ended::Answered, _) => {}
@@ -494,27 +493,10 @@ impl Client {
         Ok(())
     }
 
-    /// How a request sent at `sent` ended, for its server's health: any reply is an answer;
-    /// a deadline, or a transport failure after a long wait, is no answer.
-    fn ended(err: Option<&FsError>, sent: Instant) -> Ended {
-        match err {
-            None | Some(FsError::Remote { .. } | FsError::Proto(_) | FsError::UnexpectedReply(_)) => {
-                Ended::Answered
-            }
-            Some(
-                FsError::Net(ionet::Error::Timeout) | FsError::Server { error: ionet::Error::Timeout, .. },
-            ) => Ended::Unanswered,
-            Some(FsError::Net(_) | FsError::Server { .. }) if sent.elapsed() >= health::SLOW_FAILURE => {
-                Ended::Unanswered
-            }
-            Some(_) => Ended::Failed,
-        }
-    }
-
     /// Records how a request to `t` sent at `sent` ended (`err`: how it failed, if it did).
     fn finish(&self, t: Target, sent: Instant, err: Option<&FsError>) {
         if let Some(h) = self.health(t) {
-            h.record(Self::ended(err, sent), sent, Instant::now());
+            h.record(crate::health::ended(err, sent), sent, Instant::now());
         }
     }
 

@@ -25,6 +25,7 @@ use super::{Load, PeerSpans, Reporting, ServerError, ServerHandle, ServerReport,
 use crate::capability::{Capability, CapabilityKey, Rights, expiry_after, unix_now};
 use crate::config::ClusterConfig;
 use crate::errno::Errno;
+use crate::health::{Admit, Health};
 use crate::layout::Layout;
 use crate::meta::{MetaConfig, MetaError, MetaStore, Objects, Perm};
 use crate::net::{FsError, TAG_IO, Traced};
@@ -103,11 +104,24 @@ struct Shared {
     janitor: Mutex<Janitor>,
     /// Which io servers answer (see [`Liveness`]).
     live: Mutex<Liveness>,
+    /// Per io server: whether requests may go to it at all, or fail at once while it is
+    /// silent (see `crate::health`).
+    io_health: Vec<Health>,
     /// Requests received, in flight and failed, and the start time.
     load: Load,
     /// The debug log's span per peer.
     peers: PeerSpans,
 }
+
+/// When a request to an io server went, and whether it was the check of a silent one.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    at: Instant,
+    probe: bool,
+}
+
+/// A request posted to an io server (and when), or why it was not.
+type Posted = Result<(ionet::OpId, Sent), FsError>;
 
 /// A create whose objects could not all be made.
 #[derive(Debug)]
@@ -149,6 +163,7 @@ impl MetaServer {
         let stop = Arc::new(AtomicBool::new(false));
         let workers = cfg.workers;
         let live = Mutex::new(Liveness::new(io.len()));
+        let io_health = (0..io.len()).map(|_| Health::default()).collect();
         let shared = Arc::new(Shared {
             ep: ep.clone(),
             store,
@@ -160,6 +175,7 @@ impl MetaServer {
             next_id: AtomicU64::new(1),
             janitor: Mutex::new(Janitor { stale_creates }),
             live,
+            io_health,
             load: Load::new(),
             peers: PeerSpans::default(),
         });
@@ -548,10 +564,20 @@ impl Shared {
     /// the server.
     fn call(&self, reqs: Vec<(usize, IoRequest)>) -> Vec<Result<IoReply, FsError>> {
         let deadline = Instant::now() + self.cfg.io_timeout;
-        let posted: Vec<(usize, Result<ionet::OpId, FsError>)> = reqs
+        let posted: Vec<(usize, Posted)> = reqs
             .into_iter()
             .map(|(server, req)| {
                 let op = (|| {
+                    // A silent server is not sent to until its hold-off is over; then this
+                    // small request is the check.
+                    let probe = match self.io_health.get(server).map(|h| h.admit(Instant::now())) {
+                        Some(Admit::Refuse { silent }) => {
+                            return Err(FsError::Silent { server: self.io_name(server), silent });
+                        }
+                        Some(Admit::Probe) => true,
+                        _ => false,
+                    };
+                    let sent = Sent { at: Instant::now(), probe };
                     let peer = *self.io.get(server).ok_or_else(|| FsError::Invalid("server index".into()))?;
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                     let bytes = proto::encode(&Envelope::new(id, req))?;
@@ -563,7 +589,7 @@ impl Shared {
                         ServiceLevel::Control,
                     )?;
                     self.io_ep.set_deadline(op, deadline)?;
-                    Ok(op)
+                    Ok((op, sent))
                 })();
                 (server, op)
             })
@@ -571,18 +597,30 @@ impl Shared {
         posted
             .into_iter()
             .map(|(server, posted)| {
-                let r = (|| {
-                    let c = self.io_ep.wait(posted?)?;
-                    c.result?;
-                    let reply = c.reply.ok_or_else(|| FsError::UnexpectedReply("no reply header".into()))?;
-                    match proto::decode::<IoReply>(&reply)?.body {
-                        IoReply::Error(e) => {
-                            Err(FsError::Remote { code: e.code, message: e.message.into_string() })
+                let r = posted.and_then(|(op, sent)| {
+                    let r = (|| {
+                        let c = self.io_ep.wait(op)?;
+                        c.result?;
+                        let reply =
+                            c.reply.ok_or_else(|| FsError::UnexpectedReply("no reply header".into()))?;
+                        match proto::decode::<IoReply>(&reply)?.body {
+                            IoReply::Error(e) => {
+                                Err(FsError::Remote { code: e.code, message: e.message.into_string() })
+                            }
+                            r => Ok(r),
                         }
-                        r => Ok(r),
+                    })();
+                    if let Some(h) = self.io_health.get(server) {
+                        let ended = crate::health::ended(r.as_ref().err(), sent.at);
+                        if sent.probe {
+                            h.probed(ended, Instant::now());
+                        } else {
+                            h.record(ended, sent.at, Instant::now());
+                        }
                     }
-                })()
-                .map_err(|e| e.at(|| self.io_name(server)));
+                    r
+                });
+                let r = r.map_err(|e| e.at(|| self.io_name(server)));
                 self.note(server, &r);
                 r
             })
@@ -591,7 +629,7 @@ impl Shared {
 
     /// Records whether `server` answered a request, logging a change once.
     fn note(&self, server: usize, r: &Result<IoReply, FsError>) {
-        let answered = !matches!(r, Err(FsError::Server { .. }));
+        let answered = !matches!(r, Err(FsError::Server { .. } | FsError::Silent { .. }));
         match self.lock_live().record(server, answered) {
             Some(Change::Down) => {
                 let cause = r.as_ref().err().map(ToString::to_string).unwrap_or_default();

@@ -1,18 +1,21 @@
-//! Which servers are answering, as one client sees them, so a server that stopped answering
-//! costs a caller one deadline, not one per request.
+//! Which servers are answering, as one process sees those it sends requests to (a client its
+//! servers, the meta server its io servers), so a server that stopped answering costs a caller
+//! one deadline, not one per request.
 //!
 //! A server that is gone (its process dead, its port closed) fails a request at once. One that
 //! hangs, or whose host is cut off, answers nothing, and every request to it waits out its whole
 //! deadline: a directory listing that needs the size of ten files on it waited ten deadlines.
 //! After a request to a server ends that way the server is *silent*: requests to it fail at once
 //! (naming it and how long it has been silent) until a hold-off passes; then one caller checks
-//! it with a short ping before its own request goes, while the others still fail at once. An
-//! answer makes it answering again; no answer doubles the hold-off, up to [`MAX_HOLD`]. Any
-//! answer to any request (even an error reply) counts: the server is alive.
+//! it before the others (a client with a short ping, the meta server with its own small
+//! request), while the others still fail at once. An answer makes it answering again; no
+//! answer doubles the hold-off, up to [`MAX_HOLD`]. Any answer to any request (even an error
+//! reply) counts: the server is alive.
 //!
-//! Sans-IO: the client asks [`Health::admit`] before it sends, and reports how each request
-//! ended with [`Health::record`].
+//! Sans-IO: the caller asks [`Health::admit`] before it sends, and reports how each request
+//! ended ([`ended`]) with [`Health::record`], or [`Health::probed`] for a probe.
 
+use crate::net::FsError;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -25,6 +28,21 @@ pub(crate) const MAX_HOLD: Duration = Duration::from_secs(10);
 /// A transport failure that took at least this long after the request was sent was a wait
 /// for a server that did not answer; a quicker one (refused, reset) needs no hold-off.
 pub(crate) const SLOW_FAILURE: Duration = Duration::from_secs(1);
+
+/// How a request sent at `sent` ended, from how it failed (`None`: it did not): any reply is
+/// an answer; a deadline, or a transport failure only after a long wait, is no answer.
+pub(crate) fn ended(err: Option<&FsError>, sent: Instant) -> Ended {
+    match err {
+        None | Some(FsError::Remote { .. } | FsError::Proto(_) | FsError::UnexpectedReply(_)) => {
+            Ended::Answered
+        }
+        Some(FsError::Net(ionet::Error::Timeout) | FsError::Server { error: ionet::Error::Timeout, .. }) => {
+            Ended::Unanswered
+        }
+        Some(FsError::Net(_) | FsError::Server { .. }) if sent.elapsed() >= SLOW_FAILURE => Ended::Unanswered,
+        Some(_) => Ended::Failed,
+    }
+}
 
 /// How a request to the server ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,8 +60,8 @@ pub(crate) enum Ended {
 pub(crate) enum Admit {
     /// Send as usual.
     Send,
-    /// The server has been silent and its hold-off is over: ping it first, record the ping,
-    /// and send only if it answered.
+    /// The server has been silent and its hold-off is over: this caller checks it (and
+    /// reports that with [`Health::probed`]).
     Probe,
     /// Fail at once: silent for `silent` so far.
     Refuse {
