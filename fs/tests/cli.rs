@@ -305,6 +305,17 @@ fn new_entries_belong_to_the_user_who_made_them() {
     assert_eq!(c.lstat("/d/f").unwrap().attr.uid, 4321, "still there");
 }
 
+/// Waits until `serve` (a `stripefs serve` of a local cluster) has written its whole cluster
+/// file `cl`: complete once the meta server's real address is in it.
+fn wait_for_cluster_file(cl: &Path, serve: &mut std::process::Child) {
+    let t = Instant::now();
+    while !std::fs::read_to_string(cl).is_ok_and(|s| s.contains("meta") && !s.contains(":0\"")) {
+        assert!(t.elapsed() < Duration::from_secs(20), "no cluster file");
+        assert!(serve.try_wait().unwrap().is_none(), "serve exited");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `stripefs serve` with a data directory relative to where it runs (as its default is): the
 /// cluster file it writes works from anywhere else.
 #[test]
@@ -318,13 +329,7 @@ fn serve_runs_a_local_cluster_from_flags() {
         .spawn()
         .unwrap();
     let cl = data.join("cluster.toml");
-    let t = Instant::now();
-    // The cluster file is complete once the meta server's real address is in it.
-    while !std::fs::read_to_string(&cl).is_ok_and(|s| s.contains("meta") && !s.contains(":0\"")) {
-        assert!(t.elapsed() < Duration::from_secs(20), "no cluster file");
-        assert!(serve.try_wait().unwrap().is_none(), "serve exited");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_cluster_file(&cl, &mut serve);
     ok(&cl, &["mkdir", "sfs:/x"]);
     assert_eq!(ok(&cl, &["ls", "sfs:/"]), "x\n");
     let pid = serve.id().to_string();
@@ -382,12 +387,7 @@ fn a_second_server_on_a_data_directory_in_use_is_refused() {
     };
     let mut first = serve();
     let cl = data.join("cluster.toml");
-    let t = Instant::now();
-    while !std::fs::read_to_string(&cl).is_ok_and(|s| s.contains("meta") && !s.contains(":0\"")) {
-        assert!(t.elapsed() < Duration::from_secs(20), "no cluster file");
-        assert!(first.try_wait().unwrap().is_none(), "serve exited");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_cluster_file(&cl, &mut first);
     ok(&cl, &["mkdir", "sfs:/x"]);
     let file = std::fs::read(&cl).unwrap();
     let second = serve().wait_with_output().unwrap();
