@@ -421,6 +421,40 @@ fn a_second_server_on_a_data_directory_in_use_is_refused() {
     first.wait().unwrap();
 }
 
+/// A destination the user names that is a device or a FIFO (`/dev/null` to time a read, a
+/// pipe to another program) is written as a stream, as `cp` does; inside a tree copy, where
+/// the names come from the server, anything but a regular file is still refused.
+#[test]
+fn cp_out_writes_into_a_named_device_or_fifo() {
+    let tc = TestCluster::start("tcp", 2);
+    let cl = tc.cluster.config_path().to_owned();
+    let src = tc.dir.path().join("in.bin");
+    let data = pattern(3_000_000, 5);
+    std::fs::write(&src, &data).unwrap();
+    ok(&cl, &["cp", src.to_str().unwrap(), "sfs:/f"]);
+    ok(&cl, &["cp", "sfs:/f", "/dev/null"]);
+    let fifo = tc.dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    ok(&cl, &["cp", "sfs:/f", fifo.to_str().unwrap()]);
+    assert!(reader.join().unwrap() == data, "the bytes through the FIFO");
+    // In a tree, a FIFO where the server's tree puts a file is refused, not written into.
+    ok(&cl, &["mkdir", "sfs:/t"]);
+    ok(&cl, &["cp", "sfs:/f", "sfs:/t/g"]);
+    let out = tc.dir.path().join("out");
+    std::fs::create_dir_all(out.join("t")).unwrap();
+    nix::unistd::mkfifo(&out.join("t/g"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let out_s = out.to_str().unwrap().to_owned() + "/";
+    let tree = sfs(&cl, &["cp", "-r", "sfs:/t", &out_s]);
+    let err = String::from_utf8_lossy(&tree.stderr);
+    assert!(!tree.status.success() && err.contains("t/g"), "{err}");
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::symlink_metadata(out.join("t/g")).unwrap().file_type().is_fifo());
+}
+
 /// A local cluster's server count outside what a cluster file allows is refused by the flag,
 /// before anything is started or written.
 #[test]

@@ -197,6 +197,8 @@ impl Source {
 /// Where `cp` writes to.
 enum Sink {
     Local(std::fs::File),
+    /// A device or FIFO the user named (`/dev/null`, a pipe): written in order, never synced.
+    Stream(std::fs::File),
     Sfs(Box<stripefs::File>),
 }
 
@@ -205,7 +207,12 @@ impl Sink {
     /// Refuses to copy a stripefs file onto itself, which would truncate it first.
     fn create(c: &Client, dst: &Loc, src: &Loc, spec: LayoutSpec) -> Result<Sink> {
         let dst = match dst {
-            Loc::Local(p) => return Ok(Sink::Local(create_local(p)?)),
+            Loc::Local(p) => {
+                return Ok(match open_stream(p)? {
+                    Some(f) => Sink::Stream(f),
+                    None => Sink::Local(create_local(p)?),
+                });
+            }
             Loc::Sfs(p) => p,
         };
         if let (Ok(d), Loc::Sfs(sp)) = (c.stat(dst), src)
@@ -228,7 +235,7 @@ impl Sink {
     /// Writes `buf[..n]` at `off` and gives the buffer back for the next chunk.
     fn write(&mut self, off: u64, mut buf: BytesMut, n: usize) -> Result<BytesMut> {
         match self {
-            Sink::Local(f) => {
+            Sink::Local(f) | Sink::Stream(f) => {
                 f.write_all(&buf[..n])?;
                 Ok(buf)
             }
@@ -247,10 +254,29 @@ impl Sink {
     fn sync(&mut self) -> Result<()> {
         match self {
             Sink::Local(f) => f.sync_all()?,
+            // Nothing to make durable (and fsync of a device or pipe fails).
+            Sink::Stream(_) => {}
             Sink::Sfs(f) => f.sync()?,
         }
         Ok(())
     }
+}
+
+/// The destination the user named, opened for writing if it is a character device or a FIFO
+/// (followed through links: the user chose it); `None` for anything else, which
+/// [`create_local`] makes a regular file or refuses. A FIFO's open waits for its reader.
+fn open_stream(p: &Path) -> Result<Option<std::fs::File>> {
+    use std::os::unix::fs::FileTypeExt;
+    let is_stream = |t: std::fs::FileType| t.is_char_device() || t.is_fifo();
+    if !std::fs::metadata(p).is_ok_and(|m| is_stream(m.file_type())) {
+        return Ok(None);
+    }
+    let f = std::fs::OpenOptions::new().write(true).open(p).with_context(|| p.display().to_string())?;
+    // Replaced between the look and the open: not what the user pointed at.
+    if !is_stream(f.metadata()?.file_type()) {
+        bail!("{}: changed while being opened", p.display());
+    }
+    Ok(Some(f))
 }
 
 /// A local file for `cp` to write: in the directory as named, the file itself never through
