@@ -13,7 +13,7 @@
 //! reply) counts: the server is alive.
 //!
 //! Sans-IO: the caller asks [`Health::admit`] before it sends, and reports how each request
-//! ended ([`ended`]) with [`Health::record`], or [`Health::probed`] for a probe.
+//! ended with [`Health::finish`].
 
 use crate::net::FsError;
 use std::sync::Mutex;
@@ -31,7 +31,7 @@ pub(crate) const SLOW_FAILURE: Duration = Duration::from_secs(1);
 
 /// How a request sent at `sent` ended, from how it failed (`None`: it did not): any reply is
 /// an answer; a deadline, or a transport failure only after a long wait, is no answer.
-pub(crate) fn ended(err: Option<&FsError>, sent: Instant) -> Ended {
+fn ended(err: Option<&FsError>, sent: Instant) -> Ended {
     match err {
         None | Some(FsError::Remote { .. } | FsError::Proto(_) | FsError::UnexpectedReply(_)) => {
             Ended::Answered
@@ -61,13 +61,21 @@ pub(crate) enum Admit {
     /// Send as usual.
     Send,
     /// The server has been silent and its hold-off is over: this caller checks it (and
-    /// reports that with [`Health::probed`]).
+    /// reports that as a probe: [`Sent::probe`]).
     Probe,
     /// Fail at once: silent for `silent` so far.
     Refuse {
         /// Time since the request that went unanswered was sent.
         silent: Duration,
     },
+}
+
+/// A request that went to the server: when, and whether it is the check an [`Admit::Probe`]
+/// asked for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sent {
+    pub(crate) at: Instant,
+    pub(crate) probe: bool,
 }
 
 #[derive(Debug)]
@@ -113,6 +121,19 @@ impl Health {
             }
             State::Silent { since, .. } => Admit::Refuse { silent: now.saturating_duration_since(*since) },
         }
+    }
+
+    /// Records how the request `sent` ended (`err`: how it failed, if it did), as the check of
+    /// a silent server or as an ordinary request; returns how it counted.
+    pub(crate) fn finish(&self, sent: Sent, err: Option<&FsError>) -> Ended {
+        let ended = ended(err, sent.at);
+        let now = Instant::now();
+        if sent.probe {
+            self.probed(ended, now);
+        } else {
+            self.record(ended, sent.at, now);
+        }
+        ended
     }
 
     /// Records how a request sent at `sent` ended at `now`.

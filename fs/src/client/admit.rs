@@ -2,7 +2,7 @@
 //! that stopped answering is held off, then checked with a short ping).
 
 use super::*;
-use crate::health::{Admit, Ended};
+use crate::health::{Admit, Ended, Sent};
 
 /// A server of the cluster, as the client addresses it.
 #[derive(Debug, Clone, Copy)]
@@ -40,8 +40,7 @@ impl Client {
             Admit::Probe => {
                 let sent = Instant::now();
                 let r = self.ping(t);
-                let ended = crate::health::ended(r.as_ref().err(), sent);
-                health.probed(ended, Instant::now());
+                let ended = health.finish(Sent { at: sent, probe: true }, r.as_ref().err());
                 match (ended, r) {
                     (Ended::Answered, _) => {}
                     (_, Err(e)) if ended == Ended::Failed => return Err(e.at(|| self.target_name(t))),
@@ -84,7 +83,7 @@ impl Client {
     /// Records how a request to `t` sent at `sent` ended (`err`: how it failed, if it did).
     pub(super) fn finish(&self, t: Target, sent: Instant, err: Option<&FsError>) {
         if let Some(h) = self.health(t) {
-            h.record(crate::health::ended(err, sent), sent, Instant::now());
+            h.finish(Sent { at: sent, probe: false }, err);
         }
     }
 }

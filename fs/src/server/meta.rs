@@ -25,7 +25,7 @@ use super::{Load, PeerSpans, Reporting, ServerError, ServerHandle, ServerReport,
 use crate::capability::{Capability, CapabilityKey, Rights, expiry_after, unix_now};
 use crate::config::ClusterConfig;
 use crate::errno::Errno;
-use crate::health::{Admit, Health};
+use crate::health::{Admit, Health, Sent};
 use crate::layout::Layout;
 use crate::meta::{MetaConfig, MetaError, MetaStore, Objects, Perm};
 use crate::net::{FsError, TAG_IO, Traced};
@@ -111,13 +111,6 @@ struct Shared {
     load: Load,
     /// The debug log's span per peer.
     peers: PeerSpans,
-}
-
-/// When a request to an io server went, and whether it was the check of a silent one.
-#[derive(Debug, Clone, Copy)]
-struct Sent {
-    at: Instant,
-    probe: bool,
 }
 
 /// A request posted to an io server (and when), or why it was not.
@@ -611,12 +604,7 @@ impl Shared {
                         }
                     })();
                     if let Some(h) = self.io_health.get(server) {
-                        let ended = crate::health::ended(r.as_ref().err(), sent.at);
-                        if sent.probe {
-                            h.probed(ended, Instant::now());
-                        } else {
-                            h.record(ended, sent.at, Instant::now());
-                        }
+                        h.finish(sent, r.as_ref().err());
                     }
                     r
                 });
