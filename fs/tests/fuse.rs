@@ -638,6 +638,9 @@ fn a_background_mount_logs_after_its_launcher_exits() {
     assert_eq!(c.readdir("/").unwrap().len(), 4);
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(logged.lines().count() >= 6, "the server's log after it went live: {logged:?}");
+    // Private, as everything stripefs writes: it names files and users.
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&log).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
     // It does not keep the directory it was started from (and its file system) busy.
     let said = String::from_utf8_lossy(&out.stdout);
     let pid = said.rsplit("(pid ").next().and_then(|p| p.trim().strip_suffix(')')).expect("pid printed");

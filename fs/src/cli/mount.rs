@@ -119,13 +119,12 @@ impl Detach {
     /// Opens the log (`None`: nowhere) before mounting, so a log file that cannot be written
     /// fails the mount with its reason.
     fn open(log_file: Option<&std::path::Path>) -> Result<Self> {
-        use std::os::unix::fs::OpenOptionsExt;
         let null = std::fs::OpenOptions::new().write(true).open("/dev/null").context("opening /dev/null")?;
         let log = match log_file {
-            Some(p) => std::fs::OpenOptions::new()
+            // Owner-only, as everything stripefs writes: the log names files and users.
+            Some(p) => stripefs::private::options()
                 .create(true)
                 .append(true)
-                .mode(0o640)
                 .open(p)
                 .with_context(|| format!("log file {}", p.display()))?,
             None => null.try_clone().context("opening /dev/null")?,
