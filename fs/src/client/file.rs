@@ -439,17 +439,31 @@ impl File {
     /// the client keeps a few such buffers between calls). Bytes past the returned count (past
     /// the end of the file) are zeroed.
     pub fn read_into(&self, off: u64, dst: &mut [u8]) -> FsResult<usize> {
-        let inner = &self.client.inner;
-        let (buf, tail) = inner.scratch.take(dst.len());
-        let (buf, n) = self.read_at(off, buf)?;
+        let data = self.read_kept(off, dst.len())?;
+        let n = data.len();
         // A caller's `Vec` starts 16 bytes into a page and the buffer on one: the slow case
         // of `memcpy` on AMD Zen (see `ionet::copy`).
-        ionet::copy::copy_bytes(&mut dst[..n], &buf[..n]);
+        ionet::copy::copy_bytes(&mut dst[..n], &data);
         dst[n..].fill(0);
-        for b in inner.scratch.put(buf, tail) {
-            inner.ep.invalidate_registrations(&b);
-        }
         Ok(n)
+    }
+
+    /// Reads `len` bytes at `off` into one of the client's kept buffers: the bytes before end
+    /// of file, borrowed until the result is dropped, when the buffer is kept again. A fresh
+    /// buffer per read would cost page faults and zeroing each time, and a kept one stays in
+    /// the cache between reads of the same size.
+    pub(crate) fn read_kept(&self, off: u64, len: usize) -> FsResult<KeptRead<'_>> {
+        let inner = &self.client.inner;
+        let (buf, tail) = inner.scratch.take(len);
+        match self.read_at(off, buf) {
+            Ok((buf, n)) => Ok(KeptRead { inner, buf, tail, n }),
+            Err(e) => {
+                // The read freed its part of the allocation (forgetting its registrations);
+                // the rest goes with this, and may have cached registrations of its own.
+                inner.ep.invalidate_registrations(&tail);
+                Err(e)
+            }
+        }
     }
 
     /// Writes `data` through the view at view position `pos` (see [`File::set_view`]). Each
@@ -591,6 +605,30 @@ impl Scatter {
                 o.unsplit(self.tail);
                 out
             }
+        }
+    }
+}
+
+/// The bytes of a [`File::read_kept`], in a buffer the client keeps again once this is dropped.
+pub(crate) struct KeptRead<'a> {
+    inner: &'a Inner,
+    buf: BytesMut,
+    tail: BytesMut,
+    n: usize,
+}
+
+impl std::ops::Deref for KeptRead<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[..self.n]
+    }
+}
+
+impl Drop for KeptRead<'_> {
+    fn drop(&mut self) {
+        let (buf, tail) = (std::mem::take(&mut self.buf), std::mem::take(&mut self.tail));
+        for b in self.inner.scratch.put(buf, tail) {
+            self.inner.ep.invalidate_registrations(&b);
         }
     }
 }

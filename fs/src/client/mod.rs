@@ -174,7 +174,7 @@ struct Inner {
     next_id: AtomicU64,
     opts: ClientOptions,
     limits: RequestLimits,
-    /// Temporaries of `read_into`, kept between calls.
+    /// Temporaries of `read_into` and the mount's reads, kept between calls.
     scratch: crate::buf::Scratch,
 }
 

@@ -792,8 +792,8 @@ impl Filesystem for StripeFuse {
     ) {
         let Some(o) = self.open_file(fh) else { return reply.error(fuser::Errno::EBADF) };
         let f = o.reader.unwrap_or(o.file);
-        match f.read_at(offset, crate::buf::aligned_zeroed(size as usize)) {
-            Ok((buf, n)) => reply.data(&buf[..n]),
+        match f.read_kept(offset, size as usize) {
+            Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno(&e)),
         }
     }
