@@ -42,6 +42,12 @@ impl Scratch {
     pub(crate) const MAX_BYTES: usize = 64 << 20;
     /// Most buffers kept (one per thread reading at once is the common case).
     pub(crate) const MAX_BUFFERS: usize = 4;
+    /// A new buffer for a read of at least this many bytes is made at least a huge page long,
+    /// so that it sits on one (see [`aligned_zeroed`]): the copies into it and out of it (the
+    /// sockets', and the kernel's into a FUSE reader's pages, which first looks up each page of
+    /// it) then walk one page table entry instead of hundreds. Smaller reads gain little.
+    const HUGE_FROM: usize = 256 << 10;
+    const HUGE_PAGE: usize = 2 << 20;
 
     /// A buffer of exactly `len` bytes, contents unspecified, and the unused tail of the kept
     /// buffer it was cut from (hand both back to [`Scratch::put`]).
@@ -54,7 +60,12 @@ impl Scratch {
                 let tail = b.split_off(len);
                 (b, tail)
             }
-            None => (aligned_zeroed(len), BytesMut::new()),
+            None => {
+                let alloc = if len >= Self::HUGE_FROM { len.max(Self::HUGE_PAGE) } else { len };
+                let mut b = aligned_zeroed(alloc);
+                let tail = b.split_off(len);
+                (b, tail)
+            }
         }
     }
 
@@ -111,6 +122,20 @@ mod tests {
         assert!(s.put(b, t).is_empty());
         assert!(s.put(b2, t2).is_empty());
         assert_eq!(s.drain().len(), 2);
+    }
+
+    #[test]
+    fn scratch_makes_large_reads_a_huge_page_and_small_ones_their_size() {
+        let s = Scratch::default();
+        let (b, t) = s.take(1 << 20);
+        assert_eq!((b.len(), t.len(), b.as_ptr() as usize % Scratch::HUGE_PAGE), (1 << 20, 1 << 20, 0));
+        let (b2, t2) = s.take(4096);
+        assert_eq!((b2.len(), t2.len()), (4096, 0));
+        assert!(s.put(b, t).is_empty() && s.put(b2, t2).is_empty());
+        // The rest of the huge page serves a later read that fits it.
+        let (b, t) = s.take(2 << 20);
+        assert_eq!((b.len(), t.len()), (2 << 20, 0));
+        assert!(s.put(b, t).is_empty());
     }
 
     #[test]
