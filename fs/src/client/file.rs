@@ -410,9 +410,24 @@ impl File {
         self.write_batches(&batches, data).map(|n| n as usize)
     }
 
-    /// Writes a borrowed slice at `off` (copies it once into a `Bytes`).
+    /// Writes a borrowed slice at `off` (copies it once, into one of the buffers the client
+    /// keeps between calls).
     pub fn write_all_at(&self, off: u64, data: &[u8]) -> FsResult<usize> {
-        self.write_at(off, &Bytes::copy_from_slice(data))
+        let inner = &self.client.inner;
+        let (mut buf, tail) = inner.scratch.take(data.len());
+        // See `read_into`: the caller's slice may start anywhere in a page.
+        ionet::copy::copy_bytes(&mut buf, data);
+        buf.unsplit(tail);
+        let whole = buf.freeze();
+        let r = self.write_at(off, &whole.slice(..data.len()));
+        // The transport has let go of the payload once the write returned, unless it gave up
+        // on a server that may still read it: then the buffer is freed when that ends.
+        if let Ok(whole) = whole.try_into_mut() {
+            for b in inner.scratch.put(whole, BytesMut::new()) {
+                inner.ep.invalidate_registrations(&b);
+            }
+        }
+        r
     }
 
     /// Reads `buf.len()` bytes at `off` into `buf` (zero-copy scatter into its memory) and
