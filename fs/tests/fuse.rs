@@ -96,8 +96,26 @@ fn cp_cmp_ls_rm_umount(args: &[&str]) {
     let src = tc.dir.path().join("src.bin");
     std::fs::write(&src, pattern(3 * 1024 * 1024 + 4321, 9)).unwrap();
     let inside = mnt.join("copy.bin");
+    let c = tc.client();
+    let before = io_requests(&c);
     run(Command::new("cp").arg(&src).arg(&inside));
+    let copied_in = io_requests(&c);
     run(Command::new("cmp").arg(&src).arg(&inside));
+    // The mount names 1 MiB, the largest request the kernel sends by default, as the size to
+    // do I/O in (st_blksize), and tools such as cp and cat size their buffers by it.
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&inside).unwrap().blksize(), 1 << 20);
+    if args.is_empty() {
+        // Direct mode: each read or write the tool makes is one request to each io server it
+        // touches, 3 servers at most for 1 MiB, and 5 reads for 3 MiB and a bit (the last
+        // finds the end); in 128 KiB pieces cp and cat send 2 each for 25.
+        let before_cat = io_requests(&c);
+        let cat = run(Command::new("cat").arg(&inside));
+        assert_eq!(cat.stdout.len(), 3 * 1024 * 1024 + 4321);
+        let after_cat = io_requests(&c);
+        assert!(copied_in.1 - before.1 <= 4 * 3, "writes of cp: {before:?} -> {copied_in:?}");
+        assert!(after_cat.0 - before_cat.0 <= 5 * 3, "reads of cat: {before_cat:?} -> {after_cat:?}");
+    }
     let ls = run(Command::new("ls").arg("-l").arg(&mnt));
     let listing = String::from_utf8_lossy(&ls.stdout);
     assert!(
@@ -105,7 +123,6 @@ fn cp_cmp_ls_rm_umount(args: &[&str]) {
         "{listing}"
     );
     // The library sees what the mount wrote.
-    let c = tc.client();
     // statfs (df) reports the io servers' file systems added up, the files and directories.
     let vfs = nix::sys::statvfs::statvfs(&mnt).unwrap();
     let space = c.disk_space().unwrap();
@@ -171,6 +188,14 @@ fn cp_cmp_ls_rm_umount(args: &[&str]) {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(!mounted(&mnt));
+}
+
+/// Read and write requests the io servers have served so far, all together.
+fn io_requests(c: &stripefs::Client) -> (u64, u64) {
+    c.server_stats()
+        .into_iter()
+        .map(|s| s.expect("io server answers"))
+        .fold((0, 0), |(r, w), s| (r + s.reads, w + s.writes))
 }
 
 /// Syncs each io server has served so far (by absolute server number).

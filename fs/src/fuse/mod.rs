@@ -235,6 +235,12 @@ fn open_rights(flags: i32) -> Rights {
     }
 }
 
+/// The size the mount names for I/O (`st_blksize`): the largest request the kernel sends by
+/// default. `cp`, `cat` and other tools size their buffers by it (128 KiB at the least), and in
+/// the direct mode each of their reads and writes waits for a round trip to the io servers, so
+/// the fewer the better. NFS names its transfer size the same way.
+const IO_SIZE: u32 = 1 << 20;
+
 fn file_attr(h: Handle, a: &Attr) -> FileAttr {
     FileAttr {
         ino: INodeNo(h.0),
@@ -250,7 +256,7 @@ fn file_attr(h: Handle, a: &Attr) -> FileAttr {
         uid: a.uid,
         gid: a.gid,
         rdev: a.kind.rdev(),
-        blksize: 65536,
+        blksize: IO_SIZE,
         flags: 0,
     }
 }
