@@ -246,6 +246,59 @@ pub fn read_into_shows_no_earlier_bytes(scheme: &str) {
     }
 }
 
+/// A read that reaches every server of the layout learns the file's size from their replies:
+/// reading past the end of a small file asks no server for its size afterwards.
+pub fn a_read_from_every_server_needs_no_size_round(scheme: &str) {
+    let tc = TestCluster::start(scheme, 4);
+    let c = tc.client();
+    let f = c.create("/small", CreateOptions { mode: 0o644, layout: spec(4, 65536) }).unwrap();
+    f.write_at(0, &pattern(4096, 3)).unwrap();
+    // Another server's share reaching further than the data the read found.
+    let g = c.create("/far", CreateOptions { mode: 0o644, layout: spec(4, 65536) }).unwrap();
+    g.write_at(0, &pattern(100, 4)).unwrap();
+    g.write_at(3 * 65536 + 10, &pattern(5, 5)).unwrap();
+    let requests = |c: &stripefs::Client| -> u64 {
+        c.status()
+            .io
+            .iter()
+            .map(|s| match s {
+                stripefs::ServerState::Up(st) => st.requests,
+                s => panic!("{s:?}"),
+            })
+            .sum()
+    };
+    let bytes_read =
+        |c: &stripefs::Client| -> u64 { c.server_stats().into_iter().map(|s| s.unwrap().bytes_read).sum() };
+    for (file, len, want) in [(&f, 1 << 20, pattern(4096, 3)), (&g, 1 << 20, Bytes::new())] {
+        let before = requests(&c);
+        let moved = bytes_read(&c);
+        // A buffer holding other bytes, as a reused one does: holes and the rest read as zeros.
+        let mut stale = BytesMut::zeroed(len);
+        stale.fill(0xaa);
+        let (buf, n) = file.read_at(0, stale).unwrap();
+        // One read per server and one status request per server to count them.
+        assert_eq!(requests(&c) - before - 4, 2 * 4, "one read per server, no size requests");
+        if want.is_empty() {
+            assert_eq!(n, 3 * 65536 + 15);
+            assert_eq!(&buf[..100], &pattern(100, 4)[..]);
+            assert!(buf[100..3 * 65536 + 10].iter().all(|&b| b == 0), "holes read as zeros");
+            assert_eq!(&buf[3 * 65536 + 10..n], &pattern(5, 5)[..]);
+        } else {
+            assert_eq!((n, &buf[..n]), (want.len(), &want[..]));
+        }
+        assert!(buf[n..].iter().all(|&b| b == 0), "past the end reads as zeros");
+        // The servers sent the bytes up to each one's end of the object, not the zeros past it.
+        assert_eq!(bytes_read(&c) - moved, if want.is_empty() { 100 + 15 } else { 4096 });
+    }
+    // A read that leaves servers out still asks them where the file ends.
+    let before = requests(&c);
+    let (_, n) = g.read_at(0, BytesMut::zeroed(1000)).unwrap();
+    assert_eq!(n, 1000);
+    let (_, n) = g.read_at(65536 * 2, BytesMut::zeroed(65536 * 2)).unwrap();
+    assert_eq!(n, 65536 + 15);
+    assert_eq!(requests(&c) - before, 1 + 4 + 2 + 4 + 4);
+}
+
 pub fn list_io_matches_contiguous(scheme: &str) {
     let tc = TestCluster::start(scheme, 3);
     let c = tc.client();
@@ -1053,6 +1106,7 @@ macro_rules! transports {
             #[test] fn symbolic_links() { super::symbolic_links(S) }
             #[test] fn a_writers_sync_records_the_modification_time() { super::a_writers_sync_records_the_modification_time(S) }
             #[test] fn read_into_shows_no_earlier_bytes() { super::read_into_shows_no_earlier_bytes(S) }
+            #[test] fn a_read_from_every_server_needs_no_size_round() { super::a_read_from_every_server_needs_no_size_round(S) }
             #[test] fn list_io_matches_contiguous() { super::list_io_matches_contiguous(S) }
             #[test] fn eight_clients_interleaved_strided() { super::eight_clients_interleaved_strided(S) }
             #[test] fn io_server_killed_mid_write_is_an_error() { super::io_server_killed_mid_write_is_an_error(S) }

@@ -370,15 +370,26 @@ impl File {
                     c.finish(Target::Io(server), sent, Some(e));
                 }
                 let mut comp = waited.map_err(c.at_io(server))?;
-                if let OpBuf::Recv(RecvBuf::List(v)) = std::mem::take(&mut comp.buf) {
-                    split.put_back(i, v);
-                }
                 let r = Client::reply::<IoReply>(&comp, id);
                 c.finish(Target::Io(server), sent, r.as_ref().err());
-                match r.map_err(c.at_io(server))? {
-                    IoReply::Read { bytes, local_size } if bytes == batches[i].bytes => Ok(local_size),
-                    r => Err(FsError::UnexpectedReply(format!("{r:?} for a {}-byte read", batches[i].bytes))),
+                let r = match r.map_err(c.at_io(server)) {
+                    Ok(IoReply::Read { bytes, local_size }) if bytes <= batches[i].bytes => {
+                        Ok((bytes, local_size))
+                    }
+                    Ok(r) => {
+                        Err(FsError::UnexpectedReply(format!("{r:?} for a {}-byte read", batches[i].bytes)))
+                    }
+                    Err(e) => Err(e),
+                };
+                if let OpBuf::Recv(RecvBuf::List(mut v)) = std::mem::take(&mut comp.buf) {
+                    if let Ok((bytes, _)) = r {
+                        // The rest of the stream lies past the server's end of the object;
+                        // the buffer may hold an earlier read's bytes there.
+                        zero_after(&mut v, bytes.min(comp.len() as u64));
+                    }
+                    split.put_back(i, v);
                 }
+                r.map(|(_, local_size)| local_size)
             });
             spans[i].done(super::Outcome(&r));
             match r {
@@ -443,10 +454,11 @@ impl File {
             self.batches(self.layout.plan([Extent::new(off, len)]), None, self.client.inner.limits.read)?;
         let (buf, sizes) = self.read_batches(&batches, buf)?;
         // The involved servers' local sizes show whether the range reaches end of file; only
-        // when it may not does the client ask every server.
+        // when it may not, and some server was left out, does the client ask every server.
         let seen =
             sizes.iter().map(|&(i, ls)| self.layout.logical_end(batches[i].pnum, ls)).max().unwrap_or(0);
-        let size = if seen >= end { seen } else { self.size()? };
+        let every_server = (0..self.layout.pcount).all(|p| batches.iter().any(|b| b.pnum == p));
+        let size = if seen >= end || every_server { seen } else { self.size()? };
         Ok((buf, size.saturating_sub(off).min(len) as usize))
     }
 
@@ -547,6 +559,16 @@ impl File {
         } else {
             Err(FsError::code(Errno::EBADF, "file not open for this access"))
         }
+    }
+}
+
+/// Zeroes the segments (in stream order) past their first `filled` bytes.
+fn zero_after(segments: &mut [BytesMut], filled: u64) {
+    let mut skip = filled;
+    for seg in segments {
+        let keep = skip.min(seg.len() as u64) as usize;
+        seg[keep..].fill(0);
+        skip -= keep as u64;
     }
 }
 

@@ -55,6 +55,20 @@ impl Descriptor {
         self.pieces().fold(0u64, |a, p| a.saturating_add(p.len))
     }
 
+    /// The stream's bytes up to its last one below local offset `size`: the part of a read of
+    /// an object `size` bytes long that holds data (with any holes inside it); past it the
+    /// stream is all beyond the object's end.
+    pub fn stream_below(&self, size: u64) -> u64 {
+        let (mut at, mut end) = (0u64, 0u64);
+        for p in self.pieces() {
+            if p.off < size {
+                end = at.saturating_add(p.len.min(size - p.off));
+            }
+            at = at.saturating_add(p.len);
+        }
+        end
+    }
+
     fn validate(&self) -> Result<(), ProtoError> {
         match self {
             Descriptor::List(v) => {
@@ -223,9 +237,10 @@ pub enum IoReply {
     Done,
     /// Local size of the object.
     Size(u64),
-    /// A read: `bytes` of data follow (holes and bytes past the local end read as zeros).
+    /// A read: the first `bytes` of the request's stream were pushed (holes inside them read
+    /// as zeros); the rest of it lies past the object's end, and the client zeroes it.
     Read {
-        /// Stream bytes that follow.
+        /// Stream bytes pushed, from the start of the stream.
         bytes: u64,
         /// The object's local size when read, so the client can tell a hole from EOF.
         local_size: u64,

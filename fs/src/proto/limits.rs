@@ -4,8 +4,9 @@
 /// Protocol version this build speaks (2: io servers' counters carry their disk space;
 /// 3: symbolic links; 4: status requests to every server; 5: callers' credentials, hard
 /// links, special files, times set to the server's clock, space allocation; 6: io servers'
-/// counters carry the bytes they wrote behind; 7: disk space names its file system).
-pub const PROTO_VERSION: u16 = 7;
+/// counters carry the bytes they wrote behind; 7: disk space names its file system; 8: a read
+/// sends nothing for the part of its stream past the object's end).
+pub const PROTO_VERSION: u16 = 8;
 
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"STFS";

@@ -323,3 +323,21 @@ fn truncated_prefixes_never_panic() {
         }
     }
 }
+
+#[test]
+fn a_reads_stream_below_an_end_is_the_part_up_to_its_last_byte_there() {
+    let list =
+        |p: &[(u64, u64)]| Descriptor::list(p.iter().map(|&(o, l)| Extent::new(o, l)).collect()).unwrap();
+    let d = list(&[(0, 100), (200, 100), (1000, 50)]);
+    assert_eq!(d.stream_below(0), 0, "an empty object: nothing");
+    assert_eq!(d.stream_below(40), 40, "into the first piece");
+    assert_eq!(d.stream_below(150), 100, "between pieces: the first one whole");
+    assert_eq!(d.stream_below(250), 150, "into the second");
+    assert_eq!(d.stream_below(1010), 210, "into the last");
+    assert_eq!(d.stream_below(u64::MAX), 250, "all of it");
+    // Out of order: a later piece below the end takes the stream to it, holes and all.
+    let d = list(&[(1000, 50), (0, 100)]);
+    assert_eq!(d.stream_below(100), 150);
+    assert_eq!(d.stream_below(1020), 150);
+    assert_eq!(list(&[]).stream_below(10), 0);
+}
