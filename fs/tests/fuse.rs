@@ -105,6 +105,10 @@ fn cp_cmp_ls_rm_umount(args: &[&str]) {
     // do I/O in (st_blksize), and tools such as cp and cat size their buffers by it.
     use std::os::unix::fs::MetadataExt;
     assert_eq!(std::fs::metadata(&inside).unwrap().blksize(), 1 << 20);
+    // A small file names less: a tool reading it needs no large buffer.
+    std::fs::write(mnt.join("small.bin"), b"small").unwrap();
+    assert_eq!(std::fs::metadata(mnt.join("small.bin")).unwrap().blksize(), 64 << 10);
+    std::fs::remove_file(mnt.join("small.bin")).unwrap();
     if args.is_empty() {
         // Direct mode: each read or write the tool makes is one request to each io server it
         // touches, 3 servers at most for 1 MiB, and 5 reads for 3 MiB and a bit (the last

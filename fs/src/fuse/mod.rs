@@ -235,11 +235,20 @@ fn open_rights(flags: i32) -> Rights {
     }
 }
 
-/// The size the mount names for I/O (`st_blksize`): the largest request the kernel sends by
-/// default. `cp`, `cat` and other tools size their buffers by it (128 KiB at the least), and in
-/// the direct mode each of their reads and writes waits for a round trip to the io servers, so
-/// the fewer the better. NFS names its transfer size the same way.
-const IO_SIZE: u32 = 1 << 20;
+/// The size the mount names for I/O (`st_blksize`) of a file of `size` bytes: the largest
+/// request the kernel sends by default. `cp`, `cat` and other tools size their buffers by it
+/// (128 KiB at the least), and in the direct mode each of their reads and writes waits for a
+/// round trip to the io servers, so the fewer the better; NFS names its transfer size the same
+/// way. A file smaller than that names its own size rounded up to a power of two, 64 KiB at
+/// the least: a tool that allocates a buffer of that size for each file it reads (`cat` does)
+/// would otherwise fault in and free a whole MiB for a few bytes. An empty file is most likely
+/// about to be written, so it names the largest.
+fn io_size(size: u64) -> u32 {
+    const LARGEST: u64 = 1 << 20;
+    const SMALLEST: u64 = 64 << 10;
+    let s = if size == 0 { LARGEST } else { size.clamp(SMALLEST, LARGEST).next_power_of_two() };
+    s.min(LARGEST) as u32
+}
 
 fn file_attr(h: Handle, a: &Attr) -> FileAttr {
     FileAttr {
@@ -256,7 +265,7 @@ fn file_attr(h: Handle, a: &Attr) -> FileAttr {
         uid: a.uid,
         gid: a.gid,
         rdev: a.kind.rdev(),
-        blksize: IO_SIZE,
+        blksize: io_size(a.size),
         flags: 0,
     }
 }
@@ -1111,6 +1120,17 @@ fn request_pages_note(limit: Option<u64>, page: u64) -> Option<String> {
 mod tests {
     use super::*;
     use std::cell::Cell;
+
+    #[test]
+    fn the_io_size_is_the_largest_request_unless_the_file_is_smaller() {
+        assert_eq!(io_size(0), 1 << 20, "an empty file, about to be written");
+        assert_eq!(io_size(1), 64 << 10);
+        assert_eq!(io_size(4096), 64 << 10);
+        assert_eq!(io_size(100 << 10), 128 << 10);
+        assert_eq!(io_size((512 << 10) + 1), 1 << 20);
+        assert_eq!(io_size(3 << 20), 1 << 20);
+        assert_eq!(io_size(u64::MAX), 1 << 20);
+    }
 
     #[test]
     fn a_request_cap_below_an_unaligned_mib_is_pointed_out() {
