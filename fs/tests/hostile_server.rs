@@ -202,6 +202,11 @@ impl FakeCluster {
                     } else {
                         let env = proto::decode::<IoRequest>(req.header()).unwrap();
                         let r = match env.body {
+                            IoRequest::GetSize { cap } if cap.handle.0 == UNSENT => IoReply::Size(4096),
+                            // Says it sent the whole read, sends nothing.
+                            IoRequest::Read { cap, desc } if cap.handle.0 == UNSENT => {
+                                IoReply::Read { bytes: desc.total(), local_size: 4096 }
+                            }
                             IoRequest::GetSize { .. } => IoReply::Size(0),
                             r => IoReply::Error(ErrorReply::new(Errno::EOPNOTSUPP, format!("fake: {r:?}"))),
                         };
@@ -317,6 +322,23 @@ impl Scene {
 }
 
 const ROOT: u64 = Handle::ROOT.0;
+
+/// A 4 KiB file whose reads the fake io server claims in full and never sends.
+const UNSENT: u64 = 102;
+
+/// An io server that says it sent a read's bytes without sending them: the client fails the
+/// read rather than hand out what its buffer held before.
+#[test]
+fn a_read_the_server_claims_but_never_sent_fails() {
+    let sc = Scene::new();
+    let mut nodes = HashMap::new();
+    nodes.insert(UNSENT, Kind::File);
+    nodes.insert(ROOT, dir(vec![], &[("unsent", &[UNSENT])]));
+    let fake = FakeCluster::start(sc.tmp.path(), nodes);
+    let out = fake.run(&["cp", "sfs:/unsent", &sc.s("out")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("0 bytes arrived"), "cp succeeded or said: {err}");
+}
 
 /// `readdir` names that are not single components are refused by the client: `cp -r` fails
 /// and writes nothing outside its destination, `ls` fails instead of printing them.

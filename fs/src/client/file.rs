@@ -372,20 +372,26 @@ impl File {
                 let mut comp = waited.map_err(c.at_io(server))?;
                 let r = Client::reply::<IoReply>(&comp, id);
                 c.finish(Target::Io(server), sent, r.as_ref().err());
+                // The server says how much of the stream it pushed; the transport, how much
+                // arrived. Fewer would leave bytes of the file unread.
+                let arrived = comp.len() as u64;
                 let r = match r.map_err(c.at_io(server)) {
-                    Ok(IoReply::Read { bytes, local_size }) if bytes <= batches[i].bytes => {
+                    Ok(IoReply::Read { bytes, local_size })
+                        if bytes <= batches[i].bytes && bytes <= arrived =>
+                    {
                         Ok((bytes, local_size))
                     }
-                    Ok(r) => {
-                        Err(FsError::UnexpectedReply(format!("{r:?} for a {}-byte read", batches[i].bytes)))
-                    }
+                    Ok(r) => Err(FsError::UnexpectedReply(format!(
+                        "{r:?} for a {}-byte read of which {arrived} bytes arrived",
+                        batches[i].bytes
+                    ))),
                     Err(e) => Err(e),
                 };
                 if let OpBuf::Recv(RecvBuf::List(mut v)) = std::mem::take(&mut comp.buf) {
                     if let Ok((bytes, _)) = r {
                         // The rest of the stream lies past the server's end of the object;
                         // the buffer may hold an earlier read's bytes there.
-                        zero_after(&mut v, bytes.min(comp.len() as u64));
+                        zero_after(&mut v, bytes);
                     }
                     split.put_back(i, v);
                 }
