@@ -785,6 +785,43 @@ fn a_cached_mount_keeps_data_and_sizes() {
     assert_eq!((back.len(), &back[65530..65540]), (3 * 65536, &b"0123456789"[..]));
 }
 
+/// The direct mount maps files shared, as databases do (SQLite's write-ahead log maps its
+/// `-shm` file): writes through the mapping reach the io servers by `msync`, and the mapping
+/// shows what was written through a descriptor before.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_direct_mount_maps_files_shared() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let tc = TestCluster::start("tcp", 3);
+    let m = mount(&tc);
+    let c = tc.client();
+    let q = m.dir.join("mapped.bin");
+    let f = std::fs::OpenOptions::new().create_new(true).read(true).write(true).open(&q).unwrap();
+    f.set_len(3 * 65536).unwrap();
+    f.write_all_at(b"written", 70_000).unwrap();
+    // SAFETY: a fresh shared mapping of a file of that length, unmapped before `f` is closed.
+    unsafe {
+        let at = libc::mmap(
+            std::ptr::null_mut(),
+            3 * 65536,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(at, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        let bytes = std::slice::from_raw_parts_mut(at as *mut u8, 3 * 65536);
+        assert_eq!(&bytes[70_000..70_007], b"written");
+        bytes[65530..65540].copy_from_slice(b"0123456789");
+        assert_eq!(libc::msync(at, 3 * 65536, libc::MS_SYNC), 0);
+        assert_eq!(libc::munmap(at, 3 * 65536), 0);
+    }
+    let back = read_lib(&c, "/mapped.bin");
+    assert_eq!((back.len(), &back[65530..65540]), (3 * 65536, &b"0123456789"[..]));
+    assert_eq!(&back[70_000..70_007], b"written");
+}
+
 /// Two kernel-cached mounts of one cluster (two clients): what one wrote and closed, the
 /// other's next open reads, also after the other read and cached the file before; a file
 /// that did not change is read again from the page cache, not the io servers.

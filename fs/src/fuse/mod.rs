@@ -571,6 +571,15 @@ impl Filesystem for StripeFuse {
                  ({missing:?})"
             )));
         }
+        // Direct I/O files may then be mapped shared (databases map files so: SQLite's
+        // write-ahead log), through the page cache, which the kernel writes back and keeps in
+        // step with this host's direct reads and writes of the file. Kernels before 6.6 do
+        // not offer it, and refuse such mappings (ENODEV) as before.
+        if !self.kernel_cache
+            && let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+        {
+            tracing::info!(?missing, "this kernel does not map direct I/O files shared");
+        }
         let ready = lock(&self.on_ready.0).take();
         if let Some(ready) = ready {
             ready();
