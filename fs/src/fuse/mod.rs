@@ -931,6 +931,11 @@ impl Filesystem for StripeFuse {
         }
     }
 
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // Nothing to do: every change of names is durable on the meta server when it returns.
+        reply.ok();
+    }
+
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         reply.opened(FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed)), FopenFlags::empty());
     }
