@@ -499,6 +499,54 @@ impl File {
         }
     }
 
+    /// Copies up to `len` bytes of this file at `off` to `dst` at `dst_off`, stopping at this
+    /// file's end, and returns how many it copied. The bytes pass through this client in pieces
+    /// of a few MiB, a read and a write each, in buffers it keeps. An error after some pieces
+    /// were copied ends the copy there (the count says how far it got); one on the first is
+    /// returned.
+    pub(crate) fn copy_range(&self, off: u64, dst: &File, dst_off: u64, len: u64) -> FsResult<u64> {
+        const PIECE: u64 = 8 << 20;
+        let inner = &self.client.inner;
+        let mut done = 0u64;
+        while done < len {
+            let want = (len - done).min(PIECE) as usize;
+            let step = (|| {
+                let at = off.checked_add(done).ok_or(crate::layout::LayoutError::Overflow)?;
+                let to = dst_off.checked_add(done).ok_or(crate::layout::LayoutError::Overflow)?;
+                let (buf, tail) = inner.scratch.take(want);
+                let (mut buf, n) = match self.read_at(at, buf) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // As in `read_kept`: the rest of the kept buffer goes with the error.
+                        inner.ep.invalidate_registrations(&tail);
+                        return Err(e);
+                    }
+                };
+                buf.unsplit(tail);
+                let whole = buf.freeze();
+                let w = if n > 0 { dst.write_at(to, &whole.slice(..n)) } else { Ok(0) };
+                // Kept again once the transport let go of it (see `write_all_at`).
+                if let Ok(whole) = whole.try_into_mut() {
+                    for b in inner.scratch.put(whole, BytesMut::new()) {
+                        inner.ep.invalidate_registrations(&b);
+                    }
+                }
+                w.map(|_| n)
+            })();
+            match step {
+                Ok(n) => {
+                    done += n as u64;
+                    if n < want {
+                        break;
+                    }
+                }
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(done)
+    }
+
     /// Writes `data` through the view at view position `pos` (see [`File::set_view`]). Each
     /// server gets one strided descriptor it expands itself.
     pub fn write_view(&self, pos: u64, data: &Bytes) -> FsResult<usize> {
