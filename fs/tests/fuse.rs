@@ -682,6 +682,24 @@ fn a_background_mount_logs_after_its_launcher_exits() {
     // A directory's fsync (as SQLite and editors make after a rename) is served, not refused
     // as an operation the mount lacks.
     std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
+    // So are extended attributes, which the file system has none of (cp -a sets them), and
+    // seeking to data and holes (cp looks for holes), which the whole file is data to.
+    let path = std::ffi::CString::new(mnt.join("f.bin").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path and name, and a value of the length given.
+    let set = unsafe { libc::setxattr(path.as_ptr(), c"user.k".as_ptr(), b"v".as_ptr().cast(), 1, 0) };
+    assert_eq!((set, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::EOPNOTSUPP)));
+    // SAFETY: as above.
+    let removed = unsafe { libc::removexattr(path.as_ptr(), c"user.k".as_ptr()) };
+    assert_eq!(removed, -1);
+    {
+        use std::os::fd::AsRawFd;
+        let f = std::fs::File::open(mnt.join("f.bin")).unwrap();
+        // SAFETY: a descriptor `f` owns.
+        let at = unsafe {
+            (libc::lseek(f.as_raw_fd(), 10, libc::SEEK_DATA), libc::lseek(f.as_raw_fd(), 10, libc::SEEK_HOLE))
+        };
+        assert_eq!(at, (10, data.len() as i64));
+    }
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(logged.lines().count() >= 6, "the server's log after it went live: {logged:?}");
     assert!(!logged.contains("Not Implemented"), "{logged}");

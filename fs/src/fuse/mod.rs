@@ -1035,6 +1035,51 @@ impl Filesystem for StripeFuse {
         reply.error(fuser::Errno::from_i32(libc::ENODATA));
     }
 
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        // Files keep no extended attributes; `cp -a` and the like go on without them.
+        reply.error(fuser::Errno::from_i32(libc::EOPNOTSUPP));
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(fuser::Errno::from_i32(libc::ENODATA));
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: fuser::ReplyLseek,
+    ) {
+        // Only SEEK_DATA and SEEK_HOLE come here (the kernel does the rest). The io servers
+        // do not say where holes are, so the whole file is data, up to its size now.
+        let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
+        let size = match f.size() {
+            Ok(s) => s,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        match u64::try_from(offset) {
+            Ok(at) if at < size => match whence {
+                libc::SEEK_DATA => reply.offset(offset),
+                libc::SEEK_HOLE => reply.offset(i64::try_from(size).unwrap_or(i64::MAX)),
+                _ => reply.error(fuser::Errno::EINVAL),
+            },
+            Ok(_) => reply.error(fuser::Errno::from_i32(libc::ENXIO)),
+            Err(_) => reply.error(fuser::Errno::EINVAL),
+        }
+    }
+
     fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
         if size == 0 { reply.size(0) } else { reply.data(&[]) }
     }
