@@ -504,6 +504,7 @@ impl File {
     /// of a few MiB, a read and a write each, in buffers it keeps. An error after some pieces
     /// were copied ends the copy there (the count says how far it got); one on the first is
     /// returned.
+    #[cfg_attr(not(feature = "fuse"), expect(dead_code, reason = "the mount's copy_file_range"))]
     pub(crate) fn copy_range(&self, off: u64, dst: &File, dst_off: u64, len: u64) -> FsResult<u64> {
         const PIECE: u64 = 8 << 20;
         let inner = &self.client.inner;
