@@ -39,9 +39,9 @@ use crate::client::{Client, CreateOptions, File};
 use crate::proto::{Attr, Cred, FileKind, Handle, SetAttr, SetTime, Timestamp};
 use crate::{FsError, FsResult, lock};
 use fuser::{
-    FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, MountOption, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
+    FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -51,7 +51,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{debug, warn};
 
+mod session;
 mod unlinked;
+
+pub use session::{MountOptions, mount, mount_notify};
 
 const TTL: Duration = Duration::from_secs(1);
 /// The block size `statfs` counts space in (and suggests for I/O).
@@ -1115,111 +1118,6 @@ impl Filesystem for StripeFuse {
     }
 }
 
-/// How to mount: start from [`MountOptions::default`] and set the fields wanted (more options
-/// may come, so the struct cannot be built field by field outside this crate).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct MountOptions {
-    /// Threads serving requests.
-    pub threads: usize,
-    /// Let every user reach the mount (FUSE's `allow_other`), not only the one who mounted it;
-    /// the kernel and the meta server check each one's permissions. A user other than root
-    /// may mount so only if `/etc/fuse.conf` has `user_allow_other`.
-    pub allow_other: bool,
-    /// Mount read-only (FUSE's `ro`): the kernel refuses changes with `EROFS`, and so does the
-    /// file system for anything that reaches it.
-    pub read_only: bool,
-    /// Serve regular files through the kernel's page cache with write-back caching, instead of
-    /// the default direct I/O (PVFS semantics: no client cache). Reads of cached data and
-    /// small writes stay in memory; a file's data reaches the io servers at the latest when it
-    /// is closed or synced (`close`, `fsync`, `msync`), and an open sees what other clients
-    /// closed before it (close-to-open consistency, as NFS). Other clients do not see writes
-    /// still in this mount's cache, and concurrent writers on different clients to one file
-    /// are not kept consistent: for single-writer files, build trees, files read again.
-    pub kernel_cache: bool,
-}
-
-impl Default for MountOptions {
-    fn default() -> Self {
-        MountOptions { threads: 4, allow_other: false, read_only: false, kernel_cache: false }
-    }
-}
-
-/// Mounts `client`'s cluster at `mountpoint` and serves it until it is unmounted (or the
-/// process gets Ctrl-C / SIGTERM, which unmounts it).
-pub fn mount(client: Client, mountpoint: &Path, opts: MountOptions) -> std::io::Result<()> {
-    mount_notify(client, mountpoint, opts, || {})
-}
-
-/// As [`mount`], running `ready` once the kernel has initialised the mount: from then on
-/// requests to it are served (a launcher that puts the mount in the background returns then).
-pub fn mount_notify(
-    client: Client,
-    mountpoint: &Path,
-    opts: MountOptions,
-    ready: impl FnOnce() + Send + 'static,
-) -> std::io::Result<()> {
-    let mut cfg = fuser::Config::default();
-    cfg.mount_options = vec![
-        MountOption::FSName("stripefs".into()),
-        MountOption::Subtype("stripefs".into()),
-        // The kernel checks mode bits against the attributes it has, for every caller, before
-        // a request gets here (and handles set-id bits on chown the way it does locally).
-        MountOption::DefaultPermissions,
-    ];
-    if opts.read_only {
-        cfg.mount_options.push(MountOption::RO);
-    }
-    if opts.allow_other {
-        // fuser otherwise refuses requests from anyone but the mounting user itself.
-        cfg.acl = SessionACL::All;
-    }
-    cfg.n_threads = Some(opts.threads.max(1));
-    let mut fs = StripeFuse::new(client).read_only(opts.read_only).kernel_cache(opts.kernel_cache);
-    fs.on_ready = Ready(Mutex::new(Some(Box::new(ready))));
-    let notifier = fs.notifier.clone();
-    if !opts.read_only {
-        // Clean-up writes; a read-only mount leaves it to the next writable one.
-        fs.drop_stale_hidden();
-    }
-    // Said before the mount is live: a launcher that backgrounds the mount shows it then.
-    let limit = std::fs::read_to_string(MAX_PAGES_LIMIT).ok().and_then(|s| s.trim().parse().ok());
-    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten();
-    let page = page.and_then(|p| u64::try_from(p).ok()).unwrap_or(4096);
-    if let Some(note) = request_pages_note(limit, page) {
-        tracing::warn!("{note}");
-    }
-    let mut session = fuser::Session::new(fs, mountpoint, &cfg)?;
-    let _ = notifier.set(session.notifier());
-    let mut unmounter = session.unmount_callable();
-    let _ = ctrlc::set_handler(move || {
-        if let Err(e) = unmounter.unmount() {
-            tracing::warn!(error = %e, "unmount failed");
-        }
-    });
-    session.run()
-}
-
-/// The kernel's cap on the pages one FUSE request may carry, whatever the mount asks for.
-const MAX_PAGES_LIMIT: &str = "/proc/sys/fs/fuse/max_pages_limit";
-
-/// What to tell the operator at mount time about the kernel's cap on request pages (`limit`,
-/// when the kernel lets it be set; pages of `page` bytes): below the pages a 1 MiB transfer
-/// spans when its buffer does not start on a page boundary (most `malloc`ed buffers do not),
-/// the kernel sends each such read or write as two requests, the second of a few bytes, and
-/// that one costs a whole round trip to an io server.
-fn request_pages_note(limit: Option<u64>, page: u64) -> Option<String> {
-    let unaligned_mib = (1 << 20) / page.max(1) + 1;
-    let limit = limit.filter(|&l| l < unaligned_mib)?;
-    Some(format!(
-        "the kernel caps a FUSE request at {limit} pages (fs.fuse.max_pages_limit): a 1 MiB read \
-         or write from a buffer that does not start on a page boundary goes as two requests, the \
-         second of a few bytes and a round trip of its own; `sysctl fs.fuse.max_pages_limit={}` \
-         makes it one",
-        unaligned_mib.next_power_of_two()
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1234,18 +1132,6 @@ mod tests {
         assert_eq!(io_size((512 << 10) + 1), 1 << 20);
         assert_eq!(io_size(3 << 20), 1 << 20);
         assert_eq!(io_size(u64::MAX), 1 << 20);
-    }
-
-    #[test]
-    fn a_request_cap_below_an_unaligned_mib_is_pointed_out() {
-        let note = request_pages_note(Some(256), 4096).expect("the kernel's default splits such transfers");
-        assert!(note.contains("256 pages") && note.contains("fs.fuse.max_pages_limit=512"), "{note}");
-        assert_eq!(request_pages_note(Some(257), 4096), None, "one page more is enough");
-        assert_eq!(request_pages_note(Some(512), 4096), None);
-        assert_eq!(request_pages_note(None, 4096), None, "a kernel without the setting: nothing to change");
-        // 64 KiB pages: an unaligned MiB spans 17 of them.
-        assert!(request_pages_note(Some(16), 65536).is_some_and(|n| n.contains("max_pages_limit=32")));
-        assert_eq!(request_pages_note(Some(256), 65536), None);
     }
 
     #[test]
