@@ -797,28 +797,7 @@ fn a_cached_mount_keeps_data_and_sizes() {
     same_bytes(&std::fs::read(&p).unwrap(), &want, "through the mount");
     same_bytes(&read_lib(&c, "/f.bin"), &want, "from the io servers");
     // Shared mmap writes reach the io servers by msync.
-    let q = m.dir.join("mapped.bin");
-    let f = std::fs::OpenOptions::new().create_new(true).read(true).write(true).open(&q).unwrap();
-    f.set_len(3 * 65536).unwrap();
-    use std::os::fd::AsRawFd;
-    // SAFETY: a fresh shared mapping of a file of that length, unmapped before `f` is closed.
-    unsafe {
-        let at = libc::mmap(
-            std::ptr::null_mut(),
-            3 * 65536,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(at, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
-        let bytes = std::slice::from_raw_parts_mut(at as *mut u8, 3 * 65536);
-        bytes[65530..65540].copy_from_slice(b"0123456789");
-        assert_eq!(libc::msync(at, 3 * 65536, libc::MS_SYNC), 0);
-        assert_eq!(libc::munmap(at, 3 * 65536), 0);
-    }
-    let back = read_lib(&c, "/mapped.bin");
-    assert_eq!((back.len(), &back[65530..65540]), (3 * 65536, &b"0123456789"[..]));
+    shared_mapping_reaches_the_io_servers(&m, &c);
 }
 
 /// The direct mount maps files shared, as databases do (SQLite's write-ahead log maps its
@@ -827,11 +806,16 @@ fn a_cached_mount_keeps_data_and_sizes() {
 #[test]
 #[ignore = "needs /dev/fuse: mounts stripefs"]
 fn a_direct_mount_maps_files_shared() {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::FileExt;
     let tc = TestCluster::start("tcp", 3);
     let m = mount(&tc);
-    let c = tc.client();
+    shared_mapping_reaches_the_io_servers(&m, &tc.client());
+}
+
+/// Maps a new file on `m` shared: the mapping shows what was written through a descriptor
+/// before, and its own writes reach the io servers (read back by `c`) by `msync`.
+fn shared_mapping_reaches_the_io_servers(m: &Mount, c: &stripefs::Client) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
     let q = m.dir.join("mapped.bin");
     let f = std::fs::OpenOptions::new().create_new(true).read(true).write(true).open(&q).unwrap();
     f.set_len(3 * 65536).unwrap();
@@ -853,7 +837,7 @@ fn a_direct_mount_maps_files_shared() {
         assert_eq!(libc::msync(at, 3 * 65536, libc::MS_SYNC), 0);
         assert_eq!(libc::munmap(at, 3 * 65536), 0);
     }
-    let back = read_lib(&c, "/mapped.bin");
+    let back = read_lib(c, "/mapped.bin");
     assert_eq!((back.len(), &back[65530..65540]), (3 * 65536, &b"0123456789"[..]));
     assert_eq!(&back[70_000..70_007], b"written");
 }
