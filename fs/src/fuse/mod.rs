@@ -2,7 +2,8 @@
 //!
 //! Inode numbers are stripefs handles (the root is handle 1 = `FUSE_ROOT_ID`). By default files
 //! are opened with `FOPEN_DIRECT_IO`, so the kernel keeps no page cache of their data and every
-//! read and write goes to the io servers — the PVFS semantics of the library, unchanged.
+//! read and write goes to the io servers — the PVFS semantics of the library, unchanged — but
+//! for the pages of a file mapped shared, which the kernel caches and writes back.
 //! Attributes and entries are cached by the kernel for one second.
 //!
 //! The kernel-cached mode ([`MountOptions::kernel_cache`]) trades that for the kernel's page
