@@ -437,13 +437,7 @@ impl File {
         buf.unsplit(tail);
         let whole = buf.freeze();
         let r = self.write_at(off, &whole.slice(..data.len()));
-        // The transport has let go of the payload once the write returned, unless it gave up
-        // on a server that may still read it: then the buffer is freed when that ends.
-        if let Ok(whole) = whole.try_into_mut() {
-            for b in inner.scratch.put(whole, BytesMut::new()) {
-                inner.ep.invalidate_registrations(&b);
-            }
-        }
+        inner.keep_sent(whole);
         r
     }
 
@@ -489,7 +483,7 @@ impl File {
         let inner = &self.client.inner;
         let (buf, tail) = inner.scratch.take(len);
         match self.read_at(off, buf) {
-            Ok((buf, n)) => Ok(KeptRead { inner, buf, tail, n }),
+            Ok((buf, n)) => Ok(KeptRead { inner, kept: Some((buf, tail)), n }),
             Err(e) => {
                 // The read freed its part of the allocation (forgetting its registrations);
                 // the rest goes with this, and may have cached registrations of its own.
@@ -507,31 +501,17 @@ impl File {
     #[cfg_attr(not(feature = "fuse"), expect(dead_code, reason = "the mount's copy_file_range"))]
     pub(crate) fn copy_range(&self, off: u64, dst: &File, dst_off: u64, len: u64) -> FsResult<u64> {
         const PIECE: u64 = 8 << 20;
-        let inner = &self.client.inner;
         let mut done = 0u64;
         while done < len {
             let want = (len - done).min(PIECE) as usize;
             let step = (|| {
                 let at = off.checked_add(done).ok_or(crate::layout::LayoutError::Overflow)?;
                 let to = dst_off.checked_add(done).ok_or(crate::layout::LayoutError::Overflow)?;
-                let (buf, tail) = inner.scratch.take(want);
-                let (mut buf, n) = match self.read_at(at, buf) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        // As in `read_kept`: the rest of the kept buffer goes with the error.
-                        inner.ep.invalidate_registrations(&tail);
-                        return Err(e);
-                    }
-                };
-                buf.unsplit(tail);
-                let whole = buf.freeze();
+                let data = self.read_kept(at, want)?;
+                let n = data.len();
+                let (inner, whole) = data.freeze();
                 let w = if n > 0 { dst.write_at(to, &whole.slice(..n)) } else { Ok(0) };
-                // Kept again once the transport let go of it (see `write_all_at`).
-                if let Ok(whole) = whole.try_into_mut() {
-                    for b in inner.scratch.put(whole, BytesMut::new()) {
-                        inner.ep.invalidate_registrations(&b);
-                    }
-                }
+                inner.keep_sent(whole);
                 w.map(|_| n)
             })();
             match step {
@@ -704,23 +684,33 @@ impl Scatter {
 /// The bytes of a [`File::read_kept`], in a buffer the client keeps again once this is dropped.
 pub(crate) struct KeptRead<'a> {
     inner: &'a Inner,
-    buf: BytesMut,
-    tail: BytesMut,
+    /// The buffer read into and the unused rest of the kept buffer it was cut from; `None`
+    /// once [`KeptRead::freeze`] has handed them on.
+    kept: Option<(BytesMut, BytesMut)>,
     n: usize,
+}
+
+impl<'a> KeptRead<'a> {
+    /// The whole kept buffer, the bytes read at its start, to send on: hand it back to
+    /// `Inner::keep_sent` after.
+    fn freeze(mut self) -> (&'a Inner, Bytes) {
+        let (mut buf, tail) = self.kept.take().unwrap_or_default();
+        buf.unsplit(tail);
+        (self.inner, buf.freeze())
+    }
 }
 
 impl std::ops::Deref for KeptRead<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.buf[..self.n]
+        self.kept.as_ref().map_or(&[], |(buf, _)| &buf[..self.n])
     }
 }
 
 impl Drop for KeptRead<'_> {
     fn drop(&mut self) {
-        let (buf, tail) = (std::mem::take(&mut self.buf), std::mem::take(&mut self.tail));
-        for b in self.inner.scratch.put(buf, tail) {
-            self.inner.ep.invalidate_registrations(&b);
+        if let Some((buf, tail)) = self.kept.take() {
+            self.inner.keep(buf, tail);
         }
     }
 }

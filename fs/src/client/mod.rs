@@ -178,6 +178,25 @@ struct Inner {
     scratch: crate::buf::Scratch,
 }
 
+impl Inner {
+    /// Keeps a buffer taken from `scratch` (rejoined with `tail`) for later calls; a buffer
+    /// it no longer keeps loses its cached registrations before the memory goes back.
+    fn keep(&self, buf: BytesMut, tail: BytesMut) {
+        for b in self.scratch.put(buf, tail) {
+            self.ep.invalidate_registrations(&b);
+        }
+    }
+
+    /// Keeps a kept buffer that was frozen to be sent, once the transport has let go of it.
+    /// It has when the write returned, unless it gave up on a server that may still read it:
+    /// then the buffer is freed when that ends.
+    fn keep_sent(&self, whole: Bytes) {
+        if let Ok(whole) = whole.try_into_mut() {
+            self.keep(whole, BytesMut::new());
+        }
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         // With `cache_foreign`, a kept buffer may have a cached registration: forget it before
