@@ -562,20 +562,27 @@ impl Drop for Unmount {
     }
 }
 
+/// A cluster of two io servers holding `/f.bin` (`len` bytes of pattern `seed`), and an empty
+/// directory `mnt` to mount it on.
+fn cluster_with_a_file(len: usize, seed: u64) -> (TestCluster, bytes::Bytes, std::path::PathBuf) {
+    let tc = TestCluster::start("tcp", 2);
+    let data = pattern(len, seed);
+    let f = tc.client().create("/f.bin", stripefs::CreateOptions { mode: 0o644, layout: None }).unwrap();
+    f.write_at(0, &data).unwrap();
+    let mnt = tc.dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    (tc, data, mnt)
+}
+
 /// `mount --background -o ro`: the command returns only once the mount is live (it is there
 /// the moment the command exits, without waiting), reads work, every kind of change fails
 /// with `EROFS`, and the library's view of the cluster is unchanged by the attempts.
 #[test]
 #[ignore = "needs /dev/fuse: mounts stripefs"]
 fn a_read_only_background_mount_serves_reads_and_refuses_changes() {
-    let tc = TestCluster::start("tcp", 2);
+    let (tc, data, mnt) = cluster_with_a_file(300_000, 4);
     let c = tc.client();
-    let data = pattern(300_000, 4);
-    let f = c.create("/f.bin", stripefs::CreateOptions { mode: 0o644, layout: None }).unwrap();
-    f.write_at(0, &data).unwrap();
     c.mkdir("/d", 0o755).unwrap();
-    let mnt = tc.dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_stripefs"))
         .arg("--cluster")
         .arg(tc.cluster.config_path())
@@ -651,13 +658,8 @@ fn a_read_only_background_mount_serves_reads_and_refuses_changes() {
 #[test]
 #[ignore = "needs /dev/fuse: mounts stripefs"]
 fn a_background_mount_logs_after_its_launcher_exits() {
-    let tc = TestCluster::start("tcp", 2);
+    let (tc, data, mnt) = cluster_with_a_file(100_000, 9);
     let c = tc.client();
-    let data = pattern(100_000, 9);
-    let f = c.create("/f.bin", stripefs::CreateOptions { mode: 0o644, layout: None }).unwrap();
-    f.write_at(0, &data).unwrap();
-    let mnt = tc.dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
     let log = tc.dir.path().join("mount.log");
     // Debug logging makes the server write a line for every request it serves.
     let out = Command::new(env!("CARGO_BIN_EXE_stripefs"))
