@@ -49,7 +49,9 @@
 //!   [`layout::ServerPieces::split`] to the wire limits, send `pieces` as a
 //!   [`proto::Descriptor::List`] (or the O(1) [`proto::Descriptor::Strided`] for a view) and
 //!   move the data from/to `segments` of the user buffer, in order, with no per-piece headers.
-//!   Logical size = [`layout::Layout::logical_size`] over every server's `GetSize`.
+//!   Logical size = [`layout::Layout::logical_size`] over every server's `GetSize`, asked
+//!   together with the meta server's `Getattr` (or `Setattr`) when the client kept a capability
+//!   from the file's last open.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(unsafe_code)]
 #![deny(missing_docs)]

@@ -299,6 +299,43 @@ pub fn a_read_from_every_server_needs_no_size_round(scheme: &str) {
     assert_eq!(requests(&c) - before, 1 + 4 + 2 + 4 + 4);
 }
 
+/// A client that opened a file lately asks the meta server only for its attributes when it
+/// stats the file, and the file's io servers for their sizes at the same time; the size is
+/// current whoever changed it, and a client that never opened the file asks for a capability
+/// first.
+pub fn a_stat_of_an_opened_file_asks_attributes_and_sizes_at_once(scheme: &str) {
+    let tc = TestCluster::start(scheme, 4);
+    let c = tc.client();
+    let f = c.create("/f", CreateOptions { mode: 0o644, layout: spec(4, 65536) }).unwrap();
+    f.write_at(0, &pattern(3 * 65536 + 7, 1)).unwrap();
+    let h = f.handle();
+    // Requests the meta server and the io servers have received, counting the status
+    // requests that ask (one to each server, each counting itself).
+    let requests = |c: &stripefs::Client| -> (u64, u64) {
+        let up = |s: &stripefs::ServerState| match s {
+            stripefs::ServerState::Up(st) => st.requests,
+            s => panic!("{s:?}"),
+        };
+        let st = c.status();
+        (up(&st.meta), st.io.iter().map(up).sum())
+    };
+    let stat = |c: &stripefs::Client| {
+        let before = requests(c);
+        let size = c.stat_handle(h).unwrap().attr.size;
+        let after = requests(c);
+        (size, after.0 - before.0 - 1, after.1 - before.1 - 4)
+    };
+    assert_eq!(stat(&c), (3 * 65536 + 7, 1, 4), "the attributes, and each server's size");
+    let other = tc.client();
+    other.truncate("/f", 100).unwrap();
+    assert_eq!(stat(&c), (100, 1, 4), "another client's truncate is seen");
+    assert_eq!(stat(&other), (100, 2, 4), "the attributes, a capability, each server's size");
+    assert_eq!(stat(&other), (100, 1, 4), "the capability was kept");
+    // Gone, the file is not found, however it was stat'ed before.
+    c.unlink("/f").unwrap();
+    assert_eq!(c.stat_handle(h).map_err(|e| e.errno()).unwrap_err(), Errno::ENOENT);
+}
+
 pub fn list_io_matches_contiguous(scheme: &str) {
     let tc = TestCluster::start(scheme, 3);
     let c = tc.client();
@@ -1107,6 +1144,7 @@ macro_rules! transports {
             #[test] fn a_writers_sync_records_the_modification_time() { super::a_writers_sync_records_the_modification_time(S) }
             #[test] fn read_into_shows_no_earlier_bytes() { super::read_into_shows_no_earlier_bytes(S) }
             #[test] fn a_read_from_every_server_needs_no_size_round() { super::a_read_from_every_server_needs_no_size_round(S) }
+            #[test] fn a_stat_of_an_opened_file_asks_attributes_and_sizes_at_once() { super::a_stat_of_an_opened_file_asks_attributes_and_sizes_at_once(S) }
             #[test] fn list_io_matches_contiguous() { super::list_io_matches_contiguous(S) }
             #[test] fn eight_clients_interleaved_strided() { super::eight_clients_interleaved_strided(S) }
             #[test] fn io_server_killed_mid_write_is_an_error() { super::io_server_killed_mid_write_is_an_error(S) }

@@ -349,6 +349,43 @@ fn synchronous_writes_and_fsync_reach_the_io_servers() {
 /// Hard links share one file: its link count, its data through either name, its data kept
 /// while a name is left; FIFOs, sockets and device nodes are made with their type and device
 /// number; `fallocate` grows a file.
+/// What `tar -x` and `cp -p` do to each file they make: change its mode, owner and times
+/// through the descriptor that made it. Each change is one request to the meta server, with
+/// the file's size asked of its io servers at the same time (the kernel wants the attributes
+/// back), not another two meta requests for the attributes and a capability first.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_change_of_mode_on_a_new_file_is_one_meta_request() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let tc = TestCluster::start("tcp", 4);
+    let m = mount(&tc);
+    let c = tc.client();
+    let requests = || -> (u64, u64) {
+        let up = |s: &stripefs::ServerState| match s {
+            stripefs::ServerState::Up(st) => st.requests,
+            s => panic!("{s:?}"),
+        };
+        let st = c.status();
+        (up(&st.meta), st.io.iter().map(up).sum())
+    };
+    // The kernel may ask for the attributes again if it held them past their lifetime on a
+    // slow machine: the fewest of three tries counts.
+    let mut fewest = (u64::MAX, u64::MAX);
+    for i in 0..3 {
+        let path = m.dir.join(format!("f{i}"));
+        let f = std::fs::File::create(&path).unwrap();
+        std::io::Write::write_all(&mut &f, &pattern(300_000, i)).unwrap();
+        let before = requests();
+        f.set_permissions(std::fs::Permissions::from_mode(0o600 + i as u32)).unwrap();
+        let after = requests();
+        // Less the status requests that counted (one to each server, counting itself).
+        fewest = fewest.min((after.0 - before.0 - 1, after.1 - before.1 - 4));
+        let md = f.metadata().unwrap();
+        assert_eq!((md.mode() & 0o7777, md.len()), (0o600 + i as u32, 300_000));
+    }
+    assert_eq!(fewest, (1, 4), "the change, and each io server's size");
+}
+
 #[test]
 #[ignore = "needs /dev/fuse: mounts stripefs"]
 fn hard_links_and_special_files() {

@@ -23,6 +23,7 @@ use crate::capability::{Capability, Rights};
 use crate::config::ClusterConfig;
 use crate::errno::Errno;
 use crate::layout::{Extent, Layout, ListIo, ServerPieces, View};
+use crate::lock;
 use crate::net::{FsError, FsResult, TAG_IO, TAG_META, Traced};
 use crate::proto::{
     self, Attr, Descriptor, DirEntry, Envelope, FileKind, FsStats, Handle, IoReply, IoRequest, LayoutSpec,
@@ -176,6 +177,8 @@ struct Inner {
     limits: RequestLimits,
     /// Temporaries of `read_into` and the mount's reads, kept between calls.
     scratch: crate::buf::Scratch,
+    /// Capabilities of files opened lately, to ask their sizes with.
+    size_caps: Mutex<sizes::SizeCaps>,
 }
 
 impl Inner {
@@ -209,6 +212,7 @@ impl Drop for Inner {
 
 mod admit;
 mod file;
+mod sizes;
 use crate::health::Health;
 use admit::Target;
 pub use file::File;
@@ -312,6 +316,18 @@ pub struct ClusterStatus {
 /// A request posted (its op, request id and when it was sent), or why it was not.
 type Posted = FsResult<(OpId, u64, Instant)>;
 
+/// A request on its way to the meta server, with its span in the debug log.
+struct MetaPosted {
+    traced: Traced,
+    posted: Posted,
+}
+
+/// Requests on their way to io servers: each one's server, span and op.
+type IoPosted = Vec<(usize, Traced, Posted)>;
+
+/// A file's layout and logical size (or why it is not known), asked with a kept capability.
+type Sized = Option<(Layout, FsResult<u64>)>;
+
 /// A request's outcome in the debug log: `ok`, or the error.
 struct Outcome<'a, T>(&'a FsResult<T>);
 
@@ -383,6 +399,7 @@ impl Client {
                 opts,
                 limits,
                 scratch: Default::default(),
+                size_caps: Default::default(),
             }),
         })
     }
@@ -455,6 +472,13 @@ impl Client {
     }
 
     fn meta_call(&self, req: MetaRequest) -> FsResult<MetaReply> {
+        let posted = self.meta_post(req);
+        self.meta_wait(posted)
+    }
+
+    /// Sends `req` to the meta server; [`Client::meta_wait`] takes its reply, so that requests
+    /// to io servers can be on their way meanwhile.
+    fn meta_post(&self, req: MetaRequest) -> MetaPosted {
         let id = self.id();
         let traced = Traced::new(debug_span!(
             parent: &self.inner.meta_span,
@@ -470,18 +494,30 @@ impl Client {
         {
             traced.span.record("handle", display(h));
         }
-        let bytes = proto::encode(&Envelope::new(id, proto::MetaCall { cred: (*self.cred).clone(), req }))?;
-        let r = self.admit(Target::Meta).and_then(|sent| {
-            let r = (|| {
-                let op =
-                    self.post(self.inner.meta, TAG_META, bytes, Payload::None, ServiceLevel::Control, 0)?;
-                let c = self.inner.ep.wait(op)?;
-                Self::reply::<MetaReply>(&c, id)
-            })();
+        let posted = proto::encode(&Envelope::new(id, proto::MetaCall { cred: (*self.cred).clone(), req }))
+            .map_err(FsError::from)
+            .and_then(|bytes| {
+                let sent = self.admit(Target::Meta)?;
+                match self.post(self.inner.meta, TAG_META, bytes, Payload::None, ServiceLevel::Control, 0) {
+                    Ok(op) => Ok((op, id, sent)),
+                    Err(e) => {
+                        self.finish(Target::Meta, sent, Some(&e));
+                        Err(e.at(|| self.inner.meta_name.clone()))
+                    }
+                }
+            });
+        MetaPosted { traced, posted }
+    }
+
+    /// The reply to a request [`Client::meta_post`] sent.
+    fn meta_wait(&self, p: MetaPosted) -> FsResult<MetaReply> {
+        let r = p.posted.and_then(|(op, id, sent)| {
+            let r =
+                self.inner.ep.wait(op).map_err(FsError::from).and_then(|c| Self::reply::<MetaReply>(&c, id));
             self.finish(Target::Meta, sent, r.as_ref().err());
             r.map_err(|e| e.at(|| self.inner.meta_name.clone()))
         });
-        traced.done(Outcome(&r));
+        p.traced.done(Outcome(&r));
         r
     }
 
@@ -562,17 +598,89 @@ impl Client {
     /// of a file's layout does not (or fails), the file's size cannot be known, and the inner
     /// `Err` has what the meta server knows ([`SizeUnknown`]) instead of failing the entry.
     pub fn stat_entry(&self, h: Handle) -> FsResult<Result<Stat, SizeUnknown>> {
-        let attr = self.getattr(h)?;
+        let (attr, sized) = self.meta_call_sized(h, MetaRequest::Getattr { handle: h })?;
+        let attr = match attr {
+            MetaReply::Attr(a) => a,
+            r => return Self::unexpected(r),
+        };
+        self.stat_of(h, attr, sized)
+    }
+
+    /// The stat of `h` whose attributes are `attr`: with the logical size of `sized` (see
+    /// [`Client::meta_call_sized`]), else from sizes asked now.
+    fn stat_of(&self, h: Handle, attr: Attr, sized: Sized) -> FsResult<Result<Stat, SizeUnknown>> {
         if attr.kind != FileKind::File {
             return Ok(Ok(Stat { handle: h, attr, layout: None }));
         }
-        // No rights: a size is an attribute, which needs no permission on the file itself.
-        let f = self.open_handle(h, Rights::NONE)?;
-        let stat = Stat { handle: h, attr: f.attr.clone(), layout: Some(f.layout) };
-        Ok(match f.size() {
+        let (stat, size) = match sized {
+            Some((layout, size)) => (Stat { handle: h, attr, layout: Some(layout) }, size),
+            None => {
+                // No rights: a size is an attribute, which needs no permission on the file.
+                let f = self.open_handle(h, Rights::NONE)?;
+                (Stat { handle: h, attr: f.attr.clone(), layout: Some(f.layout) }, f.size())
+            }
+        };
+        Ok(match size {
             Ok(size) => Ok(Stat { attr: Attr { size, ..stat.attr }, ..stat }),
             Err(error) => Err(SizeUnknown { stat, error }),
         })
+    }
+
+    /// `req` (about file `h`, and leaving its size alone) to the meta server and, with a
+    /// capability kept for `h`, the sizes of `h`'s objects from its io servers at the same
+    /// time. The reply, and `h`'s layout and logical size (or why a server could not tell its
+    /// size); a capability a server refused is no longer kept, and gives no size.
+    fn meta_call_sized(&self, h: Handle, req: MetaRequest) -> FsResult<(MetaReply, Sized)> {
+        let kept = lock(&self.inner.size_caps).get(h);
+        let meta = self.meta_post(req);
+        let servers = self.io_servers();
+        let asked = kept.map(|(layout, cap)| {
+            let reqs = (0..layout.pcount)
+                .map(|p| (layout.server(p, servers) as usize, IoRequest::GetSize { cap: cap.clone() }))
+                .collect();
+            (layout, self.io_post(reqs))
+        });
+        let reply = self.meta_wait(meta);
+        // Every posted request is waited for, whatever the meta server said.
+        let sized = asked.and_then(|(layout, posted)| {
+            let sizes: FsResult<Vec<u64>> = self
+                .io_wait(posted)
+                .into_iter()
+                .map(|r| match r? {
+                    IoReply::Size(s) => Ok(s),
+                    r => Err(FsError::UnexpectedReply(format!("{r:?}"))),
+                })
+                .collect();
+            match sizes {
+                Ok(sizes) => Some((layout, Ok(layout.logical_size(&sizes)))),
+                Err(e @ FsError::Remote { .. }) => {
+                    // Refused (an expired capability, a file gone): the meta server knows more.
+                    debug!(handle = %h, error = %e, "a kept capability did not give the sizes");
+                    lock(&self.inner.size_caps).forget(h);
+                    None
+                }
+                // A server down or not answering: as it would be with a fresh capability.
+                Err(e) => Some((layout, Err(e))),
+            }
+        });
+        Ok((reply?, sized))
+    }
+
+    /// [`Client::setattr`], answered with what [`Client::stat_handle`] would give after it
+    /// (a file's logical size): with a capability kept for the file, the sizes are asked at
+    /// the same time as the change.
+    pub(crate) fn setattr_stat(&self, h: Handle, set: SetAttr) -> FsResult<Stat> {
+        if set.size.is_some() {
+            // The sizes change with it.
+            self.setattr(h, set)?;
+            return self.stat_handle(h);
+        }
+        let (attr, sized) = self.meta_call_sized(h, MetaRequest::Setattr { handle: h, set })?;
+        let attr = match attr {
+            MetaReply::Attr(a) => a,
+            r => return Self::unexpected(r),
+        };
+        self.stat_of(h, attr, sized)?.map_err(|u| u.error)
     }
 
     /// Changes attributes; a size truncates (or extends with a hole).
@@ -607,6 +715,9 @@ impl Client {
         match r {
             MetaReply::Opened { handle, attr, layout, cap } => {
                 layout.validate(self.io_servers())?;
+                if cap.handle == handle {
+                    lock(&self.inner.size_caps).keep(layout, &cap);
+                }
                 Ok(File {
                     client: self.clone(),
                     handle,
@@ -953,8 +1064,13 @@ impl Client {
 
     /// Sends a small request (no payload) to each listed absolute server at once.
     fn io_small(&self, reqs: Vec<(usize, IoRequest)>) -> Vec<FsResult<IoReply>> {
-        let posted: Vec<(usize, Traced, Posted)> = reqs
-            .into_iter()
+        let posted = self.io_post(reqs);
+        self.io_wait(posted)
+    }
+
+    /// Sends [`Client::io_small`]'s requests; [`Client::io_wait`] takes their replies.
+    fn io_post(&self, reqs: Vec<(usize, IoRequest)>) -> IoPosted {
+        reqs.into_iter()
             .map(|(server, req)| {
                 let id = self.id();
                 let traced = self.io_span(server, id, &req);
@@ -966,7 +1082,11 @@ impl Client {
                 });
                 (server, traced, r)
             })
-            .collect();
+            .collect()
+    }
+
+    /// The replies to requests [`Client::io_post`] sent, in their order.
+    fn io_wait(&self, posted: IoPosted) -> Vec<FsResult<IoReply>> {
         posted
             .into_iter()
             .map(|(server, traced, p)| {

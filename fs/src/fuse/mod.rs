@@ -436,13 +436,17 @@ impl StripeFuse {
     }
 
     fn attr(&self, h: Handle) -> FsResult<FileAttr> {
-        let st = self.client.stat_handle(h)?;
-        let mut a = file_attr(h, &st.attr);
+        Ok(self.attr_of(h, &self.client.stat_handle(h)?.attr))
+    }
+
+    /// The kernel's attributes of `h`, whose stat gave `attr`.
+    fn attr_of(&self, h: Handle, attr: &Attr) -> FileAttr {
+        let mut a = file_attr(h, attr);
         if self.opened.is_hidden(h) {
             // Unlinked while open: its hidden name is not one the caller gave it.
             a.nlink = a.nlink.saturating_sub(1);
         }
-        Ok(a)
+        a
     }
 
     fn remember(&self, f: File, flags: i32, reader: Option<File>) -> FileHandle {
@@ -649,7 +653,7 @@ impl Filesystem for StripeFuse {
         };
         let h = Handle(ino.0);
         let c = self.as_caller(req);
-        let r = match c.setattr(h, set.clone()) {
+        let r = match c.setattr_stat(h, set.clone()) {
             // With write-back caching the kernel keeps a file's times itself and sends them as
             // explicit times: for a write (its own time) and for `utimensat` to "now" alike.
             // The meta server lets only the owner set explicit times, but the kernel has already
@@ -661,11 +665,11 @@ impl Filesystem for StripeFuse {
                     && (set.atime.is_some() || set.mtime.is_some()) =>
             {
                 let now = |t: Option<SetTime>| t.map(|_| SetTime::Now);
-                c.setattr(h, SetAttr { atime: now(set.atime), mtime: now(set.mtime), ..set })
+                c.setattr_stat(h, SetAttr { atime: now(set.atime), mtime: now(set.mtime), ..set })
             }
             r => r,
         };
-        match r.and_then(|_| self.attr(h)) {
+        match r.map(|st| self.attr_of(h, &st.attr)) {
             // The attribute time-to-live is the direct mode's. The kernel-cached mode needs no
             // longer one: the kernel takes no size or modification time from these replies for
             // a regular file (it keeps its own), and the rest (mode, owner, links) should follow
