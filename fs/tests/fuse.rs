@@ -349,41 +349,66 @@ fn synchronous_writes_and_fsync_reach_the_io_servers() {
 /// Hard links share one file: its link count, its data through either name, its data kept
 /// while a name is left; FIFOs, sockets and device nodes are made with their type and device
 /// number; `fallocate` grows a file.
-/// What `tar -x` and `cp -p` do to each file they make: change its mode, owner and times
-/// through the descriptor that made it. Each change is one request to the meta server, with
-/// the file's size asked of its io servers at the same time (the kernel wants the attributes
-/// back), not another two meta requests for the attributes and a capability first.
+/// What `tar -x` and `cp -p` do to each file they make, change its mode through the descriptor
+/// that made it, is one request to the meta server, with the file's size asked of its io
+/// servers at the same time (the kernel wants the attributes back); not another two meta
+/// requests for the attributes and a capability first. A look-up of a file this mount has not
+/// opened asks the meta server for the entry and a capability, not for the attributes again.
 #[test]
 #[ignore = "needs /dev/fuse: mounts stripefs"]
-fn a_change_of_mode_on_a_new_file_is_one_meta_request() {
+fn attributes_take_one_meta_request_beside_the_sizes() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let tc = TestCluster::start("tcp", 4);
     let m = mount(&tc);
     let c = tc.client();
-    let requests = || -> (u64, u64) {
-        let up = |s: &stripefs::ServerState| match s {
-            stripefs::ServerState::Up(st) => st.requests,
-            s => panic!("{s:?}"),
+    // Requests the meta server and the io servers received during `f`, less the status
+    // requests that count them (one to each server, counting itself). The kernel may ask
+    // for the attributes again if it held them past their lifetime on a slow machine: the
+    // fewest of three tries counts.
+    let fewest = |f: &dyn Fn(u64)| -> (u64, u64) {
+        let requests = || {
+            let up = |s: &stripefs::ServerState| match s {
+                stripefs::ServerState::Up(st) => st.requests,
+                s => panic!("{s:?}"),
+            };
+            let st = c.status();
+            (up(&st.meta), st.io.iter().map(up).sum::<u64>())
         };
-        let st = c.status();
-        (up(&st.meta), st.io.iter().map(up).sum())
+        (0..3)
+            .map(|i| {
+                let before = requests();
+                f(i);
+                let after = requests();
+                (after.0 - before.0 - 1, after.1 - before.1 - 4)
+            })
+            .min()
+            .unwrap()
     };
-    // The kernel may ask for the attributes again if it held them past their lifetime on a
-    // slow machine: the fewest of three tries counts.
-    let mut fewest = (u64::MAX, u64::MAX);
-    for i in 0..3 {
-        let path = m.dir.join(format!("f{i}"));
-        let f = std::fs::File::create(&path).unwrap();
+    // The files are made before the count starts; only the changes are counted.
+    let made = |i: u64| {
+        let f = std::fs::File::create(m.dir.join(format!("g{i}"))).unwrap();
         std::io::Write::write_all(&mut &f, &pattern(300_000, i)).unwrap();
-        let before = requests();
-        f.set_permissions(std::fs::Permissions::from_mode(0o600 + i as u32)).unwrap();
-        let after = requests();
-        // Less the status requests that counted (one to each server, counting itself).
-        fewest = fewest.min((after.0 - before.0 - 1, after.1 - before.1 - 4));
+        f
+    };
+    let files: Vec<_> = (0..3).map(made).collect();
+    assert_eq!(
+        fewest(&|i| files[i as usize].set_permissions(std::fs::Permissions::from_mode(0o640)).unwrap()),
+        (1, 4),
+        "the change, and each io server's size"
+    );
+    for f in &files {
         let md = f.metadata().unwrap();
-        assert_eq!((md.mode() & 0o7777, md.len()), (0o600 + i as u32, 300_000));
+        assert_eq!((md.mode() & 0o7777, md.len()), (0o640, 300_000));
     }
-    assert_eq!(fewest, (1, 4), "the change, and each io server's size");
+    for i in 0..3 {
+        let f = c.create(&format!("/lib{i}"), Default::default()).unwrap();
+        f.write_all_at(0, &pattern(1000 + i, i as u64)).unwrap();
+    }
+    assert_eq!(
+        fewest(&|i| assert_eq!(std::fs::metadata(m.dir.join(format!("lib{i}"))).unwrap().len(), 1000 + i)),
+        (2, 4),
+        "the entry, a capability, and each io server's size"
+    );
 }
 
 #[test]

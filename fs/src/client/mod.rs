@@ -316,12 +316,6 @@ pub struct ClusterStatus {
 /// A request posted (its op, request id and when it was sent), or why it was not.
 type Posted = FsResult<(OpId, u64, Instant)>;
 
-/// A request on its way to the meta server, with its span in the debug log.
-struct MetaPosted {
-    traced: Traced,
-    posted: Posted,
-}
-
 /// Requests on their way to io servers: each one's server, span and op.
 type IoPosted = Vec<(usize, Traced, Posted)>;
 
@@ -472,13 +466,6 @@ impl Client {
     }
 
     fn meta_call(&self, req: MetaRequest) -> FsResult<MetaReply> {
-        let posted = self.meta_post(req);
-        self.meta_wait(posted)
-    }
-
-    /// Sends `req` to the meta server; [`Client::meta_wait`] takes its reply, so that requests
-    /// to io servers can be on their way meanwhile.
-    fn meta_post(&self, req: MetaRequest) -> MetaPosted {
         let id = self.id();
         let traced = Traced::new(debug_span!(
             parent: &self.inner.meta_span,
@@ -494,30 +481,18 @@ impl Client {
         {
             traced.span.record("handle", display(h));
         }
-        let posted = proto::encode(&Envelope::new(id, proto::MetaCall { cred: (*self.cred).clone(), req }))
-            .map_err(FsError::from)
-            .and_then(|bytes| {
-                let sent = self.admit(Target::Meta)?;
-                match self.post(self.inner.meta, TAG_META, bytes, Payload::None, ServiceLevel::Control, 0) {
-                    Ok(op) => Ok((op, id, sent)),
-                    Err(e) => {
-                        self.finish(Target::Meta, sent, Some(&e));
-                        Err(e.at(|| self.inner.meta_name.clone()))
-                    }
-                }
-            });
-        MetaPosted { traced, posted }
-    }
-
-    /// The reply to a request [`Client::meta_post`] sent.
-    fn meta_wait(&self, p: MetaPosted) -> FsResult<MetaReply> {
-        let r = p.posted.and_then(|(op, id, sent)| {
-            let r =
-                self.inner.ep.wait(op).map_err(FsError::from).and_then(|c| Self::reply::<MetaReply>(&c, id));
+        let bytes = proto::encode(&Envelope::new(id, proto::MetaCall { cred: (*self.cred).clone(), req }))?;
+        let r = self.admit(Target::Meta).and_then(|sent| {
+            let r = (|| {
+                let op =
+                    self.post(self.inner.meta, TAG_META, bytes, Payload::None, ServiceLevel::Control, 0)?;
+                let c = self.inner.ep.wait(op)?;
+                Self::reply::<MetaReply>(&c, id)
+            })();
             self.finish(Target::Meta, sent, r.as_ref().err());
             r.map_err(|e| e.at(|| self.inner.meta_name.clone()))
         });
-        p.traced.done(Outcome(&r));
+        traced.done(Outcome(&r));
         r
     }
 
@@ -631,39 +606,56 @@ impl Client {
     /// time. The reply, and `h`'s layout and logical size (or why a server could not tell its
     /// size); a capability a server refused is no longer kept, and gives no size.
     fn meta_call_sized(&self, h: Handle, req: MetaRequest) -> FsResult<(MetaReply, Sized)> {
-        let kept = lock(&self.inner.size_caps).get(h);
-        let meta = self.meta_post(req);
-        let servers = self.io_servers();
-        let asked = kept.map(|(layout, cap)| {
-            let reqs = (0..layout.pcount)
-                .map(|p| (layout.server(p, servers) as usize, IoRequest::GetSize { cap: cap.clone() }))
-                .collect();
-            (layout, self.io_post(reqs))
-        });
-        let reply = self.meta_wait(meta);
+        let asked = self.ask_sizes(h);
+        let reply = self.meta_call(req);
         // Every posted request is waited for, whatever the meta server said.
-        let sized = asked.and_then(|(layout, posted)| {
-            let sizes: FsResult<Vec<u64>> = self
-                .io_wait(posted)
-                .into_iter()
-                .map(|r| match r? {
-                    IoReply::Size(s) => Ok(s),
-                    r => Err(FsError::UnexpectedReply(format!("{r:?}"))),
-                })
-                .collect();
-            match sizes {
-                Ok(sizes) => Some((layout, Ok(layout.logical_size(&sizes)))),
-                Err(e @ FsError::Remote { .. }) => {
-                    // Refused (an expired capability, a file gone): the meta server knows more.
-                    debug!(handle = %h, error = %e, "a kept capability did not give the sizes");
-                    lock(&self.inner.size_caps).forget(h);
-                    None
-                }
-                // A server down or not answering: as it would be with a fresh capability.
-                Err(e) => Some((layout, Err(e))),
-            }
-        });
+        let sized = self.take_sizes(h, asked);
         Ok((reply?, sized))
+    }
+
+    /// With a capability kept for file `h`, asks its io servers for their sizes (for
+    /// [`Client::take_sizes`]).
+    fn ask_sizes(&self, h: Handle) -> Option<(Layout, IoPosted)> {
+        let (layout, cap) = lock(&self.inner.size_caps).get(h)?;
+        let servers = self.io_servers();
+        let reqs = (0..layout.pcount)
+            .map(|p| (layout.server(p, servers) as usize, IoRequest::GetSize { cap: cap.clone() }))
+            .collect();
+        Some((layout, self.io_post(reqs)))
+    }
+
+    /// The logical size from the sizes [`Client::ask_sizes`] asked for (see [`Sized`]).
+    fn take_sizes(&self, h: Handle, asked: Option<(Layout, IoPosted)>) -> Sized {
+        let (layout, posted) = asked?;
+        let sizes: FsResult<Vec<u64>> = self
+            .io_wait(posted)
+            .into_iter()
+            .map(|r| match r? {
+                IoReply::Size(s) => Ok(s),
+                r => Err(FsError::UnexpectedReply(format!("{r:?}"))),
+            })
+            .collect();
+        match sizes {
+            Ok(sizes) => Some((layout, Ok(layout.logical_size(&sizes)))),
+            Err(e @ FsError::Remote { .. }) => {
+                // Refused (an expired capability, a file gone): the meta server knows more.
+                debug!(handle = %h, error = %e, "a kept capability did not give the sizes");
+                lock(&self.inner.size_caps).forget(h);
+                None
+            }
+            // A server down or not answering: as it would be with a fresh capability.
+            Err(e) => Some((layout, Err(e))),
+        }
+    }
+
+    /// The stat of `h`, whose attributes the meta server has just given as `attr` (in a
+    /// lookup's reply): only a file's size is asked for.
+    pub fn stat_with(&self, h: Handle, attr: Attr) -> FsResult<Stat> {
+        if attr.kind != FileKind::File {
+            return Ok(Stat { handle: h, attr, layout: None });
+        }
+        let sized = self.take_sizes(h, self.ask_sizes(h));
+        self.stat_of(h, attr, sized)?.map_err(|u| u.error)
     }
 
     /// [`Client::setattr`], answered with what [`Client::stat_handle`] would give after it

@@ -561,9 +561,8 @@ impl StripeFuse {
     }
 
     fn entry(&self, r: FsResult<(Handle, Attr)>, reply: ReplyEntry) {
-        // Only a regular file's size needs the io servers.
-        match r.and_then(|(h, a)| if a.kind == FileKind::File { self.attr(h) } else { Ok(file_attr(h, &a)) })
-        {
+        // Only a regular file's size needs the io servers; the rest came with the entry.
+        match r.and_then(|(h, a)| Ok(self.attr_of(h, &self.client.stat_with(h, a)?.attr))) {
             Ok(a) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
