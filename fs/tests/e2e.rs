@@ -9,7 +9,7 @@ use common::{TestCluster, pattern};
 use std::time::Duration;
 use stripefs::capability::Rights;
 use stripefs::layout::Extent;
-use stripefs::proto::{FileKind, Handle, LayoutSpec, ServerStats, SetAttr, Timestamp};
+use stripefs::proto::{self, FileKind, Handle, LayoutSpec, ServerStats, SetAttr, Timestamp};
 use stripefs::{CreateOptions, Errno, FsError};
 
 fn code<T: std::fmt::Debug>(r: Result<T, FsError>) -> Errno {
@@ -334,6 +334,60 @@ pub fn a_stat_of_an_opened_file_asks_attributes_and_sizes_at_once(scheme: &str) 
     // Gone, the file is not found, however it was stat'ed before.
     c.unlink("/f").unwrap();
     assert_eq!(c.stat_handle(h).map_err(|e| e.errno()).unwrap_err(), Errno::ENOENT);
+}
+
+/// A listing's stats come in batches: the meta server's attributes of up to a batch of
+/// entries in one request, and each io server's sizes of those files in one; each entry's stat
+/// is the one it would have on its own, and an entry removed since it was listed fails alone.
+pub fn a_listings_stats_take_one_request_per_server_a_batch(scheme: &str) {
+    let tc = TestCluster::start(scheme, 4);
+    let c = tc.client();
+    c.mkdir("/d", 0o755).unwrap();
+    let files = proto::MAX_BATCH + 2;
+    for i in 0..files {
+        // Stripe counts of 1 to 4 at every base, and sizes that end on each server.
+        let layout = Some(LayoutSpec {
+            base: Some((i % 4) as u32),
+            pcount: Some((i % 4 + 1) as u32),
+            ssize: Some(4096),
+        });
+        let f = c.create(&format!("/d/f{i:03}"), CreateOptions { mode: 0o644, layout }).unwrap();
+        f.write_all_at(0, &pattern(i * 1500, i as u64)).unwrap();
+    }
+    c.mkdir("/d/sub", 0o700).unwrap();
+    c.symlink("/d/f000", "/d/link").unwrap();
+    let d = c.resolve("/d").unwrap();
+    let entries = c.readdir_handle(d).unwrap();
+    let handles: Vec<Handle> = entries.iter().map(|e| e.handle).collect();
+    // Another client, with no capability kept from opening the files.
+    let lister = tc.client();
+    let requests = |c: &stripefs::Client| -> (u64, u64) {
+        let up = |s: &stripefs::ServerState| match s {
+            stripefs::ServerState::Up(st) => st.requests,
+            s => panic!("{s:?}"),
+        };
+        let st = c.status();
+        (up(&st.meta), st.io.iter().map(up).sum())
+    };
+    let before = requests(&lister);
+    let stats = lister.stat_many(&handles);
+    let after = requests(&lister);
+    // Two batches: in the first every io server holds some file; the second's files (f128 on
+    // server 0, f129 on servers 1 and 2) need three.
+    assert_eq!((after.0 - before.0 - 1, after.1 - before.1 - 4), (2, 4 + 3));
+    for (st, h) in stats.iter().zip(&handles) {
+        let one = c.stat_handle(*h).unwrap();
+        let st = st.as_ref().unwrap().as_ref().unwrap();
+        assert_eq!((st.handle, &st.attr, st.layout), (one.handle, &one.attr, one.layout));
+    }
+    let sizes: Vec<u64> =
+        stats.iter().take(files).map(|s| s.as_ref().unwrap().as_ref().unwrap().attr.size).collect();
+    assert_eq!(sizes, (0..files as u64).map(|i| i * 1500).collect::<Vec<_>>());
+    // Removed since it was listed: that entry fails, the others do not.
+    c.unlink("/d/f005").unwrap();
+    let stats = lister.stat_many(&handles[..10]);
+    assert_eq!(stats[5].as_ref().map(|_| ()).unwrap_err().errno(), Errno::ENOENT);
+    assert!(stats.iter().enumerate().all(|(i, s)| i == 5 || matches!(s, Ok(Ok(_)))));
 }
 
 pub fn list_io_matches_contiguous(scheme: &str) {
@@ -1145,6 +1199,7 @@ macro_rules! transports {
             #[test] fn read_into_shows_no_earlier_bytes() { super::read_into_shows_no_earlier_bytes(S) }
             #[test] fn a_read_from_every_server_needs_no_size_round() { super::a_read_from_every_server_needs_no_size_round(S) }
             #[test] fn a_stat_of_an_opened_file_asks_attributes_and_sizes_at_once() { super::a_stat_of_an_opened_file_asks_attributes_and_sizes_at_once(S) }
+            #[test] fn a_listings_stats_take_one_request_per_server_a_batch() { super::a_listings_stats_take_one_request_per_server_a_batch(S) }
             #[test] fn list_io_matches_contiguous() { super::list_io_matches_contiguous(S) }
             #[test] fn eight_clients_interleaved_strided() { super::eight_clients_interleaved_strided(S) }
             #[test] fn io_server_killed_mid_write_is_an_error() { super::io_server_killed_mid_write_is_an_error(S) }

@@ -137,6 +137,16 @@ fn capabilities_are_bound_to_handle_and_rights(scheme: &str) {
     assert_eq!(code(io_call(&ep, peer, IoRequest::TruncateObject { cap, size: 0 })), Errno::EACCES);
     let (b, n) = theirs.read_at(0, BytesMut::zeroed(10)).unwrap();
     assert_eq!(&b[..n], b"their data");
+    // A batch of sizes checks each capability: a re-pointed one gets no size, the rest theirs
+    // (from the server holding the file's first bytes).
+    let first = theirs.layout().server(0, 2) as usize;
+    let peer = ep.connect(&tc.cluster.config().io_servers[first]).unwrap();
+    let good = key.mint(theirs.handle(), Rights::NONE, unix_now() + 60, 2);
+    let mut moved = key.mint(mine.handle(), Rights::NONE, unix_now() + 60, 3);
+    moved.handle = theirs.handle();
+    let caps = proto::BoundedVec::new(vec![good.clone(), moved, good]).unwrap();
+    let IoReply::Sizes(sizes) = io_call(&ep, peer, IoRequest::GetSizes { caps }) else { panic!("no sizes") };
+    assert_eq!(&sizes[..], &[Some(10), None, Some(10)]);
 }
 
 /// A client that does not hold the cluster key gets no answer from the meta server or an io

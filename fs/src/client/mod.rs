@@ -320,7 +320,7 @@ type Posted = FsResult<(OpId, u64, Instant)>;
 type IoPosted = Vec<(usize, Traced, Posted)>;
 
 /// A file's layout and logical size (or why it is not known), asked with a kept capability.
-type Sized = Option<(Layout, FsResult<u64>)>;
+type KeptSize = Option<(Layout, FsResult<u64>)>;
 
 /// A request's outcome in the debug log: `ok`, or the error.
 struct Outcome<'a, T>(&'a FsResult<T>);
@@ -583,7 +583,7 @@ impl Client {
 
     /// The stat of `h` whose attributes are `attr`: with the logical size of `sized` (see
     /// [`Client::meta_call_sized`]), else from sizes asked now.
-    fn stat_of(&self, h: Handle, attr: Attr, sized: Sized) -> FsResult<Result<Stat, SizeUnknown>> {
+    fn stat_of(&self, h: Handle, attr: Attr, sized: KeptSize) -> FsResult<Result<Stat, SizeUnknown>> {
         if attr.kind != FileKind::File {
             return Ok(Ok(Stat { handle: h, attr, layout: None }));
         }
@@ -599,80 +599,6 @@ impl Client {
             Ok(size) => Ok(Stat { attr: Attr { size, ..stat.attr }, ..stat }),
             Err(error) => Err(SizeUnknown { stat, error }),
         })
-    }
-
-    /// `req` (about file `h`, and leaving its size alone) to the meta server and, with a
-    /// capability kept for `h`, the sizes of `h`'s objects from its io servers at the same
-    /// time. The reply, and `h`'s layout and logical size (or why a server could not tell its
-    /// size); a capability a server refused is no longer kept, and gives no size.
-    fn meta_call_sized(&self, h: Handle, req: MetaRequest) -> FsResult<(MetaReply, Sized)> {
-        let asked = self.ask_sizes(h);
-        let reply = self.meta_call(req);
-        // Every posted request is waited for, whatever the meta server said.
-        let sized = self.take_sizes(h, asked);
-        Ok((reply?, sized))
-    }
-
-    /// With a capability kept for file `h`, asks its io servers for their sizes (for
-    /// [`Client::take_sizes`]).
-    fn ask_sizes(&self, h: Handle) -> Option<(Layout, IoPosted)> {
-        let (layout, cap) = lock(&self.inner.size_caps).get(h)?;
-        let servers = self.io_servers();
-        let reqs = (0..layout.pcount)
-            .map(|p| (layout.server(p, servers) as usize, IoRequest::GetSize { cap: cap.clone() }))
-            .collect();
-        Some((layout, self.io_post(reqs)))
-    }
-
-    /// The logical size from the sizes [`Client::ask_sizes`] asked for (see [`Sized`]).
-    fn take_sizes(&self, h: Handle, asked: Option<(Layout, IoPosted)>) -> Sized {
-        let (layout, posted) = asked?;
-        let sizes: FsResult<Vec<u64>> = self
-            .io_wait(posted)
-            .into_iter()
-            .map(|r| match r? {
-                IoReply::Size(s) => Ok(s),
-                r => Err(FsError::UnexpectedReply(format!("{r:?}"))),
-            })
-            .collect();
-        match sizes {
-            Ok(sizes) => Some((layout, Ok(layout.logical_size(&sizes)))),
-            Err(e @ FsError::Remote { .. }) => {
-                // Refused (an expired capability, a file gone): the meta server knows more.
-                debug!(handle = %h, error = %e, "a kept capability did not give the sizes");
-                lock(&self.inner.size_caps).forget(h);
-                None
-            }
-            // A server down or not answering: as it would be with a fresh capability.
-            Err(e) => Some((layout, Err(e))),
-        }
-    }
-
-    /// The stat of `h`, whose attributes the meta server has just given as `attr` (in a
-    /// lookup's reply): only a file's size is asked for.
-    pub fn stat_with(&self, h: Handle, attr: Attr) -> FsResult<Stat> {
-        if attr.kind != FileKind::File {
-            return Ok(Stat { handle: h, attr, layout: None });
-        }
-        let sized = self.take_sizes(h, self.ask_sizes(h));
-        self.stat_of(h, attr, sized)?.map_err(|u| u.error)
-    }
-
-    /// [`Client::setattr`], answered with what [`Client::stat_handle`] would give after it
-    /// (a file's logical size): with a capability kept for the file, the sizes are asked at
-    /// the same time as the change.
-    pub(crate) fn setattr_stat(&self, h: Handle, set: SetAttr) -> FsResult<Stat> {
-        if set.size.is_some() {
-            // The sizes change with it.
-            self.setattr(h, set)?;
-            return self.stat_handle(h);
-        }
-        let (attr, sized) = self.meta_call_sized(h, MetaRequest::Setattr { handle: h, set })?;
-        let attr = match attr {
-            MetaReply::Attr(a) => a,
-            r => return Self::unexpected(r),
-        };
-        self.stat_of(h, attr, sized)?.map_err(|u| u.error)
     }
 
     /// Changes attributes; a size truncates (or extends with a hole).

@@ -1,11 +1,12 @@
-//! The layouts and capabilities of files a client opened lately, kept to ask the files' io
-//! servers for their sizes.
+//! Files' sizes: asked of their io servers with capabilities kept from the files' last opens,
+//! and a listing's, many files at once.
 //!
 //! A file's size is the io servers' to tell, and asking them takes a capability, which the
 //! meta server grants. Without one at hand a `stat` is three round trips in a row: the
 //! attributes, a capability, the sizes. With one kept from the file's last open (a `tar` or
 //! `cp -p` sets times, owner and mode on a file it has just created), the attributes and the
-//! sizes are asked at once.
+//! sizes are asked at once. A listing (`ls -l`) asks the meta server for a page of entries'
+//! attributes and capabilities in one request, and each io server for all their sizes in one.
 //!
 //! A kept capability is only ever used to ask a size, which any capability for the file allows
 //! (sizes are attributes, shown to whoever may stat the file), so keeping them per client
@@ -13,10 +14,15 @@
 //! a file's layout never changes, so what is kept cannot describe another file; a capability
 //! close to its expiry is not used, and one the io servers refuse is dropped.
 
+use super::{Client, IoPosted, KeptSize, SizeUnknown, Stat};
 use crate::capability::{Capability, unix_now};
 use crate::handle::Handle;
 use crate::layout::Layout;
+use crate::lock;
+use crate::net::{FsError, FsResult};
+use crate::proto::{self, Attr, AttrOf, FileKind, IoReply, IoRequest, MetaReply, MetaRequest, SetAttr};
 use std::collections::{HashMap, VecDeque};
+use tracing::debug;
 
 /// Files kept at most, so that a client that opens many files holds a bounded record.
 pub(super) const KEPT: usize = 4096;
@@ -78,6 +84,164 @@ impl SizeCaps {
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         self.by_handle.len()
+    }
+}
+
+impl Client {
+    /// The stats of `handles` (a listing's entries), in their order, as
+    /// [`Client::stat_entry`] gives each: the meta server is asked for the attributes of up to
+    /// [`proto::MAX_BATCH`] at once, and each io server for the sizes of those files in one
+    /// request. A file whose size a server did not tell is stat'ed on its own, for the error.
+    pub fn stat_many(&self, handles: &[Handle]) -> Vec<FsResult<Result<Stat, SizeUnknown>>> {
+        handles.chunks(proto::MAX_BATCH).flat_map(|batch| self.stat_batch(batch)).collect()
+    }
+
+    fn stat_batch(&self, handles: &[Handle]) -> Vec<FsResult<Result<Stat, SizeUnknown>>> {
+        let attrs = proto::BoundedVec::new(handles.to_vec())
+            .map_err(FsError::from)
+            .and_then(|handles| self.meta_call(MetaRequest::GetattrMany { handles }))
+            .and_then(|r| match r {
+                MetaReply::Attrs(a) if a.len() == handles.len() => Ok(a.into_inner()),
+                r => Self::unexpected(r),
+            });
+        let attrs = match attrs {
+            Ok(a) => a,
+            // The batch as a whole failed: each entry on its own, for its own outcome.
+            Err(_) => return handles.iter().map(|&h| self.stat_entry(h)).collect(),
+        };
+        // Each file's place in each of its servers' requests.
+        let servers = self.io_servers();
+        let mut asks: Vec<Vec<Capability>> = vec![Vec::new(); servers as usize];
+        let mut places: Vec<Vec<(usize, usize)>> = vec![Vec::new(); handles.len()];
+        for (i, (a, &h)) in attrs.iter().zip(handles).enumerate() {
+            if let AttrOf::Found { file: Some((layout, cap)), .. } = a
+                && cap.handle == h
+                && layout.validate(servers).is_ok()
+            {
+                lock(&self.inner.size_caps).keep(*layout, cap);
+                for p in 0..layout.pcount {
+                    let s = layout.server(p, servers) as usize;
+                    places[i].push((s, asks[s].len()));
+                    asks[s].push(cap.clone());
+                }
+            }
+        }
+        let asked: Vec<usize> = (0..asks.len()).filter(|&s| !asks[s].is_empty()).collect();
+        let reqs = asked
+            .iter()
+            .filter_map(|&s| {
+                let caps = proto::BoundedVec::new(std::mem::take(&mut asks[s])).ok()?;
+                Some((s, IoRequest::GetSizes { caps }))
+            })
+            .collect();
+        let mut told: Vec<Option<Vec<Option<u64>>>> = vec![None; servers as usize];
+        for (&s, r) in asked.iter().zip(self.io_wait(self.io_post(reqs))) {
+            if let Ok(IoReply::Sizes(sizes)) = r {
+                told[s] = Some(sizes.into_inner());
+            }
+        }
+        attrs
+            .into_iter()
+            .zip(handles)
+            .zip(places)
+            .map(|((a, &h), places)| match a {
+                AttrOf::Failed(code) => {
+                    Err(FsError::code(code, "the meta server could not give its attributes"))
+                }
+                AttrOf::Found { attr, file: None } if attr.kind != FileKind::File => {
+                    Ok(Ok(Stat { handle: h, attr, layout: None }))
+                }
+                AttrOf::Found { attr, file: Some((layout, _)) } if !places.is_empty() => {
+                    let sizes: Option<Vec<u64>> = places
+                        .iter()
+                        .map(|&(s, at)| told[s].as_ref().and_then(|t| t.get(at).copied().flatten()))
+                        .collect();
+                    match sizes {
+                        Some(sizes) => {
+                            let size = layout.logical_size(&sizes);
+                            Ok(Ok(Stat { handle: h, attr: Attr { size, ..attr }, layout: Some(layout) }))
+                        }
+                        None => self.stat_entry(h),
+                    }
+                }
+                AttrOf::Found { .. } => self.stat_entry(h),
+            })
+            .collect()
+    }
+
+    /// `req` (about file `h`, and leaving its size alone) to the meta server and, with a
+    /// capability kept for `h`, the sizes of `h`'s objects from its io servers at the same
+    /// time. The reply, and `h`'s layout and logical size (or why a server could not tell its
+    /// size); a capability a server refused is no longer kept, and gives no size.
+    pub(super) fn meta_call_sized(&self, h: Handle, req: MetaRequest) -> FsResult<(MetaReply, KeptSize)> {
+        let asked = self.ask_sizes(h);
+        let reply = self.meta_call(req);
+        // Every posted request is waited for, whatever the meta server said.
+        let sized = self.take_sizes(h, asked);
+        Ok((reply?, sized))
+    }
+
+    /// With a capability kept for file `h`, asks its io servers for their sizes (for
+    /// [`Client::take_sizes`]).
+    fn ask_sizes(&self, h: Handle) -> Option<(Layout, IoPosted)> {
+        let (layout, cap) = lock(&self.inner.size_caps).get(h)?;
+        let servers = self.io_servers();
+        let reqs = (0..layout.pcount)
+            .map(|p| (layout.server(p, servers) as usize, IoRequest::GetSize { cap: cap.clone() }))
+            .collect();
+        Some((layout, self.io_post(reqs)))
+    }
+
+    /// The logical size from the sizes [`Client::ask_sizes`] asked for (see [`KeptSize`]).
+    fn take_sizes(&self, h: Handle, asked: Option<(Layout, IoPosted)>) -> KeptSize {
+        let (layout, posted) = asked?;
+        let sizes: FsResult<Vec<u64>> = self
+            .io_wait(posted)
+            .into_iter()
+            .map(|r| match r? {
+                IoReply::Size(s) => Ok(s),
+                r => Err(FsError::UnexpectedReply(format!("{r:?}"))),
+            })
+            .collect();
+        match sizes {
+            Ok(sizes) => Some((layout, Ok(layout.logical_size(&sizes)))),
+            Err(e @ FsError::Remote { .. }) => {
+                // Refused (an expired capability, a file gone): the meta server knows more.
+                debug!(handle = %h, error = %e, "a kept capability did not give the sizes");
+                lock(&self.inner.size_caps).forget(h);
+                None
+            }
+            // A server down or not answering: as it would be with a fresh capability.
+            Err(e) => Some((layout, Err(e))),
+        }
+    }
+
+    /// The stat of `h`, whose attributes the meta server has just given as `attr` (in a
+    /// lookup's reply): only a file's size is asked for.
+    pub fn stat_with(&self, h: Handle, attr: Attr) -> FsResult<Stat> {
+        if attr.kind != FileKind::File {
+            return Ok(Stat { handle: h, attr, layout: None });
+        }
+        let sized = self.take_sizes(h, self.ask_sizes(h));
+        self.stat_of(h, attr, sized)?.map_err(|u| u.error)
+    }
+
+    /// [`Client::setattr`], answered with what [`Client::stat_handle`] would give after it
+    /// (a file's logical size): with a capability kept for the file, the sizes are asked at
+    /// the same time as the change.
+    #[cfg_attr(not(feature = "fuse"), expect(dead_code, reason = "the mount's attribute changes"))]
+    pub(crate) fn setattr_stat(&self, h: Handle, set: SetAttr) -> FsResult<Stat> {
+        if set.size.is_some() {
+            // The sizes change with it.
+            self.setattr(h, set)?;
+            return self.stat_handle(h);
+        }
+        let (attr, sized) = self.meta_call_sized(h, MetaRequest::Setattr { handle: h, set })?;
+        let attr = match attr {
+            MetaReply::Attr(a) => a,
+            r => return Self::unexpected(r),
+        };
+        self.stat_of(h, attr, sized)?.map_err(|u| u.error)
     }
 }
 

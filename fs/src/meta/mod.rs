@@ -281,6 +281,10 @@ pub struct Objects {
     pub layout: Layout,
 }
 
+/// One object's outcome in [`MetaStore::getattr_many`]: its attributes, and a regular file's
+/// layout.
+pub type AttrsOf = Result<(Attr, Option<Layout>), MetaError>;
+
 /// A newly created (pending) file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Created {
@@ -609,6 +613,26 @@ impl MetaStore {
     /// Attributes of `h`.
     pub fn getattr(&self, h: Handle) -> Result<Attr, MetaError> {
         Ok(self.read_inode(h)?.attr)
+    }
+
+    /// Attributes of each of `handles` (and a regular file's layout), read at one moment; at
+    /// most [`MAX_BATCH`](crate::proto::MAX_BATCH) are read.
+    pub fn getattr_many(&self, handles: &[Handle]) -> Result<Vec<AttrsOf>, MetaError> {
+        let r = self.db.begin_read()?;
+        let inodes = r.open_table(INODES)?;
+        Ok(handles
+            .iter()
+            .take(crate::proto::MAX_BATCH)
+            .map(|h| {
+                let i = live_inode(&inodes, h.0)?;
+                let layout = match (i.attr.kind, i.layout) {
+                    (FileKind::File, None) => return Err(MetaError::Corrupt(h.0)),
+                    (FileKind::File, layout) => layout,
+                    _ => None,
+                };
+                Ok((i.attr, layout))
+            })
+            .collect())
     }
 
     /// Attributes and layout for an open by `cred` for `rights` (read and write permission

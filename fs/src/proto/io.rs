@@ -4,7 +4,7 @@
 use super::bounded::BoundedVec;
 use super::envelope::{ErrorReply, Message, Reply};
 use super::error::ProtoError;
-use super::limits::{MAX_IO_BYTES, MAX_PIECES, MAX_VIEW_BLOCKS};
+use super::limits::{MAX_BATCH, MAX_IO_BYTES, MAX_PIECES, MAX_VIEW_BLOCKS};
 use super::stats::{ServerStats, ServerStatus};
 use crate::capability::{Capability, Rights};
 use crate::layout::{Layout, LayoutError, Piece, View};
@@ -164,6 +164,12 @@ pub enum IoRequest {
         /// Bytes from it.
         len: u64,
     },
+    /// Local sizes of several objects, each with its own capability (`NONE` suffices; a
+    /// listing's) → [`IoReply::Sizes`].
+    GetSizes {
+        /// A capability for each object, at most [`MAX_BATCH`].
+        caps: BoundedVec<Capability, MAX_BATCH>,
+    },
 }
 
 impl IoRequest {
@@ -181,6 +187,7 @@ impl IoRequest {
             IoRequest::Stats => "stats",
             IoRequest::Status => "status",
             IoRequest::Allocate { .. } => "allocate",
+            IoRequest::GetSizes { .. } => "get_sizes",
         }
     }
 
@@ -207,7 +214,8 @@ impl IoRequest {
             | IoRequest::Write { cap, .. }
             | IoRequest::Sync { cap }
             | IoRequest::Allocate { cap, .. } => Some(cap),
-            IoRequest::Ping | IoRequest::Stats | IoRequest::Status => None,
+            // Each of a batch's capabilities is checked on its own.
+            IoRequest::Ping | IoRequest::Stats | IoRequest::Status | IoRequest::GetSizes { .. } => None,
         }
     }
 
@@ -221,9 +229,11 @@ impl IoRequest {
             IoRequest::Write { .. } | IoRequest::Sync { .. } | IoRequest::Allocate { .. } => Rights::WRITE,
             // A size is an attribute: whoever may stat a file may learn it, and a capability
             // for the file (even one granting nothing else) shows the meta server let them.
-            IoRequest::GetSize { .. } | IoRequest::Ping | IoRequest::Stats | IoRequest::Status => {
-                Rights::NONE
-            }
+            IoRequest::GetSize { .. }
+            | IoRequest::GetSizes { .. }
+            | IoRequest::Ping
+            | IoRequest::Stats
+            | IoRequest::Status => Rights::NONE,
         }
     }
 }
@@ -256,6 +266,9 @@ pub enum IoReply {
     Error(ErrorReply),
     /// The io server's status.
     Status(ServerStatus),
+    /// Answer to [`IoRequest::GetSizes`], in its order: each object's local size, or `None`
+    /// where its capability was refused or this server has no object for it.
+    Sizes(BoundedVec<Option<u64>, MAX_BATCH>),
 }
 
 impl Message for IoRequest {

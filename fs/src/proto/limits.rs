@@ -5,8 +5,9 @@
 /// 3: symbolic links; 4: status requests to every server; 5: callers' credentials, hard
 /// links, special files, times set to the server's clock, space allocation; 6: io servers'
 /// counters carry the bytes they wrote behind; 7: disk space names its file system; 8: a read
-/// sends nothing for the part of its stream past the object's end).
-pub const PROTO_VERSION: u16 = 8;
+/// sends nothing for the part of its stream past the object's end; 9: attributes and sizes of
+/// several files in one request).
+pub const PROTO_VERSION: u16 = 9;
 
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"STFS";
@@ -24,6 +25,10 @@ pub const MAX_PIECES: usize = 2048;
 
 /// Most entries in one readdir page.
 pub const MAX_READDIR: usize = 256;
+
+/// Most files in one request for several files' attributes or sizes (a listing asks for a
+/// page's worth at once).
+pub const MAX_BATCH: usize = 128;
 
 /// Longest name on the wire. Longer than `NAME_MAX` (255) on purpose: a 300-byte name still
 /// decodes, so the meta server can answer `ENAMETOOLONG` instead of a protocol error.

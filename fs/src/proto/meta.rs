@@ -5,10 +5,11 @@ use super::attr::{Attr, Cred, DirEntry, FileKind, LayoutSpec, SetAttr};
 use super::bounded::BoundedVec;
 use super::envelope::{ErrorReply, Message, Reply};
 use super::error::ProtoError;
-use super::limits::MAX_READDIR;
+use super::limits::{MAX_BATCH, MAX_READDIR};
 use super::name::{LinkTarget, Name, target_ok, validate_name};
 use super::stats::{FsStats, ServerStatus};
 use crate::capability::{Capability, Rights};
+use crate::errno::Errno;
 use crate::handle::Handle;
 use crate::layout::Layout;
 use serde::{Deserialize, Serialize};
@@ -166,6 +167,27 @@ pub enum MetaRequest {
         /// Group.
         gid: u32,
     },
+    /// Attributes of several objects at once (a listing's) → [`MetaReply::Attrs`], with a
+    /// regular file's layout and a capability to ask its io servers for its size.
+    GetattrMany {
+        /// The objects, at most [`MAX_BATCH`].
+        handles: BoundedVec<Handle, MAX_BATCH>,
+    },
+}
+
+/// One object's answer in [`MetaReply::Attrs`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttrOf {
+    /// Found.
+    Found {
+        /// Its attributes (a regular file's size is the last truncate).
+        attr: Attr,
+        /// A regular file's layout, and a capability that grants nothing but asking its io
+        /// servers for its size; `None` for anything else.
+        file: Option<(Layout, Capability)>,
+    },
+    /// Not found (removed since it was listed), or another error.
+    Failed(Errno),
 }
 
 /// A meta request with the credentials of the caller it is made for: what travels to the meta
@@ -225,6 +247,8 @@ pub enum MetaReply {
     Error(ErrorReply),
     /// The meta server's status.
     Status(ServerStatus),
+    /// Answer to [`MetaRequest::GetattrMany`], in its order.
+    Attrs(BoundedVec<AttrOf, MAX_BATCH>),
 }
 
 fn name_ok(n: &Name) -> Result<(), ProtoError> {
@@ -262,13 +286,14 @@ impl MetaRequest {
             MetaRequest::Status => "status",
             MetaRequest::Link { .. } => "link",
             MetaRequest::Mknod { .. } => "mknod",
+            MetaRequest::GetattrMany { .. } => "getattr_many",
         }
     }
 
     /// The handle the request is about (a directory for requests on a name in it), for logs.
     pub fn subject(&self) -> Option<Handle> {
         match self {
-            MetaRequest::Statfs | MetaRequest::Status => None,
+            MetaRequest::Statfs | MetaRequest::Status | MetaRequest::GetattrMany { .. } => None,
             MetaRequest::Getattr { handle }
             | MetaRequest::Setattr { handle, .. }
             | MetaRequest::Open { handle, .. }
@@ -347,9 +372,24 @@ impl Message for MetaReply {
             }
             MetaReply::Link(target) => target_ok(target)?,
             MetaReply::Dir { entries, .. } => dir_entries_ok(entries)?,
+            MetaReply::Attrs(attrs) => attrs.iter().try_for_each(attr_of_ok)?,
             _ => {}
         }
         Ok(())
+    }
+}
+
+/// A batch's attributes are valid, and a file (and only a file) comes with a valid layout.
+fn attr_of_ok(a: &AttrOf) -> Result<(), ProtoError> {
+    let AttrOf::Found { attr, file } = a else { return Ok(()) };
+    attr.validate()?;
+    match (attr.kind, file) {
+        (FileKind::File, Some((l, _))) => {
+            Layout::new(l.base, l.pcount, l.ssize).map(|_| ()).map_err(Into::into)
+        }
+        (FileKind::File, None) => Err(ProtoError::Invalid("a file's attributes without its layout")),
+        (_, Some(_)) => Err(ProtoError::Invalid("a layout for what is not a file")),
+        (_, None) => Ok(()),
     }
 }
 

@@ -35,11 +35,11 @@ pub use envelope::{Envelope, ErrorReply, Message, Reply, decode, encode, error_r
 pub use error::{DecodeError, ProtoError};
 pub use io::{Descriptor, IoReply, IoRequest};
 pub use limits::{
-    HEADER_LEN, MAGIC, MAX_ERROR_TEXT, MAX_IO_BYTES, MAX_LINK_TARGET, MAX_MESSAGE, MAX_NAME_WIRE, MAX_PIECES,
-    MAX_READDIR, MAX_VERSION_TEXT, MAX_VIEW_BLOCKS, PROTO_VERSION,
+    HEADER_LEN, MAGIC, MAX_BATCH, MAX_ERROR_TEXT, MAX_IO_BYTES, MAX_LINK_TARGET, MAX_MESSAGE, MAX_NAME_WIRE,
+    MAX_PIECES, MAX_READDIR, MAX_VERSION_TEXT, MAX_VIEW_BLOCKS, PROTO_VERSION,
 };
 pub(crate) use meta::DIR_ENTRY_ORDER;
-pub use meta::{MetaCall, MetaReply, MetaRequest};
+pub use meta::{AttrOf, MetaCall, MetaReply, MetaRequest};
 pub use name::{LinkTarget, NAME_MAX, Name, NameError, link_target_ok, validate_name};
 pub use samples::{fuzz_one, sample_messages};
 pub use stats::{DiskSpace, Fallbacks, FsStats, PathStats, ServerStats, ServerStatus};

@@ -7,7 +7,7 @@ use super::envelope::{Envelope, ErrorReply, Message, Reply, decode, encode, erro
 use super::error::ProtoError;
 use super::io::{Descriptor, IoReply, IoRequest};
 use super::limits::MAX_IO_BYTES;
-use super::meta::{MetaCall, MetaReply, MetaRequest};
+use super::meta::{AttrOf, MetaCall, MetaReply, MetaRequest};
 use super::name::{LinkTarget, Name};
 use super::stats::{DiskSpace, Fallbacks, FsStats, PathStats, ServerStats, ServerStatus};
 use crate::capability::Rights;
@@ -164,6 +164,10 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
                 gid: 0,
             },
         ),
+        (
+            "meta_getattr_many",
+            MetaRequest::GetattrMany { handles: BoundedVec::new(vec![Handle(7), Handle(9)]).expect("two") },
+        ),
     ];
     let cred = Cred::new(1000, 100, vec![4, 24, 27]);
     let entries = BoundedVec::new(vec![DirEntry { name: name("x"), handle: Handle(3), kind: FileKind::Dir }])
@@ -172,13 +176,26 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ("metarep_statfs", MetaReply::Statfs(FsStats { files: 1, dirs: 2, io_servers: 4, name_max: 255 })),
         ("metarep_entry", MetaReply::Entry { handle: Handle(7), attr: attr.clone() }),
         ("metarep_attr", MetaReply::Attr(attr.clone())),
-        ("metarep_opened", MetaReply::Opened { handle: Handle(0x1234), attr, layout, cap: cap.clone() }),
+        (
+            "metarep_opened",
+            MetaReply::Opened { handle: Handle(0x1234), attr: attr.clone(), layout, cap: cap.clone() },
+        ),
         ("metarep_done", MetaReply::Done),
         ("metarep_dir", MetaReply::Dir { entries, more: true }),
         ("metarep_stripe", MetaReply::Stripe { layout: Some(layout), default: Some(spec) }),
         ("metarep_link", MetaReply::Link(link("/d/f"))),
         ("metarep_error", MetaReply::Error(ErrorReply::new(Errno::ENOENT, "no such entry"))),
         ("metarep_status", MetaReply::Status(status.clone())),
+        (
+            "metarep_attrs",
+            MetaReply::Attrs(
+                BoundedVec::new(vec![
+                    AttrOf::Found { attr, file: Some((layout, cap.clone())) },
+                    AttrOf::Failed(Errno::ENOENT),
+                ])
+                .expect("two"),
+            ),
+        ),
     ];
     let list = Descriptor::list(vec![Extent::new(0, 4096), Extent::new(65536, 100)]).expect("two pieces");
     let strided = Descriptor::Strided {
@@ -201,7 +218,8 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ("io_sync", IoRequest::Sync { cap: cap.clone() }),
         ("io_stats", IoRequest::Stats),
         ("io_status", IoRequest::Status),
-        ("io_allocate", IoRequest::Allocate { cap, off: 65536, len: 1 << 20 }),
+        ("io_allocate", IoRequest::Allocate { cap: cap.clone(), off: 65536, len: 1 << 20 }),
+        ("io_getsizes", IoRequest::GetSizes { caps: BoundedVec::new(vec![cap.clone(), cap]).expect("two") }),
     ];
     let io_rep = vec![
         ("iorep_pong", IoReply::Pong),
@@ -223,6 +241,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ),
         ("iorep_error", IoReply::Error(ErrorReply::new(Errno::ENOSPC, "disk full"))),
         ("iorep_status", IoReply::Status(status)),
+        ("iorep_sizes", IoReply::Sizes(BoundedVec::new(vec![Some(70000), None]).expect("two"))),
     ];
     let mut out = Vec::new();
     let mut id = 0u64;

@@ -36,9 +36,10 @@ fn every_sample_round_trips() {
 #[test]
 fn unknown_version_is_a_typed_error_with_the_id() {
     let mut b = encode(&Envelope::new(77, root(MetaRequest::Statfs))).unwrap();
-    b[4] = 9;
+    let next = PROTO_VERSION + 1;
+    b[4..6].copy_from_slice(&next.to_le_bytes());
     let e = decode::<MetaCall>(&b).unwrap_err();
-    assert_eq!(e, DecodeError { id: Some(77), error: ProtoError::UnknownVersion { got: 9 } });
+    assert_eq!(e, DecodeError { id: Some(77), error: ProtoError::UnknownVersion { got: next } });
     assert_eq!(e.error.errno(), Errno::EPROTONOSUPPORT);
     let reply: Envelope<MetaReply> = error_reply(&e);
     assert_eq!(reply.id, 77);
@@ -137,6 +138,27 @@ fn largest_replies_fit_in_a_message() {
     let b =
         encode(&Envelope::new(1, IoRequest::Write { cap: cap(), desc: Descriptor::list(pieces).unwrap() }))
             .unwrap();
+    assert!(b.len() <= MAX_MESSAGE, "{}", b.len());
+    // A batch's attributes, each a file's with the largest numbers.
+    let attr = Attr {
+        kind: FileKind::File,
+        mode: 0o7777,
+        uid: u32::MAX,
+        gid: u32::MAX,
+        size: u64::MAX,
+        nlink: u32::MAX,
+        atime: Timestamp { secs: i64::MIN, nsecs: 999_999_999 },
+        mtime: Timestamp { secs: i64::MIN, nsecs: 999_999_999 },
+        ctime: Timestamp { secs: i64::MIN, nsecs: 999_999_999 },
+    };
+    let layout = Layout { base: u32::MAX, pcount: 65536, ssize: 1 << 30 };
+    let found = AttrOf::Found { attr, file: Some((layout, cap())) };
+    let b =
+        encode(&Envelope::new(u64::MAX, MetaReply::Attrs(BoundedVec::new(vec![found; MAX_BATCH]).unwrap())))
+            .unwrap();
+    assert!(b.len() <= MAX_MESSAGE, "{}", b.len());
+    let caps = BoundedVec::new(vec![cap(); MAX_BATCH]).unwrap();
+    let b = encode(&Envelope::new(u64::MAX, IoRequest::GetSizes { caps })).unwrap();
     assert!(b.len() <= MAX_MESSAGE, "{}", b.len());
 }
 

@@ -30,11 +30,13 @@ use super::{
     Load, PeerSpans, Reporting, ServerError, ServerHandle, ServerReport, disk_space, send_reply,
     spawn_workers,
 };
-use crate::capability::{CapabilityKey, unix_now};
+use crate::capability::{CapabilityKey, Rights, unix_now};
 use crate::errno::Errno;
 use crate::layout::Piece;
 use crate::net::Traced;
-use crate::proto::{self, Descriptor, ErrorReply, Fallbacks, IoReply, IoRequest, PathStats, ServerStats};
+use crate::proto::{
+    self, BoundedVec, Descriptor, ErrorReply, Fallbacks, IoReply, IoRequest, PathStats, ServerStats,
+};
 use crate::store::{FileSystem, Object, ObjectStore, PieceCursor, StoreConfig, StoreError, Writing};
 use bytes::Bytes;
 use ionet::{
@@ -381,6 +383,17 @@ impl Shared {
                 IoReply::Done
             }
             IoRequest::GetSize { cap } => IoReply::Size(s.size(cap.handle)?),
+            IoRequest::GetSizes { caps } => {
+                let now = unix_now();
+                let sizes = caps
+                    .iter()
+                    .map(|cap| {
+                        let allowed = self.key.verify(cap, cap.handle, Rights::NONE, now).is_ok();
+                        allowed.then(|| s.size(cap.handle).ok()).flatten()
+                    })
+                    .collect();
+                IoReply::Sizes(BoundedVec::new(sizes).map_err(|e| Fail(Errno::EINVAL, e.to_string()))?)
+            }
             IoRequest::Allocate { cap, off, len } => {
                 s.allocate(cap.handle, off, len)?;
                 IoReply::Done

@@ -30,7 +30,7 @@ use crate::layout::Layout;
 use crate::meta::{MetaConfig, MetaError, MetaStore, Objects, Perm};
 use crate::net::{FsError, TAG_IO, Traced};
 use crate::proto::{
-    self, Cred, Envelope, ErrorReply, Handle, IoReply, IoRequest, MetaCall, MetaReply, MetaRequest,
+    self, AttrOf, Cred, Envelope, ErrorReply, Handle, IoReply, IoRequest, MetaCall, MetaReply, MetaRequest,
 };
 use bytes::Bytes;
 use ionet::{Address, Endpoint, Payload, PeerId, Request, ServiceLevel, WaitMode};
@@ -288,6 +288,22 @@ impl Shared {
                 s.lookup(cred, parent, &name).map(|(handle, attr)| MetaReply::Entry { handle, attr })
             }
             MetaRequest::Getattr { handle } => s.getattr(handle).map(MetaReply::Attr),
+            MetaRequest::GetattrMany { handles } => s.getattr_many(&handles).and_then(|all| {
+                let attrs = handles
+                    .iter()
+                    .zip(all)
+                    .map(|(&h, r)| match r {
+                        Ok((attr, layout)) => AttrOf::Found {
+                            // Asking a size needs no right on the file: whoever may stat it may.
+                            file: layout.map(|l| (l, self.mint(h, Rights::NONE))),
+                            attr,
+                        },
+                        Err(e) => AttrOf::Failed(e.errno()),
+                    })
+                    .collect();
+                let attrs = proto::BoundedVec::new(attrs).map_err(|_| MetaError::Invalid("batch size"))?;
+                Ok(MetaReply::Attrs(attrs))
+            }),
             MetaRequest::Setattr { handle, set } => match s.setattr(cred, handle, &set) {
                 Ok(out) => {
                     if let Some((layout, size)) = out.truncate {
