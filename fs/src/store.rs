@@ -723,6 +723,24 @@ impl ObjectStore {
         self.object(h)?.size()
     }
 
+    /// The local size, as [`ObjectStore::size`] gives it, without opening an object that is
+    /// not open: a listing's many sizes would otherwise push the open files out of the cache
+    /// (and each open costs more than looking at the file).
+    pub fn peek_size(&self, h: Handle) -> Result<u64, StoreError> {
+        // Held while looking: an object opened meanwhile is not written to before it is in
+        // the cache, so the file's length is all its landed bytes.
+        let mut c = self.cache();
+        if let Some(o) = c.get(h) {
+            drop(c);
+            return o.size();
+        }
+        match std::fs::metadata(self.path_of(h)) {
+            Ok(m) => Ok(m.len()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(StoreError::NotFound(h)),
+            Err(error) => Err(StoreError::Io { op: "stat", handle: h, error }),
+        }
+    }
+
     /// fsync: data and metadata of `h` reach the disk.
     pub fn sync(&self, h: Handle) -> Result<(), StoreError> {
         self.object(h)?.file.sync_all().map_err(|source| StoreError::Io {
@@ -879,6 +897,24 @@ mod tests {
         assert!(matches!(s.size(H), Err(StoreError::NotFound(H))), "removal evicts the cached fd");
         let mut b = [0u8; 1];
         assert!(matches!(s.read(H, &[Extent::new(0, 1)], &mut b), Err(StoreError::NotFound(H))));
+    }
+
+    #[test]
+    fn peeking_at_sizes_opens_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let s = ObjectStore::open(d.path(), StoreConfig { max_open: 4, ..Default::default() }).unwrap();
+        for h in 1..=8u64 {
+            s.create(Handle(h)).unwrap();
+            s.write(Handle(h), &[Extent::new(0, h)], &vec![7; h as usize]).unwrap();
+        }
+        let open: Vec<Handle> = (1..=8).map(Handle).filter(|&h| s.cache().get_cached(h).is_some()).collect();
+        assert_eq!(open.len(), 4, "the cache holds its four");
+        for h in 1..=8u64 {
+            assert_eq!(s.peek_size(Handle(h)).unwrap(), h, "open or not");
+        }
+        let after: Vec<Handle> = (1..=8).map(Handle).filter(|&h| s.cache().get_cached(h).is_some()).collect();
+        assert_eq!(after, open, "no object opened, none pushed out");
+        assert!(matches!(s.peek_size(Handle(99)), Err(StoreError::NotFound(Handle(99)))));
     }
 
     #[test]

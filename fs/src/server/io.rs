@@ -389,7 +389,7 @@ impl Shared {
                     .iter()
                     .map(|cap| {
                         let allowed = self.key.verify(cap, cap.handle, Rights::NONE, now).is_ok();
-                        allowed.then(|| s.size(cap.handle).ok()).flatten()
+                        allowed.then(|| s.peek_size(cap.handle).ok()).flatten()
                     })
                     .collect();
                 IoReply::Sizes(BoundedVec::new(sizes).map_err(|e| Fail(Errno::EINVAL, e.to_string()))?)
