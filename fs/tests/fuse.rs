@@ -411,6 +411,53 @@ fn attributes_take_one_meta_request_beside_the_sizes() {
     );
 }
 
+/// `ls -l` of a directory gets its entries' attributes with the listing: a meta request and a
+/// request to each io server for a window of entries, not a look-up and a size round per entry
+/// (which made 100 files over 100 meta requests and 400 io requests).
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_long_listing_asks_for_attributes_in_batches() {
+    let tc = TestCluster::start("tcp", 4);
+    let m = mount(&tc);
+    let c = tc.client();
+    c.mkdir("/d", 0o755).unwrap();
+    let files = 100;
+    for i in 0..files {
+        let f = c.create(&format!("/d/f{i:03}"), Default::default()).unwrap();
+        f.write_all_at(0, &pattern(i * 7000, i as u64)).unwrap();
+    }
+    c.mkdir("/d/sub", 0o700).unwrap();
+    let requests = || -> (u64, u64) {
+        let up = |s: &stripefs::ServerState| match s {
+            stripefs::ServerState::Up(st) => st.requests,
+            s => panic!("{s:?}"),
+        };
+        let st = c.status();
+        (up(&st.meta), st.io.iter().map(up).sum::<u64>())
+    };
+    let before = requests();
+    let out = run(Command::new("ls").arg("-ln").arg(m.dir.join("d")));
+    let after = requests();
+    let (meta, io) = (after.0 - before.0 - 1, after.1 - before.1 - 4);
+    assert!(meta <= 10 && io <= 40, "{meta} meta and {io} io requests for {files} files");
+    // Every entry with its size and mode: `-rw-r--r-- 1 uid gid size date name`.
+    let listed: Vec<(String, u64)> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (format!("{} {}", f[0], f[f.len() - 1]), f[4].parse().unwrap())
+        })
+        .collect();
+    let mut want: Vec<(String, u64)> =
+        (0..files).map(|i| (format!("-rw-r--r-- f{i:03}"), i as u64 * 7000)).collect();
+    want.push(("drwx------ sub".into(), 0));
+    let listed: Vec<_> =
+        listed.into_iter().map(|(n, s)| if n.starts_with('d') { (n, 0) } else { (n, s) }).collect();
+    assert_eq!(listed, want);
+}
+
 #[test]
 #[ignore = "needs /dev/fuse: mounts stripefs"]
 fn hard_links_and_special_files() {

@@ -41,8 +41,8 @@ use crate::proto::{Attr, Cred, FileKind, Handle, SetAttr, SetTime, Timestamp};
 use crate::{FsError, FsResult, lock};
 use fuser::{
     FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -52,8 +52,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{debug, warn};
 
+mod listing;
 mod session;
 mod unlinked;
+use listing::{DirItem, Listings};
 
 pub use session::{MountOptions, mount, mount_notify};
 
@@ -149,38 +151,6 @@ impl WriteSync {
         } else {
             WriteSync::None
         }
-    }
-}
-
-/// One entry of a listing, `.` and `..` included.
-type DirItem = (u64, FileType, String);
-
-/// Open directories' listings. The kernel reads a directory in many calls, each from an
-/// offset; listing the whole directory again for each made reading a large one quadratic.
-#[derive(Debug)]
-struct Listings<T>(Mutex<HashMap<u64, Arc<Vec<T>>>>);
-
-impl<T> Listings<T> {
-    fn new() -> Self {
-        Listings(Mutex::new(HashMap::new()))
-    }
-
-    /// The listing of open directory `fh`: made by `list` at offset 0 (the first call, or a
-    /// rewind), kept for later offsets, so it is a snapshot of the directory as reading began.
-    fn get(&self, fh: u64, offset: u64, list: impl FnOnce() -> FsResult<Vec<T>>) -> FsResult<Arc<Vec<T>>> {
-        if offset != 0
-            && let Some(items) = lock(&self.0).get(&fh).cloned()
-        {
-            return Ok(items);
-        }
-        let items = Arc::new(list()?);
-        lock(&self.0).insert(fh, items.clone());
-        Ok(items)
-    }
-
-    /// Drops a closed directory's listing.
-    fn forget(&self, fh: u64) {
-        lock(&self.0).remove(&fh);
     }
 }
 
@@ -549,17 +519,6 @@ impl StripeFuse {
         Ok(n)
     }
 
-    /// The directory's entries, read from the meta server by `c`.
-    fn listing(&self, c: &Client, ino: INodeNo) -> FsResult<Vec<DirItem>> {
-        let entries = c.readdir_handle(Handle(ino.0))?;
-        let dots =
-            [(ino.0, FileType::Directory, ".".to_string()), (ino.0, FileType::Directory, "..".to_string())];
-        Ok(dots
-            .into_iter()
-            .chain(entries.into_iter().map(|e| (e.handle.0, file_type(e.kind), e.name.to_string())))
-            .collect())
-    }
-
     fn entry(&self, r: FsResult<(Handle, Attr)>, reply: ReplyEntry) {
         // Only a regular file's size needs the io servers; the rest came with the entry.
         match r.and_then(|(h, a)| Ok(self.attr_of(h, &self.client.stat_with(h, a)?.attr))) {
@@ -589,6 +548,16 @@ impl Filesystem for StripeFuse {
             && let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
         {
             tracing::info!(?missing, "this kernel does not map direct I/O files shared");
+        }
+        // Listings with each entry's attributes (`ls -l` without a look-up per entry), when the
+        // kernel sees them used. The direct mode only: the kernel-cached mode keeps its own
+        // sizes and times, and its record of what it saw of each file.
+        if !self.kernel_cache
+            && let Err(missing) = config.add_capabilities(
+                fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO,
+            )
+        {
+            tracing::info!(?missing, "this kernel does not list directories with attributes");
         }
         let ready = lock(&self.on_ready.0).take();
         if let Some(ready) = ready {
@@ -992,17 +961,19 @@ impl Filesystem for StripeFuse {
         reply.opened(FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed)), FopenFlags::empty());
     }
 
-    fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let items = match self.dirs.get(fh.0, offset, || self.listing(&self.as_caller(req), ino)) {
-            Ok(items) => items,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        for (i, (ino, kind, n)) in items.iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(*ino), i as u64 + 1, *kind, n) {
-                break;
-            }
-        }
-        reply.ok();
+    fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+        self.list(req, ino, fh, offset, reply);
+    }
+
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectoryPlus,
+    ) {
+        self.list_plus(req, ino, fh, offset, reply);
     }
 
     fn releasedir(
@@ -1125,7 +1096,6 @@ impl Filesystem for StripeFuse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::Cell;
 
     #[test]
     fn the_io_size_is_the_largest_request_unless_the_file_is_smaller() {
@@ -1145,29 +1115,5 @@ mod tests {
         assert_eq!(WriteSync::of(libc::O_WRONLY | libc::O_DSYNC), WriteSync::Data);
         assert_eq!(WriteSync::of(libc::O_WRONLY | libc::O_SYNC), WriteSync::File);
         assert_eq!(WriteSync::of(libc::O_DSYNC | libc::O_SYNC), WriteSync::File);
-    }
-
-    #[test]
-    fn a_directory_is_listed_once_per_pass() {
-        let l = Listings::new();
-        let calls = Cell::new(0);
-        let list = |v: u32| {
-            let calls = &calls;
-            move || {
-                calls.set(calls.get() + 1);
-                Ok(vec![v, v + 1])
-            }
-        };
-        assert_eq!(*l.get(7, 0, list(10)).unwrap(), [10, 11]);
-        assert_eq!(*l.get(7, 1, list(20)).unwrap(), [10, 11], "later offsets continue the snapshot");
-        assert_eq!(*l.get(7, 2, list(20)).unwrap(), [10, 11]);
-        assert_eq!(calls.get(), 1);
-        assert_eq!(*l.get(8, 1, list(30)).unwrap(), [30, 31], "another open directory has its own");
-        assert_eq!(*l.get(7, 0, list(40)).unwrap(), [40, 41], "a rewind lists again");
-        l.forget(7);
-        assert_eq!(*l.get(7, 1, list(50)).unwrap(), [50, 51], "a closed directory's listing is gone");
-        let failed: FsResult<Vec<u32>> = Err(FsError::code(crate::Errno::EIO, "down"));
-        assert!(l.get(9, 0, || failed).is_err());
-        assert_eq!(*l.get(7, 1, list(60)).unwrap(), [50, 51], "a failed listing leaves the others");
     }
 }
