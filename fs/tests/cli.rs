@@ -141,6 +141,39 @@ fn client_commands() {
     assert_eq!(ok(&cl, &["ls", "sfs:/"]), "", "no failed command left anything behind");
 }
 
+/// `ls -l` asks for a directory's attributes and sizes in batches: a listing of 300 files is
+/// a few requests to the meta server and to each io server, not a round per file.
+#[test]
+fn a_long_listing_asks_in_batches() {
+    let tc = TestCluster::start("tcp", 2);
+    let cl = tc.cluster.config_path().to_owned();
+    let c = tc.client();
+    c.mkdir("/d", 0o755).unwrap();
+    for i in 0..300u64 {
+        c.create(&format!("/d/f{i:03}"), Default::default())
+            .unwrap()
+            .write_all_at(0, &pattern(i as usize, i))
+            .unwrap();
+    }
+    let requests = || -> (u64, u64) {
+        let up = |s: &stripefs::ServerState| match s {
+            stripefs::ServerState::Up(st) => st.requests,
+            s => panic!("{s:?}"),
+        };
+        let st = c.status();
+        (up(&st.meta), st.io.iter().map(up).sum::<u64>())
+    };
+    let before = requests();
+    let long = ok(&cl, &["ls", "-l", "--bytes", "sfs:/d"]);
+    let after = requests();
+    // Less the status requests that count them (one to each server, counting itself).
+    let (meta, io) = (after.0 - before.0 - 1, after.1 - before.1 - 2);
+    assert!(meta <= 10 && io <= 10, "{meta} meta and {io} io requests for 300 files");
+    let sizes: Vec<u64> =
+        long.lines().map(|l| l.split_whitespace().nth(3).unwrap().parse().unwrap()).collect();
+    assert_eq!(sizes, (0..300).collect::<Vec<u64>>());
+}
+
 #[test]
 fn symbolic_link_commands() {
     let tc = TestCluster::start("tcp", 2);

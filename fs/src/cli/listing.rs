@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use stripefs::Stat;
 use stripefs::layout::Layout;
-use stripefs::proto::{FileKind, Timestamp};
+use stripefs::proto::{FileKind, Handle, Timestamp};
 
 /// `ls` options.
 #[derive(Args, Debug)]
@@ -133,12 +133,17 @@ pub fn ls(cluster: Option<PathBuf>, a: LsArgs) -> Result<()> {
         // A link to a file is listed as the link, as `ls -l` does.
         vec![(base_name(path).to_string(), c.resolve_nofollow(path).with_context(|| path.to_string())?)]
     };
+    let long = a.long || a.out.json;
+    // Asked for all at once: a batch of entries is a request to the meta server and one to
+    // each io server, where one entry at a time made each a round of its own.
+    let handles: Vec<Handle> = entries.iter().map(|e| e.1).collect();
+    let mut stats = if long { c.stat_many(&handles) } else { Vec::new() }.into_iter();
     let mut out = std::io::stdout().lock();
     let mut unknown = 0;
     let mut json = Vec::new();
     for (name, h) in entries {
-        if a.long || a.out.json {
-            let (s, size) = match c.stat_entry(h).with_context(|| sfs_join(path, &name))? {
+        if let Some(stat) = stats.next() {
+            let (s, size) = match stat.with_context(|| sfs_join(path, &name))? {
                 Ok(s) => {
                     let size = s.attr.size;
                     (s, Ok(size))
