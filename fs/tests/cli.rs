@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{TestCluster, pattern};
+use common::{TestCluster, pattern, requests_during};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -155,19 +155,7 @@ fn a_long_listing_asks_in_batches() {
             .write_all_at(0, &pattern(i as usize, i))
             .unwrap();
     }
-    let requests = || -> (u64, u64) {
-        let up = |s: &stripefs::ServerState| match s {
-            stripefs::ServerState::Up(st) => st.requests,
-            s => panic!("{s:?}"),
-        };
-        let st = c.status();
-        (up(&st.meta), st.io.iter().map(up).sum::<u64>())
-    };
-    let before = requests();
-    let long = ok(&cl, &["ls", "-l", "--bytes", "sfs:/d"]);
-    let after = requests();
-    // Less the status requests that count them (one to each server, counting itself).
-    let (meta, io) = (after.0 - before.0 - 1, after.1 - before.1 - 2);
+    let ((meta, io), long) = requests_during(&c, || ok(&cl, &["ls", "-l", "--bytes", "sfs:/d"]));
     assert!(meta <= 10 && io <= 10, "{meta} meta and {io} io requests for 300 files");
     let sizes: Vec<u64> =
         long.lines().map(|l| l.split_whitespace().nth(3).unwrap().parse().unwrap()).collect();

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{TestCluster, pattern};
+use common::{TestCluster, pattern, requests_during};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -361,29 +361,10 @@ fn attributes_take_one_meta_request_beside_the_sizes() {
     let tc = TestCluster::start("tcp", 4);
     let m = mount(&tc);
     let c = tc.client();
-    // Requests the meta server and the io servers received during `f`, less the status
-    // requests that count them (one to each server, counting itself). The kernel may ask
-    // for the attributes again if it held them past their lifetime on a slow machine: the
-    // fewest of three tries counts.
-    let fewest = |f: &dyn Fn(u64)| -> (u64, u64) {
-        let requests = || {
-            let up = |s: &stripefs::ServerState| match s {
-                stripefs::ServerState::Up(st) => st.requests,
-                s => panic!("{s:?}"),
-            };
-            let st = c.status();
-            (up(&st.meta), st.io.iter().map(up).sum::<u64>())
-        };
-        (0..3)
-            .map(|i| {
-                let before = requests();
-                f(i);
-                let after = requests();
-                (after.0 - before.0 - 1, after.1 - before.1 - 4)
-            })
-            .min()
-            .unwrap()
-    };
+    // The meta and io requests of `f`. The kernel may ask for the attributes again if it held
+    // them past their lifetime on a slow machine: the fewest of three tries counts.
+    let fewest =
+        |f: &dyn Fn(u64)| -> (u64, u64) { (0..3).map(|i| requests_during(&c, || f(i)).0).min().unwrap() };
     // The files are made before the count starts; only the changes are counted.
     let made = |i: u64| {
         let f = std::fs::File::create(m.dir.join(format!("g{i}"))).unwrap();
@@ -427,18 +408,7 @@ fn a_long_listing_asks_for_attributes_in_batches() {
         f.write_all_at(0, &pattern(i * 7000, i as u64)).unwrap();
     }
     c.mkdir("/d/sub", 0o700).unwrap();
-    let requests = || -> (u64, u64) {
-        let up = |s: &stripefs::ServerState| match s {
-            stripefs::ServerState::Up(st) => st.requests,
-            s => panic!("{s:?}"),
-        };
-        let st = c.status();
-        (up(&st.meta), st.io.iter().map(up).sum::<u64>())
-    };
-    let before = requests();
-    let out = run(Command::new("ls").arg("-ln").arg(m.dir.join("d")));
-    let after = requests();
-    let (meta, io) = (after.0 - before.0 - 1, after.1 - before.1 - 4);
+    let ((meta, io), out) = requests_during(&c, || run(Command::new("ls").arg("-ln").arg(m.dir.join("d"))));
     assert!(meta <= 10 && io <= 40, "{meta} meta and {io} io requests for {files} files");
     // Every entry with its size and mode: `-rw-r--r-- 1 uid gid size date name`.
     let listed: Vec<(String, u64)> = String::from_utf8(out.stdout)

@@ -52,6 +52,24 @@ impl TestCluster {
     }
 }
 
+/// Requests the meta server and the io servers (all together) received while `f` ran, less
+/// the status requests that count them.
+pub fn requests_during<T>(c: &Client, f: impl FnOnce() -> T) -> ((u64, u64), T) {
+    let requests = || {
+        let up = |s: &stripefs::ServerState| match s {
+            stripefs::ServerState::Up(st) => st.requests,
+            s => panic!("{s:?}"),
+        };
+        let st = c.status();
+        (up(&st.meta), st.io.iter().map(up).sum::<u64>())
+    };
+    let before = requests();
+    let out = f();
+    let after = requests();
+    // The later status requests counted themselves, one at each server.
+    ((after.0 - before.0 - 1, after.1 - before.1 - u64::from(c.io_servers())), out)
+}
+
 /// Deterministic test data.
 pub fn pattern(len: usize, seed: u64) -> Bytes {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
