@@ -4,7 +4,8 @@
 //! are opened with `FOPEN_DIRECT_IO`, so the kernel keeps no page cache of their data and every
 //! read and write goes to the io servers — the PVFS semantics of the library, unchanged — but
 //! for the pages of a file mapped shared, which the kernel caches and writes back.
-//! Attributes and entries are cached by the kernel for one second.
+//! Attributes and entries are cached by the kernel for one second; the direct mount lists
+//! directories with their entries' attributes (see `listing`).
 //!
 //! The kernel-cached mode ([`MountOptions::kernel_cache`]) trades that for the kernel's page
 //! cache and write-back: reads are served from memory, writes are gathered in dirty pages and
