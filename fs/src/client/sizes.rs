@@ -126,14 +126,16 @@ impl Client {
                 }
             }
         }
-        let asked: Vec<usize> = (0..asks.len()).filter(|&s| !asks[s].is_empty()).collect();
-        let reqs = asked
-            .iter()
-            .filter_map(|&s| {
-                let caps = proto::BoundedVec::new(std::mem::take(&mut asks[s])).ok()?;
-                Some((s, IoRequest::GetSizes { caps }))
+        // (A server is in a file's layout once, so it never gets more than a batch.)
+        let reqs: Vec<(usize, IoRequest)> = asks
+            .into_iter()
+            .enumerate()
+            .filter(|(_, caps)| !caps.is_empty())
+            .filter_map(|(s, caps)| {
+                Some((s, IoRequest::GetSizes { caps: proto::BoundedVec::new(caps).ok()? }))
             })
             .collect();
+        let asked: Vec<usize> = reqs.iter().map(|&(s, _)| s).collect();
         let mut told: Vec<Option<Vec<Option<u64>>>> = vec![None; servers as usize];
         for (&s, r) in asked.iter().zip(self.io_wait(self.io_post(reqs))) {
             if let Ok(IoReply::Sizes(sizes)) = r {
