@@ -573,9 +573,10 @@ impl Shared {
     /// the server.
     fn call(&self, reqs: Vec<(usize, IoRequest)>) -> Vec<Result<IoReply, FsError>> {
         let deadline = Instant::now() + self.cfg.io_timeout;
-        let posted: Vec<(usize, Posted)> = reqs
+        let posted: Vec<(usize, Instant, Posted)> = reqs
             .into_iter()
             .map(|(server, req)| {
+                let at = Instant::now();
                 let op = (|| {
                     // A silent server is not sent to until its hold-off is over; then this
                     // small request is the check.
@@ -586,7 +587,7 @@ impl Shared {
                         Some(Admit::Probe) => true,
                         _ => false,
                     };
-                    let sent = Sent { at: Instant::now(), probe };
+                    let sent = Sent { at, probe };
                     let peer = *self.io.get(server).ok_or_else(|| FsError::Invalid("server index".into()))?;
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                     let bytes = proto::encode(&Envelope::new(id, req))?;
@@ -600,12 +601,12 @@ impl Shared {
                     self.io_ep.set_deadline(op, deadline)?;
                     Ok((op, sent))
                 })();
-                (server, op)
+                (server, at, op)
             })
             .collect();
         posted
             .into_iter()
-            .map(|(server, posted)| {
+            .map(|(server, at, posted)| {
                 let r = posted.and_then(|(op, sent)| {
                     let r = (|| {
                         let c = self.io_ep.wait(op)?;
@@ -625,16 +626,16 @@ impl Shared {
                     r
                 });
                 let r = r.map_err(|e| e.at(|| self.io_name(server)));
-                self.note(server, &r);
+                self.note(server, at, &r);
                 r
             })
             .collect()
     }
 
-    /// Records whether `server` answered a request, logging a change once.
-    fn note(&self, server: usize, r: &Result<IoReply, FsError>) {
+    /// Records whether `server` answered a request sent at `sent`, logging a change once.
+    fn note(&self, server: usize, sent: Instant, r: &Result<IoReply, FsError>) {
         let answered = !matches!(r, Err(FsError::Server { .. } | FsError::Silent { .. }));
-        match self.lock_live().record(server, answered) {
+        match self.lock_live().record(server, answered, sent) {
             Some(Change::Down) => {
                 let cause = r.as_ref().err().map(ToString::to_string).unwrap_or_default();
                 warn!(%cause, "io server down: new files avoid it, its removals wait for it");
