@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{TestCluster, pattern, requests_during};
+use common::{TestCluster, no_objects_ahead, pattern, requests_during};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -145,7 +145,7 @@ fn client_commands() {
 /// a few requests to the meta server and to each io server, not a round per file.
 #[test]
 fn a_long_listing_asks_in_batches() {
-    let tc = TestCluster::start("tcp", 2);
+    let tc = TestCluster::start_with("tcp", 2, no_objects_ahead);
     let cl = tc.cluster.config_path().to_owned();
     let c = tc.client();
     c.mkdir("/d", 0o755).unwrap();

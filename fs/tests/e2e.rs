@@ -5,7 +5,7 @@
 mod common;
 
 use bytes::{Bytes, BytesMut};
-use common::{TestCluster, pattern, requests_during};
+use common::{TestCluster, no_objects_ahead, pattern, requests_during};
 use std::time::Duration;
 use stripefs::capability::Rights;
 use stripefs::layout::Extent;
@@ -249,7 +249,7 @@ pub fn read_into_shows_no_earlier_bytes(scheme: &str) {
 /// A read that reaches every server of the layout learns the file's size from their replies:
 /// reading past the end of a small file asks no server for its size afterwards.
 pub fn a_read_from_every_server_needs_no_size_round(scheme: &str) {
-    let tc = TestCluster::start(scheme, 4);
+    let tc = TestCluster::start_with(scheme, 4, no_objects_ahead);
     let c = tc.client();
     let f = c.create("/small", CreateOptions { mode: 0o644, layout: spec(4, 65536) }).unwrap();
     f.write_at(0, &pattern(4096, 3)).unwrap();
@@ -304,7 +304,7 @@ pub fn a_read_from_every_server_needs_no_size_round(scheme: &str) {
 /// current whoever changed it, and a client that never opened the file asks for a capability
 /// first.
 pub fn a_stat_of_an_opened_file_asks_attributes_and_sizes_at_once(scheme: &str) {
-    let tc = TestCluster::start(scheme, 4);
+    let tc = TestCluster::start_with(scheme, 4, no_objects_ahead);
     let c = tc.client();
     let f = c.create("/f", CreateOptions { mode: 0o644, layout: spec(4, 65536) }).unwrap();
     f.write_at(0, &pattern(3 * 65536 + 7, 1)).unwrap();
@@ -328,7 +328,7 @@ pub fn a_stat_of_an_opened_file_asks_attributes_and_sizes_at_once(scheme: &str) 
 /// entries in one request, and each io server's sizes of those files in one; each entry's stat
 /// is the one it would have on its own, and an entry removed since it was listed fails alone.
 pub fn a_listings_stats_take_one_request_per_server_a_batch(scheme: &str) {
-    let tc = TestCluster::start(scheme, 4);
+    let tc = TestCluster::start_with(scheme, 4, no_objects_ahead);
     let c = tc.client();
     c.mkdir("/d", 0o755).unwrap();
     let files = proto::MAX_BATCH + 2;
@@ -721,7 +721,7 @@ pub fn expired_capability_is_renewed(scheme: &str) {
 }
 
 pub fn failed_fan_outs_are_cleaned_up(scheme: &str) {
-    let mut tc = TestCluster::start(scheme, 3);
+    let mut tc = TestCluster::start_with(scheme, 3, no_objects_ahead);
     let c = tc.client();
     let cfg = tc.cluster.config().clone();
     let on = |i: u32, h| stripefs::store::ObjectStore::object_path(&cfg.io_data_dir(i), h).exists();

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{TestCluster, pattern, requests_during};
+use common::{TestCluster, no_objects_ahead, pattern, requests_during};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -358,7 +358,7 @@ fn synchronous_writes_and_fsync_reach_the_io_servers() {
 #[ignore = "needs /dev/fuse: mounts stripefs"]
 fn attributes_take_one_meta_request_beside_the_sizes() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let tc = TestCluster::start("tcp", 4);
+    let tc = TestCluster::start_with("tcp", 4, no_objects_ahead);
     let m = mount(&tc);
     let c = tc.client();
     // The meta and io requests of `f`. The kernel may ask for the attributes again if it held
@@ -398,7 +398,7 @@ fn attributes_take_one_meta_request_beside_the_sizes() {
 #[test]
 #[ignore = "needs /dev/fuse: mounts stripefs"]
 fn a_long_listing_asks_for_attributes_in_batches() {
-    let tc = TestCluster::start("tcp", 4);
+    let tc = TestCluster::start_with("tcp", 4, no_objects_ahead);
     let m = mount(&tc);
     let c = tc.client();
     c.mkdir("/d", 0o755).unwrap();

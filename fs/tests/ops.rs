@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{TestCluster, pattern};
+use common::{TestCluster, no_objects_ahead, pattern};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -68,7 +68,10 @@ fn get(s: &Samples, name: &str, labels: &[&str]) -> f64 {
 /// next scrape still answers.
 #[test]
 fn metrics_count_what_clients_did_and_survive_hostile_scrapers() {
-    let tc = TestCluster::start_with("tcp", 2, |o| o.metrics = Some("127.0.0.1:0".parse().unwrap()));
+    let tc = TestCluster::start_with("tcp", 2, |o| {
+        no_objects_ahead(o);
+        o.metrics = Some("127.0.0.1:0".parse().unwrap());
+    });
     let meta = tc.cluster.metrics_addr(ServerId::Meta).expect("the meta server serves metrics");
     let io: Vec<SocketAddr> =
         (0..2).map(|i| tc.cluster.metrics_addr(ServerId::Io(i)).expect("io server metrics")).collect();
@@ -174,6 +177,7 @@ fn the_debug_log_tells_each_request_under_its_server_and_peer() {
     // The io servers' standard error, appended to one file (the launcher lets it through).
     let script = format!(r#"exec "$0" "$@" 2>>'{}'"#, io_log.display());
     let tc = TestCluster::start_with("tcp", 2, |o| {
+        no_objects_ahead(o);
         o.io_prefix = Some(vec![vec!["sh".into(), "-c".into(), script.clone()]; 2]);
         o.io_env = vec![("RUST_LOG".into(), "stripefs=debug".into())];
     });

@@ -73,6 +73,10 @@ pub struct ServeArgs {
     /// Capability lifetime in seconds (meta server).
     #[arg(long, default_value_t = 3600)]
     cap_lifetime: u64,
+    /// Files whose objects the meta server keeps made ahead on every io server, so creates
+    /// need not wait for the io servers (0: each create makes its own).
+    #[arg(long, default_value_t = stripefs::server::meta::DEFAULT_PRECREATE)]
+    precreate: usize,
     /// How server threads wait for the network: spin, block or adaptive (default: adaptive;
     /// block for the servers of a local cluster that outnumber this host's CPUs, where a
     /// polling server takes the CPU its neighbours and clients need).
@@ -214,6 +218,7 @@ pub fn run(a: ServeArgs, cluster: Option<PathBuf>) -> Result<()> {
             m.db_path = d.join("meta").join("meta.redb");
         }
         m.cap_lifetime = Duration::from_secs(a.cap_lifetime);
+        m.precreate = a.precreate;
         m.workers = a.workers;
         m.wait_mode = a.wait.unwrap_or(WaitMode::Adaptive);
         let h = MetaServer::start(m)?;
@@ -327,7 +332,7 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>, stop: &mpsc::Rec
     opts.io_args.extend(["--write-behind".into(), a.write_behind.to_string()]);
     opts.meta_args =
         vec!["--cap-lifetime".into(), a.cap_lifetime.to_string(), "--wait".into(), wait.name().into()];
-    opts.meta_args.extend(["--drain-timeout".into(), drain]);
+    opts.meta_args.extend(["--drain-timeout".into(), drain, "--precreate".into(), a.precreate.to_string()]);
     opts.metrics = a.metrics;
     let mut c = LocalCluster::start(opts)?;
     let path = std::fs::canonicalize(c.config_path()).unwrap_or_else(|_| c.config_path().to_owned());

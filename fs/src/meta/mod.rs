@@ -12,6 +12,8 @@
 //!   on the io servers.
 //! * `symlinks`: handle → target of a symbolic link (kept apart from `inodes` so the inode record
 //!   keeps its format; a link has no layout and no objects).
+//! * `precreated`: handles whose objects the meta server makes ahead on every io server, so a
+//!   create can take one and commit at once (see `pool`).
 //!
 //! # Names and links
 //! A file, symbolic link or special file may have several names (hard links): its record
@@ -32,7 +34,9 @@
 //!   *pending* (invisible to lookup and readdir, but its name is taken); the server creates the
 //!   objects on the io servers, then calls [`MetaStore::commit_create`], or on any failure removes
 //!   the objects it made and calls [`MetaStore::abort_create`]. After a restart,
-//!   [`MetaStore::pending_creates`] lists creates to clean up the same way.
+//!   [`MetaStore::pending_creates`] lists creates to clean up the same way. A create given a
+//!   precreated handle (see [`Placement`]) whose layout spans every io server takes it instead
+//!   and is committed in its one transaction: its objects already exist.
 //! * **unlink** / **rename over a file**: the entry is removed and the file's layout recorded in
 //!   `orphans` in the same transaction; the server removes the objects and then calls
 //!   [`MetaStore::forget_orphan`]. [`MetaStore::orphans`] lists what is left after a restart.
@@ -54,6 +58,7 @@ use std::path::Path;
 use tracing::{debug, info, warn};
 
 mod access;
+mod pool;
 use access::{EXEC, READ, WRITE};
 
 // The name rule lives with the protocol: clients apply it to every name a server sends.
@@ -83,6 +88,7 @@ const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
 const DIRENTS: TableDefinition<(u64, &str), u64> = TableDefinition::new("dirents");
 const ORPHANS: TableDefinition<u64, &[u8]> = TableDefinition::new("orphans");
 const SYMLINKS: TableDefinition<u64, &str> = TableDefinition::new("symlinks");
+const PRECREATED: TableDefinition<u64, ()> = TableDefinition::new("precreated");
 
 const K_FORMAT: &str = "format";
 const K_NEXT_HANDLE: &str = "next_handle";
@@ -285,15 +291,29 @@ pub struct Objects {
 /// layout.
 pub type AttrsOf = Result<(Attr, Option<Layout>), MetaError>;
 
-/// A newly created (pending) file.
+/// A newly created file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Created {
     /// Its handle.
     pub handle: Handle,
     /// Its attributes.
     pub attr: Attr,
-    /// Its layout: create one object on each of its servers.
+    /// Its layout: create one object on each of its servers, unless `committed`.
     pub layout: Layout,
+    /// It took a precreated handle, whose objects exist, and is committed; otherwise it is
+    /// pending.
+    pub committed: bool,
+}
+
+/// Where a create may go, besides its layout.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Placement<'a> {
+    /// io servers known to be down: a layout whose base is not given avoids them while the
+    /// stripe count leaves a choice.
+    pub avoid: &'a [u32],
+    /// A handle from [`MetaStore::reserve_precreated`] whose objects exist on every io server:
+    /// taken if the layout spans every server (and the handle is still reserved).
+    pub precreated: Option<Handle>,
 }
 
 /// An open file's metadata.
@@ -341,6 +361,7 @@ struct Tx<'t> {
     dirents: Tbl<'t, (u64, &'static str), u64>,
     orphans: Tbl<'t, u64, &'static [u8]>,
     links: Tbl<'t, u64, &'static str>,
+    precreated: Tbl<'t, u64, ()>,
 }
 
 fn encode_rec<T: Serialize>(v: &T) -> Vec<u8> {
@@ -397,11 +418,23 @@ impl Tx<'_> {
     /// Allocates the next handle (never reused), stores `ino` under it and enters it as `name`
     /// in its parent, whose name the caller has found free.
     fn add_entry(&mut self, name: &str, ino: &Inode) -> Result<u64, MetaError> {
+        let h = self.next_handle()?;
+        self.add_entry_as(h, name, ino)?;
+        Ok(h)
+    }
+
+    /// Allocates the next handle (never reused).
+    fn next_handle(&mut self) -> Result<u64, MetaError> {
         let h = counter(&self.sup, K_NEXT_HANDLE)?;
         self.sup.insert(K_NEXT_HANDLE, h + 1)?;
+        Ok(h)
+    }
+
+    /// As `add_entry`, under handle `h`, allocated before.
+    fn add_entry_as(&mut self, h: u64, name: &str, ino: &Inode) -> Result<(), MetaError> {
         self.put_inode(h, ino)?;
         self.dirents.insert((ino.parent, name), h)?;
-        Ok(h)
+        Ok(())
     }
 
     fn bump(&mut self, k: &str, delta: i64) -> Result<u64, MetaError> {
@@ -572,6 +605,7 @@ impl MetaStore {
                 dirents: txn.open_table(DIRENTS)?,
                 orphans: txn.open_table(ORPHANS)?,
                 links: txn.open_table(SYMLINKS)?,
+                precreated: txn.open_table(PRECREATED)?,
             };
             f(&mut tx)?
         };
@@ -746,24 +780,53 @@ impl MetaStore {
         spec: Option<LayoutSpec>,
         avoid: &[u32],
     ) -> Result<Created, MetaError> {
+        self.create_placed(cred, parent, name, perm, spec, Placement { avoid, precreated: None })
+    }
+
+    /// As [`MetaStore::create`], placed by `place`: with a precreated handle that it can take,
+    /// the file is committed at once.
+    pub fn create_placed(
+        &self,
+        cred: &Cred,
+        parent: Handle,
+        name: &str,
+        perm: Perm,
+        spec: Option<LayoutSpec>,
+        place: Placement<'_>,
+    ) -> Result<Created, MetaError> {
         validate_name(name)?;
         let out = self.write(|tx| {
             let dir = new_entry_dir(tx, cred, parent.0, name)?;
             let merged = spec.unwrap_or_default().or(dir.default.unwrap_or_default());
-            let layout = self.resolve_layout(tx, merged, avoid)?;
+            let layout = self.resolve_layout(tx, merged, place.avoid)?;
             let now = Timestamp::now();
             let attr = new_attr(FileKind::File, owned_perm(&dir, FileKind::File, perm, cred), now);
-            let ino = Inode {
+            // A precreated handle has an object on every server, so only a layout over all of
+            // them can use it; a narrower one would leave objects no file owns.
+            let taken = match place.precreated {
+                Some(h) if layout.pcount == self.cfg.n_servers => tx.precreated.remove(h.0)?.is_some(),
+                _ => false,
+            };
+            let mut ino = Inode {
                 attr: attr.clone(),
                 parent: parent.0,
                 layout: Some(layout),
                 default: None,
                 state: State::Pending,
             };
-            let h = tx.add_entry(name, &ino)?;
-            Ok(Created { handle: Handle(h), attr, layout })
+            let h = match place.precreated {
+                Some(h) if taken => {
+                    ino.state = State::Committed;
+                    tx.add_entry_as(h.0, name, &ino)?;
+                    tx.bump(K_FILES, 1)?;
+                    tx.touch_dir(parent.0, now)?;
+                    h.0
+                }
+                _ => tx.add_entry(name, &ino)?,
+            };
+            Ok(Created { handle: Handle(h), attr, layout, committed: taken })
         })?;
-        debug!(handle = %out.handle, ?out.layout, "create pending");
+        debug!(handle = %out.handle, ?out.layout, committed = out.committed, "create");
         Ok(out)
     }
 

@@ -123,6 +123,70 @@ fn pending_creates_survive_a_crash() {
     assert_eq!(names(&m, R), ["done"]);
 }
 
+fn create_with(m: &MetaStore, name: &str, spec: Option<LayoutSpec>, h: Handle) -> Created {
+    let place = Placement { avoid: &[], precreated: Some(h) };
+    m.create_placed(&ROOT, R, name, P, spec, place).unwrap()
+}
+
+#[test]
+fn a_create_given_a_precreated_handle_is_committed_under_it() {
+    let d = tempfile::tempdir().unwrap();
+    let m = store(&d);
+    let hs = m.reserve_precreated(2).unwrap();
+    let c = create_with(&m, "f", None, hs[0]);
+    assert_eq!((c.handle, c.committed, c.layout.pcount), (hs[0], true, 4));
+    // Visible at once, counted, and nothing pending to clean up.
+    assert_eq!(m.lookup(&ROOT, R, "f").unwrap().0, hs[0]);
+    assert_eq!(m.statfs().unwrap().files, 1);
+    assert!(m.pending_creates().unwrap().is_empty());
+    assert_eq!(m.precreated().unwrap(), [hs[1]]);
+    // Taken once only: the same handle again makes an ordinary pending create.
+    let again = create_with(&m, "g", None, hs[0]);
+    assert!(!again.committed && again.handle.0 > hs[1].0);
+    assert_eq!(m.pending_creates().unwrap().len(), 1);
+    // Its removal sends its objects (on every server) through the orphans, as any file's.
+    m.unlink(&ROOT, R, "f").unwrap();
+    assert_eq!(m.orphans().unwrap(), vec![Objects { handle: hs[0], layout: c.layout }]);
+}
+
+#[test]
+fn a_layout_narrower_than_every_server_leaves_the_precreated_handle() {
+    let d = tempfile::tempdir().unwrap();
+    let m = store(&d);
+    let hs = m.reserve_precreated(1).unwrap();
+    let two = LayoutSpec { pcount: Some(2), ..Default::default() };
+    let c = create_with(&m, "f", Some(two), hs[0]);
+    assert!(!c.committed);
+    assert_ne!(c.handle, hs[0]);
+    assert_eq!(m.precreated().unwrap(), hs);
+    // A refused create leaves it too.
+    let place = Placement { avoid: &[], precreated: Some(hs[0]) };
+    assert!(matches!(m.create_placed(&ROOT, R, "f", P, None, place), Err(MetaError::Exists)));
+    assert_eq!(m.precreated().unwrap(), hs);
+}
+
+#[test]
+fn reserved_handles_outlive_a_restart_and_are_then_given_up_as_orphans() {
+    let d = tempfile::tempdir().unwrap();
+    let hs = {
+        let m = store(&d);
+        let hs = m.reserve_precreated(3).unwrap();
+        create_with(&m, "f", None, hs[1]);
+        hs
+    };
+    let m = store(&d);
+    assert_eq!(m.precreated().unwrap(), [hs[0], hs[2]]);
+    assert_eq!(m.recycle_precreated().unwrap(), 2);
+    assert!(m.precreated().unwrap().is_empty());
+    let all = Layout { base: 0, pcount: 4, ssize: 64 * 1024 };
+    let orphans = vec![Objects { handle: hs[0], layout: all }, Objects { handle: hs[2], layout: all }];
+    assert_eq!(m.orphans().unwrap(), orphans);
+    // A given-up handle is not taken, and handles are never reused.
+    let c = create_with(&m, "g", None, hs[0]);
+    assert!(!c.committed && c.handle.0 > hs[2].0);
+    assert_eq!(m.release_precreated(&hs).unwrap(), []);
+}
+
 #[test]
 fn default_layout_and_round_robin_base() {
     let d = tempfile::tempdir().unwrap();

@@ -3,14 +3,16 @@
 //!
 //! * **create**: the store records a *pending* entry; `CreateObject` goes to every server of the
 //!   layout at once; if all succeed the entry is committed and the client gets its capability,
-//!   otherwise the objects that were made are removed and the create is aborted.
+//!   otherwise the objects that were made are removed and the create is aborted. While every
+//!   io server is up, a thread keeps a number of files' objects made ahead (see `precreate`);
+//!   a create whose layout spans every server takes one and is committed at once.
 //! * **unlink / rename over a file** (a symbolic link has no objects; only its record goes): the store moves the file to its orphan table in the same
 //!   transaction that removes the name; `RemoveObject` goes to every server; when all are gone
 //!   (or already missing) the orphan is forgotten, otherwise a janitor thread retries.
 //! * **truncate** (`Setattr` with a size): the store records the size; each server gets
 //!   `TruncateObject` with its [`Layout::local_size`](crate::layout::Layout::local_size).
 //! * At start-up, creates left pending by a crash and orphans are handed to the janitor, which
-//!   retries until the io servers answer.
+//!   retries until the io servers answer; handles reserved for objects made ahead become orphans.
 //! * **io servers that are down** (see `liveness`): every request's outcome tells whether its
 //!   server answered. New files are placed on servers that are up while the stripe count leaves
 //!   a choice (a create that meets a newly dead server is placed once more without it), removals
@@ -21,13 +23,14 @@
 //! are never granted `ADMIN`.
 
 use super::liveness::{Change, Liveness};
+use super::precreate::Precreated;
 use super::{Load, PeerSpans, Reporting, ServerError, ServerHandle, ServerReport, send_reply, spawn_workers};
 use crate::capability::{Capability, CapabilityKey, Rights, expiry_after, unix_now};
 use crate::config::ClusterConfig;
 use crate::errno::Errno;
 use crate::health::{Admit, Health, Sent};
 use crate::layout::Layout;
-use crate::meta::{MetaConfig, MetaError, MetaStore, Objects, Perm};
+use crate::meta::{MetaConfig, MetaError, MetaStore, Objects, Perm, Placement};
 use crate::net::{FsError, TAG_IO, Traced};
 use crate::proto::{
     self, AttrOf, Cred, Envelope, ErrorReply, Handle, IoReply, IoRequest, MetaCall, MetaReply, MetaRequest,
@@ -64,7 +67,17 @@ pub struct MetaServerConfig {
     /// Congestion control of the server's TCP connections (to clients and to io servers);
     /// `None` keeps the kernel's (default: [`crate::net::tcp_congestion`]).
     pub tcp_congestion: Option<String>,
+    /// Files whose objects are kept made ahead on every io server, so a create need not wait
+    /// for them (default [`DEFAULT_PRECREATE`]; 0: every create makes its own).
+    pub precreate: usize,
 }
+
+/// Files whose objects the meta server keeps made ahead, by default: a burst of creates (an
+/// archive unpacked) takes them while the next batch is made.
+pub const DEFAULT_PRECREATE: usize = 128;
+
+/// Files whose objects one fan-out makes: the requests it has in flight at once, per io server.
+const PRECREATE_BATCH: usize = 32;
 
 impl MetaServerConfig {
     /// Defaults for the cluster described by `cluster`.
@@ -80,6 +93,7 @@ impl MetaServerConfig {
             io_timeout: Duration::from_secs(20),
             janitor_interval: Duration::from_secs(1),
             tcp_congestion: crate::net::tcp_congestion(),
+            precreate: DEFAULT_PRECREATE,
         }
     }
 }
@@ -111,6 +125,8 @@ struct Shared {
     load: Load,
     /// The debug log's span per peer.
     peers: PeerSpans,
+    /// Files' handles whose objects are made on every io server.
+    precreated: Precreated,
 }
 
 /// A request posted to an io server (and when), or why it was not.
@@ -142,6 +158,8 @@ impl MetaServer {
         }
         let store = MetaStore::open(&cfg.db_path, MetaConfig::from_cluster(&cfg.cluster))?;
         let stale_creates = store.pending_creates()?;
+        // Which reserved handles have all their objects was known only to the last run.
+        store.recycle_precreated()?;
         // The serving endpoint is progressed by its workers (see `spawn_workers`).
         let cc = cfg.tcp_congestion.as_deref();
         let ep_cfg = crate::net::endpoint_config(&cfg.key, cfg.wait_mode, false, cc);
@@ -155,6 +173,7 @@ impl MetaServer {
         let nonce = u64::from_le_bytes(seed.try_into().unwrap_or([0; 8]));
         let stop = Arc::new(AtomicBool::new(false));
         let workers = cfg.workers;
+        let cfg_precreate = cfg.precreate;
         let live = Mutex::new(Liveness::new(io.len()));
         let io_health = (0..io.len()).map(|_| Health::default()).collect();
         let shared = Arc::new(Shared {
@@ -171,6 +190,7 @@ impl MetaServer {
             io_health,
             load: Load::new(),
             peers: PeerSpans::default(),
+            precreated: Precreated::new(cfg_precreate),
         });
         let s2 = shared.clone();
         let mut threads = spawn_workers("meta", &ep, workers, &stop, move |req| s2.handle(req))?;
@@ -188,6 +208,21 @@ impl MetaServer {
                 }
             }
         })?);
+        if shared.cfg.precreate > 0 {
+            let (s4, stop4) = (shared.clone(), stop.clone());
+            let span = tracing::error_span!("server", role = "meta-precreate", %addr);
+            threads.push(std::thread::Builder::new().name("meta-precreate".into()).spawn(move || {
+                let _server = span.enter();
+                let mut not_before = Instant::now();
+                while !stop4.load(Ordering::Relaxed) {
+                    if Instant::now() >= not_before && !s4.precreate_batch() {
+                        // Failed: the janitor cleans up; try again after its pause.
+                        not_before = Instant::now() + s4.cfg.janitor_interval;
+                    }
+                    s4.precreated.wait_low(Duration::from_millis(100));
+                }
+            })?);
+        }
         // redb makes each commit durable itself; the drain's sync covers the rest of the directory.
         let upstream = shared.io_ep.clone();
         Ok(ServerHandle::new(ep, stop, threads).syncing(db_dir).reporting(shared).with_upstream(upstream))
@@ -392,7 +427,16 @@ impl Shared {
         let mut first_err = None;
         for _ in 0..2 {
             let down = self.lock_live().down();
-            let c = match self.store.create_avoiding(cred, parent, name, perm, spec, &down) {
+            // With a server down a file made ahead could not be written there; the ordinary
+            // create places it elsewhere or names the server.
+            let precreated = if down.is_empty() { self.precreated.take() } else { None };
+            let place = Placement { avoid: &down, precreated };
+            let made = self.store.create_placed(cred, parent, name, perm, spec, place);
+            if let Some(h) = precreated.filter(|&h| !matches!(&made, Ok(c) if c.handle == h)) {
+                self.precreated.put_back(h);
+            }
+            let c = match made {
+                Ok(c) if c.committed => return self.opened(c, rights),
                 Ok(c) => c,
                 Err(e) => return first_err.map_or_else(|| meta_err(e), MetaReply::Error),
             };
@@ -426,6 +470,11 @@ impl Shared {
         if let Err(e) = self.store.commit_create(c.handle) {
             return meta_err(e);
         }
+        self.opened(c, rights)
+    }
+
+    /// Opens a committed new file for the client.
+    fn opened(&self, c: crate::meta::Created, rights: Rights) -> MetaReply {
         MetaReply::Opened {
             handle: c.handle,
             attr: c.attr,
@@ -457,6 +506,44 @@ impl Shared {
             self.lock_janitor().stale_creates.push(Objects { handle: h, layout: c.layout });
         }
         Err(CreateFailed { error, aborted: false })
+    }
+
+    /// Makes the objects of up to one batch of files ahead, if fewer than half the wanted are
+    /// left and every io server is up. False if a server failed: what was reserved then goes
+    /// to the orphans, for the janitor to remove whatever was made.
+    fn precreate_batch(&self) -> bool {
+        let want = self.precreated.wanted().min(PRECREATE_BATCH);
+        if want == 0 || !self.lock_live().down().is_empty() {
+            return true;
+        }
+        let hs = match self.store.reserve_precreated(want) {
+            Ok(hs) => hs,
+            Err(e) => {
+                warn!(error = %e, "reserving handles to make objects ahead failed");
+                return false;
+            }
+        };
+        let n = self.io.len();
+        let reqs = hs
+            .iter()
+            .flat_map(|&h| {
+                (0..n).map(move |s| (s, IoRequest::CreateObject { cap: self.mint(h, Rights::ADMIN) }))
+            })
+            .collect();
+        let results = self.call(reqs);
+        let (made, failed): (Vec<_>, Vec<_>) =
+            hs.iter().zip(results.chunks(n)).partition(|(_, rs)| rs.iter().all(Result::is_ok));
+        self.precreated.add(made.into_iter().map(|(&h, _)| h));
+        let Some((_, rs)) = failed.first() else {
+            return true;
+        };
+        let cause = rs.iter().find_map(|r| r.as_ref().err()).map(ToString::to_string).unwrap_or_default();
+        warn!(files = failed.len(), %cause, "making objects ahead failed; creates make their own");
+        let failed: Vec<Handle> = failed.into_iter().map(|(&h, _)| h).collect();
+        if let Err(e) = self.store.release_precreated(&failed) {
+            warn!(error = %e, "giving up handles reserved ahead failed; a restart does it");
+        }
+        false
     }
 
     fn lock_live(&self) -> std::sync::MutexGuard<'_, Liveness> {

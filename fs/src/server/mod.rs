@@ -14,6 +14,7 @@
 pub mod io;
 mod liveness;
 pub mod meta;
+mod precreate;
 
 use crate::proto::{
     self, BoundedString, DiskSpace, Envelope, ErrorReply, FsStats, Reply, ServerStats, ServerStatus,

@@ -52,8 +52,15 @@ impl TestCluster {
     }
 }
 
+/// For tests that count the servers' requests or objects: the meta server makes no files'
+/// objects ahead of their creates, whose requests and objects would be counted too.
+pub fn no_objects_ahead(o: &mut LocalClusterOptions) {
+    o.meta_args.extend(["--precreate".into(), "0".into()]);
+}
+
 /// Requests the meta server and the io servers (all together) received while `f` ran, less
 /// the status requests that count them.
+/// (Start the cluster with [`no_objects_ahead`].)
 pub fn requests_during<T>(c: &Client, f: impl FnOnce() -> T) -> ((u64, u64), T) {
     let requests = || {
         let up = |s: &stripefs::ServerState| match s {
