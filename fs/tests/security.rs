@@ -147,6 +147,18 @@ fn capabilities_are_bound_to_handle_and_rights(scheme: &str) {
     let caps = proto::BoundedVec::new(vec![good.clone(), moved, good]).unwrap();
     let IoReply::Sizes(sizes) = io_call(&ep, peer, IoRequest::GetSizes { caps }) else { panic!("no sizes") };
     assert_eq!(&sizes[..], &[Some(10), None, Some(10)]);
+    // A batch of creates needs `ADMIN` in every capability: one without refuses it all.
+    let free = |n| proto::Handle(theirs.handle().0 + (1 << 30) + n);
+    let admin = |n| key.mint(free(n), Rights::ADMIN, unix_now() + 60, 10 + n);
+    let weak = key.mint(free(1), Rights::READ_WRITE, unix_now() + 60, 20);
+    let data_dir = tc.cluster.config().io_data_dir(first as u32);
+    let made = |n| stripefs::store::ObjectStore::object_path(&data_dir, free(n)).exists();
+    let caps = proto::BoundedVec::new(vec![admin(0), weak, admin(2)]).unwrap();
+    assert_eq!(code(io_call(&ep, peer, IoRequest::CreateObjects { caps })), Errno::EACCES);
+    assert!(!made(0) && !made(1) && !made(2), "a refused batch made objects");
+    let caps = proto::BoundedVec::new(vec![admin(0), admin(1)]).unwrap();
+    assert!(matches!(io_call(&ep, peer, IoRequest::CreateObjects { caps }), IoReply::Done));
+    assert!(made(0) && made(1));
 }
 
 /// A client that does not hold the cluster key gets no answer from the meta server or an io

@@ -170,6 +170,12 @@ pub enum IoRequest {
         /// A capability for each object, at most [`MAX_BATCH`].
         caps: BoundedVec<Capability, MAX_BATCH>,
     },
+    /// Create several local objects, durable together (meta server, each capability `ADMIN`)
+    /// → [`IoReply::Done`] once all are; any capability refused refuses the batch.
+    CreateObjects {
+        /// A capability for each object, at most [`MAX_BATCH`].
+        caps: BoundedVec<Capability, MAX_BATCH>,
+    },
 }
 
 impl IoRequest {
@@ -188,6 +194,7 @@ impl IoRequest {
             IoRequest::Status => "status",
             IoRequest::Allocate { .. } => "allocate",
             IoRequest::GetSizes { .. } => "get_sizes",
+            IoRequest::CreateObjects { .. } => "create_objects",
         }
     }
 
@@ -215,7 +222,11 @@ impl IoRequest {
             | IoRequest::Sync { cap }
             | IoRequest::Allocate { cap, .. } => Some(cap),
             // Each of a batch's capabilities is checked on its own.
-            IoRequest::Ping | IoRequest::Stats | IoRequest::Status | IoRequest::GetSizes { .. } => None,
+            IoRequest::Ping
+            | IoRequest::Stats
+            | IoRequest::Status
+            | IoRequest::GetSizes { .. }
+            | IoRequest::CreateObjects { .. } => None,
         }
     }
 
@@ -223,6 +234,7 @@ impl IoRequest {
     pub fn needed_rights(&self) -> Rights {
         match self {
             IoRequest::CreateObject { .. }
+            | IoRequest::CreateObjects { .. }
             | IoRequest::RemoveObject { .. }
             | IoRequest::TruncateObject { .. } => Rights::ADMIN,
             IoRequest::Read { .. } => Rights::READ,

@@ -219,7 +219,14 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ("io_stats", IoRequest::Stats),
         ("io_status", IoRequest::Status),
         ("io_allocate", IoRequest::Allocate { cap: cap.clone(), off: 65536, len: 1 << 20 }),
-        ("io_getsizes", IoRequest::GetSizes { caps: BoundedVec::new(vec![cap.clone(), cap]).expect("two") }),
+        (
+            "io_getsizes",
+            IoRequest::GetSizes { caps: BoundedVec::new(vec![cap.clone(), cap.clone()]).expect("two") },
+        ),
+        (
+            "io_createmany",
+            IoRequest::CreateObjects { caps: BoundedVec::new(vec![cap.clone(), cap]).expect("two") },
+        ),
     ];
     let io_rep = vec![
         ("iorep_pong", IoReply::Pong),

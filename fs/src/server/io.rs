@@ -35,7 +35,7 @@ use crate::errno::Errno;
 use crate::layout::Piece;
 use crate::net::Traced;
 use crate::proto::{
-    self, BoundedVec, Descriptor, ErrorReply, Fallbacks, IoReply, IoRequest, PathStats, ServerStats,
+    self, BoundedVec, Descriptor, ErrorReply, Fallbacks, Handle, IoReply, IoRequest, PathStats, ServerStats,
 };
 use crate::store::{FileSystem, Object, ObjectStore, PieceCursor, StoreConfig, StoreError, Writing};
 use bytes::Bytes;
@@ -383,6 +383,17 @@ impl Shared {
                 IoReply::Done
             }
             IoRequest::GetSize { cap } => IoReply::Size(s.size(cap.handle)?),
+            IoRequest::CreateObjects { caps } => {
+                let now = unix_now();
+                for cap in caps.iter() {
+                    self.key
+                        .verify(cap, cap.handle, Rights::ADMIN, now)
+                        .map_err(|e| Fail(e.errno(), e.to_string()))?;
+                }
+                let handles: Vec<Handle> = caps.iter().map(|c| c.handle).collect();
+                s.create_many(&handles)?;
+                IoReply::Done
+            }
             IoRequest::GetSizes { caps } => {
                 let now = unix_now();
                 let sizes = caps

@@ -76,9 +76,6 @@ pub struct MetaServerConfig {
 /// archive unpacked) takes them while the next batch is made.
 pub const DEFAULT_PRECREATE: usize = 128;
 
-/// Files whose objects one fan-out makes: the requests it has in flight at once, per io server.
-const PRECREATE_BATCH: usize = 32;
-
 impl MetaServerConfig {
     /// Defaults for the cluster described by `cluster`.
     pub fn new(cluster: ClusterConfig, key: &[u8]) -> Self {
@@ -512,7 +509,7 @@ impl Shared {
     /// left and every io server is up. False if a server failed: what was reserved then goes
     /// to the orphans, for the janitor to remove whatever was made.
     fn precreate_batch(&self) -> bool {
-        let want = self.precreated.wanted().min(PRECREATE_BATCH);
+        let want = self.precreated.wanted().min(proto::MAX_BATCH);
         if want == 0 || !self.lock_live().down().is_empty() {
             return true;
         }
@@ -523,24 +520,24 @@ impl Shared {
                 return false;
             }
         };
-        let n = self.io.len();
-        let reqs = hs
-            .iter()
-            .flat_map(|&h| {
-                (0..n).map(move |s| (s, IoRequest::CreateObject { cap: self.mint(h, Rights::ADMIN) }))
-            })
-            .collect();
-        let results = self.call(reqs);
-        let (made, failed): (Vec<_>, Vec<_>) =
-            hs.iter().zip(results.chunks(n)).partition(|(_, rs)| rs.iter().all(Result::is_ok));
-        self.precreated.add(made.into_iter().map(|(&h, _)| h));
-        let Some((_, rs)) = failed.first() else {
-            return true;
+        let caps = proto::BoundedVec::new(hs.iter().map(|&h| self.mint(h, Rights::ADMIN)).collect());
+        let error = match caps {
+            Ok(caps) => {
+                let make = |s| (s, IoRequest::CreateObjects { caps: caps.clone() });
+                let results = self.call((0..self.io.len()).map(make).collect());
+                match results.into_iter().find_map(Result::err) {
+                    None => {
+                        self.precreated.add(hs);
+                        return true;
+                    }
+                    Some(e) => e.to_string(),
+                }
+            }
+            // Not reached: at most `MAX_BATCH` are reserved at once.
+            Err(e) => e.to_string(),
         };
-        let cause = rs.iter().find_map(|r| r.as_ref().err()).map(ToString::to_string).unwrap_or_default();
-        warn!(files = failed.len(), %cause, "making objects ahead failed; creates make their own");
-        let failed: Vec<Handle> = failed.into_iter().map(|(&h, _)| h).collect();
-        if let Err(e) = self.store.release_precreated(&failed) {
+        warn!(files = hs.len(), cause = %error, "making objects ahead failed; creates make their own");
+        if let Err(e) = self.store.release_precreated(&hs) {
             warn!(error = %e, "giving up handles reserved ahead failed; a restart does it");
         }
         false
