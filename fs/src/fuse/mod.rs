@@ -55,6 +55,7 @@ use tracing::{debug, warn};
 
 mod listing;
 mod session;
+mod sizes;
 mod unlinked;
 use listing::{DirItem, Listings};
 
@@ -90,6 +91,8 @@ pub struct StripeFuse {
     seen: Mutex<HashMap<u64, Seen>>,
     /// Tells the kernel of a file's new size (set once the session exists).
     notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// In the direct mode: files' sizes told the kernel lately, for attribute changes.
+    sizes: sizes::KnownSizes,
 }
 
 /// A file as seen on the servers: its size and modification time. Another client's write
@@ -293,6 +296,7 @@ impl StripeFuse {
             kernel_cache: false,
             seen: Mutex::new(HashMap::new()),
             notifier: Arc::new(OnceLock::new()),
+            sizes: sizes::KnownSizes::new(TTL),
         }
     }
 
@@ -407,7 +411,15 @@ impl StripeFuse {
     }
 
     fn attr(&self, h: Handle) -> FsResult<FileAttr> {
-        Ok(self.attr_of(h, &self.client.stat_handle(h)?.attr))
+        Ok(self.attr_of(h, &self.told(h, self.client.stat_handle(h)?.attr)))
+    }
+
+    /// `attr`, just given by the servers: a file's size is kept for attribute changes.
+    fn told(&self, h: Handle, attr: Attr) -> Attr {
+        if attr.kind == FileKind::File && !self.kernel_cache {
+            self.sizes.learnt(h, attr.size);
+        }
+        attr
     }
 
     /// The kernel's attributes of `h`, whose stat gave `attr`.
@@ -522,7 +534,7 @@ impl StripeFuse {
 
     fn entry(&self, r: FsResult<(Handle, Attr)>, reply: ReplyEntry) {
         // Only a regular file's size needs the io servers; the rest came with the entry.
-        match r.and_then(|(h, a)| Ok(self.attr_of(h, &self.client.stat_with(h, a)?.attr))) {
+        match r.and_then(|(h, a)| Ok(self.attr_of(h, &self.told(h, self.client.stat_with(h, a)?.attr)))) {
             Ok(a) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -622,7 +634,18 @@ impl Filesystem for StripeFuse {
         };
         let h = Handle(ino.0);
         let c = self.as_caller(req);
-        let r = match c.setattr_stat(h, set.clone()) {
+        // Without a new size, the kernel-cached mode takes none from the reply, and the direct
+        // mode's kernel would show one told it within its time-to-live anyway.
+        let known = match set.size {
+            Some(_) => None,
+            None if self.kernel_cache => Some(None),
+            None => self.sizes.fresh(h).map(Some),
+        };
+        let change = |set: SetAttr| match known {
+            Some(size) => c.setattr(h, set).map(|a| Attr { size: size.unwrap_or(a.size), ..a }),
+            None => c.setattr_stat(h, set).map(|st| self.told(h, st.attr)),
+        };
+        let r = match change(set.clone()) {
             // With write-back caching the kernel keeps a file's times itself and sends them as
             // explicit times: for a write (its own time) and for `utimensat` to "now" alike.
             // The meta server lets only the owner set explicit times, but the kernel has already
@@ -634,11 +657,11 @@ impl Filesystem for StripeFuse {
                     && (set.atime.is_some() || set.mtime.is_some()) =>
             {
                 let now = |t: Option<SetTime>| t.map(|_| SetTime::Now);
-                c.setattr_stat(h, SetAttr { atime: now(set.atime), mtime: now(set.mtime), ..set })
+                change(SetAttr { atime: now(set.atime), mtime: now(set.mtime), ..set })
             }
             r => r,
         };
-        match r.map(|st| self.attr_of(h, &st.attr)) {
+        match r.map(|a| self.attr_of(h, &a)) {
             // The attribute time-to-live is the direct mode's. The kernel-cached mode needs no
             // longer one: the kernel takes no size or modification time from these replies for
             // a regular file (it keeps its own), and the rest (mode, owner, links) should follow
@@ -828,7 +851,10 @@ impl Filesystem for StripeFuse {
             WriteSync::of(o.flags | flags.0)
         };
         match Self::write_synced(&o.file, offset, data, sync) {
-            Ok(n) => reply.written(n as u32),
+            Ok(n) => {
+                self.sizes.wrote(o.file.handle(), offset + n as u64);
+                reply.written(n as u32)
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -869,6 +895,9 @@ impl Filesystem for StripeFuse {
             }
             Ok(n)
         });
+        // Known or not, the destination's size is the servers' again (a concurrent look-up may
+        // have learnt it before the copy).
+        self.sizes.forget(dst.file.handle());
         match r {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
@@ -936,7 +965,9 @@ impl Filesystem for StripeFuse {
             // Punching holes, zeroing and collapsing ranges are not offered.
             return reply.error(fuser::Errno::from_i32(libc::EOPNOTSUPP));
         }
-        match f.allocate(offset, length) {
+        let r = f.allocate(offset, length);
+        self.sizes.forget(f.handle());
+        match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -1079,7 +1110,7 @@ impl Filesystem for StripeFuse {
         let opts = CreateOptions { mode: mode & !umask & 0o7777, layout: None };
         match name(n).and_then(|n| self.as_caller(req).create_in(Handle(parent.0), n, opts)) {
             Ok(f) => {
-                let a = file_attr(f.handle(), f.attr());
+                let a = file_attr(f.handle(), &self.told(f.handle(), f.attr().clone()));
                 let fopen = if self.kernel_cache {
                     // New and empty: nothing cached to drop or keep.
                     lock(&self.seen).insert(f.handle().0, Seen::of(f.attr()));

@@ -1,0 +1,109 @@
+//! Files' sizes this mount told the kernel lately, so an attribute change that leaves the size
+//! alone (`chmod`, `chown`, `utimensat`: three of them for each file `tar -x` unpacks) need not
+//! ask every io server of the file for it again.
+//!
+//! The kernel keeps the attributes of each reply for the attribute time-to-live and answers
+//! `stat` from them meanwhile, so a size as old as that is what a caller may see anyway. A size
+//! learnt from the servers (a look-up, `getattr`, a change that asked them, a create) is kept
+//! that long, raised by this mount's own writes past it; anything else this mount does that
+//! changes a size forgets it. The direct mode only: the kernel-cached mode keeps its own sizes.
+
+use crate::lock;
+use crate::proto::Handle;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// At most this many files' sizes are kept: those learnt within the time-to-live of a busy
+/// mount's replies, beyond which an entry is of no use.
+const KEPT: usize = 4096;
+
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    size: u64,
+    /// When the servers said it.
+    at: Instant,
+}
+
+/// Sizes learnt from the servers within `fresh_for`.
+#[derive(Debug)]
+pub(super) struct KnownSizes {
+    fresh_for: Duration,
+    by_handle: Mutex<HashMap<Handle, Known>>,
+}
+
+impl KnownSizes {
+    pub(super) fn new(fresh_for: Duration) -> Self {
+        KnownSizes { fresh_for, by_handle: Mutex::new(HashMap::new()) }
+    }
+
+    /// The servers have just said file `h` is `size` bytes long.
+    pub(super) fn learnt(&self, h: Handle, size: u64) {
+        let now = Instant::now();
+        let mut m = lock(&self.by_handle);
+        if m.len() >= KEPT && !m.contains_key(&h) {
+            m.retain(|_, k| now.duration_since(k.at) < self.fresh_for);
+            if m.len() >= KEPT {
+                return;
+            }
+        }
+        m.insert(h, Known { size, at: now });
+    }
+
+    /// This mount wrote file `h` up to byte `end`.
+    pub(super) fn wrote(&self, h: Handle, end: u64) {
+        if let Some(k) = lock(&self.by_handle).get_mut(&h) {
+            k.size = k.size.max(end);
+        }
+    }
+
+    /// File `h`'s size changed some other way.
+    pub(super) fn forget(&self, h: Handle) {
+        lock(&self.by_handle).remove(&h);
+    }
+
+    /// File `h`'s size, if learnt within the time-to-live.
+    pub(super) fn fresh(&self, h: Handle) -> Option<u64> {
+        let m = lock(&self.by_handle);
+        m.get(&h).filter(|k| k.at.elapsed() < self.fresh_for).map(|k| k.size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_size_is_raised_by_writes_dropped_by_other_changes_and_ages() {
+        let s = KnownSizes::new(Duration::from_secs(3600));
+        let h = Handle(7);
+        assert_eq!(s.fresh(h), None);
+        s.wrote(h, 100);
+        assert_eq!(s.fresh(h), None, "a write alone tells nothing of the rest of the file");
+        s.learnt(h, 10);
+        s.wrote(h, 4096);
+        s.wrote(h, 50);
+        assert_eq!(s.fresh(h), Some(4096));
+        s.forget(h);
+        assert_eq!(s.fresh(h), None);
+        let stale = KnownSizes::new(Duration::ZERO);
+        stale.learnt(h, 10);
+        assert_eq!(stale.fresh(h), None);
+    }
+
+    #[test]
+    fn at_most_kept_files_past_the_stale_ones() {
+        let s = KnownSizes::new(Duration::from_secs(3600));
+        for h in 0..KEPT as u64 + 10 {
+            s.learnt(Handle(h), h);
+        }
+        assert_eq!(lock(&s.by_handle).len(), KEPT);
+        assert_eq!(s.fresh(Handle(3)), Some(3), "fresh ones are not pushed out");
+        let aged = KnownSizes::new(Duration::ZERO);
+        for h in 0..KEPT as u64 + 10 {
+            aged.learnt(Handle(h), h);
+        }
+        assert!(lock(&aged.by_handle).len() <= KEPT);
+        assert!(lock(&aged.by_handle).contains_key(&Handle(KEPT as u64 + 9)), "stale ones make room");
+    }
+}
