@@ -1241,7 +1241,7 @@ fn writes_are_mapped_into_memory_copied_to_disks_and_written_behind() {
 #[test]
 fn permissions_links_and_special_files_over_the_wire() {
     use stripefs::proto::{Cred, SetTime};
-    let tc = TestCluster::start("tcp", 2);
+    let tc = TestCluster::start_with("tcp", 2, no_objects_ahead);
     let base = tc.client();
     let root = base.as_caller(Cred::root());
     let alice = base.as_caller(Cred::new(1000, 1000, vec![]));
