@@ -407,15 +407,18 @@ fn a_change_right_after_a_write_asks_no_io_server() {
     let m = mount(&tc);
     let c = tc.client();
     let mode = |m: u32| std::fs::Permissions::from_mode(m);
-    // The fewest of three files' (a stall past the time-to-live asks the sizes).
-    let counts: Vec<(u64, u64)> = (0..3)
+    // The fewest of three files' (a stall past the time-to-live asks the sizes): a `stat` after
+    // the write (which the kernel asks the mount for), then the change.
+    let counts: Vec<[(u64, u64); 2]> = (0..3)
         .map(|i| {
             let f = std::fs::File::create(m.dir.join(format!("t{i}"))).unwrap();
             std::io::Write::write_all(&mut &f, &pattern(300_000, i)).unwrap();
-            requests_during(&c, || f.set_permissions(mode(0o600)).unwrap()).0
+            let (stat, md) = requests_during(&c, || f.metadata().unwrap());
+            assert_eq!(md.len(), 300_000);
+            [stat, requests_during(&c, || f.set_permissions(mode(0o600)).unwrap()).0]
         })
         .collect();
-    assert_eq!(counts.iter().min(), Some(&(1, 0)), "{counts:?}");
+    assert_eq!(counts.iter().min(), Some(&[(1, 0), (1, 0)]), "{counts:?}");
     for i in 0..3 {
         let md = std::fs::metadata(m.dir.join(format!("t{i}"))).unwrap();
         assert_eq!((md.mode() & 0o7777, md.len()), (0o600, 300_000));

@@ -593,8 +593,17 @@ impl Filesystem for StripeFuse {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.attr(Handle(ino.0)) {
-            Ok(a) => reply.attr(&TTL, &a),
+        let h = Handle(ino.0);
+        // A size told the kernel lately stands (the kernel asks again after this mount's
+        // writes, and before a `chown`, to see the mode).
+        let r = match self.sizes.fresh(h) {
+            Some((size, left)) => {
+                self.client.getattr(h).map(|a| (self.attr_of(h, &Attr { size, ..a }), left))
+            }
+            None => self.attr(h).map(|a| (a, TTL)),
+        };
+        match r {
+            Ok((a, ttl)) => reply.attr(&ttl, &a),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -638,12 +647,14 @@ impl Filesystem for StripeFuse {
         // mode's kernel would show one told it within its time-to-live anyway.
         let known = match set.size {
             Some(_) => None,
-            None if self.kernel_cache => Some(None),
-            None => self.sizes.fresh(h).map(Some),
+            None if self.kernel_cache => Some((None, TTL)),
+            None => self.sizes.fresh(h).map(|(size, left)| (Some(size), left)),
         };
         let change = |set: SetAttr| match known {
-            Some(size) => c.setattr(h, set).map(|a| Attr { size: size.unwrap_or(a.size), ..a }),
-            None => c.setattr_stat(h, set).map(|st| self.told(h, st.attr)),
+            Some((size, left)) => {
+                c.setattr(h, set).map(|a| (Attr { size: size.unwrap_or(a.size), ..a }, left))
+            }
+            None => c.setattr_stat(h, set).map(|st| (self.told(h, st.attr), TTL)),
         };
         let r = match change(set.clone()) {
             // With write-back caching the kernel keeps a file's times itself and sends them as
@@ -661,12 +672,13 @@ impl Filesystem for StripeFuse {
             }
             r => r,
         };
-        match r.map(|a| self.attr_of(h, &a)) {
-            // The attribute time-to-live is the direct mode's. The kernel-cached mode needs no
-            // longer one: the kernel takes no size or modification time from these replies for
-            // a regular file (it keeps its own), and the rest (mode, owner, links) should follow
-            // other clients' changes as soon as in the direct mode.
-            Ok(a) => reply.attr(&TTL, &a),
+        match r.map(|(a, ttl)| (self.attr_of(h, &a), ttl)) {
+            // The attribute time-to-live is the direct mode's (less what a known size has used
+            // of it). The kernel-cached mode needs no longer one: the kernel takes no size or
+            // modification time from these replies for a regular file (it keeps its own), and
+            // the rest (mode, owner, links) should follow other clients' changes as soon as in
+            // the direct mode.
+            Ok((a, ttl)) => reply.attr(&ttl, &a),
             Err(e) => reply.error(errno(&e)),
         }
     }

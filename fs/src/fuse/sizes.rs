@@ -6,7 +6,9 @@
 //! `stat` from them meanwhile, so a size as old as that is what a caller may see anyway. A size
 //! learnt from the servers (a look-up, `getattr`, a change that asked them, a create) is kept
 //! that long, raised by this mount's own writes past it; anything else this mount does that
-//! changes a size forgets it. The direct mode only: the kernel-cached mode keeps its own sizes.
+//! changes a size forgets it. An answer made with it is given to the kernel for what is left of
+//! that time only, so what a caller sees is never older than the time-to-live. The direct mode
+//! only: the kernel-cached mode keeps its own sizes.
 
 use crate::lock;
 use crate::proto::Handle;
@@ -62,10 +64,13 @@ impl KnownSizes {
         lock(&self.by_handle).remove(&h);
     }
 
-    /// File `h`'s size, if learnt within the time-to-live.
-    pub(super) fn fresh(&self, h: Handle) -> Option<u64> {
+    /// File `h`'s size, if learnt within the time-to-live, and how much of that is left: the
+    /// kernel may hold an answer made with it no longer, or what it shows would be older.
+    pub(super) fn fresh(&self, h: Handle) -> Option<(u64, Duration)> {
         let m = lock(&self.by_handle);
-        m.get(&h).filter(|k| k.at.elapsed() < self.fresh_for).map(|k| k.size)
+        let k = m.get(&h)?;
+        let left = self.fresh_for.checked_sub(k.at.elapsed()).filter(|l| !l.is_zero())?;
+        Some((k.size, left))
     }
 }
 
@@ -83,7 +88,9 @@ mod tests {
         s.learnt(h, 10);
         s.wrote(h, 4096);
         s.wrote(h, 50);
-        assert_eq!(s.fresh(h), Some(4096));
+        let (size, left) = s.fresh(h).unwrap();
+        assert_eq!(size, 4096);
+        assert!(left <= Duration::from_secs(3600));
         s.forget(h);
         assert_eq!(s.fresh(h), None);
         let stale = KnownSizes::new(Duration::ZERO);
@@ -98,7 +105,7 @@ mod tests {
             s.learnt(Handle(h), h);
         }
         assert_eq!(lock(&s.by_handle).len(), KEPT);
-        assert_eq!(s.fresh(Handle(3)), Some(3), "fresh ones are not pushed out");
+        assert_eq!(s.fresh(Handle(3)).map(|k| k.0), Some(3), "fresh ones are not pushed out");
         let aged = KnownSizes::new(Duration::ZERO);
         for h in 0..KEPT as u64 + 10 {
             aged.learnt(Handle(h), h);
