@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Creates of small files, as archive tools and copies make them: through the FUSE mount and
-# through `stripefs cp -r`.
+# Small files, as archive tools and copies make them: through the FUSE mount and through
+# `stripefs cp -r`.
 #
 #   sudo benches/small-files.sh STRIPEFS [RUNS] [DIR]
 #
@@ -9,6 +9,9 @@
 # /var/tmp, the disk; /dev/shm takes the disk's flushes out), mounts it with the default options,
 # then times by the wall clock:
 #   mount-create  2000 empty files made through the mount (open with O_CREAT|O_EXCL, close)
+#   tar-x         `tar -x` through the mount of 20 directories of 100 files of 4 KiB (GNU tar
+#                 sets each file's times, owner and mode after writing it)
+#   rm-r          `rm -r` of those through the mount
 #   cp-r          `stripefs cp -r` of 2000 files of 4 KiB from /dev/shm (each file synced)
 # and prints one line per round; the medians with their spread come last.
 set -euo pipefail
@@ -24,7 +27,13 @@ cleanup() {
   rm -rf "$src"
 }
 trap cleanup EXIT
-for f in $(seq 2000); do head -c 4096 /dev/urandom > "$src/f$f"; done
+mkdir "$src/flat" "$src/tree"
+for f in $(seq 2000); do head -c 4096 /dev/urandom > "$src/flat/f$f"; done
+for d in $(seq 20); do
+  mkdir "$src/tree/d$d"
+  for f in $(seq 100); do cp "$src/flat/f$(( (d - 1) * 100 + f ))" "$src/tree/d$d/f$f"; done
+done
+tar -C "$src" -cf "$src/tree.tar" tree
 now() { date +%s.%N; }
 results=()
 for r in $(seq "$runs"); do
@@ -41,10 +50,15 @@ for i in range(2000):
     os.close(os.open(f"{d}/f{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
 PY
   t1=$(now)
-  "$stripefs" --cluster "$work/data/cluster.toml" cp -r "$src" sfs:/cp >/dev/null
+  tar -C "$work/mnt" -xf "$src/tree.tar"
   t2=$(now)
-  line=$(python3 -c "print('%.3f %.3f' % ($t1 - $t0, $t2 - $t1))")
-  echo "round $r: mount-create $(cut -d' ' -f1 <<<"$line") s, cp-r $(cut -d' ' -f2 <<<"$line") s"
+  rm -r "$work/mnt/tree"
+  t3=$(now)
+  "$stripefs" --cluster "$work/data/cluster.toml" cp -r "$src/flat" sfs:/cp >/dev/null
+  t4=$(now)
+  line=$(python3 -c "print('%.3f %.3f %.3f %.3f' % ($t1 - $t0, $t2 - $t1, $t3 - $t2, $t4 - $t3))")
+  read -r mc tx rr cp <<<"$line"
+  echo "round $r: mount-create $mc s, tar-x $tx s, rm-r $rr s, cp-r $cp s"
   results+=("$line")
   unmount_local_cluster "$work"
   rm -rf "$work"
@@ -53,7 +67,7 @@ done
 printf '%s\n' "${results[@]}" | python3 -c '
 import sys, statistics as st
 rows = [list(map(float, l.split())) for l in sys.stdin if l.strip()]
-for i, name in enumerate(["mount-create 2000", "cp-r 2000 x 4 KiB"]):
+for i, name in enumerate(["mount-create 2000", "tar-x 2000 x 4 KiB", "rm-r 2000", "cp-r 2000 x 4 KiB"]):
     v = [r[i] for r in rows]
     print(f"{name}: median {st.median(v):.3f} s ({min(v):.3f}-{max(v):.3f})")
 '
