@@ -62,6 +62,38 @@ fn a_create_asks_no_io_server_once_objects_are_made_ahead() {
     assert_eq!((n, &back[..n]), (data.len(), &data[..]));
 }
 
+/// A dead io server is soon known down, and creates no longer take objects made ahead on it: a
+/// create that needs it fails naming it, long before a batch is used up.
+#[test]
+fn creates_stop_taking_objects_made_ahead_once_a_server_is_dead() {
+    let mut tc = TestCluster::start("tcp", 2);
+    let c = tc.client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for i in 0.. {
+        let ((_, io), _) =
+            requests_during(&c, || c.create(&format!("/f{i}"), CreateOptions::default()).unwrap());
+        if io == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no objects made ahead");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    tc.cluster.kill_io(1);
+    let dead = tc.cluster.config().io_servers[1].to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut took = 0;
+    let e = loop {
+        match c.create(&format!("/g{took}"), CreateOptions::default()) {
+            Ok(_) => took += 1,
+            Err(e) => break e,
+        }
+        assert!(Instant::now() < deadline, "creates never failed");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(took < 40, "{took} creates took objects made ahead on a dead server");
+    assert!(e.to_string().contains(&format!("io server 1 ({dead})")), "{e}");
+}
+
 #[test]
 fn objects_made_ahead_for_a_stopped_meta_server_are_removed_when_it_is_back() {
     let mut tc = TestCluster::start("tcp", 2);

@@ -5,7 +5,9 @@
 //!   layout at once; if all succeed the entry is committed and the client gets its capability,
 //!   otherwise the objects that were made are removed and the create is aborted. While every
 //!   io server is up, a thread keeps a number of files' objects made ahead (see `precreate`);
-//!   a create whose layout spans every server takes one and is committed at once.
+//!   a create whose layout spans every server takes one and is committed at once. That thread
+//!   also pings the io servers every janitor pass, so a dead one is known before many creates
+//!   take objects made on it.
 //! * **unlink / rename over a file** (a symbolic link has no objects; only its record goes): the store moves the file to its orphan table in the same
 //!   transaction that removes the name; `RemoveObject` goes to every server; when all are gone
 //!   (or already missing) the orphan is forgotten, otherwise a janitor thread retries.
@@ -210,11 +212,15 @@ impl MetaServer {
             let span = tracing::error_span!("server", role = "meta-precreate", %addr);
             threads.push(std::thread::Builder::new().name("meta-precreate".into()).spawn(move || {
                 let _server = span.enter();
-                let mut not_before = Instant::now();
+                let (mut not_before, mut next_ping) = (Instant::now(), Instant::now());
                 while !stop4.load(Ordering::Relaxed) {
                     if Instant::now() >= not_before && !s4.precreate_batch() {
                         // Failed: the janitor cleans up; try again after its pause.
                         not_before = Instant::now() + s4.cfg.janitor_interval;
+                    }
+                    if Instant::now() >= next_ping {
+                        s4.ping_up();
+                        next_ping = Instant::now() + s4.cfg.janitor_interval;
                     }
                     s4.precreated.wait_low(Duration::from_millis(100));
                 }
@@ -588,6 +594,18 @@ impl Shared {
             .map(|(p, _)| *p)
             .chain(skip)
             .collect()
+    }
+
+    /// Pings every io server taken to be up, so one that died is known down before creates
+    /// take objects made ahead on it (they would otherwise until its next request).
+    fn ping_up(&self) {
+        let up: Vec<usize> = {
+            let live = self.lock_live();
+            (0..self.io.len()).filter(|&s| !live.is_down(s)).collect()
+        };
+        if !up.is_empty() {
+            self.call(up.into_iter().map(|s| (s, IoRequest::Ping)).collect());
+        }
     }
 
     /// Pings every io server known to be down, so one that is back is known up again.
