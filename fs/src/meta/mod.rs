@@ -1214,10 +1214,21 @@ impl MetaStore {
 
     /// Files removed from the namespace whose objects may still exist on the io servers.
     pub fn orphans(&self) -> Result<Vec<Objects>, MetaError> {
+        self.orphans_after(None, usize::MAX)
+    }
+
+    /// At most `max` of [`MetaStore::orphans`], in handle order, after handle `after`: a page,
+    /// so a long backlog is never all in memory.
+    pub fn orphans_after(&self, after: Option<Handle>, max: usize) -> Result<Vec<Objects>, MetaError> {
         let r = self.db.begin_read()?;
         let t = r.open_table(ORPHANS)?;
         let mut out = Vec::new();
-        for row in t.iter()? {
+        let rows = match after {
+            Some(h) if h.0 == u64::MAX => return Ok(Vec::new()),
+            Some(h) => t.range((h.0 + 1)..)?,
+            None => t.range(0..)?,
+        };
+        for row in rows.take(max) {
             let (k, v) = row?;
             let layout = postcard::from_bytes(v.value()).map_err(|_| MetaError::Corrupt(k.value()))?;
             out.push(Objects { handle: Handle(k.value()), layout });

@@ -129,6 +129,28 @@ fn create_with(m: &MetaStore, name: &str, spec: Option<LayoutSpec>, h: Handle) -
 }
 
 #[test]
+fn orphans_are_listed_a_page_at_a_time() {
+    let d = tempfile::tempdir().unwrap();
+    let m = store(&d);
+    let hs: Vec<Handle> = (0..5).map(|i| mkfile(&m, R, &format!("f{i}")).handle).collect();
+    for i in 0..5 {
+        m.unlink(&ROOT, R, &format!("f{i}")).unwrap();
+    }
+    let mut pages = Vec::new();
+    let mut after = None;
+    loop {
+        let page: Vec<Handle> = m.orphans_after(after, 2).unwrap().into_iter().map(|o| o.handle).collect();
+        after = page.last().copied();
+        if page.is_empty() {
+            break;
+        }
+        pages.push(page);
+    }
+    assert_eq!(pages, [hs[0..2].to_vec(), hs[2..4].to_vec(), hs[4..].to_vec()]);
+    assert!(m.orphans_after(Some(Handle(u64::MAX)), 2).unwrap().is_empty());
+}
+
+#[test]
 fn a_create_given_a_precreated_handle_is_committed_under_it() {
     let d = tempfile::tempdir().unwrap();
     let m = store(&d);

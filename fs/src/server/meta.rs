@@ -128,6 +128,9 @@ struct Shared {
     precreated: Precreated,
 }
 
+/// Orphans the janitor lists at a time.
+const ORPHAN_PAGE: usize = 256;
+
 /// A request posted to an io server (and when), or why it was not.
 type Posted = Result<(ionet::OpId, Sent), FsError>;
 
@@ -630,17 +633,25 @@ impl Shared {
                 self.lock_janitor().stale_creates.push(objs);
             }
         }
-        match self.store.orphans() {
-            Ok(orphans) => {
-                for objs in orphans {
-                    let all: Vec<u32> = (0..objs.layout.pcount).collect();
-                    if self.remove_on(objs.handle, objs.layout, &all).is_empty() {
-                        let _ = self.store.forget_orphan(objs.handle);
-                        info!(handle = %objs.handle, "orphan removed");
-                    }
+        // A page at a time: removals while a server is down leave an orphan each.
+        let mut after = None;
+        loop {
+            let page = match self.store.orphans_after(after, ORPHAN_PAGE) {
+                Ok(page) => page,
+                Err(e) => return warn!(error = %e, "listing orphans failed"),
+            };
+            after = page.last().map(|o| o.handle);
+            let whole = page.len() == ORPHAN_PAGE;
+            for objs in page {
+                let all: Vec<u32> = (0..objs.layout.pcount).collect();
+                if self.remove_on(objs.handle, objs.layout, &all).is_empty() {
+                    let _ = self.store.forget_orphan(objs.handle);
+                    info!(handle = %objs.handle, "orphan removed");
                 }
             }
-            Err(e) => warn!(error = %e, "listing orphans failed"),
+            if !whole {
+                break;
+            }
         }
     }
 
