@@ -766,25 +766,12 @@ impl MetaStore {
         perm: Perm,
         spec: Option<LayoutSpec>,
     ) -> Result<Created, MetaError> {
-        self.create_avoiding(cred, parent, name, perm, spec, &[])
+        self.create_placed(cred, parent, name, perm, spec, Placement::default())
     }
 
-    /// As [`MetaStore::create`], placing a layout whose base is not given on servers other
-    /// than `avoid` (io servers known to be down) when the stripe count leaves a choice.
-    pub fn create_avoiding(
-        &self,
-        cred: &Cred,
-        parent: Handle,
-        name: &str,
-        perm: Perm,
-        spec: Option<LayoutSpec>,
-        avoid: &[u32],
-    ) -> Result<Created, MetaError> {
-        self.create_placed(cred, parent, name, perm, spec, Placement { avoid, precreated: None })
-    }
-
-    /// As [`MetaStore::create`], placed by `place`: with a precreated handle that it can take,
-    /// the file is committed at once.
+    /// As [`MetaStore::create`], placed by `place`: a layout whose base is not given avoids the
+    /// servers to avoid while the stripe count leaves a choice, and with a precreated handle it
+    /// can take, the file is committed at once.
     pub fn create_placed(
         &self,
         cred: &Cred,

@@ -254,16 +254,17 @@ fn new_layouts_avoid_servers_known_down_while_the_stripe_count_allows() {
     let d = tempfile::tempdir().unwrap();
     let m = store(&d);
     let one = LayoutSpec { pcount: Some(1), ..Default::default() };
+    let avoid_1 = Placement { avoid: &[1], precreated: None };
     let bases: Vec<u32> = (0..6)
         .map(|i| {
-            let c = m.create_avoiding(&ROOT, R, &format!("f{i}"), P, Some(one), &[1]).unwrap();
+            let c = m.create_placed(&ROOT, R, &format!("f{i}"), P, Some(one), avoid_1).unwrap();
             c.layout.base
         })
         .collect();
     assert_eq!(bases, [0, 2, 3, 0, 2, 3]);
     // An explicit base is kept even on a server to avoid (the create then fails there).
     let forced = LayoutSpec { base: Some(1), ..one };
-    assert_eq!(m.create_avoiding(&ROOT, R, "g", P, Some(forced), &[1]).unwrap().layout.base, 1);
+    assert_eq!(m.create_placed(&ROOT, R, "g", P, Some(forced), avoid_1).unwrap().layout.base, 1);
 }
 
 fn mkfile_spec(m: &MetaStore, parent: Handle, name: &str, spec: LayoutSpec) -> Created {
