@@ -448,6 +448,30 @@ fn a_change_right_after_a_write_asks_no_io_server() {
     assert_eq!(c.stat("/other").unwrap().attr.size, 100);
 }
 
+/// A written file's time recorded at its close waits for the meta server's next durable commit,
+/// as a local file system's waits for `fsync`; an `fsync` (here through another descriptor of
+/// the same open file) makes it durable: it survives the meta server's crash.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn an_fsync_after_a_close_makes_the_recorded_time_durable() {
+    let mut tc = TestCluster::start_with("tcp", 2, no_objects_ahead);
+    let m = mount(&tc);
+    let opts = std::fs::OpenOptions::new().create(true).read(true).write(true).clone();
+    let f = opts.open(m.dir.join("f")).unwrap();
+    let mtime = |tc: &TestCluster| tc.client().stat("/f").unwrap().attr.mtime;
+    let created = mtime(&tc);
+    std::io::Write::write_all(&mut &f, b"data").unwrap();
+    // Closing a duplicate flushes the open file: the write's time is recorded.
+    drop(f.try_clone().unwrap());
+    assert_ne!(mtime(&tc), created);
+    f.sync_all().unwrap();
+    let synced = mtime(&tc);
+    drop(f);
+    tc.cluster.kill_meta();
+    tc.cluster.restart_meta().unwrap();
+    assert_eq!(mtime(&tc), synced, "the synced modification time was lost");
+}
+
 /// `ls -l` of a directory gets its entries' attributes with the listing: a meta request and a
 /// request to each io server for a window of entries, not a look-up and a size round per entry
 /// (which made 100 files over 100 meta requests and 400 io requests).

@@ -21,6 +21,9 @@ pub struct File {
     pub(super) view: Mutex<Option<View>>,
     /// Written since the modification time was last recorded.
     pub(super) written: AtomicBool,
+    /// The modification time was recorded lazily since the last sync (see
+    /// [`File::record_mtime_lazily`]).
+    pub(super) recorded_lazily: AtomicBool,
 }
 
 impl File {
@@ -97,6 +100,10 @@ impl File {
     /// writes' modification time ([`File::record_mtime`]).
     pub fn sync(&self) -> FsResult<()> {
         self.sync_pnums(&(0..self.layout.pcount).collect::<Vec<_>>())?;
+        if self.recorded_lazily.swap(false, Ordering::AcqRel) {
+            // Recorded, but perhaps not yet on the meta server's disk: again, durably.
+            self.written.store(true, Ordering::Release);
+        }
         self.record_mtime()
     }
 
@@ -137,15 +144,41 @@ impl File {
     /// If this `File` wrote since the last call, sets the file's modification (and change)
     /// time on the meta server to now; otherwise does nothing.
     pub fn record_mtime(&self) -> FsResult<()> {
+        self.record_mtime_with(false)
+    }
+
+    /// As [`File::record_mtime`], letting the meta server make the record durable with its
+    /// next durable commit rather than at once (a crash of the meta server before then loses
+    /// it; a set-id bit it clears is durable at once): for a close, after which, as on a local
+    /// file system, times are durable only once synced. A later [`File::sync`] records again,
+    /// durably.
+    #[cfg_attr(not(feature = "fuse"), expect(dead_code, reason = "the mount's close"))]
+    pub(crate) fn record_mtime_lazily(&self) -> FsResult<()> {
+        self.record_mtime_with(true)
+    }
+
+    fn record_mtime_with(&self, lazy: bool) -> FsResult<()> {
         if !self.written.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
-        let set =
-            SetAttr { mtime: Some(SetTime::Now), wrote: true, opened_for_write: true, ..Default::default() };
-        self.client.setattr(self.handle, set).map(|_| ()).inspect_err(|_| {
-            // Still unrecorded: the next call tries again.
-            self.written.store(true, Ordering::Release);
-        })
+        let set = SetAttr {
+            mtime: Some(SetTime::Now),
+            wrote: true,
+            opened_for_write: true,
+            lazy,
+            ..Default::default()
+        };
+        match self.client.setattr(self.handle, set) {
+            Ok(_) => {
+                self.recorded_lazily.store(lazy, Ordering::Release);
+                Ok(())
+            }
+            Err(e) => {
+                // Still unrecorded: the next call tries again.
+                self.written.store(true, Ordering::Release);
+                Err(e)
+            }
+        }
     }
 
     /// `posix_fallocate`: reserves disk space for the bytes `[off, off + len)` on the io

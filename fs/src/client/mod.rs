@@ -645,6 +645,7 @@ impl Client {
                     cap: Mutex::new(cap),
                     view: Mutex::new(None),
                     written: AtomicBool::new(false),
+                    recorded_lazily: AtomicBool::new(false),
                 })
             }
             r => Self::unexpected(r),

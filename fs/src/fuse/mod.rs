@@ -640,6 +640,7 @@ impl Filesystem for StripeFuse {
             // one not opened for writing.
             opened_for_write: fh.is_some(),
             wrote: false,
+            lazy: false,
         };
         let h = Handle(ino.0);
         let c = self.as_caller(req);
@@ -931,9 +932,11 @@ impl Filesystem for StripeFuse {
         }
         // No client-side data to flush (every write already reached the io servers), but the
         // writes' modification time goes to the meta server now: `close` waits for a flush, so
-        // a `utimes` after it (tar, cp -p, rsync -t) comes later and wins.
+        // a `utimes` after it (tar, cp -p, rsync -t) comes later and wins. Durable with the
+        // meta server's next durable commit, or this file's next fsync (through another
+        // descriptor), as a local file system's times are.
         let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
-        match f.record_mtime() {
+        match f.record_mtime_lazily() {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }

@@ -597,9 +597,17 @@ impl MetaStore {
         durability: redb::Durability,
         f: impl FnOnce(&mut Tx<'_>) -> Result<T, MetaError>,
     ) -> Result<T, MetaError> {
+        self.write_deciding(durability, |tx| Ok((f(tx)?, false)))
+    }
+
+    /// As `write_with`, where `f` may ask for a durable commit after all (its `true`).
+    fn write_deciding<T>(
+        &self,
+        durability: redb::Durability,
+        f: impl FnOnce(&mut Tx<'_>) -> Result<(T, bool), MetaError>,
+    ) -> Result<T, MetaError> {
         let mut txn = self.db.begin_write()?;
-        txn.set_durability(durability);
-        let out = {
+        let (out, durable) = {
             let mut tx = Tx {
                 sup: txn.open_table(SUPER)?,
                 inodes: txn.open_table(INODES)?,
@@ -610,6 +618,7 @@ impl MetaStore {
             };
             f(&mut tx)?
         };
+        txn.set_durability(if durable { redb::Durability::Immediate } else { durability });
         // An early return above drops `txn`, which aborts it.
         txn.commit()?;
         Ok(out)
@@ -1016,7 +1025,12 @@ impl MetaStore {
     /// each object to [`Layout::local_size`]; on a directory it is refused. A size change sets
     /// the modification time, and any change the change time.
     pub fn setattr(&self, cred: &Cred, h: Handle, set: &SetAttr) -> Result<SetattrOutcome, MetaError> {
-        self.write(|tx| {
+        // Durable unless asked otherwise for a change of times alone; a cleared set-id bit
+        // found below makes it durable again.
+        let times_only = set.lazy && set.mode.is_none() && set.uid.is_none() && set.gid.is_none();
+        let lazy = times_only && set.size.is_none();
+        let durability = if lazy { redb::Durability::None } else { redb::Durability::Immediate };
+        self.write_deciding(durability, |tx| {
             let mut i = live_inode(&tx.inodes, h.0)?;
             let now = Timestamp::now();
             let mut truncate = None;
@@ -1032,7 +1046,9 @@ impl MetaStore {
                 // A link's mode means nothing (Linux's are all 0777 and lchmod fails).
                 return Err(MetaError::Invalid("a symbolic link has no mode to change"));
             }
-            i.attr.mode = access::setattr(&i.attr, cred, set)?;
+            let mode = access::setattr(&i.attr, cred, set)?;
+            let durable = mode != i.attr.mode;
+            i.attr.mode = mode;
             if let Some(size) = set.size {
                 i.attr.size = size;
                 i.attr.mtime = now;
@@ -1056,7 +1072,7 @@ impl MetaStore {
             }
             i.attr.ctime = now;
             tx.put_inode(h.0, &i)?;
-            Ok(SetattrOutcome { attr: i.attr, truncate })
+            Ok((SetattrOutcome { attr: i.attr, truncate }, durable))
         })
     }
 

@@ -129,6 +129,24 @@ fn create_with(m: &MetaStore, name: &str, spec: Option<LayoutSpec>, h: Handle) -
 }
 
 #[test]
+fn a_lazy_change_applies_as_any_other() {
+    // Whether it reached the disk shows only after a crash (see the meta server's tests).
+    let d = tempfile::tempdir().unwrap();
+    let m = store(&d);
+    let old = Timestamp { secs: 1000, nsecs: 0 };
+    let lazy_mtime = SetAttr { mtime: Some(SetTime::At(old)), lazy: true, ..Default::default() };
+    let f = mkfile(&m, R, "f").handle;
+    m.setattr(&ROOT, f, &SetAttr { mode: Some(0o4755), ..Default::default() }).unwrap();
+    assert_eq!(m.setattr(&ROOT, f, &lazy_mtime).unwrap().attr.mtime, old);
+    assert_eq!(m.getattr(f).unwrap().mtime, old);
+    let writer = Cred { uid: 10, gid: 20, groups: crate::proto::BoundedVec::empty() };
+    let wrote = SetAttr { wrote: true, opened_for_write: true, ..lazy_mtime.clone() };
+    assert_eq!(m.setattr(&writer, f, &wrote).unwrap().attr.mode & 0o7777, 0o755);
+    let chmod = SetAttr { mode: Some(0o600), ..lazy_mtime };
+    assert_eq!(m.setattr(&ROOT, f, &chmod).unwrap().attr.mode & 0o7777, 0o600);
+}
+
+#[test]
 fn orphans_are_listed_a_page_at_a_time() {
     let d = tempfile::tempdir().unwrap();
     let m = store(&d);

@@ -147,6 +147,11 @@ pub struct SetAttr {
     /// The caller wrote the file's data: as on a local file system, the set-user-ID bit and a
     /// set-group-ID bit with group execute are cleared unless the caller is root.
     pub wrote: bool,
+    /// A change of times alone (a write's modification time recorded at close) that may wait
+    /// for the meta server's next durable commit, as a local file system's does for the next
+    /// `fsync`: lost if the meta server crashes first. Taken only when nothing but times
+    /// changes; a change of anything else (or a set-id bit cleared) is durable as ever.
+    pub lazy: bool,
 }
 
 impl SetAttr {

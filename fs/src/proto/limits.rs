@@ -6,7 +6,8 @@
 /// links, special files, times set to the server's clock, space allocation; 6: io servers'
 /// counters carry the bytes they wrote behind; 7: disk space names its file system; 8: a read
 /// sends nothing for the part of its stream past the object's end; 9: attributes and sizes of
-/// several files in one request; 10: several objects created in one request).
+/// several files in one request; 10: several objects created in one request, times recorded
+/// lazily).
 pub const PROTO_VERSION: u16 = 10;
 
 /// First four bytes of every message.

@@ -94,6 +94,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
                     mtime: Some(SetTime::At(t)),
                     opened_for_write: true,
                     wrote: true,
+                    lazy: true,
                     ..Default::default()
                 },
             },
