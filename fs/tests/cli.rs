@@ -264,6 +264,40 @@ fn cp_r_copies_a_tree_both_ways_and_within() {
     assert_eq!(std::fs::read(back.join("b2")).unwrap(), b"wasp");
 }
 
+/// A tree of many files, copied several at a time, arrives whole both ways; a file that cannot
+/// be made stops the copy with an error naming it.
+#[test]
+fn cp_r_of_many_files_copies_each_whole() {
+    let tc = TestCluster::start("tcp", 2);
+    let cl = tc.cluster.config_path().to_owned();
+    let top = tc.dir.path().join("many");
+    for d in 0..4u64 {
+        std::fs::create_dir_all(top.join(format!("d{d}"))).unwrap();
+        for f in 0..15u64 {
+            let len = (f * 7919 + d * 104_729) as usize % 150_000;
+            std::fs::write(top.join(format!("d{d}/f{f}")), pattern(len, d * 100 + f)).unwrap();
+        }
+    }
+    ok(&cl, &["cp", "-r", top.to_str().unwrap(), "sfs:/many"]);
+    let back = tc.dir.path().join("back");
+    ok(&cl, &["cp", "-r", "sfs:/many", back.to_str().unwrap()]);
+    for d in 0..4 {
+        for f in 0..15 {
+            let rel = format!("d{d}/f{f}");
+            assert!(
+                std::fs::read(top.join(&rel)).unwrap() == std::fs::read(back.join(&rel)).unwrap(),
+                "{rel}"
+            );
+        }
+    }
+    // Again into a tree where one file's name is a directory's.
+    let again = tc.dir.path().join("again");
+    std::fs::create_dir_all(again.join("many/d2/f7")).unwrap();
+    let out = sfs(&cl, &["cp", "-r", "sfs:/many", again.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("d2/f7"), "{err}");
+}
+
 /// What a user creates is theirs: the client records its effective uid and gid.
 #[test]
 #[ignore = "needs root: runs commands as other users"]

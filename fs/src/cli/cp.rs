@@ -17,6 +17,10 @@ use stripefs::{Client, CreateOptions, Errno, FsError};
 /// Bytes moved per call by `cp`: 16 MiB, i.e. 4 MiB per server of a 4-server file.
 const CP_CHUNK: usize = 16 << 20;
 
+/// Files `cp -r` copies at once: a small file is a few round trips and a sync, which several
+/// in flight overlap.
+const FILES_AT_ONCE: usize = 4;
+
 /// `cp` options.
 #[derive(Args, Debug)]
 pub struct CpArgs {
@@ -377,40 +381,98 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
             let total = tree.iter().map(|(_, n)| if let Node::File(s) = n { *s } else { 0 }).sum();
             let pb = bar(total);
             dst.mkdir(&c)?;
-            let mut buf = buf;
+            // Directories and links first, parents before what is in them; then the files.
+            let mut files = Vec::new();
             for (rel, node) in tree {
-                let (from, to) =
-                    rel.iter().fold((src.clone(), dst.clone()), |(f, t), n| (f.join(n), t.join(n)));
-                let Loc::Local(top) = &dst else {
-                    match node {
-                        Node::Dir => to.mkdir(&c)?,
-                        Node::Link(target) => to.symlink(&c, &target)?,
-                        Node::File(size) => {
-                            let create = || Sink::create(&c, &to, &from, spec);
-                            buf = copy_file(&c, &from, size, &to, create, buf, &pb)?;
-                        }
-                    }
-                    continue;
-                };
-                // Locally, each entry is made in its directory opened component by component
-                // from the top, following no link: not one the copy made (a link's target is
-                // the source's to choose), not one that was there.
-                let (name, parents) = rel.split_last().context("an entry without a name")?;
-                let dir = LocalDir::open(top)?.below(parents)?;
                 match node {
-                    Node::Dir => dir.mkdir(name)?,
-                    Node::Link(target) => dir.symlink(&target, name)?,
-                    Node::File(size) => {
-                        let create = || Ok(Sink::Local(dir.create_file(name)?));
-                        buf = copy_file(&c, &from, size, &to, create, buf, &pb)?;
-                    }
+                    Node::File(size) => files.push((rel, size)),
+                    Node::Dir => make_entry(&dst, &rel, |dir, name, to| match dir {
+                        Some(dir) => Ok(dir.mkdir(name)?),
+                        None => to.mkdir(&c),
+                    })?,
+                    Node::Link(target) => make_entry(&dst, &rel, |dir, name, to| match dir {
+                        Some(dir) => Ok(dir.symlink(&target, name)?),
+                        None => to.symlink(&c, &target),
+                    })?,
                 }
             }
+            copy_files(&c, &src, &dst, spec, &files, buf, &pb)?;
             pb.finish_and_clear();
         }
         Node::Link(_) => bail!("{}: a link that was not followed", src.show()),
     }
     Ok(())
+}
+
+/// Makes the entry `rel` of the copy under `dst` with `make`, given (for a local copy) its
+/// directory opened component by component from the top, following no link: not one the copy
+/// made (a link's target is the source's to choose), not one that was there.
+fn make_entry(
+    dst: &Loc,
+    rel: &[String],
+    make: impl FnOnce(Option<LocalDir>, &str, &Loc) -> Result<()>,
+) -> Result<()> {
+    let to = rel.iter().fold(dst.clone(), |t, n| t.join(n));
+    let (name, parents) = rel.split_last().context("an entry without a name")?;
+    match dst {
+        Loc::Local(top) => make(Some(LocalDir::open(top)?.below(parents)?), name, &to),
+        Loc::Sfs(_) => make(None, name, &to),
+    }
+}
+
+/// Copies `files` (paths under `src`, and sizes) to the same paths under `dst`, whose
+/// directories exist, [`FILES_AT_ONCE`] at a time; the first failure stops the copy.
+fn copy_files(
+    c: &Client,
+    src: &Loc,
+    dst: &Loc,
+    spec: LayoutSpec,
+    files: &[(Vec<String>, u64)],
+    buf: BytesMut,
+    pb: &ProgressBar,
+) -> Result<()> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed = std::sync::Mutex::new(None::<anyhow::Error>);
+    let worker = |mut buf: BytesMut| {
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some((rel, size)) = files.get(i) else { return };
+            if failed.lock().map_or(true, |f| f.is_some()) {
+                return;
+            }
+            let from = rel.iter().fold(src.clone(), |f, n| f.join(n));
+            let to = rel.iter().fold(dst.clone(), |t, n| t.join(n));
+            let r = match dst {
+                // As `make_entry` does.
+                Loc::Local(top) => (|| {
+                    let (name, parents) = rel.split_last().context("an entry without a name")?;
+                    let dir = LocalDir::open(top)?.below(parents)?;
+                    copy_file(c, &from, *size, &to, || Ok(Sink::Local(dir.create_file(name)?)), buf, pb)
+                })(),
+                Loc::Sfs(_) => copy_file(c, &from, *size, &to, || Sink::create(c, &to, &from, spec), buf, pb),
+            };
+            match r {
+                Ok(b) => buf = b,
+                Err(e) => {
+                    if let Ok(mut f) = failed.lock() {
+                        f.get_or_insert(e);
+                    }
+                    return;
+                }
+            }
+        }
+    };
+    let workers = FILES_AT_ONCE.min(files.len());
+    std::thread::scope(|s| {
+        for _ in 1..workers {
+            s.spawn(|| worker(stripefs::buf::aligned_zeroed(CP_CHUNK)));
+        }
+        worker(buf);
+    });
+    match failed.into_inner() {
+        Ok(Some(e)) => Err(e),
+        _ => Ok(()),
+    }
 }
 
 fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
