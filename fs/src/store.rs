@@ -637,38 +637,10 @@ impl ObjectStore {
 
     /// Creates `h`'s object (empty) and makes it durable: the file, its directory entry and any
     /// new subdirectories are fsynced. Idempotent, so the meta server can retry; returns whether
-    /// the object is new.
+    /// the object is new. It is then open, for the writes that follow a create.
     pub fn create(&self, h: Handle) -> Result<bool, StoreError> {
-        let io = |op| move |source| StoreError::Io { op, handle: h, error: source };
-        let path = self.path_of(h);
-        let leaf = path.parent().unwrap_or(&self.root);
-        let mid = leaf.parent().unwrap_or(&self.root);
-        let new_mid = !mid.exists();
-        let new_leaf = !leaf.exists();
-        crate::private::create_dir_all(leaf).map_err(io("mkdir"))?;
-        let (f, created) = match crate::private::options().read(true).write(true).create_new(true).open(&path)
-        {
-            Ok(f) => (f, true),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                (OpenOptions::new().read(true).write(true).open(&path).map_err(io("open"))?, false)
-            }
-            Err(e) => return Err(io("create")(e)),
-        };
-        if created {
-            f.sync_all().map_err(io("fsync"))?;
-            fsync_dir(leaf).map_err(io("fsync dir"))?;
-            if new_leaf {
-                fsync_dir(mid).map_err(io("fsync dir"))?;
-            }
-            if new_mid {
-                fsync_dir(&self.root).map_err(io("fsync dir"))?;
-            }
-            debug!(handle = %h, "object created");
-        }
-        let mut c = self.cache();
-        if c.get(h).is_none() {
-            c.insert(h, Arc::new(Object::new(h, f, self.write_behind.clone())?));
-        }
+        let created = self.create_many(&[h])? == 1;
+        self.object(h)?;
         Ok(created)
     }
 

@@ -1027,8 +1027,8 @@ impl MetaStore {
     pub fn setattr(&self, cred: &Cred, h: Handle, set: &SetAttr) -> Result<SetattrOutcome, MetaError> {
         // Durable unless asked otherwise for a change of times alone; a cleared set-id bit
         // found below makes it durable again.
-        let times_only = set.lazy && set.mode.is_none() && set.uid.is_none() && set.gid.is_none();
-        let lazy = times_only && set.size.is_none();
+        let lazy =
+            set.lazy && set.mode.is_none() && set.uid.is_none() && set.gid.is_none() && set.size.is_none();
         let durability = if lazy { redb::Durability::None } else { redb::Durability::Immediate };
         self.write_deciding(durability, |tx| {
             let mut i = live_inode(&tx.inodes, h.0)?;
