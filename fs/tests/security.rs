@@ -133,7 +133,8 @@ fn capabilities_are_bound_to_handle_and_rights(scheme: &str) {
     };
     assert_eq!(cap.rights, Rights::READ, "more rights than asked for");
     let peer = ep.connect(&tc.cluster.config().io_servers[0]).unwrap();
-    assert_eq!(code(io_call(&ep, peer, IoRequest::Sync { cap: cap.clone() })), Errno::EACCES);
+    // It may sync (as Linux lets a reader fsync), which changes nothing it could not read.
+    assert!(matches!(io_call(&ep, peer, IoRequest::Sync { cap: cap.clone() }), IoReply::Done));
     assert_eq!(code(io_call(&ep, peer, IoRequest::TruncateObject { cap, size: 0 })), Errno::EACCES);
     let (b, n) = theirs.read_at(0, BytesMut::zeroed(10)).unwrap();
     assert_eq!(&b[..n], b"their data");

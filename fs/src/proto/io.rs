@@ -144,7 +144,7 @@ pub enum IoRequest {
         /// Where the data goes.
         desc: Descriptor,
     },
-    /// fsync the local object (`WRITE`) → [`IoReply::Done`].
+    /// fsync the local object (any capability for the handle) → [`IoReply::Done`].
     Sync {
         /// Capability for the handle.
         cap: Capability,
@@ -238,10 +238,13 @@ impl IoRequest {
             | IoRequest::RemoveObject { .. }
             | IoRequest::TruncateObject { .. } => Rights::ADMIN,
             IoRequest::Read { .. } => Rights::READ,
-            IoRequest::Write { .. } | IoRequest::Sync { .. } | IoRequest::Allocate { .. } => Rights::WRITE,
+            IoRequest::Write { .. } | IoRequest::Allocate { .. } => Rights::WRITE,
             // A size is an attribute: whoever may stat a file may learn it, and a capability
             // for the file (even one granting nothing else) shows the meta server let them.
-            IoRequest::GetSize { .. }
+            // Making written bytes durable changes nothing a reader sees, and Linux syncs a
+            // descriptor opened for reading alike.
+            IoRequest::Sync { .. }
+            | IoRequest::GetSize { .. }
             | IoRequest::GetSizes { .. }
             | IoRequest::Ping
             | IoRequest::Stats
