@@ -251,6 +251,18 @@ fn server_metrics(x: &mut Exposition, r: &ServerReport) {
         x.gauge("stripefs_meta_files", "Regular files and symbolic links in the namespace.", m.files);
         x.gauge("stripefs_meta_directories", "Directories in the namespace, the root included.", m.dirs);
     }
+    if let Some(m) = &r.meta_state {
+        x.gauge(
+            "stripefs_meta_unflushed_commits",
+            "Commits acknowledged but not yet flushed to disk (changes of times alone).",
+            m.unflushed,
+        );
+        x.gauge(
+            "stripefs_meta_files_made_ahead",
+            "Files whose objects are made ahead for creates.",
+            m.made_ahead,
+        );
+    }
 }
 
 /// How one `ionet_*` metric reads an endpoint's `info()`.

@@ -77,6 +77,11 @@ pub struct ServeArgs {
     /// need not wait for the io servers (0: each create makes its own).
     #[arg(long, default_value_t = stripefs::server::meta::DEFAULT_PRECREATE)]
     precreate: usize,
+    /// Longest the meta server lets a change of times alone (a closed file's modification
+    /// time, `touch`, a `chown` to the owner it has) wait for a flush to its disk; a sync asks
+    /// for one at once. Longer: fewer flushes, and more such changes lost to a crash.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    flush_interval: Duration,
     /// How server threads wait for the network: spin, block or adaptive (default: adaptive;
     /// block for the servers of a local cluster that outnumber this host's CPUs, where a
     /// polling server takes the CPU its neighbours and clients need).
@@ -219,6 +224,7 @@ pub fn run(a: ServeArgs, cluster: Option<PathBuf>) -> Result<()> {
         }
         m.cap_lifetime = Duration::from_secs(a.cap_lifetime);
         m.precreate = a.precreate;
+        m.flush_interval = a.flush_interval;
         m.workers = a.workers;
         m.wait_mode = a.wait.unwrap_or(WaitMode::Adaptive);
         let h = MetaServer::start(m)?;
@@ -333,6 +339,8 @@ fn run_local_cluster(a: &ServeArgs, cfg: Option<ClusterConfig>, stop: &mpsc::Rec
     opts.meta_args =
         vec!["--cap-lifetime".into(), a.cap_lifetime.to_string(), "--wait".into(), wait.name().into()];
     opts.meta_args.extend(["--drain-timeout".into(), drain, "--precreate".into(), a.precreate.to_string()]);
+    let flush = humantime::format_duration(a.flush_interval).to_string();
+    opts.meta_args.extend(["--flush-interval".into(), flush]);
     opts.metrics = a.metrics;
     let mut c = LocalCluster::start(opts)?;
     let path = std::fs::canonicalize(c.config_path()).unwrap_or_else(|_| c.config_path().to_owned());

@@ -21,9 +21,6 @@ pub struct File {
     pub(super) view: Mutex<Option<View>>,
     /// Written since the modification time was last recorded.
     pub(super) written: AtomicBool,
-    /// The modification time was recorded lazily since the last sync (see
-    /// [`File::record_mtime_lazily`]).
-    pub(super) recorded_lazily: AtomicBool,
 }
 
 impl File {
@@ -96,22 +93,26 @@ impl File {
         Ok(self.layout.logical_size(&self.local_sizes()?))
     }
 
-    /// Makes everything written so far durable on every server (fsync), and records the
-    /// writes' modification time ([`File::record_mtime`]).
+    /// Makes everything written so far durable on every server (fsync), records the writes'
+    /// modification time ([`File::record_mtime`]), and makes the file's attributes durable
+    /// at the meta server, whoever changed them.
     pub fn sync(&self) -> FsResult<()> {
         self.sync_pnums(&(0..self.layout.pcount).collect::<Vec<_>>())?;
-        if self.recorded_lazily.swap(false, Ordering::AcqRel) {
-            // Recorded, but perhaps not yet on the meta server's disk: again, durably.
-            self.written.store(true, Ordering::Release);
+        // The file's times, whoever changed them last, are durable with the record (or the
+        // flush) at the meta server.
+        if !self.record_mtime_with(true)? {
+            self.client.sync_metadata()?;
         }
-        self.record_mtime()
+        Ok(())
     }
 
-    /// Makes everything written so far durable on every server, like [`File::sync`], but
-    /// records no time: for a caller that keeps the modification time itself (the FUSE mount's
-    /// kernel-cached mode, whose kernel sends its own times and must not have them overwritten).
+    /// Makes everything written so far, and the file's attributes, durable like
+    /// [`File::sync`], but records no time: for a caller that keeps the modification time
+    /// itself (the FUSE mount's kernel-cached mode, whose kernel sends its own times and must
+    /// not have them overwritten).
     pub fn sync_data(&self) -> FsResult<()> {
-        self.sync_pnums(&(0..self.layout.pcount).collect::<Vec<_>>())
+        self.sync_pnums(&(0..self.layout.pcount).collect::<Vec<_>>())?;
+        self.client.sync_metadata()
     }
 
     /// Makes the bytes written to `[off, off + len)` durable: syncs the servers holding them
@@ -142,37 +143,29 @@ impl File {
     }
 
     /// If this `File` wrote since the last call, sets the file's modification (and change)
-    /// time on the meta server to now; otherwise does nothing.
+    /// time on the meta server to now; otherwise does nothing. As any change of times alone,
+    /// the record is durable with the meta server's next flush (within about a second) or
+    /// this file's [`File::sync`], as a local file system's times are once its journal commits
+    /// (a set-id bit the write clears is durable at once).
     pub fn record_mtime(&self) -> FsResult<()> {
-        self.record_mtime_with(false)
+        self.record_mtime_with(false).map(|_| ())
     }
 
-    /// As [`File::record_mtime`], letting the meta server make the record durable with its
-    /// next durable commit rather than at once (a crash of the meta server before then loses
-    /// it; a set-id bit it clears is durable at once): for a close, after which, as on a local
-    /// file system, times are durable only once synced. A later [`File::sync`] records again,
-    /// durably.
-    #[cfg_attr(not(feature = "fuse"), expect(dead_code, reason = "the mount's close"))]
-    pub(crate) fn record_mtime_lazily(&self) -> FsResult<()> {
-        self.record_mtime_with(true)
-    }
-
-    fn record_mtime_with(&self, lazy: bool) -> FsResult<()> {
+    /// Records the write's time if this `File` wrote (durably with everything before it if
+    /// `sync`); whether it did.
+    fn record_mtime_with(&self, sync: bool) -> FsResult<bool> {
         if !self.written.swap(false, Ordering::AcqRel) {
-            return Ok(());
+            return Ok(false);
         }
         let set = SetAttr {
             mtime: Some(SetTime::Now),
             wrote: true,
             opened_for_write: true,
-            lazy,
+            sync,
             ..Default::default()
         };
         match self.client.setattr(self.handle, set) {
-            Ok(_) => {
-                self.recorded_lazily.store(lazy, Ordering::Release);
-                Ok(())
-            }
+            Ok(_) => Ok(true),
             Err(e) => {
                 // Still unrecorded: the next call tries again.
                 self.written.store(true, Ordering::Release);

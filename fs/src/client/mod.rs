@@ -601,6 +601,16 @@ impl Client {
         })
     }
 
+    /// Makes every change the meta server has acknowledged durable: changes of times alone
+    /// (see [`SetAttr::sync`]) are otherwise flushed within about a second. [`File::sync`]
+    /// does this for its file; this is for the rest (a directory's times).
+    pub fn sync_metadata(&self) -> FsResult<()> {
+        match self.meta_call(MetaRequest::Sync)? {
+            MetaReply::Done => Ok(()),
+            r => Self::unexpected(r),
+        }
+    }
+
     /// Changes attributes; a size truncates (or extends with a hole).
     pub fn setattr(&self, h: Handle, set: SetAttr) -> FsResult<Attr> {
         match self.meta_call(MetaRequest::Setattr { handle: h, set })? {
@@ -645,7 +655,6 @@ impl Client {
                     cap: Mutex::new(cap),
                     view: Mutex::new(None),
                     written: AtomicBool::new(false),
-                    recorded_lazily: AtomicBool::new(false),
                 })
             }
             r => Self::unexpected(r),

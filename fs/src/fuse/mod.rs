@@ -643,7 +643,7 @@ impl Filesystem for StripeFuse {
             // one not opened for writing.
             opened_for_write: fh.is_some(),
             wrote: false,
-            lazy: false,
+            sync: false,
         };
         let h = Handle(ino.0);
         let c = self.as_caller(req);
@@ -936,10 +936,10 @@ impl Filesystem for StripeFuse {
         // No client-side data to flush (every write already reached the io servers), but the
         // writes' modification time goes to the meta server now: `close` waits for a flush, so
         // a `utimes` after it (tar, cp -p, rsync -t) comes later and wins. Durable with the
-        // meta server's next durable commit, or this file's next fsync (through another
-        // descriptor), as a local file system's times are.
+        // meta server's next flush, or the file's next fsync, as a local file system's times
+        // are.
         let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
-        match f.record_mtime_lazily() {
+        match f.record_mtime() {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -1003,8 +1003,12 @@ impl Filesystem for StripeFuse {
     }
 
     fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        // Nothing to do: every change of names is durable on the meta server when it returns.
-        reply.ok();
+        // Every change of names is durable on the meta server when it returns; a change of
+        // the directory's times alone waits for the meta server's flush.
+        match self.client.sync_metadata() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

@@ -55,6 +55,7 @@ use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::ops::Bound;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tracing::info;
 
 mod access;
@@ -349,6 +350,10 @@ pub struct Stripe {
 pub struct MetaStore {
     db: Database,
     cfg: MetaConfig,
+    /// Commits made without a flush, counted inside their transactions (so in commit order).
+    lazy_commits: AtomicU64,
+    /// `lazy_commits` as the latest durable commit saw it: every commit up to it is on disk.
+    flushed_upto: AtomicU64,
     /// One meta server per database, said as such (redb's own lock only says it is open).
     _lock: crate::private::DirLock,
 }
@@ -550,7 +555,13 @@ impl MetaStore {
         crate::private::options().write(true).create(true).truncate(false).open(path).map_err(io)?;
         crate::private::tighten(path, "meta database").map_err(io)?;
         let db = Database::create(path)?;
-        let store = MetaStore { db, cfg, _lock: lock };
+        let store = MetaStore {
+            db,
+            cfg,
+            lazy_commits: AtomicU64::new(0),
+            flushed_upto: AtomicU64::new(0),
+            _lock: lock,
+        };
         store.write(|tx| {
             let format = counter(&tx.sup, K_FORMAT)?;
             if format == 0 {
@@ -600,6 +611,21 @@ impl MetaStore {
         self.write_deciding(durability, |tx| Ok((f(tx)?, false)))
     }
 
+    /// Commits acknowledged but not yet flushed to disk: those a crash of the meta server's
+    /// machine (or of the meta server: redb keeps them in its own memory) would lose now.
+    pub fn unflushed(&self) -> u64 {
+        self.lazy_commits.load(Ordering::Acquire).saturating_sub(self.flushed_upto.load(Ordering::Acquire))
+    }
+
+    /// Makes every commit so far durable, if any was made without a flush (an empty durable
+    /// commit persists the ones before it).
+    pub fn flush(&self) -> Result<(), MetaError> {
+        if self.unflushed() == 0 {
+            return Ok(());
+        }
+        self.write(|_| Ok(()))
+    }
+
     /// As `write_with`, where `f` may ask for a durable commit after all (its `true`).
     fn write_deciding<T>(
         &self,
@@ -618,9 +644,23 @@ impl MetaStore {
             };
             f(&mut tx)?
         };
-        txn.set_durability(if durable { redb::Durability::Immediate } else { durability });
+        let durability = if durable { redb::Durability::Immediate } else { durability };
+        // Counted while this transaction holds redb's one writer's place: a durable commit
+        // persists exactly the lazy ones counted before it. A lazy commit that then fails is
+        // counted all the same, which costs the next flush an empty commit, no more.
+        let lazy = matches!(durability, redb::Durability::None);
+        let upto = if lazy {
+            self.lazy_commits.fetch_add(1, Ordering::AcqRel);
+            None
+        } else {
+            Some(self.lazy_commits.load(Ordering::Acquire))
+        };
+        txn.set_durability(durability);
         // An early return above drops `txn`, which aborts it.
         txn.commit()?;
+        if let Some(upto) = upto {
+            self.flushed_upto.fetch_max(upto, Ordering::AcqRel);
+        }
         Ok(out)
     }
 
@@ -1024,12 +1064,15 @@ impl MetaStore {
     /// size change on a file is recorded and returned with the layout so the caller truncates
     /// each object to [`Layout::local_size`]; on a directory it is refused. A size change sets
     /// the modification time, and any change the change time.
+    ///
+    /// A change of what decides access (mode, owner, group) or of the size is durable when
+    /// this returns. A change of times alone, which is also what setting the mode or owner to
+    /// what they are comes to, is committed without a flush, as a local file system's waits
+    /// for its journal: durable with the next durable commit, [`MetaStore::flush`], or at
+    /// once if [`SetAttr::sync`] asks.
     pub fn setattr(&self, cred: &Cred, h: Handle, set: &SetAttr) -> Result<SetattrOutcome, MetaError> {
-        // Durable unless asked otherwise for a change of times alone; a cleared set-id bit
-        // found below makes it durable again.
-        let lazy =
-            set.lazy && set.mode.is_none() && set.uid.is_none() && set.gid.is_none() && set.size.is_none();
-        let durability = if lazy { redb::Durability::None } else { redb::Durability::Immediate };
+        let durability =
+            if set.sync || set.size.is_some() { redb::Durability::Immediate } else { redb::Durability::None };
         self.write_deciding(durability, |tx| {
             let mut i = live_inode(&tx.inodes, h.0)?;
             let now = Timestamp::now();
@@ -1047,7 +1090,9 @@ impl MetaStore {
                 return Err(MetaError::Invalid("a symbolic link has no mode to change"));
             }
             let mode = access::setattr(&i.attr, cred, set)?;
-            let durable = mode != i.attr.mode;
+            let durable = mode != i.attr.mode
+                || set.uid.is_some_and(|u| u != i.attr.uid)
+                || set.gid.is_some_and(|g| g != i.attr.gid);
             i.attr.mode = mode;
             if let Some(size) = set.size {
                 i.attr.size = size;

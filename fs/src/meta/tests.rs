@@ -129,21 +129,50 @@ fn create_with(m: &MetaStore, name: &str, spec: Option<LayoutSpec>, h: Handle) -
 }
 
 #[test]
-fn a_lazy_change_applies_as_any_other() {
-    // Whether it reached the disk shows only after a crash (see the meta server's tests).
+fn changes_of_times_alone_wait_for_a_flush() {
+    // Whether a commit reached the disk shows only after a crash (see the meta server's
+    // tests); here, what the store counts as not yet flushed.
     let d = tempfile::tempdir().unwrap();
     let m = store(&d);
     let old = Timestamp { secs: 1000, nsecs: 0 };
-    let lazy_mtime = SetAttr { mtime: Some(SetTime::At(old)), lazy: true, ..Default::default() };
+    let times = SetAttr { mtime: Some(SetTime::At(old)), atime: Some(SetTime::Now), ..Default::default() };
     let f = mkfile(&m, R, "f").handle;
-    m.setattr(&ROOT, f, &SetAttr { mode: Some(0o4755), ..Default::default() }).unwrap();
-    assert_eq!(m.setattr(&ROOT, f, &lazy_mtime).unwrap().attr.mtime, old);
+    assert_eq!(m.unflushed(), 0);
+    assert_eq!(m.setattr(&ROOT, f, &times).unwrap().attr.mtime, old);
     assert_eq!(m.getattr(f).unwrap().mtime, old);
+    assert_eq!(m.unflushed(), 1);
+    // Setting the mode or owner to what they are changes the change time alone.
+    let a = m.getattr(f).unwrap();
+    let same =
+        SetAttr { mode: Some(a.mode & 0o7777), uid: Some(a.uid), gid: Some(a.gid), ..Default::default() };
+    m.setattr(&ROOT, f, &same).unwrap();
+    assert_eq!(m.unflushed(), 2);
+    m.flush().unwrap();
+    assert_eq!(m.unflushed(), 0);
+    m.flush().unwrap();
+    // A change of what decides access is durable, with every change before it.
+    let durable = |set: SetAttr, cred: &Cred| {
+        m.setattr(&ROOT, f, &times).unwrap();
+        assert_eq!(m.unflushed(), 1);
+        let a = m.setattr(cred, f, &set).unwrap().attr;
+        assert_eq!(m.unflushed(), 0, "{set:?}");
+        a
+    };
+    assert_eq!(durable(SetAttr { mode: Some(0o4755), ..Default::default() }, &ROOT).mode & 0o7777, 0o4755);
     let writer = Cred { uid: 10, gid: 20, groups: crate::proto::BoundedVec::empty() };
-    let wrote = SetAttr { wrote: true, opened_for_write: true, ..lazy_mtime.clone() };
-    assert_eq!(m.setattr(&writer, f, &wrote).unwrap().attr.mode & 0o7777, 0o755);
-    let chmod = SetAttr { mode: Some(0o600), ..lazy_mtime };
-    assert_eq!(m.setattr(&ROOT, f, &chmod).unwrap().attr.mode & 0o7777, 0o600);
+    let wrote = SetAttr { wrote: true, opened_for_write: true, ..times.clone() };
+    assert_eq!(durable(wrote, &writer).mode & 0o7777, 0o755, "the set-user-ID bit cleared");
+    m.setattr(&ROOT, f, &SetAttr { mode: Some(0o4755), ..Default::default() }).unwrap();
+    assert_eq!(
+        durable(SetAttr { uid: Some(0), ..Default::default() }, &ROOT).mode & 0o7777,
+        0o755,
+        "by a chown"
+    );
+    assert_eq!(durable(SetAttr { mode: Some(0o600), ..times.clone() }, &ROOT).mode & 0o7777, 0o600);
+    assert_eq!(durable(SetAttr { uid: Some(7), ..Default::default() }, &ROOT).uid, 7);
+    assert_eq!(durable(SetAttr { gid: Some(8), ..Default::default() }, &ROOT).gid, 8);
+    assert_eq!(durable(SetAttr { size: Some(0), ..Default::default() }, &ROOT).size, 0);
+    assert_eq!(durable(SetAttr { sync: true, ..times.clone() }, &ROOT).mtime, old);
 }
 
 #[test]

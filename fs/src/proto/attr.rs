@@ -147,11 +147,13 @@ pub struct SetAttr {
     /// The caller wrote the file's data: as on a local file system, the set-user-ID bit and a
     /// set-group-ID bit with group execute are cleared unless the caller is root.
     pub wrote: bool,
-    /// A change of times alone (a write's modification time recorded at close) that may wait
-    /// for the meta server's next durable commit, as a local file system's does for the next
-    /// `fsync`: lost if the meta server crashes first. Taken only when nothing but times
-    /// changes; a change of anything else (or a set-id bit cleared) is durable as ever.
-    pub lazy: bool,
+    /// Durable before the answer, with every change the meta server acknowledged before it
+    /// (a sync's record of the write's time). Without it, a change of times alone (which
+    /// setting the mode or owner to what they are comes to) is durable only with the meta
+    /// server's next flush, within about a second, as a local file system's waits for its
+    /// journal; a change of the mode, owner, group or size (a set-id bit cleared included) is
+    /// durable before the answer all the same.
+    pub sync: bool,
 }
 
 impl SetAttr {

@@ -173,6 +173,10 @@ pub enum MetaRequest {
         /// The objects, at most [`MAX_BATCH`].
         handles: BoundedVec<Handle, MAX_BATCH>,
     },
+    /// Make every change the meta server has acknowledged durable (an `fsync`'s part at the
+    /// meta server: changes of times alone are otherwise flushed within about a second) →
+    /// [`MetaReply::Done`].
+    Sync,
 }
 
 /// One object's answer in [`MetaReply::Attrs`].
@@ -287,13 +291,17 @@ impl MetaRequest {
             MetaRequest::Link { .. } => "link",
             MetaRequest::Mknod { .. } => "mknod",
             MetaRequest::GetattrMany { .. } => "getattr_many",
+            MetaRequest::Sync => "sync",
         }
     }
 
     /// The handle the request is about (a directory for requests on a name in it), for logs.
     pub fn subject(&self) -> Option<Handle> {
         match self {
-            MetaRequest::Statfs | MetaRequest::Status | MetaRequest::GetattrMany { .. } => None,
+            MetaRequest::Statfs
+            | MetaRequest::Status
+            | MetaRequest::Sync
+            | MetaRequest::GetattrMany { .. } => None,
             MetaRequest::Getattr { handle }
             | MetaRequest::Setattr { handle, .. }
             | MetaRequest::Open { handle, .. }

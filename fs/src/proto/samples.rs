@@ -94,7 +94,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
                     mtime: Some(SetTime::At(t)),
                     opened_for_write: true,
                     wrote: true,
-                    lazy: true,
+                    sync: true,
                     ..Default::default()
                 },
             },
@@ -142,6 +142,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ),
         ("meta_readlink", MetaRequest::Readlink { handle: Handle(7) }),
         ("meta_status", MetaRequest::Status),
+        ("meta_sync", MetaRequest::Sync),
         ("meta_link", MetaRequest::Link { handle: Handle(7), parent: Handle(9), name: name("l2") }),
         (
             "meta_mknod_fifo",

@@ -287,6 +287,7 @@ impl Reporting for Shared {
             status: self.load.status_outside(&self.cfg.data_dir),
             io: Some(self.snapshot()),
             meta: None,
+            meta_state: None,
         }
     }
 }

@@ -26,7 +26,9 @@
 
 use super::liveness::{Change, Liveness};
 use super::precreate::Precreated;
-use super::{Load, PeerSpans, Reporting, ServerError, ServerHandle, ServerReport, send_reply, spawn_workers};
+use super::{
+    Load, MetaState, PeerSpans, Reporting, ServerError, ServerHandle, ServerReport, send_reply, spawn_workers,
+};
 use crate::capability::{Capability, CapabilityKey, Rights, expiry_after, unix_now};
 use crate::config::ClusterConfig;
 use crate::errno::Errno;
@@ -72,6 +74,8 @@ pub struct MetaServerConfig {
     /// Files whose objects are kept made ahead on every io server, so a create need not wait
     /// for them (default [`DEFAULT_PRECREATE`]; 0: every create makes its own).
     pub precreate: usize,
+    /// Longest a change committed without a flush (of times alone) waits for one (default 1 s).
+    pub flush_interval: Duration,
 }
 
 /// Files whose objects the meta server keeps made ahead, by default: a burst of creates (an
@@ -93,6 +97,7 @@ impl MetaServerConfig {
             janitor_interval: Duration::from_secs(1),
             tcp_congestion: crate::net::tcp_congestion(),
             precreate: DEFAULT_PRECREATE,
+            flush_interval: Duration::from_secs(1),
         }
     }
 }
@@ -210,6 +215,27 @@ impl MetaServer {
                 }
             }
         })?);
+        let (s5, stop5) = (shared.clone(), stop.clone());
+        let span = tracing::error_span!("server", role = "meta-flush", %addr);
+        threads.push(std::thread::Builder::new().name("meta-flush".into()).spawn(move || {
+            let _server = span.enter();
+            // Changes of times are committed without a flush; this bounds how long they wait
+            // for one (a local file system's journal commits every few seconds), and flushes
+            // what is left when the server stops.
+            loop {
+                let stopping = stop5.load(Ordering::Relaxed);
+                if let Err(e) = s5.store.flush() {
+                    warn!(error = %e, "flushing the meta database failed");
+                }
+                if stopping {
+                    break;
+                }
+                let until = Instant::now() + s5.cfg.flush_interval;
+                while Instant::now() < until && !stop5.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        })?);
         if shared.cfg.precreate > 0 {
             let (s4, stop4) = (shared.clone(), stop.clone());
             let span = tracing::error_span!("server", role = "meta-precreate", %addr);
@@ -244,7 +270,14 @@ impl Reporting for Shared {
                 None
             }
         };
-        ServerReport { status: self.load.status_outside(self.db_dir()), io: None, meta }
+        let state =
+            MetaState { unflushed: self.store.unflushed(), made_ahead: self.precreated.ready() as u64 };
+        ServerReport {
+            status: self.load.status_outside(self.db_dir()),
+            io: None,
+            meta,
+            meta_state: Some(state),
+        }
     }
 }
 
@@ -324,6 +357,7 @@ impl Shared {
         let s = &self.store;
         let r = match body {
             MetaRequest::Statfs => s.statfs().map(MetaReply::Statfs),
+            MetaRequest::Sync => s.flush().map(|()| MetaReply::Done),
             MetaRequest::Status => Ok(MetaReply::Status(self.load.status(self.db_dir()))),
             MetaRequest::Lookup { parent, name } => {
                 s.lookup(cred, parent, &name).map(|(handle, attr)| MetaReply::Entry { handle, attr })

@@ -203,6 +203,20 @@ pub struct ServerReport {
     /// The meta server's namespace counts (`None` for an io server, or if the database could
     /// not be read).
     pub meta: Option<FsStats>,
+    /// The meta server's commits awaiting a flush and its files made ahead (`None` for an io
+    /// server).
+    pub meta_state: Option<MetaState>,
+}
+
+/// What the meta server holds beside its namespace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MetaState {
+    /// Commits acknowledged but not yet flushed to disk (changes of times alone, flushed
+    /// within about a second): what a crash of its machine would lose now.
+    pub unflushed: u64,
+    /// Files whose objects are made ahead on every io server, ready for creates.
+    pub made_ahead: u64,
 }
 
 /// Reads a server's [`ServerReport`] (see [`ServerHandle::reporter`]).

@@ -45,6 +45,11 @@ impl Precreated {
         crate::lock(&self.ready).extend(hs);
     }
 
+    /// How many are ready.
+    pub(super) fn ready(&self) -> usize {
+        crate::lock(&self.ready).len()
+    }
+
     /// How many to make now: enough to fill up once at most half are left, else none.
     pub(super) fn wanted(&self) -> usize {
         let n = crate::lock(&self.ready).len();

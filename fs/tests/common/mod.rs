@@ -58,6 +58,14 @@ pub fn no_objects_ahead(o: &mut LocalClusterOptions) {
     o.meta_args.extend(["--precreate".into(), "0".into()]);
 }
 
+/// For tests of what a crash of the meta server keeps: no files' objects made ahead, and no
+/// flush of changes of times unless a sync asks (the flushes an hour apart), so what survives
+/// is what the meta server made durable itself.
+pub fn no_flushes(o: &mut LocalClusterOptions) {
+    no_objects_ahead(o);
+    o.meta_args.extend(["--flush-interval".into(), "1h".into()]);
+}
+
 /// Requests the meta server and the io servers (all together) received while `f` ran, less
 /// the status requests that count them.
 /// (Start the cluster with [`no_objects_ahead`].)
