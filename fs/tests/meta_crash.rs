@@ -105,3 +105,21 @@ fn a_change_of_times_is_flushed_within_the_interval() {
     tc.cluster.restart_meta().unwrap();
     assert_eq!(tc.client().getattr(f).unwrap().mtime, PAST, "the flushed time was lost");
 }
+
+/// A mode change that takes bits away, and a change of owner, are durable when answered: a
+/// crash never opens a file up again. (One that only adds bits may wait for the flush.)
+#[test]
+fn a_mode_taken_away_and_an_owner_changed_survive_a_crash() {
+    let mut tc = TestCluster::start_with("tcp", 2, no_flushes);
+    let c = tc.client();
+    let f = c.create("/f", CreateOptions { mode: 0o644, layout: None }).unwrap().handle();
+    let g = c.create("/g", CreateOptions { mode: 0o644, layout: None }).unwrap().handle();
+    c.setattr(f, SetAttr { mode: Some(0o600), ..Default::default() }).unwrap();
+    c.setattr(g, SetAttr { uid: Some(1000), gid: Some(1000), ..Default::default() }).unwrap();
+    tc.cluster.kill_meta();
+    tc.cluster.restart_meta().unwrap();
+    let c = tc.client();
+    assert_eq!(c.getattr(f).unwrap().mode & 0o7777, 0o600, "the file was opened up again");
+    let a = c.getattr(g).unwrap();
+    assert_eq!((a.uid, a.gid), (1000, 1000), "the owner came back");
+}

@@ -254,7 +254,7 @@ fn server_metrics(x: &mut Exposition, r: &ServerReport) {
     if let Some(m) = &r.meta_state {
         x.gauge(
             "stripefs_meta_unflushed_commits",
-            "Commits acknowledged but not yet flushed to disk (changes of times alone).",
+            "Commits acknowledged but not yet flushed to disk (changes of times, added mode bits).",
             m.unflushed,
         );
         x.gauge(

@@ -77,9 +77,9 @@ pub struct ServeArgs {
     /// need not wait for the io servers (0: each create makes its own).
     #[arg(long, default_value_t = stripefs::server::meta::DEFAULT_PRECREATE)]
     precreate: usize,
-    /// Longest the meta server lets a change of times alone (a closed file's modification
-    /// time, `touch`, a `chown` to the owner it has) wait for a flush to its disk; a sync asks
-    /// for one at once. Longer: fewer flushes, and more such changes lost to a crash.
+    /// Longest the meta server lets a change of times (a closed file's modification time,
+    /// `touch`) or one that only adds mode bits wait for a flush to its disk; a sync asks for
+    /// one at once. Longer: fewer flushes, and more such changes lost to a crash.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     flush_interval: Duration,
     /// How server threads wait for the network: spin, block or adaptive (default: adaptive;

@@ -143,7 +143,7 @@ impl File {
     }
 
     /// If this `File` wrote since the last call, sets the file's modification (and change)
-    /// time on the meta server to now; otherwise does nothing. As any change of times alone,
+    /// time on the meta server to now; otherwise does nothing. As any change of times,
     /// the record is durable with the meta server's next flush (within about a second) or
     /// this file's [`File::sync`], as a local file system's times are once its journal commits
     /// (a set-id bit the write clears is durable at once).

@@ -601,8 +601,8 @@ impl Client {
         })
     }
 
-    /// Makes every change the meta server has acknowledged durable: changes of times alone
-    /// (see [`SetAttr::sync`]) are otherwise flushed within about a second. [`File::sync`]
+    /// Makes every change the meta server has acknowledged durable: changes of times and mode
+    /// bits added (see [`SetAttr::sync`]) are otherwise flushed within about a second. [`File::sync`]
     /// does this for its file; this is for the rest (a directory's times).
     pub fn sync_metadata(&self) -> FsResult<()> {
         match self.meta_call(MetaRequest::Sync)? {

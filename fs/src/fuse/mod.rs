@@ -1004,7 +1004,7 @@ impl Filesystem for StripeFuse {
 
     fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         // Every change of names is durable on the meta server when it returns; a change of
-        // the directory's times alone waits for the meta server's flush.
+        // the directory's times (or mode bits added) waits for the meta server's flush.
         match self.client.sync_metadata() {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),

@@ -1065,11 +1065,11 @@ impl MetaStore {
     /// each object to [`Layout::local_size`]; on a directory it is refused. A size change sets
     /// the modification time, and any change the change time.
     ///
-    /// A change of what decides access (mode, owner, group) or of the size is durable when
-    /// this returns. A change of times alone, which is also what setting the mode or owner to
-    /// what they are comes to, is committed without a flush, as a local file system's waits
-    /// for its journal: durable with the next durable commit, [`MetaStore::flush`], or at
-    /// once if [`SetAttr::sync`] asks.
+    /// A change that takes mode bits away, or changes the owner, group or size, is durable
+    /// when this returns. A change of times, or one that only adds mode bits (setting the mode
+    /// or owner to what they are included), is committed without a flush, as a local file
+    /// system's waits for its journal: durable with the next durable commit,
+    /// [`MetaStore::flush`], or at once if [`SetAttr::sync`] asks.
     pub fn setattr(&self, cred: &Cred, h: Handle, set: &SetAttr) -> Result<SetattrOutcome, MetaError> {
         let durability =
             if set.sync || set.size.is_some() { redb::Durability::Immediate } else { redb::Durability::None };
@@ -1090,7 +1090,10 @@ impl MetaStore {
                 return Err(MetaError::Invalid("a symbolic link has no mode to change"));
             }
             let mode = access::setattr(&i.attr, cred, set)?;
-            let durable = mode != i.attr.mode
+            // Lost in a crash, a change that only adds mode bits leaves the file as closed as
+            // it was (tar makes each file 0600 and then opens it up); one that takes a bit away
+            // (a set-id bit a write clears too), or changes the owner or group, must not be.
+            let durable = i.attr.mode & !mode & 0o7777 != 0
                 || set.uid.is_some_and(|u| u != i.attr.uid)
                 || set.gid.is_some_and(|g| g != i.attr.gid);
             i.attr.mode = mode;

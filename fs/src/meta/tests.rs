@@ -147,6 +147,15 @@ fn changes_of_times_alone_wait_for_a_flush() {
         SetAttr { mode: Some(a.mode & 0o7777), uid: Some(a.uid), gid: Some(a.gid), ..Default::default() };
     m.setattr(&ROOT, f, &same).unwrap();
     assert_eq!(m.unflushed(), 2);
+    // So does adding mode bits (a lost change leaves the file as closed as it was).
+    m.setattr(&ROOT, f, &SetAttr { mode: Some(0o600), ..Default::default() }).unwrap();
+    m.flush().unwrap();
+    assert_eq!(
+        m.setattr(&ROOT, f, &SetAttr { mode: Some(0o6755), ..Default::default() }).unwrap().attr.mode
+            & 0o7777,
+        0o6755
+    );
+    assert_eq!(m.unflushed(), 1);
     m.flush().unwrap();
     assert_eq!(m.unflushed(), 0);
     m.flush().unwrap();
@@ -158,16 +167,21 @@ fn changes_of_times_alone_wait_for_a_flush() {
         assert_eq!(m.unflushed(), 0, "{set:?}");
         a
     };
-    assert_eq!(durable(SetAttr { mode: Some(0o4755), ..Default::default() }, &ROOT).mode & 0o7777, 0o4755);
+    let setuid = || {
+        m.setattr(&ROOT, f, &SetAttr { mode: Some(0o4755), ..Default::default() }).unwrap();
+        m.flush().unwrap();
+    };
+    setuid();
     let writer = Cred { uid: 10, gid: 20, groups: crate::proto::BoundedVec::empty() };
     let wrote = SetAttr { wrote: true, opened_for_write: true, ..times.clone() };
     assert_eq!(durable(wrote, &writer).mode & 0o7777, 0o755, "the set-user-ID bit cleared");
-    m.setattr(&ROOT, f, &SetAttr { mode: Some(0o4755), ..Default::default() }).unwrap();
+    setuid();
     assert_eq!(
         durable(SetAttr { uid: Some(0), ..Default::default() }, &ROOT).mode & 0o7777,
         0o755,
         "by a chown"
     );
+    assert_eq!(durable(SetAttr { mode: Some(0o6700), ..times.clone() }, &ROOT).mode & 0o7777, 0o6700);
     assert_eq!(durable(SetAttr { mode: Some(0o600), ..times.clone() }, &ROOT).mode & 0o7777, 0o600);
     assert_eq!(durable(SetAttr { uid: Some(7), ..Default::default() }, &ROOT).uid, 7);
     assert_eq!(durable(SetAttr { gid: Some(8), ..Default::default() }, &ROOT).gid, 8);

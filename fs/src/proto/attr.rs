@@ -148,11 +148,11 @@ pub struct SetAttr {
     /// set-group-ID bit with group execute are cleared unless the caller is root.
     pub wrote: bool,
     /// Durable before the answer, with every change the meta server acknowledged before it
-    /// (a sync's record of the write's time). Without it, a change of times alone (which
-    /// setting the mode or owner to what they are comes to) is durable only with the meta
-    /// server's next flush, within about a second, as a local file system's waits for its
-    /// journal; a change of the mode, owner, group or size (a set-id bit cleared included) is
-    /// durable before the answer all the same.
+    /// (a sync's record of the write's time). Without it, a change of times, or one that only
+    /// adds mode bits (which a lost change leaves as closed as before), is durable only with
+    /// the meta server's next flush, within about a second, as a local file system's waits for
+    /// its journal; a change that takes mode bits away (a set-id bit cleared included), or
+    /// changes the owner, group or size, is durable before the answer all the same.
     pub sync: bool,
 }
 

@@ -174,8 +174,8 @@ pub enum MetaRequest {
         handles: BoundedVec<Handle, MAX_BATCH>,
     },
     /// Make every change the meta server has acknowledged durable (an `fsync`'s part at the
-    /// meta server: changes of times alone are otherwise flushed within about a second) →
-    /// [`MetaReply::Done`].
+    /// meta server: changes of times and mode bits added are otherwise flushed within about a
+    /// second) → [`MetaReply::Done`].
     Sync,
 }
 

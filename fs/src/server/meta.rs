@@ -74,7 +74,8 @@ pub struct MetaServerConfig {
     /// Files whose objects are kept made ahead on every io server, so a create need not wait
     /// for them (default [`DEFAULT_PRECREATE`]; 0: every create makes its own).
     pub precreate: usize,
-    /// Longest a change committed without a flush (of times alone) waits for one (default 1 s).
+    /// Longest a change committed without a flush (of times, mode bits added) waits for one
+    /// (default 1 s).
     pub flush_interval: Duration,
 }
 

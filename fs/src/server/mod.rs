@@ -212,8 +212,8 @@ pub struct ServerReport {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MetaState {
-    /// Commits acknowledged but not yet flushed to disk (changes of times alone, flushed
-    /// within about a second): what a crash of its machine would lose now.
+    /// Commits acknowledged but not yet flushed to disk (changes of times, mode bits added;
+    /// flushed within about a second): what a crash of its machine would lose now.
     pub unflushed: u64,
     /// Files whose objects are made ahead on every io server, ready for creates.
     pub made_ahead: u64,
