@@ -1066,8 +1066,8 @@ impl MetaStore {
     /// the modification time, and any change the change time.
     ///
     /// A change that takes mode bits away, or changes the owner, group or size, is durable
-    /// when this returns. A change of times, or one that only adds mode bits (setting the mode
-    /// or owner to what they are included), is committed without a flush, as a local file
+    /// when this returns. A change of times, or one that only adds mode bits (a mode or owner
+    /// set to what it already is among them), is committed without a flush, as a local file
     /// system's waits for its journal: durable with the next durable commit,
     /// [`MetaStore::flush`], or at once if [`SetAttr::sync`] asks.
     pub fn setattr(&self, cred: &Cred, h: Handle, set: &SetAttr) -> Result<SetattrOutcome, MetaError> {

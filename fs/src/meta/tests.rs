@@ -141,7 +141,7 @@ fn changes_of_times_alone_wait_for_a_flush() {
     assert_eq!(m.setattr(&ROOT, f, &times).unwrap().attr.mtime, old);
     assert_eq!(m.getattr(f).unwrap().mtime, old);
     assert_eq!(m.unflushed(), 1);
-    // Setting the mode or owner to what they are changes the change time alone.
+    // Setting the mode or owner to what it already is changes the change time alone.
     let a = m.getattr(f).unwrap();
     let same =
         SetAttr { mode: Some(a.mode & 0o7777), uid: Some(a.uid), gid: Some(a.gid), ..Default::default() };

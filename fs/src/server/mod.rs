@@ -213,7 +213,7 @@ pub struct ServerReport {
 #[non_exhaustive]
 pub struct MetaState {
     /// Commits acknowledged but not yet flushed to disk (changes of times, mode bits added;
-    /// flushed within about a second): what a crash of its machine would lose now.
+    /// flushed within about a second): what a crash of the server or its machine would lose now.
     pub unflushed: u64,
     /// Files whose objects are made ahead on every io server, ready for creates.
     pub made_ahead: u64,
