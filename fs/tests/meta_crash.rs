@@ -123,3 +123,29 @@ fn a_mode_taken_away_and_an_owner_changed_survive_a_crash() {
     let a = c.getattr(g).unwrap();
     assert_eq!((a.uid, a.gid), (1000, 1000), "the owner came back");
 }
+
+/// Creates from several clients at once, which share the meta server's flushes, are each
+/// durable when answered.
+#[test]
+fn concurrent_creates_are_durable_when_answered() {
+    let mut tc = TestCluster::start_with("tcp", 2, no_flushes);
+    let (clients, each) = (4, 50);
+    std::thread::scope(|s| {
+        for t in 0..clients {
+            let c = tc.client();
+            s.spawn(move || {
+                for i in 0..each {
+                    c.create(&format!("/t{t}-{i}"), CreateOptions::default()).unwrap();
+                }
+            });
+        }
+    });
+    tc.cluster.kill_meta();
+    tc.cluster.restart_meta().unwrap();
+    let c = tc.client();
+    let lost: Vec<String> = (0..clients)
+        .flat_map(|t| (0..each).map(move |i| format!("/t{t}-{i}")))
+        .filter(|p| c.stat(p).is_err())
+        .collect();
+    assert!(lost.is_empty(), "{} answered creates lost: {lost:?}", lost.len());
+}
