@@ -134,6 +134,14 @@ struct Shared {
     precreated: Precreated,
 }
 
+/// Sleeps for `d`, or until `stop` is set, whichever comes first.
+fn pause(stop: &AtomicBool, d: Duration) {
+    let until = Instant::now() + d;
+    while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Orphans the janitor lists at a time.
 const ORPHAN_PAGE: usize = 256;
 
@@ -210,10 +218,7 @@ impl MetaServer {
             let _server = span.enter();
             while !stop3.load(Ordering::Relaxed) {
                 s3.janitor_pass();
-                let until = Instant::now() + s3.cfg.janitor_interval;
-                while Instant::now() < until && !stop3.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
+                pause(&stop3, s3.cfg.janitor_interval);
             }
         })?);
         let (s5, stop5) = (shared.clone(), stop.clone());
@@ -231,10 +236,7 @@ impl MetaServer {
                 if stopping {
                     break;
                 }
-                let until = Instant::now() + s5.cfg.flush_interval;
-                while Instant::now() < until && !stop5.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
+                pause(&stop5, s5.cfg.flush_interval);
             }
         })?);
         if shared.cfg.precreate > 0 {
