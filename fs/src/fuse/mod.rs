@@ -95,22 +95,21 @@ pub struct StripeFuse {
     sizes: sizes::KnownSizes,
 }
 
-/// A file as seen on the servers: its size and modification and change times. Another
-/// client's write changes the size or the times (the meta server's, set when that client
-/// records its writes at close or fsync), so an unchanged triple means the kernel's cached
-/// pages are still the file's data. The change time is the meta server's clock at each change:
-/// a kernel-cached writer sends the modification time of its own kernel's coarse clock, which
-/// two writes a few milliseconds apart can share.
+/// A file as seen on the servers: its size and change time. Another client's write changes
+/// the size or the change time (the meta server's clock at every change of attributes, the
+/// modification time that client records at close or fsync included), so an unchanged pair
+/// means the kernel's cached pages are still the file's data. Not the modification time: a
+/// kernel-cached writer sends its own kernel's coarse clock, which two writes a few
+/// milliseconds apart can share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Seen {
     size: u64,
-    mtime: Timestamp,
     ctime: Timestamp,
 }
 
 impl Seen {
     fn of(a: &Attr) -> Seen {
-        Seen { size: a.size, mtime: a.mtime, ctime: a.ctime }
+        Seen { size: a.size, ctime: a.ctime }
     }
 }
 
