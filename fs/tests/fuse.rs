@@ -1067,6 +1067,38 @@ fn cached_mounts_are_close_to_open_consistent() {
     same_bytes(&read_lib(&c, "/f"), &v5, "from the io servers");
 }
 
+/// Through the kernel-cached mode, a file read in order for the first time comes from the io
+/// servers in requests of a MiB, as through the direct mode, not in the kernel's default
+/// read-ahead of 128 KiB (eight times the round trips); `--read-ahead 0` keeps the kernel's.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_cached_mount_reads_ahead_a_mib_at_a_time() {
+    const LEN: usize = 8 << 20;
+    let tc = TestCluster::start("tcp", 3);
+    let c = tc.client();
+    let data = pattern(LEN, 7);
+    let f = c.create("/f.bin", stripefs::CreateOptions { mode: 0o644, layout: None }).unwrap();
+    f.write_at(0, &data).unwrap();
+    drop(f);
+    // A read of a MiB asks each of the 3 io servers once at most; one more read finds the end,
+    // and the window may start one MiB-request short of a boundary.
+    let at_most = 3 * (LEN as u64 / (1 << 20) + 2);
+    for (name, args, wide) in
+        [("a", &["--cache"][..], true), ("b", &["--cache", "--read-ahead", "0"][..], false)]
+    {
+        let m = mount_at(&tc, name, args);
+        let before = io_requests(&c).0;
+        let cat = run(Command::new("cat").arg(m.dir.join("f.bin")));
+        same_bytes(&cat.stdout, &data, "read through the cached mount");
+        let reads = io_requests(&c).0 - before;
+        if wide {
+            assert!(reads <= at_most, "{reads} io server reads for 8 MiB read ahead a MiB at a time");
+        } else {
+            assert!(reads >= 64, "{reads} io server reads for 8 MiB in the kernel's 128 KiB windows");
+        }
+    }
+}
+
 /// Through the kernel-cached mode, `O_SYNC` and `O_DSYNC` writes, `RWF_DSYNC` writes, `fsync`
 /// and `fdatasync` reach the io servers as syncs before they return, as in the direct mode
 /// (the kernel writes the dirty pages back, then asks the mount to sync); what `fsync` made

@@ -31,6 +31,11 @@ pub struct MountArgs {
     /// several clients at once.
     #[arg(long)]
     cache: bool,
+    /// With `--cache`: how far the kernel reads ahead of a reader going through a file in
+    /// order (`1M`, `4M`; `0` keeps the kernel's 128 KiB). Only root may set it; a mount by
+    /// another user keeps the kernel's.
+    #[arg(long, default_value = "1M", value_parser = stripefs::units::parse_size, requires = "cache")]
+    read_ahead: u64,
     /// Return once the mount is live, leaving it served by a process in the background
     /// (default: serve in the foreground until unmounted or Ctrl-C). Unmount with `umount` or
     /// `fusermount3 -u`.
@@ -85,6 +90,7 @@ pub fn mount(cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
     opts.allow_other = m.allow_other;
     opts.read_only = m.read_only;
     opts.kernel_cache = a.cache;
+    opts.read_ahead = (a.read_ahead > 0).then_some(a.read_ahead);
     if a.daemon_child {
         // Out of the caller's session: its terminal closing or its Ctrl-C leave the mount be.
         let _ = nix::unistd::setsid();
@@ -159,7 +165,7 @@ fn mount_in_background(cluster: Option<PathBuf>, a: &MountArgs) -> Result<()> {
     cmd.arg("--cluster").arg(&cluster).arg("mount").arg(&mountpoint).arg("--daemon-child");
     cmd.arg("--threads").arg(a.threads.to_string());
     if a.cache {
-        cmd.arg("--cache");
+        cmd.arg("--cache").arg("--read-ahead").arg(a.read_ahead.to_string());
     }
     if !a.options.is_empty() {
         cmd.arg("-o").arg(a.options.join(","));

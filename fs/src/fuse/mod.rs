@@ -59,7 +59,7 @@ mod sizes;
 mod unlinked;
 use listing::{DirItem, Listings};
 
-pub use session::{MountOptions, mount, mount_notify};
+pub use session::{DEFAULT_READ_AHEAD, MountOptions, mount, mount_notify};
 
 const TTL: Duration = Duration::from_secs(1);
 /// The block size `statfs` counts space in (and suggests for I/O).

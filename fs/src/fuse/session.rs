@@ -29,11 +29,29 @@ pub struct MountOptions {
     /// still in this mount's cache, and concurrent writers on different clients to one file
     /// are not kept consistent: for single-writer files, build trees, files read again.
     pub kernel_cache: bool,
+    /// With [`kernel_cache`](Self::kernel_cache): how far the kernel reads ahead of a reader
+    /// going through a file in order, in bytes (default [`DEFAULT_READ_AHEAD`]; `None` keeps
+    /// the kernel's window, 128 KiB). A FUSE mount's window is a setting of the kernel's
+    /// (`/sys/class/bdi/<device>/read_ahead_kb`) that only root may change: a mount by another
+    /// user keeps the kernel's and says so in its log. The direct mode has no page cache to
+    /// read ahead into and leaves the setting alone.
+    pub read_ahead: Option<u64>,
 }
+
+/// How far the kernel-cached mount reads ahead by default: one request of the largest size the
+/// kernel sends by default, as the direct mode's reads are. The kernel's own window, 128 KiB,
+/// takes eight round trips to the io servers for each of those.
+pub const DEFAULT_READ_AHEAD: u64 = 1 << 20;
 
 impl Default for MountOptions {
     fn default() -> Self {
-        MountOptions { threads: 4, allow_other: false, read_only: false, kernel_cache: false }
+        MountOptions {
+            threads: 4,
+            allow_other: false,
+            read_only: false,
+            kernel_cache: false,
+            read_ahead: Some(DEFAULT_READ_AHEAD),
+        }
     }
 }
 
@@ -83,6 +101,9 @@ pub fn mount_notify(
     }
     let mut session = fuser::Session::new(fs, mountpoint, &cfg)?;
     let _ = notifier.set(session.notifier());
+    if let (true, Some(bytes)) = (opts.kernel_cache, opts.read_ahead) {
+        set_read_ahead_once_live(mountpoint.to_path_buf(), bytes);
+    }
     let mut unmounter = session.unmount_callable();
     let _ = ctrlc::set_handler(move || {
         if let Err(e) = unmounter.unmount() {
@@ -90,6 +111,43 @@ pub fn mount_notify(
         }
     });
     session.run()
+}
+
+/// Sets the mount's read-ahead window to `bytes` from a thread of its own: the kernel sets the
+/// window from the mount's answer to its first request, so it can be changed only after that.
+/// A look at the mount point waits for it (the kernel holds every request until the mount has
+/// answered the first), and names the device whose window it is.
+fn set_read_ahead_once_live(mountpoint: std::path::PathBuf, bytes: u64) {
+    let spawned = std::thread::Builder::new().name("fuse-read-ahead".into()).spawn(move || {
+        use std::os::unix::fs::MetadataExt;
+        let dev = match std::fs::metadata(&mountpoint) {
+            Ok(m) => m.dev(),
+            Err(e) => return tracing::debug!(error = %e, "no read-ahead set: the mount went away"),
+        };
+        let path = bdi_read_ahead_path(dev);
+        let kib = bytes.div_ceil(1024);
+        match std::fs::write(&path, kib.to_string()) {
+            Ok(()) => tracing::debug!(kib, path = %path.display(), "read-ahead set"),
+            Err(e) => {
+                let kept = std::fs::read_to_string(&path).map(|s| s.trim().to_owned()).unwrap_or_default();
+                tracing::info!(
+                    error = %e,
+                    path = %path.display(),
+                    "keeping the kernel's read-ahead of {kept} KiB instead of {kib} KiB (root may set it)"
+                );
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::info!(error = %e, "keeping the kernel's read-ahead: no thread to set it");
+    }
+}
+
+/// The kernel's read-ahead setting of the file system on device `dev` (a FUSE mount's device
+/// has no block device behind it; its backing device is named by the device number alone).
+fn bdi_read_ahead_path(dev: u64) -> std::path::PathBuf {
+    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    std::path::PathBuf::from(format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb"))
 }
 
 /// The kernel's cap on the pages one FUSE request may carry, whatever the mount asks for.
@@ -115,6 +173,14 @@ fn request_pages_note(limit: Option<u64>, page: u64) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fuse_device_s_read_ahead_is_named_by_its_numbers() {
+        let dev = nix::sys::stat::makedev(0, 39);
+        assert_eq!(bdi_read_ahead_path(dev), Path::new("/sys/class/bdi/0:39/read_ahead_kb"));
+        let dev = nix::sys::stat::makedev(0, 300);
+        assert_eq!(bdi_read_ahead_path(dev), Path::new("/sys/class/bdi/0:300/read_ahead_kb"));
+    }
 
     #[test]
     fn a_request_cap_below_an_unaligned_mib_is_pointed_out() {
