@@ -755,6 +755,111 @@ fn cluster_with_a_file(len: usize, seed: u64) -> (TestCluster, bytes::Bytes, std
     (tc, data, mnt)
 }
 
+/// A mount unmounted by someone else ends without unmounting anything more: not another file
+/// system mounted on the same path meanwhile (as a restart of the mount would), and it does
+/// not log a failed unmount. The mount's server is stopped until the other file system is
+/// there, so that it cannot end before.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn an_unmounted_mount_leaves_the_next_mount_on_its_path_alone() {
+    let tc = TestCluster::start("tcp", 2);
+    let mnt = tc.dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let log = tc.dir.path().join("mount.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .arg("--cluster")
+        .arg(tc.cluster.config_path())
+        .arg("mount")
+        .arg(&mnt)
+        .stdin(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !mounted(&mnt) {
+        assert!(t.elapsed() < Duration::from_secs(20), "mount did not appear");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    // Not canonicalized: a look at the mount point would wait for the stopped server.
+    run(Command::new("umount").arg("--no-canonicalize").arg(&mnt));
+    run(Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "stripefs-next"]).arg(&mnt));
+    std::fs::write(mnt.join("mark"), b"next").unwrap();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "the mount's server did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let next_there = std::fs::read(mnt.join("mark")).ok();
+    let _ = Command::new("umount").arg(&mnt).status();
+    assert_eq!(
+        next_there.as_deref(),
+        Some(&b"next"[..]),
+        "the next file system on the path is still mounted"
+    );
+    assert!(status.success(), "the mount's server ended with {status}");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(!logged.contains("umount") && !logged.contains("nmount failed"), "{logged}");
+}
+
+/// SIGTERM unmounts the mount and ends its server; while the mount is in use it stays, served,
+/// and a later SIGTERM, once it is not, unmounts it.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn sigterm_unmounts_a_mount_once_it_is_not_in_use() {
+    use nix::sys::signal::{Signal, kill};
+    let tc = TestCluster::start("tcp", 2);
+    let log = tc.dir.path().join("mount.log");
+    let mnt = tc.dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .arg("--cluster")
+        .arg(tc.cluster.config_path())
+        .arg("mount")
+        .arg(&mnt)
+        .stdin(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !mounted(&mnt) {
+        assert!(t.elapsed() < Duration::from_secs(20), "mount did not appear");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    std::fs::write(mnt.join("f"), b"kept").unwrap();
+    let open = std::fs::File::open(mnt.join("f")).unwrap();
+    kill(pid, Signal::SIGTERM).unwrap();
+    let t = Instant::now();
+    while !std::fs::read_to_string(&log).unwrap().contains("unmount failed") {
+        assert!(t.elapsed() < Duration::from_secs(20), "no unmount tried");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(mounted(&mnt), "a mount in use stays");
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"kept", "and is served");
+    drop(open);
+    kill(pid, Signal::SIGTERM).unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+            let _ = child.kill();
+            panic!("the second SIGTERM did not unmount the mount");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "the mount's server ended with {status}");
+    assert!(!mounted(&mnt), "unmounted");
+}
+
 /// `mount --background -o ro`: the command returns only once the mount is live (it is there
 /// the moment the command exits, without waiting), reads work, every kind of change fails
 /// with `EROFS`, and the library's view of the cluster is unchanged by the attempts.

@@ -93,6 +93,9 @@ pub struct StripeFuse {
     notifier: Arc<OnceLock<fuser::Notifier>>,
     /// In the direct mode: files' sizes told the kernel lately, for attribute changes.
     sizes: sizes::KnownSizes,
+    /// Tells [`mount_notify`] that the session has ended, as the session lets go of the file
+    /// system.
+    on_end: session::OnEnd,
 }
 
 /// A file as seen on the servers: its size and change time. Another client's write changes
@@ -299,6 +302,7 @@ impl StripeFuse {
             seen: Mutex::new(HashMap::new()),
             notifier: Arc::new(OnceLock::new()),
             sizes: sizes::KnownSizes::new(TTL),
+            on_end: session::OnEnd::default(),
         }
     }
 

@@ -4,6 +4,7 @@
 use super::{Ready, StripeFuse};
 use crate::client::Client;
 use fuser::{MountOption, SessionACL};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -99,18 +100,100 @@ pub fn mount_notify(
     if let Some(note) = request_pages_note(limit, page) {
         tracing::warn!("{note}");
     }
-    let mut session = fuser::Session::new(fs, mountpoint, &cfg)?;
+    let (events, stop) = std::sync::mpsc::channel();
+    fs.on_end = OnEnd(Some(events.clone()));
+    let session = fuser::Session::new(fs, mountpoint, &cfg)?;
     let _ = notifier.set(session.notifier());
     if let (true, Some(bytes)) = (opts.kernel_cache, opts.read_ahead) {
         set_read_ahead_once_live(mountpoint.to_path_buf(), bytes);
     }
-    let mut unmounter = session.unmount_callable();
+    // The session's own end unmounts the mount point by its path, whatever is mounted there
+    // by then, after an unmount by someone else too: fuser 0.18 takes a connection the kernel
+    // has ended for a live one. Another mount on the same path meanwhile (a restart of the
+    // mount) would be taken down, and the ordinary case logs a failed unmount. So the session
+    // runs apart from its mount, and this function unmounts only a connection still alive.
+    let device = session.as_fd().try_clone_to_owned()?;
     let _ = ctrlc::set_handler(move || {
-        if let Err(e) = unmounter.unmount() {
-            tracing::warn!(error = %e, "unmount failed");
-        }
+        let _ = events.send(Stop::Interrupted);
     });
-    session.run()
+    let background = session.spawn()?;
+    loop {
+        match stop.recv() {
+            // Unmounted already: the session is ending.
+            Ok(Stop::Interrupted) if connection_ended(&device) => {}
+            Ok(Stop::Interrupted) => {
+                // The session ends once the kernel ends the connection; a mount in use stays.
+                if let Err(e) = unmount(mountpoint) {
+                    tracing::warn!(error = %e, "unmount failed");
+                }
+            }
+            Ok(Stop::Ended) | Err(_) => break,
+        }
+    }
+    if connection_ended(&device) {
+        // The kernel ended the connection: nothing to unmount. Dropping the session's mount
+        // would unmount the path all the same, so it is never dropped: its device descriptor
+        // stays open until the process exits.
+        std::mem::forget(background);
+        Ok(())
+    } else {
+        // The session failed with the mount still there: its end unmounts it.
+        background.join()
+    }
+}
+
+/// What ends [`mount_notify`]'s wait.
+pub(super) enum Stop {
+    /// Ctrl-C or SIGTERM: unmount.
+    Interrupted,
+    /// The session let go of the file system.
+    Ended,
+}
+
+/// Sends [`Stop::Ended`] when dropped, with the file system at the session's end.
+#[derive(Debug, Default)]
+pub(super) struct OnEnd(Option<std::sync::mpsc::Sender<Stop>>);
+
+impl Drop for OnEnd {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            let _ = s.send(Stop::Ended);
+        }
+    }
+}
+
+/// Whether the kernel has ended the FUSE connection on `device` (unmounted or aborted): its
+/// device then polls as an error, as libfuse checks before it unmounts.
+fn connection_ended(device: &std::os::fd::OwnedFd) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    loop {
+        let mut fds = [PollFd::new(device.as_fd(), PollFlags::empty())];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(_) => return fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLERR)),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Unmounts `mountpoint`: directly as root, through `fusermount3 -u` (setuid root) for the user
+/// who mounted it otherwise.
+fn unmount(mountpoint: &Path) -> std::io::Result<()> {
+    match nix::mount::umount(mountpoint) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EPERM) => {
+            let mut last = std::io::Error::other("no fusermount3 or fusermount");
+            for tool in ["fusermount3", "fusermount"] {
+                match std::process::Command::new(tool).arg("-u").arg("--").arg(mountpoint).status() {
+                    Ok(s) if s.success() => return Ok(()),
+                    Ok(s) => return Err(std::io::Error::other(format!("{tool} -u: {s}"))),
+                    Err(e) => last = e,
+                }
+            }
+            Err(last)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Sets the mount's read-ahead window to `bytes` from a thread of its own: the kernel sets the
