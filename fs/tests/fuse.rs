@@ -1254,12 +1254,13 @@ fn cached_write_back_errors_fail_fsync_and_close() {
     use std::os::unix::fs::FileExt;
     let mut tc = TestCluster::start("tcp", 2);
     let m = mount_with(&tc, &["--cache"]);
-    // Two files with dirty pages on both io servers, then one io server gone.
+    // Two files striped over both io servers, one io server gone, then dirty pages in both
+    // (gone first: the kernel may write pages back as soon as they are dirty).
     let f = std::fs::File::create(m.dir.join("a")).unwrap();
-    f.write_all_at(&pattern(1 << 20, 1), 0).unwrap();
     let g = std::fs::File::create(m.dir.join("b")).unwrap();
-    g.write_all_at(&pattern(1 << 20, 2), 0).unwrap();
     tc.cluster.kill_io(1);
+    f.write_all_at(&pattern(1 << 20, 1), 0).unwrap();
+    g.write_all_at(&pattern(1 << 20, 2), 0).unwrap();
     let e = f.sync_all().expect_err("fsync with an io server gone");
     // The write-back's own error as the mount mapped it, or the kernel's EIO.
     assert!(matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::EIO)), "{e}");
