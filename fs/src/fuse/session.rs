@@ -34,7 +34,7 @@ pub struct MountOptions {
     /// going through a file in order, in bytes (default [`DEFAULT_READ_AHEAD`]; `None` keeps
     /// the kernel's window, 128 KiB). A FUSE mount's window is a setting of the kernel's
     /// (`/sys/class/bdi/<device>/read_ahead_kb`) that only root may change: a mount by another
-    /// user keeps the kernel's and says so in its log. The direct mode has no page cache to
+    /// user keeps the kernel's and logs so at the `info` level. The direct mode has no page cache to
     /// read ahead into and leaves the setting alone.
     pub read_ahead: Option<u64>,
 }
