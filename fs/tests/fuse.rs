@@ -755,6 +755,30 @@ fn cluster_with_a_file(len: usize, seed: u64) -> (TestCluster, bytes::Bytes, std
     (tc, data, mnt)
 }
 
+/// `stripefs mount` of `tc`'s cluster on a new directory `mnt`, its log in `log`, once the
+/// mount is there; the caller ends it.
+fn mount_logging_to(tc: &TestCluster, mnt: &Path, log: &Path) -> Child {
+    std::fs::create_dir(mnt).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .arg("--cluster")
+        .arg(tc.cluster.config_path())
+        .arg("mount")
+        .arg(mnt)
+        .stdin(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !mounted(mnt) {
+        assert!(t.elapsed() < Duration::from_secs(20), "mount did not appear");
+        if let Ok(Some(s)) = child.try_wait() {
+            panic!("stripefs mount exited: {s}: {}", std::fs::read_to_string(log).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
 /// A mount unmounted by someone else ends without unmounting anything more: not another file
 /// system mounted on the same path meanwhile (as a restart of the mount would), and it does
 /// not log a failed unmount. The mount's server is stopped until the other file system is
@@ -763,23 +787,8 @@ fn cluster_with_a_file(len: usize, seed: u64) -> (TestCluster, bytes::Bytes, std
 #[ignore = "needs /dev/fuse: mounts stripefs"]
 fn an_unmounted_mount_leaves_the_next_mount_on_its_path_alone() {
     let tc = TestCluster::start("tcp", 2);
-    let mnt = tc.dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let log = tc.dir.path().join("mount.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
-        .arg("--cluster")
-        .arg(tc.cluster.config_path())
-        .arg("mount")
-        .arg(&mnt)
-        .stdin(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while !mounted(&mnt) {
-        assert!(t.elapsed() < Duration::from_secs(20), "mount did not appear");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (mnt, log) = (tc.dir.path().join("mnt"), tc.dir.path().join("mount.log"));
+    let mut child = mount_logging_to(&tc, &mnt, &log);
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     // Not canonicalized: a look at the mount point would wait for the stopped server.
@@ -814,23 +823,8 @@ fn an_unmounted_mount_leaves_the_next_mount_on_its_path_alone() {
 fn sigterm_unmounts_a_mount_once_it_is_not_in_use() {
     use nix::sys::signal::{Signal, kill};
     let tc = TestCluster::start("tcp", 2);
-    let log = tc.dir.path().join("mount.log");
-    let mnt = tc.dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
-        .arg("--cluster")
-        .arg(tc.cluster.config_path())
-        .arg("mount")
-        .arg(&mnt)
-        .stdin(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while !mounted(&mnt) {
-        assert!(t.elapsed() < Duration::from_secs(20), "mount did not appear");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (mnt, log) = (tc.dir.path().join("mnt"), tc.dir.path().join("mount.log"));
+    let mut child = mount_logging_to(&tc, &mnt, &log);
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     std::fs::write(mnt.join("f"), b"kept").unwrap();
     let open = std::fs::File::open(mnt.join("f")).unwrap();
