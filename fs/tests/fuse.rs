@@ -758,8 +758,14 @@ fn cluster_with_a_file(len: usize, seed: u64) -> (TestCluster, bytes::Bytes, std
 /// `stripefs mount` of `tc`'s cluster on a new directory `mnt`, its log in `log`, once the
 /// mount is there; the caller ends it.
 fn mount_logging_to(tc: &TestCluster, mnt: &Path, log: &Path) -> Child {
+    mount_logging_with(tc, mnt, log, &[])
+}
+
+/// As [`mount_logging_to`], with `env` set for the mount's server (`RUST_LOG`).
+fn mount_logging_with(tc: &TestCluster, mnt: &Path, log: &Path, env: &[(&str, &str)]) -> Child {
     std::fs::create_dir(mnt).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .envs(env.iter().copied())
         .arg("--cluster")
         .arg(tc.cluster.config_path())
         .arg("mount")
@@ -777,6 +783,124 @@ fn mount_logging_to(tc: &TestCluster, mnt: &Path, log: &Path) -> Child {
         std::thread::sleep(Duration::from_millis(50));
     }
     child
+}
+
+/// Asynchronous direct reads (one `io_submit` of eight 1 MiB reads) reach the mount together,
+/// as many at once as it has threads to serve them, not one after another: the io servers are
+/// stopped meanwhile, so no read can finish before the others arrive. All return their bytes
+/// once the io servers go on.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn asynchronous_reads_are_served_several_at_once() {
+    use nix::sys::signal::{Signal, kill};
+    use std::os::unix::fs::OpenOptionsExt;
+    const N: usize = 8;
+    const LEN: usize = 1 << 20;
+    let tc = TestCluster::start("tcp", 2);
+    let c = tc.client();
+    let data = pattern(N * LEN, 11);
+    let f = c.create("/f.bin", stripefs::CreateOptions { mode: 0o644, layout: None }).unwrap();
+    f.write_at(0, &data).unwrap();
+    drop(f);
+    let (mnt, log) = (tc.dir.path().join("mnt"), tc.dir.path().join("mount.log"));
+    // fuser logs each request it dispatches at the debug level.
+    let m =
+        Mount { child: mount_logging_with(&tc, &mnt, &log, &[("RUST_LOG", "warn,fuser=debug")]), dir: mnt };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.dir.join("f.bin"))
+        .unwrap();
+    let io: Vec<_> = (0..2)
+        .map(|i| {
+            nix::unistd::Pid::from_raw(tc.cluster.pid(stripefs::cluster::ServerId::Io(i)).unwrap() as i32)
+        })
+        .collect();
+    let reads_seen = || std::fs::read_to_string(&log).unwrap().matches(" READ fh ").count();
+    let before = reads_seen();
+    for &p in &io {
+        kill(p, Signal::SIGSTOP).unwrap();
+    }
+    let reader = std::thread::spawn(move || aio_read_blocks(&file, N, LEN));
+    // Stopped for 2 s at most, well before the client gives a silent server up (and the first
+    // read fails, letting a serial submitter send the next).
+    let t = Instant::now();
+    let mut at_once = 0;
+    while t.elapsed() < Duration::from_secs(2) && at_once < 4 {
+        std::thread::sleep(Duration::from_millis(20));
+        at_once = reads_seen() - before;
+    }
+    for &p in &io {
+        kill(p, Signal::SIGCONT).unwrap();
+    }
+    let got = reader.join().unwrap();
+    assert!(at_once >= 4, "{at_once} of {N} reads reached the mount while none could finish");
+    same_bytes(&got, &data, "asynchronous reads");
+    drop(m);
+}
+
+/// Reads `n` blocks of `len` bytes from the start of `f` with one `io_submit` of asynchronous
+/// reads, waits for every one, and returns the bytes in file order.
+fn aio_read_blocks(f: &std::fs::File, n: usize, len: usize) -> Vec<u8> {
+    use std::os::fd::AsRawFd;
+    /// The kernel's `struct io_event`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct IoEvent {
+        data: u64,
+        obj: u64,
+        res: i64,
+        res2: i64,
+    }
+    let mut ctx: libc::c_ulong = 0;
+    // SAFETY: io_setup writes the new context into `ctx`, which outlives the call.
+    let r = unsafe { libc::syscall(libc::SYS_io_setup, n as libc::c_long, &mut ctx as *mut libc::c_ulong) };
+    assert_eq!(r, 0, "io_setup: {}", std::io::Error::last_os_error());
+    let mut bufs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; len]).collect();
+    let mut cbs: Vec<libc::iocb> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, b)| {
+            // SAFETY: all zeroes is an iocb with no request in it; the fields below make a read.
+            let mut cb: libc::iocb = unsafe { std::mem::zeroed() };
+            cb.aio_lio_opcode = 0; // IOCB_CMD_PREAD
+            cb.aio_fildes = f.as_raw_fd() as u32;
+            cb.aio_buf = b.as_mut_ptr() as u64;
+            cb.aio_nbytes = len as u64;
+            cb.aio_offset = (i * len) as i64;
+            cb.aio_data = i as u64;
+            cb
+        })
+        .collect();
+    let mut ptrs: Vec<*mut libc::iocb> = cbs.iter_mut().map(|c| c as *mut libc::iocb).collect();
+    // SAFETY: the iocbs and the buffers they name are neither moved nor touched until every
+    // one's event has been collected below.
+    let r = unsafe { libc::syscall(libc::SYS_io_submit, ctx, n as libc::c_long, ptrs.as_mut_ptr()) };
+    assert_eq!(r, n as libc::c_long, "io_submit: {}", std::io::Error::last_os_error());
+    let mut done = 0;
+    while done < n {
+        let mut events = vec![IoEvent::default(); n];
+        // SAFETY: `events` has room for the `n` events asked for at most.
+        let got = unsafe {
+            libc::syscall(
+                libc::SYS_io_getevents,
+                ctx,
+                1 as libc::c_long,
+                n as libc::c_long,
+                events.as_mut_ptr(),
+                std::ptr::null_mut::<libc::timespec>(),
+            )
+        };
+        assert!(got > 0, "io_getevents: {}", std::io::Error::last_os_error());
+        for e in &events[..got as usize] {
+            assert_eq!(e.res, len as i64, "read {} returned {}", e.data, e.res);
+        }
+        done += got as usize;
+    }
+    // SAFETY: no request of the context is outstanding.
+    unsafe { libc::syscall(libc::SYS_io_destroy, ctx) };
+    drop(cbs);
+    bufs.concat()
 }
 
 /// A mount unmounted by someone else ends without unmounting anything more: not another file

@@ -559,6 +559,14 @@ impl Filesystem for StripeFuse {
                  ({missing:?})"
             )));
         }
+        // An asynchronous direct read or write (io_submit, io_uring; a database's O_DIRECT
+        // I/O) goes to the file system as it is submitted, several at once, instead of one
+        // after another as the submitter's own blocking calls would. The kernel cuts such a
+        // read at the file's size as it knows it (its attributes are a second old at most),
+        // as `O_APPEND` goes to that size; synchronous reads go whole to the io servers.
+        if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO) {
+            tracing::info!(?missing, "this kernel serves asynchronous direct I/O one request at a time");
+        }
         // Direct I/O files may then be mapped shared (databases map files so: SQLite's
         // write-ahead log), through the page cache, which the kernel writes back and keeps in
         // step with this host's direct reads and writes of the file. Kernels before 6.6 do
