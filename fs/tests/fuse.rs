@@ -839,6 +839,53 @@ fn asynchronous_reads_are_served_several_at_once() {
     drop(m);
 }
 
+/// Look-ups of several names in one directory reach the mount together, not one after
+/// another: the meta server is stopped meanwhile, so none can finish before the others arrive.
+/// All find their files once it goes on.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn lookups_in_one_directory_are_served_several_at_once() {
+    use nix::sys::signal::{Signal, kill};
+    const N: usize = 4;
+    let tc = TestCluster::start("tcp", 2);
+    let c = tc.client();
+    c.mkdir("/d", 0o755).unwrap();
+    for i in 0..N {
+        c.create(&format!("/d/f{i}"), stripefs::CreateOptions { mode: 0o644, layout: None }).unwrap();
+    }
+    let (mnt, log) = (tc.dir.path().join("mnt"), tc.dir.path().join("mount.log"));
+    // fuser logs each request it dispatches at the debug level.
+    let m =
+        Mount { child: mount_logging_with(&tc, &mnt, &log, &[("RUST_LOG", "warn,fuser=debug")]), dir: mnt };
+    // The directory itself is looked up now, so that the look-ups below only want their names.
+    assert!(m.dir.join("d").is_dir());
+    let meta = nix::unistd::Pid::from_raw(tc.cluster.pid(stripefs::cluster::ServerId::Meta).unwrap() as i32);
+    let lookups_seen = || {
+        let logged = std::fs::read_to_string(&log).unwrap();
+        (0..N).filter(|i| logged.contains(&format!("LOOKUP name \"f{i}\""))).count()
+    };
+    kill(meta, Signal::SIGSTOP).unwrap();
+    let stats: Vec<_> = (0..N)
+        .map(|i| {
+            let p = m.dir.join("d").join(format!("f{i}"));
+            std::thread::spawn(move || std::fs::metadata(p).map(|md| md.len()))
+        })
+        .collect();
+    // Stopped for 2 s at most, well before the client gives a silent server up.
+    let t = Instant::now();
+    let mut at_once = 0;
+    while t.elapsed() < Duration::from_secs(2) && at_once < N {
+        std::thread::sleep(Duration::from_millis(20));
+        at_once = lookups_seen();
+    }
+    kill(meta, Signal::SIGCONT).unwrap();
+    for s in stats {
+        assert_eq!(s.join().unwrap().unwrap(), 0, "each file is found");
+    }
+    assert_eq!(at_once, N, "look-ups that reached the mount while none could finish");
+    drop(m);
+}
+
 /// Reads `n` blocks of `len` bytes from the start of `f` with one `io_submit` of asynchronous
 /// reads, waits for every one, and returns the bytes in file order.
 fn aio_read_blocks(f: &std::fs::File, n: usize, len: usize) -> Vec<u8> {

@@ -559,6 +559,12 @@ impl Filesystem for StripeFuse {
                  ({missing:?})"
             )));
         }
+        // Look-ups and listings of one directory reach the file system together, as libfuse
+        // lets them by default, instead of one at a time as the kernel otherwise holds them:
+        // parallel builds and tools look up many names in one directory at once.
+        if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_PARALLEL_DIROPS) {
+            tracing::info!(?missing, "this kernel looks up one name of a directory at a time");
+        }
         // An asynchronous direct read or write (io_submit, io_uring; a database's O_DIRECT
         // I/O) goes to the file system as it is submitted, several at once, instead of one
         // after another as the submitter's own blocking calls would. The kernel cuts such a
