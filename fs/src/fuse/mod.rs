@@ -370,9 +370,11 @@ impl StripeFuse {
             link()
         });
         match linked {
+            Ok(_) if self.opened.hide(h, hidden.clone()) => Some(h),
             Ok(_) => {
-                self.opened.hide(h, hidden);
-                Some(h)
+                // Closed meanwhile: the removal may take the file, and the name must go.
+                self.drop_hidden(h, &hidden);
+                None
             }
             Err(e) => {
                 warn!(handle = %h, error = %e, "cannot keep an open file's data past its unlink");
@@ -390,7 +392,8 @@ impl StripeFuse {
         }
     }
 
-    /// Removes `h`'s hidden name (its last close, or the removal it was made for failed).
+    /// Removes `h`'s hidden name (its last close, before or while the name was made, or the
+    /// removal it was made for failed).
     fn drop_hidden(&self, h: Handle, hidden: &str) {
         let r = self.hidden_dir(false).and_then(|dir| self.client.unlink_in(dir, hidden));
         if let Err(e) = r {

@@ -57,10 +57,17 @@ impl Opened {
         !lock(&self.0).is_empty()
     }
 
-    /// Records `h`'s hidden name.
-    pub fn hide(&self, h: Handle, name: String) {
-        if let Some(held) = lock(&self.0).get_mut(&h.0) {
-            held.hidden = Some(name);
+    /// Records `h`'s hidden name, if `h` is still open here: a last close may have come while
+    /// the name was being made (the kernel sends it without waiting), and then nothing will
+    /// remove the name but its maker (false).
+    #[must_use]
+    pub fn hide(&self, h: Handle, name: String) -> bool {
+        match lock(&self.0).get_mut(&h.0) {
+            Some(held) if held.opens > 0 => {
+                held.hidden = Some(name);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -117,16 +124,29 @@ mod tests {
         o.opened(h);
         o.opened(h);
         assert!(o.any() && o.needs_hiding(h));
-        o.hide(h, "n".into());
+        assert!(o.hide(h, "n".into()));
         assert!(!o.needs_hiding(h) && o.is_hidden(h));
         assert_eq!(o.closed(h), None, "still open once");
         assert_eq!(o.closed(h), Some("n".into()));
         assert!(!o.any() && !o.is_hidden(h));
         assert_eq!(o.closed(h), None, "a close without an open changes nothing");
         o.opened(h);
-        o.hide(h, "m".into());
+        assert!(o.hide(h, "m".into()));
         assert_eq!(o.unhide(h), Some("m".into()));
         assert_eq!(o.closed(h), None, "unhidden: nothing to remove");
+    }
+
+    #[test]
+    fn a_name_made_after_the_last_close_is_left_to_its_maker() {
+        let o = Opened::default();
+        let h = Handle(7);
+        o.opened(h);
+        assert!(o.needs_hiding(h));
+        // The last close comes while the hidden name is being made.
+        assert_eq!(o.closed(h), None);
+        assert!(!o.hide(h, "n".into()), "nothing is open to keep");
+        assert!(!o.is_hidden(h) && !o.any());
+        assert_eq!(o.closed(h), None);
     }
 
     #[test]
