@@ -562,6 +562,15 @@ impl Filesystem for StripeFuse {
                  ({missing:?})"
             )));
         }
+        // Direct I/O files may then be mapped shared (databases map files so: SQLite's
+        // write-ahead log), through the page cache, which the kernel writes back and keeps in
+        // step with this host's direct reads and writes of the file. Kernels before 6.6 do
+        // not offer it, and refuse such mappings (ENODEV) as before.
+        if !self.kernel_cache
+            && let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+        {
+            tracing::info!(?missing, "this kernel does not map direct I/O files shared");
+        }
         // Look-ups and listings of one directory reach the file system together, as libfuse
         // lets them by default, instead of one at a time as the kernel otherwise holds them:
         // parallel builds and tools look up many names in one directory at once.
@@ -575,15 +584,6 @@ impl Filesystem for StripeFuse {
         // as `O_APPEND` goes to that size; synchronous reads go whole to the io servers.
         if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO) {
             tracing::info!(?missing, "this kernel serves asynchronous direct I/O one request at a time");
-        }
-        // Direct I/O files may then be mapped shared (databases map files so: SQLite's
-        // write-ahead log), through the page cache, which the kernel writes back and keeps in
-        // step with this host's direct reads and writes of the file. Kernels before 6.6 do
-        // not offer it, and refuse such mappings (ENODEV) as before.
-        if !self.kernel_cache
-            && let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
-        {
-            tracing::info!(?missing, "this kernel does not map direct I/O files shared");
         }
         // Listings with each entry's attributes (`ls -l` without a look-up per entry), when the
         // kernel sees them used. The direct mode only: the kernel-cached mode keeps its own
