@@ -769,13 +769,13 @@ fn cluster_with_a_file(len: usize, seed: u64) -> (TestCluster, bytes::Bytes, std
 }
 
 /// `stripefs mount` of `tc`'s cluster on a new directory `mnt`, its log in `log`, once the
-/// mount is there; the caller ends it.
-fn mount_logging_to(tc: &TestCluster, mnt: &Path, log: &Path) -> Child {
+/// mount is there.
+fn mount_logging_to(tc: &TestCluster, mnt: &Path, log: &Path) -> Mount {
     mount_logging_with(tc, mnt, log, &[])
 }
 
 /// As [`mount_logging_to`], with `env` set for the mount's server (`RUST_LOG`).
-fn mount_logging_with(tc: &TestCluster, mnt: &Path, log: &Path, env: &[(&str, &str)]) -> Child {
+fn mount_logging_with(tc: &TestCluster, mnt: &Path, log: &Path, env: &[(&str, &str)]) -> Mount {
     std::fs::create_dir(mnt).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
         .envs(env.iter().copied())
@@ -795,7 +795,32 @@ fn mount_logging_with(tc: &TestCluster, mnt: &Path, log: &Path, env: &[(&str, &s
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    child
+    Mount { child, dir: mnt.to_path_buf() }
+}
+
+/// How `child` exited, if it does within `limit`.
+fn exit_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        if t.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What `seen` counts once it reaches `want`, or after `limit` at the latest.
+fn count_within(limit: Duration, want: usize, seen: impl Fn() -> usize) -> usize {
+    let t = Instant::now();
+    let mut n = seen();
+    while t.elapsed() < limit && n < want {
+        std::thread::sleep(Duration::from_millis(20));
+        n = seen();
+    }
+    n
 }
 
 /// Asynchronous direct reads (one `io_submit` of eight 1 MiB reads) reach the mount together,
@@ -817,8 +842,7 @@ fn asynchronous_reads_are_served_several_at_once() {
     drop(f);
     let (mnt, log) = (tc.dir.path().join("mnt"), tc.dir.path().join("mount.log"));
     // fuser logs each request it dispatches at the debug level.
-    let m =
-        Mount { child: mount_logging_with(&tc, &mnt, &log, &[("RUST_LOG", "warn,fuser=debug")]), dir: mnt };
+    let m = mount_logging_with(&tc, &mnt, &log, &[("RUST_LOG", "warn,fuser=debug")]);
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
@@ -837,12 +861,7 @@ fn asynchronous_reads_are_served_several_at_once() {
     let reader = std::thread::spawn(move || aio_read_blocks(&file, N, LEN));
     // Stopped for 2 s at most, well before the client gives a silent server up (and the first
     // read fails, letting a serial submitter send the next).
-    let t = Instant::now();
-    let mut at_once = 0;
-    while t.elapsed() < Duration::from_secs(2) && at_once < 4 {
-        std::thread::sleep(Duration::from_millis(20));
-        at_once = reads_seen() - before;
-    }
+    let at_once = count_within(Duration::from_secs(2), 4, || reads_seen() - before);
     for &p in &io {
         kill(p, Signal::SIGCONT).unwrap();
     }
@@ -868,8 +887,7 @@ fn lookups_in_one_directory_are_served_several_at_once() {
     }
     let (mnt, log) = (tc.dir.path().join("mnt"), tc.dir.path().join("mount.log"));
     // fuser logs each request it dispatches at the debug level.
-    let m =
-        Mount { child: mount_logging_with(&tc, &mnt, &log, &[("RUST_LOG", "warn,fuser=debug")]), dir: mnt };
+    let m = mount_logging_with(&tc, &mnt, &log, &[("RUST_LOG", "warn,fuser=debug")]);
     // The directory itself is looked up now, so that the look-ups below only want their names.
     assert!(m.dir.join("d").is_dir());
     let meta = nix::unistd::Pid::from_raw(tc.cluster.pid(stripefs::cluster::ServerId::Meta).unwrap() as i32);
@@ -885,12 +903,7 @@ fn lookups_in_one_directory_are_served_several_at_once() {
         })
         .collect();
     // Stopped for 2 s at most, well before the client gives a silent server up.
-    let t = Instant::now();
-    let mut at_once = 0;
-    while t.elapsed() < Duration::from_secs(2) && at_once < N {
-        std::thread::sleep(Duration::from_millis(20));
-        at_once = lookups_seen();
-    }
+    let at_once = count_within(Duration::from_secs(2), N, lookups_seen);
     kill(meta, Signal::SIGCONT).unwrap();
     for s in stats {
         assert_eq!(s.join().unwrap().unwrap(), 0, "each file is found");
@@ -972,24 +985,17 @@ fn aio_read_blocks(f: &std::fs::File, n: usize, len: usize) -> Vec<u8> {
 fn an_unmounted_mount_leaves_the_next_mount_on_its_path_alone() {
     let tc = TestCluster::start("tcp", 2);
     let (mnt, log) = (tc.dir.path().join("mnt"), tc.dir.path().join("mount.log"));
-    let mut child = mount_logging_to(&tc, &mnt, &log);
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let mut m = mount_logging_to(&tc, &mnt, &log);
+    let pid = nix::unistd::Pid::from_raw(m.child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     // Not canonicalized: a look at the mount point would wait for the stopped server.
     run(Command::new("umount").arg("--no-canonicalize").arg(&mnt));
     run(Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "stripefs-next"]).arg(&mnt));
     std::fs::write(mnt.join("mark"), b"next").unwrap();
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(t.elapsed() < Duration::from_secs(20), "the mount's server did not end");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = exit_within(&mut m.child, Duration::from_secs(20)).expect("the mount's server ends");
     let next_there = std::fs::read(mnt.join("mark")).ok();
-    let _ = Command::new("umount").arg(&mnt).status();
+    // The guard unmounts the next file system once done.
     assert_eq!(
         next_there.as_deref(),
         Some(&b"next"[..]),
@@ -1008,8 +1014,8 @@ fn sigterm_unmounts_a_mount_once_it_is_not_in_use() {
     use nix::sys::signal::{Signal, kill};
     let tc = TestCluster::start("tcp", 2);
     let (mnt, log) = (tc.dir.path().join("mnt"), tc.dir.path().join("mount.log"));
-    let mut child = mount_logging_to(&tc, &mnt, &log);
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let mut m = mount_logging_to(&tc, &mnt, &log);
+    let pid = nix::unistd::Pid::from_raw(m.child.id() as i32);
     std::fs::write(mnt.join("f"), b"kept").unwrap();
     let open = std::fs::File::open(mnt.join("f")).unwrap();
     kill(pid, Signal::SIGTERM).unwrap();
@@ -1022,18 +1028,7 @@ fn sigterm_unmounts_a_mount_once_it_is_not_in_use() {
     assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"kept", "and is served");
     drop(open);
     kill(pid, Signal::SIGTERM).unwrap();
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t.elapsed() > Duration::from_secs(20) {
-            let _ = Command::new("umount").arg("-l").arg(&mnt).status();
-            let _ = child.kill();
-            panic!("the second SIGTERM did not unmount the mount");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = exit_within(&mut m.child, Duration::from_secs(20)).expect("the second SIGTERM unmounts");
     assert!(status.success(), "the mount's server ended with {status}");
     assert!(!mounted(&mnt), "unmounted");
 }

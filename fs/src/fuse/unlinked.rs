@@ -62,13 +62,11 @@ impl Opened {
     /// remove the name but its maker (false).
     #[must_use]
     pub fn hide(&self, h: Handle, name: String) -> bool {
-        match lock(&self.0).get_mut(&h.0) {
-            Some(held) if held.opens > 0 => {
-                held.hidden = Some(name);
-                true
-            }
-            _ => false,
-        }
+        // A file is here only while it is open: the last close takes it out.
+        let mut map = lock(&self.0);
+        let Some(held) = map.get_mut(&h.0) else { return false };
+        held.hidden = Some(name);
+        true
     }
 
     /// Forgets `h`'s hidden name (the removal it was made for failed), returning it.
