@@ -13,7 +13,7 @@
 # blocking writes and reads on sockets with ionet's default options, its receiver cycling
 # through 2 messages' worth of memory as ionet's does at window 2) shows what the same sizes and
 # footprint reach without ionet. iperf3 keeps the kernel's socket options. Prints each round's
-# GB/s.
+# GB/s, then for each the median of the rounds' ratios to iperf3 with their min-max.
 set -euo pipefail
 command -v iperf3 >/dev/null || { echo "stream-vs-iperf3.sh: needs iperf3 (apt-get install iperf3)" >&2; exit 1; }
 P="$(realpath "$1")"; rounds="${2:-5}"; pin="${3:-}"
@@ -43,5 +43,16 @@ for r in $(seq "$rounds"); do
   line="$line raw w2 1m/4m $out;"
   g=$(iperf3 -c 127.0.0.1 -p 5299 -l 1M -t 3 "${ia[@]}" -J | python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9))')
   echo "$line iperf3 -l 1M $g"
+  echo "$line iperf3 -l 1M $g" >>"$d/rounds"
 done
+python3 - "$d/rounds" "${pin:-unpinned}" <<'EOF'
+import re, statistics, sys
+rows = [dict((k, v.split()) for k, v in re.findall(r"(\w+ w\d+|iperf3) (?:1m/4m|-l 1M) ([\d. ]+)", l))
+        for l in open(sys.argv[1])]
+print(f"{sys.argv[2]}, median of {len(rows)} rounds of the ratio to iperf3 -l 1M (min-max):")
+for k in ("bw w16", "bw w2", "stream w16", "stream w2", "raw w2"):
+    for i, size in enumerate(("1 MiB", "4 MiB")):
+        r = [float(x[k][i]) / float(x["iperf3"][0]) for x in rows]
+        print(f"  {k:10} {size}: {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f})")
+EOF
 kill $sp $rp $ip 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$d"
