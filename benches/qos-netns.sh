@@ -4,7 +4,7 @@
 # qdisc with two classes — the control class's DSCP (AF41, TOS 0x88) in one, everything else in
 # the other — so a control-class ping no longer queues behind the bulk stream's packets when
 # service levels are on. On the unshaped loopback of a 2-core machine the CPU, not the link, is
-# the bottleneck and service levels cannot show (see BENCHMARKS.md).
+# the bottleneck and service levels cannot show (benchmarks/journal/qos-readings.md).
 #
 #   sudo benches/qos-netns.sh [--runs 5] [--out DIR]     # needs root, iproute2 (ip, tc)
 #
