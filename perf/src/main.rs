@@ -125,7 +125,8 @@ enum Cmd {
     Server {
         #[arg(long, default_value = "tcp://127.0.0.1:0")]
         listen: String,
-        #[arg(long, default_value = "block")]
+        /// How the server waits; by default as a program's endpoint does (`Config::default()`).
+        #[arg(long, default_value = "adaptive")]
         wait: WaitMode,
         #[command(flatten)]
         knobs: Knobs,
@@ -159,7 +160,8 @@ enum Cmd {
     Client {
         #[command(flatten)]
         run: RunArgs,
-        #[arg(long, default_value = "block")]
+        /// How the client waits; by default as a program's endpoint does (`Config::default()`).
+        #[arg(long, default_value = "adaptive")]
         wait: WaitMode,
         /// Check every payload byte.
         #[arg(long)]
@@ -1100,5 +1102,16 @@ mod tests {
         let cli = Cli::try_parse_from(["ionet-perf", "server", "--wait", "spin"]).unwrap();
         assert!(matches!(cli.cmd, Some(Cmd::Server { wait: WaitMode::Spin, .. })));
         assert!(Cli::try_parse_from(["ionet-perf", "server", "--wait", "sometimes"]).is_err());
+    }
+
+    /// Without `--wait`, client and server wait as the library's default configuration does:
+    /// a figure measured without options is what a program gets without tuning.
+    #[test]
+    fn client_and_server_wait_as_the_library_does_by_default() {
+        let default = ionet::Config::default().get_wait_mode();
+        let cli = Cli::try_parse_from(["ionet-perf", "server"]).unwrap();
+        assert!(matches!(cli.cmd, Some(Cmd::Server { wait, .. }) if wait == default));
+        let cli = Cli::try_parse_from(["ionet-perf", "client", "--connect", "tcp://127.0.0.1:1"]).unwrap();
+        assert!(matches!(cli.cmd, Some(Cmd::Client { wait, .. }) if wait == default));
     }
 }
