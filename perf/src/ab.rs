@@ -55,6 +55,9 @@ impl AbOpts {
 const EXP: &str = "ab";
 /// Series of the bandwidth runs from registered pool buffers (`ionet` is plain heap memory).
 pub const POOL_SERIES: &str = "ionet-pool";
+/// Series of the bandwidth runs from heap memory with the library's default (adaptive) waits on
+/// both sides, what a program gets without tuning; the other series wait blocking.
+pub const DEFAULT_WAITS_SERIES: &str = "ionet-default-waits";
 
 fn lat_sample(t: &str, series: &str, wait: WaitMode, size: usize, run: usize, rtt: Option<f64>) -> Sample {
     Sample::new(EXP, t, series, size as f64)
@@ -132,7 +135,9 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
         lat(&block, WaitMode::Block, size, true)?;
     }
 
-    // Streaming bandwidth with CPU per GB on both sides.
+    // Streaming bandwidth with CPU per GB on both sides; heap buffers also with the library's
+    // default waits, which differ from blocking ones by a fifth on tcp://.
+    let adaptive = if o.bw_sizes.is_empty() { Vec::new() } else { start(WaitMode::Adaptive)? };
     let max_bw = o.bw_sizes.iter().copied().max().unwrap_or(0);
     let mut mem = MemcpyBench::new(max_bw);
     for &size in &o.bw_sizes {
@@ -155,6 +160,10 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
             .iter()
             .map(|pr| over_ionet::sized(&pr.ep, pr.peer, &p, target))
             .collect::<Result<_, _>>()?;
+        let pa: Vec<Params> = adaptive
+            .iter()
+            .map(|pr| over_ionet::sized(&pr.ep, pr.peer, &p, target))
+            .collect::<Result<_, _>>()?;
         for r in 0..runs {
             let g = mem.run(size, target);
             out.push(
@@ -163,15 +172,20 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
                     .run(r as u32, g),
             );
             let x = raw.run(&rp, Some(raw_srv.pid()))?;
-            push_bw(&mut out, "raw-tcp", "raw", size, r, &x);
+            push_bw(&mut out, "raw-tcp", "raw", WaitMode::Block, size, r, &x);
             for (pr, p) in block.iter().zip(&ps) {
                 let y = over_ionet::run(&pr.ep, pr.peer, p, Some(pr.server_pid()))?;
-                push_bw(&mut out, pr.scheme.as_str(), "ionet", size, r, &y);
+                push_bw(&mut out, pr.scheme.as_str(), "ionet", WaitMode::Block, size, r, &y);
                 // The same from the endpoints' registered pools (`Endpoint::alloc` on both
                 // sides), as a storage server that owns its buffers would send.
                 let pooled = Params { pool: true, ..*p };
                 let y = over_ionet::run(&pr.ep, pr.peer, &pooled, Some(pr.server_pid()))?;
-                push_bw(&mut out, pr.scheme.as_str(), POOL_SERIES, size, r, &y);
+                push_bw(&mut out, pr.scheme.as_str(), POOL_SERIES, WaitMode::Block, size, r, &y);
+            }
+            for (pr, p) in adaptive.iter().zip(&pa) {
+                let y = over_ionet::run(&pr.ep, pr.peer, p, Some(pr.server_pid()))?;
+                let t = pr.scheme.as_str();
+                push_bw(&mut out, t, DEFAULT_WAITS_SERIES, WaitMode::Adaptive, size, r, &y);
             }
         }
     }
@@ -189,9 +203,17 @@ pub fn run(o: &AbOpts) -> Result<Samples, BoxErr> {
     Ok(out)
 }
 
-fn push_bw(out: &mut Samples, t: &str, series: &str, size: usize, r: usize, x: &crate::run::RunResult) {
+fn push_bw(
+    out: &mut Samples,
+    t: &str,
+    series: &str,
+    wait: WaitMode,
+    size: usize,
+    r: usize,
+    x: &crate::run::RunResult,
+) {
     let s = |m: &str, u: &str, v: f64| {
-        Sample::new(EXP, t, series, size as f64).metric(m, u).run(r as u32, v).wait("block")
+        Sample::new(EXP, t, series, size as f64).metric(m, u).run(r as u32, v).wait(wait.name())
     };
     out.push(s("bandwidth", "GB/s", x.gbps()));
     out.push(s("client_cpu_per_gb", "s/GB", x.client_cpu_per_gb()));
@@ -273,9 +295,13 @@ pub fn render(s: &Samples, link_prefix: &str) -> Result<(String, Vec<(String, St
         let mut t = Table::new(head);
         for x in bw.filter(|r| r.series != "iperf3").xs() {
             let base = get("raw-tcp", "raw", "bandwidth", "block", x);
-            for (series, buffers) in [("ionet", "heap"), (POOL_SERIES, "pool")] {
+            for (series, buffers, wait) in [
+                ("ionet", "heap", "block"),
+                (POOL_SERIES, "pool", "block"),
+                (DEFAULT_WAITS_SERIES, "heap, default waits", "adaptive"),
+            ] {
                 let vals: Vec<Option<Summary>> =
-                    ts.iter().map(|tr| get(tr, series, "bandwidth", "block", x)).collect();
+                    ts.iter().map(|tr| get(tr, series, "bandwidth", wait, x)).collect();
                 if vals.iter().all(Option::is_none) {
                     continue;
                 }
@@ -294,7 +320,9 @@ pub fn render(s: &Samples, link_prefix: &str) -> Result<(String, Vec<(String, St
             }
         }
         md.push_str(
-            "Streaming bandwidth (GB/s = 10⁹ B/s, higher is better), blocking waits. Buffers: `heap` \
+            "Streaming bandwidth (GB/s = 10⁹ B/s, higher is better), blocking waits but for the \
+             `default waits` rows: the library's default (adaptive) waits on both sides, what a \
+             program gets without tuning (the raw streamer blocks in every row). Buffers: `heap` \
              sends and receives plain heap memory (on InfiniBand registered per message, and \
              received through the engine's zone buffers), `pool` uses the endpoints' registered \
              pools (`Endpoint::alloc`) on both sides (`ionet-perf client --pool`). The `heap` \
@@ -311,20 +339,25 @@ pub fn render(s: &Samples, link_prefix: &str) -> Result<(String, Vec<(String, St
         let mut t =
             Table::new(["size", "implementation", "sender (client) CPU s/GB", "receiver (server) CPU s/GB"]);
         for x in bw.xs().into_iter().filter(|&x| x >= (1 << 20) as f64) {
-            for (tr, series, name) in
-                std::iter::once(("raw-tcp".to_string(), "raw", "raw TCP streamer".to_string()))
-                    .chain(ts.iter().map(|t| (t.clone(), "ionet", format!("ionet {t}://"))))
-                    .chain(ts.iter().map(|t| (t.clone(), POOL_SERIES, format!("ionet {t}:// (pool)"))))
+            for (tr, series, name, wait) in
+                std::iter::once(("raw-tcp".to_string(), "raw", "raw TCP streamer".to_string(), "block"))
+                    .chain(ts.iter().map(|t| (t.clone(), "ionet", format!("ionet {t}://"), "block")))
+                    .chain(
+                        ts.iter().map(|t| (t.clone(), POOL_SERIES, format!("ionet {t}:// (pool)"), "block")),
+                    )
+                    .chain(ts.iter().map(|t| {
+                        (t.clone(), DEFAULT_WAITS_SERIES, format!("ionet {t}:// (default waits)"), "adaptive")
+                    }))
             {
-                let c = get(&tr, series, "client_cpu_per_gb", "block", x);
-                let sv = get(&tr, series, "server_cpu_per_gb", "block", x);
+                let c = get(&tr, series, "client_cpu_per_gb", wait, x);
+                let sv = get(&tr, series, "server_cpu_per_gb", wait, x);
                 if c.is_some() || sv.is_some() {
                     t.row([units::size(x), name, cell(c), cell(sv)]);
                 }
             }
         }
         if !t.is_empty() {
-            md.push_str("CPU seconds per GB moved during the bandwidth runs (blocking waits; server CPU from /proc, 10 ms ticks).\n\n");
+            md.push_str("CPU seconds per GB moved during the bandwidth runs (blocking waits but for the default-waits rows; server CPU from /proc, 10 ms ticks).\n\n");
             md.push_str(&t.render());
             md.push('\n');
         }
@@ -409,6 +442,21 @@ mod tests {
                         .wait("block"),
                 );
             }
+            for (t, v) in [("tcp", 2.4), ("softib", 3.6)] {
+                let x = (1 << 20) as f64;
+                s.push(
+                    Sample::new(EXP, t, DEFAULT_WAITS_SERIES, x)
+                        .metric("bandwidth", "GB/s")
+                        .run(r, v)
+                        .wait("adaptive"),
+                );
+                s.push(
+                    Sample::new(EXP, t, DEFAULT_WAITS_SERIES, x)
+                        .metric("client_cpu_per_gb", "s/GB")
+                        .run(r, 0.05)
+                        .wait("adaptive"),
+                );
+            }
             s.push(
                 Sample::new(EXP, "memcpy", "memcpy", (1 << 20) as f64)
                     .metric("bandwidth", "GB/s")
@@ -427,6 +475,9 @@ mod tests {
         assert!(md.contains("| 1 MiB | heap | 20.0 (20.0–20.0) | 2.00 (2.00–2.00) | 1.80 (1.80–1.80) | 3.60 (3.60–3.60) | 0.90× | 1.80× | 2.00× |"), "{md}");
         assert!(md.contains("| 1 MiB | pool | 20.0 (20.0–20.0) | 2.00 (2.00–2.00) | 2.00 (2.00–2.00) | 5.00 (5.00–5.00) | 1.00× | 2.50× | 2.50× |"), "{md}");
         assert!(md.contains("| 1 MiB | ionet softib:// (pool) |"), "{md}");
+        // With the library's default waits, beside the same raw streamer: 1.2× and 1.5×.
+        assert!(md.contains("| 1 MiB | heap, default waits | 20.0 (20.0–20.0) | 2.00 (2.00–2.00) | 2.40 (2.40–2.40) | 3.60 (3.60–3.60) | 1.20× | 1.80× | 1.50× |"), "{md}");
+        assert!(md.contains("| 1 MiB | ionet tcp:// (default waits) | 0.0500 (0.0500–0.0500) |"), "{md}");
         assert!(md.contains("CPU seconds per GB"));
         assert_eq!(plots.len(), 2);
         assert!(md.contains("![ab-latency.svg](plots/ab-latency.svg)"));
