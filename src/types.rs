@@ -105,6 +105,12 @@ impl fmt::Display for OpId {
 /// On this project's reference machine a blocking cross-CPU wake-up costs about 50 µs, so
 /// `Spin` gives the lowest latency at the price of a busy core; `Adaptive` spins while the
 /// transport is making progress and blocks once a budget passes without any.
+///
+/// `Adaptive` also spins through every gap shorter than the budget. A TCP receiver gains from
+/// that (it keeps draining its socket through a stream), and so does a synchronous request of
+/// up to the budget. A sender whose transfers the peer carries out (RDMA, where the receiver
+/// pulls) and that waits for each of many messages in flight spends that time polling for
+/// completions that would not be late if it slept: such a program keeps its CPU with `Block`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WaitMode {
     /// Busy-poll the transport until the operation completes.
