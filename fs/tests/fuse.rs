@@ -27,6 +27,13 @@ impl Drop for Mount {
     }
 }
 
+impl Mount {
+    /// The mount's server.
+    fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.child.id() as i32)
+    }
+}
+
 fn mounted(dir: &Path) -> bool {
     std::fs::read_to_string("/proc/self/mounts")
         .map(|m| m.lines().any(|l| l.split(' ').nth(1) == Some(dir.to_str().unwrap_or("?"))))
@@ -51,24 +58,46 @@ fn mount_with(tc: &TestCluster, args: &[&str]) -> Mount {
 
 /// As [`mount_with`], on `<tc.dir>/<name>` (another mount of the same cluster: another client).
 fn mount_at(tc: &TestCluster, name: &str, args: &[&str]) -> Mount {
+    start_mount(tc, name, args, &[], None)
+}
+
+/// `stripefs mount` of `tc`'s cluster on `<tc.dir>/mnt`, with `env` set for the mount's server
+/// (`RUST_LOG`), its log in the file returned, once the mount is there.
+fn mount_logging(tc: &TestCluster, env: &[(&str, &str)]) -> (Mount, std::path::PathBuf) {
+    let log = tc.dir.path().join("mount.log");
+    (start_mount(tc, "mnt", &[], env, Some(&log)), log)
+}
+
+/// `stripefs mount` with `args` on a new directory `<tc.dir>/<name>`, `env` set for its server
+/// and its standard error in `log` if given, once the mount is there.
+fn start_mount(
+    tc: &TestCluster,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    log: Option<&Path>,
+) -> Mount {
     assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing");
     let mnt = tc.dir.path().join(name);
     std::fs::create_dir(&mnt).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stripefs"));
+    cmd.envs(env.iter().copied())
         .arg("--cluster")
         .arg(tc.cluster.config_path())
         .arg("mount")
         .args(args)
         .arg(&mnt)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut m = Mount { child, dir: mnt.clone() };
+        .stdin(Stdio::null());
+    if let Some(log) = log {
+        cmd.stderr(std::fs::File::create(log).unwrap());
+    }
+    let mut m = Mount { child: cmd.spawn().unwrap(), dir: mnt.clone() };
     let t = Instant::now();
     while !mounted(&mnt) {
         assert!(t.elapsed() < Duration::from_secs(20), "mount did not appear");
         if let Ok(Some(s)) = m.child.try_wait() {
-            panic!("stripefs mount exited: {s}");
+            let logged = log.and_then(|l| std::fs::read_to_string(l).ok()).unwrap_or_default();
+            panic!("stripefs mount exited: {s}: {logged}");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -768,36 +797,6 @@ fn cluster_with_a_file(len: usize, seed: u64) -> (TestCluster, bytes::Bytes, std
     (tc, data, mnt)
 }
 
-/// `stripefs mount` of `tc`'s cluster on a new directory `mnt`, its log in `log`, once the
-/// mount is there.
-fn mount_logging_to(tc: &TestCluster, mnt: &Path, log: &Path) -> Mount {
-    mount_logging_with(tc, mnt, log, &[])
-}
-
-/// As [`mount_logging_to`], with `env` set for the mount's server (`RUST_LOG`).
-fn mount_logging_with(tc: &TestCluster, mnt: &Path, log: &Path, env: &[(&str, &str)]) -> Mount {
-    std::fs::create_dir(mnt).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
-        .envs(env.iter().copied())
-        .arg("--cluster")
-        .arg(tc.cluster.config_path())
-        .arg("mount")
-        .arg(mnt)
-        .stdin(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while !mounted(mnt) {
-        assert!(t.elapsed() < Duration::from_secs(20), "mount did not appear");
-        if let Ok(Some(s)) = child.try_wait() {
-            panic!("stripefs mount exited: {s}: {}", std::fs::read_to_string(log).unwrap_or_default());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Mount { child, dir: mnt.to_path_buf() }
-}
-
 /// How `child` exited, if it does within `limit`.
 fn exit_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
     let t = Instant::now();
@@ -840,9 +839,8 @@ fn asynchronous_reads_are_served_several_at_once() {
     let f = c.create("/f.bin", stripefs::CreateOptions { mode: 0o644, layout: None }).unwrap();
     f.write_at(0, &data).unwrap();
     drop(f);
-    let (mnt, log) = (tc.dir.path().join("mnt"), tc.dir.path().join("mount.log"));
     // fuser logs each request it dispatches at the debug level.
-    let m = mount_logging_with(&tc, &mnt, &log, &[("RUST_LOG", "warn,fuser=debug")]);
+    let (m, log) = mount_logging(&tc, &[("RUST_LOG", "warn,fuser=debug")]);
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
@@ -885,9 +883,8 @@ fn lookups_in_one_directory_are_served_several_at_once() {
     for i in 0..N {
         c.create(&format!("/d/f{i}"), stripefs::CreateOptions { mode: 0o644, layout: None }).unwrap();
     }
-    let (mnt, log) = (tc.dir.path().join("mnt"), tc.dir.path().join("mount.log"));
     // fuser logs each request it dispatches at the debug level.
-    let m = mount_logging_with(&tc, &mnt, &log, &[("RUST_LOG", "warn,fuser=debug")]);
+    let (m, log) = mount_logging(&tc, &[("RUST_LOG", "warn,fuser=debug")]);
     // The directory itself is looked up now, so that the look-ups below only want their names.
     assert!(m.dir.join("d").is_dir());
     let meta = nix::unistd::Pid::from_raw(tc.cluster.pid(stripefs::cluster::ServerId::Meta).unwrap() as i32);
@@ -984,9 +981,8 @@ fn aio_read_blocks(f: &std::fs::File, n: usize, len: usize) -> Vec<u8> {
 #[ignore = "needs /dev/fuse: mounts stripefs"]
 fn an_unmounted_mount_leaves_the_next_mount_on_its_path_alone() {
     let tc = TestCluster::start("tcp", 2);
-    let (mnt, log) = (tc.dir.path().join("mnt"), tc.dir.path().join("mount.log"));
-    let mut m = mount_logging_to(&tc, &mnt, &log);
-    let pid = nix::unistd::Pid::from_raw(m.child.id() as i32);
+    let (mut m, log) = mount_logging(&tc, &[]);
+    let (mnt, pid) = (m.dir.clone(), m.pid());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     // Not canonicalized: a look at the mount point would wait for the stopped server.
     run(Command::new("umount").arg("--no-canonicalize").arg(&mnt));
@@ -1013,9 +1009,8 @@ fn an_unmounted_mount_leaves_the_next_mount_on_its_path_alone() {
 fn sigterm_unmounts_a_mount_once_it_is_not_in_use() {
     use nix::sys::signal::{Signal, kill};
     let tc = TestCluster::start("tcp", 2);
-    let (mnt, log) = (tc.dir.path().join("mnt"), tc.dir.path().join("mount.log"));
-    let mut m = mount_logging_to(&tc, &mnt, &log);
-    let pid = nix::unistd::Pid::from_raw(m.child.id() as i32);
+    let (mut m, log) = mount_logging(&tc, &[]);
+    let (mnt, pid) = (m.dir.clone(), m.pid());
     std::fs::write(mnt.join("f"), b"kept").unwrap();
     let open = std::fs::File::open(mnt.join("f")).unwrap();
     kill(pid, Signal::SIGTERM).unwrap();
