@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::info::Counters;
 use crate::op::{Completion, RequestMeta, Unexpected};
 use crate::readiness::WaitSet;
+use crate::spin_learn::LearntSpins;
 use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard};
 use crate::types::{OpId, PeerId};
 
@@ -64,6 +65,8 @@ pub(crate) struct CompletionState {
     /// it waits for, so an event wakes only the thread it concerns: a wake-up costs a futex
     /// call and a context switch, and the thread woken for nothing pays both again to sleep.
     pub(crate) sleepers: Vec<Sleeper>,
+    /// How long adaptive waits spin before they sleep, learnt per kind of wait.
+    pub(crate) spins: LearntSpins,
 }
 
 /// What a waiting thread waits for (see [`CompletionState::sleepers`]).

@@ -429,9 +429,11 @@ impl Config {
         self
     }
 
-    /// How long `Adaptive` spins without progress before blocking (default 100 µs: twice the
-    /// cost of a cross-CPU wake-up on the reference machine). The budget restarts after every
-    /// progress round that did work.
+    /// The longest `Adaptive` spins without progress before blocking (default 100 µs: twice
+    /// the cost of a cross-CPU wake-up on the reference machine). The budget restarts after
+    /// every progress round that did work; a wait spins less when the same kind of wait was
+    /// recently caught by shorter spins, never less than a quarter of it (see
+    /// [`WaitMode::Adaptive`]).
     pub fn spin_budget(mut self, d: Duration) -> Self {
         self.spin_budget = d;
         self

@@ -40,6 +40,7 @@ use crate::info::{Counters, Info};
 use crate::op::OpKind;
 use crate::op::{Completion, Payload, Unexpected};
 use crate::readiness::WaitSet;
+use crate::spin_learn::{Stretch, WaitKind};
 use crate::sync::{AtomicBool, Condvar, Mutex, MutexGuard};
 use crate::types::{Access, OpId, PeerId, ServiceLevel, Tag, WaitMode};
 
@@ -723,6 +724,18 @@ impl Endpoint {
         let mut spin_until = None;
         let mut until = until;
         let has_thread = self.inner.cfg.progress_thread && !is_progress_thread;
+        let max_spin = self.inner.cfg.spin_budget;
+        // Which learnt spin an adaptive wait of a caller uses (a poll never waits; the progress
+        // thread waits for nothing in particular and keeps the whole budget).
+        let kind = match want {
+            _ if mode != WaitMode::Adaptive || is_progress_thread || until == Until::Poll => None,
+            Want::Op(_) | Want::AnyOp => Some(WaitKind::Ops),
+            Want::Unexpected | Want::Request => Some(WaitKind::Arrivals),
+            Want::Nothing => None,
+        };
+        // The stretch since the wait began or a round last did work; `ended` once a round did.
+        let mut stretch: Option<Stretch> = None;
+        let mut ended = false;
         let mut polled = false;
         let mut st = completions.lock();
         // Every way out of the loop after looking for ourselves hands the driving over.
@@ -734,7 +747,17 @@ impl Endpoint {
             if let Some(now) = now
                 && spin_until.is_none()
             {
-                spin_until = Some(now + self.inner.cfg.spin_budget);
+                let mut budget = max_spin;
+                if let Some(k) = kind {
+                    let learnt = st.spins.get_mut(k);
+                    if let Some(s) = stretch.take().filter(|_| ended) {
+                        s.end(now, learnt, max_spin);
+                    }
+                    budget = learnt.budget(max_spin);
+                    stretch = Some(Stretch::new(now, budget));
+                    ended = false;
+                }
+                spin_until = Some(now + budget);
                 if let Until::Within(d) = until {
                     until = Until::At(now + d);
                 }
@@ -766,6 +789,7 @@ impl Endpoint {
                 let limit = now.map_or(MAX_BLOCK, |n| until.remaining(n)).min(MAX_BLOCK);
                 // A condition variable of our own, so only what we wait for wakes us.
                 let cv = Arc::new(Condvar::new());
+                self.sleeping(&mut stretch, max_spin);
                 st.sleepers.push(Sleeper { want, cv: cv.clone() });
                 let (g, _) = cv.wait_timeout(st, limit).unwrap_or_else(|p| p.into_inner());
                 st = g;
@@ -791,6 +815,9 @@ impl Endpoint {
                     t
                 }
             };
+            if !block.is_zero() {
+                self.sleeping(&mut stretch, max_spin);
+            }
             let deadlines = !st.deadlines.is_empty();
             st.driving = true;
             drop(st);
@@ -806,12 +833,31 @@ impl Endpoint {
                 // Work was done, so more is likely on its way (a transfer streaming in, the
                 // rest of a reply): the spin budget counts from the last round that did work,
                 // so an adaptive waiter polls through a transfer and blocks once it goes quiet.
-                Ok(true) if mode == WaitMode::Adaptive => spin_until = None,
+                Ok(true) if mode == WaitMode::Adaptive => {
+                    spin_until = None;
+                    ended = true;
+                }
                 Ok(_) => {}
             }
         };
+        if let (Some(k), Some(s), Ok(Some(_))) = (kind, stretch, &out) {
+            s.end(Instant::now(), st.spins.get_mut(k), max_spin);
+        }
         Completions::hand_over(&st);
         out
+    }
+
+    /// Notes that a stretch of an adaptive wait goes to sleep (counting it if its learnt spin
+    /// was shorter than the configured budget).
+    fn sleeping(&self, stretch: &mut Option<Stretch>, max_spin: Duration) {
+        if let Some(s) = stretch
+            && !s.slept
+        {
+            s.slept = true;
+            if s.budget < max_spin {
+                Counters::add(&self.inner.completions.counters.spins_cut_short, 1);
+            }
+        }
     }
 
     fn expire(&self, backend: &dyn Backend) {

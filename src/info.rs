@@ -280,6 +280,10 @@ counters! {
     /// queued message or request, a driver handing over, or its own timeout): each costs a
     /// futex call and usually a context switch.
     waiter_wakeups,
+    /// Times an adaptive wait went to sleep before its spin budget had passed, because the
+    /// same kind of wait on this endpoint had recently been caught by shorter spins (see
+    /// [`WaitMode::Adaptive`]).
+    spins_cut_short,
 }
 
 impl Counters {

@@ -129,6 +129,7 @@ mod readiness;
 mod regcache;
 mod sched;
 mod sockets;
+mod spin_learn;
 mod sync;
 mod tcp;
 #[cfg(feature = "tokio")]

@@ -106,20 +106,24 @@ impl fmt::Display for OpId {
 /// `Spin` gives the lowest latency at the price of a busy core; `Adaptive` spins while the
 /// transport is making progress and blocks once a budget passes without any.
 ///
-/// `Adaptive` also spins through every gap shorter than the budget. A TCP receiver gains from
-/// that (it keeps draining its socket through a stream), and so does a synchronous request of
-/// up to the budget. A sender whose transfers the peer carries out (RDMA, where the receiver
-/// pulls) and that waits for each of many messages in flight spends that time polling for
-/// completions that would not be late if it slept: such a program keeps its CPU with `Block`.
+/// `Adaptive` spins through gaps that recent waits of the same kind (waits for the caller's
+/// own operations, or for what peers send next) needed: twice the longest gap spinning caught
+/// among the last few, between a quarter of the budget and the whole budget. A TCP receiver
+/// gains from that (it keeps draining its socket through a stream), and so does a synchronous
+/// request of up to the budget. A sender that keeps many messages in flight over RDMA, which
+/// finds most completions at once and then waits long for the receiver's next batch, sleeps
+/// soon into each long wait instead of spinning the whole budget first. A program that would
+/// rather never spin waits with `Block`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WaitMode {
     /// Busy-poll the transport until the operation completes.
     Spin,
     /// Sleep in the kernel (epoll / completion channel) until something happens.
     Block,
-    /// Spin, then block once [`crate::Config::spin_budget`] has passed since the last
-    /// progress round that did work (moved bytes or completed something): a thread polls
-    /// through a transfer that is streaming in and sleeps when its peers go quiet.
+    /// Spin, then block once the learnt spin (at most [`crate::Config::spin_budget`]) has
+    /// passed since the last progress round that did work (moved bytes or completed
+    /// something): a thread polls through a transfer that is streaming in and sleeps when its
+    /// peers go quiet.
     #[default]
     Adaptive,
 }

@@ -312,6 +312,9 @@ const ENDPOINT_METRICS: &[(&str, &str, &str, InfoRead)] = &[
     ("ionet_waiter_wakeups_total", "counter", "Times a waiting thread was woken.", |i| {
         i.counters.waiter_wakeups
     }),
+    ("ionet_spins_cut_short_total", "counter", "Adaptive waits that slept before their spin budget.", |i| {
+        i.counters.spins_cut_short
+    }),
     ("ionet_peers_connected", "gauge", "Peers known and connected now.", |i| i.peers_connected as u64),
     ("ionet_peers", "gauge", "Peer records held, connected or not.", |i| i.gauges.peers as u64),
     ("ionet_handshakes", "gauge", "Accepted connections still in their handshake.", |i| {
