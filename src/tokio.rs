@@ -29,8 +29,9 @@
 //! # Waiting
 //!
 //! The driver follows the endpoint's [`WaitMode`]: in `Adaptive` (the default) it keeps
-//! polling, yielding to the runtime between rounds, for the spin budget after the last round
-//! that did work, then sleeps on the descriptor; in `Block` it sleeps at once; in `Spin` it
+//! polling, yielding to the runtime between rounds, after the last round that did work for as
+//! long as recent gaps between such rounds needed (at most the spin budget), then sleeps on
+//! the descriptor; in `Block` it sleeps at once; in `Spin` it
 //! never sleeps. With [`Config::progress_thread`](crate::Config::progress_thread) set, the
 //! endpoint's own thread drives and no task is spawned.
 
@@ -47,6 +48,7 @@ use ::tokio::task::JoinHandle;
 use crate::endpoint::{Arm, Endpoint, Request};
 use crate::error::Result;
 use crate::op::{Completion, Unexpected};
+use crate::spin_learn::{LearntSpin, Stretch};
 use crate::types::{OpId, WaitMode};
 
 /// An [`Endpoint`] whose waits are futures, driven by a task on the current tokio runtime.
@@ -139,6 +141,9 @@ async fn drive(fd: AsyncFd<Fd>) {
     let mode = ep.config().wait_mode;
     let budget = ep.config().spin_budget;
     let mut spin_until: Option<Instant> = None;
+    // The driver's own learnt spin: its stretches run from one round that did work to the next.
+    let mut learnt = LearntSpin::default();
+    let mut stretch: Option<Stretch> = None;
     loop {
         let worked = match ep.try_progress() {
             Ok(w) => w,
@@ -153,7 +158,12 @@ async fn drive(fd: AsyncFd<Fd>) {
             WaitMode::Adaptive => {
                 let now = Instant::now();
                 if worked {
-                    spin_until = Some(now + budget);
+                    if let Some(s) = stretch.take() {
+                        s.end(now, &mut learnt, budget);
+                    }
+                    let spin = learnt.budget(budget);
+                    spin_until = Some(now + spin);
+                    stretch = Some(Stretch::new(now, spin));
                 }
                 spin_until.is_some_and(|u| now < u)
             }
@@ -166,6 +176,7 @@ async fn drive(fd: AsyncFd<Fd>) {
             Ok(Arm::Busy) => ::tokio::task::yield_now().await,
             Ok(Arm::Armed) => {
                 spin_until = None;
+                ep.sleeping(&mut stretch, budget);
                 match fd.readable().await {
                     // Cleared before the next round: whatever arrives during it sets it again.
                     Ok(mut g) => g.clear_ready(),

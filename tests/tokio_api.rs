@@ -251,3 +251,39 @@ async fn shutdown_ends_the_request_stream_and_pending_futures() {
         assert!(matches!(c.result, Err(Error::Closed)), "{scheme}: {:?}", c.result);
     }
 }
+
+/// The driver task learns how long to spin as blocking waits do: after many quick replies, it
+/// sleeps through a slow one before the configured budget has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_sleeps_early_through_a_wait_longer_than_recent_ones() {
+    const BUDGET: Duration = Duration::from_millis(40);
+    const SLOW_MS: u8 = 150;
+    const SLOW: u64 = 5;
+    let srv = Endpoint::bind("tcp://127.0.0.1:0", Config::default().wait_mode(WaitMode::Block)).unwrap();
+    let addr = srv.local_addr().unwrap();
+    // A blocking server: each request's first byte is how many milliseconds to wait before
+    // answering; an empty request stops it.
+    let server = std::thread::spawn(move || {
+        while let Ok(Some(req)) = srv.next_request(Some(Duration::from_secs(20))) {
+            let h = req.header().clone();
+            let Some(&ms) = h.first() else { return };
+            std::thread::sleep(Duration::from_millis(ms.into()));
+            let op = req.reply(h).unwrap();
+            assert!(srv.wait_timeout(op, Duration::from_secs(20)).unwrap().is_some());
+        }
+    });
+    let cfg = Config::default().wait_mode(WaitMode::Adaptive).spin_budget(BUDGET);
+    let cli = AsyncEndpoint::new(Endpoint::client(cfg).unwrap()).unwrap();
+    let peer = cli.endpoint().connect(addr).unwrap();
+    for _ in 0..48 {
+        ask(&cli, peer, vec![0]).await.unwrap();
+    }
+    let before = cli.endpoint().info().counters.spins_cut_short;
+    for _ in 0..SLOW {
+        ask(&cli, peer, vec![SLOW_MS]).await.unwrap();
+    }
+    let cut = cli.endpoint().info().counters.spins_cut_short - before;
+    let _ = ask(&cli, peer, Vec::new()).await;
+    server.join().unwrap();
+    assert!(cut >= SLOW, "{cut} of {SLOW} slow waits slept before the budget");
+}
