@@ -31,9 +31,9 @@
 //! The driver follows the endpoint's [`WaitMode`]: in `Adaptive` (the default) it keeps
 //! polling, yielding to the runtime between rounds, after the last round that did work for as
 //! long as recent gaps between such rounds needed (at most the spin budget), then sleeps on
-//! the descriptor; in `Block` it sleeps at once; in `Spin` it
-//! never sleeps. With [`Config::progress_thread`](crate::Config::progress_thread) set, the
-//! endpoint's own thread drives and no task is spawned.
+//! the descriptor; in `Block` it sleeps at once; in `Spin` it never sleeps. With
+//! [`Config::progress_thread`](crate::Config::progress_thread) set, the endpoint's own thread
+//! drives and no task is spawned.
 
 use std::future::Future;
 use std::os::fd::{AsRawFd, RawFd};
