@@ -108,12 +108,12 @@ impl fmt::Display for OpId {
 ///
 /// `Adaptive` spins through gaps that recent waits of the same kind (waits for the caller's
 /// own operations, or for what peers send next) needed: twice the longest gap spinning caught
-/// among the last few, between a quarter of the budget and the whole budget. A TCP receiver
-/// gains from that (it keeps draining its socket through a stream), and so does a synchronous
-/// request of up to the budget. A sender that keeps many messages in flight over RDMA, which
-/// finds most completions at once and then waits long for the receiver's next batch, sleeps
-/// soon into each long wait instead of spinning the whole budget first. A program that would
-/// rather never spin waits with `Block`.
+/// in the last 20 to 40 ms, between a quarter of the budget and the whole budget. A TCP
+/// receiver gains from that (it keeps draining its socket through a stream), and so does a
+/// synchronous request of up to the budget. A sender that keeps many messages in flight over
+/// RDMA, which finds most completions at once and then waits long for the receiver's next
+/// batch, sleeps soon into each long wait instead of spinning the whole budget first. A
+/// program that would rather never spin waits with `Block`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WaitMode {
     /// Busy-poll the transport until the operation completes.

@@ -275,7 +275,9 @@ async fn the_driver_sleeps_early_through_a_wait_longer_than_recent_ones() {
     let cfg = Config::default().wait_mode(WaitMode::Adaptive).spin_budget(BUDGET);
     let cli = AsyncEndpoint::new(Endpoint::client(cfg).unwrap()).unwrap();
     let peer = cli.endpoint().connect(addr).unwrap();
-    for _ in 0..48 {
+    // Quick requests for longer than the learnt spin remembers (two periods of 20 ms).
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_millis(100) {
         ask(&cli, peer, vec![0]).await.unwrap();
     }
     let before = cli.endpoint().info().counters.spins_cut_short;
