@@ -733,9 +733,10 @@ impl Endpoint {
             Want::Unexpected | Want::Request => Some(WaitKind::Arrivals),
             Want::Nothing => None,
         };
-        // The stretch since the wait began or a round last did work; `ended` once a round did.
+        // The stretch since the wait began or a round last did work. A new one starts whenever
+        // the spin deadline is unset: at the first look, and after every round that did work,
+        // which is where the previous one ended.
         let mut stretch: Option<Stretch> = None;
-        let mut ended = false;
         let mut last_now = None;
         let mut polled = false;
         let mut st = completions.lock();
@@ -752,12 +753,11 @@ impl Endpoint {
                 let mut budget = max_spin;
                 if let Some(k) = kind {
                     let learnt = st.spins.get_mut(k);
-                    if let Some(s) = stretch.take().filter(|_| ended) {
+                    if let Some(s) = stretch.take() {
                         s.end(now, learnt, max_spin);
                     }
                     budget = learnt.budget(max_spin);
                     stretch = Some(Stretch::new(now, budget));
-                    ended = false;
                 }
                 spin_until = Some(now + budget);
                 if let Until::Within(d) = until {
@@ -835,10 +835,7 @@ impl Endpoint {
                 // Work was done, so more is likely on its way (a transfer streaming in, the
                 // rest of a reply): the spin budget counts from the last round that did work,
                 // so an adaptive waiter polls through a transfer and blocks once it goes quiet.
-                Ok(true) if mode == WaitMode::Adaptive => {
-                    spin_until = None;
-                    ended = true;
-                }
+                Ok(true) if mode == WaitMode::Adaptive => spin_until = None,
                 Ok(_) => {}
             }
         };
