@@ -58,6 +58,13 @@ pub const POOL_SERIES: &str = "ionet-pool";
 /// Series of the bandwidth runs from heap memory with the library's default (adaptive) waits on
 /// both sides, what a program gets without tuning; the other series wait blocking.
 pub const DEFAULT_WAITS_SERIES: &str = "ionet-default-waits";
+/// The ionet bandwidth series as the report shows them: series, buffers (the bandwidth table's
+/// label), what the CPU table adds to the transport's name, and the wait mode they ran with.
+const BW_SERIES: [(&str, &str, &str, &str); 3] = [
+    ("ionet", "heap", "", "block"),
+    (POOL_SERIES, "pool", " (pool)", "block"),
+    (DEFAULT_WAITS_SERIES, "heap, default waits", " (default waits)", "adaptive"),
+];
 
 fn lat_sample(t: &str, series: &str, wait: WaitMode, size: usize, run: usize, rtt: Option<f64>) -> Sample {
     Sample::new(EXP, t, series, size as f64)
@@ -295,11 +302,7 @@ pub fn render(s: &Samples, link_prefix: &str) -> Result<(String, Vec<(String, St
         let mut t = Table::new(head);
         for x in bw.filter(|r| r.series != "iperf3").xs() {
             let base = get("raw-tcp", "raw", "bandwidth", "block", x);
-            for (series, buffers, wait) in [
-                ("ionet", "heap", "block"),
-                (POOL_SERIES, "pool", "block"),
-                (DEFAULT_WAITS_SERIES, "heap, default waits", "adaptive"),
-            ] {
+            for (series, buffers, _, wait) in BW_SERIES {
                 let vals: Vec<Option<Summary>> =
                     ts.iter().map(|tr| get(tr, series, "bandwidth", wait, x)).collect();
                 if vals.iter().all(Option::is_none) {
@@ -339,15 +342,12 @@ pub fn render(s: &Samples, link_prefix: &str) -> Result<(String, Vec<(String, St
         let mut t =
             Table::new(["size", "implementation", "sender (client) CPU s/GB", "receiver (server) CPU s/GB"]);
         for x in bw.xs().into_iter().filter(|&x| x >= (1 << 20) as f64) {
+            let ionet = BW_SERIES.iter().flat_map(|&(series, _, suffix, wait)| {
+                ts.iter().map(move |t| (t.clone(), series, format!("ionet {t}://{suffix}"), wait))
+            });
             for (tr, series, name, wait) in
                 std::iter::once(("raw-tcp".to_string(), "raw", "raw TCP streamer".to_string(), "block"))
-                    .chain(ts.iter().map(|t| (t.clone(), "ionet", format!("ionet {t}://"), "block")))
-                    .chain(
-                        ts.iter().map(|t| (t.clone(), POOL_SERIES, format!("ionet {t}:// (pool)"), "block")),
-                    )
-                    .chain(ts.iter().map(|t| {
-                        (t.clone(), DEFAULT_WAITS_SERIES, format!("ionet {t}:// (default waits)"), "adaptive")
-                    }))
+                    .chain(ionet)
             {
                 let c = get(&tr, series, "client_cpu_per_gb", wait, x);
                 let sv = get(&tr, series, "server_cpu_per_gb", wait, x);
