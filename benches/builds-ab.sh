@@ -15,27 +15,14 @@ set -euo pipefail
 A="$(realpath "$1")"; B="$(realpath "$2")"; rounds="${3:-5}"
 d=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
-one() { # binary transport test size -> "value [client CPU s/GB]"
-  "$1" server --listen "$2://127.0.0.1:0" >"$d/srv" 2>&1 &
-  local sp=$!
-  for _ in $(seq 50); do grep -q LISTEN "$d/srv" 2>/dev/null && break; sleep 0.1; done
-  local a; a=$(awk '/LISTEN/{print $2}' "$d/srv")
-  if [ "$3" = bw ]; then
-    "$1" client --connect "$a" --test bw --sizes "$4" --window 16 --sl bulk --runs 3 2>&1 \
-      | awk '/GB\/s/{for (i = 1; i <= NF; i++) { if ($i == "GB/s") g = $(i-1); if ($i == "s/GB") c = $(i-1) } print g, c}'
-  else
-    "$1" client --connect "$a" --test lat --sizes "$4" --runs 3 2>&1 \
-      | awk '/RTT p50/{for (i = 1; i <= NF; i++) if ($i == "p50") print $(i+1)}'
-  fi
-  kill "$sp" 2>/dev/null || true; wait "$sp" 2>/dev/null || true
-}
+. "$(dirname "$0")/perf-run.sh"
 : >"$d/all"
 for r in $(seq "$rounds"); do
   for t in "tcp bw 1m" "softib bw 1m" "tcp lat 8" "tcp lat 64k" "tcp lat 1m" "softib lat 8" "softib lat 64k" "softib lat 1m"; do
     read -r tr test size <<<"$t"
     for build in A B; do
       bin=$A; [ $build = B ] && bin=$B
-      v=$(one "$bin" "$tr" "$test" "$size")
+      v=$(perf_run "$bin" "$tr" "$test" "$size")
       echo "round $r, $tr $test $size, $build: $v"
       echo "$tr $test $size $build $v" >>"$d/all"
     done

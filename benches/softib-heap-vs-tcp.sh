@@ -14,16 +14,11 @@ set -euo pipefail
 P="$(realpath "$1")"; rounds="${2:-5}"; pin="${3:-}"; size="${4:-1m}"
 d=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
-scpu=(); ccpu=()
-if [ "$pin" = pin ]; then scpu=(--cpu 1); ccpu=(--cpu 0); fi
+. "$(dirname "$0")/perf-run.sh"
+spin=""; cpin=""
+if [ "$pin" = pin ]; then spin="--cpu 1"; cpin="--cpu 0"; fi
 one() { # transport wait -> "GB/s CPU-s/GB" of one client run against a fresh server
-  "$P" server --listen "$1://127.0.0.1:0" --wait "$2" "${scpu[@]}" >"$d/srv" 2>&1 &
-  local sp=$!
-  for _ in $(seq 50); do grep -q LISTEN "$d/srv" 2>/dev/null && break; sleep 0.1; done
-  local a; a=$(awk '/LISTEN/{print $2}' "$d/srv")
-  "$P" client --connect "$a" --test bw --sizes "$size" --window 16 --sl bulk --runs 3 --wait "$2" "${ccpu[@]}" 2>&1 \
-    | awk '/GB\/s/{for (i = 1; i <= NF; i++) { if ($i == "GB/s") g = $(i-1); if ($i == "s/GB") c = $(i-1) } print g, c}'
-  kill "$sp" 2>/dev/null || true; wait "$sp" 2>/dev/null || true
+  perf_run "$P" "$1" bw "$size" "--wait $2 $spin" "--wait $2 $cpin"
 }
 : >"$d/block"; : >"$d/adaptive"
 for r in $(seq "$rounds"); do
