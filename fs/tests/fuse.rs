@@ -536,6 +536,41 @@ fn an_fsync_through_a_later_open_makes_an_earlier_close_s_time_durable() {
     assert_eq!(mtime(&tc), written, "the time was lost though the file was synced");
 }
 
+/// A time set through a descriptor that wrote, before it is closed, is the file's time after the
+/// close, as on a local file system: `tar -x` and `cp -p` set each file's time so. It supersedes
+/// the writes of every open of the file before it, also on a synced file; a write after it is
+/// recorded again.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_time_set_after_a_write_outlives_the_close() {
+    let tc = TestCluster::start("tcp", 2);
+    let m = mount(&tc);
+    let mtime = |name: &str| tc.client().stat(&format!("/{name}")).unwrap().attr.mtime.secs;
+    let set = std::time::UNIX_EPOCH + Duration::from_secs(981_173_106);
+    let opts = std::fs::OpenOptions::new().create(true).write(true).clone();
+
+    let f = opts.open(m.dir.join("tar")).unwrap();
+    std::io::Write::write_all(&mut &f, b"data").unwrap();
+    f.set_modified(set).unwrap();
+    drop(f);
+    assert_eq!(mtime("tar"), 981_173_106, "the close recorded its write's time over the one set");
+
+    // Written through one open, the time set through another, both closed after it.
+    let (a, b) = (opts.open(m.dir.join("two")).unwrap(), opts.open(m.dir.join("two")).unwrap());
+    std::io::Write::write_all(&mut &a, b"data").unwrap();
+    b.set_modified(set).unwrap();
+    b.sync_all().unwrap();
+    drop(a);
+    drop(b);
+    assert_eq!(mtime("two"), 981_173_106, "another open's close recorded its write's time");
+
+    let f = opts.open(m.dir.join("again")).unwrap();
+    f.set_modified(set).unwrap();
+    std::io::Write::write_all(&mut &f, b"data").unwrap();
+    drop(f);
+    assert!(mtime("again") > 981_173_106, "a write after the time set was not recorded");
+}
+
 /// `ls -l` of a directory gets its entries' attributes with the listing: a meta request and a
 /// request to each io server for a window of entries, not a look-up and a size round per entry
 /// (which made 100 files over 100 meta requests and 400 io requests).

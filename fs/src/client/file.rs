@@ -151,6 +151,18 @@ impl File {
         self.record_mtime_with(false).map(|_| ())
     }
 
+    /// Forgets the write time this `File` would record, for a time set since, which supersedes
+    /// it as on a local file system; whether there was one (give it back with
+    /// [`File::keep_write_time`] if setting the time fails).
+    pub(crate) fn forget_write_time(&self) -> bool {
+        self.written.swap(false, Ordering::AcqRel)
+    }
+
+    /// Records the write time at the next [`File::record_mtime`] or sync after all.
+    pub(crate) fn keep_write_time(&self) {
+        self.written.store(true, Ordering::Release);
+    }
+
     /// Records the write's time if this `File` wrote (durably with everything before it if
     /// `sync`); whether it did.
     fn record_mtime_with(&self, sync: bool) -> FsResult<bool> {

@@ -525,6 +525,17 @@ impl StripeFuse {
         lock(&self.files).get(&fh.0).cloned()
     }
 
+    /// This mount's opens of `h` that wrote since they last recorded the time, which they now
+    /// will not.
+    fn forget_write_times(&self, h: Handle) -> Vec<Arc<File>> {
+        let files = lock(&self.files);
+        files
+            .values()
+            .filter(|o| o.file.handle() == h && o.file.forget_write_time())
+            .map(|o| o.file.clone())
+            .collect()
+    }
+
     fn file(&self, fh: FileHandle) -> Option<Arc<File>> {
         self.open_file(fh).map(|o| o.file)
     }
@@ -680,6 +691,13 @@ impl Filesystem for StripeFuse {
             }
             None => c.setattr_stat(h, set).map(|st| (self.told(h, st.attr), TTL)),
         };
+        // A time set now supersedes the times of this mount's writes before it, which their
+        // opens would otherwise record at their close or sync, over it: `tar -x` and `cp -p`
+        // set each file's time through the descriptor that wrote it, before closing it.
+        let superseded = match set.mtime {
+            Some(_) => self.forget_write_times(h),
+            None => Vec::new(),
+        };
         let r = match change(set.clone()) {
             // With write-back caching the kernel keeps a file's times itself and sends them as
             // explicit times: for a write (its own time) and for `utimensat` to "now" alike.
@@ -696,6 +714,9 @@ impl Filesystem for StripeFuse {
             }
             r => r,
         };
+        if r.is_err() {
+            superseded.iter().for_each(|f| f.keep_write_time());
+        }
         match r.map(|(a, ttl)| (self.attr_of(h, &a), ttl)) {
             // The attribute time-to-live is the direct mode's (less what a known size has used
             // of it). The kernel-cached mode needs no longer one: the kernel takes no size or
@@ -955,9 +976,9 @@ impl Filesystem for StripeFuse {
         }
         // No client-side data to flush (every write already reached the io servers), but the
         // writes' modification time goes to the meta server now: `close` waits for a flush, so
-        // a `utimes` after it (tar, cp -p, rsync -t) comes later and wins. Durable with the
-        // meta server's next flush, or the file's next fsync, as a local file system's times
-        // are.
+        // a `utimes` after it (rsync -t) comes later and wins, and one before it (tar, cp -p)
+        // made this open forget its writes' time. Durable with the meta server's next flush,
+        // or the file's next fsync, as a local file system's times are.
         let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
         match f.record_mtime() {
             Ok(()) => reply.ok(),
