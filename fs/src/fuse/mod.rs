@@ -1088,12 +1088,15 @@ impl Filesystem for StripeFuse {
         match self.client.statfs().and_then(|s| Ok((s, self.client.disk_space()?))) {
             Ok((s, d)) => {
                 let blocks = |bytes: u64| bytes / STATFS_BLOCK as u64;
+                // Handles are never reused and never run out: the free count is "unlimited",
+                // and the total is what is in use beside it (`df -i` shows their difference).
+                let free = u64::MAX / 2;
                 reply.statfs(
                     blocks(d.total),
                     blocks(d.free),
                     blocks(d.avail),
-                    s.files + s.dirs,
-                    u64::MAX / 2,
+                    (s.files + s.dirs).saturating_add(free),
+                    free,
                     STATFS_BLOCK,
                     s.name_max,
                     STATFS_BLOCK,
