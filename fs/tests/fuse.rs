@@ -574,6 +574,35 @@ fn a_time_set_after_a_write_outlives_the_close() {
     assert!(mtime("again") > 981_173_106, "a write after the time set was not recorded");
 }
 
+/// Files have no extended attributes, and the mount tells the kernel so once: every ask after
+/// that, such as each `chown`'s for `security.capability`, is answered without a request, with
+/// `EOPNOTSUPP`, and so are settings and removals.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn extended_attributes_are_not_supported() {
+    let tc = TestCluster::start("tcp", 1);
+    let m = mount(&tc);
+    let path = m.dir.join("f");
+    std::fs::write(&path, b"data").unwrap();
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let errno = |r: isize| {
+        assert_eq!(r, -1);
+        std::io::Error::last_os_error().raw_os_error()
+    };
+    for name in [c"security.capability", c"user.k", c"security.capability"] {
+        let mut buf = [0u8; 64];
+        // SAFETY: both strings are NUL-terminated and `buf` is writable for its length.
+        let r = unsafe { libc::getxattr(c_path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        assert_eq!(errno(r), Some(libc::EOPNOTSUPP), "getxattr {name:?}");
+    }
+    // SAFETY: NUL-terminated strings and a readable value of the length given.
+    let r = unsafe { libc::setxattr(c_path.as_ptr(), c"user.k".as_ptr(), b"v".as_ptr().cast(), 1, 0) };
+    assert_eq!(errno(r as isize), Some(libc::EOPNOTSUPP), "setxattr");
+    // SAFETY: NUL-terminated strings.
+    let r = unsafe { libc::removexattr(c_path.as_ptr(), c"user.k".as_ptr()) };
+    assert_eq!(errno(r as isize), Some(libc::EOPNOTSUPP), "removexattr");
+}
+
 /// `ls -l` of a directory gets its entries' attributes with the listing: a meta request and a
 /// request to each io server for a window of entries, not a look-up and a size round per entry
 /// (which made 100 files over 100 meta requests and 400 io requests).

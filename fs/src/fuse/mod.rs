@@ -1107,8 +1107,10 @@ impl Filesystem for StripeFuse {
     }
 
     fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: fuser::ReplyXattr) {
-        // No extended attributes.
-        reply.error(fuser::Errno::from_i32(libc::ENODATA));
+        // No extended attributes: the kernel then answers every later ask itself (EOPNOTSUPP,
+        // as for `setxattr`). "No such attribute" instead would bring a request to each
+        // `chown`, which asks for the file's `security.capability`.
+        reply.error(fuser::Errno::from_i32(libc::ENOSYS));
     }
 
     fn setxattr(
@@ -1126,7 +1128,7 @@ impl Filesystem for StripeFuse {
     }
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(fuser::Errno::from_i32(libc::ENODATA));
+        reply.error(fuser::Errno::from_i32(libc::ENOSYS));
     }
 
     fn lseek(
