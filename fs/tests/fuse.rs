@@ -765,6 +765,14 @@ fn permissions_apply_to_each_caller() {
         other.open("/tmp/f", stripefs::capability::Rights::READ).unwrap_err().errno(),
         stripefs::Errno::EACCES
     );
+    // A write by another user than root clears the set-user-ID bit, also when the writer sets
+    // the file's time before closing it (as the servers have it, not as the kernel was told).
+    ok(4001, "echo x > tmp/s && chmod 4755 tmp/s");
+    let write_then_time = r#"open(my $f, "+<", "tmp/s") or die; syswrite($f, "y") or die;
+        utime(981173106, 981173106, $f) or die "utime: $!"; close($f) or die"#;
+    ok(4001, &format!("perl -e '{write_then_time}'"));
+    let s = tc.client().stat("/tmp/s").unwrap().attr;
+    assert_eq!((s.mode & 0o7777, s.mtime.secs), (0o755, 981_173_106));
     // Root may do all of it; the owner too.
     run(Command::new("chown").arg("4002").arg(mnt.join("tmp/f")));
     ok(4002, "cat tmp/f && rm tmp/f");

@@ -525,13 +525,15 @@ impl StripeFuse {
         lock(&self.files).get(&fh.0).cloned()
     }
 
-    /// This mount's opens of `h` that wrote since they last recorded the time, which they now
-    /// will not.
-    fn forget_write_times(&self, h: Handle) -> Vec<Arc<File>> {
+    /// This mount's opens of `h` by user `uid` that wrote since they last recorded the time,
+    /// which they now will not.
+    fn forget_write_times(&self, h: Handle, uid: u32) -> Vec<Arc<File>> {
         let files = lock(&self.files);
         files
             .values()
-            .filter(|o| o.file.handle() == h && o.file.forget_write_time())
+            .filter(|o| {
+                o.file.handle() == h && o.file.client().cred().uid == uid && o.file.forget_write_time()
+            })
             .map(|o| o.file.clone())
             .collect()
     }
@@ -663,6 +665,17 @@ impl Filesystem for StripeFuse {
         if let Err(e) = self.writable() {
             return reply.error(e);
         }
+        let h = Handle(ino.0);
+        let c = self.as_caller(req);
+        // A time set now supersedes the times of the caller's writes before it, which their
+        // opens would otherwise record at their close or sync, over it: `tar -x` and `cp -p`
+        // set each file's time through the descriptor that wrote it, before closing it. What
+        // else those records do (clear set-id bits after a write by a user other than root)
+        // this change does in their place, as the same user.
+        let superseded = match mtime {
+            Some(_) => self.forget_write_times(h, c.cred().uid),
+            None => Vec::new(),
+        };
         let set = SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
@@ -673,11 +686,9 @@ impl Filesystem for StripeFuse {
             // Through a descriptor: the kernel checked the open, and refuses ftruncate on
             // one not opened for writing.
             opened_for_write: fh.is_some(),
-            wrote: false,
+            wrote: !superseded.is_empty(),
             sync: false,
         };
-        let h = Handle(ino.0);
-        let c = self.as_caller(req);
         // Without a new size, the kernel-cached mode takes none from the reply, and the direct
         // mode's kernel would show one told it within its time-to-live anyway.
         let known = match set.size {
@@ -690,13 +701,6 @@ impl Filesystem for StripeFuse {
                 c.setattr(h, set).map(|a| (Attr { size: size.unwrap_or(a.size), ..a }, left))
             }
             None => c.setattr_stat(h, set).map(|st| (self.told(h, st.attr), TTL)),
-        };
-        // A time set now supersedes the times of this mount's writes before it, which their
-        // opens would otherwise record at their close or sync, over it: `tar -x` and `cp -p`
-        // set each file's time through the descriptor that wrote it, before closing it.
-        let superseded = match set.mtime {
-            Some(_) => self.forget_write_times(h),
-            None => Vec::new(),
         };
         let r = match change(set.clone()) {
             // With write-back caching the kernel keeps a file's times itself and sends them as
