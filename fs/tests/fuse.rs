@@ -603,6 +603,30 @@ fn extended_attributes_are_not_supported() {
     assert_eq!(errno(r as isize), Some(libc::EOPNOTSUPP), "removexattr");
 }
 
+/// A mount whose process was killed leaves a mount the kernel answers only with "transport
+/// endpoint is not connected"; mounting again on that path takes it away and serves there.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_mount_takes_the_place_of_one_whose_process_was_killed() {
+    let tc = TestCluster::start("tcp", 1);
+    let mut m = mount(&tc);
+    std::fs::write(m.dir.join("f"), b"kept").unwrap();
+    m.child.kill().unwrap();
+    m.child.wait().unwrap();
+    let dead = std::fs::metadata(&m.dir).unwrap_err();
+    assert_eq!(dead.raw_os_error(), Some(libc::ENOTCONN), "{dead}");
+    run(Command::new(env!("CARGO_BIN_EXE_stripefs"))
+        .arg("--cluster")
+        .arg(tc.cluster.config_path())
+        .args(["mount", "--background"])
+        .arg(&m.dir)
+        .stdin(Stdio::null()));
+    assert_eq!(std::fs::read(m.dir.join("f")).unwrap(), b"kept");
+    let stacked = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let on_path = stacked.lines().filter(|l| l.split(' ').nth(4) == m.dir.to_str()).count();
+    assert_eq!(on_path, 1, "the dead mount is still there beneath the new one");
+}
+
 /// `ls -l` of a directory gets its entries' attributes with the listing: a meta request and a
 /// request to each io server for a window of entries, not a look-up and a size round per entry
 /// (which made 100 files over 100 meta requests and 400 io requests).

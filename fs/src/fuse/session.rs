@@ -100,6 +100,7 @@ pub fn mount_notify(
     if let Some(note) = request_pages_note(limit, page) {
         tracing::warn!("{note}");
     }
+    clear_dead_mount(mountpoint)?;
     let (events, stop) = std::sync::mpsc::channel();
     fs.on_end = OnEnd(Some(events.clone()));
     let session = fuser::Session::new(fs, mountpoint, &cfg)?;
@@ -176,15 +177,95 @@ fn connection_ended(device: &std::os::fd::OwnedFd) -> bool {
     }
 }
 
+/// How the kernel lists a stripefs mount: its source, and its type as root mounts it and as
+/// `fusermount3` does for other users.
+const SOURCE: &str = "stripefs";
+const FS_TYPES: [&str; 2] = ["fuse", "fuse.stripefs"];
+
+/// Takes away a stripefs mount that a mount process left on `mountpoint` when it died (killed,
+/// crashed) instead of unmounting: the kernel answers every look at such a mount with
+/// "transport endpoint is not connected", so nothing could be mounted there again, and it
+/// serves nothing. It goes lazily, as processes may still hold it open (they keep getting that
+/// error). Another file system left so is named in the error instead.
+fn clear_dead_mount(mountpoint: &Path) -> std::io::Result<()> {
+    match std::fs::metadata(mountpoint) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {}
+        _ => return Ok(()),
+    }
+    let path = std::path::absolute(mountpoint)?;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let top = top_mount(&mountinfo, &path);
+    if !top.as_ref().is_some_and(|(fs_type, source)| source == SOURCE && FS_TYPES.contains(&fs_type.as_str()))
+    {
+        let what =
+            top.map_or_else(|| "a file system".into(), |(fs_type, source)| format!("{source} ({fs_type})"));
+        return Err(std::io::Error::other(format!(
+            "{}: {what} whose server has exited is mounted there; unmount it first (`umount` or \
+             `fusermount3 -u`)",
+            path.display()
+        )));
+    }
+    unmount_with(&path, true)?;
+    tracing::warn!(
+        "took away the stripefs mount left on {} by a mount process that exited without unmounting",
+        path.display()
+    );
+    Ok(())
+}
+
+/// The type and source of the file system mounted last (the one on top) at `path` in
+/// `mountinfo` (the format of `/proc/self/mountinfo`), if any is.
+fn top_mount(mountinfo: &str, path: &Path) -> Option<(String, String)> {
+    use std::os::unix::ffi::OsStrExt;
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (mount, fs) = line.split_once(" - ")?;
+            let point = mount.split(' ').nth(4)?;
+            let mut fs = fs.split(' ').map(str::to_owned);
+            (unescape_octal(point) == path.as_os_str().as_bytes()).then(|| Some((fs.next()?, fs.next()?)))?
+        })
+        .last()
+}
+
+/// A mountinfo field with its space, tab, newline and backslash written back (the kernel
+/// writes them as `\040`, `\011`, `\012`, `\134`).
+fn unescape_octal(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b.get(i + 1..i + 4).filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push(d.iter().fold(0u8, |v, c| v.wrapping_mul(8).wrapping_add(c - b'0')));
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 /// Unmounts `mountpoint`: directly as root, through `fusermount3 -u` (setuid root) for the user
 /// who mounted it otherwise.
 fn unmount(mountpoint: &Path) -> std::io::Result<()> {
-    match nix::mount::umount(mountpoint) {
+    unmount_with(mountpoint, false)
+}
+
+/// As [`unmount`]; `lazy` detaches the mount at once and lets it go when it is no longer used.
+fn unmount_with(mountpoint: &Path, lazy: bool) -> std::io::Result<()> {
+    let flags = if lazy { nix::mount::MntFlags::MNT_DETACH } else { nix::mount::MntFlags::empty() };
+    match nix::mount::umount2(mountpoint, flags) {
         Ok(()) => Ok(()),
         Err(nix::errno::Errno::EPERM) => {
             let mut last = std::io::Error::other("no fusermount3 or fusermount");
+            let args: &[&str] = if lazy { &["-u", "-z", "--"] } else { &["-u", "--"] };
             for tool in ["fusermount3", "fusermount"] {
-                match std::process::Command::new(tool).arg("-u").arg("--").arg(mountpoint).status() {
+                match std::process::Command::new(tool).args(args).arg(mountpoint).status() {
                     Ok(s) if s.success() => return Ok(()),
                     Ok(s) => return Err(std::io::Error::other(format!("{tool} -u: {s}"))),
                     Err(e) => last = e,
@@ -256,6 +337,22 @@ fn request_pages_note(limit: Option<u64>, page: u64) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mount_on_top_of_a_path_is_found_by_its_escaped_name() {
+        let info = "\
+22 1 0:21 / /proc rw,nosuid - proc proc rw
+95 30 0:44 / /tmp/a\\040b rw,nosuid - fuse.other other rw,user_id=0
+96 95 0:45 / /tmp/a\\040b rw,nosuid - fuse stripefs rw,user_id=0
+97 30 0:46 / /tmp/c rw - fuse.stripefs stripefs rw
+98 30 0:47 / /tmp/c rw - fuse.sshfs host: rw
+";
+        let top = |p: &str| top_mount(info, Path::new(p));
+        assert_eq!(top("/tmp/a b"), Some(("fuse".into(), "stripefs".into())));
+        assert_eq!(top("/tmp/c"), Some(("fuse.sshfs".into(), "host:".into())));
+        assert_eq!(top("/tmp/a"), None);
+        assert_eq!(unescape_octal(r"x\011y\134z\0"), b"x\ty\\z\\0");
+    }
 
     #[test]
     fn a_fuse_device_s_read_ahead_is_named_by_its_numbers() {
