@@ -154,11 +154,13 @@ impl File {
     /// Forgets the write time this `File` would record, for a time set since, which supersedes
     /// it as on a local file system; whether there was one (give it back with
     /// [`File::keep_write_time`] if setting the time fails).
+    #[cfg(feature = "fuse")]
     pub(crate) fn forget_write_time(&self) -> bool {
         self.written.swap(false, Ordering::AcqRel)
     }
 
     /// Records the write time at the next [`File::record_mtime`] or sync after all.
+    #[cfg(feature = "fuse")]
     pub(crate) fn keep_write_time(&self) {
         self.written.store(true, Ordering::Release);
     }

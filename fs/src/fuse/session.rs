@@ -225,7 +225,7 @@ fn top_mount(mountinfo: &str, path: &Path) -> Option<(String, String)> {
             let mut fs = fs.split(' ').map(str::to_owned);
             (unescape_octal(point) == path.as_os_str().as_bytes()).then(|| Some((fs.next()?, fs.next()?)))?
         })
-        .last()
+        .next_back()
 }
 
 /// A mountinfo field with its space, tab, newline and backslash written back (the kernel
