@@ -611,20 +611,40 @@ fn a_mount_takes_the_place_of_one_whose_process_was_killed() {
     let tc = TestCluster::start("tcp", 1);
     let mut m = mount(&tc);
     std::fs::write(m.dir.join("f"), b"kept").unwrap();
-    m.child.kill().unwrap();
-    m.child.wait().unwrap();
-    let dead = std::fs::metadata(&m.dir).unwrap_err();
-    assert_eq!(dead.raw_os_error(), Some(libc::ENOTCONN), "{dead}");
-    run(Command::new(env!("CARGO_BIN_EXE_stripefs"))
-        .arg("--cluster")
-        .arg(tc.cluster.config_path())
-        .args(["mount", "--background"])
-        .arg(&m.dir)
-        .stdin(Stdio::null()));
+    let kill = |m: &mut Mount| {
+        m.child.kill().unwrap();
+        m.child.wait().unwrap();
+        let dead = nix::sys::statfs::statfs(&m.dir).unwrap_err();
+        assert_eq!(dead, nix::errno::Errno::ENOTCONN);
+    };
+    let mount_cmd = |args: &[&str], at: &Path| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stripefs"));
+        cmd.arg("--cluster").arg(tc.cluster.config_path()).arg("mount").args(args).arg(at);
+        cmd.stdin(Stdio::null()).stderr(Stdio::null());
+        cmd
+    };
+    let dir = m.dir.clone();
+    let on_path = || {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        info.lines().filter(|l| l.split(' ').nth(4) == dir.to_str()).count()
+    };
+    kill(&mut m);
+    // In the foreground, named through a link (the kernel lists the path resolved).
+    let link = tc.dir.path().join("link");
+    std::os::unix::fs::symlink(tc.dir.path(), &link).unwrap();
+    m.child = mount_cmd(&[], &link.join("mnt")).spawn().unwrap();
+    let t = Instant::now();
+    while std::fs::read(m.dir.join("f")).ok().as_deref() != Some(b"kept") {
+        assert!(m.child.try_wait().unwrap().is_none(), "the mount exited");
+        assert!(t.elapsed() < Duration::from_secs(20), "the file is not served");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(on_path(), 1, "the dead mount is still there beneath the new one");
+    kill(&mut m);
+    // In the background.
+    run(&mut mount_cmd(&["--background"], &m.dir));
     assert_eq!(std::fs::read(m.dir.join("f")).unwrap(), b"kept");
-    let stacked = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let on_path = stacked.lines().filter(|l| l.split(' ').nth(4) == m.dir.to_str()).count();
-    assert_eq!(on_path, 1, "the dead mount is still there beneath the new one");
+    assert_eq!(on_path(), 1, "the dead mount is still there beneath the new one");
 }
 
 /// `ls -l` of a directory gets its entries' attributes with the listing: a meta request and a

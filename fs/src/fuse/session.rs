@@ -188,11 +188,19 @@ const FS_TYPES: [&str; 2] = ["fuse", "fuse.stripefs"];
 /// serves nothing. It goes lazily, as processes may still hold it open (they keep getting that
 /// error). Another file system left so is named in the error instead.
 fn clear_dead_mount(mountpoint: &Path) -> std::io::Result<()> {
-    match std::fs::metadata(mountpoint) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {}
+    // statfs always asks the file system's server, where a look at the directory may be
+    // answered by attributes the kernel still holds.
+    match nix::sys::statfs::statfs(mountpoint) {
+        Err(nix::errno::Errno::ENOTCONN) => {}
         _ => return Ok(()),
     }
+    // As the kernel lists it: the directory it is in resolved (links, `..`), which a look
+    // through the dead mount itself could not be.
     let path = std::path::absolute(mountpoint)?;
+    let path = match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => dir.canonicalize()?.join(name),
+        _ => path,
+    };
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
     let top = top_mount(&mountinfo, &path);
     if !top.as_ref().is_some_and(|(fs_type, source)| source == SOURCE && FS_TYPES.contains(&fs_type.as_str()))
