@@ -603,6 +603,37 @@ fn extended_attributes_are_not_supported() {
     assert_eq!(errno(r as isize), Some(libc::EOPNOTSUPP), "removexattr");
 }
 
+/// A mount point must be a directory, as the mount's root is one.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_mount_on_a_file_is_refused() {
+    let tc = TestCluster::start("tcp", 1);
+    let file = tc.dir.path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    for args in [&[][..], &["--background"][..]] {
+        let log = tc.dir.path().join("mount.err");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+            .arg("--cluster")
+            .arg(tc.cluster.config_path())
+            .arg("mount")
+            .args(args)
+            .arg(&file)
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        // A mount in the foreground that went ahead would serve until unmounted.
+        let status = exit_within(&mut child, Duration::from_secs(20));
+        let err = std::fs::read_to_string(&log).unwrap();
+        if mounted(&file) {
+            let _ = Command::new("umount").arg("-l").arg(&file).status();
+            panic!("{args:?}: mounted on a file");
+        }
+        let _ = child.kill();
+        assert!(status.is_some_and(|s| !s.success()) && err.contains("not a directory"), "{args:?}: {err}");
+    }
+}
+
 /// A mount whose process was killed leaves a mount the kernel answers only with "transport
 /// endpoint is not connected"; mounting again on that path takes it away and serves there.
 #[test]

@@ -101,6 +101,13 @@ pub fn mount_notify(
         tracing::warn!("{note}");
     }
     clear_dead_mount(mountpoint)?;
+    // The kernel would mount the root directory over a file too, as a file that lists.
+    if !std::fs::metadata(mountpoint)?.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotADirectory,
+            format!("{}: not a directory", mountpoint.display()),
+        ));
+    }
     let (events, stop) = std::sync::mpsc::channel();
     fs.on_end = OnEnd(Some(events.clone()));
     let session = fuser::Session::new(fs, mountpoint, &cfg)?;
