@@ -264,6 +264,66 @@ fn cp_r_copies_a_tree_both_ways_and_within() {
     assert_eq!(std::fs::read(back.join("b2")).unwrap(), b"wasp");
 }
 
+/// FIFOs, sockets and device nodes inside a tree are made again on the other side, never
+/// opened: a FIFO's open would wait for a writer that never comes.
+#[test]
+fn cp_r_makes_special_files_again_both_ways() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+    let tc = TestCluster::start("tcp", 2);
+    let cl = tc.cluster.config_path().to_owned();
+    let top = tc.dir.path().join("tree");
+    std::fs::create_dir(&top).unwrap();
+    std::fs::write(top.join("file"), b"data").unwrap();
+    nix::unistd::mkfifo(&top.join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o640)).unwrap();
+    std::fs::set_permissions(top.join("fifo"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    let _socket = std::os::unix::net::UnixListener::bind(top.join("socket")).unwrap();
+    let root = nix::unistd::geteuid().is_root();
+    if root {
+        let null = nix::sys::stat::makedev(1, 3);
+        let (chr, mode) = (nix::sys::stat::SFlag::S_IFCHR, nix::sys::stat::Mode::from_bits_truncate(0o666));
+        nix::sys::stat::mknod(&top.join("null"), chr, mode, null).unwrap();
+    }
+    let copy = |from: &str, to: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+            .arg("--cluster")
+            .arg(&cl)
+            .args(["cp", "-r", from, to])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t.elapsed() > Duration::from_secs(60) {
+                child.kill().unwrap();
+                panic!("cp -r {from} {to} did not finish");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "cp -r {from} {to}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    copy(top.to_str().unwrap(), "sfs:/tree");
+    let kind = |p: &str| tc.client().lstat(p).unwrap().attr;
+    assert_eq!(
+        (kind("/tree/fifo").kind, kind("/tree/fifo").mode & 0o7777),
+        (stripefs::proto::FileKind::Fifo, 0o640)
+    );
+    assert_eq!(kind("/tree/socket").kind, stripefs::proto::FileKind::Socket);
+    if root {
+        assert_eq!(kind("/tree/null").kind, stripefs::proto::FileKind::CharDev(0x103));
+    }
+    let back = tc.dir.path().join("back");
+    copy("sfs:/tree", back.to_str().unwrap());
+    let meta = |n: &str| std::fs::symlink_metadata(back.join(n)).unwrap();
+    assert!(meta("fifo").file_type().is_fifo() && meta("fifo").mode() & 0o7777 == 0o640);
+    assert!(meta("socket").file_type().is_socket());
+    assert_eq!(std::fs::read(back.join("file")).unwrap(), b"data");
+    if root {
+        assert!(meta("null").file_type().is_char_device());
+        assert_eq!(meta("null").rdev(), nix::sys::stat::makedev(1, 3));
+    }
+}
+
 /// A tree of many files, copied several at a time, arrives whole both ways; a file that cannot
 /// be made stops the copy with an error naming it.
 #[test]

@@ -35,7 +35,8 @@ pub struct CpArgs {
     /// Stripe count of a new stripefs file.
     #[arg(long)]
     stripe_count: Option<u32>,
-    /// Copy a directory and everything below it (links inside it as links).
+    /// Copy a directory and everything below it (links inside it as links; FIFOs, sockets and
+    /// device nodes made again, not read).
     #[arg(short, long)]
     recursive: bool,
 }
@@ -62,6 +63,9 @@ enum Node {
     File(u64),
     Dir,
     Link(String),
+    /// A FIFO, socket or device node, with its permission bits: in a tree it is made again,
+    /// never opened (a FIFO's open would wait for a writer).
+    Special(FileKind, u32),
 }
 
 impl Loc {
@@ -104,13 +108,24 @@ impl Loc {
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
                     Err(e) => return Err(e).context(self.show()),
                 };
+                use std::os::unix::fs::{FileTypeExt, MetadataExt};
+                let t = m.file_type();
+                let special = |kind| Node::Special(kind, m.mode() & 0o7777);
                 Ok(Some(if m.is_dir() {
                     Node::Dir
-                } else if m.file_type().is_symlink() {
+                } else if t.is_symlink() {
                     let t = std::fs::read_link(p).with_context(|| self.show())?;
                     let t =
                         t.to_str().with_context(|| format!("{}: link target is not UTF-8", self.show()))?;
                     Node::Link(t.to_string())
+                } else if t.is_fifo() {
+                    special(FileKind::Fifo)
+                } else if t.is_socket() {
+                    special(FileKind::Socket)
+                } else if t.is_char_device() {
+                    special(FileKind::CharDev(encode_dev(m.rdev())))
+                } else if t.is_block_device() {
+                    special(FileKind::BlockDev(encode_dev(m.rdev())))
                 } else {
                     Node::File(m.len())
                 }))
@@ -125,7 +140,7 @@ impl Loc {
                     FileKind::Dir => Node::Dir,
                     FileKind::File => Node::File(st.attr.size),
                     FileKind::Symlink => Node::Link(c.readlink_handle(st.handle).with_context(|| p.clone())?),
-                    k => bail!("{p}: a {} has no data to copy", kind_name(k)),
+                    k => Node::Special(k, st.attr.mode & 0o7777),
                 }))
             }
         }
@@ -160,6 +175,15 @@ impl Loc {
         match self {
             Loc::Local(p) => std::os::unix::fs::symlink(target, p).with_context(|| self.show()),
             Loc::Sfs(p) => c.symlink(target, p).map(|_| ()).with_context(|| p.clone()),
+        }
+    }
+
+    /// Makes this stripefs path a FIFO, socket or device node (local ones are made through
+    /// [`LocalDir::mknod`]).
+    fn mknod(&self, c: &Client, kind: FileKind, mode: u32) -> Result<()> {
+        match self {
+            Loc::Local(_) => bail!("{}: a local special file is made in its directory", self.show()),
+            Loc::Sfs(p) => c.mknod(p, kind, mode).map(|_| ()).with_context(|| p.clone()),
         }
     }
 }
@@ -349,7 +373,8 @@ fn walk_tree(c: &Client, top: &Loc) -> Result<Vec<(Vec<String>, Node)>> {
 
 /// `stripefs cp`: local → stripefs, stripefs → local, or stripefs → stripefs, through one
 /// reused buffer of [`CP_CHUNK`] bytes. With `-r`, a directory and everything below it: links
-/// inside the tree are copied as links (links named on the command line are followed).
+/// inside the tree are copied as links (links named on the command line are followed), and
+/// FIFOs, sockets and device nodes are made again.
 pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
     if sfs_path(&a.src).is_none() && sfs_path(&a.dst).is_none() {
         bail!("one side of cp must be a stripefs path (sfs:/…)");
@@ -370,6 +395,14 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
     }
     let buf = stripefs::buf::aligned_zeroed(CP_CHUNK);
     match top {
+        // A local FIFO or device named on the command line (a pipe from `<(…)`, a disk) is
+        // read as a stream, as `cp` does.
+        Node::Special(_, _) if matches!(src, Loc::Local(_)) => {
+            let pb = bar(0);
+            copy_file(&c, &src, 0, &dst, || Sink::create(&c, &dst, &src, spec), buf, &pb)?;
+            pb.finish_and_clear();
+        }
+        Node::Special(k, _) => bail!("{}: a {} has no data to copy", src.show(), kind_name(k)),
         Node::File(size) => {
             let pb = bar(size);
             copy_file(&c, &src, size, &dst, || Sink::create(&c, &dst, &src, spec), buf, &pb)?;
@@ -393,6 +426,10 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
                     Node::Link(target) => make_entry(&dst, &rel, |dir, name, to| match dir {
                         Some(dir) => Ok(dir.symlink(&target, name)?),
                         None => to.symlink(&c, &target),
+                    })?,
+                    Node::Special(kind, mode) => make_entry(&dst, &rel, |dir, name, to| match dir {
+                        Some(dir) => Ok(dir.mknod(name, kind, mode)?),
+                        None => to.mknod(&c, kind, mode),
                     })?,
                 }
             }
@@ -475,6 +512,19 @@ fn copy_files(
     }
 }
 
+/// A local device number (`st_rdev`) as stripefs keeps it: the kernel's 32-bit encoding, which
+/// FUSE requests carry (12 bits of major, 20 of minor).
+fn encode_dev(dev: u64) -> u32 {
+    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    ((minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)) as u32
+}
+
+/// The local device number of one stripefs keeps ([`encode_dev`]).
+pub(super) fn decode_dev(d: u32) -> u64 {
+    let d = u64::from(d);
+    nix::sys::stat::makedev((d & 0xfff00) >> 8, (d & 0xff) | ((d >> 12) & 0xfff00))
+}
+
 fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
@@ -486,4 +536,19 @@ fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
         }
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_numbers_keep_their_major_and_minor() {
+        for (major, minor) in [(1, 3), (8, 0), (259, 70_000), (4095, 0xfffff)] {
+            let dev = nix::sys::stat::makedev(major, minor);
+            assert_eq!(decode_dev(encode_dev(dev)), dev, "{major}:{minor}");
+        }
+        // The kernel's own encoding of 1:3 (/dev/null), as a FUSE request carries it.
+        assert_eq!(encode_dev(nix::sys::stat::makedev(1, 3)), 0x103);
+    }
 }

@@ -5,11 +5,12 @@
 
 use nix::errno::Errno;
 use nix::fcntl::{AT_FDCWD, AtFlags, OFlag, openat};
-use nix::sys::stat::{Mode, SFlag, fstatat, mkdirat};
+use nix::sys::stat::{Mode, SFlag, fstatat, mkdirat, mknodat};
 use std::fs::File;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use stripefs::proto::FileKind;
 
 /// A local directory held open.
 pub struct LocalDir {
@@ -72,6 +73,25 @@ impl LocalDir {
     pub fn symlink(&self, target: &str, name: &str) -> io::Result<()> {
         let at = self.at(name)?;
         nix::unistd::symlinkat(target, &self.fd, name).map_err(|e| err(&at, e))
+    }
+
+    /// Makes `name` a FIFO, socket or device node (`kind`) with permission bits `mode`, less
+    /// the umask; a device needs root.
+    pub fn mknod(&self, name: &str, kind: FileKind, mode: u32) -> io::Result<()> {
+        let at = self.at(name)?;
+        let (flag, dev) = match kind {
+            FileKind::Fifo => (SFlag::S_IFIFO, 0),
+            FileKind::Socket => (SFlag::S_IFSOCK, 0),
+            FileKind::CharDev(d) => (SFlag::S_IFCHR, super::cp::decode_dev(d)),
+            FileKind::BlockDev(d) => (SFlag::S_IFBLK, super::cp::decode_dev(d)),
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{}: not special", at.display()),
+                ));
+            }
+        };
+        mknodat(&self.fd, name, flag, Mode::from_bits_truncate(mode), dev).map_err(|e| err(&at, e))
     }
 
     /// The path of `name` here, for messages; `name` must be one component.

@@ -947,6 +947,12 @@ impl Client {
         Ok(self.mkdir_in(p, &name, mode)?.0)
     }
 
+    /// Creates a FIFO, socket or device node at `path` (see [`Client::mknod_in`]).
+    pub fn mknod(&self, path: &str, kind: FileKind, mode: u32) -> FsResult<Handle> {
+        let (p, name) = self.parent_of(path)?;
+        Ok(self.mknod_in(p, &name, kind, mode)?.0)
+    }
+
     /// Removes an empty directory.
     pub fn rmdir(&self, path: &str) -> FsResult<()> {
         let (p, name) = self.parent_of(path)?;
