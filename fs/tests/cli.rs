@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{TestCluster, no_objects_ahead, pattern, requests_during};
+use common::{TestCluster, no_objects_ahead, output_within, pattern, requests_during};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -284,22 +284,10 @@ fn cp_r_makes_special_files_again_both_ways() {
         nix::sys::stat::mknod(&top.join("null"), chr, mode, null).unwrap();
     }
     let copy = |from: &str, to: &str| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
-            .arg("--cluster")
-            .arg(&cl)
-            .args(["cp", "-r", from, to])
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let t = Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if t.elapsed() > Duration::from_secs(60) {
-                child.kill().unwrap();
-                panic!("cp -r {from} {to} did not finish");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let out = child.wait_with_output().unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stripefs"));
+        cmd.arg("--cluster").arg(&cl).args(["cp", "-r", from, to]);
+        let (out, ended) = output_within(&mut cmd, Duration::from_secs(60));
+        assert!(ended, "cp -r {from} {to} did not finish");
         assert!(out.status.success(), "cp -r {from} {to}: {}", String::from_utf8_lossy(&out.stderr));
     };
     copy(top.to_str().unwrap(), "sfs:/tree");

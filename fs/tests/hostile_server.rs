@@ -4,14 +4,16 @@
 //! must write nothing outside its destination and follow no local link below it; `ls` must
 //! refuse what is not a name.
 
+mod common;
+
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use stripefs::Errno;
 use stripefs::capability::{CapabilityKey, unix_now};
 use stripefs::layout::Layout;
@@ -224,24 +226,9 @@ impl FakeCluster {
     /// Runs `stripefs` against the fake cluster; a run that does not end within a minute (a
     /// client walking a loop the server made up) is killed and counts as failed.
     fn run(&self, args: &[&str]) -> Output {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
-            .arg("--cluster")
-            .arg(&self.cluster_file)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let t = Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if t.elapsed() > Duration::from_secs(60) {
-                child.kill().unwrap();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child.wait_with_output().unwrap()
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stripefs"));
+        cmd.arg("--cluster").arg(&self.cluster_file).args(args);
+        common::output_within(&mut cmd, Duration::from_secs(60)).0
     }
 }
 

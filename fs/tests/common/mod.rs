@@ -85,6 +85,24 @@ pub fn requests_during<T>(c: &Client, f: impl FnOnce() -> T) -> ((u64, u64), T) 
     ((after.0 - before.0 - 1, after.1 - before.1 - u64::from(c.io_servers())), out)
 }
 
+/// Runs `cmd` (its output captured) and kills it if it has not ended within `limit`; its
+/// output, and whether it ended by itself.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> (std::process::Output, bool) {
+    use std::process::Stdio;
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let t = std::time::Instant::now();
+    let mut ended = true;
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > limit {
+            child.kill().unwrap();
+            ended = false;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child.wait_with_output().unwrap(), ended)
+}
+
 /// Deterministic test data.
 pub fn pattern(len: usize, seed: u64) -> Bytes {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
