@@ -1,7 +1,7 @@
 //! `stripefs cp`: copying a file or a tree between the local file system and stripefs, either
 //! way or within stripefs, through one reused buffer, with a progress bar.
 
-use super::dest::LocalDir;
+use super::dest::{LocalDir, encode_dev};
 use super::listing::kind_name;
 use super::{base_name, client, sfs_join, sfs_path};
 use anyhow::{Context, Result, bail};
@@ -512,19 +512,6 @@ fn copy_files(
     }
 }
 
-/// A local device number (`st_rdev`) as stripefs keeps it: the kernel's 32-bit encoding, which
-/// FUSE requests carry (12 bits of major, 20 of minor).
-fn encode_dev(dev: u64) -> u32 {
-    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
-    ((minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)) as u32
-}
-
-/// The local device number of one stripefs keeps ([`encode_dev`]).
-pub(super) fn decode_dev(d: u32) -> u64 {
-    let d = u64::from(d);
-    nix::sys::stat::makedev((d & 0xfff00) >> 8, (d & 0xff) | ((d >> 12) & 0xfff00))
-}
-
 fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
@@ -536,19 +523,4 @@ fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
         }
     }
     Ok(n)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn device_numbers_keep_their_major_and_minor() {
-        for (major, minor) in [(1, 3), (8, 0), (259, 70_000), (4095, 0xfffff)] {
-            let dev = nix::sys::stat::makedev(major, minor);
-            assert_eq!(decode_dev(encode_dev(dev)), dev, "{major}:{minor}");
-        }
-        // The kernel's own encoding of 1:3 (/dev/null), as a FUSE request carries it.
-        assert_eq!(encode_dev(nix::sys::stat::makedev(1, 3)), 0x103);
-    }
 }

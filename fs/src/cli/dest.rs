@@ -82,8 +82,8 @@ impl LocalDir {
         let (flag, dev) = match kind {
             FileKind::Fifo => (SFlag::S_IFIFO, 0),
             FileKind::Socket => (SFlag::S_IFSOCK, 0),
-            FileKind::CharDev(d) => (SFlag::S_IFCHR, super::cp::decode_dev(d)),
-            FileKind::BlockDev(d) => (SFlag::S_IFBLK, super::cp::decode_dev(d)),
+            FileKind::CharDev(d) => (SFlag::S_IFCHR, decode_dev(d)),
+            FileKind::BlockDev(d) => (SFlag::S_IFBLK, decode_dev(d)),
             _ => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
@@ -123,10 +123,33 @@ fn err(path: &Path, e: Errno) -> io::Error {
     io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
 
+/// A local device number (`st_rdev`) as stripefs keeps it: the kernel's 32-bit encoding, which
+/// FUSE requests carry (12 bits of major, 20 of minor).
+pub(super) fn encode_dev(dev: u64) -> u32 {
+    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    ((minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)) as u32
+}
+
+/// The local device number of one stripefs keeps ([`encode_dev`]).
+fn decode_dev(d: u32) -> u64 {
+    let d = u64::from(d);
+    nix::sys::stat::makedev((d & 0xfff00) >> 8, (d & 0xff) | ((d >> 12) & 0xfff00))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::OpenOptionsExt;
+
+    #[test]
+    fn device_numbers_keep_their_major_and_minor() {
+        for (major, minor) in [(1, 3), (8, 0), (259, 70_000), (4095, 0xfffff)] {
+            let dev = nix::sys::stat::makedev(major, minor);
+            assert_eq!(decode_dev(encode_dev(dev)), dev, "{major}:{minor}");
+        }
+        // The kernel's own encoding of 1:3 (/dev/null), as a FUSE request carries it.
+        assert_eq!(encode_dev(nix::sys::stat::makedev(1, 3)), 0x103);
+    }
 
     #[test]
     fn links_are_never_followed_below_the_top() {
