@@ -259,7 +259,11 @@ impl IoServer {
         if let Some(ib) = &cfg.ib {
             ep_cfg = ep_cfg.ib(ib.clone());
         }
-        let ep = Endpoint::bind(&cfg.listen, ep_cfg)?;
+        let ep = Endpoint::bind(&cfg.listen, ep_cfg).map_err(|error| ServerError::Listen {
+            role: "io server",
+            addr: cfg.listen.to_string(),
+            error,
+        })?;
         info!(addr = ?ep.local_addr(), dir = %cfg.data_dir.display(), tu = cfg.transfer_unit, "io server listening");
         let stop = Arc::new(AtomicBool::new(false));
         let workers = cfg.workers;
@@ -855,6 +859,16 @@ mod tests {
         let mut c = IoServerConfig::new("tcp://127.0.0.1:0".parse().unwrap(), dir.path(), &[7u8; 32]);
         cfg(&mut c);
         (IoServer::start(c).unwrap(), dir)
+    }
+
+    #[test]
+    fn an_address_in_use_is_named_with_the_role() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = format!("tcp://{}", taken.local_addr().unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let c = IoServerConfig::new(addr.parse().unwrap(), dir.path(), &[7u8; 32]);
+        let e = IoServer::start(c).expect_err("the address is taken").to_string();
+        assert!(e.contains("io server") && e.contains(&addr) && e.contains("in use"), "{e}");
     }
 
     #[test]

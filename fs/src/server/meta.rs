@@ -183,7 +183,11 @@ impl MetaServer {
         // then, so the next fan-out after a restart redials instead of failing on a dead socket.
         let io_ep = Endpoint::client(crate::net::endpoint_config(&cfg.key, cfg.wait_mode, true, cc))?;
         let io = cfg.cluster.io_servers.iter().map(|a| io_ep.connect(a)).collect::<Result<Vec<_>, _>>()?;
-        let ep = Endpoint::bind(&cfg.listen, ep_cfg)?;
+        let ep = Endpoint::bind(&cfg.listen, ep_cfg).map_err(|error| ServerError::Listen {
+            role: "meta server",
+            addr: cfg.listen.to_string(),
+            error,
+        })?;
         info!(addr = ?ep.local_addr(), db = %cfg.db_path.display(), io_servers = io.len(), "meta server listening");
         let seed = crate::net::random_bytes(8)?;
         let nonce = u64::from_le_bytes(seed.try_into().unwrap_or([0; 8]));

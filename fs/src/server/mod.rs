@@ -35,9 +35,19 @@ const POLL: Duration = Duration::from_millis(200);
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServerError {
-    /// The transport refused (bind failed, transport not available, …).
+    /// The transport refused (transport not available, …).
     #[error("transport: {0}")]
     Net(ionet::Error),
+    /// The server could not listen on its address (in use, not this host's, …).
+    #[error("{role} listening on {addr}: {error}")]
+    Listen {
+        /// "io server" or "meta server".
+        role: &'static str,
+        /// The address it was to listen on.
+        addr: String,
+        /// Why it could not.
+        error: ionet::Error,
+    },
     /// The metadata store.
     #[error(transparent)]
     Meta(#[from] crate::meta::MetaError),
