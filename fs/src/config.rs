@@ -227,6 +227,10 @@ pub fn read_key_file(path: &Path) -> Result<Vec<u8>, ConfigError> {
         Err(KeyFileError::TooLarge { .. }) => {
             Err(ConfigError::TooLarge { what: "key file", max: MAX_KEY_FILE_BYTES })
         }
+        // The key's own error names the file; the variant says it is the cluster key.
+        Err(KeyFileError::Key { path, reason }) => {
+            Err(ConfigError::Key(format!("{}: {reason}", path.display())))
+        }
         Err(e) => Err(ConfigError::Key(e.to_string())),
     }
 }
@@ -540,6 +544,18 @@ stripe_count = 2
         ));
         assert!(matches!(err(base(&format!("{k}transfer_unit = -5\n"))), ConfigError::Toml(_)));
         assert!(matches!(err("x".repeat(MAX_CONFIG_BYTES + 1)), ConfigError::TooLarge { .. }));
+    }
+
+    #[test]
+    fn a_key_file_that_is_not_hex_is_named_once() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.key");
+        std::fs::write(&path, b"not a key").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = read_key_file(&path).unwrap_err().to_string();
+        assert_eq!(e.matches("cluster key").count(), 1, "{e}");
+        assert!(e.contains(&path.display().to_string()) && e.contains("hex"), "{e}");
     }
 
     #[test]
