@@ -21,7 +21,7 @@
 //! a typo is an error rather than a silently ignored setting.
 
 use crate::capability::{MAX_KEY_LEN, MIN_KEY_LEN};
-use crate::layout::MAX_SSIZE;
+use crate::layout::{MAX_SSIZE, MIN_SSIZE};
 use ionet::{Address, Scheme, addr::AddrError};
 use serde::{Deserialize, Serialize};
 use std::io::Read;
@@ -292,8 +292,12 @@ impl ClusterConfig {
             MIN_TRANSFER_UNIT,
             MAX_TRANSFER_UNIT,
         )?;
-        let ssize =
-            range("layout.stripe_size", raw.layout.stripe_size.unwrap_or(DEFAULT_SSIZE), 1, MAX_SSIZE)?;
+        let ssize = range(
+            "layout.stripe_size",
+            raw.layout.stripe_size.unwrap_or(DEFAULT_SSIZE),
+            MIN_SSIZE,
+            MAX_SSIZE,
+        )?;
         let pcount = match raw.layout.stripe_count {
             Some(c) => Some(range("layout.stripe_count", c, 1, io_servers.len() as u32)?),
             None => None,

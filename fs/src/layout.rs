@@ -29,6 +29,13 @@ use serde::{Deserialize, Serialize};
 /// a peer from describing a layout no server could hold.
 pub const MAX_SSIZE: u64 = 1 << 30;
 
+/// Smallest stripe size a new file or a directory's default may ask for: a page. Every stripe
+/// a transfer touches is a piece of its own for the client and the io servers to handle, so a
+/// file made with stripes of a few bytes (`--stripe-size 1` for a MiB) would cost every reader
+/// and the io servers work out of all proportion to its bytes. Layouts already made keep
+/// theirs.
+pub const MIN_SSIZE: u64 = 4096;
+
 /// Largest number of servers a file may be striped over.
 pub const MAX_PCOUNT: u32 = 1 << 16;
 
@@ -39,6 +46,9 @@ pub enum LayoutError {
     /// `ssize` is 0 or above [`MAX_SSIZE`].
     #[error("stripe size {0} outside 1..={MAX_SSIZE}")]
     BadStripeSize(u64),
+    /// A new layout's `ssize` is below [`MIN_SSIZE`].
+    #[error("stripe size {0} below the least a new layout may have, {MIN_SSIZE} bytes")]
+    SmallStripeSize(u64),
     /// `pcount` is 0, above [`MAX_PCOUNT`], or above the number of io servers.
     #[error("stripe count {pcount} outside 1..={max}")]
     BadStripeCount {

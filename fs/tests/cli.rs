@@ -793,6 +793,10 @@ fn json_output_parses_and_matches_the_text() {
     }
     let out = sfs(&cl, &["setstripe", "-S", "99999999999999999999", "sfs:/x"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("too large"));
+    // `1` meant as a MiB is a byte: refused, naming the least stripe size.
+    let out = sfs(&cl, &["cp", "--stripe-size", "1", src.to_str().unwrap(), "sfs:/x"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("4096"), "{err}");
     assert!(!ok(&cl, &["ls", "sfs:/"]).contains('x'), "nothing was made");
 }
 

@@ -68,7 +68,8 @@ pub fn namespace_and_data(scheme: &str) {
     assert_eq!(&got[..1000], &data[..1000]);
     assert!(got[1000..].iter().all(|&b| b == 0), "bytes cut by the truncate come back as zeros");
     // a layout with an impossible field is the caller's error, refused before it is sent
-    for bad in [spec(2, 0), spec(0, 4096)] {
+    // A stripe below a page (`1` for a MiB) would cost every reader a piece per few bytes.
+    for bad in [spec(2, 0), spec(0, 4096), spec(2, 1), spec(2, 4095)] {
         let e = c.create("/d/bad", CreateOptions { mode: 0o644, layout: bad }).unwrap_err();
         assert!(matches!(e, FsError::Layout(_)), "{e:?}");
         assert_eq!(e.errno(), Errno::EINVAL);

@@ -363,7 +363,7 @@ fn df_row(name: &str, d: DiskSpace, o: Output) -> String {
 pub struct SetstripeArgs {
     /// A directory, or a file to create.
     path: String,
-    /// Stripe size (bytes, or with a binary unit: 64k, 1M).
+    /// Stripe size (bytes, or with a binary unit: 64k, 1M; at least 4k).
     #[arg(short = 'S', long, value_parser = stripefs::units::parse_size)]
     stripe_size: Option<u64>,
     /// Number of io servers.

@@ -29,7 +29,7 @@ pub struct CpArgs {
     /// Destination: a local path or sfs:/path (a directory keeps the source's name). At least
     /// one side is a stripefs path.
     dst: String,
-    /// Stripe size of a new stripefs file (bytes, or with a binary unit: 64k, 1M).
+    /// Stripe size of a new stripefs file (bytes, or with a binary unit: 64k, 1M; at least 4k).
     #[arg(long, value_parser = stripefs::units::parse_size)]
     stripe_size: Option<u64>,
     /// Stripe count of a new stripefs file.

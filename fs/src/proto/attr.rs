@@ -5,7 +5,7 @@ use super::bounded::BoundedVec;
 use super::error::ProtoError;
 use super::name::Name;
 use crate::handle::Handle;
-use crate::layout::{Layout, LayoutError, MAX_PCOUNT, MAX_SSIZE};
+use crate::layout::{Layout, LayoutError, MAX_PCOUNT, MAX_SSIZE, MIN_SSIZE};
 use serde::{Deserialize, Serialize};
 
 /// File, directory, symbolic link or special file.
@@ -242,8 +242,10 @@ impl LayoutSpec {
 
     /// Checks the fields that are set (the cluster size is checked by the meta server).
     pub fn validate(&self) -> Result<(), ProtoError> {
-        if self.ssize.is_some_and(|s| s == 0 || s > MAX_SSIZE) {
-            return Err(LayoutError::BadStripeSize(self.ssize.unwrap_or(0)).into());
+        match self.ssize {
+            Some(s) if s == 0 || s > MAX_SSIZE => return Err(LayoutError::BadStripeSize(s).into()),
+            Some(s) if s < MIN_SSIZE => return Err(LayoutError::SmallStripeSize(s).into()),
+            _ => {}
         }
         match self.pcount {
             Some(p) if p == 0 || p > MAX_PCOUNT => {

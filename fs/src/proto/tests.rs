@@ -188,6 +188,28 @@ fn semantic_validation() {
     assert!(encode(&Envelope::new(1, root(MetaRequest::Setattr { handle: Handle(2), set }))).is_err());
     let r = root(MetaRequest::Readdir { dir: Handle::ROOT, after: None, max: 0 });
     assert_eq!(encode(&Envelope::new(1, r)).unwrap_err().errno(), Errno::EINVAL);
+    // A new layout's stripes are at least a page, whoever asks (the meta server decodes this);
+    // layouts already made may have smaller ones.
+    let create = |ssize| {
+        let layout = Some(LayoutSpec { base: None, pcount: Some(2), ssize: Some(ssize) });
+        let req = MetaRequest::Create {
+            parent: Handle::ROOT,
+            name: Name::new("f".to_string()).unwrap(),
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            layout,
+            rights: Rights::READ_WRITE,
+        };
+        encode(&Envelope::new(1, root(req)))
+    };
+    assert_eq!(create(4095).unwrap_err().errno(), Errno::EINVAL);
+    assert!(create(crate::layout::MIN_SSIZE).is_ok());
+    let d = Descriptor::Strided { layout: l, pnum: 0, view: View::contiguous(), pos: 0, len: 1 };
+    assert!(
+        encode(&Envelope::new(1, IoRequest::Read { cap: cap(), desc: d })).is_ok(),
+        "a made layout of 1 B"
+    );
     // Replies' attributes too: a time past a second's nanoseconds, a mode with type bits.
     let attr_with = |f: &dyn Fn(&mut Attr)| {
         let t = Timestamp { secs: 1_700_000_000, nsecs: 5 };
