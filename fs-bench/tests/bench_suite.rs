@@ -70,10 +70,10 @@ fn value(s: &Samples, exp: &str, t: &str, series: &str, metric: &str) -> f64 {
         .median
 }
 
-/// Tiles of 16×8 elements of 64 B: tile rows of 1 KiB = one 1 KiB stripe, two stripes per
-/// global row, 4 io servers. Client k's row i is stripe 2(8·ky + i) + kx, so its rows alternate
-/// between servers kx and kx + 2.
-const TINY: [&str; 8] = ["--elem", "64", "--tile-cols", "16", "--tile-rows", "8", "--stripe-size", "1024"];
+/// Tiles of 16×8 elements of 256 B: tile rows of 4 KiB = one 4 KiB stripe (the least a file may
+/// have), two stripes per global row, 4 io servers. Client k's row i is stripe 2(8·ky + i) + kx,
+/// so its rows alternate between servers kx and kx + 2.
+const TINY: [&str; 8] = ["--elem", "256", "--tile-cols", "16", "--tile-rows", "8", "--stripe-size", "4096"];
 
 #[test]
 fn e4_request_counts_match_the_layout() {
