@@ -19,7 +19,13 @@ pub const FILE_MODE: u32 = 0o600;
 /// `create_dir_all`, each directory it makes mode [`DIR_MODE`]; existing ones are left as they
 /// are (a data directory's parent is the user's, not ours).
 pub fn create_dir_all(path: &Path) -> io::Result<()> {
-    DirBuilder::new().recursive(true).mode(DIR_MODE).create(path)
+    match DirBuilder::new().recursive(true).mode(DIR_MODE).create(path) {
+        // "File exists" would not say what is wrong with what exists.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            Err(io::Error::new(io::ErrorKind::NotADirectory, "exists and is not a directory"))
+        }
+        r => r,
+    }
 }
 
 /// A directory a server keeps to itself (an io server's objects): made mode [`DIR_MODE`], or
@@ -102,6 +108,19 @@ mod tests {
 
     fn mode(p: &Path) -> u32 {
         std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn a_file_where_a_directory_goes_is_named_for_what_it_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        for p in [file.clone(), file.join("below")] {
+            let e = create_dir_all(&p).unwrap_err();
+            assert!(e.to_string().to_lowercase().contains("not a directory"), "{}: {e}", p.display());
+        }
+        create_dir_all(&tmp.path().join("a/b")).unwrap();
+        create_dir_all(&tmp.path().join("a/b")).unwrap();
     }
 
     #[test]
