@@ -22,7 +22,7 @@ pub fn create_dir_all(path: &Path) -> io::Result<()> {
     match DirBuilder::new().recursive(true).mode(DIR_MODE).create(path) {
         // "File exists" would not say what is wrong with what exists.
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            Err(io::Error::new(io::ErrorKind::NotADirectory, "exists and is not a directory"))
+            Err(io::Error::from_raw_os_error(libc::ENOTDIR))
         }
         r => r,
     }
