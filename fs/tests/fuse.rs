@@ -603,6 +603,52 @@ fn extended_attributes_are_not_supported() {
     assert_eq!(errno(r as isize), Some(libc::EOPNOTSUPP), "removexattr");
 }
 
+/// Where the mounting user may not open the FUSE device (some containers keep it to root), the
+/// refusal names the device rather than reading as if it were the mount point's. Checked only
+/// on such a host, as root.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_fuse_device_the_user_may_not_open_is_named() {
+    use std::os::unix::fs::PermissionsExt;
+    let as_user = |args: &[&std::ffi::OsStr]| {
+        Command::new("setpriv")
+            .args(["--reuid=4001", "--regid=4001", "--clear-groups"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let probe = as_user(&["test", "-r", "/dev/fuse", "-a", "-w", "/dev/fuse"].map(std::ffi::OsStr::new));
+    if !nix::unistd::geteuid().is_root() || probe.status.success() {
+        return; // Nothing to see here: the device is open to every user.
+    }
+    let tc = TestCluster::start("tcp", 1);
+    // The user's own copy of the cluster file and key, and a mount point of theirs.
+    let home = tc.dir.path().join("user");
+    std::fs::create_dir_all(home.join("mnt")).unwrap();
+    let cfg = tc.cluster.config();
+    let cluster = home.join("cluster.toml");
+    std::fs::write(
+        &cluster,
+        format!(
+            "transport = \"tcp\"\nmeta = \"{}\"\nio_servers = [\"{}\"]\ncluster_key_file = \"user.key\"\n",
+            cfg.meta, cfg.io_servers[0]
+        ),
+    )
+    .unwrap();
+    std::fs::copy(tc.dir.path().join("cluster.key"), home.join("user.key")).unwrap();
+    std::fs::set_permissions(tc.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for p in [home.clone(), home.join("mnt"), cluster.clone(), home.join("user.key")] {
+        std::os::unix::fs::chown(&p, Some(4001), Some(4001)).unwrap();
+    }
+    let exe = std::ffi::OsStr::new(env!("CARGO_BIN_EXE_stripefs"));
+    let mnt = home.join("mnt");
+    let out = as_user(&[exe, "--cluster".as_ref(), cluster.as_os_str(), "mount".as_ref(), mnt.as_os_str()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("/dev/fuse"), "{err}");
+    assert!(!mounted(&mnt));
+}
+
 /// A mount point must be a directory, as the mount's root is one.
 #[test]
 #[ignore = "needs /dev/fuse: mounts stripefs"]

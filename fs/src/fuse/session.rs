@@ -110,7 +110,7 @@ pub fn mount_notify(
     }
     let (events, stop) = std::sync::mpsc::channel();
     fs.on_end = OnEnd(Some(events.clone()));
-    let session = fuser::Session::new(fs, mountpoint, &cfg)?;
+    let session = fuser::Session::new(fs, mountpoint, &cfg).map_err(name_the_device)?;
     let _ = notifier.set(session.notifier());
     if let (true, Some(bytes)) = (opts.kernel_cache, opts.read_ahead) {
         set_read_ahead_once_live(mountpoint.to_path_buf(), bytes);
@@ -182,6 +182,26 @@ fn connection_ended(device: &std::os::fd::OwnedFd) -> bool {
             Err(_) => return true,
         }
     }
+}
+
+/// The FUSE device every mount is served through.
+const FUSE_DEVICE: &str = "/dev/fuse";
+
+/// A mount refused for want of permission, where the user may not open the FUSE device: said
+/// so, as the refusal otherwise reads as if it were the mount point's. (The device is
+/// readable and writable by all on most systems; some containers keep it to root.)
+fn name_the_device(e: std::io::Error) -> std::io::Error {
+    use nix::unistd::{AccessFlags, access};
+    let refused = e.kind() == std::io::ErrorKind::PermissionDenied;
+    if refused && access(FUSE_DEVICE, AccessFlags::R_OK | AccessFlags::W_OK).is_err() {
+        return std::io::Error::new(
+            e.kind(),
+            format!(
+                "{FUSE_DEVICE}: this user may not open it ({e}); it must be readable and writable by the user who mounts"
+            ),
+        );
+    }
+    e
 }
 
 /// How the kernel lists a stripefs mount: its source, and its type as root mounts it and as
