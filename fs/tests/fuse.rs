@@ -626,17 +626,7 @@ fn a_fuse_device_the_user_may_not_open_is_named() {
     // The user's own copy of the cluster file and key, and a mount point of theirs.
     let home = tc.dir.path().join("user");
     std::fs::create_dir_all(home.join("mnt")).unwrap();
-    let cfg = tc.cluster.config();
-    let cluster = home.join("cluster.toml");
-    std::fs::write(
-        &cluster,
-        format!(
-            "transport = \"tcp\"\nmeta = \"{}\"\nio_servers = [\"{}\"]\ncluster_key_file = \"user.key\"\n",
-            cfg.meta, cfg.io_servers[0]
-        ),
-    )
-    .unwrap();
-    std::fs::copy(tc.dir.path().join("cluster.key"), home.join("user.key")).unwrap();
+    let cluster = tc.copy_cluster_file(&home, "user.key");
     std::fs::set_permissions(tc.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     for p in [home.clone(), home.join("mnt"), cluster.clone(), home.join("user.key")] {
         std::os::unix::fs::chown(&p, Some(4001), Some(4001)).unwrap();

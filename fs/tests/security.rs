@@ -373,17 +373,7 @@ fn a_loose_key_file_is_tightened_and_a_writable_one_refused() {
     let tc = TestCluster::start("tcp", 1);
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("loose.key");
-    std::fs::copy(tc.dir.path().join("cluster.key"), &key_file).unwrap();
-    let cfg = tc.cluster.config();
-    let cluster = dir.path().join("cluster.toml");
-    std::fs::write(
-        &cluster,
-        format!(
-            "transport = \"tcp\"\nmeta = \"{}\"\nio_servers = [\"{}\"]\ncluster_key_file = \"loose.key\"\n",
-            cfg.meta, cfg.io_servers[0]
-        ),
-    )
-    .unwrap();
+    let cluster = tc.copy_cluster_file(dir.path(), "loose.key");
     let ls = || {
         std::process::Command::new(env!("CARGO_BIN_EXE_stripefs"))
             .arg("--cluster")

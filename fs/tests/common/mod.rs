@@ -47,6 +47,20 @@ impl TestCluster {
         Client::connect_with(self.cluster.config(), opts).expect("client connects")
     }
 
+    /// Writes into `dir` a copy of this one-io-server cluster's file and key, the key as
+    /// `key_name`, and returns the cluster file's path.
+    pub fn copy_cluster_file(&self, dir: &Path, key_name: &str) -> std::path::PathBuf {
+        let cfg = self.cluster.config();
+        let cluster = dir.join("cluster.toml");
+        let text = format!(
+            "transport = \"tcp\"\nmeta = \"{}\"\nio_servers = [\"{}\"]\ncluster_key_file = \"{key_name}\"\n",
+            cfg.meta, cfg.io_servers[0]
+        );
+        std::fs::write(&cluster, text).unwrap();
+        std::fs::copy(self.dir.path().join("cluster.key"), dir.join(key_name)).unwrap();
+        cluster
+    }
+
     pub fn key(&self) -> Vec<u8> {
         self.cluster.config().cluster_key().expect("key")
     }
