@@ -72,8 +72,8 @@ pub fn mount_notify(
 ) -> std::io::Result<()> {
     let mut cfg = fuser::Config::default();
     cfg.mount_options = vec![
-        MountOption::FSName("stripefs".into()),
-        MountOption::Subtype("stripefs".into()),
+        MountOption::FSName(SOURCE.into()),
+        MountOption::Subtype(SOURCE.into()),
         // The kernel checks mode bits against the attributes it has, for every caller, before
         // a request gets here (and handles set-id bits on chown the way it does locally).
         MountOption::DefaultPermissions,
@@ -131,7 +131,7 @@ pub fn mount_notify(
             Ok(Stop::Interrupted) if connection_ended(&device) => {}
             Ok(Stop::Interrupted) => {
                 // The session ends once the kernel ends the connection; a mount in use stays.
-                if let Err(e) = unmount(mountpoint) {
+                if let Err(e) = unmount(mountpoint, false) {
                     tracing::warn!(error = %e, "unmount failed");
                 }
             }
@@ -204,8 +204,9 @@ fn name_the_device(e: std::io::Error) -> std::io::Error {
     e
 }
 
-/// How the kernel lists a stripefs mount: its source, and its type as root mounts it and as
-/// `fusermount3` does for other users.
+/// How the kernel lists a stripefs mount: its source (the name the mount gives, which
+/// [`clear_dead_mount`] knows it by), and its type as root mounts it and as `fusermount3` does
+/// for other users.
 const SOURCE: &str = "stripefs";
 const FS_TYPES: [&str; 2] = ["fuse", "fuse.stripefs"];
 
@@ -240,7 +241,7 @@ fn clear_dead_mount(mountpoint: &Path) -> std::io::Result<()> {
             path.display()
         )));
     }
-    unmount_with(&path, true)?;
+    unmount(&path, true)?;
     tracing::warn!(
         "took away the stripefs mount left on {} by a mount process that exited without unmounting",
         path.display()
@@ -286,13 +287,9 @@ fn unescape_octal(field: &str) -> Vec<u8> {
 }
 
 /// Unmounts `mountpoint`: directly as root, through `fusermount3 -u` (setuid root) for the user
-/// who mounted it otherwise.
-fn unmount(mountpoint: &Path) -> std::io::Result<()> {
-    unmount_with(mountpoint, false)
-}
-
-/// As [`unmount`]; `lazy` detaches the mount at once and lets it go when it is no longer used.
-fn unmount_with(mountpoint: &Path, lazy: bool) -> std::io::Result<()> {
+/// who mounted it otherwise; `lazy` detaches the mount at once and lets it go when it is no
+/// longer used.
+fn unmount(mountpoint: &Path, lazy: bool) -> std::io::Result<()> {
     let flags = if lazy { nix::mount::MntFlags::MNT_DETACH } else { nix::mount::MntFlags::empty() };
     match nix::mount::umount2(mountpoint, flags) {
         Ok(()) => Ok(()),
