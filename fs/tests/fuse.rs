@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{TestCluster, no_flushes, no_objects_ahead, pattern, requests_during};
+use common::{TestCluster, no_flushes, no_objects_ahead, output_within, pattern, requests_during};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -647,26 +647,16 @@ fn a_mount_on_a_file_is_refused() {
     let file = tc.dir.path().join("file");
     std::fs::write(&file, b"").unwrap();
     for args in [&[][..], &["--background"][..]] {
-        let log = tc.dir.path().join("mount.err");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_stripefs"))
-            .arg("--cluster")
-            .arg(tc.cluster.config_path())
-            .arg("mount")
-            .args(args)
-            .arg(&file)
-            .stdin(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stripefs"));
+        cmd.arg("--cluster").arg(tc.cluster.config_path()).arg("mount").args(args).arg(&file);
         // A mount in the foreground that went ahead would serve until unmounted.
-        let status = exit_within(&mut child, Duration::from_secs(20));
-        let err = std::fs::read_to_string(&log).unwrap();
+        let (out, ended) = output_within(&mut cmd, Duration::from_secs(20));
         if mounted(&file) {
             let _ = Command::new("umount").arg("-l").arg(&file).status();
             panic!("{args:?}: mounted on a file");
         }
-        let _ = child.kill();
-        assert!(status.is_some_and(|s| !s.success()) && err.contains("not a directory"), "{args:?}: {err}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(ended && !out.status.success() && err.contains("not a directory"), "{args:?}: {err}");
     }
 }
 
