@@ -132,7 +132,18 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match invoked_as_mount_helper() {
+        // As `/sbin/mount.stripefs`, mount(8) runs it for `mount -t stripefs` and fstab.
+        true => match cli::mount::helper_command_line(cli::mount::HelperArgs::parse()) {
+            Ok(Some(line)) => Cli::parse_from(line),
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{}: {}", cli::mount::HELPER_NAME, cli::error_line(&e));
+                return ExitCode::FAILURE;
+            }
+        },
+        false => Cli::parse(),
+    };
     cli::init_tracing();
     let cluster = cli.cluster;
     let r = match cli.cmd {
@@ -161,6 +172,12 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether this binary runs under the mount helper's name (a link to it).
+fn invoked_as_mount_helper() -> bool {
+    let argv0 = std::env::args_os().next().map(PathBuf::from);
+    argv0.and_then(|p| p.file_name().map(|n| n == cli::mount::HELPER_NAME)).unwrap_or(false)
 }
 
 #[cfg(test)]

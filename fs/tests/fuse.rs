@@ -704,6 +704,95 @@ fn a_mount_takes_the_place_of_one_whose_process_was_killed() {
     assert_eq!(on_path(), 1, "the dead mount is still there beneath the new one");
 }
 
+/// mount(8) mounts stripefs through `/sbin/mount.stripefs`, a link to the binary, for `mount -t
+/// stripefs` and `/etc/fstab`: the helper takes mount's arguments, and fstab's options, and
+/// returns once the mount is live, served in the background. The mount is listed with the
+/// cluster file as its source, which is how `mount -a` finds an fstab entry mounted already.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn mount_8_mounts_through_the_helper() {
+    let tc = TestCluster::start("tcp", 2);
+    let helper = tc.dir.path().join("mount.stripefs");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_stripefs"), &helper).unwrap();
+    let mnt = tc.dir.path().canonicalize().unwrap().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let cluster = tc.cluster.config_path().canonicalize().unwrap();
+    let helper_cmd = |options: &str| {
+        let mut cmd = Command::new(&helper);
+        cmd.arg(&cluster).arg(&mnt).args(["-o", options]).stdin(Stdio::null());
+        cmd
+    };
+    // As mount(8) passes an fstab entry's options: with `_netdev` and `nofail`, which are
+    // mount's, and an `x-` option (which mount drops itself, but other callers may not).
+    let options = "rw,noexec,noatime,_netdev,nofail,x-systemd.automount,cache,threads=2";
+    let out = run(&mut helper_cmd(options));
+    let said = String::from_utf8_lossy(&out.stdout);
+    let pid = said.split("(pid ").nth(1).and_then(|p| p.trim().trim_end_matches(')').parse::<i32>().ok());
+    let pid = pid.unwrap_or_else(|| panic!("no pid in {said:?}"));
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            if mounted(self.0) {
+                let _ = Command::new("umount").arg(self.0).status();
+            }
+        }
+    }
+    let _unmount = Unmount(&mnt);
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info.lines().find(|l| l.split(' ').nth(4) == mnt.to_str()).expect("listed");
+    let (mount_part, fs_part) = line.split_once(" - ").unwrap();
+    let flags: Vec<&str> = mount_part.split(' ').nth(5).unwrap().split(',').collect();
+    for f in ["rw", "noexec", "noatime", "nosuid", "nodev"] {
+        assert!(flags.contains(&f), "{f} missing from {line}");
+    }
+    let fs: Vec<&str> = fs_part.split(' ').collect();
+    assert_eq!((fs[0], fs[1]), ("fuse.stripefs", cluster.to_str().unwrap()), "{line}");
+    // fstab's stripefs options reached the mount's server.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let args: Vec<String> =
+        cmdline.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    assert!(args.contains(&"--cache".into()) && args.windows(2).any(|w| w == ["--threads", "2"]), "{args:?}");
+    std::fs::write(mnt.join("f"), b"through fstab").unwrap();
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"through fstab");
+    // Options it does not know are refused by name, or left out with mount's -s (sloppy); -f
+    // (fake) checks them and mounts nothing.
+    let bad = helper_cmd("rw,bogus").arg("-f").output().unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("\"bogus\""));
+    run(helper_cmd("rw,bogus").args(["-s", "-f"]));
+    // Unmounted by `umount`, the mount's server exits.
+    run(Command::new("umount").arg(&mnt));
+    let t = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(t.elapsed() < Duration::from_secs(20), "the mount's server is still running");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A second mount of a cluster on the directory where it is mounted is refused, as the kernel
+/// refuses a device mounted twice on one directory: FUSE would stack it over the first, which
+/// then serves only who holds it open (a service started twice, `mount` run again by hand).
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_second_mount_of_a_cluster_on_its_mount_point_is_refused() {
+    let tc = TestCluster::start("tcp", 1);
+    let m = mount(&tc);
+    std::fs::write(m.dir.join("f"), b"first").unwrap();
+    for args in [&[][..], &["--background"][..]] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stripefs"));
+        cmd.arg("--cluster").arg(tc.cluster.config_path()).arg("mount").args(args).arg(&m.dir);
+        let (out, ended) = output_within(&mut cmd, Duration::from_secs(20));
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let on_path = info.lines().filter(|l| l.split(' ').nth(4) == m.dir.to_str()).count();
+        if on_path > 1 {
+            let _ = Command::new("umount").arg(&m.dir).status();
+            panic!("{args:?}: mounted a second time");
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(ended && !out.status.success() && err.contains("mounted there already"), "{args:?}: {err}");
+    }
+    assert_eq!(std::fs::read(m.dir.join("f")).unwrap(), b"first");
+}
+
 /// `ls -l` of a directory gets its entries' attributes with the listing: a meta request and a
 /// request to each io server for a window of entries, not a look-up and a size round per entry
 /// (which made 100 files over 100 meta requests and 400 io requests).

@@ -20,7 +20,10 @@ pub struct MountArgs {
     threads: usize,
     /// Mount options, comma-separated: `allow_other` lets every user reach the mount (each
     /// with their own permissions), not only the one who mounted it; `ro` mounts read-only
-    /// (changes fail with EROFS); `rw` and `default_permissions` are the defaults.
+    /// (changes fail with EROFS); `noexec`, `noatime`; `suid` and `dev` honour set-id bits and
+    /// device nodes (off by default: any client may make them); `rw`, `nosuid`, `nodev`,
+    /// `exec`, `relatime` and `default_permissions` are the defaults; fstab's `defaults`,
+    /// `auto`, `noauto`, `_netdev`, `nofail` and `x-…` are accepted and left to mount(8).
     #[arg(short = 'o', value_delimiter = ',')]
     options: Vec<String>,
     /// Kernel-cached mode: serve files through the kernel's page cache with write-back instead
@@ -55,7 +58,16 @@ pub struct MountArgs {
 struct MountOpts {
     allow_other: bool,
     read_only: bool,
+    suid: bool,
+    dev: bool,
+    no_exec: bool,
+    no_atime: bool,
 }
+
+/// The options `-o` takes, for the error that names an unknown one.
+const KNOWN_OPTIONS: &str = "allow_other, ro, rw, default_permissions, nosuid, suid, nodev, dev, \
+                             noexec, exec, noatime, atime, relatime, and fstab's defaults, auto, \
+                             noauto, _netdev, nofail, x-*";
 
 fn mount_opts(opts: &[String]) -> Result<MountOpts> {
     let mut m = MountOpts::default();
@@ -64,14 +76,96 @@ fn mount_opts(opts: &[String]) -> Result<MountOpts> {
             "allow_other" => m.allow_other = true,
             "ro" => m.read_only = true,
             "rw" => m.read_only = false,
+            "suid" => m.suid = true,
+            "nosuid" => m.suid = false,
+            "dev" => m.dev = true,
+            "nodev" => m.dev = false,
+            "noexec" => m.no_exec = true,
+            "exec" => m.no_exec = false,
+            "noatime" => m.no_atime = true,
+            // The kernel's default for a mount that does not say `noatime`.
+            "atime" | "relatime" => m.no_atime = false,
             // Always on: accepted so that fstab-style option lists work.
             "default_permissions" => {}
-            other => {
-                bail!("unknown mount option {other:?} (known: allow_other, ro, rw, default_permissions)")
-            }
+            // For mount(8) and systemd, not the file system; `mount` passes some of them on.
+            "defaults" | "auto" | "noauto" | "_netdev" | "nofail" => {}
+            x if x.starts_with("x-") || x.starts_with("comment=") => {}
+            other => bail!("unknown mount option {other:?} (known: {KNOWN_OPTIONS})"),
         }
     }
     Ok(m)
+}
+
+/// The name mount(8) runs a file system's helper by: `mount -t stripefs CLUSTER_FILE DIR`, and
+/// `/etc/fstab` entries of type `stripefs`, run `/sbin/mount.stripefs`, a link to this binary.
+pub const HELPER_NAME: &str = "mount.stripefs";
+
+/// How mount(8) runs a helper: `mount.stripefs CLUSTER_FILE DIR [-sfnv] [-o OPTIONS] [-t TYPE]`.
+#[derive(clap::Parser, Debug)]
+#[command(name = HELPER_NAME, version, about = "Mount stripefs for mount(8) and /etc/fstab, in the background")]
+pub struct HelperArgs {
+    /// The cluster file (an fstab entry's first field).
+    cluster: PathBuf,
+    /// Where to mount.
+    mountpoint: PathBuf,
+    /// Mount options, comma-separated: those of `stripefs mount -o`, and its flags as `cache`,
+    /// `read_ahead=SIZE`, `threads=N` and `log_file=PATH`.
+    #[arg(short = 'o', value_delimiter = ',')]
+    options: Vec<String>,
+    /// Sloppy: leave out options it does not know, with a warning, instead of refusing them.
+    #[arg(short = 's')]
+    sloppy: bool,
+    /// Fake: check the options, but do not mount.
+    #[arg(short = 'f')]
+    fake: bool,
+    /// Write no mtab (there is none to write): accepted for mount(8).
+    #[arg(short = 'n')]
+    no_mtab: bool,
+    /// Verbose: accepted for mount(8).
+    #[arg(short = 'v')]
+    verbose: bool,
+    /// The type asked for: `stripefs`, or `fuse.stripefs` as the kernel lists it.
+    #[arg(short = 't')]
+    fs_type: Option<String>,
+}
+
+/// The `stripefs` command line that mounts what `h` asks for in the background (`None`: only
+/// check it, for `-f`), so that the helper's mount is exactly `stripefs mount --background`'s.
+pub fn helper_command_line(h: HelperArgs) -> Result<Option<Vec<std::ffi::OsString>>> {
+    if let Some(t) = h.fs_type.as_deref().filter(|t| !["stripefs", "fuse.stripefs"].contains(t)) {
+        bail!("{HELPER_NAME} mounts stripefs, not {t:?}");
+    }
+    let mut flags: Vec<std::ffi::OsString> = Vec::new();
+    let mut options = Vec::new();
+    for o in h.options {
+        match o.split_once('=') {
+            _ if o == "cache" => flags.push("--cache".into()),
+            Some(("read_ahead", v)) => flags.extend(["--read-ahead".into(), v.into()]),
+            Some(("threads", v)) => flags.extend(["--threads".into(), v.into()]),
+            Some(("log_file", v)) => flags.extend(["--log-file".into(), v.into()]),
+            _ if h.sloppy && mount_opts(std::slice::from_ref(&o)).is_err() => {
+                eprintln!("{HELPER_NAME}: leaving out the unknown mount option {o:?}");
+            }
+            _ => options.push(o),
+        }
+    }
+    mount_opts(&options)?;
+    if h.fake {
+        return Ok(None);
+    }
+    let mut line: Vec<std::ffi::OsString> = vec![
+        HELPER_NAME.into(),
+        "--cluster".into(),
+        h.cluster.into(),
+        "mount".into(),
+        h.mountpoint.into(),
+        "--background".into(),
+    ];
+    line.extend(flags);
+    if !options.is_empty() {
+        line.extend(["-o".into(), options.join(",").into()]);
+    }
+    Ok(Some(line))
 }
 
 /// `stripefs mount`: serves the mount until it is unmounted (or Ctrl-C), or with
@@ -89,6 +183,10 @@ pub fn mount(cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
     opts.threads = a.threads;
     opts.allow_other = m.allow_other;
     opts.read_only = m.read_only;
+    opts.suid = m.suid;
+    opts.dev = m.dev;
+    opts.no_exec = m.no_exec;
+    opts.no_atime = m.no_atime;
     opts.kernel_cache = a.cache;
     opts.read_ahead = (a.read_ahead > 0).then_some(a.read_ahead);
     if a.daemon_child {
@@ -98,6 +196,10 @@ pub fn mount(cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
         // (its paths arrive whole).
         let _ = std::env::set_current_dir("/");
     }
+    // Listed as the mount's source, so `findmnt` says which cluster is mounted, and `mount -a`
+    // finds an fstab entry's mount by it (as the path resolved, which mount(8) compares).
+    let file = super::cluster_path(cluster.clone());
+    opts.source = std::fs::canonicalize(&file).unwrap_or(file).display().to_string();
     let c = client(cluster)?;
     let detach = if a.daemon_child { Some(Detach::open(a.log_file.as_deref())?) } else { None };
     let mountpoint = a.mountpoint.display().to_string();
@@ -228,9 +330,50 @@ mod tests {
     fn mount_options_are_read_and_unknown_ones_refused() {
         let o = |v: &[&str]| mount_opts(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
         assert_eq!(o(&[]).unwrap(), MountOpts::default());
-        assert_eq!(o(&["ro", "allow_other"]).unwrap(), MountOpts { allow_other: true, read_only: true });
+        let both = MountOpts { allow_other: true, read_only: true, ..Default::default() };
+        assert_eq!(o(&["ro", "allow_other"]).unwrap(), both);
         assert_eq!(o(&["ro", "rw", "default_permissions"]).unwrap(), MountOpts::default(), "the last wins");
-        let e = o(&["ro", "noexec"]).unwrap_err().to_string();
-        assert!(e.contains("\"noexec\"") && e.contains("known: allow_other, ro"), "{e}");
+        let flags = MountOpts { suid: true, dev: true, no_exec: true, no_atime: true, ..Default::default() };
+        assert_eq!(o(&["suid", "dev", "noexec", "noatime"]).unwrap(), flags);
+        assert_eq!(
+            o(&["noexec", "exec", "noatime", "relatime", "nosuid", "nodev"]).unwrap(),
+            MountOpts::default()
+        );
+        // fstab's own options are for mount(8) and systemd.
+        let fstab = ["defaults", "_netdev", "nofail", "noauto", "x-systemd.automount", "comment=x"];
+        assert_eq!(o(&fstab).unwrap(), MountOpts::default());
+        let e = o(&["ro", "sync"]).unwrap_err().to_string();
+        assert!(e.contains("\"sync\"") && e.contains("known: allow_other, ro"), "{e}");
+    }
+
+    /// mount(8)'s arguments become `stripefs mount --background`'s.
+    #[test]
+    fn the_helper_mounts_as_stripefs_mount_in_the_background() {
+        use clap::Parser;
+        let line = |args: &[&str]| {
+            let h = HelperArgs::try_parse_from([HELPER_NAME].iter().chain(args)).unwrap();
+            helper_command_line(h)
+                .map(|l| l.map(|l| l.join(std::ffi::OsStr::new(" ")).into_string().unwrap()))
+        };
+        assert_eq!(
+            line(&["/etc/c.toml", "/mnt", "-o", "rw,cache,read_ahead=4M,threads=8,_netdev"])
+                .unwrap()
+                .unwrap(),
+            "mount.stripefs --cluster /etc/c.toml mount /mnt --background --cache --read-ahead 4M --threads 8 \
+             -o rw,_netdev"
+        );
+        assert_eq!(
+            line(&["-n", "-v", "c.toml", "/mnt", "-t", "stripefs", "-o", "log_file=/var/log/sfs.log"])
+                .unwrap()
+                .unwrap(),
+            "mount.stripefs --cluster c.toml mount /mnt --background --log-file /var/log/sfs.log"
+        );
+        assert_eq!(line(&["c", "/mnt", "-f", "-o", "ro"]).unwrap(), None, "fake: checked, not mounted");
+        let e = line(&["c", "/mnt", "-o", "ro,bogus"]).unwrap_err().to_string();
+        assert!(e.contains("\"bogus\""), "{e}");
+        let sloppy = line(&["c", "/mnt", "-s", "-o", "ro,bogus"]).unwrap().unwrap();
+        assert!(sloppy.ends_with("--background -o ro"), "{sloppy}");
+        let e = line(&["c", "/mnt", "-t", "nfs"]).unwrap_err().to_string();
+        assert!(e.contains("not \"nfs\""), "{e}");
     }
 }

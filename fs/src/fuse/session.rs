@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 /// How to mount: start from [`MountOptions::default`] and set the fields wanted (more options
 /// may come, so the struct cannot be built field by field outside this crate).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MountOptions {
     /// Threads serving requests.
@@ -37,6 +37,19 @@ pub struct MountOptions {
     /// user keeps the kernel's and logs so at the `info` level. The direct mode has no page cache to
     /// read ahead into and leaves the setting alone.
     pub read_ahead: Option<u64>,
+    /// Honour the set-user-ID and set-group-ID bits of programs on the mount (`suid`). Off by
+    /// default (`nosuid`), as on every FUSE mount: any client of the cluster may set them.
+    pub suid: bool,
+    /// Let device nodes on the mount open their devices (`dev`). Off by default (`nodev`).
+    pub dev: bool,
+    /// Refuse to run programs from the mount (`noexec`).
+    pub no_exec: bool,
+    /// Leave access times alone on reads (`noatime`; the kernel's default is `relatime`).
+    pub no_atime: bool,
+    /// The name the kernel lists as the mount's source (`findmnt`, `df`, `/proc/mounts`;
+    /// default `stripefs`). The CLI gives the cluster file's path: `mount -a` compares it
+    /// with the source of an `/etc/fstab` entry to tell whether that entry is mounted.
+    pub source: String,
 }
 
 /// How far the kernel-cached mount reads ahead by default: one request of the largest size the
@@ -52,6 +65,11 @@ impl Default for MountOptions {
             read_only: false,
             kernel_cache: false,
             read_ahead: Some(DEFAULT_READ_AHEAD),
+            suid: false,
+            dev: false,
+            no_exec: false,
+            no_atime: false,
+            source: FS_NAME.into(),
         }
     }
 }
@@ -70,17 +88,32 @@ pub fn mount_notify(
     opts: MountOptions,
     ready: impl FnOnce() + Send + 'static,
 ) -> std::io::Result<()> {
+    make_way(mountpoint, &opts.source)?;
+    // The kernel would mount the root directory over a file too, as a file that lists.
+    if !std::fs::metadata(mountpoint)?.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotADirectory,
+            format!("{}: not a directory", mountpoint.display()),
+        ));
+    }
     let mut cfg = fuser::Config::default();
     cfg.mount_options = vec![
-        MountOption::FSName(SOURCE.into()),
-        MountOption::Subtype(SOURCE.into()),
+        MountOption::FSName(opts.source.clone()),
+        // Given to the kernel itself: fuser passes a subtype only to `fusermount3`, and a
+        // mount by root would be listed as plain `fuse`, like any other FUSE file system.
+        MountOption::CUSTOM(format!("subtype={FS_NAME}")),
         // The kernel checks mode bits against the attributes it has, for every caller, before
         // a request gets here (and handles set-id bits on chown the way it does locally).
         MountOption::DefaultPermissions,
     ];
-    if opts.read_only {
-        cfg.mount_options.push(MountOption::RO);
-    }
+    let flags = [
+        (opts.read_only, MountOption::RO),
+        (opts.suid, MountOption::Suid),
+        (opts.dev, MountOption::Dev),
+        (opts.no_exec, MountOption::NoExec),
+        (opts.no_atime, MountOption::NoAtime),
+    ];
+    cfg.mount_options.extend(flags.into_iter().filter_map(|(on, flag)| on.then_some(flag)));
     if opts.allow_other {
         // fuser otherwise refuses requests from anyone but the mounting user itself.
         cfg.acl = SessionACL::All;
@@ -93,20 +126,12 @@ pub fn mount_notify(
         // Clean-up writes; a read-only mount leaves it to the next writable one.
         fs.drop_stale_hidden();
     }
-    // Said before the mount is live: a launcher that backgrounds the mount shows it then.
+    // Said before the mount is live (once it is sure to be tried): a launcher that backgrounds the mount shows it then.
     let limit = std::fs::read_to_string(MAX_PAGES_LIMIT).ok().and_then(|s| s.trim().parse().ok());
     let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten();
     let page = page.and_then(|p| u64::try_from(p).ok()).unwrap_or(4096);
     if let Some(note) = request_pages_note(limit, page) {
         tracing::warn!("{note}");
-    }
-    clear_dead_mount(mountpoint)?;
-    // The kernel would mount the root directory over a file too, as a file that lists.
-    if !std::fs::metadata(mountpoint)?.is_dir() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::NotADirectory,
-            format!("{}: not a directory", mountpoint.display()),
-        ));
     }
     let (events, stop) = std::sync::mpsc::channel();
     fs.on_end = OnEnd(Some(events.clone()));
@@ -204,26 +229,32 @@ fn name_the_device(e: std::io::Error) -> std::io::Error {
     e
 }
 
-/// How the kernel lists a stripefs mount: its source (the name the mount gives, which
-/// [`clear_dead_mount`] knows it by), and its type as root mounts it and as `fusermount3` does
-/// for other users.
-const SOURCE: &str = "stripefs";
-const FS_TYPES: [&str; 2] = ["fuse", "fuse.stripefs"];
+/// The file system's name: its subtype, which makes the kernel list a stripefs mount as of
+/// type [`FS_TYPE`] (what [`make_way`] knows it by), and its source by default.
+const FS_NAME: &str = "stripefs";
+const FS_TYPE: &str = "fuse.stripefs";
 
-/// Takes away a stripefs mount that a mount process left on `mountpoint` when it died (killed,
-/// crashed) instead of unmounting: the kernel answers every look at such a mount with
-/// "transport endpoint is not connected", so nothing could be mounted there again, and it
-/// serves nothing. It goes lazily, as processes may still hold it open (they keep getting that
-/// error). Another file system left so is named in the error instead.
-fn clear_dead_mount(mountpoint: &Path) -> std::io::Result<()> {
+/// Makes way for a mount on `mountpoint` of the cluster named `source`, or says why not.
+///
+/// A stripefs mount that a mount process left there when it died (killed, crashed) instead of
+/// unmounting is taken away: the kernel answers every look at such a mount with "transport
+/// endpoint is not connected", so nothing could be mounted there again, and it serves nothing.
+/// It goes lazily, as processes may still hold it open (they keep getting that error). Another
+/// file system left so is named in the error instead.
+///
+/// A live mount of the same cluster there already refuses the mount, as the kernel refuses a
+/// device mounted twice on one directory: FUSE would stack a second mount over the first,
+/// which then serves only who holds it open, until the second is unmounted.
+fn make_way(mountpoint: &Path, source: &str) -> std::io::Result<()> {
     // statfs always asks the file system's server, where a look at the directory may be
     // answered by attributes the kernel still holds.
-    match nix::sys::statfs::statfs(mountpoint) {
-        Err(nix::errno::Errno::ENOTCONN) => {}
-        _ => return Ok(()),
-    }
+    let dead = match nix::sys::statfs::statfs(mountpoint) {
+        Err(nix::errno::Errno::ENOTCONN) => true,
+        Ok(_) => false,
+        Err(_) => return Ok(()),
+    };
     // As the kernel lists it: the directory it is in resolved (links, `..`), which a look
-    // through the dead mount itself could not be.
+    // through a dead mount itself could not be.
     let path = std::path::absolute(mountpoint)?;
     let path = match (path.parent(), path.file_name()) {
         (Some(dir), Some(name)) => dir.canonicalize()?.join(name),
@@ -231,8 +262,19 @@ fn clear_dead_mount(mountpoint: &Path) -> std::io::Result<()> {
     };
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
     let top = top_mount(&mountinfo, &path);
-    if !top.as_ref().is_some_and(|(fs_type, source)| source == SOURCE && FS_TYPES.contains(&fs_type.as_str()))
-    {
+    let ours = top.as_ref().is_some_and(|(fs_type, _)| fs_type == FS_TYPE);
+    if !dead {
+        return match top {
+            Some((_, listed)) if ours && unescape_octal(&listed) == source.as_bytes() => {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::ResourceBusy,
+                    format!("{}: {source} is mounted there already", path.display()),
+                ))
+            }
+            _ => Ok(()),
+        };
+    }
+    if !ours {
         let what =
             top.map_or_else(|| "a file system".into(), |(fs_type, source)| format!("{source} ({fs_type})"));
         return Err(std::io::Error::other(format!(
