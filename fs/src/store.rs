@@ -39,7 +39,7 @@ use crate::errno::Errno;
 use crate::layout::Piece;
 // Every critical section here leaves its data consistent, so a poisoned lock is usable.
 use crate::lock;
-use crate::proto::Handle;
+use crate::proto::{Handle, ObjectSize};
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -161,6 +161,19 @@ impl Object {
     /// write is running).
     pub fn size(&self) -> Result<u64, StoreError> {
         Ok(lock(&self.ledger).landed())
+    }
+
+    /// The local size, and the disk space the file holds (`st_blocks`: a file system that
+    /// allocates lazily counts what it has promised to the data already written).
+    pub fn space(&self) -> Result<ObjectSize, StoreError> {
+        use std::os::unix::fs::MetadataExt;
+        let size = self.size()?;
+        let m = self.file.metadata().map_err(|error| StoreError::Io {
+            op: "fstat",
+            handle: self.handle,
+            error,
+        })?;
+        Ok(ObjectSize { size, allocated: m.blocks().saturating_mul(512) })
     }
 
     fn set_file_len(&self, op: &'static str, len: u64) -> io::Result<()> {
@@ -762,19 +775,25 @@ impl ObjectStore {
         self.object(h)?.size()
     }
 
-    /// The local size, as [`ObjectStore::size`] gives it, without opening an object that is
-    /// not open: a listing's many sizes would otherwise push the open files out of the cache
-    /// (and each open costs more than looking at the file).
-    pub fn peek_size(&self, h: Handle) -> Result<u64, StoreError> {
+    /// The local size and the disk space the object holds.
+    pub fn space(&self, h: Handle) -> Result<ObjectSize, StoreError> {
+        self.object(h)?.space()
+    }
+
+    /// The local size and space, as [`ObjectStore::space`] gives them, without opening an
+    /// object that is not open: a listing's many sizes would otherwise push the open files out
+    /// of the cache (and each open costs more than looking at the file).
+    pub fn peek_space(&self, h: Handle) -> Result<ObjectSize, StoreError> {
+        use std::os::unix::fs::MetadataExt;
         // Held while looking: an object opened meanwhile is not written to before it is in
         // the cache, so the file's length is all its landed bytes.
         let mut c = self.cache();
         if let Some(o) = c.get(h) {
             drop(c);
-            return o.size();
+            return o.space();
         }
         match std::fs::metadata(self.path_of(h)) {
-            Ok(m) => Ok(m.len()),
+            Ok(m) => Ok(ObjectSize { size: m.len(), allocated: m.blocks().saturating_mul(512) }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Err(StoreError::NotFound(h)),
             Err(error) => Err(StoreError::Io { op: "stat", handle: h, error }),
         }
@@ -975,13 +994,34 @@ mod tests {
         assert_eq!(open.len(), 4, "the cache holds its four");
         let closed: Vec<Handle> = (1..=8).map(Handle).filter(|h| !open.contains(h)).collect();
         for h in &closed {
-            assert_eq!(s.peek_size(*h).unwrap(), h.0);
+            assert_eq!(s.peek_space(*h).unwrap().size, h.0);
         }
         assert_eq!(cached(), open, "no object opened, none pushed out");
         for h in &open {
-            assert_eq!(s.peek_size(*h).unwrap(), h.0, "an open one's size");
+            assert_eq!(s.peek_space(*h).unwrap().size, h.0, "an open one's size");
         }
-        assert!(matches!(s.peek_size(Handle(99)), Err(StoreError::NotFound(Handle(99)))));
+        assert!(matches!(s.peek_space(Handle(99)), Err(StoreError::NotFound(Handle(99)))));
+    }
+
+    /// A sparse object holds the space of its data, not of its size; open or not.
+    #[test]
+    fn an_object_s_space_leaves_out_its_holes() {
+        let d = tempfile::tempdir().unwrap();
+        let s = ObjectStore::open(d.path(), StoreConfig { max_open: 1, ..Default::default() }).unwrap();
+        let (sparse, other) = (Handle(1), Handle(2));
+        s.create(sparse).unwrap();
+        let data = vec![7u8; 64 << 10];
+        s.write(sparse, &[Extent::new(0, data.len() as u64)], &data).unwrap();
+        s.write(sparse, &[Extent::new(64 << 20, data.len() as u64)], &data).unwrap();
+        let open = s.space(sparse).unwrap();
+        assert_eq!(open.size, (64 << 20) + (64 << 10));
+        assert!(open.allocated >= 128 << 10 && open.allocated < 4 << 20, "{open:?}");
+        s.create(other).unwrap();
+        s.size(other).unwrap(); // pushes the sparse one out of the cache
+        assert!(!s.cache().files.contains_key(&sparse));
+        let peeked = s.peek_space(sparse).unwrap();
+        assert_eq!(peeked.size, open.size);
+        assert!(peeked.allocated >= 128 << 10 && peeked.allocated < 4 << 20, "{peeked:?}");
     }
 
     #[test]

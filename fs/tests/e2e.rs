@@ -176,6 +176,17 @@ pub fn sparse_files_and_holes(scheme: &str) {
     assert_eq!((n, &got[..]), (10, &[0u8; 10][..]));
     assert_eq!(g.size().unwrap(), 65536 + 8);
     assert_eq!(c.stat("/one").unwrap().attr.size, 65536 + 8);
+    // The space a file holds is that of its data, not of its holes: ten bytes 10 MiB out
+    // take a block or so; a dense file takes its size. Alike by itself and in a listing.
+    let dense = c.create("/dense", CreateOptions { mode: 0o644, layout: spec(4, 65536) }).unwrap();
+    dense.write_at(0, &pattern(1 << 20, 1)).unwrap();
+    let (sparse, dense) = (c.stat("/sparse").unwrap(), c.stat("/dense").unwrap());
+    assert!(sparse.allocated > 0 && sparse.allocated <= 64 << 10, "{}", sparse.allocated);
+    assert!(dense.allocated >= 1 << 20, "{}", dense.allocated);
+    let listed = c.stat_many(&[sparse.handle, dense.handle]);
+    let listed: Vec<u64> = listed.into_iter().map(|r| r.unwrap().unwrap().allocated).collect();
+    assert_eq!(listed, [sparse.allocated, dense.allocated]);
+    assert_eq!(c.stat("/").unwrap().allocated, 0, "a directory holds nothing on the io servers");
 }
 
 /// `read_into` lands each read in a buffer the client keeps between calls: a later read of

@@ -704,6 +704,35 @@ fn a_mount_takes_the_place_of_one_whose_process_was_killed() {
     assert_eq!(on_path(), 1, "the dead mount is still there beneath the new one");
 }
 
+/// A sparse file's blocks are the space of its data, as `du` shows and as `cp` and `tar` look
+/// at to find holes worth looking for; a dense file's are its size. In the mount that wrote
+/// it (which counts its own writes) and in another (which asks the io servers).
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_sparse_file_holds_the_space_of_its_data() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let tc = TestCluster::start("tcp", 4);
+    let (m, other) = (mount(&tc), mount_at(&tc, "other", &[]));
+    let chunk = pattern(64 << 10, 5);
+    let f = std::fs::File::create(m.dir.join("sparse")).unwrap();
+    f.write_all_at(&chunk, 0).unwrap();
+    f.write_all_at(&chunk, 200 << 20).unwrap();
+    drop(f);
+    std::fs::write(m.dir.join("dense"), pattern(1 << 20, 6)).unwrap();
+    for dir in [&m.dir, &other.dir] {
+        let sparse = std::fs::metadata(dir.join("sparse")).unwrap();
+        assert_eq!(sparse.len(), (200 << 20) + (64 << 10));
+        let space = sparse.blocks() * 512;
+        assert!((128 << 10..=1 << 20).contains(&space), "{}: {space} bytes", dir.display());
+        let dense = std::fs::metadata(dir.join("dense")).unwrap();
+        assert!(dense.blocks() * 512 >= 1 << 20, "{}: {} blocks", dir.display(), dense.blocks());
+        let du = run(Command::new("du").arg("-k").arg(dir.join("sparse")));
+        let kib: u64 =
+            String::from_utf8_lossy(&du.stdout).split_whitespace().next().unwrap().parse().unwrap();
+        assert!(kib <= 1024, "du: {kib} KiB");
+    }
+}
+
 /// mount(8) mounts stripefs through `/sbin/mount.stripefs`, a link to the binary, for `mount -t
 /// stripefs` and `/etc/fstab`: the helper takes mount's arguments, and fstab's options, and
 /// returns once the mount is live, served in the background. The mount is listed with the

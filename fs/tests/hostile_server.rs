@@ -20,7 +20,7 @@ use stripefs::layout::Layout;
 use stripefs::net::{TAG_IO, TAG_META, endpoint_config};
 use stripefs::proto::{
     self, Attr, BoundedVec, DirEntry, Envelope, ErrorReply, FileKind, Handle, IoReply, IoRequest, MetaCall,
-    MetaReply, MetaRequest, Name, Timestamp,
+    MetaReply, MetaRequest, Name, ObjectSize, Timestamp,
 };
 
 const KEY: [u8; 32] = [0x5a; 32];
@@ -204,12 +204,14 @@ impl FakeCluster {
                     } else {
                         let env = proto::decode::<IoRequest>(req.header()).unwrap();
                         let r = match env.body {
-                            IoRequest::GetSize { cap } if cap.handle.0 == UNSENT => IoReply::Size(4096),
+                            IoRequest::GetSize { cap } if cap.handle.0 == UNSENT => {
+                                IoReply::Size(ObjectSize { size: 4096, allocated: 4096 })
+                            }
                             // Says it sent the whole read, sends nothing.
                             IoRequest::Read { cap, desc } if cap.handle.0 == UNSENT => {
                                 IoReply::Read { bytes: desc.total(), local_size: 4096 }
                             }
-                            IoRequest::GetSize { .. } => IoReply::Size(0),
+                            IoRequest::GetSize { .. } => IoReply::Size(ObjectSize::default()),
                             r => IoReply::Error(ErrorReply::new(Errno::EOPNOTSUPP, format!("fake: {r:?}"))),
                         };
                         proto::encode(&Envelope::new(env.id, r)).unwrap()

@@ -58,6 +58,9 @@ struct NodeJson {
     /// Logical size in bytes; `null` if it could not be learnt (`size_error` says why).
     size: Option<u64>,
     size_error: Option<String>,
+    /// Bytes of disk a file's objects hold on the io servers (less than its size where it has
+    /// holes); `null` for anything else, or where the size is unknown.
+    allocated: Option<u64>,
     atime: Option<String>,
     mtime: Option<String>,
     ctime: Option<String>,
@@ -89,6 +92,7 @@ impl NodeJson {
             uid: a.uid,
             gid: a.gid,
             nlink: a.nlink,
+            allocated: (size.is_ok() && a.kind == FileKind::File).then_some(s.allocated),
             size: size.as_ref().ok().copied(),
             size_error: size.err(),
             atime: rfc3339(a.atime),
@@ -276,7 +280,12 @@ pub fn stat(cluster: Option<PathBuf>, path: &str, dereference: bool, out: Output
         println!("target: {t}");
     }
     println!("  mode: {:04o}  uid {}  gid {}  nlink {}", s.attr.mode, s.attr.uid, s.attr.gid, s.attr.nlink);
-    println!("  size: {}", out.size(s.attr.size));
+    match s.attr.kind {
+        FileKind::File => {
+            println!("  size: {}  (allocated {})", out.size(s.attr.size), out.size(s.allocated))
+        }
+        _ => println!("  size: {}", out.size(s.attr.size)),
+    }
     println!(
         " atime: {}\n mtime: {}\n ctime: {}",
         time(s.attr.atime),

@@ -71,8 +71,8 @@ impl File {
         self.layout.server(pnum, self.client.io_servers()) as usize
     }
 
-    /// Local sizes of every server of the layout, by `pnum`.
-    fn local_sizes(&self) -> FsResult<Vec<u64>> {
+    /// Local sizes and space of every server of the layout, by `pnum`.
+    fn local_sizes(&self) -> FsResult<Vec<ObjectSize>> {
         self.with_cap(|cap| {
             let reqs = (0..self.layout.pcount)
                 .map(|p| (self.server(p), IoRequest::GetSize { cap: cap.clone() }))
@@ -90,7 +90,12 @@ impl File {
 
     /// The logical size: the max over servers of the end implied by each local size.
     pub fn size(&self) -> FsResult<u64> {
-        Ok(self.layout.logical_size(&self.local_sizes()?))
+        Ok(self.space()?.size())
+    }
+
+    /// The logical size and the disk space the file's objects hold.
+    pub(super) fn space(&self) -> FsResult<FileSpace> {
+        Ok(FileSpace::of(&self.layout, &self.local_sizes()?))
     }
 
     /// Makes everything written so far durable on every server (fsync), records the writes'

@@ -27,7 +27,7 @@ use crate::lock;
 use crate::net::{FsError, FsResult, TAG_IO, TAG_META, Traced};
 use crate::proto::{
     self, Attr, Descriptor, DirEntry, Envelope, FileKind, FsStats, Handle, IoReply, IoRequest, LayoutSpec,
-    MetaReply, MetaRequest, Name, ProtoError, SetAttr, SetTime,
+    MetaReply, MetaRequest, Name, ObjectSize, ProtoError, SetAttr, SetTime,
 };
 use bytes::{Bytes, BytesMut};
 use ionet::{Completion, Endpoint, OpBuf, OpId, Payload, PeerId, RecvBuf, SendBuf, ServiceLevel, WaitMode};
@@ -216,6 +216,7 @@ mod sizes;
 use crate::health::Health;
 use admit::Target;
 pub use file::File;
+use sizes::FileSpace;
 
 /// A connection to a stripefs cluster. Cheap to clone; usable from many threads.
 ///
@@ -263,6 +264,9 @@ pub struct Stat {
     pub attr: Attr,
     /// A file's layout.
     pub layout: Option<Layout>,
+    /// Bytes of disk space a file's objects hold on the io servers together (0 for anything
+    /// but a file): less than its size where it has holes, as `st_blocks` × 512 shows locally.
+    pub allocated: u64,
 }
 
 /// A file whose logical size could not be learnt (see [`Client::stat_entry`]).
@@ -319,8 +323,9 @@ type Posted = FsResult<(OpId, u64, Instant)>;
 /// Requests on their way to io servers: each one's server, span and op.
 type IoPosted = Vec<(usize, Traced, Posted)>;
 
-/// A file's layout and logical size (or why it is not known), asked with a kept capability.
-type KeptSize = Option<(Layout, FsResult<u64>)>;
+/// A file's layout and logical size and space (or why they are not known), asked with a kept
+/// capability.
+type KeptSize = Option<(Layout, FsResult<FileSpace>)>;
 
 /// A request's outcome in the debug log: `ok`, or the error.
 struct Outcome<'a, T>(&'a FsResult<T>);
@@ -585,18 +590,18 @@ impl Client {
     /// [`Client::meta_call_sized`]), else from sizes asked now.
     fn stat_of(&self, h: Handle, attr: Attr, sized: KeptSize) -> FsResult<Result<Stat, SizeUnknown>> {
         if attr.kind != FileKind::File {
-            return Ok(Ok(Stat { handle: h, attr, layout: None }));
+            return Ok(Ok(Stat { handle: h, attr, layout: None, allocated: 0 }));
         }
-        let (stat, size) = match sized {
-            Some((layout, size)) => (Stat { handle: h, attr, layout: Some(layout) }, size),
+        let (stat, space) = match sized {
+            Some((layout, space)) => (Stat { handle: h, attr, layout: Some(layout), allocated: 0 }, space),
             None => {
                 // No rights: a size is an attribute, which needs no permission on the file.
                 let f = self.open_handle(h, Rights::NONE)?;
-                (Stat { handle: h, attr: f.attr.clone(), layout: Some(f.layout) }, f.size())
+                (Stat { handle: h, attr: f.attr.clone(), layout: Some(f.layout), allocated: 0 }, f.space())
             }
         };
-        Ok(match size {
-            Ok(size) => Ok(Stat { attr: Attr { size, ..stat.attr }, ..stat }),
+        Ok(match space {
+            Ok(space) => Ok(space.stat(stat)),
             Err(error) => Err(SizeUnknown { stat, error }),
         })
     }

@@ -20,7 +20,9 @@ use crate::handle::Handle;
 use crate::layout::Layout;
 use crate::lock;
 use crate::net::{FsError, FsResult};
-use crate::proto::{self, Attr, AttrOf, FileKind, IoReply, IoRequest, MetaReply, MetaRequest, SetAttr};
+use crate::proto::{
+    self, Attr, AttrOf, FileKind, IoReply, IoRequest, MetaReply, MetaRequest, ObjectSize, SetAttr,
+};
 use std::collections::{HashMap, VecDeque};
 use tracing::debug;
 
@@ -30,6 +32,32 @@ pub(super) const KEPT: usize = 4096;
 /// Seconds before its expiry from which a capability is no longer used: a request sent with
 /// it could arrive after it.
 const EXPIRY_MARGIN_S: u64 = 30;
+
+/// A file's logical size and the disk space its objects hold, from its objects' sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FileSpace {
+    size: u64,
+    allocated: u64,
+}
+
+impl FileSpace {
+    /// From the sizes of `layout`'s objects, by `pnum`.
+    pub(super) fn of(layout: &Layout, objects: &[ObjectSize]) -> Self {
+        let sizes: Vec<u64> = objects.iter().map(|o| o.size).collect();
+        let allocated = objects.iter().fold(0u64, |a, o| a.saturating_add(o.allocated));
+        FileSpace { size: layout.logical_size(&sizes), allocated }
+    }
+
+    /// The logical size.
+    pub(super) fn size(self) -> u64 {
+        self.size
+    }
+
+    /// `stat` (of the file) with this size and space.
+    pub(super) fn stat(self, stat: Stat) -> Stat {
+        Stat { attr: Attr { size: self.size, ..stat.attr }, allocated: self.allocated, ..stat }
+    }
+}
 
 #[derive(Debug, Default)]
 pub(super) struct SizeCaps {
@@ -136,7 +164,7 @@ impl Client {
             })
             .collect();
         let asked: Vec<usize> = reqs.iter().map(|&(s, _)| s).collect();
-        let mut told: Vec<Option<Vec<Option<u64>>>> = vec![None; servers as usize];
+        let mut told: Vec<Option<Vec<Option<ObjectSize>>>> = vec![None; servers as usize];
         for (&s, r) in asked.iter().zip(self.io_wait(self.io_post(reqs))) {
             if let Ok(IoReply::Sizes(sizes)) = r {
                 told[s] = Some(sizes.into_inner());
@@ -151,18 +179,20 @@ impl Client {
                     Err(FsError::code(code, "the meta server could not give its attributes"))
                 }
                 AttrOf::Found { attr, file: None } if attr.kind != FileKind::File => {
-                    Ok(Ok(Stat { handle: h, attr, layout: None }))
+                    Ok(Ok(Stat { handle: h, attr, layout: None, allocated: 0 }))
                 }
                 AttrOf::Found { attr, file: Some((layout, _)) } if !places.is_empty() => {
-                    let sizes: Option<Vec<u64>> = places
+                    let sizes: Option<Vec<ObjectSize>> = places
                         .iter()
                         .map(|&(s, at)| told[s].as_ref().and_then(|t| t.get(at).copied().flatten()))
                         .collect();
                     match sizes {
-                        Some(sizes) => {
-                            let size = layout.logical_size(&sizes);
-                            Ok(Ok(Stat { handle: h, attr: Attr { size, ..attr }, layout: Some(layout) }))
-                        }
+                        Some(sizes) => Ok(Ok(FileSpace::of(&layout, &sizes).stat(Stat {
+                            handle: h,
+                            attr,
+                            layout: Some(layout),
+                            allocated: 0,
+                        }))),
                         None => self.stat_entry(h),
                     }
                 }
@@ -197,7 +227,7 @@ impl Client {
     /// The logical size from the sizes [`Client::ask_sizes`] asked for (see [`KeptSize`]).
     fn take_sizes(&self, h: Handle, asked: Option<(Layout, IoPosted)>) -> KeptSize {
         let (layout, posted) = asked?;
-        let sizes: FsResult<Vec<u64>> = self
+        let sizes: FsResult<Vec<ObjectSize>> = self
             .io_wait(posted)
             .into_iter()
             .map(|r| match r? {
@@ -206,7 +236,7 @@ impl Client {
             })
             .collect();
         match sizes {
-            Ok(sizes) => Some((layout, Ok(layout.logical_size(&sizes)))),
+            Ok(sizes) => Some((layout, Ok(FileSpace::of(&layout, &sizes)))),
             Err(e @ FsError::Remote { .. }) => {
                 // Refused (an expired capability, a file gone): the meta server knows more.
                 debug!(handle = %h, error = %e, "a kept capability did not give the sizes");
@@ -222,7 +252,7 @@ impl Client {
     /// lookup's reply): only a file's size is asked for.
     pub fn stat_with(&self, h: Handle, attr: Attr) -> FsResult<Stat> {
         if attr.kind != FileKind::File {
-            return Ok(Stat { handle: h, attr, layout: None });
+            return Ok(Stat { handle: h, attr, layout: None, allocated: 0 });
         }
         let sized = self.take_sizes(h, self.ask_sizes(h));
         self.stat_of(h, attr, sized)?.map_err(|u| u.error)

@@ -166,7 +166,7 @@ impl StripeFuse {
         let handles: Vec<Handle> = unasked.iter().map(|i| Handle(i.ino)).collect();
         for (item, st) in unasked.into_iter().zip(self.client.stat_many(&handles)) {
             let attr = match st {
-                Ok(Ok(st)) => Some(self.attr_of(st.handle, &st.attr)),
+                Ok(Ok(st)) => Some(self.attr_of(st.handle, &st.attr, Some(st.allocated))),
                 _ => None,
             };
             let _ = item.attr.set(attr);

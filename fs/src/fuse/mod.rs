@@ -37,7 +37,7 @@
 //! synchronous write alike, so the same holds.
 
 use crate::capability::Rights;
-use crate::client::{Client, CreateOptions, File};
+use crate::client::{Client, CreateOptions, File, Stat};
 use crate::proto::{Attr, Cred, FileKind, Handle, SetAttr, SetTime, Timestamp};
 use crate::{FsError, FsResult, lock};
 use fuser::{
@@ -236,11 +236,15 @@ fn io_size(size: u64) -> u32 {
     s.min(LARGEST) as u32
 }
 
-fn file_attr(h: Handle, a: &Attr) -> FileAttr {
+/// The kernel's attributes of `h`, a file whose objects hold `allocated` bytes of disk if
+/// known (`du` counts them, and `cp` and `tar` look for holes only in a file holding less than
+/// its size); anything else counts its size.
+fn file_attr(h: Handle, a: &Attr, allocated: Option<u64>) -> FileAttr {
+    let space = allocated.filter(|_| a.kind == FileKind::File).unwrap_or(a.size);
     FileAttr {
         ino: INodeNo(h.0),
         size: a.size,
-        blocks: a.size.div_ceil(512),
+        blocks: space.div_ceil(512),
         atime: time(a.atime),
         mtime: time(a.mtime),
         ctime: time(a.ctime),
@@ -420,20 +424,27 @@ impl StripeFuse {
     }
 
     fn attr(&self, h: Handle) -> FsResult<FileAttr> {
-        Ok(self.attr_of(h, &self.told(h, self.client.stat_handle(h)?.attr)))
+        Ok(self.stat_attr(self.client.stat_handle(h)?))
     }
 
-    /// `attr`, just given by the servers: a file's size is kept for attribute changes.
-    fn told(&self, h: Handle, attr: Attr) -> Attr {
+    /// The kernel's attributes from `st`, just given by the servers: a file's size and space
+    /// are kept for attribute changes.
+    fn stat_attr(&self, st: Stat) -> FileAttr {
+        self.told(st.handle, &st.attr, st.allocated);
+        self.attr_of(st.handle, &st.attr, Some(st.allocated))
+    }
+
+    /// `attr` and `allocated`, just given by the servers: a file's size and space are kept for
+    /// attribute changes.
+    fn told(&self, h: Handle, attr: &Attr, allocated: u64) {
         if attr.kind == FileKind::File && !self.kernel_cache {
-            self.sizes.learnt(h, attr.size);
+            self.sizes.learnt(h, attr.size, allocated);
         }
-        attr
     }
 
-    /// The kernel's attributes of `h`, whose stat gave `attr`.
-    fn attr_of(&self, h: Handle, attr: &Attr) -> FileAttr {
-        let mut a = file_attr(h, attr);
+    /// The kernel's attributes of `h`, whose stat gave `attr` (and `allocated`, if known).
+    fn attr_of(&self, h: Handle, attr: &Attr, allocated: Option<u64>) -> FileAttr {
+        let mut a = file_attr(h, attr, allocated);
         if self.opened.is_hidden(h) {
             // Unlinked while open: its hidden name is not one the caller gave it.
             a.nlink = a.nlink.saturating_sub(1);
@@ -556,7 +567,7 @@ impl StripeFuse {
 
     fn entry(&self, r: FsResult<(Handle, Attr)>, reply: ReplyEntry) {
         // Only a regular file's size needs the io servers; the rest came with the entry.
-        match r.and_then(|(h, a)| Ok(self.attr_of(h, &self.told(h, self.client.stat_with(h, a)?.attr)))) {
+        match r.and_then(|(h, a)| Ok(self.stat_attr(self.client.stat_with(h, a)?))) {
             Ok(a) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -633,9 +644,10 @@ impl Filesystem for StripeFuse {
         // A size told the kernel lately stands (the kernel asks again after this mount's
         // writes, and before a `chown`, to see the mode).
         let r = match self.sizes.fresh(h) {
-            Some((size, left)) => {
-                self.client.getattr(h).map(|a| (self.attr_of(h, &Attr { size, ..a }), left))
-            }
+            Some(f) => self
+                .client
+                .getattr(h)
+                .map(|a| (self.attr_of(h, &Attr { size: f.size, ..a }, Some(f.allocated)), f.left)),
             None => self.attr(h).map(|a| (a, TTL)),
         };
         match r {
@@ -694,13 +706,14 @@ impl Filesystem for StripeFuse {
         let known = match set.size {
             Some(_) => None,
             None if self.kernel_cache => Some((None, TTL)),
-            None => self.sizes.fresh(h).map(|(size, left)| (Some(size), left)),
+            None => self.sizes.fresh(h).map(|f| (Some((f.size, f.allocated)), f.left)),
         };
         let change = |set: SetAttr| match known {
-            Some((size, left)) => {
-                c.setattr(h, set).map(|a| (Attr { size: size.unwrap_or(a.size), ..a }, left))
+            Some((Some((size, allocated)), left)) => {
+                c.setattr(h, set).map(|a| (self.attr_of(h, &Attr { size, ..a }, Some(allocated)), left))
             }
-            None => c.setattr_stat(h, set).map(|st| (self.told(h, st.attr), TTL)),
+            Some((None, left)) => c.setattr(h, set).map(|a| (self.attr_of(h, &a, None), left)),
+            None => c.setattr_stat(h, set).map(|st| (self.stat_attr(st), TTL)),
         };
         let r = match change(set.clone()) {
             // With write-back caching the kernel keeps a file's times itself and sends them as
@@ -721,7 +734,7 @@ impl Filesystem for StripeFuse {
         if r.is_err() {
             superseded.iter().for_each(|f| f.keep_write_time());
         }
-        match r.map(|(a, ttl)| (self.attr_of(h, &a), ttl)) {
+        match r {
             // The attribute time-to-live is the direct mode's (less what a known size has used
             // of it). The kernel-cached mode needs no longer one: the kernel takes no size or
             // modification time from these replies for a regular file (it keeps its own), and
@@ -913,7 +926,7 @@ impl Filesystem for StripeFuse {
         };
         match Self::write_synced(&o.file, offset, data, sync) {
             Ok(n) => {
-                self.sizes.wrote(o.file.handle(), offset + n as u64);
+                self.sizes.wrote(o.file.handle(), offset + n as u64, n as u64);
                 reply.written(n as u32)
             }
             Err(e) => reply.error(errno(&e)),
@@ -1182,7 +1195,8 @@ impl Filesystem for StripeFuse {
         let opts = CreateOptions { mode: mode & !umask & 0o7777, layout: None };
         match name(n).and_then(|n| self.as_caller(req).create_in(Handle(parent.0), n, opts)) {
             Ok(f) => {
-                let a = file_attr(f.handle(), &self.told(f.handle(), f.attr().clone()));
+                self.told(f.handle(), f.attr(), 0);
+                let a = file_attr(f.handle(), f.attr(), Some(0));
                 let fopen = if self.kernel_cache {
                     // New and empty: nothing cached to drop or keep.
                     lock(&self.seen).insert(f.handle().0, Seen::of(f.attr()));

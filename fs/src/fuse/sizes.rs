@@ -20,11 +20,25 @@ use std::time::{Duration, Instant};
 /// mount's replies, beyond which an entry is of no use.
 const KEPT: usize = 4096;
 
+/// The block the space of written bytes is rounded to.
+const BLOCK: u64 = 4096;
+
 #[derive(Debug, Clone, Copy)]
 struct Known {
     size: u64,
+    /// The disk space the file's objects hold, raised by this mount's writes since.
+    allocated: u64,
     /// When the servers said it.
     at: Instant,
+}
+
+/// A size and space known within the time-to-live ([`KnownSizes::fresh`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Fresh {
+    pub(super) size: u64,
+    pub(super) allocated: u64,
+    /// How much of the time-to-live is left.
+    pub(super) left: Duration,
 }
 
 /// Sizes learnt from the servers within `fresh_for`.
@@ -39,8 +53,9 @@ impl KnownSizes {
         KnownSizes { fresh_for, by_handle: Mutex::new(HashMap::new()) }
     }
 
-    /// The servers have just said file `h` is `size` bytes long.
-    pub(super) fn learnt(&self, h: Handle, size: u64) {
+    /// The servers have just said file `h` is `size` bytes long, holding `allocated` bytes of
+    /// disk.
+    pub(super) fn learnt(&self, h: Handle, size: u64, allocated: u64) {
         let now = Instant::now();
         let mut m = lock(&self.by_handle);
         if m.len() >= KEPT && !m.contains_key(&h) {
@@ -49,13 +64,17 @@ impl KnownSizes {
                 return;
             }
         }
-        m.insert(h, Known { size, at: now });
+        m.insert(h, Known { size, allocated, at: now });
     }
 
-    /// This mount wrote file `h` up to byte `end`.
-    pub(super) fn wrote(&self, h: Handle, end: u64) {
+    /// This mount wrote `len` bytes of file `h` up to byte `end`. They are counted as space
+    /// taken (a file written in order, as most are, takes that much), up to the size rounded
+    /// to the block: an overwrite or a write into a hole cannot be told apart from here.
+    pub(super) fn wrote(&self, h: Handle, end: u64, len: u64) {
         if let Some(k) = lock(&self.by_handle).get_mut(&h) {
             k.size = k.size.max(end);
+            let bound = k.allocated.max(k.size.next_multiple_of(BLOCK));
+            k.allocated = k.allocated.saturating_add(len).min(bound);
         }
     }
 
@@ -64,13 +83,14 @@ impl KnownSizes {
         lock(&self.by_handle).remove(&h);
     }
 
-    /// File `h`'s size, if learnt within the time-to-live, and how much of that is left: the
-    /// kernel may hold an answer made with it no longer, or what it shows would be older.
-    pub(super) fn fresh(&self, h: Handle) -> Option<(u64, Duration)> {
+    /// File `h`'s size and space, if learnt within the time-to-live, and how much of that is
+    /// left: the kernel may hold an answer made with it no longer, or what it shows would be
+    /// older.
+    pub(super) fn fresh(&self, h: Handle) -> Option<Fresh> {
         let m = lock(&self.by_handle);
         let k = m.get(&h)?;
         let left = self.fresh_for.checked_sub(k.at.elapsed()).filter(|l| !l.is_zero())?;
-        Some((k.size, left))
+        Some(Fresh { size: k.size, allocated: k.allocated, left })
     }
 }
 
@@ -83,18 +103,20 @@ mod tests {
         let s = KnownSizes::new(Duration::from_secs(3600));
         let h = Handle(7);
         assert_eq!(s.fresh(h), None);
-        s.wrote(h, 100);
+        s.wrote(h, 100, 100);
         assert_eq!(s.fresh(h), None, "a write alone tells nothing of the rest of the file");
-        s.learnt(h, 10);
-        s.wrote(h, 4096);
-        s.wrote(h, 50);
-        let (size, left) = s.fresh(h).unwrap();
-        assert_eq!(size, 4096);
-        assert!(left <= Duration::from_secs(3600));
+        s.learnt(h, 10, 4096);
+        s.wrote(h, 4096, 4086);
+        s.wrote(h, 50, 40);
+        let f = s.fresh(h).unwrap();
+        assert_eq!((f.size, f.allocated), (4096, 4096), "the rewrites take no more than a block");
+        assert!(f.left <= Duration::from_secs(3600));
+        s.wrote(h, 1 << 20, 8192);
+        assert_eq!(s.fresh(h).unwrap().allocated, 4096 + 8192, "a write far out leaves a hole");
         s.forget(h);
         assert_eq!(s.fresh(h), None);
         let stale = KnownSizes::new(Duration::ZERO);
-        stale.learnt(h, 10);
+        stale.learnt(h, 10, 0);
         assert_eq!(stale.fresh(h), None);
     }
 
@@ -102,13 +124,13 @@ mod tests {
     fn at_most_kept_files_past_the_stale_ones() {
         let s = KnownSizes::new(Duration::from_secs(3600));
         for h in 0..KEPT as u64 + 10 {
-            s.learnt(Handle(h), h);
+            s.learnt(Handle(h), h, 0);
         }
         assert_eq!(lock(&s.by_handle).len(), KEPT);
-        assert_eq!(s.fresh(Handle(3)).map(|k| k.0), Some(3), "fresh ones are not pushed out");
+        assert_eq!(s.fresh(Handle(3)).map(|k| k.size), Some(3), "fresh ones are not pushed out");
         let aged = KnownSizes::new(Duration::ZERO);
         for h in 0..KEPT as u64 + 10 {
-            aged.learnt(Handle(h), h);
+            aged.learnt(Handle(h), h, 0);
         }
         assert!(lock(&aged.by_handle).len() <= KEPT);
         assert!(lock(&aged.by_handle).contains_key(&Handle(KEPT as u64 + 9)), "stale ones make room");

@@ -260,8 +260,8 @@ pub enum IoReply {
     Pong,
     /// Success with nothing to return.
     Done,
-    /// Local size of the object.
-    Size(u64),
+    /// The object's local size and space.
+    Size(ObjectSize),
     /// A read: the first `bytes` of the request's stream were pushed (holes inside them read
     /// as zeros); the rest of it lies past the object's end, and the client zeroes it.
     Read {
@@ -281,9 +281,19 @@ pub enum IoReply {
     Error(ErrorReply),
     /// The io server's status.
     Status(ServerStatus),
-    /// Answer to [`IoRequest::GetSizes`], in its order: each object's local size, or `None`
-    /// where its capability was refused or this server has no object for it.
-    Sizes(BoundedVec<Option<u64>, MAX_BATCH>),
+    /// Answer to [`IoRequest::GetSizes`], in its order: each object's local size and space, or
+    /// `None` where its capability was refused or this server has no object for it.
+    Sizes(BoundedVec<Option<ObjectSize>, MAX_BATCH>),
+}
+
+/// An object's local size, and the disk space it holds: less than the size where it has holes
+/// (a sparse file), more by the file system's block rounding or space reserved ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ObjectSize {
+    /// The local size ([`Layout::local_size`]).
+    pub size: u64,
+    /// Bytes of disk space allocated to the object (its `st_blocks` × 512).
+    pub allocated: u64,
 }
 
 impl Message for IoRequest {

@@ -33,7 +33,7 @@ pub use attr::{Attr, Cred, DirEntry, FileKind, LayoutSpec, MAX_GROUPS, SetAttr, 
 pub use bounded::{BoundedString, BoundedVec};
 pub use envelope::{Envelope, ErrorReply, Message, Reply, decode, encode, error_reply};
 pub use error::{DecodeError, ProtoError};
-pub use io::{Descriptor, IoReply, IoRequest};
+pub use io::{Descriptor, IoReply, IoRequest, ObjectSize};
 pub use limits::{
     HEADER_LEN, MAGIC, MAX_BATCH, MAX_ERROR_TEXT, MAX_IO_BYTES, MAX_LINK_TARGET, MAX_MESSAGE, MAX_NAME_WIRE,
     MAX_PIECES, MAX_READDIR, MAX_VERSION_TEXT, MAX_VIEW_BLOCKS, PROTO_VERSION,

@@ -5,7 +5,7 @@ use super::attr::{Attr, Cred, DirEntry, FileKind, LayoutSpec, SetAttr, SetTime, 
 use super::bounded::{BoundedString, BoundedVec};
 use super::envelope::{Envelope, ErrorReply, Message, Reply, decode, encode, error_reply};
 use super::error::ProtoError;
-use super::io::{Descriptor, IoReply, IoRequest};
+use super::io::{Descriptor, IoReply, IoRequest, ObjectSize};
 use super::limits::MAX_IO_BYTES;
 use super::meta::{AttrOf, MetaCall, MetaReply, MetaRequest};
 use super::name::{LinkTarget, Name};
@@ -233,7 +233,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
     let io_rep = vec![
         ("iorep_pong", IoReply::Pong),
         ("iorep_done", IoReply::Done),
-        ("iorep_size", IoReply::Size(99)),
+        ("iorep_size", IoReply::Size(ObjectSize { size: 99, allocated: 4096 })),
         ("iorep_read", IoReply::Read { bytes: 4196, local_size: 70000 }),
         ("iorep_written", IoReply::Written { bytes: 4196 }),
         (
@@ -250,7 +250,12 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ),
         ("iorep_error", IoReply::Error(ErrorReply::new(Errno::ENOSPC, "disk full"))),
         ("iorep_status", IoReply::Status(status)),
-        ("iorep_sizes", IoReply::Sizes(BoundedVec::new(vec![Some(70000), None]).expect("two"))),
+        (
+            "iorep_sizes",
+            IoReply::Sizes(
+                BoundedVec::new(vec![Some(ObjectSize { size: 70000, allocated: 73728 }), None]).expect("two"),
+            ),
+        ),
     ];
     let mut out = Vec::new();
     let mut id = 0u64;

@@ -387,7 +387,7 @@ impl Shared {
                 s.truncate(cap.handle, size)?;
                 IoReply::Done
             }
-            IoRequest::GetSize { cap } => IoReply::Size(s.size(cap.handle)?),
+            IoRequest::GetSize { cap } => IoReply::Size(s.space(cap.handle)?),
             IoRequest::CreateObjects { caps } => {
                 let now = unix_now();
                 for cap in caps.iter() {
@@ -405,7 +405,7 @@ impl Shared {
                     .iter()
                     .map(|cap| {
                         let allowed = self.key.verify(cap, cap.handle, Rights::NONE, now).is_ok();
-                        allowed.then(|| s.peek_size(cap.handle).ok()).flatten()
+                        allowed.then(|| s.peek_space(cap.handle).ok()).flatten()
                     })
                     .collect();
                 IoReply::Sizes(BoundedVec::new(sizes).map_err(|e| Fail(Errno::EINVAL, e.to_string()))?)
