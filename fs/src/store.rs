@@ -163,6 +163,34 @@ impl Object {
         Ok(lock(&self.ledger).landed())
     }
 
+    /// The first local byte at or after `off` holding data (`None`: none), or with `hole` the
+    /// first in a hole, as `lseek`'s `SEEK_DATA` and `SEEK_HOLE` find them, and the local size
+    /// they are bounded by. Bytes past the size are a hole (they read as zeros), though the
+    /// file may be longer while a mapped write is running; space reserved but never written
+    /// is a hole too, as the file system reports it.
+    pub fn seek(&self, off: u64, hole: bool) -> Result<(Option<u64>, u64), StoreError> {
+        use nix::unistd::{Whence, lseek};
+        let size = self.size()?;
+        if off >= size {
+            return Ok((hole.then_some(off), size));
+        }
+        let at = i64::try_from(off).map_err(|_| StoreError::TooLarge)?;
+        let whence = if hole { Whence::SeekHole } else { Whence::SeekData };
+        let found = match lseek(self.file.as_fd(), at, whence) {
+            Ok(found) => u64::try_from(found).ok(),
+            // Nothing but a hole from `off` to the file's end.
+            Err(nix::errno::Errno::ENXIO) => None,
+            Err(e) => {
+                return Err(StoreError::Io { op: "lseek", handle: self.handle, error: io::Error::from(e) });
+            }
+        };
+        let found = match hole {
+            true => Some(found.unwrap_or(size).min(size)),
+            false => found.filter(|&d| d < size),
+        };
+        Ok((found, size))
+    }
+
     /// The local size, and the disk space the file holds (`st_blocks`: a file system that
     /// allocates lazily counts what it has promised to the data already written).
     pub fn space(&self) -> Result<ObjectSize, StoreError> {
@@ -780,6 +808,12 @@ impl ObjectStore {
         self.object(h)?.space()
     }
 
+    /// The first local byte at or after `off` holding data (`None`: none), or with `hole` the
+    /// first in a hole, and the local size (see [`Object::seek`]).
+    pub fn seek(&self, h: Handle, off: u64, hole: bool) -> Result<(Option<u64>, u64), StoreError> {
+        self.object(h)?.seek(off, hole)
+    }
+
     /// The local size and space, as [`ObjectStore::space`] gives them, without opening an
     /// object that is not open: a listing's many sizes would otherwise push the open files out
     /// of the cache (and each open costs more than looking at the file).
@@ -1022,6 +1056,23 @@ mod tests {
         let peeked = s.peek_space(sparse).unwrap();
         assert_eq!(peeked.size, open.size);
         assert!(peeked.allocated >= 128 << 10 && peeked.allocated < 4 << 20, "{peeked:?}");
+    }
+
+    /// Seeks find data and holes below the size, and take everything past it for a hole.
+    #[test]
+    fn seeks_find_data_and_holes_up_to_the_size() {
+        let (_d, s) = store();
+        s.create(H).unwrap();
+        let data = vec![7u8; 64 << 10];
+        s.write(H, &[Extent::new(0, data.len() as u64)], &data).unwrap();
+        s.write(H, &[Extent::new(4 << 20, 100)], &data[..100]).unwrap();
+        let size = (4 << 20) + 100;
+        assert_eq!(s.seek(H, 0, false).unwrap(), (Some(0), size));
+        assert_eq!(s.seek(H, 0, true).unwrap(), (Some(64 << 10), size));
+        assert_eq!(s.seek(H, 64 << 10, false).unwrap(), (Some(4 << 20), size));
+        assert_eq!(s.seek(H, 4 << 20, true).unwrap(), (Some(size), size), "the end is a hole");
+        assert_eq!(s.seek(H, size, false).unwrap(), (None, size), "no data past the end");
+        assert_eq!(s.seek(H, size + 5, true).unwrap(), (Some(size + 5), size));
     }
 
     #[test]

@@ -187,6 +187,20 @@ pub fn sparse_files_and_holes(scheme: &str) {
     let listed: Vec<u64> = listed.into_iter().map(|r| r.unwrap().unwrap().allocated).collect();
     assert_eq!(listed, [sparse.allocated, dense.allocated]);
     assert_eq!(c.stat("/").unwrap().allocated, 0, "a directory holds nothing on the io servers");
+    // Seeks for data and holes (`SEEK_DATA`, `SEEK_HOLE`) find the ten bytes, the hole before
+    // them and the end after them.
+    assert_eq!((f.next_data(0).unwrap(), f.next_hole(0).unwrap()), (Some(far), Some(0)));
+    assert_eq!((f.next_data(far + 5).unwrap(), f.next_hole(far).unwrap()), (Some(far + 5), Some(far + 10)));
+    assert_eq!((f.next_data(far + 10).unwrap(), f.next_hole(far + 10).unwrap()), (None, None), "the end");
+    // Data on two servers with a hole between them, and a dense file.
+    let two = c.create("/two", CreateOptions { mode: 0o644, layout: spec(4, 65536) }).unwrap();
+    two.write_at(0, &pattern(65536, 2)).unwrap();
+    two.write_at(1 << 20, &pattern(65536 + 100, 3)).unwrap();
+    assert_eq!(two.next_hole(0).unwrap(), Some(65536));
+    assert_eq!(two.next_data(65536).unwrap(), Some(1 << 20));
+    assert_eq!(two.next_hole(1 << 20).unwrap(), Some((1 << 20) + 65536 + 100), "the end, across servers");
+    let dense = c.open("/dense", Rights::READ).unwrap();
+    assert_eq!((dense.next_data(0).unwrap(), dense.next_hole(0).unwrap()), (Some(0), Some(1 << 20)));
 }
 
 /// `read_into` lands each read in a buffer the client keeps between calls: a later read of

@@ -733,6 +733,71 @@ fn a_sparse_file_holds_the_space_of_its_data() {
     }
 }
 
+/// `lseek`'s `SEEK_DATA` and `SEEK_HOLE` find a sparse file's data and holes through the
+/// mount, so `cp` copies the data and leaves the holes out.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn seeks_find_a_sparse_file_s_holes_and_cp_keeps_them() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let tc = TestCluster::start("tcp", 4);
+    let m = mount(&tc);
+    let path = m.dir.join("sparse");
+    let (head, tail) = (pattern(64 << 10, 7), pattern(100_000, 8));
+    let far = 100u64 << 20;
+    let f = std::fs::File::create(&path).unwrap();
+    f.write_all_at(&head, 0).unwrap();
+    f.write_all_at(&tail, far).unwrap();
+    drop(f);
+    let size = far + tail.len() as u64;
+    let f = std::fs::File::open(&path).unwrap();
+    let seek = |off: u64, whence: i32| {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a descriptor this test owns; lseek touches no memory.
+        let r = unsafe { libc::lseek(f.as_raw_fd(), off as libc::off_t, whence) };
+        if r < 0 { Err(std::io::Error::last_os_error().raw_os_error()) } else { Ok(r as u64) }
+    };
+    assert_eq!(seek(0, libc::SEEK_DATA), Ok(0));
+    assert_eq!(seek(0, libc::SEEK_HOLE), Ok(64 << 10));
+    assert_eq!(seek(64 << 10, libc::SEEK_DATA), Ok(far));
+    assert_eq!(seek(far, libc::SEEK_HOLE), Ok(size), "the end is a hole");
+    assert_eq!(seek(size, libc::SEEK_DATA), Err(Some(libc::ENXIO)));
+    // Copied out and back in: the data, and no more space than the data's.
+    let out = tc.dir.path().join("copy");
+    run(Command::new("cp").arg("--sparse=auto").arg(&path).arg(&out));
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&path).unwrap());
+    let held = std::fs::metadata(&out).unwrap().blocks() * 512;
+    assert!(held <= 1 << 20, "the copy out holds {held} bytes");
+    let back = m.dir.join("back");
+    run(Command::new("cp").arg("--sparse=auto").arg(&out).arg(&back));
+    assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&out).unwrap());
+    let held = std::fs::metadata(&back).unwrap().blocks() * 512;
+    assert!(held <= 1 << 20, "the copy back in holds {held} bytes");
+}
+
+/// In the kernel-cached mode a file's data may still be only in the kernel's pages, which the
+/// io servers cannot see: seeks for data and holes in a file still being written find all of
+/// it, not the servers' idea of where its data is, and so does a copy.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn seeks_through_the_cached_mount_see_data_still_in_the_kernel() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let tc = TestCluster::start("tcp", 2);
+    let m = mount_with(&tc, &["--cache"]);
+    let path = m.dir.join("growing");
+    let data = pattern(1 << 20, 9);
+    let mut f =
+        std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    f.write_all(&data).unwrap();
+    // Still open, its pages not written back: the servers hold nothing yet.
+    // SAFETY: a descriptor this test owns; lseek touches no memory.
+    let seek = |whence| unsafe { libc::lseek(f.as_raw_fd(), 0, whence) };
+    assert_eq!((seek(libc::SEEK_DATA), seek(libc::SEEK_HOLE)), (0, 1 << 20));
+    let out = tc.dir.path().join("copy");
+    run(Command::new("cp").arg("--sparse=auto").arg(&path).arg(&out));
+    assert!(std::fs::read(&out).unwrap() == data, "the copy lost data still in the kernel's pages");
+}
+
 /// mount(8) mounts stripefs through `/sbin/mount.stripefs`, a link to the binary, for `mount -t
 /// stripefs` and `/etc/fstab`: the helper takes mount's arguments, and fstab's options, and
 /// returns once the mount is live, served in the background. The mount is listed with the

@@ -93,6 +93,59 @@ impl File {
         Ok(self.space()?.size())
     }
 
+    /// The first byte at or after `off` that holds data (`lseek`'s `SEEK_DATA`): `None` where
+    /// only holes follow, or `off` is at or past the end. Holes are what the io servers' file
+    /// systems report (blocks never written, and the parts of a stripe past its object's end).
+    pub fn next_data(&self, off: u64) -> FsResult<Option<u64>> {
+        self.seek(off, false)
+    }
+
+    /// The first byte at or after `off` in a hole (`lseek`'s `SEEK_HOLE`): the end of the file
+    /// where data goes on to it, `None` where `off` is at or past the end.
+    pub fn next_hole(&self, off: u64) -> FsResult<Option<u64>> {
+        self.seek(off, true)
+    }
+
+    /// Asks each server from its first byte at or after `off`; the nearest answer, in logical
+    /// offsets, is the file's, as every logical byte is one server's. The servers' sizes in
+    /// the same replies give the end, which bounds it.
+    fn seek(&self, off: u64, hole: bool) -> FsResult<Option<u64>> {
+        if i64::try_from(off).is_err() {
+            return Ok(None); // Past any end.
+        }
+        let found = self.with_cap(|cap| {
+            let reqs = (0..self.layout.pcount)
+                .map(|p| {
+                    let off = self.layout.local_size(p, off);
+                    (self.server(p), IoRequest::Seek { cap: cap.clone(), off, hole })
+                })
+                .collect();
+            self.client
+                .io_small(reqs)
+                .into_iter()
+                .map(|r| match r? {
+                    IoReply::Seek { at, local_size } => Ok((at, local_size)),
+                    r => Err(FsError::UnexpectedReply(format!("{r:?}"))),
+                })
+                .collect::<FsResult<Vec<_>>>()
+        })?;
+        let sizes: Vec<u64> = found.iter().map(|&(_, size)| size).collect();
+        let size = self.layout.logical_size(&sizes);
+        if off >= size {
+            return Ok(None);
+        }
+        let nearest = (0..self.layout.pcount)
+            .zip(&found)
+            .filter_map(|(p, &(at, _))| at.and_then(|at| self.layout.logical_offset(p, at)))
+            // A server's answer before where it was asked from is not one.
+            .filter(|&at| at >= off)
+            .min();
+        Ok(match hole {
+            true => Some(nearest.unwrap_or(size).min(size)),
+            false => nearest.filter(|&at| at < size),
+        })
+    }
+
     /// The logical size and the disk space the file's objects hold.
     pub(super) fn space(&self) -> FsResult<FileSpace> {
         Ok(FileSpace::of(&self.layout, &self.local_sizes()?))

@@ -1157,21 +1157,33 @@ impl Filesystem for StripeFuse {
         whence: i32,
         reply: fuser::ReplyLseek,
     ) {
-        // Only SEEK_DATA and SEEK_HOLE come here (the kernel does the rest). The io servers
-        // do not say where holes are, so the whole file is data, up to its size now.
-        let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
-        let size = match f.size() {
-            Ok(s) => s,
-            Err(e) => return reply.error(errno(&e)),
+        // Only SEEK_DATA and SEEK_HOLE come here (the kernel does the rest). In the
+        // kernel-cached mode the kernel's pages may hold data the io servers have not got yet,
+        // which their answer would call a hole, and the kernel does not write them back
+        // first: not answering makes it take the whole file for data, up to the size it
+        // knows (for every file, as it then asks no more).
+        if self.kernel_cache {
+            return reply.error(fuser::Errno::ENOSYS);
+        }
+        let Some(o) = self.open_file(fh) else { return reply.error(fuser::Errno::EBADF) };
+        let Ok(off) = u64::try_from(offset) else { return reply.error(fuser::Errno::from_i32(libc::ENXIO)) };
+        let hole = match whence {
+            libc::SEEK_DATA => false,
+            libc::SEEK_HOLE => true,
+            _ => return reply.error(fuser::Errno::EINVAL),
         };
-        match u64::try_from(offset) {
-            Ok(at) if at < size => match whence {
-                libc::SEEK_DATA => reply.offset(offset),
-                libc::SEEK_HOLE => reply.offset(i64::try_from(size).unwrap_or(i64::MAX)),
-                _ => reply.error(fuser::Errno::EINVAL),
-            },
-            Ok(_) => reply.error(fuser::Errno::from_i32(libc::ENXIO)),
-            Err(_) => reply.error(fuser::Errno::EINVAL),
+        let found = match if hole { o.file.next_hole(off) } else { o.file.next_data(off) } {
+            // Opened only for writing: where the data lies is not this open's to learn, but
+            // the whole file may be taken for data, as a file system without holes would.
+            Err(e) if e.errno() == crate::Errno::EACCES => {
+                o.file.size().map(|size| (off < size).then_some(if hole { size } else { off }))
+            }
+            r => r,
+        };
+        match found {
+            Ok(Some(at)) => reply.offset(i64::try_from(at).unwrap_or(i64::MAX)),
+            Ok(None) => reply.error(fuser::Errno::from_i32(libc::ENXIO)),
+            Err(e) => reply.error(errno(&e)),
         }
     }
 

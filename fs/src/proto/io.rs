@@ -176,6 +176,16 @@ pub enum IoRequest {
         /// A capability for each object, at most [`MAX_BATCH`].
         caps: BoundedVec<Capability, MAX_BATCH>,
     },
+    /// The first local byte at or after `off` that holds data, or with `hole` the first in a
+    /// hole (`lseek`'s `SEEK_DATA` and `SEEK_HOLE` on the object; `READ`) → [`IoReply::Seek`].
+    Seek {
+        /// Capability for the handle.
+        cap: Capability,
+        /// Local offset to look from.
+        off: u64,
+        /// Look for a hole instead of data.
+        hole: bool,
+    },
 }
 
 impl IoRequest {
@@ -195,6 +205,7 @@ impl IoRequest {
             IoRequest::Allocate { .. } => "allocate",
             IoRequest::GetSizes { .. } => "get_sizes",
             IoRequest::CreateObjects { .. } => "create_objects",
+            IoRequest::Seek { .. } => "seek",
         }
     }
 
@@ -220,7 +231,8 @@ impl IoRequest {
             | IoRequest::Read { cap, .. }
             | IoRequest::Write { cap, .. }
             | IoRequest::Sync { cap }
-            | IoRequest::Allocate { cap, .. } => Some(cap),
+            | IoRequest::Allocate { cap, .. }
+            | IoRequest::Seek { cap, .. } => Some(cap),
             // Each of a batch's capabilities is checked on its own.
             IoRequest::Ping
             | IoRequest::Stats
@@ -237,7 +249,8 @@ impl IoRequest {
             | IoRequest::CreateObjects { .. }
             | IoRequest::RemoveObject { .. }
             | IoRequest::TruncateObject { .. } => Rights::ADMIN,
-            IoRequest::Read { .. } => Rights::READ,
+            // Where a file's data lies tells of its contents (which parts are zeros).
+            IoRequest::Read { .. } | IoRequest::Seek { .. } => Rights::READ,
             IoRequest::Write { .. } | IoRequest::Allocate { .. } => Rights::WRITE,
             // A size is an attribute: whoever may stat a file may learn it, and a capability
             // for the file (even one granting nothing else) shows the meta server let them.
@@ -284,6 +297,15 @@ pub enum IoReply {
     /// Answer to [`IoRequest::GetSizes`], in its order: each object's local size and space, or
     /// `None` where its capability was refused or this server has no object for it.
     Sizes(BoundedVec<Option<ObjectSize>, MAX_BATCH>),
+    /// Answer to [`IoRequest::Seek`].
+    Seek {
+        /// The local offset found: data (`None` if there is none at or after the offset asked
+        /// from), or a hole (the local size where the data goes on to the end; the offset
+        /// asked from if that is past the end).
+        at: Option<u64>,
+        /// The object's local size when asked.
+        local_size: u64,
+    },
 }
 
 /// An object's local size, and the disk space it holds: less than the size where it has holes
@@ -303,6 +325,9 @@ impl Message for IoRequest {
             IoRequest::Read { desc, .. } | IoRequest::Write { desc, .. } => desc.validate(),
             IoRequest::Allocate { off, len, .. } if *len == 0 || off.checked_add(*len).is_none() => {
                 Err(ProtoError::Invalid("allocation range"))
+            }
+            IoRequest::Seek { off, .. } if i64::try_from(*off).is_err() => {
+                Err(ProtoError::Invalid("seek offset"))
             }
             _ => Ok(()),
         }

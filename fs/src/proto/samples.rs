@@ -221,6 +221,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ("io_stats", IoRequest::Stats),
         ("io_status", IoRequest::Status),
         ("io_allocate", IoRequest::Allocate { cap: cap.clone(), off: 65536, len: 1 << 20 }),
+        ("io_seek", IoRequest::Seek { cap: cap.clone(), off: 1 << 20, hole: true }),
         (
             "io_getsizes",
             IoRequest::GetSizes { caps: BoundedVec::new(vec![cap.clone(), cap.clone()]).expect("two") },
@@ -234,6 +235,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ("iorep_pong", IoReply::Pong),
         ("iorep_done", IoReply::Done),
         ("iorep_size", IoReply::Size(ObjectSize { size: 99, allocated: 4096 })),
+        ("iorep_seek", IoReply::Seek { at: Some(3 << 20), local_size: 4 << 20 }),
         ("iorep_read", IoReply::Read { bytes: 4196, local_size: 70000 }),
         ("iorep_written", IoReply::Written { bytes: 4196 }),
         (

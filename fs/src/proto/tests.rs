@@ -303,6 +303,10 @@ fn credentials_and_new_requests_are_bounded_and_checked() {
         assert_eq!(encode(&Envelope::new(1, r)).unwrap_err(), ProtoError::Invalid("allocation range"));
     }
     assert_eq!(IoRequest::Allocate { cap: cap(), off: 0, len: 1 }.needed_rights(), Rights::WRITE);
+    // A seek looks from an offset `lseek` can take, and needs the right to read.
+    let r = IoRequest::Seek { cap: cap(), off: 1 << 63, hole: false };
+    assert_eq!(encode(&Envelope::new(1, r)).unwrap_err(), ProtoError::Invalid("seek offset"));
+    assert_eq!(IoRequest::Seek { cap: cap(), off: 0, hole: true }.needed_rights(), Rights::READ);
     // Device numbers travel with their kind.
     assert_eq!((FileKind::BlockDev(5).rdev(), FileKind::Fifo.rdev()), (5, 0));
     assert!(FileKind::Socket.is_special() && !FileKind::File.is_special());

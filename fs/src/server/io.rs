@@ -410,6 +410,10 @@ impl Shared {
                     .collect();
                 IoReply::Sizes(BoundedVec::new(sizes).map_err(|e| Fail(Errno::EINVAL, e.to_string()))?)
             }
+            IoRequest::Seek { cap, off, hole } => {
+                let (at, local_size) = s.seek(cap.handle, off, hole)?;
+                IoReply::Seek { at, local_size }
+            }
             IoRequest::Allocate { cap, off, len } => {
                 s.allocate(cap.handle, off, len)?;
                 IoReply::Done
