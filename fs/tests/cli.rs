@@ -314,6 +314,46 @@ fn cp_r_makes_special_files_again_both_ways() {
 
 /// A tree of many files, copied several at a time, arrives whole both ways; a file that cannot
 /// be made stops the copy with an error naming it.
+/// `cp` leaves a sparse file's holes out of the copy, both ways and in a tree, where copying
+/// them wrote every hole as data: the copy holds about the space of the data. Into a stream
+/// (a pipe) the holes come out as the zeros they read as.
+#[test]
+fn cp_keeps_a_sparse_file_s_holes_both_ways() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let tc = TestCluster::start("tcp", 3);
+    let cl = tc.cluster.config_path().to_owned();
+    let dir = tc.dir.path().join("tree");
+    std::fs::create_dir(&dir).unwrap();
+    // 1 MiB at the start, 1 MiB at 40 MiB, a hole to 64 MiB.
+    let src = dir.join("sparse");
+    let f = std::fs::File::create(&src).unwrap();
+    f.write_all_at(&pattern(1 << 20, 1), 0).unwrap();
+    f.write_all_at(&pattern(1 << 20, 2), 40 << 20).unwrap();
+    f.set_len(64 << 20).unwrap();
+    drop(f);
+    let want = std::fs::read(&src).unwrap();
+    let held = |p: &Path| std::fs::metadata(p).unwrap().blocks() * 512;
+    assert!(held(&src) <= 4 << 20, "the test's file system keeps holes");
+    let allocated = |path: &str| json(&cl, &["stat", "--json", path])["allocated"].as_u64().unwrap();
+    ok(&cl, &["cp", src.to_str().unwrap(), "sfs:/sparse"]);
+    ok(&cl, &["cp", "-r", dir.to_str().unwrap(), "sfs:/tree"]);
+    for path in ["sfs:/sparse", "sfs:/tree/sparse"] {
+        let st = json(&cl, &["stat", "--json", path]);
+        assert_eq!(st["size"], 64 << 20, "{path}");
+        assert!(allocated(path) <= 4 << 20, "{path} holds {} bytes", allocated(path));
+    }
+    let out = tc.dir.path().join("out");
+    ok(&cl, &["cp", "sfs:/sparse", out.to_str().unwrap()]);
+    let back = tc.dir.path().join("back");
+    ok(&cl, &["cp", "-r", "sfs:/tree", back.to_str().unwrap()]);
+    for p in [out.clone(), back.join("sparse")] {
+        assert!(std::fs::read(&p).unwrap() == want, "{}: not the same bytes", p.display());
+        assert!(held(&p) <= 4 << 20, "{} holds {} bytes", p.display(), held(&p));
+    }
+    let piped = sfs(&cl, &["cp", "sfs:/sparse", "/dev/stdout"]);
+    assert!(piped.status.success() && piped.stdout == want, "through a pipe");
+}
+
 #[test]
 fn cp_r_of_many_files_copies_each_whole() {
     let tc = TestCluster::start("tcp", 2);

@@ -17,6 +17,10 @@ use stripefs::{Client, CreateOptions, Errno, FsError};
 /// Bytes moved per call by `cp`: 16 MiB, i.e. 4 MiB per server of a 4-server file.
 const CP_CHUNK: usize = 16 << 20;
 
+/// The least run of zeros a copy of a file that may have holes leaves out: each is written as
+/// a request of its own otherwise, so shorter ones are written as data.
+const HOLE: usize = 64 << 10;
+
 /// Files `cp -r` copies at once: a small file is a few round trips and a sync, which several
 /// in flight overlap.
 const FILES_AT_ONCE: usize = 4;
@@ -57,10 +61,19 @@ enum Loc {
     Sfs(String),
 }
 
+/// A file's size, and whether it may have holes: it holds less space than its size. Only such a
+/// file is asked where its data lies (as `cp` does), which for a stripefs file takes round
+/// trips.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Extent {
+    size: u64,
+    holes: bool,
+}
+
 /// What a copy finds at a path (a symbolic link itself, not what it points at).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Node {
-    File(u64),
+    File(Extent),
     Dir,
     Link(String),
     /// A FIFO, socket or device node, with its permission bits: in a tree it is made again,
@@ -127,7 +140,7 @@ impl Loc {
                 } else if t.is_block_device() {
                     special(FileKind::BlockDev(encode_dev(m.rdev())))
                 } else {
-                    Node::File(m.len())
+                    Node::File(Extent { size: m.len(), holes: m.blocks().saturating_mul(512) < m.len() })
                 }))
             }
             Loc::Sfs(p) => {
@@ -138,7 +151,9 @@ impl Loc {
                 };
                 Ok(Some(match st.attr.kind {
                     FileKind::Dir => Node::Dir,
-                    FileKind::File => Node::File(st.attr.size),
+                    FileKind::File => {
+                        Node::File(Extent { size: st.attr.size, holes: st.allocated < st.attr.size })
+                    }
                     FileKind::Symlink => Node::Link(c.readlink_handle(st.handle).with_context(|| p.clone())?),
                     k => Node::Special(k, st.attr.mode & 0o7777),
                 }))
@@ -203,22 +218,59 @@ impl Source {
         })
     }
 
-    /// Reads the next chunk at `off` (at most [`CP_CHUNK`] bytes) into `buf`; 0 at the end.
-    fn read(&mut self, off: u64, size: u64, mut buf: BytesMut) -> Result<(BytesMut, usize)> {
+    /// Where the next data at or after `off` starts, as the source's file system reports its
+    /// holes (`SEEK_DATA`), for a file that may have holes; `None` past the last. Without holes
+    /// (a stream too) the data goes on from `off` to the end.
+    fn next_data(&mut self, off: u64, file: Extent) -> Result<Option<u64>> {
+        match self {
+            Source::Sfs(_) if !file.holes => Ok((off < file.size).then_some(off)),
+            Source::Local(_) if !file.holes => Ok(Some(off)),
+            Source::Sfs(f) => Ok(f.next_data(off)?.filter(|&s| s < file.size)),
+            Source::Local(f) if !f.metadata()?.is_file() => Ok(Some(off)),
+            Source::Local(f) => {
+                use nix::unistd::{Whence, lseek};
+                let Ok(at) = i64::try_from(off) else { return Ok(None) };
+                match lseek(&*f, at, Whence::SeekData) {
+                    Ok(s) => Ok(Some(s as u64)),
+                    Err(nix::errno::Errno::ENXIO) => Ok(None),
+                    Err(e) => Err(std::io::Error::from(e).into()),
+                }
+            }
+        }
+    }
+
+    /// Reads up to [`CP_CHUNK`] bytes at `off` into `buf` (of a stripefs file, not past its size
+    /// when the copy began); 0 at the end.
+    fn read(&mut self, off: u64, file: Extent, mut buf: BytesMut) -> Result<(BytesMut, usize)> {
         buf.resize(CP_CHUNK, 0);
         match self {
-            Source::Local(f) => {
+            // A stream is read in order (it cannot seek); a file where asked.
+            Source::Local(f) if !f.metadata()?.is_file() => {
                 let n = read_full(f, &mut buf)?;
                 Ok((buf, n))
             }
+            Source::Local(f) => {
+                let n = read_full_at(f, &mut buf, off)?;
+                Ok((buf, n))
+            }
             Source::Sfs(f) => {
-                if off >= size {
+                if off >= file.size {
                     return Ok((buf, 0));
                 }
-                buf.truncate((size - off).min(CP_CHUNK as u64) as usize);
+                buf.truncate((file.size - off).min(CP_CHUNK as u64) as usize);
                 Ok(f.read_at(off, buf)?)
             }
         }
+    }
+
+    /// The length the copy is to have once the data is in, up to `off`: a file's may end in a
+    /// hole.
+    fn end(&self, off: u64, size: u64) -> Result<u64> {
+        Ok(match self {
+            Source::Sfs(_) => size,
+            Source::Local(f) if f.metadata()?.is_file() => f.metadata()?.len().max(off),
+            Source::Local(_) => off,
+        })
     }
 }
 
@@ -260,10 +312,30 @@ impl Sink {
         Ok(Sink::Sfs(Box::new(f)))
     }
 
+    /// The source has a hole `[from, to)`: a file's copy leaves one too; a stream, which has
+    /// no holes, gets the zeros a reader of the hole would.
+    fn hole(&mut self, from: u64, to: u64) -> Result<()> {
+        if let Sink::Stream(f) = self {
+            let zeros = vec![0u8; (to - from).min(1 << 20) as usize];
+            let mut left = to - from;
+            while left > 0 {
+                let n = left.min(zeros.len() as u64) as usize;
+                f.write_all(&zeros[..n])?;
+                left -= n as u64;
+            }
+        }
+        Ok(())
+    }
+
     /// Writes `buf[..n]` at `off` and gives the buffer back for the next chunk.
     fn write(&mut self, off: u64, mut buf: BytesMut, n: usize) -> Result<BytesMut> {
         match self {
-            Sink::Local(f) | Sink::Stream(f) => {
+            Sink::Local(f) => {
+                use std::os::unix::fs::FileExt;
+                f.write_all_at(&buf[..n], off)?;
+                Ok(buf)
+            }
+            Sink::Stream(f) => {
                 f.write_all(&buf[..n])?;
                 Ok(buf)
             }
@@ -277,6 +349,49 @@ impl Sink {
                 Ok(back)
             }
         }
+    }
+
+    /// As [`Sink::write`], for a source that may have holes: a file's copy leaves out each
+    /// [`HOLE`] of zeros in `buf[..n]`, which then reads as zeros from a hole.
+    fn write_sparse(&mut self, off: u64, mut buf: BytesMut, n: usize) -> Result<BytesMut> {
+        if let Sink::Stream(_) = self {
+            return self.write(off, buf, n);
+        }
+        let mut at = 0;
+        while at < n {
+            let zeros = |i: usize| buf[i..n.min(i + HOLE)].iter().all(|&b| b == 0);
+            let mut start = at;
+            while start < n && zeros(start) {
+                start += HOLE;
+            }
+            let mut end = start;
+            while end < n && !zeros(end) {
+                end += HOLE;
+            }
+            let end = end.min(n);
+            if start < end {
+                let rest = buf.split_off(end);
+                let mut run = buf.split_off(start);
+                run = self.write(off + start as u64, run, end - start)?;
+                buf.unsplit(run);
+                buf.unsplit(rest);
+            }
+            at = end.max(start);
+        }
+        Ok(buf)
+    }
+
+    /// Makes a file's copy `len` long, where it ends in a hole past the data written, which
+    /// ends at `written`.
+    fn set_len(&mut self, written: u64, len: u64) -> Result<()> {
+        if len > written {
+            match self {
+                Sink::Local(f) => f.set_len(len)?,
+                Sink::Sfs(f) => f.truncate(len)?,
+                Sink::Stream(_) => {}
+            }
+        }
+        Ok(())
     }
 
     fn sync(&mut self) -> Result<()> {
@@ -326,7 +441,7 @@ fn create_local(p: &Path) -> Result<std::fs::File> {
 fn copy_file(
     c: &Client,
     src: &Loc,
-    size: u64,
+    file: Extent,
     dst: &Loc,
     create: impl FnOnce() -> Result<Sink>,
     mut buf: BytesMut,
@@ -334,17 +449,32 @@ fn copy_file(
 ) -> Result<BytesMut> {
     let mut from = Source::open(c, src)?;
     let mut sink = create()?;
+    let reading = || format!("reading {}", src.show());
+    let writing = || format!("writing {}", dst.show());
+    // Leaving the source's holes out of the copy (as `cp --sparse=auto`): past each to the next
+    // data, and past zeros read.
     let mut off = 0u64;
-    loop {
-        let (b, n) = from.read(off, size, buf).with_context(|| format!("reading {}", src.show()))?;
+    while let Some(start) = from.next_data(off, file).with_context(reading)? {
+        sink.hole(off, start).with_context(writing)?;
+        pb.inc(start - off);
+        off = start;
+        let (b, n) = from.read(off, file, buf).with_context(reading)?;
         if n == 0 {
             buf = b;
             break;
         }
-        buf = sink.write(off, b, n).with_context(|| format!("writing {}", dst.show()))?;
+        buf = match file.holes {
+            true => sink.write_sparse(off, b, n),
+            false => sink.write(off, b, n),
+        }
+        .with_context(writing)?;
         off += n as u64;
         pb.inc(n as u64);
     }
+    let len = from.end(off, file.size).with_context(reading)?;
+    sink.hole(off, len).with_context(writing)?;
+    pb.inc(len.saturating_sub(off));
+    sink.set_len(off, len).with_context(writing)?;
     sink.sync().with_context(|| format!("syncing {}", dst.show()))?;
     Ok(buf)
 }
@@ -399,26 +529,27 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
         // read as a stream, as `cp` does.
         Node::Special(_, _) if matches!(src, Loc::Local(_)) => {
             let pb = bar(0);
-            copy_file(&c, &src, 0, &dst, || Sink::create(&c, &dst, &src, spec), buf, &pb)?;
+            let stream = Extent { size: 0, holes: false };
+            copy_file(&c, &src, stream, &dst, || Sink::create(&c, &dst, &src, spec), buf, &pb)?;
             pb.finish_and_clear();
         }
         Node::Special(k, _) => bail!("{}: a {} has no data to copy", src.show(), kind_name(k)),
-        Node::File(size) => {
-            let pb = bar(size);
-            copy_file(&c, &src, size, &dst, || Sink::create(&c, &dst, &src, spec), buf, &pb)?;
+        Node::File(file) => {
+            let pb = bar(file.size);
+            copy_file(&c, &src, file, &dst, || Sink::create(&c, &dst, &src, spec), buf, &pb)?;
             pb.finish_and_clear();
         }
         Node::Dir if !a.recursive => bail!("{}: is a directory (cp -r copies a tree)", src.show()),
         Node::Dir => {
             let tree = walk_tree(&c, &src)?;
-            let total = tree.iter().map(|(_, n)| if let Node::File(s) = n { *s } else { 0 }).sum();
+            let total = tree.iter().map(|(_, n)| if let Node::File(f) = n { f.size } else { 0 }).sum();
             let pb = bar(total);
             dst.mkdir(&c)?;
             // Directories and links first, parents before what is in them; then the files.
             let mut files = Vec::new();
             for (rel, node) in tree {
                 match node {
-                    Node::File(size) => files.push((rel, size)),
+                    Node::File(file) => files.push((rel, file)),
                     Node::Dir => make_entry(&dst, &rel, |dir, name, to| match dir {
                         Some(dir) => Ok(dir.mkdir(name)?),
                         None => to.mkdir(&c),
@@ -457,14 +588,14 @@ fn make_entry(
     }
 }
 
-/// Copies `files` (paths under `src`, and sizes) to the same paths under `dst`, whose
+/// Copies `files` (paths under `src`, and their sizes) to the same paths under `dst`, whose
 /// directories exist, [`FILES_AT_ONCE`] at a time; the first failure stops the copy.
 fn copy_files(
     c: &Client,
     src: &Loc,
     dst: &Loc,
     spec: LayoutSpec,
-    files: &[(Vec<String>, u64)],
+    files: &[(Vec<String>, Extent)],
     buf: BytesMut,
     pb: &ProgressBar,
 ) -> Result<()> {
@@ -473,7 +604,7 @@ fn copy_files(
     let worker = |mut buf: BytesMut| {
         loop {
             let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Some((rel, size)) = files.get(i) else { return };
+            let Some((rel, file)) = files.get(i) else { return };
             if failed.lock().map_or(true, |f| f.is_some()) {
                 return;
             }
@@ -484,9 +615,9 @@ fn copy_files(
                 Loc::Local(top) => (|| {
                     let (name, parents) = rel.split_last().context("an entry without a name")?;
                     let dir = LocalDir::open(top)?.below(parents)?;
-                    copy_file(c, &from, *size, &to, || Ok(Sink::Local(dir.create_file(name)?)), buf, pb)
+                    copy_file(c, &from, *file, &to, || Ok(Sink::Local(dir.create_file(name)?)), buf, pb)
                 })(),
-                Loc::Sfs(_) => copy_file(c, &from, *size, &to, || Sink::create(c, &to, &from, spec), buf, pb),
+                Loc::Sfs(_) => copy_file(c, &from, *file, &to, || Sink::create(c, &to, &from, spec), buf, pb),
             };
             match r {
                 Ok(b) => buf = b,
@@ -510,6 +641,21 @@ fn copy_files(
         Ok(Some(e)) => Err(e),
         _ => Ok(()),
     }
+}
+
+/// Reads at `off` until `buf` is full or the file ends.
+fn read_full_at(f: &std::fs::File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read_at(&mut buf[n..], off + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
