@@ -646,22 +646,23 @@ fn copy_files(
 /// Reads at `off` until `buf` is full or the file ends.
 fn read_full_at(f: &std::fs::File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
     use std::os::unix::fs::FileExt;
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read_at(&mut buf[n..], off + n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
+    fill(buf, |b, n| f.read_at(b, off + n as u64))
 }
 
+/// Reads on from where the stream is until `buf` is full or the stream ends.
 fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    fill(buf, |b, _| f.read(b))
+}
+
+/// Fills `buf` by calls of `read` (given the rest of the buffer and the bytes read so far)
+/// until it is full or a call reads nothing.
+fn fill(
+    buf: &mut [u8],
+    mut read: impl FnMut(&mut [u8], usize) -> std::io::Result<usize>,
+) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
-        match f.read(&mut buf[n..]) {
+        match read(&mut buf[n..], n) {
             Ok(0) => break,
             Ok(k) => n += k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}

@@ -126,7 +126,8 @@ pub fn mount_notify(
         // Clean-up writes; a read-only mount leaves it to the next writable one.
         fs.drop_stale_hidden();
     }
-    // Said before the mount is live (once it is sure to be tried): a launcher that backgrounds the mount shows it then.
+    // Said before the mount is live (once it is sure to be tried): a launcher that backgrounds
+    // the mount shows it then.
     let limit = std::fs::read_to_string(MAX_PAGES_LIMIT).ok().and_then(|s| s.trim().parse().ok());
     let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten();
     let page = page.and_then(|p| u64::try_from(p).ok()).unwrap_or(4096);
