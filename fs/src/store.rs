@@ -264,6 +264,23 @@ impl Object {
         Ok(())
     }
 
+    /// Frees the disk space of `[off, off + len)`, which then reads as zeros, keeping the size
+    /// (`fallocate` with `FALLOC_FL_PUNCH_HOLE`). Taken exclusively, as truncation is, and the
+    /// mapping dropped with it: the freed pages must not stay behind a live region or a
+    /// device's pins of them. What was reserved there is forgotten, so a later mapped write
+    /// reserves it again before it stores.
+    pub fn punch(&self, off: u64, len: u64) -> Result<(), StoreError> {
+        let end = off.checked_add(len).filter(|&e| e <= MAX_OBJECT_SIZE).ok_or(StoreError::TooLarge)?;
+        let _x = self.exclusive();
+        let flags = nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+            | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        let r = nix::fcntl::fallocate(self.file.as_fd(), flags, off as i64, len as i64);
+        r.map_err(|e| StoreError::Io { op: "fallocate", handle: self.handle, error: io::Error::from(e) })?;
+        *lock(&self.map) = None;
+        remove_extent(&mut lock(&self.allocated), off, end);
+        Ok(())
+    }
+
     /// `[lo, hi)` landed in the file: once [`StoreConfig::write_behind`] bytes have gathered,
     /// starts writing back their span without waiting (a failure is the next fsync's to report).
     fn wrote(&self, lo: u64, hi: u64) {
@@ -386,6 +403,24 @@ impl Drop for Writing<'_> {
 fn covered(extents: &[(u64, u64)], off: u64, end: u64) -> bool {
     let i = extents.partition_point(|e| e.1 < end);
     extents.get(i).is_some_and(|e| e.0 <= off && end <= e.1)
+}
+
+/// Takes `[off, end)` out of sorted, merged `extents`.
+fn remove_extent(extents: &mut Vec<(u64, u64)>, off: u64, end: u64) {
+    let mut kept = Vec::with_capacity(extents.len() + 1);
+    for &(lo, hi) in extents.iter() {
+        if hi <= off || end <= lo {
+            kept.push((lo, hi));
+            continue;
+        }
+        if lo < off {
+            kept.push((lo, off));
+        }
+        if end < hi {
+            kept.push((end, hi));
+        }
+    }
+    *extents = kept;
 }
 
 /// Adds `[off, end)` to sorted, merged `extents`, keeping at most [`MAX_EXTENTS`].
@@ -808,6 +843,11 @@ impl ObjectStore {
         self.object(h)?.space()
     }
 
+    /// Frees the disk space of the local bytes `[off, off + len)` (see [`Object::punch`]).
+    pub fn punch(&self, h: Handle, off: u64, len: u64) -> Result<(), StoreError> {
+        self.object(h)?.punch(off, len)
+    }
+
     /// The first local byte at or after `off` holding data (`None`: none), or with `hole` the
     /// first in a hole, and the local size (see [`Object::seek`]).
     pub fn seek(&self, h: Handle, off: u64, hole: bool) -> Result<(Option<u64>, u64), StoreError> {
@@ -1056,6 +1096,38 @@ mod tests {
         let peeked = s.peek_space(sparse).unwrap();
         assert_eq!(peeked.size, open.size);
         assert!(peeked.allocated >= 128 << 10 && peeked.allocated < 4 << 20, "{peeked:?}");
+    }
+
+    /// A punched range reads as zeros, holds no space and is a hole to seeks; the size stays,
+    /// and what was reserved there is reserved again by the next write into it.
+    #[test]
+    fn a_punched_range_is_a_hole_of_the_same_size() {
+        let (_d, s) = store();
+        s.create(H).unwrap();
+        let mib = 1u64 << 20;
+        s.allocate(H, 0, 2 * mib).unwrap();
+        let data = vec![7u8; 2 * mib as usize];
+        s.write(H, &[Extent::new(0, 2 * mib)], &data).unwrap();
+        let before = s.space(H).unwrap();
+        s.punch(H, mib / 4, mib).unwrap();
+        let after = s.space(H).unwrap();
+        assert_eq!(after.size, 2 * mib);
+        assert!(after.allocated + mib <= before.allocated, "{before:?} then {after:?}");
+        assert_eq!(s.seek(H, 0, true).unwrap().0, Some(mib / 4));
+        assert_eq!(s.seek(H, mib / 4, false).unwrap().0, Some(mib / 4 + mib));
+        let mut back = vec![1u8; 2 * mib as usize];
+        let mut cursor = PieceCursor::new([Piece { off: 0, len: 2 * mib }]);
+        s.read_stream(H, &mut cursor, &mut back).unwrap();
+        assert!(back[..mib as usize / 4].iter().all(|&b| b == 7));
+        assert!(
+            back[mib as usize / 4..(mib + mib / 4) as usize].iter().all(|&b| b == 0),
+            "the hole reads as zeros"
+        );
+        let o = s.object(H).unwrap();
+        assert!(!covered(&lock(&o.allocated), mib / 4, mib), "the punched range is no longer reserved");
+        assert!(
+            covered(&lock(&o.allocated), 0, mib / 4) && covered(&lock(&o.allocated), mib + mib / 4, 2 * mib)
+        );
     }
 
     /// Seeks find data and holes below the size, and take everything past it for a hole.

@@ -199,8 +199,25 @@ pub fn sparse_files_and_holes(scheme: &str) {
     assert_eq!(two.next_hole(0).unwrap(), Some(65536));
     assert_eq!(two.next_data(65536).unwrap(), Some(1 << 20));
     assert_eq!(two.next_hole(1 << 20).unwrap(), Some((1 << 20) + 65536 + 100), "the end, across servers");
-    let dense = c.open("/dense", Rights::READ).unwrap();
+    let dense = c.open("/dense", Rights::READ_WRITE).unwrap();
     assert_eq!((dense.next_data(0).unwrap(), dense.next_hole(0).unwrap()), (Some(0), Some(1 << 20)));
+    // A hole punched across every server: zeros, no space, a hole to seeks; the size stays.
+    let held = c.stat("/dense").unwrap().allocated;
+    dense.punch_hole(128 << 10, 512 << 10).unwrap();
+    let st = c.stat("/dense").unwrap();
+    assert_eq!(st.attr.size, 1 << 20);
+    assert!(st.allocated + (512 << 10) <= held, "{held} then {}", st.allocated);
+    assert_eq!(
+        (dense.next_hole(0).unwrap(), dense.next_data(128 << 10).unwrap()),
+        (Some(128 << 10), Some(640 << 10))
+    );
+    let (back, n) = read_all(&dense, 0, 1 << 20);
+    assert_eq!(n, 1 << 20);
+    let want = pattern(1 << 20, 1);
+    assert!(back[..128 << 10] == want[..128 << 10] && back[640 << 10..] == want[640 << 10..]);
+    assert!(back[128 << 10..640 << 10].iter().all(|&b| b == 0), "the hole reads as zeros");
+    let reader = c.open("/dense", Rights::READ).unwrap();
+    assert_eq!(code(reader.punch_hole(0, 1)), Errno::EBADF, "punching needs a file opened for writing");
 }
 
 /// `read_into` lands each read in a buffer the client keeps between calls: a later read of

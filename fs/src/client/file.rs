@@ -252,9 +252,22 @@ impl File {
     /// and change times. Writes into the range then find their space; a file system that
     /// cannot reserve answers `EOPNOTSUPP`.
     pub fn allocate(&self, off: u64, len: u64) -> FsResult<()> {
+        self.on_range(off, len, |cap, off, len| IoRequest::Allocate { cap, off, len })
+    }
+
+    /// Frees the disk space of the bytes `[off, off + len)`, which then read as zeros, keeping
+    /// the size (`fallocate` with `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`); sets the
+    /// modification and change times. A file system that cannot punch answers `EOPNOTSUPP`.
+    pub fn punch_hole(&self, off: u64, len: u64) -> FsResult<()> {
+        self.on_range(off, len, |cap, off, len| IoRequest::Punch { cap, off, len })
+    }
+
+    /// Sends each io server the request `make` makes for its local part of the bytes
+    /// `[off, off + len)` (an allocation, a hole), then sets the modification time.
+    fn on_range(&self, off: u64, len: u64, make: impl Fn(Capability, u64, u64) -> IoRequest) -> FsResult<()> {
         self.check(Rights::WRITE)?;
         if len == 0 || off.checked_add(len).is_none() {
-            return Err(FsError::code(Errno::EINVAL, "empty or overflowing allocation range"));
+            return Err(FsError::code(Errno::EINVAL, "empty or overflowing range"));
         }
         let end = off + len;
         self.with_cap(|cap| {
@@ -262,9 +275,7 @@ impl File {
             let reqs = (0..self.layout.pcount)
                 .filter_map(|p| {
                     let (lo, hi) = (self.layout.local_size(p, off), self.layout.local_size(p, end));
-                    (hi > lo).then(|| {
-                        (self.server(p), IoRequest::Allocate { cap: cap.clone(), off: lo, len: hi - lo })
-                    })
+                    (hi > lo).then(|| (self.server(p), make(cap.clone(), lo, hi - lo)))
                 })
                 .collect();
             self.client.io_small(reqs).into_iter().try_for_each(|r| r.map(|_| ()))

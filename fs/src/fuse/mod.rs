@@ -1037,11 +1037,13 @@ impl Filesystem for StripeFuse {
             return reply.error(e);
         }
         let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
-        if mode != 0 {
-            // Punching holes, zeroing and collapsing ranges are not offered.
-            return reply.error(fuser::Errno::from_i32(libc::EOPNOTSUPP));
-        }
-        let r = f.allocate(offset, length);
+        let r = match mode {
+            0 => f.allocate(offset, length),
+            // The kernel has written back and dropped its pages of the range first.
+            m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => f.punch_hole(offset, length),
+            // Zeroing, collapsing and inserting ranges are not offered.
+            _ => return reply.error(fuser::Errno::from_i32(libc::EOPNOTSUPP)),
+        };
         self.sizes.forget(f.handle());
         match r {
             Ok(()) => reply.ok(),

@@ -176,6 +176,17 @@ pub enum IoRequest {
         /// A capability for each object, at most [`MAX_BATCH`].
         caps: BoundedVec<Capability, MAX_BATCH>,
     },
+    /// Free the disk space of the local bytes `[off, off + len)`, which then read as zeros,
+    /// keeping the size (`WRITE`; a client's `fallocate` with `FALLOC_FL_PUNCH_HOLE`) →
+    /// [`IoReply::Done`].
+    Punch {
+        /// Capability for the handle.
+        cap: Capability,
+        /// First local byte.
+        off: u64,
+        /// Bytes from it.
+        len: u64,
+    },
     /// The first local byte at or after `off` that holds data, or with `hole` the first in a
     /// hole (`lseek`'s `SEEK_DATA` and `SEEK_HOLE` on the object; `READ`) → [`IoReply::Seek`].
     Seek {
@@ -206,6 +217,7 @@ impl IoRequest {
             IoRequest::GetSizes { .. } => "get_sizes",
             IoRequest::CreateObjects { .. } => "create_objects",
             IoRequest::Seek { .. } => "seek",
+            IoRequest::Punch { .. } => "punch",
         }
     }
 
@@ -216,7 +228,7 @@ impl IoRequest {
             IoRequest::Read { desc, .. } | IoRequest::Write { desc, .. } => {
                 Some((desc.pieces().next().map_or(0, |p| p.off), desc.total()))
             }
-            IoRequest::Allocate { off, len, .. } => Some((*off, *len)),
+            IoRequest::Allocate { off, len, .. } | IoRequest::Punch { off, len, .. } => Some((*off, *len)),
             _ => None,
         }
     }
@@ -232,7 +244,8 @@ impl IoRequest {
             | IoRequest::Write { cap, .. }
             | IoRequest::Sync { cap }
             | IoRequest::Allocate { cap, .. }
-            | IoRequest::Seek { cap, .. } => Some(cap),
+            | IoRequest::Seek { cap, .. }
+            | IoRequest::Punch { cap, .. } => Some(cap),
             // Each of a batch's capabilities is checked on its own.
             IoRequest::Ping
             | IoRequest::Stats
@@ -251,7 +264,7 @@ impl IoRequest {
             | IoRequest::TruncateObject { .. } => Rights::ADMIN,
             // Where a file's data lies tells of its contents (which parts are zeros).
             IoRequest::Read { .. } | IoRequest::Seek { .. } => Rights::READ,
-            IoRequest::Write { .. } | IoRequest::Allocate { .. } => Rights::WRITE,
+            IoRequest::Write { .. } | IoRequest::Allocate { .. } | IoRequest::Punch { .. } => Rights::WRITE,
             // A size is an attribute: whoever may stat a file may learn it, and a capability
             // for the file (even one granting nothing else) shows the meta server let them.
             // Making written bytes durable changes nothing a reader sees, and Linux syncs a
@@ -323,7 +336,9 @@ impl Message for IoRequest {
     fn validate(&self) -> Result<(), ProtoError> {
         match self {
             IoRequest::Read { desc, .. } | IoRequest::Write { desc, .. } => desc.validate(),
-            IoRequest::Allocate { off, len, .. } if *len == 0 || off.checked_add(*len).is_none() => {
+            IoRequest::Allocate { off, len, .. } | IoRequest::Punch { off, len, .. }
+                if *len == 0 || off.checked_add(*len).is_none() =>
+            {
                 Err(ProtoError::Invalid("allocation range"))
             }
             IoRequest::Seek { off, .. } if i64::try_from(*off).is_err() => {

@@ -8,8 +8,9 @@
 /// sends nothing for the part of its stream past the object's end; 9: attributes and sizes of
 /// several files in one request; 10: several objects created in one request, times recorded
 /// lazily; 11: times recorded without a flush unless a sync asks, and a request to flush; 12:
-/// objects' sizes carry the disk space they hold; 13: seeks for data and holes).
-pub const PROTO_VERSION: u16 = 13;
+/// objects' sizes carry the disk space they hold; 13: seeks for data and holes; 14: holes
+/// punched).
+pub const PROTO_VERSION: u16 = 14;
 
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"STFS";

@@ -222,6 +222,7 @@ pub fn sample_messages() -> Vec<(&'static str, Vec<u8>)> {
         ("io_status", IoRequest::Status),
         ("io_allocate", IoRequest::Allocate { cap: cap.clone(), off: 65536, len: 1 << 20 }),
         ("io_seek", IoRequest::Seek { cap: cap.clone(), off: 1 << 20, hole: true }),
+        ("io_punch", IoRequest::Punch { cap: cap.clone(), off: 4096, len: 1 << 20 }),
         (
             "io_getsizes",
             IoRequest::GetSizes { caps: BoundedVec::new(vec![cap.clone(), cap.clone()]).expect("two") },

@@ -303,6 +303,11 @@ fn credentials_and_new_requests_are_bounded_and_checked() {
         assert_eq!(encode(&Envelope::new(1, r)).unwrap_err(), ProtoError::Invalid("allocation range"));
     }
     assert_eq!(IoRequest::Allocate { cap: cap(), off: 0, len: 1 }.needed_rights(), Rights::WRITE);
+    for (off, len) in [(0, 0), (u64::MAX, 1)] {
+        let r = IoRequest::Punch { cap: cap(), off, len };
+        assert_eq!(encode(&Envelope::new(1, r)).unwrap_err(), ProtoError::Invalid("allocation range"));
+    }
+    assert_eq!(IoRequest::Punch { cap: cap(), off: 0, len: 1 }.needed_rights(), Rights::WRITE);
     // A seek looks from an offset `lseek` can take, and needs the right to read.
     let r = IoRequest::Seek { cap: cap(), off: 1 << 63, hole: false };
     assert_eq!(encode(&Envelope::new(1, r)).unwrap_err(), ProtoError::Invalid("seek offset"));

@@ -410,6 +410,10 @@ impl Shared {
                     .collect();
                 IoReply::Sizes(BoundedVec::new(sizes).map_err(|e| Fail(Errno::EINVAL, e.to_string()))?)
             }
+            IoRequest::Punch { cap, off, len } => {
+                s.punch(cap.handle, off, len)?;
+                IoReply::Done
+            }
             IoRequest::Seek { cap, off, hole } => {
                 let (at, local_size) = s.seek(cap.handle, off, hole)?;
                 IoReply::Seek { at, local_size }
