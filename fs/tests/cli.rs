@@ -331,6 +331,13 @@ fn cp_keeps_a_sparse_file_s_holes_both_ways() {
     f.write_all_at(&pattern(1 << 20, 2), 40 << 20).unwrap();
     f.set_len(64 << 20).unwrap();
     drop(f);
+    // And one whose last run of data ends in zeros written as data, which the copy leaves out.
+    let tail = dir.join("tail");
+    let f = std::fs::File::create(&tail).unwrap();
+    let mut last = pattern(1 << 20, 3).to_vec();
+    last[(768 << 10)..].fill(0);
+    f.write_all_at(&last, 8 << 20).unwrap();
+    drop(f);
     let want = std::fs::read(&src).unwrap();
     let held = |p: &Path| std::fs::metadata(p).unwrap().blocks() * 512;
     assert!(held(&src) <= 4 << 20, "the test's file system keeps holes");
@@ -350,6 +357,10 @@ fn cp_keeps_a_sparse_file_s_holes_both_ways() {
         assert!(std::fs::read(&p).unwrap() == want, "{}: not the same bytes", p.display());
         assert!(held(&p) <= 4 << 20, "{} holds {} bytes", p.display(), held(&p));
     }
+    let tail_want = std::fs::read(&tail).unwrap();
+    assert_eq!(tail_want.len(), 9 << 20);
+    assert_eq!(json(&cl, &["stat", "--json", "sfs:/tree/tail"])["size"], 9 << 20, "copied in");
+    assert!(std::fs::read(back.join("tail")).unwrap() == tail_want, "copied in and out again");
     let piped = sfs(&cl, &["cp", "sfs:/sparse", "/dev/stdout"]);
     assert!(piped.status.success() && piped.stdout == want, "through a pipe");
 }

@@ -381,15 +381,12 @@ impl Sink {
         Ok(buf)
     }
 
-    /// Makes a file's copy `len` long, where it ends in a hole past the data written, which
-    /// ends at `written`.
-    fn set_len(&mut self, written: u64, len: u64) -> Result<()> {
-        if len > written {
-            match self {
-                Sink::Local(f) => f.set_len(len)?,
-                Sink::Sfs(f) => f.truncate(len)?,
-                Sink::Stream(_) => {}
-            }
+    /// Makes a file's copy `len` long: it may end in a hole, or in zeros left out.
+    fn set_len(&mut self, len: u64) -> Result<()> {
+        match self {
+            Sink::Local(f) => f.set_len(len)?,
+            Sink::Sfs(f) => f.truncate(len)?,
+            Sink::Stream(_) => {}
         }
         Ok(())
     }
@@ -474,7 +471,10 @@ fn copy_file(
     let len = from.end(off, file.size).with_context(reading)?;
     sink.hole(off, len).with_context(writing)?;
     pb.inc(len.saturating_sub(off));
-    sink.set_len(off, len).with_context(writing)?;
+    // Written whole, a copy is as long as what was written; one with zeros left out may not be.
+    if file.holes || len > off {
+        sink.set_len(len).with_context(writing)?;
+    }
     sink.sync().with_context(|| format!("syncing {}", dst.show()))?;
     Ok(buf)
 }
