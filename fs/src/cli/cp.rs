@@ -206,6 +206,8 @@ impl Loc {
 /// Where `cp` reads from.
 enum Source {
     Local(std::fs::File),
+    /// A FIFO or device the user named (a pipe from `<(…)`, a disk): read in order, no holes.
+    Stream(std::fs::File),
     Sfs(Box<stripefs::File>),
 }
 
@@ -214,7 +216,13 @@ impl Source {
     fn open(c: &Client, loc: &Loc) -> Result<Source> {
         Ok(match loc {
             Loc::Sfs(p) => Source::Sfs(Box::new(c.open(p, Rights::READ).with_context(|| p.clone())?)),
-            Loc::Local(p) => Source::Local(std::fs::File::open(p).with_context(|| loc.show())?),
+            Loc::Local(p) => {
+                let f = std::fs::File::open(p).with_context(|| loc.show())?;
+                match f.metadata().with_context(|| loc.show())?.is_file() {
+                    true => Source::Local(f),
+                    false => Source::Stream(f),
+                }
+            }
         })
     }
 
@@ -224,9 +232,9 @@ impl Source {
     fn next_data(&mut self, off: u64, file: Extent) -> Result<Option<u64>> {
         match self {
             Source::Sfs(_) if !file.holes => Ok((off < file.size).then_some(off)),
+            Source::Stream(_) => Ok(Some(off)),
             Source::Local(_) if !file.holes => Ok(Some(off)),
             Source::Sfs(f) => Ok(f.next_data(off)?.filter(|&s| s < file.size)),
-            Source::Local(f) if !f.metadata()?.is_file() => Ok(Some(off)),
             Source::Local(f) => {
                 use nix::unistd::{Whence, lseek};
                 let Ok(at) = i64::try_from(off) else { return Ok(None) };
@@ -244,8 +252,8 @@ impl Source {
     fn read(&mut self, off: u64, file: Extent, mut buf: BytesMut) -> Result<(BytesMut, usize)> {
         buf.resize(CP_CHUNK, 0);
         match self {
-            // A stream is read in order (it cannot seek); a file where asked.
-            Source::Local(f) if !f.metadata()?.is_file() => {
+            // A stream cannot seek: it is read in order.
+            Source::Stream(f) => {
                 let n = read_full(f, &mut buf)?;
                 Ok((buf, n))
             }
@@ -268,8 +276,8 @@ impl Source {
     fn end(&self, off: u64, size: u64) -> Result<u64> {
         Ok(match self {
             Source::Sfs(_) => size,
-            Source::Local(f) if f.metadata()?.is_file() => f.metadata()?.len().max(off),
-            Source::Local(_) => off,
+            Source::Local(f) => f.metadata()?.len().max(off),
+            Source::Stream(_) => off,
         })
     }
 }
