@@ -65,7 +65,7 @@ enum Loc {
 /// file is asked where its data lies (as `cp` does), which for a stripefs file takes round
 /// trips.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Extent {
+struct FileSize {
     size: u64,
     holes: bool,
 }
@@ -73,7 +73,7 @@ struct Extent {
 /// What a copy finds at a path (a symbolic link itself, not what it points at).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Node {
-    File(Extent),
+    File(FileSize),
     Dir,
     Link(String),
     /// A FIFO, socket or device node, with its permission bits: in a tree it is made again,
@@ -140,7 +140,7 @@ impl Loc {
                 } else if t.is_block_device() {
                     special(FileKind::BlockDev(encode_dev(m.rdev())))
                 } else {
-                    Node::File(Extent { size: m.len(), holes: m.blocks().saturating_mul(512) < m.len() })
+                    Node::File(FileSize { size: m.len(), holes: m.blocks().saturating_mul(512) < m.len() })
                 }))
             }
             Loc::Sfs(p) => {
@@ -152,7 +152,7 @@ impl Loc {
                 Ok(Some(match st.attr.kind {
                     FileKind::Dir => Node::Dir,
                     FileKind::File => {
-                        Node::File(Extent { size: st.attr.size, holes: st.allocated < st.attr.size })
+                        Node::File(FileSize { size: st.attr.size, holes: st.allocated < st.attr.size })
                     }
                     FileKind::Symlink => Node::Link(c.readlink_handle(st.handle).with_context(|| p.clone())?),
                     k => Node::Special(k, st.attr.mode & 0o7777),
@@ -229,7 +229,7 @@ impl Source {
     /// Where the next data at or after `off` starts, as the source's file system reports its
     /// holes (`SEEK_DATA`), for a file that may have holes; `None` past the last. Without holes
     /// (a stream too) the data goes on from `off` to the end.
-    fn next_data(&mut self, off: u64, file: Extent) -> Result<Option<u64>> {
+    fn next_data(&mut self, off: u64, file: FileSize) -> Result<Option<u64>> {
         match self {
             Source::Sfs(_) if !file.holes => Ok((off < file.size).then_some(off)),
             Source::Stream(_) => Ok(Some(off)),
@@ -249,7 +249,7 @@ impl Source {
 
     /// Reads up to [`CP_CHUNK`] bytes at `off` into `buf` (of a stripefs file, not past its size
     /// when the copy began); 0 at the end.
-    fn read(&mut self, off: u64, file: Extent, mut buf: BytesMut) -> Result<(BytesMut, usize)> {
+    fn read(&mut self, off: u64, file: FileSize, mut buf: BytesMut) -> Result<(BytesMut, usize)> {
         buf.resize(CP_CHUNK, 0);
         match self {
             // A stream cannot seek: it is read in order.
@@ -446,7 +446,7 @@ fn create_local(p: &Path) -> Result<std::fs::File> {
 fn copy_file(
     c: &Client,
     src: &Loc,
-    file: Extent,
+    file: FileSize,
     dst: &Loc,
     create: impl FnOnce() -> Result<Sink>,
     mut buf: BytesMut,
@@ -537,7 +537,7 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
         // read as a stream, as `cp` does.
         Node::Special(_, _) if matches!(src, Loc::Local(_)) => {
             let pb = bar(0);
-            let stream = Extent { size: 0, holes: false };
+            let stream = FileSize { size: 0, holes: false };
             copy_file(&c, &src, stream, &dst, || Sink::create(&c, &dst, &src, spec), buf, &pb)?;
             pb.finish_and_clear();
         }
@@ -603,7 +603,7 @@ fn copy_files(
     src: &Loc,
     dst: &Loc,
     spec: LayoutSpec,
-    files: &[(Vec<String>, Extent)],
+    files: &[(Vec<String>, FileSize)],
     buf: BytesMut,
     pb: &ProgressBar,
 ) -> Result<()> {

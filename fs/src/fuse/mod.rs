@@ -1167,18 +1167,18 @@ impl Filesystem for StripeFuse {
         if self.kernel_cache {
             return reply.error(fuser::Errno::ENOSYS);
         }
-        let Some(o) = self.open_file(fh) else { return reply.error(fuser::Errno::EBADF) };
+        let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
         let Ok(off) = u64::try_from(offset) else { return reply.error(fuser::Errno::from_i32(libc::ENXIO)) };
         let hole = match whence {
             libc::SEEK_DATA => false,
             libc::SEEK_HOLE => true,
             _ => return reply.error(fuser::Errno::EINVAL),
         };
-        let found = match if hole { o.file.next_hole(off) } else { o.file.next_data(off) } {
+        let found = match if hole { f.next_hole(off) } else { f.next_data(off) } {
             // Opened only for writing: where the data lies is not this open's to learn, but
             // the whole file may be taken for data, as a file system without holes would.
             Err(e) if e.errno() == crate::Errno::EACCES => {
-                o.file.size().map(|size| (off < size).then_some(if hole { size } else { off }))
+                f.size().map(|size| (off < size).then_some(if hole { size } else { off }))
             }
             r => r,
         };
