@@ -574,6 +574,39 @@ fn a_time_set_after_a_write_outlives_the_close() {
     assert!(mtime("again") > 981_173_106, "a write after the time set was not recorded");
 }
 
+/// Times before 1970 (`touch -d 1960-01-01`, archives of old files) read back as set through
+/// the mount, whole seconds and fractions, and as the meta server holds them.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn times_before_1970_read_back_as_set() {
+    use std::os::unix::fs::MetadataExt;
+    let tc = TestCluster::start("tcp", 1);
+    let m = mount(&tc);
+    let path = m.dir.join("old");
+    let f = std::fs::File::create(&path).unwrap();
+    let whole = std::time::UNIX_EPOCH - Duration::from_secs(315_619_200);
+    let fraction = std::time::UNIX_EPOCH - Duration::new(86_400, 250_000_000);
+    f.set_times(std::fs::FileTimes::new().set_modified(whole).set_accessed(fraction)).unwrap();
+    drop(f);
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!((meta.mtime(), meta.mtime_nsec()), (-315_619_200, 0), "modification time");
+    assert_eq!((meta.atime(), meta.atime_nsec()), (-86_401, 750_000_000), "access time");
+    let held = tc.client().stat("/old").unwrap().attr;
+    assert_eq!((held.mtime.secs, held.atime.secs, held.atime.nsecs), (-315_619_200, -86_401, 750_000_000));
+
+    // The ends of a 64-bit `timespec`, which any user may set on a file they own (the kernel
+    // drops the nanoseconds there).
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    for (secs, nsecs) in [(i64::MIN, 0), (i64::MAX, 0)] {
+        let t = [libc::timespec { tv_sec: secs, tv_nsec: nsecs }; 2];
+        // SAFETY: a NUL-terminated path and two `timespec`s.
+        let r = unsafe { libc::utimensat(libc::AT_FDCWD, c_path.as_ptr(), t.as_ptr(), 0) };
+        assert_eq!(r, 0, "utimensat {secs}: {}", std::io::Error::last_os_error());
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!((meta.mtime(), meta.mtime_nsec()), (secs, nsecs), "read back");
+    }
+}
+
 /// Files have no extended attributes, and the mount tells the kernel so once: every ask after
 /// that, such as each `chown`'s for `security.capability`, is answered without a request, with
 /// `EOPNOTSUPP`, and so are settings and removals.

@@ -169,9 +169,11 @@ fn errno(e: &FsError) -> fuser::Errno {
 }
 
 fn time(t: Timestamp) -> SystemTime {
-    // Cannot overflow: decoding refuses replies whose nanoseconds reach a second
-    // (`Attr::validate`), and any non-negative i64 of seconds fits a `SystemTime`.
-    if t.secs >= 0 { UNIX_EPOCH + Duration::new(t.secs as u64, t.nsecs) } else { UNIX_EPOCH }
+    // Whole seconds either side of 1970, then the nanoseconds forward, as `timespec` counts;
+    // the epoch only where the platform's time cannot hold the value.
+    let secs = Duration::from_secs(t.secs.unsigned_abs());
+    let whole = if t.secs >= 0 { UNIX_EPOCH.checked_add(secs) } else { UNIX_EPOCH.checked_sub(secs) };
+    whole.and_then(|w| w.checked_add(Duration::from_nanos(t.nsecs.into()))).unwrap_or(UNIX_EPOCH)
 }
 
 fn stamp(t: TimeOrNow) -> SetTime {
@@ -179,13 +181,15 @@ fn stamp(t: TimeOrNow) -> SetTime {
         TimeOrNow::Now => SetTime::Now,
         TimeOrNow::SpecificTime(st) => SetTime::At(match st.duration_since(UNIX_EPOCH) {
             Ok(d) => Timestamp { secs: d.as_secs() as i64, nsecs: d.subsec_nanos() },
-            // Before 1970: whole seconds down, nanoseconds up, as `timespec` counts.
-            Err(e) => {
-                let back = e.duration();
-                let secs = -(back.as_secs() as i64) - i64::from(back.subsec_nanos() > 0);
-                let nsecs = if back.subsec_nanos() > 0 { 1_000_000_000 - back.subsec_nanos() } else { 0 };
-                Timestamp { secs, nsecs }
-            }
+            // fuser 0.18 makes a `timespec` (secs, nsecs) before 1970 into the epoch less -secs
+            // seconds *and* nsecs nanoseconds, where the time meant is nsecs after secs; taken
+            // apart the same way, it gives back the caller's `timespec`. (`-secs` of i64::MIN
+            // wraps there as here.) The mount's test of times before 1970 sets a fraction of a
+            // second and fails if fuser ever makes these times the other way.
+            Err(e) => Timestamp {
+                secs: (e.duration().as_secs() as i64).wrapping_neg(),
+                nsecs: e.duration().subsec_nanos(),
+            },
         }),
     }
 }
