@@ -1586,6 +1586,18 @@ fn a_background_mount_logs_after_its_launcher_exits() {
             (libc::lseek(f.as_raw_fd(), 10, libc::SEEK_DATA), libc::lseek(f.as_raw_fd(), 10, libc::SEEK_HOLE))
         };
         assert_eq!(at, (10, data.len() as i64));
+        // Asking whether a file is a terminal (Python's `open` does, for its buffering) is
+        // answered that it is not, each time, without a warning apiece.
+        for _ in 0..3 {
+            // SAFETY: a descriptor `f` owns.
+            let tty = unsafe { libc::isatty(f.as_raw_fd()) };
+            assert_eq!((tty, std::io::Error::last_os_error().raw_os_error()), (0, Some(libc::ENOTTY)));
+        }
+        // A file is always ready to read and write.
+        let mut fds = [libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN | libc::POLLOUT, revents: 0 }];
+        // SAFETY: one `pollfd`, of a descriptor `f` owns.
+        assert_eq!(unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) }, 1);
+        assert_eq!(fds[0].revents & (libc::POLLIN | libc::POLLOUT), libc::POLLIN | libc::POLLOUT);
     }
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(logged.lines().count() >= 6, "the server's log after it went live: {logged:?}");

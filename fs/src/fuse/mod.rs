@@ -41,9 +41,10 @@ use crate::client::{Client, CreateOptions, File, Stat};
 use crate::proto::{Attr, Cred, FileKind, Handle, SetAttr, SetTime, Timestamp};
 use crate::{FsError, FsResult, lock};
 use fuser::{
-    FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags, OpenFlags,
+    PollEvents, PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite,
+    Request, TimeOrNow, WriteFlags,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -1073,6 +1074,37 @@ impl Filesystem for StripeFuse {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // The kernel asks again at every call, whatever the answer: `isatty` (Python's `open`
+        // makes one on every file) is told it has no terminal, with no warning logged apiece.
+        reply.error(fuser::Errno::from_i32(libc::ENOTTY));
+    }
+
+    fn poll(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ph: PollNotifier,
+        _events: PollEvents,
+        _flags: PollFlags,
+        reply: ReplyPoll,
+    ) {
+        // A stripefs file is always ready, which the kernel takes this answer to mean, and
+        // then stops asking.
+        reply.error(fuser::Errno::ENOSYS);
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
