@@ -312,6 +312,40 @@ fn cp_r_makes_special_files_again_both_ways() {
     }
 }
 
+/// A local name that is not UTF-8, which stripefs names must be, stops a copy before anything
+/// is made, and the error names it: it is neither taken for a file removed meanwhile nor
+/// copied under a name changed on the way.
+#[test]
+fn cp_names_a_local_name_stripefs_cannot_hold() {
+    use std::os::unix::ffi::OsStrExt;
+    let tc = TestCluster::start("tcp", 1);
+    let cl = tc.cluster.config_path().to_owned();
+    let dir = tc.dir.path().join("tree");
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("sub/ok"), b"ok").unwrap();
+    let bad = dir.join(std::ffi::OsStr::from_bytes(b"caf\xe9"));
+    std::fs::write(&bad, b"latin-1").unwrap();
+    for (src, dst) in [(dir.as_os_str(), "sfs:/tree"), (bad.as_os_str(), "sfs:/")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_stripefs"))
+            .arg("--cluster")
+            .arg(&cl)
+            .args(["cp", "-r"])
+            .arg(src)
+            .arg(dst)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("caf") && err.contains("not UTF-8"), "{src:?}: {err}");
+    }
+    assert_eq!(json(&cl, &["ls", "--json", "sfs:/"])["entries"], serde_json::json!([]), "something was made");
+    // Given a name that is, the file is copied.
+    let mut cp = Command::new(env!("CARGO_BIN_EXE_stripefs"));
+    assert!(cp.arg("--cluster").arg(&cl).arg("cp").arg(&bad).arg("sfs:/cafe").status().unwrap().success());
+    let back = tc.dir.path().join("back");
+    ok(&cl, &["cp", "sfs:/cafe", back.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&back).unwrap(), b"latin-1");
+}
+
 /// A tree of many files, copied several at a time, arrives whole both ways; a file that cannot
 /// be made stops the copy with an error naming it.
 /// `cp` leaves a sparse file's holes out of the copy, both ways and in a tree, where copying

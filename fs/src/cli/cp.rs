@@ -29,10 +29,10 @@ const FILES_AT_ONCE: usize = 4;
 #[derive(Args, Debug)]
 pub struct CpArgs {
     /// Source: a local path or sfs:/path.
-    src: String,
+    src: std::ffi::OsString,
     /// Destination: a local path or sfs:/path (a directory keeps the source's name). At least
     /// one side is a stripefs path.
-    dst: String,
+    dst: std::ffi::OsString,
     /// Stripe size of a new stripefs file (bytes, or with a binary unit: 64k, 1M; at least 4k).
     #[arg(long, value_parser = stripefs::units::parse_size)]
     stripe_size: Option<u64>,
@@ -82,8 +82,9 @@ enum Node {
 }
 
 impl Loc {
-    fn parse(arg: &str) -> Loc {
-        match sfs_path(arg) {
+    /// A stripefs path (`sfs:/…`), or any local path, UTF-8 or not.
+    fn parse(arg: &std::ffi::OsStr) -> Loc {
+        match arg.to_str().and_then(sfs_path) {
             Some(p) => Loc::Sfs(p.to_string()),
             None => Loc::Local(PathBuf::from(arg)),
         }
@@ -96,11 +97,11 @@ impl Loc {
         }
     }
 
-    fn name(&self) -> String {
-        match self {
-            Loc::Local(p) => p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+    fn name(&self) -> Result<String> {
+        Ok(match self {
+            Loc::Local(p) => p.file_name().map(|n| utf8_name(p, n)).transpose()?.unwrap_or_default(),
             Loc::Sfs(p) => base_name(p).to_string(),
-        }
+        })
     }
 
     fn show(&self) -> String {
@@ -164,9 +165,11 @@ impl Loc {
     /// The names in a directory, sorted.
     fn list(&self, c: &Client) -> Result<Vec<String>> {
         let mut names: Vec<String> = match self {
-            Loc::Local(p) => std::fs::read_dir(p)
-                .and_then(|rd| rd.map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned())).collect())
-                .with_context(|| self.show())?,
+            Loc::Local(p) => {
+                let entries = std::fs::read_dir(p).and_then(Iterator::collect::<std::io::Result<Vec<_>>>);
+                let entries = entries.with_context(|| self.show())?;
+                entries.iter().map(|e| utf8_name(&e.path(), &e.file_name())).collect::<Result<_>>()?
+            }
             Loc::Sfs(p) => {
                 c.readdir(p).with_context(|| p.clone())?.into_iter().map(|e| e.name.into_string()).collect()
             }
@@ -427,18 +430,24 @@ fn open_stream(p: &Path) -> Result<Option<std::fs::File>> {
     Ok(Some(f))
 }
 
+/// A local file's name `n` (of the file at `path`), which a stripefs name must be: UTF-8. A
+/// name changed on the way would not be the file's name.
+fn utf8_name(path: &Path, n: &std::ffi::OsStr) -> Result<String> {
+    n.to_str()
+        .map(str::to_owned)
+        .with_context(|| format!("{}: name not UTF-8, as stripefs names must be", path.display()))
+}
+
 /// A local file for `cp` to write: in the directory as named, the file itself never through
 /// a symbolic link.
 fn create_local(p: &Path) -> Result<std::fs::File> {
-    let name = p
-        .file_name()
-        .and_then(|n| n.to_str())
-        .with_context(|| format!("{}: not a file name", p.display()))?;
+    let name = p.file_name().with_context(|| format!("{}: not a file name", p.display()))?;
+    let name = utf8_name(p, name)?;
     let dir = match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    Ok(LocalDir::open(dir)?.create_file(name)?)
+    Ok(LocalDir::open(dir)?.create_file(&name)?)
 }
 
 /// One file's bytes from `src` to the sink `create` makes (once `src` opened), through `buf`,
@@ -514,11 +523,11 @@ fn walk_tree(c: &Client, top: &Loc) -> Result<Vec<(Vec<String>, Node)>> {
 /// inside the tree are copied as links (links named on the command line are followed), and
 /// FIFOs, sockets and device nodes are made again.
 pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
-    if sfs_path(&a.src).is_none() && sfs_path(&a.dst).is_none() {
+    let (src, mut dst) = (Loc::parse(&a.src), Loc::parse(&a.dst));
+    if let (Loc::Local(_), Loc::Local(_)) = (&src, &dst) {
         bail!("one side of cp must be a stripefs path (sfs:/…)");
     }
     let c = client(cluster)?;
-    let (src, mut dst) = (Loc::parse(&a.src), Loc::parse(&a.dst));
     let spec = LayoutSpec { base: None, pcount: a.stripe_count, ssize: a.stripe_size };
     let Some(top) = src.node(&c, true)? else {
         let missing = match src {
@@ -529,7 +538,7 @@ pub fn cp(cluster: Option<PathBuf>, a: CpArgs) -> Result<()> {
     };
     // Into an existing directory: keep the source's name.
     if let Some(Node::Dir) = dst.node(&c, true)? {
-        dst = dst.join(&src.name());
+        dst = dst.join(&src.name()?);
     }
     let buf = stripefs::buf::aligned_zeroed(CP_CHUNK);
     match top {
