@@ -607,6 +607,40 @@ fn times_before_1970_read_back_as_set() {
     }
 }
 
+/// A file another client replaced (written beside it and renamed over it, as editors and
+/// deployments save) is found again at once, as on NFS: the mount answers for a file that is
+/// gone with `ESTALE`, on which the kernel looks its name up afresh, where `ENOENT` would be
+/// passed on for as long as the kernel keeps the name. A descriptor open on a file another
+/// client removed reads `ESTALE` too, through the direct mount: no name was looked up for it.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_file_another_client_replaced_is_found_again() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let tc = TestCluster::start("tcp", 2);
+    for (mode, args) in [("direct", &[][..]), ("cached", &["--cache"][..])] {
+        let (a, b) = (mount_at(&tc, &format!("{mode}-a"), args), mount_at(&tc, &format!("{mode}-b"), args));
+        std::fs::write(a.dir.join("cfg"), b"v1").unwrap();
+        assert_eq!(std::fs::read(b.dir.join("cfg")).unwrap(), b"v1", "{mode}");
+        for v in [b"v2", b"v3"] {
+            std::fs::write(a.dir.join("cfg.new"), v).unwrap();
+            std::fs::rename(a.dir.join("cfg.new"), a.dir.join("cfg")).unwrap();
+            let read = std::fs::read(b.dir.join("cfg")).map_err(|e| e.raw_os_error());
+            assert_eq!(read, Ok(v.to_vec()), "{mode}: replaced by another client");
+            let ino = |m: &Mount| std::fs::metadata(m.dir.join("cfg")).unwrap().ino();
+            assert_eq!(ino(&b), ino(&a), "{mode}");
+        }
+        let f = std::fs::File::open(b.dir.join("cfg")).unwrap();
+        std::fs::remove_file(a.dir.join("cfg")).unwrap();
+        let gone = std::fs::File::open(b.dir.join("cfg")).map(drop).map_err(|e| e.raw_os_error());
+        assert_eq!(gone, Err(Some(libc::ENOENT)), "{mode}: removed by another client");
+        // (The kernel-cached mount reads the kernel's pages of it.)
+        if mode == "direct" {
+            let read = f.read_at(&mut [0; 4], 0).map_err(|e| e.raw_os_error());
+            assert_eq!(read, Err(Some(libc::ESTALE)), "{mode}: read through a descriptor");
+        }
+    }
+}
+
 /// Files have no extended attributes, and the mount tells the kernel so once: every ask after
 /// that, such as each `chown`'s for `security.capability`, is answered without a request, with
 /// `EOPNOTSUPP`, and so are settings and removals.

@@ -6,7 +6,7 @@
 //! one request to each io server for the window) as its reply reaches entries not yet asked
 //! for, and the listing keeps what a reply had no room for, for the next.
 
-use super::{StripeFuse, TTL, errno, file_type};
+use super::{StripeFuse, TTL, file_type, stale};
 use crate::client::Client;
 use crate::proto::Handle;
 use crate::{FsResult, lock};
@@ -122,7 +122,7 @@ impl StripeFuse {
     ) {
         let items = match self.items(req, ino, fh, offset) {
             Ok(items) => items,
-            Err(e) => return reply.error(errno(&e)),
+            Err(e) => return reply.error(stale(&e)),
         };
         for (i, item) in items.iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(item.ino), i as u64 + 1, item.kind, &item.name) {
@@ -143,7 +143,7 @@ impl StripeFuse {
     ) {
         let items = match self.items(req, ino, fh, offset) {
             Ok(items) => items,
-            Err(e) => return reply.error(errno(&e)),
+            Err(e) => return reply.error(stale(&e)),
         };
         for (i, item) in items.iter().enumerate().skip(offset as usize) {
             if item.attr.get().is_none() && !item.is_dot() {

@@ -169,6 +169,17 @@ fn errno(e: &FsError) -> fuser::Errno {
     fuser::Errno::from_i32(e.errno().0)
 }
 
+/// The errno for an operation on a file by its handle, not by a name: a file no longer there
+/// (another client removed it, or renamed another over it) is `ESTALE`, as NFS has it. On that
+/// the kernel looks the name up afresh and finds what is there now, where it would pass
+/// `ENOENT` on for as long as it keeps the name.
+fn stale(e: &FsError) -> fuser::Errno {
+    match e.errno() {
+        crate::Errno::ENOENT => fuser::Errno::from_i32(libc::ESTALE),
+        _ => errno(e),
+    }
+}
+
 fn time(t: Timestamp) -> SystemTime {
     // Whole seconds either side of 1970, then the nanoseconds forward, as `timespec` counts;
     // the epoch only where the platform's time cannot hold the value.
@@ -657,7 +668,7 @@ impl Filesystem for StripeFuse {
         };
         match r {
             Ok((a, ttl)) => reply.attr(&ttl, &a),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
@@ -746,7 +757,7 @@ impl Filesystem for StripeFuse {
             // the rest (mode, owner, links) should follow other clients' changes as soon as in
             // the direct mode.
             Ok((a, ttl)) => reply.attr(&ttl, &a),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
@@ -797,7 +808,7 @@ impl Filesystem for StripeFuse {
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.client.readlink_handle(Handle(ino.0)) {
             Ok(t) => reply.data(t.as_bytes()),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
@@ -881,7 +892,7 @@ impl Filesystem for StripeFuse {
         };
         match r {
             Ok((fh, fopen)) => reply.opened(fh, fopen),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
@@ -900,7 +911,7 @@ impl Filesystem for StripeFuse {
         let f = o.reader.unwrap_or(o.file);
         match f.read_kept(offset, size as usize) {
             Ok(data) => reply.data(&data),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
@@ -934,7 +945,7 @@ impl Filesystem for StripeFuse {
                 self.sizes.wrote(o.file.handle(), offset + n as u64, n as u64);
                 reply.written(n as u32)
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
@@ -979,7 +990,7 @@ impl Filesystem for StripeFuse {
         self.sizes.forget(dst.file.handle());
         match r {
             Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
@@ -1004,7 +1015,7 @@ impl Filesystem for StripeFuse {
         let Some(f) = self.file(fh) else { return reply.error(fuser::Errno::EBADF) };
         match f.record_mtime() {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
@@ -1052,7 +1063,7 @@ impl Filesystem for StripeFuse {
         self.sizes.forget(f.handle());
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
@@ -1063,7 +1074,7 @@ impl Filesystem for StripeFuse {
         let r = if self.kernel_cache { f.sync_data() } else { f.sync() };
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
@@ -1221,7 +1232,7 @@ impl Filesystem for StripeFuse {
         match found {
             Ok(Some(at)) => reply.offset(i64::try_from(at).unwrap_or(i64::MAX)),
             Ok(None) => reply.error(fuser::Errno::from_i32(libc::ENXIO)),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
