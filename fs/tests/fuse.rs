@@ -595,13 +595,19 @@ fn times_before_1970_read_back_as_set() {
     assert_eq!((held.mtime.secs, held.atime.secs, held.atime.nsecs), (-315_619_200, -86_401, 750_000_000));
 
     // The ends of a 64-bit `timespec`, which any user may set on a file they own (the kernel
-    // drops the nanoseconds there).
-    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // drops the nanoseconds there). A mount that failed on one would leave the call waiting
+    // for its answer, so it is made on a thread of its own.
     for (secs, nsecs) in [(i64::MIN, 0), (i64::MAX, 0)] {
-        let t = [libc::timespec { tv_sec: secs, tv_nsec: nsecs }; 2];
-        // SAFETY: a NUL-terminated path and two `timespec`s.
-        let r = unsafe { libc::utimensat(libc::AT_FDCWD, c_path.as_ptr(), t.as_ptr(), 0) };
-        assert_eq!(r, 0, "utimensat {secs}: {}", std::io::Error::last_os_error());
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let t = [libc::timespec { tv_sec: secs, tv_nsec: nsecs }; 2];
+            // SAFETY: a NUL-terminated path and two `timespec`s.
+            let r = unsafe { libc::utimensat(libc::AT_FDCWD, c_path.as_ptr(), t.as_ptr(), 0) };
+            let _ = tx.send((r, std::io::Error::last_os_error()));
+        });
+        let (r, e) = rx.recv_timeout(Duration::from_secs(30)).expect("the mount answered utimensat");
+        assert_eq!(r, 0, "utimensat {secs}: {e}");
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!((meta.mtime(), meta.mtime_nsec()), (secs, nsecs), "read back");
     }
