@@ -616,8 +616,9 @@ fn times_before_1970_read_back_as_set() {
 /// A file another client replaced (written beside it and renamed over it, as editors and
 /// deployments save) is found again at once, as on NFS: the mount answers for a file that is
 /// gone with `ESTALE`, on which the kernel looks its name up afresh, where `ENOENT` would be
-/// passed on for as long as the kernel keeps the name. A descriptor open on a file another
-/// client removed reads `ESTALE` too, through the direct mount: no name was looked up for it.
+/// passed on for as long as the kernel keeps the name; and so is a file in a directory another
+/// client replaced. A descriptor open on a file another client removed reads `ESTALE` too,
+/// through the direct mount: no name was looked up for it.
 #[test]
 #[ignore = "needs /dev/fuse: mounts stripefs"]
 fn a_file_another_client_replaced_is_found_again() {
@@ -635,6 +636,18 @@ fn a_file_another_client_replaced_is_found_again() {
             let ino = |m: &Mount| std::fs::metadata(m.dir.join("cfg")).unwrap().ino();
             assert_eq!(ino(&b), ino(&a), "{mode}");
         }
+        // So is a file in a directory another client replaced: its name is looked up in the
+        // directory's old handle, which is stale.
+        let (d, d_new) = (format!("{mode}-d"), format!("{mode}-d.new"));
+        std::fs::create_dir(a.dir.join(&d)).unwrap();
+        assert!(b.dir.join(&d).is_dir(), "{mode}");
+        std::fs::create_dir(a.dir.join(&d_new)).unwrap();
+        std::fs::write(a.dir.join(&d_new).join("g"), b"new").unwrap();
+        std::fs::remove_dir(a.dir.join(&d)).unwrap();
+        std::fs::rename(a.dir.join(&d_new), a.dir.join(&d)).unwrap();
+        let read = std::fs::read(b.dir.join(&d).join("g")).map_err(|e| e.raw_os_error());
+        assert_eq!(read, Ok(b"new".to_vec()), "{mode}: in a directory replaced by another client");
+
         let f = std::fs::File::open(b.dir.join("cfg")).unwrap();
         std::fs::remove_file(a.dir.join("cfg")).unwrap();
         let gone = std::fs::File::open(b.dir.join("cfg")).map(drop).map_err(|e| e.raw_os_error());

@@ -109,6 +109,11 @@ pub enum MetaError {
     /// No such entry or handle.
     #[error("no such file or directory")]
     NotFound,
+    /// The directory a name was looked up in is gone: removed, or another put in its place.
+    /// Told apart from a missing name so that a kernel holding the directory's old handle
+    /// looks its path up afresh, as NFS has it.
+    #[error("stale file handle: the directory is gone")]
+    Stale,
     /// The name exists.
     #[error("file exists")]
     Exists,
@@ -183,6 +188,7 @@ impl MetaError {
     pub fn errno(&self) -> Errno {
         match self {
             MetaError::NotFound => Errno::ENOENT,
+            MetaError::Stale => Errno::ESTALE,
             MetaError::Exists => Errno::EEXIST,
             MetaError::NotDir => Errno::ENOTDIR,
             MetaError::IsDir => Errno::EISDIR,
@@ -670,7 +676,11 @@ impl MetaStore {
         let r = self.db.begin_read()?;
         let inodes = r.open_table(INODES)?;
         let dirents = r.open_table(DIRENTS)?;
-        access::check(&dir_inode(&inodes, parent.0)?.attr, cred, EXEC)?;
+        let dir = dir_inode(&inodes, parent.0).map_err(|e| match e {
+            MetaError::NotFound => MetaError::Stale,
+            e => e,
+        })?;
+        access::check(&dir.attr, cred, EXEC)?;
         let h = get_entry(&dirents, parent.0, name)?.ok_or(MetaError::NotFound)?;
         Ok((Handle(h), live_inode(&inodes, h)?.attr))
     }

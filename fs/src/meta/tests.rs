@@ -45,6 +45,8 @@ fn create_lookup_getattr_open() {
     assert!(matches!(m.create(&ROOT, R, "a.txt", P, None), Err(MetaError::Exists)));
     assert_eq!(m.create(&ROOT, R, "a.txt", P, None).unwrap_err().errno(), Errno::EEXIST);
     assert!(matches!(m.lookup(&ROOT, R, "nope"), Err(MetaError::NotFound)));
+    // A name looked up in a directory that is not there: the directory's handle is stale.
+    assert_eq!(m.lookup(&ROOT, Handle(999), "a.txt").unwrap_err().errno(), Errno::ESTALE);
     assert!(matches!(m.create(&ROOT, h, "x", P, None), Err(MetaError::NotDir)));
     assert!(matches!(m.create(&ROOT, Handle(999), "x", P, None), Err(MetaError::NotFound)));
     assert_eq!(m.statfs().unwrap().files, 1);
