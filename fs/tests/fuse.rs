@@ -616,9 +616,9 @@ fn times_before_1970_read_back_as_set() {
 /// A file another client replaced (written beside it and renamed over it, as editors and
 /// deployments save) is found again at once, as on NFS: the mount answers for a file that is
 /// gone with `ESTALE`, on which the kernel looks its name up afresh, where `ENOENT` would be
-/// passed on for as long as the kernel keeps the name; and so is a file in a directory another
-/// client replaced. A descriptor open on a file another client removed reads `ESTALE` too,
-/// through the direct mount: no name was looked up for it.
+/// passed on for as long as the kernel keeps the name; and so are a directory another client
+/// replaced, listed, and a file in it. A descriptor open on a file another client removed
+/// reads `ESTALE` too, through the direct mount: no name was looked up for it.
 #[test]
 #[ignore = "needs /dev/fuse: mounts stripefs"]
 fn a_file_another_client_replaced_is_found_again() {
@@ -647,6 +647,22 @@ fn a_file_another_client_replaced_is_found_again() {
         std::fs::rename(a.dir.join(&d_new), a.dir.join(&d)).unwrap();
         let read = std::fs::read(b.dir.join(&d).join("g")).map_err(|e| e.raw_os_error());
         assert_eq!(read, Ok(b"new".to_vec()), "{mode}: in a directory replaced by another client");
+        // And listing such a directory lists the new one.
+        let (e, e_new) = (format!("{mode}-e"), format!("{mode}-e.new"));
+        std::fs::create_dir(a.dir.join(&e)).unwrap();
+        assert!(b.dir.join(&e).is_dir(), "{mode}");
+        std::fs::create_dir(a.dir.join(&e_new)).unwrap();
+        std::fs::write(a.dir.join(&e_new).join("h"), b"").unwrap();
+        std::fs::remove_dir(a.dir.join(&e)).unwrap();
+        std::fs::rename(a.dir.join(&e_new), a.dir.join(&e)).unwrap();
+        let names = std::fs::read_dir(b.dir.join(&e))
+            .map(|rd| rd.map(|n| n.unwrap().file_name().into_string().unwrap()).collect::<Vec<_>>())
+            .map_err(|e| e.raw_os_error());
+        assert_eq!(
+            names,
+            Ok(vec!["h".to_string()]),
+            "{mode}: a directory replaced by another client, listed"
+        );
 
         let f = std::fs::File::open(b.dir.join("cfg")).unwrap();
         std::fs::remove_file(a.dir.join("cfg")).unwrap();

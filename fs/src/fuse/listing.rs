@@ -83,6 +83,9 @@ struct Page<T> {
     start: u64,
     items: Arc<Vec<T>>,
     next: Option<String>,
+    /// Listed as the directory was opened and not read from yet: the first read, from offset
+    /// 0, takes it rather than listing again.
+    fresh: bool,
 }
 
 /// A page fetched: its entries and the name the next starts after, if there is a next.
@@ -91,6 +94,14 @@ type Fetched<T> = (Vec<T>, Option<String>);
 impl<T> Listings<T> {
     pub(super) fn new() -> Self {
         Listings(Mutex::new(HashMap::new()))
+    }
+
+    /// Lists the first page of directory `fh` as it is opened, for its first read: a directory
+    /// that is gone fails its open, where the kernel can still look its path up again.
+    fn open(&self, fh: u64, fetch: impl FnOnce(Option<&str>) -> FsResult<Fetched<T>>) -> FsResult<()> {
+        let (items, next) = fetch(None)?;
+        lock(&self.0).insert(fh, Page { start: 0, items: Arc::new(items), next, fresh: true });
+        Ok(())
     }
 
     /// The page of open directory `fh` holding `offset` (or the last page, when `offset` is at
@@ -107,13 +118,14 @@ impl<T> Listings<T> {
         // fetching races with nothing but its close.
         let mut held = lock(&self.0).remove(&fh);
         loop {
-            let page = match held.take() {
-                Some(p) if offset != 0 && p.start <= offset => p,
+            let mut page = match held.take() {
+                Some(p) if (offset != 0 || p.fresh) && p.start <= offset => p,
                 _ => {
                     let (items, next) = fetch(None)?;
-                    Page { start: 0, items: Arc::new(items), next }
+                    Page { start: 0, items: Arc::new(items), next, fresh: false }
                 }
             };
+            page.fresh = false;
             let end = page.start + page.items.len() as u64;
             let next = match &page.next {
                 Some(after) if offset >= end => after.clone(),
@@ -128,7 +140,7 @@ impl<T> Listings<T> {
                 // A page that says more follows but holds nothing ends the listing here.
                 after = None;
             }
-            held = Some(Page { start: end, items: Arc::new(items), next: after });
+            held = Some(Page { start: end, items: Arc::new(items), next: after, fresh: false });
         }
     }
 
@@ -151,6 +163,12 @@ impl StripeFuse {
         let items =
             entries.into_iter().map(|e| DirItem::new(e.handle.0, file_type(e.kind), e.name.to_string()));
         Ok((dots.into_iter().chain(items).collect(), next))
+    }
+
+    /// Lists the first page of directory `ino`, opened as `fh` by `req`'s caller.
+    pub(super) fn open_listing(&self, req: &Request, ino: INodeNo, fh: FileHandle) -> FsResult<()> {
+        let c = self.as_caller(req);
+        self.dirs.open(fh.0, |after| self.listing(&c, ino, after))
     }
 
     /// The page of the open directory holding `offset`, and the offset of its first entry.
@@ -316,6 +334,13 @@ mod tests {
         assert!(l.get(9, 0, failed).is_err());
         assert!(l.get(8, 0, failed).is_err(), "a failed fetch fails the read");
         assert_eq!(l.get(8, 3, dir(7000, 10, 4, &other)).unwrap().1[0], 7000, "and the next lists again");
+        // A page listed at the open serves the first read, from offset 0, once.
+        let opened = Cell::new(0);
+        l.open(11, dir(8000, 10, 4, &opened)).unwrap();
+        assert_eq!(l.get(11, 0, dir(9000, 10, 4, &opened)).unwrap().1[0], 8000);
+        assert_eq!(l.get(11, 0, dir(9000, 10, 4, &opened)).unwrap().1[0], 9000, "a rewind lists again");
+        assert_eq!(opened.get(), 2);
+        assert!(l.open(12, failed).is_err(), "a directory that cannot be listed fails its open");
         // A page that says more follows but holds nothing ends the directory.
         let mut stuck = |after: Option<&str>| -> FsResult<Fetched<u32>> {
             Ok(if after.is_none() { (vec![1], Some("1".into())) } else { (vec![], Some("1".into())) })

@@ -1118,8 +1118,15 @@ impl Filesystem for StripeFuse {
         reply.error(fuser::Errno::ENOSYS);
     }
 
-    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.opened(FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed)), FopenFlags::empty());
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // The first page is listed now, not at the first read: the kernel looks the path of a
+        // directory whose open fails ESTALE (another client replaced it) up again, which it
+        // does not for a read.
+        let fh = FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed));
+        match self.open_listing(req, ino, fh) {
+            Ok(()) => reply.opened(fh, FopenFlags::empty()),
+            Err(e) => reply.error(stale(&e)),
+        }
     }
 
     fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
