@@ -676,6 +676,36 @@ fn a_file_another_client_replaced_is_found_again() {
     }
 }
 
+/// A mount of a cluster whose meta server does not answer (down, or a wrong address in the
+/// cluster file) fails, naming the server and the cause, in the foreground and in the
+/// background; it does not mount a file system on which every call fails.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_mount_of_a_cluster_whose_meta_server_does_not_answer_fails_naming_it() {
+    let tc = TestCluster::start("tcp", 1);
+    let dir = tc.dir.path().join("elsewhere");
+    std::fs::create_dir(&dir).unwrap();
+    let cluster = tc.copy_cluster_file(&dir, "cluster.key");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let meta = tc.cluster.config().meta.to_string();
+    let text = std::fs::read_to_string(&cluster).unwrap().replace(&meta, &format!("tcp://{closed}"));
+    std::fs::write(&cluster, text).unwrap();
+    let mnt = tc.dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    for args in [&[][..], &["--background"][..]] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stripefs"));
+        cmd.arg("--cluster").arg(&cluster).arg("mount").args(args).arg(&mnt);
+        let (out, ended) = output_within(&mut cmd, Duration::from_secs(30));
+        let was_mounted = mounted(&mnt);
+        if was_mounted {
+            let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(ended && !out.status.success() && !was_mounted, "{args:?}: mounted: {was_mounted}: {err}");
+        assert!(err.contains("meta server") && err.contains(&closed.to_string()), "{args:?}: {err}");
+    }
+}
+
 /// Files have no extended attributes, and the mount tells the kernel so once: every ask after
 /// that, such as each `chown`'s for `security.capability`, is answered without a request, with
 /// `EOPNOTSUPP`, and so are settings and removals.
