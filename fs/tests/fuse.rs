@@ -677,8 +677,9 @@ fn a_file_another_client_replaced_is_found_again() {
 }
 
 /// A mount of a cluster whose meta server does not answer (down, or a wrong address in the
-/// cluster file) fails, naming the server and the cause, in the foreground and in the
-/// background; it does not mount a file system on which every call fails.
+/// cluster file) or refuses the client (another cluster's key) fails, naming the server and
+/// the cause, in the foreground and in the background; it does not mount a file system on
+/// which every call fails.
 #[test]
 #[ignore = "needs /dev/fuse: mounts stripefs"]
 fn a_mount_of_a_cluster_whose_meta_server_does_not_answer_fails_naming_it() {
@@ -704,6 +705,17 @@ fn a_mount_of_a_cluster_whose_meta_server_does_not_answer_fails_naming_it() {
         assert!(ended && !out.status.success() && !was_mounted, "{args:?}: mounted: {was_mounted}: {err}");
         assert!(err.contains("meta server") && err.contains(&closed.to_string()), "{args:?}: {err}");
     }
+    // Nor one that refuses this client: another cluster's key.
+    let other = tc.dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let cluster = tc.copy_cluster_file(&other, "cluster.key");
+    std::fs::write(other.join("cluster.key"), "ab".repeat(32)).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stripefs"));
+    let (out, ended) =
+        output_within(cmd.arg("--cluster").arg(&cluster).arg("mount").arg(&mnt), Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(ended && !out.status.success() && !mounted(&mnt), "another key: {err}");
+    assert!(err.contains("meta server") && err.contains("cluster key"), "another key: {err}");
 }
 
 /// Files have no extended attributes, and the mount tells the kernel so once: every ask after

@@ -201,10 +201,10 @@ pub fn mount(cluster: Option<PathBuf>, a: MountArgs) -> Result<()> {
     let file = super::cluster_path(cluster.clone());
     opts.source = std::fs::canonicalize(&file).unwrap_or(file).display().to_string();
     let c = client(cluster)?;
-    // A cluster whose meta server does not answer (down, or a wrong address) would be mounted
-    // with every call on it failing, as a mount whose server died does: refused here instead,
-    // naming the server and why.
-    c.getattr(stripefs::proto::Handle::ROOT).context("not mounting: the cluster does not answer")?;
+    // A cluster whose meta server does not answer (down, a wrong address) or refuses this
+    // client (another cluster's key) would be mounted with every call on it failing, as a
+    // mount whose server died does: refused here instead, naming the server and why.
+    c.getattr(stripefs::proto::Handle::ROOT).context("not mounting")?;
     let detach = if a.daemon_child { Some(Detach::open(a.log_file.as_deref())?) } else { None };
     let mountpoint = a.mountpoint.display().to_string();
     stripefs::fuse::mount_notify(c, &a.mountpoint, opts, move || {
