@@ -636,25 +636,26 @@ fn a_file_another_client_replaced_is_found_again() {
             let ino = |m: &Mount| std::fs::metadata(m.dir.join("cfg")).unwrap().ino();
             assert_eq!(ino(&b), ino(&a), "{mode}");
         }
+        // A directory `name` that `b` has seen, replaced through `a` by one holding `file`
+        // with `data`.
+        let replace_dir = |name: &str, file: &str, data: &[u8]| {
+            let new = format!("{name}.new");
+            std::fs::create_dir(a.dir.join(name)).unwrap();
+            assert!(b.dir.join(name).is_dir(), "{mode}");
+            std::fs::create_dir(a.dir.join(&new)).unwrap();
+            std::fs::write(a.dir.join(&new).join(file), data).unwrap();
+            std::fs::remove_dir(a.dir.join(name)).unwrap();
+            std::fs::rename(a.dir.join(&new), a.dir.join(name)).unwrap();
+        };
         // So is a file in a directory another client replaced: its name is looked up in the
         // directory's old handle, which is stale.
-        let (d, d_new) = (format!("{mode}-d"), format!("{mode}-d.new"));
-        std::fs::create_dir(a.dir.join(&d)).unwrap();
-        assert!(b.dir.join(&d).is_dir(), "{mode}");
-        std::fs::create_dir(a.dir.join(&d_new)).unwrap();
-        std::fs::write(a.dir.join(&d_new).join("g"), b"new").unwrap();
-        std::fs::remove_dir(a.dir.join(&d)).unwrap();
-        std::fs::rename(a.dir.join(&d_new), a.dir.join(&d)).unwrap();
+        let d = format!("{mode}-d");
+        replace_dir(&d, "g", b"new");
         let read = std::fs::read(b.dir.join(&d).join("g")).map_err(|e| e.raw_os_error());
         assert_eq!(read, Ok(b"new".to_vec()), "{mode}: in a directory replaced by another client");
         // And listing such a directory lists the new one.
-        let (e, e_new) = (format!("{mode}-e"), format!("{mode}-e.new"));
-        std::fs::create_dir(a.dir.join(&e)).unwrap();
-        assert!(b.dir.join(&e).is_dir(), "{mode}");
-        std::fs::create_dir(a.dir.join(&e_new)).unwrap();
-        std::fs::write(a.dir.join(&e_new).join("h"), b"").unwrap();
-        std::fs::remove_dir(a.dir.join(&e)).unwrap();
-        std::fs::rename(a.dir.join(&e_new), a.dir.join(&e)).unwrap();
+        let e = format!("{mode}-e");
+        replace_dir(&e, "h", b"");
         let names = std::fs::read_dir(b.dir.join(&e))
             .map(|rd| rd.map(|n| n.unwrap().file_name().into_string().unwrap()).collect::<Vec<_>>())
             .map_err(|e| e.raw_os_error());

@@ -88,6 +88,14 @@ struct Page<T> {
     fresh: bool,
 }
 
+impl<T> Page<T> {
+    /// The first page, with `.` and `..`, as `fetch` lists it.
+    fn first(fetch: impl FnOnce(Option<&str>) -> FsResult<Fetched<T>>, fresh: bool) -> FsResult<Page<T>> {
+        let (items, next) = fetch(None)?;
+        Ok(Page { start: 0, items: Arc::new(items), next, fresh })
+    }
+}
+
 /// A page fetched: its entries and the name the next starts after, if there is a next.
 type Fetched<T> = (Vec<T>, Option<String>);
 
@@ -99,8 +107,8 @@ impl<T> Listings<T> {
     /// Lists the first page of directory `fh` as it is opened, for its first read: a directory
     /// that is gone fails its open, where the kernel can still look its path up again.
     fn open(&self, fh: u64, fetch: impl FnOnce(Option<&str>) -> FsResult<Fetched<T>>) -> FsResult<()> {
-        let (items, next) = fetch(None)?;
-        lock(&self.0).insert(fh, Page { start: 0, items: Arc::new(items), next, fresh: true });
+        let page = Page::first(fetch, true)?;
+        lock(&self.0).insert(fh, page);
         Ok(())
     }
 
@@ -120,10 +128,7 @@ impl<T> Listings<T> {
         loop {
             let mut page = match held.take() {
                 Some(p) if (offset != 0 || p.fresh) && p.start <= offset => p,
-                _ => {
-                    let (items, next) = fetch(None)?;
-                    Page { start: 0, items: Arc::new(items), next, fresh: false }
-                }
+                _ => Page::first(&mut fetch, false)?,
             };
             page.fresh = false;
             let end = page.start + page.items.len() as u64;
@@ -167,8 +172,13 @@ impl StripeFuse {
 
     /// Lists the first page of directory `ino`, opened as `fh` by `req`'s caller.
     pub(super) fn open_listing(&self, req: &Request, ino: INodeNo, fh: FileHandle) -> FsResult<()> {
+        self.dirs.open(fh.0, self.lister(req, ino))
+    }
+
+    /// What lists directory `ino`'s pages for `req`'s caller.
+    fn lister(&self, req: &Request, ino: INodeNo) -> impl FnMut(Option<&str>) -> FsResult<Fetched<DirItem>> {
         let c = self.as_caller(req);
-        self.dirs.open(fh.0, |after| self.listing(&c, ino, after))
+        move |after| self.listing(&c, ino, after)
     }
 
     /// The page of the open directory holding `offset`, and the offset of its first entry.
@@ -179,8 +189,7 @@ impl StripeFuse {
         fh: FileHandle,
         offset: u64,
     ) -> FsResult<(u64, Arc<Vec<DirItem>>)> {
-        let c = self.as_caller(req);
-        self.dirs.get(fh.0, offset, |after| self.listing(&c, ino, after))
+        self.dirs.get(fh.0, offset, self.lister(req, ino))
     }
 
     /// READDIR from `offset`.
