@@ -141,7 +141,8 @@ fn servers_of(cl: &Path, path: &str) -> Vec<u32> {
 }
 
 /// New files go to live io servers: the first create that meets the dead server is placed again
-/// on live ones, and so is every later one; a layout that cannot avoid it (every server, or an
+/// on live ones, and so is every later one; a file striped over every server by default goes
+/// over the live ones; a layout that cannot avoid it (a count of every server asked for, or an
 /// explicit base on it) fails naming it. Once it is back, new files use it again.
 #[test]
 fn new_files_go_to_live_io_servers() {
@@ -161,17 +162,26 @@ fn new_files_go_to_live_io_servers() {
     }
     ok(&cl, &["cp", "--stripe-count", "2", src, "sfs:/p"]);
     assert_eq!(servers_of(&cl, "sfs:/p"), [0, 1]);
-    for args in [&["cp", src, "sfs:/all"][..], &["setstripe", "-c", "1", "-i", "2", "sfs:/forced"]] {
+    // Striped over every server by default: over every one up.
+    ok(&cl, &["cp", src, "sfs:/all"]);
+    assert_eq!(servers_of(&cl, "sfs:/all"), [0, 1]);
+    let back = tc.dir.path().join("all.bin");
+    ok(&cl, &["cp", "sfs:/all", back.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&back).unwrap(), &pattern(LEN, 9)[..]);
+    for args in [
+        &["cp", "--stripe-count", "3", src, "sfs:/three"][..],
+        &["setstripe", "-c", "1", "-i", "2", "sfs:/forced"],
+    ] {
         let err = fails(&cl, args);
         assert!(err.contains(&format!("io server 2 ({dead}): ")), "{args:?}: {err}");
     }
     assert_eq!(
         ok(&cl, &["ls", "sfs:/"]),
-        "n0\nn1\nn2\non0\non1\non2\np\npair\nwide\n",
+        "all\nn0\nn1\nn2\non0\non1\non2\np\npair\nwide\n",
         "no trace of failed creates"
     );
     tc.cluster.restart_io(2).unwrap();
-    ok(&cl, &["cp", src, "sfs:/all"]);
+    ok(&cl, &["cp", "--stripe-count", "3", src, "sfs:/three"]);
     let deadline = Instant::now() + Duration::from_secs(60);
     for k in 0.. {
         let to = format!("sfs:/back{k}");
@@ -322,7 +332,8 @@ fn a_hung_io_server_costs_one_deadline_not_one_per_request() {
 }
 
 /// The meta server holds off a hung io server too: a create that needs it fails once after
-/// the wait, then at once, naming the server, while files placed on the others are made.
+/// the wait, then at once, naming the server, while files placed on the others are made (and
+/// files striped over every server by default go over the others).
 ///
 /// (Without files' objects made ahead: a create could take those while the meta server has not
 /// yet met the hung server.)
@@ -331,7 +342,8 @@ fn creates_that_need_a_hung_io_server_fail_at_once_after_the_first() {
     let tc = TestCluster::start_with("tcp", 2, common::no_objects_ahead);
     let c = tc.client();
     let _stopped = Stopped::new(tc.cluster.pid(stripefs::cluster::ServerId::Io(1)).unwrap());
-    let everywhere = || CreateOptions { mode: 0o644, layout: None };
+    let both = LayoutSpec { pcount: Some(2), ..Default::default() };
+    let everywhere = || CreateOptions { mode: 0o644, layout: Some(both) };
     let first = c.create("/a", everywhere()).unwrap_err();
     assert!(first.to_string().contains("io server 1 (tcp://"), "{first}");
     for name in ["/b", "/c"] {
@@ -342,4 +354,7 @@ fn creates_that_need_a_hung_io_server_fail_at_once_after_the_first() {
     }
     put(&c, "/on0", 0, 1);
     assert_eq!(c.stat("/on0").unwrap().attr.size, LEN as u64);
+    // A file striped over every server by default goes over the one that answers.
+    let f = c.create("/d", CreateOptions { mode: 0o644, layout: None }).unwrap();
+    assert_eq!((f.layout().base, f.layout().pcount), (0, 1));
 }

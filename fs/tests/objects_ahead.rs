@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use stripefs::CreateOptions;
+use stripefs::proto::LayoutSpec;
 use stripefs::store::ObjectStore;
 
 /// Every file under `root` (the objects, and an io server's lock file).
@@ -62,8 +63,9 @@ fn a_create_asks_no_io_server_once_objects_are_made_ahead() {
     assert_eq!((n, &back[..n]), (data.len(), &data[..]));
 }
 
-/// A dead io server is soon known down, and creates no longer take objects made ahead on it: a
-/// create that needs it fails naming it, long before a batch is used up.
+/// A dead io server is soon known down, and creates no longer take objects made ahead on it:
+/// long before a batch is used up, a file striped over every server by default goes over the
+/// live one, and a create that needs the dead one fails naming it.
 #[test]
 fn creates_stop_taking_objects_made_ahead_once_a_server_is_dead() {
     let mut tc = TestCluster::start("tcp", 2);
@@ -82,15 +84,18 @@ fn creates_stop_taking_objects_made_ahead_once_a_server_is_dead() {
     let dead = tc.cluster.config().io_servers[1].to_string();
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut took = 0;
-    let e = loop {
-        match c.create(&format!("/g{took}"), CreateOptions::default()) {
-            Ok(_) => took += 1,
-            Err(e) => break e,
+    loop {
+        let f = c.create(&format!("/g{took}"), CreateOptions::default()).unwrap();
+        if (f.layout().base, f.layout().pcount) == (0, 1) {
+            break;
         }
-        assert!(Instant::now() < deadline, "creates never failed");
+        took += 1;
+        assert!(Instant::now() < deadline, "creates never left the dead server out");
         std::thread::sleep(Duration::from_millis(100));
-    };
+    }
     assert!(took < 40, "{took} creates took objects made ahead on a dead server");
+    let both = LayoutSpec { pcount: Some(2), ..Default::default() };
+    let e = c.create("/both", CreateOptions { mode: 0o644, layout: Some(both) }).unwrap_err();
     assert!(e.to_string().contains(&format!("io server 1 ({dead})")), "{e}");
 }
 

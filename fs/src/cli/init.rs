@@ -38,7 +38,8 @@ pub struct InitArgs {
     /// Default stripe size of new files (binary units allowed: 64k, 1M; default 64 KiB).
     #[arg(long, value_parser = stripefs::units::parse_size)]
     stripe_size: Option<u64>,
-    /// Default number of io servers a new file is striped over (default: all).
+    /// Default number of io servers a new file is striped over (default: all; all that are up
+    /// while one is down).
     #[arg(long)]
     stripe_count: Option<u32>,
     /// Bytes per pipelined transfer on the io servers (binary units allowed; default 1 MiB).

@@ -78,6 +78,23 @@ fn pick_base(next: u64, n: u32, pcount: u32, avoid: &[u32]) -> (u32, u64) {
     (0..n64).find(|&skip| clear(at(skip))).map_or((at(0), 0), |skip| (at(skip), skip))
 }
 
+/// The most consecutive servers (`base`, `base + 1`, … modulo `n`) of `n` none of which is in
+/// `down`: `n` when none is down, and when all are (then a create is tried over every server,
+/// and fails naming one).
+fn widest_run_up(n: u32, down: &[u32]) -> u32 {
+    let is_down = |s: u32| down.contains(&(s % n.max(1)));
+    if (0..n).all(is_down) {
+        return n;
+    }
+    // Twice round the ring, so a run across server n - 1 and server 0 is counted whole.
+    let (mut widest, mut run) = (0, 0);
+    for s in 0..2 * n {
+        run = if is_down(s) { 0 } else { run + 1 };
+        widest = widest.max(run);
+    }
+    widest.min(n)
+}
+
 /// Deepest directory chain followed when checking a rename for cycles.
 const MAX_DEPTH: u32 = 1 << 16;
 
@@ -229,7 +246,7 @@ pub struct MetaConfig {
     pub n_servers: u32,
     /// Default stripe size.
     pub default_ssize: u64,
-    /// Default stripe count; `None` = all io servers.
+    /// Default stripe count; `None` = all io servers (those up, when some are known down).
     pub default_pcount: Option<u32>,
 }
 
@@ -800,7 +817,14 @@ impl MetaStore {
     /// whose servers avoid `avoid` if one does (see [`pick_base`]).
     fn resolve_layout(&self, tx: &mut Tx<'_>, spec: LayoutSpec, avoid: &[u32]) -> Result<Layout, MetaError> {
         let n = self.cfg.n_servers;
-        let pcount = spec.pcount.or(self.cfg.default_pcount).unwrap_or(n);
+        // A file striped over every server unless told otherwise goes over those up, as
+        // Lustre's stripe count -1 means every OST available: one dead io server must not
+        // stop every new file. A count asked for is kept, and fails naming a server down.
+        let pcount = match spec.pcount.or(self.cfg.default_pcount) {
+            Some(p) => p,
+            None if spec.base.is_none() => widest_run_up(n, avoid),
+            None => n,
+        };
         let base = match spec.base {
             Some(b) => b,
             None => {

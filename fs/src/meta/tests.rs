@@ -330,6 +330,38 @@ fn new_layouts_avoid_servers_known_down_while_the_stripe_count_allows() {
     assert_eq!(m.create_placed(&ROOT, R, "g", P, Some(forced), avoid_1).unwrap().layout.base, 1);
 }
 
+#[test]
+fn files_striped_over_every_server_by_default_go_over_those_up() {
+    let d = tempfile::tempdir().unwrap();
+    let m = store(&d);
+    let place = |avoid: &'static [u32]| Placement { avoid, precreated: None };
+    let servers = |c: &Created| c.layout.servers(4).collect::<Vec<u32>>();
+    // Server 2 of 4 down: a file of the default count goes over the other three, whichever
+    // base the rotation is at.
+    for i in 0..4 {
+        let c = m.create_placed(&ROOT, R, &format!("f{i}"), P, None, place(&[2])).unwrap();
+        assert_eq!(servers(&c), [3, 0, 1], "f{i}");
+    }
+    // Two down apart: the widest run of servers up.
+    let c = m.create_placed(&ROOT, R, "g", P, None, place(&[0, 2])).unwrap();
+    assert_eq!(c.layout.pcount, 1);
+    let c = m.create_placed(&ROOT, R, "h", P, None, place(&[0, 1])).unwrap();
+    assert_eq!(servers(&c), [2, 3]);
+    // Every server down: over every one, to be tried (and fail naming one).
+    let c = m.create_placed(&ROOT, R, "i", P, None, place(&[0, 1, 2, 3])).unwrap();
+    assert_eq!(c.layout.pcount, 4);
+    // A count asked for is kept, from the create, the directory or the cluster's defaults.
+    let four = LayoutSpec { pcount: Some(4), ..Default::default() };
+    assert_eq!(m.create_placed(&ROOT, R, "j", P, Some(four), place(&[2])).unwrap().layout.pcount, 4);
+    let (dir, _) = m.mkdir(&ROOT, R, "d", P).unwrap();
+    m.setstripe(&ROOT, dir, Some(four)).unwrap();
+    assert_eq!(m.create_placed(&ROOT, dir, "k", P, None, place(&[2])).unwrap().layout.pcount, 4);
+    let d = tempfile::tempdir().unwrap();
+    let cfg = MetaConfig { default_pcount: Some(4), ..MetaConfig::new(4) };
+    let m = MetaStore::open(&d.path().join("m.redb"), cfg).unwrap();
+    assert_eq!(m.create_placed(&ROOT, R, "l", P, None, place(&[2])).unwrap().layout.pcount, 4);
+}
+
 fn mkfile_spec(m: &MetaStore, parent: Handle, name: &str, spec: LayoutSpec) -> Created {
     let c = m.create(&ROOT, parent, name, P, Some(spec)).unwrap();
     m.commit_create(c.handle).unwrap();
