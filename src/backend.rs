@@ -121,6 +121,20 @@ impl Cmd {
         }
     }
 
+    /// The class of service it goes in, if it sends anything (a receive does not).
+    pub(crate) fn sl(&self) -> Option<ServiceLevel> {
+        match self {
+            Cmd::Recv(_) => None,
+            Cmd::Send(SendCmd { sl, .. })
+            | Cmd::Put(PutCmd { sl, .. })
+            | Cmd::Get(GetCmd { sl, .. })
+            | Cmd::Request(RequestCmd { sl, .. })
+            | Cmd::Pull(PullCmd { sl, .. })
+            | Cmd::Push(PushCmd { sl, .. })
+            | Cmd::Reply(ReplyCmd { sl, .. }) => Some(*sl),
+        }
+    }
+
     /// What its completion needs if it fails as posted: its kind, peer, tag and buffer.
     pub(crate) fn into_parts(self) -> (OpKind, PeerId, Tag, OpBuf) {
         match self {

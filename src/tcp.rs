@@ -218,6 +218,7 @@ impl Backend for TcpBackend {
         if st.closed {
             return Err(Error::Closed);
         }
+        st.check_if_idle(&cmd, &self.registry);
         let r = match st.session.eager_now(&cmd) {
             Some(e) => {
                 // The command stays here rather than moving through the write: it is large,
@@ -679,6 +680,23 @@ impl State {
         }
         turn.clear();
         self.turn = turn;
+    }
+
+    /// Before `cmd` goes on a connection this endpoint dialled that had no command for a
+    /// while: if the peer closed it meanwhile, gives it up now, so that `cmd` dials afresh
+    /// instead of failing in the closed connection (see [`sock::closed_while_idle`]).
+    fn check_if_idle(&mut self, cmd: &Cmd, registry: &Registry) {
+        let Some(link) = cmd.sl().and_then(|sl| self.session.dialled_link(cmd.peer(), sl)) else { return };
+        let Some(s) = self.socks.get_mut(link) else { return };
+        let now = Instant::now();
+        let idle = now.saturating_duration_since(mem::replace(&mut s.posted_at, now));
+        if idle < sock::IDLE_BEFORE_CHECK {
+            return;
+        }
+        if let Some(why) = sock::closed_while_idle(s) {
+            self.session.link_failed(link, why);
+            self.apply_actions(registry);
+        }
     }
 
     /// Writes a fast-path eager send (see [`EagerNow`]) in one system call; returns the bytes

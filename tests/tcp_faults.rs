@@ -344,3 +344,44 @@ fn small_and_large_frames_around_the_one_buffer_limit_arrive_intact() {
     }
     check.join().unwrap();
 }
+
+/// A server that answers every request with its own `id`, until dropped.
+fn answering(addr: &str, id: &'static [u8]) -> Endpoint {
+    let srv = Endpoint::bind(addr, Config::default().progress_thread(true)).unwrap();
+    let s = srv.clone();
+    std::thread::spawn(move || {
+        while let Ok(Some(req)) = s.next_request(None) {
+            let _ = req.reply(Bytes::from_static(id));
+        }
+    });
+    srv
+}
+
+/// A client that sat idle while its server was restarted sends its next request on a new
+/// connection, and it is answered, instead of writing it into the connection the old server
+/// closed (whose close nothing read while the client was idle) and failing. The client is as
+/// an application runs it: no progress thread, nothing reading between its calls.
+#[test]
+fn a_request_after_the_server_restarted_goes_on_a_new_connection() {
+    let old = answering("tcp://127.0.0.1:0", b"old");
+    let addr = old.local_addr().unwrap().to_string();
+    let cli = Endpoint::client(Config::default()).unwrap();
+    let p = cli.connect(addr.as_str()).unwrap();
+    let ask = || {
+        let op = cli.request(p, 1, Bytes::new(), Payload::None, ServiceLevel::Normal).unwrap();
+        cli.set_deadline(op, Instant::now() + T).unwrap();
+        cli.wait(op).unwrap()
+    };
+    assert_eq!(&ask().ok().unwrap().reply.unwrap()[..], b"old");
+    old.shutdown();
+    // The restart: the old server's sockets are closed, its close reaches the client's socket,
+    // and a new server takes the address.
+    std::thread::sleep(Duration::from_millis(100));
+    let _new = answering(&addr, b"new");
+    for _ in 0..3 {
+        let c = ask();
+        assert!(c.result.is_ok(), "{:?}", c.result);
+        assert_eq!(&c.reply.unwrap()[..], b"new");
+    }
+    assert_eq!(cli.info().counters.peers_lost, 1, "the old connection, once");
+}

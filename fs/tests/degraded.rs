@@ -194,6 +194,32 @@ fn new_files_go_to_live_io_servers() {
     }
 }
 
+/// A client that sat idle while its servers were restarted (killed, then started again on
+/// their addresses) is served at its next calls, the first too: a restart must not cost every
+/// client one failed call on a connection the old server closed.
+#[test]
+fn an_idle_client_is_served_at_once_by_restarted_servers() {
+    let mut tc = TestCluster::start("tcp", 2);
+    let c = tc.client();
+    put(&c, "/f", 0, 2);
+    tc.cluster.restart_meta().unwrap();
+    tc.cluster.restart_io(0).unwrap();
+    tc.cluster.restart_io(1).unwrap();
+    // Whatever the servers' new processes take to listen, then a moment for the old ones'
+    // closes to reach the client's sockets, as they do for an idle client.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !client_of(tc.cluster.config()).ping_all().iter().all(Result::is_ok) {
+        assert!(Instant::now() < deadline, "the servers did not come back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let st = c.stat("/f").unwrap_or_else(|e| panic!("the first call after the restart: {e}"));
+    assert_eq!(st.attr.size, LEN as u64);
+    let f = c.open("/f", stripefs::capability::Rights::READ).unwrap();
+    let (back, n) = f.read_at(0, bytes::BytesMut::zeroed(LEN)).unwrap();
+    assert_eq!((n, &back[..n]), (LEN, &pattern(LEN, 0)[..]));
+}
+
 /// A `stripefs serve` launcher, killed (with its servers, which exit with it) when dropped.
 struct Launcher(Child);
 

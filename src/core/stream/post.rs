@@ -79,6 +79,14 @@ impl Session {
         Ok(())
     }
 
+    /// The connection up that a command to `peer` in class `sl` would go on, if this endpoint
+    /// dialled it (and so could dial it again).
+    pub(crate) fn dialled_link(&self, peer: PeerId, sl: ServiceLevel) -> Option<LinkId> {
+        let p = self.peers.get(peer)?;
+        let link = p.conns[sl.index()].filter(|_| p.dial.is_some() && p.lost.is_none())?;
+        self.links.get(link).is_some_and(|c| c.is_ready()).then_some(link)
+    }
+
     /// The link for (peer, sl): existing, newly dialled, or (for a peer we cannot dial) any of
     /// its links.
     pub(super) fn link_for(&mut self, peer: PeerId, sl: ServiceLevel) -> Result<LinkId> {
