@@ -110,6 +110,18 @@ impl Budget {
     }
 }
 
+/// How long a connection this endpoint dialled goes without a command before the next is
+/// preceded by a check that the peer has not closed it meanwhile; one found closed is given up
+/// so that the command dials afresh.
+///
+/// A client that sits idle reads nothing, so a server's close waits unread on its side; a
+/// request sent after it would reach no one and fail, with the server maybe long back up (a
+/// restart). HTTP clients check a pooled connection the same way before reusing it. The
+/// spell is far shorter than any restart, so a connection the old server closed is always
+/// checked, and long enough that a busy connection never is; a request in flight when its
+/// server dies is lost either way.
+pub(crate) const IDLE_BEFORE_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// A peer: what both transports keep of it, with the connection handle `C` of the driver and
 /// the driver's own extra `D`.
 #[derive(Debug)]
@@ -200,6 +212,14 @@ impl<C: Copy + PartialEq, D> Peers<C, D> {
         let p = self.insert(None, Some(addr), Some(addr), d());
         self.by_dial.insert(addr, p);
         Ok(p)
+    }
+
+    /// The connection of class `sl` to `peer` if this endpoint dialled it (so can dial it
+    /// again): the one to check before a command goes on it after an idle spell (see
+    /// [`IDLE_BEFORE_CHECK`]).
+    pub(crate) fn dialled_conn(&self, peer: PeerId, sl: ServiceLevel) -> Option<C> {
+        let p = self.table.get(peer)?;
+        p.conns[sl.index()].filter(|_| p.dial.is_some() && p.lost.is_none())
     }
 
     /// Whether a peer announcing endpoint id `eid` may connect: it has a record already, or

@@ -5,7 +5,7 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use mio::net::TcpStream;
 use rustix::net::{RecvAncillaryBuffer, RecvFlags, SendAncillaryBuffer, SendFlags};
@@ -47,7 +47,7 @@ pub(crate) struct Sock {
     /// EOF behind it must be read, or no later edge would ever report it.
     pub hup: bool,
     /// When the application last posted a command to go on this connection (or it was
-    /// made): see [`closed_while_idle`].
+    /// made): see [`crate::core::peers::IDLE_BEFORE_CHECK`].
     pub posted_at: Instant,
     /// The socket's receive low-water mark (`SO_RCVLOWAT`) as last set: 1, the kernel's
     /// default, except while a large payload is read (see [`payload_wake_mark`]).
@@ -102,18 +102,10 @@ impl Sock {
     }
 }
 
-/// How long a connection goes without a command before the next is preceded by a check that
-/// the peer has not closed it. Far shorter than a server takes to restart, so a connection the
-/// old server closed is always checked; long enough that a busy connection never is.
-pub(crate) const IDLE_BEFORE_CHECK: Duration = Duration::from_millis(1);
-
 /// Whether the peer closed (or reset) `s`'s connection, by a look at what waits to be read
 /// that neither blocks nor takes anything: the reason if it did, `None` while it is open (or
-/// has bytes to read, which the driver reads as usual).
-///
-/// A client that sits idle reads nothing, so a server's close waits unread in its socket; a
-/// request written after it would reach no one and fail, with the server maybe long back up.
-/// HTTP clients check a pooled connection the same way before reusing it.
+/// has bytes to read, which the driver reads as usual). See
+/// [`crate::core::peers::IDLE_BEFORE_CHECK`] for when.
 pub(crate) fn closed_while_idle(s: &Sock) -> Option<String> {
     let mut byte = [0u8; 1];
     match rustix::net::recv(&*s.stream, &mut byte[..], RecvFlags::PEEK | RecvFlags::DONTWAIT) {

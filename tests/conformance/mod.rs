@@ -60,6 +60,7 @@ macro_rules! transport_suite {
                 every_op_completes_exactly_once,
                 cluster_key_required_and_checked,
                 peer_loss_fails_ops_once_and_reconnects,
+                an_idle_client_reaches_a_restarted_server,
                 soak_32_clients_checksummed,
                 info_reports_limits_and_counters,
                 batched_sends_keep_order_and_complete,
@@ -691,6 +692,51 @@ pub fn peer_loss_fails_ops_once_and_reconnects(net: &Net) {
     let srv = net.bind_at(port, Config::default().progress_thread(true)).unwrap();
     wait_ok(&cli, cli.send_unexpected(p, 3, Bytes::from_static(b"again"), ServiceLevel::Normal).unwrap());
     assert_eq!(&srv.recv_unexpected(Some(T)).unwrap().unwrap().data[..], b"again");
+}
+
+/// A client that sat idle while its server was restarted (closed, and another bound on its
+/// address) sends its next request on a new connection, and is answered, instead of sending it
+/// on the connection the old server closed, whose close nothing read while the client was
+/// idle. The client is as applications run one: no progress thread.
+pub fn an_idle_client_reaches_a_restarted_server(net: &Net) {
+    // A server answering `n` requests with `with`, on its own thread.
+    let answer = |srv: &Ep, n: usize, with: &'static [u8]| {
+        let srv = srv.clone();
+        std::thread::spawn(move || {
+            for _ in 0..n {
+                let req = srv.next_request(Some(T)).unwrap().expect("request");
+                wait_ok(&srv, req.reply(Bytes::from_static(with)).unwrap());
+            }
+        })
+    };
+    let ask = |cli: &Ep, p: PeerId| {
+        let q = cli.request(p, 1, Bytes::new(), Payload::None, ServiceLevel::Normal).unwrap();
+        wait_ok(cli, q).reply.unwrap()
+    };
+    let srv = net.bind(Config::default().progress_thread(true));
+    let addr = srv.local_addr().unwrap();
+    let cli = net.client(Config::default());
+    let p = cli.connect(&addr).unwrap();
+    let old = answer(&srv, 1, b"old");
+    assert_eq!(&ask(&cli, p)[..], b"old");
+    old.join().unwrap();
+    // The old server closes (its progress thread lets go of it within a round), and its close
+    // reaches the idle client's side before the new server is up.
+    drop(srv);
+    let t = Instant::now();
+    let srv = loop {
+        match net.bind_at(addr.port(), Config::default().progress_thread(true)) {
+            Ok(srv) => break srv,
+            Err(e) => assert!(t.elapsed() < T, "the old server never let go of its address: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let new = answer(&srv, 3, b"new");
+    for _ in 0..3 {
+        assert_eq!(&ask(&cli, p)[..], b"new");
+    }
+    new.join().unwrap();
+    assert_eq!(cli.info().counters.peers_lost, 1, "the old connection, once");
 }
 
 pub fn soak_32_clients_checksummed(net: &Net) {

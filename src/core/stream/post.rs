@@ -82,8 +82,7 @@ impl Session {
     /// The connection up that a command to `peer` in class `sl` would go on, if this endpoint
     /// dialled it (and so could dial it again).
     pub(crate) fn dialled_link(&self, peer: PeerId, sl: ServiceLevel) -> Option<LinkId> {
-        let p = self.peers.get(peer)?;
-        let link = p.conns[sl.index()].filter(|_| p.dial.is_some() && p.lost.is_none())?;
+        let link = self.peers.dialled_conn(peer, sl)?;
         self.links.get(link).is_some_and(|c| c.is_ready()).then_some(link)
     }
 

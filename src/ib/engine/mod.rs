@@ -452,6 +452,9 @@ pub(crate) struct Conn<V: Verbs> {
     /// Sends and requests posted before the peer's limits were known: their mechanism is
     /// chosen, in order, once they are (see [`State::caps`]).
     pub waiting_posts: HeldPosts,
+    /// When the application last posted a command to go on this connection (or it was made):
+    /// see [`crate::core::peers::IDLE_BEFORE_CHECK`].
+    pub posted_at: Instant,
 }
 
 pub(crate) struct Side {

@@ -7,6 +7,8 @@ use bytes::Bytes;
 use crate::backend::{Cmd, GetCmd, PullCmd, PushCmd, PutCmd, RecvCmd, ReplyCmd, RequestCmd, SendCmd};
 use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
+use crate::core::loss::Loss;
+use crate::core::peers::IDLE_BEFORE_CHECK;
 use crate::core::requests;
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
@@ -30,6 +32,7 @@ impl<V: Verbs> State<V> {
             self.ops.fail_new(op, kind, peer, tag, buf, Cmd::forgotten(peer));
             return Ok(());
         }
+        self.check_if_idle(&cmd, now);
         match cmd {
             Cmd::Send(c) => self.post_send(op, c, now),
             Cmd::Recv(c) => self.post_recv(op, c),
@@ -43,6 +46,24 @@ impl<V: Verbs> State<V> {
             Cmd::Pull(c) => self.post_pull(op, c),
             Cmd::Push(c) => self.post_push(op, c),
             Cmd::Reply(c) => self.post_reply(op, c),
+        }
+    }
+
+    /// Before `cmd` goes on a connection this endpoint dialled that had no command for a
+    /// while: if the peer closed its side channel meanwhile (it stays open as long as the
+    /// connection), gives the connection up now, so that `cmd` dials afresh instead of failing
+    /// on a queue pair nobody answers (see [`IDLE_BEFORE_CHECK`]).
+    fn check_if_idle(&mut self, cmd: &Cmd, now: Instant) {
+        let Some(cid) = cmd.sl().and_then(|sl| self.peers.dialled_conn(cmd.peer(), sl)) else { return };
+        let Some(c) = self.conn_mut(cid).filter(|c| c.ready) else { return };
+        if now.saturating_duration_since(std::mem::replace(&mut c.posted_at, now)) < IDLE_BEFORE_CHECK {
+            return;
+        }
+        let side = self.sides.iter_mut().find(|(_, s)| s.conn == Some(cid));
+        if let Some((&t, s)) = side
+            && !s.framed.still_open()
+        {
+            self.side_failed(t, Loss::Lost("side channel closed".into()));
         }
     }
 

@@ -132,6 +132,7 @@ impl<V: Verbs> State<V> {
             link: Link::new(layout, ring_rx, s.cfg.ib.max_send_wr),
             out: VecDeque::new(),
             waiting_posts: HeldPosts::default(),
+            posted_at: Instant::now(),
         };
         // Receives go up before the peer learns our queue pair, so nothing ever meets RNR.
         for i in 0..layout.n_recv as u32 {
