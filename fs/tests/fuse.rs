@@ -677,6 +677,32 @@ fn a_file_another_client_replaced_is_found_again() {
     }
 }
 
+/// A server the mount cannot reach: calls that need it fail with `EHOSTDOWN` ("Host is down"),
+/// not `ENOTCONN`, which is what a mount whose own process died answers (and what tools test
+/// for to unmount it); the mount's log names the server and the cause once, not once per
+/// call; once the server is back the mount serves again, from its first call.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_server_the_mount_cannot_reach_is_host_down_and_named_once_in_its_log() {
+    let mut tc = TestCluster::start("tcp", 2);
+    let (m, log) = mount_logging(&tc, &[]);
+    std::fs::write(m.dir.join("f"), b"data").unwrap();
+    let meta = tc.cluster.config().meta.to_string();
+    tc.cluster.kill_meta();
+    for i in 0..20 {
+        // A name never looked up: the kernel has nothing of it and asks the meta server.
+        let e = std::fs::metadata(m.dir.join(format!("missing{i}"))).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EHOSTDOWN), "{e}");
+    }
+    assert!(mounted(&m.dir), "the mount lives on");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = logged.lines().filter(|l| l.contains("cannot be reached")).collect();
+    assert_eq!(lines.len(), 1, "{logged}");
+    assert!(lines[0].contains(&format!("server=meta server ({meta}) cause=")), "{logged}");
+    tc.cluster.restart_meta().unwrap();
+    assert_eq!(std::fs::read(m.dir.join("f")).unwrap(), b"data");
+}
+
 /// A mount of a cluster whose meta server does not answer (down, or a wrong address in the
 /// cluster file) or refuses the client (another cluster's key) fails, naming the server and
 /// the cause, in the foreground and in the background; it does not mount a file system on

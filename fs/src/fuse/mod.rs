@@ -58,6 +58,7 @@ mod listing;
 mod session;
 mod sizes;
 mod unlinked;
+mod unreachable;
 use listing::{DirItem, Listings};
 
 pub use session::{DEFAULT_READ_AHEAD, MountOptions, mount, mount_notify};
@@ -166,7 +167,7 @@ impl WriteSync {
 
 fn errno(e: &FsError) -> fuser::Errno {
     debug!(error = %e, "fuse operation failed");
-    fuser::Errno::from_i32(e.errno().0)
+    fuser::Errno::from_i32(unreachable::answer(e))
 }
 
 /// The errno for an operation on a file by its handle, not by a name: a file no longer there
