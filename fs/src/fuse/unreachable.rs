@@ -4,8 +4,8 @@
 //! mount that code means something else: it is what the kernel answers for every call on a
 //! mount whose own process died ("Transport endpoint is not connected"), and users, tools and
 //! scripts that test for a dead mount take it so, and unmount. The mount answers `EHOSTDOWN`
-//! ("Host is down") instead, as the kernel's SMB client does for a server it lost, and says in
-//! its log which server and why: the caller sees only the code.
+//! ("Host is down") instead, as the kernel's SMB client does on a soft mount for a server it
+//! lost, and says in its log which server and why: the caller sees only the code.
 
 use crate::Errno;
 use crate::FsError;
