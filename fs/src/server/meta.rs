@@ -251,14 +251,23 @@ impl MetaServer {
                 let (mut not_before, mut next_ping) = (Instant::now(), Instant::now());
                 while !stop4.load(Ordering::Relaxed) {
                     if Instant::now() >= not_before && !s4.precreate_batch() {
-                        // Failed: the janitor cleans up; try again after its pause.
+                        // A server down or failing: the janitor cleans up what a failed batch
+                        // left; try again after its pause.
                         not_before = Instant::now() + s4.cfg.janitor_interval;
                     }
                     if Instant::now() >= next_ping {
                         s4.ping_up();
                         next_ping = Instant::now() + s4.cfg.janitor_interval;
                     }
-                    s4.precreated.wait_low(Duration::from_millis(100));
+                    let now = Instant::now();
+                    if now < not_before {
+                        // Files are wanted that cannot be made yet: waiting for creates to
+                        // take some would return at once, and go round again for as long as
+                        // the server stays down.
+                        pause(&stop4, not_before.min(next_ping).saturating_duration_since(now));
+                    } else {
+                        s4.precreated.wait_low(Duration::from_millis(100));
+                    }
                 }
             })?);
         }
@@ -556,12 +565,16 @@ impl Shared {
     }
 
     /// Makes the objects of up to one batch of files ahead, if fewer than half the wanted are
-    /// left and every io server is up. False if a server failed: what was reserved then goes
-    /// to the orphans, for the janitor to remove whatever was made.
+    /// left and every io server is up. False if some are wanted and it could not: a server is
+    /// down, or failed (what was reserved then goes to the orphans, for the janitor to remove
+    /// whatever was made).
     fn precreate_batch(&self) -> bool {
         let want = self.precreated.wanted().min(proto::MAX_BATCH);
-        if want == 0 || !self.lock_live().down().is_empty() {
+        if want == 0 {
             return true;
+        }
+        if !self.lock_live().down().is_empty() {
+            return false;
         }
         let hs = match self.store.reserve_precreated(want) {
             Ok(hs) => hs,
