@@ -41,7 +41,6 @@ use crate::backend::{Backend, Cmd};
 use crate::buffers::buf::{BufPool, RegisteredBuf};
 use crate::completions::Completions;
 use crate::config::Config;
-use crate::core::peers::IDLE_BEFORE_CHECK;
 use crate::core::stream::{Action, EagerNow, IoVec, LinkId, RecvInto, Session, Settings, Slab};
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
@@ -685,13 +684,11 @@ impl State {
 
     /// Before `cmd` goes on a connection this endpoint dialled that had no command for a
     /// while: if the peer closed it meanwhile, gives it up now, so that `cmd` dials afresh
-    /// instead of failing in the closed connection (see [`IDLE_BEFORE_CHECK`]).
+    /// instead of failing in the closed connection (see [`crate::core::peers::IDLE_BEFORE_CHECK`]).
     fn check_if_idle(&mut self, cmd: &Cmd, registry: &Registry) {
         let Some(link) = cmd.sl().and_then(|sl| self.session.dialled_link(cmd.peer(), sl)) else { return };
         let Some(s) = self.socks.get_mut(link) else { return };
-        let now = Instant::now();
-        let idle = now.saturating_duration_since(mem::replace(&mut s.posted_at, now));
-        if idle < IDLE_BEFORE_CHECK {
+        if !s.last_command.idle_until(Instant::now()) {
             return;
         }
         if let Some(why) = sock::closed_while_idle(s) {

@@ -122,6 +122,24 @@ impl Budget {
 /// server dies is lost either way.
 pub(crate) const IDLE_BEFORE_CHECK: std::time::Duration = std::time::Duration::from_millis(1);
 
+/// When a connection this endpoint dialled last took a command: a driver keeps one per
+/// connection and asks it at each command whether to look at the connection first.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LastCommand(std::time::Instant);
+
+impl LastCommand {
+    /// A connection made at `now`.
+    pub(crate) fn new(now: std::time::Instant) -> LastCommand {
+        LastCommand(now)
+    }
+
+    /// A command goes on the connection at `now`: whether it had none for
+    /// [`IDLE_BEFORE_CHECK`], so that the driver is to check the peer has not closed it.
+    pub(crate) fn idle_until(&mut self, now: std::time::Instant) -> bool {
+        now.saturating_duration_since(std::mem::replace(&mut self.0, now)) >= IDLE_BEFORE_CHECK
+    }
+}
+
 /// A peer: what both transports keep of it, with the connection handle `C` of the driver and
 /// the driver's own extra `D`.
 #[derive(Debug)]

@@ -12,6 +12,7 @@ use rustix::net::{RecvAncillaryBuffer, RecvFlags, SendAncillaryBuffer, SendFlags
 use socket2::SockRef;
 
 use crate::config::Config;
+use crate::core::peers::LastCommand;
 use crate::core::stream::IoVec;
 use crate::types::ServiceLevel;
 
@@ -48,7 +49,7 @@ pub(crate) struct Sock {
     pub hup: bool,
     /// When the application last posted a command to go on this connection (or it was
     /// made): see [`crate::core::peers::IDLE_BEFORE_CHECK`].
-    pub posted_at: Instant,
+    pub last_command: LastCommand,
     /// The socket's receive low-water mark (`SO_RCVLOWAT`) as last set: 1, the kernel's
     /// default, except while a large payload is read (see [`payload_wake_mark`]).
     #[cfg(target_os = "linux")]
@@ -66,7 +67,7 @@ impl Sock {
             drained_fresh: false,
             direct: None,
             hup: false,
-            posted_at: Instant::now(),
+            last_command: LastCommand::new(Instant::now()),
             #[cfg(target_os = "linux")]
             wake_mark: 1,
         }

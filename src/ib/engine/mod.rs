@@ -109,7 +109,7 @@ use crate::completions::Completions;
 use crate::config::Config;
 use crate::core::loss::Loss;
 use crate::core::ops::{OpExtra, OpState, OpTable};
-use crate::core::peers::Peers;
+use crate::core::peers::{LastCommand, Peers};
 use crate::core::requests::Requests;
 use crate::error::{Error, Result};
 use crate::ib::verbs::*;
@@ -454,7 +454,7 @@ pub(crate) struct Conn<V: Verbs> {
     pub waiting_posts: HeldPosts,
     /// When the application last posted a command to go on this connection (or it was made):
     /// see [`crate::core::peers::IDLE_BEFORE_CHECK`].
-    pub posted_at: Instant,
+    pub last_command: LastCommand,
 }
 
 pub(crate) struct Side {

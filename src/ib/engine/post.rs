@@ -8,7 +8,6 @@ use crate::backend::{Cmd, GetCmd, PullCmd, PushCmd, PutCmd, RecvCmd, ReplyCmd, R
 use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
 use crate::core::loss::Loss;
-use crate::core::peers::IDLE_BEFORE_CHECK;
 use crate::core::requests;
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
@@ -52,11 +51,11 @@ impl<V: Verbs> State<V> {
     /// Before `cmd` goes on a connection this endpoint dialled that had no command for a
     /// while: if the peer closed its side channel meanwhile (it stays open as long as the
     /// connection), gives the connection up now, so that `cmd` dials afresh instead of failing
-    /// on a queue pair nobody answers (see [`IDLE_BEFORE_CHECK`]).
+    /// on a queue pair nobody answers (see [`crate::core::peers::IDLE_BEFORE_CHECK`]).
     fn check_if_idle(&mut self, cmd: &Cmd, now: Instant) {
         let Some(cid) = cmd.sl().and_then(|sl| self.peers.dialled_conn(cmd.peer(), sl)) else { return };
         let Some(c) = self.conn_mut(cid).filter(|c| c.ready) else { return };
-        if now.saturating_duration_since(std::mem::replace(&mut c.posted_at, now)) < IDLE_BEFORE_CHECK {
+        if !c.last_command.idle_until(now) {
             return;
         }
         let side = self.sides.iter_mut().find(|(_, s)| s.conn == Some(cid));

@@ -24,7 +24,7 @@ use super::link::{Layout, Link};
 use super::plan::HeldPosts;
 use super::reg::{DmaRegion, register_region};
 use super::side::{Framed, IbInfo};
-use super::{Conn, Loss, Side, State, WR_RECV, wr_id};
+use super::{Conn, LastCommand, Loss, Side, State, WR_RECV, wr_id};
 
 /// No connection: connection ids are 20 bits (see `wr_id`).
 const NO_CONN: u32 = u32::MAX;
@@ -132,7 +132,7 @@ impl<V: Verbs> State<V> {
             link: Link::new(layout, ring_rx, s.cfg.ib.max_send_wr),
             out: VecDeque::new(),
             waiting_posts: HeldPosts::default(),
-            posted_at: Instant::now(),
+            last_command: LastCommand::new(Instant::now()),
         };
         // Receives go up before the peer learns our queue pair, so nothing ever meets RNR.
         for i in 0..layout.n_recv as u32 {
