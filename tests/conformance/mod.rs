@@ -61,6 +61,7 @@ macro_rules! transport_suite {
                 cluster_key_required_and_checked,
                 peer_loss_fails_ops_once_and_reconnects,
                 an_idle_client_reaches_a_restarted_server,
+                a_reply_sent_before_the_server_closes_arrives,
                 soak_32_clients_checksummed,
                 info_reports_limits_and_counters,
                 batched_sends_keep_order_and_complete,
@@ -737,6 +738,24 @@ pub fn an_idle_client_reaches_a_restarted_server(net: &Net) {
     }
     new.join().unwrap();
     assert_eq!(cli.info().counters.peers_lost, 1, "the old connection, once");
+}
+
+/// A server that answers and closes at once still delivers the answer, as TCP delivers what
+/// was written before a close. The server has no progress thread, so its endpoint closes the
+/// moment it is dropped, right after its reply completed.
+pub fn a_reply_sent_before_the_server_closes_arrives(net: &Net) {
+    for round in 0..20 {
+        let srv = net.bind(Config::default());
+        let cli = net.client(Config::default().progress_thread(true));
+        let p = cli.connect(srv.local_addr().unwrap()).unwrap();
+        let q = cli.request(p, 1, Bytes::new(), Payload::None, ServiceLevel::Normal).unwrap();
+        let req = srv.next_request(Some(T)).unwrap().expect("request");
+        wait_ok(&srv, req.reply(Bytes::from_static(b"last words")).unwrap());
+        drop(srv);
+        let c = wait(&cli, q);
+        assert!(c.is_ok(), "round {round}: {:?}", c.result);
+        assert_eq!(&c.reply.unwrap()[..], b"last words", "round {round}");
+    }
 }
 
 pub fn soak_32_clients_checksummed(net: &Net) {

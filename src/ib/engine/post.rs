@@ -7,7 +7,6 @@ use bytes::Bytes;
 use crate::backend::{Cmd, GetCmd, PullCmd, PushCmd, PutCmd, RecvCmd, ReplyCmd, RequestCmd, SendCmd};
 use crate::buffers::buf::OpBuf;
 use crate::comm::Mechanism;
-use crate::core::loss::Loss;
 use crate::core::requests;
 use crate::error::{Error, Result};
 use crate::expose::MemHandle;
@@ -62,7 +61,7 @@ impl<V: Verbs> State<V> {
         if let Some((&t, s)) = side
             && !s.framed.still_open()
         {
-            self.side_failed(t, Loss::Lost("side channel closed".into()));
+            self.side_closed(t);
         }
     }
 

@@ -293,6 +293,16 @@ impl<V: Verbs> State<V> {
         }
     }
 
+    /// The peer closed the side channel `t` of an established connection, as it does when
+    /// its endpoint closes. What it sent before is in the completion queue already (its sends
+    /// completed only once delivered), and its close may be seen in the same round as their
+    /// completions or before them: take those first, so that a reply sent just before the
+    /// close is delivered rather than failed with the rest.
+    pub(crate) fn side_closed(&mut self, t: Token) {
+        self.poll_cq();
+        self.side_failed(t, Loss::Lost("side channel closed".into()));
+    }
+
     /// Drives one side channel after an event.
     pub(crate) fn side_event(&mut self, t: Token, writable: bool, now: Instant) {
         let Some(s) = self.sides.get_mut(&t) else { return };
@@ -341,7 +351,7 @@ impl<V: Verbs> State<V> {
             }
             if matches!(s.phase, SidePhase::Established) {
                 if !s.framed.still_open() {
-                    self.side_failed(t, Loss::Lost("side channel closed".into()));
+                    self.side_closed(t);
                 }
                 return;
             }
