@@ -89,6 +89,18 @@ struct Inner {
     fd_registered: AtomicBool,
 }
 
+impl Inner {
+    /// What [`Endpoint::shutdown`] does; a second call does nothing more.
+    fn shut_down(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.completions.close();
+        let _g = self.init.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = self.backend.get() {
+            b.shutdown();
+        }
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
@@ -98,10 +110,28 @@ impl Drop for Inner {
     }
 }
 
-/// A communication endpoint. Cheap to clone (shared); `Send + Sync`.
+/// Shuts the endpoint down when the application's last handle goes. The progress thread
+/// holds the endpoint too, for a whole round of up to [`MAX_BLOCK`]; without this the
+/// listener and the connections would outlive the last handle until that round ends, and a
+/// server that drops its endpoint and binds the same address again would find it in use.
+struct Owner(Weak<Inner>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.shut_down();
+        }
+    }
+}
+
+/// A communication endpoint. Cheap to clone (shared); `Send + Sync`. Dropping the last clone
+/// (requests taken from it count as clones) shuts it down as [`Endpoint::shutdown`] does, at
+/// once: its address can be bound again.
 #[derive(Clone)]
 pub struct Endpoint {
     inner: Arc<Inner>,
+    /// Every handle of the application has it; the progress thread's has not.
+    _owner: Option<Arc<Owner>>,
 }
 
 impl fmt::Debug for Endpoint {
@@ -167,18 +197,18 @@ impl Endpoint {
     }
 
     fn new(cfg: Config) -> Endpoint {
-        Endpoint {
-            inner: Arc::new(Inner {
-                cfg,
-                completions: Arc::new(Completions::default()),
-                backend: OnceLock::new(),
-                init: Mutex::new(()),
-                stop: Arc::new(AtomicBool::new(false)),
-                progress: Mutex::new(None),
-                fd_used: AtomicBool::new(false),
-                fd_registered: AtomicBool::new(false),
-            }),
-        }
+        let inner = Arc::new(Inner {
+            cfg,
+            completions: Arc::new(Completions::default()),
+            backend: OnceLock::new(),
+            init: Mutex::new(()),
+            stop: Arc::new(AtomicBool::new(false)),
+            progress: Mutex::new(None),
+            fd_used: AtomicBool::new(false),
+            fd_registered: AtomicBool::new(false),
+        });
+        let owner = Some(Arc::new(Owner(Arc::downgrade(&inner))));
+        Endpoint { inner, _owner: owner }
     }
 
     fn start_progress_thread(&self) {
@@ -192,7 +222,7 @@ impl Endpoint {
             .spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     let Some(inner) = weak.upgrade() else { break };
-                    let ep = Endpoint { inner };
+                    let ep = Endpoint { inner, _owner: None };
                     // Wait for nothing in particular: drive until the round ends.
                     let _ = ep.wait_until(
                         Until::At(Instant::now() + MAX_BLOCK),
@@ -952,12 +982,7 @@ impl Endpoint {
     /// that arrived but were not answered are answered with an error as they are dropped.
     /// A second call does nothing.
     pub fn shutdown(&self) {
-        self.inner.stop.store(true, Ordering::Relaxed);
-        self.inner.completions.close();
-        let _g = self.inner.init.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(b) = self.inner.backend.get() {
-            b.shutdown();
-        }
+        self.inner.shut_down();
     }
 
     fn check_open(&self) -> Result<()> {

@@ -1,7 +1,7 @@
 //! `Endpoint::shutdown`: pending operations complete once with `Closed`, waiting threads
 //! return, later posts and connects are refused, and the peer sees the connection go.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use ionet::{Config, Endpoint, Error, Payload, ServiceLevel};
@@ -88,4 +88,48 @@ fn shutdown_with_a_progress_thread() {
     srv.shutdown();
     assert!(matches!(waiter.join().unwrap(), Some(Error::Closed)));
     drop(srv);
+}
+
+/// A server that drops its endpoint can bind the same address again at once: the listener
+/// closes with the last handle, not when a thread of the endpoint's own next looks.
+fn dropped_server_address_is_free_at_once(scheme: &str, progress_thread: bool) {
+    let cfg = || Config::default().progress_thread(progress_thread);
+    let mut srv = Endpoint::bind(format!("{scheme}://127.0.0.1:0"), cfg()).unwrap();
+    let addr = srv.local_addr().unwrap();
+    for round in 0..5 {
+        // A client of its own: one whose connection the old server closed an instant ago
+        // might send into that closed connection, which is not what this looks at.
+        let cli = Endpoint::client(Config::default().progress_thread(true)).unwrap();
+        let peer = cli.connect(&addr).unwrap();
+        let op = cli.request(peer, 1, Bytes::from_static(b"q"), Payload::None, ServiceLevel::Normal).unwrap();
+        let what = format!("{scheme} (progress thread {progress_thread}): round {round}");
+        let req = srv.next_request(Some(LONG)).unwrap();
+        let req = req.unwrap_or_else(|| panic!("{what}: no request; client: {:?}", cli.test(op)));
+        req.reply(Bytes::from_static(b"a")).unwrap();
+        // Without a progress thread the server sends the reply only while driven.
+        let deadline = Instant::now() + LONG;
+        let c = loop {
+            if let Some(c) = cli.test(op).unwrap() {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "{what}: no reply");
+            let _ = srv.try_progress();
+            std::thread::yield_now();
+        };
+        assert!(c.result.is_ok(), "{what}: {:?}", c.result);
+        drop(srv);
+        srv = match Endpoint::bind(&addr, cfg()) {
+            Ok(s) => s,
+            Err(e) => panic!("{what}: {e}"),
+        };
+    }
+}
+
+#[test]
+fn a_dropped_server_address_is_free_at_once() {
+    for scheme in ["tcp", "softib"] {
+        for progress_thread in [false, true] {
+            dropped_server_address_is_free_at_once(scheme, progress_thread);
+        }
+    }
 }
