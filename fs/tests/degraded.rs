@@ -411,3 +411,47 @@ fn creates_that_need_a_hung_io_server_fail_at_once_after_the_first() {
     let f = c.create("/d", CreateOptions { mode: 0o644, layout: None }).unwrap();
     assert_eq!((f.layout().base, f.layout().pcount), (0, 1));
 }
+
+/// Creates that wait for a hung io server leave the meta server serving everyone else: with
+/// twice as many of them waiting as it has workers, another client still learns its status,
+/// makes a directory, lists and looks it up; the creates end once the server continues.
+///
+/// (Without files' objects made ahead, so that every create asks the io server.)
+#[test]
+fn creates_waiting_for_a_hung_io_server_leave_the_namespace_served() {
+    const WAITING: u64 = 8;
+    let tc = TestCluster::start_with("tcp", 2, common::no_objects_ahead);
+    let stopped = Stopped::new(tc.cluster.pid(stripefs::cluster::ServerId::Io(1)).unwrap());
+    let on1 = LayoutSpec { base: Some(1), pcount: Some(1), ..Default::default() };
+    let creates: Vec<_> = (0..WAITING)
+        .map(|i| {
+            let c = tc.client();
+            std::thread::spawn(move || {
+                c.create(&format!("/w{i}"), CreateOptions { mode: 0o644, layout: Some(on1) })
+            })
+        })
+        .collect();
+    // A client that gives up soon, so that a meta server with every worker waiting shows here
+    // as failed calls rather than slow ones.
+    let opts = stripefs::ClientOptions { timeout: Duration::from_secs(2), ..Default::default() };
+    let other = Client::connect_with(tc.cluster.config(), opts).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let stripefs::ServerState::Up(s) = other.status().meta
+            && s.in_flight >= WAITING
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the meta server did not answer with the creates in hand");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    other.mkdir("/elsewhere", 0o755).unwrap();
+    assert!(other.readdir("/").unwrap().iter().any(|e| &*e.name == "elsewhere"));
+    other.stat("/elsewhere").unwrap();
+    drop(stopped);
+    for (i, t) in creates.into_iter().enumerate() {
+        if let Err(e) = t.join().unwrap() {
+            assert!(e.to_string().contains("io server 1 (tcp://"), "/w{i}: {e}");
+        }
+    }
+}

@@ -8,9 +8,10 @@
 //!   a create whose layout spans every server takes one and is committed at once. That thread
 //!   also pings the io servers every janitor pass, so a dead one is known before many creates
 //!   take objects made on it.
-//! * **unlink / rename over a file** (a symbolic link has no objects; only its record goes): the store moves the file to its orphan table in the same
-//!   transaction that removes the name; `RemoveObject` goes to every server; when all are gone
-//!   (or already missing) the orphan is forgotten, otherwise a janitor thread retries.
+//! * **unlink / rename over a file** (a symbolic link has no objects; only its record goes): the
+//!   store moves the file to its orphan table in the same transaction that removes the name, and
+//!   the client has its answer; then `RemoveObject` goes to every server; when all are gone (or
+//!   already missing) the orphan is forgotten, otherwise a janitor thread retries.
 //! * **truncate** (`Setattr` with a size): the store records the size; each server gets
 //!   `TruncateObject` with its [`Layout::local_size`](crate::layout::Layout::local_size).
 //! * At start-up, creates left pending by a crash and orphans are handed to the janitor, which
@@ -19,13 +20,16 @@
 //!   server answered. New files are placed on servers that are up while the stripe count leaves
 //!   a choice (a create that meets a newly dead server is placed once more without it), removals
 //!   leave a down server's objects to the janitor instead of waiting for it, and the janitor pings
-//!   down servers every pass. Namespace requests never touch an io server.
+//!   down servers every pass. Namespace requests never touch an io server, and the work that
+//!   does (creates, truncates, removals) runs on threads of its own (see `upstream`), so an io
+//!   server that hangs holds up that work, never the namespace.
 //!
 //! The meta server's requests to io servers carry an `ADMIN` capability it mints itself; clients
 //! are never granted `ADMIN`.
 
 use super::liveness::{Change, Liveness};
 use super::precreate::Precreated;
+use super::upstream::{self, Upstream};
 use super::{
     Load, MetaState, PeerSpans, Reporting, ServerError, ServerHandle, ServerReport, send_reply, spawn_workers,
 };
@@ -132,6 +136,50 @@ struct Shared {
     peers: PeerSpans,
     /// Files' handles whose objects are made on every io server.
     precreated: Precreated,
+    /// Threads for the requests and removals that wait for io servers.
+    upstream: Upstream<Deferred>,
+}
+
+/// Whether the answer to `r` may wait for io servers: a create has the file's objects made
+/// (unless it takes some made ahead), a size set truncates them.
+fn waits_for_io_servers(r: &MetaRequest) -> bool {
+    match r {
+        MetaRequest::Create { .. } => true,
+        MetaRequest::Setattr { set, .. } => set.size.is_some(),
+        _ => false,
+    }
+}
+
+/// Work that waits for io servers, done on the upstream threads rather than by a worker.
+struct Deferred {
+    shared: Arc<Shared>,
+    what: Waits,
+}
+
+enum Waits {
+    /// A request whose answer depends on io servers (a create, a truncate).
+    Serve(Request, Box<Envelope<MetaCall>>),
+    /// A removed file's objects, its name gone already.
+    Remove(Objects),
+}
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Deferred")
+    }
+}
+
+impl Deferred {
+    fn run(self) {
+        let s = &self.shared;
+        match self.what {
+            Waits::Serve(req, env) => {
+                let _serving = s.load.resume();
+                s.answer(req, *env);
+            }
+            Waits::Remove(objs) => s.remove_objects(objs),
+        }
+    }
 }
 
 /// Sleeps for `d`, or until `stop` is set, whichever comes first.
@@ -194,6 +242,9 @@ impl MetaServer {
         let stop = Arc::new(AtomicBool::new(false));
         let workers = cfg.workers;
         let cfg_precreate = cfg.precreate;
+        let addr = ep.local_addr().map_or_else(String::new, |a| a.to_string());
+        let span = tracing::error_span!("server", role = "meta-upstream", %addr);
+        let (upstream, upstream_threads) = Upstream::start(&span, &stop, Deferred::run)?;
         let live = Mutex::new(Liveness::new(io.len()));
         let io_health = (0..io.len()).map(|_| Health::default()).collect();
         let shared = Arc::new(Shared {
@@ -211,12 +262,13 @@ impl MetaServer {
             load: Load::new(),
             peers: PeerSpans::default(),
             precreated: Precreated::new(cfg_precreate),
+            upstream,
         });
         let s2 = shared.clone();
         let mut threads = spawn_workers("meta", &ep, workers, &stop, move |req| s2.handle(req))?;
+        threads.extend(upstream_threads);
         let (s3, stop3) = (shared.clone(), stop.clone());
         // Its warnings name the server as the workers' do.
-        let addr = ep.local_addr().map_or_else(String::new, |a| a.to_string());
         let span = tracing::error_span!("server", role = "meta-janitor", %addr);
         threads.push(std::thread::Builder::new().name("meta-janitor".into()).spawn(move || {
             let _server = span.enter();
@@ -313,7 +365,7 @@ fn fs_err(e: &FsError) -> ErrorReply {
 }
 
 impl Shared {
-    fn handle(&self, req: Request) {
+    fn handle(self: &Arc<Self>, req: Request) {
         let _serving = self.load.begin();
         let env = match proto::decode::<MetaCall>(req.header()) {
             Ok(env) => env,
@@ -325,6 +377,22 @@ impl Shared {
                 return;
             }
         };
+        if !waits_for_io_servers(&env.body.req) {
+            return self.answer(req, env);
+        }
+        let work = Deferred { shared: self.clone(), what: Waits::Serve(req, Box::new(env)) };
+        if let Err(Deferred { what: Waits::Serve(req, env), .. }) = self.upstream.submit(work) {
+            self.load.failed();
+            let busy = ErrorReply::new(
+                Errno::EAGAIN,
+                format!("busy: {} requests wait for io servers already", upstream::QUEUED),
+            );
+            send_reply(&self.ep, req, env.id, MetaReply::Error(busy));
+        }
+    }
+
+    /// Serves a decoded request and sends the answer.
+    fn answer(self: &Arc<Self>, req: Request, env: Envelope<MetaCall>) {
         let conn = self.peers.span(&self.ep, req.peer());
         let body = env.body.req;
         let traced = Traced::new(debug_span!(
@@ -369,7 +437,7 @@ impl Shared {
         Rights::from_bits(r.bits() & Rights::READ_WRITE.bits())
     }
 
-    fn serve(&self, cred: &Cred, body: MetaRequest) -> MetaReply {
+    fn serve(self: &Arc<Self>, cred: &Cred, body: MetaRequest) -> MetaReply {
         let s = &self.store;
         let r = match body {
             MetaRequest::Statfs => s.statfs().map(MetaReply::Statfs),
@@ -427,14 +495,14 @@ impl Shared {
             MetaRequest::Rmdir { parent, name } => s.rmdir(cred, parent, &name).map(|()| MetaReply::Done),
             MetaRequest::Unlink { parent, name } => s.unlink(cred, parent, &name).map(|objs| {
                 if let Some(objs) = objs {
-                    self.remove_objects(objs);
+                    self.remove_later(objs);
                 }
                 MetaReply::Done
             }),
             MetaRequest::Rename { src_parent, src_name, dst_parent, dst_name } => {
                 s.rename(cred, src_parent, &src_name, dst_parent, &dst_name).map(|replaced| {
                     if let Some(objs) = replaced {
-                        self.remove_objects(objs);
+                        self.remove_later(objs);
                     }
                     MetaReply::Done
                 })
@@ -620,6 +688,16 @@ impl Shared {
 
     fn lock_janitor(&self) -> std::sync::MutexGuard<'_, Janitor> {
         self.janitor.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Has a removed file's objects removed on an upstream thread, without waiting; with
+    /// every thread busy and the queue full they are left to the janitor, as the store keeps
+    /// the file among its orphans until they are gone.
+    fn remove_later(self: &Arc<Self>, objs: Objects) {
+        let work = Deferred { shared: self.clone(), what: Waits::Remove(objs) };
+        if self.upstream.submit(work).is_err() {
+            debug!("orphan left for the janitor: the upstream threads are busy");
+        }
     }
 
     /// Removes an orphan's objects now; forgets it if all are gone, else the janitor retries.

@@ -15,6 +15,7 @@ pub mod io;
 mod liveness;
 pub mod meta;
 mod precreate;
+mod upstream;
 
 use crate::proto::{
     self, BoundedString, DiskSpace, Envelope, ErrorReply, FsStats, Reply, ServerStats, ServerStatus,
@@ -164,6 +165,13 @@ impl Load {
     /// A request arrived; it is in flight until the guard goes.
     pub(crate) fn begin(&self) -> Serving<'_> {
         self.requests.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        Serving(self)
+    }
+
+    /// A request counted by [`Load::begin`], whose guard went when it was handed to another
+    /// thread, is served there: in flight again until this guard goes.
+    pub(crate) fn resume(&self) -> Serving<'_> {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         Serving(self)
     }
