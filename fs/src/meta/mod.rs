@@ -162,6 +162,10 @@ pub enum MetaError {
     /// The entry is being created by another request.
     #[error("entry is being created")]
     Busy,
+    /// A create asked to take a file made ahead ([`Placement::made_ahead_only`]) could not:
+    /// its objects would have to be made first. Nothing was written.
+    #[error("the create needs its objects made")]
+    NeedsObjects,
     /// The caller's credentials lack a permission the mode bits require.
     #[error("permission denied")]
     Access,
@@ -214,6 +218,7 @@ impl MetaError {
             MetaError::Name(NameError::TooLong) | MetaError::TargetTooLong => Errno::ENAMETOOLONG,
             MetaError::Name(_) | MetaError::Layout(_) | MetaError::Invalid(_) => Errno::EINVAL,
             MetaError::Busy => Errno::EBUSY,
+            MetaError::NeedsObjects => Errno::EAGAIN,
             MetaError::Access => Errno::EACCES,
             MetaError::NotPermitted(_) => Errno::EPERM,
             MetaError::TooManyLinks => Errno::EMLINK,
@@ -339,6 +344,9 @@ pub struct Placement<'a> {
     /// A handle from [`MetaStore::reserve_precreated`] whose objects exist on every io server:
     /// taken if the layout spans every server (and the handle is still reserved).
     pub precreated: Option<Handle>,
+    /// Only a create that takes `precreated`, which needs no io server: any other fails with
+    /// [`MetaError::NeedsObjects`] and writes nothing.
+    pub made_ahead_only: bool,
 }
 
 /// An open file's metadata.

@@ -52,6 +52,9 @@ impl MetaStore {
                 Some(h) if layout.pcount == self.cfg.n_servers => tx.precreated.remove(h.0)?.is_some(),
                 _ => false,
             };
+            if place.made_ahead_only && !taken {
+                return Err(MetaError::NeedsObjects);
+            }
             let mut ino = Inode {
                 attr: attr.clone(),
                 parent: parent.0,

@@ -126,7 +126,7 @@ fn pending_creates_survive_a_crash() {
 }
 
 fn create_with(m: &MetaStore, name: &str, spec: Option<LayoutSpec>, h: Handle) -> Created {
-    let place = Placement { avoid: &[], precreated: Some(h) };
+    let place = Placement { avoid: &[], precreated: Some(h), made_ahead_only: false };
     m.create_placed(&ROOT, R, name, P, spec, place).unwrap()
 }
 
@@ -245,9 +245,26 @@ fn a_layout_narrower_than_every_server_leaves_the_precreated_handle() {
     assert_ne!(c.handle, hs[0]);
     assert_eq!(m.precreated().unwrap(), hs);
     // A refused create leaves it too.
-    let place = Placement { avoid: &[], precreated: Some(hs[0]) };
+    let place = Placement { avoid: &[], precreated: Some(hs[0]), made_ahead_only: false };
     assert!(matches!(m.create_placed(&ROOT, R, "f", P, None, place), Err(MetaError::Exists)));
     assert_eq!(m.precreated().unwrap(), hs);
+}
+
+#[test]
+fn a_create_made_ahead_only_writes_nothing_when_it_needs_objects() {
+    let d = tempfile::tempdir().unwrap();
+    let m = store(&d);
+    let hs = m.reserve_precreated(1).unwrap();
+    let only = |precreated| Placement { avoid: &[], precreated, made_ahead_only: true };
+    let two = LayoutSpec { pcount: Some(2), ..Default::default() };
+    for (spec, h) in [(Some(two), Some(hs[0])), (None, None)] {
+        let r = m.create_placed(&ROOT, R, "f", P, spec, only(h));
+        assert!(matches!(r, Err(MetaError::NeedsObjects)), "{r:?}");
+        assert!(names(&m, R).is_empty() && m.pending_creates().unwrap().is_empty());
+        assert_eq!(m.precreated().unwrap(), hs);
+    }
+    let c = m.create_placed(&ROOT, R, "f", P, None, only(Some(hs[0]))).unwrap();
+    assert!(c.committed && c.handle == hs[0]);
 }
 
 #[test]
@@ -317,7 +334,7 @@ fn new_layouts_avoid_servers_known_down_while_the_stripe_count_allows() {
     let d = tempfile::tempdir().unwrap();
     let m = store(&d);
     let one = LayoutSpec { pcount: Some(1), ..Default::default() };
-    let avoid_1 = Placement { avoid: &[1], precreated: None };
+    let avoid_1 = Placement { avoid: &[1], precreated: None, made_ahead_only: false };
     let bases: Vec<u32> = (0..6)
         .map(|i| {
             let c = m.create_placed(&ROOT, R, &format!("f{i}"), P, Some(one), avoid_1).unwrap();
@@ -334,7 +351,7 @@ fn new_layouts_avoid_servers_known_down_while_the_stripe_count_allows() {
 fn files_striped_over_every_server_by_default_go_over_those_up() {
     let d = tempfile::tempdir().unwrap();
     let m = store(&d);
-    let place = |avoid: &'static [u32]| Placement { avoid, precreated: None };
+    let place = |avoid: &'static [u32]| Placement { avoid, precreated: None, made_ahead_only: false };
     let servers = |c: &Created| c.layout.servers(4).collect::<Vec<u32>>();
     // Server 2 of 4 down: a file of the default count goes over the other three, whichever
     // base the rotation is at.

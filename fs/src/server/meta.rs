@@ -141,7 +141,7 @@ struct Shared {
 }
 
 /// Whether the answer to `r` may wait for io servers: a create has the file's objects made
-/// (unless it takes some made ahead), a size set truncates them.
+/// (unless it takes a file made ahead), a size set truncates them.
 fn waits_for_io_servers(r: &MetaRequest) -> bool {
     match r {
         MetaRequest::Create { .. } => true,
@@ -175,7 +175,7 @@ impl Deferred {
         match self.what {
             Waits::Serve(req, env) => {
                 let _serving = s.load.resume();
-                s.answer(req, *env);
+                s.answer(req, *env, true);
             }
             Waits::Remove(objs) => s.remove_objects(objs),
         }
@@ -377,9 +377,19 @@ impl Shared {
                 return;
             }
         };
-        if !waits_for_io_servers(&env.body.req) {
-            return self.answer(req, env);
-        }
+        // A create that takes a file made ahead needs no io server: the worker tries that.
+        let deferred = match &env.body.req {
+            MetaRequest::Create { .. } => {
+                let again = env.clone();
+                self.answer(req, env, false).map(|req| (req, again))
+            }
+            r if waits_for_io_servers(r) => Some((req, env)),
+            _ => {
+                self.answer(req, env, true);
+                None
+            }
+        };
+        let Some((req, env)) = deferred else { return };
         let work = Deferred { shared: self.clone(), what: Waits::Serve(req, Box::new(env)) };
         if let Err(Deferred { what: Waits::Serve(req, env), .. }) = self.upstream.submit(work) {
             self.load.failed();
@@ -391,8 +401,9 @@ impl Shared {
         }
     }
 
-    /// Serves a decoded request and sends the answer.
-    fn answer(self: &Arc<Self>, req: Request, env: Envelope<MetaCall>) {
+    /// Serves a decoded request and sends the answer. Unless it `may_wait` for io servers,
+    /// a request that would is given back unanswered.
+    fn answer(self: &Arc<Self>, req: Request, env: Envelope<MetaCall>, may_wait: bool) -> Option<Request> {
         let conn = self.peers.span(&self.ep, req.peer());
         let body = env.body.req;
         let traced = Traced::new(debug_span!(
@@ -414,7 +425,10 @@ impl Shared {
         let reply = if req.payload_len() > 0 {
             MetaReply::Error(ErrorReply::new(Errno::EINVAL, "meta requests carry no payload"))
         } else {
-            self.serve(&env.body.cred, body)
+            match self.serve(&env.body.cred, body, may_wait) {
+                Some(reply) => reply,
+                None => return Some(req),
+            }
         };
         match &reply {
             MetaReply::Error(e) => {
@@ -424,6 +438,7 @@ impl Shared {
             _ => traced.done("ok"),
         }
         send_reply(&self.ep, req, env.id, reply);
+        None
     }
 
     fn mint(&self, h: Handle, rights: Rights) -> Capability {
@@ -437,7 +452,8 @@ impl Shared {
         Rights::from_bits(r.bits() & Rights::READ_WRITE.bits())
     }
 
-    fn serve(self: &Arc<Self>, cred: &Cred, body: MetaRequest) -> MetaReply {
+    /// The answer to `body`; `None` if it would wait for io servers and may not.
+    fn serve(self: &Arc<Self>, cred: &Cred, body: MetaRequest, may_wait: bool) -> Option<MetaReply> {
         let s = &self.store;
         let r = match body {
             MetaRequest::Statfs => s.statfs().map(MetaReply::Statfs),
@@ -471,7 +487,7 @@ impl Shared {
                             size: layout.local_size(p, size),
                         });
                         if let Some(Err(e)) = failed.iter().find(|r| r.is_err()) {
-                            return MetaReply::Error(fs_err(e));
+                            return Some(MetaReply::Error(fs_err(e)));
                         }
                     }
                     Ok(MetaReply::Attr(out.attr))
@@ -479,7 +495,8 @@ impl Shared {
                 Err(e) => Err(e),
             },
             MetaRequest::Create { parent, name, mode, uid, gid, layout, rights } => {
-                return self.create(cred, parent, &name, Perm { mode, uid, gid }, layout, rights);
+                let perm = Perm { mode, uid, gid };
+                return self.create(cred, parent, &name, perm, layout, rights, may_wait);
             }
             MetaRequest::Open { handle, rights } => {
                 s.open_file(cred, handle, rights).map(|f| MetaReply::Opened {
@@ -531,14 +548,17 @@ impl Shared {
                 .mknod(cred, parent, &name, kind, Perm { mode, uid, gid })
                 .map(|(handle, attr)| MetaReply::Entry { handle, attr }),
         };
-        r.unwrap_or_else(meta_err)
+        Some(r.unwrap_or_else(meta_err))
     }
 
     /// Creates a file: the store records it pending and picks its layout (on io servers known
     /// to be up, while the stripe count leaves a choice), its objects are made on every server
     /// of the layout, then it is committed. A create that fails because a server it was placed
     /// on turned out to be down is placed once more without it; if no placement avoids the
-    /// servers that are down, the first failure (naming the server) is the answer.
+    /// servers that are down, the first failure (naming the server) is the answer. Unless it
+    /// `may_wait` for io servers, only a create that takes a file made ahead is made; `None`
+    /// for any other, with nothing written.
+    #[allow(clippy::too_many_arguments)]
     fn create(
         &self,
         cred: &Cred,
@@ -547,22 +567,27 @@ impl Shared {
         perm: Perm,
         spec: Option<proto::LayoutSpec>,
         rights: Rights,
-    ) -> MetaReply {
+        may_wait: bool,
+    ) -> Option<MetaReply> {
         let mut first_err = None;
         for _ in 0..2 {
             let down = self.lock_live().down();
             // With a server down a file made ahead could not be written there; the ordinary
             // create places it elsewhere or names the server.
             let precreated = if down.is_empty() { self.precreated.take() } else { None };
-            let place = Placement { avoid: &down, precreated };
+            if precreated.is_none() && !may_wait {
+                return None;
+            }
+            let place = Placement { avoid: &down, precreated, made_ahead_only: !may_wait };
             let made = self.store.create_placed(cred, parent, name, perm, spec, place);
             if let Some(h) = precreated.filter(|&h| !matches!(&made, Ok(c) if c.handle == h)) {
                 self.precreated.put_back(h);
             }
             let c = match made {
-                Ok(c) if c.committed => return self.opened(c, rights),
+                Ok(c) if c.committed => return Some(self.opened(c, rights)),
                 Ok(c) => c,
-                Err(e) => return first_err.map_or_else(|| meta_err(e), MetaReply::Error),
+                Err(MetaError::NeedsObjects) => return None,
+                Err(e) => return Some(first_err.map_or_else(|| meta_err(e), MetaReply::Error)),
             };
             let servers: Vec<u32> = c.layout.servers(self.io.len() as u32).collect();
             if first_err.is_some() && servers.iter().any(|s| down.contains(s)) {
@@ -573,7 +598,7 @@ impl Shared {
                 break;
             }
             let failed = match self.make_objects(&c) {
-                Ok(()) => return self.commit(c, rights),
+                Ok(()) => return Some(self.commit(c, rights)),
                 Err(f) => f,
             };
             // Worth another placement only if a server of this one is down now and was not
@@ -586,7 +611,7 @@ impl Shared {
                 break;
             }
         }
-        MetaReply::Error(first_err.unwrap_or_else(|| ErrorReply::new(Errno::EIO, "create failed")))
+        Some(MetaReply::Error(first_err.unwrap_or_else(|| ErrorReply::new(Errno::EIO, "create failed"))))
     }
 
     /// Makes a created file visible and opens it for the client.
