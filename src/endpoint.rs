@@ -103,10 +103,7 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(b) = self.backend.get() {
-            b.shutdown();
-        }
+        self.shut_down();
     }
 }
 

@@ -140,16 +140,6 @@ struct Shared {
     upstream: Upstream<Deferred>,
 }
 
-/// Whether the answer to `r` may wait for io servers: a create has the file's objects made
-/// (unless it takes a file made ahead), a size set truncates them.
-fn waits_for_io_servers(r: &MetaRequest) -> bool {
-    match r {
-        MetaRequest::Create { .. } => true,
-        MetaRequest::Setattr { set, .. } => set.size.is_some(),
-        _ => false,
-    }
-}
-
 /// Work that waits for io servers, done on the upstream threads rather than by a worker.
 struct Deferred {
     shared: Arc<Shared>,
@@ -161,12 +151,6 @@ enum Waits {
     Serve(Request, Box<Envelope<MetaCall>>),
     /// A removed file's objects, its name gone already.
     Remove(Objects),
-}
-
-impl std::fmt::Debug for Deferred {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Deferred")
-    }
 }
 
 impl Deferred {
@@ -377,13 +361,15 @@ impl Shared {
                 return;
             }
         };
-        // A create that takes a file made ahead needs no io server: the worker tries that.
+        // The requests whose answer may wait for io servers go to the upstream threads: a
+        // create that needs the file's objects made (one that takes a file made ahead needs
+        // none, and the worker tries that first) and a size set, which truncates them.
         let deferred = match &env.body.req {
             MetaRequest::Create { .. } => {
                 let again = env.clone();
                 self.answer(req, env, false).map(|req| (req, again))
             }
-            r if waits_for_io_servers(r) => Some((req, env)),
+            MetaRequest::Setattr { set, .. } if set.size.is_some() => Some((req, env)),
             _ => {
                 self.answer(req, env, true);
                 None

@@ -24,9 +24,14 @@ pub(crate) const QUEUED: usize = 256;
 const LOOK_FOR_STOP: Duration = Duration::from_millis(100);
 
 /// Where jobs of type `J` are handed to the threads.
-#[derive(Debug)]
 pub(crate) struct Upstream<J> {
     tx: SyncSender<J>,
+}
+
+impl<J> std::fmt::Debug for Upstream<J> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream").field("threads", &THREADS).field("queued", &QUEUED).finish()
+    }
 }
 
 impl<J: Send + 'static> Upstream<J> {
