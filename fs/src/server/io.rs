@@ -27,7 +27,7 @@
 //!   connection stays in step (the equivalent of PVFS1's drain-and-discard).
 
 use super::{
-    Load, PeerSpans, Reporting, ServerError, ServerHandle, ServerReport, disk_space, send_reply,
+    Load, PeerSpans, Reporting, ServerError, ServerHandle, ServerReport, Worker, disk_space, send_reply,
     spawn_workers,
 };
 use crate::capability::{CapabilityKey, Rights, unix_now};
@@ -74,6 +74,13 @@ pub struct IoServerConfig {
     pub max_open: usize,
     /// Longest a single pull or push may take before the request is abandoned.
     pub transfer_timeout: Duration,
+    /// Threads serving clients slow to take or give their data, beside the workers (default
+    /// [`DEFAULT_SLOW_CLIENT_THREADS`]). A request whose pull or push has waited
+    /// [`CLIENT_STALL`] goes on waiting out of the worker pool, a new worker taking its place,
+    /// and that client's later requests queue for it rather than take workers. Past this many,
+    /// such requests wait in their workers. Each holds up to `pipeline_depth` transfer units
+    /// of buffers on the copying path.
+    pub slow_client_threads: usize,
     /// InfiniBand engine settings of the server's endpoint (default: ionet's).
     pub ib: Option<ionet::IbConfig>,
     /// Move data straight between the network and mapped object files (default true); off,
@@ -99,6 +106,14 @@ pub const DEFAULT_TRANSFER_UNIT: usize = crate::config::DEFAULT_TRANSFER_UNIT as
 
 /// Default pipeline depth.
 pub const DEFAULT_PIPELINE_DEPTH: usize = 4;
+
+/// Default [`IoServerConfig::slow_client_threads`].
+pub const DEFAULT_SLOW_CLIENT_THREADS: usize = 64;
+
+/// How long a pull or push may wait before its client counts as slow. A transfer unit takes
+/// milliseconds on any working link; a client that has taken none of it for a second is
+/// stopped, hung or overwhelmed, and may stay so until the transport gives up on it.
+pub const CLIENT_STALL: Duration = Duration::from_secs(1);
 
 pub use crate::store::DEFAULT_WRITE_BEHIND;
 
@@ -126,6 +141,7 @@ impl IoServerConfig {
             spin_budget: DEFAULT_SPIN_BUDGET,
             max_open: StoreConfig::default().max_open,
             transfer_timeout: Duration::from_secs(60),
+            slow_client_threads: DEFAULT_SLOW_CLIENT_THREADS,
             ib: None,
             mapped: true,
             map_disk_writes: false,
@@ -280,7 +296,8 @@ impl IoServer {
         });
         let data_dir = shared.store.root().to_owned();
         let reporting: Arc<dyn Reporting> = shared.clone();
-        let threads = spawn_workers("io", &ep, workers, &stop, move |req| shared.handle(req))?;
+        let slow = shared.cfg.slow_client_threads;
+        let threads = spawn_workers("io", &ep, workers, slow, &stop, move |req, w| shared.handle(req, w))?;
         Ok(ServerHandle::new(ep, stop, threads).syncing(data_dir).reporting(reporting))
     }
 }
@@ -312,7 +329,7 @@ impl From<ionet::Error> for Fail {
 }
 
 impl Shared {
-    fn handle(&self, req: Request) {
+    fn handle(&self, req: Request, w: &Worker) {
         let _serving = self.load.begin();
         let env = match proto::decode::<IoRequest>(req.header()) {
             Ok(env) => env,
@@ -347,7 +364,7 @@ impl Shared {
             }
         }
         let _in_request = traced.span.enter();
-        let reply = match self.serve(&req, body) {
+        let reply = match self.serve(&req, w, body) {
             Ok(r) => {
                 traced.done("ok");
                 r
@@ -361,7 +378,7 @@ impl Shared {
         send_reply(&self.ep, req, id, reply);
     }
 
-    fn serve(&self, req: &Request, body: IoRequest) -> Result<IoReply, Fail> {
+    fn serve(&self, req: &Request, w: &Worker, body: IoRequest) -> Result<IoReply, Fail> {
         if let Some(cap) = body.cap() {
             self.key
                 .verify(cap, cap.handle, body.needed_rights(), unix_now())
@@ -433,14 +450,14 @@ impl Shared {
                 // What lies past the object's end goes back as nothing rather than zeros: the
                 // client zeroes it, so a large read of a small file moves only its bytes.
                 let sent = desc.stream_below(local_size).min(total);
-                self.read(req, cap.handle, &desc, sent)?;
+                self.read(req, w, cap.handle, &desc, sent)?;
                 self.stats.reads.fetch_add(1, Ordering::Relaxed);
                 self.stats.bytes_read.fetch_add(sent, Ordering::Relaxed);
                 IoReply::Read { bytes: sent, local_size }
             }
             IoRequest::Write { cap, desc } => {
                 let total = stream_len(req, &desc, Direction::Out)?;
-                self.write(req, cap.handle, &desc, total)?;
+                self.write(req, w, cap.handle, &desc, total)?;
                 self.stats.writes.fetch_add(1, Ordering::Relaxed);
                 self.stats.bytes_written.fetch_add(total, Ordering::Relaxed);
                 IoReply::Written { bytes: total }
@@ -512,23 +529,51 @@ impl Shared {
         let _ = self.ep.set_deadline(op, Instant::now() + self.cfg.transfer_timeout);
     }
 
+    /// Waits for one of a request's pulls or pushes. One still pending after
+    /// [`CLIENT_STALL`] waits on a client that stopped taking (or giving) its data, which may
+    /// last until the transport gives up on it: the rest of the wait is spent out of the
+    /// worker pool, so the client holds no worker others need.
+    fn wait_transfer(&self, op: OpId, w: &Worker) -> ionet::Result<ionet::Completion> {
+        if !w.has_left() {
+            if let Some(c) = self.ep.wait_timeout(op, CLIENT_STALL)? {
+                return Ok(c);
+            }
+            w.leave();
+        }
+        self.ep.wait(op)
+    }
+
     /// Streams the descriptor's bytes into the client's IN buffer.
-    fn read(&self, req: &Request, h: crate::Handle, desc: &Descriptor, total: u64) -> Result<(), Fail> {
+    fn read(
+        &self,
+        req: &Request,
+        w: &Worker,
+        h: crate::Handle,
+        desc: &Descriptor,
+        total: u64,
+    ) -> Result<(), Fail> {
         self.route(
             Direction::In,
             total,
-            || Ok(self.read_mapped(req, &*self.store.object(h)?, desc, total)),
-            || self.read_copying(req, h, desc, total),
+            || Ok(self.read_mapped(req, w, &*self.store.object(h)?, desc, total)),
+            || self.read_copying(req, w, h, desc, total),
         )
     }
 
     /// Pulls the client's OUT payload into the object.
-    fn write(&self, req: &Request, h: crate::Handle, desc: &Descriptor, total: u64) -> Result<(), Fail> {
+    fn write(
+        &self,
+        req: &Request,
+        w: &Worker,
+        h: crate::Handle,
+        desc: &Descriptor,
+        total: u64,
+    ) -> Result<(), Fail> {
         self.route(
             Direction::Out,
             total,
-            || Ok(self.write_mapped(req, &*self.store.object(h)?, desc, total)),
-            || self.write_copying(req, h, desc, total),
+            || Ok(self.write_mapped(req, w, &*self.store.object(h)?, desc, total)),
+            || self.write_copying(req, w, h, desc, total),
         )
     }
 
@@ -537,6 +582,7 @@ impl Shared {
     fn read_copying(
         &self,
         req: &Request,
+        w: &Worker,
         h: crate::Handle,
         desc: &Descriptor,
         total: u64,
@@ -569,7 +615,7 @@ impl Shared {
                 continue;
             }
             let Some(op) = inflight.pop_front() else { break };
-            let c = self.ep.wait(op)?;
+            let c = self.wait_transfer(op, w)?;
             match c.result {
                 Ok(_) => {
                     if let OpBuf::Send(SendBuf::Registered(b)) = c.buf {
@@ -592,6 +638,7 @@ impl Shared {
     fn write_copying(
         &self,
         req: &Request,
+        w: &Worker,
         h: crate::Handle,
         desc: &Descriptor,
         total: u64,
@@ -618,7 +665,7 @@ impl Shared {
                 continue;
             }
             let Some((op, n)) = inflight.pop_front() else { break };
-            let c = self.ep.wait(op)?;
+            let c = self.wait_transfer(op, w)?;
             match (c.result, c.buf) {
                 (Ok(_), OpBuf::Recv(RecvBuf::Registered(b))) => {
                     if fail.is_none() {
@@ -650,7 +697,7 @@ impl Shared {
 impl Shared {
     /// The write pipeline over the object's mapping; declined when the request needs the
     /// copying path (pieces out of order, past the mapping limit, no `fallocate`).
-    fn write_mapped(&self, req: &Request, obj: &Object, desc: &Descriptor, total: u64) -> Mapped {
+    fn write_mapped(&self, req: &Request, w: &Worker, obj: &Object, desc: &Descriptor, total: u64) -> Mapped {
         let mut end = 0u64;
         for p in desc.pieces().filter(|p| p.len > 0) {
             if p.off < end {
@@ -684,7 +731,7 @@ impl Shared {
             Ok(None) => return Mapped::Declined(Fallback::BeyondMap),
             Err(e) => return Mapped::Ran(Err(e.into())),
         };
-        let r = self.mapped_pipeline(&map, Some(&writing), desc, total, |pieces, off, turn| {
+        let r = self.mapped_pipeline(&map, w, Some(&writing), desc, total, |pieces, off, turn| {
             let regions = map.regions_mut_in(pieces.iter().copied(), turn)?;
             Ok(req.pull_into(regions, off))
         });
@@ -693,7 +740,7 @@ impl Shared {
     }
 
     /// The read pipeline over the object's mapping: bytes past the local end go out as zeros.
-    fn read_mapped(&self, req: &Request, obj: &Object, desc: &Descriptor, total: u64) -> Mapped {
+    fn read_mapped(&self, req: &Request, w: &Worker, obj: &Object, desc: &Descriptor, total: u64) -> Mapped {
         let _transfer = obj.transfer();
         // Inside the transfer the file only grows, so bytes below `size` stay mapped.
         let size = match obj.size() {
@@ -705,7 +752,7 @@ impl Shared {
             Ok(None) => return Mapped::Declined(Fallback::BeyondMap),
             Err(e) => return Mapped::Ran(Err(e.into())),
         };
-        Mapped::Ran(self.mapped_pipeline(&map, None, desc, total, |pieces, off, turn| {
+        Mapped::Ran(self.mapped_pipeline(&map, w, None, desc, total, |pieces, off, turn| {
             let inside: Vec<(u64, usize)> =
                 pieces.iter().filter(|p| p.0 < size).map(|&(o, n)| (o, n.min((size - o) as usize))).collect();
             let mut regions = map.regions_in(inside, turn)?.into_iter();
@@ -731,6 +778,7 @@ impl Shared {
     fn mapped_pipeline(
         &self,
         map: &Arc<ionet::FileMap>,
+        w: &Worker,
         writing: Option<&Writing<'_>>,
         desc: &Descriptor,
         total: u64,
@@ -780,6 +828,10 @@ impl Shared {
                         if since.elapsed() > self.cfg.transfer_timeout {
                             fail = Some(Fail(Errno::EIO, "object range stayed busy".into()));
                         } else {
+                            // The request holding the range may wait on a client that stopped.
+                            if since.elapsed() > CLIENT_STALL {
+                                w.leave();
+                            }
                             std::thread::sleep(Duration::from_micros(50));
                         }
                         continue;
@@ -790,7 +842,7 @@ impl Shared {
                 }
             }
             let Some((op, unit_start, unit_end)) = inflight.pop_front() else { break };
-            match self.ep.wait(op) {
+            match self.wait_transfer(op, w) {
                 Ok(c) => match c.result {
                     // Waited for in order: every earlier unit of this request landed too.
                     Ok(_) if intact => {

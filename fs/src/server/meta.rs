@@ -249,7 +249,9 @@ impl MetaServer {
             upstream,
         });
         let s2 = shared.clone();
-        let mut threads = spawn_workers("meta", &ep, workers, &stop, move |req| s2.handle(req))?;
+        // Its requests never wait on a client for long (their answers are small), so no worker
+        // leaves the pool.
+        let threads = spawn_workers("meta", &ep, workers, 0, &stop, move |req, _| s2.handle(req))?;
         threads.extend(upstream_threads);
         let (s3, stop3) = (shared.clone(), stop.clone());
         // Its warnings name the server as the workers' do.
