@@ -77,7 +77,9 @@ pub mod server;
 pub mod store;
 pub mod units;
 
-pub use client::{Client, ClientOptions, ClusterStatus, CreateOptions, File, ServerState, SizeUnknown, Stat};
+pub use client::{
+    Client, ClientOptions, ClusterSpace, ClusterStatus, CreateOptions, File, ServerState, SizeUnknown, Stat,
+};
 
 /// Locks `m`, taking a poisoned lock as it is: for maps and caches whose every critical section
 /// leaves them consistent, so a panic elsewhere loses nothing.

@@ -350,6 +350,18 @@ impl Drop for Stopped {
     }
 }
 
+/// The cluster's space leaves the dead server out, naming it, instead of failing: `df` on a
+/// mount goes on working.
+#[test]
+fn the_cluster_space_leaves_out_a_dead_io_server() {
+    let (tc, _, dead) = cluster_without_io_2();
+    let space = tc.client().disk_space().unwrap();
+    assert!(space.space.total > 0, "{space:?}");
+    assert_eq!(space.missing.len(), 1, "{space:?}");
+    let e = space.missing[0].to_string();
+    assert!(e.starts_with(&format!("io server 2 ({dead}): ")), "{e}");
+}
+
 /// An io server that hangs costs a client one deadline, not one per request: once a request
 /// to it goes unanswered, the next ones fail at once (ETIMEDOUT, naming it) while files on the
 /// other server work; when it answers again (a ping after the hold-off) it is used again.

@@ -1207,7 +1207,7 @@ fn disk_space_adds_up_the_io_servers_file_systems() {
         assert_eq!(d.total, size, "each server reports its data directory's file system");
         assert!(0 < d.avail && d.avail <= d.free && d.free <= d.total, "{d:?}");
     }
-    let sum = c.disk_space().unwrap();
+    let sum = c.disk_space().unwrap().space;
     assert_eq!(sum.total, size, "one file system under four servers");
     assert!(sum.avail <= sum.free && sum.free <= sum.total, "{sum:?}");
 }

@@ -181,7 +181,7 @@ fn cp_cmp_ls_rm_umount(args: &[&str]) {
     // The library sees what the mount wrote.
     // statfs (df) reports the io servers' file systems added up, the files and directories.
     let vfs = nix::sys::statvfs::statvfs(&mnt).unwrap();
-    let space = c.disk_space().unwrap();
+    let space = c.disk_space().unwrap().space;
     assert_eq!(vfs.blocks() * vfs.fragment_size(), space.total / 4096 * 4096);
     assert!(vfs.blocks() > 0 && vfs.blocks_available() <= vfs.blocks_free(), "{vfs:?}");
     assert!(vfs.files_free() > 1 << 32 && vfs.files() > vfs.files_free(), "{vfs:?}");
@@ -2041,6 +2041,21 @@ fn cached_synchronous_writes_and_fsync_reach_the_io_servers() {
         same_bytes(&read_lib(&c, "/plain.bin"), &data(how), &format!("{how}: data on the io servers"))
     };
     fsync_and_fdatasync_sync_every_server(&c, &f, &layout, dirty, on_servers);
+}
+
+/// `df` on the mount with an io server down shows the space of those up (the dead one is
+/// logged) rather than failing, as the mount goes on serving the files on them.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn df_through_the_mount_leaves_out_a_dead_io_server() {
+    let mut tc = TestCluster::start("tcp", 2);
+    let m = mount(&tc);
+    let before = nix::sys::statvfs::statvfs(&m.dir).unwrap();
+    tc.cluster.kill_io(1);
+    let after = nix::sys::statvfs::statvfs(&m.dir).expect("statfs with an io server down");
+    // Both servers keep their data on one file system, which the one left reports whole.
+    assert_eq!(after.blocks(), before.blocks());
+    assert_eq!(after.files() - after.files_free(), before.files() - before.files_free());
 }
 
 /// Through the kernel-cached mode, a write-back that the io servers fail is not lost

@@ -279,6 +279,16 @@ pub struct SizeUnknown {
     pub error: FsError,
 }
 
+/// The cluster's space as [`Client::disk_space`] adds it up.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct ClusterSpace {
+    /// The io servers' file systems added up, of those that answered.
+    pub space: proto::DiskSpace,
+    /// Why each io server left out did not answer (the error names it).
+    pub missing: Vec<FsError>,
+}
+
 /// What [`Client::status`] learnt of one server.
 #[derive(Debug)]
 pub enum ServerState {
@@ -1088,12 +1098,22 @@ impl Client {
 
     /// The cluster's space: the sum over io servers of the file systems holding their objects
     /// (as `statfs` on a PVFS or Lustre mount adds up its servers), one that several servers
-    /// share (as a local cluster's do) counted once. Fails if any server does not answer: a
-    /// partial sum would look like a smaller file system.
-    pub fn disk_space(&self) -> FsResult<proto::DiskSpace> {
-        let spaces =
-            self.server_stats().into_iter().map(|s| s.map(|s| s.disk)).collect::<FsResult<Vec<_>>>()?;
-        Ok(proto::DiskSpace::sum(spaces))
+    /// share (as a local cluster's do) counted once. A server that does not answer is left
+    /// out of the sum, as Lustre leaves out targets it cannot reach (the file system looks
+    /// smaller while it is down), and listed in [`ClusterSpace::missing`]; fails only when no
+    /// server answers.
+    pub fn disk_space(&self) -> FsResult<ClusterSpace> {
+        let (mut answered, mut missing) = (Vec::new(), Vec::new());
+        for s in self.server_stats() {
+            match s {
+                Ok(s) => answered.push(s.disk),
+                Err(e) => missing.push(e),
+            }
+        }
+        if answered.is_empty() && !missing.is_empty() {
+            return Err(missing.swap_remove(0));
+        }
+        Ok(ClusterSpace { space: proto::DiskSpace::sum(answered), missing })
     }
 }
 

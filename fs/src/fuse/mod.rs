@@ -1159,8 +1159,13 @@ impl Filesystem for StripeFuse {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         // Space from the io servers (their file systems added up), counts from the meta server.
+        // An io server down is left out of the space (and logged), so `df` goes on working.
         match self.client.statfs().and_then(|s| Ok((s, self.client.disk_space()?))) {
-            Ok((s, d)) => {
+            Ok((s, space)) => {
+                for e in &space.missing {
+                    unreachable::note(e);
+                }
+                let d = space.space;
                 let blocks = |bytes: u64| bytes / STATFS_BLOCK as u64;
                 // Handles are never reused and never run out: the free count is "unlimited",
                 // and the total is what is in use beside it (`df -i` shows their difference).

@@ -27,6 +27,12 @@ pub(super) fn answer(e: &FsError) -> i32 {
     code(e)
 }
 
+/// Logs `e` if it says a server could not be reached (see [`Outages::note`]), for a call that
+/// goes on without that server.
+pub(super) fn note(e: &FsError) {
+    LOGGED.note(e);
+}
+
 /// The code the mount answers for `e`: the library's, but `EHOSTDOWN` for a server that could
 /// not be reached.
 fn code(e: &FsError) -> i32 {
