@@ -75,7 +75,7 @@ pub struct IoServerConfig {
     /// Longest a single pull or push may take before the request is abandoned.
     pub transfer_timeout: Duration,
     /// Threads serving clients slow to take or give their data, beside the workers (default
-    /// [`DEFAULT_SLOW_CLIENT_THREADS`]). A request whose pull or push has waited
+    /// [`DEFAULT_SLOW_CLIENT_THREADS`]). A request whose pull, push or reply has waited
     /// [`CLIENT_STALL`] goes on waiting out of the worker pool, a new worker taking its place,
     /// and that client's later requests queue for it rather than take workers. Past this many,
     /// such requests wait in their workers. Each holds up to `pipeline_depth` transfer units
@@ -110,10 +110,7 @@ pub const DEFAULT_PIPELINE_DEPTH: usize = 4;
 /// Default [`IoServerConfig::slow_client_threads`].
 pub const DEFAULT_SLOW_CLIENT_THREADS: usize = 64;
 
-/// How long a pull or push may wait before its client counts as slow. A transfer unit takes
-/// milliseconds on any working link; a client that has taken none of it for a second is
-/// stopped, hung or overwhelmed, and may stay so until the transport gives up on it.
-pub const CLIENT_STALL: Duration = Duration::from_secs(1);
+pub use super::pool::CLIENT_STALL;
 
 pub use crate::store::DEFAULT_WRITE_BEHIND;
 
@@ -337,7 +334,7 @@ impl Shared {
                 debug!(error = %e, peer = %req.peer(), "undecodable io request");
                 self.load.failed();
                 let reply: proto::Envelope<IoReply> = proto::error_reply(&e);
-                send_reply(&self.ep, req, reply.id, reply.body);
+                send_reply(&self.ep, Some(w), req, reply.id, reply.body);
                 return;
             }
         };
@@ -375,7 +372,7 @@ impl Shared {
                 IoReply::Error(ErrorReply::new(code, msg))
             }
         };
-        send_reply(&self.ep, req, id, reply);
+        send_reply(&self.ep, Some(w), req, id, reply);
     }
 
     fn serve(&self, req: &Request, w: &Worker, body: IoRequest) -> Result<IoReply, Fail> {
@@ -529,20 +526,6 @@ impl Shared {
         let _ = self.ep.set_deadline(op, Instant::now() + self.cfg.transfer_timeout);
     }
 
-    /// Waits for one of a request's pulls or pushes. One still pending after
-    /// [`CLIENT_STALL`] waits on a client that stopped taking (or giving) its data, which may
-    /// last until the transport gives up on it: the rest of the wait is spent out of the
-    /// worker pool, so the client holds no worker others need.
-    fn wait_transfer(&self, op: OpId, w: &Worker) -> ionet::Result<ionet::Completion> {
-        if !w.has_left() {
-            if let Some(c) = self.ep.wait_timeout(op, CLIENT_STALL)? {
-                return Ok(c);
-            }
-            w.leave();
-        }
-        self.ep.wait(op)
-    }
-
     /// Streams the descriptor's bytes into the client's IN buffer.
     fn read(
         &self,
@@ -615,7 +598,7 @@ impl Shared {
                 continue;
             }
             let Some(op) = inflight.pop_front() else { break };
-            let c = self.wait_transfer(op, w)?;
+            let c = w.wait_on_client(op)?;
             match c.result {
                 Ok(_) => {
                     if let OpBuf::Send(SendBuf::Registered(b)) = c.buf {
@@ -665,7 +648,7 @@ impl Shared {
                 continue;
             }
             let Some((op, n)) = inflight.pop_front() else { break };
-            let c = self.wait_transfer(op, w)?;
+            let c = w.wait_on_client(op)?;
             match (c.result, c.buf) {
                 (Ok(_), OpBuf::Recv(RecvBuf::Registered(b))) => {
                     if fail.is_none() {
@@ -842,7 +825,7 @@ impl Shared {
                 }
             }
             let Some((op, unit_start, unit_end)) = inflight.pop_front() else { break };
-            match self.wait_transfer(op, w) {
+            match w.wait_on_client(op) {
                 Ok(c) => match c.result {
                     // Waited for in order: every earlier unit of this request landed too.
                     Ok(_) if intact => {

@@ -31,7 +31,8 @@ use super::liveness::{Change, Liveness};
 use super::precreate::Precreated;
 use super::upstream::{self, Upstream};
 use super::{
-    Load, MetaState, PeerSpans, Reporting, ServerError, ServerHandle, ServerReport, send_reply, spawn_workers,
+    Load, MetaState, PeerSpans, Reporting, ServerError, ServerHandle, ServerReport, Worker, send_reply,
+    spawn_workers,
 };
 use crate::capability::{Capability, CapabilityKey, Rights, expiry_after, unix_now};
 use crate::config::ClusterConfig;
@@ -66,6 +67,12 @@ pub struct MetaServerConfig {
     pub cap_lifetime: Duration,
     /// Requests served at once (default 4).
     pub workers: usize,
+    /// Threads serving clients slow to take their answers, beside the workers (default
+    /// [`super::io::DEFAULT_SLOW_CLIENT_THREADS`]): a request whose reply has waited
+    /// [`super::io::CLIENT_STALL`] goes on waiting out of the worker pool, a new worker taking
+    /// its place, and that client's later requests queue for it rather than take workers.
+    /// Past this many, such replies wait in their workers.
+    pub slow_client_threads: usize,
     /// How threads wait for the transport.
     pub wait_mode: WaitMode,
     /// Deadline of each request to an io server.
@@ -97,6 +104,7 @@ impl MetaServerConfig {
             key: key.to_vec(),
             cap_lifetime: Duration::from_secs(3600),
             workers: 4,
+            slow_client_threads: super::io::DEFAULT_SLOW_CLIENT_THREADS,
             wait_mode: WaitMode::Adaptive,
             io_timeout: Duration::from_secs(20),
             janitor_interval: Duration::from_secs(1),
@@ -159,7 +167,7 @@ impl Deferred {
         match self.what {
             Waits::Serve(req, env) => {
                 let _serving = s.load.resume();
-                s.answer(req, *env, true);
+                s.answer(req, *env, true, None);
             }
             Waits::Remove(objs) => s.remove_objects(objs),
         }
@@ -224,7 +232,7 @@ impl MetaServer {
         let seed = crate::net::random_bytes(8)?;
         let nonce = u64::from_le_bytes(seed.try_into().unwrap_or([0; 8]));
         let stop = Arc::new(AtomicBool::new(false));
-        let workers = cfg.workers;
+        let (workers, slow) = (cfg.workers, cfg.slow_client_threads);
         let cfg_precreate = cfg.precreate;
         let addr = ep.local_addr().map_or_else(String::new, |a| a.to_string());
         let span = tracing::error_span!("server", role = "meta-upstream", %addr);
@@ -249,9 +257,7 @@ impl MetaServer {
             upstream,
         });
         let s2 = shared.clone();
-        // Its requests never wait on a client for long (their answers are small), so no worker
-        // leaves the pool.
-        let threads = spawn_workers("meta", &ep, workers, 0, &stop, move |req, _| s2.handle(req))?;
+        let threads = spawn_workers("meta", &ep, workers, slow, &stop, move |req, w| s2.handle(req, w))?;
         threads.extend(upstream_threads);
         let (s3, stop3) = (shared.clone(), stop.clone());
         // Its warnings name the server as the workers' do.
@@ -351,7 +357,7 @@ fn fs_err(e: &FsError) -> ErrorReply {
 }
 
 impl Shared {
-    fn handle(self: &Arc<Self>, req: Request) {
+    fn handle(self: &Arc<Self>, req: Request, w: &Worker) {
         let _serving = self.load.begin();
         let env = match proto::decode::<MetaCall>(req.header()) {
             Ok(env) => env,
@@ -359,7 +365,7 @@ impl Shared {
                 debug!(error = %e, peer = %req.peer(), "undecodable meta request");
                 self.load.failed();
                 let reply: Envelope<MetaReply> = proto::error_reply(&e);
-                send_reply(&self.ep, req, reply.id, reply.body);
+                send_reply(&self.ep, Some(w), req, reply.id, reply.body);
                 return;
             }
         };
@@ -369,11 +375,11 @@ impl Shared {
         let deferred = match &env.body.req {
             MetaRequest::Create { .. } => {
                 let again = env.clone();
-                self.answer(req, env, false).map(|req| (req, again))
+                self.answer(req, env, false, Some(w)).map(|req| (req, again))
             }
             MetaRequest::Setattr { set, .. } if set.size.is_some() => Some((req, env)),
             _ => {
-                self.answer(req, env, true);
+                self.answer(req, env, true, Some(w));
                 None
             }
         };
@@ -385,13 +391,19 @@ impl Shared {
                 Errno::EAGAIN,
                 format!("busy: {} requests wait for io servers already", upstream::QUEUED),
             );
-            send_reply(&self.ep, req, env.id, MetaReply::Error(busy));
+            send_reply(&self.ep, Some(w), req, env.id, MetaReply::Error(busy));
         }
     }
 
-    /// Serves a decoded request and sends the answer. Unless it `may_wait` for io servers,
-    /// a request that would is given back unanswered.
-    fn answer(self: &Arc<Self>, req: Request, env: Envelope<MetaCall>, may_wait: bool) -> Option<Request> {
+    /// Serves a decoded request and sends the answer (on worker `w`, or an upstream thread).
+    /// Unless it `may_wait` for io servers, a request that would is given back unanswered.
+    fn answer(
+        self: &Arc<Self>,
+        req: Request,
+        env: Envelope<MetaCall>,
+        may_wait: bool,
+        w: Option<&Worker>,
+    ) -> Option<Request> {
         let conn = self.peers.span(&self.ep, req.peer());
         let body = env.body.req;
         let traced = Traced::new(debug_span!(
@@ -425,7 +437,7 @@ impl Shared {
             }
             _ => traced.done("ok"),
         }
-        send_reply(&self.ep, req, env.id, reply);
+        send_reply(&self.ep, w, req, env.id, reply);
         None
     }
 

@@ -5,9 +5,9 @@
 //! keeping the lead; requests that arrive meanwhile wake helpers. Several requests — from one
 //! client or many — are therefore served at once, up to the number of workers, a request
 //! reaches the thread that serves it without a hand-off, and a lone client's next request
-//! meets a thread that is still polling for it. A request that waits on its client (an io
-//! server's transfer to a client that stopped reading) leaves the pool for a thread of its own,
-//! so clients that stop hold no worker (`pool`).
+//! meets a thread that is still polling for it. A request that waits on its client (a
+//! transfer or an answer to a client that stopped reading) leaves the pool for a thread of its
+//! own, so clients that stop hold no worker (`pool`).
 //!
 //! Nothing a peer sends panics a worker: headers go through [`proto::decode`] (bounded, typed
 //! errors answered with an error reply), every io request's capability is checked before the
@@ -73,8 +73,9 @@ impl From<ionet::Error> for ServerError {
 }
 
 /// Encodes `body` as the reply to request `id` and sends it; an unencodable reply becomes an
-/// error reply. Waits until the reply is on its way, so its completion is reaped.
-pub(crate) fn send_reply<R: Reply>(ep: &Endpoint, req: Request, id: u64, body: R) {
+/// error reply. Waits until the reply is on its way, so its completion is reaped; on a pool
+/// worker (`w`), out of the pool once the client is slow to take it.
+pub(crate) fn send_reply<R: Reply>(ep: &Endpoint, w: Option<&Worker>, req: Request, id: u64, body: R) {
     let bytes = match proto::encode(&Envelope::new(id, body)) {
         Ok(b) => b,
         Err(e) => {
@@ -88,7 +89,11 @@ pub(crate) fn send_reply<R: Reply>(ep: &Endpoint, req: Request, id: u64, body: R
     };
     match req.reply(Bytes::from(bytes)) {
         Ok(op) => {
-            if let Err(e) = ep.wait(op).and_then(|c| c.result) {
+            let done = match w {
+                Some(w) => w.wait_on_client(op),
+                None => ep.wait(op),
+            };
+            if let Err(e) = done.and_then(|c| c.result) {
                 debug!(error = %e, "reply not delivered");
             }
         }

@@ -1,7 +1,7 @@
 //! The servers' worker pool: threads over one bound endpoint without a progress thread,
 //! one of which leads (waits in `next_request`, driving the transport) while the others help.
 
-use ionet::{Endpoint, PeerId, Request};
+use ionet::{Completion, Endpoint, OpId, PeerId, Request};
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -9,6 +9,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tracing::{debug, warn};
+
+/// How long a push, pull or reply may wait before its client counts as slow. A transfer unit
+/// or an answer takes milliseconds on any working link; a client that has taken none of it for
+/// a second is stopped, hung or overwhelmed, and may stay so until the transport gives up on
+/// it.
+pub const CLIENT_STALL: Duration = Duration::from_secs(1);
 
 /// How long a worker waits in `next_request` before checking for shutdown.
 const POLL: Duration = Duration::from_millis(200);
@@ -343,6 +349,21 @@ impl Worker<'_> {
         self.left.set(true);
         self.in_lane.set(true);
         true
+    }
+
+    /// Waits for `op`, which its client must take part in: a push, a pull or the reply of the
+    /// request being served. One still pending after [`CLIENT_STALL`] waits on a client that
+    /// stopped, which may last until the transport gives up on it, so the rest of the wait is
+    /// spent out of the pool ([`Worker::leave`]).
+    pub(crate) fn wait_on_client(&self, op: OpId) -> ionet::Result<Completion> {
+        let ep = &self.crew.ep;
+        if !self.has_left() {
+            if let Some(c) = ep.wait_timeout(op, CLIENT_STALL)? {
+                return Ok(c);
+            }
+            self.leave();
+        }
+        ep.wait(op)
     }
 
     /// [`Worker::leave`] took this thread out of the pool.
