@@ -45,6 +45,8 @@ pub struct Config {
     pub(crate) stall_timeout: Duration,
     pub(crate) socket_buffer: Option<usize>,
     pub(crate) tcp_notsent_lowat: Option<usize>,
+    /// `None`: the stall timeout; `Some(None)`: the kernel's (none).
+    pub(crate) tcp_user_timeout: Option<Option<Duration>>,
     pub(crate) tcp_congestion: Option<String>,
     pub(crate) stream_requests: bool,
     pub(crate) dscp: [u8; ServiceLevel::COUNT],
@@ -408,6 +410,7 @@ impl Default for Config {
             stall_timeout: Duration::from_secs(30),
             socket_buffer: None,
             tcp_notsent_lowat: Some(64 << 10),
+            tcp_user_timeout: None,
             tcp_congestion: None,
             stream_requests: true,
             // AF41 for control, best effort for normal, CS1 ("lower effort") for bulk.
@@ -559,7 +562,8 @@ impl Config {
     /// How long a peer may leave its transmit backlog at the bound without reading any of it
     /// (default 30 s). Then it is dropped: its operations fail with
     /// [`Error::PeerLost`] and what it held is freed. Other peers are
-    /// not affected.
+    /// not affected. On `tcp://` it is also each connection's TCP user timeout unless
+    /// [`Config::tcp_user_timeout`] says otherwise.
     pub fn stall_timeout(mut self, d: Duration) -> Self {
         self.stall_timeout = d;
         self
@@ -596,6 +600,24 @@ impl Config {
     /// The limit set by [`Config::tcp_notsent_lowat`], if any.
     pub fn get_tcp_notsent_lowat(&self) -> Option<usize> {
         self.tcp_notsent_lowat
+    }
+
+    /// How long a TCP connection may hold bytes its peer takes none of (`TCP_USER_TIMEOUT`)
+    /// before the kernel drops it: a stopped process's full receive buffer, a host gone quiet.
+    /// Its operations then fail with [`Error::PeerLost`]. Default: the stall timeout
+    /// ([`Config::stall_timeout`]), so that replies, sends and pushes to a peer stopped with
+    /// Ctrl-Z fail rather than wait for as long as it stays stopped, and their waiters with
+    /// them; the transport's own stall rule covers only the answers it queues itself. `None`
+    /// leaves the kernel's behaviour (no limit: retransmissions and zero-window probes go on
+    /// for many minutes). Linux only; elsewhere no effect.
+    pub fn tcp_user_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.tcp_user_timeout = Some(timeout);
+        self
+    }
+
+    /// The TCP user timeout connections get ([`Config::tcp_user_timeout`]), if any.
+    pub fn get_tcp_user_timeout(&self) -> Option<Duration> {
+        self.tcp_user_timeout.unwrap_or(Some(self.stall_timeout)).filter(|d| !d.is_zero())
     }
 
     /// TCP congestion control of every connection (`TCP_CONGESTION`, e.g. `"cubic"` or

@@ -133,8 +133,8 @@ pub(crate) fn payload_wake_mark(due: usize) -> usize {
 }
 
 /// Socket options for a class: no Nagle delay, buffers (when configured; else the kernel's
-/// autotuning), the unsent-bytes limit, congestion control (when configured), DSCP and
-/// `SO_PRIORITY`.
+/// autotuning), the unsent-bytes limit, congestion control (when configured), the user
+/// timeout, DSCP and `SO_PRIORITY`.
 pub(crate) fn tune(sock: &SockRef<'_>, cfg: &Config, sl: ServiceLevel, v4: bool) {
     let _ = sock.set_tcp_nodelay(true);
     if let Some(n) = cfg.socket_buffer {
@@ -150,6 +150,10 @@ pub(crate) fn tune(sock: &SockRef<'_>, cfg: &Config, sl: ServiceLevel, v4: bool)
     {
         // The connection still works under the kernel's default; say why it is not the one asked for.
         tracing::warn!(congestion = %cc, error = %e, "TCP congestion control refused; keeping the kernel's");
+    }
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if let Some(t) = cfg.get_tcp_user_timeout() {
+        let _ = sock.set_tcp_user_timeout(Some(t));
     }
     let tos = u32::from(cfg.dscp[sl.index()]) << 2;
     let _ = if v4 { sock.set_tos_v4(tos) } else { sock.set_tclass_v6(tos) };
@@ -295,6 +299,26 @@ mod tune_tests {
         assert_eq!(tuned(&Config::default().tcp_notsent_lowat(Some(16 << 10))).0, 16 << 10);
         assert_eq!(tuned(&Config::default().tcp_notsent_lowat(None)).0, kernels);
         assert_eq!(tuned(&Config::default().tcp_notsent_lowat(Some(usize::MAX))).0, u32::MAX);
+    }
+
+    /// Connections drop a peer that takes nothing after the stall timeout unless configured
+    /// otherwise: the TCP user timeout follows the stall timeout, a configured one, or none.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_user_timeout_is_the_stall_timeout_unless_configured() {
+        use std::time::Duration;
+        let user_timeout = |cfg: &Config| {
+            let (s, _p) = pair();
+            tune(&SockRef::from(&s), cfg, ServiceLevel::Bulk, true);
+            SockRef::from(&s).tcp_user_timeout().unwrap()
+        };
+        let (untouched, _p) = pair();
+        assert_eq!(SockRef::from(&untouched).tcp_user_timeout().unwrap(), None, "the kernel's: none");
+        let stall = Duration::from_secs(7);
+        assert_eq!(user_timeout(&Config::default().stall_timeout(stall)), Some(stall));
+        let set = Config::default().tcp_user_timeout(Some(Duration::from_secs(3)));
+        assert_eq!(user_timeout(&set), Some(Duration::from_secs(3)));
+        assert_eq!(user_timeout(&Config::default().tcp_user_timeout(None)), None);
     }
 
     /// The congestion control is the kernel's unless configured; a configured one is set on the
