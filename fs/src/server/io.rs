@@ -114,6 +114,15 @@ pub use super::pool::CLIENT_STALL;
 
 pub use crate::store::DEFAULT_WRITE_BEHIND;
 
+/// How often a mapped transfer looks again at an object range another request holds: often,
+/// since the holder usually lets go within a transfer unit's time.
+const RANGE_POLL: Duration = Duration::from_micros(50);
+
+/// The same once the range has been held for [`CLIENT_STALL`]: its holder likely waits on a
+/// client that stopped, for as long as that lasts, and polling every 50 µs for it would cost a
+/// CPU's wake-ups.
+const RANGE_POLL_STALLED: Duration = Duration::from_millis(5);
+
 /// Default adaptive spin budget of an io server: 2 ms, against ionet's 100 µs. A client's call
 /// visits its servers one after another, so with N servers each waits (N − 1) × a request's
 /// transfer between its requests, 0.4–1.1 ms here. With 100 µs it is asleep when the next
@@ -778,6 +787,7 @@ impl Shared {
         // No unit of this request failed in transit yet: every unit waited for so far landed.
         let mut intact = true;
         let mut busy_since: Option<Instant> = None;
+        let mut tried_leaving = false;
         let mut turn: Option<Turn> = None;
         loop {
             if fail.is_none() && off < total && inflight.len() < depth {
@@ -811,11 +821,14 @@ impl Shared {
                         if since.elapsed() > self.cfg.transfer_timeout {
                             fail = Some(Fail(Errno::EIO, "object range stayed busy".into()));
                         } else {
-                            // The request holding the range may wait on a client that stopped.
-                            if since.elapsed() > CLIENT_STALL {
+                            // The request holding the range may wait on a client that stopped:
+                            // wait out of the pool, and look less often.
+                            let stalled = since.elapsed() > CLIENT_STALL;
+                            if stalled && !w.has_left() && !tried_leaving {
+                                tried_leaving = true;
                                 w.leave();
                             }
-                            std::thread::sleep(Duration::from_micros(50));
+                            std::thread::sleep(if stalled { RANGE_POLL_STALLED } else { RANGE_POLL });
                         }
                         continue;
                     }

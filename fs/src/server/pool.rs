@@ -139,9 +139,10 @@ impl Pool {
 /// A handler whose request waits on its client (one that stopped taking its data: a process
 /// suspended with Ctrl-Z, a hung host) can take its thread out of the pool ([`Worker::leave`]):
 /// a new worker takes its place at once, and from then on that client's requests queue for the
-/// threads that left for it (its *lane*) instead of taking workers, until its lane is empty.
-/// So clients that stop taking their data hold no worker others need, and the requests of
-/// each are served in turn. At most `max_left` threads are out of the pool at a time.
+/// threads that left for it (its *lane*) instead of taking workers, until its lane is empty
+/// or the client keeps up again. So clients that stop taking their data hold no worker others
+/// need, and the requests of each are served in turn. At most `max_left` threads are out of
+/// the pool at a time.
 pub(crate) fn spawn_workers<F>(
     name: &str,
     ep: &Endpoint,
@@ -215,6 +216,8 @@ impl Crew {
         let me = Worker {
             crew: &self,
             left: Cell::new(false),
+            leading: Cell::new(false),
+            stalled: Cell::new(false),
             client: Cell::new(None),
             in_lane: Cell::new(false),
         };
@@ -228,15 +231,19 @@ impl Crew {
                     Err(e) => debug!(error = %e, "next_request failed"),
                 },
                 Role::Lead => {
-                    // Steps down however the lead ends, a panicking handler or a leader that
-                    // left the pool included: another worker must be able to lead.
-                    let _lead = StepDown(pool);
-                    while !me.has_left()
+                    // Steps down however the lead ends, a panicking handler included: another
+                    // worker must be able to lead. A leader that leaves the pool steps down as
+                    // it leaves (`Worker::leave`), not once its client's lane is served.
+                    me.leading.set(true);
+                    let _lead = StepDown(pool, &me.leading);
+                    while me.leading.get()
                         && let Some(req) = lead_wait(ep, &self.stop)
                     {
                         pool.serving(true);
                         self.serve(req, &me);
-                        pool.serving(false);
+                        if me.leading.get() {
+                            pool.serving(false);
+                        }
                     }
                     break;
                 }
@@ -262,11 +269,44 @@ impl Crew {
         me.client.set(Some(client));
         (self.handle)(req, me);
         if me.has_left() {
-            while let Some(req) = self.next_in_lane(client) {
-                (self.handle)(req, me);
-            }
+            self.serve_lane(client, me);
             me.in_lane.set(false);
         }
+    }
+
+    /// Serves `client`'s lane on a thread that left the pool for it, until the lane is empty,
+    /// or until the client took all of a request's data and answer without a stall while
+    /// this is the lane's only thread: then the client is slow no more, its lane closes (its
+    /// next requests go to the pool again, served several at once) and this thread serves
+    /// what had queued in it. Otherwise a client that kept one request queued would be served
+    /// one request at a time for good after a single stall.
+    fn serve_lane(&self, client: PeerId, me: &Worker) {
+        while let Some(req) = self.next_in_lane(client) {
+            me.stalled.set(false);
+            (self.handle)(req, me);
+            if !me.stalled.get()
+                && let Some(queued) = self.close_lane(client)
+            {
+                me.in_lane.set(false);
+                for req in queued {
+                    if self.stop.load(Ordering::Relaxed) {
+                        break; // dropping the rest fails them
+                    }
+                    (self.handle)(req, me);
+                }
+                return;
+            }
+        }
+    }
+
+    /// Takes `client`'s lane out, with what waits in it, if the calling thread is its only
+    /// one.
+    fn close_lane(&self, client: PeerId) -> Option<VecDeque<Request>> {
+        let mut lanes = self.lanes();
+        if lanes.get(&client)?.threads != 1 {
+            return None;
+        }
+        lanes.remove(&client).map(|lane| lane.waiting)
     }
 
     /// The next request of `client`'s lane for a thread that left for it; `None` when the lane
@@ -313,6 +353,10 @@ struct Lane {
 pub(crate) struct Worker<'a> {
     crew: &'a Arc<Crew>,
     left: Cell<bool>,
+    /// It leads the pool (see [`Pool`]).
+    leading: Cell<bool>,
+    /// A wait on the client of the request being served outlasted [`CLIENT_STALL`].
+    stalled: Cell<bool>,
     /// The client of the request being served.
     client: Cell<Option<PeerId>>,
     /// It left, and has not yet emptied its client's lane.
@@ -323,7 +367,9 @@ impl Worker<'_> {
     /// Takes this thread out of the pool for the client of the request it serves, and starts a
     /// worker in its place now, so that the pool serves as many requests at once as before
     /// while this one waits. The client's requests queue for this thread (and any other that
-    /// left for it) from now on; once they are served the thread ends. False (and the thread
+    /// left for it) from now on, until they are served or the client takes a request's data
+    /// and answer without a stall again; then the thread ends. A leader gives up the lead as
+    /// it leaves. False (and the thread
     /// stays) when as many threads as allowed are out already or a thread cannot be started;
     /// true if it had left before.
     pub(crate) fn leave(&self) -> bool {
@@ -348,6 +394,10 @@ impl Worker<'_> {
         crew.lanes().entry(client).or_default().threads += 1;
         self.left.set(true);
         self.in_lane.set(true);
+        // The pool needs a leader polling for requests while this thread waits on its client.
+        if self.leading.replace(false) {
+            crew.pool.step_down();
+        }
         true
     }
 
@@ -357,12 +407,11 @@ impl Worker<'_> {
     /// spent out of the pool ([`Worker::leave`]).
     pub(crate) fn wait_on_client(&self, op: OpId) -> ionet::Result<Completion> {
         let ep = &self.crew.ep;
-        if !self.has_left() {
-            if let Some(c) = ep.wait_timeout(op, CLIENT_STALL)? {
-                return Ok(c);
-            }
-            self.leave();
+        if let Some(c) = ep.wait_timeout(op, CLIENT_STALL)? {
+            return Ok(c);
         }
+        self.stalled.set(true);
+        self.leave();
         ep.wait(op)
     }
 
@@ -395,8 +444,21 @@ impl Threads {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Adds a thread, first joining those that ended (threads that left the pool end when
+    /// their clients' lanes are served, so a long-lived server would otherwise keep their
+    /// handles, and their stacks, for ever).
     pub(crate) fn push(&self, t: JoinHandle<()>) {
-        self.lock().push(t);
+        let ended = {
+            let mut all = self.lock();
+            let (ended, running): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut *all).into_iter().partition(|t| t.is_finished());
+            *all = running;
+            all.push(t);
+            ended
+        };
+        for t in ended {
+            let _ = t.join();
+        }
     }
 
     pub(crate) fn extend(&self, ts: impl IntoIterator<Item = JoinHandle<()>>) {
@@ -430,12 +492,14 @@ impl Threads {
     }
 }
 
-/// Gives up the lead when dropped.
-struct StepDown<'a>(&'a Pool);
+/// Gives up the lead when dropped, unless its worker gave it up before (the flag).
+struct StepDown<'a>(&'a Pool, &'a Cell<bool>);
 
 impl Drop for StepDown<'_> {
     fn drop(&mut self) {
-        self.0.step_down();
+        if self.1.replace(false) {
+            self.0.step_down();
+        }
     }
 }
 
@@ -598,6 +662,96 @@ mod tests {
         let queued = answer(&a, queued);
         assert!(queued.starts_with("failed") || queued == "ok", "{queued}");
         assert_eq!(answer(&a, ask_with(&a, a_peer, b"q")), "ok");
+        server.shutdown();
+    }
+
+    /// The leader that leaves gives the lead up as it leaves: the worker started in its place
+    /// leads (polls the transport for requests, serving none), rather than stand by beside a
+    /// leader that is away for as long as its client stays slow.
+    #[test]
+    fn a_leader_that_leaves_hands_the_lead_on() {
+        let (pool_tx, pool_rx) = std::sync::mpsc::channel::<Arc<Pool>>();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let (pool_tx, go_rx) = (Mutex::new(pool_tx), Mutex::new(go_rx));
+        let (server, a, a_peer) = leaving_pool(1, 4, move |req, w| {
+            if &req.header()[..] == b"hold" {
+                assert!(w.leave(), "the worker could not leave");
+                let _ = pool_tx.lock().unwrap().send(w.crew.pool.clone());
+                let _ = go_rx.lock().unwrap().recv();
+            }
+            let _ = req.reply(Bytes::from_static(b"ok"));
+        });
+        // Dropped before the server should the test fail, so that held handlers end.
+        let go = go;
+        // Waited for on a thread of its own, which drives the client's transport meanwhile.
+        let (held, a2) = (ask_with(&a, a_peer, b"hold"), a.clone());
+        let held = std::thread::spawn(move || answer(&a2, held));
+        let pool = pool_rx.recv_timeout(Duration::from_secs(10)).expect("the held request was served");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let leads = || {
+            let st = pool.lock();
+            st.led && !st.serving
+        };
+        while !leads() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let st = pool.lock();
+        assert!(st.led && !st.serving, "no worker leads while the one that left is away: {st:?}");
+        drop(st);
+        go.send(()).unwrap();
+        assert_eq!(held.join().unwrap(), "ok");
+        server.shutdown();
+    }
+
+    /// A client whose lane served a request without a stall keeps up again: its lane closes,
+    /// and its next request goes to the pool while the thread that left still serves what
+    /// had queued for it.
+    #[test]
+    fn a_lane_closes_once_its_client_keeps_up() {
+        let (note_tx, notes) = std::sync::mpsc::channel::<&'static str>();
+        let (crew_tx, crew) = std::sync::mpsc::channel::<Arc<Crew>>();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let (note_tx, crew_tx, go_rx) = (Mutex::new(note_tx), Mutex::new(crew_tx), Mutex::new(go_rx));
+        let (server, a, a_peer) = leaving_pool(1, 4, move |req, w| {
+            match &req.header()[..] {
+                b"hold" => {
+                    assert!(w.leave(), "the worker could not leave");
+                    let _ = crew_tx.lock().unwrap().send(w.crew.clone());
+                    let _ = go_rx.lock().unwrap().recv();
+                }
+                b"gate" => {
+                    let _ = note_tx.lock().unwrap().send("gate");
+                    let _ = go_rx.lock().unwrap().recv();
+                }
+                _ => {}
+            }
+            let name = std::thread::current().name().unwrap_or_default().to_owned();
+            let _ = req.reply(Bytes::from(name));
+        });
+        let next = |what| notes.recv_timeout(Duration::from_secs(10)).ok() == Some(what);
+        // Dropped before the server should the test fail, so that held handlers end.
+        let go = go;
+        // Waited for on a thread of its own, which drives the client's transport meanwhile.
+        let (held, a2) = (ask_with(&a, a_peer, b"hold"), a.clone());
+        let held = std::thread::spawn(move || answer(&a2, held));
+        let crew = crew.recv_timeout(Duration::from_secs(10)).expect("the held request was served");
+        // Both queue in the lane of the thread that left.
+        let (quick, gate) = (ask_with(&a, a_peer, b"q"), ask_with(&a, a_peer, b"gate"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let queued = || crew.lanes().values().map(|l| l.waiting.len()).sum::<usize>();
+        while queued() < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(queued(), 2, "the held client's requests did not queue in its lane");
+        go.send(()).unwrap();
+        assert_eq!(held.join().unwrap(), "t-0");
+        assert_eq!(answer(&a, quick), "t-0");
+        // The quick request took no wait on the client: the lane closed behind it, and the
+        // thread that left serves the gate it had queued.
+        assert!(next("gate"));
+        assert_eq!(answer(&a, ask_with(&a, a_peer, b"q")), "t-1", "served by the pool while the gate holds");
+        go.send(()).unwrap();
+        assert_eq!(answer(&a, gate), "t-0");
         server.shutdown();
     }
 
@@ -779,7 +933,8 @@ mod tests {
         let r = std::thread::spawn(move || {
             let stop = AtomicBool::new(false);
             assert_eq!(p2.role(&stop), Role::Lead);
-            let _lead = StepDown(&p2);
+            let leading = Cell::new(true);
+            let _lead = StepDown(&p2, &leading);
             p2.serving(true);
             panic!("handler bug (expected by the test)");
         })
