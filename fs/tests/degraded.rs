@@ -337,8 +337,7 @@ struct Stopped(u32);
 
 impl Stopped {
     fn new(pid: u32) -> Self {
-        let pid_t = nix::unistd::Pid::from_raw(pid as i32);
-        nix::sys::signal::kill(pid_t, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        common::stop_process(pid);
         Stopped(pid)
     }
 }

@@ -117,6 +117,29 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> (std::process::Outpu
     (child.wait_with_output().unwrap(), ended)
 }
 
+/// Stops process `pid` with `SIGSTOP`, as a host cut off hangs it, and returns once every
+/// thread of it has stopped. The signal stops a multithreaded process one thread at a time
+/// (the first to take it stops the others), so a thread still running could otherwise answer
+/// a request sent right after `kill`, most likely on a loaded machine.
+pub fn stop_process(pid: u32) {
+    use nix::sys::signal::{Signal, kill};
+    kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGSTOP).unwrap();
+    let stopped =
+        |stat: &str| stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
+        let all = tasks
+            .flatten()
+            .all(|t| std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| stopped(&s)));
+        assert!(all || std::time::Instant::now() < deadline, "process {pid} did not stop");
+        if all {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Deterministic test data.
 pub fn pattern(len: usize, seed: u64) -> Bytes {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
