@@ -321,9 +321,10 @@ impl Crew {
             return Some(req);
         }
         lane.threads -= 1;
-        if lane.threads == 0 {
-            lanes.remove(&client);
-        }
+        let closed = if lane.threads == 0 { lanes.remove(&client) } else { None };
+        // Dropped (each failing its request through the transport) after the lock.
+        drop(lanes);
+        drop(closed);
         None
     }
 
@@ -332,12 +333,12 @@ impl Crew {
     /// the client's requests queued for nobody.
     fn abandon_lane(&self, client: PeerId) {
         let mut lanes = self.lanes();
-        if let Some(lane) = lanes.get_mut(&client) {
-            lane.threads -= 1;
-            if lane.threads == 0 {
-                lanes.remove(&client);
-            }
-        }
+        let Some(lane) = lanes.get_mut(&client) else { return };
+        lane.threads -= 1;
+        let closed = if lane.threads == 0 { lanes.remove(&client) } else { None };
+        // Dropped (each failing its request through the transport) after the lock.
+        drop(lanes);
+        drop(closed);
     }
 }
 
