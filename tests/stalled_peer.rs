@@ -4,7 +4,6 @@
 //! long as the peer stays stopped.
 
 use std::io::Write;
-use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -13,7 +12,7 @@ use ionet::internals::wire::{Header, Kind};
 use ionet::*;
 
 mod common;
-use common::raw_hello_as;
+use common::{raw_connect_small_window, raw_hello_as};
 
 /// The test's patience: far past the stall timeout below.
 const T: Duration = Duration::from_secs(30);
@@ -29,12 +28,7 @@ fn replies_to_a_peer_that_stopped_reading_fail_after_the_stall_timeout() {
     let sa = srv.local_addr().unwrap().resolve().unwrap()[0];
     // The stopped peer: it sends its requests and never reads again. A small receive buffer,
     // so its kernel takes little of the answers on its behalf.
-    let mut s = {
-        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        sock.set_recv_buffer_size(64 * 1024).unwrap();
-        sock.connect(&sa.into()).unwrap();
-        TcpStream::from(sock)
-    };
+    let mut s = raw_connect_small_window(sa, 64 * 1024);
     raw_hello_as(&mut s, 901);
     let mut frames = Vec::new();
     for id in 0..REQUESTS {

@@ -5,7 +5,6 @@
 //! the only test in its binary.
 
 use std::io::Write;
-use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -14,7 +13,7 @@ use ionet::internals::wire::{Header, Kind};
 use ionet::*;
 
 mod common;
-use common::{raw_hello_as, vm_rss_kib};
+use common::{raw_connect_small_window, raw_hello_as, vm_rss_kib};
 
 const T: Duration = Duration::from_secs(30);
 const BOUND: usize = 1 << 20;
@@ -48,12 +47,7 @@ fn a_peer_that_does_not_read_its_answers_is_bounded_then_dropped() {
     // The hostile peer: 4000 GETs of the whole 64 KiB exposure (250 MiB of answers) and as many
     // PUTs, none of the answers ever read. Its socket's receive buffer is kept small so the
     // kernel holds little of the answers on its side.
-    let mut s = {
-        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        sock.set_recv_buffer_size(64 * 1024).unwrap();
-        sock.connect(&sa.into()).unwrap();
-        TcpStream::from(sock)
-    };
+    let mut s = raw_connect_small_window(sa, 64 * 1024);
     raw_hello_as(&mut s, 900);
     let flood = thread::spawn(move || {
         let mut frames = Vec::new();

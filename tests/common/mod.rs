@@ -96,6 +96,15 @@ pub fn heap_serves_large_blocks() {
     }
 }
 
+/// A raw TCP connection to `addr` whose receive buffer is `recv_buffer` bytes, so that its
+/// kernel takes little of what the server sends while the test reads nothing.
+pub fn raw_connect_small_window(addr: std::net::SocketAddr, recv_buffer: usize) -> std::net::TcpStream {
+    let sock = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(recv_buffer).unwrap();
+    sock.connect(&addr.into()).unwrap();
+    std::net::TcpStream::from(sock)
+}
+
 /// Plays a keyless client's side of the TCP handshake on a raw socket: HELLO, then AUTH once
 /// the server's HELLO_ACK is in, then the server's READY.
 pub fn raw_hello(sock: &mut std::net::TcpStream) {
