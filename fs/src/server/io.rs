@@ -824,7 +824,7 @@ impl Shared {
                             // The request holding the range may wait on a client that stopped:
                             // wait out of the pool, and look less often.
                             let stalled = since.elapsed() > CLIENT_STALL;
-                            if stalled && !w.has_left() && !tried_leaving {
+                            if stalled && !tried_leaving {
                                 tried_leaving = true;
                                 w.leave();
                             }

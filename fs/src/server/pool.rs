@@ -320,11 +320,7 @@ impl Crew {
         {
             return Some(req);
         }
-        lane.threads -= 1;
-        let closed = if lane.threads == 0 { lanes.remove(&client) } else { None };
-        // Dropped (each failing its request through the transport) after the lock.
-        drop(lanes);
-        drop(closed);
+        Self::release_lane(lanes, client);
         None
     }
 
@@ -332,7 +328,12 @@ impl Crew {
     /// the last such thread takes the lane down, failing what waits in it, rather than leave
     /// the client's requests queued for nobody.
     fn abandon_lane(&self, client: PeerId) {
-        let mut lanes = self.lanes();
+        Self::release_lane(self.lanes(), client);
+    }
+
+    /// A thread is done with `client`'s lane (under the lanes' lock, so that no request can
+    /// queue between its last look and this): the last one takes the lane down.
+    fn release_lane(mut lanes: MutexGuard<'_, HashMap<PeerId, Lane>>, client: PeerId) {
         let Some(lane) = lanes.get_mut(&client) else { return };
         lane.threads -= 1;
         let closed = if lane.threads == 0 { lanes.remove(&client) } else { None };
@@ -360,7 +361,7 @@ pub(crate) struct Worker<'a> {
     stalled: Cell<bool>,
     /// The client of the request being served.
     client: Cell<Option<PeerId>>,
-    /// It left, and has not yet emptied its client's lane.
+    /// It left, and its client's lane is still open for it (not emptied, not closed).
     in_lane: Cell<bool>,
 }
 
@@ -370,9 +371,8 @@ impl Worker<'_> {
     /// while this one waits. The client's requests queue for this thread (and any other that
     /// left for it) from now on, until they are served or the client takes a request's data
     /// and answer without a stall again; then the thread ends. A leader gives up the lead as
-    /// it leaves. False (and the thread
-    /// stays) when as many threads as allowed are out already or a thread cannot be started;
-    /// true if it had left before.
+    /// it leaves. False (and the thread stays) when as many threads as allowed are out already
+    /// or a thread cannot be started; true if it had left before.
     pub(crate) fn leave(&self) -> bool {
         if self.left.get() {
             return true;
