@@ -756,6 +756,28 @@ mod tests {
         server.shutdown();
     }
 
+    /// Threads that ended are joined when another is added, so a long-lived server does not
+    /// keep one handle per thread that ever left the pool.
+    #[test]
+    fn threads_that_ended_are_joined_as_others_start() {
+        let threads = Threads::default();
+        for _ in 0..8 {
+            let ended = std::thread::spawn(|| {});
+            while !ended.is_finished() {
+                std::thread::yield_now();
+            }
+            threads.push(ended);
+        }
+        let (done, done_rx) = std::sync::mpsc::channel::<()>();
+        threads.push(std::thread::spawn(move || {
+            let _ = done_rx.recv();
+        }));
+        assert_eq!(threads.lock().len(), 1, "handles of ended threads kept");
+        assert_eq!(threads.running(), 1);
+        drop(done);
+        threads.join_all();
+    }
+
     /// No more threads leave than the pool allows; the others stay and serve in it.
     #[test]
     fn workers_leave_up_to_the_limit() {
