@@ -66,6 +66,16 @@ fn one_server() -> CreateOptions {
     }
 }
 
+/// Waits until the objects of `f`, a file just unlinked, are gone: the meta server removes
+/// them right after the unlink's answer, and only then is their space free.
+fn wait_removed(f: &stripefs::File) {
+    let t = std::time::Instant::now();
+    while f.read_at(0, BytesMut::zeroed(1)).is_ok() {
+        assert!(t.elapsed() < Duration::from_secs(30), "the unlinked file's objects were never removed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn read_back(f: &stripefs::File, off: u64, len: usize) -> Vec<u8> {
     let (b, n) = f.read_at(off, BytesMut::zeroed(len)).expect("read");
     assert_eq!(n, len, "short read at {off}");
@@ -118,6 +128,7 @@ fn write_past_a_full_disk(scheme: &str, copy: bool) {
     assert_eq!(f.write_at(0, &too_much).unwrap_err().errno(), Errno::ENOSPC);
     // Removing the file frees the disk: nothing of the failed writes stays reserved.
     c.unlink("/big").unwrap();
+    wait_removed(&f);
     let g = c.create("/again", one_server()).unwrap();
     let most = pattern(DISK * 3 / 4, 4);
     g.write_at(0, &most).unwrap();
@@ -223,6 +234,7 @@ fn copy_on_write_file_systems_take_the_copying_path(scheme: &str) {
     }
     // Freeing space makes rewrites work again, and they read back.
     c.unlink("/filler").unwrap();
+    wait_removed(&g);
     f.write_at(0, &second).unwrap();
     assert_eq!(read_back(&f, 0, second.len()), &second[..]);
     let s2 = io_stats(&c);
