@@ -559,11 +559,15 @@ impl Config {
         self
     }
 
-    /// How long a peer may leave its transmit backlog at the bound without reading any of it
-    /// (default 30 s). Then it is dropped: its operations fail with
-    /// [`Error::PeerLost`] and what it held is freed. Other peers are
-    /// not affected. On `tcp://` it is also each connection's TCP user timeout unless
-    /// [`Config::tcp_user_timeout`] says otherwise.
+    /// How long a peer may take nothing of what waits for it (default 30 s). Then it is
+    /// dropped: its operations fail with [`Error::PeerLost`] naming the cause, and what it
+    /// held is freed. Other peers are not affected. It covers the transmit backlog the
+    /// transport queues itself at its bound ([`Config::transmit_bytes_per_peer`]); on `tcp://`
+    /// it is also each connection's TCP user timeout unless [`Config::tcp_user_timeout`] says
+    /// otherwise; over verbs (`softib://`, `ib://`) it is how long messages may wait for
+    /// credits or ring slots the peer gives back none of, as a peer whose process is stopped
+    /// gives none. A peer that is merely slow is not dropped: anything it takes or gives
+    /// back starts the count again.
     pub fn stall_timeout(mut self, d: Duration) -> Self {
         self.stall_timeout = d;
         self

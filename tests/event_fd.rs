@@ -496,3 +496,45 @@ fn a_stalled_peer_is_dropped_by_a_server_sleeping_on_the_descriptor() {
     }
     drop((gets, cli));
 }
+
+/// The same over verbs, where the stall is the peer giving back no credits: replies queue for
+/// a client that stopped running, and nothing on the descriptor announces the deadline that
+/// drops it. A server sleeping on the descriptor must still drop the peer.
+#[test]
+fn a_softib_peer_that_gives_no_credits_back_is_dropped_by_a_server_sleeping_on_the_descriptor() {
+    // More than the client's receive buffers and ring slots together (16 and 8).
+    const REQUESTS: usize = 48;
+    let srv =
+        Endpoint::bind("softib://127.0.0.1:0", Config::default().stall_timeout(Duration::from_millis(300)))
+            .unwrap();
+    let (cli, peer) = client_of(&srv, Config::default());
+    let reqs: Vec<OpId> = (0..REQUESTS)
+        .map(|_| cli.request(peer, 1, Bytes::from_static(b"q"), Payload::None, ServiceLevel::Normal).unwrap())
+        .collect();
+    // Both driven until the server holds every request; then the client never runs again.
+    let mut held = Vec::new();
+    let deadline = Instant::now() + LOST;
+    while held.len() < REQUESTS {
+        assert!(Instant::now() < deadline, "the requests never arrived");
+        cli.try_progress().unwrap();
+        if let Some(r) = srv.next_request(Some(Duration::ZERO)).unwrap() {
+            held.push(r);
+        }
+    }
+    let replies: Vec<OpId> = held.into_iter().map(|r| r.reply(Bytes::from_static(b"a")).unwrap()).collect();
+    let deadline = Instant::now() + LOST;
+    loop {
+        srv.try_progress().unwrap();
+        if srv.info().counters.peers_lost >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the stalled peer was never dropped");
+        if srv.arm().unwrap() == Arm::Armed {
+            assert!(
+                readable_within(&srv, LOST),
+                "armed descriptor never became readable with a peer stalled"
+            );
+        }
+    }
+    drop((replies, reqs, cli));
+}

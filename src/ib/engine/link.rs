@@ -12,12 +12,15 @@
 //! an arrived message, [`Link::release`] when its buffer or slot is consumed. A message the
 //! application cannot take yet (back-pressure) stays where it lies, queued in the link
 //! ([`Link::admit`], [`Link::hold`], [`Link::unhold`]), and later arrivals wait behind it so
-//! that each connection's messages are processed in arrival order. Nothing here
+//! that each connection's messages are processed in arrival order. How long queued messages
+//! have waited with the peer giving nothing back is counted here too ([`Link::waiting_for`]),
+//! on the caller's clock. Nothing here
 //! touches memory, queue pairs or clocks, so the rules — no SEND without a credit, no ring
 //! write without a free slot, no more work requests than the send queue holds — are written
 //! once and can be exercised by a test that plays the wire (`link_pair.rs`).
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use crate::comm::Mechanism;
 use crate::flowctl::{Credits, FlowError, RingReceiver, RingSender, Transmit};
@@ -192,6 +195,12 @@ pub(crate) struct Link<D> {
     free_large: Vec<u16>,
     /// Arrived messages waiting for the application (back-pressure), in arrival order.
     held: VecDeque<Held>,
+    /// What the peer has given back that lets queued messages on: returns of credits or ring
+    /// slots, and send completions (which free bounce buffers and send-queue room). Counted,
+    /// so that [`Link::waiting_for`] sees whether anything came since it last looked.
+    moved: u64,
+    /// Since when messages have waited, and `moved` then.
+    waiting: Option<(u64, Instant)>,
 }
 
 impl<D> Link<D> {
@@ -209,6 +218,8 @@ impl<D> Link<D> {
             free_small: (0..layout.n_small as u16).rev().collect(),
             free_large: (0..layout.n_large as u16).rev().collect(),
             held: VecDeque::new(),
+            moved: 0,
+            waiting: None,
         }
     }
 
@@ -388,6 +399,9 @@ impl<D> Link<D> {
             }
         }
         let retired: Vec<SqEntry<D>> = self.sq.drain(..n).collect();
+        if !retired.is_empty() {
+            self.moved += 1;
+        }
         for e in &retired {
             match e.bounce {
                 Some(Bounce::Small(i)) => self.free_small.push(i),
@@ -436,6 +450,9 @@ impl<D> Link<D> {
     /// Takes the flow-control returns of an arrived message at once, even if the message itself
     /// has to wait: they may be what lets our own sends out.
     pub fn framing(&mut self, loc: Held, prefix: Prefix) -> Result<(), LinkError> {
+        if prefix.credits > 0 || prefix.ring_returns > 0 {
+            self.moved += 1;
+        }
         match (loc, self.credits.as_mut()) {
             (Held::Recv(_), Some(k)) => k.on_message(prefix.credits)?,
             (Held::Slot { .. }, Some(k)) => k.on_credits(prefix.credits)?,
@@ -508,6 +525,26 @@ impl<D> Link<D> {
                     k.request_explicit();
                 }
                 Ok(None)
+            }
+        }
+    }
+
+    /// How long messages have waited to go out while the peer gave back nothing that lets them
+    /// on (no credit, ring slot or send completion): `queued` says whether any wait at `now`.
+    /// The count starts again whenever something comes back or nothing waits. A peer whose
+    /// endpoint stopped running (its process stopped, or hostile) gives nothing back, and
+    /// without a deadline on this what waits for it would wait for as long as it stays
+    /// stopped.
+    pub fn waiting_for(&mut self, queued: bool, now: Instant) -> Duration {
+        if !queued {
+            self.waiting = None;
+            return Duration::ZERO;
+        }
+        match self.waiting {
+            Some((moved, since)) if moved == self.moved => now.saturating_duration_since(since),
+            _ => {
+                self.waiting = Some((self.moved, now));
+                Duration::ZERO
             }
         }
     }

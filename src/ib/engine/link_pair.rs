@@ -554,3 +554,38 @@ proptest::proptest! {
         proptest::prop_assert!(p.a.out.is_empty());
     }
 }
+
+#[test]
+fn the_wait_counts_only_while_the_peer_gives_nothing_back() {
+    let (t0, s) = (std::time::Instant::now(), std::time::Duration::from_secs(1));
+    let mut p = Pair::new();
+    p.b.holding = true;
+    p.a.out.extend((0..3 * u32::from(N_RECV)).map(|t| (Via::Send, MSG_HDR + 10, t)));
+    p.drive();
+    assert!(!p.a.out.is_empty(), "messages wait for credits");
+    assert_eq!(p.a.link.waiting_for(true, t0), std::time::Duration::ZERO, "counted from when first seen");
+    assert_eq!(p.a.link.waiting_for(true, t0 + 5 * s), 5 * s, "nothing came back meanwhile");
+    // The peer takes what it held: credits come back and everything goes.
+    p.b.release_all();
+    p.drive();
+    assert!(p.a.out.is_empty());
+    assert_eq!(p.a.link.waiting_for(false, t0 + 6 * s), std::time::Duration::ZERO);
+    // Held again: a new count, from when the new wait is first seen.
+    p.b.holding = true;
+    p.a.out.extend((100..100 + 3 * u32::from(N_RECV)).map(|t| (Via::Send, MSG_HDR + 10, t)));
+    p.drive();
+    assert!(!p.a.out.is_empty());
+    assert_eq!(p.a.link.waiting_for(true, t0 + 10 * s), std::time::Duration::ZERO);
+    assert_eq!(p.a.link.waiting_for(true, t0 + 12 * s), 2 * s);
+    // A single credit's return (one message taken, its credit riding on a message of the
+    // peer's own) starts it again, though messages still wait.
+    let loc = p.b.link.next_held().expect("b holds messages");
+    assert!(p.b.link.unhold(loc));
+    p.b.consume(loc);
+    p.b.out.push_back((Via::Send, MSG_HDR + 10, 1000));
+    p.step(1);
+    assert_eq!(p.a.received.last(), Some(&1000));
+    assert!(!p.a.out.is_empty());
+    assert_eq!(p.a.link.waiting_for(true, t0 + 13 * s), std::time::Duration::ZERO, "a credit came back");
+    assert_eq!(p.a.link.waiting_for(true, t0 + 14 * s), s);
+}

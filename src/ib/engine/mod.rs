@@ -751,11 +751,13 @@ impl<V: Verbs> State<V> {
     }
 
     /// Whether [`State::timers`] has anything to check: a side channel in its handshake or
-    /// connect, or a transfer cancelled within its grace period.
+    /// connect, a transfer cancelled within its grace period, or messages waiting for what
+    /// their peer gives back.
     fn timers_pending(&self) -> bool {
         self.admission.len() > 0
             || self.sides.values().any(|s| s.phase.dialled().is_some())
             || self.ops.iter().any(|(_, o)| matches!(o.st, OpSt::Cancelling { .. }))
+            || self.conns.iter().flatten().any(Conn::messages_wait)
     }
 
     fn timers(&mut self, polling: bool, now: Instant) {
@@ -780,5 +782,32 @@ impl<V: Verbs> State<V> {
         for p in overdue {
             self.fail_peer(p, Loss::Lost("cancelled transfer not released by the peer in time".into()));
         }
+        // Peers that gave back nothing for the stall timeout while messages waited for them:
+        // no kernel drops such a connection over verbs, so the transport does.
+        let stall = self.s.cfg.stall_timeout;
+        let stalled: Vec<(PeerId, usize)> = self
+            .conns
+            .iter_mut()
+            .flatten()
+            .filter_map(|c| {
+                let wait = c.messages_wait();
+                let waited = c.link.waiting_for(wait, now);
+                (wait && waited >= stall).then_some((c.peer, c.out.len()))
+            })
+            .collect();
+        for (p, n) in stalled {
+            let why = format!(
+                "it gave back no credits or ring slots for {stall:?} while {n} messages waited for them (stall_timeout)"
+            );
+            self.fail_peer(p, Loss::Lost(why));
+        }
+    }
+}
+
+impl<V: Verbs> Conn<V> {
+    /// Messages wait on this connection for what the peer gives back (the pump sends all it
+    /// may at once, so a message still queued after it is one that cannot go yet).
+    fn messages_wait(&self) -> bool {
+        self.ready && !self.out.is_empty()
     }
 }
