@@ -176,7 +176,13 @@ where
         max_left,
     });
     for _ in 0..workers.max(1) {
-        crew.spawn()?;
+        if let Err(e) = crew.spawn() {
+            // The server does not start, so the workers already running stop: left alone they
+            // would go on serving its endpoint with nobody to stop them.
+            stop.store(true, Ordering::Relaxed);
+            crew.threads.join_all();
+            return Err(e);
+        }
     }
     Ok(crew.threads.clone())
 }
@@ -205,6 +211,10 @@ struct Crew {
 impl Crew {
     fn spawn(self: &Arc<Self>) -> std::io::Result<()> {
         let i = self.next.fetch_add(1, Ordering::Relaxed);
+        #[cfg(test)]
+        if tests::SPAWN_FAILS_AT.with(|at| at.get() == Some(i)) {
+            return Err(std::io::Error::other("thread limit (injected)"));
+        }
         let crew = self.clone();
         let t = std::thread::Builder::new().name(format!("{}-{i}", self.name)).spawn(move || crew.run())?;
         self.threads.push(t);
@@ -527,6 +537,28 @@ mod tests {
     use bytes::Bytes;
     use ionet::{Config, Payload, ServiceLevel};
     use std::time::Instant;
+
+    thread_local! {
+        /// The number of the thread whose start fails, in pools the test thread starts.
+        pub(super) static SPAWN_FAILS_AT: Cell<Option<usize>> = const { Cell::new(None) };
+    }
+
+    /// A pool that cannot start all its workers fails, and the workers it did start stop
+    /// rather than serve on with nobody owning them.
+    #[test]
+    fn a_pool_that_fails_to_start_stops_the_workers_it_started() {
+        let ep = Endpoint::bind("tcp://127.0.0.1:0", Config::default()).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let token = Arc::new(());
+        let held = token.clone();
+        SPAWN_FAILS_AT.with(|at| at.set(Some(2)));
+        let r = spawn_workers("t", &ep, 4, 0, &stop, move |_req, _w| drop(held.clone()));
+        SPAWN_FAILS_AT.with(|at| at.set(None));
+        assert!(r.is_err(), "the third worker's start failed");
+        // The handler (with what it holds) went with the last worker that could run it.
+        assert_eq!(Arc::strong_count(&token), 1, "workers still run");
+        assert!(stop.load(Ordering::Relaxed));
+    }
 
     /// Waits until `n` threads arrived, or 10 s; true if all arrived.
     fn meet(m: &(Mutex<usize>, Condvar), n: usize) -> bool {
