@@ -907,3 +907,107 @@ fn a_cancel_reaches_a_server_stalled_in_the_requests_streamed_payload() {
     p.drive();
     assert!(p.take(true, again).result.is_ok());
 }
+
+/// A request with a streamed payload that its server takes but does not pull yet (its handler
+/// waits for something else: bytes another client's request holds, a disk) and a request
+/// behind it on the same connection.
+fn payload_nobody_pulls(cfg: Config, len: usize) -> (Pair, PeerId, OpId, RequestMeta, OpId, Vec<u8>) {
+    let mut p = Pair::new(cfg);
+    p.chunk = 64 << 10;
+    p.capacity = 256 << 10;
+    let srv = p.connect();
+    let data = pattern(len, 5);
+    let req = p
+        .post(true, request(srv, 1, ServiceLevel::Bulk, b"write", Payload::Out(SendBuf::from(data.clone()))));
+    p.drive();
+    let meta = p.server.requests.pop_front().expect("the request arrived");
+    let next = p.post(true, request(srv, 1, ServiceLevel::Bulk, b"next", Payload::None));
+    p.drive();
+    assert!(p.server.requests.is_empty(), "at first the connection waits for a pull");
+    (p, srv, req, meta, next, data)
+}
+
+/// The pulls of a payload posted late, in two halves; its bytes.
+fn pull_late(p: &mut Pair, meta: &RequestMeta, len: usize) -> Vec<u8> {
+    let half = len / 2;
+    let pulls: Vec<OpId> = [(0, half), (half, len - half)]
+        .into_iter()
+        .map(|(off, n)| p.post(false, pull(meta, off as u64, n)))
+        .collect();
+    p.drive();
+    pulls.into_iter().flat_map(|op| bytes_of(&p.take(false, op))).collect()
+}
+
+/// The connection goes on past a payload nobody pulls for a while: its bytes are parked
+/// within the peer's early-data budget, the request behind it is served, and the late pulls
+/// get every byte.
+#[test]
+fn requests_behind_a_payload_nobody_pulls_yet_are_served_and_the_payload_stays_whole() {
+    let len = 3 << 20;
+    let (mut p, _srv, req, meta, next, data) = payload_nobody_pulls(Config::default(), len);
+    // What the open request itself holds of the budget (its header).
+    let open = p.server.s.peers.buffered();
+    for _ in 0..3 {
+        p.advance(super::TIMER_PERIOD);
+        p.drive();
+    }
+    let m2 = p.server.requests.pop_front().expect("the next request got past the unpulled payload");
+    p.post(false, reply(&m2));
+    p.drive();
+    assert!(p.take(true, next).result.is_ok());
+    assert_eq!(p.server.s.peers.buffered(), open + len, "the parked payload counts against the budget");
+    assert_eq!(pull_late(&mut p, &meta, len), data);
+    assert_eq!(p.server.s.peers.buffered(), open, "the budget is back");
+    p.post(false, reply(&meta));
+    p.drive();
+    assert_eq!(p.take(true, req).result.ok(), Some(len));
+    assert_eq!(p.server.s.streams.len(), 0, "the stream is forgotten");
+}
+
+/// Parking stops at the budget: a payload larger than the peer's early-data budget keeps the
+/// connection waiting once the budget is full, and still arrives whole.
+#[test]
+fn a_payload_nobody_pulls_is_parked_only_up_to_the_peers_budget() {
+    let len = 3 << 20;
+    let budget = 1 << 20;
+    let cfg = Config { early_bytes_per_peer: budget, ..Config::default() };
+    let (mut p, _srv, req, meta, next, data) = payload_nobody_pulls(cfg, len);
+    let open = p.server.s.peers.buffered();
+    for _ in 0..5 {
+        p.advance(super::TIMER_PERIOD);
+        p.drive();
+    }
+    let parked = p.server.s.peers.buffered() - open;
+    assert!(parked > 0 && open + parked <= budget, "{parked} bytes parked against a budget of {budget}");
+    assert!(p.server.requests.is_empty(), "the request behind the rest of the payload waits");
+    assert_eq!(pull_late(&mut p, &meta, len), data);
+    let m2 = p.server.requests.pop_front().expect("the next request, once the payload is pulled");
+    assert_eq!(p.server.s.peers.buffered(), open + m2.header.len(), "nothing parked is left counted");
+    p.post(false, reply(&m2));
+    p.post(false, reply(&meta));
+    p.drive();
+    assert!(p.take(true, next).result.is_ok());
+    assert_eq!(p.take(true, req).result.ok(), Some(len));
+}
+
+/// Parked bytes of a request answered without pulling them (it failed) are dropped and their
+/// budget given back.
+#[test]
+fn parked_bytes_of_a_request_answered_unpulled_are_dropped() {
+    let len = 3 << 20;
+    let (mut p, _srv, req, meta, next, _data) = payload_nobody_pulls(Config::default(), len);
+    for _ in 0..3 {
+        p.advance(super::TIMER_PERIOD);
+        p.drive();
+    }
+    assert!(p.server.s.peers.buffered() > 0);
+    p.post(false, reply(&meta));
+    p.drive();
+    assert_eq!(p.server.s.streams.len(), 0, "the stream is forgotten");
+    assert!(p.take(true, req).result.is_ok());
+    let m2 = p.server.requests.pop_front().expect("the next request");
+    assert_eq!(p.server.s.peers.buffered(), m2.header.len(), "the parked bytes' budget is back");
+    p.post(false, reply(&m2));
+    p.drive();
+    assert!(p.take(true, next).result.is_ok());
+}

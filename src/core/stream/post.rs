@@ -555,6 +555,7 @@ impl Session {
         if let Some(s) = self.streams.get_mut(&(peer, req)) {
             // Answered: what no pull takes now goes into the void, and the connection goes on.
             s.discard = true;
+            self.stream_drop_parked((peer, req));
             self.stream_unstall((peer, req));
             self.stream_maybe_done((peer, req));
         }

@@ -660,17 +660,7 @@ impl Session {
                     Err(e) => return self.protocol_error(link, e),
                 };
                 if streamed {
-                    self.streams.insert(
-                        (peer, h.b),
-                        StreamIn {
-                            end: h.c,
-                            wire: 0,
-                            routed: 0,
-                            pulls: Default::default(),
-                            stalled: None,
-                            discard: false,
-                        },
-                    );
+                    self.streams.insert((peer, h.b), StreamIn::new(h.c));
                 }
                 self.events += 1;
                 self.delivered.push(Delivery::Request(meta));

@@ -1,7 +1,11 @@
 //! Streamed request payloads on the server: their bytes arrive in order behind the request
-//! and each goes into the posted pull that covers it; the link waits while none does.
+//! and each goes into the posted pull that covers it; the link waits while none does, and
+//! once it has waited a while, parks them within the peer's early-data budget and reads on.
 
+use std::collections::BTreeMap;
 use std::mem;
+
+use bytes::Bytes;
 
 use crate::buffers::buf::{OpBuf, RecvBuf};
 use crate::comm::Mechanism;
@@ -13,9 +17,19 @@ use crate::wire::{FLAG_ABORT, Header, Kind};
 use super::link::{Rx, Sink};
 use super::{Action, LinkId, OpSt, Session, unexpected};
 
-/// posted pull that covers it, and the connection waits while none does. Once the request is
-/// answered (or the client stops the stream) bytes no pull covers are discarded. Kept until
-/// every byte up to `end` has been routed.
+/// Most bytes parked as one piece: a STREAM frame is read into the parked bytes in pieces of
+/// this size, each reserved against the peer's budget before it is read.
+const PARK_PIECE: u32 = 256 << 10;
+
+/// A streamed request payload being received: each byte goes, in order, into the posted pull
+/// that covers it, and the connection waits while none does. A connection that still waits at
+/// two looks of the timer (its request waits for something else: bytes another client's
+/// request holds, a disk, a free worker) would hold up every request behind it on the
+/// connection for as long, so from then on the bytes no pull covers are *parked* (copied
+/// aside, within the peer's early-data budget) and the connection reads on; pulls posted later
+/// take them from there. Once the request is answered (or the client stops the stream) bytes
+/// no pull covers are discarded. Kept until every byte up to `end` has been routed and none is
+/// parked.
 pub(super) struct StreamIn {
     /// Where the payload ends: its length, or where the client stopped the stream.
     pub end: u64,
@@ -29,6 +43,72 @@ pub(super) struct StreamIn {
     pub stalled: Option<LinkId>,
     /// Nobody will pull what is not pulled yet (answered, dropped, or the client stopped).
     pub discard: bool,
+    /// Bytes parked, by offset: routed, and waiting for the pulls that will take them.
+    pub parked: BTreeMap<u64, Bytes>,
+    /// Bytes no pull covers are parked rather than waited for.
+    pub park: bool,
+    /// The timer found the connection waiting in this stream at its last look.
+    pub seen_waiting: bool,
+}
+
+impl StreamIn {
+    pub(super) fn new(end: u64) -> StreamIn {
+        StreamIn {
+            end,
+            wire: 0,
+            routed: 0,
+            pulls: BTreeMap::new(),
+            stalled: None,
+            discard: false,
+            parked: BTreeMap::new(),
+            park: false,
+            seen_waiting: false,
+        }
+    }
+
+    /// Whether the parked bytes hold all of `[from, to)`.
+    fn parked_holds(&self, from: u64, to: u64) -> bool {
+        let start = self.parked.range(..=from).next_back().map_or(from, |(&at, _)| at);
+        let mut reached = from;
+        for (&at, b) in self.parked.range(start..) {
+            if reached >= to || at > reached {
+                break;
+            }
+            reached = reached.max(at + b.len() as u64);
+        }
+        reached >= to
+    }
+
+    /// Takes `[from, to)` out of the parked bytes, which hold it: its pieces by offset. What
+    /// is parked on either side stays.
+    fn take_parked(&mut self, from: u64, to: u64) -> Vec<(u64, Bytes)> {
+        let overlapping: Vec<u64> = self
+            .parked
+            .range(..to)
+            .filter(|(at, b)| **at + b.len() as u64 > from)
+            .map(|(at, _)| *at)
+            .collect();
+        let mut taken = Vec::with_capacity(overlapping.len());
+        for at in overlapping {
+            let Some(mut b) = self.parked.remove(&at) else { continue };
+            if at + b.len() as u64 > to {
+                let after = b.split_off((to - at) as usize);
+                self.parked.insert(to, after);
+            }
+            let mut start = at;
+            if at < from {
+                let before = b.split_to((from - at) as usize);
+                self.parked.insert(at, before);
+                start = from;
+            }
+            taken.push((start, b));
+        }
+        taken
+    }
+
+    fn parked_bytes(&self) -> usize {
+        self.parked.values().map(Bytes::len).sum()
+    }
 }
 
 impl Session {
@@ -55,18 +135,43 @@ impl Session {
             return Ok(());
         }
         let before = s.pulls.range(..end).next_back().map(|(&at, &(_, n))| at + n as u64);
-        if offset < s.routed || before.is_some_and(|e| e > offset) {
+        // Bytes routed already can only come from those parked.
+        let parked_up_to = end.min(s.routed);
+        if (offset < s.routed && !s.parked_holds(offset, parked_up_to)) || before.is_some_and(|e| e > offset)
+        {
             return Err(Error::misuse("pull overlaps bytes already routed or another pull"));
         }
         if len == 0 {
             self.ops.done_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Ok(0));
             return Ok(());
         }
+        let mut buf = buf;
+        let mut filled = 0usize;
+        if offset < s.routed
+            && let Some(s) = self.streams.get_mut(&key)
+        {
+            for (at, piece) in s.take_parked(offset, parked_up_to) {
+                buf.copy_in((at - offset) as usize, &piece);
+                filled += piece.len();
+            }
+        }
+        if filled > 0 {
+            self.parked_taken(key, filled);
+        }
+        if filled == len {
+            self.ops.done_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Ok(len));
+            self.stream_maybe_done(key);
+            return Ok(());
+        }
+        let Some(s) = self.streams.get(&key) else {
+            return Err(Error::misuse("pull of a streamed payload the stream has already passed"));
+        };
         let waiting_here = s.stalled.is_some() && offset <= s.routed && s.routed < end;
         self.insert_op(op, OpKind::Pull, peer, 0, sl, OpBuf::Recv(buf), OpSt::WaitStream);
         if let Some(o) = self.ops.get_mut(&op) {
             o.mech = Some(Mechanism::ServerRdma);
             o.expect = len as u64;
+            o.moved = filled;
         }
         if let Some(s) = self.streams.get_mut(&key) {
             s.pulls.insert(offset, (op, len));
@@ -99,6 +204,7 @@ impl Session {
             for (op, _) in pulls.into_values() {
                 self.complete(op, Err(Error::PeerCancelled));
             }
+            self.stream_drop_parked(key);
             self.stream_maybe_done(key);
             return self.finish_header_only(link);
         }
@@ -111,8 +217,9 @@ impl Session {
     }
 
     /// Routes the rest of a STREAM frame: the next run goes into the pull that covers the next
-    /// byte, or into the void once nobody will pull it. If neither, the connection waits (its
-    /// bytes stay in the socket) until a pull or the answer comes: returns false.
+    /// byte, into the void once nobody will pull it, or, once the stream parks, aside within
+    /// the peer's budget. If none, the connection waits (its bytes stay in the socket) until a
+    /// pull, the answer or the timer's next look comes: returns false.
     pub(super) fn stream_route(&mut self, link: LinkId, req: u64, left: u32) -> bool {
         let Some(c) = self.links.get(link) else { return false };
         let (Some(peer), sl) = (c.peer, c.sl) else { return false };
@@ -128,6 +235,16 @@ impl Session {
                 (Sink::Op { op, base: (off - at) as usize }, n)
             }
             _ if s.discard => (Sink::Discard, left),
+            _ if s.park => {
+                let n = left.min(PARK_PIECE);
+                let limit = self.s.cfg.early_bytes_per_peer;
+                if !self.peers.get_mut(peer).is_some_and(|p| p.budget.reserve(n as usize, limit)) {
+                    // At the budget: wait for pulls (or the timer's next look) after all.
+                    s.stalled = Some(link);
+                    return false;
+                }
+                (Sink::Vec(vec![0; n as usize]), n)
+            }
             _ => {
                 s.stalled = Some(link);
                 return false;
@@ -148,7 +265,9 @@ impl Session {
         let key = (peer, run.b);
         let Some(s) = self.streams.get_mut(&key) else { return };
         s.routed += u64::from(run.len);
-        if let Sink::Op { op, .. } = sink
+        if let Sink::Vec(v) = sink {
+            s.parked.insert(run.c, Bytes::from(v));
+        } else if let Sink::Op { op, .. } = sink
             && let Some(o) = self.ops.get_mut(&op)
         {
             o.moved += run.len as usize;
@@ -174,15 +293,73 @@ impl Session {
         for op in pulls {
             self.cancel(op, Error::PeerCancelled);
         }
+        self.stream_drop_parked(key);
         self.stream_unstall(key);
         self.stream_maybe_done(key);
     }
 
-    /// Forgets a stream once all of it has been routed and no pull waits on it.
+    /// Forgets a stream once all of it has been routed, no pull waits on it and nothing of it
+    /// is parked.
     pub(super) fn stream_maybe_done(&mut self, key: (PeerId, u64)) {
-        if self.streams.get(&key).is_some_and(|s| s.routed >= s.end && s.pulls.is_empty()) {
+        if self
+            .streams
+            .get(&key)
+            .is_some_and(|s| s.routed >= s.end && s.pulls.is_empty() && s.parked.is_empty())
+        {
             self.streams.remove(&key);
         }
+    }
+
+    /// Nobody will pull what is parked of `key` (its request is answered or cancelled): it
+    /// goes, and its budget comes back.
+    pub(super) fn stream_drop_parked(&mut self, key: (PeerId, u64)) {
+        let Some(s) = self.streams.get_mut(&key) else { return };
+        let n = s.parked_bytes();
+        s.parked.clear();
+        if n > 0 {
+            self.parked_taken(key, n);
+        }
+    }
+
+    /// `n` parked bytes of `key` left (into a pull, or dropped): their budget comes back, and
+    /// what waited for it goes on.
+    fn parked_taken(&mut self, key: (PeerId, u64), n: usize) {
+        if let Some(p) = self.peers.get_mut(key.0) {
+            p.budget.release(n);
+        }
+        self.unstall(key.0);
+        if self.streams.get(&key).is_some_and(|s| s.park) {
+            self.stream_unstall(key);
+        }
+    }
+
+    /// The timer's look at the streams connections wait in: one found waiting at two looks in
+    /// a row parks from now on, and one that parks and waits (its peer's budget was full)
+    /// tries again.
+    pub(super) fn stream_timers(&mut self) {
+        let mut resume = Vec::new();
+        for (&key, s) in &mut self.streams {
+            if s.stalled.is_none() {
+                s.seen_waiting = false;
+                continue;
+            }
+            if !s.park && s.seen_waiting {
+                tracing::debug!(peer = %key.0, req = key.1, "a streamed payload waits for its pulls: parking it");
+                s.park = true;
+            }
+            s.seen_waiting = true;
+            if s.park {
+                resume.push(key);
+            }
+        }
+        for key in resume {
+            self.stream_unstall(key);
+        }
+    }
+
+    /// Whether a connection waits in a stream (the timer must look at it).
+    pub(super) fn streams_wait(&self) -> bool {
+        self.streams.values().any(|s| s.stalled.is_some())
     }
 
     /// A connection that waited inside a stream may go on: read it again.

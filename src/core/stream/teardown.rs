@@ -111,9 +111,11 @@ impl Session {
     }
 
     /// Whether [`Session::handle_timeout`] has anything to check: a peer paused at the
-    /// transmit bound, or a link in its handshake or connect.
+    /// transmit bound, a link waiting in a streamed payload, or a link in its handshake or
+    /// connect.
     pub(crate) fn timers_pending(&self) -> bool {
         !self.tx_paused.is_empty()
+            || self.streams_wait()
             || self.admission.len() > 0
             || self.links.values().any(|c| {
                 matches!(&c.phase, Phase::Connecting)
@@ -122,8 +124,8 @@ impl Session {
     }
 
     /// The time is `now`: stamps what moved since the last reading, and every
-    /// [`TIMER_PERIOD`] fails peers stalled at the transmit bound and links past their
-    /// handshake or connect deadline.
+    /// [`TIMER_PERIOD`] looks at links waiting in streamed payloads, fails peers stalled at the
+    /// transmit bound and links past their handshake or connect deadline.
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
         for &p in &self.tx_paused {
             if let Some(p) = self.peers.get_mut(p)
@@ -136,6 +138,7 @@ impl Session {
             return;
         }
         self.last_timers = now;
+        self.stream_timers();
         for c in self.links.values_mut() {
             // A dial the driver never dated is dated now.
             c.since.get_or_insert(now);
