@@ -173,3 +173,83 @@ fn a_client_that_stops_reading_answers_leaves_the_meta_server_serving_others() {
     }
     drop(ep);
 }
+
+/// A write that waits for bytes another client's stopped read holds waits apart from the
+/// workers, and its own client is not made to wait behind it: that client (a mount serves a
+/// whole host through one connection) goes on reading other files while the write waits.
+#[test]
+fn a_write_behind_a_stopped_read_leaves_its_client_served() {
+    use stripefs::capability::CapabilityKey;
+    use stripefs::layout::Extent;
+    use stripefs::net::TAG_IO;
+    use stripefs::proto::{Descriptor, IoReply, IoRequest};
+    const BIG: usize = 64 << 20;
+    // Writes go through mappings on the disk too, as reads do: the mapped path is the one where
+    // a write waits for a range a read holds.
+    let tc = TestCluster::start_with("tcp", 1, |o| o.io_args.push("--map-disk-writes".into()));
+    let c = tc.client();
+    let f = c.create("/big", CreateOptions::default()).unwrap();
+    let chunk = pattern(8 << 20, 1);
+    for i in 0..BIG / chunk.len() {
+        f.write_at((i * chunk.len()) as u64, &chunk).unwrap();
+    }
+    let h = f.handle();
+    drop(f);
+    let data = pattern(1 << 20, 2);
+    let f = c.create("/other", CreateOptions::default()).unwrap();
+    f.write_at(0, &data).unwrap();
+    drop((f, c));
+
+    // The stopped reader: asks for all of /big and never runs its endpoint again, with a
+    // small socket so that little of the answer leaves the server.
+    let key = tc.key();
+    let cfg = endpoint_config(&key, ionet::WaitMode::Block, false, None).socket_buffer(64 << 10);
+    let ep = ionet::Endpoint::client(cfg).unwrap();
+    let io = ep.connect(&tc.cluster.config().io_servers[0]).unwrap();
+    let ask = |req: IoRequest, payload| {
+        let header = proto::encode(&Envelope::new(1, req)).unwrap();
+        ep.request(io, TAG_IO, bytes::Bytes::from(header), payload, ionet::ServiceLevel::Normal).unwrap()
+    };
+    let ping = ep.wait(ask(IoRequest::Ping, ionet::Payload::None)).unwrap();
+    let pong = proto::decode::<IoReply>(&ping.reply.expect("a reply")).unwrap().body;
+    assert!(matches!(pong, IoReply::Pong), "{pong:?}");
+    let cap =
+        CapabilityKey::new(&key).unwrap().mint(h, Rights::READ, stripefs::capability::unix_now() + 600, 1);
+    let desc = Descriptor::list(vec![Extent::new(0, BIG as u64)]).unwrap();
+    let _read = ask(IoRequest::Read { cap, desc }, ionet::Payload::In(bytes::BytesMut::zeroed(BIG).into()));
+
+    let opts = ClientOptions { timeout: Duration::from_secs(10), ..Default::default() };
+    let other = std::sync::Arc::new(Client::connect_with(tc.cluster.config(), opts).unwrap());
+    let held = wait_in_flight(&other, Duration::from_secs(15), |n| n >= 1);
+    assert_eq!(held, Ok(1), "the stopped read never reached the server");
+
+    // A write of 1 MiB (what a mount sends at a time) over the start of /big meets the range
+    // the stopped read holds, and waits.
+    let writer = {
+        let other = other.clone();
+        std::thread::spawn(move || {
+            let f = other.open("/big", Rights::READ_WRITE).unwrap();
+            f.write_at(0, &pattern(1 << 20, 3))
+        })
+    };
+    let waiting = wait_in_flight(&other, Duration::from_secs(15), |n| n >= 2);
+    assert_eq!(waiting, Ok(2), "the write never reached the server");
+    // Meanwhile the same client reads another file, again and again, well past the second
+    // after which the write waits out of the pool.
+    let f = other.open("/other", Rights::READ).unwrap();
+    for round in 0..6 {
+        let (got, n) = f
+            .read_at(0, bytes::BytesMut::zeroed(data.len()))
+            .unwrap_or_else(|e| panic!("read {round} of /other while the write waits: {e}"));
+        assert!(n == data.len() && got[..] == data[..], "/other read back different bytes");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // The reads came while the write waited, not after it had ended (had they queued behind
+    // it, they would have waited until the client gave it up).
+    assert!(!writer.is_finished(), "the write ended before the reads did");
+    let still = wait_in_flight(&other, Duration::ZERO, |_| true);
+    assert_eq!(still, Ok(2), "the write did not wait for the stopped read throughout");
+    // Once the stopped reader is gone, the write goes through.
+    drop(ep);
+    writer.join().unwrap().expect("the write once the reader is gone");
+}

@@ -822,11 +822,13 @@ impl Shared {
                             fail = Some(Fail(Errno::EIO, "object range stayed busy".into()));
                         } else {
                             // The request holding the range may wait on a client that stopped:
-                            // wait out of the pool, and look less often.
+                            // wait out of the pool, and look less often. Not in a lane of this
+                            // client's: it is not the one that stalled, and its other requests
+                            // (a mount's, for every process on its host) need not wait.
                             let stalled = since.elapsed() > CLIENT_STALL;
                             if stalled && !tried_leaving {
                                 tried_leaving = true;
-                                w.leave();
+                                w.leave_alone();
                             }
                             std::thread::sleep(if stalled { RANGE_POLL_STALLED } else { RANGE_POLL });
                         }

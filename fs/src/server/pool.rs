@@ -278,7 +278,7 @@ impl Crew {
         }
         me.client.set(Some(client));
         (self.handle)(req, me);
-        if me.has_left() {
+        if me.in_lane.get() {
             self.serve_lane(client, me);
             me.in_lane.set(false);
         }
@@ -382,8 +382,29 @@ impl Worker<'_> {
     /// left for it) from now on, until they are served or the client takes a request's data
     /// and answer without a stall again; then the thread ends. A leader gives up the lead as
     /// it leaves. False (and the thread stays) when as many threads as allowed are out already
-    /// or a thread cannot be started; true if it had left before.
+    /// or a thread cannot be started; true if it had left before (it then joins the client's
+    /// lane if it left without one).
     pub(crate) fn leave(&self) -> bool {
+        if !self.go() {
+            return false;
+        }
+        if !self.in_lane.replace(true)
+            && let Some(client) = self.client.get()
+        {
+            self.crew.lanes().entry(client).or_default().threads += 1;
+        }
+        true
+    }
+
+    /// Takes this thread out of the pool as [`Worker::leave`] does, but not for its client:
+    /// the request waits on something else (bytes another client's request holds), so the
+    /// client's other requests go on to the pool, and the thread ends with this request.
+    pub(crate) fn leave_alone(&self) -> bool {
+        self.go()
+    }
+
+    /// Out of the pool, a worker started in this one's place; see [`Worker::leave`].
+    fn go(&self) -> bool {
         if self.left.get() {
             return true;
         }
@@ -393,19 +414,17 @@ impl Worker<'_> {
             crew.left.fetch_sub(1, Ordering::Relaxed);
             return false;
         }
-        let Some(client) = self.client.get() else {
+        if self.client.get().is_none() {
             crew.left.fetch_sub(1, Ordering::Relaxed);
             return false;
-        };
+        }
         if let Err(e) = crew.spawn() {
             warn!(error = %e, "could not start a worker in place of one that waits");
             crew.left.fetch_sub(1, Ordering::Relaxed);
             return false;
         }
-        crew.lanes().entry(client).or_default().threads += 1;
         self.left.set(true);
-        self.in_lane.set(true);
-        // The pool needs a leader polling for requests while this thread waits on its client.
+        // The pool needs a leader polling for requests while this thread waits.
         if self.leading.replace(false) {
             crew.pool.step_down();
         }
@@ -649,9 +668,13 @@ mod tests {
         // The holding client's next request queues for the thread that left: a request asked
         // after it, of the one worker in the pool, is answered first.
         let next = ask_with(&a, a_peer, b"q");
-        assert_eq!(answer(&b, ask_with(&b, b_peer, b"q")), "t-1");
-        assert!(a.test(next).unwrap().is_none(), "the held client's next request was served by the pool");
+        let other = answer(&b, ask_with(&b, b_peer, b"q"));
+        let queued = a.test(next).unwrap().is_none();
+        // Checked once the held request is let go: a failure must not leave its handler
+        // waiting while the server is shut down.
         go.send(()).unwrap();
+        assert_eq!(other, "t-1");
+        assert!(queued, "the held client's next request was served by the pool");
         assert_eq!(held.join().unwrap(), "t-0");
         assert_eq!(answer(&a, next), "t-0");
         // Its lane empty, the thread that left ends; the pool has its one worker.
@@ -667,6 +690,42 @@ mod tests {
     /// A thread that left and whose handler then panicked does not strand its client: what
     /// queued in its lane fails (not waits forever), and the client's next request is served
     /// by the pool.
+    /// A worker that leaves alone (its request waits on another client, not on its own) opens
+    /// no lane: its client's next request is served by the pool meanwhile, and the thread ends
+    /// with its request.
+    #[test]
+    fn a_worker_that_leaves_alone_leaves_its_client_to_the_pool() {
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let (started_tx, go_rx) = (Mutex::new(started_tx), Mutex::new(go_rx));
+        let (server, a, a_peer) = leaving_pool(1, 4, move |req, w| {
+            if &req.header()[..] == b"hold" {
+                let left = w.leave_alone();
+                let _ = started_tx.lock().unwrap().send(left);
+                let _ = go_rx.lock().unwrap().recv();
+            }
+            let name = std::thread::current().name().unwrap_or_default().to_owned();
+            let _ = req.reply(Bytes::from(name));
+        });
+        let held = ask_with(&a, a_peer, b"hold");
+        let a_held = a.clone();
+        let held = std::thread::spawn(move || answer(&a_held, held));
+        assert!(started.recv().unwrap(), "the worker could not leave");
+        // The same client's next request: served by the new worker while the other waits.
+        // (Its answer is checked once the held one is let go: a failure must not leave the
+        // handler waiting while the server is shut down.)
+        let next = answer(&a, ask_with(&a, a_peer, b"q"));
+        go.send(()).unwrap();
+        assert_eq!(next, "t-1", "the client's next request waited for the one that left");
+        assert_eq!(held.join().unwrap(), "t-0");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.threads.running() > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(server.threads.running(), 1, "the thread that left ended with its request");
+        server.shutdown();
+    }
+
     #[test]
     fn a_thread_that_left_and_panicked_leaves_its_client_served() {
         let (started_tx, started) = std::sync::mpsc::channel();
