@@ -254,6 +254,10 @@ counters! {
     auth_failures,
     /// Times a peer's connection was paused for back-pressure.
     backpressure_pauses,
+    /// Bytes of streamed request payloads read aside because their pull came late (the
+    /// connection had waited for it through two timer looks), so that later requests could
+    /// pass: a server whose handlers often post their pulls late shows here.
+    stream_bytes_parked,
     /// One-sided accesses refused (bad key, bounds, access).
     access_denied,
     /// Operations completed.

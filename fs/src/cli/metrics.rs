@@ -297,6 +297,12 @@ const ENDPOINT_METRICS: &[(&str, &str, &str, InfoRead)] = &[
     ("ionet_backpressure_pauses_total", "counter", "Times a peer was paused for back-pressure.", |i| {
         i.counters.backpressure_pauses
     }),
+    (
+        "ionet_stream_bytes_parked_total",
+        "counter",
+        "Streamed payload bytes read aside for late pulls.",
+        |i| i.counters.stream_bytes_parked,
+    ),
     ("ionet_access_denied_total", "counter", "One-sided accesses refused.", |i| i.counters.access_denied),
     ("ionet_ops_completed_total", "counter", "Operations completed.", |i| i.counters.ops_completed),
     ("ionet_ops_cancelled_total", "counter", "Operations cancelled (locally or by deadline).", |i| {

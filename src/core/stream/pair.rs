@@ -956,6 +956,8 @@ fn requests_behind_a_payload_nobody_pulls_yet_are_served_and_the_payload_stays_w
     p.drive();
     assert!(p.take(true, next).result.is_ok());
     assert_eq!(p.server.s.peers.buffered(), open + len, "the parked payload counts against the budget");
+    let parked = p.server.s.core.counters.stream_bytes_parked.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(parked, len as u64, "counted");
     assert_eq!(pull_late(&mut p, &meta, len), data);
     assert_eq!(p.server.s.peers.buffered(), open, "the budget is back");
     p.post(false, reply(&meta));

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use crate::buffers::buf::{OpBuf, RecvBuf};
 use crate::comm::Mechanism;
 use crate::error::{Error, Result};
+use crate::info::Counters;
 use crate::op::OpKind;
 use crate::types::{OpId, PeerId, ServiceLevel};
 use crate::wire::{FLAG_ABORT, Header, Kind};
@@ -266,6 +267,7 @@ impl Session {
         let Some(s) = self.streams.get_mut(&key) else { return };
         s.routed += u64::from(run.len);
         if let Sink::Vec(v) = sink {
+            Counters::add(&self.core.counters.stream_bytes_parked, v.len() as u64);
             s.parked.insert(run.c, Bytes::from(v));
         } else if let Sink::Op { op, .. } = sink
             && let Some(o) = self.ops.get_mut(&op)
