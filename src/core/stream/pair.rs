@@ -1013,3 +1013,29 @@ fn parked_bytes_of_a_request_answered_unpulled_are_dropped() {
     p.drive();
     assert!(p.take(true, next).result.is_ok());
 }
+
+/// A long payload whose pulls come one after another, its connection waiting a moment before
+/// each (a pipeline's pace) and the timer looking in at every wait, is not parked: its bytes
+/// go straight into the pulls.
+#[test]
+fn a_payload_pulled_piece_by_piece_is_not_parked() {
+    let (len, piece) = (2 << 20, 256 << 10);
+    let (mut p, _srv, req, meta, next, data) = payload_nobody_pulls(Config::default(), len);
+    let mut got = Vec::new();
+    for off in (0..len).step_by(piece) {
+        p.advance(super::TIMER_PERIOD);
+        p.drive();
+        let pu = p.post(false, pull(&meta, off as u64, piece));
+        p.drive();
+        got.extend(bytes_of(&p.take(false, pu)));
+    }
+    assert_eq!(got, data);
+    let parked = p.server.s.core.counters.stream_bytes_parked.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(parked, 0, "bytes were parked");
+    let m2 = p.server.requests.pop_front().expect("the next request");
+    p.post(false, reply(&m2));
+    p.post(false, reply(&meta));
+    p.drive();
+    assert!(p.take(true, next).result.is_ok());
+    assert_eq!(p.take(true, req).result.ok(), Some(len));
+}

@@ -23,10 +23,10 @@ use super::{Action, LinkId, OpSt, Session, unexpected};
 const PARK_PIECE: u32 = 256 << 10;
 
 /// A streamed request payload being received: each byte goes, in order, into the posted pull
-/// that covers it, and the connection waits while none does. A connection that still waits at
-/// two looks of the timer (its request waits for something else: bytes another client's
-/// request holds, a disk, a free worker) would hold up every request behind it on the
-/// connection for as long, so from then on the bytes no pull covers are *parked* (copied
+/// that covers it, and the connection waits while none does. A connection that has waited at
+/// the same byte through two looks of the timer (its request waits for something else: bytes
+/// another client's request holds, a disk, a free worker) would hold up every request behind
+/// it on the connection for as long, so from then on the bytes no pull covers are *parked* (copied
 /// aside, within the peer's early-data budget) and the connection reads on; pulls posted later
 /// take them from there. Once the request is answered (or the client stops the stream) bytes
 /// no pull covers are discarded. Kept until every byte up to `end` has been routed and none is
@@ -48,8 +48,9 @@ pub(super) struct StreamIn {
     pub parked: BTreeMap<u64, Bytes>,
     /// Bytes no pull covers are parked rather than waited for.
     pub park: bool,
-    /// The timer found the connection waiting in this stream at its last look.
-    pub seen_waiting: bool,
+    /// The timer found the connection waiting in this stream at its last look, with this many
+    /// bytes routed.
+    pub seen_waiting: Option<u64>,
 }
 
 impl StreamIn {
@@ -63,7 +64,7 @@ impl StreamIn {
             discard: false,
             parked: BTreeMap::new(),
             park: false,
-            seen_waiting: false,
+            seen_waiting: None,
         }
     }
 
@@ -336,20 +337,22 @@ impl Session {
     }
 
     /// The timer's look at the streams connections wait in: one found waiting at two looks in
-    /// a row parks from now on, and one that parks and waits (its peer's budget was full)
-    /// tries again.
+    /// a row with no byte routed in between has waited a whole timer period for its pull and
+    /// parks from now on (a long stream whose pulls come in a pipeline waits a moment before
+    /// each, and must not park for that); one that parks and waits (its peer's budget was
+    /// full) tries again.
     pub(super) fn stream_timers(&mut self) {
         let mut resume = Vec::new();
         for (&key, s) in &mut self.streams {
             if s.stalled.is_none() {
-                s.seen_waiting = false;
+                s.seen_waiting = None;
                 continue;
             }
-            if !s.park && s.seen_waiting {
+            if !s.park && s.seen_waiting == Some(s.routed) {
                 tracing::debug!(peer = %key.0, req = key.1, "a streamed payload waits for its pulls: parking it");
                 s.park = true;
             }
-            s.seen_waiting = true;
+            s.seen_waiting = Some(s.routed);
             if s.park {
                 resume.push(key);
             }
