@@ -455,6 +455,22 @@ fn a_cancel_grace_ends_for_a_client_sleeping_on_the_descriptor() {
     assert!(matches!(c.result, Err(Error::Cancelled)), "{:?}", c.result);
 }
 
+/// Drives `srv` the event-loop way until it has dropped a peer; a sleep on the armed
+/// descriptor that never ends fails.
+fn sleep_on_the_descriptor_until_a_peer_is_dropped(srv: &Endpoint) {
+    let deadline = Instant::now() + LOST;
+    loop {
+        srv.try_progress().unwrap();
+        if srv.info().counters.peers_lost >= 1 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the stalled peer was never dropped");
+        if srv.arm().unwrap() == Arm::Armed {
+            assert!(readable_within(srv, LOST), "armed descriptor never became readable with a peer stalled");
+        }
+    }
+}
+
 /// A client that asks for far more than it reads: the server's answers pile up to its transmit
 /// bound, and the stall deadline that drops such a peer is a transport timer with no socket
 /// event to announce it (the socket never becomes writable again). A server sleeping on the
@@ -480,20 +496,7 @@ fn a_stalled_peer_is_dropped_by_a_server_sleeping_on_the_descriptor() {
     let gets: Vec<OpId> = (0..64)
         .map(|_| cli.get(peer, bytes::BytesMut::zeroed(1 << 20), x.handle(), ServiceLevel::Normal).unwrap())
         .collect();
-    let deadline = Instant::now() + LOST;
-    loop {
-        srv.try_progress().unwrap();
-        if srv.info().counters.peers_lost >= 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the stalled peer was never dropped");
-        if srv.arm().unwrap() == Arm::Armed {
-            assert!(
-                readable_within(&srv, LOST),
-                "armed descriptor never became readable with a peer stalled"
-            );
-        }
-    }
+    sleep_on_the_descriptor_until_a_peer_is_dropped(&srv);
     drop((gets, cli));
 }
 
@@ -522,19 +525,6 @@ fn a_softib_peer_that_gives_no_credits_back_is_dropped_by_a_server_sleeping_on_t
         }
     }
     let replies: Vec<OpId> = held.into_iter().map(|r| r.reply(Bytes::from_static(b"a")).unwrap()).collect();
-    let deadline = Instant::now() + LOST;
-    loop {
-        srv.try_progress().unwrap();
-        if srv.info().counters.peers_lost >= 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the stalled peer was never dropped");
-        if srv.arm().unwrap() == Arm::Armed {
-            assert!(
-                readable_within(&srv, LOST),
-                "armed descriptor never became readable with a peer stalled"
-            );
-        }
-    }
+    sleep_on_the_descriptor_until_a_peer_is_dropped(&srv);
     drop((replies, reqs, cli));
 }
