@@ -927,6 +927,11 @@ fn payload_nobody_pulls(cfg: Config, len: usize) -> (Pair, PeerId, OpId, Request
     (p, srv, req, meta, next, data)
 }
 
+/// Bytes the server has parked.
+fn parked_count(p: &Pair) -> u64 {
+    p.server.s.core.counters.stream_bytes_parked.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The pulls of a payload posted late, in two halves; its bytes.
 fn pull_late(p: &mut Pair, meta: &RequestMeta, len: usize) -> Vec<u8> {
     let half = len / 2;
@@ -956,7 +961,7 @@ fn requests_behind_a_payload_nobody_pulls_yet_are_served_and_the_payload_stays_w
     p.drive();
     assert!(p.take(true, next).result.is_ok());
     assert_eq!(p.server.s.peers.buffered(), open + len, "the parked payload counts against the budget");
-    let parked = p.server.s.core.counters.stream_bytes_parked.load(std::sync::atomic::Ordering::Relaxed);
+    let parked = parked_count(&p);
     assert_eq!(parked, len as u64, "counted");
     assert_eq!(pull_late(&mut p, &meta, len), data);
     assert_eq!(p.server.s.peers.buffered(), open, "the budget is back");
@@ -1030,7 +1035,7 @@ fn a_payload_pulled_piece_by_piece_is_not_parked() {
         got.extend(bytes_of(&p.take(false, pu)));
     }
     assert_eq!(got, data);
-    let parked = p.server.s.core.counters.stream_bytes_parked.load(std::sync::atomic::Ordering::Relaxed);
+    let parked = parked_count(&p);
     assert_eq!(parked, 0, "bytes were parked");
     let m2 = p.server.requests.pop_front().expect("the next request");
     p.post(false, reply(&m2));
@@ -1038,4 +1043,36 @@ fn a_payload_pulled_piece_by_piece_is_not_parked() {
     p.drive();
     assert!(p.take(true, next).result.is_ok());
     assert_eq!(p.take(true, req).result.ok(), Some(len));
+}
+
+/// A pull posted ahead of where the stream stands (a later unit first) gets its bytes when the
+/// stream parks around it: parking stops where the pull begins and goes on after it.
+#[test]
+fn a_pull_posted_ahead_of_a_parking_stream_gets_its_bytes() {
+    let len = 3 << 20;
+    let (mut p, _srv, req, meta, next, data) = payload_nobody_pulls(Config::default(), len);
+    // Not at a piece boundary of the parking.
+    let (ahead, n) = ((1 << 20) + 100, 64 << 10);
+    let early = p.post(false, pull(&meta, ahead as u64, n));
+    for _ in 0..3 {
+        p.advance(super::TIMER_PERIOD);
+        p.drive();
+    }
+    let got = p.take(false, early);
+    assert_eq!(bytes_of(&got), &data[ahead..ahead + n], "the pull ahead got other bytes");
+    assert_eq!(parked_count(&p), (len - n) as u64, "all but the pull's bytes parked");
+    let rest: Vec<OpId> = [(0, ahead), (ahead + n, len - ahead - n)]
+        .iter()
+        .map(|&(o, l)| p.post(false, pull(&meta, o as u64, l)))
+        .collect();
+    p.drive();
+    assert_eq!(bytes_of(&p.take(false, rest[0])), &data[..ahead]);
+    assert_eq!(bytes_of(&p.take(false, rest[1])), &data[ahead + n..]);
+    let m2 = p.server.requests.pop_front().expect("the next request");
+    p.post(false, reply(&m2));
+    p.post(false, reply(&meta));
+    p.drive();
+    assert!(p.take(true, next).result.is_ok());
+    assert_eq!(p.take(true, req).result.ok(), Some(len));
+    assert_eq!(p.server.s.streams.len(), 0);
 }

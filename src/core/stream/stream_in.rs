@@ -238,7 +238,9 @@ impl Session {
             }
             _ if s.discard => (Sink::Discard, left),
             _ if s.park => {
-                let n = left.min(PARK_PIECE);
+                // Up to the next pull posted ahead, if any: its bytes go into it.
+                let ahead = s.pulls.range(off + 1..).next().map_or(u64::MAX, |(&at, _)| at - off);
+                let n = u64::from(left.min(PARK_PIECE)).min(ahead) as u32;
                 let limit = self.s.cfg.early_bytes_per_peer;
                 if !self.peers.get_mut(peer).is_some_and(|p| p.budget.reserve(n as usize, limit)) {
                     // At the budget: wait for pulls (or the timer's next look) after all.
@@ -269,7 +271,12 @@ impl Session {
         s.routed += u64::from(run.len);
         if let Sink::Vec(v) = sink {
             Counters::add(&self.core.counters.stream_bytes_parked, v.len() as u64);
-            s.parked.insert(run.c, Bytes::from(v));
+            if s.discard {
+                // Answered or cancelled while this piece came in: nobody will pull it.
+                self.parked_taken(key, v.len());
+            } else {
+                s.parked.insert(run.c, Bytes::from(v));
+            }
         } else if let Sink::Op { op, .. } = sink
             && let Some(o) = self.ops.get_mut(&op)
         {
