@@ -1076,3 +1076,31 @@ fn a_pull_posted_ahead_of_a_parking_stream_gets_its_bytes() {
     assert_eq!(p.take(true, req).result.ok(), Some(len));
     assert_eq!(p.server.s.streams.len(), 0);
 }
+
+/// A pull posted while a piece of its payload is on its way to the parked bytes (the server
+/// got to the request just then) gets that piece's bytes too once it is in.
+#[test]
+fn a_pull_posted_while_a_piece_is_being_parked_gets_every_byte() {
+    let len = 3 << 20;
+    let (mut p, _srv, req, meta, next, data) = payload_nobody_pulls(Config::default(), len);
+    let open = p.server.s.peers.buffered();
+    p.advance(super::TIMER_PERIOD);
+    p.drive();
+    p.advance(super::TIMER_PERIOD);
+    let mut steps = 0;
+    while p.server.s.peers.buffered() - open <= parked_count(&p) as usize {
+        steps += 1;
+        assert!(steps < 1000, "no piece was ever being parked");
+        p.step();
+    }
+    let all = p.post(false, pull(&meta, 0, len));
+    p.drive();
+    assert_eq!(bytes_of(&p.take(false, all)), data);
+    let m2 = p.server.requests.pop_front().expect("the next request");
+    p.post(false, reply(&m2));
+    p.post(false, reply(&meta));
+    p.drive();
+    assert!(p.take(true, next).result.is_ok());
+    assert_eq!(p.take(true, req).result.ok(), Some(len));
+    assert_eq!(p.server.s.streams.len(), 0);
+}

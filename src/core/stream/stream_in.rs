@@ -276,6 +276,8 @@ impl Session {
                 self.parked_taken(key, v.len());
             } else {
                 s.parked.insert(run.c, Bytes::from(v));
+                // A pull posted while the piece was on its way covers some of it.
+                self.fill_pulls_from_parked(key);
             }
         } else if let Sink::Op { op, .. } = sink
             && let Some(o) = self.ops.get_mut(&op)
@@ -328,6 +330,38 @@ impl Session {
         s.parked.clear();
         if n > 0 {
             self.parked_taken(key, n);
+        }
+    }
+
+    /// Moves parked bytes of `key` that posted pulls cover into them, completing those filled.
+    fn fill_pulls_from_parked(&mut self, key: (PeerId, u64)) {
+        let Some(s) = self.streams.get_mut(&key) else { return };
+        let pulls: Vec<(u64, OpId, usize)> = s.pulls.iter().map(|(&at, &(op, len))| (at, op, len)).collect();
+        let mut moved = 0;
+        let mut filled = Vec::new();
+        for (at, op, len) in pulls {
+            let pieces = s.take_parked(at, at + len as u64);
+            if pieces.is_empty() {
+                continue;
+            }
+            let Some(o) = self.ops.get_mut(&op) else { continue };
+            for (pos, piece) in pieces {
+                if let OpBuf::Recv(b) = &mut o.buf {
+                    b.copy_in((pos - at) as usize, &piece);
+                }
+                o.moved += piece.len();
+                moved += piece.len();
+            }
+            if o.moved as u64 >= o.expect {
+                s.pulls.remove(&at);
+                filled.push((op, o.moved));
+            }
+        }
+        for (op, n) in filled {
+            self.complete(op, Ok(n));
+        }
+        if moved > 0 {
+            self.parked_taken(key, moved);
         }
     }
 
