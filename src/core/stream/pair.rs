@@ -927,6 +927,24 @@ fn payload_nobody_pulls(cfg: Config, len: usize) -> (Pair, PeerId, OpId, Request
     (p, srv, req, meta, next, data)
 }
 
+/// `n` looks of the server's timer, everything moving in between.
+fn looks_of_the_timer(p: &mut Pair, n: usize) {
+    for _ in 0..n {
+        p.advance(super::TIMER_PERIOD);
+        p.drive();
+    }
+}
+
+/// Answers the request with the payload (`meta`, the client's `req`, `len` bytes) and the one
+/// behind it (`m2`, the client's `next`); both complete at the client.
+fn answer_both(p: &mut Pair, meta: &RequestMeta, req: OpId, m2: &RequestMeta, next: OpId, len: usize) {
+    p.post(false, reply(m2));
+    p.post(false, reply(meta));
+    p.drive();
+    assert!(p.take(true, next).result.is_ok());
+    assert_eq!(p.take(true, req).result.ok(), Some(len));
+}
+
 /// Bytes the server has parked.
 fn parked_count(p: &Pair) -> u64 {
     p.server.s.core.counters.stream_bytes_parked.load(std::sync::atomic::Ordering::Relaxed)
@@ -952,10 +970,7 @@ fn requests_behind_a_payload_nobody_pulls_yet_are_served_and_the_payload_stays_w
     let (mut p, _srv, req, meta, next, data) = payload_nobody_pulls(Config::default(), len);
     // What the open request itself holds of the budget (its header).
     let open = p.server.s.peers.buffered();
-    for _ in 0..3 {
-        p.advance(super::TIMER_PERIOD);
-        p.drive();
-    }
+    looks_of_the_timer(&mut p, 3);
     let m2 = p.server.requests.pop_front().expect("the next request got past the unpulled payload");
     p.post(false, reply(&m2));
     p.drive();
@@ -980,21 +995,14 @@ fn a_payload_nobody_pulls_is_parked_only_up_to_the_peers_budget() {
     let cfg = Config { early_bytes_per_peer: budget, ..Config::default() };
     let (mut p, _srv, req, meta, next, data) = payload_nobody_pulls(cfg, len);
     let open = p.server.s.peers.buffered();
-    for _ in 0..5 {
-        p.advance(super::TIMER_PERIOD);
-        p.drive();
-    }
+    looks_of_the_timer(&mut p, 5);
     let parked = p.server.s.peers.buffered() - open;
     assert!(parked > 0 && open + parked <= budget, "{parked} bytes parked against a budget of {budget}");
     assert!(p.server.requests.is_empty(), "the request behind the rest of the payload waits");
     assert_eq!(pull_late(&mut p, &meta, len), data);
     let m2 = p.server.requests.pop_front().expect("the next request, once the payload is pulled");
     assert_eq!(p.server.s.peers.buffered(), open + m2.header.len(), "nothing parked is left counted");
-    p.post(false, reply(&m2));
-    p.post(false, reply(&meta));
-    p.drive();
-    assert!(p.take(true, next).result.is_ok());
-    assert_eq!(p.take(true, req).result.ok(), Some(len));
+    answer_both(&mut p, &meta, req, &m2, next, len);
 }
 
 /// Parked bytes of a request answered without pulling them (it failed) are dropped and their
@@ -1003,10 +1011,7 @@ fn a_payload_nobody_pulls_is_parked_only_up_to_the_peers_budget() {
 fn parked_bytes_of_a_request_answered_unpulled_are_dropped() {
     let len = 3 << 20;
     let (mut p, _srv, req, meta, next, _data) = payload_nobody_pulls(Config::default(), len);
-    for _ in 0..3 {
-        p.advance(super::TIMER_PERIOD);
-        p.drive();
-    }
+    looks_of_the_timer(&mut p, 3);
     assert!(p.server.s.peers.buffered() > 0);
     p.post(false, reply(&meta));
     p.drive();
@@ -1038,11 +1043,7 @@ fn a_payload_pulled_piece_by_piece_is_not_parked() {
     let parked = parked_count(&p);
     assert_eq!(parked, 0, "bytes were parked");
     let m2 = p.server.requests.pop_front().expect("the next request");
-    p.post(false, reply(&m2));
-    p.post(false, reply(&meta));
-    p.drive();
-    assert!(p.take(true, next).result.is_ok());
-    assert_eq!(p.take(true, req).result.ok(), Some(len));
+    answer_both(&mut p, &meta, req, &m2, next, len);
 }
 
 /// A pull posted ahead of where the stream stands (a later unit first) gets its bytes when the
@@ -1054,10 +1055,7 @@ fn a_pull_posted_ahead_of_a_parking_stream_gets_its_bytes() {
     // Not at a piece boundary of the parking.
     let (ahead, n) = ((1 << 20) + 100, 64 << 10);
     let early = p.post(false, pull(&meta, ahead as u64, n));
-    for _ in 0..3 {
-        p.advance(super::TIMER_PERIOD);
-        p.drive();
-    }
+    looks_of_the_timer(&mut p, 3);
     let got = p.take(false, early);
     assert_eq!(bytes_of(&got), &data[ahead..ahead + n], "the pull ahead got other bytes");
     assert_eq!(parked_count(&p), (len - n) as u64, "all but the pull's bytes parked");
@@ -1069,11 +1067,7 @@ fn a_pull_posted_ahead_of_a_parking_stream_gets_its_bytes() {
     assert_eq!(bytes_of(&p.take(false, rest[0])), &data[..ahead]);
     assert_eq!(bytes_of(&p.take(false, rest[1])), &data[ahead + n..]);
     let m2 = p.server.requests.pop_front().expect("the next request");
-    p.post(false, reply(&m2));
-    p.post(false, reply(&meta));
-    p.drive();
-    assert!(p.take(true, next).result.is_ok());
-    assert_eq!(p.take(true, req).result.ok(), Some(len));
+    answer_both(&mut p, &meta, req, &m2, next, len);
     assert_eq!(p.server.s.streams.len(), 0);
 }
 
@@ -1097,10 +1091,6 @@ fn a_pull_posted_while_a_piece_is_being_parked_gets_every_byte() {
     p.drive();
     assert_eq!(bytes_of(&p.take(false, all)), data);
     let m2 = p.server.requests.pop_front().expect("the next request");
-    p.post(false, reply(&m2));
-    p.post(false, reply(&meta));
-    p.drive();
-    assert!(p.take(true, next).result.is_ok());
-    assert_eq!(p.take(true, req).result.ok(), Some(len));
+    answer_both(&mut p, &meta, req, &m2, next, len);
     assert_eq!(p.server.s.streams.len(), 0);
 }
