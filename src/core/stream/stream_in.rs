@@ -143,40 +143,22 @@ impl Session {
         {
             return Err(Error::misuse("pull overlaps bytes already routed or another pull"));
         }
+        let waiting_here = s.stalled.is_some() && offset <= s.routed && s.routed < end;
         if len == 0 {
             self.ops.done_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Ok(0));
             return Ok(());
         }
-        let mut buf = buf;
-        let mut filled = 0usize;
-        if offset < s.routed
-            && let Some(s) = self.streams.get_mut(&key)
-        {
-            for (at, piece) in s.take_parked(offset, parked_up_to) {
-                buf.copy_in((at - offset) as usize, &piece);
-                filled += piece.len();
-            }
-        }
-        if filled > 0 {
-            self.parked_taken(key, filled);
-        }
-        if filled == len {
-            self.ops.done_new(op, OpKind::Pull, peer, 0, OpBuf::Recv(buf), Ok(len));
-            self.stream_maybe_done(key);
-            return Ok(());
-        }
-        let Some(s) = self.streams.get(&key) else {
-            return Err(Error::misuse("pull of a streamed payload the stream has already passed"));
-        };
-        let waiting_here = s.stalled.is_some() && offset <= s.routed && s.routed < end;
         self.insert_op(op, OpKind::Pull, peer, 0, sl, OpBuf::Recv(buf), OpSt::WaitStream);
         if let Some(o) = self.ops.get_mut(&op) {
             o.mech = Some(Mechanism::ServerRdma);
             o.expect = len as u64;
-            o.moved = filled;
         }
         if let Some(s) = self.streams.get_mut(&key) {
             s.pulls.insert(offset, (op, len));
+        }
+        if offset < parked_up_to {
+            self.fill_pulls_from_parked(key);
+            self.stream_maybe_done(key);
         }
         if waiting_here {
             self.stream_unstall(key);
@@ -333,7 +315,8 @@ impl Session {
         }
     }
 
-    /// Moves parked bytes of `key` that posted pulls cover into them, completing those filled.
+    /// Moves parked bytes of `key` that posted pulls cover into them, completing those filled:
+    /// for a pull posted late, and for a piece that lands after a pull covering it was posted.
     fn fill_pulls_from_parked(&mut self, key: (PeerId, u64)) {
         let Some(s) = self.streams.get_mut(&key) else { return };
         let pulls: Vec<(u64, OpId, usize)> = s.pulls.iter().map(|(&at, &(op, len))| (at, op, len)).collect();
