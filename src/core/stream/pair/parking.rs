@@ -1,0 +1,192 @@
+//! Streamed request payloads the server does not pull at once: the connection waits a moment,
+//! then parks their bytes within the peer's budget and serves the requests behind them.
+
+use super::*;
+use crate::core::stream::TIMER_PERIOD;
+
+/// A request with a streamed payload that its server takes but does not pull yet (its handler
+/// waits for something else: bytes another client's request holds, a disk) and a request
+/// behind it on the same connection.
+fn payload_nobody_pulls(cfg: Config, len: usize) -> (Pair, PeerId, OpId, RequestMeta, OpId, Vec<u8>) {
+    let mut p = Pair::new(cfg);
+    p.chunk = 64 << 10;
+    p.capacity = 256 << 10;
+    let srv = p.connect();
+    let data = pattern(len, 5);
+    let req = p
+        .post(true, request(srv, 1, ServiceLevel::Bulk, b"write", Payload::Out(SendBuf::from(data.clone()))));
+    p.drive();
+    let meta = p.server.requests.pop_front().expect("the request arrived");
+    let next = p.post(true, request(srv, 1, ServiceLevel::Bulk, b"next", Payload::None));
+    p.drive();
+    assert!(p.server.requests.is_empty(), "at first the connection waits for a pull");
+    (p, srv, req, meta, next, data)
+}
+
+/// `n` looks of the server's timer, everything moving in between.
+fn looks_of_the_timer(p: &mut Pair, n: usize) {
+    for _ in 0..n {
+        p.advance(TIMER_PERIOD);
+        p.drive();
+    }
+}
+
+/// Answers the request with the payload (`meta`, the client's `req`, `len` bytes) and the one
+/// behind it (`m2`, the client's `next`); both complete at the client.
+fn answer_both(p: &mut Pair, meta: &RequestMeta, req: OpId, m2: &RequestMeta, next: OpId, len: usize) {
+    p.post(false, reply(m2));
+    p.post(false, reply(meta));
+    p.drive();
+    assert!(p.take(true, next).result.is_ok());
+    assert_eq!(p.take(true, req).result.ok(), Some(len));
+}
+
+/// Bytes the server has parked.
+fn parked_count(p: &Pair) -> u64 {
+    p.server.s.core.counters.stream_bytes_parked.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The pulls of a payload posted late, in two halves; its bytes.
+fn pull_late(p: &mut Pair, meta: &RequestMeta, len: usize) -> Vec<u8> {
+    let half = len / 2;
+    let pulls: Vec<OpId> = [(0, half), (half, len - half)]
+        .into_iter()
+        .map(|(off, n)| p.post(false, pull(meta, off as u64, n)))
+        .collect();
+    p.drive();
+    pulls.into_iter().flat_map(|op| bytes_of(&p.take(false, op))).collect()
+}
+
+/// The connection goes on past a payload nobody pulls for a while: its bytes are parked
+/// within the peer's early-data budget, the request behind it is served, and the late pulls
+/// get every byte.
+#[test]
+fn requests_behind_a_payload_nobody_pulls_yet_are_served_and_the_payload_stays_whole() {
+    let len = 3 << 20;
+    let (mut p, _srv, req, meta, next, data) = payload_nobody_pulls(Config::default(), len);
+    // What the open request itself holds of the budget (its header).
+    let open = p.server.s.peers.buffered();
+    looks_of_the_timer(&mut p, 3);
+    let m2 = p.server.requests.pop_front().expect("the next request got past the unpulled payload");
+    p.post(false, reply(&m2));
+    p.drive();
+    assert!(p.take(true, next).result.is_ok());
+    assert_eq!(p.server.s.peers.buffered(), open + len, "the parked payload counts against the budget");
+    let parked = parked_count(&p);
+    assert_eq!(parked, len as u64, "counted");
+    assert_eq!(pull_late(&mut p, &meta, len), data);
+    assert_eq!(p.server.s.peers.buffered(), open, "the budget is back");
+    p.post(false, reply(&meta));
+    p.drive();
+    assert_eq!(p.take(true, req).result.ok(), Some(len));
+    assert_eq!(p.server.s.streams.len(), 0, "the stream is forgotten");
+}
+
+/// Parking stops at the budget: a payload larger than the peer's early-data budget keeps the
+/// connection waiting once the budget is full, and still arrives whole.
+#[test]
+fn a_payload_nobody_pulls_is_parked_only_up_to_the_peers_budget() {
+    let len = 3 << 20;
+    let budget = 1 << 20;
+    let cfg = Config { early_bytes_per_peer: budget, ..Config::default() };
+    let (mut p, _srv, req, meta, next, data) = payload_nobody_pulls(cfg, len);
+    let open = p.server.s.peers.buffered();
+    looks_of_the_timer(&mut p, 5);
+    let parked = p.server.s.peers.buffered() - open;
+    assert!(parked > 0 && open + parked <= budget, "{parked} bytes parked against a budget of {budget}");
+    assert!(p.server.requests.is_empty(), "the request behind the rest of the payload waits");
+    assert_eq!(pull_late(&mut p, &meta, len), data);
+    let m2 = p.server.requests.pop_front().expect("the next request, once the payload is pulled");
+    assert_eq!(p.server.s.peers.buffered(), open + m2.header.len(), "nothing parked is left counted");
+    answer_both(&mut p, &meta, req, &m2, next, len);
+}
+
+/// Parked bytes of a request answered without pulling them (it failed) are dropped and their
+/// budget given back.
+#[test]
+fn parked_bytes_of_a_request_answered_unpulled_are_dropped() {
+    let len = 3 << 20;
+    let (mut p, _srv, req, meta, next, _data) = payload_nobody_pulls(Config::default(), len);
+    looks_of_the_timer(&mut p, 3);
+    assert!(p.server.s.peers.buffered() > 0);
+    p.post(false, reply(&meta));
+    p.drive();
+    assert_eq!(p.server.s.streams.len(), 0, "the stream is forgotten");
+    assert!(p.take(true, req).result.is_ok());
+    let m2 = p.server.requests.pop_front().expect("the next request");
+    assert_eq!(p.server.s.peers.buffered(), m2.header.len(), "the parked bytes' budget is back");
+    p.post(false, reply(&m2));
+    p.drive();
+    assert!(p.take(true, next).result.is_ok());
+}
+
+/// A long payload whose pulls come one after another, its connection waiting a moment before
+/// each (a pipeline's pace) and the timer looking in at every wait, is not parked: its bytes
+/// go straight into the pulls.
+#[test]
+fn a_payload_pulled_piece_by_piece_is_not_parked() {
+    let (len, piece) = (2 << 20, 256 << 10);
+    let (mut p, _srv, req, meta, next, data) = payload_nobody_pulls(Config::default(), len);
+    let mut got = Vec::new();
+    for off in (0..len).step_by(piece) {
+        p.advance(TIMER_PERIOD);
+        p.drive();
+        let pu = p.post(false, pull(&meta, off as u64, piece));
+        p.drive();
+        got.extend(bytes_of(&p.take(false, pu)));
+    }
+    assert_eq!(got, data);
+    let parked = parked_count(&p);
+    assert_eq!(parked, 0, "bytes were parked");
+    let m2 = p.server.requests.pop_front().expect("the next request");
+    answer_both(&mut p, &meta, req, &m2, next, len);
+}
+
+/// A pull posted ahead of where the stream stands (a later unit first) gets its bytes when the
+/// stream parks around it: parking stops where the pull begins and goes on after it.
+#[test]
+fn a_pull_posted_ahead_of_a_parking_stream_gets_its_bytes() {
+    let len = 3 << 20;
+    let (mut p, _srv, req, meta, next, data) = payload_nobody_pulls(Config::default(), len);
+    // Not at a piece boundary of the parking.
+    let (ahead, n) = ((1 << 20) + 100, 64 << 10);
+    let early = p.post(false, pull(&meta, ahead as u64, n));
+    looks_of_the_timer(&mut p, 3);
+    let got = p.take(false, early);
+    assert_eq!(bytes_of(&got), &data[ahead..ahead + n], "the pull ahead got other bytes");
+    assert_eq!(parked_count(&p), (len - n) as u64, "all but the pull's bytes parked");
+    let rest: Vec<OpId> = [(0, ahead), (ahead + n, len - ahead - n)]
+        .iter()
+        .map(|&(o, l)| p.post(false, pull(&meta, o as u64, l)))
+        .collect();
+    p.drive();
+    assert_eq!(bytes_of(&p.take(false, rest[0])), &data[..ahead]);
+    assert_eq!(bytes_of(&p.take(false, rest[1])), &data[ahead + n..]);
+    let m2 = p.server.requests.pop_front().expect("the next request");
+    answer_both(&mut p, &meta, req, &m2, next, len);
+    assert_eq!(p.server.s.streams.len(), 0);
+}
+
+/// A pull posted while a piece of its payload is on its way to the parked bytes (the server
+/// got to the request just then) gets that piece's bytes too once it is in.
+#[test]
+fn a_pull_posted_while_a_piece_is_being_parked_gets_every_byte() {
+    let len = 3 << 20;
+    let (mut p, _srv, req, meta, next, data) = payload_nobody_pulls(Config::default(), len);
+    let open = p.server.s.peers.buffered();
+    p.advance(TIMER_PERIOD);
+    p.drive();
+    p.advance(TIMER_PERIOD);
+    let mut steps = 0;
+    while p.server.s.peers.buffered() - open <= parked_count(&p) as usize {
+        steps += 1;
+        assert!(steps < 1000, "no piece was ever being parked");
+        p.step();
+    }
+    let all = p.post(false, pull(&meta, 0, len));
+    p.drive();
+    assert_eq!(bytes_of(&p.take(false, all)), data);
+    let m2 = p.server.requests.pop_front().expect("the next request");
+    answer_both(&mut p, &meta, req, &m2, next, len);
+    assert_eq!(p.server.s.streams.len(), 0);
+}
