@@ -213,15 +213,16 @@ impl Session {
         };
         let off = s.routed;
         let covering = s.pulls.range(..=off).next_back().map(|(&at, &(op, len))| (at, op, len));
+        // Bytes not pulled go into the void or aside only up to the next pull posted ahead, if
+        // any: its bytes go into it.
+        let ahead = s.pulls.range(off + 1..).next().map_or(u64::MAX, |(&at, _)| at - off);
         let (sink, n) = match covering {
             Some((at, op, len)) if off < at + len as u64 => {
                 let n = (at + len as u64 - off).min(u64::from(left)) as u32;
                 (Sink::Op { op, base: (off - at) as usize }, n)
             }
-            _ if s.discard => (Sink::Discard, left),
+            _ if s.discard => (Sink::Discard, u64::from(left).min(ahead) as u32),
             _ if s.park => {
-                // Up to the next pull posted ahead, if any: its bytes go into it.
-                let ahead = s.pulls.range(off + 1..).next().map_or(u64::MAX, |(&at, _)| at - off);
                 let n = u64::from(left.min(PARK_PIECE)).min(ahead) as u32;
                 let limit = self.s.cfg.early_bytes_per_peer;
                 if !self.peers.get_mut(peer).is_some_and(|p| p.budget.reserve(n as usize, limit)) {

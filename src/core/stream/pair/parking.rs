@@ -2,15 +2,28 @@
 //! then parks their bytes within the peer's budget and serves the requests behind them.
 
 use super::*;
+use proptest::prelude::*;
+
 use crate::core::stream::TIMER_PERIOD;
 
 /// A request with a streamed payload that its server takes but does not pull yet (its handler
 /// waits for something else: bytes another client's request holds, a disk) and a request
 /// behind it on the same connection.
 fn payload_nobody_pulls(cfg: Config, len: usize) -> (Pair, PeerId, OpId, RequestMeta, OpId, Vec<u8>) {
+    payload_nobody_pulls_in(cfg, len, 64 << 10, 256 << 10)
+}
+
+/// The same, its bytes moving at most `chunk` at a time, `capacity` of them at most on their
+/// way.
+fn payload_nobody_pulls_in(
+    cfg: Config,
+    len: usize,
+    chunk: usize,
+    capacity: usize,
+) -> (Pair, PeerId, OpId, RequestMeta, OpId, Vec<u8>) {
     let mut p = Pair::new(cfg);
-    p.chunk = 64 << 10;
-    p.capacity = 256 << 10;
+    p.chunk = chunk;
+    p.capacity = capacity;
     let srv = p.connect();
     let data = pattern(len, 5);
     let req = p
@@ -167,6 +180,30 @@ fn a_pull_posted_ahead_of_a_parking_stream_gets_its_bytes() {
     assert_eq!(p.server.s.streams.len(), 0);
 }
 
+/// A pull posted ahead of where the stream stands, then the request answered before the
+/// stream reaches it (its handler did not wait for it): the bytes before the pull go into the
+/// void, the pull still gets its own, and the stream is forgotten.
+#[test]
+fn a_pull_posted_ahead_then_answered_gets_its_bytes() {
+    let len = 3 << 20;
+    let (mut p, _srv, req, meta, next, data) = payload_nobody_pulls(Config::default(), len);
+    // Within the bytes on their way already: the client's stop comes after them.
+    let (ahead, n) = (100_000, 64 << 10);
+    let early = p.post(false, pull(&meta, ahead as u64, n));
+    p.drive();
+    p.post(false, reply(&meta));
+    p.drive();
+    assert!(!p.pending(false, early), "the pull never completed");
+    assert_eq!(bytes_of(&p.take(false, early)), &data[ahead..ahead + n]);
+    assert!(p.take(true, req).result.is_ok());
+    let m2 = p.server.requests.pop_front().expect("the next request");
+    p.post(false, reply(&m2));
+    p.drive();
+    assert!(p.take(true, next).result.is_ok());
+    assert_eq!(p.server.s.streams.len(), 0, "the stream is forgotten");
+    assert_eq!(p.server.s.peers.buffered(), 0, "nothing counted");
+}
+
 /// A pull posted while a piece of its payload is on its way to the parked bytes (the server
 /// got to the request just then) gets that piece's bytes too once it is in.
 #[test]
@@ -189,4 +226,125 @@ fn a_pull_posted_while_a_piece_is_being_parked_gets_every_byte() {
     let m2 = p.server.requests.pop_front().expect("the next request");
     answer_both(&mut p, &meta, req, &m2, next, len);
     assert_eq!(p.server.s.streams.len(), 0);
+}
+
+/// A request answered while a piece of its payload is on its way to the parked bytes (its
+/// handler failed just then), the whole payload sent already (no stop from the client comes
+/// after it): the piece is dropped once it is in, its budget comes back and the stream is
+/// forgotten.
+#[test]
+fn a_piece_being_parked_when_its_request_is_answered_is_dropped() {
+    let len = 3 << 20;
+    let (mut p, _srv, req, meta, next, _data) =
+        payload_nobody_pulls_in(Config::default(), len, 64 << 10, 8 << 20);
+    let open = p.server.s.peers.buffered();
+    p.advance(TIMER_PERIOD);
+    p.drive();
+    p.advance(TIMER_PERIOD);
+    let mut steps = 0;
+    while p.server.s.peers.buffered() - open <= parked_count(&p) as usize {
+        steps += 1;
+        assert!(steps < 1000, "no piece was ever being parked");
+        p.step();
+    }
+    p.post(false, reply(&meta));
+    p.drive();
+    assert_eq!(p.take(true, req).result.ok(), Some(len));
+    let m2 = p.server.requests.pop_front().expect("the next request");
+    assert_eq!(p.server.s.peers.buffered(), m2.header.len(), "the piece's budget is back");
+    assert_eq!(p.server.s.streams.len(), 0, "the stream is forgotten");
+    p.post(false, reply(&m2));
+    p.drive();
+    assert!(p.take(true, next).result.is_ok());
+}
+
+/// How a handler takes a streamed payload: the pieces it pulls, in the order it posts them,
+/// each after a number of the timer's looks (its handler waits for something else); or it
+/// answers after posting the first `answer_after` of them, leaving the rest unpulled.
+#[derive(Debug, Clone)]
+struct Handler {
+    len: usize,
+    chunk: usize,
+    capacity: usize,
+    budget: usize,
+    pulls: Vec<(usize, usize)>,
+    looks: Vec<usize>,
+    answer_after: Option<usize>,
+}
+
+fn handler() -> impl Strategy<Value = Handler> {
+    let sizes = (
+        (256usize << 10)..(3 << 20),
+        prop::sample::select(vec![4usize << 10, 16 << 10, 64 << 10, 256 << 10]),
+        prop::sample::select(vec![256usize << 10, 8 << 20]),
+        prop::sample::select(vec![256usize << 10, 1 << 20, 4 << 20]),
+    );
+    sizes.prop_flat_map(|(len, chunk, capacity, budget)| {
+        prop::collection::vec(1..len, 0..6).prop_flat_map(move |mut cuts| {
+            cuts.sort_unstable();
+            cuts.dedup();
+            let bounds: Vec<usize> = std::iter::once(0).chain(cuts).chain(std::iter::once(len)).collect();
+            let pulls: Vec<(usize, usize)> = bounds.windows(2).map(|w| (w[0], w[1] - w[0])).collect();
+            let n = pulls.len();
+            (
+                Just(pulls).prop_shuffle(),
+                prop::collection::vec(0usize..3, n),
+                prop::option::weighted(0.3, 0..n),
+            )
+                .prop_map(move |(pulls, looks, answer_after)| Handler {
+                    len,
+                    chunk,
+                    capacity,
+                    budget,
+                    pulls,
+                    looks,
+                    answer_after,
+                })
+        })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Whatever the pulls' order and timing, the socket's pace and the peer's budget, every pull
+    /// gets exactly its bytes, the request behind the payload is served, and once both are
+    /// answered nothing is left parked, counted or remembered.
+    #[test]
+    fn pulls_in_any_order_and_timing_get_their_bytes_and_leave_nothing_behind(h in handler()) {
+        let cfg = Config { early_bytes_per_peer: h.budget, ..Config::default() };
+        let (mut p, _srv, req, meta, next, data) = payload_nobody_pulls_in(cfg, h.len, h.chunk, h.capacity);
+        let posted = h.answer_after.unwrap_or(h.pulls.len());
+        let mut ops = Vec::new();
+        for (&(off, n), &looks) in h.pulls.iter().zip(&h.looks).take(posted) {
+            looks_of_the_timer(&mut p, looks);
+            ops.push((p.post(false, pull(&meta, off as u64, n)), off, n));
+            p.drive();
+        }
+        if h.answer_after.is_some() {
+            p.post(false, reply(&meta));
+        }
+        looks_of_the_timer(&mut p, 3);
+        for (op, off, n) in ops {
+            prop_assert!(!p.pending(false, op), "the pull of {n} bytes at {off} never completed");
+            let done = p.take(false, op);
+            if h.answer_after.is_some() && matches!(done.result, Err(Error::PeerCancelled)) {
+                // Answered first: the client stopped the stream before these bytes.
+                continue;
+            }
+            let got = bytes_of(&done);
+            prop_assert!(got == data[off..off + n], "the pull of {n} bytes at {off} got other bytes");
+        }
+        let m2 = p.server.requests.pop_front().expect("the request behind the payload arrived");
+        if h.answer_after.is_some() {
+            p.post(false, reply(&m2));
+            p.drive();
+            prop_assert!(p.take(true, req).result.is_ok());
+            prop_assert!(p.take(true, next).result.is_ok());
+        } else {
+            answer_both(&mut p, &meta, req, &m2, next, h.len);
+        }
+        prop_assert_eq!(p.server.s.peers.buffered(), 0, "budget still counted");
+        prop_assert_eq!(p.server.s.streams.len(), 0, "a stream is remembered");
+    }
 }
