@@ -2058,6 +2058,42 @@ fn df_through_the_mount_leaves_out_a_dead_io_server() {
     assert_eq!(after.files() - after.files_free(), before.files() - before.files_free());
 }
 
+/// A file with a stripe on a dead io server keeps its names through the mount: they are
+/// listed, renamed, linked and removed (all kept by the meta server), while what needs the
+/// file's size or data fails as that server does (`EHOSTDOWN`). A file on the live server is
+/// served as before.
+#[test]
+#[ignore = "needs /dev/fuse: mounts stripefs"]
+fn a_file_on_a_dead_io_server_can_be_renamed_and_removed_through_the_mount() {
+    use stripefs::proto::LayoutSpec;
+    let mut tc = TestCluster::start("tcp", 2);
+    // Made by another client, so that the mount has seen none of them.
+    let c = tc.client();
+    for (name, base, pcount) in [("/both", 0, 2), ("/on1", 1, 1), ("/on0", 0, 1)] {
+        let layout = LayoutSpec { base: Some(base), pcount: Some(pcount), ssize: Some(16384) };
+        let f = c.create(name, stripefs::CreateOptions { mode: 0o644, layout: Some(layout) }).unwrap();
+        f.write_at(0, &pattern(100_000, 3)).unwrap();
+        f.sync().unwrap();
+    }
+    drop(c);
+    let m = mount(&tc);
+    tc.cluster.kill_io(1);
+    let p = |n: &str| m.dir.join(n);
+    let code = |r: std::io::Result<()>| r.map_err(|e| e.raw_os_error());
+    assert_eq!(code(std::fs::metadata(p("both")).map(drop)), Err(Some(libc::EHOSTDOWN)), "stat");
+    assert_eq!(code(std::fs::read(p("both")).map(drop)), Err(Some(libc::EHOSTDOWN)), "read");
+    assert_eq!(code(std::fs::rename(p("both"), p("moved"))), Ok(()), "rename");
+    assert_eq!(code(std::fs::hard_link(p("moved"), p("linked"))), Ok(()), "link");
+    assert_eq!(code(std::fs::remove_file(p("moved"))), Ok(()), "remove a name");
+    assert_eq!(code(std::fs::remove_file(p("linked"))), Ok(()), "remove the last name");
+    assert_eq!(code(std::fs::remove_file(p("on1"))), Ok(()), "remove another");
+    assert_eq!(std::fs::read(p("on0")).unwrap(), pattern(100_000, 3), "a file on the live server");
+    let mut names: Vec<String> =
+        std::fs::read_dir(&m.dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["on0"]);
+}
+
 /// Through the kernel-cached mode, a write-back that the io servers fail is not lost
 /// silently: `fsync` fails, and so does `close` of a file whose dirty pages cannot be written.
 #[test]

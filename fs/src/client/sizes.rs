@@ -249,13 +249,14 @@ impl Client {
     }
 
     /// The stat of `h`, whose attributes the meta server has just given as `attr` (in a
-    /// lookup's reply): only a file's size is asked for.
-    pub fn stat_with(&self, h: Handle, attr: Attr) -> FsResult<Stat> {
+    /// lookup's reply): only a file's size is asked for. As [`Client::stat_entry`], the inner
+    /// `Err` says why the size could not be learnt, with what the meta server knows.
+    pub fn stat_with(&self, h: Handle, attr: Attr) -> FsResult<Result<Stat, SizeUnknown>> {
         if attr.kind != FileKind::File {
-            return Ok(Stat { handle: h, attr, layout: None, allocated: 0 });
+            return Ok(Ok(Stat { handle: h, attr, layout: None, allocated: 0 }));
         }
         let sized = self.take_sizes(h, self.ask_sizes(h));
-        self.stat_of(h, attr, sized)?.map_err(|u| u.error)
+        self.stat_of(h, attr, sized)
     }
 
     /// [`Client::setattr`], answered with what [`Client::stat_handle`] would give after it

@@ -584,8 +584,24 @@ impl StripeFuse {
 
     fn entry(&self, r: FsResult<(Handle, Attr)>, reply: ReplyEntry) {
         // Only a regular file's size needs the io servers; the rest came with the entry.
-        match r.and_then(|(h, a)| Ok(self.stat_attr(self.client.stat_with(h, a)?))) {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+        match r.and_then(|(h, a)| self.client.stat_with(h, a)) {
+            Ok(Ok(st)) => reply.entry(&TTL, &self.stat_attr(st), Generation(0)),
+            Ok(Err(unknown)) if !self.kernel_cache => {
+                // An io server of the file's layout is down (or failed): its name can still be
+                // renamed, linked and removed, which need no size. The entry carries what the
+                // meta server knows, valid for no time, so that whatever needs the size (a
+                // `stat`, a read) asks again and fails as that server does. (The kernel-cached
+                // mode keeps the first size it is given for as long as it keeps the file, so
+                // it is given none it would have to take back.)
+                unreachable::note(&unknown.error);
+                let attr = Attr { size: 0, ..unknown.stat.attr };
+                reply.entry(
+                    &Duration::ZERO,
+                    &self.attr_of(unknown.stat.handle, &attr, Some(0)),
+                    Generation(0),
+                );
+            }
+            Ok(Err(unknown)) => reply.error(errno(&unknown.error)),
             Err(e) => reply.error(errno(&e)),
         }
     }
