@@ -280,18 +280,10 @@ fn handler() -> impl Strategy<Value = Handler> {
         prop::sample::select(vec![256usize << 10, 1 << 20, 4 << 20]),
     );
     sizes.prop_flat_map(|(len, chunk, capacity, budget)| {
-        prop::collection::vec(1..len, 0..6).prop_flat_map(move |mut cuts| {
-            cuts.sort_unstable();
-            cuts.dedup();
-            let bounds: Vec<usize> = std::iter::once(0).chain(cuts).chain(std::iter::once(len)).collect();
-            let pulls: Vec<(usize, usize)> = bounds.windows(2).map(|w| (w[0], w[1] - w[0])).collect();
+        pieces(len).prop_flat_map(move |pulls| {
             let n = pulls.len();
-            (
-                Just(pulls).prop_shuffle(),
-                prop::collection::vec(0usize..3, n),
-                prop::option::weighted(0.3, 0..n),
-            )
-                .prop_map(move |(pulls, looks, answer_after)| Handler {
+            (Just(pulls), prop::collection::vec(0usize..3, n), prop::option::weighted(0.3, 0..n)).prop_map(
+                move |(pulls, looks, answer_after)| Handler {
                     len,
                     chunk,
                     capacity,
@@ -299,8 +291,53 @@ fn handler() -> impl Strategy<Value = Handler> {
                     pulls,
                     looks,
                     answer_after,
-                })
+                },
+            )
         })
+    })
+}
+
+/// `[0, len)` cut into up to six pieces, in any order: (offset, length).
+fn pieces(len: usize) -> impl Strategy<Value = Vec<(usize, usize)>> {
+    prop::collection::vec(1..len, 0..6).prop_flat_map(move |mut cuts| {
+        cuts.sort_unstable();
+        cuts.dedup();
+        let bounds: Vec<usize> = std::iter::once(0).chain(cuts).chain(std::iter::once(len)).collect();
+        Just(bounds.windows(2).map(|w| (w[0], w[1] - w[0])).collect::<Vec<_>>()).prop_shuffle()
+    })
+}
+
+/// Two requests with streamed payloads one behind the other on one connection, and how their
+/// handlers take them: the pieces each pulls in the order it posts them, whose handler posts
+/// next at each turn (the other's if that one has none left, or has not its request yet), and
+/// the timer's looks before each.
+#[derive(Debug, Clone)]
+struct TwoHandlers {
+    lens: [usize; 2],
+    chunk: usize,
+    budget: usize,
+    pulls: [Vec<(usize, usize)>; 2],
+    turns: Vec<bool>,
+    looks: Vec<usize>,
+}
+
+fn two_handlers() -> impl Strategy<Value = TwoHandlers> {
+    let sizes = (
+        (64usize << 10)..(2 << 20),
+        (64usize << 10)..(2 << 20),
+        prop::sample::select(vec![4usize << 10, 64 << 10, 256 << 10]),
+        prop::sample::select(vec![512usize << 10, 1 << 20, 4 << 20]),
+    );
+    sizes.prop_flat_map(|(a, b, chunk, budget)| {
+        (pieces(a), pieces(b), prop::collection::vec(any::<bool>(), 12), prop::collection::vec(0usize..3, 12))
+            .prop_map(move |(pa, pb, turns, looks)| TwoHandlers {
+                lens: [a, b],
+                chunk,
+                budget,
+                pulls: [pa, pb],
+                turns,
+                looks,
+            })
     })
 }
 
@@ -344,6 +381,76 @@ proptest! {
         } else {
             answer_both(&mut p, &meta, req, &m2, next, h.len);
         }
+        prop_assert_eq!(p.server.s.peers.buffered(), 0, "budget still counted");
+        prop_assert_eq!(p.server.s.streams.len(), 0, "a stream is remembered");
+    }
+
+    /// Two streamed payloads on one connection, their pulls interleaved in any order and
+    /// timing: every pull gets its bytes, the request behind them is served, and nothing is
+    /// left parked, counted or remembered.
+    #[test]
+    fn two_payloads_on_one_connection_pulled_in_any_order_get_their_bytes(h in two_handlers()) {
+        let cfg = Config { early_bytes_per_peer: h.budget, ..Config::default() };
+        let mut p = Pair::new(cfg);
+        p.chunk = h.chunk;
+        p.capacity = 256 << 10;
+        let srv = p.connect();
+        let data = [pattern(h.lens[0], 7), pattern(h.lens[1], 9)];
+        let heads: [&'static [u8]; 2] = [b"a", b"b"];
+        let reqs: Vec<OpId> = (0..2)
+            .map(|i| {
+                let out = Payload::Out(SendBuf::from(data[i].clone()));
+                p.post(true, request(srv, 1, ServiceLevel::Bulk, heads[i], out))
+            })
+            .collect();
+        let next = p.post(true, request(srv, 1, ServiceLevel::Bulk, b"next", Payload::None));
+        p.drive();
+        let mut metas: [Option<RequestMeta>; 2] = [None, None];
+        let mut behind = None;
+        let mut left = h.pulls.clone().map(std::collections::VecDeque::from);
+        let mut ops = Vec::new();
+        let mut turn = 0;
+        let mut idle = 0;
+        while left.iter().any(|q| !q.is_empty()) {
+            while let Some(m) = p.server.requests.pop_front() {
+                match heads.iter().position(|hd| m.header[..] == hd[..]) {
+                    Some(i) => metas[i] = Some(m),
+                    None => behind = Some(m),
+                }
+            }
+            let first = usize::from(h.turns[turn % h.turns.len()]);
+            let Some(i) = [first, 1 - first].into_iter().find(|&i| metas[i].is_some() && !left[i].is_empty())
+            else {
+                idle += 1;
+                prop_assert!(idle < 100, "no request to pull arrived");
+                looks_of_the_timer(&mut p, 1);
+                continue;
+            };
+            looks_of_the_timer(&mut p, h.looks[turn % h.looks.len()]);
+            turn += 1;
+            let (off, n) = left[i].pop_front().expect("a piece left");
+            let meta = metas[i].as_ref().expect("arrived");
+            ops.push((p.post(false, pull(meta, off as u64, n)), i, off, n));
+            p.drive();
+        }
+        looks_of_the_timer(&mut p, 3);
+        for (op, i, off, n) in ops {
+            prop_assert!(!p.pending(false, op), "the pull of {n} bytes at {off} of {i} never completed");
+            let got = bytes_of(&p.take(false, op));
+            prop_assert!(got == data[i][off..off + n], "the pull of {n} bytes at {off} of {i} got other bytes");
+        }
+        if behind.is_none() {
+            behind = p.server.requests.pop_front();
+        }
+        let behind = behind.expect("the request behind the payloads arrived");
+        for m in metas.iter().flatten().chain([&behind]) {
+            p.post(false, reply(m));
+        }
+        p.drive();
+        for (i, req) in reqs.into_iter().enumerate() {
+            prop_assert_eq!(p.take(true, req).result.ok(), Some(h.lens[i]));
+        }
+        prop_assert!(p.take(true, next).result.is_ok());
         prop_assert_eq!(p.server.s.peers.buffered(), 0, "budget still counted");
         prop_assert_eq!(p.server.s.streams.len(), 0, "a stream is remembered");
     }
