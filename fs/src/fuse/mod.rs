@@ -38,11 +38,11 @@
 
 use crate::capability::Rights;
 use crate::client::{Client, CreateOptions, File, Stat};
-use crate::proto::{Attr, Cred, FileKind, Handle, SetAttr, SetTime, Timestamp};
+use crate::proto::{Attr, Cred, FileKind, Handle, SetAttr, SetTime};
 use crate::{FsError, FsResult, lock};
 use fuser::{
-    FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags, OpenFlags,
-    PollEvents, PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags, OpenFlags, PollEvents,
+    PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite,
     Request, TimeOrNow, WriteFlags,
 };
@@ -51,14 +51,18 @@ use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 use tracing::{debug, warn};
 
+mod attrs;
+mod cached;
 mod listing;
 mod session;
 mod sizes;
 mod unlinked;
 mod unreachable;
+use attrs::{file_attr, file_type, mknod_kind, stamp};
+use cached::Seen;
 use listing::{DirItem, Listings};
 
 pub use session::{DEFAULT_READ_AHEAD, MountOptions, mount, mount_notify};
@@ -98,24 +102,6 @@ pub struct StripeFuse {
     /// Tells [`mount_notify`] that the session has ended, as the session lets go of the file
     /// system.
     on_end: session::OnEnd,
-}
-
-/// A file as seen on the servers: its size and change time. Another client's write changes
-/// the size or the change time (the meta server's clock at every change of attributes, the
-/// modification time that client records at close or fsync included), so an unchanged pair
-/// means the kernel's cached pages are still the file's data. Not the modification time: a
-/// kernel-cached writer sends its own kernel's coarse clock, which two writes a few
-/// milliseconds apart can share.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Seen {
-    size: u64,
-    ctime: Timestamp,
-}
-
-impl Seen {
-    fn of(a: &Attr) -> Seen {
-        Seen { size: a.size, ctime: a.ctime }
-    }
 }
 
 /// What to run once the mount is live (in a mutex only because the file system is shared
@@ -181,32 +167,6 @@ fn stale(e: &FsError) -> fuser::Errno {
     }
 }
 
-fn time(t: Timestamp) -> SystemTime {
-    // Whole seconds either side of 1970, then the nanoseconds forward, as `timespec` counts;
-    // the epoch only where the platform's time cannot hold the value.
-    let secs = Duration::from_secs(t.secs.unsigned_abs());
-    let whole = if t.secs >= 0 { UNIX_EPOCH.checked_add(secs) } else { UNIX_EPOCH.checked_sub(secs) };
-    whole.and_then(|w| w.checked_add(Duration::from_nanos(t.nsecs.into()))).unwrap_or(UNIX_EPOCH)
-}
-
-fn stamp(t: TimeOrNow) -> SetTime {
-    match t {
-        TimeOrNow::Now => SetTime::Now,
-        TimeOrNow::SpecificTime(st) => SetTime::At(match st.duration_since(UNIX_EPOCH) {
-            Ok(d) => Timestamp { secs: d.as_secs() as i64, nsecs: d.subsec_nanos() },
-            // fuser 0.18 makes a `timespec` (secs, nsecs) before 1970 into the epoch less -secs
-            // seconds *and* nsecs nanoseconds, where the time meant is nsecs after secs; taken
-            // apart the same way, it gives back the caller's `timespec`. (`-secs` of i64::MIN
-            // wraps there as here.) The mount's test of times before 1970 sets a fraction of a
-            // second and fails if fuser ever makes these times the other way.
-            Err(e) => Timestamp {
-                secs: (e.duration().as_secs() as i64).wrapping_neg(),
-                nsecs: e.duration().subsec_nanos(),
-            },
-        }),
-    }
-}
-
 /// The credentials of the process that made `req` (see the module documentation).
 fn caller(req: &Request) -> Cred {
     Cred::new(req.uid(), req.gid(), supplementary_groups(req.pid()).unwrap_or_default())
@@ -237,70 +197,6 @@ fn open_rights(flags: i32) -> Rights {
 
 /// Most bytes one `copy_file_range` request copies.
 const COPY_PER_REQUEST: u64 = 64 << 20;
-
-/// The size the mount names for I/O (`st_blksize`) of a file of `size` bytes: the largest
-/// request the kernel sends by default. `cp`, `cat` and other tools size their buffers by it
-/// (128 KiB at the least), and in the direct mode each of their reads and writes waits for a
-/// round trip to the io servers, so the fewer the better; NFS names its transfer size the same
-/// way. A file smaller than that names its own size rounded up to a power of two, 64 KiB at
-/// the least: a tool that allocates a buffer of that size for each file it reads (`cat` does)
-/// would otherwise fault in and free a whole MiB for a few bytes. An empty file is most likely
-/// about to be written, so it names the largest.
-fn io_size(size: u64) -> u32 {
-    const LARGEST: u64 = 1 << 20;
-    const SMALLEST: u64 = 64 << 10;
-    let s = if size == 0 { LARGEST } else { size.clamp(SMALLEST, LARGEST).next_power_of_two() };
-    s.min(LARGEST) as u32
-}
-
-/// The kernel's attributes of `h`, a file whose objects hold `allocated` bytes of disk if
-/// known (`du` counts them, and `cp` and `tar` look for holes only in a file holding less than
-/// its size); anything else counts its size.
-fn file_attr(h: Handle, a: &Attr, allocated: Option<u64>) -> FileAttr {
-    let space = allocated.filter(|_| a.kind == FileKind::File).unwrap_or(a.size);
-    FileAttr {
-        ino: INodeNo(h.0),
-        size: a.size,
-        blocks: space.div_ceil(512),
-        atime: time(a.atime),
-        mtime: time(a.mtime),
-        ctime: time(a.ctime),
-        crtime: time(a.ctime),
-        kind: file_type(a.kind),
-        perm: (a.mode & 0o7777) as u16,
-        nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
-        rdev: a.kind.rdev(),
-        blksize: io_size(a.size),
-        flags: 0,
-    }
-}
-
-fn file_type(k: FileKind) -> FileType {
-    match k {
-        FileKind::File => FileType::RegularFile,
-        FileKind::Dir => FileType::Directory,
-        FileKind::Symlink => FileType::Symlink,
-        FileKind::Fifo => FileType::NamedPipe,
-        FileKind::Socket => FileType::Socket,
-        FileKind::CharDev(_) => FileType::CharDevice,
-        FileKind::BlockDev(_) => FileType::BlockDevice,
-    }
-}
-
-/// The special kind `mknod` makes for `mode` (its type bits) and `rdev`; `None` for a regular
-/// file (made as by `create`), `EINVAL` for a type `mknod` cannot make.
-fn mknod_kind(mode: u32, rdev: u32) -> FsResult<Option<FileKind>> {
-    Ok(Some(match mode & libc::S_IFMT {
-        libc::S_IFREG | 0 => return Ok(None),
-        libc::S_IFIFO => FileKind::Fifo,
-        libc::S_IFSOCK => FileKind::Socket,
-        libc::S_IFCHR => FileKind::CharDev(rdev),
-        libc::S_IFBLK => FileKind::BlockDev(rdev),
-        _ => return Err(FsError::code(crate::Errno::EINVAL, "mknod of that file type")),
-    }))
-}
 
 fn name(n: &OsStr) -> FsResult<&str> {
     n.to_str().ok_or_else(|| FsError::code(crate::Errno::EINVAL, "names are UTF-8"))
@@ -474,79 +370,6 @@ impl StripeFuse {
         self.opened.opened(f.handle());
         lock(&self.files).insert(fh, Open { file: Arc::new(f), flags, reader: reader.map(Arc::new) });
         FileHandle(fh)
-    }
-
-    /// Opens `h` for `c` in the kernel-cached mode, and tells whether the kernel may keep what
-    /// it cached of the file.
-    ///
-    /// Close-to-open: this open must see every write another client finished (closed or
-    /// fsynced) before it. The kernel keeps its pages only if the file's size and modification
-    /// time on the servers are those this mount saw when it last opened or wrote the file;
-    /// anything else — another client's write, a truncate, a first open — drops them, so reads
-    /// go to the io servers again. `FOPEN_KEEP_CACHE` unconditionally would serve stale pages
-    /// after another client's write.
-    ///
-    /// The kernel also keeps its own size for a cached file and takes none from attribute
-    /// replies, so a file another client made longer would read short; the new size is pushed
-    /// to it (a one-byte store at the new end, which only ever grows the kernel's size).
-    fn open_cached(&self, c: &Client, h: Handle, flags: i32) -> FsResult<(FileHandle, FopenFlags)> {
-        // The kernel fills partly written pages by reading them, also through a descriptor
-        // opened write-only, so such an open asks for reading too. A caller who may only write
-        // gets those page reads done as the mounting user: the kernel never hands their bytes
-        // to a descriptor that cannot read.
-        let (file, reader) = if flags & libc::O_ACCMODE == libc::O_WRONLY {
-            match c.open_handle(h, Rights::READ_WRITE) {
-                Ok(f) => (f, None),
-                Err(e) if matches!(e.errno(), crate::Errno::EACCES | crate::Errno::EPERM) => {
-                    (c.open_handle(h, Rights::WRITE)?, self.client.open_handle(h, Rights::READ).ok())
-                }
-                Err(e) => return Err(e),
-            }
-        } else {
-            (c.open_handle(h, open_rights(flags))?, None)
-        };
-        let now = Seen::of(&self.client.stat_handle(h)?.attr);
-        let keep = lock(&self.seen).insert(h.0, now) == Some(now);
-        if !keep && now.size > 0 && flags & libc::O_TRUNC == 0 {
-            self.push_size(h, reader.as_ref().unwrap_or(&file), now.size);
-        }
-        let fopen = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
-        Ok((self.remember(file, flags, reader), fopen))
-    }
-
-    /// Makes the kernel's size of `h` at least `size`: stores the file's last byte in its page
-    /// cache, which extends the size it has if it is shorter. A file now shorter than the
-    /// kernel thinks cannot be corrected from here: the kernel keeps its size, and reads the
-    /// bytes past the new end as zeros, until it drops the inode.
-    fn push_size(&self, h: Handle, f: &File, size: u64) {
-        let Some(notifier) = self.notifier.get() else { return };
-        let mut last = [0u8; 1];
-        let r = f.read_into(size - 1, &mut last).and_then(|n| {
-            if n == 0 {
-                // Shorter by now: nothing to push.
-                return Ok(());
-            }
-            notifier
-                .store(INodeNo(h.0), size - 1, &last)
-                .map_err(|e| FsError::code(crate::Errno::EIO, format!("notify store: {e}")))
-        });
-        if let Err(e) = r {
-            // The kernel may not hold the inode (nothing to correct), or the file shrank since.
-            debug!(handle = %h, error = %e, "cannot push a file's size to the kernel");
-        }
-    }
-
-    /// Records `h` as the servers have it now (after this mount's own write-back).
-    fn saw(&self, h: Handle) {
-        match self.client.stat_handle(h) {
-            Ok(st) => {
-                lock(&self.seen).insert(h.0, Seen::of(&st.attr));
-            }
-            Err(_) => {
-                // Unknown: the next open drops the kernel's pages.
-                lock(&self.seen).remove(&h.0);
-            }
-        }
     }
 
     fn open_file(&self, fh: FileHandle) -> Option<Open> {
@@ -1304,17 +1127,6 @@ impl Filesystem for StripeFuse {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_io_size_is_the_largest_request_unless_the_file_is_smaller() {
-        assert_eq!(io_size(0), 1 << 20, "an empty file, about to be written");
-        assert_eq!(io_size(1), 64 << 10);
-        assert_eq!(io_size(4096), 64 << 10);
-        assert_eq!(io_size(100 << 10), 128 << 10);
-        assert_eq!(io_size((512 << 10) + 1), 1 << 20);
-        assert_eq!(io_size(3 << 20), 1 << 20);
-        assert_eq!(io_size(u64::MAX), 1 << 20);
-    }
 
     #[test]
     fn sync_and_dsync_flags_ask_for_durable_writes() {
