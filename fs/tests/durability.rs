@@ -212,17 +212,40 @@ fn killed_client_mid_write_leaves_only_landed_bytes(scheme: &str, pcount: u32) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let failed = errors(&c) - errors0;
-    let size = f.size().unwrap();
+    // The killed client's requests under way at other servers end after that first failure:
+    // their data lands, or their mapped write cuts its file back to what landed. Wait (bounded)
+    // until the servers have settled: the size they report and their objects' lengths the same
+    // at two looks in a row.
+    let layout = f.layout();
+    let object = |pnum: u32| {
+        let dir = tc.cluster.config().io_data_dir(layout.server(pnum, 4));
+        stripefs::store::ObjectStore::object_path(&dir, f.handle())
+    };
+    let look = || {
+        let lengths: Vec<u64> =
+            (0..layout.pcount).map(|p| std::fs::metadata(object(p)).map_or(0, |m| m.len())).collect();
+        (f.size().unwrap(), lengths)
+    };
+    let t = Instant::now();
+    let mut last = look();
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = look();
+        let settled = now == last && layout.logical_size(&now.1) == now.0;
+        last = now;
+        if settled || t.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+    }
+    let size = last.0;
     eprintln!(
         "{scheme}, {pcount} server(s): killed at {seen} bytes; size {size}; {failed} request(s) failed"
     );
     assert!(size as usize <= data.len(), "size {size} past the source's {}", data.len());
-    let layout = f.layout();
     let mut local_sizes = Vec::new();
     for pnum in 0..layout.pcount {
         let server = layout.server(pnum, 4);
-        let dir = tc.cluster.config().io_data_dir(server);
-        let object = std::fs::read(stripefs::store::ObjectStore::object_path(&dir, f.handle())).unwrap();
+        let object = std::fs::read(object(pnum)).unwrap();
         for (local, got) in object.iter().enumerate() {
             let at = layout.logical_offset(pnum, local as u64).unwrap() as usize;
             assert!(
