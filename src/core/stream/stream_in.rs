@@ -108,6 +108,13 @@ impl StreamIn {
         taken
     }
 
+    /// How much of the next `left` bytes, none of which a pull covers, go into the void or
+    /// aside: up to the next pull posted ahead, if any, whose bytes go into it.
+    fn unpulled_run(&self, left: u32) -> u32 {
+        let ahead = self.pulls.range(self.routed + 1..).next().map_or(u64::MAX, |(&at, _)| at - self.routed);
+        u64::from(left).min(ahead) as u32
+    }
+
     fn parked_bytes(&self) -> usize {
         self.parked.values().map(Bytes::len).sum()
     }
@@ -213,17 +220,14 @@ impl Session {
         };
         let off = s.routed;
         let covering = s.pulls.range(..=off).next_back().map(|(&at, &(op, len))| (at, op, len));
-        // Bytes not pulled go into the void or aside only up to the next pull posted ahead, if
-        // any: its bytes go into it.
-        let ahead = s.pulls.range(off + 1..).next().map_or(u64::MAX, |(&at, _)| at - off);
         let (sink, n) = match covering {
             Some((at, op, len)) if off < at + len as u64 => {
                 let n = (at + len as u64 - off).min(u64::from(left)) as u32;
                 (Sink::Op { op, base: (off - at) as usize }, n)
             }
-            _ if s.discard => (Sink::Discard, u64::from(left).min(ahead) as u32),
+            _ if s.discard => (Sink::Discard, s.unpulled_run(left)),
             _ if s.park => {
-                let n = u64::from(left.min(PARK_PIECE)).min(ahead) as u32;
+                let n = s.unpulled_run(left.min(PARK_PIECE));
                 let limit = self.s.cfg.early_bytes_per_peer;
                 if !self.peers.get_mut(peer).is_some_and(|p| p.budget.reserve(n as usize, limit)) {
                     // At the budget: wait for pulls (or the timer's next look) after all.

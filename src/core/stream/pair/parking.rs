@@ -204,22 +204,28 @@ fn a_pull_posted_ahead_then_answered_gets_its_bytes() {
     assert_eq!(p.server.s.peers.buffered(), 0, "nothing counted");
 }
 
+/// Runs the pair of [`payload_nobody_pulls`] until the stream parks and a piece is on its way
+/// to the parked bytes: reserved against the budget, not yet in.
+fn until_a_piece_is_being_parked(p: &mut Pair) {
+    let open = p.server.s.peers.buffered();
+    p.advance(TIMER_PERIOD);
+    p.drive();
+    p.advance(TIMER_PERIOD);
+    let mut steps = 0;
+    while p.server.s.peers.buffered() - open <= parked_count(p) as usize {
+        steps += 1;
+        assert!(steps < 1000, "no piece was ever being parked");
+        p.step();
+    }
+}
+
 /// A pull posted while a piece of its payload is on its way to the parked bytes (the server
 /// got to the request just then) gets that piece's bytes too once it is in.
 #[test]
 fn a_pull_posted_while_a_piece_is_being_parked_gets_every_byte() {
     let len = 3 << 20;
     let (mut p, _srv, req, meta, next, data) = payload_nobody_pulls(Config::default(), len);
-    let open = p.server.s.peers.buffered();
-    p.advance(TIMER_PERIOD);
-    p.drive();
-    p.advance(TIMER_PERIOD);
-    let mut steps = 0;
-    while p.server.s.peers.buffered() - open <= parked_count(&p) as usize {
-        steps += 1;
-        assert!(steps < 1000, "no piece was ever being parked");
-        p.step();
-    }
+    until_a_piece_is_being_parked(&mut p);
     let all = p.post(false, pull(&meta, 0, len));
     p.drive();
     assert_eq!(bytes_of(&p.take(false, all)), data);
@@ -237,16 +243,7 @@ fn a_piece_being_parked_when_its_request_is_answered_is_dropped() {
     let len = 3 << 20;
     let (mut p, _srv, req, meta, next, _data) =
         payload_nobody_pulls_in(Config::default(), len, 64 << 10, 8 << 20);
-    let open = p.server.s.peers.buffered();
-    p.advance(TIMER_PERIOD);
-    p.drive();
-    p.advance(TIMER_PERIOD);
-    let mut steps = 0;
-    while p.server.s.peers.buffered() - open <= parked_count(&p) as usize {
-        steps += 1;
-        assert!(steps < 1000, "no piece was ever being parked");
-        p.step();
-    }
+    until_a_piece_is_being_parked(&mut p);
     p.post(false, reply(&meta));
     p.drive();
     assert_eq!(p.take(true, req).result.ok(), Some(len));
