@@ -710,6 +710,14 @@ impl ObjectStore {
         if let Some(o) = c.get(h) {
             return Ok(o);
         }
+        // Opened just before a removal unlinked it: cached, the removed file would be read and
+        // keep its space until the cache let it go. A removal clears the cache after it unlinks,
+        // so one found unlinked by now is gone for good.
+        let linked =
+            f.metadata().map_err(|source| StoreError::Io { op: "stat", handle: h, error: source })?;
+        if std::os::unix::fs::MetadataExt::nlink(&linked) == 0 {
+            return Err(StoreError::NotFound(h));
+        }
         let o = Arc::new(Object::new(h, f, self.write_behind.clone())?);
         c.insert(h, o.clone());
         Ok(o)
@@ -798,13 +806,16 @@ impl ObjectStore {
         let held = self.cache().get(h);
         // Wait out running transfers; later ones find no file.
         let _x = held.as_ref().map(|o| o.exclusive());
+        let path = self.path_of(h);
+        let removed = std::fs::remove_file(&path);
+        // Forgotten only once unlinked: a request that opened the file before may have cached
+        // it meanwhile, and one caching it from now on finds it unlinked (see `object`).
         {
             let mut c = self.cache();
             c.files.remove(&h);
             c.live.remove(&h);
         }
-        let path = self.path_of(h);
-        match std::fs::remove_file(&path) {
+        match removed {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::NotFound(h)),
             Err(source) => return Err(StoreError::Io { op: "remove", handle: h, error: source }),

@@ -350,3 +350,35 @@ fn full_disk_returns_enospc_and_store_stays_usable() {
     assert_eq!(&b, b"ok!!");
     drop(s);
 }
+
+/// An object opened by one request while another removes it is not kept open past the
+/// removal: were it cached, later requests would read the removed file and its space would
+/// stay taken until the cache let it go.
+#[test]
+fn an_object_opened_while_it_is_removed_is_not_kept_open() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // On a tmpfs where there is one: a round is mostly fsyncs, and many rounds are needed to
+    // hit the moment between the two.
+    let shm = Path::new("/dev/shm");
+    let d = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.unwrap();
+    let s = ObjectStore::open(d.path().join("data"), StoreConfig::default()).unwrap();
+    for round in 0..10_000u64 {
+        let h = Handle(0x10_0000 + round);
+        s.create(h).unwrap();
+        s.cache().files.remove(&h);
+        let done = AtomicBool::new(false);
+        std::thread::scope(|t| {
+            t.spawn(|| {
+                while !done.load(Ordering::Relaxed) {
+                    let _ = s.object(h);
+                }
+            });
+            s.remove(h).unwrap();
+            done.store(true, Ordering::Relaxed);
+        });
+        assert!(
+            matches!(s.object(h), Err(StoreError::NotFound(_))),
+            "round {round}: the removed object is still open"
+        );
+    }
+}
