@@ -249,7 +249,10 @@ fn holes_punched_through_the_mount_free_their_space() {
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 8 << 20, "{name}: the size stays");
         // Another mount asks the servers.
         let other = tc.dir.path().join(name).join("f");
-        assert!(held() + (3 << 20) <= before, "{name}: {before} then {} bytes held", held());
+        // Less a few blocks: an object whose data ended up in pieces may need a block of
+        // extents more on the io server's file system once a hole splits them.
+        let bookkeeping = 64 << 10;
+        assert!(held() + (3 << 20) <= before + bookkeeping, "{name}: {before} then {} bytes held", held());
         assert_eq!(std::fs::metadata(&other).unwrap().len(), 8 << 20);
         // Zeros written as data, dug out.
         let zeros = m.dir.join("zeros");
