@@ -109,6 +109,33 @@ pub(crate) struct Reader {
     buf: Vec<Gone>,
 }
 
+/// `madvise` advice that faults pages in as reads would (Linux 5.14); libc has no name for it
+/// in every version this crate accepts.
+#[cfg(target_os = "linux")]
+const MADV_POPULATE_READ: libc::c_int = 22;
+
+/// Faults in the pages of `[start, end)` not there yet, as reads would, before the range is
+/// watched. Memory never touched (a large allocation fresh from the allocator) has no pages
+/// yet: the registration that follows would fault them in, and the monitor would take each of
+/// those faults for a discarded page touched again and drop the registration at once. Nothing
+/// is written (untouched anonymous memory maps the shared zero page, which the registration's
+/// write pinning then replaces without a missing-page fault). Best effort: an older kernel
+/// refuses the advice, and such memory is then registered again on its next use.
+fn populate(start: usize, end: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: the advice only faults pages in as a read of them would, leaving contents
+        // and mappings as they are; a range that cannot be read fails with an error, not a
+        // signal.
+        let r = unsafe { libc::madvise(start as *mut libc::c_void, end - start, MADV_POPULATE_READ) };
+        if r != 0 {
+            tracing::debug!(start, end, error = %std::io::Error::last_os_error(), "cannot fault in lent memory");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (start, end);
+}
+
 /// New ranges for one cache.
 pub(crate) enum Unmapped<'a> {
     /// These, in the order they were logged.
@@ -191,6 +218,7 @@ impl Monitor {
         let Some(end) = addr.checked_add(len).and_then(|e| e.checked_add(p - 1)).map(|e| e & !(p - 1)) else {
             return false;
         };
+        populate(start, end);
         let mut reg = UffdioRegister {
             range: UffdioRange { start: start as u64, len: (end - start) as u64 },
             mode: UFFDIO_REGISTER_MODE_MISSING,
