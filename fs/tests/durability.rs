@@ -1,7 +1,7 @@
 //! Crash durability of the io servers: an io server killed with SIGKILL while clients write
 //! and read fails those clients with an error within a bound (no hang), and after a restart
 //! every write whose `sync` was acknowledged reads back intact — including on the server that
-//! died. (`e2e.rs` covers the error alone and a restart after an idle kill.)
+//! died. (`e2e/faults.rs` covers the error alone and a restart after an idle kill.)
 //!
 //! SIGKILL loses nothing the kernel already has, so what this proves is that an
 //! acknowledged `sync` means the bytes left the server process (no acknowledgement of data

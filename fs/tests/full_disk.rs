@@ -142,7 +142,7 @@ fn write_past_a_full_disk(scheme: &str, copy: bool) {
 /// the reads, and stores the right bytes. ramfs is not on the list of file systems that
 /// rewrite in place, so the server copies every write from the start rather than falling back
 /// request by request (the `no_fallocate` fallback is for the odd object without `fallocate`
-/// on a listed one; `tests/e2e.rs` makes one from `/dev/full`).
+/// on a listed one; `tests/e2e/faults.rs` makes one from `/dev/full`).
 fn objects_without_fallocate_are_written_by_copying(scheme: &str) {
     if let Some(why) = cannot_mount("ramfs") {
         panic!("{why}");

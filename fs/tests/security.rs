@@ -1,4 +1,4 @@
-//! stripefs security properties not covered in `e2e.rs` (which has forged, expired and
+//! stripefs security properties not covered in `e2e/namespace.rs` (which has forged, expired and
 //! under-privileged capabilities and bad names): the cluster key file is private, a local
 //! cluster listens on loopback only, a capability is bound to its handle and to the rights the
 //! file was opened with, and a client without the key gets nothing from any server.
