@@ -1,6 +1,8 @@
 //! The store's unit tests: namespace operations, their refusals, crash recovery.
 
 use super::*;
+use crate::errno::Errno;
+use crate::layout::LayoutError;
 
 const P: Perm = Perm { mode: 0o644, uid: 10, gid: 20 };
 const R: Handle = Handle::ROOT;
