@@ -47,8 +47,9 @@ pub enum MetaError {
     /// The entry is being created by another request.
     #[error("entry is being created")]
     Busy,
-    /// A create asked to take a file made ahead ([`Placement::made_ahead_only`](super::Placement::made_ahead_only)) could not:
-    /// its objects would have to be made first. Nothing was written.
+    /// A create asked to take a file made ahead
+    /// ([`Placement::made_ahead_only`](super::Placement::made_ahead_only)) could not: its
+    /// objects would have to be made first. Nothing was written.
     #[error("the create needs its objects made")]
     NeedsObjects,
     /// The caller's credentials lack a permission the mode bits require.
@@ -57,7 +58,8 @@ pub enum MetaError {
     /// Only the owner or root (or only root) may do this, or a sticky directory forbids it.
     #[error("operation not permitted: {0}")]
     NotPermitted(&'static str),
-    /// The file has [`LINK_MAX`](super::LINK_MAX) names, or the directory as many subdirectories.
+    /// The file has [`LINK_MAX`](super::LINK_MAX) names, or the directory as many
+    /// subdirectories.
     #[error("too many links")]
     TooManyLinks,
     /// The database was made for a cluster with a different number of io servers; every

@@ -4,7 +4,7 @@ use super::*;
 
 /// A cluster of `io` servers that copy (`--copy-io`) when `copy`, else map their objects,
 /// writes included wherever the test's data directory is.
-pub fn cluster_copying(scheme: &str, io: u32, copy: bool) -> TestCluster {
+fn cluster_copying(scheme: &str, io: u32, copy: bool) -> TestCluster {
     TestCluster::start_with(scheme, io, |o| {
         o.io_args = vec![if copy { "--copy-io" } else { "--map-disk-writes" }.into()];
     })
